@@ -1,0 +1,1 @@
+"""Hardware and model specs, the roofline cost model and the memory planner. Pure Python + numpy."""

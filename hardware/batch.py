@@ -1,0 +1,58 @@
+"""The batch of one engine step, as data: what the scheduler decided and what the cost model prices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepBatch:
+    """Per scheduled request: new tokens this step, context tokens already in the KV cache, whether it needs logits.
+
+    Decode is `num_new=1` over its context; a prefill chunk is `num_new=n` over the tokens before it
+    (cached prefix or earlier chunks). The simulator and the calibration executor build the same value.
+    """
+
+    num_new: np.ndarray
+    num_context: np.ndarray
+    needs_logits: np.ndarray
+
+    def __post_init__(self) -> None:
+        if not (len(self.num_new) == len(self.num_context) == len(self.needs_logits)):
+            raise ValueError("num_new, num_context and needs_logits must have one entry per request")
+        if len(self.num_new) and (self.num_new.min() < 1 or self.num_context.min() < 0):
+            raise ValueError("every request needs >= 1 new token and >= 0 context tokens")
+
+    @classmethod
+    def of(cls, num_new: list[int] | np.ndarray, num_context: list[int] | np.ndarray,
+           needs_logits: list[bool] | np.ndarray | None = None) -> StepBatch:
+        new = np.asarray(num_new, dtype=np.int64)
+        logits = np.ones(len(new), bool) if needs_logits is None else np.asarray(needs_logits, dtype=bool)
+        return cls(new, np.asarray(num_context, dtype=np.int64), logits)
+
+    @classmethod
+    def uniform(cls, batch: int, context: int, new_tokens: int = 1) -> StepBatch:
+        """`batch` requests, each adding `new_tokens` over `context` cached tokens (decode when new_tokens=1)."""
+        return cls.of([new_tokens] * batch, [context] * batch)
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.num_new)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.num_new.sum())
+
+    @property
+    def num_logits(self) -> int:
+        return int(self.needs_logits.sum())
+
+    @property
+    def max_query_len(self) -> int:
+        return int(self.num_new.max()) if len(self.num_new) else 0
+
+    def last_token_only(self) -> StepBatch:
+        """Each request reduced to its last new token (YOCO fast prefill for KV-sharing layers)."""
+        return StepBatch(np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits)

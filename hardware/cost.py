@@ -1,0 +1,372 @@
+"""Roofline cost model: one engine step's batch -> predicted step time, with a per-operator breakdown.
+
+Every operator (per layer group: QKV/O projections, attention, MLP or MoE experts, TP all-reduce;
+per model: embedding, LM head, pipeline sends) counts the FLOPs and HBM bytes one GPU of the
+replica moves, and takes `max(flops / (peak * eff_c), bytes / (bandwidth * eff_m))` with the
+efficiencies of a calibration `Profile`. The step adds fixed overheads. Pure functions only.
+
+Conventions (per GPU of a TP group): weights and query heads split by TP, KV heads split or
+duplicated (see `kv_heads_per_rank`); MLA keeps its latent on every rank, expands K/V in prefill
+and absorbs the up-projections in decode; embeddings and LM head stay bf16 when weights are quantized.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from hardware.batch import StepBatch
+from hardware.errors import SpecError
+from hardware.gpu import GpuSpec, get_interconnect
+from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, LayerSpec, ModelSpec, dtype_bytes,
+                            kv_heads_per_rank)
+from hardware.profile import Profile
+
+ACT_BYTES = 2.0  # activations in bf16
+LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
+GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "bf16"}
+
+
+@dataclass(frozen=True, slots=True)
+class Parallelism:
+    """How one replica is sharded: tensor parallel ranks x pipeline stages."""
+
+    tp: int = 1
+    pp: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.pp < 1:
+            raise SpecError(f"tp and pp must be >= 1, got tp={self.tp} pp={self.pp}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.tp * self.pp
+
+
+@dataclass(frozen=True, slots=True)
+class CostOptions:
+    """Execution settings that change what a step moves or skips."""
+
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "bf16"
+    kv_sharing_fast_prefill: bool = False
+
+    def __post_init__(self) -> None:
+        dtype_bytes(WEIGHT_DTYPE_BYTES, self.weight_dtype, "weight")
+        dtype_bytes(KV_DTYPE_BYTES, self.kv_dtype, "KV")
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorCost:
+    """One operator class summed over the layers it runs in. FLOPs and bytes are per GPU."""
+
+    name: str
+    kind: str  # gemm | attention | comm | overhead
+    flops: float
+    bytes: float
+    time_s: float
+    bound: str  # compute | memory | link | fixed
+    layers: int
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOP per byte (0 when nothing moves)."""
+        return self.flops / self.bytes if self.bytes else 0.0
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "flops": self.flops, "bytes": self.bytes,
+                "time_s": self.time_s, "bound": self.bound, "layers": self.layers, "intensity": self.intensity}
+
+
+@dataclass(frozen=True, slots=True)
+class StepCost:
+    """Predicted duration of one step and where it goes. Seconds."""
+
+    operators: tuple[OperatorCost, ...]
+    memory_bytes_per_s: float
+    peak_flop_per_s: float
+
+    @property
+    def total_s(self) -> float:
+        return sum(op.time_s for op in self.operators)
+
+    @property
+    def hbm_bytes(self) -> float:
+        return sum(op.bytes for op in self.operators if op.kind in ("gemm", "attention"))
+
+    @property
+    def flops(self) -> float:
+        return sum(op.flops for op in self.operators)
+
+    @property
+    def floor_s(self) -> float:
+        """Physics floor: HBM bytes moved / peak bandwidth (no step can be faster when memory-bound)."""
+        return self.hbm_bytes / self.memory_bytes_per_s
+
+    @property
+    def bound(self) -> str:
+        """'compute' if the step's FLOPs at peak take longer than its bytes at peak bandwidth, else 'memory'."""
+        return "compute" if self.flops / self.peak_flop_per_s > self.floor_s else "memory"
+
+    def by_name(self, name: str) -> OperatorCost:
+        return next(op for op in self.operators if op.name == name)
+
+    def as_dict(self) -> dict:
+        return {"step_time_s": self.total_s, "floor_s": self.floor_s, "bound": self.bound,
+                "flops": self.flops, "hbm_bytes": self.hbm_bytes,
+                "operators": [op.as_dict() for op in self.operators]}
+
+
+# ---- batch statistics ---------------------------------------------------------------------------
+
+def causal_keys(num_new: np.ndarray, num_context: np.ndarray, window: int | None) -> np.ndarray:
+    """Keys attended, summed over each request's new tokens (causal; a sliding window caps each at `window`)."""
+    n, c = num_new.astype(float), num_context.astype(float)
+    if window is None:
+        return n * c + n * (n + 1) / 2
+    first = c + 1  # keys seen by the first new token
+    uncapped = np.clip(np.minimum(c + n, window) - first + 1, 0, None)  # new tokens that see < window keys
+    return uncapped * (2 * first + uncapped - 1) / 2 + (n - uncapped) * window
+
+
+def kv_read_tokens(num_new: np.ndarray, num_context: np.ndarray, window: int | None) -> np.ndarray:
+    """Distinct cached+new tokens whose K/V one request's attention reads."""
+    total = (num_context + num_new).astype(float)
+    return total if window is None else np.minimum(total, window + num_new - 1)
+
+
+@dataclass(frozen=True, slots=True)
+class _AttnStats:
+    tokens: float
+    requests: float
+    keys: float  # summed causal keys
+    kv_read: float  # summed distinct KV tokens read
+    expand_tokens: float  # MLA prefill: latents expanded to K/V (context + new of prefill requests)
+
+
+def _attn_stats(batch: StepBatch, window: int | None, decode: bool) -> _AttnStats:
+    mask = batch.num_new == 1 if decode else batch.num_new > 1
+    n, c = batch.num_new[mask], batch.num_context[mask]
+    return _AttnStats(float(n.sum()), float(mask.sum()), float(causal_keys(n, c, window).sum()),
+                      float(kv_read_tokens(n, c, window).sum()), float((n + c).sum()))
+
+
+# ---- layer groups -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    """Layers that cost the same: same attention window, KV ownership, token reduction and MLP."""
+
+    window: int | None
+    owns_kv: bool
+    last_token_only: bool
+    is_moe: bool
+    mlp_intermediate: int
+    extra_linear_params: int
+
+
+@cache
+def _layer_groups(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, int], ...]:
+    def key(layer: LayerSpec) -> _Group:
+        return _Group(layer.window if layer.attention == "sliding" else None, layer.owns_kv,
+                      fast_prefill and not layer.owns_kv and _trailing_shared(model, layer.index),
+                      layer.is_moe, layer.mlp_intermediate, layer.extra_linear_params)
+    return tuple(Counter(key(layer) for layer in model.layers).items())
+
+
+def _trailing_shared(model: ModelSpec, index: int) -> bool:
+    """YOCO fast prefill applies only to KV-sharing layers after the last KV-owning layer."""
+    return all(not layer.owns_kv for layer in model.layers[index:])
+
+
+def fast_prefill_layers(model: ModelSpec) -> int:
+    """Layers that run on one token per request under `kv_sharing_fast_prefill`."""
+    return sum(_trailing_shared(model, layer.index) for layer in model.layers if not layer.owns_kv)
+
+
+# ---- pricing ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class _Ctx:
+    model: ModelSpec
+    gpu: GpuSpec
+    par: Parallelism
+    opts: CostOptions
+    profile: Profile
+    step_tokens: float
+
+    @property
+    def wbytes(self) -> float:
+        return WEIGHT_DTYPE_BYTES[self.opts.weight_dtype]
+
+    @property
+    def kvbytes(self) -> float:
+        return KV_DTYPE_BYTES[self.opts.kv_dtype]
+
+    def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None) -> tuple[float, str]:
+        peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.opts.weight_dtype])
+        return _roof(flops, nbytes, peak * self.profile.gemm_compute.at(self.step_tokens),
+                     self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.step_tokens))
+
+    def attn_s(self, flops: float, nbytes: float) -> tuple[float, str]:
+        return _roof(flops, nbytes, self.gpu.peak_for("bf16") * self.profile.attn_compute.at(self.step_tokens),
+                     self.gpu.memory_bytes_per_s * self.profile.attn_memory.at(self.step_tokens))
+
+
+def _roof(flops: float, nbytes: float, flop_per_s: float, bytes_per_s: float) -> tuple[float, str]:
+    compute_s, memory_s = flops / flop_per_s, nbytes / bytes_per_s
+    return (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
+
+
+class _Acc:
+    """Sums operator FLOPs/bytes/time over layer groups, keeping one entry per operator name."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, list] = {}
+
+    def add(self, name: str, kind: str, flops: float, nbytes: float, timed: tuple[float, str], layers: int) -> None:
+        time_s, bound = timed
+        entry = self.ops.setdefault(name, [kind, 0.0, 0.0, 0.0, Counter(), 0])
+        entry[1] += flops * layers
+        entry[2] += nbytes * layers
+        entry[3] += time_s * layers
+        entry[4][bound] += time_s * layers
+        entry[5] += layers
+
+    def result(self) -> tuple[OperatorCost, ...]:
+        return tuple(OperatorCost(name, kind, flops, nbytes, time_s, bounds.most_common(1)[0][0] if bounds else "fixed",
+                                  layers)
+                     for name, (kind, flops, nbytes, time_s, bounds, layers) in self.ops.items())
+
+
+def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
+    """(QKV projection params, O projection params, MLA K/V up-projection params) per TP rank."""
+    m, tp = ctx.model, ctx.par.tp
+    h = m.hidden_size
+    if m.mla:
+        a = m.mla
+        qk = a.qk_nope_head_dim + a.qk_rope_head_dim
+        q = h * m.num_heads * qk / tp if a.q_lora_rank is None else h * a.q_lora_rank + a.q_lora_rank * m.num_heads * qk / tp
+        kv_a = h * (a.kv_lora_rank + a.qk_rope_head_dim)  # replicated on every rank
+        up = a.kv_lora_rank * m.num_heads * (a.qk_nope_head_dim + a.v_head_dim) / tp
+        return q + kv_a, m.num_heads * a.v_head_dim * h / tp, up
+    q_dim = m.num_heads * m.head_dim / tp
+    kv_dim = kv_heads_per_rank(m.num_kv_heads, tp) * m.head_dim
+    return h * (q_dim + 2 * kv_dim), q_dim * h, 0.0
+
+
+def _attention(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
+    m, tp = ctx.model, ctx.par.tp
+    kv_values = m.kv_values_per_token_per_layer(tp)
+    heads = m.num_heads / tp
+    for decode in (True, False):
+        s = _attn_stats(batch, group.window, decode)
+        if not s.requests:
+            continue
+        if m.mla and decode:  # absorbed: every head attends over the shared latent ("MQA with a wide head")
+            qk_dim, v_dim = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim, m.mla.kv_lora_rank
+        elif m.mla:  # expanded: K/V rebuilt from the latent, normal attention
+            qk_dim, v_dim = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim
+        else:
+            qk_dim = v_dim = m.head_dim
+        flops = 2 * heads * (qk_dim + v_dim) * s.keys
+        written = s.tokens * kv_values * ctx.kvbytes if group.owns_kv else 0.0
+        nbytes = s.kv_read * kv_values * ctx.kvbytes + written + s.tokens * heads * (qk_dim + v_dim) * ACT_BYTES
+        name = "attention_decode" if decode else "attention_prefill"
+        acc.add(name, "attention", flops, nbytes, ctx.attn_s(flops, nbytes), layers)
+        if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
+            _, _, up = _qkv_o_params(ctx)
+            rows = s.tokens if decode else s.expand_tokens
+            acc.add("mla_kv_up", "gemm", 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES,
+                    ctx.gemm_s(2 * rows * up, up * ctx.wbytes), layers)
+
+
+def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
+    """Distinct experts touched by `tokens` tokens under uniform routing: E * (1 - (1 - k/E)^T)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def _mlp(ctx: _Ctx, acc: _Acc, tokens: float, group: _Group, layers: int) -> None:
+    m, tp, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
+    if group.is_moe:
+        moe = m.moe
+        expert = m.expert_params() / tp
+        touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens) + moe.num_shared_experts
+        flops = 2 * tokens * (moe.experts_per_token + moe.num_shared_experts) * expert + 2 * tokens * h * moe.num_experts
+        nbytes = touched * expert * ctx.wbytes + h * moe.num_experts * ACT_BYTES + 2 * tokens * h * ACT_BYTES
+        acc.add("moe", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+    else:
+        params = m.dense_mlp_params(group.mlp_intermediate) / tp
+        flops, nbytes = 2 * tokens * params, params * ctx.wbytes + tokens * (2 * h + 3 * group.mlp_intermediate / tp) * ACT_BYTES
+        acc.add("mlp", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+    if group.extra_linear_params:
+        params = group.extra_linear_params / tp
+        acc.add("layer_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
+                ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), layers)
+
+
+def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
+    """Ring all-reduce over the intra-node link: 2(TP-1)/TP of the message each way, plus latency."""
+    link = get_interconnect(ctx.gpu.intra_node_link)
+    tp = ctx.par.tp
+    return 2 * (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.step_tokens)) + 2 * (tp - 1) * link.latency_s
+
+
+def _layer_group(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
+    if group.last_token_only and batch.max_query_len > 1:
+        batch = batch.last_token_only()
+    tokens, h = float(batch.num_tokens), ctx.model.hidden_size
+    qkv, o, _ = _qkv_o_params(ctx)
+    out_dim = qkv / h
+    acc.add("qkv_proj", "gemm", 2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES,
+            ctx.gemm_s(2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES), layers)
+    _attention(ctx, acc, batch, group, layers)
+    acc.add("o_proj", "gemm", 2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES,
+            ctx.gemm_s(2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES), layers)
+    _mlp(ctx, acc, tokens, group, layers)
+    if ctx.par.tp > 1:  # after attention and after the MLP
+        msg = tokens * h * ACT_BYTES
+        acc.add("all_reduce", "comm", 0.0, 2 * msg, (2 * _all_reduce_s(ctx, msg), "link"), layers)
+
+
+def _model_level(ctx: _Ctx, acc: _Acc, batch: StepBatch) -> None:
+    m, tp, tokens = ctx.model, ctx.par.tp, float(batch.num_tokens)
+    acc.add("embedding", "gemm", 0.0, tokens * m.hidden_size * ACT_BYTES * 2, ctx.gemm_s(0.0, tokens * m.hidden_size * 4), 1)
+    if m.extra_linear_params:
+        params = m.extra_linear_params / tp
+        acc.add("model_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
+                ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), 1)
+    logits = float(batch.num_logits)
+    if logits:
+        params = m.lm_head_params / tp
+        flops, nbytes = 2 * logits * params, params * ACT_BYTES + logits * m.vocab_size / tp * LOGIT_BYTES
+        acc.add("lm_head", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes, "bf16"), 1)
+    if ctx.par.pp > 1:
+        link = get_interconnect(ctx.gpu.intra_node_link)
+        msg = tokens * m.hidden_size * ACT_BYTES
+        time_s = (ctx.par.pp - 1) * (msg / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s)
+        acc.add("pp_send", "comm", 0.0, (ctx.par.pp - 1) * msg, (time_s, "link"), 1)
+
+
+def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+              profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepCost:
+    """Predicted time of one engine step of `batch` on one replica, split by operator.
+
+    Pipeline stages run the batch one after another (no micro-batching here), so layer costs add up
+    across stages and `pp_send` adds the activations crossing each stage boundary.
+    """
+    if model.num_layers % parallelism.pp:
+        raise SpecError(f"pipeline parallel size {parallelism.pp} must divide the {model.num_layers} layers")
+    ctx = _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)))
+    acc = _Acc()
+    if batch.num_requests:
+        for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
+            _layer_group(ctx, acc, batch, group, layers)
+        _model_level(ctx, acc, batch)
+        fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
+                 + profile.request_overhead_s * batch.num_requests)
+        acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
+    return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[options.weight_dtype]))

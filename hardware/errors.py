@@ -1,0 +1,5 @@
+"""One error type for bad specs and bad input, so the CLI can print it as one clear line."""
+
+
+class SpecError(ValueError):
+    """A spec, config file or argument is wrong; the message names the file, field and allowed values."""

@@ -1,0 +1,134 @@
+"""Memory planning as vLLM does it at start-up: what is left after weights and activations becomes KV blocks.
+
+    usable      = gpu_memory_utilization * capacity                 (per GPU)
+    kv_cache    = usable - weights - activation peak - runtime reserve
+    num_blocks  = kv_cache // (block_size * KV bytes per token per GPU)
+
+The activation peak is estimated for a forward pass of `max_num_batched_tokens` tokens (the
+MLP's gate/up outputs dominate) plus the sampler's fp32 logits for `max_num_seqs` sequences.
+The runtime reserve covers the CUDA context, cuBLAS/NCCL workspaces and CUDA graphs.
+Planning fails fast, like vLLM refusing to start, when the weights do not fit or one
+`max_model_len` request cannot fit in the KV cache.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
+from hardware.errors import SpecError
+from hardware.gpu import GpuSpec
+from hardware.model import WEIGHT_DTYPE_BYTES, ModelSpec, dtype_bytes
+
+GIB = 1 << 30
+DEFAULT_RUNTIME_RESERVE_BYTES = 2 * GIB
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMemoryConfig:
+    """The engine knobs that decide the KV budget (vLLM's names and defaults)."""
+
+    gpu_memory_utilization: float = 0.9
+    block_size: int = 16
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    kv_dtype: str = "bf16"
+    weight_dtype: str = "bf16"
+    runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """Per-GPU memory budget of one replica and the KV capacity it leaves. Bytes unless named otherwise."""
+
+    model: str
+    gpu: str
+    tp: int
+    pp: int
+    capacity_bytes: float
+    usable_bytes: float
+    weight_bytes: float
+    activation_bytes: float
+    reserve_bytes: float
+    kv_cache_bytes: float
+    kv_bytes_per_token: float  # per GPU, all KV-owning layers of its stage
+    block_size: int
+    num_blocks: int
+    kv_cache_tokens: int
+    max_model_len: int
+    request_bytes_at_max_len: float  # one max_model_len request on one GPU, sliding layers capped
+    max_concurrency: float  # max_model_len requests that fit at once
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
+    """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings and LM head stay bf16."""
+    wbytes = dtype_bytes(WEIGHT_DTYPE_BYTES, weight_dtype, "weight")
+    stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
+    layers = sum(model.layer_params(layer) for layer in stage_layers) * wbytes
+    embed = (model.embedding_params + model.lookup_params) * ACT_BYTES + model.extra_linear_params * wbytes
+    head = 0.0 if model.tie_embeddings else model.lm_head_params * ACT_BYTES
+    ends = embed + head if par.pp == 1 else max(embed, head)
+    return (layers + ends) / par.tp
+
+
+def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:
+    """Peak activations of a `max_num_batched_tokens` forward pass plus the sampler's logits, per GPU."""
+    h, tp = model.hidden_size, par.tp
+    if model.moe:
+        widest = model.moe.experts_per_token * model.moe.expert_intermediate
+    else:
+        widest = max(layer.mlp_intermediate for layer in model.layers)
+    qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
+    per_token = (2 * h + max(qkv, 3 * widest) / tp) * ACT_BYTES  # residual + normed input, gate/up + activation out
+    sampler = 2 * cfg.max_num_seqs * model.vocab_size * LOGIT_BYTES  # logits and probabilities in fp32
+    return cfg.max_num_batched_tokens * per_token + sampler
+
+
+def request_kv_bytes(model: ModelSpec, num_tokens: int, kv_dtype: str, tp: int, block_size: int) -> float:
+    """KV bytes of one request of `num_tokens` on one GPU: full layers keep all tokens, sliding ones their window."""
+    per_layer = model.kv_bytes_per_token(kv_dtype, tp) / model.num_kv_layers
+    blocks = 0
+    for layer in model.layers:
+        if layer.owns_kv:
+            kept = num_tokens if layer.window is None else min(num_tokens, layer.window + block_size)
+            blocks += math.ceil(kept / block_size)
+    return blocks * block_size * per_layer
+
+
+def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism(),
+                cfg: EngineMemoryConfig = EngineMemoryConfig()) -> MemoryPlan:
+    """The KV budget of one replica, or a SpecError saying why the model cannot be served."""
+    if not 0 < cfg.gpu_memory_utilization <= 1:
+        raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
+    if model.num_layers % par.pp:
+        raise SpecError(f"pipeline parallel size {par.pp} must divide the {model.num_layers} layers")
+    max_len = cfg.max_model_len or model.max_position_embeddings
+    usable = cfg.gpu_memory_utilization * gpu.memory_bytes
+    weights = weight_bytes_per_gpu(model, par, cfg.weight_dtype)
+    act = activation_bytes(model, par, cfg)
+    kv_cache = usable - weights - act - cfg.runtime_reserve_bytes
+    if kv_cache <= 0:
+        raise SpecError(
+            f"{model.name} does not fit on {gpu.name} with tp={par.tp} pp={par.pp}: weights {weights / 1e9:.1f} GB + "
+            f"activations {act / 1e9:.1f} GB + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} GB exceed "
+            f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.memory_bytes / 1e9:.0f} GB); "
+            "raise tp/pp, quantize the weights or use a larger GPU")
+    per_token = model.kv_bytes_per_token(cfg.kv_dtype, par.tp) * (model.num_layers // par.pp) / model.num_layers
+    num_blocks = int(kv_cache // (cfg.block_size * per_token))
+    per_request = request_kv_bytes(model, max_len, cfg.kv_dtype, par.tp, cfg.block_size) / par.pp
+    if per_request > num_blocks * cfg.block_size * per_token:
+        raise SpecError(
+            f"one request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "
+            f"the {kv_cache / GIB:.2f} GiB available on {gpu.name}; raise gpu_memory_utilization or tp, "
+            f"or lower max_model_len (at most ~{int(num_blocks * cfg.block_size * per_token / per_request * max_len)})")
+    return MemoryPlan(
+        model=model.name, gpu=gpu.name, tp=par.tp, pp=par.pp, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
+        weight_bytes=weights, activation_bytes=act, reserve_bytes=cfg.runtime_reserve_bytes, kv_cache_bytes=kv_cache,
+        kv_bytes_per_token=per_token, block_size=cfg.block_size, num_blocks=num_blocks,
+        kv_cache_tokens=num_blocks * cfg.block_size, max_model_len=max_len, request_bytes_at_max_len=per_request,
+        max_concurrency=num_blocks * cfg.block_size * per_token / per_request)

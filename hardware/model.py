@@ -1,0 +1,338 @@
+"""Model architecture specs, read from Hugging Face `config.json` files (local only, never the network).
+
+A `ModelSpec` is what the cost model and the memory planner need: per-layer attention kind
+(full, sliding window, KV shared with an earlier layer), GQA/MQA/MLA shapes, dense or MoE MLP,
+and parameter counts derived from the shapes (checked in the tests against published totals).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from hardware.errors import SpecError
+
+PRESET_DIR = Path(__file__).parent / "model_configs"
+
+#: Bytes per stored value for KV-cache and weight dtypes. int4 is weight-only with one fp16 scale per 128 weights.
+KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
+WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2.0 / 128}
+
+
+def dtype_bytes(table: dict[str, float], dtype: str, what: str) -> float:
+    """Bytes per value of `dtype`, with an error that lists the allowed dtypes."""
+    try:
+        return table[dtype]
+    except KeyError:
+        raise SpecError(f"unknown {what} dtype {dtype!r}; allowed: {', '.join(table)}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class LayerSpec:
+    """One decoder layer. `kv_source` is the layer whose KV cache it attends over (itself unless shared)."""
+
+    index: int
+    attention: str  # "full" or "sliding"
+    window: int | None  # tokens attended back, sliding layers only
+    kv_source: int
+    is_moe: bool
+    mlp_intermediate: int  # dense MLP width of this layer (0 for MoE layers)
+    extra_linear_params: int = 0  # small per-layer projections the kinds above don't cover (Gemma 3n AltUp/LAuReL)
+
+    @property
+    def owns_kv(self) -> bool:
+        return self.kv_source == self.index
+
+
+@dataclass(frozen=True, slots=True)
+class MlaSpec:
+    """DeepSeek multi-head latent attention: the cache holds one `kv_lora_rank + qk_rope_head_dim` vector per token."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True, slots=True)
+class MoeSpec:
+    """Routed experts (each a gated MLP of `expert_intermediate`) plus always-on shared experts."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate: int
+    num_shared_experts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    name: str
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_embeddings: bool
+    layers: tuple[LayerSpec, ...]
+    max_position_embeddings: int
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+    mla: MlaSpec | None = None
+    moe: MoeSpec | None = None
+    lookup_params: int = 0  # tables read by lookup only (Gemma 3n per-layer embeddings): stored, not streamed
+    extra_linear_params: int = 0  # model-level per-token projections (Gemma 3n AltUp, per-layer input projection)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def num_kv_layers(self) -> int:
+        return sum(layer.owns_kv for layer in self.layers)
+
+    # ---- KV cache -------------------------------------------------------------------------------
+    def kv_values_per_token_per_layer(self, tp: int = 1) -> int:
+        """Values one token stores in one KV-owning layer on one GPU of a TP group.
+
+        GQA splits KV heads across TP ranks and duplicates them when TP exceeds the head count;
+        MLA's latent has no heads, so every rank keeps the whole latent.
+        """
+        if self.mla:
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * kv_heads_per_rank(self.num_kv_heads, tp) * self.head_dim
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1) -> float:
+        """KV bytes one token adds on one GPU, summed over KV-owning layers (sliding layers included)."""
+        per_value = dtype_bytes(KV_DTYPE_BYTES, kv_dtype, "KV")
+        return self.num_kv_layers * self.kv_values_per_token_per_layer(tp) * per_value
+
+    # ---- parameters -----------------------------------------------------------------------------
+    def attention_params(self) -> int:
+        h = self.hidden_size
+        if self.mla:
+            m = self.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = h * self.num_heads * qk if m.q_lora_rank is None else (
+                h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.num_heads * qk)
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
+                + m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + self.num_heads * m.v_head_dim * h
+        q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        bias = (q_dim + 2 * kv_dim) if self.qkv_bias else 0
+        return h * (q_dim + 2 * kv_dim) + q_dim * h + bias
+
+    def dense_mlp_params(self, intermediate: int) -> int:
+        return (3 if self.gated_mlp else 2) * self.hidden_size * intermediate
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert."""
+        assert self.moe is not None
+        return self.dense_mlp_params(self.moe.expert_intermediate)
+
+    def layer_params(self, layer: LayerSpec, active: bool = False) -> int:
+        """Parameters of one layer; `active` counts only the experts one token uses."""
+        params = self.attention_params() + 2 * self.hidden_size + layer.extra_linear_params
+        if layer.is_moe:
+            assert self.moe is not None
+            experts = self.moe.experts_per_token if active else self.moe.num_experts
+            params += (experts + self.moe.num_shared_experts) * self.expert_params()
+            params += self.hidden_size * self.moe.num_experts  # router
+        else:
+            params += self.dense_mlp_params(layer.mlp_intermediate)
+        return params
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        """The LM head's own parameters; zero extra storage when tied, but it is still read every step."""
+        return self.vocab_size * self.hidden_size
+
+    def total_params(self) -> int:
+        return self._params(active=False)
+
+    def active_params(self) -> int:
+        """Parameters used per token (MoE: routed top-k + shared experts); embeddings and lookups included."""
+        return self._params(active=True)
+
+    def _params(self, active: bool) -> int:
+        layers = sum(self.layer_params(layer, active) for layer in self.layers)
+        head = 0 if self.tie_embeddings else self.lm_head_params
+        final_norm = self.hidden_size
+        return layers + self.embedding_params + head + final_norm + self.lookup_params + self.extra_linear_params
+
+
+def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
+    """KV heads each TP rank stores: split evenly, or one duplicated head per rank when TP > KV heads."""
+    if tp <= num_kv_heads:
+        if num_kv_heads % tp:
+            raise SpecError(f"tensor parallel size {tp} must divide the {num_kv_heads} KV heads")
+        return num_kv_heads // tp
+    if tp % num_kv_heads:
+        raise SpecError(f"tensor parallel size {tp} must be a multiple of the {num_kv_heads} KV heads")
+    return 1
+
+
+# ---- reading config.json ------------------------------------------------------------------------
+
+class _Fields:
+    """Typed access to a config dict; a missing or mistyped key names the file and the key."""
+
+    def __init__(self, raw: dict[str, Any], source: str):
+        self.raw, self.source = raw, source
+
+    def get(self, key: str, kind: type = int, default: Any = ...) -> Any:
+        if key not in self.raw or self.raw[key] is None:
+            if default is ...:
+                raise SpecError(f"{self.source}: missing required field {key!r}")
+            return default
+        value = self.raw[key]
+        if kind is int and isinstance(value, bool) or not isinstance(value, kind if kind is not float else (int, float)):
+            raise SpecError(f"{self.source}: field {key!r} must be {kind.__name__}, got {value!r}")
+        return value
+
+
+def _layer_kinds(f: _Fields, num_layers: int) -> list[tuple[str, int | None]]:
+    """Per layer ('full'|'sliding', window). Follows HF conventions: `layer_types`, Gemma 2 alternation, Mistral."""
+    window = f.get("sliding_window", int, None)
+    if "layer_types" in f.raw and f.raw["layer_types"] is not None:
+        types = f.get("layer_types", list)
+        if len(types) != num_layers:
+            raise SpecError(f"{f.source}: layer_types has {len(types)} entries for {num_layers} layers")
+        kinds = []
+        for t in types:
+            if t not in ("full_attention", "sliding_attention"):
+                raise SpecError(f"{f.source}: layer_types entry {t!r}; allowed: full_attention, sliding_attention")
+            kinds.append(("sliding", window) if t == "sliding_attention" else ("full", None))
+        return kinds
+    model_type = f.raw.get("model_type", "")
+    if model_type == "gemma2" and window:
+        return [("sliding", window) if i % 2 == 0 else ("full", None) for i in range(num_layers)]
+    uses_window = f.raw.get("use_sliding_window", model_type in ("mistral",))
+    if window and uses_window and window < f.get("max_position_embeddings", int, 1 << 30):
+        return [("sliding", window)] * num_layers
+    return [("full", None)] * num_layers
+
+
+def _kv_sources(kinds: list[tuple[str, int | None]], num_shared: int) -> list[int]:
+    """Gemma 3n / YOCO: the last `num_shared` layers reuse the KV of the last earlier layer of the same kind."""
+    n = len(kinds)
+    first_shared = n - num_shared
+    sources = list(range(n))
+    for i in range(first_shared, n):
+        same = [j for j in range(first_shared) if kinds[j][0] == kinds[i][0]]
+        if not same:
+            raise ValueError(f"layer {i} shares KV but no earlier layer has attention kind {kinds[i][0]!r}")
+        sources[i] = same[-1]
+    return sources
+
+
+def _intermediates(f: _Fields, num_layers: int) -> list[int]:
+    value = f.raw.get("intermediate_size")
+    if isinstance(value, list):
+        if len(value) != num_layers:
+            raise SpecError(f"{f.source}: intermediate_size lists {len(value)} widths for {num_layers} layers")
+        return [int(v) for v in value]
+    return [f.get("intermediate_size")] * num_layers
+
+
+def _moe(f: _Fields) -> MoeSpec | None:
+    if f.raw.get("n_routed_experts"):  # DeepSeek
+        return MoeSpec(f.get("n_routed_experts"), f.get("num_experts_per_tok"),
+                       f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0))
+    if f.raw.get("num_local_experts"):  # Mixtral
+        return MoeSpec(f.get("num_local_experts"), f.get("num_experts_per_tok"), f.get("intermediate_size"))
+    return None
+
+
+def _mla(f: _Fields) -> MlaSpec | None:
+    if not f.raw.get("kv_lora_rank"):
+        return None
+    return MlaSpec(f.get("kv_lora_rank"), f.get("q_lora_rank", int, None), f.get("qk_nope_head_dim"),
+                   f.get("qk_rope_head_dim"), f.get("v_head_dim"))
+
+
+def _gemma3n_extras(f: _Fields, num_layers: int) -> tuple[int, int, int]:
+    """Gemma 3n's (per-layer linear, lookup-only, model-level linear) params: AltUp, LAuReL, per-layer inputs."""
+    if "hidden_size_per_layer_input" not in f.raw:
+        return 0, 0, 0
+    h, p = f.get("hidden_size"), f.get("hidden_size_per_layer_input")
+    per_layer = 2 * h * p + 2 * h * f.get("laurel_rank", int, 0)  # per-layer input gate + projection, LAuReL
+    lookup = f.get("vocab_size_per_layer_input") * num_layers * p
+    model_linear = 2 * (f.get("altup_num_inputs", int, 1) - 1) * h * h + h * num_layers * p
+    return per_layer, lookup, model_linear
+
+
+def _tied(raw: dict[str, Any]) -> bool:
+    """HF's default for a missing `tie_word_embeddings` is the model class's: True for Gemma, False for most others."""
+    if raw.get("tie_word_embeddings") is not None:
+        return bool(raw["tie_word_embeddings"])
+    return str(raw.get("model_type", "")).startswith("gemma")
+
+
+def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
+    """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`)."""
+    if isinstance(raw.get("text_config"), dict):
+        raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
+    f = _Fields(raw, source)
+    hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
+    num_layers = f.get("num_hidden_layers")
+    kinds = _layer_kinds(f, num_layers)
+    try:
+        sources = _kv_sources(kinds, f.get("num_kv_shared_layers", int, 0))
+    except ValueError as err:
+        raise SpecError(f"{source}: {err}") from None
+    moe = _moe(f)
+    first_dense = f.get("first_k_dense_replace", int, 0)
+    widths = _intermediates(f, num_layers)
+    extra_linear, lookup, model_linear = _gemma3n_extras(f, num_layers)
+    layers = tuple(
+        LayerSpec(index=i, attention=kind, window=window, kv_source=sources[i],
+                  is_moe=moe is not None and i >= first_dense,
+                  mlp_intermediate=0 if (moe is not None and i >= first_dense) else widths[i],
+                  extra_linear_params=extra_linear)
+        for i, (kind, window) in enumerate(kinds))
+    return ModelSpec(
+        name=name, hidden_size=hidden, num_heads=num_heads,
+        num_kv_heads=f.get("num_key_value_heads", int, num_heads),
+        head_dim=f.get("head_dim", int, hidden // num_heads),
+        vocab_size=f.get("vocab_size"), tie_embeddings=_tied(raw),
+        layers=layers, max_position_embeddings=f.get("max_position_embeddings"),
+        gated_mlp=raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new"),
+        qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
+        mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear)
+
+
+def load_model_file(path: Path, name: str | None = None) -> ModelSpec:
+    """Read a local HF config.json; errors name the file and the field."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SpecError(f"{path}: file not found") from None
+    except json.JSONDecodeError as err:
+        raise SpecError(f"{path}: not valid JSON: {err}") from None
+    if not isinstance(raw, dict):
+        raise SpecError(f"{path}: expected a JSON object")
+    return model_from_config(raw, name or path.stem, str(path))
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+@cache
+def get_model(name_or_path: str) -> ModelSpec:
+    """A bundled preset by name, or a path to a config.json; unknown names list the presets."""
+    path = PRESET_DIR / f"{name_or_path}.json"
+    if path.exists():
+        return load_model_file(path, name_or_path)
+    if name_or_path.endswith(".json") or "/" in name_or_path:
+        return load_model_file(Path(name_or_path))
+    raise SpecError(f"unknown model {name_or_path!r}; presets: {', '.join(preset_names())} (or a path to a config.json)")

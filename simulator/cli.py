@@ -1,0 +1,173 @@
+"""The `servesim` command line: thin commands that load, call a library function and print or write."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu, gpu_catalog
+from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.model import get_model, preset_names
+from hardware.profile import load_profile
+
+app = typer.Typer(help="Simulate and plan LLM serving deployments.", no_args_is_help=True,
+                  pretty_exceptions_enable=False)
+hardware_app = typer.Typer(help="The GPU catalog.", no_args_is_help=True)
+models_app = typer.Typer(help="The model presets.", no_args_is_help=True)
+app.add_typer(hardware_app, name="hardware")
+app.add_typer(models_app, name="models")
+console = Console()
+if not console.is_terminal:  # piped or captured: never truncate names to fit 80 columns
+    console = Console(width=200)
+
+GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
+
+
+def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a SpecError into one clear line on stderr and exit status 2, instead of a traceback."""
+    @wraps(command)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except SpecError as err:
+            print(f"error: {err}", file=sys.stderr)
+            raise typer.Exit(2) from None
+    return run
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+
+
+def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(str(cell) for cell in row))
+    console.print(table)
+
+
+@hardware_app.command("list")
+@clean_errors
+def hardware_list(gpu_file: list[Path] = GpuFiles) -> None:
+    """List the GPUs: memory, bandwidth, bf16 peak and price."""
+    rows = [[g.name, f"{g.memory_bytes / 1e9:.0f}", f"{g.memory_bytes_per_s / 1e12:.2f}",
+             f"{g.peak_for('bf16') / 1e12:.0f}", g.intra_node_link, f"{g.price_per_gpu_hour_usd:.2f}"]
+            for g in gpu_catalog(tuple(gpu_file)).values()]
+    print_table("GPUs", ["name", "memory GB", "TB/s", "bf16 TFLOP/s", "intra-node link", "$/GPU-h"], rows)
+
+
+@hardware_app.command("show")
+@clean_errors
+def hardware_show(name: str, gpu_file: list[Path] = GpuFiles, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show one GPU's full spec with its sources."""
+    spec = get_gpu(name, tuple(gpu_file))
+    data = spec.model_dump() | {"ridge_point_bf16_flop_per_byte": spec.ridge_point("bf16")}
+    if as_json:
+        print_json(data)
+    else:
+        print_table(name, ["field", "value"], [[k, v] for k, v in data.items()])
+
+
+@models_app.command("list")
+@clean_errors
+def models_list() -> None:
+    """List the model presets with their parameter counts and KV bytes per token."""
+    rows = []
+    for name in preset_names():
+        m = get_model(name)
+        rows.append([name, f"{m.total_params() / 1e9:.2f}", f"{m.active_params() / 1e9:.2f}", m.num_layers,
+                     m.num_kv_layers, "MLA" if m.mla else f"{m.num_heads}/{m.num_kv_heads}",
+                     f"{m.kv_bytes_per_token():,.0f}"])
+    print_table("model presets", ["name", "params B", "active B", "layers", "KV layers", "attn heads q/kv",
+                                  "KV B/token bf16"], rows)
+
+
+@models_app.command("show")
+@clean_errors
+def models_show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
+    """Show one model: shapes, parameter counts and each layer's attention kind and KV bytes."""
+    m = get_model(name)
+    layers = [{"index": l.index, "attention": l.attention, "window": l.window, "kv_source": l.kv_source,
+               "moe": l.is_moe, "kv_bytes_per_token_bf16": m.kv_values_per_token_per_layer() * 2 if l.owns_kv else 0,
+               "kv_bytes_per_token_fp8": m.kv_values_per_token_per_layer() if l.owns_kv else 0} for l in m.layers]
+    data = {"name": m.name, "total_params": m.total_params(), "active_params": m.active_params(),
+            "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_kv_layers": m.num_kv_layers,
+            "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
+            "attention": "mla" if m.mla else "gqa" if m.num_kv_heads < m.num_heads else "mha",
+            "moe": None if m.moe is None else vars_of(m.moe), "mla": None if m.mla is None else vars_of(m.mla),
+            "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"), "kv_bytes_per_token_fp8": m.kv_bytes_per_token("fp8"),
+            "layers": layers}
+    if as_json:
+        print_json(data)
+        return
+    print_table(name, ["field", "value"], [[k, v] for k, v in data.items() if k != "layers"])
+    print_table("layers", list(layers[0]), [list(layer.values()) for layer in layers])
+
+
+def vars_of(obj: Any) -> dict:
+    return {slot: getattr(obj, slot) for slot in obj.__slots__}
+
+
+@app.command()
+@clean_errors
+def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: int = 1,
+           gpu_memory_utilization: float = 0.9, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+           max_model_len: int | None = None, block_size: int = 16, max_num_batched_tokens: int = 8192,
+           max_num_seqs: int = 256, gpu_file: list[Path] = GpuFiles,
+           as_json: bool = typer.Option(False, "--json")) -> None:
+    """Plan GPU memory like vLLM at start-up: weights, activations, KV blocks, max concurrency."""
+    cfg = EngineMemoryConfig(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+                             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
+                             max_num_seqs=max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
+    plan = plan_memory(get_model(model), get_gpu(gpu, tuple(gpu_file)), Parallelism(tp, pp), cfg)
+    if as_json:
+        print_json(plan.as_dict())
+        return
+    gb = lambda b: f"{b / 1e9:.2f} GB ({b / (1 << 30):.2f} GiB)"  # noqa: E731
+    print_table(f"{model} on {gpu} (tp={tp}, pp={pp}), per GPU", ["quantity", "value"], [
+        ["usable", gb(plan.usable_bytes)], ["weights", gb(plan.weight_bytes)],
+        ["activation peak", gb(plan.activation_bytes)], ["runtime reserve", gb(plan.reserve_bytes)],
+        ["KV cache", gb(plan.kv_cache_bytes)], ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
+        ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens"], ["KV tokens", f"{plan.kv_cache_tokens:,}"],
+        [f"max concurrency at {plan.max_model_len:,} tokens", f"{plan.max_concurrency:.2f}"]])
+
+
+@app.command()
+@clean_errors
+def roofline(model: str, gpu: str = typer.Option(..., "--gpu"), batch: int = typer.Option(1, min=1),
+             context: int = typer.Option(1024, min=0), prefill: int = typer.Option(1, min=1, help=(
+                 "New tokens per sequence this step (1 = decode; more = a prefill chunk over the context)")),
+             tp: int = 1, pp: int = 1, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+             fast_prefill: bool = typer.Option(False, "--fast-prefill", help="kv_sharing_fast_prefill (YOCO)"),
+             profile: str | None = None, gpu_file: list[Path] = GpuFiles,
+             as_json: bool = typer.Option(False, "--json"), html: Path | None = None) -> None:
+    """Predict one step's time for `batch` sequences at `context` tokens, with a per-operator breakdown."""
+    spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
+    cost = step_cost(StepBatch.uniform(batch, context, prefill), spec, gpu_spec, Parallelism(tp, pp),
+                     load_profile(profile), CostOptions(weight_dtype, kv_dtype, fast_prefill))
+    title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"
+    if html:
+        from simulator.atomic import write_text_atomic
+        from simulator.roofline_chart import roofline_figure
+        write_text_atomic(html, roofline_figure(cost, gpu_spec, title).to_html(include_plotlyjs=True))
+    if as_json:
+        print_json(cost.as_dict())
+        return
+    rows = [[op.name, op.layers, f"{op.flops / 1e9:,.2f}", f"{op.bytes / 1e6:,.2f}", f"{op.intensity:,.1f}",
+             f"{op.time_s * 1e3:.4f}", op.bound] for op in cost.operators]
+    print_table(title, ["operator", "layers", "GFLOP", "MB", "FLOP/B", "ms", "bound"], rows)
+    console.print(f"step time {cost.total_s * 1e3:.3f} ms, floor {cost.floor_s * 1e3:.3f} ms "
+                  f"(HBM bytes / bandwidth), {cost.bound}-bound")

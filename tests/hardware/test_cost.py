@@ -1,0 +1,159 @@
+"""Roofline cost model: the seed's H200 arithmetic, FLOP accounting, TP, MoE, windows, MLA, fast prefill."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, Parallelism, causal_keys, fast_prefill_layers, step_cost
+from hardware.gpu import get_gpu
+from hardware.model import get_model, model_from_config
+from hardware.profile import EfficiencyCurve, Profile
+
+H200 = get_gpu("h200")
+LLAMA_8B = get_model("llama-3.1-8b")
+
+
+def test_h200_8b_single_sequence_matches_the_seed():
+    cost = step_cost(StepBatch.uniform(1, 1024), LLAMA_8B, H200)
+    assert cost.floor_s == pytest.approx(16e9 / 4.8e12, rel=0.1)  # ~3.3 ms: every weight crosses the bus once
+    assert 3.5e-3 <= cost.total_s <= 4.6e-3  # the seed's "~4 ms" with real kernels
+    assert cost.bound == "memory"
+
+
+def test_h200_8b_256_sequences_matches_the_seed():
+    cost = step_cost(StepBatch.uniform(256, 1024), LLAMA_8B, H200)
+    assert cost.floor_s == pytest.approx(10.5e-3, rel=0.05)  # 16 GB weights + 34 GB KV at 4.8 TB/s
+    assert 13e-3 <= cost.total_s <= 20e-3
+    kv_read = cost.by_name("attention_decode").bytes
+    assert kv_read == pytest.approx(256 * 1025 * 131072, rel=0.01)
+
+
+def test_floor_is_bytes_over_bandwidth():
+    cost = step_cost(StepBatch.uniform(8, 2048), LLAMA_8B, H200)
+    assert cost.floor_s == pytest.approx(cost.hbm_bytes / H200.memory_bytes_per_s)
+    assert cost.total_s > cost.floor_s
+
+
+def _mha_model(d: int, heads: int = 8):
+    """The seed's accounting model: MHA, non-gated MLP of width 4d (24 d^2 linear FLOPs per token per layer)."""
+    return model_from_config({"hidden_size": d, "num_attention_heads": heads, "num_hidden_layers": 1,
+                              "intermediate_size": 4 * d, "vocab_size": 1000, "max_position_embeddings": 1 << 20,
+                              "hidden_act": "gelu", "model_type": "gpt"}, "mha")
+
+
+def test_linear_and_attention_flops_cross_at_six_d():
+    d = 512
+    model = _mha_model(d)
+
+    def flops(context_keys):
+        cost = step_cost(StepBatch.of([1], [context_keys - 1]), model, H200)
+        linear = sum(cost.by_name(n).flops for n in ("qkv_proj", "o_proj", "mlp"))
+        return linear, cost.by_name("attention_decode").flops
+
+    linear, attn = flops(6 * d)
+    assert linear == 24 * d * d
+    assert attn == 4 * (6 * d) * d == linear
+    assert flops(6 * d - 1)[1] < linear < flops(6 * d + 1)[1]
+
+
+@given(n=st.integers(1, 300), c=st.integers(0, 300), window=st.one_of(st.none(), st.integers(1, 200)))
+def test_causal_keys_matches_brute_force(n, c, window):
+    brute = sum(min(c + j + 1, window) if window else c + j + 1 for j in range(n))
+    assert causal_keys(np.array([n]), np.array([c]), window)[0] == brute
+
+
+def test_sliding_window_caps_decode_kv_reads():
+    gemma = get_model("gemma-2-9b")  # half its layers slide over 4096 tokens
+    long = step_cost(StepBatch.uniform(1, 32000), gemma, H200).by_name("attention_decode").bytes
+    short = step_cost(StepBatch.uniform(1, 4095), gemma, H200).by_name("attention_decode").bytes
+    per_layer_token = gemma.kv_values_per_token_per_layer() * 2
+    # 21 full layers read all 32001 tokens, 21 sliding layers read their 4096-token window
+    expected = 21 * per_layer_token * (32001 + 4096)
+    assert long == pytest.approx(expected, rel=1e-3)
+    assert short == pytest.approx(42 * per_layer_token * 4096, rel=1e-3)
+
+
+def test_mla_decode_reads_the_latent_and_absorbs():
+    v2 = get_model("deepseek-v2")
+    cost = step_cost(StepBatch.uniform(1, 4095), v2, H200)
+    attn = cost.by_name("attention_decode")
+    latent = 576 * 2  # bytes per token per layer
+    per_layer = 4096 * latent + 1 * latent + 128 * (576 + 512) * 2  # read cache, write new latent, q in / out
+    assert attn.bytes == pytest.approx(per_layer * v2.num_layers)
+    # absorbed: each of the 128 heads scores against 576 dims and sums 512-dim latents
+    assert attn.flops == pytest.approx(2 * 128 * (576 + 512) * 4096 * v2.num_layers)
+
+
+def test_moe_touches_more_experts_as_tokens_grow():
+    mixtral = get_model("mixtral-8x7b")
+    one = step_cost(StepBatch.uniform(1, 100), mixtral, H200).by_name("moe")
+    many = step_cost(StepBatch.uniform(64, 100), mixtral, H200).by_name("moe")
+    expert_bytes = mixtral.expert_params() * 2 * 32
+    assert one.bytes == pytest.approx(2 * expert_bytes, rel=0.01)  # top-2 of 8
+    assert many.bytes == pytest.approx(8 * expert_bytes, rel=0.01)  # 64 tokens touch all 8
+
+
+def test_lm_head_runs_only_on_logits_tokens():
+    chunk = StepBatch.of([512], [0], [False])  # an intermediate prefill chunk samples nothing
+    names = [op.name for op in step_cost(chunk, LLAMA_8B, H200).operators]
+    assert "lm_head" not in names
+    cost = step_cost(StepBatch.of([512, 1], [0, 100], [False, True]), LLAMA_8B, H200)
+    assert cost.by_name("lm_head").flops == 2 * LLAMA_8B.lm_head_params
+
+
+def test_tp2_adds_all_reduce_and_speeds_decode_by_less_than_2x():
+    batch = StepBatch.uniform(32, 2048)
+    tp1 = step_cost(batch, LLAMA_8B, H200)
+    tp2 = step_cost(batch, LLAMA_8B, H200, Parallelism(tp=2))
+    assert "all_reduce" not in [op.name for op in tp1.operators]
+    assert tp2.by_name("all_reduce").time_s > 0
+    assert tp2.by_name("mlp").bytes < tp1.by_name("mlp").bytes / 1.9
+    assert 1.0 < tp1.total_s / tp2.total_s < 2.0
+
+
+def test_gemma_3n_fast_prefill_runs_last_10_layers_on_one_token():
+    model = get_model("gemma-3n-e2b")
+    assert fast_prefill_layers(model) == 10
+    prefill = StepBatch.of([6], [0])
+    plain = step_cost(prefill, model, H200)
+    fast = step_cost(prefill, model, H200, options=CostOptions(kv_sharing_fast_prefill=True))
+    # QKV FLOPs: 20 layers x 6 tokens + 10 layers x 1 token, against 30 x 6
+    assert fast.by_name("qkv_proj").flops / plain.by_name("qkv_proj").flops == pytest.approx(130 / 180)
+    assert fast.by_name("mlp").flops < plain.by_name("mlp").flops
+    decode = StepBatch.uniform(4, 300)
+    assert step_cost(decode, model, H200).total_s == step_cost(
+        decode, model, H200, options=CostOptions(kv_sharing_fast_prefill=True)).total_s
+
+
+def test_kv_sharing_layers_write_no_kv():
+    model = get_model("gemma-3n-e2b")
+    cost = step_cost(StepBatch.of([100], [0]), model, H200)
+    prefill = cost.by_name("attention_prefill")
+    assert prefill.layers == 30
+    per_token_layer = model.kv_values_per_token_per_layer() * 2
+    # reads: the 100 new tokens' KV in all 30 layers; writes only in the 20 owning layers
+    reads = 30 * 100 * per_token_layer
+    writes = 20 * 100 * per_token_layer
+    activations = 30 * 100 * model.num_heads * 2 * model.head_dim * 2
+    assert prefill.bytes == pytest.approx(reads + writes + activations)
+
+
+def test_fp8_weights_halve_weight_bytes_and_use_fp8_peak():
+    bf16 = step_cost(StepBatch.uniform(1, 10), LLAMA_8B, H200).by_name("mlp")
+    fp8 = step_cost(StepBatch.uniform(1, 10), LLAMA_8B, H200, options=CostOptions(weight_dtype="fp8")).by_name("mlp")
+    assert fp8.bytes < 0.51 * bf16.bytes
+
+
+def test_profile_efficiency_scales_time():
+    fast = Profile(gemm_memory=EfficiencyCurve.constant(1.0), attn_memory=EfficiencyCurve.constant(1.0),
+                   step_overhead_s=0, request_overhead_s=0)
+    cost = step_cost(StepBatch.uniform(1, 1024), LLAMA_8B, H200, profile=fast)
+    assert cost.total_s == pytest.approx(cost.floor_s, rel=0.01)  # at 100% bandwidth a decode runs at the floor
+
+
+def test_efficiency_curve_interpolates_in_log_tokens():
+    curve = EfficiencyCurve(points=((1, 0.2), (100, 0.8)))
+    assert curve.at(0.5) == 0.2 and curve.at(1000) == 0.8
+    assert curve.at(10) == pytest.approx(0.5)

@@ -1,0 +1,74 @@
+"""Memory planner: the seed's H200 budget, TP, fp8 KV, sliding windows and fail-fast errors."""
+
+import pytest
+
+from hardware.cost import Parallelism
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu
+from hardware.memory import EngineMemoryConfig, plan_memory, request_kv_bytes
+from hardware.model import get_model
+
+LLAMA_8B = get_model("llama-3.1-8b")
+
+
+def test_8b_on_h200_at_0_9_matches_the_seed():
+    plan = plan_memory(LLAMA_8B, get_gpu("h200"))
+    # 141 GB x 0.9 = 127 GB - 16 GB weights - activations ~= 105 GB of KV ~= 800K tokens ~= 200 x 4K sequences
+    assert plan.weight_bytes == pytest.approx(16.06e9, rel=0.01)
+    assert plan.kv_cache_bytes == pytest.approx(105e9, rel=0.05)
+    assert plan.kv_cache_tokens == pytest.approx(800_000, rel=0.05)
+    assert plan.kv_cache_tokens / 4096 == pytest.approx(200, rel=0.05)
+    assert plan.kv_cache_tokens == plan.num_blocks * 16
+    assert plan.num_blocks * 16 * plan.kv_bytes_per_token <= plan.kv_cache_bytes
+
+
+def test_budget_adds_up_to_the_usable_memory():
+    plan = plan_memory(LLAMA_8B, get_gpu("h100-sxm"))
+    assert plan.weight_bytes + plan.activation_bytes + plan.reserve_bytes + plan.kv_cache_bytes == pytest.approx(
+        0.9 * 80e9)
+
+
+def test_max_concurrency_is_kv_tokens_over_max_model_len():
+    plan = plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=4096))
+    assert plan.max_concurrency == pytest.approx(plan.kv_cache_tokens / 4096)
+
+
+def test_tp2_halves_weights_and_roughly_doubles_kv_tokens():
+    gpu = get_gpu("h100-sxm")
+    tp1 = plan_memory(LLAMA_8B, gpu)
+    tp2 = plan_memory(LLAMA_8B, gpu, Parallelism(tp=2))
+    assert tp2.weight_bytes == pytest.approx(tp1.weight_bytes / 2)
+    assert tp2.kv_bytes_per_token == tp1.kv_bytes_per_token / 2
+    assert tp2.kv_cache_tokens > 2 * tp1.kv_cache_tokens  # twice the heads' room plus the freed weight memory
+
+
+def test_fp8_kv_doubles_tokens():
+    gpu = get_gpu("h200")
+    bf16 = plan_memory(LLAMA_8B, gpu)
+    fp8 = plan_memory(LLAMA_8B, gpu, cfg=EngineMemoryConfig(kv_dtype="fp8"))
+    assert fp8.kv_cache_tokens == pytest.approx(2 * bf16.kv_cache_tokens, rel=1e-4)
+
+
+def test_sliding_layers_keep_only_their_window():
+    gemma = get_model("gemma-2-9b")
+    per_layer = gemma.kv_values_per_token_per_layer() * 2
+    at_32k = request_kv_bytes(gemma, 32768, "bf16", tp=1, block_size=16)
+    assert at_32k == 21 * 32768 * per_layer + 21 * (4096 + 16) * per_layer
+    assert request_kv_bytes(gemma, 1000, "bf16", 1, 16) == 42 * 1008 * per_layer
+
+
+def test_model_too_big_fails_fast_with_advice():
+    with pytest.raises(SpecError, match="does not fit on h100-sxm.*raise tp"):
+        plan_memory(get_model("llama-3.1-70b"), get_gpu("h100-sxm"))
+    assert plan_memory(get_model("llama-3.1-70b"), get_gpu("h100-sxm"), Parallelism(tp=4)).kv_cache_tokens > 0
+
+
+def test_max_model_len_request_that_cannot_fit_fails_fast():
+    with pytest.raises(SpecError, match="max_model_len=131072"):
+        plan_memory(LLAMA_8B, get_gpu("l4"))
+    assert plan_memory(LLAMA_8B, get_gpu("l4"), cfg=EngineMemoryConfig(max_model_len=8192)).max_concurrency > 1
+
+
+def test_bad_utilization_is_rejected():
+    with pytest.raises(SpecError, match="gpu_memory_utilization"):
+        plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(gpu_memory_utilization=1.5))

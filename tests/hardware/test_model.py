@@ -1,0 +1,111 @@
+"""Model presets: parameter counts against published totals, KV bytes per token, layer kinds, bad input."""
+
+import json
+
+import pytest
+
+from hardware.errors import SpecError
+from hardware.model import get_model, kv_heads_per_rank, load_model_file, model_from_config
+
+GIB = 1 << 30
+
+# (preset, published total params, published active params or None), in billions
+PUBLISHED = [
+    ("llama-3.1-8b", 8.03, None), ("llama-3.1-70b", 70.6, None), ("llama-3.1-405b", 405.9, None),
+    ("llama-2-7b", 6.74, None), ("mistral-7b", 7.24, None), ("mixtral-8x7b", 46.7, 12.9),
+    ("qwen2.5-7b", 7.61, None), ("qwen2.5-72b", 72.7, None), ("gemma-2-9b", 9.24, None),
+    ("deepseek-v2", 236, 21), ("deepseek-v3", 671, 37),
+]
+
+
+@pytest.mark.parametrize("name,total_b,active_b", PUBLISHED)
+def test_parameter_counts_match_published_totals(name, total_b, active_b):
+    model = get_model(name)
+    assert model.total_params() / 1e9 == pytest.approx(total_b, rel=0.015)
+    if active_b is not None:
+        assert model.active_params() / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+def test_llama_8b_kv_bytes_per_token_and_sequence_sizes():
+    model = get_model("llama-3.1-8b")
+    assert model.kv_bytes_per_token("bf16") == 2 * 32 * 8 * 128 * 2 == 131072
+    assert model.kv_bytes_per_token("bf16") * 4096 == 0.5 * GIB
+    assert model.kv_bytes_per_token("bf16") * 128 * 1024 == 16 * GIB
+    assert model.kv_bytes_per_token("fp8") == 65536
+
+
+def test_deepseek_v2_mla_caches_576_values_per_token_per_layer():
+    model = get_model("deepseek-v2")
+    assert model.kv_values_per_token_per_layer() == 512 + 64
+    mha_equivalent = 2 * model.num_heads * 128
+    assert mha_equivalent == 32768
+    assert model.kv_bytes_per_token("bf16") == 576 * 2 * model.num_layers
+
+
+def test_gemma_3n_e2b_has_20_kv_owning_layers_of_30():
+    model = get_model("gemma-3n-e2b")
+    assert model.num_layers == 30 and model.num_kv_layers == 20
+    shared = model.layers[20:]
+    assert all(not layer.owns_kv for layer in shared)
+    # the last 10 layers read the KV of layer 19 (full attention) or 18 (sliding), by their own kind
+    for layer in shared:
+        assert layer.kv_source == (19 if layer.attention == "full" else 18)
+        assert model.layers[layer.kv_source].attention == layer.attention
+
+
+def test_gemma_3n_e4b_shares_15_of_35_layers():
+    model = get_model("gemma-3n-e4b")
+    assert (model.num_layers, model.num_kv_layers) == (35, 20)
+
+
+def test_gemma_2_alternates_sliding_and_full_layers():
+    model = get_model("gemma-2-9b")
+    kinds = [(layer.attention, layer.window) for layer in model.layers[:4]]
+    assert kinds == [("sliding", 4096), ("full", None), ("sliding", 4096), ("full", None)]
+
+
+def test_moe_layers_follow_first_k_dense_replace():
+    v3 = get_model("deepseek-v3")
+    assert [layer.is_moe for layer in v3.layers[:4]] == [False, False, False, True]
+    assert all(layer.is_moe for layer in get_model("mixtral-8x7b").layers)
+
+
+@pytest.mark.parametrize("kv_heads,tp,expected", [(8, 1, 8), (8, 2, 4), (8, 8, 1), (8, 16, 1), (1, 4, 1)])
+def test_kv_heads_split_then_duplicated_under_tp(kv_heads, tp, expected):
+    assert kv_heads_per_rank(kv_heads, tp) == expected
+
+
+def test_kv_heads_indivisible_tp_is_an_error():
+    with pytest.raises(SpecError, match="must divide"):
+        kv_heads_per_rank(8, 3)
+
+
+def test_tp_duplicates_kv_heads_beyond_their_count():
+    model = get_model("llama-3.1-8b")  # 8 KV heads
+    assert model.kv_bytes_per_token(tp=2) == 131072 / 2
+    assert model.kv_bytes_per_token(tp=16) == model.kv_bytes_per_token(tp=8) == 131072 / 8
+
+
+def test_unknown_model_lists_presets():
+    with pytest.raises(SpecError) as err:
+        get_model("llama-9")
+    assert "llama-3.1-8b" in str(err.value) and "deepseek-v3" in str(err.value)
+
+
+def test_malformed_config_names_the_missing_field(tmp_path):
+    raw = json.loads(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                                 "vocab_size": 100, "max_position_embeddings": 128}))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SpecError) as err:
+        load_model_file(path)
+    assert str(path) in str(err.value) and "intermediate_size" in str(err.value)
+
+
+def test_mistyped_field_and_bad_json_are_clear(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    with pytest.raises(SpecError, match="not valid JSON"):
+        load_model_file(path)
+    with pytest.raises(SpecError, match="'hidden_size' must be int"):
+        model_from_config({"hidden_size": "4096"}, "x")

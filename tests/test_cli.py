@@ -1,0 +1,66 @@
+"""The CLI end to end: JSON keys, HTML output, and one clear error line for bad names."""
+
+import json
+
+from typer.testing import CliRunner
+
+from simulator.cli import app
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    return runner.invoke(app, list(args))
+
+
+def test_memory_json_has_the_documented_keys():
+    result = run("memory", "llama-3.1-8b", "--gpu", "h200", "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["kv_bytes_per_token"] == 131072
+    for key in ("weight_bytes", "kv_cache_bytes", "kv_cache_tokens", "max_concurrency"):
+        assert key in data
+
+
+def test_memory_tp_and_fp8_options():
+    data = json.loads(run("memory", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "4", "--kv-dtype", "fp8",
+                          "--max-model-len", "8192", "--json").stdout)
+    assert data["kv_bytes_per_token"] == 2 * 80 * 2 * 128 * 1  # 8 KV heads / 4 ranks, fp8
+
+
+def test_roofline_json_and_html(tmp_path):
+    html = tmp_path / "roof.html"
+    result = run("roofline", "llama-3.1-8b", "--gpu", "h200", "--batch", "256", "--context", "1024", "--json",
+                 "--html", str(html))
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert {"step_time_s", "floor_s", "bound", "operators"} <= set(data)
+    assert 13e-3 <= data["step_time_s"] <= 20e-3
+    assert {op["name"] for op in data["operators"]} >= {"qkv_proj", "attention_decode", "mlp", "lm_head"}
+    text = html.read_text()
+    assert "plotly" in text.lower() and "attention_decode" in text
+
+
+def test_roofline_table_output():
+    result = run("roofline", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--batch", "8", "--prefill", "512")
+    assert result.exit_code == 0, result.output
+    assert "attention_prefill" in result.stdout and "moe" in result.stdout
+
+
+def test_unknown_gpu_lists_known_ones():
+    result = run("memory", "llama-3.1-8b", "--gpu", "h300")
+    assert result.exit_code == 2
+    assert "unknown GPU 'h300'" in result.stderr and "h200" in result.stderr
+
+
+def test_models_and_hardware_listing():
+    assert "gemma-3n-e2b" in run("models", "list").stdout
+    shown = json.loads(run("models", "show", "gemma-3n-e2b", "--json").stdout)
+    assert shown["num_kv_layers"] == 20 and shown["layers"][25]["kv_bytes_per_token_bf16"] == 0
+    assert json.loads(run("hardware", "show", "h200", "--json").stdout)["memory_bytes_per_s"] == 4.8e12
+    assert "mi300x" in run("hardware", "list").stdout
+
+
+def test_model_does_not_fit_is_one_line():
+    result = run("memory", "llama-3.1-405b", "--gpu", "h100-sxm")
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "does not fit" in result.stderr
