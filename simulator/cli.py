@@ -171,3 +171,42 @@ def roofline(model: str, gpu: str = typer.Option(..., "--gpu"), batch: int = typ
     print_table(title, ["operator", "layers", "GFLOP", "MB", "FLOP/B", "ms", "bound"], rows)
     console.print(f"step time {cost.total_s * 1e3:.3f} ms, floor {cost.floor_s * 1e3:.3f} ms "
                   f"(HBM bytes / bandwidth), {cost.bound}-bound")
+
+
+@app.command()
+def schema() -> None:
+    """Print the JSON Schema of scenario files, for editors to validate them."""
+    from simulator.scenario import Scenario
+    print_json(Scenario.model_json_schema())
+
+
+SUMMARY_ROWS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
+                "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms", "request_goodput",
+                "preemptions", "kv_cache_usage_mean", "kv_cache_usage_max")
+
+
+@app.command()
+@clean_errors
+def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/<name>)"),
+             set_: list[str] = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable"),
+             seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed")) -> None:
+    """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
+    from simulator.output import write_run
+    from simulator.progress import progress_bar
+    from simulator.run import World
+    from simulator.scenario import load_scenario
+
+    spec, base_dir = load_scenario(scenario, set_, seed)
+    world_progress = progress_bar("simulating", console)
+    with world_progress as advance:
+        world = World(spec, base_dir, on_progress=None)
+        advance.total(len(world.workload.requests))
+        world.on_progress = advance
+        result = world.run()
+    folder = write_run(result, out or Path("runs") / spec.name)
+    rows = [[key, f"{result.summary[key]:,.3f}" if isinstance(result.summary[key], float) else result.summary[key]]
+            for key in SUMMARY_ROWS if key in result.summary]
+    print_table(f"{spec.name}: {spec.model}, {spec.cluster.replicas} replica(s) of {spec.parallelism.tp * spec.parallelism.pp} x {spec.hardware.gpu}",
+                ["metric", "value"], rows)
+    console.print(f"results in {folder}/")

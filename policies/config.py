@@ -1,0 +1,37 @@
+"""Engine knobs the schedulers read, with vLLM's names, meanings and defaults."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class EngineConfig(BaseModel):
+    """One engine (replica): batching limits, KV paging and preemption. Units in the names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    scheduler: str = Field("vllm", description="Scheduler policy name: vllm, sarathi, orca, static (or pkg.mod:attr)")
+    queue_order: str = Field("fcfs", description="Waiting-queue order: fcfs, priority, sjf (or pkg.mod:attr)")
+    max_num_seqs: int = Field(256, ge=1, description="Max requests running at once (batch slots)")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget of one step")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps within the budget")
+    chunk_size: int = Field(512, ge=1, description="sarathi only: the fixed token budget of each step")
+    block_size: int = Field(16, ge=1, description="Tokens per KV block")
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use")
+    max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output; default: the model's limit")
+    num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the KV pool size (as vLLM's flag)")
+    watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
+    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
+    swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
+    kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
+    weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field("bf16", description="Weight dtype")
+    kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
+
+    @model_validator(mode="after")
+    def _budget_covers_batch(self) -> EngineConfig:
+        if self.scheduler == "vllm" and self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): every "
+                "running request needs a token each step; raise the budget or lower max_num_seqs")
+        return self

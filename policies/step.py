@@ -1,0 +1,96 @@
+"""What one engine step does (`StepPlan`), the scheduler interface, and the token bookkeeping all schedulers share."""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from hardware.batch import StepBatch
+from policies.kv_blocks import BlockManager
+from workloads.request import Request
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class StepPlan:
+    """One step: per scheduled request its new tokens and context before the step, plus what left the batch.
+
+    `samples[i]` is whether request i has fed all its pending tokens after this step and so samples
+    a token (a decode, or the last chunk of a prefill). Swap counts are KV blocks moved over PCIe
+    (host <-> GPU) before the step runs.
+    """
+
+    requests: tuple[Request, ...]
+    num_new: tuple[int, ...]
+    num_context: tuple[int, ...]
+    samples: tuple[bool, ...]
+    preempted: tuple[Request, ...] = ()
+    swap_out_blocks: int = 0
+    swap_in_blocks: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.requests
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return sum(n for n, r in zip(self.num_new, self.requests) if n == 1 and r.num_generated > 0)
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return self.num_tokens - self.num_decode_tokens
+
+    def batch(self) -> StepBatch:
+        return StepBatch(np.fromiter(self.num_new, np.int64, len(self.num_new)),
+                         np.fromiter(self.num_context, np.int64, len(self.num_context)),
+                         np.fromiter(self.samples, bool, len(self.samples)))
+
+
+class Scheduler(Protocol):
+    """Decides each step's batch; the engine only spends the step's time and calls `commit`."""
+
+    kv: BlockManager
+
+    def add(self, req: Request, now: float) -> None:
+        """Queue a newly arrived request."""
+
+    def schedule(self, now: float) -> StepPlan:
+        """The next step's batch (empty when there is nothing to run). Allocates KV; may preempt."""
+
+    def commit(self, plan: StepPlan, now: float) -> list[Request]:
+        """Apply a finished step at time `now`: tokens computed and sampled; returns requests that finished."""
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def num_running(self) -> int: ...
+
+
+class TokenLog:
+    """Per-token timing shared by schedulers: first-token time, last-token time and every inter-token gap (ITL)."""
+
+    def __init__(self) -> None:
+        self.itl_s = array("d")
+
+    def feed(self, req: Request, num_new: int, now: float) -> bool:
+        """Count `num_new` computed tokens; if the request has no pending token left, it samples one. Returns that."""
+        req.num_computed_tokens += num_new
+        if req.num_computed_tokens < req.num_tokens:
+            return False  # a prefill chunk that is not the last
+        self.sample(req, now)
+        return True
+
+    def sample(self, req: Request, now: float) -> None:
+        req.num_generated += 1
+        if req.first_token_s is None:
+            req.first_token_s = now
+        else:
+            self.itl_s.append(now - req.last_token_s)
+        req.last_token_s = now

@@ -1,0 +1,201 @@
+"""Continuous batching under a per-step token budget: vLLM v1's scheduler, and Sarathi/Orca as settings of it.
+
+Each step (vLLM v1 semantics):
+1. running requests first, in admission order: each gets min(pending tokens, budget) tokens — 1 for
+   a decode, a chunk for a prefill; if KV blocks run out, the lowest-priority running request
+   (the newest under FCFS) is preempted until the allocation fits or the request itself is preempted;
+2. then, only if nobody was preempted this step, waiting requests in queue order while budget,
+   `max_num_seqs` and KV blocks allow; the first that does not fit blocks the rest (head of line).
+
+`sarathi` is the same loop with a fixed `chunk_size` budget (stall-free batching). `orca` runs
+whole prompts only and reserves KV for prompt + output at admission, as Orca's contiguous
+allocation did, so it never preempts. Preemption by `swap` moves the victim's blocks to host
+memory (its PCIe time is charged to the step) and resumes it before new admissions.
+"""
+
+from __future__ import annotations
+
+import heapq
+import sys
+from collections import deque
+
+from policies.config import EngineConfig
+from policies.kv_blocks import BlockManager, blocks_for
+from policies.ordering import OrderKey
+from policies.registry import schedulers
+from policies.step import StepPlan, TokenLog
+from workloads.request import Phase, Request
+
+class _Step:
+    """The plan being built: scheduled requests in order, their token counts, and preemption outcomes."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.tokens: dict[Request, int] = {}
+        self.context: dict[Request, int] = {}
+        self.preempted: list[Request] = []
+        self.swap_out = self.swap_in = 0
+
+    def add(self, req: Request, n: int) -> None:
+        self.tokens[req] = n
+        self.context[req] = req.num_computed_tokens
+        self.budget -= n
+
+    def drop(self, req: Request) -> None:
+        if req in self.tokens:
+            self.budget += self.tokens.pop(req)
+            del self.context[req]
+
+    def plan(self) -> StepPlan:
+        reqs = tuple(self.tokens)
+        return StepPlan(reqs, tuple(self.tokens.values()), tuple(self.context.values()),
+                        tuple(self.context[r] + self.tokens[r] == r.num_tokens for r in reqs),
+                        tuple(self.preempted), self.swap_out, self.swap_in)
+
+
+@schedulers.register("vllm")
+class TokenBudgetScheduler:
+    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+        self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
+        self.budget = cfg.max_num_batched_tokens
+        self.chunked = cfg.enable_chunked_prefill
+        self.reserve_output = False
+        self.host_blocks_free = host_blocks
+        self.running: list[Request] = []
+        self.swapped: deque[tuple[Request, int]] = deque()
+        self._waiting: list[tuple[tuple, Request]] = []
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting) + len(self.swapped)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def add(self, req: Request, now: float) -> None:
+        req.phase = Phase.WAITING
+        heapq.heappush(self._waiting, (self.order(req), req))
+
+    def schedule(self, now: float) -> StepPlan:
+        step = _Step(self.budget)
+        self._schedule_running(step)
+        if not step.preempted:
+            self._resume_swapped(step)
+            self._admit_waiting(step)
+        return step.plan()
+
+    def commit(self, plan: StepPlan, now: float) -> list[Request]:
+        finished = []
+        for req, n in zip(plan.requests, plan.num_new):
+            if self.log.feed(req, n, now) and req.is_done:
+                req.phase, req.finish_s = Phase.FINISHED, now
+                self.kv.free(req)
+                finished.append(req)
+        if finished:
+            done = set(finished)
+            self.running = [r for r in self.running if r not in done]
+        return finished
+
+    # ---- the three passes ---------------------------------------------------------------------
+    def _schedule_running(self, step: _Step) -> None:
+        visited: set[Request] = set()
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            req = self.running[i]
+            visited.add(req)
+            n = min(req.num_pending_tokens, step.budget)
+            if n < req.num_pending_tokens and not self.chunked:
+                i += 1
+                continue
+            preempted_before = len(step.preempted)
+            if self._make_room(req, n, step):
+                step.add(req, n)
+            if len(step.preempted) == preempted_before:
+                i += 1
+            else:  # the list changed under us: continue at the first request not yet looked at
+                i = next((j for j, r in enumerate(self.running) if r not in visited), len(self.running))
+
+    def _make_room(self, req: Request, n: int, step: _Step) -> bool:
+        """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""
+        while self.kv.allocate(req, n) is None:
+            victim = self._victim()
+            self._preempt(victim, step)
+            if victim is req:
+                return False
+        return True
+
+    def _resume_swapped(self, step: _Step) -> None:
+        while self.swapped and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req, blocks = self.swapped[0]
+            if self.kv.reserve(req, req.num_computed_tokens + 1) is None:
+                return
+            self.swapped.popleft()
+            self.host_blocks_free += blocks
+            step.swap_in += blocks
+            req.phase = Phase.RUNNING
+            self.running.append(req)
+            step.add(req, min(req.num_pending_tokens, step.budget))
+
+    def _admit_waiting(self, step: _Step) -> None:
+        while self._waiting and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            req = self._waiting[0][1]
+            n = req.num_pending_tokens
+            if n > step.budget and not self.chunked:
+                return
+            n = min(n, step.budget)
+            room = (self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
+                    if self.reserve_output else self.kv.allocate(req, n, admitting=True))
+            if room is None:
+                return
+            heapq.heappop(self._waiting)
+            req.phase = Phase.RUNNING
+            self.running.append(req)
+            step.add(req, n)
+
+    # ---- preemption ---------------------------------------------------------------------------
+    def _victim(self) -> Request:
+        """FCFS preempts the newest running request (vLLM); other orders the one that sorts last."""
+        if self.order.__name__ == "by_arrival":
+            return self.running[-1]
+        return max(self.running, key=self.order)
+
+    def _preempt(self, victim: Request, step: _Step) -> None:
+        self.running.remove(victim)
+        step.drop(victim)
+        step.preempted.append(victim)
+        victim.num_preemptions += 1
+        held = len(self.kv.table(victim))
+        self.kv.free(victim)
+        if self.cfg.preemption_mode == "swap" and held <= self.host_blocks_free:
+            self.host_blocks_free -= held
+            step.swap_out += held
+            victim.phase = Phase.WAITING
+            self.swapped.append((victim, held))
+            return
+        victim.num_computed_tokens = 0  # recompute: prompt and outputs so far are prefilled again
+        self.add(victim, 0.0)
+
+
+@schedulers.register("sarathi")
+class SarathiScheduler(TokenBudgetScheduler):
+    """Sarathi-Serve stall-free batching: decodes first, then prefill chunks filling a fixed `chunk_size` budget."""
+
+    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+        super().__init__(kv, cfg, order, log, host_blocks)
+        self.budget, self.chunked = cfg.chunk_size, True
+
+
+@schedulers.register("orca")
+class OrcaScheduler(TokenBudgetScheduler):
+    """Orca: iteration-level batching, whole-prompt prefills, KV reserved for prompt + output at admission."""
+
+    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+        super().__init__(kv, cfg, order, log, host_blocks)
+        self.chunked, self.reserve_output = False, True
+        self.budget = sys.maxsize  # no token budget: batch size and KV limit a step
+
+
+def max_blocks_of(req: Request, block_size: int) -> int:
+    """Blocks a request holds at its largest: prompt + all outputs but the last (never fed back)."""
+    return blocks_for(req.num_prompt_tokens + req.num_output_tokens - 1, block_size)

@@ -1,0 +1,79 @@
+"""One replica's engine as a SimPy process: schedule -> price the step -> spend its time -> apply it.
+
+Every decision comes from the scheduler (a policy object) and every duration from the step-time
+function; the process only moves simulated time. At equal timestamps SimPy runs events in the
+order they were scheduled, so a request arriving exactly when a step ends is seen by the next
+schedule if its arrival event was created first (open-loop arrivals always are: they are all
+scheduled up front by the arrival process's single timeout chain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from policies.step import Scheduler, StepPlan
+from simulator.metrics import StepLog
+from workloads.request import Request
+
+StepTime = Callable[[StepPlan], float]
+
+
+class Wakeup:
+    """Lets an idle engine sleep until someone gives it work. SimPy runs one process at a time, so no race."""
+
+    def __init__(self, env: simpy.Environment):
+        self.env, self._event = env, env.event()
+
+    def wait(self) -> simpy.Event:
+        return self._event
+
+    def notify(self) -> None:
+        if not self._event.triggered:
+            self._event.succeed()
+            self._event = self.env.event()
+
+
+class Replica:
+    """An engine replica: its scheduler (with KV manager), its step-time model and its step log."""
+
+    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, step_time: StepTime,
+                 steps: StepLog, on_finish: Callable[[Request], None]):
+        self.env, self.index, self.scheduler, self.step_time = env, index, scheduler, step_time
+        self.steps, self.on_finish = steps, on_finish
+        self.wake = Wakeup(env)
+        self.process = env.process(self._run())
+
+    @property
+    def num_outstanding(self) -> int:
+        return self.scheduler.num_waiting + self.scheduler.num_running
+
+    @property
+    def kv_usage(self) -> float:
+        return self.scheduler.kv.usage
+
+    def submit(self, req: Request) -> None:
+        req.replica = self.index
+        self.scheduler.add(req, self.env.now)
+        self.wake.notify()
+
+    def _run(self):
+        while True:
+            plan = self.scheduler.schedule(self.env.now)
+            if plan.is_empty:
+                yield self.wake.wait()
+                continue
+            duration = self.step_time(plan)
+            decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
+            yield self.env.timeout(duration)
+            finished = self.scheduler.commit(plan, self.env.now)
+            self._record(plan, duration, decode_tokens)
+            for req in finished:
+                self.on_finish(req)
+
+    def _record(self, plan: StepPlan, duration: float, decode_tokens: int) -> None:
+        kv = self.scheduler.kv
+        self.steps.record(self.env.now, duration, self.index, len(plan.requests), plan.num_tokens - decode_tokens,
+                          decode_tokens, self.scheduler.num_running, self.scheduler.num_waiting,
+                          kv.num_used_blocks, kv.usage, len(plan.preempted))

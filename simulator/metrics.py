@@ -1,0 +1,117 @@
+"""Metrics: records in during the run, DataFrames and a vLLM-`bench serve`-style summary out.
+
+Definitions (the same as vLLM's benchmark, so numbers compare with measured runs):
+- TTFT: first token time - arrival.
+- TPOT: per request with more than one output token, (E2E - TTFT) / (output tokens - 1); it
+  excludes the first token. Mean/median/percentiles are over requests.
+- ITL: every gap between two consecutive tokens of a request, over all requests' gaps.
+- E2EL: finish time - arrival (`e2el`).
+- duration: first arrival to last finish. Throughputs divide by it.
+- goodput: completed requests meeting every given SLO, per second of duration.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from workloads.request import Request
+
+STEP_COLUMNS = ("time_s", "duration_s", "replica", "num_requests", "prefill_tokens", "decode_tokens",
+                "num_running", "num_waiting", "kv_blocks_used", "kv_usage", "num_preempted")
+
+
+@dataclass
+class StepLog:
+    """One row per engine step (the time is the step's end). Columnar arrays keep 1M steps cheap."""
+
+    columns: dict[str, array] = field(default_factory=lambda: {
+        name: array("d" if name in ("time_s", "duration_s", "kv_usage") else "q") for name in STEP_COLUMNS})
+
+    def record(self, time_s: float, duration_s: float, replica: int, num_requests: int, prefill_tokens: int,
+               decode_tokens: int, num_running: int, num_waiting: int, kv_blocks_used: int, kv_usage: float,
+               num_preempted: int) -> None:
+        c = self.columns
+        c["time_s"].append(time_s)
+        c["duration_s"].append(duration_s)
+        c["replica"].append(replica)
+        c["num_requests"].append(num_requests)
+        c["prefill_tokens"].append(prefill_tokens)
+        c["decode_tokens"].append(decode_tokens)
+        c["num_running"].append(num_running)
+        c["num_waiting"].append(num_waiting)
+        c["kv_blocks_used"].append(kv_blocks_used)
+        c["kv_usage"].append(kv_usage)
+        c["num_preempted"].append(num_preempted)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
+                             for name, col in self.columns.items()})
+
+
+def request_frame(requests: list[Request]) -> pd.DataFrame:
+    """Per-request table: times in seconds, token counts, latencies, preemptions, replica, rejection reason."""
+    rows = {
+        "request_id": [r.id for r in requests],
+        "arrival_s": [r.arrival_s for r in requests],
+        "first_token_s": [r.first_token_s for r in requests],
+        "finish_s": [r.finish_s for r in requests],
+        "prompt_tokens": [r.num_prompt_tokens for r in requests],
+        "output_tokens": [r.num_generated for r in requests],
+        "cached_tokens": [r.num_cached_tokens for r in requests],
+        "preemptions": [r.num_preemptions for r in requests],
+        "replica": [r.replica for r in requests],
+        "session_id": [r.session_id for r in requests],
+        "reject_reason": [r.reject_reason for r in requests],
+    }
+    df = pd.DataFrame(rows).astype({"first_token_s": float, "finish_s": float})
+    df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
+    df["e2el_s"] = df["finish_s"] - df["arrival_s"]
+    multi = df["output_tokens"] > 1
+    df["tpot_s"] = np.where(multi, (df["e2el_s"] - df["ttft_s"]) / (df["output_tokens"] - 1).clip(lower=1), np.nan)
+    return df
+
+
+def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
+    values_ms = np.asarray(values_s, dtype=float) * 1e3
+    values_ms = values_ms[~np.isnan(values_ms)]
+    if not len(values_ms):
+        return {f"{k}_{prefix}_ms": float("nan") for k in ("mean", "median", "std", "p90", "p99")}
+    return {f"mean_{prefix}_ms": float(values_ms.mean()), f"median_{prefix}_ms": float(np.median(values_ms)),
+            f"std_{prefix}_ms": float(values_ms.std()), f"p90_{prefix}_ms": float(np.percentile(values_ms, 90)),
+            f"p99_{prefix}_ms": float(np.percentile(values_ms, 99))}
+
+
+def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
+              slo_ms: dict[str, float] | None = None) -> dict[str, float]:
+    """The run's summary with vLLM bench serve's key names where one exists. SLO keys: ttft, tpot, itl, e2el."""
+    done = requests[requests["finish_s"].notna()]
+    rejected = int(requests["reject_reason"].notna().sum())
+    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: float("nan"))
+    out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())
+    summary = {
+        "completed": len(done), "rejected": rejected, "duration_s": duration,
+        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
+        "request_throughput": per_s(len(done)), "output_throughput": per_s(out_tokens),
+        "total_token_throughput": per_s(in_tokens + out_tokens),
+        **_stats("ttft", done["ttft_s"]), **_stats("tpot", done["tpot_s"]), **_stats("itl", itl_s),
+        **_stats("e2el", done["e2el_s"]),
+        "preemptions": int(requests["preemptions"].sum()),
+        "num_steps": len(steps),
+    }
+    weights = steps["duration_s"].to_numpy()
+    usage = steps["kv_usage"].to_numpy()
+    summary["kv_cache_usage_mean"] = float(np.average(usage, weights=weights)) if weights.sum() > 0 else 0.0
+    summary["kv_cache_usage_max"] = float(usage.max()) if len(usage) else 0.0
+    if slo_ms:
+        good = np.ones(len(done), bool)
+        for metric, limit in slo_ms.items():
+            column = done[f"{metric}_s"].to_numpy() * 1e3
+            good &= ~(column > limit)  # NaN (e.g. TPOT of a 1-token answer) does not violate
+        summary["request_goodput"] = per_s(int(good.sum()))
+        summary["slo_attainment"] = float(good.mean()) if len(done) else float("nan")
+    return summary

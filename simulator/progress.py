@@ -1,0 +1,34 @@
+"""A progress bar for long runs on a terminal; silent when output is not a TTY (CI logs, pipes)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+
+class _Advance:
+    """Callable handed to the simulation: `advance(n_done)`; `total(n)` sets the goal."""
+
+    def __init__(self, progress: Progress | None):
+        self.progress, self.task = progress, None
+
+    def total(self, n: int) -> None:
+        if self.progress is not None:
+            self.task = self.progress.add_task("requests", total=n)
+
+    def __call__(self, done: int) -> None:
+        if self.progress is not None and self.task is not None and done % 64 == 0:
+            self.progress.update(self.task, completed=done)
+
+
+@contextmanager
+def progress_bar(label: str, console: Console) -> Iterator[_Advance]:
+    if not console.is_terminal:
+        yield _Advance(None)
+        return
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        yield _Advance(progress)

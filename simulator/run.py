@@ -1,0 +1,144 @@
+"""Build the SimPy world for a scenario, run it, and return per-request/per-step tables and the summary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.gpu import get_gpu, get_interconnect
+from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
+from hardware.model import get_model
+from hardware.profile import load_profile
+from policies.catalog import orderings, routers, schedulers
+from policies.kv_blocks import BlockManager
+from policies.step import StepPlan, TokenLog
+from policies.token_budget import max_blocks_of
+from simulator.engine import Replica, StepTime
+from simulator.metrics import StepLog, request_frame, summarize
+from simulator.scenario import Scenario
+from simulator.traffic import Traffic
+from workloads.generate import build_workload
+from workloads.request import Phase, Request
+
+GIB = 1 << 30
+
+
+@dataclass
+class RunResult:
+    scenario: Scenario
+    memory: MemoryPlan
+    num_blocks: int
+    requests: pd.DataFrame
+    steps: pd.DataFrame
+    summary: dict
+
+
+def _memory_plan(s: Scenario) -> MemoryPlan:
+    e = s.engine
+    cfg = EngineMemoryConfig(gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
+                             max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
+                             max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype)
+    gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
+    return plan_memory(get_model(s.model), gpu, Parallelism(s.parallelism.tp, s.parallelism.pp), cfg)
+
+
+def build_step_time(s: Scenario, memory: MemoryPlan) -> StepTime:
+    """The scenario's step-time function: the cost model's prediction plus PCIe time of swapped KV blocks."""
+    model, gpu = get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
+    par = Parallelism(s.parallelism.tp, s.parallelism.pp)
+    profile = load_profile(s.hardware.profile)
+    options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill)
+    block_bytes = memory.kv_bytes_per_token * memory.block_size
+    pcie = get_interconnect(f"pcie{gpu.pcie_gen}")
+
+    def step_time(plan: StepPlan) -> float:
+        time_s = step_cost(plan.batch(), model, gpu, par, profile, options).total_s
+        swapped = plan.swap_in_blocks + plan.swap_out_blocks
+        if swapped:
+            time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
+        return time_s
+    return step_time
+
+
+def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, block_size: int) -> str | None:
+    """Why an engine would refuse this request at arrival (as vLLM's API server does), or None."""
+    total = req.num_prompt_tokens + req.num_output_tokens
+    if total > max_model_len:
+        return (f"prompt ({req.num_prompt_tokens}) + output ({req.num_output_tokens}) tokens exceed "
+                f"max_model_len ({max_model_len})")
+    if req.prompt_logprobs and s.engine.kv_sharing_fast_prefill:
+        return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
+    need = max_blocks_of(req, block_size)
+    if need > num_blocks:
+        return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
+    return None
+
+
+class World:
+    """The simulated cluster: replicas behind a router, fed by the workload's traffic."""
+
+    def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
+        seeds = np.random.SeedSequence(s.seed).spawn(3)
+        self.scenario = s
+        self.workload = build_workload(s.workload, np.random.default_rng(seeds[0]), base_dir)
+        self.memory = _memory_plan(s)
+        self.num_blocks = s.engine.num_gpu_blocks_override or self.memory.num_blocks
+        if not s.engine.enable_chunked_prefill and s.engine.max_num_batched_tokens < self.memory.max_model_len \
+                and s.engine.scheduler == "vllm":
+            from hardware.errors import SpecError
+            raise SpecError(
+                f"engine.max_num_batched_tokens ({s.engine.max_num_batched_tokens}) < max_model_len "
+                f"({self.memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
+                "enable chunked prefill, raise the budget or lower max_model_len")
+        self.env = simpy.Environment()
+        self.tokens = TokenLog()
+        self.steps = StepLog()
+        self.completed = 0
+        self.on_progress = on_progress
+        step_time = build_step_time(s, self.memory)
+        host_blocks = int(s.engine.swap_space_gib * GIB // (self.memory.kv_bytes_per_token * s.engine.block_size))
+        self.replicas = [
+            Replica(self.env, i, self._scheduler(host_blocks), step_time, self.steps, self._finished)
+            for i in range(s.cluster.replicas)]
+        self.router = routers.get(s.cluster.router)(self.replicas, np.random.default_rng(seeds[1]))
+        self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
+
+    def _scheduler(self, host_blocks: int):
+        e = self.scenario.engine
+        kv = BlockManager(self.num_blocks, e.block_size, e.watermark)
+        cls = schedulers.get(e.scheduler)
+        return cls(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
+
+    def _arrive(self, req: Request) -> None:
+        reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_blocks, self.scenario.engine.block_size)
+        if reason:
+            req.phase, req.reject_reason = Phase.REJECTED, reason
+            self._finished(req)
+            return
+        self.router.route(req).submit(req)
+
+    def _finished(self, req: Request) -> None:
+        self.completed += 1
+        if self.on_progress:
+            self.on_progress(self.completed)
+        self.traffic.on_done(req)
+
+    def run(self) -> RunResult:
+        until = self.scenario.stop.max_sim_time_s
+        self.env.run(until=until)
+        requests = request_frame(self.workload.requests)
+        steps = self.steps.frame()
+        summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
+                            else np.array([]), self.scenario.slo.as_ms())
+        return RunResult(self.scenario, self.memory, self.num_blocks, requests, steps, summary)
+
+
+def simulate(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None) -> RunResult:
+    """Run one scenario to completion (or its stop time). Deterministic in (scenario, seed)."""
+    return World(s, base_dir, on_progress).run()

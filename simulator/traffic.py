@@ -1,0 +1,58 @@
+"""Where requests come from in simulated time: open-loop arrivals or closed-loop clients.
+
+Open loop: each request enters at its `arrival_s`. Closed loop (how `vllm bench serve
+--max-concurrency` and most published benchmarks measure): `clients` users start at t=0, and
+each sends its next request, in workload order, when its previous one finishes (or is rejected)
+plus a think time; the request's `arrival_s` is rewritten to the moment it is sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import simpy
+
+from workloads.distributions import sample_values
+from workloads.generate import Workload
+from workloads.request import Request
+
+
+class Traffic:
+    def __init__(self, env: simpy.Environment, workload: Workload, arrive: Callable[[Request], None],
+                 rng: np.random.Generator):
+        self.env, self.workload, self.arrive, self.rng = env, workload, arrive, rng
+        self.closed = workload.closed_loop
+        self._next = 0
+        if self.closed is None:
+            env.process(self._open_loop())
+        else:
+            for _ in range(min(self.closed.clients, len(workload.requests))):
+                self._send_next(0.0)
+
+    def _open_loop(self):
+        for req in self.workload.requests:
+            if req.arrival_s > self.env.now:
+                yield self.env.timeout(req.arrival_s - self.env.now)
+            self.arrive(req)
+
+    def on_done(self, req: Request) -> None:
+        """A request finished or was rejected: in a closed loop its client thinks, then sends the next one."""
+        if self.closed is None:
+            return
+        think = self.closed.think_time_s
+        delay = float(sample_values(think, 1, self.rng)[0]) if think is not None else 0.0
+        self._send_next(delay)
+
+    def _send_next(self, delay_s: float) -> None:
+        if self._next >= len(self.workload.requests):
+            return
+        req = self.workload.requests[self._next]
+        self._next += 1
+        self.env.process(self._send_after(req, delay_s))
+
+    def _send_after(self, req: Request, delay_s: float):
+        if delay_s > 0:
+            yield self.env.timeout(delay_s)
+        req.arrival_s = self.env.now
+        self.arrive(req)

@@ -1,0 +1,131 @@
+"""Scheduler behaviour against the seed's numbers, and invariants over random workloads (hypothesis)."""
+
+import math
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.token_budget import max_blocks_of
+from tests.policies.helpers import drive, make_requests, make_scheduler
+
+PROMPTS, WANTED = [5, 2, 7, 3, 4], [3, 8, 2, 6, 4]
+
+
+def test_static_batching_pads_to_7_and_holds_finished_slots():
+    sched, _ = make_scheduler("static", num_blocks=100, block_size=4, max_num_seqs=5)
+    requests = make_requests(PROMPTS, WANTED)
+    steps = drive(sched, requests)
+    assert len(steps) == 8  # 1 padded prefill + 7 decodes for the longest (8 tokens)
+    assert steps[0].num_new == [7] * 5  # every prompt padded to 7
+    assert all(s.batch == [0, 1, 2, 3, 4] for s in steps)
+    assert requests[2].finish_s == 2.0  # done at step 2 ...
+    assert sum(2 in s.batch for s in steps[2:]) == 6  # ... yet computes in the 6 steps after
+
+
+def test_continuous_batching_frees_a_finished_slot_at_once():
+    sched, _ = make_scheduler("vllm", num_blocks=100, block_size=4, max_num_seqs=3)
+    requests = make_requests(PROMPTS, WANTED)
+    steps = drive(sched, requests)
+    assert requests[2].finish_s == 2.0
+    assert 2 not in steps[2].batch and 3 in steps[2].batch  # r3 takes r2's slot in the very next step
+
+
+def test_chunked_prefill_bounds_the_decode_stall():
+    sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
+    decoders = make_requests([10] * 50, [100] * 50)
+    for req in decoders:
+        sched.add(req, 0.0)
+    plan = sched.schedule(0.0)  # all 50 prefill together (500 tokens)
+    sched.commit(plan, 1.0)
+    long = make_requests([8000], [5])[0]
+    long.id = 99
+    sched.add(long, 1.0)
+    prompt_chunks = []
+    for step in range(30):
+        plan = sched.schedule(2.0 + step)
+        tokens = dict(zip((r.id for r in plan.requests), plan.num_new))
+        assert all(tokens.get(r.id) == 1 for r in decoders), "a decode skipped a step"
+        if long.num_computed_tokens < 8000:
+            prompt_chunks.append(tokens[99])
+        sched.commit(plan, 3.0 + step)
+    assert prompt_chunks[:17] == [462] * 17  # 512 budget - 50 decodes
+    assert len(prompt_chunks) == math.ceil(8000 / 462) == 18
+    assert sum(prompt_chunks) == 8000
+
+
+def test_without_chunked_prefill_a_long_prompt_waits_for_the_budget():
+    sched, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048,
+                              enable_chunked_prefill=False)
+    requests = make_requests([1000, 1500], [3, 3])
+    steps = drive(sched, requests)
+    assert steps[0].num_new == [1000]  # 1000 + 1500 > 2048: the second waits a step, whole
+    assert steps[1].num_new == [1, 1500]
+
+
+def test_recompute_preempts_the_newest_first():
+    sched, _ = make_scheduler("vllm", num_blocks=6, block_size=4, max_num_seqs=3)
+    requests = make_requests([8, 4, 4], [6, 6, 6])  # 2 + 1 + 1 blocks at admission, all grow
+    steps = drive(sched, requests)
+    first = next(s for s in steps if s.preempted)
+    assert first.preempted == [2]  # the most recently admitted goes first
+    assert all(r.num_generated == 6 for r in requests)
+
+
+def test_swap_preemption_keeps_computed_tokens():
+    sched, _ = make_scheduler("vllm", num_blocks=6, block_size=4, max_num_seqs=3, preemption_mode="swap",
+                              host_blocks=100)
+    requests = make_requests([8, 4, 4], [6, 6, 6])
+    plans = []
+    for req in requests:
+        sched.add(req, 0.0)
+    now = 0.0
+    while any(not r.is_done for r in requests):
+        plan = sched.schedule(now)
+        plans.append(plan)
+        now += 1
+        sched.commit(plan, now)
+        sched.kv.check_invariants()
+    assert sum(p.swap_out_blocks for p in plans) == sum(p.swap_in_blocks for p in plans) > 0
+    assert all(r.num_generated == 6 for r in requests)
+    # swapped requests resume where they were: every token is computed exactly once (the last is never fed back)
+    assert sum(sum(p.num_new) for p in plans) == sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in requests)
+
+
+def test_orca_reserves_the_whole_output_and_never_preempts():
+    sched, _ = make_scheduler("orca", num_blocks=12, block_size=4, max_num_seqs=3)
+    requests = make_requests(PROMPTS, WANTED)
+    steps = drive(sched, requests)
+    assert not any(s.preempted for s in steps)
+    assert steps[0].tables[0] == [0, 1]  # 5 prompt + 3 out - 1 = 7 tokens reserved: 2 blocks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static", "seed_toy"]),
+    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30)), min_size=1, max_size=12),
+    block_size=st.sampled_from([1, 4, 16]),
+    spare_blocks=st.integers(0, 20),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(64, 256),
+    chunked=st.booleans(),
+    swap=st.booleans(),
+    order=st.sampled_from(["fcfs", "sjf"]),
+)
+def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_size, spare_blocks, max_num_seqs,
+                                                     budget, chunked, swap, order):
+    requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
+    biggest = max(max_blocks_of(r, block_size) for r in requests)
+    if scheduler == "static":  # a padded batch of one must fit
+        biggest = -(-(max(p for p, _ in lengths) + max(o for _, o in lengths)) // block_size)
+    if scheduler == "seed_toy":  # the toy admits with room for one more token
+        biggest += 1
+    budget = max(budget, max(p + o for p, o in lengths)) if not chunked else budget
+    sched, log = make_scheduler(scheduler, num_blocks=biggest + spare_blocks, block_size=block_size,
+                                max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
+                                enable_chunked_prefill=chunked, chunk_size=max(16, budget // 4),
+                                preemption_mode="swap" if swap else "recompute", host_blocks=8, queue_order=order)
+    steps = drive(sched, requests)  # checks invariants after every step and that every block came back
+    assert all(r.num_generated == r.num_output_tokens for r in requests)
+    assert all(r.first_token_s is not None and r.finish_s >= r.first_token_s for r in requests)
+    assert all(s.free_blocks >= 0 for s in steps)
+    assert len(log.itl_s) == sum(r.num_output_tokens - 1 for r in requests)  # one gap per token after the first

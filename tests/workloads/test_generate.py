@@ -1,0 +1,168 @@
+"""build_workload: trace and synthetic workloads, prefix segments, determinism."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workloads.arrivals import mean_rate_per_s
+from workloads.config import WorkloadConfig
+from workloads.generate import Workload, build_table, build_workload
+from workloads.request import Request
+from tests.workloads.paths import QUICKSTART_TRACE
+
+QUICKSTART = {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"}
+SCENARIOS_DIR = QUICKSTART_TRACE.parent.parent
+SYNTHETIC = {"lengths": {"prompt": {"kind": "lognormal", "median": 800, "sigma": 1.0},
+                         "output": {"kind": "uniform", "low": 1, "high": 400}},
+             "arrivals": {"kind": "gamma", "rate_per_s": 4.0, "cv": 2.0}, "duration_s": 300}
+
+
+def build(seed: int = 0, base_dir: Path = SCENARIOS_DIR, **fields) -> Workload:
+    return build_workload(WorkloadConfig.model_validate(fields), np.random.default_rng(seed), base_dir)
+
+
+def fields(r: Request) -> tuple:
+    return (r.id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.prompt_segments, r.session_id,
+            r.priority)
+
+
+def arrivals(w: Workload) -> np.ndarray:
+    return np.array([r.arrival_s for r in w.requests])
+
+
+def test_quickstart_trace_replays_as_is():
+    w = build(trace=QUICKSTART, arrivals={"kind": "trace"})
+    assert len(w.requests) == 2000 and [r.id for r in w.requests] == list(range(2000))
+    assert fields(w.requests[0]) == (0, 0.0, 374, 44, (), None, 0)
+    assert w.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
+    assert mean_rate_per_s(arrivals(w)) == pytest.approx(4.7117, rel=1e-4)
+    assert np.all(np.diff(arrivals(w)) >= 0) and w.closed_loop is None
+
+
+def test_trace_rescaled_to_a_target_rate():
+    w = build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 20.0}, num_requests=1500)
+    assert len(w.requests) == 1500
+    assert mean_rate_per_s(arrivals(w)) == pytest.approx(20.0, rel=1e-9)
+
+
+def test_trace_time_scale_duration_and_skip():
+    base = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace"}))
+    scaled = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace", "time_scale": 0.5}))
+    assert np.allclose(scaled, base / 2)
+    cut = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace"}, duration_s=60.0))
+    assert cut.max() < 60.0 and len(cut) == (base < 60.0).sum()
+    skipped = build(trace=QUICKSTART, arrivals={"kind": "trace"}, skip_requests=100).requests
+    assert len(skipped) == 1900 and skipped[0].arrival_s == 0 and skipped[0].id == 0
+    assert np.allclose(arrivals(Workload(skipped)), base[100:] - base[100])
+
+
+def test_relative_paths_resolve_against_base_dir(tmp_path):
+    with pytest.raises(ValueError, match=str(tmp_path / "traces")):
+        build(trace=QUICKSTART, arrivals={"kind": "trace"}, base_dir=tmp_path)
+    absolute = dict(QUICKSTART, path=str(QUICKSTART_TRACE))
+    assert len(build(trace=absolute, arrivals={"kind": "trace"}, base_dir=tmp_path).requests) == 2000
+
+
+def test_trace_lengths_with_synthetic_arrivals():
+    w = build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 50.0}, num_requests=300)
+    assert [r.num_prompt_tokens for r in w.requests[:2]] == [374, 396]  # trace rows in order
+    assert len(w.requests) == 300 and mean_rate_per_s(arrivals(w)) == pytest.approx(50, rel=0.15)
+    every_row = build(trace=QUICKSTART, arrivals={"kind": "all_at_once"})
+    assert len(every_row.requests) == 2000 and arrivals(every_row).max() == 0
+
+
+def test_synthetic_lengths_with_trace_arrivals():
+    w = build(trace=QUICKSTART, arrivals={"kind": "trace"}, num_requests=50,
+              lengths={"prompt": {"kind": "fixed", "value": 64}, "output": {"kind": "fixed", "value": 8}})
+    assert {(r.num_prompt_tokens, r.num_output_tokens) for r in w.requests} == {(64, 8)}
+    assert w.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
+
+
+def test_synthetic_workload_and_closed_loop():
+    w = build(**SYNTHETIC)
+    assert 1000 < len(w.requests) < 1400 and arrivals(w).max() < 300
+    assert all(1 <= r.num_output_tokens <= 400 for r in w.requests)
+    loop = build(**dict(SYNTHETIC, num_requests=64, closed_loop={"clients": 8}))
+    assert len(loop.requests) == 64 and loop.closed_loop.clients == 8
+
+
+def test_same_seed_same_requests_different_seed_different():
+    a, b, c = (build(seed=s, **SYNTHETIC).requests for s in (7, 7, 8))
+    assert [fields(r) for r in a] == [fields(r) for r in b]
+    assert [fields(r) for r in a] != [fields(r) for r in c]
+    tables = [build_table(WorkloadConfig.model_validate(SYNTHETIC), np.random.default_rng(7), SCENARIOS_DIR)
+              for _ in range(2)]
+    pd.testing.assert_frame_equal(*tables)
+
+
+def test_empirical_lengths_resample_a_trace_column():
+    w = build(lengths={"prompt": {"kind": "empirical", "trace": QUICKSTART, "column": "prompt"},
+                       "output": {"kind": "empirical", "trace": QUICKSTART, "column": "output"}},
+              arrivals={"kind": "constant", "rate_per_s": 10}, num_requests=500)
+    trace = pd.read_csv(QUICKSTART_TRACE)
+    assert {r.num_prompt_tokens for r in w.requests} <= set(trace["ContextTokens"])
+    assert {r.num_output_tokens for r in w.requests} <= set(trace["GeneratedTokens"])
+
+
+def test_mooncake_blocks_become_segments(tmp_path):
+    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+            {"timestamp": 1500, "input_length": 512, "output_length": 7, "hash_ids": [0]}]
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    w = build(trace={"format": "mooncake", "path": "mc.jsonl"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
+    assert [r.prompt_segments for r in w.requests] == [((0, 512), (1, 512), (2, 76)), ((0, 512),)]
+    assert w.requests[1].arrival_s == 1.5
+
+
+def test_real_mooncake_segments_cover_the_prompt(traces_dir):
+    w = build(trace={"format": "mooncake", "path": str(traces_dir / "mooncake_synthetic/synthetic_trace.jsonl")},
+              arrivals={"kind": "trace"})
+    assert len(w.requests) == 3993
+    for r in w.requests:
+        assert sum(n for _, n in r.prompt_segments) == r.num_prompt_tokens
+        assert all(n == 512 for _, n in r.prompt_segments[:-1]) and 1 <= r.prompt_segments[-1][1] <= 512
+
+
+def test_servesim_prefixes_sessions_and_priorities(tmp_path):
+    pd.DataFrame([
+        {"arrival_s": 0.0, "prompt_tokens": 300, "output_tokens": 9, "session_id": 4, "priority": 1,
+         "prefix_id": 0, "prefix_tokens": 200},
+        {"arrival_s": 0.5, "prompt_tokens": 120, "output_tokens": 9, "session_id": None, "priority": None,
+         "prefix_id": None, "prefix_tokens": None},
+        {"arrival_s": 1.0, "prompt_tokens": 200, "output_tokens": 9, "session_id": 4, "priority": 0,
+         "prefix_id": 0, "prefix_tokens": 200},
+        {"arrival_s": 2.0, "prompt_tokens": 250, "output_tokens": 9, "session_id": 5, "priority": 2,
+         "prefix_id": 3, "prefix_tokens": 50},
+    ]).to_csv(tmp_path / "mine.csv", index=False)
+    w = build(trace={"format": "servesim", "path": "mine.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
+    assert [r.prompt_segments for r in w.requests] == [((0, 200), (-1, 100)), (), ((0, 200),), ((3, 50), (-4, 200))]
+    assert [r.session_id for r in w.requests] == [4, None, 4, 5]
+    assert [r.priority for r in w.requests] == [1, 0, 0, 2]
+    prefix_ids = {s for r in w.requests for s, _ in r.prompt_segments[:1]}
+    unique_ids = {s for r in w.requests for s, _ in r.prompt_segments[1:]}
+    assert prefix_ids.isdisjoint(unique_ids)
+
+
+def test_trace_without_timestamps_cannot_drive_trace_arrivals(tmp_path):
+    pd.DataFrame({"arrival_s": [None, None], "prompt_tokens": [5, 6], "output_tokens": [1, 2]}).to_csv(
+        tmp_path / "untimed.csv", index=False)
+    with pytest.raises(ValueError, match="no timestamps"):
+        build(trace={"format": "servesim", "path": "untimed.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
+    w = build(trace={"format": "servesim", "path": "untimed.csv"}, arrivals={"kind": "constant", "rate_per_s": 1},
+              num_requests=10, base_dir=tmp_path)
+    assert arrivals(w).tolist() == [0.0, 1.0]
+
+
+def test_skip_past_the_end_is_an_error():
+    with pytest.raises(ValueError, match="skip_requests"):
+        build(trace=QUICKSTART, arrivals={"kind": "trace"}, skip_requests=2000)
+
+
+def test_servegen_workload_is_deterministic(traces_dir):
+    cfg = {"trace": {"format": "servegen", "path": str(traces_dir / "servegen/reason/deepseek-r1")},
+           "arrivals": {"kind": "trace"}, "duration_s": 300}
+    a, b = (build(seed=3, **cfg).requests for _ in range(2))
+    assert len(a) > 1000 and [fields(r) for r in a] == [fields(r) for r in b]
+    assert max(r.arrival_s for r in a) < 300

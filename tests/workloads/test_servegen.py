@@ -1,0 +1,97 @@
+"""ServeGen per-client models turned into requests: rates, PMF support, client selection, safety."""
+
+import ast
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workloads.servegen import servegen_requests
+
+
+def expected_count(folder: Path, t0_s: float, t1_s: float) -> float:
+    """Sum over clients with a dataset file of rate * 600 s over the windows in [t0_s, t1_s)."""
+    total = 0.0
+    for dataset in folder.glob("chunk-*-dataset.json"):
+        trace = pd.read_csv(str(dataset).replace("dataset.json", "trace.csv"), header=None)
+        inside = (trace[0] >= t0_s) & (trace[0] < t1_s)
+        total += (trace.loc[inside, 1] * 600).sum()
+    return total
+
+
+def test_deepseek_r1_hour_matches_the_fitted_rates(traces_dir):
+    folder = traces_dir / "servegen/reason/deepseek-r1"
+    df = servegen_requests(folder, np.random.default_rng(0), duration_s=3600)
+    assert len(df) == pytest.approx(expected_count(folder, 0, 3600), rel=0.03)
+    assert df["arrival_s"].iloc[0] == 0 and df["arrival_s"].is_monotonic_increasing
+    assert df["arrival_s"].iloc[-1] < 3600
+    assert df["client_id"].nunique() > 10
+
+
+def test_start_s_selects_a_later_part_of_the_day(traces_dir):
+    folder = traces_dir / "servegen/reason/deepseek-r1"
+    df = servegen_requests(folder, np.random.default_rng(0), duration_s=1800, start_s=43_200)
+    assert len(df) == pytest.approx(expected_count(folder, 43_200, 45_000), rel=0.05)
+
+
+def test_lengths_come_from_the_window_pmf(traces_dir):
+    folder = traces_dir / "servegen/reason/deepseek-r1"
+    df = servegen_requests(folder, np.random.default_rng(1), duration_s=3600, clients=[19])
+    assert set(df["client_id"]) == {19}
+    window = json.loads((folder / "chunk-19-dataset.json").read_text())["0"]
+    assert set(df["num_prompt_tokens"]) <= set(ast.literal_eval(window["input_tokens"]))
+    assert set(df["num_output_tokens"]) <= set(ast.literal_eval(window["output_tokens"]))
+
+
+def test_clients_without_a_dataset_file_are_skipped(traces_dir):
+    folder = traces_dir / "servegen/language/m-small"
+    assert (folder / "chunk-1-trace.csv").is_file() and not (folder / "chunk-1-dataset.json").exists()
+    df = servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[1, 2])
+    assert set(df["client_id"]) == {2}
+
+
+def write_model(folder: Path, input_pmf: str = "{10: 0.5, 20: 0.5}") -> Path:
+    """Two 600-s windows of one client (Gamma, then Weibull), and a client without a dataset file."""
+    folder.mkdir()
+    (folder / "chunk-3-trace.csv").write_text(
+        "0,2.0,1.0,Gamma,1.0,0.5\n600,4.0,2.0,Weibull,0.5,1.0\n1200,0,0,,0,0\n")
+    (folder / "chunk-3-dataset.json").write_text(json.dumps(
+        {"0": {"input_tokens": input_pmf, "output_tokens": "{0: 0.25, 5: 0.75}"}}))
+    (folder / "chunk-4-trace.csv").write_text("0,100.0,1.0,Gamma,1.0,0.01\n")
+    return folder
+
+
+def test_written_model_rates_lengths_and_zero_length_drops(tmp_path):
+    folder = write_model(tmp_path / "model")
+    counts = [len(servegen_requests(folder, np.random.default_rng(seed), duration_s=1800)) for seed in range(3)]
+    df = servegen_requests(folder, np.random.default_rng(0), duration_s=1800)
+    kept, dropped = len(df), df.attrs["dropped"]
+    # 2/s for 600 s + 4/s for 600 s = 3600 expected; a quarter sample 0 output tokens and are dropped
+    assert kept + dropped == pytest.approx(3600, rel=0.1)
+    assert dropped / (kept + dropped) == pytest.approx(0.25, abs=0.03)
+    assert set(df["num_prompt_tokens"]) == {10, 20} and set(df["num_output_tokens"]) == {5}
+    assert set(df["client_id"]) == {3}
+    assert len(set(counts)) > 1  # different seeds, different draws
+
+
+def test_same_seed_same_requests(tmp_path):
+    folder = write_model(tmp_path / "model")
+    a = servegen_requests(folder, np.random.default_rng(5), duration_s=1200)
+    b = servegen_requests(folder, np.random.default_rng(5), duration_s=1200)
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_pmf_strings_are_literals_never_code(tmp_path):
+    folder = write_model(tmp_path / "model", input_pmf="__import__('os').system('false')")
+    with pytest.raises(ValueError, match="literal"):
+        servegen_requests(folder, np.random.default_rng(0), duration_s=60)
+
+
+def test_missing_folder_and_unknown_client(tmp_path):
+    with pytest.raises(ValueError, match="servegen folder not found"):
+        servegen_requests(tmp_path / "none", np.random.default_rng(0), duration_s=60)
+    folder = write_model(tmp_path / "model")
+    with pytest.raises(ValueError, match=r"clients \[9\]"):
+        servegen_requests(folder, np.random.default_rng(0), duration_s=60, clients=[9])

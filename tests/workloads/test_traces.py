@@ -1,0 +1,184 @@
+"""Trace loaders on the real public files (statistics from shared/data/traces/README.md) and on
+small files written here (BurstGPT, servesim, error cases)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from workloads.traces import (load_arxiv, load_azure, load_burstgpt, load_mooncake, load_servesim,
+                              load_sharegpt)
+
+AZURE = "azure_llm_2023/AzureLLMInferenceTrace_{}.csv"
+
+
+def mean_rate(df: pd.DataFrame) -> float:
+    return (len(df) - 1) / (df["arrival_s"].iloc[-1] - df["arrival_s"].iloc[0])
+
+
+def check_common(df: pd.DataFrame) -> None:
+    assert list(df.columns[:3]) == ["arrival_s", "num_prompt_tokens", "num_output_tokens"]
+    assert df["num_prompt_tokens"].dtype == np.int64 and df["num_output_tokens"].dtype == np.int64
+    assert (df["num_prompt_tokens"] >= 1).all() and (df["num_output_tokens"] >= 1).all()
+    if df["arrival_s"].notna().all():
+        assert df["arrival_s"].iloc[0] == 0.0 and df["arrival_s"].is_monotonic_increasing
+
+
+@pytest.mark.parametrize("service, rows, span_s, rate, prompt_mean, output_mean", [
+    ("conv", 19_366, 3_502, 5.53, 1_155, 211),
+    ("code", 8_819, 3_436, 2.57, 2_048, 27.9),
+])
+def test_azure(traces_dir, service, rows, span_s, rate, prompt_mean, output_mean):
+    df = load_azure(traces_dir / AZURE.format(service))
+    check_common(df)
+    assert len(df) == rows and df.attrs["dropped"] == 0
+    assert df["arrival_s"].iloc[-1] == pytest.approx(span_s, abs=1)
+    assert mean_rate(df) == pytest.approx(rate, abs=0.005)
+    assert df["num_prompt_tokens"].mean() == pytest.approx(prompt_mean, rel=0.005)
+    assert df["num_output_tokens"].mean() == pytest.approx(output_mean, rel=0.005)
+
+
+def test_azure_keeps_sub_millisecond_timestamps(traces_dir):
+    df = load_azure(traces_dir / AZURE.format("conv"))
+    # 18:15:46.6805900 -> 18:15:50.9951690
+    assert df["arrival_s"].iloc[1] == pytest.approx(4.314579, abs=1e-6)
+
+
+def test_mooncake(traces_dir):
+    df = load_mooncake(traces_dir / "mooncake_synthetic/synthetic_trace.jsonl")
+    check_common(df)
+    assert len(df) == 3_993
+    assert mean_rate(df) == pytest.approx(3.91, abs=0.005)
+    assert df["num_prompt_tokens"].mean() == pytest.approx(15_325, rel=0.001)
+    assert df["num_output_tokens"].median() == 69
+    assert (df["hash_ids"].map(len) == [math.ceil(n / 512) for n in df["num_prompt_tokens"]]).all()
+    assert isinstance(df["hash_ids"].iloc[0], tuple)
+    blocks = [h for ids in df["hash_ids"] for h in ids]
+    assert len(blocks) == 121_877 and len(set(blocks)) == 43_924
+
+
+def test_sharegpt(traces_dir):
+    df = load_sharegpt(traces_dir / "sharegpt_lengths_vllm_sosp23/sharegpt_first_turn_lengths_opt_tokenizer.csv")
+    check_common(df)
+    assert len(df) == 84_226 and df["arrival_s"].isna().all()
+    assert df["num_prompt_tokens"].median() == 40 and df["num_output_tokens"].median() == 275
+    assert df["num_prompt_tokens"].max() == 162_307
+
+
+def test_arxiv(traces_dir):
+    df = load_arxiv(traces_dir / "arxiv_summarization_lengths_vidur/"
+                    "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv")
+    check_common(df)
+    assert len(df) == 28_257 and df["arrival_s"].isna().all()
+    assert np.percentile(df["num_prompt_tokens"], 50) == pytest.approx(2_730, abs=1)
+    assert df["num_output_tokens"].mean() == pytest.approx(291, rel=0.005)
+
+
+BURSTGPT_SAMPLE = """Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type
+5,ChatGPT,472,18,490,Conversation log
+45,ChatGPT,1087,0,1087,Conversation log
+46,GPT-4,417,217,634,Conversation log
+40,ChatGPT,22,341,363,API log
+118,GPT-4,0,60,60,API log
+140,ChatGPT,1131,209,1340,Conversation log
+"""
+
+
+@pytest.fixture
+def burstgpt_csv(tmp_path: Path) -> Path:
+    path = tmp_path / "BurstGPT_sample.csv"
+    path.write_text(BURSTGPT_SAMPLE)
+    return path
+
+
+def test_burstgpt_drops_failed_and_empty_rows_and_sorts(burstgpt_csv):
+    df = load_burstgpt(burstgpt_csv)
+    check_common(df)
+    assert df.attrs["dropped"] == 2  # one failed (0 response tokens), one with 0 request tokens
+    assert df["arrival_s"].tolist() == [0, 35, 41, 135]
+    assert df["num_prompt_tokens"].tolist() == [472, 22, 417, 1131]
+
+
+def test_burstgpt_model_filter_and_kept_failures(burstgpt_csv):
+    chat = load_burstgpt(burstgpt_csv, model="ChatGPT", drop_failed=False)
+    assert chat["num_prompt_tokens"].tolist() == [472, 22, 1087, 1131]
+    assert chat["num_output_tokens"].tolist() == [18, 341, 1, 209]  # the failed one generates 1 token
+    assert chat.attrs["dropped"] == 0
+    assert len(load_burstgpt(burstgpt_csv, model="GPT-4")) == 1
+
+
+def test_burstgpt_unknown_model_lists_the_models(burstgpt_csv):
+    with pytest.raises(ValueError, match=r"GPT-5.*'ChatGPT', 'GPT-4'"):
+        load_burstgpt(burstgpt_csv, model="GPT-5")
+
+
+SERVESIM_ROWS = [
+    {"arrival_s": 10.5, "prompt_tokens": 300, "output_tokens": 20, "session_id": 1, "prefix_id": 7, "prefix_tokens": 200},
+    {"arrival_s": 10.0, "prompt_tokens": 250, "output_tokens": 30, "session_id": None, "prefix_id": None, "prefix_tokens": None},
+    {"arrival_s": 12.0, "prompt_tokens": 200, "output_tokens": 0, "session_id": 2, "prefix_id": 7, "prefix_tokens": 200},
+    {"arrival_s": 13.0, "prompt_tokens": 200, "output_tokens": 5, "session_id": 2, "prefix_id": 7, "prefix_tokens": 200},
+]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_servesim_csv_and_jsonl_agree(tmp_path, suffix):
+    path = tmp_path / f"mine{suffix}"
+    frame = pd.DataFrame(SERVESIM_ROWS)
+    frame.to_csv(path, index=False) if suffix == ".csv" else frame.to_json(path, orient="records", lines=True)
+    df = load_servesim(path)
+    check_common(df)
+    assert df.attrs["dropped"] == 1
+    assert df["arrival_s"].tolist() == [0.0, 0.5, 3.0]
+    assert df["session_id"].tolist()[1:] == [1, 2] and pd.isna(df["session_id"].iloc[0])
+    assert df["prefix_id"].tolist()[1:] == [7, 7] and df["prefix_tokens"].tolist()[1:] == [200, 200]
+
+
+def test_servesim_inconsistent_prefix_is_an_error(tmp_path):
+    rows = [dict(SERVESIM_ROWS[0]), dict(SERVESIM_ROWS[3], prefix_tokens=150)]
+    path = tmp_path / "bad.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    with pytest.raises(ValueError, match="same prefix_tokens"):
+        load_servesim(path)
+
+
+@pytest.mark.parametrize("loader, expected", [
+    (load_azure, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]),
+    (load_mooncake, ["timestamp", "input_length", "output_length", "hash_ids"]),
+    (load_sharegpt, ["input_tokens", "output_tokens"]),
+    (load_arxiv, ["num_prefill_tokens", "num_decode_tokens"]),
+    (load_burstgpt, ["Timestamp", "Model", "Request tokens", "Response tokens"]),
+    (load_servesim, ["arrival_s", "prompt_tokens", "output_tokens"]),
+])
+def test_missing_file_names_the_file_and_columns(tmp_path, loader, expected):
+    path = tmp_path / "nope.csv"
+    with pytest.raises(ValueError) as err:
+        loader(path)
+    assert str(path) in str(err.value) and "not found" in str(err.value)
+    assert all(repr(c) in str(err.value) for c in expected)
+
+
+def test_missing_column_names_the_file_the_missing_and_the_expected(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,Context\n2023-11-16 18:15:46.6805900,3\n")
+    with pytest.raises(ValueError) as err:
+        load_azure(path)
+    message = str(err.value)
+    assert str(path) in message
+    assert "missing columns ['ContextTokens', 'GeneratedTokens']" in message
+    assert "expected columns ['TIMESTAMP', 'ContextTokens', 'GeneratedTokens']" in message
+
+
+def test_mooncake_missing_hash_ids_column(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n')
+    with pytest.raises(ValueError, match=r"m\.jsonl.*missing columns \['hash_ids'\]"):
+        load_mooncake(path)
+
+
+def test_mooncake_block_count_mismatch_is_an_error(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2]}\n')
+    with pytest.raises(ValueError, match="len\\(hash_ids\\)"):
+        load_mooncake(path)

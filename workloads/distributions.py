@@ -1,0 +1,55 @@
+"""Sampling the `Dist` models of workloads/config.py with an injected numpy Generator.
+
+`sample_values` gives raw floats (seconds for think times); `sample_lengths` turns them into token
+counts: nearest integer, then at least 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from workloads.config import Dist, EmpiricalDist, FixedDist, LognormalDist, NormalDist, UniformDist
+from workloads.traces import load_source
+
+
+def sample_values(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path = Path(".")) -> np.ndarray:
+    """`n` float64 samples of `dist`; `base_dir` resolves an empirical trace's relative path."""
+    match dist:
+        case FixedDist():
+            return np.full(n, dist.value, dtype=np.float64)
+        case UniformDist():
+            return rng.uniform(dist.low, dist.high, size=n)
+        case NormalDist():
+            return _truncated_normal(dist, n, rng)
+        case LognormalDist():
+            return rng.lognormal(np.log(dist.median), dist.sigma, size=n)
+        case EmpiricalDist():
+            return rng.choice(_empirical_column(dist, base_dir), size=n, replace=True).astype(np.float64)
+    raise TypeError(f"unknown distribution {dist!r}")
+
+
+def sample_lengths(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path = Path(".")) -> np.ndarray:
+    """`n` token counts (int64, >= 1): samples rounded to the nearest integer, then clipped up to 1."""
+    return np.maximum(np.rint(sample_values(dist, n, rng, base_dir)), 1).astype(np.int64)
+
+
+def _truncated_normal(dist: NormalDist, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Exact truncation by resampling out-of-bounds draws; config guarantees enough mass in bounds."""
+    lo = -np.inf if dist.min is None else dist.min
+    hi = np.inf if dist.max is None else dist.max
+    out = rng.normal(dist.mean, dist.std, size=n)
+    bad = (out < lo) | (out > hi)
+    while bad.any():
+        out[bad] = rng.normal(dist.mean, dist.std, size=int(bad.sum()))
+        bad = (out < lo) | (out > hi)
+    return out
+
+
+def _empirical_column(dist: EmpiricalDist, base_dir: Path) -> np.ndarray:
+    column = "num_prompt_tokens" if dist.column == "prompt" else "num_output_tokens"
+    values = load_source(dist.trace, base_dir)[column].to_numpy()
+    if values.size == 0:
+        raise ValueError(f"{dist.trace.path}: empirical distribution over an empty trace")
+    return values

@@ -1,0 +1,159 @@
+"""Requests generated from an Alibaba ServeGen per-client workload model (a folder of files).
+
+- `chunk-<client>-trace.csv`, no header, one row per 600-s window:
+  `timestamp_s, rate_req_per_s, cv, dist_name, p1, p2`, where `dist_name` is `Gamma`, `Weibull` or empty
+  (no traffic) and `p1`, `p2` are the fitted inter-arrival distribution's shape and scale (s).
+- `chunk-<client>-dataset.json`: `{window_start_s: {"input_tokens": "{tokens: prob, ...}",
+  "output_tokens": ...}}`, one entry per 6-h window; the PMFs are Python-literal strings, parsed with
+  `ast.literal_eval` (never `eval`). Clients without this file are skipped.
+
+Per client and window we keep the fitted *shape* and rescale the gaps so their mean is exactly
+1/rate: for Gamma windows the fitted scale already gives that (shape * scale = 1/rate); for Weibull
+windows it often does not, and the window's measured rate wins. Each window is an ordinary renewal
+process started at the window start (first arrival one gap in). Lengths are drawn from the PMFs of
+the 6-h window containing the 600-s window; sampled lengths of 0 (present in some PMFs) are dropped
+and counted like any other non-positive length.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import json
+import math
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from workloads.tables import finish_table
+
+WINDOW_S = 600.0  # span of one trace.csv row (s)
+TRACE_COLUMNS = ("timestamp_s", "rate_req_per_s", "cv", "dist_name", "p1", "p2")
+Pmf = tuple[np.ndarray, np.ndarray]  # (token counts, probabilities summing to 1)
+
+
+def servegen_requests(folder: Path, rng: np.random.Generator, duration_s: float,
+                      clients: Sequence[int] | None = None, start_s: float = 0.0) -> pd.DataFrame:
+    """Requests of all (or the listed) clients arriving in [start_s, start_s + duration_s) of the
+    model's timeline, as the common request table plus a `client_id` column."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder}: servegen folder not found (expected chunk-<client>-trace.csv and "
+                         f"chunk-<client>-dataset.json files, trace columns {list(TRACE_COLUMNS)})")
+    parts = [_client_requests(folder, c, rng, start_s, start_s + duration_s)
+             for c in _client_ids(folder, clients)]
+    df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t", "p", "o", "c"])
+    return finish_table(folder, df["t"], df["p"], df["o"], extra={"client_id": df["c"].astype(np.int64)})
+
+
+def _client_ids(folder: Path, wanted: Sequence[int] | None) -> list[int]:
+    """Clients with a dataset file, ascending; listed clients without any trace file are an error."""
+    have = sorted(int(m.group(1)) for p in folder.glob("chunk-*-dataset.json")
+                  if (m := re.fullmatch(r"chunk-(\d+)-dataset\.json", p.name)))
+    if wanted is None:
+        return have
+    unknown = [c for c in wanted if not (folder / f"chunk-{c}-trace.csv").is_file()]
+    if unknown:
+        raise ValueError(f"{folder}: servegen clients {unknown} have no chunk-<client>-trace.csv; "
+                         f"clients with data: {have}")
+    return [c for c in have if c in set(wanted)]
+
+
+def _client_requests(folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float
+                     ) -> pd.DataFrame:
+    """One client's arrivals (s, absolute) in [t0_s, t1_s) with sampled prompt/output lengths."""
+    trace = _read_trace(folder / f"chunk-{client}-trace.csv")
+    dataset = _read_dataset(folder / f"chunk-{client}-dataset.json")
+    starts = sorted(dataset)
+    active = trace[(trace["timestamp_s"] + WINDOW_S > t0_s) & (trace["timestamp_s"] < t1_s)
+                   & (trace["rate_req_per_s"] > 0) & trace["dist_name"].notna()]
+    cols: dict[str, list[np.ndarray]] = {"t": [], "p": [], "o": []}
+    parsed: dict[float, tuple[Pmf, Pmf] | None] = {}  # PMF strings are large: parse each window once
+    for row in active.itertuples(index=False):
+        times = _window_arrivals(row.timestamp_s, _gap_sampler(row, rng), row.rate_req_per_s)
+        times = times[(times >= t0_s) & (times < t1_s)]
+        pos = bisect.bisect_right(starts, row.timestamp_s) - 1
+        if pos >= 0 and starts[pos] not in parsed:
+            parsed[starts[pos]] = _pmfs(dataset[starts[pos]], folder / f"chunk-{client}-dataset.json")
+        pmfs = parsed[starts[pos]] if pos >= 0 else None
+        if pmfs is None:  # no length data for this window: lengths NaN, so the rows are dropped and counted
+            lengths = [np.full(times.size, np.nan)] * 2
+        else:
+            lengths = [rng.choice(values, size=times.size, p=probs) for values, probs in pmfs]
+        for key, arr in zip("tpo", [times, *lengths]):
+            cols[key].append(arr)
+    out = pd.DataFrame({k: np.concatenate(v) if v else np.empty(0) for k, v in cols.items()})
+    out["c"] = client
+    return out
+
+
+def _gap_sampler(row, rng: np.random.Generator) -> Callable[[int], np.ndarray]:
+    """k -> k gaps (s) with the window's fitted shape and mean 1 / rate."""
+    shape, mean_gap_s = float(row.p1), 1.0 / float(row.rate_req_per_s)
+    if not shape > 0:
+        raise ValueError(f"servegen window at {row.timestamp_s} s: shape p1={row.p1} must be > 0")
+    if row.dist_name == "Gamma":
+        return lambda k: rng.gamma(shape, mean_gap_s / shape, size=k)
+    if row.dist_name == "Weibull":
+        scale_s = mean_gap_s / math.gamma(1.0 + 1.0 / shape)
+        return lambda k: scale_s * rng.weibull(shape, size=k)
+    raise ValueError(f"servegen window at {row.timestamp_s} s: unknown distribution {row.dist_name!r} "
+                     "(expected Gamma, Weibull or empty)")
+
+
+def _window_arrivals(start_s: float, draw: Callable[[int], np.ndarray], rate_per_s: float) -> np.ndarray:
+    """Renewal arrivals (s) in [start_s, start_s + WINDOW_S), the first one gap after start_s."""
+    end_s, chunk = start_s + WINDOW_S, int(rate_per_s * WINDOW_S * 1.2) + 16
+    parts, last_s = [], start_s
+    while last_s < end_s:
+        times = last_s + np.cumsum(draw(chunk))
+        parts.append(times)
+        last_s = float(times[-1])
+    times = np.concatenate(parts)
+    return times[times < end_s]
+
+
+def _read_trace(path: Path) -> pd.DataFrame:
+    if not path.is_file():
+        raise ValueError(f"{path}: servegen trace file not found (expected columns {list(TRACE_COLUMNS)})")
+    df = pd.read_csv(path, header=None)
+    if df.shape[1] != len(TRACE_COLUMNS):
+        raise ValueError(f"{path}: servegen trace has {df.shape[1]} columns; expected {len(TRACE_COLUMNS)}: "
+                         f"{list(TRACE_COLUMNS)}")
+    df.columns = list(TRACE_COLUMNS)
+    return df
+
+
+def _read_dataset(path: Path) -> dict[float, dict]:
+    """Window start (s) -> raw entry with PMF strings."""
+    try:
+        raw = json.loads(path.read_text())
+        return {float(k): v for k, v in raw.items()}
+    except (OSError, ValueError, AttributeError) as err:
+        raise ValueError(f"{path}: not a servegen dataset JSON ({{window_start_s: {{input_tokens, "
+                         f"output_tokens}}}}): {err}") from err
+
+
+def _pmfs(entry: dict, path: Path) -> tuple[Pmf, Pmf] | None:
+    """(input, output) PMFs of one 6-h window, or None when the window has no length data."""
+    missing = [k for k in ("input_tokens", "output_tokens") if k not in entry]
+    if missing:
+        raise ValueError(f"{path}: a window is missing keys {missing}; expected ['input_tokens', 'output_tokens']")
+    pmf_in, pmf_out = _parse_pmf(entry["input_tokens"], path), _parse_pmf(entry["output_tokens"], path)
+    return None if pmf_in is None or pmf_out is None else (pmf_in, pmf_out)
+
+
+def _parse_pmf(text: str | dict, path: Path) -> Pmf | None:
+    """A '{tokens: prob}' literal (or dict) as arrays; None if empty."""
+    try:
+        pmf = ast.literal_eval(text) if isinstance(text, str) else text
+        values = np.array(list(pmf.keys()), dtype=np.float64)
+        probs = np.array(list(pmf.values()), dtype=np.float64)
+    except (ValueError, SyntaxError, AttributeError, TypeError) as err:
+        raise ValueError(f"{path}: a PMF is not a {{tokens: probability}} literal: {err}") from err
+    if values.size == 0 or probs.sum() <= 0:
+        return None
+    return values, probs / probs.sum()

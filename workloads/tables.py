@@ -1,0 +1,74 @@
+"""The common request table every trace loader returns, and the checks and cleaning they share.
+
+Columns: `arrival_s` (float64 s from the first kept request, NaN when the source has no timestamps),
+`num_prompt_tokens`, `num_output_tokens` (int64, >= 1), then format-specific extras (`hash_ids`,
+`session_id`, ...). Rows are sorted by arrival (stable). `df.attrs["dropped"]` counts rows removed
+by cleaning (non-positive or missing lengths, and failed requests where the format has them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+LENGTH_COLUMNS = ("num_prompt_tokens", "num_output_tokens")
+
+
+def require_file(path: Path, fmt: str, expected: Sequence[str]) -> None:
+    """Raise ValueError naming `path` and the expected columns when the file does not exist."""
+    if not path.is_file():
+        raise ValueError(f"{path}: {fmt} trace file not found (a {fmt} trace has columns {list(expected)})")
+
+
+def require_columns(df: pd.DataFrame, path: Path, fmt: str, required: Sequence[str],
+                    expected: Sequence[str] | None = None) -> None:
+    """Raise ValueError naming `path`, the missing columns and the expected ones."""
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise ValueError(f"{path}: {fmt} trace is missing columns {missing}; expected columns "
+                         f"{list(expected or required)}, found {list(df.columns)}")
+
+
+def finish_table(path: Path, arrival_s: pd.Series | np.ndarray, prompt: pd.Series | np.ndarray,
+                 output: pd.Series | np.ndarray, extra: dict[str, pd.Series | np.ndarray] | None = None,
+                 dropped: int = 0) -> pd.DataFrame:
+    """Assemble the common table: drop rows without positive lengths, shift times to start at 0, sort.
+
+    `dropped` counts rows the caller already removed; the total goes to `df.attrs["dropped"]`.
+    """
+    extras = {k: v.reset_index(drop=True) if isinstance(v, pd.Series) else v for k, v in (extra or {}).items()}
+    df = pd.DataFrame({"arrival_s": _numeric(arrival_s), "num_prompt_tokens": _numeric(prompt),
+                       "num_output_tokens": _numeric(output), **extras})
+    keep = (df["num_prompt_tokens"] >= 1) & (df["num_output_tokens"] >= 1)  # NaN compares False
+    df = df[keep].reset_index(drop=True)
+    for col in LENGTH_COLUMNS:
+        _require_integral(df[col], path, col)
+        df[col] = df[col].astype(np.int64)
+    df = _shift_and_sort(df, path)
+    df.attrs["dropped"] = int(dropped + (~keep).sum())
+    return df
+
+
+def _numeric(values: pd.Series | np.ndarray) -> np.ndarray:
+    return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=np.float64)
+
+
+def _require_integral(values: pd.Series, path: Path, name: str) -> None:
+    frac = values.to_numpy() % 1 != 0
+    if frac.any():
+        raise ValueError(f"{path}: {name} must be whole token counts; rows {np.flatnonzero(frac)[:5].tolist()} "
+                         f"are not (e.g. {values[frac].iloc[0]})")
+
+
+def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
+    times = df["arrival_s"]
+    if times.isna().all():
+        return df
+    if times.isna().any():
+        raise ValueError(f"{path}: arrival times must be given for all rows or none; "
+                         f"{int(times.isna().sum())} of {len(df)} are missing")
+    df["arrival_s"] = times - times.min()
+    return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)

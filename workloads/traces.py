@@ -1,0 +1,191 @@
+"""Trace loaders. Each returns the common request table of workloads/tables.py: `arrival_s` (s from the
+first request; NaN without timestamps), `num_prompt_tokens`, `num_output_tokens` (int64 >= 1), sorted
+by arrival, with `df.attrs["dropped"]` rows removed by cleaning. A missing file or column raises
+ValueError naming the file, the missing columns and the expected ones.
+
+Formats (see shared/data/traces/README.md for the public ones):
+
+- azure: CSV `TIMESTAMP` ("YYYY-MM-DD HH:MM:SS.fffffff"), `ContextTokens`, `GeneratedTokens`.
+- mooncake: JSONL `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one id per 512-token
+  block; shared leading ids = shared prefix). Extra column `hash_ids` (tuple[int, ...]).
+- sharegpt: CSV `input_tokens`, `output_tokens` (no timestamps).
+- arxiv: CSV `num_prefill_tokens`, `num_decode_tokens` (no timestamps).
+- burstgpt: CSV `Timestamp` (s), `Model`, `Request tokens`, `Response tokens`, `Total tokens`,
+  `Log Type`. Rows with 0 response tokens are failed requests (dropped by default).
+- servegen: a per-client workload model folder, generated into requests by
+  `servegen_requests` (workloads/servegen.py).
+- servesim, servesim's own format, CSV (`.csv`) or JSON Lines (`.jsonl`/`.json`), one request per row:
+
+  | column          | required | meaning                                                              |
+  |-----------------|----------|----------------------------------------------------------------------|
+  | `arrival_s`     | yes      | arrival time (s); empty in every row = no timestamps                 |
+  | `prompt_tokens` | yes      | prompt length (tokens)                                               |
+  | `output_tokens` | yes      | tokens to generate                                                   |
+  | `session_id`    | no       | integer session (multi-turn conversation) id                         |
+  | `priority`      | no       | integer priority, lower runs first (default 0)                       |
+  | `prefix_id`     | no       | integer >= 0: rows with the same id share their first `prefix_tokens` |
+  | `prefix_tokens` | with `prefix_id` | length of that shared prefix (tokens, 1..prompt_tokens)      |
+
+  A row with an empty `prefix_id` has a fully unique prompt. One `prefix_id` must always name the
+  same `prefix_tokens`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from workloads.config import TraceSource
+from workloads.servegen import servegen_requests
+from workloads.tables import finish_table, require_columns, require_file
+
+__all__ = ["MOONCAKE_BLOCK_TOKENS", "load_arxiv", "load_azure", "load_burstgpt", "load_mooncake",
+           "load_servesim", "load_sharegpt", "load_source", "resolve_path", "servegen_requests"]
+
+MOONCAKE_BLOCK_TOKENS = 512
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MOONCAKE_COLUMNS = ("timestamp", "input_length", "output_length", "hash_ids")
+SHAREGPT_COLUMNS = ("input_tokens", "output_tokens")
+ARXIV_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
+BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
+SERVESIM_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+SERVESIM_OPTIONAL = ("session_id", "priority", "prefix_id", "prefix_tokens")
+
+
+def load_azure(path: Path) -> pd.DataFrame:
+    """Azure LLM inference trace 2023 (code or conv) CSV."""
+    df = _read(path, "azure", AZURE_COLUMNS)
+    try:
+        stamps = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{path}: azure TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS.fffffff': {err}") from err
+    seconds = (stamps - stamps.min()).dt.total_seconds()
+    return finish_table(path, seconds, df["ContextTokens"], df["GeneratedTokens"])
+
+
+def load_mooncake(path: Path) -> pd.DataFrame:
+    """Mooncake JSONL trace; adds `hash_ids` (tuple of block ids, 512 tokens per block)."""
+    df = _read(path, "mooncake", MOONCAKE_COLUMNS)
+    hash_ids = df["hash_ids"].map(tuple)
+    table = finish_table(path, df["timestamp"] / 1000.0, df["input_length"], df["output_length"],
+                         extra={"hash_ids": hash_ids})
+    expected = -(-table["num_prompt_tokens"] // MOONCAKE_BLOCK_TOKENS)  # ceil division
+    wrong = table["hash_ids"].map(len) != expected
+    if wrong.any():
+        raise ValueError(f"{path}: {int(wrong.sum())} rows have len(hash_ids) != ceil(input_length / "
+                         f"{MOONCAKE_BLOCK_TOKENS}), e.g. row {int(np.flatnonzero(wrong)[0])}")
+    return table
+
+
+def load_sharegpt(path: Path) -> pd.DataFrame:
+    """ShareGPT (input, output) length pairs; no timestamps."""
+    df = _read(path, "sharegpt", SHAREGPT_COLUMNS)
+    return finish_table(path, np.full(len(df), np.nan), df["input_tokens"], df["output_tokens"])
+
+
+def load_arxiv(path: Path) -> pd.DataFrame:
+    """arXiv-summarization (prefill, decode) lengths from Vidur; no timestamps."""
+    df = _read(path, "arxiv", ARXIV_COLUMNS)
+    return finish_table(path, np.full(len(df), np.nan), df["num_prefill_tokens"], df["num_decode_tokens"])
+
+
+def load_burstgpt(path: Path, model: str | None = None, drop_failed: bool = True) -> pd.DataFrame:
+    """BurstGPT CSV, optionally only rows whose `Model` is `model`.
+
+    Failed requests (0 response tokens) are dropped and counted, or with `drop_failed=False` kept as
+    requests that generate 1 token (their prefill still costs the server).
+    """
+    df = _read(path, "burstgpt", BURSTGPT_COLUMNS[:4], BURSTGPT_COLUMNS)
+    if model is not None:
+        if not (df["Model"] == model).any():
+            raise ValueError(f"{path}: no rows with Model == {model!r}; models present: "
+                             f"{sorted(df['Model'].astype(str).unique())}")
+        df = df[df["Model"] == model]
+    failed = pd.to_numeric(df["Response tokens"], errors="coerce") == 0
+    output = df["Response tokens"].where(~failed, 1)
+    if drop_failed:
+        df, output = df[~failed], output[~failed]
+    return finish_table(path, df["Timestamp"], df["Request tokens"], output,
+                        dropped=int(failed.sum()) if drop_failed else 0)
+
+
+def load_servesim(path: Path) -> pd.DataFrame:
+    """servesim's own CSV/JSONL format (see the module docstring)."""
+    df = _read(path, "servesim", SERVESIM_COLUMNS, SERVESIM_COLUMNS + SERVESIM_OPTIONAL)
+    if ("prefix_id" in df.columns) != ("prefix_tokens" in df.columns):
+        raise ValueError(f"{path}: servesim columns prefix_id and prefix_tokens go together; found only one")
+    extra = {c: _nullable_int(df[c], path, c) for c in SERVESIM_OPTIONAL if c in df.columns}
+    if "priority" in extra:
+        extra["priority"] = extra["priority"].fillna(0).astype(np.int64)
+    table = finish_table(path, df["arrival_s"], df["prompt_tokens"], df["output_tokens"], extra=extra)
+    if "prefix_id" in table.columns:
+        _check_prefixes(table, path)
+    return table
+
+
+def resolve_path(path: Path, base_dir: Path) -> Path:
+    """`path` itself if absolute, else relative to `base_dir` (the scenario's folder)."""
+    return path if path.is_absolute() else base_dir / path
+
+
+def load_source(src: TraceSource, base_dir: Path, rng: np.random.Generator | None = None,
+                duration_s: float | None = None) -> pd.DataFrame:
+    """Load (or, for servegen, generate with `rng` over `duration_s` seconds) the table of `src`."""
+    path = resolve_path(src.path, base_dir)
+    match src.format:
+        case "azure":
+            return load_azure(path)
+        case "mooncake":
+            return load_mooncake(path)
+        case "sharegpt":
+            return load_sharegpt(path)
+        case "arxiv":
+            return load_arxiv(path)
+        case "burstgpt":
+            return load_burstgpt(path, src.burstgpt_model, src.drop_failed)
+        case "servesim":
+            return load_servesim(path)
+        case "servegen":
+            if rng is None or duration_s is None:
+                raise ValueError(f"{path}: servegen generates requests and needs an rng and duration_s")
+            return servegen_requests(path, rng, duration_s, clients=src.clients)
+    raise ValueError(f"unknown trace format {src.format!r}")
+
+
+def _read(path: Path, fmt: str, required: tuple[str, ...], expected: tuple[str, ...] | None = None
+          ) -> pd.DataFrame:
+    """Read a CSV or JSON Lines file and check its columns."""
+    require_file(path, fmt, expected or required)
+    if path.suffix in (".jsonl", ".json"):
+        df = pd.read_json(path, lines=True, dtype=False)
+    else:
+        df = pd.read_csv(path)
+    require_columns(df, path, fmt, required, expected)
+    return df
+
+
+def _nullable_int(values: pd.Series, path: Path, name: str) -> pd.Series:
+    """An integer column that may have empty cells (pandas Int64)."""
+    numeric = pd.to_numeric(values, errors="coerce")
+    if (numeric.notna() != values.notna()).any() or (numeric.dropna() % 1 != 0).any():
+        raise ValueError(f"{path}: servesim column {name} must hold integers or be empty")
+    return numeric.astype("Int64")
+
+
+def _check_prefixes(table: pd.DataFrame, path: Path) -> None:
+    """prefix_id >= 0 with a prefix_tokens in 1..prompt_tokens, the same for every row of one id."""
+    has_id, has_len = table["prefix_id"].notna(), table["prefix_tokens"].notna()
+    rows = table[has_id]
+    problems = []
+    if (has_id != has_len).any():
+        problems.append("prefix_id and prefix_tokens must both be set or both empty")
+    if (rows["prefix_id"] < 0).any():
+        problems.append("prefix_id must be >= 0")
+    if ((rows["prefix_tokens"] < 1) | (rows["prefix_tokens"] > rows["num_prompt_tokens"])).any():
+        problems.append("prefix_tokens must be in 1..prompt_tokens")
+    if (rows.groupby("prefix_id")["prefix_tokens"].nunique() > 1).any():
+        problems.append("one prefix_id must always have the same prefix_tokens")
+    if problems:
+        raise ValueError(f"{path}: servesim prefixes: " + "; ".join(problems))
