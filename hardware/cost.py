@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from functools import cache
 
 import numpy as np
 
@@ -90,8 +89,18 @@ class StepCost:
     peak_flop_per_s: float
 
     @property
+    def attention_s(self) -> float:
+        return sum(op.time_s for op in self.operators if op.kind == "attention")
+
+    @property
+    def fixed_s(self) -> float:
+        """Everything but attention: for a given token/request/logit count it does not depend on context."""
+        return sum(op.time_s for op in self.operators if op.kind != "attention")
+
+    @property
     def total_s(self) -> float:
-        return sum(op.time_s for op in self.operators)
+        """`fixed_s + attention_s`, summed in this order everywhere so cached and stepped times agree exactly."""
+        return self.fixed_s + self.attention_s
 
     @property
     def hbm_bytes(self) -> float:
@@ -123,35 +132,38 @@ class StepCost:
 # ---- batch statistics ---------------------------------------------------------------------------
 
 def causal_keys(num_new: np.ndarray, num_context: np.ndarray, window: int | None) -> np.ndarray:
-    """Keys attended, summed over each request's new tokens (causal; a sliding window caps each at `window`)."""
-    n, c = num_new.astype(float), num_context.astype(float)
+    """Keys attended, summed over each request's new tokens (causal; a sliding window caps each at `window`).
+
+    Integer arithmetic, so sums are exact and the same however the batch is split.
+    """
+    n, c = num_new.astype(np.int64), num_context.astype(np.int64)
     if window is None:
-        return n * c + n * (n + 1) / 2
+        return n * c + n * (n + 1) // 2
     first = c + 1  # keys seen by the first new token
     uncapped = np.clip(np.minimum(c + n, window) - first + 1, 0, None)  # new tokens that see < window keys
-    return uncapped * (2 * first + uncapped - 1) / 2 + (n - uncapped) * window
+    return uncapped * (2 * first + uncapped - 1) // 2 + (n - uncapped) * window
 
 
 def kv_read_tokens(num_new: np.ndarray, num_context: np.ndarray, window: int | None) -> np.ndarray:
     """Distinct cached+new tokens whose K/V one request's attention reads."""
-    total = (num_context + num_new).astype(float)
+    total = (num_context + num_new).astype(np.int64)
     return total if window is None else np.minimum(total, window + num_new - 1)
 
 
 @dataclass(frozen=True, slots=True)
 class _AttnStats:
-    tokens: float
-    requests: float
-    keys: float  # summed causal keys
-    kv_read: float  # summed distinct KV tokens read
-    expand_tokens: float  # MLA prefill: latents expanded to K/V (context + new of prefill requests)
+    tokens: int
+    requests: int
+    keys: int  # summed causal keys
+    kv_read: int  # summed distinct KV tokens read
+    expand_tokens: int  # MLA prefill: latents expanded to K/V (context + new of prefill requests)
 
 
 def _attn_stats(batch: StepBatch, window: int | None, decode: bool) -> _AttnStats:
     mask = batch.num_new == 1 if decode else batch.num_new > 1
     n, c = batch.num_new[mask], batch.num_context[mask]
-    return _AttnStats(float(n.sum()), float(mask.sum()), float(causal_keys(n, c, window).sum()),
-                      float(kv_read_tokens(n, c, window).sum()), float((n + c).sum()))
+    return _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
+                      int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
 
 
 # ---- layer groups -------------------------------------------------------------------------------
@@ -168,13 +180,22 @@ class _Group:
     extra_linear_params: int
 
 
-@cache
+_GROUPS: dict[tuple[int, bool], tuple[ModelSpec, tuple[tuple[_Group, int], ...]]] = {}
+
+
 def _layer_groups(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, int], ...]:
+    """Memoized by object identity: hashing a ModelSpec walks every layer, too slow for every step."""
+    hit = _GROUPS.get((id(model), fast_prefill))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+
     def key(layer: LayerSpec) -> _Group:
         return _Group(layer.window if layer.attention == "sliding" else None, layer.owns_kv,
                       fast_prefill and not layer.owns_kv and _trailing_shared(model, layer.index),
                       layer.is_moe, layer.mlp_intermediate, layer.extra_linear_params)
-    return tuple(Counter(key(layer) for layer in model.layers).items())
+    groups = tuple(Counter(key(layer) for layer in model.layers).items())
+    _GROUPS[(id(model), fast_prefill)] = (model, groups)
+    return groups
 
 
 def _trailing_shared(model: ModelSpec, index: int) -> bool:
@@ -211,9 +232,6 @@ class _Ctx:
         return _roof(flops, nbytes, peak * self.profile.gemm_compute.at(self.step_tokens),
                      self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.step_tokens))
 
-    def attn_s(self, flops: float, nbytes: float) -> tuple[float, str]:
-        return _roof(flops, nbytes, self.gpu.peak_for("bf16") * self.profile.attn_compute.at(self.step_tokens),
-                     self.gpu.memory_bytes_per_s * self.profile.attn_memory.at(self.step_tokens))
 
 
 def _roof(flops: float, nbytes: float, flop_per_s: float, bytes_per_s: float) -> tuple[float, str]:
@@ -258,25 +276,49 @@ def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
     return h * (q_dim + 2 * kv_dim), q_dim * h, 0.0
 
 
-def _attention(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
-    m, tp = ctx.model, ctx.par.tp
-    kv_values = m.kv_values_per_token_per_layer(tp)
-    heads = m.num_heads / tp
+def _attention_dims(model: ModelSpec, decode: bool) -> tuple[int, int]:
+    """(query-key dim, value dim) per head: MLA absorbs in decode (every head attends over the shared
+    latent, "MQA with a wide head") and expands K/V from the latent in prefill."""
+    if model.mla and decode:
+        return model.mla.kv_lora_rank + model.mla.qk_rope_head_dim, model.mla.kv_lora_rank
+    if model.mla:
+        return model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim, model.mla.v_head_dim
+    return model.head_dim, model.head_dim
+
+
+def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, tokens):
+    """(FLOPs, bytes, compute seconds, memory seconds) of one layer's attention over summed batch stats.
+
+    Works elementwise on numpy arrays too (one entry per step of a decode stretch) with the very same
+    operations, so a fast-forwarded step costs bit-for-bit what a stepped one does.
+    """
+    m = ctx.model
+    qk_dim, v_dim = _attention_dims(m, decode)
+    heads = m.num_heads / ctx.par.tp
+    kv_values = m.kv_values_per_token_per_layer(ctx.par.tp)
+    flops = 2 * heads * (qk_dim + v_dim) * keys
+    written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
+    nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
+    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(ctx.step_tokens))
+    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(ctx.step_tokens))
+    return flops, nbytes, compute_s, memory_s
+
+
+def _attention(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int,
+               memo: dict | None = None) -> None:
+    m = ctx.model
     for decode in (True, False):
-        s = _attn_stats(batch, group.window, decode)
+        key = (id(batch), group.window, decode)
+        s = memo.get(key) if memo is not None else None
+        if s is None:
+            s = _attn_stats(batch, group.window, decode)
+            if memo is not None:
+                memo[key] = s
         if not s.requests:
             continue
-        if m.mla and decode:  # absorbed: every head attends over the shared latent ("MQA with a wide head")
-            qk_dim, v_dim = m.mla.kv_lora_rank + m.mla.qk_rope_head_dim, m.mla.kv_lora_rank
-        elif m.mla:  # expanded: K/V rebuilt from the latent, normal attention
-            qk_dim, v_dim = m.mla.qk_nope_head_dim + m.mla.qk_rope_head_dim, m.mla.v_head_dim
-        else:
-            qk_dim = v_dim = m.head_dim
-        flops = 2 * heads * (qk_dim + v_dim) * s.keys
-        written = s.tokens * kv_values * ctx.kvbytes if group.owns_kv else 0.0
-        nbytes = s.kv_read * kv_values * ctx.kvbytes + written + s.tokens * heads * (qk_dim + v_dim) * ACT_BYTES
-        name = "attention_decode" if decode else "attention_prefill"
-        acc.add(name, "attention", flops, nbytes, ctx.attn_s(flops, nbytes), layers)
+        flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
+        timed = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
+        acc.add("attention_decode" if decode else "attention_prefill", "attention", flops, nbytes, timed, layers)
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = s.tokens if decode else s.expand_tokens
@@ -316,8 +358,7 @@ def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
 
 
 def _layer_group(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
-    if group.last_token_only and batch.max_query_len > 1:
-        batch = batch.last_token_only()
+    batch = _group_batch(batch, group)
     tokens, h = float(batch.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim = qkv / h
@@ -351,6 +392,32 @@ def _model_level(ctx: _Ctx, acc: _Acc, batch: StepBatch) -> None:
         acc.add("pp_send", "comm", 0.0, (ctx.par.pp - 1) * msg, (time_s, "link"), 1)
 
 
+def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
+             options: CostOptions) -> _Ctx:
+    if model.num_layers % parallelism.pp:
+        raise SpecError(f"pipeline parallel size {parallelism.pp} must divide the {model.num_layers} layers")
+    return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)))
+
+
+def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
+    """The tokens a layer group sees: all of them, or one per request under YOCO fast prefill."""
+    return batch.last_token_only() if group.last_token_only and batch.max_query_len > 1 else batch
+
+
+def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                      profile: Profile = Profile(), options: CostOptions = CostOptions()) -> float:
+    """`step_cost(...).attention_s`, computed by the same code without pricing the other operators."""
+    ctx, acc, memo = _context(batch, model, gpu, parallelism, profile, options), _Acc(), {}
+    reduced = None
+    for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
+        seen = _group_batch(batch, group)
+        if seen is not batch:  # one reduced batch for all fast-prefill groups, so the memo can share its stats
+            reduced = reduced or seen
+            seen = reduced
+        _attention(ctx, acc, seen, group, layers, memo)
+    return sum(op.time_s for op in acc.result() if op.kind == "attention")
+
+
 def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
               profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepCost:
     """Predicted time of one engine step of `batch` on one replica, split by operator.
@@ -358,10 +425,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     Pipeline stages run the batch one after another (no micro-batching here), so layer costs add up
     across stages and `pp_send` adds the activations crossing each stage boundary.
     """
-    if model.num_layers % parallelism.pp:
-        raise SpecError(f"pipeline parallel size {parallelism.pp} must divide the {model.num_layers} layers")
-    ctx = _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)))
-    acc = _Acc()
+    ctx, acc = _context(batch, model, gpu, parallelism, profile, options), _Acc()
     if batch.num_requests:
         for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
             _layer_group(ctx, acc, batch, group, layers)

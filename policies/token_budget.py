@@ -97,6 +97,17 @@ class TokenBudgetScheduler:
             self.running = [r for r in self.running if r not in done]
         return finished
 
+    def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
+        """The running requests, if `plan` is a plain decode of all of them (nothing admitted, preempted,
+        swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same."""
+        if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
+            return None
+        if any(n != 1 for n in plan.num_new) or not all(plan.samples):
+            return None
+        if any(r.num_generated == 0 for r in self.running):  # a one-token prompt: a prefill, not a decode
+            return None
+        return self.running
+
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: _Step) -> None:
         visited: set[Request] = set()

@@ -200,7 +200,10 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     spec, base_dir = load_scenario(scenario, set_, seed)
     world_progress = progress_bar("simulating", console)
     with world_progress as advance:
-        world = World(spec, base_dir, on_progress=None)
+        try:
+            world = World(spec, base_dir, on_progress=None)
+        except SpecError as err:
+            raise SpecError(f"{scenario}: {err}") from None
         advance.total(len(world.workload.requests))
         world.on_progress = advance
         result = world.run()

@@ -13,11 +13,21 @@ from collections.abc import Callable
 
 import simpy
 
-from policies.step import Scheduler, StepPlan
+from hardware.step_timer import StepTimer
+from policies.step import Scheduler, StepPlan, TokenLog
+from simulator.fast_forward import Stretch, apply_stretch, exact_delay, plan_stretch
 from simulator.metrics import StepLog
 from workloads.request import Request
 
 StepTime = Callable[[StepPlan], float]
+
+
+class FastForward:
+    """What a replica needs to fuse decode stretches: the timer, the token log, and the horizon
+    (simulated time before which nothing from outside can reach any replica)."""
+
+    def __init__(self, timer: StepTimer, log: TokenLog, horizon_s: Callable[[], float]):
+        self.timer, self.log, self.horizon_s = timer, log, horizon_s
 
 
 class Wakeup:
@@ -39,9 +49,9 @@ class Replica:
     """An engine replica: its scheduler (with KV manager), its step-time model and its step log."""
 
     def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, step_time: StepTime,
-                 steps: StepLog, on_finish: Callable[[Request], None]):
+                 steps: StepLog, on_finish: Callable[[Request], None], fast_forward: FastForward | None = None):
         self.env, self.index, self.scheduler, self.step_time = env, index, scheduler, step_time
-        self.steps, self.on_finish = steps, on_finish
+        self.steps, self.on_finish, self.fast_forward = steps, on_finish, fast_forward
         self.wake = Wakeup(env)
         self.process = env.process(self._run())
 
@@ -64,6 +74,10 @@ class Replica:
             if plan.is_empty:
                 yield self.wake.wait()
                 continue
+            stretch = self._stretch(plan)
+            if stretch is not None:
+                yield self.env.timeout(exact_delay(self.env.now, float(stretch.ends_s[-1])))
+                continue
             duration = self.step_time(plan)
             decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
             yield self.env.timeout(duration)
@@ -71,6 +85,26 @@ class Replica:
             self._record(plan, duration, decode_tokens)
             for req in finished:
                 self.on_finish(req)
+
+    def _stretch(self, plan: StepPlan) -> Stretch | None:
+        """Fuse the decode steps from here to the next event, if this step starts such a stretch."""
+        ff = self.fast_forward
+        decoding = getattr(self.scheduler, "decode_stretch", None)
+        requests = decoding(plan) if ff is not None and decoding is not None else None
+        if not requests:
+            return None
+        kv = self.scheduler.kv
+        stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.horizon_s())
+        if stretch is None:
+            return None
+        used = apply_stretch(requests, stretch, kv, ff.log)
+        n, b = len(stretch.ends_s), len(requests)
+        self.steps.record_many(
+            time_s=stretch.ends_s.tolist(), duration_s=stretch.durations_s.tolist(), replica=[self.index] * n,
+            num_requests=[b] * n, prefill_tokens=[0] * n, decode_tokens=[b] * n,
+            num_running=[self.scheduler.num_running] * n, num_waiting=[self.scheduler.num_waiting] * n,
+            kv_blocks_used=used, kv_usage=[u / kv.num_blocks for u in used], num_preempted=[0] * n)
+        return stretch
 
     def _record(self, plan: StepPlan, duration: float, decode_tokens: int) -> None:
         kv = self.scheduler.kv

@@ -47,9 +47,16 @@ class StepLog:
         c["kv_usage"].append(kv_usage)
         c["num_preempted"].append(num_preempted)
 
+    def record_many(self, **columns: list) -> None:
+        """Append several rows at once; every column of STEP_COLUMNS must be given, as equal-length lists."""
+        for name, values in columns.items():
+            self.columns[name].extend(values)
+
     def frame(self) -> pd.DataFrame:
-        return pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
-                             for name, col in self.columns.items()})
+        """Rows by end time, then replica: the order does not depend on how the run was stepped."""
+        df = pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
+                           for name, col in self.columns.items()})
+        return df.sort_values(["time_s", "replica"], kind="stable").reset_index(drop=True)
 
 
 def request_frame(requests: list[Request]) -> pd.DataFrame:
@@ -61,6 +68,7 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "finish_s": [r.finish_s for r in requests],
         "prompt_tokens": [r.num_prompt_tokens for r in requests],
         "output_tokens": [r.num_generated for r in requests],
+        "requested_output_tokens": [r.num_output_tokens for r in requests],
         "cached_tokens": [r.num_cached_tokens for r in requests],
         "preemptions": [r.num_preemptions for r in requests],
         "replica": [r.replica for r in requests],
@@ -76,7 +84,7 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
 
 
 def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
-    values_ms = np.asarray(values_s, dtype=float) * 1e3
+    values_ms = np.sort(np.asarray(values_s, dtype=float)) * 1e3  # sorted: sums independent of record order
     values_ms = values_ms[~np.isnan(values_ms)]
     if not len(values_ms):
         return {f"{k}_{prefix}_ms": float("nan") for k in ("mean", "median", "std", "p90", "p99")}

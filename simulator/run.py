@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -10,7 +11,8 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.cost import CostOptions, Parallelism
+from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
 from hardware.model import get_model
@@ -19,11 +21,12 @@ from policies.catalog import orderings, routers, schedulers
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
 from policies.token_budget import max_blocks_of
-from simulator.engine import Replica, StepTime
+from hardware.step_timer import StepTimer
+from simulator.engine import FastForward, Replica, StepTime
 from simulator.metrics import StepLog, request_frame, summarize
 from simulator.scenario import Scenario
 from simulator.traffic import Traffic
-from workloads.generate import build_workload
+from workloads.generate import Workload, build_workload
 from workloads.request import Phase, Request
 
 GIB = 1 << 30
@@ -48,17 +51,20 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
     return plan_memory(get_model(s.model), gpu, Parallelism(s.parallelism.tp, s.parallelism.pp), cfg)
 
 
-def build_step_time(s: Scenario, memory: MemoryPlan) -> StepTime:
-    """The scenario's step-time function: the cost model's prediction plus PCIe time of swapped KV blocks."""
-    model, gpu = get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-    par = Parallelism(s.parallelism.tp, s.parallelism.pp)
-    profile = load_profile(s.hardware.profile)
+def build_timer(s: Scenario) -> StepTimer:
+    """The cost model for the scenario's model, GPU, parallelism, profile and dtypes."""
     options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill)
+    return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)),
+                     Parallelism(s.parallelism.tp, s.parallelism.pp), load_profile(s.hardware.profile), options)
+
+
+def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTime:
+    """The scenario's step-time function: the cost model's prediction plus PCIe time of swapped KV blocks."""
     block_bytes = memory.kv_bytes_per_token * memory.block_size
-    pcie = get_interconnect(f"pcie{gpu.pcie_gen}")
+    pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
 
     def step_time(plan: StepPlan) -> float:
-        time_s = step_cost(plan.batch(), model, gpu, par, profile, options).total_s
+        time_s = timer(plan.batch())
         swapped = plan.swap_in_blocks + plan.swap_out_blocks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
@@ -80,18 +86,26 @@ def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, bl
     return None
 
 
+def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload:
+    """Build the requests; the workloads package reports bad traces as ValueError naming the file."""
+    try:
+        return build_workload(s.workload, rng, base_dir)
+    except ValueError as err:
+        raise SpecError(f"workload: {err}") from None
+
+
 class World:
     """The simulated cluster: replicas behind a router, fed by the workload's traffic."""
 
-    def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
+    def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
+                 workload: Workload | None = None):
         seeds = np.random.SeedSequence(s.seed).spawn(3)
         self.scenario = s
-        self.workload = build_workload(s.workload, np.random.default_rng(seeds[0]), base_dir)
+        self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
         self.memory = _memory_plan(s)
         self.num_blocks = s.engine.num_gpu_blocks_override or self.memory.num_blocks
         if not s.engine.enable_chunked_prefill and s.engine.max_num_batched_tokens < self.memory.max_model_len \
                 and s.engine.scheduler == "vllm":
-            from hardware.errors import SpecError
             raise SpecError(
                 f"engine.max_num_batched_tokens ({s.engine.max_num_batched_tokens}) < max_model_len "
                 f"({self.memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
@@ -101,10 +115,12 @@ class World:
         self.steps = StepLog()
         self.completed = 0
         self.on_progress = on_progress
-        step_time = build_step_time(s, self.memory)
+        timer = build_timer(s)
+        step_time = build_step_time(s, self.memory, timer)
+        fast = FastForward(timer, self.tokens, self._horizon_s) if s.simulation.fast_forward else None
         host_blocks = int(s.engine.swap_space_gib * GIB // (self.memory.kv_bytes_per_token * s.engine.block_size))
         self.replicas = [
-            Replica(self.env, i, self._scheduler(host_blocks), step_time, self.steps, self._finished)
+            Replica(self.env, i, self._scheduler(host_blocks), step_time, self.steps, self._finished, fast)
             for i in range(s.cluster.replicas)]
         self.router = routers.get(s.cluster.router)(self.replicas, np.random.default_rng(seeds[1]))
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
@@ -114,6 +130,14 @@ class World:
         kv = BlockManager(self.num_blocks, e.block_size, e.watermark)
         cls = schedulers.get(e.scheduler)
         return cls(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
+
+    def _horizon_s(self) -> float:
+        """Fused decode steps must end before this: the next arrival (closed loop: the next event of any
+        kind, since another replica's finish may release a client) and the stop time."""
+        until = self.scenario.stop.max_sim_time_s or math.inf
+        if self.traffic.closed is not None:
+            return min(self.env.peek(), until)
+        return min(self.traffic.next_arrival_s(), until)
 
     def _arrive(self, req: Request) -> None:
         reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_blocks, self.scenario.engine.block_size)

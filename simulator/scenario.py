@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hardware.errors import SpecError
+from hardware.gpu import get_gpu
 from hardware.model import preset_names
 from policies.config import EngineConfig
 from policies.catalog import orderings, routers, schedulers
@@ -24,6 +25,12 @@ class HardwareConfig(BaseModel):
     gpu: str = Field(description="GPU name from the catalog (`servesim hardware list`) or a --gpu-file entry")
     gpu_files: list[Path] = Field(default_factory=list, description="Extra GPU catalog YAML files")
     profile: str | None = Field(None, description="Calibration profile name or YAML path; default: documented defaults")
+
+    @model_validator(mode="after")
+    def _known_gpu(self) -> HardwareConfig:
+        if not self.gpu_files:  # with user files the lookup waits until paths are resolved
+            get_gpu(self.gpu)
+        return self
 
 
 class ParallelismConfig(BaseModel):
@@ -55,6 +62,11 @@ class StopConfig(BaseModel):
     max_sim_time_s: float | None = Field(None, gt=0, description="Stop the simulation at this simulated time")
 
 
+class SimulationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    fast_forward: bool = Field(True, description="Fuse decode-only stretches (results identical to stepping)")
+
+
 class Scenario(BaseModel):
     """A whole run. `model` is a preset name or a path to a Hugging Face config.json."""
 
@@ -69,6 +81,7 @@ class Scenario(BaseModel):
     workload: WorkloadConfig
     slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
+    simulation: SimulationConfig = SimulationConfig()
 
     @field_validator("model")
     @classmethod
@@ -136,6 +149,8 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
         raise _first_error(err, str(path)) from None
-    except SpecError as err:
-        raise SpecError(f"{path}: engine: {err}") from None
+    hardware = scenario.hardware
+    if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
+        files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]
+        scenario = scenario.model_copy(update={"hardware": hardware.model_copy(update={"gpu_files": files})})
     return scenario, path.parent

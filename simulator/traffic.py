@@ -8,6 +8,7 @@ plus a think time; the request's `arrival_s` is rewritten to the moment it is se
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
@@ -34,7 +35,13 @@ class Traffic:
         for req in self.workload.requests:
             if req.arrival_s > self.env.now:
                 yield self.env.timeout(req.arrival_s - self.env.now)
+            self._next += 1
             self.arrive(req)
+
+    def next_arrival_s(self) -> float:
+        """Open loop: when the next request enters (infinity when none is left)."""
+        requests = self.workload.requests
+        return requests[self._next].arrival_s if self._next < len(requests) else math.inf
 
     def on_done(self, req: Request) -> None:
         """A request finished or was rejected: in a closed loop its client thinks, then sends the next one."""

@@ -224,10 +224,11 @@ class WorkloadConfig(_Model):
 
     trace: TraceSource | None = Field(None, description="Trace giving lengths and/or timestamps.")
     lengths: LengthsConfig | None = Field(None, description="Synthetic lengths; with a trace they replace "
-                                                            "the trace's lengths and prefixes.")
+                                                            "the trace's lengths and prefix segments "
+                                                            "(its timestamps, sessions, priorities stay).")
     arrivals: ArrivalConfig = Field(description="Arrival process.")
-    closed_loop: ClosedLoopConfig | None = Field(None, description="Closed-loop clients; arrival times then "
-                                                                   "are the earliest send times.")
+    closed_loop: ClosedLoopConfig | None = Field(None, description="Closed-loop clients; the simulator then "
+                                                                   "sends requests in order as clients free up.")
     num_requests: int | None = Field(None, ge=1, description="Take at most this many requests.")
     duration_s: float | None = Field(None, gt=0, description="Synthetic arrivals stop at this time (s); "
                                                              "trace rows arriving at or after it are dropped.")

@@ -5,14 +5,16 @@ Order of work (and of draws from `rng`, so a seed fixes everything):
    rows are dropped and the rest shifted to start at t = 0;
 2. arrival times: the trace's (first `num_requests` rows, rescaled, then rows at or after
    `duration_s` dropped) or a synthetic process (workloads/arrivals.py), capped at the trace's row count;
-3. lengths: `lengths` sampled (prompt then output), or the trace's rows in order.
+3. lengths: `lengths` sampled (prompt then output), or the trace's rows in order. A trace's
+   `session_id` and `priority` columns (servesim format) pass through either way.
 
 Prefix identity (`Request.prompt_segments`):
 - Mooncake rows: one segment per hash id, 512 tokens each, the last one the remainder.
 - servesim rows with a `prefix_id`: `((prefix_id, prefix_tokens), (-(id + 1), rest))`. The unique
   rest gets a *negative* id (request id + 1, negated) so it never collides with a prefix id (>= 0).
 - Everything else, and any trace whose lengths `lengths` replaces: `()` (fully unique prompt).
-With `closed_loop`, `arrival_s` is the earliest time a client may send the request.
+With `closed_loop`, the simulator sends the requests in this order as its clients free up and decides
+their send times; the `arrival_s` computed here are then not used for issuing.
 """
 
 from __future__ import annotations

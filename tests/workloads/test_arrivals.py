@@ -62,7 +62,7 @@ def test_same_seed_same_arrivals_different_seed_different():
 
 
 def test_rescaling_hits_the_target_rate():
-    times = np.cumsum(np.random.default_rng(4).exponential(0.3, size=1_000)) - 0.0
+    times = np.cumsum(np.random.default_rng(4).exponential(0.3, size=1_000))
     times -= times[0]
     assert mean_rate_per_s(rescale_times(times, rate_per_s=12.5)) == pytest.approx(12.5, rel=1e-12)
     assert np.allclose(rescale_times(times, time_scale=2.0), 2 * times)

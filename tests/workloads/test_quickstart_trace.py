@@ -8,11 +8,12 @@ from workloads.traces import load_azure
 
 def test_bundled_slice_loads():
     lines = QUICKSTART_TRACE.read_bytes().splitlines(keepends=True)
-    assert lines[0] == b"TIMESTAMP,ContextTokens,GeneratedTokens\n" and len(lines) == 2001
+    # CRLF line endings, as in the public file (the slice is byte-exact)
+    assert lines[0] == b"TIMESTAMP,ContextTokens,GeneratedTokens\r\n" and len(lines) == 2001
     df = load_azure(QUICKSTART_TRACE)
     assert len(df) == 2000 and df.attrs["dropped"] == 0
     assert df["arrival_s"].iloc[-1] == pytest.approx(424.259457, abs=1e-6)
-    assert df["num_prompt_tokens"].sum() == 2_209_533 and df["num_output_tokens"].sum() == 529_856
+    assert df["num_prompt_tokens"].sum() == 2_209_565 and df["num_output_tokens"].sum() == 529_807
     assert (QUICKSTART_TRACE.parent / "README.md").read_text().count("CC-BY 4.0") >= 1
 
 

@@ -114,12 +114,13 @@ def test_burstgpt_unknown_model_lists_the_models(burstgpt_csv):
         load_burstgpt(burstgpt_csv, model="GPT-5")
 
 
-SERVESIM_ROWS = [
-    {"arrival_s": 10.5, "prompt_tokens": 300, "output_tokens": 20, "session_id": 1, "prefix_id": 7, "prefix_tokens": 200},
-    {"arrival_s": 10.0, "prompt_tokens": 250, "output_tokens": 30, "session_id": None, "prefix_id": None, "prefix_tokens": None},
-    {"arrival_s": 12.0, "prompt_tokens": 200, "output_tokens": 0, "session_id": 2, "prefix_id": 7, "prefix_tokens": 200},
-    {"arrival_s": 13.0, "prompt_tokens": 200, "output_tokens": 5, "session_id": 2, "prefix_id": 7, "prefix_tokens": 200},
-]
+SERVESIM_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "session_id", "prefix_id", "prefix_tokens"]
+SERVESIM_ROWS = [dict(zip(SERVESIM_COLUMNS, values)) for values in [
+    (10.5, 300, 20, 1, 7, 200),
+    (10.0, 250, 30, None, None, None),
+    (12.0, 200, 0, 2, 7, 200),  # 0 output tokens: dropped
+    (13.0, 200, 5, 2, 7, 200),
+]]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])

@@ -1,0 +1,62 @@
+"""Simulator speed: requests and engine steps simulated per second of wall time.
+
+Workload: the Azure LLM inference 2023 conversation trace (19,366 requests), tiled end to end in
+time as often as needed, at its own arrival rate; Llama-3.1-8B on one H100 SXM, vLLM scheduler.
+Run: python benchmarks/bench_simulate.py [--requests 10000 100000] [--no-fast-forward]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+
+from simulator.run import World
+from simulator.scenario import load_scenario
+from workloads.generate import Workload
+from workloads.request import Request
+from workloads.traces import load_azure
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def tiled_azure_conv(num_requests: int) -> Workload:
+    """The conversation trace repeated back to back (each copy starts one mean gap after the last ends)."""
+    table = load_azure(TRACE)
+    arrival, prompt, output = (table[c].to_numpy() for c in ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
+    span = arrival[-1] + (arrival[-1] - arrival[0]) / (len(arrival) - 1)
+    requests = []
+    for i in range(num_requests):
+        copy, row = divmod(i, len(table))
+        requests.append(Request(i, float(arrival[row] + copy * span), int(prompt[row]), int(output[row])))
+    return Workload(requests)
+
+
+def bench(num_requests: int, fast_forward: bool) -> None:
+    overrides = [f"simulation.fast_forward={str(fast_forward).lower()}"]
+    scenario, base = load_scenario(ROOT / "scenarios" / "quickstart.yaml", overrides)
+    workload = tiled_azure_conv(num_requests)
+    start = time.perf_counter()
+    result = World(scenario, base, workload=workload).run()
+    wall = time.perf_counter() - start
+    steps = result.summary["num_steps"]
+    print(f"{num_requests:>7} requests  fast_forward={fast_forward!s:5}  wall {wall:7.2f} s  "
+          f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  "
+          f"simulated {result.summary['duration_s']:,.0f} s, mean TTFT {result.summary['mean_ttft_ms']:.1f} ms")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
+    parser.add_argument("--no-fast-forward", action="store_true")
+    args = parser.parse_args()
+    np.seterr(all="raise")
+    for n in args.requests:
+        bench(n, not args.no_fast_forward)
+
+
+if __name__ == "__main__":
+    main()

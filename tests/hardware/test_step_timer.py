@@ -1,0 +1,41 @@
+"""The simulator's step timer must agree exactly with the cost model, stepped or fast-forwarded."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.gpu import get_gpu
+from hardware.model import get_model
+from hardware.step_timer import StepTimer
+
+H100 = get_gpu("h100-sxm")
+MODELS = ["llama-3.1-8b", "gemma-2-9b", "gemma-3n-e2b", "deepseek-v2", "mixtral-8x7b"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(MODELS), contexts=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
+       steps=st.integers(1, 50), fast_prefill=st.booleans())
+def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_prefill):
+    model = get_model(name)
+    options = CostOptions(kv_sharing_fast_prefill=fast_prefill)
+    par = Parallelism(tp=2 if name == "deepseek-v2" else 1)
+    timer = StepTimer(model, H100, par, options=options)
+    c = np.array(contexts)
+    stretch = timer.decode_stretch_s(c, steps)
+    stepped = [step_cost(StepBatch.of(np.ones(len(c), int), c + i), model, H100, par, options=options).total_s
+               for i in range(steps)]
+    assert stretch.tolist() == stepped
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(MODELS),
+       reqs=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20))
+def test_cached_timer_equals_step_cost(name, reqs):
+    model = get_model(name)
+    timer = StepTimer(model, H100)
+    batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
+    expected = step_cost(batch, model, H100).total_s
+    assert timer(batch) == expected  # first call fills the cache
+    assert timer(batch) == expected  # second call uses it

@@ -1,0 +1,90 @@
+"""`servesim simulate` end to end on the bundled quickstart, and one clear line for each kind of bad scenario."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from simulator.cli import app
+
+runner = CliRunner()
+QUICKSTART = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
+
+
+def simulate(*args: str):
+    return runner.invoke(app, ["simulate", *args])
+
+
+def test_quickstart_writes_a_complete_run_folder(tmp_path):
+    out = tmp_path / "run"
+    result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=200")
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "memory.json",
+                                                "scenario.yaml"}
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
+                "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "p90_ttft_ms",
+                "mean_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms",
+                "request_goodput", "rejected", "preemptions", "kv_cache_usage_mean", "kv_cache_usage_max",
+                "duration_s"):
+        assert key in summary, key
+    assert summary["completed"] == 200
+    resolved = yaml.safe_load((out / "scenario.yaml").read_text())
+    assert resolved["workload"]["num_requests"] == 200 and resolved["engine"]["max_num_seqs"] == 256
+    assert "mean_ttft_ms" in result.stdout
+
+
+def test_same_seed_same_summary_and_seed_flag(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        assert simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=100",
+                        "--seed", "7").exit_code == 0
+    assert (a / "summary.json").read_text() == (b / "summary.json").read_text()
+    assert yaml.safe_load((a / "scenario.yaml").read_text())["seed"] == 7
+
+
+def test_schema_is_json_schema_of_scenarios():
+    result = runner.invoke(app, ["schema"])
+    schema = json.loads(result.stdout)
+    assert schema["title"] == "Scenario" and "workload" in schema["properties"]
+
+
+def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    edit(raw)
+    shutil.copytree(QUICKSTART.parent / "traces", tmp_path / "traces")
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    return simulate(str(path), "--out", str(out)), out
+
+
+@pytest.mark.parametrize("edit,expected", [
+    (lambda r: r["engine"].update(scheduler="fifo"), "engine: unknown scheduler 'fifo'; choose from"),
+    (lambda r: r["engine"].update(queue_order="random"), "unknown queue order 'random'; choose from fcfs"),
+    (lambda r: r.update(workload={"lengths": {"prompt": {"kind": "fixed", "value": 10},
+                                              "output": {"kind": "fixed", "value": 10}},
+                                  "arrivals": {"kind": "poisson", "rate_per_s": -3}, "num_requests": 5}),
+     "workload.arrivals.poisson.rate_per_s"),
+    (lambda r: r["workload"]["trace"].update(path="traces/nope.csv"), "nope.csv"),
+    (lambda r: r["engine"].update(max_num_seqs="many"), "engine.max_num_seqs"),
+    (lambda r: r["engine"].update(preemption_mode="drop"), "engine.preemption_mode"),
+    (lambda r: r.update(gpu_count=3), "gpu_count: unknown field"),
+    (lambda r: r["hardware"].update(gpu="h300"), "unknown GPU 'h300'"),
+])
+def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, expected):
+    result, out = _bad(tmp_path, edit)
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr
+    assert result.stderr.count("\n") == 1 and "bad.yaml" in result.stderr or "nope.csv" in result.stderr
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.*"))  # no half-written temp folder either
+
+
+def test_missing_scenario_file_and_bad_override(tmp_path):
+    assert "scenario file not found" in simulate(str(tmp_path / "none.yaml")).stderr
+    result = simulate(str(QUICKSTART), "--set", "engine.max_num_seqs")
+    assert result.exit_code == 2 and "expected dotted.key=value" in result.stderr

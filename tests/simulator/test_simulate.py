@@ -1,0 +1,119 @@
+"""End-to-end simulations: determinism, fast-forward identity, latency identities, load response, invariants."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.simulator.conftest import run, scenario
+
+
+def assert_same_run(a, b):
+    pd.testing.assert_frame_equal(a.requests, b.requests)
+    pd.testing.assert_frame_equal(a.steps, b.steps)
+    assert a.summary == b.summary or pd.Series(a.summary).equals(pd.Series(b.summary))
+
+
+def test_same_scenario_and_seed_give_identical_results():
+    s = scenario(workload={"lengths": {"prompt": {"kind": "lognormal", "median": 800, "sigma": 1.0},
+                                       "output": {"kind": "uniform", "low": 10, "high": 300}},
+                           "arrivals": {"kind": "poisson", "rate_per_s": 8}, "num_requests": 200, "trace": None})
+    first, second = run(s), run(s)
+    assert_same_run(first, second)
+    other = run(s.model_copy(update={"seed": 2}))
+    assert not first.requests["prompt_tokens"].equals(other.requests["prompt_tokens"])
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # the quickstart trace slice
+    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32}},  # preemptions
+    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "preemption_mode": "swap"}},
+    {"cluster": {"replicas": 3, "router": "least_outstanding"}},
+    {"model": "gemma-2-9b", "engine": {"max_model_len": 8192}},  # sliding windows
+    {"workload": {"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+                  "arrivals": {"kind": "all_at_once"}, "num_requests": 200,
+                  "closed_loop": {"clients": 16, "think_time_s": {"kind": "uniform", "low": 0.0, "high": 0.5}}}},
+])
+def test_fast_forward_gives_the_same_results_as_stepping(overrides):
+    fast = run(scenario(**overrides, simulation={"fast_forward": True}))
+    slow = run(scenario(**overrides, simulation={"fast_forward": False}))
+    assert_same_run(fast, slow)
+    assert fast.summary["completed"] + fast.summary["rejected"] == len(fast.requests)
+
+
+def test_preemption_scenario_does_preempt():
+    result = run(scenario(engine={"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32}))
+    assert result.summary["preemptions"] > 0
+    assert result.summary["completed"] == 300
+
+
+def test_ttlt_is_ttft_plus_tpot_times_remaining_tokens():
+    df = run(scenario()).requests
+    multi = df[df["output_tokens"] > 1]
+    np.testing.assert_allclose(multi["e2el_s"], multi["ttft_s"] + multi["tpot_s"] * (multi["output_tokens"] - 1),
+                               rtol=1e-12, atol=1e-12)
+    assert (df["ttft_s"] > 0).all() and (df["e2el_s"] >= df["ttft_s"]).all()
+
+
+def test_throughput_rises_and_latency_degrades_past_saturation():
+    summaries = [run(scenario(workload={"arrivals": {"kind": "trace", "rate_per_s": rate}, "num_requests": 400},
+                              engine={"max_model_len": 16384, "max_num_seqs": 64})).summary
+                 for rate in (2, 20, 200)]
+    throughput = [s["output_throughput"] for s in summaries]
+    assert throughput[0] < throughput[1] < throughput[2]
+    assert summaries[0]["mean_ttft_ms"] < summaries[1]["mean_ttft_ms"] < summaries[2]["mean_ttft_ms"]
+    assert summaries[0]["mean_tpot_ms"] < summaries[2]["mean_tpot_ms"]
+    assert summaries[2]["mean_ttft_ms"] > 10 * summaries[0]["mean_ttft_ms"]  # queueing past saturation
+
+
+def test_requests_longer_than_max_model_len_are_rejected_with_a_reason():
+    result = run(scenario(engine={"max_model_len": 2048}))
+    rejected = result.requests[result.requests["reject_reason"].notna()]
+    assert len(rejected) > 0 and result.summary["rejected"] == len(rejected)
+    assert (rejected["prompt_tokens"] + rejected["requested_output_tokens"] > 2048).all()
+    assert (rejected["output_tokens"] == 0).all()
+    assert rejected["reject_reason"].str.contains("exceed max_model_len \\(2048\\)").all()
+    assert rejected["finish_s"].isna().all()
+
+
+def test_closed_loop_never_exceeds_its_clients():
+    df = run(scenario(workload={"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+                                "arrivals": {"kind": "all_at_once"}, "num_requests": 120,
+                                "closed_loop": {"clients": 5}})).requests
+    events = sorted([(t, 1) for t in df["arrival_s"]] + [(t, -1) for t in df["finish_s"]], key=lambda e: (e[0], e[1]))
+    in_flight = np.cumsum([d for _, d in events])
+    assert in_flight.max() == 5
+
+
+def test_goodput_counts_requests_within_slos():
+    result = run(scenario(slo={"ttft_ms": 60, "tpot_ms": 7}))
+    df = result.requests
+    good = ((df["ttft_s"] * 1e3 <= 60) & ~(df["tpot_s"] * 1e3 > 7)).sum()
+    assert result.summary["request_goodput"] == pytest.approx(good / result.summary["duration_s"])
+    assert 0 < good < len(df)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), rate=st.floats(1, 200), blocks=st.integers(40, 400),
+       max_num_seqs=st.integers(1, 64), budget=st.sampled_from([256, 2048, 8192]),
+       scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static"]),
+       preemption=st.sampled_from(["recompute", "swap"]), chunked=st.booleans())
+def test_every_request_finishes_or_is_rejected(seed, rate, blocks, max_num_seqs, budget, scheduler, preemption,
+                                               chunked):
+    s = scenario(seed=seed, engine={
+        "scheduler": scheduler, "max_model_len": 4096, "num_gpu_blocks_override": blocks, "max_num_seqs": max_num_seqs,
+        "max_num_batched_tokens": max(budget, max_num_seqs) if chunked else 4096, "enable_chunked_prefill": chunked,
+        "preemption_mode": preemption, "chunk_size": 256},
+        workload={"lengths": {"prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
+                              "output": {"kind": "lognormal", "median": 60, "sigma": 1.0}},
+                  "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0}, "num_requests": 60, "trace": None})
+    result = run(s)
+    df = result.requests
+    finished = df["finish_s"].notna()
+    assert (finished ^ df["reject_reason"].notna()).all()  # exactly one of the two
+    assert result.steps["kv_usage"].max() <= 1.0
+    assert (result.steps["kv_blocks_used"] <= blocks).all()
+    done = df[finished]
+    assert (done["output_tokens"] == done["requested_output_tokens"]).all()  # no token lost or duplicated
+    assert (df.loc[~finished, "reject_reason"].str.len() > 0).all()
