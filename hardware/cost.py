@@ -160,10 +160,30 @@ class _AttnStats:
 
 
 def _attn_stats(batch: StepBatch, window: int | None, decode: bool) -> _AttnStats:
+    if batch.num_requests <= 64:  # plain Python beats numpy on small batches; integer sums are identical
+        return _attn_stats_small(batch.num_new.tolist(), batch.num_context.tolist(), window, decode)
     mask = batch.num_new == 1 if decode else batch.num_new > 1
     n, c = batch.num_new[mask], batch.num_context[mask]
     return _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
                       int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
+
+
+def _attn_stats_small(num_new: list[int], num_context: list[int], window: int | None, decode: bool) -> _AttnStats:
+    tokens = requests = keys = kv_read = expand = 0
+    for n, c in zip(num_new, num_context):
+        if (n == 1) != decode:
+            continue
+        tokens += n
+        requests += 1
+        expand += n + c
+        if window is None:
+            keys += n * c + n * (n + 1) // 2
+            kv_read += c + n
+        else:
+            uncapped = max(min(c + n, window) - c, 0)
+            keys += uncapped * (2 * c + 1 + uncapped) // 2 + (n - uncapped) * window
+            kv_read += min(c + n, window + n - 1)
+    return _AttnStats(tokens, requests, keys, kv_read, expand)
 
 
 # ---- layer groups -------------------------------------------------------------------------------
@@ -304,16 +324,10 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     return flops, nbytes, compute_s, memory_s
 
 
-def _attention(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int,
-               memo: dict | None = None) -> None:
+def _attention(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
     m = ctx.model
     for decode in (True, False):
-        key = (id(batch), group.window, decode)
-        s = memo.get(key) if memo is not None else None
-        if s is None:
-            s = _attn_stats(batch, group.window, decode)
-            if memo is not None:
-                memo[key] = s
+        s = _attn_stats(batch, group.window, decode)
         if not s.requests:
             continue
         flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
@@ -406,16 +420,27 @@ def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
 
 def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
                       profile: Profile = Profile(), options: CostOptions = CostOptions()) -> float:
-    """`step_cost(...).attention_s`, computed by the same code without pricing the other operators."""
-    ctx, acc, memo = _context(batch, model, gpu, parallelism, profile, options), _Acc(), {}
+    """`step_cost(...).attention_s` for the simulator's hot path: the same terms, summed in the same order
+    (per operator name across groups, then over names in first-seen order), without the other operators."""
+    ctx, memo, totals = _context(batch, model, gpu, parallelism, profile, options), {}, {}
     reduced = None
     for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
         seen = _group_batch(batch, group)
-        if seen is not batch:  # one reduced batch for all fast-prefill groups, so the memo can share its stats
+        if seen is not batch:  # one reduced batch for all fast-prefill groups, so their stats are shared
             reduced = reduced or seen
             seen = reduced
-        _attention(ctx, acc, seen, group, layers, memo)
-    return sum(op.time_s for op in acc.result() if op.kind == "attention")
+        for decode in (True, False):
+            key = (id(seen), group.window, decode)
+            stats = memo.get(key)
+            if stats is None:
+                stats = memo[key] = _attn_stats(seen, group.window, decode)
+            if not stats.requests:
+                continue
+            _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, stats.keys, stats.kv_read,
+                                                        stats.tokens)
+            name = "attention_decode" if decode else "attention_prefill"
+            totals[name] = totals.get(name, 0.0) + (compute_s if compute_s > memory_s else memory_s) * layers
+    return sum(totals.values())
 
 
 def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),

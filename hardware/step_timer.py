@@ -40,6 +40,16 @@ class StepTimer:
             fixed = self._fixed_s[key] = step_cost(batch, *self.args).fixed_s
         return fixed
 
+    def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
+        """`fixed_s` of a decode step of `num_requests` requests (the key needs no batch, only a miss does)."""
+        key = (num_requests, num_requests, num_requests, False)
+        if self.args[0].mla is not None:
+            key += (0, num_requests)
+        fixed = self._fixed_s.get(key)
+        if fixed is None:
+            fixed = self.fixed_s(StepBatch.of(np.ones(num_requests, np.int64), num_context))
+        return fixed
+
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`."""
         return self.fixed_s(batch) + attention_seconds(batch, *self.args)
@@ -56,7 +66,7 @@ class StepTimer:
             keys = _decode_keys(num_context, steps, group.window)
             _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, batch.num_tokens)
             attention += np.maximum(compute_s, memory_s) * layers
-        return self.fixed_s(batch) + (0 + attention)
+        return self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
 
 
 def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None) -> np.ndarray:

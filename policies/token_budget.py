@@ -47,10 +47,9 @@ class _Step:
             del self.context[req]
 
     def plan(self) -> StepPlan:
-        reqs = tuple(self.tokens)
-        return StepPlan(reqs, tuple(self.tokens.values()), tuple(self.context.values()),
-                        tuple(self.context[r] + self.tokens[r] == r.num_tokens for r in reqs),
-                        tuple(self.preempted), self.swap_out, self.swap_in)
+        reqs, new, context = tuple(self.tokens), tuple(self.tokens.values()), tuple(self.context.values())
+        samples = tuple(c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context))
+        return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in)
 
 
 @schedulers.register("vllm")
@@ -62,6 +61,7 @@ class TokenBudgetScheduler:
         self.reserve_output = False
         self.host_blocks_free = host_blocks
         self.running: list[Request] = []
+        self._cursor = 0  # index in `running` of the request being scheduled
         self.swapped: deque[tuple[Request, int]] = deque()
         self._waiting: list[tuple[tuple, Request]] = []
 
@@ -86,16 +86,16 @@ class TokenBudgetScheduler:
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
-        finished = []
-        for req, n in zip(plan.requests, plan.num_new):
-            if self.log.feed(req, n, now) and req.is_done:
-                req.phase, req.finish_s = Phase.FINISHED, now
-                self.kv.free(req)
-                finished.append(req)
-        if finished:
-            done = set(finished)
-            self.running = [r for r in self.running if r not in done]
+        finished = [req for req, n in zip(plan.requests, plan.num_new) if self.log.feed(req, n, now) and req.is_done]
+        for req in finished:
+            self.retire(req, now)
         return finished
+
+    def retire(self, req: Request, now: float) -> None:
+        """A request produced its last token at `now`: it leaves the batch and its blocks go back."""
+        req.phase, req.finish_s = Phase.FINISHED, now
+        self.kv.free(req)
+        self.running.remove(req)
 
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` is a plain decode of all of them (nothing admitted, preempted,
@@ -110,25 +110,25 @@ class TokenBudgetScheduler:
 
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: _Step) -> None:
-        visited: set[Request] = set()
-        i = 0
-        while i < len(self.running) and step.budget > 0:
-            req = self.running[i]
-            visited.add(req)
-            n = min(req.num_pending_tokens, step.budget)
-            if n < req.num_pending_tokens and not self.chunked:
+        running, i = self.running, 0
+        while i < len(running) and step.budget > 0:
+            req = running[i]
+            pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
+            n = pending if pending < step.budget else step.budget
+            if n < pending and not self.chunked:
                 i += 1
                 continue
-            preempted_before = len(step.preempted)
+            self._cursor = i  # preemptions before it shift it left
             if self._make_room(req, n, step):
                 step.add(req, n)
-            if len(step.preempted) == preempted_before:
-                i += 1
-            else:  # the list changed under us: continue at the first request not yet looked at
-                i = next((j for j, r in enumerate(self.running) if r not in visited), len(self.running))
+                i = self._cursor + 1
+            else:  # req itself was preempted: the next request now sits where it was
+                i = self._cursor
 
     def _make_room(self, req: Request, n: int, step: _Step) -> bool:
         """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""
+        if n == 1 and req.num_computed_tokens % self.kv.block_size:
+            return True  # a decode inside its last, partly filled block needs nothing new
         while self.kv.allocate(req, n) is None:
             victim = self._victim()
             self._preempt(victim, step)
@@ -172,7 +172,10 @@ class TokenBudgetScheduler:
         return max(self.running, key=self.order)
 
     def _preempt(self, victim: Request, step: _Step) -> None:
-        self.running.remove(victim)
+        position = self.running.index(victim)
+        del self.running[position]
+        if position < self._cursor:
+            self._cursor -= 1
         step.drop(victim)
         step.preempted.append(victim)
         victim.num_preemptions += 1

@@ -23,11 +23,13 @@ StepTime = Callable[[StepPlan], float]
 
 
 class FastForward:
-    """What a replica needs to fuse decode stretches: the timer, the token log, and the horizon
-    (simulated time before which nothing from outside can reach any replica)."""
+    """What a replica needs to fuse decode stretches: the timer, the token log, the time of the next
+    outside event that could reach any replica, and the stop time."""
 
-    def __init__(self, timer: StepTimer, log: TokenLog, horizon_s: Callable[[], float]):
-        self.timer, self.log, self.horizon_s = timer, log, horizon_s
+    def __init__(self, timer: StepTimer, log: TokenLog, next_event_s: Callable[[], float], stop_s: float,
+                 open_loop: bool):
+        self.timer, self.log, self.next_event_s, self.stop_s = timer, log, next_event_s, stop_s
+        self.open_loop = open_loop  # nobody outside reacts to a finish, so finishes may happen inside stretches
 
 
 class Wakeup:
@@ -74,40 +76,54 @@ class Replica:
             if plan.is_empty:
                 yield self.wake.wait()
                 continue
-            stretch = self._stretch(plan)
-            if stretch is not None:
+            fused = self._stretch(plan)
+            if fused is not None:
+                stretch, last_batch = fused
                 yield self.env.timeout(exact_delay(self.env.now, float(stretch.ends_s[-1])))
+                # the last fused step may span an arrival: log it live, as a stepped run would
+                self._record(float(stretch.durations_s[-1]), last_batch, 0, last_batch, 0)
                 continue
             duration = self.step_time(plan)
             decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
             yield self.env.timeout(duration)
             finished = self.scheduler.commit(plan, self.env.now)
-            self._record(plan, duration, decode_tokens)
+            self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens,
+                         len(plan.preempted))
             for req in finished:
                 self.on_finish(req)
 
-    def _stretch(self, plan: StepPlan) -> Stretch | None:
-        """Fuse the decode steps from here to the next event, if this step starts such a stretch."""
+    def _stretch(self, plan: StepPlan) -> tuple[Stretch, int] | None:
+        """Fuse the decode steps from here to the next event, if this step starts such a stretch.
+        Logs all but the last fused step, which the caller logs when it ends; returns its batch size too."""
         ff = self.fast_forward
         decoding = getattr(self.scheduler, "decode_stretch", None)
         requests = decoding(plan) if ff is not None and decoding is not None else None
         if not requests:
             return None
-        kv = self.scheduler.kv
-        stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.horizon_s())
+        requests, kv = list(requests), self.scheduler.kv
+        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0
+        stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed)
         if stretch is None:
             return None
-        used = apply_stretch(requests, stretch, kv, ff.log)
-        n, b = len(stretch.ends_s), len(requests)
-        self.steps.record_many(
-            time_s=stretch.ends_s.tolist(), duration_s=stretch.durations_s.tolist(), replica=[self.index] * n,
-            num_requests=[b] * n, prefill_tokens=[0] * n, decode_tokens=[b] * n,
-            num_running=[self.scheduler.num_running] * n, num_waiting=[self.scheduler.num_waiting] * n,
-            kv_blocks_used=used, kv_usage=[u / kv.num_blocks for u in used], num_preempted=[0] * n)
-        return stretch
+        finished: list[Request] = []
 
-    def _record(self, plan: StepPlan, duration: float, decode_tokens: int) -> None:
+        def retire(req: Request, now: float) -> None:
+            self.scheduler.retire(req, now)
+            finished.append(req)
+        active, used = apply_stretch(requests, stretch, kv, ff.log, retire)
+        n = len(active) - 1
+        self.steps.record_many(
+            time_s=stretch.ends_s[:-1].tolist(), duration_s=stretch.durations_s[:-1].tolist(),
+            replica=[self.index] * n, num_requests=active[:-1], prefill_tokens=[0] * n, decode_tokens=active[:-1],
+            num_running=active[1:], num_waiting=[self.scheduler.num_waiting] * n, kv_blocks_used=used[:-1],
+            kv_usage=[u / kv.num_blocks for u in used[:-1]], num_preempted=[0] * n)
+        for req in finished:
+            self.on_finish(req)
+        return stretch, active[-1]
+
+    def _record(self, duration: float, num_requests: int, prefill_tokens: int, decode_tokens: int,
+                num_preempted: int) -> None:
         kv = self.scheduler.kv
-        self.steps.record(self.env.now, duration, self.index, len(plan.requests), plan.num_tokens - decode_tokens,
-                          decode_tokens, self.scheduler.num_running, self.scheduler.num_waiting,
-                          kv.num_used_blocks, kv.usage, len(plan.preempted))
+        self.steps.record(self.env.now, duration, self.index, num_requests, prefill_tokens, decode_tokens,
+                          self.scheduler.num_running, self.scheduler.num_waiting, kv.num_used_blocks, kv.usage,
+                          num_preempted)

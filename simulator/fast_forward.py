@@ -2,8 +2,12 @@
 
 A stretch may be fused when the scheduler says the step is a plain decode of every running request
 (`Scheduler.decode_stretch`), and it ends before anything could change the next decisions:
-- the step before any request's last token (a finish frees blocks and a slot);
-- before the next arrival (the horizon: a new request may be admitted; routers read replica load);
+- the step before any request's last token (a finish frees blocks and a slot), unless nothing waits
+  for them and no closed-loop client reacts: then requests finish inside it and the batch shrinks;
+- at the last step that starts before the next outside event (an arrival: a new request may be
+  admitted and routers read replica load; in a closed loop, any event); a step that starts earlier
+  was decided without it, so it may end later, but not exactly at the event (tie order) nor at the
+  stop time;
 - while the blocks the stretch opens still fit in the free pool (no preemption can occur), handed
   out in the same order stepping would; admissions blocked now stay blocked, as free blocks only shrink.
 Step times come from `StepTimer.decode_stretch_s`, bit-for-bit the stepped ones, and are summed in
@@ -13,11 +17,11 @@ the same order SimPy would, so every timestamp matches.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
-from hardware.batch import StepBatch
 from hardware.step_timer import StepTimer
 from policies.kv_blocks import BlockManager
 from policies.step import TokenLog
@@ -26,10 +30,12 @@ from workloads.request import Request
 
 @dataclass(frozen=True, slots=True)
 class Stretch:
-    """`len(ends_s)` fused decode steps: their durations and end times."""
+    """`len(ends_s)` fused decode steps: their durations and end times, and the step in which each request
+    finishes (a large number for those that run past the stretch)."""
 
     durations_s: np.ndarray
     ends_s: np.ndarray
+    finish_step: np.ndarray
 
 
 def exact_delay(now: float, target: float) -> float:
@@ -42,10 +48,17 @@ def exact_delay(now: float, target: float) -> float:
     return delay
 
 
-def _max_steps_fitting(context: np.ndarray, held: np.ndarray, free: int, block_size: int, upper: int) -> int:
-    """Largest m <= upper whose blocks (every request grown by m tokens) fit in `free` more blocks."""
+def _blocks_for(tokens: np.ndarray, block_size: int) -> np.ndarray:
+    return -(-tokens // block_size)
+
+
+def _max_steps_fitting(context: np.ndarray, last: np.ndarray, held: np.ndarray, free: int, block_size: int,
+                       upper: int) -> int:
+    """Largest m <= upper whose new blocks fit in `free` (each request grows until step m or its finish;
+    blocks freed by finishes are not counted, so this is on the safe side)."""
     def need(m: int) -> int:
-        return int(np.maximum(-(-(context + m) // block_size) - held, 0).sum())
+        grown = context + np.minimum(m, last + 1)
+        return int(np.maximum(_blocks_for(grown, block_size) - held, 0).sum())
     if need(upper) <= free:  # the common case: the pool is far from full
         return upper
     lo, hi = 1, upper
@@ -58,51 +71,79 @@ def _max_steps_fitting(context: np.ndarray, held: np.ndarray, free: int, block_s
     return lo
 
 
-def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, now: float, horizon_s: float,
-                 max_steps: int = 4096) -> Stretch | None:
-    """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2."""
-    remaining = min(r.num_output_tokens - r.num_generated for r in requests)
-    upper = min(remaining - 1, max_steps)
+def _durations(timer: StepTimer, context: np.ndarray, finish: np.ndarray, steps: int) -> np.ndarray:
+    """Step times of `steps` decode steps; the batch shrinks after each finishing step."""
+    parts, start = [], 0
+    for end in sorted({int(f) for f in finish if f < steps - 1} | {steps - 1}):
+        active = finish >= start
+        parts.append(timer.decode_stretch_s(context[active] + start, end - start + 1))
+        start = end + 1
+    return np.concatenate(parts)
+
+
+def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, now: float, next_event_s: float,
+                 stop_s: float = math.inf, finishes_allowed: bool = False, max_steps: int = 4096) -> Stretch | None:
+    """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2.
+
+    `finishes_allowed`: nobody waits for a freed slot and no client reacts to a finish, so requests may
+    finish inside the stretch (never in its last step, which may span an outside event).
+    """
+    finish = np.fromiter((r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests))
+    upper = min(int(finish.max()) + 1 if finishes_allowed else int(finish.min()), max_steps)
     if upper < 2:
         return None
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
-    shortest_s = timer.fixed_s(StepBatch.of(np.ones(len(requests), np.int64), context))  # attention only adds
-    if now + 2 * shortest_s >= horizon_s:
+    shortest_s = timer.decode_fixed_s(1, context[:1])  # no step of the stretch is shorter
+    horizon_s = min(next_event_s, stop_s)
+    if now + shortest_s >= horizon_s:
         return None
     if horizon_s < math.inf:
-        upper = min(upper, int((horizon_s - now) / shortest_s) + 1)
+        upper = min(upper, int((horizon_s - now) / shortest_s) + 2)
     held = np.fromiter((len(kv.table(r)) for r in requests), np.int64, len(requests))
-    steps = _max_steps_fitting(context, held, kv.num_free_blocks, kv.block_size, upper)
-    durations = timer.decode_stretch_s(context, steps)
-    ends = np.cumsum(np.concatenate(([now], durations)))[1:]  # sequential sums, as SimPy accumulates `now`
-    steps = int(np.searchsorted(ends, horizon_s, side="left"))  # only steps ending strictly before the horizon
+    steps = _max_steps_fitting(context, finish, held, kv.num_free_blocks, kv.block_size, upper)
+    durations = _durations(timer, context, finish, steps)
+    bounds = np.cumsum(np.concatenate(([now], durations)))  # sequential sums, as SimPy accumulates `now`
+    starts, ends = bounds[:-1], bounds[1:]
+    steps = int(np.searchsorted(starts, next_event_s, side="left"))  # steps starting before the next event
+    steps = min(steps, int(np.searchsorted(ends, stop_s, side="left")))  # and ending before the stop time
+    if steps and ends[steps - 1] == next_event_s:
+        steps -= 1
+    finishing = set(finish.tolist())
+    while steps and steps - 1 in finishing:  # the last fused step finishes nobody
+        steps -= 1
     if steps < 2:
         return None
-    return Stretch(durations[:steps], ends[:steps])
+    return Stretch(durations[:steps], ends[:steps], finish)
 
 
-def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog) -> list[int]:
-    """Tokens, inter-token gaps and block allocations of the fused steps, in the order stepping makes them.
+def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
+                  retire: Callable[[Request, float], None]) -> tuple[list[int], list[int]]:
+    """Tokens, inter-token gaps, block allocations and finishes of the fused steps, in stepping order:
+    within a step, blocks are opened (when it is scheduled) before finished requests free theirs (when it ends).
 
-    Returns the KV blocks in use after each step (what the step log shows).
+    Returns, per step, the requests decoding in it and the KV blocks in use after it (what the step log shows).
     """
-    steps, size = len(stretch.ends_s), kv.block_size
+    steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
-    # step i (i >= 1) grows request j to context_j + i + 1 tokens: a new block when context_j + i is a multiple
-    first = (-context) % size
+    last = np.minimum(stretch.finish_step, steps - 1)
+    first = (-context) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
     first[first == 0] = size  # step 0 is already allocated
-    crossings = sorted((int(i), j) for j, f in enumerate(first) for i in range(int(f), steps, size))
-    opened = np.zeros(steps, np.int64)
-    for i, j in crossings:
-        opened[i] += len(kv.reserve(requests[j], int(context[j]) + i + 1))
-    used = (kv.num_used_blocks - int(opened.sum()) + opened.cumsum()).tolist()
-    ends = stretch.ends_s
-    log.itl_s.extend(ends[0] - r.last_token_s for r in requests)
-    gaps = np.diff(ends)
-    log.itl_s.extend(np.repeat(gaps, len(requests)).tolist())
-    last = float(ends[-1])
-    for req in requests:
-        req.num_computed_tokens += steps
-        req.num_generated += steps
-        req.last_token_s = last
-    return used
+    events = [(i, 0, j) for j in range(len(requests)) for i in range(int(first[j]), int(last[j]) + 1, size)]
+    events += [(int(f), 1, j) for j, f in enumerate(stretch.finish_step.tolist()) if f < steps]
+    leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
+    active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
+    log.itl_s.extend((ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist())
+    log.itl_s.extend(np.repeat(np.diff(ends), active[1:]).tolist())
+    for req, k in zip(requests, (last + 1).tolist()):
+        req.num_computed_tokens += k
+        req.num_generated += k
+        req.last_token_s = float(ends[k - 1])
+    delta = np.zeros(steps, np.int64)
+    used_before = kv.num_used_blocks
+    for i, kind, j in sorted(events):
+        if kind == 0:
+            delta[i] += len(kv.reserve(requests[j], int(context[j]) + i + 1))
+        else:
+            delta[i] -= len(kv.table(requests[j]))
+            retire(requests[j], float(ends[i]))
+    return active.tolist(), (used_before + np.cumsum(delta)).tolist()

@@ -117,7 +117,10 @@ class World:
         self.on_progress = on_progress
         timer = build_timer(s)
         step_time = build_step_time(s, self.memory, timer)
-        fast = FastForward(timer, self.tokens, self._horizon_s) if s.simulation.fast_forward else None
+        stop_s = s.stop.max_sim_time_s or math.inf
+        open_loop = s.workload.closed_loop is None
+        fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
+            else None
         host_blocks = int(s.engine.swap_space_gib * GIB // (self.memory.kv_bytes_per_token * s.engine.block_size))
         self.replicas = [
             Replica(self.env, i, self._scheduler(host_blocks), step_time, self.steps, self._finished, fast)
@@ -131,13 +134,12 @@ class World:
         cls = schedulers.get(e.scheduler)
         return cls(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
 
-    def _horizon_s(self) -> float:
-        """Fused decode steps must end before this: the next arrival (closed loop: the next event of any
-        kind, since another replica's finish may release a client) and the stop time."""
-        until = self.scenario.stop.max_sim_time_s or math.inf
+    def _next_event_s(self) -> float:
+        """When something from outside may next reach a replica: the next arrival (closed loop: the next
+        event of any kind, since another replica's finish may release a client)."""
         if self.traffic.closed is not None:
-            return min(self.env.peek(), until)
-        return min(self.traffic.next_arrival_s(), until)
+            return self.env.peek()
+        return self.traffic.next_arrival_s()
 
     def _arrive(self, req: Request) -> None:
         reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_blocks, self.scenario.engine.block_size)
