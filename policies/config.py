@@ -18,6 +18,9 @@ class EngineConfig(BaseModel):
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps within the budget")
     chunk_size: int = Field(512, ge=1, description="sarathi only: the fixed token budget of each step")
     block_size: int = Field(16, ge=1, description="Tokens per KV block")
+    prefix_caching: Literal["none", "vllm", "radix"] = Field(
+        "vllm", description="none; vllm (hash-chained full blocks, on by default in vLLM v1); radix (SGLang)")
+    radix_page_size: int = Field(1, ge=1, description="radix only: tokens per KV page (SGLang's page_size)")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use")
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output; default: the model's limit")
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the KV pool size (as vLLM's flag)")

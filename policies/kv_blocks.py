@@ -19,6 +19,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 
 class BlockManager:
+    """No prefix caching (`prefix_caching: none`): a block belongs to one request and is free again when it ends."""
+
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
@@ -29,11 +31,12 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
+        """Blocks an allocation can take now (for prefix caching: free plus evictable cached blocks)."""
         return len(self._free)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        return self.num_blocks - self.num_free_blocks
 
     @property
     def usage(self) -> float:
@@ -42,33 +45,65 @@ class BlockManager:
     def table(self, req: Request) -> list[int]:
         return self._tables.get(req.id, [])
 
+    def lookup(self, req: Request) -> int:
+        """Prompt tokens of a new (or recomputing) request whose KV is already cached; 0 without prefix caching."""
+        return 0
+
+    def cache(self, req: Request) -> None:
+        """Called after each step that computed tokens of `req`: make its full blocks findable (prefix caching)."""
+
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """Extra blocks to hold `num_new_tokens` more tokens; the partly filled last block is used first."""
         held = len(self._tables.get(req.id, ()))
         return max(blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - held, 0)
 
     def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False) -> list[int] | None:
-        """Grow `req`'s table for `num_new_tokens` more tokens; None if the pool (less the watermark) is short."""
-        need = self.blocks_needed(req, num_new_tokens)
+        """Grow `req`'s table for `num_new_tokens` more tokens; None if the pool (less the watermark) is short.
+
+        When admitting after a `lookup` hit, the caller has set `req.num_computed_tokens` to the hit and
+        the cached blocks join the table first.
+        """
+        hit = self._hit_blocks(req) if admitting else []
+        need = self.blocks_needed(req, num_new_tokens) - len(hit)
         reserve = self.watermark_blocks if admitting else 0
-        if need + reserve > len(self._free):
+        if need + reserve + self._evictable_among(hit) > self.num_free_blocks:
             return None
-        new = [self._free.popleft() for _ in range(need)]
-        self._tables.setdefault(req.id, []).extend(new)
+        table = self._tables.setdefault(req.id, [])
+        if hit:
+            self._touch(hit)
+            table.extend(hit)
+        new = [self._pop_free() for _ in range(need)]
+        table.extend(new)
         return new
 
     def reserve(self, req: Request, num_tokens: int) -> list[int] | None:
         """Allocate blocks for `num_tokens` tokens at once (up-front reservation, as Orca/static batching do)."""
         need = blocks_for(num_tokens, self.block_size) - len(self._tables.get(req.id, ()))
-        if need > len(self._free):
+        if need > self.num_free_blocks:
             return None
-        new = [self._free.popleft() for _ in range(max(need, 0))]
+        new = [self._pop_free() for _ in range(max(need, 0))]
         self._tables.setdefault(req.id, []).extend(new)
         return new
 
     def free(self, req: Request) -> None:
-        """Return every block of `req` to the back of the free queue, head block first."""
-        self._free.extend(self._tables.pop(req.id, ()))
+        """Give back every block of `req` (head block first: without caching the order only decides reuse)."""
+        self._release(self._tables.pop(req.id, []))
+
+    # ---- pool internals, overridden by prefix caching --------------------------------------------
+    def _hit_blocks(self, req: Request) -> list[int]:
+        return []
+
+    def _evictable_among(self, blocks: list[int]) -> int:
+        return 0
+
+    def _touch(self, blocks: list[int]) -> None:
+        """Reference cached blocks for a new user."""
+
+    def _pop_free(self) -> int:
+        return self._free.popleft()
+
+    def _release(self, blocks: list[int]) -> None:
+        self._free.extend(blocks)
 
     def check_invariants(self) -> None:
         """Every block is either free or in exactly one table; nothing leaked or double-freed."""

@@ -26,3 +26,9 @@ def by_priority(r: Request) -> tuple:
 def by_output_length(r: Request) -> tuple:
     """Shortest job first with an oracle output length (an upper bound on what length prediction can give)."""
     return (r.num_output_tokens - r.num_generated, r.arrival_s, r.id)
+
+
+@orderings.register("lpm")
+def by_arrival_lpm(r: Request) -> tuple:
+    """SGLang's longest prefix match: `WaitingQueue` re-sorts by cached prefix every step; this is its tie order."""
+    return (r.arrival_s, r.id)

@@ -45,3 +45,4 @@ class Registry(Generic[T]):
 #: The policy families. Implementations register themselves in their modules; `policies.catalog` imports them all.
 schedulers: Registry[type] = Registry("scheduler")
 routers: Registry[type] = Registry("router")
+kv_managers: Registry[type] = Registry("prefix caching")

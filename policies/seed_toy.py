@@ -24,6 +24,8 @@ from workloads.request import Phase, Request
 
 @schedulers.register("seed_toy")
 class SeedToyScheduler:
+    supports_prefix_caching = False
+
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.max_running, self.log = kv, cfg.max_num_seqs, log
         self.waiting: deque[Request] = deque()

@@ -20,6 +20,8 @@ from workloads.request import Phase, Request
 
 @schedulers.register("static")
 class StaticScheduler:
+    supports_prefix_caching = False
+
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self._waiting: list[tuple[tuple, Request]] = []

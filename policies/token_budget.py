@@ -15,7 +15,6 @@ memory (its PCIe time is charged to the step) and resumes it before new admissio
 
 from __future__ import annotations
 
-import heapq
 import sys
 from collections import deque
 
@@ -24,6 +23,7 @@ from policies.kv_blocks import BlockManager, blocks_for
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.step import StepPlan, TokenLog
+from policies.waiting import WaitingQueue
 from workloads.request import Phase, Request
 
 class _Step:
@@ -54,6 +54,7 @@ class _Step:
 
 @schedulers.register("vllm")
 class TokenBudgetScheduler:
+    supports_prefix_caching = True
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self.budget = cfg.max_num_batched_tokens
@@ -63,7 +64,7 @@ class TokenBudgetScheduler:
         self.running: list[Request] = []
         self._cursor = 0  # index in `running` of the request being scheduled
         self.swapped: deque[tuple[Request, int]] = deque()
-        self._waiting: list[tuple[tuple, Request]] = []
+        self._waiting = WaitingQueue(order, kv, lpm=cfg.queue_order == "lpm")
 
     @property
     def num_waiting(self) -> int:
@@ -75,7 +76,7 @@ class TokenBudgetScheduler:
 
     def add(self, req: Request, now: float) -> None:
         req.phase = Phase.WAITING
-        heapq.heappush(self._waiting, (self.order(req), req))
+        self._waiting.push(req)
 
     def schedule(self, now: float) -> StepPlan:
         step = _Step(self.budget)
@@ -86,14 +87,19 @@ class TokenBudgetScheduler:
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
-        finished = [req for req, n in zip(plan.requests, plan.num_new) if self.log.feed(req, n, now) and req.is_done]
+        finished = []
+        for req, n in zip(plan.requests, plan.num_new):
+            if self.log.feed(req, n, now) and req.is_done:
+                finished.append(req)
+            self.kv.cache(req)
         for req in finished:
             self.retire(req, now)
         return finished
 
     def retire(self, req: Request, now: float) -> None:
-        """A request produced its last token at `now`: it leaves the batch and its blocks go back."""
+        """A request produced its last token at `now`: it leaves the batch; its blocks go back (cached first)."""
         req.phase, req.finish_s = Phase.FINISHED, now
+        self.kv.cache(req)
         self.kv.free(req)
         self.running.remove(req)
 
@@ -139,27 +145,34 @@ class TokenBudgetScheduler:
     def _resume_swapped(self, step: _Step) -> None:
         while self.swapped and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req, blocks = self.swapped[0]
-            if self.kv.reserve(req, req.num_computed_tokens + 1) is None:
+            n = min(req.num_pending_tokens, step.budget)  # a decode, or the rest of a prefill cut short
+            if self.kv.reserve(req, req.num_computed_tokens + n) is None:
                 return
             self.swapped.popleft()
             self.host_blocks_free += blocks
             step.swap_in += blocks
             req.phase = Phase.RUNNING
             self.running.append(req)
-            step.add(req, min(req.num_pending_tokens, step.budget))
+            step.add(req, n)
 
     def _admit_waiting(self, step: _Step) -> None:
+        self._waiting.prepare()
         while self._waiting and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            req = self._waiting[0][1]
-            n = req.num_pending_tokens
+            req = self._waiting.head()
+            hit = 0 if self.reserve_output else self.kv.lookup(req)  # Orca allocates contiguously: no sharing
+            n = req.num_tokens - hit
             if n > step.budget and not self.chunked:
                 return
             n = min(n, step.budget)
+            req.num_computed_tokens = hit
             room = (self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
                     if self.reserve_output else self.kv.allocate(req, n, admitting=True))
             if room is None:
+                req.num_computed_tokens = 0
                 return
-            heapq.heappop(self._waiting)
+            self._waiting.pop()
+            if not req.num_preemptions:
+                req.num_cached_tokens = hit  # prefix-cache hits of its first admission
             req.phase = Phase.RUNNING
             self.running.append(req)
             step.add(req, n)
@@ -203,6 +216,8 @@ class SarathiScheduler(TokenBudgetScheduler):
 @schedulers.register("orca")
 class OrcaScheduler(TokenBudgetScheduler):
     """Orca: iteration-level batching, whole-prompt prefills, KV reserved for prompt + output at admission."""
+
+    supports_prefix_caching = False
 
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         super().__init__(kv, cfg, order, log, host_blocks)

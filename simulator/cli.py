@@ -213,3 +213,4 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     print_table(f"{spec.name}: {spec.model}, {spec.cluster.replicas} replica(s) of {spec.parallelism.tp * spec.parallelism.pp} x {spec.hardware.gpu}",
                 ["metric", "value"], rows)
     console.print(f"results in {folder}/")
+from simulator import cli_plan  # noqa: E402,F401  (registers sweep, plan, report)

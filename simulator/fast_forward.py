@@ -145,5 +145,8 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
             delta[i] += len(kv.reserve(requests[j], int(context[j]) + i + 1))
         else:
             delta[i] -= len(kv.table(requests[j]))
-            retire(requests[j], float(ends[i]))
+            retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
+    for req, finish in zip(requests, stretch.finish_step.tolist()):
+        if finish >= steps:  # blocks filled with generated tokens are unique to their request, so registering
+            kv.cache(req)    # them now rather than step by step changes nothing
     return active.tolist(), (used_before + np.cumsum(delta)).tolist()

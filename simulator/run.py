@@ -17,8 +17,7 @@ from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
 from hardware.model import get_model
 from hardware.profile import load_profile
-from policies.catalog import orderings, routers, schedulers
-from policies.kv_blocks import BlockManager
+from policies.catalog import kv_managers, orderings, routers, schedulers
 from policies.step import StepPlan, TokenLog
 from policies.token_budget import max_blocks_of
 from hardware.step_timer import StepTimer
@@ -104,6 +103,9 @@ class World:
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
         self.memory = _memory_plan(s)
         self.num_blocks = s.engine.num_gpu_blocks_override or self.memory.num_blocks
+        # the radix cache pages the same memory in pages of radix_page_size tokens
+        self.page_size = s.engine.radix_page_size if s.engine.prefix_caching == "radix" else s.engine.block_size
+        self.num_pages = self.num_blocks * s.engine.block_size // self.page_size
         if not s.engine.enable_chunked_prefill and s.engine.max_num_batched_tokens < self.memory.max_model_len \
                 and s.engine.scheduler == "vllm":
             raise SpecError(
@@ -130,7 +132,7 @@ class World:
 
     def _scheduler(self, host_blocks: int):
         e = self.scenario.engine
-        kv = BlockManager(self.num_blocks, e.block_size, e.watermark)
+        kv = kv_managers.get(e.prefix_caching)(self.num_pages, self.page_size, e.watermark)
         cls = schedulers.get(e.scheduler)
         return cls(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
 
@@ -142,7 +144,7 @@ class World:
         return self.traffic.next_arrival_s()
 
     def _arrive(self, req: Request) -> None:
-        reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_blocks, self.scenario.engine.block_size)
+        reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_pages, self.page_size)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             self._finished(req)

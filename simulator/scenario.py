@@ -6,8 +6,9 @@ and, for choices, the allowed values. `--set a.b=c` overrides are applied before
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -46,15 +47,25 @@ class ClusterConfig(BaseModel):
 
 
 class SloConfig(BaseModel):
-    """Latency targets in milliseconds; a completed request meeting all of them counts toward goodput."""
+    """Latency targets in milliseconds; a completed request meeting all of them counts toward goodput.
+
+    Capacity search and the planner (simulator/capacity.py) read them as percentile targets: the
+    `percentile`-th TTFT, TPOT and E2EL over requests must be within the limits, and at least
+    `goodput_fraction` of all requests must meet every limit.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    ttft_ms: float | None = Field(None, gt=0)
-    tpot_ms: float | None = Field(None, gt=0)
-    e2el_ms: float | None = Field(None, gt=0)
+    ttft_ms: float | None = Field(None, gt=0, description="Time to first token limit, ms")
+    tpot_ms: float | None = Field(None, gt=0, description="Time per output token limit (first token excluded), ms")
+    e2el_ms: float | None = Field(None, gt=0, description="End-to-end latency limit, ms")
+    percentile: Literal[50, 90, 99] = Field(90, description="Percentile of TTFT/TPOT/E2EL that must meet the limits")
+    goodput_fraction: float | None = Field(None, gt=0, le=1, description=(
+        "Minimum share of all requests (rejected ones included) meeting every limit"))
 
     def as_ms(self) -> dict[str, float]:
-        return {k.removesuffix("_ms"): v for k, v in self.model_dump().items() if v is not None}
+        """The per-request limits given, keyed ttft / tpot / e2el (ms)."""
+        limits = {"ttft": self.ttft_ms, "tpot": self.tpot_ms, "e2el": self.e2el_ms}
+        return {k: v for k, v in limits.items() if v is not None}
 
 
 class StopConfig(BaseModel):
@@ -65,6 +76,40 @@ class StopConfig(BaseModel):
 class SimulationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     fast_forward: bool = Field(True, description="Fuse decode-only stretches (results identical to stepping)")
+
+
+GridValues = Annotated[list[Any], Field(min_length=1)]
+STUDY_SECTIONS = ("sweep", "plan")  # sections that describe studies of a scenario, not the run itself
+
+
+class SweepConfig(BaseModel):
+    """A grid of runs of this scenario: every combination of the values, one run each (`servesim sweep`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    grid: dict[str, GridValues] = Field(default_factory=dict, description=(
+        "Dotted scenario field -> values, e.g. {engine.max_num_seqs: [64, 128], "
+        "workload.arrivals.rate_per_s: [5, 10]}"))
+
+
+class PlanConfig(BaseModel):
+    """The deployments `servesim plan` compares: GPU type x TP x engine knobs, sized in replicas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpus: list[str] | None = Field(None, description="GPU names to consider; default: the scenario's GPU")
+    tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
+    max_replicas: int = Field(16, ge=1, description="Largest replica count of a recommendation")
+    engine: dict[str, GridValues] = Field(default_factory=dict, description=(
+        "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"))
+    target_rate_per_s: float | None = Field(None, gt=0, description=(
+        "Load to sustain, requests/s; default: the workload's arrival rate"))
+
+    @field_validator("engine")
+    @classmethod
+    def _engine_fields(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        unknown = sorted(set(engine) - set(EngineConfig.model_fields))
+        if unknown:
+            raise ValueError(f"unknown engine field {unknown[0]!r}; fields: {', '.join(EngineConfig.model_fields)}")
+        return engine
 
 
 class Scenario(BaseModel):
@@ -82,6 +127,8 @@ class Scenario(BaseModel):
     slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
     simulation: SimulationConfig = SimulationConfig()
+    sweep: SweepConfig | None = Field(None, description="Grid of runs for `servesim sweep`")
+    plan: PlanConfig | None = Field(None, description="Deployments `servesim plan` compares")
 
     @field_validator("model")
     @classmethod
@@ -93,8 +140,13 @@ class Scenario(BaseModel):
     @field_validator("engine")
     @classmethod
     def _known_policies(cls, engine: EngineConfig) -> EngineConfig:
-        schedulers.get(engine.scheduler)
+        scheduler = schedulers.get(engine.scheduler)
         orderings.get(engine.queue_order)
+        if engine.prefix_caching != "none" and not getattr(scheduler, "supports_prefix_caching", False):
+            raise ValueError(f"scheduler {engine.scheduler!r} does not share KV blocks; set prefix_caching: none "
+                             "(allowed with it: none)")
+        if engine.queue_order == "lpm" and engine.prefix_caching == "none":
+            raise ValueError("queue_order 'lpm' sorts by cached prefix; it needs prefix_caching vllm or radix")
         return engine
 
     @field_validator("cluster")
@@ -102,6 +154,34 @@ class Scenario(BaseModel):
     def _known_router(cls, cluster: ClusterConfig) -> ClusterConfig:
         routers.get(cluster.router)
         return cluster
+
+    @model_validator(mode="after")
+    def _sweep_keys_exist(self) -> Scenario:
+        if self.sweep is not None:
+            check_grid_keys(self, self.sweep.grid)
+        return self
+
+    def run_settings(self) -> Scenario:
+        """This scenario without its study sections (sweep, plan): what one run depends on."""
+        return self.model_copy(update=dict.fromkeys(STUDY_SECTIONS))
+
+
+def check_grid_keys(base: Scenario, grid: dict[str, list[Any]]) -> None:
+    """Raise ValueError unless every dotted key of `grid` names a field of `base` (checked by applying
+    the key's first value and validating). Values are checked per grid point, where they combine."""
+    for key in grid:
+        if key.split(".")[0] in STUDY_SECTIONS:
+            raise ValueError(f"sweep grid key {key!r}: a grid varies run settings, not the {key.split('.')[0]} section")
+        try:
+            with_overrides(base.run_settings(), {key: grid[key][0]})
+        except SpecError as err:  # a parent of the key is a value, not a section
+            reason = str(err).split(": ", 1)[-1]
+            raise ValueError(f"sweep grid key {key!r} is not a scenario field ({reason})") from None
+        except ValidationError as err:
+            unknown = [e for e in err.errors() if e["type"] == "extra_forbidden"]
+            if unknown:
+                where = ".".join(str(p) for p in unknown[0]["loc"])
+                raise ValueError(f"sweep grid key {key!r} is not a scenario field ({where}: unknown field)") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -120,15 +200,25 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
+def with_overrides(base: Scenario, overrides: dict[str, Any]) -> Scenario:
+    """`base` with dotted-key overrides (typed values), validated again; raises SpecError or ValidationError.
+
+    Starts from the fields `base` was given (not its defaults), as a scenario file would.
+    """
+    raw = base.model_dump(mode="json", exclude_unset=True)
+    apply_overrides(raw, [f"{key}={json.dumps(value)}" for key, value in overrides.items()])
+    return Scenario.model_validate(raw)
+
+
 def _first_error(err: ValidationError, source: str) -> SpecError:
     first = err.errors()[0]
-    path = ".".join(str(p) for p in first["loc"]) or "(top level)"
+    path = ".".join(str(p) for p in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown field"
     elif first["type"] == "literal_error":
         message = f"{message} (got {first['input']!r})"
-    return SpecError(f"{source}: {path}: {message}")
+    return SpecError(f"{source}: {path}: {message}" if path else f"{source}: {message}")
 
 
 def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None) -> tuple[Scenario, Path]:

@@ -1,138 +1,28 @@
 """The `workload:` section of a scenario YAML, as frozen pydantic models.
 
 Units: times in seconds, rates in requests per second, lengths in tokens. Validation reads no
-files: a trace that is missing or malformed is reported when the workload is built.
+files: a trace that is missing or malformed is reported when the workload is built. Trace sources and
+distributions live in workloads/dist_config.py, the sharing sections (shared prefixes, sessions,
+parallel sampling, semantic clusters) in workloads/sharing_config.py; all are re-exported here.
 """
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Annotated, Literal, Self, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-TraceFormat = Literal["azure", "mooncake", "sharegpt", "arxiv", "burstgpt", "servegen", "servesim"]
-UNTIMED_FORMATS = frozenset({"sharegpt", "arxiv"})  # length tables without arrival times
-MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
+from workloads.dist_config import (MIN_NORMAL_MASS, UNTIMED_FORMATS, Dist, EmpiricalDist, FixedDist,
+                                   LognormalDist, NormalDist, TraceFormat, TraceSource, UniformDist, _Model,
+                                   seconds_problem, tokens_problem, upper_bound)
+from workloads.sharing_config import (ParallelSamplingConfig, SemanticClustersConfig, SessionsConfig,
+                                      SharedPrefixConfig)
 
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TraceSource(_Model):
-    """A trace file (or ServeGen folder) and how to read it."""
-
-    format: TraceFormat = Field(description="File format; see workloads/traces.py for the columns of each.")
-    path: Path = Field(description="Trace file (a folder for servegen); relative paths resolve against "
-                                   "the scenario file's folder.")
-    clients: tuple[int, ...] | None = Field(None, description="servegen only: client ids to keep (None = all "
-                                                              "clients that have a dataset file).")
-    burstgpt_model: str | None = Field(None, description="burstgpt only: keep rows whose `Model` column equals "
-                                                         "this (e.g. 'ChatGPT', 'GPT-4').")
-    drop_failed: bool = Field(True, description="burstgpt only: drop failed requests (0 response tokens); "
-                                                "if False they are kept as 1-output-token requests.")
-
-    @model_validator(mode="after")
-    def _options_match_format(self) -> Self:
-        if self.clients is not None and self.format != "servegen":
-            raise ValueError(f"trace.clients is a servegen option, but format is {self.format!r}; remove it")
-        burst_only = {"burstgpt_model", "drop_failed"} & self.model_fields_set
-        if burst_only and self.format != "burstgpt":
-            raise ValueError(f"trace.{sorted(burst_only)[0]} is a burstgpt option, but format is "
-                             f"{self.format!r}; remove it")
-        return self
-
-
-class FixedDist(_Model):
-    """Always `value`."""
-
-    kind: Literal["fixed"]
-    value: float = Field(ge=0, description="The value (tokens, or seconds for think times).")
-
-
-class UniformDist(_Model):
-    """Uniform on [low, high]."""
-
-    kind: Literal["uniform"]
-    low: float = Field(ge=0, description="Lower bound, inclusive (tokens or seconds).")
-    high: float = Field(ge=0, description="Upper bound (tokens or seconds); >= low.")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> Self:
-        if self.high < self.low:
-            raise ValueError(f"uniform: high ({self.high}) < low ({self.low}); swap them")
-        return self
-
-
-class NormalDist(_Model):
-    """Normal(mean, std), truncated to [min, max] by *resampling* (an exact truncated normal, no pile-up
-    at the bounds). Without min/max nothing is removed."""
-
-    kind: Literal["normal"]
-    mean: float = Field(description="Mean before truncation (tokens or seconds).")
-    std: float = Field(gt=0, description="Standard deviation before truncation (tokens or seconds).")
-    min: float | None = Field(None, description="Lower truncation bound, inclusive (None = no bound).")
-    max: float | None = Field(None, description="Upper truncation bound, inclusive (None = no bound).")
-
-    @model_validator(mode="after")
-    def _bounds_hold_mass(self) -> Self:
-        lo, hi = _or_inf(self.min, -1), _or_inf(self.max, 1)
-        if lo >= hi:
-            raise ValueError(f"normal: min ({self.min}) must be < max ({self.max})")
-        if self.mass() < MIN_NORMAL_MASS:
-            raise ValueError(f"normal(mean={self.mean}, std={self.std}) puts only {self.mass():.2g} of its mass "
-                             f"in [min={self.min}, max={self.max}]; move the mean or widen the bounds")
-        return self
-
-    def mass(self) -> float:
-        """Probability that an untruncated sample falls in [min, max]."""
-        def cdf(x: float) -> float:
-            return 0.5 * (1 + math.erf((x - self.mean) / (self.std * math.sqrt(2))))
-        return cdf(_or_inf(self.max, 1)) - cdf(_or_inf(self.min, -1))
-
-
-class LognormalDist(_Model):
-    """exp(Normal(ln(median), sigma)): `median` is the median, `sigma` the std of the log. Mean =
-    median * exp(sigma**2 / 2)."""
-
-    kind: Literal["lognormal"]
-    median: float = Field(gt=0, description="Median (tokens or seconds).")
-    sigma: float = Field(ge=0, description="Standard deviation of ln(x) (dimensionless); 0 = always median.")
-
-
-class EmpiricalDist(_Model):
-    """Sampled with replacement from one length column of a trace."""
-
-    kind: Literal["empirical"]
-    trace: TraceSource = Field(description="Trace whose column is resampled (not servegen).")
-    column: Literal["prompt", "output"] = Field(description="Which length column (tokens).")
-
-    @model_validator(mode="after")
-    def _not_servegen(self) -> Self:
-        if self.trace.format == "servegen":
-            raise ValueError("empirical: servegen is a workload model, not a length table; use it as "
-                             "`workload.trace` instead")
-        return self
-
-
-Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist],
-                 Field(discriminator="kind")]
-
-
-def upper_bound(dist: Dist) -> float:
-    """Largest value `dist` can produce (inf when unbounded or empirical)."""
-    match dist:
-        case FixedDist(value=v) | UniformDist(high=v):
-            return v
-        case NormalDist(max=v) if v is not None:
-            return v
-    return math.inf
-
-
-def _or_inf(x: float | None, sign: int) -> float:
-    return sign * math.inf if x is None else x
+__all__ = ["MIN_NORMAL_MASS", "SYNTHETIC_KINDS", "UNTIMED_FORMATS", "AllAtOnceArrivals", "ArrivalConfig",
+           "ClosedLoopConfig", "ConstantArrivals", "Dist", "EmpiricalDist", "FixedDist", "GammaArrivals",
+           "LengthsConfig", "LognormalDist", "NormalDist", "ParallelSamplingConfig", "PoissonArrivals",
+           "SemanticClustersConfig", "SessionsConfig", "SharedPrefixConfig", "TraceArrivals", "TraceFormat",
+           "TraceSource", "UniformDist", "WorkloadConfig", "seconds_problem", "tokens_problem", "upper_bound"]
 
 
 class LengthsConfig(_Model):
@@ -145,9 +35,8 @@ class LengthsConfig(_Model):
     @model_validator(mode="after")
     def _can_reach_one(self) -> Self:
         for name in ("prompt", "output"):
-            if upper_bound(getattr(self, name)) < 1:
-                raise ValueError(f"lengths.{name}: every sample is below 1 token (upper bound "
-                                 f"{upper_bound(getattr(self, name))}); raise it to >= 1")
+            if problem := tokens_problem(getattr(self, name), f"lengths.{name}"):
+                raise ValueError(problem)
         return self
 
 
@@ -210,11 +99,8 @@ class ClosedLoopConfig(_Model):
 
     @model_validator(mode="after")
     def _think_time_nonnegative(self) -> Self:
-        t = self.think_time_s
-        if isinstance(t, EmpiricalDist):
-            raise ValueError("closed_loop.think_time_s: empirical samples token counts, not seconds")
-        if isinstance(t, NormalDist) and (t.min is None or t.min < 0):
-            raise ValueError("closed_loop.think_time_s: a normal think time needs min >= 0 (e.g. min: 0)")
+        if problem := seconds_problem(self.think_time_s, "closed_loop.think_time_s"):
+            raise ValueError(problem)
         return self
 
 
@@ -229,14 +115,22 @@ class WorkloadConfig(_Model):
     arrivals: ArrivalConfig = Field(description="Arrival process.")
     closed_loop: ClosedLoopConfig | None = Field(None, description="Closed-loop clients; the simulator then "
                                                                    "sends requests in order as clients free up.")
-    num_requests: int | None = Field(None, ge=1, description="Take at most this many requests.")
+    num_requests: int | None = Field(None, ge=1, description="Take at most this many requests (count; "
+                                                             "parallel samples and session turns included).")
     duration_s: float | None = Field(None, gt=0, description="Synthetic arrivals stop at this time (s); "
                                                              "trace rows arriving at or after it are dropped.")
     skip_requests: int = Field(0, ge=0, description="Skip this many leading trace rows (start later in a trace).")
+    shared_prefix: SharedPrefixConfig | None = Field(None, description="Shared prefixes put before prompts.")
+    sessions: SessionsConfig | None = Field(None, description="Multi-turn sessions: every drawn request "
+                                                              "starts one.")
+    parallel_sampling: ParallelSamplingConfig | None = Field(None, description="n requests per drawn prompt.")
+    semantic_clusters: SemanticClustersConfig | None = Field(None, description="A Zipf-popular semantic "
+                                                                               "cluster for every request.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
-        for problem in (self._length_problem(), self._arrival_problem(), self._count_problem()):
+        for problem in (self._length_problem(), self._arrival_problem(), self._count_problem(),
+                        self._sharing_problem()):
             if problem:
                 raise ValueError(problem)
         return self
@@ -271,4 +165,18 @@ class WorkloadConfig(_Model):
             return "trace format 'servegen' generates arrivals and needs duration_s"
         if self.trace is None and self.skip_requests:
             return "skip_requests skips trace rows, but there is no trace"
+        return None
+
+    def _sharing_problem(self) -> str | None:
+        n = 1 if self.parallel_sampling is None else self.parallel_sampling.n
+        if self.num_requests is not None and self.num_requests % n:
+            return (f"num_requests ({self.num_requests}) counts requests and must be a multiple of "
+                    f"parallel_sampling.n ({n}); use e.g. {self.num_requests // n * n or n}")
+        if self.sessions is None:
+            return None
+        if self.parallel_sampling is not None:
+            return "sessions and parallel_sampling cannot be combined (which sample would the next turn follow?)"
+        if self.closed_loop is not None:
+            return ("sessions and closed_loop cannot be combined: later turns are released when the previous "
+                    "turn finishes, not by closed-loop clients; remove one")
         return None

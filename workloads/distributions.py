@@ -1,7 +1,8 @@
 """Sampling the `Dist` models of workloads/config.py with an injected numpy Generator.
 
 `sample_values` gives raw floats (seconds for think times); `sample_lengths` turns them into token
-counts: nearest integer, then at least 1.
+counts: nearest integer, then at least 1. `draw_outputs` gives extra output lengths for requests a
+workload adds (parallel samples, later session turns).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
-from workloads.config import Dist, EmpiricalDist, FixedDist, LognormalDist, NormalDist, UniformDist
+from workloads.config import Dist, EmpiricalDist, FixedDist, LognormalDist, NormalDist, UniformDist, WorkloadConfig
 from workloads.traces import load_source
 
 
@@ -33,6 +35,17 @@ def sample_values(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path =
 def sample_lengths(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path = Path(".")) -> np.ndarray:
     """`n` token counts (int64, >= 1): samples rounded to the nearest integer, then clipped up to 1."""
     return np.maximum(np.rint(sample_values(dist, n, rng, base_dir)), 1).astype(np.int64)
+
+
+def draw_outputs(cfg: WorkloadConfig, table: pd.DataFrame, n: int, rng: np.random.Generator,
+                 base_dir: Path = Path(".")) -> np.ndarray:
+    """`n` output lengths (int64 tokens) drawn like the workload's others: from `lengths.output`, or
+    resampled with replacement from the trace rows in `table`. Draws nothing when n == 0."""
+    if n == 0:
+        return np.zeros(0, dtype=np.int64)
+    if cfg.lengths is not None:
+        return sample_lengths(cfg.lengths.output, n, rng, base_dir)
+    return rng.choice(table["num_output_tokens"].to_numpy(np.int64), size=n, replace=True)
 
 
 def _truncated_normal(dist: NormalDist, n: int, rng: np.random.Generator) -> np.ndarray:

@@ -3,23 +3,29 @@
 Order of work (and of draws from `rng`, so a seed fixes everything):
 1. the trace table, if any (servegen draws its arrivals and lengths here); `skip_requests` leading
    rows are dropped and the rest shifted to start at t = 0;
-2. arrival times: the trace's (first `num_requests` rows, rescaled, then rows at or after
-   `duration_s` dropped) or a synthetic process (workloads/arrivals.py), capped at the trace's row count;
+2. arrival times: the trace's (first rows, rescaled, then rows at or after `duration_s` dropped) or a
+   synthetic process (workloads/arrivals.py), capped at the trace's row count. One arrival per drawn
+   prompt: `num_requests / parallel_sampling.n` of them at most;
 3. lengths: `lengths` sampled (prompt then output), or the trace's rows in order. A trace's
-   `session_id` and `priority` columns (servesim format) pass through either way.
+   `session_id` and `priority` columns (servesim format) pass through either way;
+4. shared prefixes (workloads/prefixes.py): prefix lengths, who uses one, which one;
+5. sessions (workloads/sessions.py), or parallel samples: extra output lengths for copies 1..n-1;
+6. semantic clusters (workloads/prefixes.py).
 
-Prefix identity (`Request.prompt_segments`):
-- Mooncake rows: one segment per hash id, 512 tokens each, the last one the remainder.
-- servesim rows with a `prefix_id`: `((prefix_id, prefix_tokens), (-(id + 1), rest))`. The unique
-  rest gets a *negative* id (request id + 1, negated) so it never collides with a prefix id (>= 0).
-- Everything else, and any trace whose lengths `lengths` replaces: `()` (fully unique prompt).
+Prefix identity (`Request.prompt_segments`, rules in workloads/request.py), always filled:
+- Mooncake rows: one run per hash id, (hash id, 512), the last one (hash id, input_length - 512 * (k - 1)).
+- servesim rows with a `prefix_id`: `((prefix_id, prefix_tokens), (-(id + 1), rest))`.
+- With `shared_prefix`: `((prefix index, prefix_tokens), (-(id + 1), own part))` for requests that use one.
+- Everything else, and any trace whose lengths `lengths` replaces: `((-(id + 1), num_prompt_tokens),)`.
+A unique run (-(id + 1), ...) is named after the first request with that prompt: parallel samples
+share their first copy's runs, so their prompts are identical.
 With `closed_loop`, the simulator sends the requests in this order as its clients free up and decides
 their send times; the `arrival_s` computed here are then not used for issuing.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -27,38 +33,64 @@ import pandas as pd
 
 from workloads.arrivals import constant_arrivals, gamma_arrivals, poisson_arrivals, rescale_times
 from workloads.config import ClosedLoopConfig, WorkloadConfig
-from workloads.distributions import sample_lengths
+from workloads.distributions import draw_outputs, sample_lengths
+from workloads.prefixes import Segments, add_shared_prefixes, assign_semantic_clusters, with_unique_rest
 from workloads.request import Request
+from workloads.sessions import session_requests
 from workloads.traces import MOONCAKE_BLOCK_TOKENS, load_source, resolve_path
 
 __all__ = ["Workload", "build_table", "build_workload", "constant_arrivals", "gamma_arrivals",
            "poisson_arrivals"]
 
-Segments = tuple[tuple[int, int], ...]
-
-
 @dataclass(frozen=True)
 class Workload:
-    """The requests of one run (ids 0..n-1 in arrival order) and how the simulator should issue them."""
+    """The requests of one run and how the simulator should issue them.
+
+    `requests`: those whose arrival is known up front (first turns of sessions and every request outside
+    a session), ids 0..len-1 in arrival order. `followups`: request id -> the next turn of its session,
+    released `think_time_s` after that request finishes (the simulator sets its `arrival_s`, NaN until
+    then); their ids continue from len(requests), so ids are dense over both.
+    """
 
     requests: list[Request]
     closed_loop: ClosedLoopConfig | None = None
+    followups: dict[int, Request] = field(default_factory=dict)
 
 
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -> Workload:
     """Requests for `cfg`; relative trace paths resolve against `base_dir` (the scenario's folder)."""
-    table = build_table(cfg, rng, base_dir)
-    requests = [Request(id=i, arrival_s=float(row.arrival_s), num_prompt_tokens=int(row.num_prompt_tokens),
-                        num_output_tokens=int(row.num_output_tokens), prompt_segments=row.prompt_segments,
-                        session_id=None if pd.isna(row.session_id) else int(row.session_id),
-                        priority=int(row.priority))
-                for i, row in enumerate(table.itertuples(index=False))]
-    return Workload(requests=requests, closed_loop=cfg.closed_loop)
+    table = add_shared_prefixes(build_table(cfg, rng, base_dir), cfg.shared_prefix, rng, base_dir)
+    if cfg.sessions is not None:
+        requests, followups = session_requests(table, cfg, rng, base_dir)
+    else:
+        n = 1 if cfg.parallel_sampling is None else cfg.parallel_sampling.n
+        extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), rng, base_dir)
+        requests, followups = _parallel_requests(table, n, extra_outputs), {}
+    if cfg.semantic_clusters is not None:
+        assign_semantic_clusters([*requests, *followups.values()], cfg.semantic_clusters, rng)
+    return Workload(requests=requests, closed_loop=cfg.closed_loop, followups=followups)
+
+
+def _parallel_requests(table: pd.DataFrame, n: int, extra_outputs: np.ndarray) -> list[Request]:
+    """n requests per table row with one prompt (named after the first copy) and arrival; copy 0 keeps the
+    row's output length, copies 1..n-1 take `extra_outputs` in order."""
+    requests = []
+    for i, row in enumerate(table.itertuples(index=False)):
+        prompt = int(row.num_prompt_tokens)
+        segments = with_unique_rest(row.shared_segments, prompt, i * n)
+        outputs = [int(row.num_output_tokens), *extra_outputs[i * (n - 1):(i + 1) * (n - 1)].tolist()]
+        session_id = None if pd.isna(row.session_id) else int(row.session_id)
+        requests += [Request(id=i * n + c, arrival_s=float(row.arrival_s), num_prompt_tokens=prompt,
+                             num_output_tokens=outputs[c], prompt_segments=segments, session_id=session_id,
+                             priority=int(row.priority))
+                     for c in range(n)]
+    return requests
 
 
 def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -> pd.DataFrame:
-    """The workload as columns: arrival_s (s), num_prompt_tokens, num_output_tokens, prompt_segments,
-    session_id (Int64, may be NA), priority; one row per request in arrival order."""
+    """The drawn prompts as columns: arrival_s (s), num_prompt_tokens, num_output_tokens, shared_segments
+    (the trace's shared runs: Mooncake blocks or a servesim prefix; the unique rest is not listed),
+    session_id (Int64, may be NA), priority; one row per prompt in arrival order."""
     rows = _trace_rows(cfg, rng, base_dir)
     arrival_s = _arrival_times(cfg, rows, rng)
     n = arrival_s.size
@@ -69,9 +101,9 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
         segments = pd.Series([()] * n, dtype=object)
     else:
         prompt, output = src["num_prompt_tokens"].to_numpy(), src["num_output_tokens"].to_numpy()
-        segments = _segments(src)
+        segments = _shared_segments(src)
     return pd.DataFrame({"arrival_s": arrival_s, "num_prompt_tokens": prompt, "num_output_tokens": output,
-                         "prompt_segments": segments,
+                         "shared_segments": segments,
                          "session_id": _column(src, "session_id", pd.NA, "Int64", n),
                          "priority": _column(src, "priority", 0, "int64", n)})
 
@@ -99,6 +131,8 @@ def _trace_rows(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
 def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame | None, rng: np.random.Generator) -> np.ndarray:
     """Arrival times (s), ascending, one per request of the run."""
     arrivals, n_max = cfg.arrivals, cfg.num_requests
+    if n_max is not None and cfg.parallel_sampling is not None:
+        n_max //= cfg.parallel_sampling.n  # num_requests counts requests; one arrival per prompt
     if rows is not None:
         n_max = len(rows) if n_max is None else min(n_max, len(rows))
     match arrivals.kind:
@@ -123,14 +157,14 @@ def _trace_times(cfg: WorkloadConfig, rows: pd.DataFrame, n_max: int) -> np.ndar
     return times if cfg.duration_s is None else times[times < cfg.duration_s]
 
 
-def _segments(rows: pd.DataFrame) -> pd.Series:
-    """Prompt segments per row (see the module docstring)."""
+def _shared_segments(rows: pd.DataFrame) -> pd.Series:
+    """The shared runs of each row (see the module docstring); the unique rest is added per request."""
     prompt = rows["num_prompt_tokens"].to_numpy()
     if "hash_ids" in rows:
         segs = [_block_segments(ids, int(p)) for ids, p in zip(rows["hash_ids"], prompt)]
     elif "prefix_id" in rows:
-        segs = [_prefix_segments(i, pid, plen, int(p))
-                for i, (pid, plen, p) in enumerate(zip(rows["prefix_id"], rows["prefix_tokens"], prompt))]
+        segs = [() if pd.isna(pid) else ((int(pid), int(plen)),)
+                for pid, plen in zip(rows["prefix_id"], rows["prefix_tokens"])]
     else:
         segs = [()] * len(rows)
     return pd.Series(segs, dtype=object)
@@ -141,11 +175,3 @@ def _block_segments(hash_ids: tuple[int, ...], num_prompt_tokens: int) -> Segmen
     last = num_prompt_tokens - MOONCAKE_BLOCK_TOKENS * (len(hash_ids) - 1)
     return tuple((int(h), MOONCAKE_BLOCK_TOKENS if k < len(hash_ids) - 1 else last)
                  for k, h in enumerate(hash_ids))
-
-
-def _prefix_segments(request_id: int, prefix_id, prefix_tokens, num_prompt_tokens: int) -> Segments:
-    if pd.isna(prefix_id):
-        return ()
-    shared = ((int(prefix_id), int(prefix_tokens)),)
-    rest = num_prompt_tokens - int(prefix_tokens)
-    return shared + (((-(request_id + 1), rest),) if rest > 0 else ())

@@ -1,9 +1,31 @@
-"""The request record that flows from a workload through the router into an engine."""
+"""The request record that flows from a workload through the router into an engine.
+
+Prefix identity (the KV caches in policies/ rely on these rules):
+- A prompt is a sequence of (segment id, tokens) runs, `Request.segments()`. Token k of run (s, n) is the
+  token (s, k), so two prompts share exactly their common leading runs.
+- Segment ids are ints. Shared text (a prefix or system prompt, a document, a Mooncake 512-token block) has an
+  id >= 0. A request's own unique text has id -(request.id + 1). A generator that needs more than one unique
+  run per request takes further negative ids from a per-workload counter that starts below
+  -(num_requests + 1), so they never collide with -(id + 1).
+- The tokens a request generates are the run (output_segment_id(request.id), num_output_tokens). A multi-turn
+  follow-up prompt therefore holds the previous turn's answer as the run
+  (output_segment_id(prev.id), prev.num_output_tokens).
+- Empty `prompt_segments` means one unique run of num_prompt_tokens, ((-(id + 1), num_prompt_tokens),);
+  workloads/generate.py always fills it. The run lengths sum to num_prompt_tokens.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum, auto
+
+
+OUTPUT_SEGMENT_BASE = 1 << 48  # above any trace block id, so generated tokens never match prompt text
+
+
+def output_segment_id(request_id: int) -> int:
+    """Segment id of the tokens request `request_id` generates (see the module docstring)."""
+    return OUTPUT_SEGMENT_BASE + request_id
 
 
 class Phase(Enum):
@@ -17,9 +39,10 @@ class Phase(Enum):
 class Request:
     """One request. Workloads fill the first block of fields; engines update the counters and times.
 
-    Prefix identity: `prompt_segments` is the prompt as a sequence of (segment id, tokens) runs; two
-    prompts share exactly their common leading segments (a system prompt, earlier turns, a Mooncake
-    512-token block). Empty means the whole prompt is unique. Times are simulated seconds.
+    `prompt_segments` is the prompt as (segment id, tokens) runs (module docstring; empty = unique).
+    Sessions: `session_id` groups the turns of one conversation; turn `turn` (0 = first) is sent
+    `think_time_s` after the previous turn finishes, and its `arrival_s` is NaN until the simulator sends
+    it (`Workload.followups`). Times are simulated seconds.
     """
 
     id: int
@@ -30,6 +53,9 @@ class Request:
     session_id: int | None = None
     priority: int = 0  # lower runs first under the `priority` order, as in vLLM
     prompt_logprobs: bool = False
+    turn: int = 0  # position in its session (0 = first turn, or no session)
+    think_time_s: float = 0.0  # delay from the previous turn's finish to this turn's send (s)
+    semantic_cluster: int | None = None  # requests asking "the same thing", for semantic response caches
 
     # engine state
     phase: Phase = Phase.WAITING
@@ -43,6 +69,10 @@ class Request:
     finish_s: float | None = None
     reject_reason: str | None = None
     extra: dict = field(default_factory=dict)
+
+    def segments(self) -> tuple[tuple[int, int], ...]:
+        """The prompt's (segment id, tokens) runs: `prompt_segments`, or one unique run when it is empty."""
+        return self.prompt_segments or ((-(self.id + 1), self.num_prompt_tokens),)
 
     @property
     def num_tokens(self) -> int:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.catalog import orderings, schedulers
+from policies.catalog import kv_managers, orderings, schedulers
 from policies.config import EngineConfig
-from policies.kv_blocks import BlockManager
 from policies.step import TokenLog
 from workloads.request import Request
 
@@ -25,9 +24,11 @@ def make_requests(prompts: list[int], outputs: list[int]) -> list[Request]:
 
 
 def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
+    """A scheduler over a fresh KV manager (`prefix_caching` knob: none by default here, to test paging alone)."""
     host_blocks = knobs.pop("host_blocks", 0)
+    knobs.setdefault("prefix_caching", "none")
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
-    kv = BlockManager(num_blocks, block_size, cfg.watermark)
+    kv = kv_managers.get(cfg.prefix_caching)(num_blocks, block_size, cfg.watermark)
     log = TokenLog()
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 

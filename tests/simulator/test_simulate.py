@@ -98,10 +98,14 @@ def test_goodput_counts_requests_within_slos():
 @given(seed=st.integers(0, 10_000), rate=st.floats(1, 200), blocks=st.integers(40, 400),
        max_num_seqs=st.integers(1, 64), budget=st.sampled_from([256, 2048, 8192]),
        scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static"]),
-       preemption=st.sampled_from(["recompute", "swap"]), chunked=st.booleans())
+       preemption=st.sampled_from(["recompute", "swap"]), chunked=st.booleans(),
+       caching=st.sampled_from(["none", "vllm", "radix"]), lpm=st.booleans())
 def test_every_request_finishes_or_is_rejected(seed, rate, blocks, max_num_seqs, budget, scheduler, preemption,
-                                               chunked):
+                                               chunked, caching, lpm):
+    if scheduler in ("orca", "static"):
+        caching = "none"  # they allocate contiguously and share nothing
     s = scenario(seed=seed, engine={
+        "prefix_caching": caching, "queue_order": "lpm" if lpm and caching != "none" else "fcfs",
         "scheduler": scheduler, "max_model_len": 4096, "num_gpu_blocks_override": blocks, "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max(budget, max_num_seqs) if chunked else 4096, "enable_chunked_prefill": chunked,
         "preemption_mode": preemption, "chunk_size": 256},
@@ -113,7 +117,8 @@ def test_every_request_finishes_or_is_rejected(seed, rate, blocks, max_num_seqs,
     finished = df["finish_s"].notna()
     assert (finished ^ df["reject_reason"].notna()).all()  # exactly one of the two
     assert result.steps["kv_usage"].max() <= 1.0
-    assert (result.steps["kv_blocks_used"] <= blocks).all()
+    pages = blocks * 16 if caching == "radix" else blocks  # radix pages the same memory 1 token at a time
+    assert (result.steps["kv_blocks_used"] <= pages).all()
     done = df[finished]
     assert (done["output_tokens"] == done["requested_output_tokens"]).all()  # no token lost or duplicated
     assert (df.loc[~finished, "reject_reason"].str.len() > 0).all()

@@ -36,7 +36,7 @@ def arrivals(w: Workload) -> np.ndarray:
 def test_quickstart_trace_replays_as_is():
     w = build(trace=QUICKSTART, arrivals={"kind": "trace"})
     assert len(w.requests) == 2000 and [r.id for r in w.requests] == list(range(2000))
-    assert fields(w.requests[0]) == (0, 0.0, 374, 44, (), None, 0)
+    assert fields(w.requests[0]) == (0, 0.0, 374, 44, ((-1, 374),), None, 0)
     assert w.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
     assert mean_rate_per_s(arrivals(w)) == pytest.approx(4.7117, rel=1e-4)
     assert np.all(np.diff(arrivals(w)) >= 0) and w.closed_loop is None
@@ -137,7 +137,8 @@ def test_servesim_prefixes_sessions_and_priorities(tmp_path):
          "prefix_id": 3, "prefix_tokens": 50},
     ]).to_csv(tmp_path / "mine.csv", index=False)
     w = build(trace={"format": "servesim", "path": "mine.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
-    assert [r.prompt_segments for r in w.requests] == [((0, 200), (-1, 100)), (), ((0, 200),), ((3, 50), (-4, 200))]
+    assert [r.prompt_segments for r in w.requests] == [((0, 200), (-1, 100)), ((-2, 120),), ((0, 200),),
+                                                     ((3, 50), (-4, 200))]
     assert [r.session_id for r in w.requests] == [4, None, 4, 5]
     assert [r.priority for r in w.requests] == [1, 0, 0, 2]
     prefix_ids = {s for r in w.requests for s, _ in r.prompt_segments[:1]}

@@ -1,0 +1,101 @@
+"""From measured rows to a saved profile: rebuild each row's step, split by shape, fit, report MAPE, write YAML.
+
+A row (from `profile_grid` or a served trace's steps) carries `model` (preset name or config.json
+path), `scale` (JSON of `scale_model` arguments), `fast_prefill`, the StepBatch as JSON lists
+(`num_new`, `num_context`, `needs_logits`) and the measured `time_s`. Held-out rows are whole shapes
+chosen with a seeded generator, so the test MAPE is on shapes the fit never saw; it is reported for
+the fitted profile and for the uncalibrated defaults, which are priced against the same device peaks.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from calibration.fit import TermTable, fit_profile, mape, predict_table, stack_terms
+from calibration.fit_terms import step_terms
+from calibration.scaled import scale_model
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions
+from hardware.gpu import GpuSpec
+from hardware.model import ModelSpec, get_model
+from hardware.profile import Profile
+from simulator.atomic import write_text_atomic
+
+
+@cache
+def row_model(model: str, scale_json: str) -> ModelSpec:
+    """The ModelSpec a row was measured on (cached: the cost model memoizes per spec object)."""
+    return scale_model(get_model(model), **json.loads(scale_json or "{}"))
+
+
+def row_batch(row) -> StepBatch:
+    return StepBatch.of(json.loads(row.num_new), json.loads(row.num_context), json.loads(row.needs_logits))
+
+
+def terms_of_rows(rows: pd.DataFrame, gpu: GpuSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> TermTable:
+    """The cost model's efficiency-free terms of every row (see calibration.fit_terms)."""
+    return stack_terms([step_terms(row_batch(row), row_model(row.model, row.scale), gpu,
+                                   CostOptions(weight_dtype, kv_dtype, bool(row.fast_prefill)))
+                        for row in rows.itertuples(index=False)])
+
+
+def held_out_shapes(rows: pd.DataFrame, test_fraction: float = 0.25, seed: int = 0) -> np.ndarray:
+    """Boolean mask of test rows: a seeded random `test_fraction` of the distinct shapes (all their rows)."""
+    keys = rows["model"] + "|" + rows["scale"] + "|" + rows["num_new"] + "|" + rows["num_context"]
+    shapes = np.array(sorted(keys.unique()))
+    n_test = int(round(test_fraction * len(shapes))) if len(shapes) > 3 else 0
+    test = set(np.random.default_rng(seed).permutation(shapes)[:n_test])
+    return keys.isin(test).to_numpy()
+
+
+@dataclass(frozen=True)
+class FitReport:
+    """The fitted profile, per-row predictions (columns split, default_s, fitted_s) and MAPE in percent."""
+
+    profile: Profile
+    rows: pd.DataFrame
+    mape: dict[str, float]  # keys: "<train|test>_<default|fitted>"
+
+    def table(self) -> list[list[str]]:
+        """[split, rows, default MAPE %, fitted MAPE %] for printing."""
+        out = []
+        for split in ("train", "test"):
+            n = int((self.rows["split"] == split).sum())
+            out.append([split, str(n), f"{self.mape[f'{split}_default']:.1f}", f"{self.mape[f'{split}_fitted']:.1f}"])
+        return out
+
+
+def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str, test_fraction: float = 0.25,
+                   seed: int = 0, knots: np.ndarray | None = None) -> FitReport:
+    """Fit a profile on the train shapes of `rows` and report default-vs-fitted MAPE on both splits."""
+    tt = terms_of_rows(rows, gpu)
+    test = held_out_shapes(rows, test_fraction, seed)
+    measured = rows["time_s"].to_numpy(float)
+    profile = fit_profile(tt.subset(~test), measured[~test], knots, name=name, provenance=provenance)
+    default_s, fitted_s = predict_table(tt, Profile()), predict_table(tt, profile)
+    scores = {}
+    for split, mask in (("train", ~test), ("test", test if test.any() else ~test)):
+        scores[f"{split}_default"] = mape(default_s[mask], measured[mask])
+        scores[f"{split}_fitted"] = mape(fitted_s[mask], measured[mask])
+    profile = profile.model_copy(update={"fit_mape": round(scores["test_fitted"], 3)})
+    out = rows.assign(split=np.where(test, "test", "train"), default_s=default_s, fitted_s=fitted_s)
+    return FitReport(profile, out, scores)
+
+
+def profile_yaml(profile: Profile, header: dict[str, object]) -> str:
+    """The profile as YAML (loadable by hardware.profile.load_profile) after a commented header."""
+    lines = [f"# {key}: {value}" for key, value in header.items()]
+    return "\n".join(["# servesim calibration profile", *lines, ""]) + yaml.safe_dump(
+        profile.model_dump(mode="json"), sort_keys=False)
+
+
+def save_profile(profile: Profile, path: Path, header: dict[str, object]) -> Path:
+    write_text_atomic(Path(path), profile_yaml(profile, header))
+    return Path(path)

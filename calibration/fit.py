@@ -1,0 +1,155 @@
+"""Fit a `hardware.profile.Profile` to measured step times: pure functions of arrays and DataFrames.
+
+Model (the cost model's own, see `calibration.fit_terms`): a step takes
+    sum_entries layers * max(compute_s / eff_c[kind](T), memory_s / eff_m[kind](T))
+    + step_overhead_s + layer_overhead_s * num_layers + request_overhead_s * num_requests
+with the four efficiency curves (gemm/attention x compute/memory) given by their values at a few
+token-count knots (linear in log T between knots, flat outside, exactly as `EfficiencyCurve.at`).
+
+The fit minimises relative errors (pred - measured) / measured with scipy's robust least squares
+(soft-L1 loss: a few noisy rows do not drag the fit), efficiencies bounded to [1e-4, 1] and
+overheads to >= 0, plus a weak smoothness penalty between neighbouring knots so a knot no row
+depends on stays near its neighbours. `layer_overhead_s` is only identifiable when the rows span
+models of different depths; otherwise it is fixed at 0 and `step_overhead_s` absorbs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from calibration.fit_terms import StepTerms
+from hardware.profile import EfficiencyCurve, Profile
+
+CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory")
+EFF_BOUNDS = (1e-4, 1.0)
+
+
+@dataclass(frozen=True)
+class TermTable:
+    """Many rows' StepTerms stacked: entry arrays carry the row they belong to."""
+
+    row: np.ndarray
+    kind: np.ndarray
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    layers: np.ndarray
+    step_tokens: np.ndarray
+    num_layers: np.ndarray
+    num_requests: np.ndarray
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.step_tokens)
+
+    def subset(self, rows: np.ndarray) -> TermTable:
+        """The rows selected by boolean mask `rows`, renumbered from 0."""
+        new_index = np.cumsum(rows) - 1
+        keep = rows[self.row]
+        return TermTable(new_index[self.row[keep]], self.kind[keep], self.compute_s[keep], self.memory_s[keep],
+                         self.layers[keep], self.step_tokens[rows], self.num_layers[rows], self.num_requests[rows])
+
+
+def stack_terms(terms: list[StepTerms]) -> TermTable:
+    cat = np.concatenate
+    return TermTable(cat([np.full(len(t.kind), i) for i, t in enumerate(terms)]), cat([t.kind for t in terms]),
+                     cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]), cat([t.layers for t in terms]),
+                     np.array([t.step_tokens for t in terms]), np.array([t.num_layers for t in terms], float),
+                     np.array([t.num_requests for t in terms], float))
+
+
+def curve_weights(tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
+    """W [rows, knots] with W @ values == EfficiencyCurve(points=zip(knots, values)).at(tokens) per row."""
+    w = np.zeros((len(tokens), len(knots)))
+    logk, logt = np.log(knots), np.log(np.asarray(tokens, float))
+    for i, lt in enumerate(logt):
+        j = int(np.searchsorted(logk, lt))
+        if j == 0 or len(knots) == 1:
+            w[i, 0] = 1.0
+        elif j == len(knots):
+            w[i, -1] = 1.0
+        else:
+            frac = (lt - logk[j - 1]) / (logk[j] - logk[j - 1])
+            w[i, j - 1], w[i, j] = 1.0 - frac, frac
+    return w
+
+
+def default_knots(tokens: np.ndarray, count: int = 4) -> np.ndarray:
+    """`count` token counts spread evenly in log between the smallest and largest step (rounded, distinct)."""
+    lo, hi = max(float(np.min(tokens)), 1.0), max(float(np.max(tokens)), 1.0)
+    return np.unique(np.round(np.geomspace(lo, hi, count))) if hi > lo else np.array([lo])
+
+
+def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
+    """Predicted seconds per row under `profile` (equals `step_cost(...).total_s` row by row)."""
+    curves = {name: np.array([getattr(profile, name).at(t) for t in tt.step_tokens]) for name in CURVES}
+    return _predict(tt, curves, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
+
+
+def _predict(tt: TermTable, curves: dict[str, np.ndarray], step_s: float, layer_s: float, request_s: float) -> np.ndarray:
+    gemm = tt.kind == 0
+    eff_c = np.where(gemm, curves["gemm_compute"][tt.row], curves["attn_compute"][tt.row])
+    eff_m = np.where(gemm, curves["gemm_memory"][tt.row], curves["attn_memory"][tt.row])
+    per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
+    ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
+    return ops + step_s + layer_s * tt.num_layers + request_s * tt.num_requests
+
+
+def mape(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
+    """Mean absolute percentage error, in percent."""
+    return float(np.mean(np.abs(predicted_s - measured_s) / measured_s) * 100.0)
+
+
+class _Params:
+    """Packs efficiencies (4 curves x knots) and overheads into least_squares' vector (overheads in ms)."""
+
+    def __init__(self, knots: np.ndarray, fit_layer: bool):
+        self.knots, self.fit_layer, self.k = knots, fit_layer, len(knots)
+
+    def initial(self, init: Profile) -> np.ndarray:
+        effs = [np.clip([getattr(init, c).at(t) for t in self.knots], *EFF_BOUNDS) for c in CURVES]
+        over = [init.step_overhead_s * 1e3, init.request_overhead_s * 1e3] + ([init.layer_overhead_s * 1e3] if self.fit_layer else [])
+        return np.concatenate(effs + [np.array(over)])
+
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        n_over = 3 if self.fit_layer else 2
+        return (np.r_[np.full(4 * self.k, EFF_BOUNDS[0]), np.zeros(n_over)],
+                np.r_[np.full(4 * self.k, EFF_BOUNDS[1]), np.full(n_over, np.inf)])
+
+    def unpack(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], float, float, float]:
+        effs = {c: x[i * self.k:(i + 1) * self.k] for i, c in enumerate(CURVES)}
+        over = x[4 * self.k:] * 1e-3
+        return effs, float(over[0]), float(over[2]) if self.fit_layer else 0.0, float(over[1])
+
+    def profile(self, x: np.ndarray, **fields) -> Profile:
+        effs, step_s, layer_s, request_s = self.unpack(x)
+        curves = {c: EfficiencyCurve(points=tuple((float(k), float(v)) for k, v in zip(self.knots, effs[c])))
+                  for c in CURVES}
+        return Profile(**curves, step_overhead_s=step_s, layer_overhead_s=layer_s, request_overhead_s=request_s,
+                       **fields)
+
+
+def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None = None, init: Profile = Profile(),
+                f_scale: float = 0.05, smooth: float = 0.02, **fields) -> Profile:
+    """The profile whose predictions best match `measured_s` (seconds per row of `tt`) in relative terms.
+
+    `fields` go to the Profile (name, provenance, fit_mape). Raises ValueError on non-positive times."""
+    measured_s = np.asarray(measured_s, float)
+    if (measured_s <= 0).any() or len(measured_s) != tt.num_rows:
+        raise ValueError("need one positive measured time per row")
+    knots = default_knots(tt.step_tokens) if knots is None else np.asarray(knots, float)
+    params = _Params(knots, fit_layer=len(np.unique(tt.num_layers)) > 1)
+    w = curve_weights(tt.step_tokens, knots)
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        effs, step_s, layer_s, request_s = params.unpack(x)
+        pred = _predict(tt, {c: w @ v for c, v in effs.items()}, step_s, layer_s, request_s)
+        rough = [np.diff(np.log(v)) * smooth for v in effs.values()]
+        return np.concatenate([(pred - measured_s) / measured_s, *rough])
+
+    x0 = np.clip(params.initial(init), *params.bounds())
+    result = least_squares(residuals, x0, bounds=params.bounds(), loss="soft_l1", f_scale=f_scale, x_scale="jac",
+                           max_nfev=2000)
+    return params.profile(result.x, **fields)

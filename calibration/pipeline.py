@@ -1,0 +1,180 @@
+"""The two end-to-end jobs behind `servesim calibrate` and `servesim validate`, writing into one folder.
+
+calibrate: build the (scaled) model's executor on the device, measure the shape grid, describe the
+device (CPU: measured peaks -> device.yaml; CUDA: a catalog GPU), fit a profile on a train split and
+write profile.yaml, grid.csv (measurements with default and fitted predictions) and calibration.json
+(what validate needs to rebuild the same setup).
+
+validate: read calibration.json, pick an arrival rate at `load` x the saturation throughput the
+fitted simulator predicts, serve the trace for real, replay it in the simulator, and write
+requests_measured.csv, requests_simulated.csv, steps_measured.csv, validation.csv and validation.html.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile
+from calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, write_gpu_yaml
+from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
+from calibration.validate import (Validation, build_requests, compare, report_html, simulate_requests,
+                                  trace_config)
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu
+from policies.config import EngineConfig
+from simulator.atomic import write_text_atomic
+
+CPU_POOL_BYTES = 1 << 30
+CUDA_POOL_BYTES = 40 << 30
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What identifies a calibration: model preset, scale, device, the GPU-catalog name and files."""
+
+    model: str
+    scale: dict
+    device: str
+    gpu: str
+    gpu_files: tuple[str, ...]
+    block_size: int = 16
+    seed: int = 0
+    threads: int | None = None
+
+    @property
+    def scale_json(self) -> str:
+        return json.dumps(self.scale, sort_keys=True)
+
+
+def _torch_setup(setup: Setup):
+    import torch
+    if setup.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SpecError("--device cuda: no CUDA device is visible to torch")
+    if setup.threads:
+        torch.set_num_threads(setup.threads)
+    return torch
+
+
+def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
+    from calibration.executor import Executor
+    return Executor(row_model(setup.model, setup.scale_json), num_blocks, setup.block_size, setup.device,
+                    seed=setup.seed, kv_sharing_fast_prefill=fast_prefill)
+
+
+def _pool_blocks(setup: Setup, need: int) -> int:
+    spec = row_model(setup.model, setup.scale_json)
+    dtype_bytes = 2 if setup.device.startswith("cuda") else 4
+    per_block = spec.num_kv_layers * 2 * setup.block_size * spec.num_kv_heads * spec.head_dim * dtype_bytes
+    budget = CUDA_POOL_BYTES if setup.device.startswith("cuda") else CPU_POOL_BYTES
+    return max(1, min(need, budget // per_block))
+
+
+def describe_device(setup: Setup, folder: Path, gpu: str | None) -> Setup:
+    """CPU: measure peaks and write device.yaml (name cpu-local); CUDA: the catalog GPU `gpu` (required)."""
+    if setup.device.startswith("cuda"):
+        if not gpu:
+            raise SpecError("--device cuda needs --gpu NAME (the catalog GPU this device is, e.g. h200)")
+        get_gpu(gpu)
+        return dataclasses.replace(setup, gpu=gpu, gpu_files=())
+    path = write_gpu_yaml(cpu_gpu_entry(measure_cpu_peaks()), Path(folder) / "device.yaml")
+    return dataclasses.replace(setup, gpu="cpu-local", gpu_files=(str(path.resolve()),))
+
+
+def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: bool = False,
+                    repeats: int | None = None, test_fraction: float = 0.25) -> tuple[FitReport, Setup]:
+    """Measure, fit and write profile.yaml, grid.csv, calibration.json (and device.yaml on CPU) in `folder`."""
+    torch = _torch_setup(setup)
+    folder = Path(folder)
+    setup = describe_device(setup, folder, gpu)
+    shapes = grid_shapes(GridSpec.quick() if quick else GridSpec(), setup.seed)
+    ex = make_executor(setup, _pool_blocks(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes)))
+    rows = profile_grid(ex, shapes, setup.model, setup.scale, repeats or (3 if quick else 7), seed=setup.seed)
+    del ex
+    today = dt.date.today().isoformat()
+    provenance = (f"fitted by servesim calibrate on {today}: {setup.device} ({device_name(setup.device)}) as "
+                  f"{setup.gpu!r}, {rows['dtype'][0]}, torch {torch.__version__}, {rows['threads'][0]} threads, "
+                  f"model {setup.model} scale {setup.scale_json}, {len(rows)} measured shapes")
+    gpu_spec = get_gpu(setup.gpu, tuple(Path(p) for p in setup.gpu_files))
+    report = calibrate_rows(rows, gpu_spec, f"{setup.gpu}-{setup.model}", provenance, test_fraction, setup.seed)
+    header = {"device": f"{setup.device} ({device_name(setup.device)})", "gpu_spec": setup.gpu,
+              "torch": torch.__version__, "date": today, "model": setup.model, "scale": setup.scale_json,
+              "dtype": rows["dtype"][0], "rows": len(rows),
+              "test_mape_default_pct": round(report.mape["test_default"], 2),
+              "test_mape_fitted_pct": round(report.mape["test_fitted"], 2)}
+    save_profile(report.profile, folder / "profile.yaml", header)
+    write_text_atomic(folder / "grid.csv", report.rows.to_csv(index=False))
+    write_text_atomic(folder / "calibration.json", json.dumps(dataclasses.asdict(setup) | {"profile": "profile.yaml"}, indent=2))
+    return report, setup
+
+
+def load_setup(folder: Path) -> Setup:
+    """The Setup a `run_calibration` wrote to `folder`/calibration.json."""
+    path = Path(folder) / "calibration.json"
+    if not path.exists():
+        raise SpecError(f"{path}: not found; run `servesim calibrate --out {folder}` first")
+    raw = json.loads(path.read_text())
+    raw.pop("profile", None)
+    return Setup(**{**raw, "gpu_files": tuple(raw["gpu_files"])})
+
+
+@dataclass(frozen=True)
+class TraceSpec:
+    """The validation trace and engine: lengths in tokens, `load` as a fraction of saturation throughput."""
+
+    num_requests: int = 300
+    prompt_median: float = 160
+    output_low: int = 8
+    output_high: int = 64
+    load: float = 0.6
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int = 32
+    num_blocks: int = 1024
+    fast_prefill: bool = False
+
+
+def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
+    """vLLM's scheduler with chunked prefill over the executor's pool. The serve loop has no prefix cache
+    yet (the trace's prompts share nothing anyway), so the simulator runs without one too."""
+    fields = dict(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
+                  enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
+                  num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill)
+    if "prefix_caching" in EngineConfig.model_fields:
+        fields["prefix_caching"] = "none"
+    return EngineConfig(**fields)
+
+
+def saturation_rate(setup: Setup, trace: TraceSpec, folder: Path) -> float:
+    """Requests/s the fitted simulator completes when the whole trace arrives at once."""
+    burst = trace_config(trace.num_requests, 1e6, trace.prompt_median, trace.output_low, trace.output_high)
+    result = simulate_requests(row_model(setup.model, setup.scale_json), build_requests(burst, setup.seed),
+                               _engine(setup, trace), burst, setup.gpu, [Path(p) for p in setup.gpu_files],
+                               Path(folder) / "profile.yaml", Path(folder))
+    return result.summary["request_throughput"]
+
+
+def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | None = None) -> Validation:
+    """Serve a trace on the executor and in the simulator; write tables and validation.html to `out`."""
+    from calibration.serve import serve
+    folder = Path(folder)
+    out = Path(out or folder)
+    setup = load_setup(folder)
+    _torch_setup(setup)
+    rate = trace.load * saturation_rate(setup, trace, folder)
+    workload = trace_config(trace.num_requests, rate, trace.prompt_median, trace.output_low, trace.output_high)
+    engine = _engine(setup, trace)
+    ex = make_executor(setup, trace.num_blocks, trace.fast_prefill)
+    measured = serve(ex, build_requests(workload, setup.seed), engine, setup.seed)
+    simulated = simulate_requests(ex.spec, build_requests(workload, setup.seed), engine, workload, setup.gpu,
+                                  [Path(p) for p in setup.gpu_files], folder / "profile.yaml", out)
+    v = Validation(measured.requests, simulated.requests,
+                   compare(measured.requests, simulated.requests, measured.summary, simulated.summary), measured.steps)
+    for name, frame in (("requests_measured", v.measured), ("requests_simulated", v.simulated),
+                        ("steps_measured", v.measured_steps), ("validation", v.table)):
+        write_text_atomic(out / f"{name}.csv", frame.to_csv(index=False))
+    report_html(v, out / "validation.html", f"{setup.model} {setup.scale_json} on {setup.gpu}: "
+                f"{trace.num_requests} requests at {rate:.2f}/s (measured vs simulated)")
+    return v

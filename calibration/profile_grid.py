@@ -1,0 +1,120 @@
+"""Measure the executor's step time over a grid of batch shapes and return one row per shape.
+
+Shapes: single prefills, a batch of equal prefills, prefill chunks over a cached context, decode
+batches x contexts (equal and spread), and mixed steps of decodes plus one prefill chunk; for models
+with trailing KV-sharing layers every shape runs with YOCO fast prefill off and on. Each shape gets
+distinct KV blocks while the pool has room (reading the same blocks again would flatter the cache).
+
+Timing (STYLE E20): a warm-up pass over all shapes, then `repeats` rounds that each time every shape
+once, synchronised around each call; a shape's `time_s` is the median of its rounds. Interleaving
+rounds spreads slow periods of a shared machine over all shapes instead of biasing one.
+The row columns rebuild the StepBatch (`num_new`, `num_context`, `needs_logits` as JSON lists) and the
+model (`model` preset, `scale` JSON), and record device, dtype, torch version and thread count.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from calibration.device import device_name, synchronize
+from hardware.batch import StepBatch
+from hardware.cost import fast_prefill_layers
+from policies.kv_blocks import blocks_for
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """Which shapes to measure; token counts and contexts are per request."""
+
+    prefill_tokens: tuple[int, ...] = (8, 32, 128, 512, 1024, 2048)
+    decode_batches: tuple[int, ...] = (1, 4, 16, 48)
+    decode_contexts: tuple[int, ...] = (16, 256, 1024, 3072)
+    chunk_tokens: int = 256
+    chunk_contexts: tuple[int, ...] = (512, 1536)
+    mixed_decodes: tuple[int, ...] = (4, 16, 32)
+    mixed_chunks: tuple[int, ...] = (64, 512)
+    mixed_context: int = 512
+
+    @classmethod
+    def quick(cls) -> GridSpec:
+        return cls(prefill_tokens=(16, 128, 512, 1024), decode_batches=(1, 8, 32), decode_contexts=(64, 1024),
+                   chunk_contexts=(512,), mixed_decodes=(8, 32), mixed_chunks=(128,))
+
+
+def grid_shapes(grid: GridSpec, seed: int = 0) -> list[tuple[str, StepBatch]]:
+    """(label, batch) per shape, in a fixed order."""
+    rng = np.random.default_rng(seed)
+    shapes = [(f"prefill {n}", StepBatch.uniform(1, 0, n)) for n in grid.prefill_tokens]
+    shapes.append(("prefill 4x128", StepBatch.uniform(4, 0, 128)))
+    shapes += [(f"chunk {grid.chunk_tokens}@{c}", StepBatch.of([grid.chunk_tokens], [c], [i % 2 == 0]))
+               for i, c in enumerate(grid.chunk_contexts)]
+    shapes += [(f"decode {b}x{c}", StepBatch.uniform(b, c)) for b in grid.decode_batches for c in grid.decode_contexts]
+    spread = max(grid.decode_contexts)
+    shapes += [(f"decode {b} spread", StepBatch.of([1] * b, np.sort(rng.integers(16, spread, b))))
+               for b in grid.decode_batches if b > 1]
+    shapes += [(f"mixed {b}+{n}", StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [0]))
+               for b in grid.mixed_decodes for n in grid.mixed_chunks]
+    return shapes
+
+
+def blocks_for_batch(batch: StepBatch, block_size: int) -> int:
+    return sum(blocks_for(int(n + c), block_size) for n, c in zip(batch.num_new, batch.num_context))
+
+
+def _tables(batch: StepBatch, block_size: int, num_blocks: int) -> list[list[int]]:
+    """Consecutive distinct blocks per request, wrapping around when the pool is smaller than the batch."""
+    tables, nxt = [], 0
+    for n, c in zip(batch.num_new, batch.num_context):
+        need = blocks_for(int(n + c), block_size)
+        tables.append([(nxt + i) % num_blocks for i in range(need)])
+        nxt += need
+    return tables
+
+
+def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dict, repeats: int = 5,
+                 warmup: int = 1, seed: int = 0) -> pd.DataFrame:
+    """Median step time of `ex` (a calibration Executor) for every shape; one DataFrame row per
+    (shape, fast prefill on/off). `model` and `scale` are recorded to rebuild the ModelSpec."""
+    import torch
+
+    from calibration.executor import StepInput
+    rng = np.random.default_rng(seed)
+    modes = (False, True) if fast_prefill_layers(ex.spec) else (False,)
+    cases = [(label, batch, fast, StepInput.from_batch(batch, _tables(batch, ex.block_size, ex.num_blocks),
+                                                       ex.spec.vocab_size, rng))
+             for label, batch in shapes for fast in modes]
+    device = str(ex.device)
+    for _ in range(warmup):
+        for _, _, fast, inp in cases:
+            ex.fast_prefill = fast
+            ex.execute(inp)
+    times = np.empty((repeats, len(cases)))
+    for r in range(repeats):
+        for i, (_, _, fast, inp) in enumerate(cases):
+            ex.fast_prefill = fast
+            synchronize(device)
+            start = time.perf_counter()
+            ex.execute(inp)
+            synchronize(device)
+            times[r, i] = time.perf_counter() - start
+    rows = [_row(label, batch, fast, times[:, i]) for i, (label, batch, fast, _) in enumerate(cases)]
+    df = pd.DataFrame(rows)
+    meta = {"model": model, "scale": json.dumps(scale, sort_keys=True), "num_layers": ex.spec.num_layers,
+            "block_size": ex.block_size, "device": device, "device_name": device_name(device),
+            "dtype": str(ex.dtype).removeprefix("torch."), "torch_version": torch.__version__,
+            "threads": torch.get_num_threads()}
+    return df.assign(**meta)
+
+
+def _row(label: str, batch: StepBatch, fast: bool, times: np.ndarray) -> dict:
+    return {"shape": label, "kind": label.split()[0], "fast_prefill": fast, "num_requests": batch.num_requests,
+            "num_tokens": batch.num_tokens, "num_logits": batch.num_logits, "max_query_len": batch.max_query_len,
+            "sum_context": int(batch.num_context.sum()), "num_new": json.dumps(batch.num_new.tolist()),
+            "num_context": json.dumps(batch.num_context.tolist()),
+            "needs_logits": json.dumps(batch.needs_logits.tolist()), "time_s": float(np.median(times)),
+            "time_min_s": float(times.min()), "time_max_s": float(times.max()), "repeats": len(times)}

@@ -1,0 +1,130 @@
+"""vLLM's automatic prefix caching on the paged block pool (`prefix_caching: vllm`).
+
+- Every full block is identified by a hash of its tokens chained with its parent block's hash
+  (`token_ids.block_hashes`); only full blocks are ever reused.
+- A new request walks its block hashes from the start and reuses cached blocks until the first
+  miss, at most up to its last token (which is always recomputed to produce logits, as vLLM does).
+- Blocks are reference-counted. A finished (or preempted) request releases its blocks tail first;
+  at reference count 0 they join the back of the free queue *with their contents and hash*, so
+  they can still be hit, and allocation evicts from the front: least recently freed first, and
+  within one request its tail before its head.
+- A referenced block is never in the free queue, so it is never evicted.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from policies.kv_blocks import BlockManager
+from policies.token_ids import block_hashes
+from workloads.request import Request
+
+
+class PrefixCachingBlockManager(BlockManager):
+    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
+        super().__init__(num_blocks, block_size, watermark)
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._refs = [0] * num_blocks
+        self._hash_of: list[int | None] = [None] * num_blocks
+        self._cached: dict[int, int] = {}  # block hash -> the first-registered block holding it
+        self._duplicates: dict[int, list[int]] = {}  # block hash -> later blocks holding it too (rare)
+        self._num_cached: dict[int, int] = {}  # request id -> how many of its leading blocks are registered
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_queue)
+
+    # ---- lookup and registration --------------------------------------------------------------
+    def lookup(self, req: Request) -> int:
+        return len(self._match(req)) * self.block_size
+
+    def _match(self, req: Request) -> list[int]:
+        """Cached blocks for the longest run of leading full-block hash hits (never the last token)."""
+        blocks = []
+        hashes = block_hashes(req, req.num_tokens - 1, self.block_size)
+        cached = self._cached
+        for block_hash in hashes[: (req.num_tokens - 1) // self.block_size]:
+            block = cached.get(block_hash)
+            if block is None:
+                break
+            blocks.append(block)
+        return blocks
+
+    def _hit_blocks(self, req: Request) -> list[int]:
+        if req.id in self._tables or not req.num_computed_tokens:
+            return []
+        blocks = self._match(req)[: req.num_computed_tokens // self.block_size]
+        self._num_cached[req.id] = len(blocks)
+        return blocks
+
+    def cache(self, req: Request) -> None:
+        table = self._tables.get(req.id)
+        if not table:
+            return
+        done = self._num_cached.get(req.id, 0)
+        full = req.num_computed_tokens // self.block_size
+        if full <= done:
+            return
+        hashes = block_hashes(req, req.num_computed_tokens, self.block_size)
+        hash_of, cached = self._hash_of, self._cached
+        for index in range(done, full):
+            block, block_hash = table[index], hashes[index]
+            if hash_of[block] is None:
+                hash_of[block] = block_hash
+                if block_hash in cached:
+                    self._duplicates.setdefault(block_hash, []).append(block)
+                else:
+                    cached[block_hash] = block
+        self._num_cached[req.id] = full
+
+    # ---- pool ---------------------------------------------------------------------------------
+    def _evictable_among(self, blocks: list[int]) -> int:
+        return sum(self._refs[b] == 0 for b in blocks)
+
+    def _touch(self, blocks: list[int]) -> None:
+        for block in blocks:
+            if self._refs[block] == 0:
+                del self._free_queue[block]
+            self._refs[block] += 1
+
+    def _pop_free(self) -> int:
+        block = self._free_queue.popitem(last=False)[0]
+        block_hash = self._hash_of[block]
+        if block_hash is not None:  # evict: its contents are about to be overwritten
+            self._hash_of[block] = None
+            dupes = self._duplicates.get(block_hash)
+            if self._cached[block_hash] != block:
+                dupes.remove(block)
+            elif dupes:
+                self._cached[block_hash] = dupes.pop(0)
+            else:
+                del self._cached[block_hash]
+            if dupes is not None and not dupes:
+                del self._duplicates[block_hash]
+        self._refs[block] = 1
+        return block
+
+    def free(self, req: Request) -> None:
+        self._num_cached.pop(req.id, None)
+        self._release(self._tables.pop(req.id, [])[::-1])  # tail first: the tail is evicted before the head
+
+    def _release(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free_queue[block] = None
+
+    def check_invariants(self) -> None:
+        """Refs match the tables; free blocks are exactly the unreferenced ones; the hash map is consistent."""
+        refs = [0] * self.num_blocks
+        for table in self._tables.values():
+            for block in table:
+                refs[block] += 1
+        assert refs == self._refs, "reference counts disagree with the block tables"
+        assert set(self._free_queue) == {b for b, r in enumerate(refs) if r == 0}, "free queue != unreferenced blocks"
+        for block_hash, block in self._cached.items():
+            assert self._hash_of[block] == block_hash, "stale cache entry"
+        for block_hash, blocks in self._duplicates.items():
+            assert blocks and block_hash in self._cached and all(self._hash_of[b] == block_hash for b in blocks)
+        hashed = sum(h is not None for h in self._hash_of)
+        assert hashed == len(self._cached) + sum(map(len, self._duplicates.values())), "hashed block not findable"

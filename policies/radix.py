@@ -1,0 +1,262 @@
+"""SGLang's radix cache (`prefix_caching: radix`): a radix tree over tokens, any prefix length reusable.
+
+Edges are runs of tokens (pieces of a request's prompt/output runs); nodes own KV pages (page size
+`block_size`, 1 token by default, as SGLang). A new request matches its longest cached prefix (up
+to its last token), locks the matched path (`lock_ref`, as SGLang's inc_lock_ref) so it cannot be
+evicted, and gets pages only for the rest. Prefilled chunks and, at the end, the whole request
+are inserted into the tree; tokens another request inserted meanwhile are deduplicated (the
+request's own copy is freed). When pages run out, unlocked leaves are evicted least recently used
+first. Recency is a logical clock, so runs are deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+from policies.kv_blocks import BlockManager
+from policies.token_ids import Piece, pieces, request_runs
+from workloads.request import Request
+
+
+@dataclass(eq=False)
+class Node:
+    key: tuple[Piece, ...]  # the edge's tokens
+    pages: list[int]
+    parent: Node | None
+    children: dict[tuple, Node] = field(default_factory=dict)  # by first page of tokens
+    lock_ref: int = 0
+    last_access: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(p[2] for p in self.key)
+
+
+def _first_page(key: tuple[Piece, ...], page_size: int) -> tuple:
+    """Children are found by their first page of tokens (SGLang keys children by page, so that two edges that
+    start alike but differ inside the first page cannot collide)."""
+    if page_size == 1:
+        return key[0][0], key[0][1]
+    return _split_pieces(key, page_size)[0]
+
+
+def _common_tokens(a: tuple[Piece, ...], b: tuple[Piece, ...]) -> int:
+    """Length of the common leading tokens of two piece sequences."""
+    n, i, j, ai, bj = 0, 0, 0, 0, 0  # ai/bj: tokens consumed inside a[i] / b[j]
+    while i < len(a) and j < len(b):
+        sa, oa, la = a[i]
+        sb, ob, lb = b[j]
+        if sa != sb or oa + ai != ob + bj:
+            return n
+        step = min(la - ai, lb - bj)
+        n, ai, bj = n + step, ai + step, bj + step
+        if ai == la:
+            i, ai = i + 1, 0
+        if bj == lb:
+            j, bj = j + 1, 0
+    return n
+
+
+def _split_pieces(key: tuple[Piece, ...], at: int) -> tuple[tuple[Piece, ...], tuple[Piece, ...]]:
+    head, tail, seen = [], [], 0
+    for seg, off, length in key:
+        if seen + length <= at:
+            head.append((seg, off, length))
+        elif seen >= at:
+            tail.append((seg, off, length))
+        else:
+            cut = at - seen
+            head.append((seg, off, cut))
+            tail.append((seg, off + cut, length - cut))
+        seen += length
+    return tuple(head), tuple(tail)
+
+
+class RadixCache(BlockManager):
+    def __init__(self, num_blocks: int, block_size: int = 1, watermark: float = 0.0):
+        super().__init__(num_blocks, block_size, watermark)
+        self.root = Node((), [], None, lock_ref=1)
+        self._clock = itertools.count(1)
+        self._locked: dict[int, Node] = {}  # request id -> deepest node it locks
+        self._in_tree: dict[int, int] = {}  # request id -> its leading tokens owned by the tree
+        self._evictable_pages = 0
+        self._heap: list[tuple[int, int, Node]] = []  # (last_access, tiebreak, leaf) candidates, lazily pruned
+        self._tiebreak = itertools.count()
+        self._pending: tuple[Request, list[Node], int] | None = None  # a matched path awaiting admission
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free) + self._evictable_pages
+
+    def _key(self, key: tuple[Piece, ...]) -> tuple:
+        return _first_page(key, self.block_size)
+
+    # ---- matching -------------------------------------------------------------------------------
+    def match(self, key: tuple[Piece, ...]) -> tuple[int, list[Node]]:
+        """Longest cached prefix of `key` (page aligned): tokens matched and the nodes on the path (splitting the
+        last one where the match ends)."""
+        node, matched, path = self.root, 0, []
+        rest = key
+        while sum(p[2] for p in rest) >= self.block_size:
+            child = node.children.get(self._key(rest))
+            if child is None:
+                break
+            common = _common_tokens(child.key, rest)
+            common -= common % self.block_size
+            if common == 0:
+                break
+            if common < child.num_tokens:
+                child = self._split(child, common)
+            path.append(child)
+            matched += common
+            node = child
+            rest = _split_pieces(rest, common)[1]
+        return matched, path
+
+    def lookup(self, req: Request) -> int:
+        runs = request_runs(req)
+        return self.match(pieces(runs, 0, req.num_tokens - 1))[0]
+
+    def _split(self, node: Node, at: int) -> Node:
+        """Cut `node`'s edge after `at` tokens; returns the new upper node."""
+        head_key, tail_key = _split_pieces(node.key, at)
+        upper = Node(head_key, node.pages[: at // self.block_size], node.parent, lock_ref=node.lock_ref,
+                     last_access=node.last_access)
+        node.parent.children[self._key(head_key)] = upper
+        node.key, node.pages, node.parent = tail_key, node.pages[at // self.block_size:], upper
+        upper.children[self._key(tail_key)] = node
+        return upper
+
+    # ---- admission, growth, insertion ------------------------------------------------------------
+    def _hit_blocks(self, req: Request) -> list[int]:
+        self._pending = None
+        if req.id in self._tables or not req.num_computed_tokens:
+            return []
+        matched, path = self.match(pieces(request_runs(req), 0, req.num_computed_tokens))
+        assert matched == req.num_computed_tokens, "lookup and admission disagree"
+        self._pending = (req, path, matched)
+        return [p for node in path for p in node.pages]
+
+    def _evictable_among(self, blocks: list[int]) -> int:
+        """Pages of the matched path that are evictable now and stop being so once it is locked."""
+        if self._pending is None:
+            return 0
+        return sum(len(node.pages) for node in self._pending[1] if node.lock_ref == 0)
+
+    def _touch(self, blocks: list[int]) -> None:
+        """Lock the path `_hit_blocks` just matched (its pages are `blocks`)."""
+        assert self._pending is not None, "admission without a matched path"
+        req, path, matched = self._pending
+        self._set_lock(req, path[-1], matched)
+        self._pending = None
+
+    def cache(self, req: Request) -> None:
+        """While a prompt is prefilled in chunks, insert what is done (SGLang's cache_unfinished_req) so
+        others can match it; the whole request is inserted when it is freed."""
+        if req.id in self._tables and req.num_computed_tokens <= req.num_prompt_tokens:
+            self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
+
+    def _insert(self, req: Request, num_tokens: int) -> None:
+        done = self._in_tree.get(req.id, 0)
+        if num_tokens <= done:
+            return
+        table = self._tables[req.id]
+        key = pieces(request_runs(req), 0, num_tokens)
+        node, position, rest = self.root, 0, key
+        while rest:
+            child = node.children.get(self._key(rest))
+            common = _common_tokens(child.key, rest) if child else 0
+            common -= common % self.block_size
+            if not common:
+                leaf = Node(rest, table[position // self.block_size: num_tokens // self.block_size], node,
+                            last_access=next(self._clock))
+                node.children[self._key(rest)] = leaf
+                self._evictable_pages += len(leaf.pages)  # unlocked until `_set_lock` below
+                node = leaf
+                break
+            if common < child.num_tokens:
+                child = self._split(child, common)
+            first, last = position // self.block_size, (position + common) // self.block_size
+            if position + common > done:  # the tree already has tokens we computed ourselves: use its copy
+                own = table[max(first, done // self.block_size): last]
+                table[max(first, done // self.block_size): last] = child.pages[max(0, done - position) // self.block_size:]
+                self._release(own)
+            child.last_access = next(self._clock)
+            node, position, rest = child, position + common, _split_pieces(rest, common)[1]
+        self._set_lock(req, node, num_tokens)
+
+    def _set_lock(self, req: Request, node: Node, num_tokens: int) -> None:
+        """Lock the path to `node` for `req` (and unlock its previous path)."""
+        self._lock_path(node, +1)
+        old = self._locked.get(req.id)
+        if old is not None:
+            self._lock_path(old, -1)
+        self._locked[req.id], self._in_tree[req.id] = node, num_tokens
+
+    def _lock_path(self, node: Node, delta: int) -> None:
+        clock = next(self._clock)
+        while node is not self.root:
+            if node.lock_ref == 0 and delta > 0:
+                self._evictable_pages -= len(node.pages)
+            node.lock_ref += delta
+            if node.lock_ref == 0:
+                self._evictable_pages += len(node.pages)
+                if not node.children:
+                    heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), node))
+            node.last_access = clock
+            node = node.parent
+
+    def free(self, req: Request) -> None:
+        """The request ends (or is preempted): its computed pages join the tree, the rest go back to the pool."""
+        table = self._tables.get(req.id)
+        if table is None:
+            return
+        self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
+        in_tree = self._in_tree.pop(req.id, 0)
+        self._release(table[in_tree // self.block_size:])
+        del self._tables[req.id]
+        node = self._locked.pop(req.id, None)
+        if node is not None:
+            self._lock_path(node, -1)
+
+    # ---- pool -------------------------------------------------------------------------------------
+    def _pop_free(self) -> int:
+        if not self._free:
+            self._evict_one()
+        return self._free.popleft()
+
+    def _evict_one(self) -> None:
+        while self._heap:
+            _, _, leaf = heapq.heappop(self._heap)
+            if leaf.lock_ref == 0 and not leaf.children and leaf.parent is not None and \
+                    leaf.parent.children.get(self._key(leaf.key)) is leaf:
+                del leaf.parent.children[self._key(leaf.key)]
+                self._evictable_pages -= len(leaf.pages)
+                self._free.extend(leaf.pages)
+                parent = leaf.parent
+                leaf.parent = None
+                if parent is not self.root and parent.lock_ref == 0 and not parent.children:
+                    heapq.heappush(self._heap, (parent.last_access, next(self._tiebreak), parent))
+                return
+        raise RuntimeError("radix cache: nothing left to evict")  # callers check num_free_blocks first
+
+    def check_invariants(self) -> None:
+        """Pages are owned exactly once (pool, tree or a request's own tail); locks match the requests."""
+        tree_pages, stack, evictable = [], list(self.root.children.values()), 0
+        locks: dict[int, int] = {}
+        while stack:
+            node = stack.pop()
+            tree_pages += node.pages
+            evictable += len(node.pages) if node.lock_ref == 0 else 0
+            stack.extend(node.children.values())
+            assert node.lock_ref >= 0
+        for node in self._locked.values():
+            while node is not self.root:
+                locks[id(node)] = locks.get(id(node), 0) + 1
+                node = node.parent
+        own = [p for rid, table in self._tables.items() for p in table[self._in_tree.get(rid, 0) // self.block_size:]]
+        everything = tree_pages + own + list(self._free)
+        assert sorted(everything) == list(range(self.num_blocks)), "pages leaked or owned twice"
+        assert evictable == self._evictable_pages, "evictable page count drifted"

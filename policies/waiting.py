@@ -1,0 +1,60 @@
+"""The waiting queue: a heap under a static order, or SGLang's longest-prefix-match order re-sorted every step.
+
+`lpm` (SGLang's --schedule-policy lpm): waiting requests are sorted by how many prompt tokens the
+cache already holds, longest first, ties in arrival order; with more than 128 waiting it falls back
+to FCFS (WAITING_QUEUE_PREFIX_MATCH_MAX). In-batch prefix caching: among requests with at most 32
+cached tokens, one that shares 32+ leading tokens with an earlier waiting request is held back for
+this round, so the shared prefix is computed once and then hit instead of computed side by side.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from policies.kv_blocks import BlockManager
+from policies.ordering import OrderKey, by_arrival
+from policies.token_ids import pieces, request_runs
+from workloads.request import Request
+
+LPM_MAX_WAITING = 128
+IN_BATCH_CHECK_TOKENS = 32  # SGLang's IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD and ..._DEPRIORITIZE_THRESHOLD
+
+
+class WaitingQueue:
+    def __init__(self, order: OrderKey, kv: BlockManager, lpm: bool = False):
+        self.order, self.kv, self.lpm = order, kv, lpm
+        self._heap: list[tuple[tuple, Request]] = []
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def push(self, req: Request) -> None:
+        heapq.heappush(self._heap, (self.order(req), req))
+
+    def head(self) -> Request:
+        return self._heap[0][1]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._heap)[1]
+
+    def prepare(self) -> None:
+        """Before admitting: under lpm, re-sort by cached prefix length (this step's cache contents)."""
+        if not self.lpm or len(self._heap) > LPM_MAX_WAITING:
+            if self.lpm:  # too many to match every step: first come, first served
+                self._heap = [(by_arrival(r), r) for _, r in self._heap]
+                heapq.heapify(self._heap)
+            return
+        requests = sorted((r for _, r in self._heap), key=by_arrival)
+        held_back, seen = set(), set()
+        keys = []
+        for rank, req in enumerate(requests):
+            matched = self.kv.lookup(req)
+            if matched <= IN_BATCH_CHECK_TOKENS and req.num_tokens >= IN_BATCH_CHECK_TOKENS:
+                lead = pieces(request_runs(req), 0, IN_BATCH_CHECK_TOKENS)
+                if lead in seen:
+                    held_back.add(req)
+                else:
+                    seen.add(lead)
+            keys.append(((req in held_back, -matched, rank), req))
+        self._heap = keys
+        heapq.heapify(self._heap)

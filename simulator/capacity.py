@@ -1,0 +1,189 @@
+"""Maximum sustainable rate: the highest arrival rate at which a scenario meets its SLOs with a stable queue.
+
+A rate *passes* when, over all requests of the run:
+- the `slo.percentile`-th TTFT, TPOT and E2EL are within `slo.ttft_ms`, `tpot_ms`, `e2el_ms` (those given);
+- at least `slo.goodput_fraction` of all requests (rejected ones included) meet every limit (if given);
+- the queue is stable (see `queue_growth`).
+
+The rate varied is `workload.arrivals.rate_per_s`: a Poisson/gamma/constant process's rate, or a trace
+rescaled to that mean rate. The search assumes that load only hurts: a rate that fails means every
+higher rate fails (early stopping) and a rate that passes means every lower one passes. It brackets
+the answer by doubling or halving from the scenario's own rate, then bisects the bracket.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from hardware.errors import SpecError
+from simulator.run import RunResult, _workload, simulate
+from simulator.scenario import Scenario, SloConfig, with_overrides
+from workloads.arrivals import mean_rate_per_s
+
+# "Unstable queue": arrivals outpace service during the arrival window, so the backlog, and with it the
+# time a request waits for its first token, keeps growing. Measured by the mean TTFT of the last third
+# of requests (by arrival) against the first third: unstable when it is more than UNSTABLE_TTFT_GROWTH
+# times larger AND larger by at least UNSTABLE_MIN_GROWTH_S (so that a few long prompts among
+# millisecond TTFTs are not mistaken for a growing queue). Requests still unfinished when the run
+# stops (stop.max_sim_time_s) also make it unstable: the backlog did not drain.
+UNSTABLE_TTFT_GROWTH = 2.0
+UNSTABLE_MIN_GROWTH_S = 0.25
+
+REASONS = ("TTFT SLO", "TPOT SLO", "E2E SLO", "goodput", "unstable queue")
+_LIMITS = (("ttft", "ttft_ms", "TTFT SLO"), ("tpot", "tpot_ms", "TPOT SLO"), ("e2el", "e2el_ms", "E2E SLO"))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether one run meets the SLOs with a stable queue; `reasons` are codes from REASONS, `details`
+    say by how much. Latencies in ms at the SLO percentile; `goodput_share` of all requests."""
+
+    rate_per_s: float | None
+    reasons: tuple[str, ...]
+    details: tuple[str, ...]
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.reasons
+
+    def as_dict(self) -> dict:
+        return {"rate_per_s": self.rate_per_s, "ok": self.ok, "reasons": list(self.reasons),
+                "details": list(self.details), **self.metrics}
+
+
+@dataclass(frozen=True)
+class CapacityResult:
+    """The highest passing rate found (0.0 if none), how many simulations it took, and every verdict by rate."""
+
+    rate_per_s: float
+    num_simulations: int
+    verdicts: list[Verdict]
+
+    @property
+    def best(self) -> Verdict | None:
+        """The verdict at `rate_per_s` (None when no rate passed)."""
+        return next((v for v in self.verdicts if v.ok and v.rate_per_s == self.rate_per_s), None)
+
+    @property
+    def limit(self) -> Verdict | None:
+        """The lowest failing rate's verdict: what stops the rate from going higher."""
+        return next((v for v in self.verdicts if not v.ok), None)
+
+    def as_dict(self) -> dict:
+        return {"max_rate_per_s": self.rate_per_s, "num_simulations": self.num_simulations,
+                "points": [v.as_dict() for v in self.verdicts]}
+
+
+def queue_growth(requests: pd.DataFrame) -> tuple[float, float]:
+    """Mean TTFT (s) of the first and the last third of admitted requests, by arrival."""
+    admitted = requests[requests["reject_reason"].isna()].sort_values(["arrival_s", "request_id"])
+    ttft = admitted["ttft_s"].to_numpy()
+    k = len(ttft) // 3
+    if k == 0:
+        return 0.0, 0.0
+    mean = lambda x: float(np.nanmean(x)) if np.isfinite(x).any() else 0.0  # noqa: E731 (unfinished: NaN)
+    return mean(ttft[:k]), mean(ttft[-k:])
+
+
+def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) -> Verdict:
+    """The verdict of one run against `slo` (percentile targets, goodput fraction) and queue stability."""
+    s, requests = result.summary, result.requests
+    pct = "median" if slo.percentile == 50 else f"p{slo.percentile}"
+    reasons, details, metrics = [], [], {}
+    for metric, field_name, reason in _LIMITS:
+        value = s.get(f"{pct}_{metric}_ms", float("nan"))
+        metrics[f"{pct}_{metric}_ms"] = value
+        limit = getattr(slo, field_name)
+        if limit is not None and value > limit:
+            reasons.append(reason)
+            details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms")
+    share = s.get("slo_attainment", 1.0) * s["completed"] / len(requests) if s["completed"] else 0.0
+    metrics["goodput_share"] = share
+    if slo.goodput_fraction is not None and share < slo.goodput_fraction:
+        reasons.append("goodput")
+        details.append(f"{share:.1%} of requests meet every SLO < {slo.goodput_fraction:.1%}")
+    first_s, last_s = queue_growth(requests)
+    unfinished = int((requests["finish_s"].isna() & requests["reject_reason"].isna()).sum())
+    metrics |= {"ttft_first_third_ms": first_s * 1e3, "ttft_last_third_ms": last_s * 1e3,
+                "output_throughput": s["output_throughput"]}
+    if unfinished or (last_s > UNSTABLE_TTFT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
+        reasons.append("unstable queue")
+        details.append(f"{unfinished} requests unfinished at the stop time" if unfinished else
+                       f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
+                       "(last third)")
+    return Verdict(rate_per_s, tuple(reasons), tuple(details), metrics)
+
+
+def at_rate(s: Scenario, rate_per_s: float) -> Scenario:
+    """`s` with its arrivals at `rate_per_s` (a trace is rescaled to that mean rate)."""
+    kind = s.workload.arrivals.kind
+    if kind not in ("poisson", "gamma", "constant", "trace"):
+        raise SpecError(f"arrivals {kind!r} have no rate; capacity search needs poisson, gamma, constant or trace")
+    if s.workload.closed_loop is not None:
+        raise SpecError("closed_loop clients set their own pace; capacity search needs open-loop arrivals")
+    overrides = {"workload.arrivals.rate_per_s": rate_per_s}
+    if kind == "trace" and s.workload.arrivals.time_scale is not None:
+        overrides["workload.arrivals.time_scale"] = None
+    return with_overrides(s, overrides)
+
+
+def offered_rate(s: Scenario, base_dir: Path) -> float:
+    """The scenario's own arrival rate, requests/s (for an unscaled trace: its mean rate over the run's rows)."""
+    rate = getattr(s.workload.arrivals, "rate_per_s", None)
+    if rate is not None:
+        return rate
+    at_rate(s, 1.0)  # the same clear error for arrivals without a rate
+    times = np.array([r.arrival_s for r in _workload(s, np.random.default_rng(0), base_dir).requests])
+    try:
+        return mean_rate_per_s(times)
+    except ValueError as err:
+        raise SpecError(f"workload: {err}") from None
+
+
+def check_rate(s: Scenario, base_dir: Path, rate_per_s: float) -> Verdict:
+    """Simulate `s` at `rate_per_s` and judge it against its own SLOs."""
+    return judge(simulate(at_rate(s, rate_per_s), base_dir), s.slo, rate_per_s)
+
+
+def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | None = None,
+                         rel_tol: float = 0.02, max_factor: float = 1024.0) -> CapacityResult:
+    """Bisect the arrival rate for the highest one that passes, to within `rel_tol` of the failing bound.
+
+    Starts at `start_rate_per_s` (default: the scenario's rate), doubles while passing or halves while
+    failing (at most `max_factor` either way), then bisects. Returns 0.0 when even the lowest rate fails.
+    """
+    start = start_rate_per_s or offered_rate(s, base_dir)
+    verdicts: dict[float, Verdict] = {}
+
+    def passes(rate: float) -> bool:
+        verdicts[rate] = check_rate(s, base_dir, rate)
+        return verdicts[rate].ok
+
+    lo, hi = _bracket(passes, start, max_factor)
+    while lo is not None and hi is not None and hi - lo > rel_tol * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if passes(mid) else (lo, mid)
+    ordered = [verdicts[r] for r in sorted(verdicts)]
+    return CapacityResult(lo or 0.0, len(ordered), ordered)
+
+
+def _bracket(passes, start: float, max_factor: float) -> tuple[float | None, float | None]:
+    """(highest passing, lowest failing) rates found by doubling or halving from `start`; None = not found."""
+    if passes(start):
+        lo = start
+        while lo < start * max_factor:
+            if not passes(lo * 2):
+                return lo, lo * 2
+            lo *= 2
+        return lo, None  # still passing at max_factor x the start rate: report that as the answer
+    hi = start
+    while hi > start / max_factor:
+        if passes(hi / 2):
+            return hi / 2, hi
+        hi /= 2
+    return None, hi

@@ -1,0 +1,146 @@
+"""`servesim sweep`, `capacity`, `plan` and `report`: thin commands over simulator.sweep/capacity/plan/report."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import typer
+
+from hardware.errors import SpecError
+from simulator.cli import app, clean_errors, console, print_json, print_table
+
+SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
+
+
+def _csv(text: str | None, kind: type = str) -> list | None:
+    """'a,b,c' -> [a, b, c] converted by `kind`; None stays None."""
+    if text is None:
+        return None
+    try:
+        return [kind(part.strip()) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SpecError(f"{text!r}: expected a comma-separated list of {kind.__name__}") from None
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, float):
+        return "" if math.isnan(value) else f"{value:,.3f}"
+    return "" if value is None else str(value)
+
+
+@app.command()
+@clean_errors
+def sweep(scenario: Path,
+          grid: list[str] = typer.Option([], "--grid", help="dotted.key=v1,v2,...; repeatable; adds to `sweep.grid`"),
+          out: Path | None = typer.Option(None, "--out", help="Sweep folder (default runs/<name>-sweep)"),
+          workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel runs (default: all cores)"),
+          engine: str = typer.Option("local", "--engine", help="local (process pool) or dask"),
+          dask_address: str | None = typer.Option(None, "--dask-address",
+                                                  help="Dask scheduler address (default: a local cluster)"),
+          set_: list[str] = SetOption) -> None:
+    """Run a scenario over a grid of field values (resumable) into one results.csv table."""
+    from simulator.progress import progress_bar
+    from simulator.scenario import load_scenario
+    from simulator.sweep import parse_grid, run_sweep
+
+    spec, base_dir = load_scenario(scenario, set_)
+    full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)
+    if not full_grid:
+        raise SpecError(f"{scenario}: nothing to sweep: add a `sweep: {{grid: ...}}` section or --grid key=v1,v2")
+    folder = out or Path("runs") / f"{spec.name}-sweep"
+    with progress_bar("sweep points", console, every=1) as advance:
+        advance.total(math.prod(len(values) for values in full_grid.values()))
+        result = run_sweep(spec, base_dir, full_grid, folder, engine, workers, dask_address, on_point=advance)
+    columns = [*full_grid, "point", "error", "request_throughput", "p90_ttft_ms", "p90_tpot_ms", "p90_e2el_ms"]
+    print_table(f"{spec.name}: {len(result.table)} points", columns,
+                [[_cell(row.get(c)) for c in columns] for row in result.table.to_dict("records")])
+    console.print(f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}")
+
+
+@app.command()
+@clean_errors
+def capacity(scenario: Path, set_: list[str] = SetOption,
+             rel_tol: float = typer.Option(0.02, "--rel-tol", min=1e-4, help="Stop when the bracket is this narrow"),
+             as_json: bool = typer.Option(False, "--json")) -> None:
+    """Find the highest arrival rate at which the scenario meets its SLOs with a stable queue."""
+    from simulator.capacity import max_sustainable_rate
+    from simulator.scenario import load_scenario
+
+    spec, base_dir = load_scenario(scenario, set_)
+    result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol)
+    if as_json:
+        print_json(result.as_dict())
+        return
+    print_table(f"{spec.name}: verdicts by rate", ["req/s", "verdict", "why"],
+                [[f"{v.rate_per_s:.3f}", "ok" if v.ok else ", ".join(v.reasons), "; ".join(v.details)]
+                 for v in result.verdicts])
+    console.print(f"max sustainable rate {result.rate_per_s:.3f} req/s ({result.num_simulations} simulations)")
+
+
+@app.command()
+@clean_errors
+def plan(scenario: Path,
+         gpus: str | None = typer.Option(None, "--gpus", help="GPU names, comma-separated (default: plan.gpus)"),
+         tp: str | None = typer.Option(None, "--tp", help="TP sizes, comma-separated (default: plan.tp or 1,2,4,8)"),
+         knob: list[str] = typer.Option([], "--knob", help="Engine knob values: max_num_seqs=128,256; repeatable"),
+         max_replicas: int | None = typer.Option(None, "--max-replicas", min=1),
+         target_rate: float | None = typer.Option(None, "--target-rate", min=0.0,
+                                                  help="Load to sustain, req/s (default: the scenario's)"),
+         out: Path | None = typer.Option(None, "--out", help="Folder for plan.json (default runs/<name>-plan)"),
+         workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel candidates (default: all cores)"),
+         set_: list[str] = SetOption) -> None:
+    """Find the cheapest deployment (GPU x TP x replicas x knobs) that sustains the load within the SLOs."""
+    from simulator.atomic import write_text_atomic
+    from simulator.executors import default_workers
+    from simulator.plan import plan as make_plan
+    from simulator.scenario import load_scenario
+    from simulator.sweep import parse_grid
+
+    spec, base_dir = load_scenario(scenario, set_)
+    knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob).items()} or None
+    result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
+                       workers=workers or default_workers())
+    path = (out or Path("runs") / f"{spec.name}-plan") / "plan.json"
+    write_text_atomic(path, json.dumps(result.as_dict(), indent=2) + "\n")
+    _print_plan(result)
+    console.print(f"{result.num_simulations} simulations; plan in {path}")
+
+
+def _print_plan(result) -> None:
+    rows = [[e.candidate.label, e.rejection or "sized", f"{e.rate_per_replica:.2f}", _cell(e.replicas),
+             f"{e.price_per_replica_hour_usd:.2f}", e.detail[:90]] for e in result.evaluations]
+    print_table(f"candidates at {result.target_rate_per_s:.2f} req/s", ["candidate", "status", "req/s per replica",
+                                                                        "replicas", "$/h per replica", "why"], rows)
+    pct = result.pct
+    frontier = {d.label for d in result.pareto(f"{pct}_ttft_ms")}
+    rows = [[d.label, f"{d.cost_per_hour_usd:.2f}", _cell(d.cost_per_million_output_tokens_usd),
+             _cell(d.verdict.metrics[f"{pct}_ttft_ms"]), _cell(d.verdict.metrics[f"{pct}_tpot_ms"]),
+             "ok" if d.verdict.ok else ", ".join(d.verdict.reasons), "yes" if d.label in frontier else ""]
+            for d in sorted(result.deployments, key=lambda d: d.cost_per_hour_usd)]
+    print_table("deployments simulated whole at the target rate", [
+        "deployment", "$/h", "$/M output tokens", f"{pct} TTFT ms", f"{pct} TPOT ms", "verdict", "Pareto"], rows)
+    rec, nxt = result.recommendation, result.next_cheaper
+    if rec is None:
+        console.print("[bold red]no candidate meets the SLOs at the target rate[/]")
+        return
+    console.print(f"[bold]recommendation:[/] {rec.label}: ${rec.cost_per_hour_usd:.2f}/h, "
+                  f"${rec.cost_per_million_output_tokens_usd:.3f} per million output tokens")
+    if nxt is not None:
+        console.print(f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
+                      f"{'; '.join(nxt.verdict.details)}")
+    console.print(f"vLLM:   {result.commands['vllm']}", soft_wrap=True)
+    console.print(f"SGLang: {result.commands['sglang']}", soft_wrap=True)
+    for note in result.commands["notes"]:
+        console.print(f"note: {note}")
+
+
+@app.command()
+@clean_errors
+def report(folder: Path, out: Path | None = typer.Option(None, "--out", help="HTML file (default FOLDER/report.html)")
+           ) -> None:
+    """Write one self-contained HTML report of a run folder or a sweep folder."""
+    from simulator.report import write_report
+
+    console.print(f"report in {write_report(folder, out)}")

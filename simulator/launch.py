@@ -1,0 +1,77 @@
+"""Launch commands for a planned replica: `vllm serve` and SGLang's `launch_server` with the planned knobs."""
+
+from __future__ import annotations
+
+from simulator.scenario import Scenario
+
+# Preset -> Hugging Face repo id, as recorded in hardware/model_configs/SOURCES.md.
+HF_MODEL_IDS = {
+    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
+    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
+    "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
+    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
+    "mistral-7b": "mistralai/Mistral-7B-v0.1",
+    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
+    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
+    "gemma-2-9b": "google/gemma-2-9b",
+    "gemma-3n-e2b": "google/gemma-3n-E2B-it",
+    "gemma-3n-e4b": "google/gemma-3n-E4B-it",
+    "deepseek-v2": "deepseek-ai/DeepSeek-V2",
+    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+}
+
+
+def hf_model_id(model: str) -> str:
+    """The Hugging Face repo id of a preset; a config.json path is passed through (point it at the weights)."""
+    return HF_MODEL_IDS.get(model, model)
+
+
+def vllm_command(s: Scenario, max_model_len: int) -> str:
+    """`vllm serve` for one replica of `s` (one command per replica; replicas sit behind a load balancer)."""
+    e, par = s.engine, s.parallelism
+    parts = [f"vllm serve {hf_model_id(s.model)}", f"--tensor-parallel-size {par.tp}"]
+    if par.pp > 1:
+        parts.append(f"--pipeline-parallel-size {par.pp}")
+    parts += [f"--max-num-seqs {e.max_num_seqs}", f"--max-num-batched-tokens {e.max_num_batched_tokens}",
+              f"--gpu-memory-utilization {e.gpu_memory_utilization}", f"--max-model-len {max_model_len}",
+              "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill"]
+    if e.block_size != 16:
+        parts.append(f"--block-size {e.block_size}")
+    if e.kv_dtype == "fp8":
+        parts.append("--kv-cache-dtype fp8")
+    if e.weight_dtype == "fp8":
+        parts.append("--quantization fp8")
+    if e.queue_order == "priority":
+        parts.append("--scheduling-policy priority")
+    return " ".join(parts)
+
+
+def sglang_command(s: Scenario, max_model_len: int) -> str:
+    """SGLang's `launch_server` with the equivalent knobs (chunked-prefill-size -1 = chunking off)."""
+    e, par = s.engine, s.parallelism
+    parts = [f"python -m sglang.launch_server --model-path {hf_model_id(s.model)}", f"--tp {par.tp}"]
+    if par.pp > 1:
+        parts.append(f"--pp-size {par.pp}")
+    parts += [f"--max-running-requests {e.max_num_seqs}",
+              f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}",
+              f"--mem-fraction-static {e.gpu_memory_utilization}", f"--context-length {max_model_len}"]
+    if e.kv_dtype == "fp8":
+        parts.append("--kv-cache-dtype fp8_e4m3")
+    if e.weight_dtype == "fp8":
+        parts.append("--quantization fp8")
+    return " ".join(parts)
+
+
+def launch_notes(s: Scenario) -> list[str]:
+    """Where the commands only approximate the simulated engine."""
+    notes = [f"one command per replica: start {s.cluster.replicas} of them ({s.parallelism.tp * s.parallelism.pp} "
+             f"GPU(s) each) behind a {s.cluster.router} load balancer"]
+    if s.engine.scheduler != "vllm":
+        notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
+                     "the commands run the engines' default scheduler")
+    if s.engine.weight_dtype in ("int8", "int4"):
+        notes.append(f"weights {s.engine.weight_dtype}: serve a checkpoint quantized that way (e.g. AWQ/GPTQ)")
+    if s.model not in HF_MODEL_IDS:
+        notes.append(f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights")
+    return notes

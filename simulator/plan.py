@@ -1,0 +1,294 @@
+"""The planner: the cheapest deployment that sustains a target load within the scenario's SLOs.
+
+1. Candidates: every GPU type x TP size x combination of engine knobs (one replica configuration each).
+2. Prune without simulating what cannot start: plan_memory refuses it ("does not fit"), TP larger than
+   a node, or knobs that contradict each other ("invalid").
+3. Size: the per-replica maximum sustainable rate (simulator/capacity.py, one replica simulated)
+   gives replicas = ceil(target / rate_per_replica), within max_replicas.
+4. Verify: each sized deployment is simulated whole at the target rate (round-robin router). One that
+   fails is retried with one more replica.
+5. The recommendation is the cheapest verified deployment. The next-cheaper deployment of any
+   candidate is simulated too: if it passes after all it becomes the recommendation, so the answer is
+   always a deployment that passes next to a cheaper one that fails, both shown with their verdicts.
+
+Costs are GPUs x the catalog's price per GPU-hour. Only colocated deployments exist today; a builder
+for prefill/decode-disaggregated candidates slots into CANDIDATE_BUILDERS (see `colocated_candidates`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu
+from policies.config import EngineConfig
+from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sustainable_rate, offered_rate
+from simulator.executors import run_jobs
+from simulator.launch import launch_notes, sglang_command, vllm_command
+from simulator.run import _memory_plan, simulate
+from simulator.scenario import Scenario, with_overrides
+
+MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most
+MAX_DOWNGRADES = 8  # next-cheaper checks that may replace the recommendation
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replica configuration. `kind` is "colocated" (prefill and decode on the same replica)."""
+
+    gpu: str
+    tp: int
+    knobs: tuple[tuple[str, Any], ...] = ()  # engine field -> value
+    kind: str = "colocated"
+
+    @property
+    def label(self) -> str:
+        knobs = "".join(f" {k}={v}" for k, v in self.knobs)
+        return f"{self.gpu} tp={self.tp}{knobs}"
+
+    def scenario(self, base: Scenario, replicas: int = 1) -> Scenario:
+        """`base` deployed as this candidate with `replicas` replicas behind a round-robin router."""
+        overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "cluster.replicas": replicas,
+                     "cluster.router": "round_robin"} | {f"engine.{k}": v for k, v in self.knobs}
+        return with_overrides(base.run_settings(), overrides)
+
+
+@dataclass
+class Evaluation:
+    """What the planner learned about one candidate: why it was rejected, or its size and price."""
+
+    candidate: Candidate
+    gpus_per_replica: int = 0
+    price_per_replica_hour_usd: float = 0.0
+    max_model_len: int = 0
+    rejection: str | None = None  # a reason code: does not fit, invalid, TTFT SLO, ..., too many replicas
+    detail: str = ""
+    capacity: CapacityResult | None = None
+    replicas: int | None = None
+
+    @property
+    def can_start(self) -> bool:
+        """It fits in memory with valid knobs (it may still miss the SLOs)."""
+        return self.rejection not in ("does not fit", "invalid")
+
+    @property
+    def rate_per_replica(self) -> float:
+        return self.capacity.rate_per_s if self.capacity else 0.0
+
+    def as_dict(self) -> dict:
+        return {"candidate": self.candidate.label, "kind": self.candidate.kind, "gpu": self.candidate.gpu,
+                "tp": self.candidate.tp, "knobs": dict(self.candidate.knobs),
+                "gpus_per_replica": self.gpus_per_replica,
+                "price_per_replica_hour_usd": self.price_per_replica_hour_usd,
+                "rejected": self.rejection, "detail": self.detail, "rate_per_replica": self.rate_per_replica,
+                "replicas": self.replicas, "capacity": self.capacity.as_dict() if self.capacity else None}
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """A candidate times a replica count, simulated whole at the target rate."""
+
+    evaluation: Evaluation
+    replicas: int
+    verdict: Verdict
+
+    @property
+    def cost_per_hour_usd(self) -> float:
+        return self.replicas * self.evaluation.price_per_replica_hour_usd
+
+    @property
+    def cost_per_million_output_tokens_usd(self) -> float:
+        tokens_per_hour = self.verdict.metrics["output_throughput"] * 3600
+        return self.cost_per_hour_usd / tokens_per_hour * 1e6 if tokens_per_hour > 0 else math.inf
+
+    @property
+    def label(self) -> str:
+        return f"{self.replicas} x {self.evaluation.candidate.label}"
+
+    def as_dict(self) -> dict:
+        return {"deployment": self.label, "candidate": self.evaluation.candidate.label, "replicas": self.replicas,
+                "gpus": self.replicas * self.evaluation.gpus_per_replica, "cost_per_hour_usd": self.cost_per_hour_usd,
+                "cost_per_million_output_tokens_usd": self.cost_per_million_output_tokens_usd,
+                "verdict": self.verdict.as_dict()}
+
+
+@dataclass
+class PlanResult:
+    target_rate_per_s: float
+    evaluations: list[Evaluation]
+    deployments: list[Deployment]  # every whole-deployment simulation, in the order run
+    recommendation: Deployment | None
+    next_cheaper: Deployment | None
+    commands: dict[str, Any] = field(default_factory=dict)
+    num_simulations: int = 0
+    pct: str = "p90"  # the SLO percentile's prefix in metric names: median, p90 or p99
+
+    def pareto(self, metric: str) -> list[Deployment]:
+        """Deployments no other beats on both cost/hour and `metric` (e.g. "p90_ttft_ms"), cheapest first."""
+        ranked = sorted(self.deployments, key=lambda d: (d.cost_per_hour_usd, d.verdict.metrics[metric]))
+        frontier, best = [], math.inf
+        for d in ranked:
+            if d.verdict.metrics[metric] < best:
+                frontier.append(d)
+                best = d.verdict.metrics[metric]
+        return frontier
+
+    def as_dict(self) -> dict:
+        pct = self.pct
+        return {"target_rate_per_s": self.target_rate_per_s, "num_simulations": self.num_simulations,
+                "recommendation": self.recommendation.as_dict() if self.recommendation else None,
+                "next_cheaper": self.next_cheaper.as_dict() if self.next_cheaper else None,
+                "commands": self.commands,
+                "pareto_ttft": [d.as_dict() for d in self.pareto(f"{pct}_ttft_ms")],
+                "pareto_tpot": [d.as_dict() for d in self.pareto(f"{pct}_tpot_ms")],
+                "deployments": [d.as_dict() for d in self.deployments],
+                "candidates": [e.as_dict() for e in self.evaluations]}
+
+
+def colocated_candidates(s: Scenario, gpus: list[str], tps: list[int], knobs: dict[str, list]) -> Iterator[Candidate]:
+    """GPU x TP x every combination of engine knob values, in the order given."""
+    for gpu, tp, values in itertools.product(gpus, tps, itertools.product(*knobs.values())):
+        yield Candidate(gpu, tp, tuple(zip(knobs, values)))
+
+
+# Each builder yields the candidates of one deployment kind. Prefill/decode disaggregation will add a
+# builder yielding Candidate(kind="pd", ...) with its own `scenario` mapping once the simulator models it.
+CANDIDATE_BUILDERS: tuple[Callable[..., Iterator[Candidate]], ...] = (colocated_candidates,)
+
+
+def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: float, max_replicas: int,
+             rel_tol: float) -> Evaluation:
+    """Prune, then size one candidate by its per-replica maximum sustainable rate."""
+    ev = Evaluation(candidate)
+    try:
+        s = candidate.scenario(base)
+        gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
+        ev.gpus_per_replica = s.parallelism.tp * s.parallelism.pp
+        ev.price_per_replica_hour_usd = ev.gpus_per_replica * gpu.price_per_gpu_hour_usd
+        if s.parallelism.tp > gpu.gpus_per_node:
+            return _reject(ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node")
+        ev.max_model_len = _memory_plan(s).max_model_len
+    except SpecError as err:
+        return _reject(ev, "does not fit", str(err))
+    except ValidationError as err:
+        return _reject(ev, "invalid", err.errors()[0]["msg"].removeprefix("Value error, "))
+    try:  # a replica slower than target / max_replicas is of no use: search no lower (nor higher x that)
+        ev.capacity = max_sustainable_rate(s, base_dir, target_rate, rel_tol, max_factor=max_replicas)
+    except SpecError as err:
+        return _reject(ev, "invalid", str(err))
+    if ev.capacity.rate_per_s == 0.0:
+        limit = ev.capacity.limit
+        code = "unstable queue" if "unstable queue" in limit.reasons else limit.reasons[0]  # the root cause
+        return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} req/s per replica "
+                                             f"(target / max_replicas): {'; '.join(limit.details)}")
+    ev.replicas = math.ceil(target_rate / ev.capacity.rate_per_s - 1e-9)
+    if ev.replicas > max_replicas:
+        return _reject(ev, "too many replicas", f"needs {ev.replicas} replicas at {ev.capacity.rate_per_s:.3g} "
+                                                f"req/s each > max_replicas {max_replicas}")
+    return ev
+
+
+def _reject(ev: Evaluation, reason: str, detail: str) -> Evaluation:
+    ev.rejection, ev.detail = reason, detail
+    return ev
+
+
+def verify(base: Scenario, base_dir: Path, ev: Evaluation, replicas: int, target_rate: float) -> Deployment:
+    """Simulate the whole deployment at the target rate and judge it against the SLOs."""
+    s = at_rate(ev.candidate.scenario(base, replicas), target_rate)
+    return Deployment(ev, replicas, judge(simulate(s, base_dir), base.slo, target_rate))
+
+
+def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: list[int] | None = None,
+         knobs: dict[str, list] | None = None, max_replicas: int | None = None, target_rate: float | None = None,
+         rel_tol: float = 0.05, workers: int = 1) -> PlanResult:
+    """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
+
+    Unset arguments come from the scenario's `plan:` section, then from defaults (the scenario's GPU,
+    TP 1/2/4/8, 16 replicas, the workload's own rate). Candidate sizing runs on `workers` processes.
+    """
+    cfg = base.plan
+    gpus = gpus or (cfg.gpus if cfg and cfg.gpus else [base.hardware.gpu])
+    tps = tps or (cfg.tp if cfg else [1, 2, 4, 8])
+    knobs = knobs if knobs is not None else (cfg.engine if cfg else {})
+    max_replicas = max_replicas or (cfg.max_replicas if cfg else 16)
+    target = target_rate or (cfg.target_rate_per_s if cfg else None) or offered_rate(base, base_dir)
+    _check_choices(base, gpus, knobs)
+    candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, tps, knobs)]
+    jobs = [(base, base_dir, c, target, max_replicas, rel_tol) for c in candidates]
+    evaluations = [ev for _, ev in sorted(run_jobs(evaluate, jobs, "local", workers), key=lambda pair: pair[0])]
+    pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
+    result = PlanResult(target, evaluations, [], None, None, pct=pct)
+    _choose(result, base, base_dir, max_replicas)
+    result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in evaluations
+                                                           if e.capacity)
+    if result.recommendation:
+        s = result.recommendation.evaluation.candidate.scenario(base, result.recommendation.replicas)
+        max_len = result.recommendation.evaluation.max_model_len
+        result.commands = {"vllm": vllm_command(s, max_len), "sglang": sglang_command(s, max_len),
+                           "replicas": result.recommendation.replicas, "notes": launch_notes(s)}
+    return result
+
+
+def _check_choices(base: Scenario, gpus: list[str], knobs: dict[str, list]) -> None:
+    """Typos in GPU names or knob fields stop the plan with one line instead of rejecting every candidate."""
+    for gpu in gpus:
+        get_gpu(gpu, tuple(base.hardware.gpu_files))
+    unknown = sorted(set(knobs) - set(EngineConfig.model_fields))
+    if unknown:
+        raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: {', '.join(EngineConfig.model_fields)}")
+
+
+def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int) -> None:
+    """Verify every sized candidate, pick the cheapest that passes, then confirm the next cheaper fails."""
+    tried: dict[tuple[int, int], Deployment] = {}
+
+    def check(i: int, replicas: int) -> Deployment:
+        if (i, replicas) not in tried:
+            tried[(i, replicas)] = verify(base, base_dir, result.evaluations[i], replicas, result.target_rate_per_s)
+            result.deployments.append(tried[(i, replicas)])
+        return tried[(i, replicas)]
+
+    for i, ev in enumerate(result.evaluations):
+        if ev.rejection is None:  # sized: verify, and if it fails try a replica or two more
+            for n in range(ev.replicas, min(max_replicas, ev.replicas + MAX_EXTRA_REPLICAS) + 1):
+                if check(i, n).verdict.ok:
+                    break
+    passing = [d for d in tried.values() if d.verdict.ok]
+    rec = min(passing, key=lambda d: _rank(d, result.pct)) if passing else None
+    fits = [i for i, ev in enumerate(result.evaluations) if ev.can_start]
+    for _ in range(MAX_DOWNGRADES if rec else 0):
+        cheaper = _next_cheaper(result.evaluations, fits, rec.cost_per_hour_usd, max_replicas)
+        if cheaper is None:
+            break
+        nxt = check(*cheaper)
+        result.next_cheaper = nxt
+        if not nxt.verdict.ok:
+            break
+        rec, result.next_cheaper = nxt, None
+    result.recommendation = rec
+
+
+def _rank(d: Deployment, pct: str) -> tuple:
+    """Cheapest first; among equal costs the lower TTFT, then fewer GPUs per replica (simpler to run)."""
+    ev = d.evaluation
+    return d.cost_per_hour_usd, d.verdict.metrics[f"{pct}_ttft_ms"], ev.gpus_per_replica, ev.candidate.label
+
+
+def _next_cheaper(evaluations: list[Evaluation], fits: list[int], cost: float,
+                  max_replicas: int) -> tuple[int, int] | None:
+    """(candidate index, replicas) of the most expensive deployment within max_replicas that costs less than `cost`."""
+    best, best_cost = None, -1.0
+    for i in fits:
+        price = evaluations[i].price_per_replica_hour_usd
+        n = min(math.ceil(cost / price - 1e-9) - 1, max_replicas)  # the most replicas strictly under `cost`
+        if n >= 1 and n * price > best_cost + 1e-9:
+            best, best_cost = (i, n), n * price
+    return best

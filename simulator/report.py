@@ -1,0 +1,165 @@
+"""`servesim report`: one self-contained HTML file (plotly.js inlined) for a run folder or a sweep folder.
+
+The page draws its charts from JSON embedded in it, then sets `document.title` to
+"servesim report: N charts drawn" once every chart has its SVG (or "servesim report: error: ..." if a
+script fails), so a headless browser can check it without a debugger.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import yaml
+from plotly.offline import get_plotlyjs
+
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu
+from hardware.model import get_model
+from simulator import report_charts as charts
+from simulator.atomic import write_text_atomic
+from simulator.sweep import POINTS, RESULTS
+
+SUMMARY_KEYS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput", "p90_ttft_ms",
+                "p99_ttft_ms", "p90_tpot_ms", "p99_tpot_ms", "p90_e2el_ms", "request_goodput", "preemptions",
+                "kv_cache_usage_mean", "kv_cache_usage_max")
+TABLE_METRICS = ("completed", "request_throughput", "output_throughput", "p90_ttft_ms", "p90_tpot_ms", "p90_e2el_ms",
+                 "request_goodput", "preemptions", "kv_cache_usage_max")
+
+
+def write_report(folder: Path, out: Path | None = None) -> Path:
+    """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path."""
+    folder = Path(folder)
+    if (folder / RESULTS).is_file():
+        title, figures, tables = sweep_report(folder)
+    elif (folder / "summary.json").is_file():
+        title, figures, tables = run_report(folder)
+    else:
+        raise SpecError(f"{folder}: neither a run folder (summary.json) nor a sweep folder ({RESULTS})")
+    out = Path(out) if out else folder / "report.html"
+    write_text_atomic(out, page(title, figures, tables))
+    return out
+
+
+def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]]]:
+    requests = pd.read_csv(folder / "requests.csv")
+    steps = pd.read_csv(folder / "steps.csv")
+    summary = json.loads((folder / "summary.json").read_text())
+    scenario = yaml.safe_load((folder / "scenario.yaml").read_text())
+    memory = json.loads((folder / "memory.json").read_text()) if (folder / "memory.json").is_file() else {}
+    figures = [charts.latency_cdfs(requests)]
+    if len(steps):
+        floor_s, s_per_token = roofline_terms(scenario, memory)
+        figures += [charts.kv_and_queue(steps), charts.batch_composition(steps),
+                    charts.step_roofline(steps, floor_s, s_per_token, np.random.default_rng(0))]
+    summary_rows = [[k, _fmt(summary[k])] for k in SUMMARY_KEYS if k in summary]
+    config_rows = [[k, _fmt(v)] for k, v in flatten(scenario).items() if v is not None]
+    tables = [("Summary", table_html(["metric", "value"], summary_rows)),
+              ("Configuration", table_html(["field", "value"], config_rows))]
+    return f"servesim run: {scenario.get('name', folder.name)}", figures, tables
+
+
+def roofline_terms(scenario: dict, memory: dict) -> tuple[float | None, float | None]:
+    """(weights read once per step, seconds; seconds per token of 2 x active-params FLOPs), per GPU.
+    (None, None) when the model or GPU cannot be looked up (e.g. a GPU file that moved)."""
+    try:
+        hw, par = scenario["hardware"], scenario.get("parallelism") or {}
+        gpu = get_gpu(hw["gpu"], tuple(Path(p) for p in hw.get("gpu_files") or ()))
+        model = get_model(scenario["model"])
+    except (SpecError, KeyError, OSError, ValueError):
+        return None, None
+    gpus = (par.get("tp") or 1) * (par.get("pp") or 1)
+    compute = "fp8" if (scenario.get("engine") or {}).get("weight_dtype") == "fp8" else "bf16"
+    floor_s = memory["weight_bytes"] / gpu.memory_bytes_per_s if "weight_bytes" in memory else None
+    return floor_s, 2 * model.active_params() / gpus / gpu.peak_for(compute)
+
+
+def sweep_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]]]:
+    table = pd.read_csv(folder / RESULTS)
+    meta = yaml.safe_load((folder / "sweep.yaml").read_text()) if (folder / "sweep.yaml").is_file() else {}
+    grid_keys = list(table.columns[: list(table.columns).index("point")])
+    done = table[table["error"].isna()] if "error" in table else table
+    done = done[done["completed"].notna()] if "completed" in done else done
+    if done.empty:
+        raise SpecError(f"{folder}: no sweep point has results yet")
+    labels = [", ".join(f"{k}={row[k]}" for k in grid_keys) or "base" for _, row in done.iterrows()]
+    figures = [charts.latency_vs_load(done, grid_keys), charts.throughput_latency(done, labels)]
+    cost = np.array([point_cost_per_hour(folder / POINTS / p) for p in done["point"]])
+    if np.isfinite(cost).all() and len(np.unique(cost)) > 1:
+        figures.append(charts.cost_pareto(cost, done["p90_ttft_ms"].to_numpy(), labels))
+    columns = grid_keys + [c for c in TABLE_METRICS if c in table] + ["error"] * ("error" in table)
+    rows = [[_fmt(row[c]) for c in columns] for _, row in table.iterrows()]
+    base = meta.get("scenario") or {}
+    tables = [("Points", table_html(columns, rows)),
+              ("Grid", table_html(["field", "values"], [[k, _fmt(v)] for k, v in (meta.get("grid") or {}).items()])),
+              ("Base configuration", table_html(["field", "value"],
+                                                [[k, _fmt(v)] for k, v in flatten(base).items() if v is not None]))]
+    return f"servesim sweep: {base.get('name', folder.name)} ({len(table)} points)", figures, tables
+
+
+def point_cost_per_hour(point: Path) -> float:
+    """replicas x tp x pp x the GPU's price, USD/h, from a point's resolved scenario (NaN if unknown)."""
+    try:
+        s = yaml.safe_load((point / "scenario.yaml").read_text())
+        hw, par, cluster = s["hardware"], s["parallelism"], s["cluster"]
+        price = get_gpu(hw["gpu"], tuple(Path(p) for p in hw.get("gpu_files") or ())).price_per_gpu_hour_usd
+    except (OSError, KeyError, SpecError):
+        return float("nan")
+    return cluster["replicas"] * par["tp"] * par["pp"] * price
+
+
+def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested mappings to dotted keys: {"engine": {"max_num_seqs": 8}} -> {"engine.max_num_seqs": 8}."""
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out = {}
+    for key, value in data.items():
+        out |= flatten(value, f"{prefix}.{key}" if prefix else str(key))
+    return out
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "" if np.isnan(value) else f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return "" if value is None else str(value)
+
+
+def table_html(columns: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+_STYLE = """body{font-family:system-ui,sans-serif;margin:24px;color:#222}
+h1{font-size:22px}h2{font-size:17px;margin-top:28px}
+.chart{width:100%;min-height:420px}table{border-collapse:collapse;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}.scroll{overflow-x:auto}"""
+
+# Runs before plotly.js, so that an error anywhere on the page shows in the title.
+_ERRORS = """window.addEventListener("error", e => { document.title = "servesim report: error: " + e.message; });"""
+
+_DRAW = """const figures = JSON.parse(document.getElementById("figures").textContent);
+Promise.all(figures.map((f, i) => Plotly.newPlot("chart-" + i, f.data, f.layout, {displaylogo: false})))
+  .then(() => {
+    const drawn = [...document.querySelectorAll(".chart")].filter(d => d.querySelector(".main-svg")).length;
+    if (!document.title.includes("error")) document.title = "servesim report: " + drawn + " charts drawn";
+  })
+  .catch(e => { document.title = "servesim report: error: " + e; });"""
+
+
+def page(title: str, figures: list[go.Figure], tables: list[tuple[str, str]]) -> str:
+    """The whole HTML document: plotly.js inline, figures as JSON, drawn by one script."""
+    data = "[" + ",".join(f.to_json() for f in figures) + "]"
+    data = data.replace("</", "<\\/")  # never close the <script> early; "\/" is a valid JSON escape
+    charts_html = "\n".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(figures)))
+    tables_html = "\n".join(f"<h2>{html.escape(name)}</h2>\n{body}" for name, body in tables)
+    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>servesim report</title>\n'
+            f"<script>{_ERRORS}</script>\n<script>{get_plotlyjs()}</script>\n<style>{_STYLE}</style></head>\n"
+            f"<body><h1>{html.escape(title)}</h1>\n{charts_html}\n{tables_html}\n"
+            f'<script type="application/json" id="figures">{data}</script>\n<script>{_DRAW}</script>\n'
+            "</body></html>\n")

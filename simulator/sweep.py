@@ -1,0 +1,140 @@
+"""Sweeps: run a scenario over a grid of field values, in parallel, resumably, into one results table.
+
+Layout of a sweep folder:
+
+    OUT/results.csv          one row per grid point, in grid order: the grid keys, `point`, `error`,
+                             then every summary key (written atomically after each sweep)
+    OUT/sweep.yaml           the base scenario and the grid
+    OUT/points/<hash>/       each point's run folder (write_run), named by the hash of its resolved
+                             scenario, so a point that already has summary.json is not run again
+
+Run folders are written atomically, so an interrupted sweep leaves whole points or none; running
+it again finishes only what is missing. Adding values to a grid reuses every point already run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from pydantic import ValidationError
+
+from hardware.errors import SpecError
+from simulator.atomic import write_text_atomic
+from simulator.executors import Engine, check_engine, run_jobs
+from simulator.output import write_run
+from simulator.run import simulate
+from simulator.scenario import Scenario, check_grid_keys, with_overrides
+
+POINTS = "points"
+RESULTS = "results.csv"
+
+
+@dataclass(frozen=True)
+class Point:
+    """One grid point: its overrides (dotted key -> value), resolved scenario and folder name."""
+
+    overrides: dict[str, Any]
+    scenario: Scenario
+    hash: str
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    table: pd.DataFrame
+    num_run: int  # points simulated by this call
+    num_reused: int  # points whose run folder was already complete
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    """`--grid key=v1,v2,...` options to a grid; values are YAML scalars (`a=1,2` -> [1, 2])."""
+    grid = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        values = yaml.safe_load(f"[{text}]") if sep and key and text else None
+        if not values:
+            raise SpecError(f"--grid {item!r}: expected dotted.key=value1,value2,...")
+        grid[key] = values
+    return grid
+
+
+def scenario_hash(s: Scenario) -> str:
+    """First 16 hex digits of the sha256 of the scenario's JSON form (sorted keys)."""
+    text = json.dumps(s.model_dump(mode="json"), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def expand(base: Scenario, grid: dict[str, list[Any]]) -> list[Point]:
+    """Every combination of the grid's values, the last key varying fastest; study sections dropped."""
+    try:
+        check_grid_keys(base, grid)
+    except ValueError as err:
+        raise SpecError(str(err)) from None
+    base = base.run_settings()
+    points = []
+    for values in itertools.product(*grid.values()):
+        overrides = dict(zip(grid, values))
+        try:
+            s = with_overrides(base, overrides)
+        except ValidationError as err:
+            first = err.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            label = ", ".join(f"{k}={v}" for k, v in overrides.items())
+            raise SpecError(f"sweep point {label}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+        points.append(Point(overrides, s, scenario_hash(s)))
+    return points
+
+
+def is_done(folder: Path) -> bool:
+    return (folder / "summary.json").is_file()
+
+
+def run_point(s: Scenario, base_dir: Path, folder: Path) -> str | None:
+    """Simulate one point into `folder`; returns the reason when the scenario cannot run (e.g. does not fit)."""
+    try:
+        write_run(simulate(s, base_dir), folder)
+    except SpecError as err:
+        return str(err)
+    return None
+
+
+def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: Path, engine: Engine = "local",
+              workers: int | None = None, dask_address: str | None = None,
+              on_point: Callable[[int], None] | None = None) -> SweepResult:
+    """Run every grid point not already in `out`, then write `out/results.csv`. `on_point(n_done)` after each."""
+    check_engine(engine)
+    out = Path(out)
+    points = expand(base, grid)
+    folders = [out / POINTS / p.hash for p in points]
+    first_of = {folder: i for i, folder in reversed(list(enumerate(folders)))}  # equal scenarios run once
+    todo = [i for i in sorted(first_of.values()) if not is_done(folders[i])]
+    write_text_atomic(out / "sweep.yaml", yaml.safe_dump(
+        {"grid": grid, "scenario": base.run_settings().model_dump(mode="json")}, sort_keys=False))
+    errors: dict[Path, str] = {}
+    jobs = [(points[i].scenario, base_dir, folders[i]) for i in todo]
+    done = len(points) - len(todo)
+    for job_index, error in run_jobs(run_point, jobs, engine, workers, dask_address):
+        if error:
+            errors[folders[todo[job_index]]] = error
+        done += 1
+        if on_point:
+            on_point(done)
+    table = results_table(points, folders, errors)
+    write_text_atomic(out / RESULTS, table.to_csv(index=False))
+    return SweepResult(table, len(todo), len(points) - len(todo))
+
+
+def results_table(points: list[Point], folders: list[Path], errors: dict[Path, str]) -> pd.DataFrame:
+    """One row per point in grid order, read back from the run folders (so every row has the same origin)."""
+    rows = []
+    for point, folder in zip(points, folders):
+        summary = json.loads((folder / "summary.json").read_text()) if is_done(folder) else {}
+        rows.append({**point.overrides, "point": point.hash, "error": errors.get(folder), **summary})
+    return pd.DataFrame(rows)

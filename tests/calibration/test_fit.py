@@ -1,0 +1,109 @@
+"""Fitting recovers a known profile from timings the cost model itself generated (no torch, no timing noise)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.calibrate import calibrate_rows, held_out_shapes, row_batch, row_model, save_profile
+from calibration.fit import curve_weights, default_knots, fit_profile, mape, predict_table, stack_terms
+from calibration.fit_terms import predict_s, step_terms
+from calibration.profile_grid import GridSpec, _row, grid_shapes
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, step_cost
+from hardware.gpu import get_gpu
+from hardware.model import get_model
+from hardware.profile import EfficiencyCurve, Profile, load_profile
+
+H200 = get_gpu("h200")
+TRUE = Profile(gemm_compute=0.62, gemm_memory=0.8, attn_compute=0.45, attn_memory=0.7, step_overhead_s=3e-4,
+               layer_overhead_s=2e-5, request_overhead_s=5e-6)
+
+
+def synthetic_rows(profile: Profile, models=(("llama-3.1-8b", {}), ("llama-3.1-8b", {"layers": 8}),
+                                               ("gemma-3n-e2b", {}))) -> pd.DataFrame:
+    """The default grid on full-size models, timed by step_cost under `profile` (fast prefill on and off)."""
+    rows = []
+    for model, scale in models:
+        spec = row_model(model, json.dumps(scale))
+        for label, batch in grid_shapes(GridSpec()):
+            for fast in (False, True) if spec.num_kv_layers < spec.num_layers else (False,):
+                time_s = step_cost(batch, spec, H200, profile=profile, options=CostOptions(kv_sharing_fast_prefill=fast)).total_s
+                rows.append(_row(label, batch, fast, np.array([time_s])) | {"model": model, "scale": json.dumps(scale)})
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("model,fast", [("llama-3.1-8b", False), ("gemma-3n-e2b", True), ("mixtral-8x7b", False),
+                                        ("gemma-2-9b", False), ("deepseek-v3", False)])
+def test_terms_rebuild_step_cost_exactly(model, fast):
+    profile = Profile(gemm_compute=EfficiencyCurve(points=((1, 0.3), (512, 0.8))), attn_memory=0.6,
+                      layer_overhead_s=1e-5, request_overhead_s=3e-6)
+    options = CostOptions(kv_sharing_fast_prefill=fast)
+    for batch in (StepBatch.uniform(1, 0, 2048), StepBatch.uniform(64, 1000), StepBatch.of([1, 1, 300], [500, 4000, 100],
+                                                                                            [True, True, False])):
+        want = step_cost(batch, get_model(model), H200, profile=profile, options=options).total_s
+        assert predict_s(step_terms(batch, get_model(model), H200, options), profile) == pytest.approx(want, rel=1e-12)
+
+
+def test_curve_weights_interpolate_like_the_profile():
+    knots = np.array([1.0, 16.0, 512.0])
+    curve = EfficiencyCurve(points=((1, 0.2), (16, 0.5), (512, 0.9)))
+    tokens = np.array([1, 4, 16, 100, 512, 4096])
+    assert curve_weights(tokens, knots) @ np.array([0.2, 0.5, 0.9]) == pytest.approx([curve.at(t) for t in tokens])
+    assert curve.at(4) == pytest.approx(0.35)  # halfway between 1 and 16 in log2: (0.2 + 0.5) / 2
+
+
+def test_default_knots_span_the_steps():
+    assert default_knots(np.array([1, 30, 4096]), 3).tolist() == [1.0, 64.0, 4096.0]
+    assert default_knots(np.array([8, 8])).tolist() == [8.0]
+
+
+def test_fit_recovers_constant_efficiencies_and_overheads():
+    rows = synthetic_rows(TRUE)
+    tt = stack_terms([step_terms(row_batch(r), row_model(r.model, r.scale), H200,
+                                 CostOptions(kv_sharing_fast_prefill=r.fast_prefill)) for r in rows.itertuples()])
+    fitted = fit_profile(tt, rows["time_s"].to_numpy(), knots=np.array([1.0]))
+    for name in ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory"):
+        assert getattr(fitted, name).at(1) == pytest.approx(getattr(TRUE, name).at(1), rel=0.02), name
+    assert fitted.step_overhead_s == pytest.approx(3e-4, rel=0.02)
+    assert fitted.layer_overhead_s == pytest.approx(2e-5, rel=0.02)
+    assert fitted.request_overhead_s == pytest.approx(5e-6, rel=0.02)
+
+
+def test_fit_recovers_a_gemm_efficiency_curve_despite_outliers():
+    true = TRUE.model_copy(update={"gemm_compute": EfficiencyCurve(points=((1, 0.3), (64, 0.5), (2048, 0.75)))})
+    rows = synthetic_rows(true)
+    rows.loc[::15, "time_s"] *= 1.5  # a few slow outliers (a busy machine) must not drag the robust fit
+    report = calibrate_rows(rows, H200, "synthetic", "test", knots=np.array([1.0, 64.0, 2048.0]))
+    curve = report.profile.gemm_compute
+    assert curve.at(64) == pytest.approx(0.5, rel=0.03) and curve.at(2048) == pytest.approx(0.75, rel=0.03)
+    assert report.profile.attn_memory.at(1) == pytest.approx(0.7, rel=0.03)
+    clean = ~rows.index.isin(rows.index[::15])
+    assert mape(report.rows["fitted_s"][clean], report.rows["time_s"][clean]) < 1.0
+    held_out = clean & (report.rows["split"] == "test").to_numpy()
+    assert held_out.sum() > 10
+    assert mape(report.rows["fitted_s"][held_out], report.rows["time_s"][held_out]) < 1.0
+    assert report.mape["test_default"] > 20.0  # the defaults are far from this device
+
+
+def test_held_out_rows_are_whole_shapes():
+    rows = synthetic_rows(TRUE, models=(("gemma-3n-e2b", {}),))
+    test = held_out_shapes(rows, 0.25, seed=3)
+    by_shape = pd.Series(test).groupby(rows["shape"].to_numpy()).agg(["min", "max"])
+    assert (by_shape["min"] == by_shape["max"]).all()  # fast prefill on and off land in the same split
+    assert 0.15 < test.mean() < 0.35
+
+
+def test_mape_is_in_percent():
+    assert mape(np.array([1.1, 0.8]), np.array([1.0, 1.0])) == pytest.approx(15.0)
+
+
+def test_saved_profile_loads_with_its_fit_error(tmp_path):
+    profile = TRUE.model_copy(update={"name": "x", "fit_mape": 4.2,
+                                      "gemm_compute": EfficiencyCurve(points=((1, 0.3), (64, 0.5)))})
+    path = save_profile(profile, tmp_path / "p.yaml", {"device": "cpu", "torch": "2.x"})
+    assert path.read_text().startswith("# servesim calibration profile\n# device: cpu")
+    assert load_profile(path) == profile

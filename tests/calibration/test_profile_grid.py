@@ -1,0 +1,65 @@
+"""The shape grid, its measured rows, and the CPU written as a GPU-catalog device."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pytest
+
+from calibration.calibrate import row_batch
+from calibration.device import cpu_gpu_entry, time_call_s, write_gpu_yaml
+from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
+from hardware.batch import StepBatch
+from hardware.gpu import gpu_catalog
+from tests.calibration.conftest import tiny_executor
+
+
+def test_grid_covers_prefill_decode_chunks_and_mixed_steps():
+    shapes = dict(grid_shapes(GridSpec.quick()))
+    assert shapes["prefill 512"].num_tokens == 512 and shapes["prefill 512"].num_context.tolist() == [0]
+    decode = shapes["decode 8x1024"]
+    assert decode.num_new.tolist() == [1] * 8 and decode.num_context.tolist() == [1024] * 8
+    mixed = shapes["mixed 8+128"]
+    assert mixed.num_new.tolist() == [1] * 8 + [128] and mixed.num_context.tolist() == [512] * 8 + [0]
+    assert shapes["chunk 256@512"].num_context.tolist() == [512]
+    assert blocks_for_batch(StepBatch.of([1, 20], [15, 0]), 16) == 1 + 2
+
+
+def test_rows_rebuild_their_batch_and_cover_fast_prefill_both_ways():
+    ex = tiny_executor("gemma3n", num_blocks=64)
+    shapes = [("prefill 9", StepBatch.uniform(1, 0, 9)), ("mixed 2+5", StepBatch.of([1, 1, 5], [7, 12, 0]))]
+    rows = profile_grid(ex, shapes, "gemma-3n-e2b", {"layers": 6}, repeats=2)
+    assert rows["fast_prefill"].tolist() == [False, True, False, True]
+    assert (rows["time_s"] > 0).all() and (rows["time_min_s"] <= rows["time_s"]).all()
+    back = row_batch(rows.iloc[3])
+    assert back.num_new.tolist() == [1, 1, 5] and back.num_context.tolist() == [7, 12, 0]
+    assert rows["scale"][0] == json.dumps({"layers": 6}) and rows["device"][0] == "cpu"
+    assert rows["dtype"][0] == "float32" and rows["threads"][0] == 1
+
+
+def test_time_call_counts_every_repeat():
+    calls = []
+    times = time_call_s(lambda: calls.append(1), "cpu", warmup=2, repeats=3)
+    assert len(calls) == 5 and len(times) == 3 and (times >= 0).all()
+
+
+def test_cpu_entry_loads_as_a_catalog_gpu(tmp_path):
+    peaks = {"fp32": 1.5e11, "bf16": 1.0e11, "bytes_per_s": 2.0e10}
+    entry = cpu_gpu_entry(peaks, compute_dtype="fp32", today=dt.date(2026, 1, 2))
+    spec = gpu_catalog((write_gpu_yaml(entry, tmp_path / "device.yaml"),))["cpu-local"]
+    assert spec.peak_for("fp32") == 1.5e11
+    assert spec.peak_for("bf16") == 1.5e11  # never below the rate the float32 executor reaches
+    assert spec.memory_bytes_per_s == 2.0e10
+    assert spec.sources == ["measured by servesim calibrate on 2026-01-02"]
+
+
+@pytest.mark.parametrize("name", ["llama"])
+def test_profiled_time_grows_with_decode_context(name):
+    ex = tiny_executor(name, num_blocks=600)
+    shapes = [("short", StepBatch.uniform(16, 16)), ("long", StepBatch.uniform(16, 512))]
+    rows = profile_grid(ex, shapes, "llama-3.1-8b", {}, repeats=5)
+    short, long = rows["time_s"].to_numpy()
+    assert long > short  # 32x the KV read per request
+    assert np.isfinite(rows["time_s"]).all()

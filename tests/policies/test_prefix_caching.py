@@ -1,0 +1,143 @@
+"""Prefix caching: the seed's hash-chain and LPM examples, radix vs vLLM granularity, and both caches against
+a brute-force longest-cached-prefix reference (hypothesis)."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.prefix_blocks import PrefixCachingBlockManager
+from policies.radix import RadixCache
+from policies.token_ids import request_runs
+from tests.policies.helpers import make_scheduler
+from workloads.request import Request
+
+
+def req(rid: int, runs, output: int = 1) -> Request:
+    return Request(rid, float(rid), sum(n for _, n in runs), output, tuple(runs))
+
+
+def serve(sched, requests, now: float = 0.0) -> dict[int, int]:
+    """Add the requests, run until all finish; return the tokens each one prefilled in its first step."""
+    first = {}
+    for r in requests:
+        sched.add(r, now)
+    while any(not r.is_done for r in requests):
+        plan = sched.schedule(now)
+        for r, n in zip(plan.requests, plan.num_new):
+            first.setdefault(r.id, n)
+        now += 1
+        sched.commit(plan, now)
+        sched.kv.check_invariants()
+    return first
+
+
+def test_seed_hash_chain_example():
+    """Blocks of 4: r2 = A B D reuses r1 = A B C's first two blocks; r3 = A E C only the first (its C block hashes
+    differently because its parent differs)."""
+    sched, _ = make_scheduler("vllm", num_blocks=32, block_size=4, prefix_caching="vllm")
+    a, b, c, d, e = ((s, 4) for s in range(5))
+    assert serve(sched, [req(0, [a, b, c])]) == {0: 12}
+    r2, r3 = req(1, [a, b, d]), req(2, [a, e, c])
+    assert serve(sched, [r2]) == {1: 4}
+    assert serve(sched, [r3]) == {2: 8}
+    assert (r2.num_cached_tokens, r3.num_cached_tokens) == (8, 4)
+
+
+def test_unique_prompts_never_hit_each_other():
+    """Regression: CPython hashes -1 and -2 alike, the unique-run ids of requests 0 and 1."""
+    sched, _ = make_scheduler("vllm", num_blocks=64, block_size=4, prefix_caching="vllm")
+    serve(sched, [Request(0, 0.0, 40, 2)])
+    follower = Request(1, 1.0, 40, 2)
+    assert serve(sched, [follower]) == {1: 40} and follower.num_cached_tokens == 0
+
+
+def test_a_fully_cached_prompt_still_computes_its_last_token():
+    sched, _ = make_scheduler("vllm", num_blocks=32, block_size=4, prefix_caching="vllm")
+    serve(sched, [req(0, [(7, 8)], output=3)])
+    assert serve(sched, [req(1, [(7, 8)])]) == {1: 4}  # 8 cached, but only whole blocks before the last token
+
+
+def test_seed_lpm_example():
+    """Tree: A(500) -> few-shot(300) -> q7+answer, and A -> q3+answer. Waiting in arrival order r1..r4 with
+    matches 0, 500, 800, 0: LPM admits r3, r2, r1, r4; r3 prefills 30 and r2 40."""
+    sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=1, prefix_caching="radix", queue_order="lpm",
+                              max_num_batched_tokens=4096, max_num_seqs=8)
+    A, few, q7, q3 = (100, 500), (101, 300), (102, 40), (103, 60)
+    serve(sched, [req(0, [A, few, q7], output=20), req(1, [A, q3], output=20)])
+    r1, r2, r3, r4 = (req(10, [(200, 900)]), req(11, [A, (201, 40)]), req(12, [A, few, (202, 30)]),
+                      req(13, [(203, 20)]))
+    for r in (r1, r2, r3, r4):
+        sched.add(r, 5.0)
+    plan = sched.schedule(5.0)
+    assert [r.id for r in plan.requests] == [12, 11, 10, 13]
+    assert list(plan.num_new) == [30, 40, 900, 20]
+
+
+def test_lpm_holds_back_requests_sharing_an_uncached_prefix():
+    sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=1, prefix_caching="radix", queue_order="lpm",
+                              max_num_batched_tokens=8192, max_num_seqs=8)
+    system = (300, 200)
+    group = [req(i, [system, (400 + i, 50)]) for i in range(3)]
+    for r in group:
+        sched.add(r, 0.0)
+    plan = sched.schedule(0.0)
+    assert [r.id for r in plan.requests][:1] == [0] and list(plan.num_new)[0] == 250
+    assert all(n == 250 for n in plan.num_new)  # held back ones still fill the batch after the others
+    assert [r.id for r in plan.requests] == [0, 1, 2]
+
+
+def test_radix_reuses_unaligned_prefixes_vllm_only_whole_blocks():
+    for prefix_len, vllm_hit, radix_hit in [(500, 496, 500), (512, 512, 512)]:
+        hits = {}
+        for kind, size in (("vllm", 16), ("radix", 1)):
+            pages = 4096 if size == 16 else 65536
+            sched, _ = make_scheduler("vllm", num_blocks=pages, block_size=size, prefix_caching=kind)
+            serve(sched, [req(0, [(1, prefix_len), (2, 100)])])
+            follower = req(1, [(1, prefix_len), (3, 100)])
+            serve(sched, [follower])
+            hits[kind] = follower.num_cached_tokens
+        assert hits == {"vllm": vllm_hit, "radix": radix_hit}
+
+
+# ---- brute force ------------------------------------------------------------------------------------
+
+def tokens_of(r: Request) -> list[tuple[int, int]]:
+    return [(seg, k) for seg, n in request_runs(r) for k in range(n)]
+
+
+def common(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+segments = st.lists(st.tuples(st.integers(0, 4), st.integers(1, 12)), min_size=1, max_size=4)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts=st.lists(st.tuples(segments, st.integers(1, 6)), min_size=1, max_size=10),
+       kind=st.sampled_from(["vllm", "radix"]), block_size=st.sampled_from([1, 2, 4]), tight=st.booleans())
+def test_cache_hits_match_brute_force_longest_cached_prefix(prompts, kind, block_size, tight):
+    """Requests run one after another. With room for everything, every lookup equals the longest prefix shared with
+    any earlier request (capped below the last token, whole blocks for vllm); with a tight pool, never more."""
+    size = block_size if kind == "vllm" else 1
+    page = block_size if kind == "radix" else 1
+    unit = size if kind == "vllm" else page
+    total = sum(sum(n for _, n in runs) + out for runs, out in prompts)
+    pages = (-(-total // unit) + 8) if not tight else max(-(-max(sum(n for _, n in r) + o for r, o in prompts)
+                                                            // unit) + 2, 2)
+    cls = PrefixCachingBlockManager if kind == "vllm" else RadixCache
+    sched, _ = make_scheduler("vllm", num_blocks=pages, block_size=unit, prefix_caching=kind, max_num_seqs=1)
+    assert isinstance(sched.kv, cls)
+    history: list[list] = []
+    for i, (runs, out) in enumerate(prompts):
+        r = req(i, [(seg, n) for seg, n in runs], output=out)
+        expected = max((common(tokens_of(r), h) for h in history), default=0)
+        expected = min(expected, r.num_prompt_tokens - 1)
+        expected -= expected % unit
+        got = sched.kv.lookup(r)
+        assert got <= expected if tight else got == expected
+        serve(sched, [r], now=float(i * 1000))
+        history.append(tokens_of(r)[: r.num_prompt_tokens + r.num_output_tokens - 1])

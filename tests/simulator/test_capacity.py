@@ -1,0 +1,112 @@
+"""Maximum sustainable rate: bisection agrees with a dense sweep; verdicts name the SLO that failed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hardware.errors import SpecError
+from simulator.capacity import at_rate, check_rate, judge, max_sustainable_rate, offered_rate, queue_growth
+from simulator.run import simulate
+from simulator.scenario import SloConfig
+from tests.simulator.study_helpers import SCENARIOS, chat
+
+DENSE_STEP = 1.0
+
+
+def test_bisection_matches_a_dense_rate_sweep_within_one_step():
+    s = chat()
+    dense = [check_rate(s, SCENARIOS, float(r)) for r in np.arange(2.0, 41.0, DENSE_STEP)]
+    first_failure = next(v for v in dense if not v.ok)
+    assert all(v.ok for v in dense if v.rate_per_s < first_failure.rate_per_s)
+    dense_answer = first_failure.rate_per_s - DENSE_STEP  # the last passing rate before the first failure
+    assert 10 < dense_answer < 38  # the answer lies inside the swept range, not at its edges
+
+    result = max_sustainable_rate(s, SCENARIOS, rel_tol=0.01)
+    assert abs(result.rate_per_s - dense_answer) <= DENSE_STEP
+    assert result.num_simulations == len(result.verdicts) < 15  # far fewer runs than the dense sweep's 39
+    assert result.best.ok and result.best.rate_per_s == result.rate_per_s
+    assert not result.limit.ok and result.limit.rate_per_s > result.rate_per_s
+
+
+def test_early_stopping_never_runs_above_a_failed_rate():
+    result = max_sustainable_rate(chat(), SCENARIOS, rel_tol=0.05)
+    failed = [v.rate_per_s for v in result.verdicts if not v.ok]
+    passed = [v.rate_per_s for v in result.verdicts if v.ok]
+    assert max(passed) < min(failed)
+    assert max(v.rate_per_s for v in result.verdicts) == max(failed)  # the first failure is the highest rate run
+    assert sorted(failed) == failed and all(b > a for a, b in zip(failed, failed[1:]))
+
+
+@pytest.mark.parametrize("slo,reason", [
+    ({"ttft_ms": 300}, "TTFT SLO"),
+    ({"tpot_ms": 15}, "TPOT SLO"),
+    ({"e2el_ms": 2000}, "E2E SLO"),
+    ({"ttft_ms": 2000, "goodput_fraction": 0.99, "percentile": 50}, "goodput"),
+])
+def test_each_failed_slo_is_named(slo, reason):
+    result = simulate(at_rate(chat(), 40.0), SCENARIOS)
+    verdict = judge(result, SloConfig(**slo), 40.0)
+    assert reason in verdict.reasons and not verdict.ok
+    assert len(verdict.details) == len(verdict.reasons)
+
+
+def test_percentile_decides_which_requests_must_meet_the_limit():
+    result = simulate(at_rate(chat(), 20.0), SCENARIOS)
+    median, p99 = result.summary["median_ttft_ms"], result.summary["p99_ttft_ms"]
+    between = (median + p99) / 2
+    assert judge(result, SloConfig(ttft_ms=between, percentile=50)).ok
+    verdict = judge(result, SloConfig(ttft_ms=between, percentile=99))
+    assert verdict.reasons[0] == "TTFT SLO" and "p99 TTFT" in verdict.details[0]
+
+
+def test_overload_without_slos_is_an_unstable_queue():
+    s = chat(slo={"ttft_ms": None, "tpot_ms": None})
+    assert check_rate(s, SCENARIOS, 5.0).ok
+    verdict = check_rate(s, SCENARIOS, 60.0)
+    assert verdict.reasons == ("unstable queue",) and "mean TTFT grows" in verdict.details[0]
+
+
+def _requests(ttft_s: list[float]) -> pd.DataFrame:
+    n = len(ttft_s)
+    arrival = np.arange(n, dtype=float)
+    return pd.DataFrame({"request_id": range(n), "arrival_s": arrival, "ttft_s": ttft_s,
+                         "finish_s": arrival + np.array(ttft_s) + 1, "reject_reason": [None] * n})
+
+
+def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
+    assert queue_growth(_requests([0.1, 0.2, 0.3, 0.5, 0.5, 0.5, 0.9, 1.0, 1.1])) == pytest.approx((0.2, 1.0))
+    stable = _requests([0.05, 0.01, 0.03, 0.2, 0.01, 0.02, 0.08, 0.1, 0.09])  # 3x, but by 60 ms only: noise
+    growing = _requests([0.05, 0.01, 0.03, 0.2, 0.5, 0.6, 0.8, 1.0, 1.2])
+    summary = {"completed": 9, "output_throughput": 1.0}
+    assert judge(_result(stable, summary), SloConfig()).ok
+    assert judge(_result(growing, summary), SloConfig()).reasons == ("unstable queue",)
+
+
+def _result(requests: pd.DataFrame, summary: dict):
+    class Result:  # judge reads only the summary and the per-request table
+        pass
+    result = Result()
+    result.requests, result.summary = requests, summary
+    return result
+
+
+def test_rate_needs_open_loop_arrivals_with_a_rate():
+    s = chat(workload={"arrivals": {"kind": "all_at_once"}})
+    with pytest.raises(SpecError, match="arrivals 'all_at_once' have no rate"):
+        max_sustainable_rate(s, SCENARIOS)
+    assert offered_rate(chat(), SCENARIOS) == 10
+    unscaled = chat(workload={"arrivals": {"kind": "trace"}})
+    assert offered_rate(unscaled, SCENARIOS) == pytest.approx(3.25, abs=0.01)  # the trace's own pace
+
+
+def test_at_rate_sets_the_rate_of_every_arrival_kind_that_has_one():
+    lengths = {"prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 10}}
+    poisson = chat(workload={"trace": None, "lengths": lengths, "arrivals": {"kind": "poisson", "rate_per_s": 3}})
+    assert at_rate(poisson, 7.0).workload.arrivals.rate_per_s == 7.0
+    scaled = at_rate(chat(workload={"arrivals": {"kind": "trace", "time_scale": 2.0}}), 7.0).workload.arrivals
+    assert (scaled.rate_per_s, scaled.time_scale) == (7.0, None)
+    closed = chat(workload={"closed_loop": {"clients": 4}})
+    with pytest.raises(SpecError, match="closed_loop"):
+        at_rate(closed, 7.0)

@@ -1,0 +1,132 @@
+"""The planner: pruning without simulation, a verified recommendation beside a failing cheaper deployment."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from simulator.capacity import Verdict
+from simulator.cli import app
+from simulator.launch import sglang_command, vllm_command
+from simulator.plan import Candidate, Deployment, Evaluation, PlanResult, _next_cheaper, evaluate, plan
+from tests.simulator.study_helpers import SCENARIOS, chat
+
+TARGET = 40.0
+
+
+@pytest.fixture(scope="module")
+def chat_plan():
+    return plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2], max_replicas=4, target_rate=TARGET)
+
+
+def test_recommendation_passes_its_verification_and_the_next_cheaper_fails(chat_plan):
+    rec, cheaper = chat_plan.recommendation, chat_plan.next_cheaper
+    assert rec is not None and cheaper is not None
+    assert rec.verdict.ok and rec.verdict.rate_per_s == TARGET  # simulated whole, at the target rate
+    assert rec.label == "2 x h100-sxm tp=1" and rec.cost_per_hour_usd == pytest.approx(2 * 2.99)
+    assert not cheaper.verdict.ok and cheaper.cost_per_hour_usd < rec.cost_per_hour_usd
+    assert cheaper.label == "1 x h100-sxm tp=1" and "TTFT SLO" in cheaper.verdict.reasons
+    assert rec in chat_plan.deployments and cheaper in chat_plan.deployments
+    assert all(d.cost_per_hour_usd >= rec.cost_per_hour_usd for d in chat_plan.deployments if d.verdict.ok)
+    tokens_per_hour = rec.verdict.metrics["output_throughput"] * 3600
+    assert rec.cost_per_million_output_tokens_usd == pytest.approx(rec.cost_per_hour_usd / tokens_per_hour * 1e6)
+
+
+def test_sizing_comes_from_the_per_replica_rate(chat_plan):
+    tp1, tp2 = chat_plan.evaluations
+    assert tp1.rejection is None and tp1.replicas == 2 and TARGET / 2 <= tp1.rate_per_replica < TARGET
+    assert tp2.rejection is None and tp2.replicas == 1 and tp2.rate_per_replica >= TARGET
+    assert chat_plan.num_simulations == len(chat_plan.deployments) + sum(
+        e.capacity.num_simulations for e in chat_plan.evaluations)
+
+
+def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
+    path = tmp_path / "chat.yaml"
+    path.write_text(yaml.safe_dump(chat().run_settings().model_dump(mode="json", exclude_unset=True)))
+    (tmp_path / "traces").symlink_to(SCENARIOS / "traces")
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(app, ["plan", str(path), "--gpus", "h100-sxm", "--tp", "1,2", "--max-replicas", "4",
+                                      "--target-rate", str(TARGET), "--out", str(out), "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "plan.json").read_text())
+    assert data["recommendation"]["deployment"] == "2 x h100-sxm tp=1" and data["recommendation"]["verdict"]["ok"]
+    assert data["next_cheaper"]["deployment"] == "1 x h100-sxm tp=1" and not data["next_cheaper"]["verdict"]["ok"]
+    assert data["pareto_ttft"] and data["pareto_tpot"]
+    assert "recommendation: 2 x h100-sxm tp=1" in result.stdout and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
+    assert data["commands"]["vllm"] == (
+        "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-seqs 256 --max-num-batched-tokens 8192 "
+        "--gpu-memory-utilization 0.9 --max-model-len 16384 --enable-chunked-prefill")
+    assert data["commands"]["sglang"] == (
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1 --max-running-requests 256 "
+        "--chunked-prefill-size 8192 --mem-fraction-static 0.9 --context-length 16384")
+    assert data["commands"]["replicas"] == 2
+
+
+def test_what_cannot_fit_is_pruned_without_simulating():
+    ev = evaluate(chat(model="llama-3.1-70b"), SCENARIOS, Candidate("l4", 1), TARGET, 16, 0.05)
+    assert ev.rejection == "does not fit" and "does not fit on l4" in ev.detail
+    assert ev.capacity is None and not ev.can_start
+    wide = evaluate(chat(), SCENARIOS, Candidate("l4", 16), TARGET, 16, 0.05)
+    assert wide.rejection == "does not fit" and "GPUs per l4 node" in wide.detail
+
+
+def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
+    with pytest.raises(SpecError, match="unknown GPU 'h100'"):
+        plan(chat(), SCENARIOS, gpus=["h100"], tps=[1], target_rate=TARGET)
+    with pytest.raises(SpecError, match="unknown engine knob 'max_seqs'"):
+        plan(chat(), SCENARIOS, tps=[1], knobs={"max_seqs": [8]}, target_rate=TARGET)
+
+
+def test_knobs_that_contradict_each_other_are_invalid():
+    ev = evaluate(chat(), SCENARIOS, Candidate("h100-sxm", 1, (("max_num_seqs", 512), ("max_num_batched_tokens", 256))),
+                  TARGET, 4, 0.05)
+    assert ev.rejection == "invalid" and "max_num_batched_tokens (256) < max_num_seqs (512)" in ev.detail
+
+
+def test_a_candidate_that_fails_at_any_useful_rate_says_why():
+    ev = evaluate(chat(slo={"tpot_ms": 3}), SCENARIOS, Candidate("h100-sxm", 1), TARGET, 4, 0.05)
+    assert ev.rejection == "TPOT SLO" and "per replica (target / max_replicas)" in ev.detail
+    assert ev.capacity.num_simulations == 3  # 40, 20, 10 req/s: no lower than target / max_replicas
+
+
+def _evaluation(gpu: str, price: float) -> Evaluation:
+    return Evaluation(Candidate(gpu, 1), gpus_per_replica=1, price_per_replica_hour_usd=price)
+
+
+def test_next_cheaper_is_the_most_expensive_deployment_under_the_cost():
+    evaluations = [_evaluation("a", 3.0), _evaluation("b", 1.0), _evaluation("c", 2.5)]
+    assert _next_cheaper(evaluations, [0, 1, 2], 6.0, 16) == (1, 5)  # 5 x 1.0 beats 1 x 3.0 and 2 x 2.5
+    assert _next_cheaper(evaluations, [0, 1, 2], 6.0, 4) == (2, 2)  # 4 x 1.0 < 2 x 2.5
+    assert _next_cheaper(evaluations, [0, 2], 6.0, 16) == (2, 2)
+    assert _next_cheaper(evaluations, [0], 3.0, 16) is None
+
+
+def test_pareto_frontier_keeps_deployments_nobody_beats_on_cost_and_latency():
+    def deployment(price: float, ttft: float) -> Deployment:
+        return Deployment(_evaluation("g", price), 1, Verdict(1.0, (), (), {"p90_ttft_ms": ttft}))
+    a, b, c, d = deployment(1, 900), deployment(2, 300), deployment(3, 400), deployment(4, 100)
+    result = PlanResult(1.0, [], [c, a, d, b], None, None)
+    assert result.pareto("p90_ttft_ms") == [a, b, d]  # c costs more than b and is slower
+
+
+def test_launch_commands_follow_the_engine_knobs():
+    s = chat(engine={"enable_chunked_prefill": False, "max_num_batched_tokens": 16384, "kv_dtype": "fp8"},
+             parallelism={"tp": 4})
+    vllm, sglang = vllm_command(s, 16384), sglang_command(s, 16384)
+    assert "--tensor-parallel-size 4" in vllm and "--no-enable-chunked-prefill" in vllm
+    assert "--kv-cache-dtype fp8" in vllm and "--max-num-batched-tokens 16384" in vllm
+    assert "--tp 4" in sglang and "--chunked-prefill-size -1" in sglang and "--kv-cache-dtype fp8_e4m3" in sglang
+
+
+def test_the_plan_section_supplies_the_choices():
+    s = chat(plan={"gpus": ["h200"], "tp": [2], "max_replicas": 2, "target_rate_per_s": 20,
+                   "engine": {"max_num_seqs": [128]}})
+    result = plan(s, SCENARIOS)
+    assert [e.candidate.label for e in result.evaluations] == ["h200 tp=2 max_num_seqs=128"]
+    assert result.target_rate_per_s == 20 and result.recommendation.label == "1 x h200 tp=2 max_num_seqs=128"
+    assert result.next_cheaper is None  # nothing cheaper than one replica of the only candidate
+    assert "--max-num-seqs 128" in result.commands["vllm"] and "--tp 2" in result.commands["sglang"]

@@ -1,0 +1,105 @@
+"""HTML reports: self-contained, and drawn without script errors in a real headless browser (Debian's chromium)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from hardware.errors import SpecError
+from simulator.cli import app
+from simulator.output import write_run
+from simulator.report import page, write_report
+from simulator.run import simulate
+from simulator.sweep import run_sweep
+from tests.simulator.study_helpers import SCENARIOS, chat
+
+CHROMIUM = shutil.which("chromium")
+needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it "
+                                                             "with apt-get install chromium)")
+
+
+def render(html: Path, tmp_path: Path) -> tuple[str, str, Path]:
+    """Load `html` in headless chromium: (title after the scripts ran, the dumped DOM, a 1400x3000 screenshot)."""
+    png = tmp_path / f"{html.stem}.png"
+    done = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--screenshot={png}", "--window-size=1400,3000",
+         "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom", html.resolve().as_uri()],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console_errors = [line for line in done.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
+    assert not console_errors, console_errors
+    title = re.search(r"<title>(.*?)</title>", done.stdout).group(1)
+    return title, done.stdout, png
+
+
+def charts_with_svg(dom: str) -> int:
+    """Chart containers whose markup holds a plotly SVG (each chart's div comes before the next one)."""
+    parts = re.split(r'<div class="chart[^"]*" id="chart-\d+"', dom)[1:]
+    return sum('class="main-svg"' in part.split('<div class="chart', 1)[0] for part in parts)
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("run") / "chat"
+    return write_run(simulate(chat(workload={"num_requests": 150}), SCENARIOS), folder)
+
+
+@pytest.fixture(scope="module")
+def sweep_folder(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("sweep")
+    grid = {"hardware.gpu": ["h100-sxm", "h200"], "workload.arrivals.rate_per_s": [5, 15, 30]}
+    run_sweep(chat(workload={"num_requests": 150}), SCENARIOS, grid, folder, workers=1)
+    return folder
+
+
+def test_run_report_is_one_self_contained_file(run_folder, tmp_path):
+    out = write_report(run_folder, tmp_path / "r.html")
+    html = out.read_text()
+    assert "<script src" not in html and "Plotly.newPlot" in html and len(html) > 3_000_000  # plotly.js inline
+    assert html.count('<div class="chart"') == 4 and "Configuration" in html and "llama-3.1-8b" in html
+    assert not list(tmp_path.glob(".r.html.*"))  # written atomically: no temp file left
+
+
+@needs_chromium
+def test_run_report_draws_every_chart_in_a_browser(run_folder, tmp_path):
+    out = write_report(run_folder, tmp_path / "run.html")
+    title, dom, png = render(out, tmp_path)
+    assert title == "servesim report: 4 charts drawn"
+    assert charts_with_svg(dom) == 4
+    assert png.stat().st_size > 20_000
+
+
+@needs_chromium
+def test_sweep_report_draws_load_curves_frontier_and_cost_pareto(sweep_folder, tmp_path):
+    result = CliRunner().invoke(app, ["report", str(sweep_folder), "--out", str(tmp_path / "sweep.html")])
+    assert result.exit_code == 0, result.output
+    title, dom, png = render(tmp_path / "sweep.html", tmp_path)
+    assert title == "servesim report: 3 charts drawn"  # latency vs load, throughput-latency, cost Pareto
+    assert charts_with_svg(dom) == 3 and "Pareto frontier" in dom
+    assert png.stat().st_size > 20_000
+
+
+@needs_chromium
+def test_a_script_error_shows_in_the_title(tmp_path):
+    broken = page("broken", [], []).replace("</body>", "<script>notAFunction();</script></body>")
+    (tmp_path / "broken.html").write_text(broken)
+    with pytest.raises(AssertionError, match="Uncaught"):  # the console check catches it...
+        render(tmp_path / "broken.html", tmp_path)
+    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
+                           "--virtual-time-budget=5000", "--dump-dom", (tmp_path / "broken.html").as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert "servesim report: error: " in done.stdout  # ...and so does the title
+
+
+def test_report_of_a_folder_without_results_is_one_clear_error(tmp_path):
+    with pytest.raises(SpecError, match="neither a run folder"):
+        write_report(tmp_path)
+    result = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert result.exit_code == 2 and "neither a run folder" in result.stderr

@@ -1,0 +1,144 @@
+"""Sweeps: grid order, hash-named point folders, resuming after an interruption, serial = parallel = Dask."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+import simulator.sweep as sweep_module
+from hardware.errors import SpecError
+from simulator.cli import app
+from simulator.scenario import load_scenario
+from simulator.sweep import expand, parse_grid, run_sweep, scenario_hash
+from tests.simulator.study_helpers import SCENARIOS, chat
+
+GRID = {"workload.arrivals.rate_per_s": [5, 20], "engine.max_num_seqs": [32, 256]}
+
+
+def test_grid_points_come_in_grid_order_with_stable_hashes():
+    points = expand(chat(), GRID)
+    assert [p.overrides for p in points] == [
+        {"workload.arrivals.rate_per_s": 5, "engine.max_num_seqs": 32},
+        {"workload.arrivals.rate_per_s": 5, "engine.max_num_seqs": 256},
+        {"workload.arrivals.rate_per_s": 20, "engine.max_num_seqs": 32},
+        {"workload.arrivals.rate_per_s": 20, "engine.max_num_seqs": 256}]
+    assert points[1].scenario.engine.max_num_seqs == 256 and points[2].scenario.workload.arrivals.rate_per_s == 20
+    assert len({p.hash for p in points}) == 4
+    assert [p.hash for p in expand(chat(), GRID)] == [p.hash for p in points]  # same scenario, same folder
+    assert points[0].hash == scenario_hash(points[0].scenario)
+
+
+def test_parse_grid_reads_yaml_scalars():
+    assert parse_grid(["a.b=1,2.5,true", "c=h100-sxm,h200"]) == {"a.b": [1, 2.5, True], "c": ["h100-sxm", "h200"]}
+    with pytest.raises(SpecError, match="expected dotted.key=value1,value2"):
+        parse_grid(["engine.max_num_seqs"])
+
+
+def test_interrupted_sweep_restarts_without_rerunning_finished_points(tmp_path, monkeypatch):
+    calls = []
+    real_simulate = sweep_module.simulate
+
+    def interrupted_on_third(s, base_dir):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C while the third point runs
+        calls.append(s)
+        return real_simulate(s, base_dir)
+
+    monkeypatch.setattr(sweep_module, "simulate", interrupted_on_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
+    points = tmp_path / "points"
+    finished = {p.name: (p / "summary.json").stat().st_mtime_ns for p in points.iterdir()}
+    assert len(finished) == 2 and not (tmp_path / "results.csv").exists()
+    assert not [p for p in points.iterdir() if p.name.startswith(".")]  # no half-written point folder
+
+    calls.clear()
+    monkeypatch.setattr(sweep_module, "simulate", lambda s, base_dir: calls.append(s) or real_simulate(s, base_dir))
+    result = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
+    assert (result.num_run, result.num_reused, len(calls)) == (2, 2, 2)
+    assert {p.name: (p / "summary.json").stat().st_mtime_ns for p in points.iterdir() if p.name in finished} == finished
+    assert result.table["completed"].tolist() == [200] * 4
+
+    calls.clear()
+    again = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
+    assert calls == [] and again.num_reused == 4
+    pd.testing.assert_frame_equal(again.table, result.table)
+
+
+def test_widening_a_grid_reuses_the_points_already_run(tmp_path):
+    first = run_sweep(chat(), SCENARIOS, {"workload.arrivals.rate_per_s": [5, 20]}, tmp_path, workers=1)
+    wider = run_sweep(chat(), SCENARIOS, {"workload.arrivals.rate_per_s": [5, 10, 20, 30]}, tmp_path, workers=1)
+    assert (first.num_run, wider.num_run, wider.num_reused) == (2, 2, 2)
+    assert wider.table["workload.arrivals.rate_per_s"].tolist() == [5, 10, 20, 30]
+
+
+def test_parallel_and_serial_sweeps_write_identical_tables(tmp_path):
+    serial = run_sweep(chat(), SCENARIOS, GRID, tmp_path / "serial", workers=1)
+    parallel = run_sweep(chat(), SCENARIOS, GRID, tmp_path / "parallel", workers=2)
+    assert parallel.num_run == 4
+    assert (tmp_path / "serial" / "results.csv").read_bytes() == (tmp_path / "parallel" / "results.csv").read_bytes()
+    table = serial.table
+    summary = json.loads((tmp_path / "serial" / "points" / table["point"][0] / "summary.json").read_text())
+    assert list(table.columns) == [*GRID, "point", "error", *summary]
+    assert table["p90_ttft_ms"][2] > table["p90_ttft_ms"][0]  # more load, longer waits: the rows are the points
+
+
+def test_dask_engine_gives_the_same_table(tmp_path):
+    distributed = pytest.importorskip("dask.distributed")
+    grid = {"workload.arrivals.rate_per_s": [5, 20]}
+    run_sweep(chat(), SCENARIOS, grid, tmp_path / "local", workers=1)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0")
+    with cluster:
+        remote = run_sweep(chat(), SCENARIOS, grid, tmp_path / "dask", engine="dask",
+                           dask_address=cluster.scheduler_address)
+    assert remote.num_run == 2
+    assert (tmp_path / "local" / "results.csv").read_bytes() == (tmp_path / "dask" / "results.csv").read_bytes()
+
+
+def test_a_point_that_cannot_start_is_reported_in_the_table(tmp_path):
+    result = run_sweep(chat(), SCENARIOS, {"model": ["llama-3.1-8b", "llama-3.1-70b"]}, tmp_path, workers=1)
+    assert pd.isna(result.table["error"][0]) and result.table["completed"][0] == 200
+    assert "does not fit on h100-sxm" in result.table["error"][1] and pd.isna(result.table["completed"][1])
+
+
+runner = CliRunner()
+
+
+def _scenario_file(tmp_path, **extra) -> str:
+    raw = yaml.safe_load((SCENARIOS / "quickstart.yaml").read_text()) | extra
+    raw["workload"]["trace"]["path"] = str(SCENARIOS / "traces" / "azure_conv_1h_first2000.csv")
+    raw["workload"]["num_requests"] = 150
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return str(path)
+
+
+@pytest.mark.parametrize("args,extra,expected", [
+    (["--grid", "engine.max_num_seq=64,128"], {}, "sweep grid key 'engine.max_num_seq' is not a scenario field"),
+    (["--grid", "workload.arrivals.cv=2"], {}, "'workload.arrivals.cv' is not a scenario field"),
+    (["--grid", "engine.max_num_seqs.x=2"], {}, "'engine.max_num_seqs.x' is not a scenario field"),
+    ([], {"sweep": {"grid": {"engine.max_num_seq": [64]}}}, "s.yaml: sweep grid key 'engine.max_num_seq' is not"),
+    (["--grid", "engine.max_num_seqs=0"], {}, "sweep point engine.max_num_seqs=0: engine.max_num_seqs"),
+    ([], {}, "nothing to sweep"),
+])
+def test_bad_grids_give_one_clear_error_line(tmp_path, args, extra, expected):
+    result = runner.invoke(app, ["sweep", _scenario_file(tmp_path, **extra), "--out", str(tmp_path / "out"), *args])
+    assert result.exit_code == 2, result.output
+    assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "out" / "points").exists()
+
+
+def test_sweep_command_uses_the_scenario_grid_and_the_option(tmp_path):
+    path = _scenario_file(tmp_path, sweep={"grid": {"engine.max_num_seqs": [64, 256]}})
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["sweep", path, "--grid", "workload.arrivals.rate_per_s=8,16", "--out", str(out),
+                                 "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    table = pd.read_csv(out / "results.csv")
+    assert list(table.columns[:3]) == ["engine.max_num_seqs", "workload.arrivals.rate_per_s", "point"]
+    assert len(table) == 4 and "4 point(s) run, 0 reused" in result.stdout
+    assert load_scenario(path)[0].sweep.grid == {"engine.max_num_seqs": [64, 256]}

@@ -1,0 +1,151 @@
+"""Building blocks of the `workload:` config: trace sources and value distributions (`Dist`).
+
+Units: lengths in tokens, times in seconds. Validation reads no files. workloads/config.py
+re-exports every public name here, so `from workloads.config import Dist` keeps working.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Literal, Self, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TraceFormat = Literal["azure", "mooncake", "sharegpt", "arxiv", "burstgpt", "servegen", "servesim"]
+UNTIMED_FORMATS = frozenset({"sharegpt", "arxiv"})  # length tables without arrival times
+MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TraceSource(_Model):
+    """A trace file (or ServeGen folder) and how to read it."""
+
+    format: TraceFormat = Field(description="File format; see workloads/traces.py for the columns of each.")
+    path: Path = Field(description="Trace file (a folder for servegen); relative paths resolve against "
+                                   "the scenario file's folder.")
+    clients: tuple[int, ...] | None = Field(None, description="servegen only: client ids to keep (None = all "
+                                                              "clients that have a dataset file).")
+    burstgpt_model: str | None = Field(None, description="burstgpt only: keep rows whose `Model` column equals "
+                                                         "this (e.g. 'ChatGPT', 'GPT-4').")
+    drop_failed: bool = Field(True, description="burstgpt only: drop failed requests (0 response tokens); "
+                                                "if False they are kept as 1-output-token requests.")
+
+    @model_validator(mode="after")
+    def _options_match_format(self) -> Self:
+        if self.clients is not None and self.format != "servegen":
+            raise ValueError(f"trace.clients is a servegen option, but format is {self.format!r}; remove it")
+        burst_only = {"burstgpt_model", "drop_failed"} & self.model_fields_set
+        if burst_only and self.format != "burstgpt":
+            raise ValueError(f"trace.{sorted(burst_only)[0]} is a burstgpt option, but format is "
+                             f"{self.format!r}; remove it")
+        return self
+
+
+class FixedDist(_Model):
+    """Always `value`."""
+
+    kind: Literal["fixed"]
+    value: float = Field(ge=0, description="The value (tokens, or seconds for think times).")
+
+
+class UniformDist(_Model):
+    """Uniform on [low, high]."""
+
+    kind: Literal["uniform"]
+    low: float = Field(ge=0, description="Lower bound, inclusive (tokens or seconds).")
+    high: float = Field(ge=0, description="Upper bound (tokens or seconds); >= low.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.high < self.low:
+            raise ValueError(f"uniform: high ({self.high}) < low ({self.low}); swap them")
+        return self
+
+
+class NormalDist(_Model):
+    """Normal(mean, std), truncated to [min, max] by *resampling* (an exact truncated normal, no pile-up
+    at the bounds). Without min/max nothing is removed."""
+
+    kind: Literal["normal"]
+    mean: float = Field(description="Mean before truncation (tokens or seconds).")
+    std: float = Field(gt=0, description="Standard deviation before truncation (tokens or seconds).")
+    min: float | None = Field(None, description="Lower truncation bound, inclusive (None = no bound).")
+    max: float | None = Field(None, description="Upper truncation bound, inclusive (None = no bound).")
+
+    @model_validator(mode="after")
+    def _bounds_hold_mass(self) -> Self:
+        lo, hi = _or_inf(self.min, -1), _or_inf(self.max, 1)
+        if lo >= hi:
+            raise ValueError(f"normal: min ({self.min}) must be < max ({self.max})")
+        if self.mass() < MIN_NORMAL_MASS:
+            raise ValueError(f"normal(mean={self.mean}, std={self.std}) puts only {self.mass():.2g} of its mass "
+                             f"in [min={self.min}, max={self.max}]; move the mean or widen the bounds")
+        return self
+
+    def mass(self) -> float:
+        """Probability that an untruncated sample falls in [min, max]."""
+        def cdf(x: float) -> float:
+            return 0.5 * (1 + math.erf((x - self.mean) / (self.std * math.sqrt(2))))
+        return cdf(_or_inf(self.max, 1)) - cdf(_or_inf(self.min, -1))
+
+
+class LognormalDist(_Model):
+    """exp(Normal(ln(median), sigma)): `median` is the median, `sigma` the std of the log. Mean =
+    median * exp(sigma**2 / 2)."""
+
+    kind: Literal["lognormal"]
+    median: float = Field(gt=0, description="Median (tokens or seconds).")
+    sigma: float = Field(ge=0, description="Standard deviation of ln(x) (dimensionless); 0 = always median.")
+
+
+class EmpiricalDist(_Model):
+    """Sampled with replacement from one length column of a trace."""
+
+    kind: Literal["empirical"]
+    trace: TraceSource = Field(description="Trace whose column is resampled (not servegen).")
+    column: Literal["prompt", "output"] = Field(description="Which length column (tokens).")
+
+    @model_validator(mode="after")
+    def _not_servegen(self) -> Self:
+        if self.trace.format == "servegen":
+            raise ValueError("empirical: servegen is a workload model, not a length table; use it as "
+                             "`workload.trace` instead")
+        return self
+
+
+Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist],
+                 Field(discriminator="kind")]
+
+
+def upper_bound(dist: Dist) -> float:
+    """Largest value `dist` can produce (inf when unbounded or empirical)."""
+    match dist:
+        case FixedDist(value=v) | UniformDist(high=v):
+            return v
+        case NormalDist(max=v) if v is not None:
+            return v
+    return math.inf
+
+
+def _or_inf(x: float | None, sign: int) -> float:
+    return sign * math.inf if x is None else x
+
+
+def tokens_problem(dist: Dist, where: str) -> str | None:
+    """Why `dist` cannot be a token count (every sample below 1), or None when it can."""
+    if upper_bound(dist) < 1:
+        return f"{where}: every sample is below 1 token (upper bound {upper_bound(dist)}); raise it to >= 1"
+    return None
+
+
+def seconds_problem(dist: Dist | None, where: str) -> str | None:
+    """Why `dist` cannot be a non-negative duration (s), or None when it can."""
+    if isinstance(dist, EmpiricalDist):
+        return f"{where}: empirical samples token counts, not seconds"
+    if isinstance(dist, NormalDist) and (dist.min is None or dist.min < 0):
+        return f"{where}: a normal time needs min >= 0 (e.g. min: 0)"
+    return None
