@@ -260,3 +260,43 @@ class RadixCache(BlockManager):
         everything = tree_pages + own + list(self._free)
         assert sorted(everything) == list(range(self.num_blocks)), "pages leaked or owned twice"
         assert evictable == self._evictable_pages, "evictable page count drifted"
+
+
+class TokenTrie:
+    """A bare radix tree of token sequences (no pages, no eviction): what a router remembers it sent where."""
+
+    def __init__(self) -> None:
+        self.root = Node((), [], None)
+        self.num_tokens = 0
+
+    def match(self, key: tuple[Piece, ...]) -> int:
+        """Tokens of the longest prefix of `key` inserted before."""
+        node, matched, rest = self.root, 0, key
+        while rest:
+            child = node.children.get(_first_page(rest, 1))
+            if child is None:
+                return matched
+            common = _common_tokens(child.key, rest)
+            matched += common
+            if common < child.num_tokens:
+                return matched
+            node, rest = child, _split_pieces(rest, common)[1]
+        return matched
+
+    def insert(self, key: tuple[Piece, ...]) -> None:
+        node, rest = self.root, key
+        while rest:
+            child = node.children.get(_first_page(rest, 1))
+            if child is None:
+                node.children[_first_page(rest, 1)] = Node(rest, [], node)
+                self.num_tokens += sum(p[2] for p in rest)
+                return
+            common = _common_tokens(child.key, rest)
+            if common < child.num_tokens:
+                head, tail = _split_pieces(child.key, common)
+                upper = Node(head, [], node)
+                node.children[_first_page(head, 1)] = upper
+                child.key, child.parent = tail, upper
+                upper.children[_first_page(tail, 1)] = child
+                child = upper
+            node, rest = child, _split_pieces(rest, common)[1]

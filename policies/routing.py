@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import bisect
+import hashlib
 from typing import Protocol
 
 import numpy as np
 
+from policies.radix import TokenTrie
 from policies.registry import routers
+from policies.token_ids import pieces, request_runs
 from workloads.request import Request
 
 
@@ -53,3 +57,71 @@ class LeastOutstandingRouter:
 
     def route(self, req: Request) -> ReplicaView:
         return min(self.replicas, key=lambda r: (r.num_outstanding, r.index))
+
+
+@routers.register("least_kv")
+class LeastKvRouter:
+    """Lowest KV-cache usage; ties go to the lowest index."""
+
+    def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
+        self.replicas = replicas
+
+    def route(self, req: Request) -> ReplicaView:
+        return min(self.replicas, key=lambda r: (r.kv_usage, r.index))
+
+
+@routers.register("prefix_affinity")
+class PrefixAffinityRouter:
+    """SGLang's cache-aware router (sglang-router / gateway `cache_aware`, with its defaults).
+
+    It keeps, per replica, an approximate radix tree of the prompts it routed there. If the load is
+    imbalanced (busiest - idlest > 64 outstanding requests and busiest > 1.5 x idlest), the least
+    loaded replica gets the request. Otherwise the replica whose tree shares the largest fraction of
+    the prompt gets it, if that fraction exceeds 0.3; else the replica with the smallest tree.
+    """
+
+    cache_threshold, balance_abs, balance_rel = 0.3, 64, 1.5
+
+    def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
+        self.replicas = replicas
+        self.trees = [TokenTrie() for _ in replicas]
+
+    def route(self, req: Request) -> ReplicaView:
+        key = pieces(request_runs(req), 0, req.num_prompt_tokens)
+        loads = [r.num_outstanding for r in self.replicas]
+        if max(loads) - min(loads) > self.balance_abs and max(loads) > self.balance_rel * min(loads):
+            choice = min(range(len(loads)), key=lambda i: (loads[i], i))
+        else:
+            matches = [tree.match(key) for tree in self.trees]
+            best = max(range(len(matches)), key=lambda i: (matches[i], -i))
+            if matches[best] > self.cache_threshold * req.num_prompt_tokens:
+                choice = best
+            else:
+                choice = min(range(len(self.trees)), key=lambda i: (self.trees[i].num_tokens, i))
+        self.trees[choice].insert(key)
+        return self.replicas[choice]
+
+
+@routers.register("session_affinity")
+class SessionAffinityRouter:
+    """Consistent hashing of the session id (100 virtual nodes per replica): a session's turns land on one
+    replica, and adding a replica moves only ~1/N of the sessions. Requests without a session hash their id."""
+
+    virtual_nodes = 100
+
+    def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
+        self.replicas = replicas
+        ring = sorted((_stable_hash(f"replica-{r.index}-{v}"), r.index) for r in replicas
+                      for v in range(self.virtual_nodes))
+        self._points = [p for p, _ in ring]
+        self._owners = [i for _, i in ring]
+
+    def route(self, req: Request) -> ReplicaView:
+        key = req.session_id if req.session_id is not None else f"request-{req.id}"
+        position = bisect.bisect(self._points, _stable_hash(f"session-{key}")) % len(self._points)
+        return self.replicas[self._owners[position]]
+
+
+def _stable_hash(text: str) -> int:
+    """A hash that does not change between runs (Python's str hash is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")

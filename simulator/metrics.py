@@ -74,6 +74,8 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "replica": [r.replica for r in requests],
         "session_id": [r.session_id for r in requests],
         "reject_reason": [r.reject_reason for r in requests],
+        "served_by": [r.served_by for r in requests],
+        "false_hit": [r.false_hit for r in requests],
     }
     df = pd.DataFrame(rows).astype({"first_token_s": float, "finish_s": float})
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
@@ -123,3 +125,34 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
         summary["request_goodput"] = per_s(int(good.sum()))
         summary["slo_attainment"] = float(good.mean()) if len(done) else float("nan")
     return summary
+
+
+def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_replicas: int,
+                           gpus_per_replica: int) -> dict:
+    """Prefix-cache, response-cache and per-replica load figures.
+
+    - prefix_cache_hit_rate: prompt tokens served from the KV prefix cache at admission / prompt tokens of
+      requests that reached an engine (`prefill_tokens_saved` is the numerator).
+    - response_cache_hit_rate: requests answered by an application cache / all requests; false hits are
+      semantic answers to another question. `gpu_time_saved_s`: their tokens times the run's GPU-seconds
+      per processed token.
+    - replica_requests / load_imbalance: requests each replica served; busiest / mean.
+    """
+    engine = requests[requests["served_by"] == "engine"]
+    prompt = int(engine["prompt_tokens"].sum())
+    cached = int(engine["cached_tokens"].sum())
+    cache_hits = requests[requests["served_by"].fillna("engine").str.endswith("_cache")]
+    tokens = int((steps["prefill_tokens"] + steps["decode_tokens"]).sum())
+    gpu_s_per_token = float(steps["duration_s"].sum()) * gpus_per_replica / tokens if tokens else 0.0
+    per_replica = engine["replica"].value_counts().reindex(range(num_replicas), fill_value=0)
+    return {
+        "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
+        "prefill_tokens_saved": cached,
+        "response_cache_hits": len(cache_hits),
+        "response_cache_hit_rate": len(cache_hits) / len(requests) if len(requests) else 0.0,
+        "response_cache_false_hits": int(cache_hits["false_hit"].sum()),
+        "gpu_time_saved_s": float((cache_hits["prompt_tokens"] + cache_hits["requested_output_tokens"]).sum())
+        * gpu_s_per_token,
+        "replica_requests": [int(n) for n in per_replica],
+        "load_imbalance": float(per_replica.max() / per_replica.mean()) if per_replica.mean() > 0 else 0.0,
+    }

@@ -22,7 +22,8 @@ from policies.step import StepPlan, TokenLog
 from policies.token_budget import max_blocks_of
 from hardware.step_timer import StepTimer
 from simulator.engine import FastForward, Replica, StepTime
-from simulator.metrics import StepLog, request_frame, summarize
+from policies.app_cache import AppCache
+from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize
 from simulator.scenario import Scenario
 from simulator.traffic import Traffic
 from workloads.generate import Workload, build_workload
@@ -98,7 +99,7 @@ class World:
 
     def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
                  workload: Workload | None = None):
-        seeds = np.random.SeedSequence(s.seed).spawn(3)
+        seeds = np.random.SeedSequence(s.seed).spawn(4)
         self.scenario = s
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
         self.memory = _memory_plan(s)
@@ -120,7 +121,7 @@ class World:
         timer = build_timer(s)
         step_time = build_step_time(s, self.memory, timer)
         stop_s = s.stop.max_sim_time_s or math.inf
-        open_loop = s.workload.closed_loop is None
+        open_loop = s.workload.closed_loop is None and not self.workload.followups
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
             else None
         host_blocks = int(s.engine.swap_space_gib * GIB // (self.memory.kv_bytes_per_token * s.engine.block_size))
@@ -129,6 +130,8 @@ class World:
             for i in range(s.cluster.replicas)]
         self.router = routers.get(s.cluster.router)(self.replicas, np.random.default_rng(seeds[1]))
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
+        self.app_cache = AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" \
+            else None
 
     def _scheduler(self, host_blocks: int):
         e = self.scenario.engine
@@ -139,19 +142,32 @@ class World:
     def _next_event_s(self) -> float:
         """When something from outside may next reach a replica: the next arrival (closed loop: the next
         event of any kind, since another replica's finish may release a client)."""
-        if self.traffic.closed is not None:
+        if self.traffic.reacts_to_finishes:
             return self.env.peek()
         return self.traffic.next_arrival_s()
 
     def _arrive(self, req: Request) -> None:
+        if self.app_cache is not None and self.app_cache.lookup(req):
+            self.env.process(self._answer_from_cache(req))
+            return
         reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_pages, self.page_size)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             self._finished(req)
             return
+        req.served_by = "engine"
         self.router.route(req).submit(req)
 
+    def _answer_from_cache(self, req: Request):
+        yield self.env.timeout(self.scenario.app_cache.lookup_latency_s)
+        req.phase, req.served_by = Phase.FINISHED, f"{self.scenario.app_cache.kind}_cache"
+        req.first_token_s = req.last_token_s = req.finish_s = self.env.now
+        req.num_generated = req.num_output_tokens
+        self._finished(req)
+
     def _finished(self, req: Request) -> None:
+        if self.app_cache is not None and req.served_by == "engine" and req.finish_s is not None:
+            self.app_cache.store(req)
         self.completed += 1
         if self.on_progress:
             self.on_progress(self.completed)
@@ -160,10 +176,13 @@ class World:
     def run(self) -> RunResult:
         until = self.scenario.stop.max_sim_time_s
         self.env.run(until=until)
-        requests = request_frame(self.workload.requests)
+        requests = request_frame(sorted([*self.workload.requests, *self.workload.followups.values()],
+                                        key=lambda r: r.id))
         steps = self.steps.frame()
         summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
                             else np.array([]), self.scenario.slo.as_ms())
+        summary |= cache_and_load_summary(requests, steps, self.scenario.cluster.replicas,
+                                          self.scenario.parallelism.tp * self.scenario.parallelism.pp)
         return RunResult(self.scenario, self.memory, self.num_blocks, requests, steps, summary)
 
 

@@ -17,6 +17,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import preset_names
 from policies.config import EngineConfig
+from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
 from workloads.config import WorkloadConfig
 
@@ -127,6 +128,7 @@ class Scenario(BaseModel):
     slo: SloConfig = SloConfig()
     stop: StopConfig = StopConfig()
     simulation: SimulationConfig = SimulationConfig()
+    app_cache: AppCacheConfig = AppCacheConfig()
     sweep: SweepConfig | None = Field(None, description="Grid of runs for `servesim sweep`")
     plan: PlanConfig | None = Field(None, description="Deployments `servesim plan` compares")
 

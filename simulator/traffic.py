@@ -1,6 +1,7 @@
 """Where requests come from in simulated time: open-loop arrivals or closed-loop clients.
 
-Open loop: each request enters at its `arrival_s`. Closed loop (how `vllm bench serve
+Open loop: each request enters at its `arrival_s`. Multi-turn sessions: the next turn of a session
+(`Workload.followups`) is sent `think_time_s` after the previous turn finishes. Closed loop (how `vllm bench serve
 --max-concurrency` and most published benchmarks measure): `clients` users start at t=0, and
 each sends its next request, in workload order, when its previous one finishes (or is rejected)
 plus a think time; the request's `arrival_s` is rewritten to the moment it is sent.
@@ -24,6 +25,7 @@ class Traffic:
                  rng: np.random.Generator):
         self.env, self.workload, self.arrive, self.rng = env, workload, arrive, rng
         self.closed = workload.closed_loop
+        self.followups = workload.followups
         self._next = 0
         if self.closed is None:
             env.process(self._open_loop())
@@ -43,8 +45,17 @@ class Traffic:
         requests = self.workload.requests
         return requests[self._next].arrival_s if self._next < len(requests) else math.inf
 
+    @property
+    def reacts_to_finishes(self) -> bool:
+        """Whether a finish can make a request arrive (closed loop, or a session's next turn)."""
+        return self.closed is not None or bool(self.followups)
+
     def on_done(self, req: Request) -> None:
-        """A request finished or was rejected: in a closed loop its client thinks, then sends the next one."""
+        """A request finished or was rejected: its session's next turn follows after its think time; in a
+        closed loop its client thinks, then sends the next one."""
+        follow = self.followups.get(req.id)
+        if follow is not None:
+            self.env.process(self._send_after(follow, follow.think_time_s))
         if self.closed is None:
             return
         think = self.closed.think_time_s

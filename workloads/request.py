@@ -68,6 +68,8 @@ class Request:
     last_token_s: float | None = None
     finish_s: float | None = None
     reject_reason: str | None = None
+    served_by: str | None = None  # "engine", or the application cache that answered it
+    false_hit: bool = False  # a semantic-cache hit that returned another question's answer
     extra: dict = field(default_factory=dict)
 
     def segments(self) -> tuple[tuple[int, int], ...]:
