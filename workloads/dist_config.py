@@ -38,7 +38,9 @@ class TraceSource(_Model):
     def _options_match_format(self) -> Self:
         if self.clients is not None and self.format != "servegen":
             raise ValueError(f"trace.clients is a servegen option, but format is {self.format!r}; remove it")
-        burst_only = {"burstgpt_model", "drop_failed"} & self.model_fields_set
+        # compare with the defaults, not with what was set, so a dumped resolved scenario loads again
+        burst_only = [name for name, default in (("burstgpt_model", None), ("drop_failed", True))
+                      if getattr(self, name) != default]
         if burst_only and self.format != "burstgpt":
             raise ValueError(f"trace.{sorted(burst_only)[0]} is a burstgpt option, but format is "
                              f"{self.format!r}; remove it")

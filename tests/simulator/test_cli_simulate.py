@@ -37,6 +37,16 @@ def test_quickstart_writes_a_complete_run_folder(tmp_path):
     assert "mean_ttft_ms" in result.stdout
 
 
+def test_the_resolved_scenario_of_a_run_reruns_to_the_same_summary(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert simulate(str(QUICKSTART), "--out", str(first), "--set", "workload.num_requests=50").exit_code == 0
+    shutil.copytree(QUICKSTART.parent / "traces", first / "traces")  # relative trace paths resolve beside it
+    result = simulate(str(first / "scenario.yaml"), "--out", str(second))
+    assert result.exit_code == 0, result.output
+    assert (first / "summary.json").read_text() == (second / "summary.json").read_text()
+    assert (first / "summary.json").stat().st_mode & 0o044  # readable by others, not only the owner
+
+
 def test_same_seed_same_summary_and_seed_flag(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for out in (a, b):
