@@ -159,7 +159,7 @@ class TokenBudgetScheduler:
         self._waiting.prepare()
         while self._waiting and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             req = self._waiting.head()
-            hit = 0 if self.reserve_output else self.kv.lookup(req)  # Orca allocates contiguously: no sharing
+            hit = self._computed_on_admission(req)
             n = req.num_tokens - hit
             if n > step.budget and not self.chunked:
                 return
@@ -168,7 +168,7 @@ class TokenBudgetScheduler:
             room = (self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
                     if self.reserve_output else self.kv.allocate(req, n, admitting=True))
             if room is None:
-                req.num_computed_tokens = 0
+                req.num_computed_tokens = 0 if not self.kv.table(req) else hit
                 return
             self._waiting.pop()
             if not req.num_preemptions:
@@ -176,6 +176,13 @@ class TokenBudgetScheduler:
             req.phase = Phase.RUNNING
             self.running.append(req)
             step.add(req, n)
+
+    def _computed_on_admission(self, req: Request) -> int:
+        """Tokens whose KV is already there when `req` is admitted: a prefix-cache hit, or all its tokens but
+        the last when it arrives with its KV (disaggregated decode, blocks reserved beforehand)."""
+        if self.kv.table(req):
+            return req.num_computed_tokens
+        return 0 if self.reserve_output else self.kv.lookup(req)  # Orca allocates contiguously: no sharing
 
     # ---- preemption ---------------------------------------------------------------------------
     def _victim(self) -> Request:
