@@ -37,6 +37,15 @@ class WaitingQueue:
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[1]
 
+    def take(self, wanted) -> list[Request]:
+        """Remove and return, in queue order, the waiting requests for which `wanted(request)` holds."""
+        taken = sorted((item for item in self._heap if wanted(item[1])), key=lambda item: item[0])
+        if taken:
+            ids = {id(item[1]) for item in taken}
+            self._heap = [item for item in self._heap if id(item[1]) not in ids]
+            heapq.heapify(self._heap)
+        return [req for _, req in taken]
+
     def prepare(self) -> None:
         """Before admitting: under lpm, re-sort by cached prefix length (this step's cache contents)."""
         if not self.lpm or len(self._heap) > LPM_MAX_WAITING:

@@ -74,7 +74,8 @@ class Replica:
         while True:
             plan = self.scheduler.schedule(self.env.now)
             if plan.is_empty:
-                yield self.wake.wait()
+                if not plan.preempted:  # a step that only preempted is followed at once by one that admits
+                    yield self.wake.wait()
                 continue
             fused = self._stretch(plan)
             if fused is not None:

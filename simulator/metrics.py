@@ -76,8 +76,13 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "reject_reason": [r.reject_reason for r in requests],
         "served_by": [r.served_by for r in requests],
         "false_hit": [r.false_hit for r in requests],
+        "prefill_replica": [r.extra.get("prefill_replica") for r in requests],
+        "decode_wait_s": [r.extra.get("decode_wait_s") for r in requests],
+        "kv_transfer_s": [r.extra.get("kv_transfer_s") for r in requests],
+        "kv_transfer_bytes": [r.extra.get("kv_transfer_bytes") for r in requests],
     }
-    df = pd.DataFrame(rows).astype({"first_token_s": float, "finish_s": float})
+    df = pd.DataFrame(rows).astype({"first_token_s": float, "finish_s": float, "decode_wait_s": float,
+                                    "kv_transfer_s": float, "kv_transfer_bytes": float})
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2el_s"] = df["finish_s"] - df["arrival_s"]
     multi = df["output_tokens"] > 1
@@ -128,7 +133,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
 
 
 def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_replicas: int,
-                           gpus_per_replica: int) -> dict:
+                           gpus_of_replica: dict[int, int]) -> dict:
     """Prefix-cache, response-cache and per-replica load figures.
 
     - prefix_cache_hit_rate: prompt tokens served from the KV prefix cache at admission / prompt tokens of
@@ -143,7 +148,8 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_repl
     cached = int(engine["cached_tokens"].sum())
     cache_hits = requests[requests["served_by"].fillna("engine").str.endswith("_cache")]
     tokens = int((steps["prefill_tokens"] + steps["decode_tokens"]).sum())
-    gpu_s_per_token = float(steps["duration_s"].sum()) * gpus_per_replica / tokens if tokens else 0.0
+    gpu_s = float((steps["duration_s"] * steps["replica"].map(gpus_of_replica)).sum())
+    gpu_s_per_token = gpu_s / tokens if tokens else 0.0
     per_replica = engine["replica"].value_counts().reindex(range(num_replicas), fill_value=0)
     return {
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
@@ -156,3 +162,10 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_repl
         "replica_requests": [int(n) for n in per_replica],
         "load_imbalance": float(per_replica.max() / per_replica.mean()) if per_replica.mean() > 0 else 0.0,
     }
+
+
+def transfer_summary(requests: pd.DataFrame) -> dict:
+    """P/D disaggregation: KV hand-off time (wire, after the prefill), decode-block wait, bytes moved."""
+    moved = requests[requests["kv_transfer_s"].notna()]
+    return {**_stats("kv_transfer", moved["kv_transfer_s"]), **_stats("decode_wait", moved["decode_wait_s"]),
+            "kv_transfer_bytes": float(moved["kv_transfer_bytes"].sum()), "kv_transfers": len(moved)}

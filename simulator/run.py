@@ -17,14 +17,17 @@ from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
 from hardware.model import get_model
 from hardware.profile import load_profile
+from hardware.step_timer import StepTimer
+from policies.app_cache import AppCache
 from policies.catalog import kv_managers, orderings, routers, schedulers
+from policies.config import EngineConfig
 from policies.step import StepPlan, TokenLog
 from policies.token_budget import max_blocks_of
-from hardware.step_timer import StepTimer
+from simulator.disagg import Handoff
+from simulator.disagg_config import PoolConfig
 from simulator.engine import FastForward, Replica, StepTime
-from policies.app_cache import AppCache
-from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize
-from simulator.scenario import Scenario
+from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
+from simulator.scenario import ParallelismConfig, Scenario
 from simulator.traffic import Traffic
 from workloads.generate import Workload, build_workload
 from workloads.request import Phase, Request
@@ -94,55 +97,96 @@ def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload
         raise SpecError(f"workload: {err}") from None
 
 
+@dataclass
+class Pool:
+    """Replicas that share one configuration: the whole cluster when colocated, or a prefill / decode pool."""
+
+    scenario: Scenario  # the scenario as this pool sees it (its GPU, parallelism and engine)
+    memory: MemoryPlan
+    num_blocks: int
+    page_size: int  # tokens per KV page: block_size, or radix_page_size for the radix cache
+    num_pages: int
+    timer: StepTimer
+    replicas: list[Replica]
+
+
+def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
+    engine = EngineConfig.model_validate({**s.engine.model_dump(), **pool.engine, "scheduler": scheduler})
+    hardware = s.hardware.model_copy(update={"gpu": pool.gpu or s.hardware.gpu})
+    return s.model_copy(update={"engine": engine, "hardware": hardware,
+                                "parallelism": ParallelismConfig(tp=pool.tp, pp=pool.pp)})
+
+
 class World:
-    """The simulated cluster: replicas behind a router, fed by the workload's traffic."""
+    """The simulated cluster: replicas behind a router (or a prefill and a decode pool), fed by the traffic."""
 
     def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
                  workload: Workload | None = None):
-        seeds = np.random.SeedSequence(s.seed).spawn(4)
+        seeds = np.random.SeedSequence(s.seed).spawn(5)
         self.scenario = s
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
-        self.memory = _memory_plan(s)
-        self.num_blocks = s.engine.num_gpu_blocks_override or self.memory.num_blocks
-        # the radix cache pages the same memory in pages of radix_page_size tokens
-        self.page_size = s.engine.radix_page_size if s.engine.prefix_caching == "radix" else s.engine.block_size
-        self.num_pages = self.num_blocks * s.engine.block_size // self.page_size
-        if not s.engine.enable_chunked_prefill and s.engine.max_num_batched_tokens < self.memory.max_model_len \
-                and s.engine.scheduler == "vllm":
-            raise SpecError(
-                f"engine.max_num_batched_tokens ({s.engine.max_num_batched_tokens}) < max_model_len "
-                f"({self.memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
-                "enable chunked prefill, raise the budget or lower max_model_len")
         self.env = simpy.Environment()
         self.tokens = TokenLog()
         self.steps = StepLog()
         self.completed = 0
         self.on_progress = on_progress
-        timer = build_timer(s)
-        step_time = build_step_time(s, self.memory, timer)
-        stop_s = s.stop.max_sim_time_s or math.inf
-        open_loop = s.workload.closed_loop is None and not self.workload.followups
-        fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
-            else None
-        host_blocks = int(s.engine.swap_space_gib * GIB // (self.memory.kv_bytes_per_token * s.engine.block_size))
-        self.replicas = [
-            Replica(self.env, i, self._scheduler(host_blocks), step_time, self.steps, self._finished, fast)
-            for i in range(s.cluster.replicas)]
-        self.router = routers.get(s.cluster.router)(self.replicas, np.random.default_rng(seeds[1]))
+        self.handoff: Handoff | None = None
+        d = s.disaggregation
+        if d is None:
+            self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished)]
+            self.router = routers.get(s.cluster.router)(self.pools[0].replicas, np.random.default_rng(seeds[1]))
+        else:
+            prefill = self._pool(_pool_settings(s, d.prefill, "vllm_prefill"), d.prefill.replicas, 0,
+                                 lambda replica: lambda req: self._prefilled(req, replica))
+            decode = self._pool(_pool_settings(s, d.decode, "vllm_decode"), d.decode.replicas, d.prefill.replicas,
+                                lambda replica: self._finished)
+            self.pools = [prefill, decode]
+            self.router = routers.get(d.prefill.router)(prefill.replicas, np.random.default_rng(seeds[1]))
+            decode_router = routers.get(d.decode.router)(decode.replicas, np.random.default_rng(seeds[4]))
+            link = get_interconnect(d.transfer.link)
+            self.handoff = Handoff(self.env, get_model(s.model), decode.scenario.engine.kv_dtype, d.transfer,
+                                   link.bytes_per_s, link.latency_s, prefill.replicas, decode.replicas,
+                                   decode_router.route, d.prefill.tp)
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
         self.app_cache = AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" \
             else None
 
-    def _scheduler(self, host_blocks: int):
-        e = self.scenario.engine
-        kv = kv_managers.get(e.prefix_caching)(self.num_pages, self.page_size, e.watermark)
-        cls = schedulers.get(e.scheduler)
-        return cls(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
+    @property
+    def replicas(self) -> list[Replica]:
+        return [r for pool in self.pools for r in pool.replicas]
+
+    def _pool(self, s: Scenario, count: int, first_index: int, on_finish) -> Pool:
+        memory = _memory_plan(s)
+        e = s.engine
+        num_blocks = e.num_gpu_blocks_override or memory.num_blocks
+        page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
+        num_pages = num_blocks * e.block_size // page_size
+        if not e.enable_chunked_prefill and e.max_num_batched_tokens < memory.max_model_len \
+                and e.scheduler.startswith("vllm"):
+            raise SpecError(
+                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) < max_model_len "
+                f"({memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
+                "enable chunked prefill, raise the budget or lower max_model_len")
+        timer = build_timer(s)
+        step_time = build_step_time(s, memory, timer)
+        stop_s = self.scenario.stop.max_sim_time_s or math.inf
+        open_loop = s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
+        fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
+            else None
+        host_blocks = int(e.swap_space_gib * GIB // (memory.kv_bytes_per_token * e.block_size))
+        pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
+        for i in range(first_index, first_index + count):
+            kv = kv_managers.get(e.prefix_caching)(num_pages, page_size, e.watermark)
+            scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
+            replica = Replica(self.env, i, scheduler, step_time, self.steps, None, fast)
+            replica.on_finish = on_finish(replica)
+            pool.replicas.append(replica)
+        return pool
 
     def _next_event_s(self) -> float:
         """When something from outside may next reach a replica: the next arrival (closed loop: the next
         event of any kind, since another replica's finish may release a client)."""
-        if self.traffic.reacts_to_finishes:
+        if self.traffic.reacts_to_finishes or self.handoff is not None:
             return self.env.peek()
         return self.traffic.next_arrival_s()
 
@@ -150,7 +194,8 @@ class World:
         if self.app_cache is not None and self.app_cache.lookup(req):
             self.env.process(self._answer_from_cache(req))
             return
-        reason = rejection(req, self.scenario, self.memory.max_model_len, self.num_pages, self.page_size)
+        reason = next((why for pool in self.pools if (why := rejection(
+            req, pool.scenario, pool.memory.max_model_len, pool.num_pages, pool.page_size))), None)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             self._finished(req)
@@ -164,6 +209,13 @@ class World:
         req.first_token_s = req.last_token_s = req.finish_s = self.env.now
         req.num_generated = req.num_output_tokens
         self._finished(req)
+
+    def _prefilled(self, req: Request, replica: Replica) -> None:
+        """A prefill replica sampled the first token: hand off, or finish if that was the only token wanted."""
+        if req.is_done:
+            self._finished(req)
+        else:
+            self.handoff.on_prefilled(req, replica)
 
     def _finished(self, req: Request) -> None:
         if self.app_cache is not None and req.served_by == "engine" and req.finish_s is not None:
@@ -181,9 +233,13 @@ class World:
         steps = self.steps.frame()
         summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
                             else np.array([]), self.scenario.slo.as_ms())
-        summary |= cache_and_load_summary(requests, steps, self.scenario.cluster.replicas,
-                                          self.scenario.parallelism.tp * self.scenario.parallelism.pp)
-        return RunResult(self.scenario, self.memory, self.num_blocks, requests, steps, summary)
+        gpus = {r.index: pool.scenario.parallelism.tp * pool.scenario.parallelism.pp
+                for pool in self.pools for r in pool.replicas}
+        summary |= cache_and_load_summary(requests, steps, len(self.replicas), gpus)
+        if self.handoff is not None:
+            summary |= transfer_summary(requests)
+        main = self.pools[-1]
+        return RunResult(self.scenario, main.memory, main.num_blocks, requests, steps, summary)
 
 
 def simulate(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None) -> RunResult:

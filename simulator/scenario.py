@@ -19,6 +19,7 @@ from hardware.model import preset_names
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
+from simulator.disagg_config import DisaggregationConfig
 from workloads.config import WorkloadConfig
 
 
@@ -131,6 +132,27 @@ class Scenario(BaseModel):
     app_cache: AppCacheConfig = AppCacheConfig()
     sweep: SweepConfig | None = Field(None, description="Grid of runs for `servesim sweep`")
     plan: PlanConfig | None = Field(None, description="Deployments `servesim plan` compares")
+    disaggregation: DisaggregationConfig | None = Field(None, description="Separate prefill and decode pools")
+
+    @model_validator(mode="after")
+    def _pools_valid(self) -> Scenario:
+        d = self.disaggregation
+        if d is None:
+            return self
+        if self.cluster.replicas != 1:
+            raise ValueError("cluster.replicas: with disaggregation, set replicas per pool "
+                             "(disaggregation.prefill.replicas, disaggregation.decode.replicas)")
+        for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
+            routers.get(pool.router)
+            if pool.gpu is not None:
+                get_gpu(pool.gpu, tuple(self.hardware.gpu_files)) if not self.hardware.gpu_files else None
+            try:
+                EngineConfig.model_validate({**self.engine.model_dump(), **pool.engine})
+            except ValidationError as err:
+                first = err.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                raise ValueError(f"disaggregation.{name}.engine.{where}: {first['msg']}") from None
+        return self
 
     @field_validator("model")
     @classmethod

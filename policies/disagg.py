@@ -1,0 +1,116 @@
+"""Prefill/decode disaggregation (DistServe, Splitwise, Mooncake, Dynamo, llm-d): the two halves of an engine.
+
+A prefill replica computes a request's prompt and samples its first token, then keeps the KV
+blocks until the decode side holds a copy (`release`). A decode replica reserves blocks for an
+incoming request *before* its KV is sent (so a full decode pool pushes back on the prefill pool
+instead of dropping work), and admits it, KV in place, when the transfer lands (`accept`).
+Both are the vLLM scheduler otherwise.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from policies.registry import schedulers
+from policies.step import StepPlan
+from policies.token_budget import TokenBudgetScheduler
+from workloads.request import Phase, Request
+
+
+@schedulers.register("vllm_prefill")
+class PrefillScheduler(TokenBudgetScheduler):
+    """Hands a request off after its first token; requests that want only that token finish here."""
+
+    def schedule(self, now: float) -> StepPlan:
+        plan = super().schedule(now)
+        for req in plan.requests:
+            req.extra.setdefault("prefill_start_s", now)
+        return plan
+
+    def commit(self, plan: StepPlan, now: float) -> list[Request]:
+        done = []
+        for req, n in zip(plan.requests, plan.num_new):
+            sampled = self.log.feed(req, n, now)
+            self.kv.cache(req)
+            if sampled:
+                done.append(req)
+        for req in done:
+            if req.is_done:
+                self.retire(req, now)
+            else:  # leaves the batch, keeps its blocks until the decode side has the KV
+                req.extra["prefill_end_s"] = now
+                self.running.remove(req)
+        return done
+
+    def decode_stretch(self, plan: StepPlan) -> None:
+        return None  # prefill replicas never decode
+
+    def release(self, req: Request) -> None:
+        """The decode side holds the KV now: free it here (cached first, for later prefix hits)."""
+        self.kv.cache(req)
+        self.kv.free(req)
+
+
+@schedulers.register("vllm_decode")
+class DecodeScheduler(TokenBudgetScheduler):
+    """Reserves blocks for handed-off requests in arrival order, then decodes them like any other."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.offers: deque[tuple[Request, Callable[[Request], None]]] = deque()
+        self.in_flight = 0  # reserved, KV on the wire
+
+    @property
+    def num_waiting(self) -> int:
+        return super().num_waiting + len(self.offers) + self.in_flight
+
+    def offer(self, req: Request, on_reserved: Callable[[Request], None]) -> None:
+        """Queue a prefilled request; `on_reserved(req)` runs once its blocks are reserved here."""
+        self.offers.append((req, on_reserved))
+        self.grant_offers()
+
+    def grant_offers(self) -> None:
+        """Reserve blocks for queued offers, first come first served, while the pool allows. A request of its
+        own that lost its KV to preemption and must recompute goes first: offers wait until it is back in."""
+        if any(not self.kv.table(r) for r in self._waiting_requests()):
+            return
+        while self.offers:
+            req, on_reserved = self.offers[0]
+            if self.kv.reserve(req, req.num_tokens) is None:
+                return
+            self.offers.popleft()
+            self.in_flight += 1
+            on_reserved(req)
+
+    def accept(self, req: Request, now: float) -> None:
+        """The KV has arrived: the request waits for a batch slot with its blocks in place."""
+        self.in_flight -= 1
+        req.phase = Phase.WAITING
+        self._waiting.push(req)
+
+    def schedule(self, now: float) -> StepPlan:
+        self.grant_offers()
+        return super().schedule(now)
+
+    def _waiting_requests(self) -> list[Request]:
+        return [req for _, req in self._waiting._heap]
+
+    def _admit_waiting(self, step) -> None:
+        """Requests whose KV already sits in their reserved blocks need at most one more block: they pass a
+        head of the queue that waits for memory (else reserved blocks could never be used: a deadlock)."""
+        ready = self._waiting.take(lambda r: bool(self.kv.table(r)))
+        for i, req in enumerate(ready):
+            n = min(req.num_pending_tokens, step.budget)
+            if not n or len(self.running) >= self.cfg.max_num_seqs or self.kv.allocate(req, n) is None:
+                for rest in ready[i:]:
+                    self._waiting.push(rest)
+                break
+            req.phase = Phase.RUNNING
+            self.running.append(req)
+            step.add(req, n)
+        super()._admit_waiting(step)
+
+    def retire(self, req: Request, now: float) -> None:
+        super().retire(req, now)
+        self.grant_offers()

@@ -1,0 +1,79 @@
+"""The hand-off between a prefill pool and a decode pool: pick a decode replica, wait for its blocks,
+move the KV, and admit the request there.
+
+TTFT counts all of it: the first token reaches the user when the decode replica holds the KV
+(DistServe's accounting). Per request the run records the wait for decode blocks (backpressure)
+and the transfer time and bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from hardware.model import ModelSpec
+from policies.disagg import DecodeScheduler, PrefillScheduler
+from simulator.disagg_config import TransferConfig
+from simulator.engine import Replica
+from workloads.request import Request
+
+
+def streamed_transfer_s(total_s: float, compute_s: float, num_layers: int) -> float:
+    """Time the transfer adds after the prefill ends when layer i's KV leaves as soon as layer i is done.
+
+    Layer i (of L) finishes at (i + 1) * compute_s / L and its KV takes total_s / L on the wire, one
+    layer after another: the last byte lands max_i((i + 1) * c / L + (L - i) * x / L) after the prefill
+    started. When compute per layer outpaces the link that is c + x / L: one layer's transfer after it ends.
+    """
+    layers = num_layers
+    finish = max((i + 1) * compute_s / layers + (layers - i) * total_s / layers for i in (0, layers - 1))
+    return max(finish - compute_s, 0.0)
+
+
+class Handoff:
+    """Moves prefilled requests from `prefill` replicas to `decode` replicas."""
+
+    def __init__(self, env: simpy.Environment, model: ModelSpec, kv_dtype: str, cfg: TransferConfig,
+                 link_bytes_per_s: float, link_latency_s: float, prefill: list[Replica], decode: list[Replica],
+                 route_decode: Callable[[Request], Replica], prefill_tp: int):
+        self.env, self.cfg, self.model = env, cfg, model
+        self.bytes_per_token = model.kv_bytes_per_token(kv_dtype)  # the whole model's KV, all TP shards
+        self.link_bytes_per_s = (cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s) * prefill_tp
+        self.latency_s = cfg.store_latency_s if cfg.kind == "store" else link_latency_s
+        self.links = {r.index: simpy.Resource(env, capacity=1) for r in prefill}
+        self.store = simpy.Resource(env, capacity=cfg.store_channels)
+        self.route_decode = route_decode
+
+    def on_prefilled(self, req: Request, source: Replica) -> None:
+        """Called when `source` sampled the request's first token."""
+        target = self.route_decode(req)
+        req.extra["prefill_replica"], req.replica = source.index, target.index
+        scheduler: DecodeScheduler = target.scheduler
+        scheduler.offer(req, lambda r: self.env.process(self._move(r, source, target)))
+        target.wake.notify()
+
+    def _move(self, req: Request, source: Replica, target: Replica):
+        reserved = self.env.now
+        req.extra["decode_wait_s"] = reserved - req.extra["prefill_end_s"]
+        nbytes = req.num_computed_tokens * self.bytes_per_token
+        wire_s = nbytes / self.link_bytes_per_s
+        with (self.store if self.cfg.kind == "store" else self.links[source.index]).request() as turn:
+            yield turn
+            if self.cfg.kind == "store":  # written to the store, then read from it
+                duration = 2 * wire_s + self.latency_s
+            elif self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
+                # blocks were ready and the link free as the prefill ended: the layers streamed alongside it
+                compute = req.extra["prefill_end_s"] - req.extra["prefill_start_s"]
+                duration = streamed_transfer_s(wire_s, compute, self.model.num_layers) + self.latency_s
+            else:
+                duration = wire_s + self.latency_s
+            yield self.env.timeout(duration)
+        req.extra["kv_transfer_s"] = self.env.now - reserved
+        req.extra["kv_transfer_bytes"] = nbytes
+        req.first_token_s = req.last_token_s = self.env.now  # the user sees it once decoding can go on
+        prefill_sched: PrefillScheduler = source.scheduler
+        prefill_sched.release(req)
+        source.wake.notify()
+        target.scheduler.accept(req, self.env.now)
+        target.wake.notify()

@@ -1,0 +1,47 @@
+"""The `disaggregation:` section of a scenario: a prefill pool and a decode pool, and how KV moves between them."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class PoolConfig(BaseModel):
+    """One pool of identical replicas. Unset fields take the scenario's values."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    replicas: int = Field(1, ge=1, description="Replicas in the pool")
+    gpu: str | None = Field(None, description="GPU of this pool (default: hardware.gpu)")
+    tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
+    pp: int = Field(1, ge=1, description="Pipeline stages per replica")
+    engine: dict[str, Any] = Field(default_factory=dict, description="Engine knobs overriding the scenario's engine")
+    router: str = Field("least_outstanding", description="How a request picks a replica of this pool")
+
+
+class TransferConfig(BaseModel):
+    """KV hand-off from a prefill replica to a decode replica.
+
+    `direct`: over `link` (an interconnect catalog name, per GPU; a TP group sends its shards in
+    parallel), one transfer at a time per prefill replica (later ones queue). With `streaming`, each
+    layer's KV is sent as soon as the layer is computed, so only what is left after the last layer
+    delays the decode. `store`: through a shared KV store tier (Mooncake Store / LMCache style):
+    written then read at `store_bytes_per_s` per GPU, `store_channels` transfers at a time.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["direct", "store"] = "direct"
+    link: str = Field("ib-ndr-400", description="Interconnect name (`servesim hardware` lists links in the catalog)")
+    streaming: bool = Field(True, description="Layer-wise KV streaming overlapping the prefill")
+    store_bytes_per_s: float = Field(25e9, gt=0, description="store: write and read bandwidth per GPU, bytes/s")
+    store_latency_s: float = Field(50e-6, ge=0, description="store: per-transfer latency, s")
+    store_channels: int = Field(8, ge=1, description="store: transfers it serves at once")
+
+
+class DisaggregationConfig(BaseModel):
+    """xPyD: `prefill.replicas` prefill replicas and `decode.replicas` decode replicas."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prefill: PoolConfig
+    decode: PoolConfig
+    transfer: TransferConfig = TransferConfig()
