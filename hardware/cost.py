@@ -31,10 +31,20 @@ GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int
 
 @dataclass(frozen=True, slots=True)
 class Parallelism:
-    """How one replica is sharded: tensor parallel ranks x pipeline stages."""
+    """How one replica is sharded: tensor parallel ranks x pipeline stages.
+
+    `ep`: MoE experts are spread whole over the TP group (expert parallel) and tokens reach them by
+    all-to-all, instead of every expert being sliced across it. `dp_attention`: attention runs data
+    parallel inside the group (each GPU attends for 1/tp of the requests, with all heads and its own
+    KV; SGLang's DP attention for MLA models), hidden states are gathered for the MLP. A TP group
+    larger than a node talks over `inter_node_link` (per-GPU NIC rate).
+    """
 
     tp: int = 1
     pp: int = 1
+    ep: bool = False
+    dp_attention: bool = False
+    inter_node_link: str = "ib-ndr-400"
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1:
@@ -281,8 +291,9 @@ class _Acc:
 
 
 def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
-    """(QKV projection params, O projection params, MLA K/V up-projection params) per TP rank."""
-    m, tp = ctx.model, ctx.par.tp
+    """(QKV projection params, O projection params, MLA K/V up-projection params) per TP rank (all of them
+    under DP attention, where each GPU runs the whole attention for its share of the requests)."""
+    m, tp = ctx.model, 1 if ctx.par.dp_attention else ctx.par.tp
     h = m.hidden_size
     if m.mla:
         a = m.mla
@@ -314,8 +325,11 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     """
     m = ctx.model
     qk_dim, v_dim = _attention_dims(m, decode)
-    heads = m.num_heads / ctx.par.tp
-    kv_values = m.kv_values_per_token_per_layer(ctx.par.tp)
+    if ctx.par.dp_attention:  # all heads, 1/tp of the requests (balanced) and their whole KV on each GPU
+        heads, kv_values = m.num_heads, m.kv_values_per_token_per_layer(1)
+        keys, kv_read, tokens = keys / ctx.par.tp, kv_read / ctx.par.tp, tokens / ctx.par.tp
+    else:
+        heads, kv_values = m.num_heads / ctx.par.tp, m.kv_values_per_token_per_layer(ctx.par.tp)
     flops = 2 * heads * (qk_dim + v_dim) * keys
     written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
     nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
@@ -364,11 +378,24 @@ def _mlp(ctx: _Ctx, acc: _Acc, tokens: float, group: _Group, layers: int) -> Non
                 ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), layers)
 
 
+def _group_link(ctx: _Ctx, gpus: int):
+    """The link a group of `gpus` GPUs talks over: NVLink/xGMI inside a node, the node's NICs across nodes."""
+    name = ctx.gpu.intra_node_link if gpus <= ctx.gpu.gpus_per_node else ctx.par.inter_node_link
+    return get_interconnect(name)
+
+
 def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
-    """Ring all-reduce over the intra-node link: 2(TP-1)/TP of the message each way, plus latency."""
-    link = get_interconnect(ctx.gpu.intra_node_link)
+    """Ring all-reduce over the TP group's link: 2(TP-1)/TP of the message each way, plus latency."""
+    link = _group_link(ctx, ctx.par.tp)
     tp = ctx.par.tp
     return 2 * (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.step_tokens)) + 2 * (tp - 1) * link.latency_s
+
+
+def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
+    """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU, plus one latency per peer."""
+    link = _group_link(ctx, ctx.par.tp)
+    tp = ctx.par.tp
+    return (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.step_tokens)) + (tp - 1) * link.latency_s
 
 
 def _layer_group(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
@@ -382,9 +409,20 @@ def _layer_group(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: 
     acc.add("o_proj", "gemm", 2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES,
             ctx.gemm_s(2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, group, layers)
-    if ctx.par.tp > 1:  # after attention and after the MLP
-        msg = tokens * h * ACT_BYTES
-        acc.add("all_reduce", "comm", 0.0, 2 * msg, (2 * _all_reduce_s(ctx, msg), "link"), layers)
+    if ctx.par.tp > 1:
+        _layer_comm(ctx, acc, tokens, group, layers)
+
+
+def _layer_comm(ctx: _Ctx, acc: _Acc, tokens: float, group: _Group, layers: int) -> None:
+    """Per layer: an all-reduce after attention (an all-gather under DP attention, the same bytes) and one
+    after the MLP; an expert-parallel MoE layer instead sends each token to its k experts and back."""
+    msg = tokens * ctx.model.hidden_size * ACT_BYTES
+    acc.add("all_reduce", "comm", 0.0, msg, (_all_reduce_s(ctx, msg), "link"), layers)
+    if group.is_moe and ctx.par.ep:
+        routed = msg * ctx.model.moe.experts_per_token
+        acc.add("all_to_all", "comm", 0.0, 2 * routed, (2 * _all_to_all_s(ctx, routed), "link"), layers)
+    else:
+        acc.add("all_reduce", "comm", 0.0, msg, (_all_reduce_s(ctx, msg), "link"), layers)
 
 
 def _model_level(ctx: _Ctx, acc: _Acc, batch: StepBatch) -> None:
@@ -400,7 +438,7 @@ def _model_level(ctx: _Ctx, acc: _Acc, batch: StepBatch) -> None:
         flops, nbytes = 2 * logits * params, params * ACT_BYTES + logits * m.vocab_size / tp * LOGIT_BYTES
         acc.add("lm_head", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes, "bf16"), 1)
     if ctx.par.pp > 1:
-        link = get_interconnect(ctx.gpu.intra_node_link)
+        link = _group_link(ctx, ctx.par.num_gpus)
         msg = tokens * m.hidden_size * ACT_BYTES
         time_s = (ctx.par.pp - 1) * (msg / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s)
         acc.add("pp_send", "comm", 0.0, (ctx.par.pp - 1) * msg, (time_s, "link"), 1)

@@ -70,10 +70,22 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     wbytes = dtype_bytes(WEIGHT_DTYPE_BYTES, weight_dtype, "weight")
     stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
     layers = sum(model.layer_params(layer) for layer in stage_layers) * wbytes
+    if par.dp_attention:  # every GPU keeps the whole attention: (tp - 1) more copies of it per group
+        layers += len(stage_layers) * model.attention_params() * wbytes * (par.tp - 1)
     embed = (model.embedding_params + model.lookup_params) * ACT_BYTES + model.extra_linear_params * wbytes
     head = 0.0 if model.tie_embeddings else model.lm_head_params * ACT_BYTES
     ends = embed + head if par.pp == 1 else max(embed, head)
     return (layers + ends) / par.tp
+
+
+def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
+    """KV bytes one token of the replica costs one GPU: its stage's layers, its share of the heads (or, under
+    DP attention, the whole KV of 1/tp of the tokens, so no head or latent is stored twice)."""
+    if par.dp_attention:
+        per_gpu = model.kv_bytes_per_token(kv_dtype, 1) / par.tp
+    else:
+        per_gpu = model.kv_bytes_per_token(kv_dtype, par.tp)
+    return per_gpu * (model.num_layers // par.pp) / model.num_layers
 
 
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:
@@ -118,9 +130,11 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"activations {act / 1e9:.1f} GB + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} GB exceed "
             f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.memory_bytes / 1e9:.0f} GB); "
             "raise tp/pp, quantize the weights or use a larger GPU")
-    per_token = model.kv_bytes_per_token(cfg.kv_dtype, par.tp) * (model.num_layers // par.pp) / model.num_layers
+    per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
     num_blocks = int(kv_cache // (cfg.block_size * per_token))
     per_request = request_kv_bytes(model, max_len, cfg.kv_dtype, par.tp, cfg.block_size) / par.pp
+    if par.dp_attention:  # one request's KV sits whole on one GPU
+        per_request = request_kv_bytes(model, max_len, cfg.kv_dtype, 1, cfg.block_size) / par.pp
     if per_request > num_blocks * cfg.block_size * per_token:
         raise SpecError(
             f"one request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "
@@ -131,4 +145,4 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         weight_bytes=weights, activation_bytes=act, reserve_bytes=cfg.runtime_reserve_bytes, kv_cache_bytes=kv_cache,
         kv_bytes_per_token=per_token, block_size=cfg.block_size, num_blocks=num_blocks,
         kv_cache_tokens=num_blocks * cfg.block_size, max_model_len=max_len, request_bytes_at_max_len=per_request,
-        max_concurrency=num_blocks * cfg.block_size * per_token / per_request)
+        max_concurrency=num_blocks * cfg.block_size * per_token / per_request * (par.tp if par.dp_attention else 1))

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from hardware.cost import CostOptions, Parallelism
+from hardware.cost import CostOptions
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
@@ -27,7 +27,7 @@ from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
 from simulator.engine import FastForward, Replica, StepTime
 from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
-from simulator.scenario import ParallelismConfig, Scenario
+from simulator.scenario import Scenario
 from simulator.traffic import Traffic
 from workloads.generate import Workload, build_workload
 from workloads.request import Phase, Request
@@ -51,14 +51,15 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
                              max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
                              max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype)
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-    return plan_memory(get_model(s.model), gpu, Parallelism(s.parallelism.tp, s.parallelism.pp), cfg)
+    par, model = s.parallelism.spec(), get_model(s.model)
+    return plan_memory(model, gpu, par, cfg)
 
 
 def build_timer(s: Scenario) -> StepTimer:
     """The cost model for the scenario's model, GPU, parallelism, profile and dtypes."""
     options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill)
     return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)),
-                     Parallelism(s.parallelism.tp, s.parallelism.pp), load_profile(s.hardware.profile), options)
+                     s.parallelism.spec(), load_profile(s.hardware.profile), options)
 
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTime:
@@ -113,8 +114,8 @@ class Pool:
 def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
     engine = EngineConfig.model_validate({**s.engine.model_dump(), **pool.engine, "scheduler": scheduler})
     hardware = s.hardware.model_copy(update={"gpu": pool.gpu or s.hardware.gpu})
-    return s.model_copy(update={"engine": engine, "hardware": hardware,
-                                "parallelism": ParallelismConfig(tp=pool.tp, pp=pool.pp)})
+    parallelism = s.parallelism.model_copy(update={"tp": pool.tp, "pp": pool.pp})
+    return s.model_copy(update={"engine": engine, "hardware": hardware, "parallelism": parallelism})
 
 
 class World:
@@ -138,8 +139,8 @@ class World:
         else:
             prefill = self._pool(_pool_settings(s, d.prefill, "vllm_prefill"), d.prefill.replicas, 0,
                                  lambda replica: lambda req: self._prefilled(req, replica))
-            decode = self._pool(_pool_settings(s, d.decode, "vllm_decode"), d.decode.replicas, d.prefill.replicas,
-                                lambda replica: self._finished)
+            decode = self._pool(_pool_settings(s, d.decode, "vllm_decode"), d.decode.replicas,
+                                len(prefill.replicas), lambda replica: self._finished)
             self.pools = [prefill, decode]
             self.router = routers.get(d.prefill.router)(prefill.replicas, np.random.default_rng(seeds[1]))
             decode_router = routers.get(d.decode.router)(decode.replicas, np.random.default_rng(seeds[4]))
@@ -174,9 +175,12 @@ class World:
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
             else None
         host_blocks = int(e.swap_space_gib * GIB // (memory.kv_bytes_per_token * e.block_size))
-        pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
-        for i in range(first_index, first_index + count):
-            kv = kv_managers.get(e.prefix_caching)(num_pages, page_size, e.watermark)
+        # pipeline parallel: pp micro-batches in flight, simulated as pp engines (vLLM's virtual engines), each
+        # with 1/pp of the KV and a step that is one full pass through every stage
+        engines, pp = count * s.parallelism.pp, s.parallelism.pp
+        pool = Pool(s, memory, num_blocks, page_size, num_pages // pp, timer, [])
+        for i in range(first_index, first_index + engines):
+            kv = kv_managers.get(e.prefix_caching)(num_pages // pp, page_size, e.watermark)
             scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
             replica = Replica(self.env, i, scheduler, step_time, self.steps, None, fast)
             replica.on_finish = on_finish(replica)
@@ -233,8 +237,7 @@ class World:
         steps = self.steps.frame()
         summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
                             else np.array([]), self.scenario.slo.as_ms())
-        gpus = {r.index: pool.scenario.parallelism.tp * pool.scenario.parallelism.pp
-                for pool in self.pools for r in pool.replicas}
+        gpus = {r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas}  # per engine
         summary |= cache_and_load_summary(requests, steps, len(self.replicas), gpus)
         if self.handoff is not None:
             summary |= transfer_summary(requests)

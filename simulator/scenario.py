@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from hardware.cost import Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import preset_names
@@ -39,7 +40,13 @@ class HardwareConfig(BaseModel):
 class ParallelismConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
-    pp: int = Field(1, ge=1, description="Pipeline stages per replica")
+    pp: int = Field(1, ge=1, description="Pipeline stages per replica (as many micro-batches in flight)")
+    ep: bool = Field(False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all")
+    dp_attention: bool = Field(False, description="Attention data-parallel in the TP group (SGLang, for MLA)")
+    inter_node_link: str = Field("ib-ndr-400", description="Link between nodes when tp x pp exceeds a node")
+
+    def spec(self) -> Parallelism:
+        return Parallelism(self.tp, self.pp, self.ep, self.dp_attention, self.inter_node_link)
 
 
 class ClusterConfig(BaseModel):

@@ -1,0 +1,56 @@
+"""Parallelism beyond plain TP: expert parallel MoE, DP attention for MLA, multi-node TP, pipeline stages."""
+
+import pytest
+
+from hardware.batch import StepBatch
+from hardware.cost import Parallelism, step_cost
+from hardware.gpu import get_gpu, get_interconnect
+from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.model import get_model
+
+H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
+
+
+def test_expert_parallel_replaces_the_moe_all_reduce_by_all_to_all():
+    mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(64, 1000)
+    tp = step_cost(batch, mixtral, H100, Parallelism(tp=8))
+    ep = step_cost(batch, mixtral, H100, Parallelism(tp=8, ep=True))
+    assert "all_to_all" not in [op.name for op in tp.operators]
+    routed = 64 * 4096 * 2 * 2  # 64 tokens x hidden x bf16 x top-2, each way
+    assert ep.by_name("all_to_all").bytes == 32 * 2 * routed
+    assert ep.by_name("all_reduce").bytes == tp.by_name("all_reduce").bytes / 2  # only after attention now
+    assert ep.by_name("moe").flops == tp.by_name("moe").flops  # the same work, spread by expert
+
+
+def test_dp_attention_stores_each_mla_latent_once_per_group():
+    v3 = get_model("deepseek-v3")
+    cfg = EngineMemoryConfig(max_model_len=32768, weight_dtype="fp8")  # DeepSeek-V3 ships in FP8
+    duplicated = plan_memory(v3, H200, Parallelism(tp=8), cfg)
+    dp = plan_memory(v3, H200, Parallelism(tp=8, dp_attention=True), cfg)
+    # TP keeps the whole 576-value latent on all 8 GPUs; DP attention keeps each token's latent on one GPU
+    assert duplicated.kv_bytes_per_token == 576 * 2 * 61
+    assert dp.kv_bytes_per_token == pytest.approx(576 * 2 * 61 / 8)
+    assert dp.weight_bytes > duplicated.weight_bytes  # attention weights replicated
+    assert dp.kv_cache_tokens > 7 * duplicated.kv_cache_tokens * dp.kv_cache_bytes / duplicated.kv_cache_bytes
+    decode = StepBatch.uniform(64, 4000)
+    tp_attn = step_cost(decode, v3, H200, Parallelism(tp=8)).by_name("attention_decode")
+    dp_attn = step_cost(decode, v3, H200, Parallelism(tp=8, dp_attention=True)).by_name("attention_decode")
+    assert 7 < tp_attn.bytes / dp_attn.bytes < 8  # each GPU reads only its requests' KV (activations stay)
+
+
+def test_tp_across_nodes_uses_the_inter_node_link():
+    llama = get_model("llama-3.1-405b")
+    batch = StepBatch.uniform(8, 0, new_tokens=2000)  # big prefill messages: bandwidth, not latency, dominates
+    in_node = step_cost(batch, llama, H100, Parallelism(tp=8)).by_name("all_reduce")
+    across = step_cost(batch, llama, H100, Parallelism(tp=16)).by_name("all_reduce")
+    nvlink, ib = get_interconnect("nvlink4"), get_interconnect("ib-ndr-400")
+    assert across.time_s / in_node.time_s > 0.8 * nvlink.bytes_per_s / ib.bytes_per_s
+
+
+def test_pipeline_stages_add_up_with_their_sends():
+    llama = get_model("llama-3.1-70b")
+    batch = StepBatch.uniform(16, 1000)
+    one = step_cost(batch, llama, H100, Parallelism(tp=4))
+    two = step_cost(batch, llama, H100, Parallelism(tp=4, pp=2))
+    assert two.by_name("pp_send").time_s > 0
+    assert two.total_s == pytest.approx(one.total_s + two.by_name("pp_send").time_s, rel=1e-9)
