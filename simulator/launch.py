@@ -65,8 +65,15 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
 
 def launch_notes(s: Scenario) -> list[str]:
     """Where the commands only approximate the simulated engine."""
-    notes = [f"one command per replica: start {s.cluster.replicas} of them ({s.parallelism.tp * s.parallelism.pp} "
-             f"GPU(s) each) behind a {s.cluster.router} load balancer"]
+    d = s.disaggregation
+    if d is not None:
+        notes = [f"prefill/decode disaggregated: start {d.prefill.replicas} prefill and {d.decode.replicas} decode "
+                 f"instances ({s.parallelism.tp * s.parallelism.pp} GPU(s) each) of this command, adding "
+                 "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' "
+                 "(vLLM) or --disaggregation-mode prefill|decode (SGLang), behind a P/D-aware proxy"]
+    else:
+        notes = [f"one command per replica: start {s.cluster.replicas} of them ({s.parallelism.tp * s.parallelism.pp} "
+                 f"GPU(s) each) behind a {s.cluster.router} load balancer"]
     if s.engine.scheduler != "vllm":
         notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
                      "the commands run the engines' default scheduler")

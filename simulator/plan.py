@@ -41,22 +41,35 @@ MAX_DOWNGRADES = 8  # next-cheaper checks that may replace the recommendation
 
 @dataclass(frozen=True)
 class Candidate:
-    """One replica configuration. `kind` is "colocated" (prefill and decode on the same replica)."""
+    """One replica configuration: "colocated" (prefill and decode on each replica), or "pd": a unit of
+    `ratio[0]` prefill and `ratio[1]` decode replicas (xPyD) that scales as a whole."""
 
     gpu: str
     tp: int
     knobs: tuple[tuple[str, Any], ...] = ()  # engine field -> value
     kind: str = "colocated"
+    ratio: tuple[int, int] = (1, 1)
 
     @property
     def label(self) -> str:
         knobs = "".join(f" {k}={v}" for k, v in self.knobs)
-        return f"{self.gpu} tp={self.tp}{knobs}"
+        pd = f" {self.ratio[0]}P{self.ratio[1]}D" if self.kind == "pd" else ""
+        return f"{self.gpu} tp={self.tp}{pd}{knobs}"
+
+    @property
+    def replicas_per_unit(self) -> int:
+        return sum(self.ratio) if self.kind == "pd" else 1
 
     def scenario(self, base: Scenario, replicas: int = 1) -> Scenario:
-        """`base` deployed as this candidate with `replicas` replicas behind a round-robin router."""
-        overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "cluster.replicas": replicas,
-                     "cluster.router": "round_robin"} | {f"engine.{k}": v for k, v in self.knobs}
+        """`base` deployed as `replicas` of this candidate (round-robin, or least-outstanding P/D pools)."""
+        overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp} | {f"engine.{k}": v for k, v in self.knobs}
+        if self.kind == "pd":
+            prefill, decode = self.ratio
+            overrides |= {"cluster.replicas": 1, "disaggregation": {
+                "prefill": {"replicas": prefill * replicas, "tp": self.tp},
+                "decode": {"replicas": decode * replicas, "tp": self.tp}}}
+        else:
+            overrides |= {"cluster.replicas": replicas, "cluster.router": "round_robin"}
         return with_overrides(base.run_settings(), overrides)
 
 
@@ -158,9 +171,15 @@ def colocated_candidates(s: Scenario, gpus: list[str], tps: list[int], knobs: di
         yield Candidate(gpu, tp, tuple(zip(knobs, values)))
 
 
-# Each builder yields the candidates of one deployment kind. Prefill/decode disaggregation will add a
-# builder yielding Candidate(kind="pd", ...) with its own `scenario` mapping once the simulator models it.
-CANDIDATE_BUILDERS: tuple[Callable[..., Iterator[Candidate]], ...] = (colocated_candidates,)
+def pd_candidates(s: Scenario, gpus: list[str], tps: list[int], knobs: dict[str, list]) -> Iterator[Candidate]:
+    """Prefill/decode disaggregated units, GPU x TP x xPyD ratio (the `plan.pd_ratios`) x knobs."""
+    ratios = s.plan.pd_ratios if s.plan else []
+    for gpu, tp, ratio, values in itertools.product(gpus, tps, ratios, itertools.product(*knobs.values())):
+        yield Candidate(gpu, tp, tuple(zip(knobs, values)), kind="pd", ratio=(int(ratio[0]), int(ratio[1])))
+
+
+# Each builder yields the candidates of one deployment kind.
+CANDIDATE_BUILDERS: tuple[Callable[..., Iterator[Candidate]], ...] = (colocated_candidates, pd_candidates)
 
 
 def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: float, max_replicas: int,
@@ -170,7 +189,7 @@ def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: 
     try:
         s = candidate.scenario(base)
         gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-        ev.gpus_per_replica = s.parallelism.tp * s.parallelism.pp
+        ev.gpus_per_replica = s.parallelism.tp * s.parallelism.pp * candidate.replicas_per_unit
         ev.price_per_replica_hour_usd = ev.gpus_per_replica * gpu.price_per_gpu_hour_usd
         if s.parallelism.tp > gpu.gpus_per_node:
             return _reject(ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node")

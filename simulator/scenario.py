@@ -111,6 +111,9 @@ class PlanConfig(BaseModel):
         "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"))
     target_rate_per_s: float | None = Field(None, gt=0, description=(
         "Load to sustain, requests/s; default: the workload's arrival rate"))
+    pd_ratios: list[tuple[int, int]] = Field(default_factory=list, description=(
+        "Prefill/decode disaggregated units to consider as [prefill, decode] replica counts (xPyD), "
+        "e.g. [[1, 1], [1, 2]]; empty: colocated deployments only"))
 
     @field_validator("engine")
     @classmethod

@@ -130,3 +130,23 @@ def test_the_plan_section_supplies_the_choices():
     assert result.target_rate_per_s == 20 and result.recommendation.label == "1 x h200 tp=2 max_num_seqs=128"
     assert result.next_cheaper is None  # nothing cheaper than one replica of the only candidate
     assert "--max-num-seqs 128" in result.commands["vllm"] and "--tp 2" in result.commands["sglang"]
+
+
+def test_pd_disaggregated_units_are_searched_and_sized_as_wholes():
+    from simulator.plan import plan
+    from tests.simulator.study_helpers import SCENARIOS, chat
+    base = chat(workload={"lengths": {"prompt": {"kind": "uniform", "low": 2000, "high": 4000},
+                                      "output": {"kind": "uniform", "low": 20, "high": 120}},
+                          "trace": None, "arrivals": {"kind": "poisson", "rate_per_s": 6}, "num_requests": 150},
+                plan={"gpus": ["h100-sxm"], "tp": [1], "max_replicas": 4, "pd_ratios": [[1, 1], [2, 1]]},
+                slo={"ttft_ms": 1500, "tpot_ms": 30})
+    result = plan(base, SCENARIOS)
+    kinds = {e.candidate.label: e for e in result.evaluations}
+    assert set(kinds) == {"h100-sxm tp=1", "h100-sxm tp=1 1P1D", "h100-sxm tp=1 2P1D"}
+    for label, ratio in (("h100-sxm tp=1 1P1D", 2), ("h100-sxm tp=1 2P1D", 3)):
+        assert kinds[label].gpus_per_replica == ratio  # a unit of x + y single-GPU replicas
+    unit = kinds["h100-sxm tp=1 1P1D"].candidate.scenario(base, replicas=2)
+    assert (unit.disaggregation.prefill.replicas, unit.disaggregation.decode.replicas) == (2, 2)
+    assert result.recommendation is not None
+    json_out = result.as_dict()
+    assert any(c["kind"] == "pd" for c in json_out["candidates"])
