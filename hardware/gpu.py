@@ -11,10 +11,10 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware.errors import SpecError
+from hardware.files import read_yaml
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -74,12 +74,7 @@ class GpuSpec(BaseModel):
 
 
 def _load_yaml_list(path: Path, key: str) -> list[dict]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: file not found") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {err}") from None
+    data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise SpecError(f"{path}: expected a top-level '{key}:' list")
     return data[key]

@@ -7,13 +7,13 @@ and parameter counts derived from the shapes (checked in the tests against publi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from hardware.errors import SpecError
+from hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
 
@@ -312,12 +312,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:
     """Read a local HF config.json; errors name the file and the field."""
     path = Path(path)
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: file not found") from None
-    except json.JSONDecodeError as err:
-        raise SpecError(f"{path}: not valid JSON: {err}") from None
+    raw = read_json(path)
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a JSON object")
     return model_from_config(raw, name or path.stem, str(path))

@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from hardware.errors import SpecError
+from hardware.files import read_yaml
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 
@@ -90,9 +90,7 @@ def load_profile(name_or_path: str | Path | None) -> Profile:
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) if PROFILE_DIR.exists() else []
         raise SpecError(f"profile {str(name_or_path)!r} not found (looked for {path}); bundled: {known or 'none'}")
     try:
-        return Profile.model_validate(yaml.safe_load(path.read_text()))
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {err}") from None
+        return Profile.model_validate(read_yaml(path, "profile"))
     except ValidationError as err:
         first = err.errors()[0]
         raise SpecError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None

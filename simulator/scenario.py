@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hardware.cost import Parallelism
 from hardware.errors import SpecError
+from hardware.files import read_yaml
 from hardware.gpu import get_gpu
 from hardware.model import preset_names
 from policies.config import EngineConfig
@@ -258,12 +259,7 @@ def _first_error(err: ValidationError, source: str) -> SpecError:
 def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None) -> tuple[Scenario, Path]:
     """Read, override and validate a scenario file. Returns it with the folder relative paths resolve against."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: scenario file not found") from None
-    except yaml.YAMLError as err:
-        raise SpecError(f"{path}: not valid YAML: {err}") from None
+    raw = read_yaml(path, "scenario file")
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a scenario is a mapping of sections (model, hardware, engine, workload, ...)")
     raw = apply_overrides(raw, list(overrides))
