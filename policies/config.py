@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from policies.spec_decode import SpeculativeConfig
+
 
 class EngineConfig(BaseModel):
     """One engine (replica): batching limits, KV paging and preemption. Units in the names."""
@@ -30,6 +32,7 @@ class EngineConfig(BaseModel):
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
     weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field("bf16", description="Weight dtype")
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
     @model_validator(mode="after")
     def _budget_covers_batch(self) -> EngineConfig:
@@ -37,4 +40,7 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): every "
                 "running request needs a token each step; raise the budget or lower max_num_seqs")
+        if self.speculative is not None and self.scheduler in ("static", "seed_toy"):
+            raise ValueError(f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "
+                             f"not {self.scheduler!r}")
         return self

@@ -20,6 +20,10 @@ class StepPlan:
     `samples[i]` is whether request i has fed all its pending tokens after this step and so samples
     a token (a decode, or the last chunk of a prefill). Swap counts are KV blocks moved over PCIe
     (host <-> GPU) before the step runs.
+
+    Speculative decoding (policies/spec_decode.py): `num_draft[i]` of request i's `num_new[i]` tokens are
+    draft guesses the target verifies (empty: the step drafts nothing); `draft_context[i]` is request i's
+    tokens in the draft model's KV cache before the step (empty: no draft model runs in this step).
     """
 
     requests: tuple[Request, ...]
@@ -29,6 +33,8 @@ class StepPlan:
     preempted: tuple[Request, ...] = ()
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
+    num_draft: tuple[int, ...] = ()
+    draft_context: tuple[int, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -40,6 +46,10 @@ class StepPlan:
 
     @property
     def num_decode_tokens(self) -> int:
+        """Tokens of decoding requests: 1 each, plus their draft guesses when speculating."""
+        if self.num_draft:
+            return sum(n for n, d, r in zip(self.num_new, self.num_draft, self.requests)
+                       if n - d == 1 and r.num_generated > 0)
         return sum(n for n, r in zip(self.num_new, self.requests) if n == 1 and r.num_generated > 0)
 
     @property
@@ -47,9 +57,13 @@ class StepPlan:
         return self.num_tokens - self.num_decode_tokens
 
     def batch(self) -> StepBatch:
-        return StepBatch(np.fromiter(self.num_new, np.int64, len(self.num_new)),
-                         np.fromiter(self.num_context, np.int64, len(self.num_context)),
-                         np.fromiter(self.samples, bool, len(self.samples)))
+        """The target model's batch. A verify pass needs logits at every position it checks, so when the step
+        drafts, `needs_logits` holds logit counts (1 + guesses) instead of flags; the cost model only sums it."""
+        n = len(self.num_new)
+        logits = np.fromiter(self.samples, bool, n)
+        if self.num_draft:
+            logits = logits + np.fromiter(self.num_draft, np.int64, n)
+        return StepBatch(np.fromiter(self.num_new, np.int64, n), np.fromiter(self.num_context, np.int64, n), logits)
 
 
 class Scheduler(Protocol):
@@ -74,21 +88,26 @@ class Scheduler(Protocol):
 
 
 class TokenLog:
-    """Per-token timing shared by schedulers: first-token time, last-token time and every inter-token gap (ITL)."""
+    """Per-token timing shared by schedulers: first-token time, last-token time and the inter-token gaps (ITL).
+
+    A step that yields several tokens of one request at once (a speculative round) adds one gap, as a
+    streamed chunk does in vLLM's benchmark; TPOT, (E2E - TTFT) / (tokens - 1), still counts every token.
+    """
 
     def __init__(self) -> None:
         self.itl_s = array("d")
 
-    def feed(self, req: Request, num_new: int, now: float) -> bool:
-        """Count `num_new` computed tokens; if the request has no pending token left, it samples one. Returns that."""
+    def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
+        """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`
+        (1, or accepted guesses + 1 after a verify pass). Returns whether it sampled."""
         req.num_computed_tokens += num_new
         if req.num_computed_tokens < req.num_tokens:
             return False  # a prefill chunk that is not the last
-        self.sample(req, now)
+        self.sample(req, now, num_sampled)
         return True
 
-    def sample(self, req: Request, now: float) -> None:
-        req.num_generated += 1
+    def sample(self, req: Request, now: float, num_tokens: int = 1) -> None:
+        req.num_generated += num_tokens
         if req.first_token_s is None:
             req.first_token_s = now
         else:

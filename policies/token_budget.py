@@ -7,6 +7,12 @@ Each step (vLLM v1 semantics):
 2. then, only if nobody was preempted this step, waiting requests in queue order while budget,
    `max_num_seqs` and KV blocks allow; the first that does not fit blocks the rest (head of line).
 
+Speculative decoding (`engine.speculative`, policies/spec_decode.py): in a step that drafts, a decoding
+request is scheduled with 1 + k tokens (its last sampled token and k guesses), within the budget, with KV
+blocks for all of them. At commit it gains `accepted + 1` tokens and `num_computed_tokens` advances by
+as many; the rejected positions are simply overwritten next round, and their blocks stay with the
+request (vLLM v1 rolls back `num_computed_tokens` only), so nothing leaks and the next round needs fewer.
+
 `sarathi` is the same loop with a fixed `chunk_size` budget (stall-free batching). `orca` runs
 whole prompts only and reserves KV for prompt + output at admission, as Orca's contiguous
 allocation did, so it never preempts. Preemption by `swap` moves the victim's blocks to host
@@ -22,9 +28,11 @@ from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.ordering import OrderKey
 from policies.registry import schedulers
+from policies.spec_decode import Speculator
 from policies.step import StepPlan, TokenLog
 from policies.waiting import WaitingQueue
 from workloads.request import Phase, Request
+
 
 class _Step:
     """The plan being built: scheduled requests in order, their token counts, and preemption outcomes."""
@@ -33,6 +41,7 @@ class _Step:
         self.budget = budget
         self.tokens: dict[Request, int] = {}
         self.context: dict[Request, int] = {}
+        self.drafts: dict[Request, int] = {}  # draft guesses among a request's tokens (speculative decoding)
         self.preempted: list[Request] = []
         self.swap_out = self.swap_in = 0
 
@@ -45,11 +54,20 @@ class _Step:
         if req in self.tokens:
             self.budget += self.tokens.pop(req)
             del self.context[req]
+            self.drafts.pop(req, None)
 
-    def plan(self) -> StepPlan:
+    def plan(self, speculator: Speculator | None = None, drafting: bool = False) -> StepPlan:
         reqs, new, context = tuple(self.tokens), tuple(self.tokens.values()), tuple(self.context.values())
-        samples = tuple(c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context))
-        return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in)
+        if speculator is None:
+            samples = tuple(c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context))
+            return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in)
+        drafts = tuple(self.drafts.get(r, 0) for r in reqs)
+        samples = tuple(c + n - d == r.num_prompt_tokens + r.num_generated
+                        for r, n, c, d in zip(reqs, new, context, drafts))
+        draft_context = tuple(speculator.draft_context(r) for r in reqs)  # registers newcomers in any step
+        return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in,
+                        drafts if drafting else (),
+                        draft_context if drafting and speculator.runs_draft_model else ())
 
 
 @schedulers.register("vllm")
@@ -65,6 +83,9 @@ class TokenBudgetScheduler:
         self._cursor = 0  # index in `running` of the request being scheduled
         self.swapped: deque[tuple[Request, int]] = deque()
         self._waiting = WaitingQueue(order, kv, lpm=cfg.queue_order == "lpm")
+        # the World replaces it with one seeded by the run; seed 0 serves schedulers built directly
+        self.speculator = Speculator(cfg.speculative) if cfg.speculative is not None else None
+        self._drafting = False  # whether the step being scheduled drafts
 
     @property
     def num_waiting(self) -> int:
@@ -80,17 +101,35 @@ class TokenBudgetScheduler:
 
     def schedule(self, now: float) -> StepPlan:
         step = _Step(self.budget)
+        self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
         self._schedule_running(step)
         if not step.preempted:
             self._resume_swapped(step)
             self._admit_waiting(step)
-        return step.plan()
+        return step.plan(self.speculator, self._drafting)
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
+        if plan.num_draft or plan.draft_context:
+            return self._commit_speculative(plan, now)
         finished = []
         for req, n in zip(plan.requests, plan.num_new):
             if self.log.feed(req, n, now) and req.is_done:
                 finished.append(req)
+            self.kv.cache(req)
+        for req in finished:
+            self.retire(req, now)
+        return finished
+
+    def _commit_speculative(self, plan: StepPlan, now: float) -> list[Request]:
+        """Verify: each guessing request gains accepted + 1 tokens; the draft model's KV follows the target's."""
+        finished, spec = [], self.speculator
+        drafts = plan.num_draft or (0,) * len(plan.requests)
+        for req, n, c, d in zip(plan.requests, plan.num_new, plan.num_context, drafts):
+            accepted = spec.accept(req, d) if d else 0
+            if self.log.feed(req, n - d + accepted, now, 1 + accepted) and req.is_done:
+                finished.append(req)
+            if plan.draft_context:
+                spec.record(req, c, n - d, d, accepted)
             self.kv.cache(req)
         for req in finished:
             self.retire(req, now)
@@ -102,10 +141,16 @@ class TokenBudgetScheduler:
         self.kv.cache(req)
         self.kv.free(req)
         self.running.remove(req)
+        if self.speculator is not None:
+            self.speculator.forget(req)
 
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` is a plain decode of all of them (nothing admitted, preempted,
-        swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same."""
+        swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same.
+        Never with speculative decoding: its steps are random (accepted guesses), and drafting may switch on
+        again as the batch shrinks."""
+        if self.speculator is not None:
+            return None
         if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
             return None
         if any(n != 1 for n in plan.num_new) or not all(plan.samples):
@@ -116,17 +161,21 @@ class TokenBudgetScheduler:
 
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: _Step) -> None:
-        running, i = self.running, 0
+        running, i, drafting = self.running, 0, self._drafting
         while i < len(running) and step.budget > 0:
             req = running[i]
             pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
-            n = pending if pending < step.budget else step.budget
+            want = pending + self.speculator.num_drafts(req) if drafting and pending == 1 and req.num_generated \
+                else pending
+            n = want if want < step.budget else step.budget
             if n < pending and not self.chunked:
                 i += 1
                 continue
             self._cursor = i  # preemptions before it shift it left
             if self._make_room(req, n, step):
                 step.add(req, n)
+                if n > pending:  # guesses, possibly fewer than k where the budget ran out
+                    step.drafts[req] = n - pending
                 i = self._cursor + 1
             else:  # req itself was preempted: the next request now sits where it was
                 i = self._cursor

@@ -194,14 +194,14 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
     from simulator.output import write_run
     from simulator.progress import progress_bar
-    from simulator.run import World
+    from simulator.run import make_world
     from simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_, seed)
     world_progress = progress_bar("simulating", console)
     with world_progress as advance:
         try:
-            world = World(spec, base_dir, on_progress=None)
+            world = make_world(spec, base_dir)
         except SpecError as err:
             raise SpecError(f"{scenario}: {err}") from None
         advance.total(len(world.workload.requests))

@@ -21,6 +21,8 @@ from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import kv_managers, orderings, routers, schedulers
 from policies.config import EngineConfig
+from policies.spec_cost import draft_time, with_draft_memory
+from policies.spec_decode import Speculator
 from policies.step import StepPlan, TokenLog
 from policies.token_budget import max_blocks_of
 from simulator.disagg import Handoff
@@ -52,7 +54,8 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
                              max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype)
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
     par, model = s.parallelism.spec(), get_model(s.model)
-    return plan_memory(model, gpu, par, cfg)
+    # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
+    return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
 
 
 def build_timer(s: Scenario) -> StepTimer:
@@ -66,9 +69,12 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTi
     """The scenario's step-time function: the cost model's prediction plus PCIe time of swapped KV blocks."""
     block_bytes = memory.kv_bytes_per_token * memory.block_size
     pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
+    drafting_s = draft_time(s.engine.speculative, timer)  # speculative decoding hook (policies/spec_cost.py)
 
     def step_time(plan: StepPlan) -> float:
         time_s = timer(plan.batch())
+        if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
+            time_s += drafting_s(plan)
         swapped = plan.swap_in_blocks + plan.swap_out_blocks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
@@ -123,6 +129,8 @@ class World:
 
     def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
                  workload: Workload | None = None):
+        if s.stages:  # multi-stage pipeline hook: those run in simulator/omni_run.py (simulate() dispatches)
+            raise SpecError("a scenario with stages runs as a pipeline: use simulate() or simulator.omni_run.Pipeline")
         seeds = np.random.SeedSequence(s.seed).spawn(5)
         self.scenario = s
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
@@ -182,6 +190,8 @@ class World:
         for i in range(first_index, first_index + engines):
             kv = kv_managers.get(e.prefix_caching)(num_pages // pp, page_size, e.watermark)
             scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
+            if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
+                scheduler.speculator = Speculator(e.speculative, s.seed)
             replica = Replica(self.env, i, scheduler, step_time, self.steps, None, fast)
             replica.on_finish = on_finish(replica)
             pool.replicas.append(replica)
@@ -245,6 +255,15 @@ class World:
         return RunResult(self.scenario, main.memory, main.num_blocks, requests, steps, summary)
 
 
+def make_world(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
+    """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/omni_run.py) when
+    it chains `stages`. Both have `workload`, `on_progress` and `run() -> RunResult`."""
+    if s.stages:
+        from simulator.omni_run import Pipeline
+        return Pipeline(s, base_dir, on_progress)
+    return World(s, base_dir, on_progress)
+
+
 def simulate(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None) -> RunResult:
     """Run one scenario to completion (or its stop time). Deterministic in (scenario, seed)."""
-    return World(s, base_dir, on_progress).run()
+    return make_world(s, base_dir, on_progress).run()

@@ -22,6 +22,7 @@ from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
 from simulator.disagg_config import DisaggregationConfig
+from simulator.omni import StageConfig
 from workloads.config import WorkloadConfig
 
 
@@ -144,6 +145,8 @@ class Scenario(BaseModel):
     sweep: SweepConfig | None = Field(None, description="Grid of runs for `servesim sweep`")
     plan: PlanConfig | None = Field(None, description="Deployments `servesim plan` compares")
     disaggregation: DisaggregationConfig | None = Field(None, description="Separate prefill and decode pools")
+    stages: list[StageConfig] | None = Field(None, min_length=1, description=(
+        "Multi-stage pipeline (vLLM-Omni): one engine per stage, run in order (simulator/omni.py)"))
 
     @model_validator(mode="after")
     def _pools_valid(self) -> Scenario:

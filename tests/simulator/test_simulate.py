@@ -34,6 +34,10 @@ def test_same_scenario_and_seed_give_identical_results():
     {"workload": {"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
                   "arrivals": {"kind": "all_at_once"}, "num_requests": 200,
                   "closed_loop": {"clients": 16, "think_time_s": {"kind": "uniform", "low": 0.0, "high": 0.5}}}},
+    {"engine": {"max_model_len": 16384, "speculative": {  # speculative decoding, switched off above 8 running
+        "method": "draft", "k": 4, "acceptance": 0.7, "draft_model": "llama-3.2-1b", "disable_above_batch": 8}}},
+    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32, "speculative": {
+        "method": "eagle", "k": 3, "acceptance": {"kind": "beta", "a": 6, "b": 4}}}},  # and preemptions
 ])
 def test_fast_forward_gives_the_same_results_as_stepping(overrides):
     fast = run(scenario(**overrides, simulation={"fast_forward": True}))

@@ -1,0 +1,107 @@
+"""What speculative decoding adds to a step's time and to an engine's memory plan.
+
+Step time: the target's verify pass is the step's own batch (a decoding request's 1 + k tokens are
+priced as a small prefill over its context, reading the weights once). On top, in a step that
+drafts, the draft runs `max(k)` forward passes (`draft_batches`):
+- pass 0 brings the draft model's KV cache level with the target (the last sampled token; the whole
+  chunk for a request in prefill; everything it missed while drafting was off) and proposes guess 1;
+- pass j (1 <= j < k) feeds guess j of every request guessing more than j, proposing guess j + 1.
+A `draft` model's passes are priced by the cost model for that model (same GPU, parallelism, profile
+and dtypes); an `eagle` / `mtp` head's pass costs `head_cost_fraction` of the target's over the same
+tokens; `ngram` costs `ngram_lookup_s` of CPU time in a step that drafts.
+
+Memory (`with_draft_memory`): the draft's weights are added to the weights (a head's as one target
+layer), and its KV bytes per token to the target's, so one block holds both models' KV for its
+tokens; that is a simplification (vLLM pages the draft's layers in the same pool, so it is exact
+when both use the same block size). The draft's activations reuse the target's buffers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from hardware.batch import StepBatch
+from hardware.cost import Parallelism
+from hardware.errors import SpecError
+from hardware.gpu import GpuSpec
+from hardware.memory import (
+    EngineMemoryConfig,
+    MemoryPlan,
+    request_kv_bytes,
+    weight_bytes_per_gpu,
+)
+from hardware.model import WEIGHT_DTYPE_BYTES, ModelSpec, get_model
+from hardware.step_timer import StepTimer
+from policies.spec_decode import SpeculativeConfig
+from policies.step import StepPlan
+
+
+def draft_batches(plan: StepPlan) -> list[StepBatch]:
+    """The draft model's forward passes in `plan` (none when no draft model runs in it)."""
+    if not plan.draft_context:
+        return []
+    n = len(plan.requests)
+    drafts = np.fromiter(plan.num_draft, np.int64, n)
+    context = np.fromiter(plan.num_context, np.int64, n)
+    target_new = np.fromiter(plan.num_new, np.int64, n) - drafts  # 1 for a guessing request
+    draft_context = np.fromiter(plan.draft_context, np.int64, n)
+    batches = [StepBatch(context + target_new - draft_context, draft_context, drafts > 0)]
+    for j in range(1, int(drafts.max(initial=0))):
+        more = drafts > j
+        batches.append(StepBatch.of(np.ones(int(more.sum()), np.int64), context[more] + j))
+    return batches
+
+
+def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[StepPlan], float] | None:
+    """Seconds a step spends drafting, beyond the target's verify pass; None when speculation is off."""
+    if spec is None:
+        return None
+    if spec.method == "ngram":
+        return lambda plan: spec.ngram_lookup_s if any(plan.num_draft) else 0.0
+    if spec.method == "draft":
+        _, gpu, par, profile, options = target.args
+        timer = StepTimer(get_model(spec.draft_model), gpu, par, profile, options)
+        return lambda plan: sum(timer(batch) for batch in draft_batches(plan))
+    fraction = spec.head_cost_fraction
+    return lambda plan: fraction * sum(target(batch) for batch in draft_batches(plan))
+
+
+def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
+    """An EAGLE / MTP head: about one decoder layer of the target (it shares the embedding and LM head)."""
+    return model.layer_params(model.layers[-1]) * WEIGHT_DTYPE_BYTES[weight_dtype] / par.tp
+
+
+def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: ModelSpec, gpu: GpuSpec,
+                      par: Parallelism, cfg: EngineMemoryConfig) -> MemoryPlan:
+    """`plan` with the draft's weights and KV bytes per token added (unchanged without a draft or a head)."""
+    if spec is None or spec.method == "ngram":
+        return plan
+    if par.pp > 1:
+        raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
+    if spec.method == "draft":
+        draft = get_model(spec.draft_model)
+        extra_weights = weight_bytes_per_gpu(draft, par, cfg.weight_dtype)
+        extra_kv = draft.kv_bytes_per_token(cfg.kv_dtype, par.tp)
+        extra_request = request_kv_bytes(draft, plan.max_model_len, cfg.kv_dtype, par.tp, plan.block_size)
+        name = draft.name
+    else:
+        extra_weights = _head_weight_bytes(model, par, cfg.weight_dtype)
+        extra_kv = model.kv_bytes_per_token(cfg.kv_dtype, par.tp) / model.num_kv_layers  # one layer's KV
+        extra_request = -(-plan.max_model_len // plan.block_size) * plan.block_size * extra_kv
+        name = f"{spec.method} head"
+    kv_cache = plan.kv_cache_bytes - extra_weights
+    per_token = plan.kv_bytes_per_token + extra_kv
+    num_blocks = int(kv_cache // (plan.block_size * per_token)) if kv_cache > 0 else 0
+    per_request = plan.request_bytes_at_max_len + extra_request
+    if per_request > num_blocks * plan.block_size * per_token:
+        raise SpecError(
+            f"with the {name} ({extra_weights / 1e9:.2f} GB of weights, {extra_kv:.0f} KV bytes per token per GPU) "
+            f"one request of max_model_len={plan.max_model_len} no longer fits in the KV cache of {gpu.name}; "
+            "raise gpu_memory_utilization or tp, or lower max_model_len")
+    return replace(plan, weight_bytes=plan.weight_bytes + extra_weights, kv_cache_bytes=kv_cache,
+                   kv_bytes_per_token=per_token, num_blocks=num_blocks, kv_cache_tokens=num_blocks * plan.block_size,
+                   request_bytes_at_max_len=per_request,
+                   max_concurrency=num_blocks * plan.block_size * per_token / per_request)

@@ -1,0 +1,161 @@
+"""Speculative decoding: its configuration, the seed's speedup formula, and the per-engine `Speculator`.
+
+One round (Leviathan et al. 2022; Chen et al. 2023), as vLLM v1 runs it inside one engine step:
+the draft proposes k tokens, one cheap forward pass each; the target verifies the last sampled
+token plus the k guesses in one (k+1)-token pass; guesses are accepted while they agree and the
+target's own token is taken at the first disagreement (or a bonus token when all k agree), so a
+round yields `accepted + 1` tokens. Rejected positions are cut off both KV caches: the request's
+`num_computed_tokens` advances by `accepted + 1` only, and the next round overwrites them.
+
+Acceptance is per token: Bernoulli(alpha) in sequence until the first rejection, capped at the
+round's drafts, so P(accepted >= j) = alpha^j and a round yields on average
+`(1 - alpha^(k+1)) / (1 - alpha)` tokens (`expected_tokens_per_round`). Draws come from a generator
+per request seeded by (run seed, request id): a request sees the same draws whatever it is batched
+with, and the same scenario and seed give identical runs.
+
+Draft kinds (`method`): `draft`, a smaller model with its own weights and KV cache, priced by the
+cost model; `eagle` / `mtp`, heads on the target (EAGLE, Medusa, DeepSeek-V3's MTP module) whose
+forward pass costs `head_cost_fraction` of the target's over the same tokens; `ngram`, prompt
+lookup on the CPU (`ngram_lookup_s` per step), no model and no KV.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hardware.model import preset_names
+from workloads.request import Request
+
+_SALT = 0x5BEC  # keeps the acceptance streams apart from every other generator seeded by the run seed
+
+
+class BetaAcceptance(BaseModel):
+    """Per-request acceptance rate drawn from Beta(a, b) (mean a / (a + b)) when the request first speculates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["beta"]
+    a: float = Field(gt=0, description="Beta shape alpha (dimensionless)")
+    b: float = Field(gt=0, description="Beta shape beta (dimensionless)")
+
+
+class SpeculativeConfig(BaseModel):
+    """`engine.speculative`: how an engine drafts and verifies tokens. Units in the names."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    method: Literal["draft", "eagle", "mtp", "ngram"] = Field(
+        "draft", description="draft: a smaller model; eagle / mtp: heads on the target; ngram: prompt lookup")
+    k: int = Field(ge=1, description="Draft tokens proposed per round (vLLM's num_speculative_tokens)")
+    acceptance: float | BetaAcceptance = Field(description=(
+        "Per-token acceptance rate alpha in [0, 1], or {kind: beta, a, b} drawn per request"))
+    draft_model: str | None = Field(None, description="method draft: model preset name or config.json path")
+    head_cost_fraction: float = Field(0.1, gt=0, le=1, description=(
+        "eagle / mtp: one head forward pass costs this fraction of the target's over the same tokens"))
+    ngram_lookup_s: float = Field(1e-4, ge=0, description="ngram: CPU seconds of the lookup, per step that drafts")
+    disable_above_batch: int | None = Field(None, ge=1, description=(
+        "Draft nothing in a step that starts with more running requests than this (None: never)"))
+    disable_above_tokens: int | None = Field(None, ge=1, description=(
+        "Draft nothing in a step whose running requests have more pending tokens than this "
+        "(1 per decode, the rest of the prompt for one mid-prefill; None: never)"))
+
+    @model_validator(mode="after")
+    def _draft_model_iff_draft(self) -> SpeculativeConfig:
+        if isinstance(self.acceptance, float) and not 0 <= self.acceptance <= 1:
+            raise ValueError(f"acceptance must lie in [0, 1], got {self.acceptance}")
+        if self.method == "draft" and self.draft_model is None:
+            raise ValueError("method 'draft' needs draft_model (a preset name or a config.json path)")
+        if self.draft_model is not None and self.draft_model not in preset_names() \
+                and not self.draft_model.endswith(".json"):
+            raise ValueError(f"unknown draft_model {self.draft_model!r}; presets: {', '.join(preset_names())} "
+                             "(or a config.json path)")
+        if self.method != "draft" and self.draft_model is not None:
+            raise ValueError(f"draft_model is only used by method 'draft', not {self.method!r}")
+        return self
+
+
+def expected_tokens_per_round(alpha: float, k: int) -> float:
+    """Mean tokens one round yields: (1 - alpha^(k+1)) / (1 - alpha); k + 1 when every guess is accepted."""
+    if alpha >= 1.0:
+        return float(k + 1)
+    return (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def speedup(alpha: float, k: int, c: float) -> float:
+    """The seed's speedup over plain decoding: tokens per round / (k * c + 1), where c = draft step time /
+    target step time and a verify pass is taken to cost one target step."""
+    return expected_tokens_per_round(alpha, k) / (k * c + 1.0)
+
+
+class Speculator:
+    """One engine's speculative state: whether a step drafts, how many tokens a request drafts and has
+    accepted, and how far the draft model's KV cache has got for each request."""
+
+    def __init__(self, cfg: SpeculativeConfig, seed: int = 0):
+        self.cfg, self.seed = cfg, seed
+        self.runs_draft_model = cfg.method != "ngram"
+        self._rng: dict[int, tuple[np.random.Generator, float]] = {}  # request id -> (its draws, its alpha)
+        self._draft_len: dict[int, int] = {}  # request id -> tokens in the draft model's KV cache
+
+    def is_on(self, running: list[Request]) -> bool:
+        """Does the step about to be scheduled draft? Decided on the running requests as it starts."""
+        cfg = self.cfg
+        if cfg.disable_above_batch is not None and len(running) > cfg.disable_above_batch:
+            return False
+        if cfg.disable_above_tokens is None:
+            return True
+        pending = sum(r.num_prompt_tokens + r.num_generated - r.num_computed_tokens for r in running)
+        return pending <= cfg.disable_above_tokens
+
+    def num_drafts(self, req: Request) -> int:
+        """Guesses for a decoding request: k, fewer near its end (a round never yields past the last token)."""
+        return max(min(self.cfg.k, req.num_output_tokens - req.num_generated - 1), 0)
+
+    def accept(self, req: Request, num_drafts: int) -> int:
+        """Guesses the target accepts this round: leading Bernoulli(alpha) successes, at most `num_drafts`.
+
+        One uniform u in (0, 1] gives floor(ln u / ln alpha) successes: P(>= j) = P(u <= alpha^j) = alpha^j.
+        """
+        rng, alpha = self._stream(req)
+        u = 1.0 - rng.random()
+        if alpha >= 1.0:
+            return num_drafts
+        if alpha <= 0.0:
+            return 0
+        return min(int(math.log(u) / math.log(alpha)), num_drafts)
+
+    def alpha(self, req: Request) -> float:
+        """The request's acceptance rate (drawn on first use when `acceptance` is a distribution)."""
+        return self._stream(req)[1]
+
+    def _stream(self, req: Request) -> tuple[np.random.Generator, float]:
+        hit = self._rng.get(req.id)
+        if hit is None:
+            rng = np.random.default_rng((self.seed, _SALT, req.id))
+            acc = self.cfg.acceptance
+            alpha = float(rng.beta(acc.a, acc.b)) if isinstance(acc, BetaAcceptance) else float(acc)
+            hit = self._rng[req.id] = (rng, alpha)
+        return hit
+
+    # ---- the draft model's KV cache ----------------------------------------------------------------
+    def draft_context(self, req: Request) -> int:
+        """Tokens of `req` in the draft model's KV before this step (never more than the target holds: a
+        recompute after preemption starts both over). A request first seen here starts level with the target,
+        whose prefix-cache hit covers the draft's KV too (both live in the same blocks)."""
+        held = self._draft_len.setdefault(req.id, req.num_computed_tokens)
+        return min(held, req.num_computed_tokens)
+
+    def record(self, req: Request, context: int, num_new: int, num_drafts: int, accepted: int) -> None:
+        """After a step in which the draft model ran: it caught up with the target's `context + num_new`
+        tokens (`num_new` without drafts), then fed its first `num_drafts - 1` guesses, of which only the
+        accepted ones stay."""
+        if num_drafts:
+            self._draft_len[req.id] = context + min(num_drafts, 1 + accepted)
+        else:
+            self._draft_len[req.id] = context + num_new
+
+    def forget(self, req: Request) -> None:
+        self._rng.pop(req.id, None)
+        self._draft_len.pop(req.id, None)

@@ -1,0 +1,210 @@
+"""Run a multi-stage (vLLM-Omni) pipeline scenario: one engine pool per stage, host transfers in between.
+
+A request enters stage 1 when the workload sends it; when stage i finishes it, its output tensors
+move device -> host over stage i's PCIe link and host -> device over stage i+1's (each hop
+`latency + bytes / bandwidth`; transfers do not contend), and stage i+1 receives a new request of
+`stage_lengths` tokens. The stages do not stream to each other: stage i+1 starts after stage i's
+last token. A request rejected by any stage (too long, too big for its KV pool) is rejected, with
+the stage named in the reason.
+
+Results: the request table is the pipeline as a client sees it (TTFT = arrival to the last stage's
+first token, E2E = arrival to its last token, output tokens = the last stage's); per-stage latencies,
+transfer times and bytes go into the summary as `stage_<name>_*`; memory.json holds every stage's
+memory plan with its stage-output cache's pinned host bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu, get_interconnect
+from hardware.model import get_model
+from hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
+from policies.catalog import kv_managers, orderings, routers, schedulers
+from policies.config import EngineConfig
+from policies.spec_decode import Speculator
+from policies.step import TokenLog
+from simulator.engine import FastForward, Replica
+from simulator.metrics import StepLog, request_frame, summarize
+from simulator.omni import StageConfig, stage_lengths
+from simulator.run import (
+    GIB,
+    RunResult,
+    _memory_plan,
+    _workload,
+    build_step_time,
+    build_timer,
+    rejection,
+)
+from simulator.scenario import ParallelismConfig, Scenario
+from simulator.traffic import Traffic
+from workloads.request import Phase, Request
+
+STAGE_KEYS = ("completed", "mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "num_steps")
+
+
+@dataclass
+class Stage:
+    """One stage's engines and what passed through them."""
+
+    cfg: StageConfig
+    scenario: Scenario
+    memory: StageMemory
+    num_pages: int
+    page_size: int
+    tensors: tuple[StageTensor, ...]
+    link_bytes_per_s: float
+    link_latency_s: float
+    tokens: TokenLog = field(default_factory=TokenLog)
+    replicas: list[Replica] = field(default_factory=list)
+    router: object = None
+    requests: list[Request] = field(default_factory=list)
+    transfer_s: list[float] = field(default_factory=list)  # hand-over times of the requests it passed on
+    transfer_bytes: int = 0
+
+    def hop_s(self, nbytes: int) -> float:
+        return self.link_latency_s + nbytes / self.link_bytes_per_s
+
+
+def stage_scenario(s: Scenario, cfg: StageConfig) -> Scenario:
+    """The scenario as one stage sees it: its model, GPU, parallelism and engine."""
+    engine = EngineConfig.model_validate({**s.engine.model_dump(), **cfg.engine})
+    return s.model_copy(update={
+        "model": cfg.model or s.model, "engine": engine, "stages": None,
+        "hardware": s.hardware.model_copy(update={"gpu": cfg.gpu or s.hardware.gpu}),
+        "parallelism": ParallelismConfig(tp=cfg.tp)})
+
+
+class Pipeline:
+    """The simulated pipeline: a pool of replicas per stage, fed by the workload's traffic."""
+
+    def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
+        if s.disaggregation is not None or s.cluster.replicas != 1:
+            raise SpecError("stages: set replicas per stage (stages[i].replicas); disaggregation and "
+                            "cluster.replicas do not combine with a pipeline")
+        seeds = np.random.SeedSequence(s.seed).spawn(2 + len(s.stages))
+        self.scenario, self.on_progress, self.completed = s, on_progress, 0
+        self.workload = _workload(s, np.random.default_rng(seeds[0]), base_dir)
+        self.env = simpy.Environment()
+        self.steps = StepLog()
+        self.origin: list[dict[int, Request]] = [{} for _ in s.stages]  # per stage: its request id -> the client's
+        self.stages: list[Stage] = []
+        for i, cfg in enumerate(s.stages):
+            self.stages.append(self._stage(cfg, i, np.random.default_rng(seeds[2 + i])))
+        self.traffic = Traffic(self.env, self.workload, lambda req: self._enter(0, req, req),
+                               np.random.default_rng(seeds[1]))
+
+    def _stage(self, cfg: StageConfig, index: int, rng: np.random.Generator) -> Stage:
+        s = stage_scenario(self.scenario, cfg)
+        e, model = s.engine, get_model(s.model)
+        memory = _memory_plan(s)
+        num_blocks = e.num_gpu_blocks_override or memory.num_blocks
+        page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
+        tensors = tuple(StageTensor(t.name, t.dims or model.hidden_size, t.dtype) for t in cfg.outputs)
+        cached = tensors if cfg.cache_outputs and e.prefix_caching != "none" else ()
+        pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
+        stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached), num_blocks * e.block_size // page_size,
+                      page_size, tensors, pcie.bytes_per_s, pcie.latency_s)
+        timer = build_timer(s)
+        step_time = build_step_time(s, memory, timer)
+        stop_s = self.scenario.stop.max_sim_time_s or math.inf
+        fast = FastForward(timer, stage.tokens, self.env.peek, stop_s, False) if s.simulation.fast_forward else None
+        host_blocks = int(e.swap_space_gib * GIB // (memory.kv_bytes_per_token * e.block_size))
+        first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
+        for number in range(first, first + cfg.replicas):
+            kv = kv_managers.get(e.prefix_caching)(stage.num_pages, page_size, e.watermark)
+            scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks)
+            if e.speculative is not None:
+                scheduler.speculator = Speculator(e.speculative, s.seed)
+            stage.replicas.append(Replica(self.env, number, scheduler, step_time, self.steps,
+                                          lambda req, i=index: self._finished(i, req), fast))
+        stage.router = routers.get(cfg.router)(stage.replicas, rng)
+        return stage
+
+    # ---- a request's way through the stages ------------------------------------------------------
+    def _enter(self, index: int, req: Request, origin: Request) -> None:
+        stage = self.stages[index]
+        stage.requests.append(req)
+        self.origin[index][req.id] = origin
+        reason = rejection(req, stage.scenario, stage.memory.plan.max_model_len, stage.num_pages, stage.page_size)
+        if reason:
+            req.phase, req.reject_reason = Phase.REJECTED, reason
+            origin.phase, origin.reject_reason = Phase.REJECTED, f"stage {stage.cfg.name}: {reason}"
+            self._done(origin)
+            return
+        req.served_by = "engine"
+        stage.router.route(req).submit(req)
+
+    def _finished(self, index: int, req: Request) -> None:
+        origin = self.origin[index][req.id]
+        if index + 1 == len(self.stages):
+            self._done(origin)
+        else:
+            self.env.process(self._hand_over(index, req, origin))
+
+    def _hand_over(self, index: int, req: Request, origin: Request):
+        src, dst = self.stages[index], self.stages[index + 1]
+        nbytes = sum(t.bytes_for(req.num_prompt_tokens + req.num_generated) for t in src.tensors)
+        delay = src.hop_s(nbytes) + dst.hop_s(nbytes)  # device -> host, host -> device
+        src.transfer_s.append(delay)
+        src.transfer_bytes += nbytes
+        yield self.env.timeout(delay)
+        prompt, output = stage_lengths(dst.cfg, req.num_generated)
+        self._enter(index + 1, Request(req.id, self.env.now, prompt, output), origin)
+
+    def _done(self, origin: Request) -> None:
+        self.completed += 1
+        if self.on_progress:
+            self.on_progress(self.completed)
+        self.traffic.on_done(origin)
+
+    # ---- results ---------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        self.env.run(until=self.scenario.stop.max_sim_time_s)
+        steps = self.steps.frame()
+        requests = request_frame(self._client_view())
+        last = self.stages[-1]
+        summary = summarize(requests, steps, _itl(last.tokens), self.scenario.slo.as_ms())
+        for stage in self.stages:
+            summary |= self._stage_summary(stage, steps)
+        memory = PipelineMemory(tuple(stage.memory for stage in self.stages))
+        summary["stage_output_cache_host_bytes"] = memory.host_cache_bytes
+        return RunResult(self.scenario, memory, self.stages[0].memory.num_blocks, requests, steps, summary)
+
+    def _client_view(self) -> list[Request]:
+        """Each workload request as its client sees the pipeline: its arrival, the last stage's tokens."""
+        last = {req.id: req for req in self.stages[-1].requests}
+        view = []
+        for origin in sorted([*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id):
+            out = last.get(origin.id)
+            req = Request(origin.id, origin.arrival_s, origin.num_prompt_tokens,
+                          out.num_output_tokens if out else origin.num_output_tokens,
+                          session_id=origin.session_id, phase=origin.phase, reject_reason=origin.reject_reason)
+            if out is not None and out.reject_reason is None:
+                req.first_token_s, req.finish_s, req.num_generated = out.first_token_s, out.finish_s, out.num_generated
+                req.replica, req.served_by = out.replica, "engine"
+            view.append(req)
+        return view
+
+    def _stage_summary(self, stage: Stage, steps: pd.DataFrame) -> dict:
+        numbers = {r.index for r in stage.replicas}
+        own = steps[steps["replica"].isin(numbers)]
+        stats = summarize(request_frame(stage.requests), own, _itl(stage.tokens))
+        out = {f"stage_{stage.cfg.name}_{key}": stats[key] for key in STAGE_KEYS}
+        transfer_ms = np.array(stage.transfer_s) * 1e3
+        out[f"stage_{stage.cfg.name}_mean_transfer_ms"] = float(transfer_ms.mean()) if len(transfer_ms) else 0.0
+        out[f"stage_{stage.cfg.name}_transfer_bytes"] = stage.transfer_bytes
+        out[f"stage_{stage.cfg.name}_output_cache_host_bytes"] = stage.memory.host_cache_bytes
+        return out
+
+
+def _itl(tokens: TokenLog) -> np.ndarray:
+    return np.frombuffer(tokens.itl_s, dtype=float) if tokens.itl_s else np.array([])

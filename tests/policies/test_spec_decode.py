@@ -1,0 +1,262 @@
+"""Speculative decoding: the seed's formula and table, acceptance draws, the scheduler's rounds, rollback,
+switching off under load, draft passes and the memory plan."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hardware.cost import Parallelism
+from hardware.gpu import get_gpu
+from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.model import get_model
+from policies.config import EngineConfig
+from policies.spec_cost import draft_batches, with_draft_memory
+from policies.spec_decode import (
+    SpeculativeConfig,
+    Speculator,
+    expected_tokens_per_round,
+    speedup,
+)
+from policies.step import StepPlan
+from tests.policies.helpers import drive, make_requests, make_scheduler
+from workloads.request import Request
+
+
+def drive_allowing_preempt_only_steps(sched, requests, max_steps=20_000):
+    """Like helpers.drive, but a step may only preempt (the engine then schedules again at once)."""
+    for req in requests:
+        sched.add(req, 0.0)
+    now = 0.0
+    for _ in range(max_steps):
+        if all(r.is_done for r in requests):
+            break
+        plan = sched.schedule(now)
+        assert not plan.is_empty or plan.preempted, "requests left but nothing scheduled"
+        now += 1.0
+        sched.commit(plan, now)
+        sched.kv.check_invariants()
+    assert all(r.is_done for r in requests), "no progress"
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks, "blocks still held after every request finished"
+
+
+DRAFT = {"method": "draft", "k": 4, "acceptance": 0.7, "draft_model": "llama-3.2-1b"}
+
+
+def spec(**fields) -> SpeculativeConfig:
+    return SpeculativeConfig(**{**DRAFT, **fields})
+
+
+# ---- the seed's formula ----------------------------------------------------------------------------
+
+def test_expected_tokens_per_round_matches_the_seed():
+    assert expected_tokens_per_round(0.7, 4) == pytest.approx(2.7731)  # "(1 - a^5) / (1 - a) ~ 2.77"
+    assert expected_tokens_per_round(0.85, 4) == pytest.approx(3.7086, abs=1e-4)  # 3.71
+    assert expected_tokens_per_round(0.3, 4) == pytest.approx(1.4251, abs=1e-4)  # 1.42
+    assert expected_tokens_per_round(1.0, 4) == 5 and expected_tokens_per_round(0.0, 4) == 1
+
+
+@pytest.mark.parametrize("c,alpha,seed_says", [
+    (0.2, 0.7, 1.5),    # 8B target, 1B draft: 2.77 / 1.8
+    (0.08, 0.7, 2.1),   # 70B on 4 GPUs, 1B draft: 2.77 / 1.32
+    (0.08, 0.85, 2.8),  # the same with a better draft: 3.71 / 1.32
+    (0.2, 0.3, 0.8),    # a poor draft: slower
+])
+def test_speedup_table_of_the_seed(c, alpha, seed_says):
+    assert speedup(alpha, 4, c) == pytest.approx(seed_says, abs=0.05)
+
+
+# ---- acceptance draws --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alpha", [0.3, 0.7, 0.9])
+def test_accepted_guesses_are_a_capped_geometric(alpha):
+    sp, k = Speculator(spec(acceptance=alpha), seed=3), 4
+    req = Request(0, 0.0, 10, 10)
+    draws = np.array([sp.accept(req, k) for _ in range(40_000)])
+    for j in range(1, k + 1):  # P(accepted >= j) = alpha^j
+        assert (draws >= j).mean() == pytest.approx(alpha ** j, abs=0.01)
+    assert draws.max() == k
+    assert (draws + 1).mean() == pytest.approx(expected_tokens_per_round(alpha, k), rel=0.01)
+
+
+def test_acceptance_streams_are_per_request_and_seeded():
+    def draws(seed, rid):
+        sp, req = Speculator(spec(), seed), Request(rid, 0.0, 10, 10)
+        return [sp.accept(req, 4) for _ in range(50)]
+    assert draws(1, 5) == draws(1, 5)
+    assert draws(1, 5) != draws(2, 5) and draws(1, 5) != draws(1, 6)
+    sp = Speculator(spec(acceptance=1.0))
+    assert sp.accept(Request(0, 0.0, 1, 1), 3) == 3
+    assert Speculator(spec(acceptance=0.0)).accept(Request(0, 0.0, 1, 1), 3) == 0
+
+
+def test_per_request_acceptance_from_a_beta_distribution():
+    sp = Speculator(spec(acceptance={"kind": "beta", "a": 7, "b": 3}), seed=0)
+    alphas = [sp.alpha(Request(i, 0.0, 1, 1)) for i in range(2000)]
+    assert np.mean(alphas) == pytest.approx(0.7, abs=0.01)
+    assert np.std(alphas) == pytest.approx(math.sqrt(7 * 3 / (10 ** 2 * 11)), rel=0.1)
+    assert Speculator(spec(acceptance={"kind": "beta", "a": 7, "b": 3})).alpha(Request(4, 0.0, 1, 1)) == alphas[4]
+
+
+def test_config_is_validated():
+    with pytest.raises(ValueError, match="needs draft_model"):
+        SpeculativeConfig(method="draft", k=4, acceptance=0.7)
+    with pytest.raises(ValueError, match="only used by method 'draft'"):
+        SpeculativeConfig(method="eagle", k=4, acceptance=0.7, draft_model="llama-3.2-1b")
+    with pytest.raises(ValueError, match="unknown draft_model"):
+        spec(draft_model="llama-0b")
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        spec(acceptance=1.5)
+    with pytest.raises(ValueError, match="token-budget scheduler"):
+        EngineConfig(scheduler="static", speculative=DRAFT)
+
+
+# ---- the scheduler's rounds ---------------------------------------------------------------------------
+
+def spec_scheduler(num_blocks=100, block_size=4, **fields):
+    knobs = {k: fields.pop(k) for k in list(fields) if k in EngineConfig.model_fields}
+    return make_scheduler("vllm", num_blocks=num_blocks, block_size=block_size, speculative=spec(**fields), **knobs)
+
+
+def test_all_guesses_accepted_yield_k_plus_one_tokens_a_step():
+    sched, log = spec_scheduler(k=3, acceptance=1.0)
+    (req,) = make_requests([8], [6])
+    steps = drive(sched, [req])
+    # prefill samples token 1; a round of 1 + 3 yields 4 (tokens 2-5); the last token needs no guess
+    assert [s.num_new for s in steps] == [[8], [4], [1]]
+    assert req.num_generated == 6 and req.num_computed_tokens == 8 + 5
+    assert list(log.itl_s) == [1.0, 1.0]  # one gap per step, not per token
+    assert (req.finish_s - req.first_token_s) / (6 - 1) == pytest.approx(0.4)  # TPOT counts every token
+
+
+def test_all_guesses_rejected_still_yield_one_token_a_round():
+    sched, _ = spec_scheduler(k=3, acceptance=0.0)
+    (req,) = make_requests([8], [6])
+    steps = drive(sched, [req])
+    # guesses shrink near the end: never more than the tokens still to come, minus the round's own token
+    assert [s.num_new for s in steps] == [[8], [4], [4], [3], [2], [1]]
+    assert req.num_generated == 6
+
+
+def test_rejected_positions_roll_back_but_their_blocks_stay():
+    sched, _ = spec_scheduler(k=4, acceptance=0.0, block_size=4)
+    (req,) = make_requests([8], [10])
+    sched.add(req, 0.0)
+    sched.commit(sched.schedule(0.0), 1.0)  # prefill: 2 blocks
+    assert len(sched.kv.table(req)) == 2
+    plan = sched.schedule(1.0)
+    assert plan.num_new == (5,) and plan.num_draft == (4,) and plan.draft_context == (8,)
+    assert len(sched.kv.table(req)) == 4  # KV for positions 8..12: 13 tokens, 4 blocks
+    sched.commit(plan, 2.0)
+    assert req.num_computed_tokens == 9 and req.num_generated == 2  # guesses cut off, 1 token gained
+    assert len(sched.kv.table(req)) == 4  # kept (vLLM rolls back num_computed_tokens only) ...
+    plan = sched.schedule(2.0)
+    assert plan.num_context == (9,) and plan.num_new == (5,)
+    assert len(sched.kv.table(req)) == 4  # ... and the next round reuses them: 9 + 5 = 14 tokens fit
+    sched.kv.check_invariants()
+
+
+def test_the_budget_truncates_guesses():
+    sched, _ = spec_scheduler(k=4, acceptance=1.0, max_num_batched_tokens=8, max_num_seqs=4)
+    requests = make_requests([2, 2, 2], [20, 20, 20])
+    for req in requests:
+        sched.add(req, 0.0)
+    sched.commit(sched.schedule(0.0), 1.0)
+    plan = sched.schedule(1.0)
+    assert plan.num_new == (5, 3) and plan.num_draft == (4, 2)  # the third request gets no token this step
+    assert plan.samples == (True, True)
+
+
+def test_drafting_switches_off_above_a_batch_size():
+    sched, _ = spec_scheduler(k=2, acceptance=1.0, disable_above_batch=2, max_num_seqs=8)
+    requests = make_requests([4, 4, 4], [3, 9, 9])
+    steps = drive(sched, requests)
+    assert steps[1].num_new == [1, 1, 1]  # 3 running > 2: plain decode
+    assert steps[2].num_new == [1, 1, 1] and steps[2].batch == [0, 1, 2]  # r0 ends here
+    assert steps[3].batch == [1, 2] and steps[3].num_new == [3, 3]  # 2 running: drafting again
+    assert all(r.num_generated == r.num_output_tokens for r in requests)
+
+
+def test_drafting_switches_off_above_a_token_load():
+    sched, _ = spec_scheduler(k=2, acceptance=1.0, disable_above_tokens=3, max_num_seqs=8,
+                              max_num_batched_tokens=16)
+    requests = make_requests([4, 4, 40], [9, 9, 2])
+    steps = drive(sched, requests)
+    assert steps[0].num_new == [4, 4, 8]
+    # pending tokens of the running requests: 1 + 1 + 32, then 1 + 1 + 18, then 1 + 1 + 4: above 3, no guesses
+    assert [s.num_new for s in steps[1:4]] == [[1, 1, 14], [1, 1, 14], [1, 1, 4]]
+    assert steps[4].num_new == [3, 3, 1]  # 1 + 1 + 1: on again (r2 needs one last token, so no guess)
+
+
+def test_the_draft_model_catches_up_after_a_step_without_drafting():
+    sp = Speculator(spec())
+    req = Request(0, 0.0, 100, 50)
+    req.num_computed_tokens, req.num_generated = 100, 1
+    assert sp.draft_context(req) == 100  # first seen level with the target
+    req.num_computed_tokens, req.num_generated = 103, 4  # three plain decodes with drafting off
+    assert sp.draft_context(req) == 100
+    sp.record(req, 103, 1, 4, accepted=2)  # caught up, fed guesses 1-3, kept 2 of them
+    assert sp._draft_len[req.id] == 103 + 3
+    sp.record(req, 106, 1, 4, accepted=4)  # all accepted: guess 4 was never fed to the draft
+    assert sp._draft_len[req.id] == 106 + 4
+    req.num_computed_tokens = 0  # recompute after preemption: both start over
+    assert sp.draft_context(req) == 0
+
+
+def test_draft_passes_of_a_mixed_step():
+    reqs = make_requests([10, 10, 500], [50, 50, 10])
+    reqs[0].num_generated, reqs[1].num_generated = 11, 21  # decoding: context = prompt + generated - 1
+    # r0 decodes with 4 guesses (its draft KV is level), r1 with 2 guesses and 3 tokens behind, r2 prefills 64
+    plan = StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False), num_draft=(4, 2, 0),
+                    draft_context=(20, 27, 100))
+    passes = draft_batches(plan)
+    assert [b.num_new.tolist() for b in passes] == [[1, 4, 64], [1, 1], [1], [1]]
+    assert [b.num_context.tolist() for b in passes] == [[20, 27, 100], [21, 31], [22], [23]]
+    assert passes[0].needs_logits.tolist() == [True, True, False]
+    assert plan.batch().num_logits == 5 + 3  # the verify pass scores every guess and the bonus position
+    assert plan.num_decode_tokens == 8 and plan.num_prefill_tokens == 64
+    assert draft_batches(StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False),
+                                  num_draft=(4, 2, 0))) == []  # ngram: no draft model
+
+
+def test_draft_weights_and_kv_shrink_the_pool():
+    cfg = EngineMemoryConfig(max_model_len=8192)
+    model, gpu, par = get_model("llama-3.1-8b"), get_gpu("h200"), Parallelism()
+    alone = plan_memory(model, gpu, par, cfg)
+    both = with_draft_memory(alone, spec(), model, gpu, par, cfg)
+    draft = get_model("llama-3.2-1b")
+    assert both.weight_bytes - alone.weight_bytes == pytest.approx(draft.total_params() * 2, rel=1e-5)  # tied
+    assert both.kv_bytes_per_token == 131072 + 32768
+    extra = both.weight_bytes - alone.weight_bytes
+    assert both.num_blocks == int((alone.kv_cache_bytes - extra) // (16 * (131072 + 32768)))
+    assert both.num_blocks < alone.num_blocks * 131072 / (131072 + 32768)
+    eagle = with_draft_memory(alone, SpeculativeConfig(method="eagle", k=4, acceptance=0.7), model, gpu, par, cfg)
+    assert eagle.kv_bytes_per_token == 131072 + 131072 / 32  # one layer's KV
+    assert with_draft_memory(alone, SpeculativeConfig(method="ngram", k=4, acceptance=0.7), model, gpu, par,
+                             cfg) is alone
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 1000), k=st.integers(1, 6), alpha=st.floats(0, 1), blocks=st.integers(30, 120),
+       caching=st.sampled_from(["none", "vllm", "radix"]), budget=st.sampled_from([16, 64, 4096]),
+       preemption=st.sampled_from(["recompute", "swap"]), off=st.sampled_from([None, 2, 4]),
+       scheduler=st.sampled_from(["vllm", "sarathi", "orca"]))
+def test_rounds_never_lose_or_duplicate_tokens_nor_leak_blocks(seed, k, alpha, blocks, caching, budget, preemption,
+                                                                off, scheduler):
+    if scheduler == "orca":
+        caching = "none"  # contiguous reservation, shares nothing
+    rng = np.random.default_rng(seed)
+    n = 12
+    prompts, outputs = rng.integers(1, 60, n).tolist(), rng.integers(1, 60, n).tolist()
+    sched, _ = make_scheduler(scheduler, num_blocks=blocks, block_size=4, prefix_caching=caching,
+                                preemption_mode=preemption, host_blocks=40, max_num_seqs=8,
+                                max_num_batched_tokens=budget, chunk_size=16,
+                                speculative=spec(k=k, acceptance=alpha, disable_above_batch=off))
+    sched.speculator = Speculator(sched.speculator.cfg, seed)
+    requests = make_requests(prompts, outputs)
+    drive_allowing_preempt_only_steps(sched, requests)
+    assert [r.num_generated for r in requests] == outputs
+    assert all(r.num_computed_tokens == p + o - 1 for r, p, o in zip(requests, prompts, outputs))
+    assert not sched.speculator._draft_len and not sched.speculator._rng  # forgotten at finish

@@ -1,0 +1,117 @@
+"""Multi-stage (vLLM-Omni) pipelines: the stage-output cache's host memory (the seed's Qwen3-Omni numbers),
+a request's way through the stages, host transfers, per-stage results and rejections."""
+
+import json
+
+import pytest
+import yaml
+
+from hardware.gpu import get_interconnect
+from hardware.omni_memory import stage_output_cache_bytes
+from simulator.output import write_run
+from tests.simulator.conftest import run, scenario
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+def test_the_seeds_qwen3_omni_host_footprints():
+    thinker = stage_output_cache_bytes(15092, 16, 2048, "bf16")  # __hidden_states__ [15092, 16, 2048] bf16
+    assert thinker == 15092 * 16 * 2048 * 2
+    assert thinker / GIB == pytest.approx(0.92, abs=0.005)
+    talker = stage_output_cache_bytes(16180, 16, 16, "int64")  # codes.audio [16180, 16, 16] int64
+    assert talker == 33_136_640
+    assert talker / 1e6 == pytest.approx(33.1, abs=0.05)  # the seed's "33 MiB" is MB: ...
+    assert talker / MIB == pytest.approx(31.6, abs=0.05)  # ... 31.6 MiB
+
+
+STAGES = [
+    {"name": "thinker", "cache_outputs": True},
+    {"name": "talker", "model": "llama-3.2-1b", "prompt_ratio": 1.0, "output_ratio": 4.0,
+     "outputs": [{"name": "codes", "dims": 16, "dtype": "int64"}], "cache_outputs": True},
+    {"name": "codec", "model": "llama-3.2-1b", "prompt_ratio": 4.0, "output_ratio": 0.01},
+]
+
+
+def pipeline(num_requests=20, stages=STAGES, rate=2.0, seed=1):
+    return scenario(model="llama-3.1-8b", seed=seed, hardware={"gpu": "h200"}, engine={"max_model_len": 16384},
+                    workload={"trace": None, "arrivals": {"kind": "poisson", "rate_per_s": rate},
+                              "num_requests": num_requests,
+                              "lengths": {"prompt": {"kind": "uniform", "low": 200, "high": 2000},
+                                          "output": {"kind": "uniform", "low": 20, "high": 300}}},
+                    stages=stages)
+
+
+def test_a_request_passes_every_stage_in_order_with_host_transfers_between():
+    result = run(pipeline(num_requests=1))
+    (req,) = result.requests.itertuples()
+    s = result.summary
+    assert s["completed"] == 1 and s["stage_thinker_completed"] == s["stage_codec_completed"] == 1
+    # the thinker hands on [prompt + output, 4096] bf16 hidden states; the talker [its prompt + output, 16] int64
+    thinker_output = s["stage_thinker_transfer_bytes"] // (4096 * 2) - req.prompt_tokens
+    assert s["stage_thinker_transfer_bytes"] == (req.prompt_tokens + thinker_output) * 4096 * 2
+    assert s["stage_talker_transfer_bytes"] == (thinker_output + 4 * thinker_output) * 16 * 8
+    assert req.output_tokens == max(1, round(4 * thinker_output * 0.01))  # the codec's, what the client gets
+    pcie = get_interconnect("pcie5")  # the H200's host link, used twice: device -> host -> device
+    for name in ("thinker", "talker"):
+        nbytes = s[f"stage_{name}_transfer_bytes"]
+        assert s[f"stage_{name}_mean_transfer_ms"] == pytest.approx(
+            2 * (pcie.latency_s + nbytes / pcie.bytes_per_s) * 1e3)
+    # the client's TTFT is the last stage's first token: every stage and both transfers come before it
+    before = s["stage_thinker_mean_e2el_ms"] + s["stage_talker_mean_e2el_ms"] + s["stage_codec_mean_ttft_ms"] \
+        + s["stage_thinker_mean_transfer_ms"] + s["stage_talker_mean_transfer_ms"]
+    assert req.ttft_s * 1e3 == pytest.approx(before, rel=1e-9)
+
+
+def test_stage_lengths_follow_the_ratios_and_every_request_completes():
+    result = run(pipeline())
+    df, s = result.requests, result.summary
+    assert s["completed"] == 20 and df["finish_s"].notna().all()
+    assert s["stage_thinker_completed"] == s["stage_talker_completed"] == s["stage_codec_completed"] == 20
+    # talker: prompt = thinker output, output = 4x; codec: prompt = 4x talker output, output = 1%
+    assert (df["ttft_s"] > 0).all() and (df["e2el_s"] >= df["ttft_s"]).all()
+    assert s["stage_talker_transfer_bytes"] > 0 and s["stage_codec_transfer_bytes"] == 0
+
+
+def test_the_memory_plan_reports_each_stages_pinned_output_cache(tmp_path):
+    result = run(pipeline(num_requests=2))
+    memory = result.memory.as_dict()
+    thinker, talker, codec = memory["stages"]
+    assert thinker["stage_output_cache"] == [{"name": "hidden_states", "shape": [thinker["num_blocks"], 16, 4096],
+                                              "dtype": "bf16", "bytes": thinker["num_blocks"] * 16 * 4096 * 2}]
+    assert talker["stage_output_cache_host_bytes"] == talker["num_blocks"] * 16 * 16 * 8
+    assert codec["stage_output_cache"] == []  # cache_outputs off
+    assert memory["stage_output_cache_host_bytes"] == result.summary["stage_output_cache_host_bytes"] \
+        == thinker["stage_output_cache_host_bytes"] + talker["stage_output_cache_host_bytes"]
+    assert thinker["model"] == "llama-3.1-8b" and talker["model"] == "llama-3.2-1b"
+    written = json.loads((write_run(result, tmp_path / "run") / "memory.json").read_text())
+    assert written["stages"][0]["stage_output_cache_host_bytes"] == thinker["stage_output_cache_host_bytes"]
+
+
+def test_a_later_stage_rejects_with_its_name_in_the_reason():
+    stages = [STAGES[0], {**STAGES[1], "engine": {"max_model_len": 600}}]
+    df = run(pipeline(stages=stages)).requests
+    rejected = df[df["reject_reason"].notna()]
+    assert len(rejected) > 0 and rejected["reject_reason"].str.startswith("stage talker: prompt").all()
+    assert rejected["finish_s"].isna().all()
+    assert df.loc[df["reject_reason"].isna(), "finish_s"].notna().all()
+
+
+def test_pipelines_are_deterministic_and_fast_forward_changes_nothing():
+    first, again = run(pipeline()), run(pipeline())
+    assert first.summary == again.summary
+    stepped = run(pipeline().model_copy(update={"simulation": pipeline().simulation.model_copy(
+        update={"fast_forward": False})}))
+    assert first.requests.equals(stepped.requests) and first.summary == stepped.summary
+
+
+def test_servesim_simulate_runs_a_pipeline_scenario(tmp_path):
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+    path = tmp_path / "omni.yaml"
+    path.write_text(yaml.safe_dump(pipeline(num_requests=4).model_dump(mode="json", exclude_unset=True)))
+    result = CliRunner().invoke(app, ["simulate", str(path), "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    memory = json.loads((tmp_path / "run" / "memory.json").read_text())
+    assert [s["stage"] for s in memory["stages"]] == ["thinker", "talker", "codec"]
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["stage_codec_completed"] == 4
