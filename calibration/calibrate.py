@@ -55,13 +55,23 @@ def held_out_shapes(rows: pd.DataFrame, test_fraction: float = 0.25, seed: int =
     return keys.isin(test).to_numpy()
 
 
+#: Every operator at the device's peaks and no overheads: the physics floor a measured step cannot beat.
+ROOFLINE = Profile(name="roofline", gemm_compute=1.0, gemm_memory=1.0, attn_compute=1.0, attn_memory=1.0,
+                   step_overhead_s=0.0, request_overhead_s=0.0)
+
+
 @dataclass(frozen=True)
 class FitReport:
-    """The fitted profile, per-row predictions (columns split, default_s, fitted_s) and MAPE in percent."""
+    """The fitted profile, per-row predictions (columns split, roofline_s, default_s, fitted_s) and MAPE in
+    percent. A row faster than `roofline_s` means the device peaks or the cost model's counts are wrong."""
 
     profile: Profile
     rows: pd.DataFrame
     mape: dict[str, float]  # keys: "<train|test>_<default|fitted>"
+
+    @property
+    def num_beating_roofline(self) -> int:
+        return int((self.rows["time_s"] < self.rows["roofline_s"]).sum())
 
     def table(self) -> list[list[str]]:
         """[split, rows, default MAPE %, fitted MAPE %] for printing."""
@@ -80,12 +90,14 @@ def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str,
     measured = rows["time_s"].to_numpy(float)
     profile = fit_profile(tt.subset(~test), measured[~test], knots, name=name, provenance=provenance)
     default_s, fitted_s = predict_table(tt, Profile()), predict_table(tt, profile)
+    roofline_s = predict_table(tt, ROOFLINE)
     scores = {}
     for split, mask in (("train", ~test), ("test", test if test.any() else ~test)):
         scores[f"{split}_default"] = mape(default_s[mask], measured[mask])
         scores[f"{split}_fitted"] = mape(fitted_s[mask], measured[mask])
     profile = profile.model_copy(update={"fit_mape": round(scores["test_fitted"], 3)})
-    out = rows.assign(split=np.where(test, "test", "train"), default_s=default_s, fitted_s=fitted_s)
+    out = rows.assign(split=np.where(test, "test", "train"), roofline_s=roofline_s, default_s=default_s,
+                      fitted_s=fitted_s)
     return FitReport(profile, out, scores)
 
 

@@ -67,6 +67,12 @@ def device_name(device: str) -> str:
     if str(device).startswith("cuda"):
         import torch
         return torch.cuda.get_device_name()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()} x{os.cpu_count()}"
+    except OSError:
+        pass
     return platform.processor() or platform.machine() or "cpu"
 
 
@@ -104,7 +110,8 @@ def cpu_gpu_entry(peaks: dict[str, float], compute_dtype: str = "fp32", name: st
         "notes": (f"{device_name('cpu')}: {peaks['fp32'] / 1e9:.1f} GFLOP/s fp32 and {peaks['bf16'] / 1e9:.1f} "
                   f"GFLOP/s bf16 ({peaks.get('size', 1024)}^3 matmul), {peaks['bytes_per_s'] / 1e9:.1f} GB/s copy "
                   f"(read + write). bf16 lists max(bf16, {compute_dtype}) because the executor computes in "
-                  f"{compute_dtype} and the cost model prices GEMMs at the bf16 peak. Link and price are placeholders."),
+                  f"{compute_dtype} and the cost model prices GEMMs at the bf16 peak. "
+                  "Link and price are placeholders."),
     }
 
 

@@ -23,15 +23,18 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calibration.attention import AttnMetadata, make_kv_sharing_fast_prefill_metadata, paged_attention, write_kv
+from calibration.attention import paged_attention, write_kv
+from calibration.attn_metadata import AttnMetadata, make_kv_sharing_fast_prefill_metadata
 from calibration.device import keep_freed_memory
 from calibration.weights import apply_rope, init_weights, mlp, moe, rms_norm, rope_cos_sin
 from hardware.batch import StepBatch
 from hardware.cost import fast_prefill_layers
 from hardware.model import ModelSpec
 
-#: Largest K (or V) block gather per attention call on CPU: small enough to stay in L2/L3 for the matmuls.
+#: Largest K (or V) gather of one decode chunk. CPU: small enough to stay in L2/L3 for the matmuls that
+#: read it next. CUDA: bounds the per-block intermediates (about heads / block_size x the gathered K).
 CPU_GATHER_BYTES = 2 << 20
+CUDA_GATHER_BYTES = 512 << 20
 
 
 @dataclass(frozen=True)
@@ -76,23 +79,23 @@ class Executor:
 
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int = 16, device: str = "cpu",
                  dtype: torch.dtype | None = None, seed: int = 0, kv_sharing_fast_prefill: bool = False,
-                 rope_theta: float = 10000.0, bucket_ratio: float = 2.0, max_gather_bytes: int | None = None):
+                 rope_theta: float = 10000.0, max_gather_bytes: int | None = None):
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.device = torch.device(device)
         if self.device.type == "cpu":
             keep_freed_memory()
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
-        self.fast_prefill, self.rope_theta, self.bucket_ratio = kv_sharing_fast_prefill, rope_theta, bucket_ratio
+        self.fast_prefill, self.rope_theta = kv_sharing_fast_prefill, rope_theta
         self.weights = init_weights(spec, self.device, self.dtype, seed)
         self.kv = {layer.index: torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
                                             device=self.device, dtype=self.dtype)
                    for layer in spec.layers if layer.owns_kv}
         self.num_self_layers = spec.num_layers - fast_prefill_layers(spec)
         self.scale = spec.head_dim ** -0.5
-        if max_gather_bytes is None and self.device.type == "cpu":
-            max_gather_bytes = CPU_GATHER_BYTES
+        if max_gather_bytes is None:
+            max_gather_bytes = CPU_GATHER_BYTES if self.device.type == "cpu" else CUDA_GATHER_BYTES
         token_bytes = spec.num_kv_heads * spec.head_dim * torch.empty((), dtype=self.dtype).element_size()
-        self.max_gather_tokens = None if max_gather_bytes is None else max(1, max_gather_bytes // token_bytes)
+        self.max_gather_tokens = max(1, max_gather_bytes // token_bytes)
 
     # ---- host-side preparation -----------------------------------------------------------------
     def prepare(self, inp: StepInput) -> _Prepared:
@@ -109,7 +112,7 @@ class Executor:
         slots = table[req_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
         dev = self.device
         meta = AttnMetadata(torch.from_numpy(qsl), torch.from_numpy(context + num_new), table, self.block_size, dev,
-                            self.bucket_ratio, self.max_gather_tokens)
+                            self.max_gather_tokens)
         sample = (qsl[1:] - 1)[np.array(inp.needs_logits, bool)]
         ids = torch.tensor([t for chunk in inp.token_ids for t in chunk], dtype=torch.int64)
         return _Prepared(ids.to(dev), torch.from_numpy(positions).to(dev), torch.from_numpy(slots).to(dev), meta,
@@ -156,8 +159,3 @@ class Executor:
         with torch.inference_mode():
             logits = self.forward(self.prepare(inp))
             return logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
-
-    def synchronize(self) -> None:
-        """Wait for queued device work (no-op on CPU)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)

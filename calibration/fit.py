@@ -55,7 +55,8 @@ class TermTable:
 def stack_terms(terms: list[StepTerms]) -> TermTable:
     cat = np.concatenate
     return TermTable(cat([np.full(len(t.kind), i) for i, t in enumerate(terms)]), cat([t.kind for t in terms]),
-                     cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]), cat([t.layers for t in terms]),
+                     cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]),
+                     cat([t.layers for t in terms]),
                      np.array([t.step_tokens for t in terms]), np.array([t.num_layers for t in terms], float),
                      np.array([t.num_requests for t in terms], float))
 
@@ -88,7 +89,8 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
     return _predict(tt, curves, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
 
 
-def _predict(tt: TermTable, curves: dict[str, np.ndarray], step_s: float, layer_s: float, request_s: float) -> np.ndarray:
+def _predict(tt: TermTable, curves: dict[str, np.ndarray], step_s: float, layer_s: float,
+             request_s: float) -> np.ndarray:
     gemm = tt.kind == 0
     eff_c = np.where(gemm, curves["gemm_compute"][tt.row], curves["attn_compute"][tt.row])
     eff_m = np.where(gemm, curves["gemm_memory"][tt.row], curves["attn_memory"][tt.row])
@@ -110,7 +112,8 @@ class _Params:
 
     def initial(self, init: Profile) -> np.ndarray:
         effs = [np.clip([getattr(init, c).at(t) for t in self.knots], *EFF_BOUNDS) for c in CURVES]
-        over = [init.step_overhead_s * 1e3, init.request_overhead_s * 1e3] + ([init.layer_overhead_s * 1e3] if self.fit_layer else [])
+        over = [init.step_overhead_s * 1e3, init.request_overhead_s * 1e3]
+        over += [init.layer_overhead_s * 1e3] if self.fit_layer else []
         return np.concatenate(effs + [np.array(over)])
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
@@ -132,9 +135,10 @@ class _Params:
 
 
 def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None = None, init: Profile = Profile(),
-                f_scale: float = 0.05, smooth: float = 0.02, **fields) -> Profile:
+                loss: str = "soft_l1", f_scale: float = 0.05, smooth: float = 0.02, **fields) -> Profile:
     """The profile whose predictions best match `measured_s` (seconds per row of `tt`) in relative terms.
 
+    `loss`/`f_scale` are scipy's (soft_l1 with 5%: relative errors beyond ~5% count linearly, not squared).
     `fields` go to the Profile (name, provenance, fit_mape). Raises ValueError on non-positive times."""
     measured_s = np.asarray(measured_s, float)
     if (measured_s <= 0).any() or len(measured_s) != tt.num_rows:
@@ -150,6 +154,6 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
         return np.concatenate([(pred - measured_s) / measured_s, *rough])
 
     x0 = np.clip(params.initial(init), *params.bounds())
-    result = least_squares(residuals, x0, bounds=params.bounds(), loss="soft_l1", f_scale=f_scale, x_scale="jac",
+    result = least_squares(residuals, x0, bounds=params.bounds(), loss=loss, f_scale=f_scale, x_scale="jac",
                            max_nfev=2000)
     return params.profile(result.x, **fields)

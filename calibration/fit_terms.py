@@ -76,7 +76,8 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
     slow_compute = _entries(batch, model, gpu, _COMPUTE_SLOW, options)
     slow_memory = _entries(batch, model, gpu, _MEMORY_SLOW, options)
     kind = np.array([KIND_CODES[k] for k, _, _ in slow_compute], np.int64)
-    return StepTerms(kind, np.array([t for _, t, _ in slow_compute]) * EPS, np.array([t for _, t, _ in slow_memory]) * EPS,
+    return StepTerms(kind, np.array([t for _, t, _ in slow_compute]) * EPS,
+                     np.array([t for _, t, _ in slow_memory]) * EPS,
                      np.array([n for _, _, n in slow_compute], float), float(max(batch.num_tokens, 1)),
                      model.num_layers, batch.num_requests)
 

@@ -1,6 +1,7 @@
 """The two end-to-end jobs behind `servesim calibrate` and `servesim validate`, writing into one folder.
 
-calibrate: build the (scaled) model's executor on the device, measure the shape grid, describe the
+calibrate: build the (scaled) model's executor on the device, measure the shape grid (and the quick
+grid on the same model at half depth, so per-layer and per-step overheads separate), describe the
 device (CPU: measured peaks -> device.yaml; CUDA: a catalog GPU), fit a profile on a train split and
 write profile.yaml, grid.csv (measurements with default and fitted predictions) and calibration.json
 (what validate needs to rebuild the same setup).
@@ -15,16 +16,21 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile
+import numpy as np
+import pandas as pd
+
+from calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile, terms_of_rows
 from calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, write_gpu_yaml
+from calibration.fit import predict_table
 from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
-from calibration.validate import (Validation, build_requests, compare, report_html, simulate_requests,
-                                  trace_config)
+from calibration.validate import Validation, build_requests, compare, report_html, simulate_requests, trace_config
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
+from hardware.profile import load_profile
 from policies.config import EngineConfig
 from simulator.atomic import write_text_atomic
 
@@ -65,6 +71,17 @@ def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
                     seed=setup.seed, kv_sharing_fast_prefill=fast_prefill)
 
 
+def half_depth(setup: Setup) -> Setup | None:
+    """The same model with half the layers (None below 2), so the fit can tell per-layer from per-step cost."""
+    layers = row_model(setup.model, setup.scale_json).num_layers // 2
+    return dataclasses.replace(setup, scale={**setup.scale, "layers": layers}) if layers >= 1 else None
+
+
+def _measure(setup: Setup, shapes: list, repeats: int):
+    ex = make_executor(setup, _pool_blocks(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes)))
+    return profile_grid(ex, shapes, setup.model, setup.scale, repeats, seed=setup.seed)
+
+
 def _pool_blocks(setup: Setup, need: int) -> int:
     spec = row_model(setup.model, setup.scale_json)
     dtype_bytes = 2 if setup.device.startswith("cuda") else 4
@@ -85,15 +102,18 @@ def describe_device(setup: Setup, folder: Path, gpu: str | None) -> Setup:
 
 
 def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: bool = False,
-                    repeats: int | None = None, test_fraction: float = 0.25) -> tuple[FitReport, Setup]:
-    """Measure, fit and write profile.yaml, grid.csv, calibration.json (and device.yaml on CPU) in `folder`."""
+                    repeats: int | None = None, test_fraction: float = 0.25,
+                    profile_name: str = "profile.yaml") -> tuple[FitReport, Setup]:
+    """Measure, fit and write the profile, grid.csv, calibration.json (and device.yaml on CPU) in `folder`."""
     torch = _torch_setup(setup)
     folder = Path(folder)
     setup = describe_device(setup, folder, gpu)
-    shapes = grid_shapes(GridSpec.quick() if quick else GridSpec(), setup.seed)
-    ex = make_executor(setup, _pool_blocks(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes)))
-    rows = profile_grid(ex, shapes, setup.model, setup.scale, repeats or (3 if quick else 7), seed=setup.seed)
-    del ex
+    repeats = repeats or (3 if quick else 7)
+    rows = _measure(setup, grid_shapes(GridSpec.for_device(setup.device, quick), setup.seed), repeats)
+    shallow = None if quick else half_depth(setup)
+    if shallow is not None:  # the quick grid again at half depth: separates layer from step overhead
+        shapes = grid_shapes(GridSpec.for_device(setup.device, quick=True), setup.seed)
+        rows = pd.concat([rows, _measure(shallow, shapes, repeats)], ignore_index=True)
     today = dt.date.today().isoformat()
     provenance = (f"fitted by servesim calibrate on {today}: {setup.device} ({device_name(setup.device)}) as "
                   f"{setup.gpu!r}, {rows['dtype'][0]}, torch {torch.__version__}, {rows['threads'][0]} threads, "
@@ -105,20 +125,23 @@ def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: b
               "dtype": rows["dtype"][0], "rows": len(rows),
               "test_mape_default_pct": round(report.mape["test_default"], 2),
               "test_mape_fitted_pct": round(report.mape["test_fitted"], 2)}
-    save_profile(report.profile, folder / "profile.yaml", header)
+    save_profile(report.profile, folder / profile_name, header)
     write_text_atomic(folder / "grid.csv", report.rows.to_csv(index=False))
-    write_text_atomic(folder / "calibration.json", json.dumps(dataclasses.asdict(setup) | {"profile": "profile.yaml"}, indent=2))
+    files = [os.path.relpath(p, folder.resolve()) for p in setup.gpu_files]  # the folder may move as a whole
+    write_text_atomic(folder / "calibration.json",
+                      json.dumps(dataclasses.asdict(setup) | {"gpu_files": files, "profile": profile_name}, indent=2))
     return report, setup
 
 
-def load_setup(folder: Path) -> Setup:
-    """The Setup a `run_calibration` wrote to `folder`/calibration.json."""
+def load_setup(folder: Path) -> tuple[Setup, Path]:
+    """The Setup and profile path a `run_calibration` wrote to `folder`/calibration.json."""
     path = Path(folder) / "calibration.json"
     if not path.exists():
         raise SpecError(f"{path}: not found; run `servesim calibrate --out {folder}` first")
     raw = json.loads(path.read_text())
-    raw.pop("profile", None)
-    return Setup(**{**raw, "gpu_files": tuple(raw["gpu_files"])})
+    profile = Path(folder) / raw.pop("profile")
+    files = tuple(str((Path(folder) / p).resolve()) for p in raw["gpu_files"])
+    return Setup(**{**raw, "gpu_files": files}), profile
 
 
 @dataclass(frozen=True)
@@ -147,13 +170,24 @@ def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
     return EngineConfig(**fields)
 
 
-def saturation_rate(setup: Setup, trace: TraceSpec, folder: Path) -> float:
+def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path) -> float:
     """Requests/s the fitted simulator completes when the whole trace arrives at once."""
     burst = trace_config(trace.num_requests, 1e6, trace.prompt_median, trace.output_low, trace.output_high)
     result = simulate_requests(row_model(setup.model, setup.scale_json), build_requests(burst, setup.seed),
                                _engine(setup, trace), burst, setup.gpu, [Path(p) for p in setup.gpu_files],
-                               Path(folder) / "profile.yaml", Path(folder))
+                               profile, Path(folder))
     return result.summary["request_throughput"]
+
+
+def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = False) -> np.ndarray:
+    """What the calibration in `folder` predicts for each measured step (`steps_measured` rows), seconds.
+
+    measured / predicted per step is the direct check of the fitted profile; its drift over the run
+    shows the machine itself changing speed (other processes sharing caches or cores)."""
+    setup, profile = load_setup(folder)
+    rows = steps.assign(model=setup.model, scale=setup.scale_json, fast_prefill=fast_prefill)
+    gpu = get_gpu(setup.gpu, tuple(Path(p) for p in setup.gpu_files))
+    return predict_table(terms_of_rows(rows, gpu), load_profile(profile))
 
 
 def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | None = None) -> Validation:
@@ -161,17 +195,19 @@ def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | Non
     from calibration.serve import serve
     folder = Path(folder)
     out = Path(out or folder)
-    setup = load_setup(folder)
+    setup, profile = load_setup(folder)
     _torch_setup(setup)
-    rate = trace.load * saturation_rate(setup, trace, folder)
+    out.mkdir(parents=True, exist_ok=True)
+    rate = trace.load * saturation_rate(setup, trace, profile, out)
     workload = trace_config(trace.num_requests, rate, trace.prompt_median, trace.output_low, trace.output_high)
     engine = _engine(setup, trace)
     ex = make_executor(setup, trace.num_blocks, trace.fast_prefill)
     measured = serve(ex, build_requests(workload, setup.seed), engine, setup.seed)
     simulated = simulate_requests(ex.spec, build_requests(workload, setup.seed), engine, workload, setup.gpu,
-                                  [Path(p) for p in setup.gpu_files], folder / "profile.yaml", out)
-    v = Validation(measured.requests, simulated.requests,
-                   compare(measured.requests, simulated.requests, measured.summary, simulated.summary), measured.steps)
+                                  [Path(p) for p in setup.gpu_files], profile, out)
+    steps = measured.steps.assign(predicted_s=predicted_step_s(folder, measured.steps, trace.fast_prefill))
+    table = compare(measured.requests, simulated.requests, measured.summary, simulated.summary, steps)
+    v = Validation(measured.requests, simulated.requests, table, steps)
     for name, frame in (("requests_measured", v.measured), ("requests_simulated", v.simulated),
                         ("steps_measured", v.measured_steps), ("validation", v.table)):
         write_text_atomic(out / f"{name}.csv", frame.to_csv(index=False))

@@ -1,13 +1,16 @@
 """Measure the executor's step time over a grid of batch shapes and return one row per shape.
 
 Shapes: single prefills, a batch of equal prefills, prefill chunks over a cached context, decode
-batches x contexts (equal and spread), and mixed steps of decodes plus one prefill chunk; for models
+batches x contexts (equal and spread), and mixed steps of decodes plus one prefill chunk (a whole
+prompt, or a prompt's second chunk over its first); for models
 with trailing KV-sharing layers every shape runs with YOCO fast prefill off and on. Each shape gets
 distinct KV blocks while the pool has room (reading the same blocks again would flatter the cache).
 
 Timing (STYLE E20): a warm-up pass over all shapes, then `repeats` rounds that each time every shape
 once, synchronised around each call; a shape's `time_s` is the median of its rounds. Interleaving
 rounds spreads slow periods of a shared machine over all shapes instead of biasing one.
+`cpu_time_s` is the calling thread's CPU time (median): with one torch thread on CPU, `time_s` well
+above it means other processes took the core (the measurement is then not the device's own speed).
 The row columns rebuild the StepBatch (`num_new`, `num_context`, `needs_logits` as JSON lists) and the
 model (`model` preset, `scale` JSON), and record device, dtype, torch version and thread count.
 """
@@ -45,6 +48,23 @@ class GridSpec:
         return cls(prefill_tokens=(16, 128, 512, 1024), decode_batches=(1, 8, 32), decode_contexts=(64, 1024),
                    chunk_contexts=(512,), mixed_decodes=(8, 32), mixed_chunks=(128,))
 
+    @classmethod
+    def gpu(cls, quick: bool = False) -> GridSpec:
+        """Shapes a GPU engine runs (budget 2048 tokens, up to 128 decodes); `quick` keeps a third of them."""
+        if quick:
+            return cls(prefill_tokens=(128, 2048), decode_batches=(8, 128), decode_contexts=(256, 4096),
+                       chunk_tokens=2048, chunk_contexts=(4096,), mixed_decodes=(64,), mixed_chunks=(512,),
+                       mixed_context=1024)
+        return cls(prefill_tokens=(32, 128, 512, 2048, 8192), decode_batches=(1, 8, 32, 128),
+                   decode_contexts=(256, 1024, 4096), chunk_tokens=2048, chunk_contexts=(2048, 8192),
+                   mixed_decodes=(16, 64, 128), mixed_chunks=(256, 2048), mixed_context=1024)
+
+    @classmethod
+    def for_device(cls, device: str, quick: bool = False) -> GridSpec:
+        if str(device).startswith("cuda"):
+            return cls.gpu(quick)
+        return cls.quick() if quick else cls()
+
 
 def grid_shapes(grid: GridSpec, seed: int = 0) -> list[tuple[str, StepBatch]]:
     """(label, batch) per shape, in a fixed order."""
@@ -58,6 +78,9 @@ def grid_shapes(grid: GridSpec, seed: int = 0) -> list[tuple[str, StepBatch]]:
     shapes += [(f"decode {b} spread", StepBatch.of([1] * b, np.sort(rng.integers(16, spread, b))))
                for b in grid.decode_batches if b > 1]
     shapes += [(f"mixed {b}+{n}", StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [0]))
+               for b in grid.mixed_decodes for n in grid.mixed_chunks]
+    # what chunked prefill serves most: decodes riding along with the next chunk of a prompt already begun
+    shapes += [(f"mixed {b}+{n}@{n}", StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [n], [True] * b + [False]))
                for b in grid.mixed_decodes for n in grid.mixed_chunks]
     return shapes
 
@@ -93,16 +116,17 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
         for _, _, fast, inp in cases:
             ex.fast_prefill = fast
             ex.execute(inp)
-    times = np.empty((repeats, len(cases)))
+    times, cpu_times = np.empty((repeats, len(cases))), np.empty((repeats, len(cases)))
     for r in range(repeats):
         for i, (_, _, fast, inp) in enumerate(cases):
             ex.fast_prefill = fast
             synchronize(device)
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.thread_time()
             ex.execute(inp)
             synchronize(device)
-            times[r, i] = time.perf_counter() - start
-    rows = [_row(label, batch, fast, times[:, i]) for i, (label, batch, fast, _) in enumerate(cases)]
+            times[r, i], cpu_times[r, i] = time.perf_counter() - start, time.thread_time() - cpu_start
+    rows = [_row(label, batch, fast, times[:, i]) | {"cpu_time_s": float(np.median(cpu_times[:, i]))}
+            for i, (label, batch, fast, _) in enumerate(cases)]
     df = pd.DataFrame(rows)
     meta = {"model": model, "scale": json.dumps(scale, sort_keys=True), "num_layers": ex.spec.num_layers,
             "block_size": ex.block_size, "device": device, "device_name": device_name(device),

@@ -14,7 +14,8 @@ from calibration.executor import Executor
 from calibration.weights import LayerWeights, apply_rope, mlp, rms_norm, rope_cos_sin
 
 
-def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, scale: float) -> torch.Tensor:
+def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
+                     scale: float) -> torch.Tensor:
     """q [L, H, d], k/v [L, KVH, d] -> [L, H, d] with causal (and sliding window) masking, in float32."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)

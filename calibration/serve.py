@@ -9,9 +9,16 @@ next arrival. The scheduler, block manager, token log and queue order are the on
 where step durations come from.
 
 Times are seconds since the loop started (`time.perf_counter`), so `arrival_s` of the requests is
-honoured as an offset from that start. Per-request records use `simulator.metrics.request_frame`,
+honoured as an offset from that start. A step is timed from the host building its input to its
+sampled tokens being back on the host (`Executor.execute` ends in `.tolist()`, which waits for the
+device), so on a GPU no step is charged for work queued by another. Each step also records the loop
+thread's CPU time (`execute_cpu_s`): on a CPU run with one torch thread, wall time well above it means
+the machine was shared while serving. Per-request records use `simulator.metrics.request_frame`,
 whose TTFT/TPOT/E2E definitions are the simulator's. Python's cyclic GC is paused while serving so a
 collection does not land inside a timed step.
+
+No prefix cache yet: the block manager is the plain one, so every prompt is prefilled in full (the
+executor itself already reuses a prefix's blocks when a block table starts with them).
 """
 
 from __future__ import annotations
@@ -64,10 +71,12 @@ class _StepRecorder:
     def __init__(self) -> None:
         self.rows: list[dict] = []
 
-    def record(self, plan: StepPlan, start_s: float, run_s: float, end_s: float, sched, kv: BlockManager) -> None:
+    def record(self, plan: StepPlan, start_s: float, run_s: float, cpu_s: float, end_s: float, sched,
+               kv: BlockManager) -> None:
         decode = plan.num_decode_tokens
         self.rows.append({
-            "start_s": start_s, "end_s": end_s, "execute_s": run_s, "num_requests": len(plan.requests),
+            "start_s": start_s, "end_s": end_s, "execute_s": run_s, "execute_cpu_s": cpu_s,
+            "num_requests": len(plan.requests),
             "num_tokens": plan.num_tokens, "prefill_tokens": plan.num_tokens - decode, "decode_tokens": decode,
             "num_running": sched.num_running, "num_waiting": sched.num_waiting, "kv_blocks_used": kv.num_used_blocks,
             "num_preempted": len(plan.preempted), "num_new": json.dumps(list(plan.num_new)),
@@ -78,6 +87,8 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     """Serve `requests` (mutated: counters and times, as the simulator does) on `ex` until all finish."""
     if engine.block_size != ex.block_size:
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
+    if getattr(engine, "prefix_caching", "none") != "none":
+        raise ValueError("serve() has no prefix cache yet: set engine.prefix_caching to 'none'")
     kv = BlockManager(ex.num_blocks, engine.block_size, engine.watermark)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
@@ -117,17 +128,18 @@ def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, tokens: dic
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return
-    tokens[req.id] = np.random.default_rng([seed, req.id]).integers(0, ex.spec.vocab_size, req.num_prompt_tokens).tolist()
+    rng = np.random.default_rng([seed, req.id])  # the prompt's ids: random, the same in every run
+    tokens[req.id] = rng.integers(0, ex.spec.vocab_size, req.num_prompt_tokens).tolist()
     sched.add(req, now)
 
 
 def _run_step(ex: Executor, plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager, sched,
               steps: _StepRecorder, start: float, step_start_s: float) -> None:
-    run_start = time.perf_counter()
+    run_start, cpu_start = time.perf_counter(), time.thread_time()
     sampled = iter(ex.execute(_step_input(plan, tokens, kv)))
-    end = time.perf_counter()
+    end, cpu_s = time.perf_counter(), time.thread_time() - cpu_start
     for req, samples in zip(plan.requests, plan.samples):
         if samples:
             tokens[req.id].append(next(sampled))
     sched.commit(plan, end - start)
-    steps.record(plan, step_start_s, end - run_start, end - start, sched, kv)
+    steps.record(plan, step_start_s, end - run_start, cpu_s, end - start, sched, kv)

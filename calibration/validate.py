@@ -4,7 +4,9 @@ The simulator gets the scaled model as a config.json (`spec_to_config`), the dev
 entry (a measured CPU YAML, or a catalog GPU), the fitted profile, and the executor's engine settings
 with `num_gpu_blocks_override` set to the executor's pool, so both runs schedule identically and
 differ only in step durations. Errors are per request, |simulated - measured| / measured, for TTFT,
-TPOT and E2E latency (median and p90 over requests), plus the error of each median and of throughput.
+TPOT and E2E latency (median and p90 over requests), plus the error of each median, of throughput,
+and of every served step's time as the fitted profile predicts it (the row `step_time`; its
+`requests` column counts steps).
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ def _abs_pct(sim: pd.Series, meas: pd.Series) -> pd.Series:
     return ((sim - meas).abs() / meas * 100.0).dropna()
 
 
-def compare(measured: pd.DataFrame, simulated: pd.DataFrame, measured_summary: dict, simulated_summary: dict
-            ) -> pd.DataFrame:
-    """One row per metric: per-request median / p90 absolute % error, medians (ms) and the error of the median."""
+def compare(measured: pd.DataFrame, simulated: pd.DataFrame, measured_summary: dict, simulated_summary: dict,
+            steps: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per metric: per-request median / p90 absolute % error, medians (ms) and the error of the median;
+    then output throughput (tokens/s), and with `steps` (columns execute_s, predicted_s) the per-step error."""
     both = measured.set_index("request_id").join(simulated.set_index("request_id"), rsuffix="_sim", how="inner")
     rows = []
     for name, column in METRICS:
@@ -75,6 +78,12 @@ def compare(measured: pd.DataFrame, simulated: pd.DataFrame, measured_summary: d
     rows.append({"metric": "output_throughput", "requests": len(both), "median_abs_pct_err": float("nan"),
                  "p90_abs_pct_err": float("nan"), "measured_median_ms": tput_m, "simulated_median_ms": tput_s,
                  "median_pct_err": abs(tput_s - tput_m) / tput_m * 100.0})
+    if steps is not None:
+        err = _abs_pct(steps["predicted_s"], steps["execute_s"])
+        meas_ms, pred_ms = steps["execute_s"].median() * 1e3, steps["predicted_s"].median() * 1e3
+        rows.append({"metric": "step_time", "requests": len(steps), "median_abs_pct_err": float(err.median()),
+                     "p90_abs_pct_err": float(np.percentile(err, 90)), "measured_median_ms": meas_ms,
+                     "simulated_median_ms": pred_ms, "median_pct_err": abs(pred_ms - meas_ms) / meas_ms * 100.0})
     return pd.DataFrame(rows)
 
 

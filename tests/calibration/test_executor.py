@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from calibration import attention
-from calibration.attention import AttnMetadata, make_kv_sharing_fast_prefill_metadata
+from calibration.attn_metadata import AttnMetadata, make_kv_sharing_fast_prefill_metadata
 from calibration.reference import reference_logits
 from tests.calibration.conftest import Blocks, Seq, step, tiny_executor
 
@@ -114,9 +114,15 @@ def test_all_decode_batch_keeps_its_metadata():
     assert make_kv_sharing_fast_prefill_metadata(meta, torch.tensor([0, 1])) is meta
 
 
-def test_decode_buckets_group_by_block_count():
-    meta = AttnMetadata(torch.arange(6), torch.tensor([3, 5, 8, 9, 30]), np.zeros((5, 8), np.int64), 4,
-                        torch.device("cpu"))
-    # blocks held: 1, 2, 2, 3, 8 -> power-of-two buckets 1, 2, 4, 8
-    sizes = sorted((b.q_index.shape[0], b.block_ids.numel() // b.q_index.shape[0]) for b in meta.plan(None))
-    assert sizes == [(1, 1), (1, 4), (1, 8), (2, 2)]
+def test_decodes_gather_exactly_their_visible_blocks_in_chunks():
+    table = np.arange(40).reshape(5, 8)
+    meta = AttnMetadata(torch.arange(6), torch.tensor([3, 5, 8, 9, 30]), table, 4, torch.device("cpu"),
+                        max_gather_tokens=16)
+    # blocks held: 1, 2, 2, 3, 8; at most 16 keys = 4 blocks per chunk, a request is never split
+    chunks = meta.plan(None).decode
+    assert [c.q_index.tolist() for c in chunks] == [[0, 1], [2], [3], [4]]
+    assert chunks[0].block_ids.tolist() == [0, 8, 9] and chunks[0].block_req.tolist() == [0, 1, 1]
+    assert chunks[0].mask[:, 0].sum(-1).tolist() == [3, 4, 1]  # 3 keys, then 4 + 1 of 5
+    # a window of 6 keys: request 4 (30 tokens) sees keys 24..29, i.e. blocks 6 and 7 of its table
+    last = meta.plan(6).decode[-1]
+    assert last.block_ids.tolist() == [38, 39] and last.mask[:, 0].sum().item() == 6

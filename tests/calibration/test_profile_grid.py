@@ -27,6 +27,13 @@ def test_grid_covers_prefill_decode_chunks_and_mixed_steps():
     assert blocks_for_batch(StepBatch.of([1, 20], [15, 0]), 16) == 1 + 2
 
 
+def test_gpu_grid_covers_a_gpu_engine_budget():
+    shapes = dict(grid_shapes(GridSpec.for_device("cuda")))
+    assert shapes["decode 128x4096"].num_tokens == 128 and shapes["prefill 8192"].num_tokens == 8192
+    assert shapes["mixed 128+2048"].num_tokens == 128 + 2048
+    assert GridSpec.for_device("cpu", quick=True) == GridSpec.quick()
+
+
 def test_rows_rebuild_their_batch_and_cover_fast_prefill_both_ways():
     ex = tiny_executor("gemma3n", num_blocks=64)
     shapes = [("prefill 9", StepBatch.uniform(1, 0, 9)), ("mixed 2+5", StepBatch.of([1, 1, 5], [7, 12, 0]))]

@@ -1,0 +1,88 @@
+"""`servesim calibrate` and `servesim validate`: time the torch executor, fit a profile, close the loop.
+
+torch is imported only inside the commands (through `calibration.pipeline`), so `--help` and every
+other command work without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hardware.errors import SpecError
+from hardware.profile import Profile
+from simulator.cli import app, clean_errors, console, print_table
+
+DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
+CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory")
+
+
+def _curve_text(profile: Profile, name: str) -> str:
+    return " ".join(f"{tokens:g}:{eff:.3f}" for tokens, eff in getattr(profile, name).points)
+
+
+def profile_rows(fitted: Profile) -> list[list[str]]:
+    """[parameter, fitted, default] rows: curves as tokens:efficiency pairs, overheads in microseconds."""
+    default = Profile()
+    rows = [[name, _curve_text(fitted, name), _curve_text(default, name)] for name in CURVES]
+    for name in ("step_overhead_s", "layer_overhead_s", "request_overhead_s"):
+        rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.1f}",
+                     f"{getattr(default, name) * 1e6:.1f}"])
+    return rows
+
+
+@app.command()
+@clean_errors
+def calibrate(device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+              model: str = typer.Option("llama-3.1-8b", "--model", help="Model preset to build the executor from"),
+              scale: str = typer.Option(DEFAULT_SCALE, "--scale", help="scale_model arguments k=v,...; '' = full size"),
+              gpu: str | None = typer.Option(None, "--gpu", help="cuda only: the catalog GPU this device is (h200)"),
+              out: Path = typer.Option(Path("calibration_out"), "--out",
+                                       help="Output folder, or the profile's .yaml path inside it"),
+              quick: bool = typer.Option(False, "--quick", help="Smaller grid, 3 repeats"),
+              threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's own)"),
+              seed: int = typer.Option(0, "--seed")) -> None:
+    """Time the executor on a grid of batch shapes, fit a profile, write it with grid.csv (and device.yaml)."""
+    from calibration.pipeline import Setup, run_calibration
+    from calibration.scaled import parse_scale
+    if device not in ("cpu", "cuda"):
+        raise SpecError(f"--device {device!r}: choose cpu or cuda")
+    folder, name = (out.parent, out.name) if out.suffix in (".yaml", ".yml") else (out, "profile.yaml")
+    setup = Setup(model, parse_scale(scale), device, "", (), seed=seed, threads=threads)
+    report, setup = run_calibration(setup, folder, gpu, quick, profile_name=name)
+    print_table(f"profile for {model} [{scale or 'full size'}] on {setup.gpu}", ["parameter", "fitted", "default"],
+                profile_rows(report.profile))
+    print_table("step-time MAPE % (test = shapes held out of the fit)",
+                ["split", "rows", "default profile", "fitted profile"], report.table())
+    if report.num_beating_roofline:
+        console.print(f"warning: {report.num_beating_roofline} measured steps beat the roofline; "
+                      f"check the device peaks of {setup.gpu!r}")
+    console.print(f"profile in {folder / name}; measurements in {folder / 'grid.csv'}")
+
+
+@app.command()
+@clean_errors
+def validate(calibration_dir: Path = typer.Argument(..., help="Folder written by `servesim calibrate`"),
+             requests: int = typer.Option(300, "--requests", min=1, help="Requests in the trace"),
+             load: float = typer.Option(0.6, "--load", min=0.01, help="Arrival rate as a fraction of saturation"),
+             prompt_median: float = typer.Option(160, "--prompt-median", help="Median prompt tokens (lognormal)"),
+             output_max: int = typer.Option(64, "--output-max", help="Output tokens uniform in [8, this]"),
+             max_num_batched_tokens: int = typer.Option(256, "--max-num-batched-tokens"),
+             max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
+             num_blocks: int = typer.Option(1024, "--num-blocks", help="KV blocks of the executor's pool"),
+             fast_prefill: bool = typer.Option(False, "--fast-prefill", help="YOCO fast prefill (KV-sharing models)"),
+             out: Path | None = typer.Option(None, "--out", help="Output folder (default: the calibration one)"),
+             ) -> None:
+    """Serve a trace on the executor and replay it in the simulator; print per-request TTFT/TPOT/E2E errors."""
+    from calibration.pipeline import TraceSpec, run_validation
+    trace = TraceSpec(requests, prompt_median, 8, output_max, load, max_num_batched_tokens, max_num_seqs, num_blocks,
+                      fast_prefill)
+    v = run_validation(calibration_dir, trace, out)
+    rows = [[r.metric, r.requests, f"{r.median_abs_pct_err:.1f}", f"{r.p90_abs_pct_err:.1f}",
+             f"{r.measured_median_ms:.2f}", f"{r.simulated_median_ms:.2f}", f"{r.median_pct_err:.1f}"]
+            for r in v.table.itertuples()]
+    print_table("simulated vs measured (per-request absolute % error; throughput in tokens/s; step_time: per step)",
+                ["metric", "requests", "median err %", "p90 err %", "measured median", "simulated median",
+                 "err of median %"], rows)
+    console.print(f"report in {(out or calibration_dir) / 'validation.html'}")
