@@ -6,10 +6,9 @@ T is the step's token count. Those per-entry `compute_s`/`memory_s` (seconds at 
 peaks) do not depend on the profile, so they are read once per measured step and the fit evaluates
 thousands of candidate profiles with numpy alone.
 
-They are read from cost.py's own per-group pricing (its private `_context`, `_layer_groups`,
-`_layer_group` and `_model_level`): run once with compute efficiency EPS (every entry then reports
-compute_s / EPS) and once with memory efficiency EPS. `predict_s(terms, profile)` rebuilds
-`step_cost(...).total_s`; tests pin that equality, so a change in cost.py's internals fails loudly.
+They are read from `hardware.cost.operator_terms`, the public per-(group, operator) pricing that
+`step_cost` itself sums, priced once with every efficiency at 1. `predict_s(terms, profile)` rebuilds
+`step_cost(...).total_s`; tests pin that equality.
 Single device only (no TP/PP communication terms).
 """
 
@@ -25,7 +24,6 @@ from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec
 from hardware.profile import EfficiencyCurve, Profile
 
-EPS = 1e-6
 KIND_CODES = {"gemm": 0, "attention": 1}
 
 
@@ -43,43 +41,20 @@ class StepTerms:
     num_requests: int
 
 
-class _Recorder:
-    """Stands in for cost.py's accumulator and keeps every entry instead of summing by name."""
-
-    def __init__(self) -> None:
-        self.entries: list[tuple[str, float, int]] = []
-
-    def add(self, name: str, kind: str, flops: float, nbytes: float, timed: tuple[float, str], layers: int) -> None:
-        if kind not in KIND_CODES:
-            raise ValueError(f"operator {name!r} of kind {kind!r}: only single-device steps can be fitted")
-        self.entries.append((kind, timed[0], layers))
-
-
-def _entries(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, profile: Profile,
-             options: cost.CostOptions) -> list[tuple[str, float, int]]:
-    ctx, rec = cost._context(batch, model, gpu, cost.Parallelism(), profile, options), _Recorder()
-    for group, layers in cost._layer_groups(model, options.kv_sharing_fast_prefill):
-        cost._layer_group(ctx, rec, batch, group, layers)
-    cost._model_level(ctx, rec, batch)
-    return rec.entries
-
-
-_SLOW = EfficiencyCurve.constant(EPS)
-_FULL = EfficiencyCurve.constant(1.0)
-_COMPUTE_SLOW = Profile(gemm_compute=_SLOW, attn_compute=_SLOW, gemm_memory=_FULL, attn_memory=_FULL)
-_MEMORY_SLOW = Profile(gemm_compute=_FULL, attn_compute=_FULL, gemm_memory=_SLOW, attn_memory=_SLOW)
+_UNIT = Profile(gemm_compute=EfficiencyCurve.constant(1.0), attn_compute=EfficiencyCurve.constant(1.0),
+                gemm_memory=EfficiencyCurve.constant(1.0), attn_memory=EfficiencyCurve.constant(1.0))
 
 
 def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.CostOptions = cost.CostOptions()
                ) -> StepTerms:
     """The profile-independent terms of one step of `batch` (see the module docstring)."""
-    slow_compute = _entries(batch, model, gpu, _COMPUTE_SLOW, options)
-    slow_memory = _entries(batch, model, gpu, _MEMORY_SLOW, options)
-    kind = np.array([KIND_CODES[k] for k, _, _ in slow_compute], np.int64)
-    return StepTerms(kind, np.array([t for _, t, _ in slow_compute]) * EPS,
-                     np.array([t for _, t, _ in slow_memory]) * EPS,
-                     np.array([n for _, _, n in slow_compute], float), float(max(batch.num_tokens, 1)),
-                     model.num_layers, batch.num_requests)
+    terms = cost.operator_terms(batch, model, gpu, cost.Parallelism(), _UNIT, options)
+    for term in terms:
+        if term.kind not in KIND_CODES:
+            raise ValueError(f"operator {term.name!r} of kind {term.kind!r}: only single-device steps can be fitted")
+    return StepTerms(np.array([KIND_CODES[t.kind] for t in terms], np.int64), np.array([t.compute_s for t in terms]),
+                     np.array([t.memory_s for t in terms]), np.array([t.layers for t in terms], float),
+                     float(max(batch.num_tokens, 1)), model.num_layers, batch.num_requests)
 
 
 def predict_s(terms: StepTerms, profile: Profile) -> float:

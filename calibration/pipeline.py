@@ -73,8 +73,14 @@ def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
 
 def half_depth(setup: Setup) -> Setup | None:
     """The same model with half the layers (None below 2), so the fit can tell per-layer from per-step cost."""
-    layers = row_model(setup.model, setup.scale_json).num_layers // 2
-    return dataclasses.replace(setup, scale={**setup.scale, "layers": layers}) if layers >= 1 else None
+    full = row_model(setup.model, setup.scale_json).num_layers
+    layers = full // 2
+    if layers < 1:
+        return None
+    scale = {**setup.scale, "layers": layers}
+    if scale.get("kv_shared"):  # keep the share of KV-sharing layers, leaving one that owns KV
+        scale["kv_shared"] = min(max(scale["kv_shared"] * layers // full, 1), layers - 1)
+    return dataclasses.replace(setup, scale=scale)
 
 
 def _measure(setup: Setup, shapes: list, repeats: int):
@@ -157,22 +163,29 @@ class TraceSpec:
     max_num_seqs: int = 32
     num_blocks: int = 1024
     fast_prefill: bool = False
+    prefix_caching: str = "vllm"  # the KV manager of both runs: "vllm" (automatic prefix caching) or "none"
+    num_prefixes: int = 0  # shared prefixes in the trace (0: every prompt is unique)
+    prefix_tokens: int = 0
+    prefix_share: float = 1.0  # fraction of prompts that start with a shared prefix
+
+    def workload(self, rate_per_s: float):
+        return trace_config(self.num_requests, rate_per_s, self.prompt_median, self.output_low, self.output_high,
+                            num_prefixes=self.num_prefixes, prefix_tokens=self.prefix_tokens,
+                            prefix_share=self.prefix_share)
 
 
 def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
-    """vLLM's scheduler with chunked prefill over the executor's pool. The serve loop has no prefix cache
-    yet (the trace's prompts share nothing anyway), so the simulator runs without one too."""
-    fields = dict(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
-                  enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
-                  num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill)
-    if "prefix_caching" in EngineConfig.model_fields:
-        fields["prefix_caching"] = "none"
-    return EngineConfig(**fields)
+    """vLLM's scheduler with chunked prefill and (by default) automatic prefix caching over the executor's
+    pool; the served run and the simulated one use the same settings."""
+    return EngineConfig(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
+                        enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
+                        num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill,
+                        prefix_caching=trace.prefix_caching)
 
 
 def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path) -> float:
     """Requests/s the fitted simulator completes when the whole trace arrives at once."""
-    burst = trace_config(trace.num_requests, 1e6, trace.prompt_median, trace.output_low, trace.output_high)
+    burst = trace.workload(1e6)
     result = simulate_requests(row_model(setup.model, setup.scale_json), build_requests(burst, setup.seed),
                                _engine(setup, trace), burst, setup.gpu, [Path(p) for p in setup.gpu_files],
                                profile, Path(folder))
@@ -199,7 +212,7 @@ def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | Non
     _torch_setup(setup)
     out.mkdir(parents=True, exist_ok=True)
     rate = trace.load * saturation_rate(setup, trace, profile, out)
-    workload = trace_config(trace.num_requests, rate, trace.prompt_median, trace.output_low, trace.output_high)
+    workload = trace.workload(rate)
     engine = _engine(setup, trace)
     ex = make_executor(setup, trace.num_blocks, trace.fast_prefill)
     measured = serve(ex, build_requests(workload, setup.seed), engine, setup.seed)
@@ -207,7 +220,7 @@ def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | Non
                                   [Path(p) for p in setup.gpu_files], profile, out)
     steps = measured.steps.assign(predicted_s=predicted_step_s(folder, measured.steps, trace.fast_prefill))
     table = compare(measured.requests, simulated.requests, measured.summary, simulated.summary, steps)
-    v = Validation(measured.requests, simulated.requests, table, steps)
+    v = Validation(measured.requests, simulated.requests, table, steps, measured.summary, simulated.summary)
     for name, frame in (("requests_measured", v.measured), ("requests_simulated", v.simulated),
                         ("steps_measured", v.measured_steps), ("validation", v.table)):
         write_text_atomic(out / f"{name}.csv", frame.to_csv(index=False))

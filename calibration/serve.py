@@ -17,8 +17,17 @@ the machine was shared while serving. Per-request records use `simulator.metrics
 whose TTFT/TPOT/E2E definitions are the simulator's. Python's cyclic GC is paused while serving so a
 collection does not land inside a timed step.
 
-No prefix cache yet: the block manager is the plain one, so every prompt is prefilled in full (the
-executor itself already reuses a prefix's blocks when a block table starts with them).
+Prompt token ids follow the simulator's token identity (policies/token_ids.py): token k of the prompt
+run (segment, n) is `token_id(segment, k)`, a stable 64-bit mix of the two ints reduced into the vocab,
+so requests whose prompts share leading runs (a shared prefix) get identical ids there, and the KV a
+prefix-cache hit reuses is truly the KV of those tokens. The KV manager is the engine's
+(`policies.catalog.kv_managers`, `engine.prefix_caching`), as in `simulator.run`: when the scheduler
+admits a request with a hit, its `num_computed_tokens` (the step's context) already counts the cached
+blocks at the head of its block table, so the executor prefills only the tail over them. Generated
+tokens are sampled greedily and so are not the identity's ids; they never matter for sharing, since a
+request's generated tokens form its own output segment (`output_segment_id`), which no other request's
+block hash can contain. Each step records the prefix-hit tokens it reused (`prefix_hit_tokens`: context
+of a request the executor had not run since its (re)admission).
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.executor import Executor, StepInput
-from policies.catalog import orderings, schedulers
+from policies.catalog import kv_managers, orderings, schedulers
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
@@ -45,12 +54,48 @@ from workloads.request import Phase, Request
 @dataclass(frozen=True)
 class ServeResult:
     """Per-request records (simulator columns), one row per executed step, the run's summary, and each
-    request's token ids: its (random) prompt followed by the greedy outputs."""
+    request's token ids: its prompt (`prompt_token_ids`) followed by the greedy outputs."""
 
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
     tokens: dict[int, list[int]]
+    prefix_hits: dict[int, int]  # request id -> prompt tokens the executor reused from the cache at first admission
+
+
+_MASK = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    """splitmix64's finalizer: a stable, well-spread 64-bit hash of a 64-bit int (no Python `hash`)."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def _mix_array(x: np.ndarray) -> np.ndarray:
+    """`_mix` elementwise on uint64 (numpy wraps modulo 2**64 as the masks above do)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def token_id(segment: int, offset: int, vocab: int, seed: int = 0) -> int:
+    """The id of token `offset` of run `segment` (policies/token_ids.py's identity), in [0, vocab)."""
+    return _mix(_mix((segment ^ _mix(seed)) & _MASK) ^ offset) % vocab
+
+
+def prompt_token_ids(req: Request, vocab: int, seed: int = 0) -> list[int]:
+    """The prompt's ids: `token_id(segment, k)` over `req.segments()`; equal runs give equal ids."""
+    out = []
+    for segment, length in req.segments():
+        base = np.uint64(_mix((segment ^ _mix(seed)) & _MASK))
+        ids = _mix_array(base ^ np.arange(length, dtype=np.uint64)) % np.uint64(vocab)
+        out.extend(ids.tolist())
+    return out
 
 
 def _reject_reason(req: Request, engine: EngineConfig, num_blocks: int) -> str | None:
@@ -70,16 +115,31 @@ def _step_input(plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager) 
 class _StepRecorder:
     def __init__(self) -> None:
         self.rows: list[dict] = []
+        self.held: dict[int, int] = {}  # request id -> tokens it has run on the executor since its (re)admission
+        self.first_hits: dict[int, int] = {}  # request id -> prefix-hit tokens at its first admission
+
+    def _hits(self, plan: StepPlan) -> int:
+        """Context tokens of this step's requests that the executor did not compute for them: prefix hits."""
+        for req in plan.preempted:
+            self.held.pop(req.id, None)
+        hits = 0
+        for req, n, c in zip(plan.requests, plan.num_new, plan.num_context):
+            hit = max(c - self.held.get(req.id, 0), 0)
+            self.first_hits.setdefault(req.id, hit)
+            self.held[req.id] = c + n
+            hits += hit
+        return hits
 
     def record(self, plan: StepPlan, start_s: float, run_s: float, cpu_s: float, end_s: float, sched,
                kv: BlockManager) -> None:
         decode = plan.num_decode_tokens
+        hits = self._hits(plan)
         self.rows.append({
             "start_s": start_s, "end_s": end_s, "execute_s": run_s, "execute_cpu_s": cpu_s,
             "num_requests": len(plan.requests),
             "num_tokens": plan.num_tokens, "prefill_tokens": plan.num_tokens - decode, "decode_tokens": decode,
             "num_running": sched.num_running, "num_waiting": sched.num_waiting, "kv_blocks_used": kv.num_used_blocks,
-            "num_preempted": len(plan.preempted), "num_new": json.dumps(list(plan.num_new)),
+            "num_preempted": len(plan.preempted), "prefix_hit_tokens": hits, "num_new": json.dumps(list(plan.num_new)),
             "num_context": json.dumps(list(plan.num_context)), "needs_logits": json.dumps(list(plan.samples))})
 
 
@@ -87,9 +147,9 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     """Serve `requests` (mutated: counters and times, as the simulator does) on `ex` until all finish."""
     if engine.block_size != ex.block_size:
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
-    if getattr(engine, "prefix_caching", "none") != "none":
-        raise ValueError("serve() has no prefix cache yet: set engine.prefix_caching to 'none'")
-    kv = BlockManager(ex.num_blocks, engine.block_size, engine.watermark)
+    if engine.prefix_caching == "radix":
+        raise ValueError("serve() runs on the paged block pool: engine.prefix_caching must be 'none' or 'vllm'")
+    kv = kv_managers.get(engine.prefix_caching)(ex.num_blocks, engine.block_size, engine.watermark)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
     pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
@@ -119,7 +179,10 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     itl = np.frombuffer(log.itl_s, dtype=float) if log.itl_s else np.array([])
     summary = summarize(frame, step_frame.assign(duration_s=step_frame["end_s"] - step_frame["start_s"],
                                                  kv_usage=step_frame["kv_blocks_used"] / kv.num_blocks), itl)
-    return ServeResult(frame, step_frame, summary, tokens)
+    served = frame[frame["reject_reason"].isna()]
+    cached, prompt = int(served["cached_tokens"].sum()), int(served["prompt_tokens"].sum())
+    summary |= {"prefix_cache_hit_rate": cached / prompt if prompt else 0.0, "prefill_tokens_saved": cached}
+    return ServeResult(frame, step_frame, summary, tokens, steps.first_hits)
 
 
 def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, tokens: dict[int, list[int]], now: float,
@@ -128,8 +191,7 @@ def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, tokens: dic
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return
-    rng = np.random.default_rng([seed, req.id])  # the prompt's ids: random, the same in every run
-    tokens[req.id] = rng.integers(0, ex.spec.vocab_size, req.num_prompt_tokens).tolist()
+    tokens[req.id] = prompt_token_ids(req, ex.spec.vocab_size, seed)
     sched.add(req, now)
 
 

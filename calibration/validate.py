@@ -32,12 +32,16 @@ METRICS = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2el", "e2el_s"))
 
 
 def trace_config(num_requests: int, rate_per_s: float, prompt_median: float, output_low: int, output_high: int,
-                 prompt_sigma: float = 0.6) -> WorkloadConfig:
-    """Poisson arrivals, lognormal prompts, uniform outputs: a small chat-like trace."""
-    return WorkloadConfig.model_validate({
-        "lengths": {"prompt": {"kind": "lognormal", "median": prompt_median, "sigma": prompt_sigma},
-                    "output": {"kind": "uniform", "low": output_low, "high": output_high}},
-        "arrivals": {"kind": "poisson", "rate_per_s": rate_per_s}, "num_requests": num_requests})
+                 prompt_sigma: float = 0.6, num_prefixes: int = 0, prefix_tokens: int = 0,
+                 prefix_share: float = 1.0) -> WorkloadConfig:
+    """Poisson arrivals, lognormal prompts, uniform outputs: a small chat-like trace. With `num_prefixes` and
+    `prefix_tokens` > 0, a `prefix_share` of the prompts start with one of that many shared prefixes (Zipf)."""
+    raw = {"lengths": {"prompt": {"kind": "lognormal", "median": prompt_median, "sigma": prompt_sigma},
+                       "output": {"kind": "uniform", "low": output_low, "high": output_high}},
+           "arrivals": {"kind": "poisson", "rate_per_s": rate_per_s}, "num_requests": num_requests}
+    if num_prefixes and prefix_tokens:
+        raw["shared_prefix"] = {"num_prefixes": num_prefixes, "prefix_tokens": prefix_tokens, "share": prefix_share}
+    return WorkloadConfig.model_validate(raw)
 
 
 def build_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
@@ -95,6 +99,8 @@ class Validation:
     simulated: pd.DataFrame
     table: pd.DataFrame
     measured_steps: pd.DataFrame
+    measured_summary: dict | None = None
+    simulated_summary: dict | None = None
 
 
 def report_html(v: Validation, path: Path, title: str) -> Path:

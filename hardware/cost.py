@@ -257,16 +257,44 @@ class _Ctx:
     def kvbytes(self) -> float:
         return KV_DTYPE_BYTES[self.opts.kv_dtype]
 
-    def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None) -> tuple[float, str]:
+    def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None) -> tuple[float, float]:
+        """(compute seconds, memory seconds) of a GEMM at the profile's efficiencies."""
         peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.opts.weight_dtype])
-        return _roof(flops, nbytes, peak * self.profile.gemm_compute.at(self.step_tokens),
-                     self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.step_tokens))
+        return (flops / (peak * self.profile.gemm_compute.at(self.step_tokens)),
+                nbytes / (self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.step_tokens)))
 
 
+@dataclass(frozen=True, slots=True)
+class OperatorTerm:
+    """One operator of one layer group (or of the model level), for ONE layer: FLOPs and bytes per GPU,
+    seconds bound by compute and by memory at the profile's efficiencies (0 for communication), the
+    priced time (`max` of the two, or the link time for `comm`), which bound won, and how many layers
+    run it. `step_cost` sums `time_s * layers` of these per operator name."""
 
-def _roof(flops: float, nbytes: float, flop_per_s: float, bytes_per_s: float) -> tuple[float, str]:
-    compute_s, memory_s = flops / flop_per_s, nbytes / bytes_per_s
-    return (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
+    name: str
+    kind: str  # gemm | attention | comm
+    flops: float
+    bytes: float
+    compute_s: float
+    memory_s: float
+    time_s: float
+    bound: str  # compute | memory | link
+    layers: int
+
+
+class _Terms:
+    """Collects the OperatorTerms of one step in pricing order."""
+
+    def __init__(self) -> None:
+        self.terms: list[OperatorTerm] = []
+
+    def add(self, name: str, kind: str, flops: float, nbytes: float, roof: tuple[float, float], layers: int) -> None:
+        compute_s, memory_s = roof
+        time_s, bound = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
+        self.terms.append(OperatorTerm(name, kind, flops, nbytes, compute_s, memory_s, time_s, bound, layers))
+
+    def add_link(self, name: str, nbytes: float, time_s: float, layers: int) -> None:
+        self.terms.append(OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, "link", layers))
 
 
 class _Acc:
@@ -338,15 +366,15 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     return flops, nbytes, compute_s, memory_s
 
 
-def _attention(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
+def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     m = ctx.model
     for decode in (True, False):
         s = _attn_stats(batch, group.window, decode)
         if not s.requests:
             continue
         flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
-        timed = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
-        acc.add("attention_decode" if decode else "attention_prefill", "attention", flops, nbytes, timed, layers)
+        acc.add("attention_decode" if decode else "attention_prefill", "attention", flops, nbytes,
+                (compute_s, memory_s), layers)
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = s.tokens if decode else s.expand_tokens
@@ -359,7 +387,7 @@ def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def _mlp(ctx: _Ctx, acc: _Acc, tokens: float, group: _Group, layers: int) -> None:
+def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> None:
     m, tp, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
     if group.is_moe:
         moe = m.moe
@@ -398,7 +426,7 @@ def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
     return (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.step_tokens)) + (tp - 1) * link.latency_s
 
 
-def _layer_group(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: int) -> None:
+def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     batch = _group_batch(batch, group)
     tokens, h = float(batch.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
@@ -413,19 +441,19 @@ def _layer_group(ctx: _Ctx, acc: _Acc, batch: StepBatch, group: _Group, layers: 
         _layer_comm(ctx, acc, tokens, group, layers)
 
 
-def _layer_comm(ctx: _Ctx, acc: _Acc, tokens: float, group: _Group, layers: int) -> None:
+def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> None:
     """Per layer: an all-reduce after attention (an all-gather under DP attention, the same bytes) and one
     after the MLP; an expert-parallel MoE layer instead sends each token to its k experts and back."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
-    acc.add("all_reduce", "comm", 0.0, msg, (_all_reduce_s(ctx, msg), "link"), layers)
+    acc.add_link("all_reduce", msg, _all_reduce_s(ctx, msg), layers)
     if group.is_moe and ctx.par.ep:
         routed = msg * ctx.model.moe.experts_per_token
-        acc.add("all_to_all", "comm", 0.0, 2 * routed, (2 * _all_to_all_s(ctx, routed), "link"), layers)
+        acc.add_link("all_to_all", 2 * routed, 2 * _all_to_all_s(ctx, routed), layers)
     else:
-        acc.add("all_reduce", "comm", 0.0, msg, (_all_reduce_s(ctx, msg), "link"), layers)
+        acc.add_link("all_reduce", msg, _all_reduce_s(ctx, msg), layers)
 
 
-def _model_level(ctx: _Ctx, acc: _Acc, batch: StepBatch) -> None:
+def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     m, tp, tokens = ctx.model, ctx.par.tp, float(batch.num_tokens)
     acc.add("embedding", "gemm", 0.0, tokens * m.hidden_size * ACT_BYTES * 2, ctx.gemm_s(0.0, tokens * m.hidden_size * 4), 1)
     if m.extra_linear_params:
@@ -441,7 +469,7 @@ def _model_level(ctx: _Ctx, acc: _Acc, batch: StepBatch) -> None:
         link = _group_link(ctx, ctx.par.num_gpus)
         msg = tokens * m.hidden_size * ACT_BYTES
         time_s = (ctx.par.pp - 1) * (msg / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s)
-        acc.add("pp_send", "comm", 0.0, (ctx.par.pp - 1) * msg, (time_s, "link"), 1)
+        acc.add_link("pp_send", (ctx.par.pp - 1) * msg, time_s, 1)
 
 
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
@@ -481,6 +509,19 @@ def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallel
     return sum(totals.values())
 
 
+def operator_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                   profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[OperatorTerm]:
+    """Every operator of every layer group, then the model-level ones, one `OperatorTerm` each, in the
+    order `step_cost` sums them (it is built on this; the profile's fixed overheads are not included).
+    A calibration fit reads `compute_s`/`memory_s` from here, so fit and predictor cannot drift."""
+    ctx, terms = _context(batch, model, gpu, parallelism, profile, options), _Terms()
+    if batch.num_requests:
+        for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
+            _layer_group(ctx, terms, batch, group, layers)
+        _model_level(ctx, terms, batch)
+    return terms.terms
+
+
 def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
               profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepCost:
     """Predicted time of one engine step of `batch` on one replica, split by operator.
@@ -488,11 +529,10 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     Pipeline stages run the batch one after another (no micro-batching here), so layer costs add up
     across stages and `pp_send` adds the activations crossing each stage boundary.
     """
-    ctx, acc = _context(batch, model, gpu, parallelism, profile, options), _Acc()
+    acc = _Acc()
+    for term in operator_terms(batch, model, gpu, parallelism, profile, options):
+        acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
-        for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
-            _layer_group(ctx, acc, batch, group, layers)
-        _model_level(ctx, acc, batch)
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
                  + profile.request_overhead_s * batch.num_requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)

@@ -120,3 +120,19 @@ def test_saved_profile_loads_with_its_fit_error(tmp_path):
     path = save_profile(profile, tmp_path / "p.yaml", {"device": "cpu", "torch": "2.x"})
     assert path.read_text().startswith("# servesim calibration profile\n# device: cpu")
     assert load_profile(path) == profile
+
+
+@pytest.mark.parametrize("model,fast", [("llama-3.1-8b", False), ("gemma-3n-e2b", True), ("mixtral-8x7b", False)])
+def test_operator_terms_are_what_step_cost_sums(model, fast):
+    """fit_terms reads hardware.cost.operator_terms, the public pricing step_cost is built on: summing the
+    terms per operator name reproduces step_cost's operators bit for bit."""
+    from hardware.cost import operator_terms
+    options = CostOptions(kv_sharing_fast_prefill=fast)
+    batch = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
+    terms = operator_terms(batch, get_model(model), H200, profile=TRUE, options=options)
+    totals: dict[str, float] = {}
+    for term in terms:
+        assert term.time_s == max(term.compute_s, term.memory_s)
+        totals[term.name] = totals.get(term.name, 0.0) + term.time_s * term.layers
+    ops = step_cost(batch, get_model(model), H200, profile=TRUE, options=options).operators
+    assert {op.name: op.time_s for op in ops if op.kind != "overhead"} == totals

@@ -76,3 +76,42 @@ def test_requests_that_cannot_fit_are_rejected_not_served():
     result = serve(ex, reqs, engine())
     assert reqs[1].phase is Phase.REJECTED and "KV blocks" in reqs[1].reject_reason
     assert reqs[0].phase is Phase.FINISHED and np.isnan(result.requests.loc[1, "finish_s"])
+
+
+def test_prompt_ids_follow_token_identity():
+    from calibration.serve import prompt_token_ids, token_id
+    a = Request(id=0, arrival_s=0.0, num_prompt_tokens=30, num_output_tokens=1, prompt_segments=((3, 20), (-1, 10)))
+    b = Request(id=1, arrival_s=0.0, num_prompt_tokens=25, num_output_tokens=1, prompt_segments=((3, 20), (-2, 5)))
+    ids_a, ids_b = prompt_token_ids(a, 256), prompt_token_ids(b, 256)
+    assert ids_a[:20] == ids_b[:20] and ids_a[20:25] != ids_b[20:25]  # shared run equal, own parts differ
+    assert ids_a == prompt_token_ids(a, 256) and all(0 <= t < 256 for t in ids_a)  # stable, in the vocab
+    assert ids_a[:20] == [token_id(3, k, 256) for k in range(20)] and ids_a[20] == token_id(-1, 0, 256)
+    assert prompt_token_ids(a, 256, seed=1) != ids_a
+    plain = Request(id=5, arrival_s=0.0, num_prompt_tokens=8, num_output_tokens=1)  # one unique run
+    assert prompt_token_ids(plain, 1 << 20) == [token_id(-6, k, 1 << 20) for k in range(8)]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma3n"])
+def test_prefix_hits_skip_the_cached_prefill_and_keep_the_tokens_exact(name):
+    """With vLLM's prefix cache, later requests reuse the shared prefix's blocks (the executor prefills only
+    the tail) and still produce the reference greedy continuation of their full prompt. Request 3 repeats
+    request 0's prompt exactly: it may hit its prompt blocks, never the blocks holding request 0's outputs."""
+    ex = tiny_executor(name, fast_prefill=name == "gemma3n")
+    shared = (7, 13)
+    reqs = [Request(id=0, arrival_s=0.0, num_prompt_tokens=18, num_output_tokens=9, prompt_segments=(shared, (-1, 5))),
+            Request(id=1, arrival_s=0.05, num_prompt_tokens=16, num_output_tokens=6, prompt_segments=(shared, (-2, 3))),
+            Request(id=2, arrival_s=0.05, num_prompt_tokens=21, num_output_tokens=5, prompt_segments=(shared, (-3, 8))),
+            Request(id=3, arrival_s=0.10, num_prompt_tokens=18, num_output_tokens=4, prompt_segments=(shared, (-1, 5))),
+            Request(id=4, arrival_s=0.10, num_prompt_tokens=9, num_output_tokens=4)]
+    result = serve(ex, reqs, engine(prefix_caching="vllm", max_model_len=64))
+    hits = result.prefix_hits
+    assert hits[0] == 0 and hits[4] == 0
+    assert hits[1] == hits[2] == 12  # the prefix's 3 full blocks of 4 (the 13th token shares a block with own text)
+    assert hits[3] == 16  # request 0's prompt blocks: 17 tokens (the last is always recomputed) -> 4 full blocks
+    assert result.requests.set_index("request_id")["cached_tokens"].to_dict() == hits
+    assert result.summary["prefix_cache_hit_rate"] == pytest.approx(40 / (18 + 16 + 21 + 18 + 9))
+    assert result.steps["prefix_hit_tokens"].sum() == 40
+    assert result.steps["prefill_tokens"].sum() == 18 + 16 + 21 + 18 + 9 - 40 + 0  # cached tokens never re-run
+    for req in reqs:
+        prompt, out = result.tokens[req.id][:req.num_prompt_tokens], result.tokens[req.id][req.num_prompt_tokens:]
+        assert out == greedy(ex, prompt, req.num_output_tokens), req.id

@@ -58,9 +58,15 @@ def _machine_drift(folder, steps: pd.DataFrame, probes_s: list[float]) -> float:
     return max(stolen, max(probes_s) / min(probes_s) - 1.0)
 
 
+#: 300 requests, a third of them behind one of 4 shared prefixes of 128 tokens (8 blocks), served with
+#: chunked prefill and vLLM's automatic prefix caching.
+TRACE = TraceSpec(num_requests=300, max_num_batched_tokens=256, prompt_median=120, prefix_caching="vllm",
+                  num_prefixes=4, prefix_tokens=128, prefix_share=0.5)
+
+
 def test_calibrated_simulator_predicts_served_latencies(tmp_path):
-    """Issue 7's target: on a few hundred requests with chunked prefill, the simulator with the fitted
-    profile gets median per-request TPOT within 10% and TTFT within 15% of the measured run.
+    """Issue 7's target: on a few hundred requests with chunked prefill and prefix reuse, the simulator with
+    the fitted profile gets median per-request TPOT within 10% and TTFT within 15% of the measured run.
 
     Wall-clock timing on a CPU shared with other jobs can fail for reasons outside the code; then (and
     only then: the machine measurably changed speed) the test skips instead of failing."""
@@ -69,7 +75,7 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     probes_s.append(_probe_s())
     assert load_profile(tmp_path / "profile.yaml").fit_mape == pytest.approx(report.mape["test_fitted"], abs=1e-3)
     assert load_setup(tmp_path)[0] == setup
-    v = run_validation(tmp_path, TraceSpec(num_requests=300, max_num_batched_tokens=256))
+    v = run_validation(tmp_path, TRACE)
     probes_s.append(_probe_s())
     steps, table = v.measured_steps, v.table.set_index("metric")
     chunks = [n > 1 and c > 0 for new, ctx in zip(steps["num_new"], steps["num_context"])
@@ -77,12 +83,21 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     assert any(chunks), "no prompt was split across steps"  # chunked prefill happened
     assert steps["num_tokens"].max() <= 256
     assert v.measured["finish_s"].notna().all() and (tmp_path / "validation.html").exists()
+    # prefix reuse happened, the same in both runs, and the executor really skipped the cached tokens
+    hit_rate = v.measured_summary["prefix_cache_hit_rate"]
+    assert hit_rate > 0 and v.simulated_summary["prefix_cache_hit_rate"] > 0
+    cached = v.measured.set_index("request_id")["cached_tokens"]
+    assert steps["prefix_hit_tokens"].sum() >= cached.sum() > 0  # re-admissions after preemption may hit again
+    if not v.measured["preemptions"].any():
+        assert steps["prefix_hit_tokens"].sum() == cached.sum()
+        fed_back = (v.measured["output_tokens"] - 1).sum()  # every output but the last runs as a decode
+        assert steps["num_tokens"].sum() == v.measured["prompt_tokens"].sum() - cached.sum() + fed_back
     checks = {"fit MAPE on held-out shapes < 15%": report.mape["test_fitted"] < 15.0 < report.mape["test_default"],
               "median TPOT error <= 10%": table.loc["tpot", "median_abs_pct_err"] <= 10.0,
               "median TTFT error <= 15%": table.loc["ttft", "median_abs_pct_err"] <= 15.0,
               "throughput error <= 5%": table.loc["output_throughput", "median_pct_err"] <= 5.0}
     failed = [name for name, ok in checks.items() if not ok]
-    summary = f"{failed}; fit MAPE {report.mape}\n{table.round(1).to_string()}"
+    summary = f"{failed}; fit MAPE {report.mape}; prefix hit rate {hit_rate:.3f}\n{table.round(1).to_string()}"
     if failed and _machine_drift(tmp_path, steps, probes_s) > 0.03:
         pytest.skip(f"the machine changed speed while timing (shared CPU): {summary}")
     assert not failed, summary

@@ -1,0 +1,57 @@
+"""Issue 7: YOCO fast prefill on a KV-sharing tiny model lowers measured prefill time, and the simulator
+with the fitted profile predicts the reduction.
+
+"Predicts the reduction within 15%" is read as a relative error of the reduction itself:
+|predicted - measured| / measured <= 0.15, where reduction = 1 - t_on / t_off of one prefill step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from calibration.calibrate import row_model
+from calibration.pipeline import Setup, make_executor, run_calibration
+from calibration.profile_grid import blocks_for_batch, profile_grid
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, fast_prefill_layers, step_cost
+from hardware.gpu import get_gpu
+from hardware.profile import load_profile
+
+#: Gemma 3n's pattern (sliding + full layers, trailing KV-sharing layers) at a CPU-friendly width; half the
+#: layers share KV, so fast prefill runs them on one token per request.
+SCALE = dict(layers=6, kv_shared=3, hidden=256, heads=4, kv_heads=2, intermediate=768, vocab=2048)
+PROMPTS = (256, 512, 1024)
+
+
+def _reductions(rows: pd.DataFrame) -> pd.Series:
+    t = rows.pivot_table(index="num_tokens", columns="fast_prefill", values="time_s")
+    return 1.0 - t[True] / t[False]
+
+
+def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
+    setup = Setup("gemma-3n-e2b", SCALE, "cpu", "", (), threads=1)
+    spec = row_model(setup.model, setup.scale_json)
+    assert fast_prefill_layers(spec) == 3
+    report, setup = run_calibration(setup, tmp_path)  # its grid times every shape with fast prefill off and on
+    profile = load_profile(tmp_path / "profile.yaml")
+    gpu = get_gpu(setup.gpu, tuple(setup.gpu_files))
+
+    shapes = [(f"prefill {n}", StepBatch.uniform(1, 0, n)) for n in PROMPTS]
+    ex = make_executor(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
+    rows = profile_grid(ex, shapes, setup.model, setup.scale, repeats=15, warmup=2)  # on/off interleaved
+    measured = _reductions(rows)
+
+    def predicted(n: int) -> float:
+        batch = StepBatch.uniform(1, 0, n)
+        on, off = (step_cost(batch, spec, gpu, profile=profile, options=CostOptions(kv_sharing_fast_prefill=f)).total_s
+                   for f in (True, False))
+        return 1.0 - on / off
+
+    table = pd.DataFrame({"measured": measured, "predicted": [predicted(n) for n in measured.index]})
+    table["rel_err"] = (table["predicted"] - table["measured"]).abs() / table["measured"]
+    summary = f"fit MAPE {report.mape}\n{table.round(3).to_string()}"
+    print(summary)
+    assert (table["measured"] > 0).all(), summary
+    assert (table["rel_err"] <= 0.15).all(), summary
