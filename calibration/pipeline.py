@@ -132,6 +132,10 @@ def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: b
               "test_mape_default_pct": round(report.mape["test_default"], 2),
               "test_mape_fitted_pct": round(report.mape["test_fitted"], 2)}
     save_profile(report.profile, folder / profile_name, header)
+    host_step, host_request = serve_loop_overhead(setup, folder / profile_name, folder)
+    profile = report.profile.model_copy(update={"host_step_s": host_step, "host_request_s": host_request})
+    report = dataclasses.replace(report, profile=profile)
+    save_profile(profile, folder / profile_name, header | {"host_overhead": "fitted on a served calibration trace"})
     write_text_atomic(folder / "grid.csv", report.rows.to_csv(index=False))
     files = [os.path.relpath(p, folder.resolve()) for p in setup.gpu_files]  # the folder may move as a whole
     write_text_atomic(folder / "calibration.json",
@@ -190,6 +194,21 @@ def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path)
                                _engine(setup, trace), burst, setup.gpu, [Path(p) for p in setup.gpu_files],
                                profile, Path(folder))
     return result.summary["request_throughput"]
+
+
+#: A short trace, unlike the validation one (its own seed), served to measure the loop's host overhead.
+HOST_TRACE = TraceSpec(num_requests=80, prompt_median=120, output_low=8, output_high=48, load=0.6)
+
+
+def serve_loop_overhead(setup: Setup, profile: Path, folder: Path) -> tuple[float, float]:
+    """Serve HOST_TRACE on the executor and fit the loop's CPU time between forwards (host_overhead.py)."""
+    from calibration.host_overhead import host_overhead
+    from calibration.serve import serve
+    rate = HOST_TRACE.load * saturation_rate(setup, HOST_TRACE, profile, folder)
+    workload = HOST_TRACE.workload(rate)
+    ex = make_executor(setup, HOST_TRACE.num_blocks)
+    served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, HOST_TRACE), setup.seed)
+    return host_overhead(served.steps)
 
 
 def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = False) -> np.ndarray:

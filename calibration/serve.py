@@ -131,11 +131,11 @@ class _StepRecorder:
         return hits
 
     def record(self, plan: StepPlan, start_s: float, run_s: float, cpu_s: float, end_s: float, sched,
-               kv: BlockManager) -> None:
+               kv: BlockManager, after_idle: bool = False) -> None:
         decode = plan.num_decode_tokens
         hits = self._hits(plan)
         self.rows.append({
-            "start_s": start_s, "end_s": end_s, "execute_s": run_s, "execute_cpu_s": cpu_s,
+            "start_s": start_s, "end_s": end_s, "execute_s": run_s, "execute_cpu_s": cpu_s, "after_idle": after_idle,
             "num_requests": len(plan.requests),
             "num_tokens": plan.num_tokens, "prefill_tokens": plan.num_tokens - decode, "decode_tokens": decode,
             "num_running": sched.num_running, "num_waiting": sched.num_waiting, "kv_blocks_used": kv.num_used_blocks,
@@ -158,7 +158,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     gc.collect()
     gc.disable()
     try:
-        start = time.perf_counter()
+        start, idle = time.perf_counter(), False
         while True:
             now = time.perf_counter() - start
             while pending and pending[0].arrival_s <= now:
@@ -170,8 +170,10 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
                         raise RuntimeError(f"{sched.num_waiting} requests wait but none can be scheduled")
                     break
                 time.sleep(max(0.0, pending[0].arrival_s - (time.perf_counter() - start)))
+                idle = True
                 continue
-            _run_step(ex, plan, tokens, kv, sched, steps, start, now)
+            _run_step(ex, plan, tokens, kv, sched, steps, start, now, idle)
+            idle = False
     finally:
         gc.enable()
     frame = request_frame(requests)
@@ -196,7 +198,7 @@ def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, tokens: dic
 
 
 def _run_step(ex: Executor, plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager, sched,
-              steps: _StepRecorder, start: float, step_start_s: float) -> None:
+              steps: _StepRecorder, start: float, step_start_s: float, after_idle: bool) -> None:
     run_start, cpu_start = time.perf_counter(), time.thread_time()
     sampled = iter(ex.execute(_step_input(plan, tokens, kv)))
     end, cpu_s = time.perf_counter(), time.thread_time() - cpu_start
@@ -204,4 +206,4 @@ def _run_step(ex: Executor, plan: StepPlan, tokens: dict[int, list[int]], kv: Bl
         if samples:
             tokens[req.id].append(next(sampled))
     sched.commit(plan, end - start)
-    steps.record(plan, step_start_s, end - run_start, cpu_s, end - start, sched, kv)
+    steps.record(plan, step_start_s, end - run_start, cpu_s, end - start, sched, kv, after_idle)

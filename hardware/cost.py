@@ -534,6 +534,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
-                 + profile.request_overhead_s * batch.num_requests)
+                 + profile.request_overhead_s * batch.num_requests
+                 + profile.host_step_s + profile.host_request_s * batch.num_requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[options.weight_dtype]))

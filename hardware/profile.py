@@ -71,6 +71,10 @@ class Profile(BaseModel):
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")
     layer_overhead_s: float = Field(0.0, ge=0, description="Per layer per step: launches not hidden by graphs")
     request_overhead_s: float = Field(2e-6, ge=0, description="Per scheduled request per step: metadata, sampling")
+    host_step_s: float = Field(0.0, ge=0, description=(
+        "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
+        "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))
+    host_request_s: float = Field(0.0, ge=0, description="The same, per scheduled request per step")
     fit_mape: float | None = Field(None, description="Mean absolute % error on held-out shapes, when fitted")
 
     @field_validator("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm", mode="before")
