@@ -72,12 +72,17 @@ def validate(calibration_dir: Path = typer.Argument(..., help="Folder written by
              max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
              num_blocks: int = typer.Option(1024, "--num-blocks", help="KV blocks of the executor's pool"),
              fast_prefill: bool = typer.Option(False, "--fast-prefill", help="YOCO fast prefill (KV-sharing models)"),
+             prefix_caching: str = typer.Option("vllm", "--prefix-caching", help="KV manager of both runs: vllm or none"),
+             num_prefixes: int = typer.Option(0, "--num-prefixes", min=0, help="Shared prompt prefixes in the trace"),
+             prefix_tokens: int = typer.Option(0, "--prefix-tokens", min=0, help="Tokens of each shared prefix"),
+             prefix_share: float = typer.Option(1.0, "--prefix-share", min=0, max=1,
+                                                help="Fraction of prompts that start with a shared prefix"),
              out: Path | None = typer.Option(None, "--out", help="Output folder (default: the calibration one)"),
              ) -> None:
     """Serve a trace on the executor and replay it in the simulator; print per-request TTFT/TPOT/E2E errors."""
     from calibration.pipeline import TraceSpec, run_validation
     trace = TraceSpec(requests, prompt_median, 8, output_max, load, max_num_batched_tokens, max_num_seqs, num_blocks,
-                      fast_prefill)
+                      fast_prefill, prefix_caching, num_prefixes, prefix_tokens, prefix_share)
     v = run_validation(calibration_dir, trace, out)
     rows = [[r.metric, r.requests, f"{r.median_abs_pct_err:.1f}", f"{r.p90_abs_pct_err:.1f}",
              f"{r.measured_median_ms:.2f}", f"{r.simulated_median_ms:.2f}", f"{r.median_pct_err:.1f}"]

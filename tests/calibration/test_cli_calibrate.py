@@ -31,11 +31,13 @@ def test_calibrate_then_validate(tmp_path):
     grid = pd.read_csv(tmp_path / "grid.csv")
     assert {"time_s", "default_s", "fitted_s", "split", "torch_version"} <= set(grid.columns)
     result = runner.invoke(app, ["validate", str(tmp_path), "--requests", "20", "--prompt-median", "40",
-                                 "--output-max", "12", "--max-num-batched-tokens", "64", "--out", str(tmp_path / "v")])
+                                 "--output-max", "12", "--max-num-batched-tokens", "64", "--num-prefixes", "2",
+                                 "--prefix-tokens", "32", "--out", str(tmp_path / "v")])
     assert result.exit_code == 0, result.output
     table = pd.read_csv(tmp_path / "v" / "validation.csv")
     assert table["metric"].tolist() == ["ttft", "tpot", "e2el", "output_throughput", "step_time"]
-    assert len(pd.read_csv(tmp_path / "v" / "requests_measured.csv")) == 20
+    measured = pd.read_csv(tmp_path / "v" / "requests_measured.csv")
+    assert len(measured) == 20 and measured["cached_tokens"].sum() > 0  # the shared prefixes were hit
     assert "plotly" in (tmp_path / "v" / "validation.html").read_text().lower()
 
 
