@@ -37,6 +37,7 @@ class EngineMemoryConfig:
     kv_dtype: str = "bf16"
     weight_dtype: str = "bf16"
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
+    allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +121,11 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     if model.num_layers % par.pp:
         raise SpecError(f"pipeline parallel size {par.pp} must divide the {model.num_layers} layers")
     max_len = cfg.max_model_len or model.max_position_embeddings
+    if max_len > model.max_position_embeddings and not cfg.allow_long_max_model_len:
+        raise SpecError(
+            f"max_model_len={max_len} exceeds {model.name}'s max_position_embeddings "
+            f"({model.max_position_embeddings}); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: "
+            "lower it, or set engine.allow_long_max_model_len: true")
     usable = cfg.gpu_memory_utilization * gpu.memory_bytes
     weights = weight_bytes_per_gpu(model, par, cfg.weight_dtype)
     act = activation_bytes(model, par, cfg)

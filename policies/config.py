@@ -25,6 +25,8 @@ class EngineConfig(BaseModel):
     radix_page_size: int = Field(1, ge=1, description="radix only: tokens per KV page (SGLang's page_size)")
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use")
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output; default: the model's limit")
+    allow_long_max_model_len: bool = Field(False, description=(
+        "Allow max_model_len beyond the model's max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)"))
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the KV pool size (as vLLM's flag)")
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")

@@ -51,7 +51,8 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
     e = s.engine
     cfg = EngineMemoryConfig(gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
                              max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
-                             max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype)
+                             max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
+                             allow_long_max_model_len=e.allow_long_max_model_len)
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
     par, model = s.parallelism.spec(), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU

@@ -72,3 +72,11 @@ def test_max_model_len_request_that_cannot_fit_fails_fast():
 def test_bad_utilization_is_rejected():
     with pytest.raises(SpecError, match="gpu_memory_utilization"):
         plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(gpu_memory_utilization=1.5))
+
+
+def test_max_model_len_beyond_the_model_needs_an_explicit_override():
+    with pytest.raises(SpecError, match="exceeds llama-3.1-8b's max_position_embeddings \\(131072\\)"):
+        plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000))
+    plan = plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000,
+                                                                         allow_long_max_model_len=True))
+    assert plan.max_model_len == 200_000

@@ -42,7 +42,8 @@ def test_mooncake_replay_hits_the_ideal_with_an_unbounded_cache_and_less_on_an_h
     assert round(ideal, 3) == 0.651
     common = {"workload": {"trace": {"format": "mooncake", "path": str(MOONCAKE)},
                            "arrivals": {"kind": "trace", "time_scale": 50}, "num_requests": None},  # spaced: no overlap
-              "engine": {"max_model_len": 200_000, "prefix_caching": "vllm"}}  # every request runs
+              # every request runs: the trace's longest prompts exceed Llama-3.1's 128K context
+              "engine": {"max_model_len": 200_000, "allow_long_max_model_len": True, "prefix_caching": "vllm"}}
     huge = run(scenario(hardware={"gpu": "h200"}, **{**common, "engine": {**common["engine"],
                                                                           "num_gpu_blocks_override": 3_000_000}}))
     # equal up to vLLM's whole 16-token blocks and its always-recomputed last token
