@@ -73,7 +73,7 @@ class DecodeScheduler(TokenBudgetScheduler):
     def grant_offers(self) -> None:
         """Reserve blocks for queued offers, first come first served, while the pool allows. A request of its
         own that lost its KV to preemption and must recompute goes first: offers wait until it is back in."""
-        if any(not self.kv.table(r) for r in self._waiting_requests()):
+        if any(not self.kv.table(r) for r in self._waiting.requests()):
             return
         while self.offers:
             req, on_reserved = self.offers[0]
@@ -92,9 +92,6 @@ class DecodeScheduler(TokenBudgetScheduler):
     def schedule(self, now: float) -> StepPlan:
         self.grant_offers()
         return super().schedule(now)
-
-    def _waiting_requests(self) -> list[Request]:
-        return [req for _, req in self._waiting._heap]
 
     def _admit_waiting(self, step) -> None:
         """Requests whose KV already sits in their reserved blocks need at most one more block: they pass a

@@ -37,6 +37,10 @@ class WaitingQueue:
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[1]
 
+    def requests(self) -> list[Request]:
+        """The waiting requests, in no particular order."""
+        return [req for _, req in self._heap]
+
     def take(self, wanted) -> list[Request]:
         """Remove and return, in queue order, the waiting requests for which `wanted(request)` holds."""
         taken = sorted((item for item in self._heap if wanted(item[1])), key=lambda item: item[0])
