@@ -111,7 +111,7 @@ def cpu_gpu_entry(peaks: dict[str, float], compute_dtype: str = "fp32", name: st
                   f"GFLOP/s bf16 ({peaks.get('size', 1024)}^3 matmul), {peaks['bytes_per_s'] / 1e9:.1f} GB/s copy "
                   f"(read + write). bf16 lists max(bf16, {compute_dtype}) because the executor computes in "
                   f"{compute_dtype} and the cost model prices GEMMs at the bf16 peak. "
-                  "Link and price are placeholders."),
+                  "Not measured: the link (a single CPU has no peer) and the price (a nominal figure)."),
     }
 
 
