@@ -157,3 +157,16 @@ def test_efficiency_curve_interpolates_in_log_tokens():
     curve = EfficiencyCurve(points=((1, 0.2), (100, 0.8)))
     assert curve.at(0.5) == 0.2 and curve.at(1000) == 0.8
     assert curve.at(10) == pytest.approx(0.5)
+
+
+@given(reqs=st.lists(st.tuples(st.integers(1, 400), st.integers(0, 5000)), min_size=1, max_size=150),
+       window=st.one_of(st.none(), st.integers(1, 3000)), decode=st.booleans())
+def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode):
+    """Batches up to 64 requests take a plain-Python path for speed; it must count exactly what numpy does."""
+    from hardware.cost import _AttnStats, _attn_stats_small, causal_keys, kv_read_tokens
+    new, ctx = np.array([n for n, _ in reqs]), np.array([c for _, c in reqs])
+    mask = new == 1 if decode else new > 1
+    n, c = new[mask], ctx[mask]
+    numpy_stats = _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
+                             int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
+    assert _attn_stats_small(new.tolist(), ctx.tolist(), window, decode) == numpy_stats
