@@ -67,7 +67,7 @@ class FitReport:
 
     profile: Profile
     rows: pd.DataFrame
-    mape: dict[str, float]  # keys: "<train|test>_<default|fitted>"
+    mape: dict[str, float]  # keys: "<train|test|served>_<default|fitted>" ("served" only with served rows)
 
     @property
     def num_beating_roofline(self) -> int:
@@ -76,28 +76,41 @@ class FitReport:
     def table(self) -> list[list[str]]:
         """[split, rows, default MAPE %, fitted MAPE %] for printing."""
         out = []
-        for split in ("train", "test"):
-            n = int((self.rows["split"] == split).sum())
-            out.append([split, str(n), f"{self.mape[f'{split}_default']:.1f}", f"{self.mape[f'{split}_fitted']:.1f}"])
+        for split in ("train", "test", "served"):
+            if f"{split}_default" in self.mape:
+                n = int((self.rows["split"] == split).sum())
+                out.append([split, str(n), f"{self.mape[f'{split}_default']:.1f}",
+                            f"{self.mape[f'{split}_fitted']:.1f}"])
         return out
 
 
 def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str, test_fraction: float = 0.25,
-                   seed: int = 0, knots: np.ndarray | None = None) -> FitReport:
-    """Fit a profile on the train shapes of `rows` and report default-vs-fitted MAPE on both splits."""
-    tt = terms_of_rows(rows, gpu)
+                   seed: int = 0, knots: np.ndarray | None = None, served: pd.DataFrame | None = None) -> FitReport:
+    """Fit a profile on the train shapes of `rows` and report default-vs-fitted MAPE on both splits.
+
+    `served` rows (the same columns: steps of a served trace) are fitted too, never held out: they are
+    the step shapes and the order a real serving loop runs them in, which a grid only approximates."""
     test = held_out_shapes(rows, test_fraction, seed)
+    split = np.where(test, "test", "train")
+    if served is not None and len(served):
+        rows = pd.concat([rows, served], ignore_index=True)
+        split = np.r_[split, np.full(len(served), "served")]
+    tt = terms_of_rows(rows, gpu)
     measured = rows["time_s"].to_numpy(float)
-    profile = fit_profile(tt.subset(~test), measured[~test], knots, name=name, provenance=provenance)
+    fitted_on = split != "test"
+    profile = fit_profile(tt.subset(fitted_on), measured[fitted_on], knots, name=name, provenance=provenance)
     default_s, fitted_s = predict_table(tt, Profile()), predict_table(tt, profile)
     roofline_s = predict_table(tt, ROOFLINE)
     scores = {}
-    for split, mask in (("train", ~test), ("test", test if test.any() else ~test)):
-        scores[f"{split}_default"] = mape(default_s[mask], measured[mask])
-        scores[f"{split}_fitted"] = mape(fitted_s[mask], measured[mask])
+    for part in ("train", "test", "served"):
+        mask = split == part
+        if part == "test" and not mask.any():
+            mask = split == "train"
+        if mask.any():
+            scores[f"{part}_default"] = mape(default_s[mask], measured[mask])
+            scores[f"{part}_fitted"] = mape(fitted_s[mask], measured[mask])
     profile = profile.model_copy(update={"fit_mape": round(scores["test_fitted"], 3)})
-    out = rows.assign(split=np.where(test, "test", "train"), roofline_s=roofline_s, default_s=default_s,
-                      fitted_s=fitted_s)
+    out = rows.assign(split=split, roofline_s=roofline_s, default_s=default_s, fitted_s=fitted_s)
     return FitReport(profile, out, scores)
 
 

@@ -3,8 +3,9 @@
 Model (the cost model's own, see `calibration.fit_terms`): a step takes
     sum_entries layers * max(compute_s / eff_c[kind](T), memory_s / eff_m[kind](T))
     + step_overhead_s + layer_overhead_s * num_layers + request_overhead_s * num_requests
-with the four efficiency curves (gemm/attention x compute/memory) given by their values at a few
-token-count knots (linear in log T between knots, flat outside, exactly as `EfficiencyCurve.at`).
+with T the token rows of each entry (its operator's, see fit_terms) and the four efficiency curves
+(gemm/attention x compute/memory) given by their values at a few token-count knots (linear in log T
+between knots, flat outside, exactly as `EfficiencyCurve.at`).
 
 The fit minimises relative errors (pred - measured) / measured with scipy's robust least squares
 (soft-L1 loss: a few noisy rows do not drag the fit), efficiencies bounded to [1e-4, 1] and
@@ -36,33 +37,33 @@ class TermTable:
     compute_s: np.ndarray
     memory_s: np.ndarray
     layers: np.ndarray
-    step_tokens: np.ndarray
+    tokens: np.ndarray  # per entry: where its efficiencies are read
     num_layers: np.ndarray
     num_requests: np.ndarray
 
     @property
     def num_rows(self) -> int:
-        return len(self.step_tokens)
+        return len(self.num_layers)
 
     def subset(self, rows: np.ndarray) -> TermTable:
         """The rows selected by boolean mask `rows`, renumbered from 0."""
         new_index = np.cumsum(rows) - 1
         keep = rows[self.row]
         return TermTable(new_index[self.row[keep]], self.kind[keep], self.compute_s[keep], self.memory_s[keep],
-                         self.layers[keep], self.step_tokens[rows], self.num_layers[rows], self.num_requests[rows])
+                         self.layers[keep], self.tokens[keep], self.num_layers[rows], self.num_requests[rows])
 
 
 def stack_terms(terms: list[StepTerms]) -> TermTable:
     cat = np.concatenate
     return TermTable(cat([np.full(len(t.kind), i) for i, t in enumerate(terms)]), cat([t.kind for t in terms]),
                      cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]),
-                     cat([t.layers for t in terms]),
-                     np.array([t.step_tokens for t in terms]), np.array([t.num_layers for t in terms], float),
+                     cat([t.layers for t in terms]), cat([t.tokens for t in terms]),
+                     np.array([t.num_layers for t in terms], float),
                      np.array([t.num_requests for t in terms], float))
 
 
 def curve_weights(tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
-    """W [rows, knots] with W @ values == EfficiencyCurve(points=zip(knots, values)).at(tokens) per row."""
+    """W [len(tokens), knots] with W @ values == EfficiencyCurve(points=zip(knots, values)).at(tokens)."""
     w = np.zeros((len(tokens), len(knots)))
     logk, logt = np.log(knots), np.log(np.asarray(tokens, float))
     for i, lt in enumerate(logt):
@@ -85,15 +86,17 @@ def default_knots(tokens: np.ndarray, count: int = 4) -> np.ndarray:
 
 def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
     """Predicted seconds per row under `profile` (equals `step_cost(...).total_s` row by row)."""
-    curves = {name: np.array([getattr(profile, name).at(t) for t in tt.step_tokens]) for name in CURVES}
+    tokens, inverse = np.unique(tt.tokens, return_inverse=True)
+    curves = {name: np.array([getattr(profile, name).at(t) for t in tokens])[inverse] for name in CURVES}
     return _predict(tt, curves, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
 
 
 def _predict(tt: TermTable, curves: dict[str, np.ndarray], step_s: float, layer_s: float,
              request_s: float) -> np.ndarray:
+    """`curves`: each curve's efficiency per entry of `tt`."""
     gemm = tt.kind == 0
-    eff_c = np.where(gemm, curves["gemm_compute"][tt.row], curves["attn_compute"][tt.row])
-    eff_m = np.where(gemm, curves["gemm_memory"][tt.row], curves["attn_memory"][tt.row])
+    eff_c = np.where(gemm, curves["gemm_compute"], curves["attn_compute"])
+    eff_m = np.where(gemm, curves["gemm_memory"], curves["attn_memory"])
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
     return ops + step_s + layer_s * tt.num_layers + request_s * tt.num_requests
@@ -143,9 +146,9 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
     measured_s = np.asarray(measured_s, float)
     if (measured_s <= 0).any() or len(measured_s) != tt.num_rows:
         raise ValueError("need one positive measured time per row")
-    knots = default_knots(tt.step_tokens) if knots is None else np.asarray(knots, float)
+    knots = default_knots(tt.tokens) if knots is None else np.asarray(knots, float)
     params = _Params(knots, fit_layer=len(np.unique(tt.num_layers)) > 1)
-    w = curve_weights(tt.step_tokens, knots)
+    w = curve_weights(tt.tokens, knots)
 
     def residuals(x: np.ndarray) -> np.ndarray:
         effs, step_s, layer_s, request_s = params.unpack(x)

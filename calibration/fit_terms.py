@@ -2,7 +2,8 @@
 
 `hardware.cost.step_cost` prices every (layer group, operator) as
 `max(compute_s / eff_compute(T), memory_s / eff_memory(T))` summed over groups, plus overheads, where
-T is the step's token count. Those per-entry `compute_s`/`memory_s` (seconds at 100% of the device's
+T is the token rows that operator processes (the step's tokens; the logits rows for the LM head; one
+per request in YOCO fast-prefill layers). Those per-entry `compute_s`/`memory_s` (seconds at 100% of the device's
 peaks) do not depend on the profile, so they are read once per measured step and the fit evaluates
 thousands of candidate profiles with numpy alone.
 
@@ -30,13 +31,14 @@ KIND_CODES = {"gemm": 0, "attention": 1}
 @dataclass(frozen=True)
 class StepTerms:
     """Per entry (one operator of one layer group): kind code (0 gemm, 1 attention), seconds at peak
-    compute and at peak memory bandwidth, and how many layers it runs in. Plus the step's shape."""
+    compute and at peak memory bandwidth, how many layers it runs in, and the token rows its efficiencies
+    are read at. Plus the step's shape."""
 
     kind: np.ndarray
     compute_s: np.ndarray
     memory_s: np.ndarray
     layers: np.ndarray
-    step_tokens: float
+    tokens: np.ndarray
     num_layers: int
     num_requests: int
 
@@ -54,14 +56,14 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
             raise ValueError(f"operator {term.name!r} of kind {term.kind!r}: only single-device steps can be fitted")
     return StepTerms(np.array([KIND_CODES[t.kind] for t in terms], np.int64), np.array([t.compute_s for t in terms]),
                      np.array([t.memory_s for t in terms]), np.array([t.layers for t in terms], float),
-                     float(max(batch.num_tokens, 1)), model.num_layers, batch.num_requests)
+                     np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests)
 
 
 def predict_s(terms: StepTerms, profile: Profile) -> float:
     """`step_cost(...).total_s` of the step these terms describe, priced with `profile`."""
-    t = terms.step_tokens
-    eff_c = np.where(terms.kind == 0, profile.gemm_compute.at(t), profile.attn_compute.at(t))
-    eff_m = np.where(terms.kind == 0, profile.gemm_memory.at(t), profile.attn_memory.at(t))
+    gemm = terms.kind == 0
+    eff_c = np.array([(profile.gemm_compute if g else profile.attn_compute).at(t) for g, t in zip(gemm, terms.tokens)])
+    eff_m = np.array([(profile.gemm_memory if g else profile.attn_memory).at(t) for g, t in zip(gemm, terms.tokens)])
     ops = float((np.maximum(terms.compute_s / eff_c, terms.memory_s / eff_m) * terms.layers).sum())
     return ops + profile.step_overhead_s + profile.layer_overhead_s * terms.num_layers \
         + profile.request_overhead_s * terms.num_requests

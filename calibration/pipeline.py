@@ -2,9 +2,11 @@
 
 calibrate: build the (scaled) model's executor on the device, measure the shape grid (and the quick
 grid on the same model at half depth, so per-layer and per-step overheads separate), describe the
-device (CPU: measured peaks -> device.yaml; CUDA: a catalog GPU), fit a profile on a train split and
-write profile.yaml, grid.csv (measurements with default and fitted predictions) and calibration.json
-(what validate needs to rebuild the same setup).
+device (CPU: measured peaks -> device.yaml; CUDA: a catalog GPU), fit a profile on a train split of the
+grid, serve a short calibration trace with it, refit on the grid's train split plus the served steps
+(the shapes and order a serving loop really runs), fit the loop's host overhead on the same served
+steps, and write profile.yaml, grid.csv (grid and served rows with default and fitted predictions) and
+calibration.json (what validate needs to rebuild the same setup).
 
 validate: read calibration.json, pick an arrival rate at `load` x the saturation throughput the
 fitted simulator predicts, serve the trace for real, replay it in the simulator, and write
@@ -26,6 +28,7 @@ import pandas as pd
 from calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile, terms_of_rows
 from calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, write_gpu_yaml
 from calibration.fit import predict_table
+from calibration.host_overhead import host_overhead
 from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
 from calibration.validate import Validation, build_requests, compare, report_html, simulate_requests, trace_config
 from hardware.errors import SpecError
@@ -125,17 +128,21 @@ def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: b
                   f"{setup.gpu!r}, {rows['dtype'][0]}, torch {torch.__version__}, {rows['threads'][0]} threads, "
                   f"model {setup.model} scale {setup.scale_json}, {len(rows)} measured shapes")
     gpu_spec = get_gpu(setup.gpu, tuple(Path(p) for p in setup.gpu_files))
-    report = calibrate_rows(rows, gpu_spec, f"{setup.gpu}-{setup.model}", provenance, test_fraction, setup.seed)
+    name = f"{setup.gpu}-{setup.model}"
+    report = calibrate_rows(rows, gpu_spec, name, provenance, test_fraction, setup.seed)
     header = {"device": f"{setup.device} ({device_name(setup.device)})", "gpu_spec": setup.gpu,
               "torch": torch.__version__, "date": today, "model": setup.model, "scale": setup.scale_json,
-              "dtype": rows["dtype"][0], "rows": len(rows),
-              "test_mape_default_pct": round(report.mape["test_default"], 2),
-              "test_mape_fitted_pct": round(report.mape["test_fitted"], 2)}
-    save_profile(report.profile, folder / profile_name, header)
-    host_step, host_request = serve_loop_overhead(setup, folder / profile_name, folder)
+              "dtype": rows["dtype"][0], "rows": len(rows)}
+    save_profile(report.profile, folder / profile_name, header)  # the grid's fit sizes the calibration trace
+    served = serve_calibration_trace(setup, folder / profile_name, folder)
+    report = calibrate_rows(rows, gpu_spec, name, provenance + f" and {len(served)} served steps", test_fraction,
+                            setup.seed, served=served_rows(served, setup))
+    host_step, host_request = host_overhead(served)
     profile = report.profile.model_copy(update={"host_step_s": host_step, "host_request_s": host_request})
     report = dataclasses.replace(report, profile=profile)
-    save_profile(profile, folder / profile_name, header | {"host_overhead": "fitted on a served calibration trace"})
+    header |= {"served_steps": len(served), **{f"{key}_mape_pct": round(value, 2) for key, value in report.mape.items()},
+               "host_overhead": "fitted on a served calibration trace"}
+    save_profile(profile, folder / profile_name, header)
     write_text_atomic(folder / "grid.csv", report.rows.to_csv(index=False))
     files = [os.path.relpath(p, folder.resolve()) for p in setup.gpu_files]  # the folder may move as a whole
     write_text_atomic(folder / "calibration.json",
@@ -196,19 +203,28 @@ def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path)
     return result.summary["request_throughput"]
 
 
-#: A short trace, unlike the validation one (its own seed), served to measure the loop's host overhead.
-HOST_TRACE = TraceSpec(num_requests=80, prompt_median=120, output_low=8, output_high=48, load=0.6)
+#: A short trace, unlike the validation one (its own seed), served during calibration: its steps join the
+#: fit and give the serving loop's host overhead.
+CALIBRATION_TRACE = TraceSpec(num_requests=80, prompt_median=120, output_low=8, output_high=48, load=0.6)
 
 
-def serve_loop_overhead(setup: Setup, profile: Path, folder: Path) -> tuple[float, float]:
-    """Serve HOST_TRACE on the executor and fit the loop's CPU time between forwards (host_overhead.py)."""
-    from calibration.host_overhead import host_overhead
+def serve_calibration_trace(setup: Setup, profile: Path, folder: Path) -> pd.DataFrame:
+    """Serve CALIBRATION_TRACE on the executor at 0.6x the saturation `profile` predicts; its step rows."""
     from calibration.serve import serve
-    rate = HOST_TRACE.load * saturation_rate(setup, HOST_TRACE, profile, folder)
-    workload = HOST_TRACE.workload(rate)
-    ex = make_executor(setup, HOST_TRACE.num_blocks)
-    served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, HOST_TRACE), setup.seed)
-    return host_overhead(served.steps)
+    rate = CALIBRATION_TRACE.load * saturation_rate(setup, CALIBRATION_TRACE, profile, folder)
+    workload = CALIBRATION_TRACE.workload(rate)
+    ex = make_executor(setup, CALIBRATION_TRACE.num_blocks)
+    served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, CALIBRATION_TRACE), setup.seed)
+    return served.steps
+
+
+def served_rows(steps: pd.DataFrame, setup: Setup) -> pd.DataFrame:
+    """Served step rows (`serve`'s columns) as fit rows: the batch, its measured forward time, the model."""
+    return pd.DataFrame({
+        "shape": "served", "kind": np.where(steps["prefill_tokens"] == 0, "decode", "mixed"), "fast_prefill": False,
+        "num_requests": steps["num_requests"], "num_tokens": steps["num_tokens"], "num_new": steps["num_new"],
+        "num_context": steps["num_context"], "needs_logits": steps["needs_logits"], "time_s": steps["execute_s"],
+        "cpu_time_s": steps["execute_cpu_s"], "model": setup.model, "scale": setup.scale_json})
 
 
 def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = False) -> np.ndarray:

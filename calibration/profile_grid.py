@@ -8,7 +8,13 @@ distinct KV blocks while the pool has room (reading the same blocks again would 
 
 Timing (STYLE E20): a warm-up pass over all shapes, then `repeats` rounds that each time every shape
 once, synchronised around each call; a shape's `time_s` is the median of its rounds. Interleaving
-rounds spreads slow periods of a shared machine over all shapes instead of biasing one.
+rounds spreads slow periods of a shared machine over all shapes instead of biasing one. Each timed
+call follows `warm` untimed calls of the same shape: a served step mostly follows steps like it, while
+a shape timed right after a different, larger one pays for refilling the caches with its weights and
+KV (on the 2-core development CPU, a 4-layer scaled Llama decode of one token: 2.0 ms back-to-back,
+3.0 ms after a 256-token chunk, 3.6 ms after a 2048-token prefill; it settles over ~3 steps, and a
+10 ms prefill still shows it). `warm_calls(device)` is 3 on a CPU and 1 on a GPU, whose weights stream
+from HBM every step anyway.
 `cpu_time_s` is the calling thread's CPU time (median): with one torch thread on CPU, `time_s` well
 above it means other processes took the core (the measurement is then not the device's own speed).
 The row columns rebuild the StepBatch (`num_new`, `num_context`, `needs_logits` as JSON lists) and the
@@ -100,7 +106,7 @@ def _tables(batch: StepBatch, block_size: int, num_blocks: int) -> list[list[int
 
 
 def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dict, repeats: int = 5,
-                 warmup: int = 1, seed: int = 0) -> pd.DataFrame:
+                 warmup: int = 1, seed: int = 0, warm: int | None = None) -> pd.DataFrame:
     """Median step time of `ex` (a calibration Executor) for every shape; one DataFrame row per
     (shape, fast prefill on/off). `model` and `scale` are recorded to rebuild the ModelSpec."""
     import torch
@@ -112,6 +118,7 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
                                                        ex.spec.vocab_size, rng))
              for label, batch in shapes for fast in modes]
     device = str(ex.device)
+    warm = warm_calls(device) if warm is None else warm
     for _ in range(warmup):
         for _, _, fast, inp in cases:
             ex.fast_prefill = fast
@@ -120,6 +127,8 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
     for r in range(repeats):
         for i, (_, _, fast, inp) in enumerate(cases):
             ex.fast_prefill = fast
+            for _ in range(warm):
+                ex.execute(inp)
             synchronize(device)
             start, cpu_start = time.perf_counter(), time.thread_time()
             ex.execute(inp)
@@ -133,6 +142,11 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
             "dtype": str(ex.dtype).removeprefix("torch."), "torch_version": torch.__version__,
             "threads": torch.get_num_threads()}
     return df.assign(**meta)
+
+
+def warm_calls(device: str) -> int:
+    """Untimed calls of a shape before each timed one (see the module docstring)."""
+    return 1 if str(device).startswith("cuda") else 3
 
 
 def _row(label: str, batch: StepBatch, fast: bool, times: np.ndarray) -> dict:

@@ -12,6 +12,7 @@ and absorbs the up-projections in decode; embeddings and LM head stay bf16 when 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
@@ -247,7 +248,11 @@ class _Ctx:
     par: Parallelism
     opts: CostOptions
     profile: Profile
-    step_tokens: float
+    tokens: float  # token rows the operators priced with this context process: the efficiency curves' argument
+
+    def with_tokens(self, tokens: float) -> _Ctx:
+        tokens = float(max(tokens, 1))
+        return self if tokens == self.tokens else dataclasses.replace(self, tokens=tokens)
 
     @property
     def wbytes(self) -> float:
@@ -260,16 +265,18 @@ class _Ctx:
     def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None) -> tuple[float, float]:
         """(compute seconds, memory seconds) of a GEMM at the profile's efficiencies."""
         peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.opts.weight_dtype])
-        return (flops / (peak * self.profile.gemm_compute.at(self.step_tokens)),
-                nbytes / (self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.step_tokens)))
+        return (flops / (peak * self.profile.gemm_compute.at(self.tokens)),
+                nbytes / (self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.tokens)))
 
 
 @dataclass(frozen=True, slots=True)
 class OperatorTerm:
     """One operator of one layer group (or of the model level), for ONE layer: FLOPs and bytes per GPU,
     seconds bound by compute and by memory at the profile's efficiencies (0 for communication), the
-    priced time (`max` of the two, or the link time for `comm`), which bound won, and how many layers
-    run it. `step_cost` sums `time_s * layers` of these per operator name."""
+    priced time (`max` of the two, or the link time for `comm`), which bound won, how many layers
+    run it, and the token rows at which the profile's efficiencies were read (the step's tokens; the
+    logits rows for the LM head; one per request in YOCO fast-prefill layers). `step_cost` sums
+    `time_s * layers` of these per operator name."""
 
     name: str
     kind: str  # gemm | attention | comm
@@ -280,6 +287,7 @@ class OperatorTerm:
     time_s: float
     bound: str  # compute | memory | link
     layers: int
+    tokens: float
 
 
 class _Terms:
@@ -288,13 +296,15 @@ class _Terms:
     def __init__(self) -> None:
         self.terms: list[OperatorTerm] = []
 
-    def add(self, name: str, kind: str, flops: float, nbytes: float, roof: tuple[float, float], layers: int) -> None:
+    def add(self, ctx: _Ctx, name: str, kind: str, flops: float, nbytes: float, roof: tuple[float, float],
+            layers: int) -> None:
         compute_s, memory_s = roof
         time_s, bound = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
-        self.terms.append(OperatorTerm(name, kind, flops, nbytes, compute_s, memory_s, time_s, bound, layers))
+        self.terms.append(OperatorTerm(name, kind, flops, nbytes, compute_s, memory_s, time_s, bound, layers,
+                                       ctx.tokens))
 
-    def add_link(self, name: str, nbytes: float, time_s: float, layers: int) -> None:
-        self.terms.append(OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, "link", layers))
+    def add_link(self, ctx: _Ctx, name: str, nbytes: float, time_s: float, layers: int) -> None:
+        self.terms.append(OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, "link", layers, ctx.tokens))
 
 
 class _Acc:
@@ -361,8 +371,8 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     flops = 2 * heads * (qk_dim + v_dim) * keys
     written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
     nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
-    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(ctx.step_tokens))
-    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(ctx.step_tokens))
+    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(ctx.tokens))
+    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(ctx.tokens))
     return flops, nbytes, compute_s, memory_s
 
 
@@ -373,12 +383,12 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
         if not s.requests:
             continue
         flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
-        acc.add("attention_decode" if decode else "attention_prefill", "attention", flops, nbytes,
+        acc.add(ctx, "attention_decode" if decode else "attention_prefill", "attention", flops, nbytes,
                 (compute_s, memory_s), layers)
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = s.tokens if decode else s.expand_tokens
-            acc.add("mla_kv_up", "gemm", 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES,
+            acc.add(ctx, "mla_kv_up", "gemm", 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES,
                     ctx.gemm_s(2 * rows * up, up * ctx.wbytes), layers)
 
 
@@ -395,14 +405,14 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens) + moe.num_shared_experts
         flops = 2 * tokens * (moe.experts_per_token + moe.num_shared_experts) * expert + 2 * tokens * h * moe.num_experts
         nbytes = touched * expert * ctx.wbytes + h * moe.num_experts * ACT_BYTES + 2 * tokens * h * ACT_BYTES
-        acc.add("moe", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+        acc.add(ctx, "moe", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     else:
         params = m.dense_mlp_params(group.mlp_intermediate) / tp
         flops, nbytes = 2 * tokens * params, params * ctx.wbytes + tokens * (2 * h + 3 * group.mlp_intermediate / tp) * ACT_BYTES
-        acc.add("mlp", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+        acc.add(ctx, "mlp", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     if group.extra_linear_params:
         params = group.extra_linear_params / tp
-        acc.add("layer_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
+        acc.add(ctx, "layer_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
                 ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), layers)
 
 
@@ -416,25 +426,26 @@ def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
     """Ring all-reduce over the TP group's link: 2(TP-1)/TP of the message each way, plus latency."""
     link = _group_link(ctx, ctx.par.tp)
     tp = ctx.par.tp
-    return 2 * (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.step_tokens)) + 2 * (tp - 1) * link.latency_s
+    return 2 * (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.tokens)) + 2 * (tp - 1) * link.latency_s
 
 
 def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
     """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU, plus one latency per peer."""
     link = _group_link(ctx, ctx.par.tp)
     tp = ctx.par.tp
-    return (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.step_tokens)) + (tp - 1) * link.latency_s
+    return (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.tokens)) + (tp - 1) * link.latency_s
 
 
 def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     batch = _group_batch(batch, group)
+    ctx = ctx.with_tokens(batch.num_tokens)
     tokens, h = float(batch.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim = qkv / h
-    acc.add("qkv_proj", "gemm", 2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES,
+    acc.add(ctx, "qkv_proj", "gemm", 2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES,
             ctx.gemm_s(2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES), layers)
     _attention(ctx, acc, batch, group, layers)
-    acc.add("o_proj", "gemm", 2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES,
+    acc.add(ctx, "o_proj", "gemm", 2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES,
             ctx.gemm_s(2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, group, layers)
     if ctx.par.tp > 1:
@@ -445,31 +456,32 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
     """Per layer: an all-reduce after attention (an all-gather under DP attention, the same bytes) and one
     after the MLP; an expert-parallel MoE layer instead sends each token to its k experts and back."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
-    acc.add_link("all_reduce", msg, _all_reduce_s(ctx, msg), layers)
+    acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
     if group.is_moe and ctx.par.ep:
         routed = msg * ctx.model.moe.experts_per_token
-        acc.add_link("all_to_all", 2 * routed, 2 * _all_to_all_s(ctx, routed), layers)
+        acc.add_link(ctx, "all_to_all", 2 * routed, 2 * _all_to_all_s(ctx, routed), layers)
     else:
-        acc.add_link("all_reduce", msg, _all_reduce_s(ctx, msg), layers)
+        acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
 
 
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     m, tp, tokens = ctx.model, ctx.par.tp, float(batch.num_tokens)
-    acc.add("embedding", "gemm", 0.0, tokens * m.hidden_size * ACT_BYTES * 2, ctx.gemm_s(0.0, tokens * m.hidden_size * 4), 1)
+    acc.add(ctx, "embedding", "gemm", 0.0, tokens * m.hidden_size * ACT_BYTES * 2, ctx.gemm_s(0.0, tokens * m.hidden_size * 4), 1)
     if m.extra_linear_params:
         params = m.extra_linear_params / tp
-        acc.add("model_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
+        acc.add(ctx, "model_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
                 ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), 1)
     logits = float(batch.num_logits)
     if logits:
         params = m.lm_head_params / tp
         flops, nbytes = 2 * logits * params, params * ACT_BYTES + logits * m.vocab_size / tp * LOGIT_BYTES
-        acc.add("lm_head", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes, "bf16"), 1)
+        head = ctx.with_tokens(logits)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
+        acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
     if ctx.par.pp > 1:
         link = _group_link(ctx, ctx.par.num_gpus)
         msg = tokens * m.hidden_size * ACT_BYTES
         time_s = (ctx.par.pp - 1) * (msg / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s)
-        acc.add_link("pp_send", (ctx.par.pp - 1) * msg, time_s, 1)
+        acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * msg, time_s, 1)
 
 
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
@@ -502,8 +514,8 @@ def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallel
                 stats = memo[key] = _attn_stats(seen, group.window, decode)
             if not stats.requests:
                 continue
-            _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, stats.keys, stats.kv_read,
-                                                        stats.tokens)
+            _, _, compute_s, memory_s = attention_terms(ctx.with_tokens(seen.num_tokens), group.owns_kv, decode,
+                                                        stats.keys, stats.kv_read, stats.tokens)
             name = "attention_decode" if decode else "attention_prefill"
             totals[name] = totals.get(name, 0.0) + (compute_s if compute_s > memory_s else memory_s) * layers
     return sum(totals.values())

@@ -11,8 +11,9 @@
    candidate is simulated too: if it passes after all it becomes the recommendation, so the answer is
    always a deployment that passes next to a cheaper one that fails, both shown with their verdicts.
 
-Costs are GPUs x the catalog's price per GPU-hour. Only colocated deployments exist today; a builder
-for prefill/decode-disaggregated candidates slots into CANDIDATE_BUILDERS (see `colocated_candidates`).
+Costs are GPUs x the catalog's price per GPU-hour. Candidates come from CANDIDATE_BUILDERS: colocated
+replicas and, for each of the scenario's `plan.pd_ratios`, prefill/decode-disaggregated xPyD units that
+are sized, priced and verified as wholes; another deployment kind is one more builder there.
 """
 
 from __future__ import annotations

@@ -40,7 +40,11 @@ def synthetic_rows(profile: Profile, models=(("llama-3.1-8b", {}), ("llama-3.1-8
 @pytest.mark.parametrize("model,fast", [("llama-3.1-8b", False), ("gemma-3n-e2b", True), ("mixtral-8x7b", False),
                                         ("gemma-2-9b", False), ("deepseek-v3", False)])
 def test_terms_rebuild_step_cost_exactly(model, fast):
-    profile = Profile(gemm_compute=EfficiencyCurve(points=((1, 0.3), (512, 0.8))), attn_memory=0.6,
+    # every curve depends on tokens, so an entry priced at the wrong row count (LM head, YOCO layers) shows
+    profile = Profile(gemm_compute=EfficiencyCurve(points=((1, 0.3), (512, 0.8))),
+                      gemm_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.2))),
+                      attn_compute=EfficiencyCurve(points=((1, 0.2), (1024, 0.6))),
+                      attn_memory=EfficiencyCurve(points=((1, 0.8), (256, 0.4))),
                       layer_overhead_s=1e-5, request_overhead_s=3e-6)
     options = CostOptions(kv_sharing_fast_prefill=fast)
     mixed = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
@@ -136,3 +140,22 @@ def test_operator_terms_are_what_step_cost_sums(model, fast):
         totals[term.name] = totals.get(term.name, 0.0) + term.time_s * term.layers
     ops = step_cost(batch, get_model(model), H200, profile=TRUE, options=options).operators
     assert {op.name: op.time_s for op in ops if op.kind != "overhead"} == totals
+
+
+def test_served_rows_join_the_fit_and_are_never_held_out():
+    """Served steps (a real serving loop's shapes) are fitted with the grid's train split and scored apart."""
+    grid = synthetic_rows(TRUE, models=(("llama-3.1-8b", {}),))
+    rng = np.random.default_rng(0)
+    served = []
+    for i in range(40):  # decodes riding along with prefill chunks, as chunked prefill serves them
+        n = int(rng.integers(1, 24))
+        batch = StepBatch.of([1] * n + [int(rng.integers(16, 256))], rng.integers(50, 900, n + 1))
+        time_s = step_cost(batch, get_model("llama-3.1-8b"), H200, profile=TRUE).total_s
+        served.append(_row("served", batch, False, np.array([time_s])) | {"model": "llama-3.1-8b", "scale": "{}"})
+    report = calibrate_rows(grid, H200, "x", "test", served=pd.DataFrame(served), knots=KNOTS)
+    split = report.rows["split"]
+    assert (split == "served").sum() == 40 and (split[len(grid):] == "served").all()
+    assert (split[:len(grid)] == "test").any()  # the grid still holds shapes out
+    assert set(report.mape) == {f"{s}_{p}" for s in ("train", "test", "served") for p in ("default", "fitted")}
+    assert report.mape["served_fitted"] < 0.5 and report.mape["test_fitted"] < 0.5
+    assert [row[0] for row in report.table()] == ["train", "test", "served"]

@@ -10,7 +10,7 @@ import pytest
 
 from calibration.calibrate import row_batch
 from calibration.device import cpu_gpu_entry, time_call_s, write_gpu_yaml
-from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
+from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid, warm_calls
 from hardware.batch import StepBatch
 from hardware.gpu import gpu_catalog
 from tests.calibration.conftest import tiny_executor
@@ -44,6 +44,22 @@ def test_rows_rebuild_their_batch_and_cover_fast_prefill_both_ways():
     assert back.num_new.tolist() == [1, 1, 5] and back.num_context.tolist() == [7, 12, 0]
     assert rows["scale"][0] == json.dumps({"layers": 6}) and rows["device"][0] == "cpu"
     assert rows["dtype"][0] == "float32" and rows["threads"][0] == 1
+
+
+def test_every_timed_call_follows_warm_calls_of_its_own_shape():
+    """A shape is timed right after running itself, as a served step follows steps like it (CPU: 3 warm calls)."""
+    ex = tiny_executor("llama", num_blocks=64)
+    calls = []
+    execute = ex.execute
+    ex.execute = lambda inp: calls.append(tuple(inp.num_new)) or execute(inp)
+    shapes = [("prefill 9", StepBatch.uniform(1, 0, 9)), ("decode 2x7", StepBatch.uniform(2, 7))]
+    profile_grid(ex, shapes, "llama-3.1-8b", {}, repeats=2, warmup=1)
+    assert warm_calls("cpu") == 3 and warm_calls("cuda:0") == 1
+    timed = calls[len(shapes):]  # after one warm-up pass over all shapes
+    assert len(timed) == 2 * len(shapes) * (3 + 1)
+    runs = [timed[i:i + 4] for i in range(0, len(timed), 4)]
+    assert all(len(set(run)) == 1 for run in runs)  # 3 warm + 1 timed call of one shape, back to back
+    assert [run[0] for run in runs] == [(9,), (1, 1)] * 2  # shapes still interleave round by round
 
 
 def test_time_call_counts_every_repeat():

@@ -103,6 +103,39 @@ def test_lm_head_runs_only_on_logits_tokens():
     assert cost.by_name("lm_head").flops == 2 * LLAMA_8B.lm_head_params
 
 
+#: Efficiency falling from 0.9 at one token row to 0.1 at 2048: any operator priced at the wrong row count
+#: shows up as a factor of up to 9 in its time.
+FALLING = Profile(gemm_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.1))),
+                  attn_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.1))))
+
+
+def test_lm_head_efficiency_is_read_at_its_logits_rows():
+    """The LM head of a prefill step is a GEMV over the logits rows: it costs what a one-token step's does,
+    however many tokens the rest of the step has."""
+    prefill = step_cost(StepBatch.of([2048], [0], [True]), LLAMA_8B, H200, profile=FALLING)
+    decode = step_cost(StepBatch.uniform(1, 100), LLAMA_8B, H200, profile=FALLING)
+    assert prefill.by_name("lm_head").time_s == pytest.approx(decode.by_name("lm_head").time_s, rel=1e-3)
+    head_bytes = LLAMA_8B.lm_head_params * 2  # bf16 weights dominate; read at 90% of the bandwidth
+    assert decode.by_name("lm_head").time_s == pytest.approx(head_bytes / (0.9 * H200.memory_bytes_per_s), rel=0.01)
+
+
+def test_fast_prefill_layers_read_efficiencies_at_one_token_per_request():
+    """Under YOCO fast prefill the trailing KV-sharing layers process one row per request, so their
+    operators are priced at that row count, not at the step's."""
+    from hardware.cost import operator_terms
+    model = get_model("gemma-3n-e2b")
+    batch = StepBatch.of([1024, 1, 1], [0, 300, 300], [True, True, True])
+    terms = operator_terms(batch, model, H200, profile=FALLING, options=CostOptions(kv_sharing_fast_prefill=True))
+    by_rows = {}
+    for term in terms:
+        by_rows.setdefault(term.tokens, set()).add(term.name)
+    assert set(by_rows) == {1026.0, 3.0}  # the step's tokens; one per request (the LM head: 3 logits rows)
+    assert {"qkv_proj", "mlp", "attention_decode", "attention_prefill"} <= by_rows[1026.0]
+    assert {"qkv_proj", "mlp", "attention_decode", "lm_head"} <= by_rows[3.0]
+    for term in terms:  # every term's memory time is its bytes at that row count's efficiency
+        assert term.memory_s == pytest.approx(term.bytes / (H200.memory_bytes_per_s * FALLING.gemm_memory.at(term.tokens)))
+
+
 def test_tp2_adds_all_reduce_and_speeds_decode_by_less_than_2x():
     batch = StepBatch.uniform(32, 2048)
     tp1 = step_cost(batch, LLAMA_8B, H200)
