@@ -521,6 +521,34 @@ def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallel
     return sum(totals.values())
 
 
+def decode_stretch_attention_s(num_context: np.ndarray, num_steps: int, model: ModelSpec, gpu: GpuSpec,
+                               parallelism: Parallelism = Parallelism(), profile: Profile = Profile(),
+                               options: CostOptions = CostOptions()) -> np.ndarray:
+    """`attention_seconds` of each of `num_steps` consecutive decode steps of the same requests, whose
+    contexts start at `num_context` and grow by one token per step: the same terms in the same order,
+    elementwise over the steps, so a fast-forwarded stretch costs bit-for-bit what stepping it does."""
+    batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
+    ctx = _context(batch, model, gpu, parallelism, profile, options)
+    steps = np.arange(num_steps, dtype=np.int64)
+    attention = np.zeros(num_steps)
+    for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
+        keys = _decode_keys(num_context, steps, group.window)
+        _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, batch.num_tokens)
+        attention += np.maximum(compute_s, memory_s) * layers
+    return attention
+
+
+def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None) -> np.ndarray:
+    """Per step: keys all requests attend over when each decodes at context + step (capped by a window).
+
+    For a decode, the keys attended and the distinct KV tokens read are both min(context + 1, window).
+    """
+    c = num_context.astype(np.int64)
+    if window is None:
+        return int(c.sum()) + len(c) * (steps + 1)
+    return np.minimum(c[None, :] + 1 + steps[:, None], window).sum(axis=1)
+
+
 def operator_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
                    profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[OperatorTerm]:
     """Every operator of every layer group, then the model-level ones, one `OperatorTerm` each, in the

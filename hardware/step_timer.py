@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.batch import StepBatch
-from hardware.cost import (CostOptions, Parallelism, _context, _layer_groups, attention_seconds, attention_terms,
-                           step_cost)
+from hardware.cost import CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, step_cost
 from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec
 from hardware.profile import Profile
@@ -57,24 +56,5 @@ class StepTimer:
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at
         `num_context` and grow by one token per step."""
-        model = self.args[0]
-        batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
-        ctx = _context(batch, *self.args)
-        steps = np.arange(num_steps, dtype=np.int64)
-        attention = np.zeros(num_steps)
-        for group, layers in _layer_groups(model, self.args[4].kv_sharing_fast_prefill):
-            keys = _decode_keys(num_context, steps, group.window)
-            _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, batch.num_tokens)
-            attention += np.maximum(compute_s, memory_s) * layers
+        attention = decode_stretch_attention_s(num_context, num_steps, *self.args)
         return self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
-
-
-def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None) -> np.ndarray:
-    """Per step: keys all requests attend over when each decodes at context + step (capped by a window).
-
-    For a decode, the keys attended and the distinct KV tokens read are both min(context + 1, window).
-    """
-    c = num_context.astype(np.int64)
-    if window is None:
-        return int(c.sum()) + len(c) * (steps + 1)
-    return np.minimum(c[None, :] + 1 + steps[:, None], window).sum(axis=1)
