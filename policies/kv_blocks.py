@@ -52,6 +52,10 @@ class BlockManager:
     def cache(self, req: Request) -> None:
         """Called after each step that computed tokens of `req`: make its full blocks findable (prefix caching)."""
 
+    def cache_scheduled(self, req: Request, num_tokens: int) -> None:
+        """Called when a step has allocated KV for `req`'s tokens up to `num_tokens`: vLLM registers the blocks
+        those tokens fill right then, so requests admitted later in the same step hit them (prefix caching)."""
+
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """Extra blocks to hold `num_new_tokens` more tokens; the partly filled last block is used first."""
         held = len(self._tables.get(req.id, ()))

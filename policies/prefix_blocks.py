@@ -4,6 +4,11 @@
   (`token_ids.block_hashes`); only full blocks are ever reused.
 - A new request walks its block hashes from the start and reuses cached blocks until the first
   miss, at most up to its last token (which is always recomputed to produce logits, as vLLM does).
+- A block is registered when a step is scheduled to fill it (vLLM v1 caches blocks in
+  `allocate_slots`), not when the step ends: a request admitted later in the same step hits blocks
+  another request computes in that very forward pass, which is correct because every layer writes
+  the step's KV before it attends. n samples of one prompt thus prefill it once. Blocks registered
+  for tokens that were then not computed (their request preempted in the same step) are forgotten.
 - Blocks are reference-counted. A finished (or preempted) request releases its blocks tail first;
   at reference count 0 they join the back of the free queue *with their contents and hash*, so
   they can still be hit, and allocation evicts from the front: least recently freed first, and
@@ -58,14 +63,21 @@ class PrefixCachingBlockManager(BlockManager):
         return blocks
 
     def cache(self, req: Request) -> None:
+        self._register(req, req.num_computed_tokens)
+
+    def cache_scheduled(self, req: Request, num_tokens: int) -> None:
+        self._register(req, min(num_tokens, req.num_tokens))  # draft guesses are not the request's tokens yet
+
+    def _register(self, req: Request, num_tokens: int) -> None:
+        """Make the full blocks among `req`'s first `num_tokens` tokens findable by their hashes."""
         table = self._tables.get(req.id)
         if not table:
             return
         done = self._num_cached.get(req.id, 0)
-        full = req.num_computed_tokens // self.block_size
+        full = num_tokens // self.block_size
         if full <= done:
             return
-        hashes = block_hashes(req, req.num_computed_tokens, self.block_size)
+        hashes = block_hashes(req, num_tokens, self.block_size)
         hash_of, cached = self._hash_of, self._cached
         for index in range(done, full):
             block, block_hash = table[index], hashes[index]
@@ -89,24 +101,33 @@ class PrefixCachingBlockManager(BlockManager):
 
     def _pop_free(self) -> int:
         block = self._free_queue.popitem(last=False)[0]
-        block_hash = self._hash_of[block]
-        if block_hash is not None:  # evict: its contents are about to be overwritten
-            self._hash_of[block] = None
-            dupes = self._duplicates.get(block_hash)
-            if self._cached[block_hash] != block:
-                dupes.remove(block)
-            elif dupes:
-                self._cached[block_hash] = dupes.pop(0)
-            else:
-                del self._cached[block_hash]
-            if dupes is not None and not dupes:
-                del self._duplicates[block_hash]
+        self._forget(block)  # evict: its contents are about to be overwritten
         self._refs[block] = 1
         return block
 
+    def _forget(self, block: int) -> None:
+        """Take `block` out of the hash map (no-op for an unregistered block)."""
+        block_hash = self._hash_of[block]
+        if block_hash is None:
+            return
+        self._hash_of[block] = None
+        dupes = self._duplicates.get(block_hash)
+        if self._cached[block_hash] != block:
+            dupes.remove(block)
+        elif dupes:
+            self._cached[block_hash] = dupes.pop(0)
+        else:
+            del self._cached[block_hash]
+        if dupes is not None and not dupes:
+            del self._duplicates[block_hash]
+
     def free(self, req: Request) -> None:
-        self._num_cached.pop(req.id, None)
-        self._release(self._tables.pop(req.id, [])[::-1])  # tail first: the tail is evicted before the head
+        table = self._tables.pop(req.id, [])
+        registered = self._num_cached.pop(req.id, 0)
+        for block in table[req.num_computed_tokens // self.block_size:registered]:
+            if self._refs[block] == 1:  # registered for this step, never computed: nobody may hit it
+                self._forget(block)
+        self._release(table[::-1])  # tail first: the tail is evicted before the head
 
     def _release(self, blocks: list[int]) -> None:
         for block in blocks:

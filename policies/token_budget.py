@@ -173,6 +173,7 @@ class TokenBudgetScheduler:
                 continue
             self._cursor = i  # preemptions before it shift it left
             if self._make_room(req, n, step):
+                self.kv.cache_scheduled(req, req.num_computed_tokens + n)
                 step.add(req, n)
                 if n > pending:  # guesses, possibly fewer than k where the budget ran out
                     step.drafts[req] = n - pending
@@ -202,6 +203,7 @@ class TokenBudgetScheduler:
             step.swap_in += blocks
             req.phase = Phase.RUNNING
             self.running.append(req)
+            self.kv.cache_scheduled(req, req.num_computed_tokens + n)
             step.add(req, n)
 
     def _admit_waiting(self, step: _Step) -> None:
@@ -220,6 +222,7 @@ class TokenBudgetScheduler:
                 req.num_computed_tokens = 0 if not self.kv.table(req) else hit
                 return
             self._waiting.pop()
+            self.kv.cache_scheduled(req, hit + n)
             if not req.num_preemptions:
                 req.num_cached_tokens = hit  # prefix-cache hits of its first admission
             req.phase = Phase.RUNNING

@@ -45,6 +45,23 @@ def test_served_tokens_are_the_reference_greedy_continuations_even_after_preempt
         assert out == greedy(ex, prompt, req.num_output_tokens), req.id
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma3n"])
+def test_samples_of_one_prompt_share_its_prefill_within_the_step(name):
+    """Three samples of one prompt arrive together: the first prefills it, the others hit its blocks in the same
+    forward pass (every layer writes the step's KV before it attends) and still decode the reference tokens."""
+    ex = tiny_executor(name, fast_prefill=name == "gemma3n")
+    prompt = ((11, 13),)
+    reqs = [Request(id=i, arrival_s=0.0, num_prompt_tokens=13, num_output_tokens=5, prompt_segments=prompt)
+            for i in range(3)]
+    result = serve(ex, reqs, engine(prefix_caching="vllm", max_num_batched_tokens=32))
+    first = result.steps.iloc[0]
+    assert json.loads(first["num_new"]) == [13, 1, 1] and json.loads(first["num_context"]) == [0, 12, 12]
+    assert result.prefix_hits == {0: 0, 1: 12, 2: 12}
+    for req in reqs:
+        prompt_ids, out = result.tokens[req.id][:13], result.tokens[req.id][13:]
+        assert out == greedy(ex, prompt_ids, req.num_output_tokens), req.id
+
+
 def test_arrivals_are_honoured_in_wall_clock_time():
     ex = tiny_executor("llama")
     reqs = requests([0.0, 0.15], [8, 8], [3, 3])

@@ -85,6 +85,48 @@ def test_lpm_holds_back_requests_sharing_an_uncached_prefix():
     assert [r.id for r in plan.requests] == [0, 1, 2]
 
 
+def test_requests_admitted_in_one_step_hit_the_blocks_that_step_computes():
+    """vLLM registers a block's hash when it schedules the tokens that fill it: 4 samples of one 64-token prompt
+    admitted together prefill it once (64 tokens) and then 16 each (3 blocks of 16 hit; the last is recomputed)."""
+    sched, _ = make_scheduler("vllm", num_blocks=64, block_size=16, prefix_caching="vllm",
+                              max_num_batched_tokens=1024)
+    samples = [req(i, [(9, 64)], output=3) for i in range(4)]
+    for r in samples:
+        sched.add(r, 0.0)
+    plan = sched.schedule(0.0)
+    assert list(plan.num_new) == [64, 16, 16, 16] and list(plan.num_context) == [0, 48, 48, 48]
+    assert [r.num_cached_tokens for r in samples] == [0, 48, 48, 48]
+    assert sched.kv.num_used_blocks == 4 + 3 * 1  # the prompt's 4 blocks, shared, plus each sample's own last one
+    sched.commit(plan, 1.0)
+    sched.kv.check_invariants()
+
+
+def test_radix_hits_only_what_earlier_steps_computed():
+    """SGLang inserts into the radix tree after a forward pass, so requests batched together do not share."""
+    sched, _ = make_scheduler("vllm", num_blocks=1024, block_size=1, prefix_caching="radix",
+                              max_num_batched_tokens=1024)
+    samples = [req(i, [(9, 64)], output=3) for i in range(4)]
+    for r in samples:
+        sched.add(r, 0.0)
+    assert list(sched.schedule(0.0).num_new) == [64] * 4
+
+
+def test_blocks_registered_for_a_step_are_forgotten_when_their_request_is_preempted_in_it():
+    """Blocks scheduled to be filled but never computed (the request preempted in that step) must not be hit;
+    blocks it really computed before stay cached."""
+    kv = PrefixCachingBlockManager(num_blocks=16, block_size=4)
+    a = req(0, [(5, 16)])
+    a.num_computed_tokens = 8  # two blocks computed in earlier steps
+    kv.allocate(a, 8)  # room for all four
+    kv.cache(a)
+    kv.cache_scheduled(a, 16)  # this step would fill the last two
+    b = req(1, [(5, 16)])
+    assert kv.lookup(b) == 12  # registered blocks are findable at once (never the last token)
+    kv.free(a)  # preempted before the step ran: tokens 8..15 were never computed
+    assert kv.lookup(b) == 8
+    kv.check_invariants()
+
+
 def test_radix_reuses_unaligned_prefixes_vllm_only_whole_blocks():
     for prefix_len, vllm_hit, radix_hit in [(500, 496, 500), (512, 512, 512)]:
         hits = {}
@@ -141,3 +183,26 @@ def test_cache_hits_match_brute_force_longest_cached_prefix(prompts, kind, block
         assert got <= expected if tight else got == expected
         serve(sched, [r], now=float(i * 1000))
         history.append(tokens_of(r)[: r.num_prompt_tokens + r.num_output_tokens - 1])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts=st.lists(st.tuples(segments, st.integers(1, 6)), min_size=1, max_size=10),
+       block_size=st.sampled_from([1, 2, 4]))
+def test_same_step_hits_match_brute_force_over_requests_admitted_before(prompts, block_size):
+    """All requests arrive at once and fit one step: each one's hit is the longest prefix it shares with any
+    request admitted before it in that step (capped below its last token, whole blocks)."""
+    total = sum(sum(n for _, n in runs) + out for runs, out in prompts)
+    sched, _ = make_scheduler("vllm", num_blocks=-(-total // block_size) + 8, block_size=block_size,
+                              prefix_caching="vllm", max_num_seqs=len(prompts), max_num_batched_tokens=total + 1)
+    requests = [req(i, list(runs), output=out) for i, (runs, out) in enumerate(prompts)]
+    for r in requests:
+        sched.add(r, 0.0)
+    plan = sched.schedule(0.0)
+    assert [r.id for r in plan.requests] == [r.id for r in requests]
+    for i, r in enumerate(requests):
+        expected = max((common(tokens_of(r), tokens_of(e)) for e in requests[:i]), default=0)
+        expected = min(expected, r.num_prompt_tokens - 1)
+        assert r.num_cached_tokens == expected - expected % block_size
+        assert plan.num_new[i] == r.num_prompt_tokens - r.num_cached_tokens
+    sched.commit(plan, 1.0)
+    sched.kv.check_invariants()
