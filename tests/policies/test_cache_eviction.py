@@ -1,0 +1,90 @@
+"""Eviction and admission details of both prefix caches: LRU order, locked radix paths, LPM's FCFS fallback,
+and a recompute-preempted request hitting its own blocks when it comes back."""
+
+from policies.ordering import by_arrival
+from policies.waiting import LPM_MAX_WAITING, WaitingQueue
+from tests.policies.helpers import make_scheduler
+from tests.policies.test_prefix_caching import req, serve
+
+
+def test_vllm_evicts_the_least_recently_used_cached_blocks_first():
+    """Pool of 8 blocks of 4. A, then B, then A again are served; a request that needs 5 fresh blocks evicts
+    from the front of the free queue: B's blocks (used longer ago), not A's (refreshed by the second hit)."""
+    sched, _ = make_scheduler("vllm", num_blocks=8, block_size=4, prefix_caching="vllm")
+    a, b = (1, 9), (2, 9)  # 9 tokens: two full blocks and the last token's
+    serve(sched, [req(0, [a])])
+    serve(sched, [req(1, [b])])
+    again = req(2, [a])
+    serve(sched, [again])
+    assert again.num_cached_tokens == 8
+    serve(sched, [req(3, [(3, 20)])])  # 20 tokens: 5 blocks
+    assert sched.kv.lookup(req(4, [a])) == 8 and sched.kv.lookup(req(5, [b])) == 0
+
+
+def test_radix_never_evicts_the_prefix_a_running_request_holds():
+    """Q is cached by a finished request, P by a running one. A newcomer that needs more pages than are free
+    evicts Q's unlocked pages; P's stay."""
+    sched, _ = make_scheduler("vllm", num_blocks=16, block_size=1, prefix_caching="radix",
+                              max_num_batched_tokens=64, max_num_seqs=8)
+    q, p = (10, 6), (11, 8)
+    serve(sched, [req(0, [q])])  # Q: 6 pages in the tree, evictable; 10 free
+    running = req(1, [p], output=6)
+    sched.add(running, 0.0)
+    plan = sched.schedule(0.0)
+    sched.commit(plan, 1.0)  # P's 8 tokens are computed and inserted, locked by the running request
+    newcomer = req(2, [(12, 6)], output=1)
+    sched.add(newcomer, 1.0)
+    plan = sched.schedule(1.0)
+    assert newcomer in plan.requests and running in plan.requests  # 2 free pages + Q's 6 evicted
+    sched.commit(plan, 2.0)
+    sched.kv.check_invariants()
+    assert sched.kv.lookup(req(3, [p, (13, 2)])) == 8
+    assert sched.kv.lookup(req(4, [q, (14, 2)])) == 0
+
+
+class _Matches:
+    """A KV stand-in whose lookup returns a fixed match per request id."""
+
+    def __init__(self, matched: dict[int, int]):
+        self.matched = matched
+
+    def lookup(self, r) -> int:
+        return self.matched[r.id]
+
+
+def _order_after_prepare(num_waiting: int) -> list[int]:
+    requests = [req(i, [(100 + i, 20)]) for i in range(num_waiting)]  # 20 tokens: below the in-batch check
+    queue = WaitingQueue(by_arrival, _Matches({i: 100 * (i % 2) for i in range(num_waiting)}), lpm=True)
+    for r in requests:
+        queue.push(r)
+    queue.prepare()
+    return [queue.pop().id for _ in range(num_waiting)]
+
+
+def test_lpm_sorts_by_match_up_to_128_waiting_and_falls_back_to_fcfs_above():
+    n = LPM_MAX_WAITING
+    assert LPM_MAX_WAITING == 128  # SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX
+    assert _order_after_prepare(n) == list(range(1, n, 2)) + list(range(0, n, 2))  # matched first, then arrival
+    assert _order_after_prepare(n + 1) == list(range(n + 1))
+
+
+def test_a_recomputed_request_hits_its_own_blocks_when_it_comes_back():
+    """Recompute preemption frees the victim's blocks into the cache with their hashes; on re-admission it
+    matches them again (prompt and generated tokens alike) and prefills only the rest."""
+    sched, _ = make_scheduler("vllm", num_blocks=12, block_size=4, prefix_caching="vllm",
+                              max_num_batched_tokens=64, max_num_seqs=8)
+    first, second = req(0, [(1, 16)], output=24), req(1, [(2, 16)], output=24)
+    for r in (first, second):
+        sched.add(r, 0.0)
+    now, readmitted = 0.0, None
+    while not (first.is_done and second.is_done):
+        plan = sched.schedule(now)
+        for r, n, c in zip(plan.requests, plan.num_new, plan.num_context):
+            if r is second and second.num_preemptions and readmitted is None and n > 1:
+                readmitted = (n, c, second.num_tokens)
+        now += 1.0
+        sched.commit(plan, now)
+        sched.kv.check_invariants()
+    assert second.num_preemptions >= 1 and readmitted is not None
+    n, context, tokens = readmitted
+    assert context > 0 and n + context == tokens  # part of what it had computed was hit, the rest recomputed
