@@ -13,6 +13,7 @@ and absorbs the up-projections in decode; embeddings and LM head stay bf16 when 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -422,18 +423,45 @@ def _group_link(ctx: _Ctx, gpus: int):
     return get_interconnect(name)
 
 
-def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
-    """Ring all-reduce over the TP group's link: 2(TP-1)/TP of the message each way, plus latency."""
+#: Collectives below ~64 MB do not reach a link's rate: launch, synchronisation and few active channels
+#: dominate. Measured on 8x H100 (vLLM's custom all-reduce; sgl-project/sglang PR #2904): 4-7 us
+#: + (bus bytes) / ~60 GB/s from 32 KB to 1 MB messages (up to ~2 MB of bus bytes) at TP 2, 4 and 8,
+#: i.e. ~13% of NVLink4's 450 GB/s, while NCCL reaches ~70-80% on large messages. The size factor
+#: scales `profile.comm` (the large-message efficiency) between these, linearly in log(bytes).
+SMALL_COLLECTIVE = (2e6, 0.19)  # (bus bytes, factor): 0.19 x 0.70 = 13% of the link rate
+LARGE_COLLECTIVE = 64e6
+
+
+def collective_size_factor(bus_bytes: float) -> float:
+    """How much of `profile.comm` a collective moving `bus_bytes` per GPU reaches (1 for large messages)."""
+    small, floor = SMALL_COLLECTIVE
+    if bus_bytes <= small:
+        return floor
+    if bus_bytes >= LARGE_COLLECTIVE:
+        return 1.0
+    return floor + (1.0 - floor) * math.log(bus_bytes / small) / math.log(LARGE_COLLECTIVE / small)
+
+
+def _collective_s(ctx: _Ctx, bus_bytes: float, ring_steps: int) -> float:
+    """A collective over the TP group's link. Inside a node (NVLink/xGMI/PCIe switch) a small collective is
+    one kernel: the link's latency (the catalog's small-collective latency) once. Across nodes it is a
+    ring: one network latency per step."""
     link = _group_link(ctx, ctx.par.tp)
+    steps = 1 if ctx.par.tp <= ctx.gpu.gpus_per_node else ring_steps
+    rate = link.bytes_per_s * ctx.profile.comm.at(ctx.tokens) * collective_size_factor(bus_bytes)
+    return bus_bytes / rate + steps * link.latency_s
+
+
+def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
+    """All-reduce of `nbytes` per GPU: 2(TP-1)/TP of the message crosses each GPU's link (ring bus bytes)."""
     tp = ctx.par.tp
-    return 2 * (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.tokens)) + 2 * (tp - 1) * link.latency_s
+    return _collective_s(ctx, 2 * (tp - 1) / tp * nbytes, 2 * (tp - 1))
 
 
 def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
-    """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU, plus one latency per peer."""
-    link = _group_link(ctx, ctx.par.tp)
+    """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU."""
     tp = ctx.par.tp
-    return (tp - 1) / tp * nbytes / (link.bytes_per_s * ctx.profile.comm.at(ctx.tokens)) + (tp - 1) * link.latency_s
+    return _collective_s(ctx, (tp - 1) / tp * nbytes, tp - 1)
 
 
 def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:

@@ -54,3 +54,39 @@ def test_pipeline_stages_add_up_with_their_sends():
     two = step_cost(batch, llama, H100, Parallelism(tp=4, pp=2))
     assert two.by_name("pp_send").time_s > 0
     assert two.total_s == pytest.approx(one.total_s + two.by_name("pp_send").time_s, rel=1e-9)
+
+
+#: vLLM's custom all-reduce on 8x H100 SXM, microseconds per call (sgl-project/sglang PR #2904, "custom
+#: allreduce" table): message bytes -> (TP 2, TP 4, TP 8).
+MEASURED_ALL_REDUCE_US = {32768: (4.5, 4.8, 7.8), 262144: (7.9, 13.9, 16.7), 524288: (12.5, 20.2, 22.1),
+                          1048576: (19.9, 31.1, 33.8)}
+
+
+@pytest.mark.parametrize("nbytes", sorted(MEASURED_ALL_REDUCE_US))
+def test_all_reduce_time_matches_measured_small_collectives_on_h100(nbytes):
+    """Decode-sized all-reduces cost a few microseconds plus bus bytes at ~13% of NVLink's rate; the old ring
+    model (2(TP-1) latencies) put a 32 KB all-reduce at 70 us on TP 8."""
+    llama = get_model("llama-3.1-70b")  # hidden 8192: one token's activations are 16 KB
+    tokens = nbytes // (llama.hidden_size * 2)
+    for tp, measured_us in zip((2, 4, 8), MEASURED_ALL_REDUCE_US[nbytes]):
+        cost = step_cost(StepBatch.uniform(tokens, 100), llama, H100, Parallelism(tp=tp))
+        per_call_us = cost.by_name("all_reduce").time_s / (2 * llama.num_layers) * 1e6
+        assert per_call_us == pytest.approx(measured_us, rel=0.3), (tp, nbytes)
+
+
+def test_llama_70b_on_four_h200_decodes_in_the_seeds_10_ms():
+    """The seed's speculative-decoding table: a 70B target on 4 GPUs takes ~10 ms per step at batch 1."""
+    cost = step_cost(StepBatch.uniform(1, 1024), get_model("llama-3.1-70b"), get_gpu("h200"), Parallelism(tp=4))
+    assert 9e-3 <= cost.total_s <= 11e-3
+    assert cost.by_name("all_reduce").time_s < 0.1 * cost.total_s  # 160 small all-reduces of ~5 us
+
+
+def test_small_collectives_pay_one_latency_in_a_node_and_one_per_ring_step_across_nodes():
+    llama = get_model("llama-3.1-405b")
+    decode = StepBatch.uniform(1, 100)
+    nvlink, ib = get_interconnect("nvlink4"), get_interconnect("ib-ndr-400")
+    for tp, link, steps in ((8, nvlink, 1), (16, ib, 2 * 15)):
+        per_call = step_cost(decode, llama, H100, Parallelism(tp=tp)).by_name("all_reduce").time_s / (2 * 126)
+        bus_bytes = 2 * (tp - 1) / tp * llama.hidden_size * 2  # one token's activations, ring bus bytes
+        wire = bus_bytes / (link.bytes_per_s * 0.70 * 0.19)  # default comm efficiency x small-collective factor
+        assert per_call == pytest.approx(steps * link.latency_s + wire, rel=1e-9)
