@@ -187,11 +187,12 @@ class TraceSpec:
 
 def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
     """vLLM's scheduler with chunked prefill and (by default) automatic prefix caching over the executor's
-    pool; the served run and the simulated one use the same settings."""
+    pool; the served run and the simulated one use the same settings. The executor keeps one block table
+    for all layers, so sliding-window layers keep their whole KV (vLLM's disable_hybrid_kv_cache_manager)."""
     return EngineConfig(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
                         enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
                         num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill,
-                        prefix_caching=trace.prefix_caching)
+                        prefix_caching=trace.prefix_caching, disable_hybrid_kv_cache_manager=True)
 
 
 def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path) -> float:

@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from calibration.executor import Executor, StepInput
+from hardware.kv_groups import kv_groups
 from policies.catalog import kv_managers, orderings, schedulers
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager
@@ -149,6 +150,9 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
     if engine.prefix_caching == "radix":
         raise ValueError("serve() runs on the paged block pool: engine.prefix_caching must be 'none' or 'vllm'")
+    if kv_groups(ex.spec, engine.disable_hybrid_kv_cache_manager).sliding:
+        raise ValueError("serve() keeps one block table for all layers: set engine.disable_hybrid_kv_cache_manager "
+                         "for a model with sliding-window layers")
     kv = kv_managers.get(engine.prefix_caching)(ex.num_blocks, engine.block_size, engine.watermark)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)

@@ -2,7 +2,12 @@
 
     usable      = gpu_memory_utilization * capacity                 (per GPU)
     kv_cache    = usable - weights - activation peak - runtime reserve
-    num_blocks  = kv_cache // (block_size * KV bytes per token per GPU)
+    num_blocks  = kv_cache // (block_size * KV bytes per token of the layers one block spans)
+
+A block spans every KV-owning layer, or for models mixing sliding-window and full-attention layers
+one KV cache group of them (hardware/kv_groups.py, vLLM's hybrid KV cache manager); the fit check
+then counts each group's blocks at `max_model_len` as vLLM does (a sliding group: its window plus one
+chunk).
 
 The activation peak is estimated for a forward pass of `max_num_batched_tokens` tokens (the
 MLP's gate/up outputs dominate) plus the sampler's fp32 logits for `max_num_seqs` sequences.
@@ -19,6 +24,7 @@ from dataclasses import asdict, dataclass
 from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
+from hardware.kv_groups import kv_groups
 from hardware.model import WEIGHT_DTYPE_BYTES, ModelSpec, dtype_bytes
 
 GIB = 1 << 30
@@ -38,6 +44,7 @@ class EngineMemoryConfig:
     weight_dtype: str = "bf16"
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
+    disable_hybrid_kv_cache_manager: bool = False  # vLLM's flag: one group, sliding layers kept whole
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +64,12 @@ class MemoryPlan:
     kv_bytes_per_token: float  # per GPU, all KV-owning layers of its stage
     block_size: int
     num_blocks: int
-    kv_cache_tokens: int
+    kv_cache_tokens: int  # tokens of full-length requests the pool holds (blocks per group x block_size)
     max_model_len: int
-    request_bytes_at_max_len: float  # one max_model_len request on one GPU, sliding layers capped
+    request_bytes_at_max_len: float  # one max_model_len request on one GPU, sliding groups capped
     max_concurrency: float  # max_model_len requests that fit at once
+    block_bytes: float = 0.0  # one block on one GPU: block_size tokens of the layers it spans
+    kv_windows: tuple[int | None, ...] = (None,)  # per KV cache group: its sliding window, None = full
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -137,18 +146,24 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.memory_bytes / 1e9:.0f} GB); "
             "raise tp/pp, quantize the weights or use a larger GPU")
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
-    num_blocks = int(kv_cache // (cfg.block_size * per_token))
-    per_request = request_kv_bytes(model, max_len, cfg.kv_dtype, par.tp, cfg.block_size) / par.pp
+    groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)
+    block_bytes = cfg.block_size * per_token
+    if groups.layers_per_group != model.num_kv_layers:
+        block_bytes *= groups.layers_per_group / model.num_kv_layers
+    num_blocks = int(kv_cache // block_bytes)
+    per_request = groups.peak_blocks(max_len, cfg.block_size, cfg.max_num_batched_tokens) * block_bytes
     if par.dp_attention:  # one request's KV sits whole on one GPU
-        per_request = request_kv_bytes(model, max_len, cfg.kv_dtype, 1, cfg.block_size) / par.pp
-    if per_request > num_blocks * cfg.block_size * per_token:
+        per_request *= par.tp
+    if per_request > num_blocks * block_bytes:
         raise SpecError(
             f"one request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "
             f"the {kv_cache / GIB:.2f} GiB available on {gpu.name}; raise gpu_memory_utilization or tp, "
-            f"or lower max_model_len (at most ~{int(num_blocks * cfg.block_size * per_token / per_request * max_len)})")
+            f"or lower max_model_len (at most ~{int(num_blocks * block_bytes / per_request * max_len)})")
     return MemoryPlan(
         model=model.name, gpu=gpu.name, tp=par.tp, pp=par.pp, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
         weight_bytes=weights, activation_bytes=act, reserve_bytes=cfg.runtime_reserve_bytes, kv_cache_bytes=kv_cache,
         kv_bytes_per_token=per_token, block_size=cfg.block_size, num_blocks=num_blocks,
-        kv_cache_tokens=num_blocks * cfg.block_size, max_model_len=max_len, request_bytes_at_max_len=per_request,
-        max_concurrency=num_blocks * cfg.block_size * per_token / per_request * (par.tp if par.dp_attention else 1))
+        kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size, max_model_len=max_len,
+        request_bytes_at_max_len=per_request,
+        max_concurrency=num_blocks * block_bytes / per_request * (par.tp if par.dp_attention else 1),
+        block_bytes=block_bytes, kv_windows=groups.windows)

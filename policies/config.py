@@ -28,6 +28,8 @@ class EngineConfig(BaseModel):
     allow_long_max_model_len: bool = Field(False, description=(
         "Allow max_model_len beyond the model's max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)"))
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the KV pool size (as vLLM's flag)")
+    disable_hybrid_kv_cache_manager: bool = Field(False, description=(
+        "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks"))
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")

@@ -21,6 +21,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class BlockManager:
     """No prefix caching (`prefix_caching: none`): a block belongs to one request and is free again when it ends."""
 
+    supports_fast_forward = True  # one table per request, growing a block per block_size tokens
+
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         if num_blocks < 1 or block_size < 1:
             raise ValueError(f"need >= 1 block of >= 1 token, got {num_blocks} x {block_size}")

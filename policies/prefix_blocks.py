@@ -9,35 +9,29 @@
   another request computes in that very forward pass, which is correct because every layer writes
   the step's KV before it attends. n samples of one prompt thus prefill it once. Blocks registered
   for tokens that were then not computed (their request preempted in the same step) are forgotten.
-- Blocks are reference-counted. A finished (or preempted) request releases its blocks tail first;
-  at reference count 0 they join the back of the free queue *with their contents and hash*, so
-  they can still be hit, and allocation evicts from the front: least recently freed first, and
-  within one request its tail before its head.
+- Blocks are reference-counted (policies/block_pool.py). A finished (or preempted) request releases
+  its blocks tail first; at reference count 0 they join the back of the free queue *with their
+  contents and hash*, so they can still be hit, and allocation evicts from the front: least recently
+  freed first, and within one request its tail before its head.
 - A referenced block is never in the free queue, so it is never evicted.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from policies.block_pool import RefCountedPool
 from policies.kv_blocks import BlockManager
 from policies.token_ids import block_hashes
 from workloads.request import Request
 
 
-class PrefixCachingBlockManager(BlockManager):
+class PrefixCachingBlockManager(RefCountedPool, BlockManager):
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         super().__init__(num_blocks, block_size, watermark)
-        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
-        self._refs = [0] * num_blocks
+        self._init_pool(num_blocks)
         self._hash_of: list[int | None] = [None] * num_blocks
         self._cached: dict[int, int] = {}  # block hash -> the first-registered block holding it
         self._duplicates: dict[int, list[int]] = {}  # block hash -> later blocks holding it too (rare)
         self._num_cached: dict[int, int] = {}  # request id -> how many of its leading blocks are registered
-
-    @property
-    def num_free_blocks(self) -> int:
-        return len(self._free_queue)
 
     # ---- lookup and registration --------------------------------------------------------------
     def lookup(self, req: Request) -> int:
@@ -90,21 +84,6 @@ class PrefixCachingBlockManager(BlockManager):
         self._num_cached[req.id] = full
 
     # ---- pool ---------------------------------------------------------------------------------
-    def _evictable_among(self, blocks: list[int]) -> int:
-        return sum(self._refs[b] == 0 for b in blocks)
-
-    def _touch(self, blocks: list[int]) -> None:
-        for block in blocks:
-            if self._refs[block] == 0:
-                del self._free_queue[block]
-            self._refs[block] += 1
-
-    def _pop_free(self) -> int:
-        block = self._free_queue.popitem(last=False)[0]
-        self._forget(block)  # evict: its contents are about to be overwritten
-        self._refs[block] = 1
-        return block
-
     def _forget(self, block: int) -> None:
         """Take `block` out of the hash map (no-op for an unregistered block)."""
         block_hash = self._hash_of[block]
@@ -129,20 +108,9 @@ class PrefixCachingBlockManager(BlockManager):
                 self._forget(block)
         self._release(table[::-1])  # tail first: the tail is evicted before the head
 
-    def _release(self, blocks: list[int]) -> None:
-        for block in blocks:
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free_queue[block] = None
-
     def check_invariants(self) -> None:
         """Refs match the tables; free blocks are exactly the unreferenced ones; the hash map is consistent."""
-        refs = [0] * self.num_blocks
-        for table in self._tables.values():
-            for block in table:
-                refs[block] += 1
-        assert refs == self._refs, "reference counts disagree with the block tables"
-        assert set(self._free_queue) == {b for b, r in enumerate(refs) if r == 0}, "free queue != unreferenced blocks"
+        self._check_refs([block for table in self._tables.values() for block in table])
         for block_hash, block in self._cached.items():
             assert self._hash_of[block] == block_hash, "stale cache entry"
         for block_hash, blocks in self._duplicates.items():

@@ -94,14 +94,16 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
         name = f"{spec.method} head"
     kv_cache = plan.kv_cache_bytes - extra_weights
     per_token = plan.kv_bytes_per_token + extra_kv
-    num_blocks = int(kv_cache // (plan.block_size * per_token)) if kv_cache > 0 else 0
+    groups = len(plan.kv_windows)  # the draft's KV of a block's tokens, spread over the target's groups
+    block_bytes = plan.block_bytes + plan.block_size * extra_kv / groups
+    num_blocks = int(kv_cache // block_bytes) if kv_cache > 0 else 0
     per_request = plan.request_bytes_at_max_len + extra_request
-    if per_request > num_blocks * plan.block_size * per_token:
+    if per_request > num_blocks * block_bytes:
         raise SpecError(
             f"with the {name} ({extra_weights / 1e9:.2f} GB of weights, {extra_kv:.0f} KV bytes per token per GPU) "
             f"one request of max_model_len={plan.max_model_len} no longer fits in the KV cache of {gpu.name}; "
             "raise gpu_memory_utilization or tp, or lower max_model_len")
     return replace(plan, weight_bytes=plan.weight_bytes + extra_weights, kv_cache_bytes=kv_cache,
-                   kv_bytes_per_token=per_token, num_blocks=num_blocks, kv_cache_tokens=num_blocks * plan.block_size,
-                   request_bytes_at_max_len=per_request,
-                   max_concurrency=num_blocks * plan.block_size * per_token / per_request)
+                   kv_bytes_per_token=per_token, num_blocks=num_blocks,
+                   kv_cache_tokens=num_blocks // groups * plan.block_size, request_bytes_at_max_len=per_request,
+                   max_concurrency=num_blocks * block_bytes / per_request, block_bytes=block_bytes)

@@ -121,17 +121,25 @@ def vars_of(obj: Any) -> dict:
     return {slot: getattr(obj, slot) for slot in obj.__slots__}
 
 
+def _groups_text(windows: tuple[int | None, ...]) -> str:
+    kinds = ["full" if w is None else f"sliding {w}" for w in windows]
+    return ", ".join(f"{kinds.count(k)} x {k}" for k in dict.fromkeys(kinds))
+
+
 @app.command()
 @clean_errors
 def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: int = 1,
            gpu_memory_utilization: float = 0.9, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
            max_model_len: int | None = None, block_size: int = 16, max_num_batched_tokens: int = 8192,
            max_num_seqs: int = 256, gpu_file: list[Path] = GpuFiles,
+           disable_hybrid_kv_cache_manager: bool = typer.Option(
+               False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Plan GPU memory like vLLM at start-up: weights, activations, KV blocks, max concurrency."""
     cfg = EngineMemoryConfig(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                              max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-                             max_num_seqs=max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype)
+                             max_num_seqs=max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
+                             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
     plan = plan_memory(get_model(model), get_gpu(gpu, tuple(gpu_file)), Parallelism(tp, pp), cfg)
     if as_json:
         print_json(plan.as_dict())
@@ -141,7 +149,9 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
         ["usable", gb(plan.usable_bytes)], ["weights", gb(plan.weight_bytes)],
         ["activation peak", gb(plan.activation_bytes)], ["runtime reserve", gb(plan.reserve_bytes)],
         ["KV cache", gb(plan.kv_cache_bytes)], ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
-        ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens"], ["KV tokens", f"{plan.kv_cache_tokens:,}"],
+        ["KV cache groups", _groups_text(plan.kv_windows)],
+        ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens of one group"],
+        ["KV tokens", f"{plan.kv_cache_tokens:,}"],
         [f"max concurrency at {plan.max_model_len:,} tokens", f"{plan.max_concurrency:.2f}"]])
 
 

@@ -98,7 +98,8 @@ class Replica:
         Logs all but the last fused step, which the caller logs when it ends; returns its batch size too."""
         ff = self.fast_forward
         decoding = getattr(self.scheduler, "decode_stretch", None)
-        requests = decoding(plan) if ff is not None and decoding is not None else None
+        usable = ff is not None and decoding is not None and self.scheduler.kv.supports_fast_forward
+        requests = decoding(plan) if usable else None
         if not requests:
             return None
         requests, kv = list(requests), self.scheduler.kv

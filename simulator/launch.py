@@ -44,6 +44,8 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--quantization fp8")
     if e.queue_order == "priority":
         parts.append("--scheduling-policy priority")
+    if e.disable_hybrid_kv_cache_manager:
+        parts.append("--disable-hybrid-kv-cache-manager")
     return " ".join(parts)
 
 

@@ -26,10 +26,12 @@ import simpy
 
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
+from hardware.memory import MemoryPlan
 from hardware.model import get_model
 from hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
-from policies.catalog import kv_managers, orderings, routers, schedulers
+from policies.catalog import orderings, routers, schedulers
 from policies.config import EngineConfig
+from policies.hybrid_blocks import make_kv_manager
 from policies.spec_decode import Speculator
 from policies.step import TokenLog
 from simulator.engine import FastForward, Replica
@@ -74,6 +76,21 @@ class Stage:
         return self.link_latency_s + nbytes / self.link_bytes_per_s
 
 
+def _check_stage_cache(stage: str, e: EngineConfig, memory: MemoryPlan) -> None:
+    """vLLM-Omni refuses its stage-output cache, at KV-cache init, where it could not mirror one full-attention
+    block table of whole blocks: sliding-window (hybrid) KV, sub-block prefix matches, speculative stages."""
+    why = None
+    if any(w is not None for w in memory.kv_windows):
+        why = "the stage's model has sliding-window layers (hybrid KV cache groups)"
+    elif e.prefix_caching == "radix" and e.radix_page_size < e.block_size:
+        why = f"radix pages of {e.radix_page_size} tokens match prefixes smaller than a block ({e.block_size})"
+    elif e.speculative is not None:
+        why = "the stage decodes speculatively"
+    if why:
+        raise SpecError(f"stages[{stage!r}].cache_outputs: vLLM-Omni refuses the stage-output cache when {why}; "
+                        "set cache_outputs: false")
+
+
 def stage_scenario(s: Scenario, cfg: StageConfig) -> Scenario:
     """The scenario as one stage sees it: its model, GPU, parallelism and engine."""
     engine = EngineConfig.model_validate({**s.engine.model_dump(), **cfg.engine})
@@ -109,6 +126,8 @@ class Pipeline:
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
         tensors = tuple(StageTensor(t.name, t.dims or model.hidden_size, t.dtype) for t in cfg.outputs)
+        if cfg.cache_outputs and e.prefix_caching != "none":
+            _check_stage_cache(cfg.name, e, memory)
         cached = tensors if cfg.cache_outputs and e.prefix_caching != "none" else ()
         pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
         stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached), num_blocks * e.block_size // page_size,
@@ -117,10 +136,10 @@ class Pipeline:
         step_time = build_step_time(s, memory, timer)
         stop_s = self.scenario.stop.max_sim_time_s or math.inf
         fast = FastForward(timer, stage.tokens, self.env.peek, stop_s, False) if s.simulation.fast_forward else None
-        host_blocks = int(e.swap_space_gib * GIB // (memory.kv_bytes_per_token * e.block_size))
+        host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
         for number in range(first, first + cfg.replicas):
-            kv = kv_managers.get(e.prefix_caching)(stage.num_pages, page_size, e.watermark)
+            kv = make_kv_manager(e.prefix_caching, stage.num_pages, page_size, e.watermark, memory.kv_windows)
             scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks)
             if e.speculative is not None:
                 scheduler.speculator = Speculator(e.speculative, s.seed)

@@ -14,17 +14,18 @@ import simpy
 from hardware.cost import CostOptions
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
+from hardware.kv_groups import KVGroups
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
 from hardware.model import get_model
 from hardware.profile import load_profile
 from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
-from policies.catalog import kv_managers, orderings, routers, schedulers
+from policies.catalog import orderings, routers, schedulers
 from policies.config import EngineConfig
+from policies.hybrid_blocks import make_kv_manager
 from policies.spec_cost import draft_time, with_draft_memory
 from policies.spec_decode import Speculator
 from policies.step import StepPlan, TokenLog
-from policies.token_budget import max_blocks_of
 from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
 from simulator.engine import FastForward, Replica, StepTime
@@ -52,7 +53,8 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
     cfg = EngineMemoryConfig(gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
                              max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
                              max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
-                             allow_long_max_model_len=e.allow_long_max_model_len)
+                             allow_long_max_model_len=e.allow_long_max_model_len,
+                             disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager)
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
     par, model = s.parallelism.spec(), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
@@ -68,7 +70,7 @@ def build_timer(s: Scenario) -> StepTimer:
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTime:
     """The scenario's step-time function: the cost model's prediction plus PCIe time of swapped KV blocks."""
-    block_bytes = memory.kv_bytes_per_token * memory.block_size
+    block_bytes = memory.block_bytes
     pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
     drafting_s = draft_time(s.engine.speculative, timer)  # speculative decoding hook (policies/spec_cost.py)
 
@@ -83,7 +85,8 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTi
     return step_time
 
 
-def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, block_size: int) -> str | None:
+def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, block_size: int,
+              windows: tuple[int | None, ...] = (None,)) -> str | None:
     """Why an engine would refuse this request at arrival (as vLLM's API server does), or None."""
     total = req.num_prompt_tokens + req.num_output_tokens
     if total > max_model_len:
@@ -91,7 +94,8 @@ def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, bl
                 f"max_model_len ({max_model_len})")
     if req.prompt_logprobs and s.engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
-    need = max_blocks_of(req, block_size)
+    need = KVGroups(windows, 0).peak_blocks(req.num_prompt_tokens + req.num_output_tokens - 1, block_size,
+                                            s.engine.max_num_batched_tokens)
     if need > num_blocks:
         return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
     return None
@@ -183,13 +187,13 @@ class World:
         open_loop = s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
             else None
-        host_blocks = int(e.swap_space_gib * GIB // (memory.kv_bytes_per_token * e.block_size))
+        host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         # pipeline parallel: pp micro-batches in flight, simulated as pp engines (vLLM's virtual engines), each
         # with 1/pp of the KV and a step that is one full pass through every stage
         engines, pp = count * s.parallelism.pp, s.parallelism.pp
         pool = Pool(s, memory, num_blocks, page_size, num_pages // pp, timer, [])
         for i in range(first_index, first_index + engines):
-            kv = kv_managers.get(e.prefix_caching)(num_pages // pp, page_size, e.watermark)
+            kv = make_kv_manager(e.prefix_caching, num_pages // pp, page_size, e.watermark, memory.kv_windows)
             scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
             if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                 scheduler.speculator = Speculator(e.speculative, s.seed)
@@ -210,7 +214,8 @@ class World:
             self.env.process(self._answer_from_cache(req))
             return
         reason = next((why for pool in self.pools if (why := rejection(
-            req, pool.scenario, pool.memory.max_model_len, pool.num_pages, pool.page_size))), None)
+            req, pool.scenario, pool.memory.max_model_len, pool.num_pages, pool.page_size,
+            pool.memory.kv_windows))), None)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             self._finished(req)

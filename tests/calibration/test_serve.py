@@ -20,7 +20,9 @@ def requests(arrivals_s: list[float], prompts: list[int], outputs: list[int]) ->
 
 
 def engine(**overrides) -> EngineConfig:
-    base = dict(block_size=BLOCK_SIZE, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64)
+    # the executor keeps one block table for all layers: sliding layers keep their whole KV
+    base = dict(block_size=BLOCK_SIZE, max_num_seqs=4, max_num_batched_tokens=16, max_model_len=64,
+                disable_hybrid_kv_cache_manager=True)
     if "prefix_caching" in EngineConfig.model_fields:
         base["prefix_caching"] = "none"
     return EngineConfig(**base | overrides)
@@ -132,3 +134,9 @@ def test_prefix_hits_skip_the_cached_prefill_and_keep_the_tokens_exact(name):
     for req in reqs:
         prompt, out = result.tokens[req.id][:req.num_prompt_tokens], result.tokens[req.id][req.num_prompt_tokens:]
         assert out == greedy(ex, prompt, req.num_output_tokens), req.id
+
+
+def test_a_hybrid_pool_is_refused_for_a_model_with_sliding_layers():
+    ex = tiny_executor("gemma2")
+    with pytest.raises(ValueError, match="disable_hybrid_kv_cache_manager"):
+        serve(ex, requests([0.0], [8], [2]), engine(disable_hybrid_kv_cache_manager=False))

@@ -115,3 +115,20 @@ def test_servesim_simulate_runs_a_pipeline_scenario(tmp_path):
     memory = json.loads((tmp_path / "run" / "memory.json").read_text())
     assert [s["stage"] for s in memory["stages"]] == ["thinker", "talker", "codec"]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stage_codec_completed"] == 4
+
+
+@pytest.mark.parametrize("stage,reason", [
+    ({"name": "talker", "model": "gemma-2-9b", "cache_outputs": True, "engine": {"max_model_len": 8192}},
+     "sliding-window layers"),
+    ({"name": "talker", "cache_outputs": True, "engine": {"prefix_caching": "radix"}}, "radix pages of 1 tokens"),
+    ({"name": "talker", "cache_outputs": True,
+      "engine": {"speculative": {"method": "ngram", "k": 3, "acceptance": 0.5}}}, "decodes speculatively"),
+])
+def test_stage_output_cache_is_refused_where_vllm_omni_refuses_it(stage, reason):
+    """The seed's table: the cache mirrors one full-attention block table of whole blocks, so hybrid KV,
+    sub-block prefix matches and speculative stages refuse it at KV-cache init."""
+    from hardware.errors import SpecError
+    with pytest.raises(SpecError, match=rf"stages\['talker'\]\.cache_outputs: .*{reason}"):
+        run(pipeline(num_requests=2, stages=[{"name": "thinker"}, stage]))
+    allowed = {k: v for k, v in stage.items() if k != "cache_outputs"}
+    assert run(pipeline(num_requests=2, stages=[{"name": "thinker"}, allowed])).summary["completed"] == 2

@@ -120,6 +120,9 @@ def test_launch_commands_follow_the_engine_knobs():
     assert "--tensor-parallel-size 4" in vllm and "--no-enable-chunked-prefill" in vllm
     assert "--kv-cache-dtype fp8" in vllm and "--max-num-batched-tokens 16384" in vllm
     assert "--tp 4" in sglang and "--chunked-prefill-size -1" in sglang and "--kv-cache-dtype fp8_e4m3" in sglang
+    assert "--disable-hybrid-kv-cache-manager" not in vllm
+    whole = chat(engine={"disable_hybrid_kv_cache_manager": True})
+    assert "--disable-hybrid-kv-cache-manager" in vllm_command(whole, 16384)
 
 
 def test_the_plan_section_supplies_the_choices():

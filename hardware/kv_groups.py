@@ -1,0 +1,71 @@
+"""KV cache groups as vLLM v1's hybrid KV cache manager forms them, and the blocks a request holds in them.
+
+A model whose KV-owning layers mix full attention and sliding windows (Gemma 2/3, gpt-oss) gets one
+group per `layers_per_group` layers of one kind: layers are bucketed by window; the group size is the
+smallest bucket, or the largest when that is under 1.5x the smallest (fewer padded groups); a bucket
+of n layers makes cdiv(n, size) groups. A block holds `block_size` tokens of every layer of one group
+(`layers_per_group` KV tensors, shared by the groups), so one block's bytes are
+`block_size x layers_per_group x` one layer's KV per token. All groups draw blocks from one pool.
+
+A full-attention group holds cdiv(tokens, block_size) blocks. A sliding group frees, before each
+allocation, the blocks wholly before `computed - window + 1` (the first token the next chunk's
+queries can see). With `disable_hybrid_kv_cache_manager` (vLLM's flag) every layer is treated as
+full attention in one group: nothing is freed early.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from hardware.model import ModelSpec
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True, slots=True)
+class KVGroups:
+    """`windows`: one entry per group, None for full attention (full groups first). `layers_per_group`:
+    the KV-owning layers one block spans (the number of KV tensors)."""
+
+    windows: tuple[int | None, ...]
+    layers_per_group: int
+
+    @property
+    def sliding(self) -> bool:
+        """Whether any group frees out-of-window blocks (a pool the simple block formulas do not describe)."""
+        return any(w is not None for w in self.windows)
+
+    def blocks_held(self, computed: int, total: int, block_size: int) -> int:
+        """Blocks a request holds across all groups once it has KV for `total` tokens, after the blocks
+        before `computed - window + 1` were freed (computed = tokens done before the step)."""
+        full = cdiv(total, block_size)
+        return sum(full if w is None else full - skipped_blocks(computed, w, block_size) for w in self.windows)
+
+    def peak_blocks(self, total: int, block_size: int, max_chunk: int) -> int:
+        """The most blocks a request of `total` tokens can hold at once when steps add at most `max_chunk`
+        tokens (vLLM's max_memory_usage_bytes per group: a sliding one holds its window plus a chunk, +1)."""
+        full = cdiv(total, block_size)
+        return sum(full if w is None else min(full, cdiv(min(w - 1 + max_chunk, total), block_size) + 1)
+                   for w in self.windows)
+
+
+def skipped_blocks(computed: int, window: int, block_size: int) -> int:
+    """Leading blocks of a sliding group no query of the next step can see (vLLM's get_num_skipped_tokens)."""
+    return max(0, computed - window + 1) // block_size
+
+
+def kv_groups(model: ModelSpec, disable_hybrid: bool = False) -> KVGroups:
+    """The model's KV cache groups (see the module docstring)."""
+    owning = [layer for layer in model.layers if layer.owns_kv]
+    if disable_hybrid:
+        return KVGroups((None,), len(owning))
+    kinds = Counter(layer.window if layer.attention == "sliding" else None for layer in owning)
+    if len(kinds) == 1:
+        return KVGroups(tuple(kinds), len(owning))
+    smallest, largest = min(kinds.values()), max(kinds.values())
+    size = largest if largest < 1.5 * smallest else smallest
+    order = sorted(kinds, key=lambda w: (w is not None, w or 0))  # full attention first, then by window
+    return KVGroups(tuple(w for w in order for _ in range(cdiv(kinds[w], size))), size)

@@ -1,0 +1,53 @@
+"""vLLM's BlockPool for the prefix caches: reference-counted blocks and one queue of free ones.
+
+Allocation takes from the front; a block whose last user lets go joins the back *with its contents
+and hash*, so it can still be hit until it is taken again (least recently freed first). A
+referenced block is never in the queue, so it is never evicted. Mixed into a BlockManager ahead of
+it; the manager says how a block's hash is dropped (`_forget`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+
+class RefCountedPool:
+    def _init_pool(self, num_blocks: int) -> None:
+        self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._refs = [0] * num_blocks
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._free_queue)
+
+    def _forget(self, block: int) -> None:
+        """Drop `block`'s hash from the manager's cache (no-op for an unregistered block)."""
+        raise NotImplementedError
+
+    def _evictable_among(self, blocks: list[int]) -> int:
+        return sum(self._refs[b] == 0 for b in blocks)
+
+    def _touch(self, blocks: list[int]) -> None:
+        for block in blocks:
+            if self._refs[block] == 0:
+                del self._free_queue[block]
+            self._refs[block] += 1
+
+    def _pop_free(self) -> int:
+        block = self._free_queue.popitem(last=False)[0]
+        self._forget(block)  # evict: its contents are about to be overwritten
+        self._refs[block] = 1
+        return block
+
+    def _release(self, blocks: list[int]) -> None:
+        for block in blocks:
+            self._refs[block] -= 1
+            if self._refs[block] == 0:
+                self._free_queue[block] = None
+
+    def _check_refs(self, held: list[int]) -> None:
+        refs = [0] * len(self._refs)
+        for block in held:
+            refs[block] += 1
+        assert refs == self._refs, "reference counts disagree with the block tables"
+        assert set(self._free_queue) == {b for b, r in enumerate(refs) if r == 0}, "free queue != unreferenced blocks"

@@ -1,0 +1,61 @@
+"""KV cache groups (vLLM's hybrid KV cache manager) and the memory plan over them."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hardware.gpu import get_gpu
+from hardware.kv_groups import KVGroups, kv_groups, skipped_blocks
+from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.model import get_model, model_from_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "hardware" / "model_configs"
+
+
+def with_layer_types(full: int, sliding: int, window: int = 1024):
+    """Llama-3.1-8B's shapes with `full` full-attention and `sliding` sliding-window layers (HF layer_types)."""
+    raw = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
+    types = ["full_attention"] * full + ["sliding_attention"] * sliding
+    return model_from_config(raw | {"num_hidden_layers": full + sliding, "layer_types": types,
+                                    "sliding_window": window}, "mixed")
+
+
+def test_groups_of_the_catalog_models():
+    assert kv_groups(get_model("llama-3.1-8b")) == KVGroups((None,), 32)
+    assert kv_groups(get_model("mistral-7b")) == KVGroups((4096,), 32)  # all sliding: one group, freeing early
+    assert kv_groups(get_model("gemma-2-9b")) == KVGroups((None, 4096), 21)  # 21 + 21 alternating
+    assert kv_groups(get_model("gemma-3n-e2b")) == KVGroups((None, 512, 512, 512, 512), 4)  # 4 full + 16 sliding
+    assert kv_groups(get_model("gemma-2-9b"), disable_hybrid=True) == KVGroups((None,), 42)
+
+
+def test_group_size_is_the_smallest_kind_unless_the_largest_is_within_1_5x():
+    assert kv_groups(with_layer_types(10, 52)) == KVGroups((None,) + (1024,) * 6, 10)  # Gemma 3 27B: 8 padded
+    assert kv_groups(with_layer_types(10, 14)) == KVGroups((None, 1024), 14)  # 14 < 15: one padded full group
+
+
+def test_sliding_groups_free_the_blocks_no_query_can_see():
+    assert skipped_blocks(computed=20, window=8, block_size=4) == 3  # tokens 0-12 are out of sight: blocks 0-2
+    assert skipped_blocks(7, 8, 4) == 0
+    groups = KVGroups((None, 8), 21)
+    assert groups.blocks_held(computed=20, total=21, block_size=4) == 6 + (6 - 3)
+    assert groups.peak_blocks(total=100, block_size=4, max_chunk=4) == 25 + (-(-11 // 4) + 1)  # window + chunk, +1
+
+
+def test_gemma_2_pool_has_twice_the_blocks_of_half_the_layers():
+    """A block spans one group (21 layers), so the pool has twice the blocks; at full length a request holds
+    blocks in both groups, the sliding one only its window plus a chunk."""
+    gemma, gpu = get_model("gemma-2-9b"), get_gpu("h100-sxm")
+    cfg = EngineMemoryConfig(max_num_batched_tokens=2048)
+    hybrid = plan_memory(gemma, gpu, cfg=cfg)
+    whole = plan_memory(gemma, gpu, cfg=EngineMemoryConfig(max_num_batched_tokens=2048,
+                                                          disable_hybrid_kv_cache_manager=True))
+    assert hybrid.kv_windows == (None, 4096) and whole.kv_windows == (None,)
+    assert hybrid.block_bytes == pytest.approx(whole.block_bytes / 2)
+    assert hybrid.num_blocks in (2 * whole.num_blocks, 2 * whole.num_blocks + 1)
+    assert hybrid.kv_cache_tokens == pytest.approx(whole.kv_cache_tokens, abs=16)
+    full, sliding = 8192 // 16, -(-(4095 + 2048) // 16) + 1  # max_model_len 8192
+    assert hybrid.request_bytes_at_max_len == pytest.approx((full + sliding) * hybrid.block_bytes)
+    assert hybrid.max_concurrency == pytest.approx(hybrid.num_blocks / (full + sliding))
+    assert whole.max_concurrency == pytest.approx(whole.num_blocks / full)
+    assert hybrid.max_concurrency / whole.max_concurrency == pytest.approx(2 * full / (full + sliding), rel=1e-3)

@@ -1,0 +1,100 @@
+"""vLLM's hybrid KV cache manager: sliding groups free what no query can see, hits need the window cached."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hardware.kv_groups import KVGroups
+from policies.catalog import orderings, schedulers
+from policies.config import EngineConfig
+from policies.hybrid_blocks import HybridBlockManager, HybridPrefixCachingBlockManager, make_kv_manager
+from policies.step import TokenLog
+from tests.policies.test_prefix_caching import req, serve
+from workloads.request import Request
+
+WINDOWS = (None, 8)  # one full-attention group, one sliding group of 8 tokens
+BS = 4
+
+
+def scheduler(kind: str, num_blocks: int, budget: int = 64, max_num_seqs: int = 8, windows=WINDOWS):
+    cfg = EngineConfig(block_size=BS, prefix_caching=kind, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
+    kv = make_kv_manager(kind, num_blocks, BS, 0.0, windows)
+    return schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog())
+
+
+def test_a_prefill_chunk_needs_all_its_blocks_then_the_window_is_kept():
+    """20 tokens in one chunk: 5 blocks per group while they are computed; then the sliding group keeps only
+    the blocks tokens 13.. live in (13 = 20 - 8 + 1), and every decode adds a block per group each 4 tokens."""
+    sched = scheduler("none", num_blocks=32)
+    r = Request(0, 0.0, 20, 9)
+    sched.add(r, 0.0)
+    plan = sched.schedule(0.0)
+    assert list(plan.num_new) == [20] and len(sched.kv.table(r)) == 5 + 5
+    sched.commit(plan, 1.0)
+    assert len(sched.kv.table(r)) == 5 + 2  # blocks 0-2 of the sliding group freed
+    groups = KVGroups(WINDOWS, 1)
+    now = 1.0
+    while not r.is_done:
+        plan = sched.schedule(now)
+        now += 1.0
+        sched.commit(plan, now)
+        if not r.is_done:
+            c = r.num_computed_tokens
+            assert len(sched.kv.table(r)) == groups.blocks_held(c, c, BS)
+        sched.kv.check_invariants()
+    assert sched.kv.num_free_blocks == 32
+
+
+def test_fast_forward_is_off_for_hybrid_pools():
+    assert not HybridBlockManager(8, BS, windows=WINDOWS).supports_fast_forward
+    assert make_kv_manager("none", 8, BS, 0.0, (None,)).supports_fast_forward
+
+
+def test_a_hit_needs_the_blocks_before_it_cached_in_the_sliding_group():
+    """A (32 tokens) finishes; its sliding blocks 0-5 left the window early, so they sit at the front of the
+    free queue and a newcomer's 10 blocks evict them. B = A's prompt + more still hits all 32 tokens (the
+    sliding group needs only blocks 6-7 before position 8); B2 = A's first 16 tokens + more hits nothing,
+    though the full-attention group still has those blocks: the sliding group lacks blocks 2-3."""
+    sched = scheduler("vllm", num_blocks=20)
+    assert isinstance(sched.kv, HybridPrefixCachingBlockManager)
+    serve(sched, [req(0, [(1, 32)])])
+    serve(sched, [req(1, [(9, 20)])])  # 5 + 5 blocks: the 4 never used, then A's sliding blocks 0-5
+    b, b2 = req(2, [(1, 32), (2, 8)]), req(3, [(1, 16), (3, 8)])
+    assert sched.kv.lookup(b) == 32
+    assert sched.kv.lookup(b2) == 0
+    assert serve(sched, [b]) == {2: 8} and b.num_cached_tokens == 32
+    sched.kv.check_invariants()
+
+
+def test_radix_is_refused_with_sliding_layers():
+    import pytest
+
+    from hardware.errors import SpecError
+    with pytest.raises(SpecError, match="disable_hybrid_kv_cache_manager"):
+        make_kv_manager("radix", 16, 1, 0.0, WINDOWS)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prompts=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 12)), min_size=1, max_size=8),
+       kind=st.sampled_from(["none", "vllm"]), windows=st.sampled_from([(None, 8), (None, 5, 5), (6,)]),
+       budget=st.sampled_from([8, 16, 64]), spare=st.integers(0, 12))
+def test_every_request_finishes_and_holds_exactly_its_window(prompts, kind, windows, budget, spare):
+    """Random prompts (some sharing a segment) through a tight pool with chunked prefill: no block leaks, every
+    request finishes, and after each step a running request holds cdiv(c, bs) blocks per full group and
+    cdiv(c, bs) - skipped(c) per sliding group (c = its computed tokens)."""
+    groups = KVGroups(windows, 1)
+    requests = [Request(i, 0.0, p, o, ((seg, p),)) for i, (seg, p, o) in enumerate(prompts)]
+    need = max(groups.peak_blocks(r.num_prompt_tokens + r.num_output_tokens - 1, BS, budget) for r in requests)
+    sched = scheduler(kind, num_blocks=need + spare, budget=budget, max_num_seqs=4, windows=windows)
+    for r in requests:
+        sched.add(r, 0.0)
+    now, steps = 0.0, 0
+    while not all(r.is_done for r in requests):
+        plan = sched.schedule(now)
+        assert not plan.is_empty and steps < 5000
+        now, steps = now + 1.0, steps + 1
+        sched.commit(plan, now)
+        sched.kv.check_invariants()
+        for r in sched.running:
+            c = r.num_computed_tokens
+            assert len(sched.kv.table(r)) == groups.blocks_held(c, c, BS), (r.id, c)
+    assert sched.kv.num_free_blocks == sched.kv.num_blocks
