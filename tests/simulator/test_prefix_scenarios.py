@@ -79,7 +79,12 @@ def test_multi_turn_sessions_hit_their_previous_turns():
     df = result.requests
     assert result.summary["completed"] == 80
     later = df[df["request_id"] >= 20]  # turns 2..4 of the 20 sessions
-    assert (later["cached_tokens"] > 0).mean() > 0.9  # they reuse the previous turn, answer included
+    assert (later["cached_tokens"] > 0).all()
+    for _, turns in df.sort_values("arrival_s").groupby("session_id"):
+        rows = turns.to_dict("records")
+        for prev, cur in zip(rows, rows[1:]):  # the whole previous turn, answer included, in whole blocks: its
+            held = prev["prompt_tokens"] + prev["output_tokens"] - 1  # last token was never fed back
+            assert cur["cached_tokens"] == min(held, cur["prompt_tokens"] - 1) // 16 * 16
     assert df.groupby("session_id")["replica"].nunique().max() == 1  # affinity keeps a session together
     fast = run(s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": False})}))
     assert fast.requests.equals(result.requests)
