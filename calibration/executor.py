@@ -13,6 +13,11 @@ scheduled token (vLLM's logits indices) with metadata rebuilt by
 KV-sharing layers still compute the full fused QKV projection and drop K/V, as vLLM's Gemma 3n does
 (and as `hardware.cost` prices it).
 
+With `kv_windows` (a hybrid KV cache: hardware/kv_groups.py), each request brings one block table per
+KV cache group (`StepInput.group_tables`; blocks a sliding group freed are 0, vLLM's null block, and
+never read: attention gathers only from the first block its window can see); every layer writes and
+reads its KV through its group's table, layers assigned to groups as vLLM does (strided by kind).
+
 Defaults: float32 on CPU, bfloat16 on CUDA. The CPU path makes no CUDA calls.
 """
 
@@ -45,6 +50,7 @@ class StepInput:
     num_context: tuple[int, ...]
     block_tables: tuple[tuple[int, ...], ...]
     needs_logits: tuple[bool, ...]
+    group_tables: tuple[tuple[tuple[int, ...], ...], ...] = ()  # hybrid KV: per request, per group
 
     @property
     def num_new(self) -> list[int]:
@@ -68,8 +74,8 @@ class _Prepared:
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    slot_mapping: torch.Tensor  # [T]
-    meta: AttnMetadata
+    slot_mappings: list[torch.Tensor]  # per KV cache group: [T]
+    metas: list[AttnMetadata]  # per KV cache group
     logits_indices: torch.Tensor  # [R] last scheduled token of every request (host)
     sample_indices: torch.Tensor  # [num_logits] packed token index of each request needing logits (device)
 
@@ -79,8 +85,11 @@ class Executor:
 
     def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int = 16, device: str = "cpu",
                  dtype: torch.dtype | None = None, seed: int = 0, kv_sharing_fast_prefill: bool = False,
-                 rope_theta: float = 10000.0, max_gather_bytes: int | None = None):
+                 rope_theta: float = 10000.0, max_gather_bytes: int | None = None,
+                 kv_windows: tuple[int | None, ...] | None = None):
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
+        self.hybrid = kv_windows is not None
+        self.group_of = _layer_groups(spec, kv_windows or (None,))
         self.device = torch.device(device)
         if self.device.type == "cpu":
             keep_freed_memory()
@@ -105,23 +114,30 @@ class Executor:
         qsl = np.concatenate(([0], np.cumsum(num_new)))
         req_of_token = np.repeat(np.arange(len(num_new)), num_new)
         positions = np.arange(qsl[-1]) - qsl[:-1][req_of_token] + context[req_of_token]
-        width = max(max((len(t) for t in inp.block_tables), default=1), 1)
-        table = np.zeros((len(num_new), width), np.int64)
-        for r, blocks in enumerate(inp.block_tables):
-            table[r, :len(blocks)] = blocks
-        slots = table[req_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
-        dev = self.device
-        meta = AttnMetadata(torch.from_numpy(qsl), torch.from_numpy(context + num_new), table, self.block_size, dev,
-                            self.max_gather_tokens)
+        if self.hybrid != bool(inp.group_tables):
+            raise ValueError("a hybrid-KV executor takes group_tables, any other block_tables")
+        per_group = zip(*inp.group_tables) if inp.group_tables else [inp.block_tables]
+        dev, metas, slot_mappings = self.device, [], []
+        for tables in per_group:
+            width = max(max((len(t) for t in tables), default=1), 1)
+            table = np.zeros((len(num_new), width), np.int64)
+            for r, blocks in enumerate(tables):
+                table[r, :len(blocks)] = blocks
+            slots = table[req_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
+            slot_mappings.append(torch.from_numpy(slots).to(dev))
+            metas.append(AttnMetadata(torch.from_numpy(qsl), torch.from_numpy(context + num_new), table,
+                                      self.block_size, dev, self.max_gather_tokens))
         sample = (qsl[1:] - 1)[np.array(inp.needs_logits, bool)]
         ids = torch.tensor([t for chunk in inp.token_ids for t in chunk], dtype=torch.int64)
-        return _Prepared(ids.to(dev), torch.from_numpy(positions).to(dev), torch.from_numpy(slots).to(dev), meta,
+        return _Prepared(ids.to(dev), torch.from_numpy(positions).to(dev), slot_mappings, metas,
                          torch.from_numpy(qsl[1:] - 1), torch.from_numpy(sample).to(dev))
 
     # ---- forward -------------------------------------------------------------------------------
-    def _layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttnMetadata,
-               slots: torch.Tensor | None) -> torch.Tensor:
+    def _layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metas: list[AttnMetadata],
+               slot_mappings: list[torch.Tensor] | None) -> torch.Tensor:
         spec, layer, w = self.spec, self.spec.layers[i], self.weights.layers[i]
+        group = self.group_of[layer.kv_source]
+        meta, slots = metas[group], slot_mappings[group] if slot_mappings else None
         q_dim, kv_dim = spec.num_heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         h = rms_norm(x, w.norm_attn)
         qkv = h @ w.qkv if w.qkv_bias is None else torch.addmm(w.qkv_bias, h, w.qkv)
@@ -141,15 +157,16 @@ class Executor:
         """Logits [requests needing logits, vocab] (float32) of one step; writes the step's KV."""
         x = self.weights.embed[prep.input_ids]
         cos, sin = rope_cos_sin(prep.positions, self.spec.head_dim, self.rope_theta, self.dtype)
-        split = self.num_self_layers if self.fast_prefill and prep.meta.max_query_len > 1 else self.spec.num_layers
+        prefill = prep.metas[0].max_query_len > 1
+        split = self.num_self_layers if self.fast_prefill and prefill else self.spec.num_layers
         for i in range(split):
-            x = self._layer(i, x, cos, sin, prep.meta, prep.slot_mapping)
+            x = self._layer(i, x, cos, sin, prep.metas, prep.slot_mappings)
         if split < self.spec.num_layers:  # YOCO: cross-decoder layers on the logits tokens only
-            meta = make_kv_sharing_fast_prefill_metadata(prep.meta, prep.logits_indices)
+            metas = [make_kv_sharing_fast_prefill_metadata(m, prep.logits_indices) for m in prep.metas]
             rows = prep.logits_indices.to(self.device)
             y = x[rows]
             for i in range(split, self.spec.num_layers):
-                y = self._layer(i, y, cos[rows], sin[rows], meta, None)
+                y = self._layer(i, y, cos[rows], sin[rows], metas, None)
             x = x.index_copy(0, rows, y)
         h = rms_norm(x[prep.sample_indices], self.weights.norm_final)
         return (h @ self.weights.lm_head).float()
@@ -159,3 +176,19 @@ class Executor:
         with torch.inference_mode():
             logits = self.forward(self.prepare(inp))
             return logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
+
+
+def _layer_groups(spec: ModelSpec, windows: tuple[int | None, ...]) -> dict[int, int]:
+    """KV-owning layer index -> its KV cache group: the layers of one kind go round-robin over that kind's
+    groups (vLLM's strided assignment); `windows` lists the groups as hardware.kv_groups orders them."""
+    owning = [layer for layer in spec.layers if layer.owns_kv]
+    if len(windows) == 1:
+        return {layer.index: 0 for layer in owning}
+    out = {}
+    for window in dict.fromkeys(windows):
+        first = windows.index(window)
+        count = windows.count(window)
+        same = [layer for layer in owning if (layer.window if layer.attention == "sliding" else None) == window]
+        for k, layer in enumerate(same):
+            out[layer.index] = first + k % count
+    return out

@@ -33,6 +33,7 @@ from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, pr
 from calibration.validate import Validation, build_requests, compare, report_html, simulate_requests, trace_config
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
+from hardware.kv_groups import kv_groups
 from hardware.profile import load_profile
 from policies.config import EngineConfig
 from simulator.atomic import write_text_atomic
@@ -68,10 +69,14 @@ def _torch_setup(setup: Setup):
     return torch
 
 
-def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
+def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False, hybrid: bool = False):
+    """The executor of `setup`'s model; `hybrid`: one block table per KV cache group, as a served engine
+    (sliding-window models) has them."""
     from calibration.executor import Executor
-    return Executor(row_model(setup.model, setup.scale_json), num_blocks, setup.block_size, setup.device,
-                    seed=setup.seed, kv_sharing_fast_prefill=fast_prefill)
+    spec = row_model(setup.model, setup.scale_json)
+    groups = kv_groups(spec)
+    return Executor(spec, num_blocks, setup.block_size, setup.device, seed=setup.seed,
+                    kv_sharing_fast_prefill=fast_prefill, kv_windows=groups.windows if hybrid and groups.sliding else None)
 
 
 def half_depth(setup: Setup) -> Setup | None:
@@ -187,12 +192,12 @@ class TraceSpec:
 
 def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
     """vLLM's scheduler with chunked prefill and (by default) automatic prefix caching over the executor's
-    pool; the served run and the simulated one use the same settings. The executor keeps one block table
-    for all layers, so sliding-window layers keep their whole KV (vLLM's disable_hybrid_kv_cache_manager)."""
+    pool; the served run and the simulated one use the same settings, sliding-window layers included (vLLM's
+    hybrid KV cache manager)."""
     return EngineConfig(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
                         enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
                         num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill,
-                        prefix_caching=trace.prefix_caching, disable_hybrid_kv_cache_manager=True)
+                        prefix_caching=trace.prefix_caching)
 
 
 def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path) -> float:
@@ -214,7 +219,7 @@ def serve_calibration_trace(setup: Setup, profile: Path, folder: Path) -> pd.Dat
     from calibration.serve import serve
     rate = CALIBRATION_TRACE.load * saturation_rate(setup, CALIBRATION_TRACE, profile, folder)
     workload = CALIBRATION_TRACE.workload(rate)
-    ex = make_executor(setup, CALIBRATION_TRACE.num_blocks)
+    ex = make_executor(setup, CALIBRATION_TRACE.num_blocks, hybrid=True)
     served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, CALIBRATION_TRACE), setup.seed)
     return served.steps
 
@@ -250,7 +255,7 @@ def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | Non
     rate = trace.load * saturation_rate(setup, trace, profile, out)
     workload = trace.workload(rate)
     engine = _engine(setup, trace)
-    ex = make_executor(setup, trace.num_blocks, trace.fast_prefill)
+    ex = make_executor(setup, trace.num_blocks, trace.fast_prefill, hybrid=True)
     measured = serve(ex, build_requests(workload, setup.seed), engine, setup.seed)
     simulated = simulate_requests(ex.spec, build_requests(workload, setup.seed), engine, workload, setup.gpu,
                                   [Path(p) for p in setup.gpu_files], profile, out)

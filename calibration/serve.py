@@ -21,7 +21,8 @@ Prompt token ids follow the simulator's token identity (policies/token_ids.py): 
 run (segment, n) is `token_id(segment, k)`, a stable 64-bit mix of the two ints reduced into the vocab,
 so requests whose prompts share leading runs (a shared prefix) get identical ids there, and the KV a
 prefix-cache hit reuses is truly the KV of those tokens. The KV manager is the engine's
-(`policies.catalog.kv_managers`, `engine.prefix_caching`), as in `simulator.run`: when the scheduler
+(`policies.hybrid_blocks.make_kv_manager`: `engine.prefix_caching`, over KV cache groups for sliding-window
+models, whose executor then takes one block table per group), as in `simulator.run`: when the scheduler
 admits a request with a hit, its `num_computed_tokens` (the step's context) already counts the cached
 blocks at the head of its block table, so the executor prefills only the tail over them. Generated
 tokens are sampled greedily and so are not the identity's ids; they never matter for sharing, since a
@@ -43,8 +44,9 @@ import pandas as pd
 
 from calibration.executor import Executor, StepInput
 from hardware.kv_groups import kv_groups
-from policies.catalog import kv_managers, orderings, schedulers
+from policies.catalog import orderings, schedulers
 from policies.config import EngineConfig
+from policies.hybrid_blocks import HybridBlockManager, make_kv_manager
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
 from policies.token_budget import max_blocks_of
@@ -110,6 +112,8 @@ def _reject_reason(req: Request, engine: EngineConfig, num_blocks: int) -> str |
 
 def _step_input(plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager) -> StepInput:
     ids = tuple(tuple(tokens[r.id][c:c + n]) for r, n, c in zip(plan.requests, plan.num_new, plan.num_context))
+    if isinstance(kv, HybridBlockManager):
+        return StepInput(ids, plan.num_context, (), plan.samples, tuple(kv.group_tables(r) for r in plan.requests))
     return StepInput(ids, plan.num_context, tuple(tuple(kv.table(r)) for r in plan.requests), plan.samples)
 
 
@@ -150,10 +154,11 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
     if engine.prefix_caching == "radix":
         raise ValueError("serve() runs on the paged block pool: engine.prefix_caching must be 'none' or 'vllm'")
-    if kv_groups(ex.spec, engine.disable_hybrid_kv_cache_manager).sliding:
-        raise ValueError("serve() keeps one block table for all layers: set engine.disable_hybrid_kv_cache_manager "
-                         "for a model with sliding-window layers")
-    kv = kv_managers.get(engine.prefix_caching)(ex.num_blocks, engine.block_size, engine.watermark)
+    groups = kv_groups(ex.spec, engine.disable_hybrid_kv_cache_manager)
+    if groups.sliding != ex.hybrid:
+        raise ValueError(f"engine.disable_hybrid_kv_cache_manager={engine.disable_hybrid_kv_cache_manager} needs an "
+                         f"executor {'with' if groups.sliding else 'without'} kv_windows for {ex.spec.name}")
+    kv = make_kv_manager(engine.prefix_caching, ex.num_blocks, engine.block_size, engine.watermark, groups.windows)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
     pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))

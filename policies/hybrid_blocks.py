@@ -44,6 +44,11 @@ class HybridBlockManager(BlockManager):
         groups = self._groups.get(req.id)
         return [b for blocks in groups for b in blocks if b is not None] if groups else []
 
+    def group_tables(self, req: Request) -> tuple[tuple[int, ...], ...]:
+        """Per group, `req`'s table by token block, freed entries as 0 (vLLM's null block; never read)."""
+        groups = self._groups.get(req.id) or [[] for _ in self.windows]
+        return tuple(tuple(0 if b is None else b for b in blocks) for blocks in groups)
+
     def _start(self, window: int | None, computed: int) -> int:
         return 0 if window is None else skipped_blocks(computed, window, self.block_size)
 

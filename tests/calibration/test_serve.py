@@ -140,3 +140,30 @@ def test_a_hybrid_pool_is_refused_for_a_model_with_sliding_layers():
     ex = tiny_executor("gemma2")
     with pytest.raises(ValueError, match="disable_hybrid_kv_cache_manager"):
         serve(ex, requests([0.0], [8], [2]), engine(disable_hybrid_kv_cache_manager=False))
+
+
+@pytest.mark.parametrize("name,prefix_caching", [("gemma2", "none"), ("gemma2", "vllm"), ("gemma3n", "vllm")])
+def test_a_hybrid_pool_frees_out_of_window_blocks_and_the_tokens_stay_exact(name, prefix_caching):
+    """Sliding groups give blocks back as requests move past their window, and other requests overwrite them
+    at once in a tight pool. Had one been freed while a query could still see it, the greedy tokens would
+    leave the reference's; they do not."""
+    from calibration.executor import Executor
+    from hardware.kv_groups import kv_groups
+    from tests.calibration.conftest import tiny_spec
+    spec = tiny_spec(name)
+    windows = kv_groups(spec).windows
+    ex = Executor(spec, 24, BLOCK_SIZE, "cpu", seed=1, kv_sharing_fast_prefill=name == "gemma3n",
+                  kv_windows=windows)
+    shared = (5, 12)
+    reqs = [Request(id=i, arrival_s=0.002 * i, num_prompt_tokens=12 + n, num_output_tokens=10,
+                    prompt_segments=(shared, (-1 - i, n))) for i, n in enumerate((6, 9, 3, 7, 5))]
+    result = serve(ex, reqs, engine(prefix_caching=prefix_caching, disable_hybrid_kv_cache_manager=False))
+    for req in reqs:
+        prompt, out = result.tokens[req.id][:req.num_prompt_tokens], result.tokens[req.id][req.num_prompt_tokens:]
+        assert out == greedy(ex, prompt, req.num_output_tokens), req.id
+    if prefix_caching == "none":  # some step ran requests whose whole tables would not fit in the pool at all
+        whole = [len(windows) * sum(-(-(c + n) // BLOCK_SIZE) for c, n in zip(json.loads(ctx), json.loads(new)))
+                 for ctx, new in zip(result.steps["num_context"], result.steps["num_new"])]
+        assert max(whole) > ex.num_blocks
+    if prefix_caching == "vllm":
+        assert result.summary["prefix_cache_hit_rate"] > 0
