@@ -43,13 +43,12 @@ import numpy as np
 import pandas as pd
 
 from calibration.executor import Executor, StepInput
-from hardware.kv_groups import kv_groups
+from hardware.kv_groups import KVGroups, kv_groups
 from policies.catalog import orderings, schedulers
 from policies.config import EngineConfig
 from policies.hybrid_blocks import HybridBlockManager, make_kv_manager
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
-from policies.token_budget import max_blocks_of
 from simulator.metrics import request_frame, summarize
 from workloads.request import Phase, Request
 
@@ -101,12 +100,13 @@ def prompt_token_ids(req: Request, vocab: int, seed: int = 0) -> list[int]:
     return out
 
 
-def _reject_reason(req: Request, engine: EngineConfig, num_blocks: int) -> str | None:
+def _reject_reason(req: Request, engine: EngineConfig, num_blocks: int, groups: KVGroups) -> str | None:
     total = req.num_prompt_tokens + req.num_output_tokens
     if engine.max_model_len is not None and total > engine.max_model_len:
         return f"prompt + output tokens ({total}) exceed max_model_len ({engine.max_model_len})"
-    if max_blocks_of(req, engine.block_size) > num_blocks:
-        return f"needs {max_blocks_of(req, engine.block_size)} KV blocks at full length; the pool has {num_blocks}"
+    need = groups.most_blocks(total - 1, engine.block_size, engine.max_num_batched_tokens)
+    if need > num_blocks:
+        return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
     return None
 
 
@@ -198,7 +198,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
 
 def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, tokens: dict[int, list[int]], now: float,
             seed: int) -> None:
-    reason = _reject_reason(req, engine, ex.num_blocks)
+    reason = _reject_reason(req, engine, ex.num_blocks, kv_groups(ex.spec, engine.disable_hybrid_kv_cache_manager))
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return

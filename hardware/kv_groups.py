@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from hardware.model import ModelSpec
 
 
@@ -49,6 +51,18 @@ class KVGroups:
         tokens (vLLM's max_memory_usage_bytes per group: a sliding one holds its window plus a chunk, +1)."""
         full = cdiv(total, block_size)
         return sum(full if w is None else min(full, cdiv(min(w - 1 + max_chunk, total), block_size) + 1)
+                   for w in self.windows)
+
+
+    def most_blocks(self, total: int, block_size: int, max_chunk: int) -> int:
+        """The most blocks a request of `total` tokens can need at once, whatever its chunks (each at most
+        `max_chunk` tokens): a sliding group at a step from c tokens holds cdiv(min(c + chunk, total)) -
+        skipped(c) blocks, maximised over every c. Tighter than `peak_blocks` (vLLM's start-up bound);
+        a request needing more than the pool could stall, so engines reject it."""
+        full = cdiv(total, block_size)
+        c = np.arange(max(total, 1))
+        reach = -(-np.minimum(c + max_chunk, total) // block_size)
+        return sum(full if w is None else int((reach - np.maximum(0, c - w + 1) // block_size).max())
                    for w in self.windows)
 
 

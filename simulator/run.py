@@ -94,7 +94,7 @@ def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, bl
                 f"max_model_len ({max_model_len})")
     if req.prompt_logprobs and s.engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
-    need = KVGroups(windows, 0).peak_blocks(req.num_prompt_tokens + req.num_output_tokens - 1, block_size,
+    need = KVGroups(windows, 0).most_blocks(req.num_prompt_tokens + req.num_output_tokens - 1, block_size,
                                             s.engine.max_num_batched_tokens)
     if need > num_blocks:
         return f"needs {need} KV blocks at full length; the pool has {num_blocks}"

@@ -142,8 +142,9 @@ def test_a_hybrid_pool_is_refused_for_a_model_with_sliding_layers():
         serve(ex, requests([0.0], [8], [2]), engine(disable_hybrid_kv_cache_manager=False))
 
 
-@pytest.mark.parametrize("name,prefix_caching", [("gemma2", "none"), ("gemma2", "vllm"), ("gemma3n", "vllm")])
-def test_a_hybrid_pool_frees_out_of_window_blocks_and_the_tokens_stay_exact(name, prefix_caching):
+@pytest.mark.parametrize("name,prefix_caching,num_blocks", [("gemma2", "none", 24), ("gemma2", "vllm", 24),
+                                                            ("gemma3n", "vllm", 36)])  # 2 and 4 KV cache groups
+def test_a_hybrid_pool_frees_out_of_window_blocks_and_the_tokens_stay_exact(name, prefix_caching, num_blocks):
     """Sliding groups give blocks back as requests move past their window, and other requests overwrite them
     at once in a tight pool. Had one been freed while a query could still see it, the greedy tokens would
     leave the reference's; they do not."""
@@ -152,12 +153,13 @@ def test_a_hybrid_pool_frees_out_of_window_blocks_and_the_tokens_stay_exact(name
     from tests.calibration.conftest import tiny_spec
     spec = tiny_spec(name)
     windows = kv_groups(spec).windows
-    ex = Executor(spec, 24, BLOCK_SIZE, "cpu", seed=1, kv_sharing_fast_prefill=name == "gemma3n",
+    ex = Executor(spec, num_blocks, BLOCK_SIZE, "cpu", seed=1, kv_sharing_fast_prefill=name == "gemma3n",
                   kv_windows=windows)
     shared = (5, 12)
     reqs = [Request(id=i, arrival_s=0.002 * i, num_prompt_tokens=12 + n, num_output_tokens=10,
                     prompt_segments=(shared, (-1 - i, n))) for i, n in enumerate((6, 9, 3, 7, 5))]
     result = serve(ex, reqs, engine(prefix_caching=prefix_caching, disable_hybrid_kv_cache_manager=False))
+    assert result.requests["reject_reason"].isna().all()
     for req in reqs:
         prompt, out = result.tokens[req.id][:req.num_prompt_tokens], result.tokens[req.id][req.num_prompt_tokens:]
         assert out == greedy(ex, prompt, req.num_output_tokens), req.id

@@ -42,6 +42,16 @@ def test_sliding_groups_free_the_blocks_no_query_can_see():
     assert groups.peak_blocks(total=100, block_size=4, max_chunk=4) == 25 + (-(-11 // 4) + 1)  # window + chunk, +1
 
 
+def test_the_most_blocks_a_request_can_need_is_maximised_over_where_its_chunks_start():
+    groups = KVGroups((None, 8), 1)
+    # 27 tokens, chunks of up to 16: a chunk from token 9 reaches 25 (7 blocks) before anything slid out
+    assert groups.most_blocks(total=27, block_size=4, max_chunk=16) == 7 + 7
+    # one token at a time: at most 3 blocks are live in the sliding group (e.g. tokens 4-10 at c = 10)
+    assert groups.most_blocks(total=27, block_size=4, max_chunk=1) == 7 + 3
+    assert KVGroups((None,), 1).most_blocks(27, 4, 16) == 7
+    assert groups.most_blocks(27, 4, 16) <= groups.peak_blocks(27, 4, 16)  # vLLM's start-up bound is looser
+
+
 def test_gemma_2_pool_has_twice_the_blocks_of_half_the_layers():
     """A block spans one group (21 layers), so the pool has twice the blocks; at full length a request holds
     blocks in both groups, the sliding one only its window plus a chunk."""
