@@ -34,6 +34,7 @@ from calibration.device import keep_freed_memory
 from calibration.weights import apply_rope, init_weights, mlp, moe, rms_norm, rope_cos_sin
 from hardware.batch import StepBatch
 from hardware.cost import fast_prefill_layers
+from hardware.kv_groups import KVGroups, group_of_layers
 from hardware.model import ModelSpec
 
 #: Largest K (or V) gather of one decode chunk. CPU: small enough to stay in L2/L3 for the matmuls that
@@ -89,7 +90,7 @@ class Executor:
                  kv_windows: tuple[int | None, ...] | None = None):
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.hybrid = kv_windows is not None
-        self.group_of = _layer_groups(spec, kv_windows or (None,))
+        self.group_of = group_of_layers(spec, KVGroups(kv_windows or (None,), 0))
         self.device = torch.device(device)
         if self.device.type == "cpu":
             keep_freed_memory()
@@ -177,18 +178,3 @@ class Executor:
             logits = self.forward(self.prepare(inp))
             return logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
 
-
-def _layer_groups(spec: ModelSpec, windows: tuple[int | None, ...]) -> dict[int, int]:
-    """KV-owning layer index -> its KV cache group: the layers of one kind go round-robin over that kind's
-    groups (vLLM's strided assignment); `windows` lists the groups as hardware.kv_groups orders them."""
-    owning = [layer for layer in spec.layers if layer.owns_kv]
-    if len(windows) == 1:
-        return {layer.index: 0 for layer in owning}
-    out = {}
-    for window in dict.fromkeys(windows):
-        first = windows.index(window)
-        count = windows.count(window)
-        same = [layer for layer in owning if (layer.window if layer.attention == "sliding" else None) == window]
-        for k, layer in enumerate(same):
-            out[layer.index] = first + k % count
-    return out

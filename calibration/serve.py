@@ -171,7 +171,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
         while True:
             now = time.perf_counter() - start
             while pending and pending[0].arrival_s <= now:
-                _arrive(pending.popleft(), sched, engine, ex, tokens, now, seed)
+                _arrive(pending.popleft(), sched, engine, ex, groups, tokens, now, seed)
             plan = sched.schedule(now)
             if plan.is_empty:
                 if not pending:
@@ -196,9 +196,10 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     return ServeResult(frame, step_frame, summary, tokens, steps.first_hits)
 
 
-def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, tokens: dict[int, list[int]], now: float,
+def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, groups: KVGroups, tokens: dict[int, list[int]],
+            now: float,
             seed: int) -> None:
-    reason = _reject_reason(req, engine, ex.num_blocks, kv_groups(ex.spec, engine.disable_hybrid_kv_cache_manager))
+    reason = _reject_reason(req, engine, ex.num_blocks, groups)
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return

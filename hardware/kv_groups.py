@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware.model import ModelSpec
+from hardware.model import LayerSpec, ModelSpec
 
 
 def cdiv(a: int, b: int) -> int:
@@ -53,7 +53,6 @@ class KVGroups:
         return sum(full if w is None else min(full, cdiv(min(w - 1 + max_chunk, total), block_size) + 1)
                    for w in self.windows)
 
-
     def most_blocks(self, total: int, block_size: int, max_chunk: int) -> int:
         """The most blocks a request of `total` tokens can need at once, whatever its chunks (each at most
         `max_chunk` tokens): a sliding group at a step from c tokens holds cdiv(min(c + chunk, total)) -
@@ -71,15 +70,34 @@ def skipped_blocks(computed: int, window: int, block_size: int) -> int:
     return max(0, computed - window + 1) // block_size
 
 
+def _kind(layer: LayerSpec) -> int | None:
+    """The bucket a KV-owning layer goes in: its sliding window, None for full attention."""
+    return layer.window if layer.attention == "sliding" else None
+
+
 def kv_groups(model: ModelSpec, disable_hybrid: bool = False) -> KVGroups:
     """The model's KV cache groups (see the module docstring)."""
     owning = [layer for layer in model.layers if layer.owns_kv]
     if disable_hybrid:
         return KVGroups((None,), len(owning))
-    kinds = Counter(layer.window if layer.attention == "sliding" else None for layer in owning)
+    kinds = Counter(_kind(layer) for layer in owning)
     if len(kinds) == 1:
         return KVGroups(tuple(kinds), len(owning))
     smallest, largest = min(kinds.values()), max(kinds.values())
     size = largest if largest < 1.5 * smallest else smallest
     order = sorted(kinds, key=lambda w: (w is not None, w or 0))  # full attention first, then by window
     return KVGroups(tuple(w for w in order for _ in range(cdiv(kinds[w], size))), size)
+
+
+def group_of_layers(model: ModelSpec, groups: KVGroups) -> dict[int, int]:
+    """KV-owning layer index -> its group in `groups`: the layers of one kind go round-robin over that
+    kind's groups (vLLM's strided assignment, group i = layers[i::count])."""
+    owning = [layer for layer in model.layers if layer.owns_kv]
+    if len(groups.windows) == 1:
+        return {layer.index: 0 for layer in owning}
+    out = {}
+    for window in dict.fromkeys(groups.windows):
+        first, count = groups.windows.index(window), groups.windows.count(window)
+        for k, layer in enumerate(layer for layer in owning if _kind(layer) == window):
+            out[layer.index] = first + k % count
+    return out

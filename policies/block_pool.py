@@ -8,10 +8,11 @@ it; the manager says how a block's hash is dropped (`_forget`).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 
 
-class RefCountedPool:
+class RefCountedPool(ABC):
     def _init_pool(self, num_blocks: int) -> None:
         self._free_queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._refs = [0] * num_blocks
@@ -20,9 +21,9 @@ class RefCountedPool:
     def num_free_blocks(self) -> int:
         return len(self._free_queue)
 
+    @abstractmethod
     def _forget(self, block: int) -> None:
         """Drop `block`'s hash from the manager's cache (no-op for an unregistered block)."""
-        raise NotImplementedError
 
     def _evictable_among(self, blocks: list[int]) -> int:
         return sum(self._refs[b] == 0 for b in blocks)

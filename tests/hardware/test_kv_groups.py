@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from hardware.gpu import get_gpu
-from hardware.kv_groups import KVGroups, kv_groups, skipped_blocks
+from hardware.kv_groups import KVGroups, group_of_layers, kv_groups, skipped_blocks
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import get_model, model_from_config
 
@@ -69,3 +69,13 @@ def test_gemma_2_pool_has_twice_the_blocks_of_half_the_layers():
     assert hybrid.max_concurrency == pytest.approx(hybrid.num_blocks / (full + sliding))
     assert whole.max_concurrency == pytest.approx(whole.num_blocks / full)
     assert hybrid.max_concurrency / whole.max_concurrency == pytest.approx(2 * full / (full + sliding), rel=1e-3)
+
+
+def test_layers_go_round_robin_over_the_groups_of_their_kind():
+    gemma = get_model("gemma-2-9b")  # sliding on even layers, full on odd ones
+    assert group_of_layers(gemma, kv_groups(gemma)) == {i: 1 if i % 2 == 0 else 0 for i in range(42)}
+    mixed = with_layer_types(10, 52)  # layers 0-9 full, 10-61 sliding over groups 1-6
+    of = group_of_layers(mixed, kv_groups(mixed))
+    assert {of[i] for i in range(10)} == {0}
+    assert [of[i] for i in range(10, 17)] == [1, 2, 3, 4, 5, 6, 1]
+    assert sorted(list(of.values()).count(g) for g in range(1, 7)) == [8, 8, 9, 9, 9, 9]  # 52 over 6 groups
