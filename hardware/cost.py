@@ -22,13 +22,14 @@ import numpy as np
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
-from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_BYTES, LayerSpec, ModelSpec, dtype_bytes,
-                            kv_heads_per_rank)
+from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, dtype_bytes,
+                            kv_heads_per_rank, resolve_weight_dtype, weight_bytes)
 from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
-GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "bf16"}
+#: The tensor-core dtype a weight dtype's GEMMs run in (weight-only int4 and mxfp4 dequantize to bf16 in the kernel).
+GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "bf16", "mxfp4": "bf16"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,12 +62,13 @@ class Parallelism:
 class CostOptions:
     """Execution settings that change what a step moves or skips."""
 
-    weight_dtype: str = "bf16"
+    weight_dtype: str = "auto"  # the checkpoint's own (hardware.model.resolve_weight_dtype), or a dtype
     kv_dtype: str = "bf16"
     kv_sharing_fast_prefill: bool = False
 
     def __post_init__(self) -> None:
-        dtype_bytes(WEIGHT_DTYPE_BYTES, self.weight_dtype, "weight")
+        if self.weight_dtype not in WEIGHT_DTYPE_CHOICES:
+            raise SpecError(f"unknown weight dtype {self.weight_dtype!r}; allowed: {', '.join(WEIGHT_DTYPE_CHOICES)}")
         dtype_bytes(KV_DTYPE_BYTES, self.kv_dtype, "KV")
 
 
@@ -250,14 +252,13 @@ class _Ctx:
     opts: CostOptions
     profile: Profile
     tokens: float  # token rows the operators priced with this context process: the efficiency curves' argument
+    weight_dtype: str  # resolved (never "auto")
+    wbytes: float  # bytes per weight of attention, dense MLP and extras
+    expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
         return self if tokens == self.tokens else dataclasses.replace(self, tokens=tokens)
-
-    @property
-    def wbytes(self) -> float:
-        return WEIGHT_DTYPE_BYTES[self.opts.weight_dtype]
 
     @property
     def kvbytes(self) -> float:
@@ -265,7 +266,7 @@ class _Ctx:
 
     def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None) -> tuple[float, float]:
         """(compute seconds, memory seconds) of a GEMM at the profile's efficiencies."""
-        peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.opts.weight_dtype])
+        peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.weight_dtype])
         return (flops / (peak * self.profile.gemm_compute.at(self.tokens)),
                 nbytes / (self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.tokens)))
 
@@ -405,7 +406,7 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         expert = m.expert_params() / tp
         touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens) + moe.num_shared_experts
         flops = 2 * tokens * (moe.experts_per_token + moe.num_shared_experts) * expert + 2 * tokens * h * moe.num_experts
-        nbytes = touched * expert * ctx.wbytes + h * moe.num_experts * ACT_BYTES + 2 * tokens * h * ACT_BYTES
+        nbytes = touched * expert * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES + 2 * tokens * h * ACT_BYTES
         acc.add(ctx, "moe", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     else:
         params = m.dense_mlp_params(group.mlp_intermediate) / tp
@@ -516,7 +517,9 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
              options: CostOptions) -> _Ctx:
     if model.num_layers % parallelism.pp:
         raise SpecError(f"pipeline parallel size {parallelism.pp} must divide the {model.num_layers} layers")
-    return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)))
+    dtype = resolve_weight_dtype(model, options.weight_dtype)
+    return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)), dtype,
+                *weight_bytes(model, dtype))
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
@@ -605,4 +608,5 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
                  + profile.request_overhead_s * batch.num_requests
                  + profile.host_step_s + profile.host_request_s * batch.num_requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
-    return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[options.weight_dtype]))
+    dtype = resolve_weight_dtype(model, options.weight_dtype)
+    return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[dtype]))

@@ -25,7 +25,7 @@ from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
 from hardware.kv_groups import kv_groups
-from hardware.model import WEIGHT_DTYPE_BYTES, ModelSpec, dtype_bytes
+from hardware.model import LayerSpec, ModelSpec, resolve_weight_dtype, weight_bytes
 
 GIB = 1 << 30
 DEFAULT_RUNTIME_RESERVE_BYTES = 2 * GIB
@@ -41,7 +41,7 @@ class EngineMemoryConfig:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     kv_dtype: str = "bf16"
-    weight_dtype: str = "bf16"
+    weight_dtype: str = "auto"  # the checkpoint's own (hardware.model.resolve_weight_dtype)
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
     disable_hybrid_kv_cache_manager: bool = False  # vLLM's flag: one group, sliding layers kept whole
@@ -70,16 +70,25 @@ class MemoryPlan:
     max_concurrency: float  # max_model_len requests that fit at once
     block_bytes: float = 0.0  # one block on one GPU: block_size tokens of the layers it spans
     kv_windows: tuple[int | None, ...] = (None,)  # per KV cache group: its sliding window, None = full
+    weight_dtype: str = "bf16"  # the weights as served (`auto` resolved to the checkpoint's dtype)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
+def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) -> float:
+    """One whole layer's weights; under an expert-only dtype (mxfp4) only its experts are quantized."""
+    wbytes, expert_wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))
+    experts = model.layer_expert_params(layer)
+    return (model.layer_params(layer) - experts) * wbytes + experts * expert_wbytes
+
+
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
-    """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings and LM head stay bf16."""
-    wbytes = dtype_bytes(WEIGHT_DTYPE_BYTES, weight_dtype, "weight")
+    """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings and LM head stay bf16.
+    `auto`: the checkpoint's dtype."""
+    wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))[0]
     stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
-    layers = sum(model.layer_params(layer) for layer in stage_layers) * wbytes
+    layers = sum(layer_weight_bytes(model, layer, weight_dtype) for layer in stage_layers)
     if par.dp_attention:  # every GPU keeps the whole attention: (tp - 1) more copies of it per group
         layers += len(stage_layers) * model.attention_params() * wbytes * (par.tp - 1)
     embed = (model.embedding_params + model.lookup_params) * ACT_BYTES + model.extra_linear_params * wbytes
@@ -136,7 +145,8 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"({model.max_position_embeddings}); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: "
             "lower it, or set engine.allow_long_max_model_len: true")
     usable = cfg.gpu_memory_utilization * gpu.memory_bytes
-    weights = weight_bytes_per_gpu(model, par, cfg.weight_dtype)
+    weight_dtype = resolve_weight_dtype(model, cfg.weight_dtype)
+    weights = weight_bytes_per_gpu(model, par, weight_dtype)
     act = activation_bytes(model, par, cfg)
     kv_cache = usable - weights - act - cfg.runtime_reserve_bytes
     if kv_cache <= 0:
@@ -166,4 +176,4 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size, max_model_len=max_len,
         request_bytes_at_max_len=per_request,
         max_concurrency=num_blocks * block_bytes / per_request * (par.tp if par.dp_attention else 1),
-        block_bytes=block_bytes, kv_windows=groups.windows)
+        block_bytes=block_bytes, kv_windows=groups.windows, weight_dtype=weight_dtype)

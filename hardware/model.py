@@ -17,9 +17,14 @@ from hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
 
-#: Bytes per stored value for KV-cache and weight dtypes. int4 is weight-only with one fp16 scale per 128 weights.
+#: Bytes per stored value for KV-cache and weight dtypes. int4 is weight-only with one fp16 scale per 128 weights;
+#: mxfp4 (OCP microscaling) is a 4-bit E2M1 value with one 8-bit E8M0 scale per 32 values.
 KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2.0 / 128}
+WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2.0 / 128, "mxfp4": 0.5 + 1.0 / 32}
+#: Weight dtypes that quantize only the routed experts (the rest of the model stays bf16), as gpt-oss ships.
+EXPERT_ONLY_DTYPES = ("mxfp4",)
+#: `weight_dtype: auto` takes the checkpoint's own quantization, as vLLM serves it.
+WEIGHT_DTYPE_CHOICES = ("auto", *WEIGHT_DTYPE_BYTES)
 
 
 def dtype_bytes(table: dict[str, float], dtype: str, what: str) -> float:
@@ -66,6 +71,7 @@ class MoeSpec:
     experts_per_token: int
     expert_intermediate: int
     num_shared_experts: int = 0
+    biased: bool = False  # gpt-oss: a router bias and gate/up and down biases in every expert
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,10 +87,13 @@ class ModelSpec:
     max_position_embeddings: int
     gated_mlp: bool = True
     qkv_bias: bool = False
+    o_bias: bool = False
     mla: MlaSpec | None = None
     moe: MoeSpec | None = None
     lookup_params: int = 0  # tables read by lookup only (Gemma 3n per-layer embeddings): stored, not streamed
     extra_linear_params: int = 0  # model-level per-token projections (Gemma 3n AltUp, per-layer input projection)
+    vector_params_per_layer: int = 0  # QK norms, attention sinks: stored, not GEMMs
+    quantization: str = "bf16"  # the checkpoint's weight dtype (what `weight_dtype: auto` serves), see checkpoint_dtype
 
     @property
     def num_layers(self) -> int:
@@ -122,25 +131,34 @@ class ModelSpec:
                 + m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
             return q + kv + self.num_heads * m.v_head_dim * h
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        bias = (q_dim + 2 * kv_dim) if self.qkv_bias else 0
+        bias = (q_dim + 2 * kv_dim if self.qkv_bias else 0) + (h if self.o_bias else 0)
         return h * (q_dim + 2 * kv_dim) + q_dim * h + bias
 
     def dense_mlp_params(self, intermediate: int) -> int:
         return (3 if self.gated_mlp else 2) * self.hidden_size * intermediate
 
     def expert_params(self) -> int:
-        """Parameters of one routed expert."""
+        """Parameters of one routed expert (with its biases, if it has them)."""
         assert self.moe is not None
-        return self.dense_mlp_params(self.moe.expert_intermediate)
+        width = self.moe.expert_intermediate
+        bias = ((2 if self.gated_mlp else 1) * width + self.hidden_size) if self.moe.biased else 0
+        return self.dense_mlp_params(width) + bias
+
+    def layer_expert_params(self, layer: LayerSpec) -> int:
+        """The expert weight matrices (routed and shared, biases not) of one layer: what an expert-only
+        dtype (mxfp4) quantizes."""
+        if not layer.is_moe:
+            return 0
+        return (self.moe.num_experts + self.moe.num_shared_experts) * self.dense_mlp_params(self.moe.expert_intermediate)
 
     def layer_params(self, layer: LayerSpec, active: bool = False) -> int:
         """Parameters of one layer; `active` counts only the experts one token uses."""
-        params = self.attention_params() + 2 * self.hidden_size + layer.extra_linear_params
+        params = self.attention_params() + 2 * self.hidden_size + layer.extra_linear_params + self.vector_params_per_layer
         if layer.is_moe:
             assert self.moe is not None
             experts = self.moe.experts_per_token if active else self.moe.num_experts
             params += (experts + self.moe.num_shared_experts) * self.expert_params()
-            params += self.hidden_size * self.moe.num_experts  # router
+            params += (self.hidden_size + self.moe.biased) * self.moe.num_experts  # router
         else:
             params += self.dense_mlp_params(layer.mlp_intermediate)
         return params
@@ -177,6 +195,24 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     if tp % num_kv_heads:
         raise SpecError(f"tensor parallel size {tp} must be a multiple of the {num_kv_heads} KV heads")
     return 1
+
+
+def resolve_weight_dtype(model: ModelSpec, weight_dtype: str) -> str:
+    """The weight dtype a run uses: `auto` is the checkpoint's own; expert-only dtypes need experts."""
+    dtype = model.quantization if weight_dtype == "auto" else weight_dtype
+    if dtype not in WEIGHT_DTYPE_BYTES:
+        raise SpecError(f"model {model.name!r}: its checkpoint is quantized as {dtype!r}, which servesim does not "
+                        f"model; set engine.weight_dtype (allowed: {', '.join(WEIGHT_DTYPE_BYTES)})")
+    if dtype in EXPERT_ONLY_DTYPES and model.moe is None:
+        raise SpecError(f"weight dtype {dtype!r} quantizes MoE experts only and model {model.name!r} has none; "
+                        f"allowed for it: {', '.join(d for d in WEIGHT_DTYPE_BYTES if d not in EXPERT_ONLY_DTYPES)}")
+    return dtype
+
+
+def weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
+    """(bytes per dense-layer weight, bytes per routed-expert weight) for a resolved weight dtype."""
+    per_value = dtype_bytes(WEIGHT_DTYPE_BYTES, weight_dtype, "weight")
+    return (WEIGHT_DTYPE_BYTES["bf16"], per_value) if weight_dtype in EXPERT_ONLY_DTYPES else (per_value, per_value)
 
 
 # ---- reading config.json ------------------------------------------------------------------------
@@ -246,9 +282,47 @@ def _moe(f: _Fields) -> MoeSpec | None:
     if f.raw.get("n_routed_experts"):  # DeepSeek
         return MoeSpec(f.get("n_routed_experts"), f.get("num_experts_per_tok"),
                        f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0))
-    if f.raw.get("num_local_experts"):  # Mixtral
-        return MoeSpec(f.get("num_local_experts"), f.get("num_experts_per_tok"), f.get("intermediate_size"))
+    if f.raw.get("num_local_experts"):  # Mixtral, gpt-oss: experts as wide as intermediate_size
+        return MoeSpec(f.get("num_local_experts"), f.get("num_experts_per_tok"), f.get("intermediate_size"),
+                       biased=f.raw.get("model_type") == "gpt_oss")
+    if f.raw.get("num_experts"):  # Qwen MoE
+        if f.raw.get("shared_expert_intermediate_size"):
+            raise SpecError(f"{f.source}: a shared expert of its own width (shared_expert_intermediate_size, "
+                            "Qwen2-MoE) is not modelled")
+        return MoeSpec(f.get("num_experts"), f.get("num_experts_per_tok"), f.get("moe_intermediate_size"))
     return None
+
+
+def _moe_layers(f: _Fields, num_layers: int) -> list[bool]:
+    """Which layers route to experts: DeepSeek's first_k_dense_replace, Qwen's decoder_sparse_step and
+    mlp_only_layers; every layer otherwise."""
+    first_dense = f.get("first_k_dense_replace", int, 0)
+    step = f.get("decoder_sparse_step", int, 1)
+    dense = set(f.get("mlp_only_layers", list, []))
+    return [i >= first_dense and (i + 1) % step == 0 and i not in dense for i in range(num_layers)]
+
+
+def checkpoint_dtype(raw: dict[str, Any]) -> str:
+    """The weight dtype a checkpoint ships, from its `quantization_config`: fp8, mxfp4 (gpt-oss: experts only),
+    AWQ/GPTQ at 4 or 8 bits; "bf16" without one. Other methods are kept by name (refused if served as `auto`)."""
+    q = raw.get("quantization_config")
+    if not isinstance(q, dict):
+        return "bf16"
+    method = str(q.get("quant_method", "")).lower()
+    if method in ("fp8", "mxfp4"):
+        return method
+    if method in ("awq", "gptq") and q.get("bits") in (4, 8):
+        return f"int{q['bits']}"
+    return method or "unnamed quantization"
+
+
+def _vector_params(f: _Fields) -> int:
+    """Per-layer parameters outside the GEMMs: Qwen3's per-head QK RMSNorms, gpt-oss's attention sinks
+    (one logit per head; in its weights, not its config)."""
+    model_type = f.raw.get("model_type", "")
+    if model_type in ("qwen3", "qwen3_moe"):
+        return 2 * f.get("head_dim", int, f.get("hidden_size") // f.get("num_attention_heads"))
+    return f.get("num_attention_heads") if model_type == "gpt_oss" else 0
 
 
 def _mla(f: _Fields) -> MlaSpec | None:
@@ -289,14 +363,12 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     except ValueError as err:
         raise SpecError(f"{source}: {err}") from None
     moe = _moe(f)
-    first_dense = f.get("first_k_dense_replace", int, 0)
+    routed = _moe_layers(f, num_layers) if moe is not None else [False] * num_layers
     widths = _intermediates(f, num_layers)
     extra_linear, lookup, model_linear = _gemma3n_extras(f, num_layers)
     layers = tuple(
-        LayerSpec(index=i, attention=kind, window=window, kv_source=sources[i],
-                  is_moe=moe is not None and i >= first_dense,
-                  mlp_intermediate=0 if (moe is not None and i >= first_dense) else widths[i],
-                  extra_linear_params=extra_linear)
+        LayerSpec(index=i, attention=kind, window=window, kv_source=sources[i], is_moe=routed[i],
+                  mlp_intermediate=0 if routed[i] else widths[i], extra_linear_params=extra_linear)
         for i, (kind, window) in enumerate(kinds))
     return ModelSpec(
         name=name, hidden_size=hidden, num_heads=num_heads,
@@ -306,7 +378,9 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         layers=layers, max_position_embeddings=f.get("max_position_embeddings"),
         gated_mlp=raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new"),
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
-        mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear)
+        o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not
+        mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear,
+        vector_params_per_layer=_vector_params(f), quantization=checkpoint_dtype(raw))
 
 
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:

@@ -34,7 +34,9 @@ class EngineConfig(BaseModel):
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
-    weight_dtype: Literal["bf16", "fp16", "fp8", "int8", "int4"] = Field("bf16", description="Weight dtype")
+    weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"] = Field("auto", description=(
+        "Weight dtype; auto: the checkpoint's (its quantization_config: DeepSeek-V3 fp8, gpt-oss mxfp4, else bf16); "
+        "mxfp4 quantizes MoE experts only"))
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 

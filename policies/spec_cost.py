@@ -30,10 +30,11 @@ from hardware.gpu import GpuSpec
 from hardware.memory import (
     EngineMemoryConfig,
     MemoryPlan,
+    layer_weight_bytes,
     request_kv_bytes,
     weight_bytes_per_gpu,
 )
-from hardware.model import WEIGHT_DTYPE_BYTES, ModelSpec, get_model
+from hardware.model import ModelSpec, get_model
 from hardware.step_timer import StepTimer
 from policies.spec_decode import SpeculativeConfig
 from policies.step import StepPlan
@@ -71,7 +72,7 @@ def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[S
 
 def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
     """An EAGLE / MTP head: about one decoder layer of the target (it shares the embedding and LM head)."""
-    return model.layer_params(model.layers[-1]) * WEIGHT_DTYPE_BYTES[weight_dtype] / par.tp
+    return layer_weight_bytes(model, model.layers[-1], weight_dtype) / par.tp
 
 
 def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: ModelSpec, gpu: GpuSpec,

@@ -18,7 +18,7 @@ from hardware.cost import CostOptions, Parallelism, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, gpu_catalog
 from hardware.memory import EngineMemoryConfig, plan_memory
-from hardware.model import get_model, preset_names
+from hardware.model import WEIGHT_DTYPE_CHOICES, get_model, preset_names
 from hardware.profile import load_profile
 
 app = typer.Typer(help="Simulate and plan LLM serving deployments.", no_args_is_help=True,
@@ -32,6 +32,8 @@ if not console.is_terminal:  # piped or captured: never truncate names to fit 80
     console = Console(width=200)
 
 GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
+WeightDtype = typer.Option("auto", help=f"Weights: {', '.join(WEIGHT_DTYPE_CHOICES)} (auto: the checkpoint's own; "
+                           "mxfp4: MoE experts only)")
 
 
 def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -90,9 +92,9 @@ def models_list() -> None:
         m = get_model(name)
         rows.append([name, f"{m.total_params() / 1e9:.2f}", f"{m.active_params() / 1e9:.2f}", m.num_layers,
                      m.num_kv_layers, "MLA" if m.mla else f"{m.num_heads}/{m.num_kv_heads}",
-                     f"{m.kv_bytes_per_token():,.0f}"])
+                     f"{m.kv_bytes_per_token():,.0f}", m.quantization])
     print_table("model presets", ["name", "params B", "active B", "layers", "KV layers", "attn heads q/kv",
-                                  "KV B/token bf16"], rows)
+                                  "KV B/token bf16", "weights"], rows)
 
 
 @models_app.command("show")
@@ -105,7 +107,7 @@ def models_show(name: str, as_json: bool = typer.Option(False, "--json")) -> Non
                "kv_bytes_per_token_fp8": m.kv_values_per_token_per_layer() if l.owns_kv else 0} for l in m.layers]
     data = {"name": m.name, "total_params": m.total_params(), "active_params": m.active_params(),
             "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_kv_layers": m.num_kv_layers,
-            "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
+            "checkpoint_weight_dtype": m.quantization, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
             "attention": "mla" if m.mla else "gqa" if m.num_kv_heads < m.num_heads else "mha",
             "moe": None if m.moe is None else vars_of(m.moe), "mla": None if m.mla is None else vars_of(m.mla),
             "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"), "kv_bytes_per_token_fp8": m.kv_bytes_per_token("fp8"),
@@ -129,7 +131,7 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
 @app.command()
 @clean_errors
 def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: int = 1,
-           gpu_memory_utilization: float = 0.9, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+           gpu_memory_utilization: float = 0.9, kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
            max_model_len: int | None = None, block_size: int = 16, max_num_batched_tokens: int = 8192,
            max_num_seqs: int = 256, gpu_file: list[Path] = GpuFiles,
            disable_hybrid_kv_cache_manager: bool = typer.Option(
@@ -146,7 +148,7 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
         return
     gb = lambda b: f"{b / 1e9:.2f} GB ({b / (1 << 30):.2f} GiB)"  # noqa: E731
     print_table(f"{model} on {gpu} (tp={tp}, pp={pp}), per GPU", ["quantity", "value"], [
-        ["usable", gb(plan.usable_bytes)], ["weights", gb(plan.weight_bytes)],
+        ["usable", gb(plan.usable_bytes)], [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
         ["activation peak", gb(plan.activation_bytes)], ["runtime reserve", gb(plan.reserve_bytes)],
         ["KV cache", gb(plan.kv_cache_bytes)], ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
         ["KV cache groups", _groups_text(plan.kv_windows)],
@@ -160,7 +162,7 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
 def roofline(model: str, gpu: str = typer.Option(..., "--gpu"), batch: int = typer.Option(1, min=1),
              context: int = typer.Option(1024, min=0), prefill: int = typer.Option(1, min=1, help=(
                  "New tokens per sequence this step (1 = decode; more = a prefill chunk over the context)")),
-             tp: int = 1, pp: int = 1, kv_dtype: str = "bf16", weight_dtype: str = "bf16",
+             tp: int = 1, pp: int = 1, kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
              fast_prefill: bool = typer.Option(False, "--fast-prefill", help="kv_sharing_fast_prefill (YOCO)"),
              profile: str | None = None, gpu_file: list[Path] = GpuFiles,
              as_json: bool = typer.Option(False, "--json"), html: Path | None = None) -> None:

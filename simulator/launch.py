@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hardware.model import get_model, resolve_weight_dtype
 from simulator.scenario import Scenario
 
 # Preset -> Hugging Face repo id, as recorded in hardware/model_configs/SOURCES.md.
@@ -19,7 +20,20 @@ HF_MODEL_IDS = {
     "gemma-3n-e4b": "google/gemma-3n-E4B-it",
     "deepseek-v2": "deepseek-ai/DeepSeek-V2",
     "deepseek-v3": "deepseek-ai/DeepSeek-V3",
+    "gpt-oss-20b": "openai/gpt-oss-20b",
+    "gpt-oss-120b": "openai/gpt-oss-120b",
+    "qwen3-8b": "Qwen/Qwen3-8B",
+    "qwen3-32b": "Qwen/Qwen3-32B",
+    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
+    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
 }
+
+
+def _quantized_away(s: Scenario) -> str | None:
+    """The weight dtype the run serves when it differs from the checkpoint's (None when they agree)."""
+    model = get_model(s.model)
+    dtype = resolve_weight_dtype(model, s.engine.weight_dtype)
+    return None if dtype == model.quantization else dtype
 
 
 def hf_model_id(model: str) -> str:
@@ -40,7 +54,7 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--block-size {e.block_size}")
     if e.kv_dtype == "fp8":
         parts.append("--kv-cache-dtype fp8")
-    if e.weight_dtype == "fp8":
+    if _quantized_away(s) == "fp8":  # online FP8 quantization of a wider checkpoint
         parts.append("--quantization fp8")
     if e.queue_order == "priority":
         parts.append("--scheduling-policy priority")
@@ -60,7 +74,7 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
               f"--mem-fraction-static {e.gpu_memory_utilization}", f"--context-length {max_model_len}"]
     if e.kv_dtype == "fp8":
         parts.append("--kv-cache-dtype fp8_e4m3")
-    if e.weight_dtype == "fp8":
+    if _quantized_away(s) == "fp8":
         parts.append("--quantization fp8")
     return " ".join(parts)
 
@@ -79,8 +93,9 @@ def launch_notes(s: Scenario) -> list[str]:
     if s.engine.scheduler != "vllm":
         notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
                      "the commands run the engines' default scheduler")
-    if s.engine.weight_dtype in ("int8", "int4"):
-        notes.append(f"weights {s.engine.weight_dtype}: serve a checkpoint quantized that way (e.g. AWQ/GPTQ)")
+    if (dtype := _quantized_away(s)) not in (None, "fp8", "fp16"):
+        notes.append(f"weights {dtype} (the checkpoint ships {get_model(s.model).quantization}): serve a checkpoint "
+                     "converted to it (e.g. AWQ/GPTQ for int4/int8)")
     if s.model not in HF_MODEL_IDS:
         notes.append(f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights")
     return notes

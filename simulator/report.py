@@ -19,6 +19,7 @@ import yaml
 from plotly.offline import get_plotlyjs
 
 from hardware.errors import SpecError
+from hardware.cost import GEMM_COMPUTE_DTYPE
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from simulator import report_charts as charts
@@ -74,7 +75,8 @@ def roofline_terms(scenario: dict, memory: dict) -> tuple[float | None, float | 
     except (SpecError, KeyError, OSError, ValueError):
         return None, None
     gpus = (par.get("tp") or 1) * (par.get("pp") or 1)
-    compute = "fp8" if (scenario.get("engine") or {}).get("weight_dtype") == "fp8" else "bf16"
+    compute = GEMM_COMPUTE_DTYPE.get(memory.get("weight_dtype") or (scenario.get("engine") or {}).get("weight_dtype"),
+                                     "bf16")
     floor_s = memory["weight_bytes"] / gpu.memory_bytes_per_s if "weight_bytes" in memory else None
     return floor_s, 2 * model.active_params() / gpus / gpu.peak_for(compute)
 

@@ -15,6 +15,7 @@ PUBLISHED = [
     ("llama-2-7b", 6.74, None), ("mistral-7b", 7.24, None), ("mixtral-8x7b", 46.7, 12.9),
     ("qwen2.5-7b", 7.61, None), ("qwen2.5-72b", 72.7, None), ("gemma-2-9b", 9.24, None),
     ("deepseek-v2", 236, 21), ("deepseek-v3", 671, 37),
+    ("qwen3-8b", 8.2, None), ("qwen3-32b", 32.8, None), ("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22),
 ]
 
 
@@ -109,3 +110,40 @@ def test_mistyped_field_and_bad_json_are_clear(tmp_path):
         load_model_file(path)
     with pytest.raises(SpecError, match="'hidden_size' must be int"):
         model_from_config({"hidden_size": "4096"}, "x")
+
+
+@pytest.mark.parametrize("name,total,active", [("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)])
+def test_gpt_oss_counts_match_the_model_card_to_its_last_digit(name, total, active):
+    """The gpt-oss model card (arXiv 2508.10925, Table 1) counts biases and attention sinks, and leaves the input
+    embedding out of the active count (the unembedding in)."""
+    model = get_model(name)
+    assert round(model.total_params() / 1e7) * 1e7 == total
+    assert round((model.active_params() - model.embedding_params) / 1e7) * 1e7 == active
+
+
+def test_gpt_oss_alternates_128_token_windows_with_full_layers_over_routed_experts():
+    model = get_model("gpt-oss-120b")
+    assert [(layer.attention, layer.window) for layer in model.layers[:2]] == [("sliding", 128), ("full", None)]
+    assert sum(layer.attention == "sliding" for layer in model.layers) == 18 and all(l.is_moe for l in model.layers)
+    assert (model.moe.num_experts, model.moe.experts_per_token, model.moe.expert_intermediate) == (128, 4, 2880)
+    assert model.kv_bytes_per_token("bf16") == 36 * 2 * 8 * 64 * 2  # 72 KiB: every layer owns its KV
+    assert model.quantization == "mxfp4"
+
+
+def test_qwen3_moe_layers_follow_decoder_sparse_step_and_mlp_only_layers():
+    raw = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 32, "num_hidden_layers": 6, "intermediate_size": 96, "num_experts": 8,
+           "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 2, "mlp_only_layers": [3],
+           "vocab_size": 100, "max_position_embeddings": 1024}
+    model = model_from_config(raw, "tiny")
+    assert [layer.is_moe for layer in model.layers] == [False, True, False, False, False, True]
+    assert [layer.mlp_intermediate for layer in model.layers] == [96, 0, 96, 96, 96, 0]
+    assert model.vector_params_per_layer == 2 * 32  # q_norm and k_norm over head_dim
+
+
+def test_a_shared_expert_of_its_own_width_is_refused():
+    raw = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+           "intermediate_size": 96, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
+           "shared_expert_intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 1024}
+    with pytest.raises(SpecError, match="shared_expert_intermediate_size"):
+        model_from_config(raw, "tiny", "q2moe.json")

@@ -1,0 +1,91 @@
+"""Weight dtypes: `auto` serves the checkpoint's quantization; mxfp4 quantizes the MoE experts only."""
+
+import pytest
+
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.errors import SpecError
+from hardware.gpu import get_gpu
+from hardware.memory import EngineMemoryConfig, layer_weight_bytes, plan_memory, weight_bytes_per_gpu
+from hardware.model import checkpoint_dtype, get_model, model_from_config, resolve_weight_dtype
+
+MXFP4_BYTES = 0.5 + 1 / 32  # a 4-bit E2M1 value plus one 8-bit scale shared by 32 values
+
+
+def tiny_moe(**extra) -> dict:
+    return {"model_type": "mixtral", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 2, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+            "vocab_size": 100, "max_position_embeddings": 4096, **extra}
+
+
+@pytest.mark.parametrize("quantization,expected", [
+    (None, "bf16"), ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
+    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}, "mxfp4"),
+    ({"quant_method": "awq", "bits": 4}, "int4"), ({"quant_method": "gptq", "bits": 8}, "int8"),
+    ({"quant_method": "bitsandbytes"}, "bitsandbytes")])
+def test_checkpoint_dtype_reads_quantization_config(quantization, expected):
+    raw = tiny_moe() if quantization is None else tiny_moe(quantization_config=quantization)
+    assert checkpoint_dtype(raw) == expected
+
+
+def test_auto_serves_the_checkpoint_dtype_and_an_explicit_dtype_overrides_it():
+    v3 = get_model("deepseek-v3")
+    assert v3.quantization == "fp8" and resolve_weight_dtype(v3, "auto") == "fp8"
+    assert resolve_weight_dtype(v3, "bf16") == "bf16"
+    assert resolve_weight_dtype(get_model("llama-3.1-8b"), "auto") == "bf16"
+    h200, par = get_gpu("h200"), Parallelism(tp=8)
+    auto = plan_memory(v3, h200, par, EngineMemoryConfig(max_model_len=32768))
+    fp8 = plan_memory(v3, h200, par, EngineMemoryConfig(max_model_len=32768, weight_dtype="fp8"))
+    assert auto.weight_dtype == "fp8" and auto.weight_bytes == fp8.weight_bytes
+
+
+def test_an_unmodelled_checkpoint_quantization_is_refused_only_when_served_as_auto():
+    model = model_from_config(tiny_moe(quantization_config={"quant_method": "bitsandbytes"}), "bnb")
+    with pytest.raises(SpecError, match=r"'bitsandbytes'.*set engine.weight_dtype \(allowed: bf16, fp16, fp8"):
+        resolve_weight_dtype(model, "auto")
+    assert resolve_weight_dtype(model, "int4") == "int4"
+
+
+def test_mxfp4_on_a_dense_model_is_refused_naming_the_allowed_dtypes():
+    with pytest.raises(SpecError, match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, int4$"):
+        resolve_weight_dtype(get_model("llama-3.1-8b"), "mxfp4")
+
+
+def test_mxfp4_stores_experts_at_4_25_bits_and_everything_else_in_bf16():
+    model = model_from_config(tiny_moe(), "tiny")
+    layer = model.layers[0]
+    experts = 4 * 3 * 64 * 32  # 4 gated experts of width 32
+    assert model.layer_expert_params(layer) == experts
+    rest = model.layer_params(layer) - experts  # attention, norms, router
+    assert layer_weight_bytes(model, layer, "mxfp4") == pytest.approx(rest * 2 + experts * MXFP4_BYTES)
+    assert layer_weight_bytes(model, layer, "bf16") == 2 * model.layer_params(layer)
+    # embeddings and the LM head stay bf16 whatever the layers use
+    ends = 2 * (model.embedding_params + model.lm_head_params)
+    assert weight_bytes_per_gpu(model, Parallelism(), "mxfp4") == pytest.approx(
+        2 * layer_weight_bytes(model, layer, "mxfp4") + ends)
+
+
+def test_mxfp4_moe_step_reads_expert_bytes_at_4_25_bits_and_attention_at_bf16():
+    model = model_from_config(tiny_moe(), "tiny")
+    h200, batch = get_gpu("h200"), StepBatch.uniform(1, 16)  # one decode token: top-2 of 4 experts
+    bf16 = step_cost(batch, model, h200, options=CostOptions(weight_dtype="bf16"))
+    mxfp4 = step_cost(batch, model, h200, options=CostOptions(weight_dtype="mxfp4"))
+    # one token touches exactly its top-2 experts, in each of the 2 layers
+    saved = 2 * 2 * (3 * 64 * 32) * (2 - MXFP4_BYTES)
+    assert bf16.by_name("moe").bytes - mxfp4.by_name("moe").bytes == pytest.approx(saved)
+    assert bf16.by_name("qkv_proj").bytes == mxfp4.by_name("qkv_proj").bytes
+
+
+def test_gpt_oss_weights_are_what_its_checkpoint_stores():
+    """gpt-oss-20b's safetensors index: total_size 13,761,264,768 bytes (experts MXFP4, the rest bf16)."""
+    model = get_model("gpt-oss-20b")
+    assert weight_bytes_per_gpu(model, Parallelism(), "auto") == pytest.approx(13_761_264_768, rel=1e-6)
+
+
+def test_gpt_oss_120b_fits_one_80_gb_gpu_only_in_mxfp4():
+    model, h100 = get_model("gpt-oss-120b"), get_gpu("h100-sxm")
+    plan = plan_memory(model, h100, Parallelism(), EngineMemoryConfig(max_model_len=32768))
+    assert plan.weight_dtype == "mxfp4" and plan.weight_bytes / (1 << 30) == pytest.approx(60.8, abs=0.05)
+    assert plan.max_concurrency >= 1
+    with pytest.raises(SpecError, match="does not fit on h100-sxm"):
+        plan_memory(model, h100, Parallelism(), EngineMemoryConfig(max_model_len=32768, weight_dtype="bf16"))
