@@ -40,6 +40,9 @@ class GpuSpec(BaseModel):
     name: str
     vendor: str
     memory_bytes: float = Field(gt=0, description="HBM/GDDR capacity as the datasheet prints it")
+    device_memory_bytes: float | None = Field(None, gt=0, description=(
+        "Total memory the driver reports (torch.cuda.mem_get_info), which vLLM multiplies by "
+        "gpu_memory_utilization; default: memory_bytes"))
     memory_bytes_per_s: float = Field(gt=0, description="Peak memory bandwidth")
     peak_flop_per_s: dict[str, float] = Field(description="Dense peak per compute dtype")
     intra_node_link: str = Field(description="Name in the interconnect catalog used between GPUs of a node")
@@ -58,6 +61,12 @@ class GpuSpec(BaseModel):
             if need not in self.peak_flop_per_s:
                 raise ValueError(f"peak_flop_per_s must list {need!r}")
         return self
+
+    @property
+    def reported_memory_bytes(self) -> float:
+        """What a serving engine sees as the device's total: datasheets print binary sizes as decimal GB
+        (an H100's "80 GB" is 80 GiB of HBM3, of which the driver exposes 79.2 GiB = 85.0e9 bytes)."""
+        return self.device_memory_bytes or self.memory_bytes
 
     def peak_for(self, dtype: str) -> float:
         """Dense peak FLOP/s for a compute dtype; fp16 falls back to bf16, missing low precisions to the next wider one."""

@@ -1,6 +1,6 @@
 """Memory planning as vLLM does it at start-up: what is left after weights and activations becomes KV blocks.
 
-    usable      = gpu_memory_utilization * capacity                 (per GPU)
+    usable      = gpu_memory_utilization * capacity                 (per GPU; capacity as the driver reports it)
     kv_cache    = usable - weights - activation peak - runtime reserve
     num_blocks  = kv_cache // (block_size * KV bytes per token of the layers one block spans)
 
@@ -144,7 +144,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"max_model_len={max_len} exceeds {model.name}'s max_position_embeddings "
             f"({model.max_position_embeddings}); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: "
             "lower it, or set engine.allow_long_max_model_len: true")
-    usable = cfg.gpu_memory_utilization * gpu.memory_bytes
+    usable = cfg.gpu_memory_utilization * gpu.reported_memory_bytes
     weight_dtype = resolve_weight_dtype(model, cfg.weight_dtype)
     weights = weight_bytes_per_gpu(model, par, weight_dtype)
     act = activation_bytes(model, par, cfg)
@@ -153,7 +153,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         raise SpecError(
             f"{model.name} does not fit on {gpu.name} with tp={par.tp} pp={par.pp}: weights {weights / 1e9:.1f} GB + "
             f"activations {act / 1e9:.1f} GB + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} GB exceed "
-            f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.memory_bytes / 1e9:.0f} GB); "
+            f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.reported_memory_bytes / 1e9:.1f} GB); "
             "raise tp/pp, quantize the weights or use a larger GPU")
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
     groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)
@@ -170,7 +170,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"the {kv_cache / GIB:.2f} GiB available on {gpu.name}; raise gpu_memory_utilization or tp, "
             f"or lower max_model_len (at most ~{int(num_blocks * block_bytes / per_request * max_len)})")
     return MemoryPlan(
-        model=model.name, gpu=gpu.name, tp=par.tp, pp=par.pp, capacity_bytes=gpu.memory_bytes, usable_bytes=usable,
+        model=model.name, gpu=gpu.name, tp=par.tp, pp=par.pp, capacity_bytes=gpu.reported_memory_bytes, usable_bytes=usable,
         weight_bytes=weights, activation_bytes=act, reserve_bytes=cfg.runtime_reserve_bytes, kv_cache_bytes=kv_cache,
         kv_bytes_per_token=per_token, block_size=cfg.block_size, num_blocks=num_blocks,
         kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size, max_model_len=max_len,

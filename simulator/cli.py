@@ -64,11 +64,13 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 @hardware_app.command("list")
 @clean_errors
 def hardware_list(gpu_file: list[Path] = GpuFiles) -> None:
-    """List the GPUs: memory, bandwidth, bf16 peak and price."""
-    rows = [[g.name, f"{g.memory_bytes / 1e9:.0f}", f"{g.memory_bytes_per_s / 1e12:.2f}",
-             f"{g.peak_for('bf16') / 1e12:.0f}", g.intra_node_link, f"{g.price_per_gpu_hour_usd:.2f}"]
+    """List the GPUs: memory (datasheet, and as the driver reports it), bandwidth, bf16 peak and price."""
+    rows = [[g.name, f"{g.memory_bytes / 1e9:.0f}", f"{g.reported_memory_bytes / (1 << 30):.2f}",
+             f"{g.memory_bytes_per_s / 1e12:.2f}", f"{g.peak_for('bf16') / 1e12:.0f}", g.intra_node_link,
+             f"{g.price_per_gpu_hour_usd:.2f}"]
             for g in gpu_catalog(tuple(gpu_file)).values()]
-    print_table("GPUs", ["name", "memory GB", "TB/s", "bf16 TFLOP/s", "intra-node link", "$/GPU-h"], rows)
+    print_table("GPUs", ["name", "memory GB", "reported GiB", "TB/s", "bf16 TFLOP/s", "intra-node link", "$/GPU-h"],
+                rows)
 
 
 @hardware_app.command("show")

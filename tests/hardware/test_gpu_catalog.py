@@ -48,6 +48,22 @@ def test_required_gpus_exist():
     assert not missing
 
 
+@pytest.mark.parametrize("name", REQUIRED_GPUS)
+def test_reported_memory_lies_between_the_datasheet_gb_and_the_same_number_of_gib(name):
+    """Drivers expose the binary capacity less ECC and firmware reservations (HBM), or a little under the
+    decimal figure (GDDR: L40S, L4); a value outside this band is a typo."""
+    gpu = get_gpu(name)
+    assert gpu.device_memory_bytes is not None
+    assert 0.97 * gpu.memory_bytes < gpu.reported_memory_bytes < gpu.memory_bytes * (1 << 30) / 1e9
+
+
+def test_h100_reports_81090_mib_and_a_user_gpu_without_a_reported_total_uses_its_datasheet(tmp_path):
+    assert get_gpu("h100-sxm").reported_memory_bytes == 85_028_896_768
+    path = tmp_path / "mine.yaml"
+    path.write_text(NEW_GPU_YAML)
+    assert get_gpu("test-accel", (path,)).reported_memory_bytes == pytest.approx(64e9)
+
+
 def test_every_intra_node_link_resolves():
     for spec in gpu_catalog().values():
         link = get_interconnect(spec.intra_node_link)

@@ -4,12 +4,12 @@ from tests.simulator.conftest import run, scenario
 
 
 def long_context(**engine):
-    """Mistral-7B (every layer slides over 4096 tokens): 48 requests of 12K + 400 tokens at once on one L40S."""
+    """Mistral-7B (every layer slides over 4096 tokens): 40 requests of 12K + 400 tokens at once on one L40S."""
     return scenario(model="mistral-7b", hardware={"gpu": "l40s"},
                     engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
                     workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 12000},
                                           "output": {"kind": "fixed", "value": 400}},
-                              "arrivals": {"kind": "all_at_once"}, "num_requests": 48})
+                              "arrivals": {"kind": "all_at_once"}, "num_requests": 40})
 
 
 def test_sliding_windows_hold_more_long_requests_and_finish_sooner():
@@ -17,11 +17,12 @@ def test_sliding_windows_hold_more_long_requests_and_finish_sooner():
     assert hybrid.memory.kv_windows == (4096,) and whole.memory.kv_windows == (None,)
     assert hybrid.num_blocks == whole.num_blocks  # one group either way: the same pool
     for result in (hybrid, whole):
-        assert result.summary["completed"] == 48 and result.summary["rejected"] == 0
-    # kept whole, 12K-token requests fill the pool of 12,437 blocks at 17; sliding, each holds ~257 blocks
-    # (its 4096-token window) once prefilled, so all 48 run at once
-    assert whole.steps["num_running"].max() == 17 and hybrid.steps["num_running"].max() == 48
-    blocks_per_request = (hybrid.steps["kv_blocks_used"] / hybrid.steps["num_running"])[hybrid.steps["num_running"] == 48]
+        assert result.summary["completed"] == 40 and result.summary["rejected"] == 0
+    # kept whole, 12K-token requests fill the pool of 12,256 blocks at 17; sliding, each holds at most
+    # ceil((4096 + 400) / 16) + 1 = 282 blocks (its 4096-token window), so all 40 (11,280 blocks) run at once
+    assert hybrid.num_blocks == 12_256
+    assert whole.steps["num_running"].max() == 17 and hybrid.steps["num_running"].max() == 40
+    blocks_per_request = (hybrid.steps["kv_blocks_used"] / hybrid.steps["num_running"])[hybrid.steps["num_running"] == 40]
     assert blocks_per_request.max() <= -(-(4096 + 400) // 16) + 1
     assert hybrid.summary["duration_s"] < whole.summary["duration_s"]
 
