@@ -3,7 +3,9 @@ move the KV, and admit the request there.
 
 TTFT counts all of it: the first token reaches the user when the decode replica holds the KV
 (DistServe's accounting). Per request the run records the wait for decode blocks (backpressure)
-and the transfer time and bytes.
+and the transfer time and bytes. Sliding-window layers send only the blocks still in their window
+(vLLM's NixlConnector with the hybrid KV cache manager, on by default since it supports it), unless
+`disable_hybrid_kv_cache_manager` keeps every layer whole.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from collections.abc import Callable
 
 import simpy
 
+from hardware.kv_groups import kv_groups, live_kv_bytes
 from hardware.model import ModelSpec
+from policies.config import EngineConfig
 from policies.disagg import DecodeScheduler, PrefillScheduler
 from simulator.disagg_config import TransferConfig
 from simulator.engine import Replica
@@ -34,11 +38,12 @@ def streamed_transfer_s(total_s: float, compute_s: float, num_layers: int) -> fl
 class Handoff:
     """Moves prefilled requests from `prefill` replicas to `decode` replicas."""
 
-    def __init__(self, env: simpy.Environment, model: ModelSpec, kv_dtype: str, cfg: TransferConfig,
+    def __init__(self, env: simpy.Environment, model: ModelSpec, engine: EngineConfig, cfg: TransferConfig,
                  link_bytes_per_s: float, link_latency_s: float, prefill: list[Replica], decode: list[Replica],
                  route_decode: Callable[[Request], Replica], prefill_tp: int):
-        self.env, self.cfg, self.model = env, cfg, model
-        self.bytes_per_token = model.kv_bytes_per_token(kv_dtype)  # the whole model's KV, all TP shards
+        """`engine`: the decode pool's settings (KV dtype, block size, hybrid KV cache manager on or off)."""
+        self.env, self.cfg, self.model, self.engine = env, cfg, model, engine
+        self.groups = kv_groups(model, engine.disable_hybrid_kv_cache_manager)
         self.link_bytes_per_s = (cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s) * prefill_tp
         self.latency_s = cfg.store_latency_s if cfg.kind == "store" else link_latency_s
         self.links = {r.index: simpy.Resource(env, capacity=1) for r in prefill}
@@ -56,7 +61,8 @@ class Handoff:
     def _move(self, req: Request, source: Replica, target: Replica):
         reserved = self.env.now
         req.extra["decode_wait_s"] = reserved - req.extra["prefill_end_s"]
-        nbytes = req.num_computed_tokens * self.bytes_per_token
+        nbytes = live_kv_bytes(self.model, self.groups, req.num_computed_tokens, self.engine.block_size,
+                               self.engine.kv_dtype)
         wire_s = nbytes / self.link_bytes_per_s
         with (self.store if self.cfg.kind == "store" else self.links[source.index]).request() as turn:
             yield turn

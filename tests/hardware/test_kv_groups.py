@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from hardware.gpu import get_gpu
-from hardware.kv_groups import KVGroups, group_of_layers, kv_groups, skipped_blocks
+from hardware.kv_groups import KVGroups, group_of_layers, kv_groups, live_kv_bytes, skipped_blocks
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import get_model, model_from_config
 
@@ -79,3 +79,14 @@ def test_layers_go_round_robin_over_the_groups_of_their_kind():
     assert {of[i] for i in range(10)} == {0}
     assert [of[i] for i in range(10, 17)] == [1, 2, 3, 4, 5, 6, 1]
     assert sorted(list(of.values()).count(g) for g in range(1, 7)) == [8, 8, 9, 9, 9, 9]  # 52 over 6 groups
+
+
+def test_live_kv_is_every_token_of_full_layers_and_the_window_of_sliding_ones():
+    gpt_oss, per_layer = get_model("gpt-oss-120b"), 2 * 8 * 64 * 2  # K and V, 8 KV heads of 64, bf16
+    hybrid, whole = kv_groups(gpt_oss), kv_groups(gpt_oss, disable_hybrid=True)
+    # 10,000 tokens done: the 18 sliding layers' first (10000 - 127) // 16 = 617 blocks fell out of the window
+    assert live_kv_bytes(gpt_oss, hybrid, 10_000, 16, "bf16") == per_layer * 18 * (10_000 + 10_000 - 617 * 16)
+    assert live_kv_bytes(gpt_oss, whole, 10_000, 16, "bf16") == per_layer * 36 * 10_000
+    assert live_kv_bytes(gpt_oss, hybrid, 100, 16, "bf16") == per_layer * 36 * 100  # nothing out of reach yet
+    llama = get_model("llama-3.1-8b")
+    assert live_kv_bytes(llama, kv_groups(llama), 4096, 16, "fp8") == 4096 * llama.kv_bytes_per_token("fp8")

@@ -50,6 +50,26 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert unstreamed.summary["mean_kv_transfer_ms"] > 5 * result.summary["mean_kv_transfer_ms"]
 
 
+def test_sliding_layers_send_only_their_window_unless_the_hybrid_manager_is_off():
+    """gpt-oss-120b P/D over 400G: its 18 sliding layers hand over at most 128 tokens (plus a block's rounding)
+    instead of the whole prompt, so a 2-6K prompt moves about half the bytes and arrives sooner."""
+    def pd(**engine):
+        return scenario(model="gpt-oss-120b", hardware={"gpu": "h200"},
+                        engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
+                        disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1},
+                                        "transfer": {"link": "ib-ndr-400", "streaming": False}},
+                        workload={**PREFILL_HEAVY, "num_requests": 80})
+    hybrid, whole = run(pd()), run(pd(disable_hybrid_kv_cache_manager=True))
+    per_layer = 2 * 8 * 64 * 2
+    for result in (hybrid, whole):
+        assert result.summary["completed"] == 80
+    prompt = hybrid.requests["prompt_tokens"]
+    in_window = prompt - (prompt - 127) // 16 * 16  # 128 to 143 tokens
+    assert (hybrid.requests["kv_transfer_bytes"] == per_layer * 18 * (prompt + in_window)).all()
+    assert (whole.requests["kv_transfer_bytes"] == per_layer * 36 * whole.requests["prompt_tokens"]).all()
+    assert hybrid.summary["mean_kv_transfer_ms"] < 0.6 * whole.summary["mean_kv_transfer_ms"]
+
+
 def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
     tight = run(disaggregated(rate=8.0, decode_engine={"num_gpu_blocks_override": 1200}))
     df = tight.requests
