@@ -30,8 +30,6 @@ from workloads.request import Request
 class HybridBlockManager(BlockManager):
     """`prefix_caching: none` over KV cache groups (`windows`: one per group, None = full attention)."""
 
-    supports_fast_forward = False  # decode stretches assume one table growing by block_size tokens
-
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
                  windows: tuple[int | None, ...] = (None,)):
         super().__init__(num_blocks, block_size, watermark)
@@ -99,11 +97,22 @@ class HybridBlockManager(BlockManager):
         """After a step: free what fell out of every window (vLLM frees it before the next allocation)."""
         self._free_skipped(req, req.num_computed_tokens)
 
-    def _free_skipped(self, req: Request, computed: int) -> None:
+    def decode_table_len(self, req: Request) -> int:
+        groups = self._groups.get(req.id)
+        return len(groups[0]) if groups else 0
+
+    def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
+        return self._grow(req, num_tokens - 1, num_tokens, 0, {})
+
+    def end_decode_step(self, req: Request, computed: int) -> int:
+        return self._free_skipped(req, computed)
+
+    def _free_skipped(self, req: Request, computed: int) -> int:
+        """Free the blocks before each sliding window's first visible token; returns how many."""
         groups = self._groups.get(req.id)
         if groups is None:
-            return
-        done = self._freed_upto[req.id]
+            return 0
+        done, freed = self._freed_upto[req.id], 0
         for g, w in enumerate(self.windows):
             if w is None:
                 continue
@@ -113,7 +122,9 @@ class HybridBlockManager(BlockManager):
                 if blocks[i] is not None:
                     self._release([blocks[i]])
                     blocks[i] = None
+                    freed += 1
             done[g] = max(done[g], upto)
+        return freed
 
     def free(self, req: Request) -> None:
         groups = self._groups.pop(req.id, None)

@@ -21,7 +21,8 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 class BlockManager:
     """No prefix caching (`prefix_caching: none`): a block belongs to one request and is free again when it ends."""
 
-    supports_fast_forward = True  # one table per request, growing a block per block_size tokens
+    supports_fast_forward = True  # decode steps open blocks in a pattern simulator/fast_forward.py replays
+    windows: tuple[int | None, ...] = (None,)  # KV cache groups' sliding windows: one full-attention group
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         if num_blocks < 1 or block_size < 1:
@@ -57,6 +58,19 @@ class BlockManager:
     def cache_scheduled(self, req: Request, num_tokens: int) -> None:
         """Called when a step has allocated KV for `req`'s tokens up to `num_tokens`: vLLM registers the blocks
         those tokens fill right then, so requests admitted later in the same step hit them (prefix caching)."""
+
+    # ---- fused decode steps (simulator/fast_forward.py) -------------------------------------------
+    def decode_table_len(self, req: Request) -> int:
+        """Token blocks `req`'s table spans in each group (all groups grow together)."""
+        return len(self._tables.get(req.id, ()))
+
+    def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
+        """The blocks a decode step opens so that `req` holds `num_tokens` tokens (they fit: checked before)."""
+        return self.reserve(req, num_tokens)
+
+    def end_decode_step(self, req: Request, computed: int) -> int:
+        """Bookkeeping after a decode step brought `req` to `computed` tokens; returns the blocks it freed."""
+        return 0
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         """Extra blocks to hold `num_new_tokens` more tokens; the partly filled last block is used first."""

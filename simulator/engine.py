@@ -104,7 +104,8 @@ class Replica:
             return None
         requests, kv = list(requests), self.scheduler.kv
         finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0
-        stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed)
+        stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed,
+                               waiting=self.scheduler.num_waiting > 0)
         if stretch is None:
             return None
         finished: list[Request] = []

@@ -9,7 +9,9 @@ A stretch may be fused when the scheduler says the step is a plain decode of eve
   was decided without it, so it may end later, but not exactly at the event (tie order) nor at the
   stop time;
 - while the blocks the stretch opens still fit in the free pool (no preemption can occur), handed
-  out in the same order stepping would; admissions blocked now stay blocked, as free blocks only shrink.
+  out in the same order stepping would; admissions blocked now stay blocked, as free blocks only shrink;
+- in a hybrid KV pool (sliding-window groups free a block every block_size steps), at the first step
+  after which a window frees a block, if anything waits: the freed block could admit it.
 Step times come from `StepTimer.decode_stretch_s`, bit-for-bit the stepped ones, and are summed in
 the same order SimPy would, so every timestamp matches.
 """
@@ -52,13 +54,21 @@ def _blocks_for(tokens: np.ndarray, block_size: int) -> np.ndarray:
     return -(-tokens // block_size)
 
 
+def _window_free_steps(context: np.ndarray, window: int, block_size: int) -> np.ndarray:
+    """Per request, the first fused step after which a sliding group of `window` frees a block; then every
+    block_size steps. After step i a request has c + i + 1 tokens and the group skips
+    (c + i + 2 - window) // block_size leading blocks (hardware.kv_groups.skipped_blocks)."""
+    lo = np.maximum(0, block_size + window - 2 - context)
+    return lo + ((window - 2 - context) % block_size - lo) % block_size
+
+
 def _max_steps_fitting(context: np.ndarray, last: np.ndarray, held: np.ndarray, free: int, block_size: int,
-                       upper: int) -> int:
-    """Largest m <= upper whose new blocks fit in `free` (each request grows until step m or its finish;
-    blocks freed by finishes are not counted, so this is on the safe side)."""
+                       upper: int, groups: int = 1) -> int:
+    """Largest m <= upper whose new blocks fit in `free` (each request grows until step m or its finish, in
+    each of `groups` KV cache groups; blocks freed by finishes or windows are not counted: the safe side)."""
     def need(m: int) -> int:
         grown = context + np.minimum(m, last + 1)
-        return int(np.maximum(_blocks_for(grown, block_size) - held, 0).sum())
+        return groups * int(np.maximum(_blocks_for(grown, block_size) - held, 0).sum())
     if need(upper) <= free:  # the common case: the pool is far from full
         return upper
     lo, hi = 1, upper
@@ -82,25 +92,32 @@ def _durations(timer: StepTimer, context: np.ndarray, finish: np.ndarray, steps:
 
 
 def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, now: float, next_event_s: float,
-                 stop_s: float = math.inf, finishes_allowed: bool = False, max_steps: int = 4096) -> Stretch | None:
+                 stop_s: float = math.inf, finishes_allowed: bool = False, max_steps: int = 4096,
+                 waiting: bool = False) -> Stretch | None:
     """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2.
 
     `finishes_allowed`: nobody waits for a freed slot and no client reacts to a finish, so requests may
-    finish inside the stretch (never in its last step, which may span an outside event).
+    finish inside the stretch (never in its last step, which may span an outside event). `waiting`: some
+    request waits for admission, so blocks a sliding window frees end the stretch.
     """
     finish = np.fromiter((r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests))
     upper = min(int(finish.max()) + 1 if finishes_allowed else int(finish.min()), max_steps)
     if upper < 2:
         return None
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
+    sliding = {w for w in kv.windows if w is not None}
+    if waiting and sliding:
+        upper = min(upper, min(int(_window_free_steps(context, w, kv.block_size).min()) for w in sliding) + 1)
+        if upper < 2:
+            return None
     shortest_s = timer.decode_fixed_s(1, context[:1])  # no step of the stretch is shorter
     horizon_s = min(next_event_s, stop_s)
     if now + shortest_s >= horizon_s:
         return None
     if horizon_s < math.inf:
         upper = min(upper, int((horizon_s - now) / shortest_s) + 2)
-    held = np.fromiter((len(kv.table(r)) for r in requests), np.int64, len(requests))
-    steps = _max_steps_fitting(context, finish, held, kv.num_free_blocks, kv.block_size, upper)
+    held = np.fromiter((kv.decode_table_len(r) for r in requests), np.int64, len(requests))
+    steps = _max_steps_fitting(context, finish, held, kv.num_free_blocks, kv.block_size, upper, len(kv.windows))
     durations = _durations(timer, context, finish, steps)
     bounds = np.cumsum(np.concatenate(([now], durations)))  # sequential sums, as SimPy accumulates `now`
     starts, ends = bounds[:-1], bounds[1:]
@@ -116,20 +133,38 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
     return Stretch(durations[:steps], ends[:steps], finish)
 
 
+def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: int, size: int,
+            windows: tuple[int | None, ...]) -> list[tuple[int, int, int, int]]:
+    """(step, kind, request, sub) in stepping order. Kind 0 when the step is scheduled: open a block (sub 0),
+    register the block it fills (sub 1; only in pools whose windows free blocks, which must be findable
+    by then). Kind 1 as it ends: windows free blocks (commit order), then kind 2: finished requests retire."""
+    first = (-context) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
+    first[first == 0] = size  # step 0 is already allocated
+    events = [(i, 0, j, 0) for j in range(len(context)) for i in range(int(first[j]), int(last[j]) + 1, size)]
+    events += [(int(f), 2, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+    sliding = sorted({w for w in windows if w is not None})
+    if sliding:
+        fills = (-(context + 1)) % size  # step i fills a block when context_j + i + 1 is a multiple of size
+        events += [(i, 0, j, 1) for j in range(len(context)) for i in range(int(fills[j]), int(last[j]) + 1, size)]
+        frees = {(i, 1, j, 0) for w in sliding
+                 for j, start in enumerate(_window_free_steps(context, w, size).tolist())
+                 for i in range(start, int(last[j]) + 1, size)}
+        events += frees
+    return sorted(events)
+
+
 def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
                   retire: Callable[[Request, float], None]) -> tuple[list[int], list[int]]:
-    """Tokens, inter-token gaps, block allocations and finishes of the fused steps, in stepping order:
-    within a step, blocks are opened (when it is scheduled) before finished requests free theirs (when it ends).
+    """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
+    order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
+    theirs (when it ends).
 
     Returns, per step, the requests decoding in it and the KV blocks in use after it (what the step log shows).
     """
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     last = np.minimum(stretch.finish_step, steps - 1)
-    first = (-context) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
-    first[first == 0] = size  # step 0 is already allocated
-    events = [(i, 0, j) for j in range(len(requests)) for i in range(int(first[j]), int(last[j]) + 1, size)]
-    events += [(int(f), 1, j) for j, f in enumerate(stretch.finish_step.tolist()) if f < steps]
+    events = _events(context, last, stretch.finish_step, steps, size, kv.windows)
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
     active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
     log.itl_s.extend((ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist())
@@ -140,12 +175,17 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
         req.last_token_s = float(ends[k - 1])
     delta = np.zeros(steps, np.int64)
     used_before = kv.num_used_blocks
-    for i, kind, j in sorted(events):
-        if kind == 0:
-            delta[i] += len(kv.reserve(requests[j], int(context[j]) + i + 1))
+    for i, kind, j, sub in events:
+        tokens, before = int(context[j]) + i + 1, kv.num_used_blocks  # shared blocks free only with their last user
+        if kind == 0 and sub == 0:
+            kv.open_decode_blocks(requests[j], tokens)
+        elif kind == 0:
+            kv.cache_scheduled(requests[j], tokens)
+        elif kind == 1:
+            kv.end_decode_step(requests[j], tokens)
         else:
-            delta[i] -= len(kv.table(requests[j]))
             retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
+        delta[i] += kv.num_used_blocks - before
     for req, finish in zip(requests, stretch.finish_step.tolist()):
         if finish >= steps:  # blocks filled with generated tokens are unique to their request, so registering
             kv.cache(req)    # them now rather than step by step changes nothing

@@ -1,6 +1,7 @@
 """vLLM's hybrid KV cache manager: sliding groups free what no query can see, hits need the window cached."""
 
-from hypothesis import HealthCheck, given, settings
+import numpy as np
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from hardware.kv_groups import KVGroups
@@ -44,9 +45,6 @@ def test_a_prefill_chunk_needs_all_its_blocks_then_the_window_is_kept():
     assert sched.kv.num_free_blocks == 32
 
 
-def test_fast_forward_is_off_for_hybrid_pools():
-    assert not HybridBlockManager(8, BS, windows=WINDOWS).supports_fast_forward
-    assert make_kv_manager("none", 8, BS, 0.0, (None,)).supports_fast_forward
 
 
 def test_a_hit_needs_the_blocks_before_it_cached_in_the_sliding_group():
@@ -98,3 +96,47 @@ def test_every_request_finishes_and_holds_exactly_its_window(prompts, kind, wind
             c = r.num_computed_tokens
             assert len(sched.kv.table(r)) == groups.blocks_held(c, c, BS), (r.id, c)
     assert sched.kv.num_free_blocks == sched.kv.num_blocks
+
+
+def _decoding(windows, prompts, outputs, num_blocks=400):
+    """A vLLM scheduler over a hybrid prefix-caching pool with every request prefilled and decoding."""
+    sched = scheduler("vllm", num_blocks, budget=512, windows=windows)
+    reqs = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
+    for r in reqs:
+        sched.add(r, 0.0)
+    now = 0.0
+    while any(r.num_generated == 0 for r in reqs):
+        plan = sched.schedule(now)
+        now += 1.0
+        sched.commit(plan, now)
+    return sched, reqs, now
+
+
+def _state(sched):
+    kv = sched.kv
+    return (kv._groups, kv._hash_of, list(kv._free_queue), kv._cached, kv._registered, kv._refs,
+            [(r.num_computed_tokens, r.num_generated, r.is_done) for r in sched.running])
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(window=st.sampled_from([5, 8, 13]), steps=st.integers(2, 40),
+       prompts=st.lists(st.integers(1, 30), min_size=1, max_size=5), seed_out=st.integers(0, 3))
+def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(window, steps, prompts, seed_out):
+    """simulator/fast_forward.apply_stretch against scheduler steps: the same blocks opened, registered, freed by
+    the window and retired, in the same order (free queue, hashes, tables and reference counts all equal)."""
+    from simulator.fast_forward import Stretch, apply_stretch
+    outputs = [max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))]  # some finish inside it
+    assume(all(o - 2 != steps - 1 for o in outputs))  # a stretch's last step finishes nobody (plan_stretch)
+    windows = (None, window)
+    stepped, _, now = _decoding(windows, prompts, outputs)
+    for k in range(steps):
+        plan = stepped.schedule(now + k)
+        stepped.commit(plan, now + k + 1)
+    fused, _, now = _decoding(windows, prompts, outputs)
+    plan = fused.schedule(now)  # step 0 is scheduled and allocated, as the engine hands it over
+    requests = list(fused.decode_stretch(plan))
+    finish = np.array([r.num_output_tokens - r.num_generated - 1 for r in requests])
+    ends = now + 1 + np.arange(steps, dtype=float)
+    apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire)
+    assert _state(fused) == _state(stepped)
+    fused.kv.check_invariants()

@@ -1,6 +1,10 @@
 """Sliding-window models end to end: the hybrid KV pool holds more long requests than keeping every layer whole."""
 
+import pytest
+
+from policies.hybrid_blocks import HybridBlockManager
 from tests.simulator.conftest import run, scenario
+from tests.simulator.test_simulate import assert_same_run
 
 
 def long_context(**engine):
@@ -34,3 +38,33 @@ def test_a_hybrid_run_is_deterministic_and_fast_forward_changes_nothing():
                            simulation={"fast_forward": False}))
     assert first.memory.kv_windows == (None, 4096)
     assert first.requests.equals(second.requests) and first.requests.equals(stepped.requests)
+
+
+SHARED_PROMPTS = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 50, "high": 600},
+                                             "output": {"kind": "uniform", "low": 100, "high": 600}},
+                  "shared_prefix": {"num_prefixes": 4, "prefix_tokens": 300, "zipf_s": 1.0},
+                  "arrivals": {"kind": "poisson", "rate_per_s": 20}, "num_requests": 300}
+
+
+@pytest.mark.parametrize("overrides", [
+    {},  # the Azure chat slice
+    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 500, "max_num_seqs": 32}},  # waiting, preempting
+    {"engine": {"max_model_len": 16384, "prefix_caching": "none"}},
+    {"workload": SHARED_PROMPTS},  # prefix hits over the sliding group, freed blocks keep their hashes
+    {"workload": SHARED_PROMPTS, "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 400}},
+], ids=["azure", "tight", "no-caching", "shared", "shared-tight"])
+def test_fused_decode_stretches_free_window_blocks_as_stepping_does(overrides, monkeypatch):
+    """gpt-oss's 128-token windows free a block every 16 decode steps: fused stretches replay those frees (and
+    the registrations before them) in stepping order, so every table matches a stepped run's."""
+    freed = []
+    end_step = HybridBlockManager.end_decode_step
+
+    def counting(self, req, computed):
+        freed.append(end_step(self, req, computed))
+        return freed[-1]
+    monkeypatch.setattr(HybridBlockManager, "end_decode_step", counting)
+    fused = run(scenario(model="gpt-oss-20b", **overrides))
+    assert sum(freed) > 100  # the fused path ran and its windows freed blocks
+    stepped = run(scenario(model="gpt-oss-20b", **overrides, simulation={"fast_forward": False}))
+    assert_same_run(fused, stepped)
+    assert fused.memory.kv_windows == (None, 128)
