@@ -15,8 +15,12 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     scheduler: str = Field("vllm", description="Scheduler policy name: vllm, sarathi, orca, static (or pkg.mod:attr)")
     queue_order: str = Field("fcfs", description="Waiting-queue order: fcfs, priority, sjf (or pkg.mod:attr)")
-    max_num_seqs: int = Field(256, ge=1, description="Max requests running at once (batch slots)")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget of one step")
+    max_num_seqs: int | None = Field(None, ge=1, description=(
+        "Max requests running at once (batch slots); default: vLLM's for the GPU (1024 on GPUs of >= 70 GiB "
+        "other than A100, else 256)"))
+    max_num_batched_tokens: int | None = Field(None, ge=1, description=(
+        "Token budget of one step; default: vLLM's for the GPU (8192 on GPUs of >= 70 GiB other than A100, "
+        "else 2048; with chunked prefill off, at least max_model_len)"))
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps within the budget")
     chunk_size: int = Field(512, ge=1, description="sarathi only: the fixed token budget of each step")
     block_size: int = Field(16, ge=1, description="Tokens per KV block")
@@ -40,9 +44,32 @@ class EngineConfig(BaseModel):
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
+    def with_vllm_defaults(self, device_memory_bytes: float, device_name: str, max_model_len: int) -> EngineConfig:
+        """This config with unset batch limits filled as `vllm serve` fills them (EngineArgs.get_batch_defaults):
+        larger ones on devices reporting >= 70 GiB, except A100s, where a larger budget measured slower; unset
+        slots are capped at the step's token budget."""
+        large = device_memory_bytes >= 70 * (1 << 30) and "a100" not in device_name.lower()
+        tokens, seqs = (8192, 1024) if large else (2048, 256)
+        if not self.enable_chunked_prefill:
+            tokens = max(tokens, max_model_len)
+        update = {k: v for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
+                  if getattr(self, k) is None}
+        if "max_num_seqs" in update:  # never more slots than tokens in a step (vLLM caps it the same way)
+            update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
+        return EngineConfig.model_validate({**self.model_dump(), **update}) if update else self
+
+    def batch_limits(self) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) for a scheduler; an error while vLLM's defaults are unset."""
+        if self.max_num_batched_tokens is None or self.max_num_seqs is None:
+            raise ValueError("engine batch limits unset: fill in vLLM's defaults for the GPU first "
+                             "(EngineConfig.with_vllm_defaults, Scenario.with_engine_defaults)")
+        return self.max_num_batched_tokens, self.max_num_seqs
+
     @model_validator(mode="after")
     def _budget_covers_batch(self) -> EngineConfig:
-        if self.scheduler == "vllm" and self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_num_seqs:
+        limits = self.max_num_batched_tokens is not None and self.max_num_seqs is not None  # else checked once filled
+        if limits and self.scheduler == "vllm" and self.enable_chunked_prefill \
+                and self.max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): every "
                 "running request needs a token each step; raise the budget or lower max_num_seqs")

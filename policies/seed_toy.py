@@ -27,7 +27,7 @@ class SeedToyScheduler:
     supports_prefix_caching = False
 
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
-        self.kv, self.max_running, self.log = kv, cfg.max_num_seqs, log
+        self.kv, self.max_running, self.log = kv, cfg.batch_limits()[1], log
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self._prefilled: set[Request] = set()

@@ -75,7 +75,7 @@ class TokenBudgetScheduler:
     supports_prefix_caching = True
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
-        self.budget = cfg.max_num_batched_tokens
+        self.budget = cfg.batch_limits()[0]
         self.chunked = cfg.enable_chunked_prefill
         self.reserve_output = False
         self.host_blocks_free = host_blocks

@@ -20,6 +20,7 @@ from hardware.gpu import get_gpu, gpu_catalog
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import WEIGHT_DTYPE_CHOICES, get_model, preset_names
 from hardware.profile import load_profile
+from policies.config import EngineConfig
 
 app = typer.Typer(help="Simulate and plan LLM serving deployments.", no_args_is_help=True,
                   pretty_exceptions_enable=False)
@@ -134,17 +135,22 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
 @clean_errors
 def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: int = 1,
            gpu_memory_utilization: float = 0.9, kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
-           max_model_len: int | None = None, block_size: int = 16, max_num_batched_tokens: int = 8192,
-           max_num_seqs: int = 256, gpu_file: list[Path] = GpuFiles,
+           max_model_len: int | None = None, block_size: int = 16,
+           max_num_batched_tokens: int | None = typer.Option(None, help="Default: vLLM's for the GPU"),
+           max_num_seqs: int | None = typer.Option(None, help="Default: vLLM's for the GPU"),
+           gpu_file: list[Path] = GpuFiles,
            disable_hybrid_kv_cache_manager: bool = typer.Option(
                False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Plan GPU memory like vLLM at start-up: weights, activations, KV blocks, max concurrency."""
+    spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
+    batch = EngineConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs).with_vllm_defaults(
+        gpu_spec.reported_memory_bytes, gpu_spec.name, max_model_len or spec.max_position_embeddings)
     cfg = EngineMemoryConfig(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
-                             max_model_len=max_model_len, max_num_batched_tokens=max_num_batched_tokens,
-                             max_num_seqs=max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
+                             max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
+                             max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
                              disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
-    plan = plan_memory(get_model(model), get_gpu(gpu, tuple(gpu_file)), Parallelism(tp, pp), cfg)
+    plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:
         print_json(plan.as_dict())
         return

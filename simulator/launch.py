@@ -43,7 +43,7 @@ def hf_model_id(model: str) -> str:
 
 def vllm_command(s: Scenario, max_model_len: int) -> str:
     """`vllm serve` for one replica of `s` (one command per replica; replicas sit behind a load balancer)."""
-    e, par = s.engine, s.parallelism
+    e, par = s.with_engine_defaults().engine, s.parallelism
     parts = [f"vllm serve {hf_model_id(s.model)}", f"--tensor-parallel-size {par.tp}"]
     if par.pp > 1:
         parts.append(f"--pipeline-parallel-size {par.pp}")
@@ -65,7 +65,7 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
 
 def sglang_command(s: Scenario, max_model_len: int) -> str:
     """SGLang's `launch_server` with the equivalent knobs (chunked-prefill-size -1 = chunking off)."""
-    e, par = s.engine, s.parallelism
+    e, par = s.with_engine_defaults().engine, s.parallelism
     parts = [f"python -m sglang.launch_server --model-path {hf_model_id(s.model)}", f"--tp {par.tp}"]
     if par.pp > 1:
         parts.append(f"--pp-size {par.pp}")

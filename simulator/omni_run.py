@@ -97,7 +97,7 @@ def stage_scenario(s: Scenario, cfg: StageConfig) -> Scenario:
     return s.model_copy(update={
         "model": cfg.model or s.model, "engine": engine, "stages": None,
         "hardware": s.hardware.model_copy(update={"gpu": cfg.gpu or s.hardware.gpu}),
-        "parallelism": ParallelismConfig(tp=cfg.tp)})
+        "parallelism": ParallelismConfig(tp=cfg.tp)}).with_engine_defaults()
 
 
 class Pipeline:

@@ -49,7 +49,7 @@ class RunResult:
 
 
 def _memory_plan(s: Scenario) -> MemoryPlan:
-    e = s.engine
+    e = s.with_engine_defaults().engine
     cfg = EngineMemoryConfig(gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
                              max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
                              max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
@@ -137,6 +137,8 @@ class World:
         if s.stages:  # multi-stage pipeline hook: those run in simulator/omni_run.py (simulate() dispatches)
             raise SpecError("a scenario with stages runs as a pipeline: use simulate() or simulator.omni_run.Pipeline")
         seeds = np.random.SeedSequence(s.seed).spawn(5)
+        if s.disaggregation is None:  # the pools of a disaggregated run fill in their own engine defaults
+            s = s.with_engine_defaults()
         self.scenario = s
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
         self.env = simpy.Environment()
@@ -170,6 +172,7 @@ class World:
         return [r for pool in self.pools for r in pool.replicas]
 
     def _pool(self, s: Scenario, count: int, first_index: int, on_finish) -> Pool:
+        s = s.with_engine_defaults()
         memory = _memory_plan(s)
         e = s.engine
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks

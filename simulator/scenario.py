@@ -17,7 +17,7 @@ from hardware.cost import Parallelism
 from hardware.errors import SpecError
 from hardware.files import read_yaml
 from hardware.gpu import get_gpu
-from hardware.model import preset_names
+from hardware.model import get_model, preset_names
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
@@ -198,6 +198,14 @@ class Scenario(BaseModel):
         if self.sweep is not None:
             check_grid_keys(self, self.sweep.grid)
         return self
+
+    def with_engine_defaults(self) -> Scenario:
+        """This scenario with the engine's unset batch limits filled in as vLLM would for its GPU and model
+        (policies.config.EngineConfig.with_vllm_defaults); a pool or stage resolves its own."""
+        gpu = get_gpu(self.hardware.gpu, tuple(self.hardware.gpu_files))
+        max_len = self.engine.max_model_len or get_model(self.model).max_position_embeddings
+        engine = self.engine.with_vllm_defaults(gpu.reported_memory_bytes, gpu.name, max_len)
+        return self if engine is self.engine else self.model_copy(update={"engine": engine})
 
     def run_settings(self) -> Scenario:
         """This scenario without its study sections (sweep, plan): what one run depends on."""

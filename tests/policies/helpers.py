@@ -27,6 +27,8 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     """A scheduler over a fresh KV manager (`prefix_caching` knob: none by default here, to test paging alone)."""
     host_blocks = knobs.pop("host_blocks", 0)
     knobs.setdefault("prefix_caching", "none")
+    knobs.setdefault("max_num_seqs", 256)  # batch limits a scenario would take from vLLM's defaults for its GPU
+    knobs.setdefault("max_num_batched_tokens", 8192)
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
     kv = kv_managers.get(cfg.prefix_caching)(num_blocks, block_size, cfg.watermark)
     log = TokenLog()

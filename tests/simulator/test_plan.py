@@ -57,11 +57,12 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
     assert data["next_cheaper"]["deployment"] == "1 x h100-sxm tp=1" and not data["next_cheaper"]["verdict"]["ok"]
     assert data["pareto_ttft"] and data["pareto_tpot"]
     assert "recommendation: 2 x h100-sxm tp=1" in result.stdout and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
+    # the batch limits the run used, written out: vLLM's defaults on an H100 (>= 70 GiB) are 1024 seqs, 8192 tokens
     assert data["commands"]["vllm"] == (
-        "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-seqs 256 --max-num-batched-tokens 8192 "
+        "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-seqs 1024 --max-num-batched-tokens 8192 "
         "--gpu-memory-utilization 0.9 --max-model-len 16384 --enable-chunked-prefill")
     assert data["commands"]["sglang"] == (
-        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1 --max-running-requests 256 "
+        "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1 --max-running-requests 1024 "
         "--chunked-prefill-size 8192 --mem-fraction-static 0.9 --context-length 16384")
     assert data["commands"]["replicas"] == 2
 

@@ -1,0 +1,34 @@
+"""Unset batch limits take vLLM's defaults for the GPU (EngineArgs.get_batch_defaults, `vllm serve`)."""
+
+import pytest
+
+from hardware.gpu import get_gpu
+from policies.config import EngineConfig
+from tests.simulator.conftest import scenario
+
+
+@pytest.mark.parametrize("gpu,tokens,seqs", [
+    ("h100-sxm", 8192, 1024), ("h200", 8192, 1024), ("b200", 8192, 1024), ("mi300x", 8192, 1024),
+    ("a100-80gb", 2048, 256),  # >= 70 GiB, but vLLM measured the large budget slower on A100s
+    ("l40s", 2048, 256), ("l4", 2048, 256)])
+def test_defaults_follow_the_memory_the_gpu_reports_and_spare_the_a100(gpu, tokens, seqs):
+    spec = get_gpu(gpu)
+    engine = EngineConfig().with_vllm_defaults(spec.reported_memory_bytes, spec.name, 16384)
+    assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (tokens, seqs)
+
+
+def test_set_limits_stay_and_unset_slots_never_exceed_the_budget():
+    h100 = get_gpu("h100-sxm")
+    args = (h100.reported_memory_bytes, h100.name, 16384)
+    assert EngineConfig(max_num_seqs=64).with_vllm_defaults(*args).max_num_batched_tokens == 8192
+    assert EngineConfig(max_num_batched_tokens=512).with_vllm_defaults(*args).max_num_seqs == 512
+    unchunked = EngineConfig(enable_chunked_prefill=False).with_vllm_defaults(*args)
+    assert unchunked.max_num_batched_tokens == 16384  # a whole max_model_len prompt fits in one step
+
+
+def test_a_scheduler_refuses_unset_limits_and_a_scenario_records_the_ones_it_ran():
+    with pytest.raises(ValueError, match="batch limits unset"):
+        EngineConfig().batch_limits()
+    s = scenario(hardware={"gpu": "l40s"}, engine={"max_model_len": 8192})
+    assert s.engine.max_num_seqs is None
+    assert s.with_engine_defaults().engine.batch_limits() == (2048, 256)
