@@ -263,11 +263,13 @@ class RadixCache(BlockManager):
 
 
 class TokenTrie:
-    """A bare radix tree of token sequences (no pages, no eviction): what a router remembers it sent where."""
+    """A bare radix tree of token sequences (no pages): what a router remembers it sent where. Each insert
+    stamps the nodes on its path; `evict_to` drops least recently stamped leaves first."""
 
     def __init__(self) -> None:
         self.root = Node((), [], None)
         self.num_tokens = 0
+        self._clock = 0
 
     def match(self, key: tuple[Piece, ...]) -> int:
         """Tokens of the longest prefix of `key` inserted before."""
@@ -284,11 +286,12 @@ class TokenTrie:
         return matched
 
     def insert(self, key: tuple[Piece, ...]) -> None:
+        self._clock += 1
         node, rest = self.root, key
         while rest:
             child = node.children.get(_first_page(rest, 1))
             if child is None:
-                node.children[_first_page(rest, 1)] = Node(rest, [], node)
+                node.children[_first_page(rest, 1)] = Node(rest, [], node, last_access=self._clock)
                 self.num_tokens += sum(p[2] for p in rest)
                 return
             common = _common_tokens(child.key, rest)
@@ -299,4 +302,25 @@ class TokenTrie:
                 child.key, child.parent = tail, upper
                 upper.children[_first_page(tail, 1)] = child
                 child = upper
+            child.last_access = self._clock
             node, rest = child, _split_pieces(rest, common)[1]
+
+    def evict_to(self, max_tokens: int) -> None:
+        """Drop least recently inserted leaves (a parent is stamped whenever a child is) until at most
+        `max_tokens` tokens remain."""
+        if self.num_tokens <= max_tokens:
+            return
+        heap, stack, order = [], [self.root], itertools.count()  # stamps are unique per leaf; order breaks no tie
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children.values())
+            if not node.children and node is not self.root:
+                heap.append((node.last_access, next(order), node))
+        heapq.heapify(heap)
+        while self.num_tokens > max_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            del parent.children[_first_page(leaf.key, 1)]
+            self.num_tokens -= leaf.num_tokens
+            if not parent.children and parent is not self.root:
+                heapq.heappush(heap, (parent.last_access, next(order), parent))

@@ -78,15 +78,24 @@ class PrefixAffinityRouter:
     imbalanced (busiest - idlest > 64 outstanding requests and busiest > 1.5 x idlest), the least
     loaded replica gets the request. Otherwise the replica whose tree shares the largest fraction of
     the prompt gets it, if that fraction exceeds 0.3; else the replica with the smallest tree.
+    Every 120 s each tree drops its least recently used leaves down to `max_tree_size`; the router
+    counts 2^26 characters, taken here as 2^24 tokens (about 4 characters a token).
     """
 
     cache_threshold, balance_abs, balance_rel = 0.3, 64, 1.5
+    eviction_interval_s, max_tree_tokens = 120.0, 1 << 24
 
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
         self.replicas = replicas
         self.trees = [TokenTrie() for _ in replicas]
+        self._next_eviction_s = self.eviction_interval_s
 
     def route(self, req: Request) -> ReplicaView:
+        if req.arrival_s >= self._next_eviction_s:  # the router's eviction thread, run at its next tick
+            for tree in self.trees:
+                tree.evict_to(self.max_tree_tokens)
+            self._next_eviction_s += self.eviction_interval_s * (
+                1 + (req.arrival_s - self._next_eviction_s) // self.eviction_interval_s)
         key = pieces(request_runs(req), 0, req.num_prompt_tokens)
         loads = [r.num_outstanding for r in self.replicas]
         if max(loads) - min(loads) > self.balance_abs and max(loads) > self.balance_rel * min(loads):
