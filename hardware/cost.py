@@ -28,8 +28,10 @@ from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
-#: The tensor-core dtype a weight dtype's GEMMs run in (weight-only int4 and mxfp4 dequantize to bf16 in the kernel).
-GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "int4": "bf16", "mxfp4": "bf16"}
+#: The tensor-core dtype a weight dtype's GEMMs run in (weight-only w8a16, int4 and mxfp4 dequantize to bf16 in the
+#: kernel).
+GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "w8a16": "bf16", "int4": "bf16",
+                      "mxfp4": "bf16"}
 
 
 @dataclass(frozen=True, slots=True)

@@ -112,4 +112,3 @@ def live_kv_bytes(model: ModelSpec, groups: KVGroups, computed: int, block_size:
     kept = {w: computed if w is None else computed - skipped_blocks(computed, w, block_size) * block_size
             for w in layers}
     return per_layer * sum(count * kept[w] for w, count in layers.items())
-

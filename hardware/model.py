@@ -17,10 +17,12 @@ from hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
 
-#: Bytes per stored value for KV-cache and weight dtypes. int4 is weight-only with one fp16 scale per 128 weights;
+#: Bytes per stored value for KV-cache and weight dtypes. int8 is W8A8 (int8 GEMMs); w8a16 and int4 are
+#: weight-only (AWQ/GPTQ: bf16 GEMMs) with one fp16 scale per 128 weights;
 #: mxfp4 (OCP microscaling) is a 4-bit E2M1 value with one 8-bit E8M0 scale per 32 values.
 KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "int4": 0.5 + 2.0 / 128, "mxfp4": 0.5 + 1.0 / 32}
+WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "w8a16": 1.0 + 2.0 / 128,
+                      "int4": 0.5 + 2.0 / 128, "mxfp4": 0.5 + 1.0 / 32}
 #: Weight dtypes that quantize only the routed experts (the rest of the model stays bf16), as gpt-oss ships.
 EXPERT_ONLY_DTYPES = ("mxfp4",)
 #: `weight_dtype: auto` takes the checkpoint's own quantization, as vLLM serves it.
@@ -311,8 +313,8 @@ def checkpoint_dtype(raw: dict[str, Any]) -> str:
     method = str(q.get("quant_method", "")).lower()
     if method in ("fp8", "mxfp4"):
         return method
-    if method in ("awq", "gptq") and q.get("bits") in (4, 8):
-        return f"int{q['bits']}"
+    if method in ("awq", "gptq") and q.get("bits") in (4, 8):  # weight-only: activations stay bf16
+        return "int4" if q["bits"] == 4 else "w8a16"
     return method or "unnamed quantization"
 
 

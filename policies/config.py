@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hardware.errors import SpecError
 from policies.spec_decode import SpeculativeConfig
 
 
@@ -38,9 +39,9 @@ class EngineConfig(BaseModel):
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
-    weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4"] = Field("auto", description=(
-        "Weight dtype; auto: the checkpoint's (its quantization_config: DeepSeek-V3 fp8, gpt-oss mxfp4, else bf16); "
-        "mxfp4 quantizes MoE experts only"))
+    weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "w8a16", "int4", "mxfp4"] = Field("auto", description=(
+        "Weight dtype; auto: the checkpoint's (its quantization_config: DeepSeek-V3 fp8, gpt-oss mxfp4, AWQ/GPTQ "
+        "w8a16 or int4, else bf16); int8 is W8A8, w8a16 and int4 are weight-only; mxfp4 quantizes MoE experts only"))
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
@@ -56,7 +57,13 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update:  # never more slots than tokens in a step (vLLM caps it the same way)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
-        return EngineConfig.model_validate({**self.model_dump(), **update}) if update else self
+        if not update:
+            return self
+        try:
+            return EngineConfig.model_validate({**self.model_dump(), **update})
+        except ValidationError as err:
+            filled = ", ".join(f"{k}={v}" for k, v in update.items())
+            raise SpecError(f"engine: with vLLM's default {filled} for this GPU: {err.errors()[0]['msg']}") from None
 
     def batch_limits(self) -> tuple[int, int]:
         """(max_num_batched_tokens, max_num_seqs) for a scheduler; an error while vLLM's defaults are unset."""

@@ -99,7 +99,7 @@ class DecodeScheduler(TokenBudgetScheduler):
         ready = self._waiting.take(lambda r: bool(self.kv.table(r)))
         for i, req in enumerate(ready):
             n = min(req.num_pending_tokens, step.budget)
-            if not n or len(self.running) >= self.cfg.max_num_seqs or self.kv.allocate(req, n) is None:
+            if not n or len(self.running) >= self.max_num_seqs or self.kv.allocate(req, n) is None:
                 for rest in ready[i:]:
                     self._waiting.push(rest)
                 break

@@ -34,7 +34,7 @@ from hardware.memory import (
     request_kv_bytes,
     weight_bytes_per_gpu,
 )
-from hardware.model import ModelSpec, get_model
+from hardware.model import EXPERT_ONLY_DTYPES, ModelSpec, get_model
 from hardware.step_timer import StepTimer
 from policies.spec_decode import SpeculativeConfig
 from policies.step import StepPlan
@@ -64,10 +64,18 @@ def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[S
         return lambda plan: spec.ngram_lookup_s if any(plan.num_draft) else 0.0
     if spec.method == "draft":
         _, gpu, par, profile, options = target.args
-        timer = StepTimer(get_model(spec.draft_model), gpu, par, profile, options)
+        draft = get_model(spec.draft_model)
+        options = replace(options, weight_dtype=draft_weight_dtype(draft, options.weight_dtype))
+        timer = StepTimer(draft, gpu, par, profile, options)
         return lambda plan: sum(timer(batch) for batch in draft_batches(plan))
     fraction = spec.head_cost_fraction
     return lambda plan: fraction * sum(target(batch) for batch in draft_batches(plan))
+
+
+def draft_weight_dtype(draft: ModelSpec, target_dtype: str) -> str:
+    """The draft model's weights: the target's dtype, except an expert-only one (mxfp4) on a dense draft, which
+    keeps its own checkpoint's (vLLM quantizes a draft by its own config)."""
+    return "auto" if target_dtype in EXPERT_ONLY_DTYPES and draft.moe is None else target_dtype
 
 
 def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
@@ -84,7 +92,7 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
         raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
     if spec.method == "draft":
         draft = get_model(spec.draft_model)
-        extra_weights = weight_bytes_per_gpu(draft, par, cfg.weight_dtype)
+        extra_weights = weight_bytes_per_gpu(draft, par, draft_weight_dtype(draft, cfg.weight_dtype))
         extra_kv = draft.kv_bytes_per_token(cfg.kv_dtype, par.tp)
         extra_request = request_kv_bytes(draft, plan.max_model_len, cfg.kv_dtype, par.tp, plan.block_size)
         name = draft.name

@@ -75,7 +75,7 @@ class TokenBudgetScheduler:
     supports_prefix_caching = True
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
-        self.budget = cfg.batch_limits()[0]
+        self.budget, self.max_num_seqs = cfg.batch_limits()
         self.chunked = cfg.enable_chunked_prefill
         self.reserve_output = False
         self.host_blocks_free = host_blocks
@@ -193,7 +193,7 @@ class TokenBudgetScheduler:
         return True
 
     def _resume_swapped(self, step: _Step) -> None:
-        while self.swapped and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        while self.swapped and step.budget > 0 and len(self.running) < self.max_num_seqs:
             req, blocks = self.swapped[0]
             n = min(req.num_pending_tokens, step.budget)  # a decode, or the rest of a prefill cut short
             if self.kv.reserve(req, req.num_computed_tokens + n) is None:
@@ -208,7 +208,7 @@ class TokenBudgetScheduler:
 
     def _admit_waiting(self, step: _Step) -> None:
         self._waiting.prepare()
-        while self._waiting and step.budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        while self._waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
             req = self._waiting.head()
             hit = self._computed_on_admission(req)
             n = req.num_tokens - hit

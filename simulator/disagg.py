@@ -41,7 +41,8 @@ class Handoff:
     def __init__(self, env: simpy.Environment, model: ModelSpec, engine: EngineConfig, cfg: TransferConfig,
                  link_bytes_per_s: float, link_latency_s: float, prefill: list[Replica], decode: list[Replica],
                  route_decode: Callable[[Request], Replica], prefill_tp: int):
-        """`engine`: the decode pool's settings (KV dtype, block size, hybrid KV cache manager on or off)."""
+        """`engine`: the prefill pool's settings (KV dtype, block size, hybrid KV cache manager on or off): its
+        block tables are what the connector sends."""
         self.env, self.cfg, self.model, self.engine = env, cfg, model, engine
         self.groups = kv_groups(model, engine.disable_hybrid_kv_cache_manager)
         self.link_bytes_per_s = (cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s) * prefill_tp

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hardware.step_timer import StepTimer
-from policies.kv_blocks import BlockManager
+from policies.kv_blocks import BlockManager, blocks_for
 from policies.step import TokenLog
 from workloads.request import Request
 
@@ -50,10 +50,6 @@ def exact_delay(now: float, target: float) -> float:
     return delay
 
 
-def _blocks_for(tokens: np.ndarray, block_size: int) -> np.ndarray:
-    return -(-tokens // block_size)
-
-
 def _window_free_steps(context: np.ndarray, window: int, block_size: int) -> np.ndarray:
     """Per request, the first fused step after which a sliding group of `window` frees a block; then every
     block_size steps. After step i a request has c + i + 1 tokens and the group skips
@@ -68,7 +64,7 @@ def _max_steps_fitting(context: np.ndarray, last: np.ndarray, held: np.ndarray, 
     each of `groups` KV cache groups; blocks freed by finishes or windows are not counted: the safe side)."""
     def need(m: int) -> int:
         grown = context + np.minimum(m, last + 1)
-        return groups * int(np.maximum(_blocks_for(grown, block_size) - held, 0).sum())
+        return groups * int(np.maximum(blocks_for(grown, block_size) - held, 0).sum())
     if need(upper) <= free:  # the common case: the pool is far from full
         return upper
     lo, hi = 1, upper

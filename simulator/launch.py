@@ -36,6 +36,11 @@ def _quantized_away(s: Scenario) -> str | None:
     return None if dtype == model.quantization else dtype
 
 
+def _online_fp8(s: Scenario) -> bool:
+    """FP8 weights from a bf16/fp16 checkpoint: the engines quantize them at load (`--quantization fp8`)."""
+    return _quantized_away(s) == "fp8" and get_model(s.model).quantization in ("bf16", "fp16")
+
+
 def hf_model_id(model: str) -> str:
     """The Hugging Face repo id of a preset; a config.json path is passed through (point it at the weights)."""
     return HF_MODEL_IDS.get(model, model)
@@ -54,7 +59,7 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--block-size {e.block_size}")
     if e.kv_dtype == "fp8":
         parts.append("--kv-cache-dtype fp8")
-    if _quantized_away(s) == "fp8":  # online FP8 quantization of a wider checkpoint
+    if _online_fp8(s):
         parts.append("--quantization fp8")
     if e.queue_order == "priority":
         parts.append("--scheduling-policy priority")
@@ -74,7 +79,7 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
               f"--mem-fraction-static {e.gpu_memory_utilization}", f"--context-length {max_model_len}"]
     if e.kv_dtype == "fp8":
         parts.append("--kv-cache-dtype fp8_e4m3")
-    if _quantized_away(s) == "fp8":
+    if _online_fp8(s):
         parts.append("--quantization fp8")
     return " ".join(parts)
 
@@ -93,9 +98,9 @@ def launch_notes(s: Scenario) -> list[str]:
     if s.engine.scheduler != "vllm":
         notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
                      "the commands run the engines' default scheduler")
-    if (dtype := _quantized_away(s)) not in (None, "fp8", "fp16"):
+    if (dtype := _quantized_away(s)) not in (None, "fp16") and not _online_fp8(s):
         notes.append(f"weights {dtype} (the checkpoint ships {get_model(s.model).quantization}): serve a checkpoint "
-                     "converted to it (e.g. AWQ/GPTQ for int4/int8)")
+                     "converted to it (e.g. AWQ/GPTQ for int4/w8a16)")
     if s.model not in HF_MODEL_IDS:
         notes.append(f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights")
     return notes

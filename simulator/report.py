@@ -18,8 +18,8 @@ import plotly.graph_objects as go
 import yaml
 from plotly.offline import get_plotlyjs
 
-from hardware.errors import SpecError
 from hardware.cost import GEMM_COMPUTE_DTYPE
+from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from simulator import report_charts as charts

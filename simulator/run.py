@@ -160,7 +160,7 @@ class World:
             self.router = routers.get(d.prefill.router)(prefill.replicas, np.random.default_rng(seeds[1]))
             decode_router = routers.get(d.decode.router)(decode.replicas, np.random.default_rng(seeds[4]))
             link = get_interconnect(d.transfer.link)
-            self.handoff = Handoff(self.env, get_model(s.model), decode.scenario.engine, d.transfer,
+            self.handoff = Handoff(self.env, get_model(s.model), prefill.scenario.engine, d.transfer,
                                    link.bytes_per_s, link.latency_s, prefill.replicas, decode.replicas,
                                    decode_router.route, d.prefill.tp)
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))

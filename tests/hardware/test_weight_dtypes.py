@@ -21,7 +21,7 @@ def tiny_moe(**extra) -> dict:
 @pytest.mark.parametrize("quantization,expected", [
     (None, "bf16"), ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
     ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}, "mxfp4"),
-    ({"quant_method": "awq", "bits": 4}, "int4"), ({"quant_method": "gptq", "bits": 8}, "int8"),
+    ({"quant_method": "awq", "bits": 4}, "int4"), ({"quant_method": "gptq", "bits": 8}, "w8a16"),
     ({"quant_method": "bitsandbytes"}, "bitsandbytes")])
 def test_checkpoint_dtype_reads_quantization_config(quantization, expected):
     raw = tiny_moe() if quantization is None else tiny_moe(quantization_config=quantization)
@@ -47,7 +47,7 @@ def test_an_unmodelled_checkpoint_quantization_is_refused_only_when_served_as_au
 
 
 def test_mxfp4_on_a_dense_model_is_refused_naming_the_allowed_dtypes():
-    with pytest.raises(SpecError, match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, int4$"):
+    with pytest.raises(SpecError, match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, w8a16, int4$"):
         resolve_weight_dtype(get_model("llama-3.1-8b"), "mxfp4")
 
 
@@ -94,3 +94,24 @@ def test_gpt_oss_120b_serves_its_full_context_on_one_80_gb_gpu_only_in_mxfp4():
     assert 1.4 < plan.max_concurrency < 1.8
     with pytest.raises(SpecError, match="does not fit on h100-sxm"):
         plan_memory(model, h100, Parallelism(), EngineMemoryConfig(weight_dtype="bf16"))
+
+
+def test_weight_only_8_bit_runs_bf16_gemms_and_w8a8_runs_int8_ones():
+    model, h100 = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
+    prefill = StepBatch.uniform(1, 0, 4096)  # compute-bound: the GEMMs' peak decides
+    w8a16, w8a8, bf16 = (step_cost(prefill, model, h100, options=CostOptions(weight_dtype=d)).by_name("mlp")
+                         for d in ("w8a16", "int8", "bf16"))
+    assert w8a16.bound == w8a8.bound == bf16.bound == "compute"
+    assert w8a16.time_s == pytest.approx(bf16.time_s)  # AWQ/GPTQ 8-bit: dequantized into bf16 tensor cores
+    assert w8a8.time_s == pytest.approx(bf16.time_s / 2)  # H100: int8 at twice the bf16 rate
+    assert checkpoint_dtype(tiny_moe(quantization_config={"quant_method": "gptq", "bits": 8})) == "w8a16"
+
+
+def test_an_mxfp4_target_keeps_a_dense_draft_in_its_own_checkpoint_dtype():
+    from policies.spec_cost import draft_weight_dtype
+    from tests.simulator.conftest import run, scenario
+    assert draft_weight_dtype(get_model("llama-3.2-1b"), "mxfp4") == "auto"
+    assert draft_weight_dtype(get_model("llama-3.2-1b"), "fp8") == "fp8"
+    s = scenario(model="gpt-oss-120b", engine={"max_model_len": 16384, "weight_dtype": "mxfp4", "speculative": {
+        "method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"}}, workload={"num_requests": 30})
+    assert run(s).summary["completed"] == 30

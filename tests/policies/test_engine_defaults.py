@@ -32,3 +32,10 @@ def test_a_scheduler_refuses_unset_limits_and_a_scenario_records_the_ones_it_ran
     s = scenario(hardware={"gpu": "l40s"}, engine={"max_model_len": 8192})
     assert s.engine.max_num_seqs is None
     assert s.with_engine_defaults().engine.batch_limits() == (2048, 256)
+
+
+def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
+    from hardware.errors import SpecError
+    l40s = get_gpu("l40s")
+    with pytest.raises(SpecError, match=r"vLLM's default max_num_batched_tokens=2048 .* < max_num_seqs \(4096\)"):
+        EngineConfig(max_num_seqs=4096).with_vllm_defaults(l40s.reported_memory_bytes, l40s.name, 8192)
