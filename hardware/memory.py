@@ -84,14 +84,16 @@ def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) ->
 
 
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
-    """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings and LM head stay bf16.
+    """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings, LM head and a vision tower
+    stay bf16 (the tower on the first stage).
     `auto`: the checkpoint's dtype."""
     wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))[0]
     stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
     layers = sum(layer_weight_bytes(model, layer, weight_dtype) for layer in stage_layers)
     if par.dp_attention:  # every GPU keeps the whole attention: (tp - 1) more copies of it per group
         layers += len(stage_layers) * model.attention_params() * wbytes * (par.tp - 1)
-    embed = (model.embedding_params + model.lookup_params) * ACT_BYTES + model.extra_linear_params * wbytes
+    embed = (model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES \
+        + model.extra_linear_params * wbytes
     head = 0.0 if model.tie_embeddings else model.lm_head_params * ACT_BYTES
     ends = embed + head if par.pp == 1 else max(embed, head)
     return (layers + ends) / par.tp

@@ -95,6 +95,7 @@ class ModelSpec:
     lookup_params: int = 0  # tables read by lookup only (Gemma 3n per-layer embeddings): stored, not streamed
     extra_linear_params: int = 0  # model-level per-token projections (Gemma 3n AltUp, per-layer input projection)
     vector_params_per_layer: int = 0  # QK norms, attention sinks: stored, not GEMMs
+    vision_params: int = 0  # an image encoder and its projector (Gemma 3's SigLIP): stored; images are not modelled
     quantization: str = "bf16"  # the checkpoint's weight dtype (what `weight_dtype: auto` serves), see checkpoint_dtype
 
     @property
@@ -175,7 +176,7 @@ class ModelSpec:
         return self.vocab_size * self.hidden_size
 
     def total_params(self) -> int:
-        return self._params(active=False)
+        return self._params(active=False) + self.vision_params
 
     def active_params(self) -> int:
         """Parameters used per token (MoE: routed top-k + shared experts); embeddings and lookups included."""
@@ -252,6 +253,9 @@ def _layer_kinds(f: _Fields, num_layers: int) -> list[tuple[str, int | None]]:
     model_type = f.raw.get("model_type", "")
     if model_type == "gemma2" and window:
         return [("sliding", window) if i % 2 == 0 else ("full", None) for i in range(num_layers)]
+    pattern = f.get("sliding_window_pattern", int, 0)
+    if model_type.startswith("gemma3") and window and pattern:  # older Gemma 3 configs: every pattern-th layer full
+        return [("full", None) if (i + 1) % pattern == 0 else ("sliding", window) for i in range(num_layers)]
     uses_window = f.raw.get("use_sliding_window", model_type in ("mistral",))
     if window and uses_window and window < f.get("max_position_embeddings", int, 1 << 30):
         return [("sliding", window)] * num_layers
@@ -319,12 +323,14 @@ def checkpoint_dtype(raw: dict[str, Any]) -> str:
 
 
 def _vector_params(f: _Fields) -> int:
-    """Per-layer parameters outside the GEMMs: Qwen3's per-head QK RMSNorms, gpt-oss's attention sinks
-    (one logit per head; in its weights, not its config)."""
+    """Per-layer parameters outside the GEMMs: Qwen3's and Gemma 3's per-head QK RMSNorms, Gemma 2/3's extra
+    feedforward norms, gpt-oss's attention sinks (one logit per head; in its weights, not its config)."""
     model_type = f.raw.get("model_type", "")
-    if model_type in ("qwen3", "qwen3_moe"):
-        return 2 * f.get("head_dim", int, f.get("hidden_size") // f.get("num_attention_heads"))
-    return f.get("num_attention_heads") if model_type == "gpt_oss" else 0
+    head_dim = f.get("head_dim", int, f.get("hidden_size") // f.get("num_attention_heads"))
+    params = 2 * head_dim if model_type in ("qwen3", "qwen3_moe") or model_type.startswith("gemma3") else 0
+    if model_type in ("gemma2", "gemma3", "gemma3_text"):  # pre- and post-feedforward norms besides the usual two
+        params += 2 * f.get("hidden_size")
+    return params + (f.get("num_attention_heads") if model_type == "gpt_oss" else 0)
 
 
 def _mla(f: _Fields) -> MlaSpec | None:
@@ -352,10 +358,35 @@ def _tied(raw: dict[str, Any]) -> bool:
     return str(raw.get("model_type", "")).startswith("gemma")
 
 
+#: Fields a config may leave to its transformers class (HF writes only what differs from the defaults).
+#: Gemma3TextConfig: Google's Gemma 3 files omit these; every 6th layer is full attention.
+CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072, "head_dim": 256,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "sliding_window_pattern": 6},
+}
+
+
+def _vision_params(raw: dict[str, Any]) -> int:
+    """Gemma 3's SigLIP vision tower (patch and position embeddings, pre-norm encoder layers with biases, a final
+    norm) plus its projector (a vision x text matrix and an RMSNorm); 0 for other models."""
+    vision, text = raw.get("vision_config"), raw.get("text_config")
+    if raw.get("model_type") != "gemma3" or not isinstance(vision, dict) or not isinstance(text, dict):
+        return 0
+    f = _Fields(vision, "vision_config")
+    h, inner, patch = f.get("hidden_size"), f.get("intermediate_size"), f.get("patch_size")
+    positions = (f.get("image_size") // patch) ** 2
+    embeddings = f.get("num_channels", int, 3) * patch * patch * h + h + positions * h
+    layer = 4 * (h * h + h) + 2 * 2 * h + 2 * h * inner + inner + h
+    return embeddings + f.get("num_hidden_layers") * layer + 2 * h + h * text.get("hidden_size", 0) + h
+
+
 def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
-    """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`)."""
+    """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`, plus the vision
+    tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
+    vision = _vision_params(raw)
     if isinstance(raw.get("text_config"), dict):
         raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
+    raw = {**CLASS_DEFAULTS.get(str(raw.get("model_type", "")), {}), **raw}
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
     num_layers = f.get("num_hidden_layers")
@@ -382,7 +413,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
         o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not
         mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear,
-        vector_params_per_layer=_vector_params(f), quantization=checkpoint_dtype(raw))
+        vector_params_per_layer=_vector_params(f), vision_params=vision, quantization=checkpoint_dtype(raw))
 
 
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:

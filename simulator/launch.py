@@ -26,6 +26,9 @@ HF_MODEL_IDS = {
     "qwen3-32b": "Qwen/Qwen3-32B",
     "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
     "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
+    "gemma-3-4b": "google/gemma-3-4b-it",
+    "gemma-3-12b": "google/gemma-3-12b-it",
+    "gemma-3-27b": "google/gemma-3-27b-it",
 }
 
 

@@ -147,3 +147,19 @@ def test_a_shared_expert_of_its_own_width_is_refused():
            "shared_expert_intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 1024}
     with pytest.raises(SpecError, match="shared_expert_intermediate_size"):
         model_from_config(raw, "tiny", "q2moe.json")
+
+
+SIGLIP_PARAMS = 416_866_032  # Gemma 3's vision tower (27 layers of width 1152): stored, images not modelled
+
+
+@pytest.mark.parametrize("name,published", [("gemma-3-27b", 27_432_406_640), ("gemma-3-12b", 12_187_325_040),
+                                            ("gemma-3-4b", 4_300_079_472)])
+def test_gemma_3_text_model_plus_vision_tower_is_the_published_count(name, published):
+    """Google's config.json leaves vocab, head_dim (12b, 4b), heads (4b) and the 5:1 layout to Gemma3TextConfig's
+    defaults; with them, text model + SigLIP (its weights counted, not run) + projector is exact."""
+    model = get_model(name)
+    assert model.vision_params == SIGLIP_PARAMS + 1152 * (model.hidden_size + 1)
+    assert model.total_params() == published
+    kinds = [layer.attention for layer in model.layers]
+    assert kinds[:6] == ["sliding"] * 5 + ["full"] and kinds.count("full") == model.num_layers // 6
+    assert {layer.window for layer in model.layers if layer.attention == "sliding"} == {1024}
