@@ -65,6 +65,10 @@ class DecodeScheduler(TokenBudgetScheduler):
     def num_waiting(self) -> int:
         return super().num_waiting + len(self.offers) + self.in_flight
 
+    @property
+    def admission_waits_for_blocks(self) -> bool:
+        return bool(self.offers) or super().admission_waits_for_blocks  # offers reserve blocks, not slots
+
     def offer(self, req: Request, on_reserved: Callable[[Request], None]) -> None:
         """Queue a prefilled request; `on_reserved(req)` runs once its blocks are reserved here."""
         self.offers.append((req, on_reserved))

@@ -92,6 +92,12 @@ class TokenBudgetScheduler:
         return len(self._waiting) + len(self.swapped)
 
     @property
+    def admission_waits_for_blocks(self) -> bool:
+        """Whether freed KV blocks could let a waiting or swapped-out request in: one waits and a batch slot is
+        free (a full batch admits nobody whatever the pool holds)."""
+        return self.num_waiting > 0 and len(self.running) < self.max_num_seqs
+
+    @property
     def num_running(self) -> int:
         return len(self.running)
 

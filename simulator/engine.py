@@ -105,7 +105,8 @@ class Replica:
         requests, kv = list(requests), self.scheduler.kv
         finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0
         stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed,
-                               waiting=self.scheduler.num_waiting > 0)
+                               waiting=getattr(self.scheduler, "admission_waits_for_blocks",
+                                               self.scheduler.num_waiting > 0))
         if stretch is None:
             return None
         finished: list[Request] = []

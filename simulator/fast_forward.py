@@ -11,7 +11,7 @@ A stretch may be fused when the scheduler says the step is a plain decode of eve
 - while the blocks the stretch opens still fit in the free pool (no preemption can occur), handed
   out in the same order stepping would; admissions blocked now stay blocked, as free blocks only shrink;
 - in a hybrid KV pool (sliding-window groups free a block every block_size steps), at the first step
-  after which a window frees a block, if anything waits: the freed block could admit it.
+  after which a window frees a block, if a request waits with a batch slot free: the block could admit it.
 Step times come from `StepTimer.decode_stretch_s`, bit-for-bit the stepped ones, and are summed in
 the same order SimPy would, so every timestamp matches.
 """
@@ -93,8 +93,8 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
     """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2.
 
     `finishes_allowed`: nobody waits for a freed slot and no client reacts to a finish, so requests may
-    finish inside the stretch (never in its last step, which may span an outside event). `waiting`: some
-    request waits for admission, so blocks a sliding window frees end the stretch.
+    finish inside the stretch (never in its last step, which may span an outside event). `waiting`: a
+    request waits for admission that a free block could let in, so blocks a sliding window frees end it.
     """
     finish = np.fromiter((r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests))
     upper = min(int(finish.max()) + 1 if finishes_allowed else int(finish.min()), max_steps)

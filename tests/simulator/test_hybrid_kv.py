@@ -49,10 +49,11 @@ SHARED_PROMPTS = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low"
 @pytest.mark.parametrize("overrides", [
     {},  # the Azure chat slice
     {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 500, "max_num_seqs": 32}},  # waiting, preempting
+    {"engine": {"max_model_len": 16384, "max_num_seqs": 8}},  # waiting for slots: window frees admit nobody
     {"engine": {"max_model_len": 16384, "prefix_caching": "none"}},
     {"workload": SHARED_PROMPTS},  # prefix hits over the sliding group, freed blocks keep their hashes
     {"workload": SHARED_PROMPTS, "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 400}},
-], ids=["azure", "tight", "no-caching", "shared", "shared-tight"])
+], ids=["azure", "tight", "slots", "no-caching", "shared", "shared-tight"])
 def test_fused_decode_stretches_free_window_blocks_as_stepping_does(overrides, monkeypatch):
     """gpt-oss's 128-token windows free a block every 16 decode steps: fused stretches replay those frees (and
     the registrations before them) in stepping order, so every table matches a stepped run's."""
