@@ -6,6 +6,9 @@
 #
 #   --dry-run   the same steps on the CPU with tiny scaled models and a short trace (a minute or two),
 #               so the script itself is tested where there is no GPU.
+#   llama|gemma only that model's calibrate + validate (default: both). A lease runs one command for at
+#               most 10 minutes, so run `... gpu_lease.sh llama` and `... gpu_lease.sh gemma` as two calls
+#               into the same $OUT if both together would not fit.
 #
 # Files: environment.txt; <model>.calibrate.txt and <model>.validate.txt (the printed tables); and
 # <model>/{profile.yaml, grid.csv, calibration.json, model_config.json, requests_measured.csv,
@@ -16,7 +19,12 @@ cd "$(dirname "$0")/.."
 OUT="${OUT:-lease_out}"
 mkdir -p "$OUT"
 
-if [[ "${1:-}" == "--dry-run" ]]; then
+DRY=""
+if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
+ONLY="${1:-all}"
+case "$ONLY" in all|llama|gemma) ;; *) echo "usage: gpu_lease.sh [--dry-run] [llama|gemma]" >&2; exit 2;; esac
+
+if [[ -n "$DRY" ]]; then
     DEVICE=(--device cpu --threads 1 --quick)
     LLAMA_SCALE="layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128,vocab=256"
     GEMMA_SCALE="layers=6,kv_shared=2,hidden=64,heads=4,kv_heads=2,intermediate=128,vocab=256,window=64"
@@ -33,12 +41,16 @@ servesim() { python -c 'from simulator.cli import app; app()' "$@"; }
 
 { date -u; git rev-parse HEAD 2>/dev/null || true; nvidia-smi 2>/dev/null || echo "no nvidia-smi";
   python -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'; } \
-    > "$OUT/environment.txt" 2>&1
+    >> "$OUT/environment.txt" 2>&1  # appended: the two phases of a split lease land in one folder
 
-servesim calibrate "${DEVICE[@]}" --model llama-3.1-8b --scale "$LLAMA_SCALE" --out "$OUT/llama-3.1-8b" \
-    | tee "$OUT/llama-3.1-8b.calibrate.txt"
-servesim calibrate "${DEVICE[@]}" --model gemma-3n-e2b --scale "$GEMMA_SCALE" --out "$OUT/gemma-3n-e2b" \
-    | tee "$OUT/gemma-3n-e2b.calibrate.txt"
-servesim validate "$OUT/llama-3.1-8b" "${TRACE[@]}" | tee "$OUT/llama-3.1-8b.validate.txt"
-servesim validate "$OUT/gemma-3n-e2b" "${TRACE[@]}" --fast-prefill | tee "$OUT/gemma-3n-e2b.validate.txt"
-echo "lease done: results in $OUT"
+if [[ "$ONLY" != gemma ]]; then
+    servesim calibrate "${DEVICE[@]}" --model llama-3.1-8b --scale "$LLAMA_SCALE" --out "$OUT/llama-3.1-8b" \
+        | tee "$OUT/llama-3.1-8b.calibrate.txt"
+    servesim validate "$OUT/llama-3.1-8b" "${TRACE[@]}" | tee "$OUT/llama-3.1-8b.validate.txt"
+fi
+if [[ "$ONLY" != llama ]]; then
+    servesim calibrate "${DEVICE[@]}" --model gemma-3n-e2b --scale "$GEMMA_SCALE" --out "$OUT/gemma-3n-e2b" \
+        | tee "$OUT/gemma-3n-e2b.calibrate.txt"
+    servesim validate "$OUT/gemma-3n-e2b" "${TRACE[@]}" --fast-prefill | tee "$OUT/gemma-3n-e2b.validate.txt"
+fi
+echo "lease done ($ONLY): results in $OUT"

@@ -50,13 +50,19 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
     assert bad.exit_code == 2 and "calibration.json" in bad.stderr and bad.stderr.count("\n") == 1
 
 
-def test_gpu_lease_script_dry_run_writes_everything(tmp_path):
+def test_gpu_lease_script_dry_run_writes_everything_in_two_calls(tmp_path):
+    """A lease command runs at most 10 minutes: the script's two phases fill one folder from two calls."""
     # the script runs `python` from PATH: make it this interpreter
     env = os.environ | {"OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    done = subprocess.run(["bash", str(ROOT / "calibration" / "gpu_lease.sh"), "--dry-run"], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "lease done" in done.stdout
+    script = str(ROOT / "calibration" / "gpu_lease.sh")
+    bad = subprocess.run(["bash", script, "--dry-run", "mistral"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    assert bad.returncode == 2 and "llama|gemma" in bad.stderr
+    for phase in ("llama", "gemma"):
+        done = subprocess.run(["bash", script, "--dry-run", phase], env=env, cwd=tmp_path,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        assert f"lease done ({phase})" in done.stdout
+    assert (tmp_path / "environment.txt").read_text().count("torch") == 2
     for model in ("llama-3.1-8b", "gemma-3n-e2b"):
         folder = tmp_path / model
         for name in ("profile.yaml", "grid.csv", "validation.csv", "validation.html", "requests_measured.csv"):
