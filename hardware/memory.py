@@ -38,8 +38,8 @@ class EngineMemoryConfig:
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_model_len: int | None = None  # default: the model's max_position_embeddings
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # for direct callers; scenarios and `servesim memory` pass vLLM's per-GPU
+    max_num_seqs: int = 256             # defaults (policies.config.EngineConfig.with_vllm_defaults)
     kv_dtype: str = "bf16"
     weight_dtype: str = "auto"  # the checkpoint's own (hardware.model.resolve_weight_dtype)
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
