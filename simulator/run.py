@@ -129,6 +129,17 @@ def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
     return s.model_copy(update={"engine": engine, "hardware": hardware, "parallelism": parallelism})
 
 
+def _with_pool_limits(s: Scenario, prefill: EngineConfig, decode: EngineConfig) -> Scenario:
+    """`s` with each pool's batch limits as it ran them written into its engine overrides (the resolved
+    scenario.yaml of a disaggregated run re-runs the same even where the pools' GPUs differ)."""
+    d = s.disaggregation
+    pools = {}
+    for name, pool, engine in (("prefill", d.prefill, prefill), ("decode", d.decode, decode)):
+        limits = {"max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens}
+        pools[name] = pool.model_copy(update={"engine": {**limits, **pool.engine}})
+    return s.model_copy(update={"disaggregation": d.model_copy(update=pools)})
+
+
 class World:
     """The simulated cluster: replicas behind a router (or a prefill and a decode pool), fed by the traffic."""
 
@@ -163,6 +174,7 @@ class World:
             self.handoff = Handoff(self.env, get_model(s.model), prefill.scenario.engine, d.transfer,
                                    link.bytes_per_s, link.latency_s, prefill.replicas, decode.replicas,
                                    decode_router.route, d.prefill.tp)
+            self.scenario = _with_pool_limits(s, prefill.scenario.engine, decode.scenario.engine)
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
         self.app_cache = AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" \
             else None

@@ -122,3 +122,16 @@ def test_distserve_disaggregation_wins_goodput_under_strict_slos_colocation_wins
     best = lambda runs, key: max(r[key] for r in runs)  # noqa: E731
     assert best(disaggregated_, "request_goodput") > 1.2 * best(colocated, "request_goodput")
     assert best(colocated, "output_throughput") >= best(disaggregated_, "output_throughput")
+
+
+def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_reruns_identically():
+    s = scenario(model="llama-3.1-8b", hardware={"gpu": "h100-sxm"}, engine={"max_model_len": 16384},
+                 disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1, "gpu": "l40s"},
+                                 "transfer": {"link": "ib-ndr-400"}},
+                 workload={**PREFILL_HEAVY, "num_requests": 60})
+    first = run(s)
+    d = first.scenario.disaggregation
+    assert (d.prefill.engine["max_num_seqs"], d.prefill.engine["max_num_batched_tokens"]) == (1024, 8192)  # H100
+    assert (d.decode.engine["max_num_seqs"], d.decode.engine["max_num_batched_tokens"]) == (256, 2048)  # L40S
+    again = run(type(s).model_validate(first.scenario.model_dump(mode="json")))
+    assert again.requests.equals(first.requests)
