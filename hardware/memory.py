@@ -78,7 +78,10 @@ class MemoryPlan:
 
 def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) -> float:
     """One whole layer's weights; under an expert-only dtype (mxfp4) only its experts are quantized."""
-    wbytes, expert_wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))
+    return _layer_bytes(model, layer, *weight_bytes(model, resolve_weight_dtype(model, weight_dtype)))
+
+
+def _layer_bytes(model: ModelSpec, layer: LayerSpec, wbytes: float, expert_wbytes: float) -> float:
     experts = model.layer_expert_params(layer)
     return (model.layer_params(layer) - experts) * wbytes + experts * expert_wbytes
 
@@ -87,9 +90,9 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings, LM head and a vision tower
     stay bf16 (the tower on the first stage).
     `auto`: the checkpoint's dtype."""
-    wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))[0]
+    wbytes, expert_wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))
     stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
-    layers = sum(layer_weight_bytes(model, layer, weight_dtype) for layer in stage_layers)
+    layers = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage_layers)
     if par.dp_attention:  # every GPU keeps the whole attention: (tp - 1) more copies of it per group
         layers += len(stage_layers) * model.attention_params() * wbytes * (par.tp - 1)
     embed = (model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES \

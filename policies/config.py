@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hardware.errors import SpecError
+from hardware.gpu import GpuSpec
 from policies.spec_decode import SpeculativeConfig
 
 
@@ -45,11 +46,11 @@ class EngineConfig(BaseModel):
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
-    def with_vllm_defaults(self, device_memory_bytes: float, device_name: str, max_model_len: int) -> EngineConfig:
+    def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int) -> EngineConfig:
         """This config with unset batch limits filled as `vllm serve` fills them (EngineArgs.get_batch_defaults):
         larger ones on devices reporting >= 70 GiB, except A100s, where a larger budget measured slower; unset
         slots are capped at the step's token budget."""
-        large = device_memory_bytes >= 70 * (1 << 30) and "a100" not in device_name.lower()
+        large = gpu.reported_memory_bytes >= 70 * (1 << 30) and "a100" not in gpu.name.lower()
         tokens, seqs = (8192, 1024) if large else (2048, 256)
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)

@@ -94,8 +94,7 @@ class PrefixAffinityRouter:
         if req.arrival_s >= self._next_eviction_s:  # the router's eviction thread, run at its next tick
             for tree in self.trees:
                 tree.evict_to(self.max_tree_tokens)
-            self._next_eviction_s += self.eviction_interval_s * (
-                1 + (req.arrival_s - self._next_eviction_s) // self.eviction_interval_s)
+            self._next_eviction_s = (req.arrival_s // self.eviction_interval_s + 1) * self.eviction_interval_s
         key = pieces(request_runs(req), 0, req.num_prompt_tokens)
         loads = [r.num_outstanding for r in self.replicas]
         if max(loads) - min(loads) > self.balance_abs and max(loads) > self.balance_rel * min(loads):

@@ -24,7 +24,7 @@ class StaticScheduler:
 
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
-        self.max_batch = cfg.batch_limits()[1]
+        self.max_num_seqs = cfg.batch_limits()[1]
         self._waiting: list[tuple[tuple, Request]] = []
         self.batch: list[Request] = []
         self.pad_tokens = 0  # padded prompt length of the current batch
@@ -69,7 +69,7 @@ class StaticScheduler:
 
     def _form_batch(self) -> bool:
         candidates = [heapq.heappop(self._waiting)[1]
-                      for _ in range(min(self.max_batch, len(self._waiting)))]
+                      for _ in range(min(self.max_num_seqs, len(self._waiting)))]
         while candidates and not self._fits(candidates):
             heapq.heappush(self._waiting, (self.order(candidates[-1]), candidates[-1]))
             candidates.pop()

@@ -145,7 +145,7 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
     """Plan GPU memory like vLLM at start-up: weights, activations, KV blocks, max concurrency."""
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     batch = EngineConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs).with_vllm_defaults(
-        gpu_spec.reported_memory_bytes, gpu_spec.name, max_model_len or spec.max_position_embeddings)
+        gpu_spec, max_model_len or spec.max_position_embeddings)
     cfg = EngineMemoryConfig(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
                              max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
                              max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,

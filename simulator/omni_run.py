@@ -126,9 +126,10 @@ class Pipeline:
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
         tensors = tuple(StageTensor(t.name, t.dims or model.hidden_size, t.dtype) for t in cfg.outputs)
+        cached = ()
         if cfg.cache_outputs and e.prefix_caching != "none":
             _check_stage_cache(cfg.name, e, memory)
-        cached = tensors if cfg.cache_outputs and e.prefix_caching != "none" else ()
+            cached = tensors
         pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
         stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached), num_blocks * e.block_size // page_size,
                       page_size, tensors, pcie.bytes_per_s, pcie.latency_s)

@@ -13,13 +13,13 @@ from tests.simulator.conftest import scenario
     ("l40s", 2048, 256), ("l4", 2048, 256)])
 def test_defaults_follow_the_memory_the_gpu_reports_and_spare_the_a100(gpu, tokens, seqs):
     spec = get_gpu(gpu)
-    engine = EngineConfig().with_vllm_defaults(spec.reported_memory_bytes, spec.name, 16384)
+    engine = EngineConfig().with_vllm_defaults(spec, 16384)
     assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (tokens, seqs)
 
 
 def test_set_limits_stay_and_unset_slots_never_exceed_the_budget():
     h100 = get_gpu("h100-sxm")
-    args = (h100.reported_memory_bytes, h100.name, 16384)
+    args = (h100, 16384)
     assert EngineConfig(max_num_seqs=64).with_vllm_defaults(*args).max_num_batched_tokens == 8192
     assert EngineConfig(max_num_batched_tokens=512).with_vllm_defaults(*args).max_num_seqs == 512
     unchunked = EngineConfig(enable_chunked_prefill=False).with_vllm_defaults(*args)
@@ -38,4 +38,4 @@ def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
     from hardware.errors import SpecError
     l40s = get_gpu("l40s")
     with pytest.raises(SpecError, match=r"vLLM's default max_num_batched_tokens=2048 .* < max_num_seqs \(4096\)"):
-        EngineConfig(max_num_seqs=4096).with_vllm_defaults(l40s.reported_memory_bytes, l40s.name, 8192)
+        EngineConfig(max_num_seqs=4096).with_vllm_defaults(l40s, 8192)
