@@ -235,3 +235,4 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     console.print(f"results in {folder}/")
 from simulator import cli_plan  # noqa: E402,F401  (registers sweep, plan, report)
 from simulator import cli_calibrate  # noqa: E402,F401  (registers calibrate)
+from simulator import cli_compare  # noqa: E402,F401  (registers compare)

@@ -256,7 +256,8 @@ def with_overrides(base: Scenario, overrides: dict[str, Any]) -> Scenario:
     return Scenario.model_validate(raw)
 
 
-def _first_error(err: ValidationError, source: str) -> SpecError:
+def first_error(err: ValidationError, source: str) -> SpecError:
+    """The first problem of `err` as one line naming `source`, the field and, for choices, the value given."""
     first = err.errors()[0]
     path = ".".join(str(p) for p in first["loc"])
     message = first["msg"].removeprefix("Value error, ")
@@ -279,7 +280,7 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
-        raise _first_error(err, str(path)) from None
+        raise first_error(err, str(path)) from None
     hardware = scenario.hardware
     if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
         files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]

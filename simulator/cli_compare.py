@@ -1,0 +1,45 @@
+"""`servesim compare`: the simulator against measured benchmark runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hardware.errors import SpecError
+from simulator.cli import app, clean_errors, console, print_json, print_table
+
+
+@app.command()
+@clean_errors
+def compare(runs_file: Path,
+            profile: str | None = typer.Option(None, "--profile", help="Calibration profile name or YAML path "
+                                               "(default: the cost model's documented defaults)"),
+            match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+            html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
+            as_json: bool = typer.Option(False, "--json")) -> None:
+    """Simulate measured benchmark runs (vllm bench serve / latency / throughput on fixed lengths, a YAML list
+    like benchmarks/published_runs.yaml) and report the error of every figure they give."""
+    from simulator.measured import load_measured_runs, replay
+    from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
+                                           write_html)
+    from simulator.progress import progress_bar
+
+    runs = [run for run in load_measured_runs(runs_file) if match is None or match in run.label()]
+    if not runs:
+        raise SpecError(f"{runs_file}: no run's label contains {match!r}")
+    results = []
+    with progress_bar("simulating runs", console, every=1) as advance:
+        advance.total(len(runs))
+        for i, run in enumerate(runs, 1):
+            results.append((run, replay(run, profile)))
+            advance(i)
+    if as_json:
+        print_json([{"run": run.label(), "source": run.source,
+                     "figures": [{"metric": e.metric, "measured": e.measured, "predicted": e.predicted,
+                                  "error_pct": e.error_pct} for e in errors]} for run, errors in results])
+    else:
+        print_table(f"{runs_file}: every figure", ERROR_COLUMNS, error_rows(results))
+        print_table(f"error per family ({profile or 'default profile'})", FAMILY_COLUMNS, family_rows(results))
+    if html is not None:
+        console.print(f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}")

@@ -1,0 +1,170 @@
+"""Measured benchmark runs as scenarios, and the simulator's error against them.
+
+A planner is worth what its predictions are. A `vllm bench serve` / `bench latency` / `bench throughput` run
+(or SGLang's `bench_serving`) on fixed-length random prompts names its setup (GPU, model, TP, engine flags)
+and its load (prompt count, concurrency or rate) exactly enough to be run again in simulation. A
+`MeasuredRun` records one such run with its source; `scenario_for` rebuilds it, `compare` sets the
+simulated summary against the measured figures under vLLM's own metric names.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hardware.errors import SpecError
+from hardware.files import read_yaml
+from simulator.scenario import Scenario, first_error
+
+LATENCY = "latency_s"
+# measured key (vLLM bench's names) -> the simulator summary's key
+SUMMARY_KEY = {
+    "duration_s": "duration_s", "request_throughput": "request_throughput",
+    "output_throughput": "output_throughput", "total_throughput": "total_token_throughput",
+    **{f"{stat}_{metric}_ms": f"{stat}_{metric}_ms"
+       for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p90", "p99")},
+    LATENCY: "duration_s",  # bench latency: one batch from submission to its last token
+}
+MetricName = Literal[tuple(SUMMARY_KEY)]  # type: ignore[valid-type]
+
+
+class EngineArgs(BaseModel):
+    """The `vllm serve` flags a run states; unset ones take vLLM's defaults, as in the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+
+
+class MeasuredRun(BaseModel):
+    """One measured benchmark point: its setup, its load and the figures it reported, with their source."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    source: str = Field(min_length=1, description="Where the figures were published (URL, repo@commit:path)")
+    quote: str | None = Field(None, description="The source's own lines holding the figures")
+    notes: str | None = None
+    engine: Literal["vllm", "sglang"] = "vllm"
+    engine_version: str | None = None
+    gpu: str
+    tp: int = Field(1, ge=1)
+    model: str
+    weight_dtype: str = "auto"
+    kv_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
+    engine_args: EngineArgs = EngineArgs()
+    benchmark: Literal["serve", "throughput", "latency"]
+    dataset: Literal["random", "sharegpt"] = Field("random", description=(
+        "random: fixed lengths, replayed exactly; sharegpt: replayed at the run's mean lengths (its token totals "
+        "over its prompts), so only its per-token figures (TPOT, ITL) are worth comparing"))
+    input_len: int = Field(ge=1)
+    output_len: int = Field(ge=1)
+    num_prompts: int | None = Field(None, ge=1)
+    max_concurrency: int | None = Field(None, ge=1)
+    request_rate: float = Field(math.inf, gt=0, description="Requests/s (Poisson, vLLM's default burstiness); inf")
+    batch_size: int | None = Field(None, ge=1, description="bench latency: prompts in the one batch")
+    measured: dict[MetricName, float] = Field(min_length=1)  # type: ignore[valid-type]
+
+    @field_validator("request_rate", mode="before")
+    @classmethod
+    def _inf(cls, value: Any) -> Any:
+        return math.inf if isinstance(value, str) and value.strip().lower() == "inf" else value
+
+    @model_validator(mode="after")
+    def _load_is_defined(self) -> MeasuredRun:
+        if self.benchmark == "latency":
+            if self.batch_size is None:
+                raise ValueError("a latency benchmark needs batch_size")
+        elif self.num_prompts is None:
+            raise ValueError(f"a {self.benchmark} benchmark needs num_prompts")
+        if self.max_concurrency is not None and math.isfinite(self.request_rate):
+            raise ValueError("a finite request_rate together with max_concurrency is not modelled "
+                             "(closed-loop clients send as soon as they are free)")
+        if (LATENCY in self.measured) != (self.benchmark == "latency"):
+            raise ValueError("latency_s is the figure of latency benchmarks, and theirs only")
+        return self
+
+    @property
+    def num_requests(self) -> int:
+        return self.batch_size if self.benchmark == "latency" else self.num_prompts
+
+    def label(self) -> str:
+        load = (f"batch {self.batch_size}" if self.benchmark == "latency"
+                else f"c={self.max_concurrency}" if self.max_concurrency
+                else f"{self.request_rate:g} req/s" if math.isfinite(self.request_rate) else "all at once")
+        tp = f" TP{self.tp}" if self.tp > 1 else ""
+        return f"{self.model} {self.gpu}{tp} {self.benchmark} {self.input_len}/{self.output_len} {load}"
+
+
+def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) -> Scenario:
+    """The simulated twin of `run`: same model, GPU, TP, stated flags and load, vLLM's defaults otherwise;
+    `profile` is a calibration profile's name or path (default: the cost model's documented defaults)."""
+    args = run.engine_args
+    engine: dict[str, Any] = {k: v for k, v in (
+        ("max_num_seqs", args.max_num_seqs), ("max_num_batched_tokens", args.max_num_batched_tokens),
+        ("max_model_len", args.max_model_len), ("gpu_memory_utilization", args.gpu_memory_utilization),
+        ("enable_chunked_prefill", args.enable_chunked_prefill)) if v is not None}
+    engine["weight_dtype"] = run.weight_dtype
+    if run.kv_dtype != "auto":
+        engine["kv_dtype"] = run.kv_dtype
+    caching = "radix" if run.engine == "sglang" else "vllm"
+    engine["prefix_caching"] = caching if args.enable_prefix_caching is not False else "none"
+    lengths = {"prompt": {"kind": "fixed", "value": run.input_len},
+               "output": {"kind": "fixed", "value": run.output_len}}
+    workload: dict[str, Any] = {"lengths": lengths, "num_requests": run.num_requests}
+    if run.max_concurrency is not None:
+        workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
+    elif math.isfinite(run.request_rate):
+        workload["arrivals"] = {"kind": "poisson", "rate_per_s": run.request_rate}
+    else:
+        workload["arrivals"] = {"kind": "all_at_once"}
+    hardware = {"gpu": run.gpu} | ({"profile": profile} if profile else {})
+    raw = {"name": "measured", "seed": seed, "model": run.model, "hardware": hardware,
+           "parallelism": {"tp": run.tp}, "engine": engine, "workload": workload}
+    try:
+        return Scenario.model_validate(raw)
+    except ValidationError as err:
+        raise first_error(err, f"{run.source} ({run.label()})") from None
+
+
+@dataclass(frozen=True)
+class MetricError:
+    metric: str
+    measured: float
+    predicted: float
+
+    @property
+    def error_pct(self) -> float:
+        """Signed: positive when the simulator predicts more (slower latencies, higher throughputs)."""
+        return (self.predicted - self.measured) / self.measured * 100 if self.measured else math.nan
+
+
+def compare(run: MeasuredRun, summary: dict[str, float]) -> list[MetricError]:
+    return [MetricError(metric, value, float(summary[SUMMARY_KEY[metric]])) for metric, value in run.measured.items()]
+
+
+def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
+    """Simulate `run`'s twin and compare it with what was measured."""
+    from simulator.run import simulate  # the engine world is only needed here
+
+    return compare(run, simulate(scenario_for(run, profile), Path.cwd()).summary)
+
+
+def load_measured_runs(path: Path) -> list[MeasuredRun]:
+    """A YAML list of measured runs (see benchmarks/published_runs.yaml); errors name the file, entry and field."""
+    raw = read_yaml(path, "measured-runs file")
+    if not isinstance(raw, list) or not raw:
+        raise SpecError(f"{path}: a measured-runs file is a non-empty YAML list of runs")
+    runs = []
+    for i, entry in enumerate(raw):
+        try:
+            runs.append(MeasuredRun.model_validate(entry))
+        except ValidationError as err:
+            raise first_error(err, f"{path}: entry {i}") from None
+    return runs

@@ -1,0 +1,133 @@
+"""Measured benchmark runs: their simulated twins, the errors reported against them, and bad input."""
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from hardware.batch import StepBatch
+from hardware.errors import SpecError
+from simulator.cli import app
+from simulator.measured import MeasuredRun, MetricError, compare, load_measured_runs, replay, scenario_for
+from simulator.measured_report import family_rows
+from simulator.run import build_timer
+
+runner = CliRunner()
+PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
+SERVE = {"source": "test", "gpu": "h100-sxm", "model": "llama-3.1-8b", "benchmark": "serve",
+         "input_len": 1024, "output_len": 128, "num_prompts": 40, "measured": {"median_ttft_ms": 50.0}}
+
+
+def run_of(**fields) -> MeasuredRun:
+    return MeasuredRun.model_validate(SERVE | fields)
+
+
+def test_max_concurrency_becomes_closed_loop_clients_and_rate_a_poisson_process():
+    closed = scenario_for(run_of(max_concurrency=8)).workload
+    assert closed.closed_loop.clients == 8 and closed.num_requests == 40
+    assert closed.lengths.prompt.value == 1024 and closed.lengths.output.value == 128
+    assert scenario_for(run_of(request_rate=4.0)).workload.arrivals.rate_per_s == 4.0
+    assert scenario_for(run_of(request_rate="inf")).workload.arrivals.kind == "all_at_once"
+
+
+def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
+    run = run_of(engine_args={"max_num_seqs": 64, "max_model_len": 4096, "gpu_memory_utilization": 0.95,
+                              "enable_prefix_caching": False}, kv_dtype="fp8", tp=2)
+    s = scenario_for(run, profile="my.yaml")
+    assert (s.engine.max_num_seqs, s.engine.max_model_len, s.engine.gpu_memory_utilization) == (64, 4096, 0.95)
+    assert s.engine.prefix_caching == "none" and s.engine.kv_dtype == "fp8" and s.parallelism.tp == 2
+    assert s.hardware.profile == "my.yaml"
+    default = scenario_for(run_of())
+    assert default.engine.max_num_batched_tokens is None and default.engine.prefix_caching == "vllm"
+    assert scenario_for(run_of(engine="sglang")).engine.prefix_caching == "radix"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_concurrency": 4, "request_rate": 2.0}, "not modelled"),
+    ({"benchmark": "latency"}, "needs batch_size"),
+    ({"num_prompts": None}, "needs num_prompts"),
+    ({"measured": {"latency_s": 1.0}}, "latency benchmarks"),
+    ({"measured": {"mean_ttft_s": 1.0}}, "mean_ttft_s"),
+])
+def test_an_undefined_or_unmodelled_run_is_refused(fields, message):
+    with pytest.raises(ValueError, match=message):
+        run_of(**fields)
+
+
+def test_errors_are_signed_relative_to_the_measurement():
+    run = run_of(measured={"median_ttft_ms": 50.0, "output_throughput": 2000.0})
+    errors = compare(run, {"median_ttft_ms": 60.0, "output_throughput": 1500.0})
+    assert [(e.metric, e.error_pct) for e in errors] == [("median_ttft_ms", pytest.approx(20.0)),
+                                                         ("output_throughput", pytest.approx(-25.0))]
+    rows = family_rows([(run, errors), (run, [MetricError("p99_ttft_ms", 100.0, 90.0)])])
+    assert rows[0] == ["ttft", "2", "15.0%", "19.0%", "+5.0%"]  # |20|,|-10|: median 15, p90 19, bias +5
+
+
+def test_a_latency_run_replays_as_one_prefill_then_decode_steps_of_the_cost_model():
+    """bench latency: B prompts at once; the whole batch takes its prefill step then output_len - 1 decode
+    steps over growing context, each priced by the cost model (plus nothing else)."""
+    b, i, o = 4, 512, 32
+    run = run_of(benchmark="latency", batch_size=b, num_prompts=None, input_len=i, output_len=o,
+                 measured={"latency_s": 1.0, "median_ttft_ms": 1.0})
+    timer = build_timer(scenario_for(run))
+    expected_ttft = timer(StepBatch.uniform(b, 0, new_tokens=i))
+    expected = expected_ttft + sum(timer(StepBatch.uniform(b, i + k)) for k in range(o - 1))
+    latency, ttft = replay(run)
+    assert latency.predicted == pytest.approx(expected, rel=1e-9)
+    assert ttft.predicted == pytest.approx(expected_ttft * 1e3, rel=1e-9)
+
+
+def test_one_client_at_a_time_sees_no_queueing():
+    """At max_concurrency 1 every request has the engine to itself: all TTFTs are equal and E2E = duration / n."""
+    run = run_of(max_concurrency=1, num_prompts=5, measured={"p99_ttft_ms": 1.0, "mean_e2el_ms": 1.0,
+                                                             "median_ttft_ms": 1.0, "duration_s": 1.0})
+    p99, e2e, median, duration = (e.predicted for e in replay(run))
+    assert p99 == pytest.approx(median, rel=1e-12)
+    assert e2e == pytest.approx(duration * 1e3 / 5, rel=1e-9)
+
+
+def test_the_runs_file_error_names_the_file_the_entry_and_the_field(tmp_path):
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([SERVE, SERVE | {"benchmark": "offline"}]))
+    with pytest.raises(SpecError, match=r"runs.yaml: entry 1: benchmark: .*'serve'.*got 'offline'"):
+        load_measured_runs(path)
+    path.write_text("{}")
+    with pytest.raises(SpecError, match="non-empty YAML list"):
+        load_measured_runs(path)
+    path.write_text(yaml.safe_dump([SERVE | {"gpu": "h900"}]))
+    with pytest.raises(SpecError, match="h900"):
+        replay(load_measured_runs(path)[0])
+
+
+def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([SERVE | {"max_concurrency": 2, "num_prompts": 6,
+                                             "measured": {"median_ttft_ms": 50.0, "output_throughput": 300.0}},
+                                    SERVE | {"gpu": "a100-80gb", "num_prompts": 4}]))
+    html = tmp_path / "report.html"
+    result = runner.invoke(app, ["compare", str(path), "--match", "h100", "--json", "--html", str(html)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout[:result.stdout.rindex("]") + 1])
+    assert [d["run"] for d in data] == ["llama-3.1-8b h100-sxm serve 1024/128 c=2"]
+    figures = data[0]["figures"]
+    assert [f["metric"] for f in figures] == ["median_ttft_ms", "output_throughput"]
+    assert all(math.isfinite(f["predicted"]) and f["predicted"] > 0 for f in figures)
+    assert np.isclose(figures[1]["error_pct"], (figures[1]["predicted"] / 300.0 - 1) * 100)
+    assert "servesim vs measured runs" in html.read_text()
+    missing = runner.invoke(app, ["compare", str(path), "--match", "b200"])
+    assert missing.exit_code == 2 and "no run's label contains 'b200'" in missing.output
+
+
+def test_every_published_run_replays_to_finite_predictions_of_every_figure():
+    """benchmarks/published_runs.yaml stays loadable and servable: each run's model, GPU and flags plan, and
+    every figure it quotes gets a prediction."""
+    runs = load_measured_runs(PUBLISHED)
+    assert len(runs) >= 20 and all(run.source.startswith("http") for run in runs)
+    for run in runs:
+        errors = replay(run)
+        assert [e.metric for e in errors] == list(run.measured)
+        assert all(math.isfinite(e.predicted) and e.predicted > 0 for e in errors), run.label()
