@@ -11,7 +11,10 @@ chunk).
 
 The activation peak is estimated for a forward pass of `max_num_batched_tokens` tokens (the
 MLP's gate/up outputs dominate) plus the sampler's fp32 logits for `max_num_seqs` sequences.
-The runtime reserve covers the CUDA context, cuBLAS/NCCL workspaces and CUDA graphs.
+The runtime reserve covers what vLLM counts besides weights and activations: non-torch allocations (cuBLAS and
+NCCL workspaces; 0.07 GiB on one H100, 0.21 GiB per GPU of a TP/EP MoE, in vLLM 0.10.2's start-up logs) and,
+since vLLM deducts it before sizing the KV cache, its CUDA-graph pool estimate (0.84 GiB for Llama-3.1-8B in a
+vLLM 0.19 log, 0.58 GiB for a small model): about 1 GiB. Graphs of large MoE models can take several GiB more.
 Planning fails fast, like vLLM refusing to start, when the weights do not fit or one
 `max_model_len` request cannot fit in the KV cache.
 """
@@ -28,7 +31,7 @@ from hardware.kv_groups import kv_groups
 from hardware.model import LayerSpec, ModelSpec, resolve_weight_dtype, weight_bytes
 
 GIB = 1 << 30
-DEFAULT_RUNTIME_RESERVE_BYTES = 2 * GIB
+DEFAULT_RUNTIME_RESERVE_BYTES = 1 * GIB
 
 
 @dataclass(frozen=True, slots=True)
