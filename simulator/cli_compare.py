@@ -13,19 +13,34 @@ from simulator.cli import app, clean_errors, console, print_json, print_table
 @app.command()
 @clean_errors
 def compare(runs_file: Path,
+            model: str | None = typer.Option(None, "--model", help="A vllm bench JSON's model (preset or config.json)"),
+            gpu: str | None = typer.Option(None, "--gpu", help="A vllm bench JSON's GPU (catalog name)"),
+            tp: int = typer.Option(1, "--tp", min=1, help="A vllm bench JSON's tensor-parallel size"),
+            set_: list[str] = typer.Option([], "--set", help="A vllm bench JSON's other setup: field=value "
+                                           "(weight_dtype=fp8, engine_args.max_model_len=4096, input_len=1024...)"),
             profile: str | None = typer.Option(None, "--profile", help="Calibration profile name or YAML path "
                                                "(default: the cost model's documented defaults)"),
             match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
             html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
             as_json: bool = typer.Option(False, "--json")) -> None:
-    """Simulate measured benchmark runs (vllm bench serve / latency / throughput on fixed lengths, a YAML list
-    like benchmarks/published_runs.yaml) and report the error of every figure they give."""
-    from simulator.measured import load_measured_runs, replay
+    """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
+    benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
+    from simulator.measured import load_measured_runs, replay, run_from_vllm_result
+    from simulator.scenario import apply_overrides
     from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
                                            write_html)
     from simulator.progress import progress_bar
 
-    runs = [run for run in load_measured_runs(runs_file) if match is None or match in run.label()]
+    if runs_file.suffix == ".json":
+        if model is None or gpu is None:
+            raise SpecError(f"{runs_file}: a vllm bench result does not say what served it: give --model and --gpu")
+        runs = [run_from_vllm_result(runs_file, apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_))]
+    elif model or gpu or set_ or tp != 1:
+        raise SpecError(f"{runs_file}: --model, --gpu, --tp and --set describe a vllm bench JSON; a runs file "
+                        "names each run's setup itself")
+    else:
+        runs = load_measured_runs(runs_file)
+    runs = [run for run in runs if match is None or match in run.label()]
     if not runs:
         raise SpecError(f"{runs_file}: no run's label contains {match!r}")
     results = []

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hardware.errors import SpecError
-from hardware.files import read_yaml
+from hardware.files import read_json, read_yaml
 from simulator.scenario import Scenario, first_error
 
 LATENCY = "latency_s"
@@ -67,7 +67,9 @@ class MeasuredRun(BaseModel):
     output_len: int = Field(ge=1)
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
-    request_rate: float = Field(math.inf, gt=0, description="Requests/s (Poisson, vLLM's default burstiness); inf")
+    request_rate: float = Field(math.inf, gt=0, description="Requests/s; inf: all at once")
+    burstiness: float = Field(1.0, gt=0, description=(
+        "vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson"))
     batch_size: int | None = Field(None, ge=1, description="bench latency: prompts in the one batch")
     measured: dict[MetricName, float] = Field(min_length=1)  # type: ignore[valid-type]
 
@@ -121,7 +123,8 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     if run.max_concurrency is not None:
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
     elif math.isfinite(run.request_rate):
-        workload["arrivals"] = {"kind": "poisson", "rate_per_s": run.request_rate}
+        workload["arrivals"] = ({"kind": "poisson", "rate_per_s": run.request_rate} if run.burstiness == 1.0 else
+                                {"kind": "gamma", "rate_per_s": run.request_rate, "cv": run.burstiness ** -0.5})
     else:
         workload["arrivals"] = {"kind": "all_at_once"}
     hardware = {"gpu": run.gpu} | ({"profile": profile} if profile else {})
@@ -154,6 +157,49 @@ def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
     from simulator.run import simulate  # the engine world is only needed here
 
     return compare(run, simulate(scenario_for(run, profile), Path.cwd()).summary)
+
+
+# `vllm bench serve --save-result` JSON key -> MeasuredRun figure (the statistics keep their names)
+VLLM_RESULT_FIGURES = {"duration": "duration_s", "request_throughput": "request_throughput",
+                       "output_throughput": "output_throughput", "total_token_throughput": "total_throughput",
+                       **{k: k for k in SUMMARY_KEY if k.endswith("_ms")}}
+LENGTH_SPREAD = 0.05  # a random-dataset prompt re-tokenizes a few tokens off its nominal length
+
+
+def _fixed_length(lengths: list[int] | None, given: int | None, what: str, source: str) -> int:
+    """The run's one length: the one given, else the per-request lengths' mean if they agree within 5%."""
+    if given is not None:
+        return given
+    if not lengths:
+        raise SpecError(f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
+                        f"so give --{what}-len")
+    mean = sum(lengths) / len(lengths)
+    if max(lengths) - min(lengths) > LENGTH_SPREAD * mean:
+        raise SpecError(f"{source}: {what} lengths vary from {min(lengths)} to {max(lengths)}; only fixed-length "
+                        "runs replay (--dataset-name random --random-range-ratio 0 --ignore-eos)")
+    return round(mean)
+
+
+def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
+    """A `vllm bench serve --save-result` JSON as a measured run. The JSON records the load and the figures;
+    `setup` adds what it does not: model (a preset), gpu, tp, dtypes, engine_args, and input_len/output_len
+    when it holds no per-request lengths."""
+    data = read_json(path, "vllm bench result")
+    if not isinstance(data, dict) or "num_prompts" not in data:
+        raise SpecError(f"{path}: not a vllm bench serve result (no num_prompts)")
+    setup = dict(setup)
+    lengths = {what: _fixed_length(data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path))
+               for what in ("input", "output")}
+    measured = {figure: float(data[key]) for key, figure in VLLM_RESULT_FIGURES.items()
+                if isinstance(data.get(key), (int, float))}
+    fields = {"source": str(path), "benchmark": "serve", "num_prompts": data["num_prompts"],
+              "max_concurrency": data.get("max_concurrency"), "request_rate": data.get("request_rate", "inf"),
+              "burstiness": data.get("burstiness", 1.0), "input_len": lengths["input"],
+              "output_len": lengths["output"], "measured": measured, **setup}
+    try:
+        return MeasuredRun.model_validate(fields)
+    except ValidationError as err:
+        raise first_error(err, str(path)) from None
 
 
 def load_measured_runs(path: Path) -> list[MeasuredRun]:

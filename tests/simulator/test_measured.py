@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from simulator.cli import app
-from simulator.measured import MeasuredRun, MetricError, compare, load_measured_runs, replay, scenario_for
+from simulator.measured import (MeasuredRun, MetricError, compare, load_measured_runs, replay, run_from_vllm_result,
+                                scenario_for)
 from simulator.measured_report import family_rows
 from simulator.run import build_timer
 
@@ -144,3 +145,55 @@ def test_the_published_profile_reproduces_the_small_batch_decodes_it_was_derived
         for profile, low, high in (("vllm-published", -5, 5), (None, -30, -15)):
             tpot = next(e for e in replay(run, profile) if e.metric == "mean_tpot_ms")
             assert low < tpot.error_pct < high, (run.engine, profile, tpot)
+
+
+def vllm_result(tmp_path, **fields):
+    """A `vllm bench serve --save-result --save-detailed` JSON with its key names (trimmed)."""
+    data = {"date": "20260101-000000", "backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+            "num_prompts": 8, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2, "duration": 3.2,
+            "completed": 8, "total_input_tokens": 8 * 512, "total_output_tokens": 8 * 64,
+            "request_throughput": 2.5, "output_throughput": 160.0, "total_token_throughput": 1440.0,
+            "mean_ttft_ms": 40.0, "median_ttft_ms": 39.0, "std_ttft_ms": 2.0, "p99_ttft_ms": 45.0,
+            "mean_tpot_ms": 7.0, "median_tpot_ms": 7.0, "p99_tpot_ms": 7.5, "mean_e2el_ms": 480.0,
+            "input_lens": [512, 511, 513, 512, 512, 512, 510, 512], "output_lens": [64] * 8,
+            "ttfts": [0.04] * 8, **fields}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
+    run = run_from_vllm_result(vllm_result(tmp_path), {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
+    assert (run.num_prompts, run.max_concurrency, run.input_len, run.output_len) == (8, 2, 512, 64)
+    assert run.measured == {"duration_s": 3.2, "request_throughput": 2.5, "output_throughput": 160.0,
+                            "total_throughput": 1440.0, "mean_ttft_ms": 40.0, "median_ttft_ms": 39.0,
+                            "p99_ttft_ms": 45.0, "mean_tpot_ms": 7.0, "median_tpot_ms": 7.0, "p99_tpot_ms": 7.5,
+                            "mean_e2el_ms": 480.0}  # std_* and per-request lists are not figures
+    bursty = run_from_vllm_result(vllm_result(tmp_path, max_concurrency=None, request_rate=4.0, burstiness=0.25),
+                                  {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
+    arrivals = scenario_for(bursty).workload.arrivals
+    assert (arrivals.kind, arrivals.rate_per_s, arrivals.cv) == ("gamma", 4.0, 2.0)  # shape 0.25: CV 1/sqrt(0.25)
+
+
+def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
+    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
+    varied = vllm_result(tmp_path, input_lens=[100, 200, 300, 400, 500, 600, 700, 800])
+    with pytest.raises(SpecError, match="input lengths vary from 100 to 800"):
+        run_from_vllm_result(varied, setup)
+    assert run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450  # the user says what it was
+    bare = vllm_result(tmp_path, input_lens=None, output_lens=None)
+    with pytest.raises(SpecError, match="give --input-len"):
+        run_from_vllm_result(bare, setup)
+
+
+def test_compare_cli_replays_a_vllm_bench_result(tmp_path):
+    path = vllm_result(tmp_path)
+    result = runner.invoke(app, ["compare", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                                 "--set", "engine_args.max_model_len=4096", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data[0]["run"] == "llama-3.1-8b h100-sxm serve 512/64 c=2" and len(data[0]["figures"]) == 11
+    no_setup = runner.invoke(app, ["compare", str(path)])
+    assert no_setup.exit_code == 2 and "give --model and --gpu" in no_setup.output
+    yaml_with_flags = runner.invoke(app, ["compare", str(PUBLISHED), "--gpu", "h100-sxm"])
+    assert yaml_with_flags.exit_code == 2 and "names each run's setup itself" in yaml_with_flags.output
