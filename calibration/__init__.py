@@ -15,6 +15,7 @@ imported by the CLI commands; `scaled`, `fit`, `fit_terms` and `calibrate` are t
     fit_terms.py      the cost model's per-step terms at efficiency 1 (no torch)
     fit.py            robust least-squares fit of a Profile (no torch)
     calibrate.py      rows -> fit report with default-vs-fitted MAPE -> profile YAML (no torch)
+    fit_runs.py       fit a Profile to measured benchmark runs' figures by replaying them (no torch)
     validate.py       serve a trace, replay it in the simulator, compare per request
     pipeline.py       the jobs behind `servesim calibrate` and `servesim validate`
     gpu_lease.sh      one short GPU lease: calibrate + validate Llama-3.1-8B and Gemma-3n-E2B on CUDA

@@ -1,4 +1,5 @@
-"""`servesim calibrate` and `servesim validate`: time the torch executor, fit a profile, close the loop.
+"""`servesim calibrate`, `validate` and `fit`: time the torch executor, fit a profile, close the loop; or fit one to
+measured benchmark runs.
 
 torch is imported only inside the commands (through `calibration.pipeline`), so `--help` and every
 other command work without it.
@@ -91,3 +92,53 @@ def validate(calibration_dir: Path = typer.Argument(..., help="Folder written by
                 ["metric", "requests", "median err %", "p90 err %", "measured median", "simulated median",
                  "err of median %"], rows)
     console.print(f"report in {(out or calibration_dir) / 'validation.html'}")
+
+
+@app.command("fit")
+@clean_errors
+def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML list, as benchmarks/published_runs.yaml)"),
+             match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+             holdout_every: int = typer.Option(3, "--holdout-every", min=0,
+                                               help="Hold every n-th run out of the fit to test it (0: none)"),
+             out: Path = typer.Option(Path("fit_out"), "--out", help="Folder for profile.yaml and figures.csv"),
+             name: str = typer.Option("fitted-runs", "--name", help="The profile's name"),
+             max_evaluations: int = typer.Option(200, "--max-evaluations", min=1,
+                                                 help="Replays of all train runs the search may spend"),
+             workers: int | None = typer.Option(None, "--workers", help="Processes (default: all cores)")) -> None:
+    """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
+    report default and fitted errors on the runs fitted and the runs held out."""
+    import pandas as pd
+
+    try:
+        from calibration.fit_runs import figure_rows, fit_to_runs, split
+    except ImportError as err:  # scipy is an extra: the simulator itself runs without it
+        raise SpecError(f"servesim fit needs {err.name}: pip install -e '.[calibrate]'") from None
+    from calibration.calibrate import save_profile
+    from simulator.atomic import atomic_dir
+    from simulator.executors import default_workers
+    from simulator.measured import load_measured_runs, replay
+    from simulator.measured_report import FAMILY_COLUMNS, family_rows
+
+    runs = [run for run in load_measured_runs(runs_file) if match is None or match in run.label()]
+    if len(runs) < 2:
+        raise SpecError(f"{runs_file}: {len(runs)} run(s) match; a fit needs at least 2")
+    train, test = split(runs, holdout_every)
+    with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
+        result = fit_to_runs(train, test, workers=workers or default_workers(), max_evaluations=max_evaluations,
+                             name=name, provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
+                             + (f" matching {match!r}" if match else "") + f", {len(test)} held out")
+    rows = []
+    with atomic_dir(out) as folder:
+        save_profile(result.profile, folder / "profile.yaml", {"runs": runs_file, "evaluations": result.evaluations})
+        for part, members in (("train", train), ("test", test)):
+            default = [replay(run) for run in members]
+            fitted = [replay(run, str(folder / "profile.yaml")) for run in members]
+            rows += figure_rows(members, {"default": default, "fitted": fitted}, part)
+            for label, errors in (("default", default), ("fitted", fitted)):
+                if members:
+                    print_table(f"{part} runs ({len(members)}), {label} profile", FAMILY_COLUMNS,
+                                family_rows(list(zip(members, errors))))
+        pd.DataFrame(rows).to_csv(folder / "figures.csv", index=False)
+    print_table("fitted profile", ["parameter", "fitted", "default"], profile_rows(result.profile))
+    console.print(f"profile in {out / 'profile.yaml'} (held-out MAPE {result.profile.fit_mape:.1f}%); "
+                  f"every figure in {out / 'figures.csv'}")

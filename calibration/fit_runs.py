@@ -1,0 +1,138 @@
+"""Fit a profile to measured benchmark runs: the figures `vllm bench` prints, not per-step times.
+
+Someone with a few `vllm bench serve` results (or the published ones in benchmarks/published_runs.yaml) has no
+step times, only each run's TTFT, TPOT, ITL, E2E and throughput figures. The fit searches the profile's
+efficiencies (constant in tokens) and overheads for the values whose full replays (`simulator.measured.replay`)
+come closest to those figures: robust least squares on log(predicted / measured), each run weighted equally
+however many figures it quotes, with the simulation as a black box differentiated by finite steps in log
+space. Runs held out of the fit measure how well the fitted profile predicts runs it has not seen.
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+from scipy.optimize import least_squares
+
+from hardware.profile import EfficiencyCurve, Profile
+from simulator.measured import MeasuredRun, MetricError, replay
+
+EFFICIENCIES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")
+OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)}  # bounds, seconds
+START_LAYER_OVERHEAD_S = 1e-5  # where a zero default starts: at its lower bound no finite step would move it
+EFF_BOUNDS = (0.05, 1.0)
+
+
+def fitted_names(runs: list[MeasuredRun]) -> list[str]:
+    """What the runs can tell apart: link efficiency only if some run spans GPUs."""
+    names = [n for n in EFFICIENCIES if n != "comm" or any(run.tp > 1 for run in runs)]
+    return names + list(OVERHEADS)
+
+
+def profile_of(x: np.ndarray, names: list[str], base: Profile, **fields) -> Profile:
+    """`base` with the fitted parameters (log values `x`, in `names` order) and `fields`."""
+    update = {n: EfficiencyCurve.constant(min(v, 1.0)) if n in EFFICIENCIES else v
+              for n, v in zip(names, np.exp(x).tolist())}
+    return base.model_copy(update=update | fields)
+
+
+def _bounds(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    low = [EFF_BOUNDS[0] if n in EFFICIENCIES else OVERHEADS[n][0] for n in names]
+    high = [EFF_BOUNDS[1] if n in EFFICIENCIES else OVERHEADS[n][1] for n in names]
+    return np.log(low), np.log(high)
+
+
+def _start(base: Profile, names: list[str]) -> np.ndarray:
+    low, high = _bounds(names)
+    values = [getattr(base, n).at(1.0) if n in EFFICIENCIES else getattr(base, n) for n in names]
+    values = [START_LAYER_OVERHEAD_S if n == "layer_overhead_s" and v == 0 else v for n, v in zip(names, values)]
+    return np.clip(np.log(np.maximum(values, 1e-12)), low + 1e-9, high - 1e-9)
+
+
+def _replay_logs(run: MeasuredRun, profile_path: str) -> list[float]:
+    return [math.log(e.predicted / e.measured) for e in replay(run, profile_path)]
+
+
+class _Replayer:
+    """Replays runs under a candidate profile written to a temporary YAML, in a pool kept for the whole fit."""
+
+    def __init__(self, workers: int):
+        self.folder = tempfile.TemporaryDirectory(prefix="servesim-fit-")
+        self.pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+                     if workers > 1 else None)
+        self.count = 0
+
+    def __call__(self, runs: list[MeasuredRun], profile: Profile) -> list[list[float]]:
+        self.count += 1
+        path = Path(self.folder.name) / f"candidate-{self.count}.yaml"
+        path.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+        if self.pool is None:
+            return [_replay_logs(run, str(path)) for run in runs]
+        return list(self.pool.map(_replay_logs, runs, [str(path)] * len(runs)))
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+        self.folder.cleanup()
+
+
+@dataclass(frozen=True)
+class RunsFit:
+    profile: Profile
+    train: list[MeasuredRun]
+    test: list[MeasuredRun]
+    evaluations: int
+
+
+def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun], list[MeasuredRun]]:
+    """Every `holdout_every`-th run (the 3rd, 6th, ... for 3) is held out of the fit; 0 or 1 holds none out."""
+    if holdout_every <= 1:
+        return list(runs), []
+    held = [i % holdout_every == holdout_every - 1 for i in range(len(runs))]
+    return [r for r, h in zip(runs, held) if not h], [r for r, h in zip(runs, held) if h]
+
+
+def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile = Profile(), workers: int = 1,
+                max_evaluations: int = 200, **fields) -> RunsFit:
+    """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
+
+    `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out runs' figures' MAPE (the
+    train runs' when nothing is held out)."""
+    if not train:
+        raise ValueError("no runs to fit")
+    names = fitted_names(train)
+    weights = [1 / math.sqrt(len(run.measured)) for run in train]
+    replayer = _Replayer(workers)
+    try:
+        def residuals(x: np.ndarray) -> np.ndarray:
+            logs = replayer(train, profile_of(x, names, base))
+            return np.concatenate([np.array(r) * w for r, w in zip(logs, weights)])
+
+        result = least_squares(residuals, _start(base, names), bounds=_bounds(names), loss="soft_l1",
+                               f_scale=0.1, diff_step=0.05, max_nfev=max_evaluations)
+        fitted = profile_of(result.x, names, base, **fields)
+        checked = test or train
+        logs = replayer(checked, fitted)
+        mape = float(np.mean([abs(math.exp(v) - 1) for r in logs for v in r]) * 100)
+        return RunsFit(fitted.model_copy(update={"fit_mape": mape}), train, test, replayer.count)
+    finally:
+        replayer.close()
+
+
+def figure_rows(runs: list[MeasuredRun], errors_by_profile: dict[str, list[list[MetricError]]], split_name: str
+                ) -> list[dict]:
+    """One row per figure: run, split, metric, measured, and each profile's prediction."""
+    rows = []
+    for i, run in enumerate(runs):
+        for j, metric in enumerate(run.measured):
+            row = {"run": run.label(), "split": split_name, "metric": metric, "measured": run.measured[metric]}
+            row |= {f"predicted_{name}": errors[i][j].predicted for name, errors in errors_by_profile.items()}
+            rows.append(row)
+    return rows

@@ -1,0 +1,90 @@
+"""Fitting a profile to measured runs' figures: it recovers figures made by a known profile, holds runs out."""
+
+import math
+
+import pandas as pd
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from calibration.fit_runs import fit_to_runs, split
+from hardware.profile import EfficiencyCurve, Profile, load_profile
+from simulator.cli import app
+from simulator.measured import MeasuredRun, replay
+
+TRUTH = Profile(gemm_compute=EfficiencyCurve.constant(0.45), gemm_memory=EfficiencyCurve.constant(0.6),
+                step_overhead_s=6e-4, layer_overhead_s=3e-5)
+
+
+def runs_measured_under(profile_path: str) -> list[MeasuredRun]:
+    """Small runs of two models whose figures a known profile made: decode-bound latency runs, a prefill-bound
+    burst, a closed loop. (Overheads and efficiencies trade off against each other on so few runs: only the
+    figures, and the weight-streaming efficiency that decode-bound figures pin, are recoverable.)"""
+    shapes = [
+        {"model": "llama-3.2-1b", "benchmark": "latency", "batch_size": 1, "input_len": 32, "output_len": 64},
+        {"model": "llama-3.1-8b", "benchmark": "latency", "batch_size": 4, "input_len": 128, "output_len": 32},
+        {"model": "llama-3.1-8b", "benchmark": "serve", "num_prompts": 16, "input_len": 2048, "output_len": 4},
+        {"model": "llama-3.2-1b", "benchmark": "serve", "num_prompts": 8, "max_concurrency": 2,
+         "input_len": 512, "output_len": 32},
+    ]
+    figures = {"latency": ["latency_s"], "serve": ["mean_ttft_ms", "mean_tpot_ms", "duration_s"]}
+    runs = []
+    for shape in shapes:
+        placeholder = MeasuredRun.model_validate({"source": "synthetic", "gpu": "h100-sxm", **shape,
+                                                  "engine_args": {"max_model_len": 4096},
+                                                  "measured": {f: 1.0 for f in figures[shape["benchmark"]]}})
+        made = {e.metric: e.predicted for e in replay(placeholder, profile_path)}
+        runs.append(placeholder.model_copy(update={"measured": made}))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def truth_path(tmp_path_factory):
+    path = tmp_path_factory.mktemp("truth") / "truth.yaml"
+    path.write_text(yaml.safe_dump(TRUTH.model_dump(mode="json")))
+    return str(path)
+
+
+def test_the_fit_recovers_the_figures_a_known_profile_made(truth_path):
+    runs = runs_measured_under(truth_path)
+    before = [abs(e.error_pct) for run in runs for e in replay(run)]
+    result = fit_to_runs(runs, [], max_evaluations=60, name="recovered")
+    assert max(before) > 15  # the defaults are far from TRUTH: there is something to recover
+    assert result.profile.fit_mape < 3.0 and result.profile.name == "recovered"
+    assert result.profile.gemm_memory.at(1) == pytest.approx(0.6, rel=0.15)  # decode-bound figures pin it
+
+
+def test_every_nth_run_is_held_out_and_measures_the_fit(truth_path):
+    runs = runs_measured_under(truth_path)
+    train, test = split(runs, 2)
+    assert train == [runs[0], runs[2]] and test == [runs[1], runs[3]]
+    assert split(runs, 0) == (runs, [])
+    result = fit_to_runs(train, test, max_evaluations=20)
+    held_out = [abs(e.predicted / e.measured - 1) * 100 for run in test
+                for e in replay(run, _saved(result.profile))]
+    assert result.profile.fit_mape == pytest.approx(sum(held_out) / len(held_out), rel=1e-6)
+
+
+def _saved(profile: Profile) -> str:
+    import tempfile
+    path = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
+    path.write(yaml.safe_dump(profile.model_dump(mode="json")))
+    path.close()
+    return path.name
+
+
+def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path):
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump([run.model_dump(mode="json", exclude_none=True)
+                                         for run in runs_measured_under(truth_path)]))
+    out = tmp_path / "fit"
+    result = CliRunner().invoke(app, ["fit", str(runs_file), "--out", str(out), "--holdout-every", "2",
+                                      "--max-evaluations", "10", "--workers", "1", "--name", "mine"])
+    assert result.exit_code == 0, result.output
+    profile = load_profile(out / "profile.yaml")
+    assert profile.name == "mine" and math.isfinite(profile.fit_mape)
+    figures = pd.read_csv(out / "figures.csv")
+    assert sorted(figures["split"].unique()) == ["test", "train"] and len(figures) == 8
+    assert {"measured", "predicted_default", "predicted_fitted"} <= set(figures.columns)
+    too_few = CliRunner().invoke(app, ["fit", str(runs_file), "--match", "latency 32/64"])
+    assert too_few.exit_code == 2 and "a fit needs at least 2" in too_few.output
