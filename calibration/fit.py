@@ -88,15 +88,22 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
     """Predicted seconds per row under `profile` (equals `step_cost(...).total_s` row by row)."""
     tokens, inverse = np.unique(tt.tokens, return_inverse=True)
     curves = {name: np.array([getattr(profile, name).at(t) for t in tokens])[inverse] for name in CURVES}
+    moe_compute, moe_memory = profile.curves("moe")
+    curves |= {name: np.array([curve.at(t) for t in tokens])[inverse]
+               for name, curve in (("moe_compute", moe_compute), ("moe_memory", moe_memory))}
     return _predict(tt, curves, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
 
 
 def _predict(tt: TermTable, curves: dict[str, np.ndarray], step_s: float, layer_s: float,
              request_s: float) -> np.ndarray:
-    """`curves`: each curve's efficiency per entry of `tt`."""
-    gemm = tt.kind == 0
-    eff_c = np.where(gemm, curves["gemm_compute"], curves["attn_compute"])
-    eff_m = np.where(gemm, curves["gemm_memory"], curves["attn_memory"])
+    """`curves`: each curve's efficiency per entry of `tt`. Routed-expert entries (kind 2) read the moe curves
+    when given, else the GEMM ones: the executor's fit does not tell the two apart."""
+    attention, moe = tt.kind == 1, tt.kind == 2
+    eff_c = np.where(attention, curves["attn_compute"], curves["gemm_compute"])
+    eff_m = np.where(attention, curves["attn_memory"], curves["gemm_memory"])
+    if "moe_compute" in curves:
+        eff_c = np.where(moe, curves["moe_compute"], eff_c)
+        eff_m = np.where(moe, curves["moe_memory"], eff_m)
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
     return ops + step_s + layer_s * tt.num_layers + request_s * tt.num_requests

@@ -2,7 +2,7 @@
 
 Someone with a few `vllm bench serve` results (or the published ones in benchmarks/published_runs.yaml) has no
 step times, only each run's TTFT, TPOT, ITL, E2E and throughput figures. The fit searches the profile's
-efficiencies (constant in tokens) and overheads for the values whose full replays (`simulator.measured.replay`)
+efficiencies (constant in tokens; routed experts apart from dense GEMMs) and overheads for the values whose full replays (`simulator.measured.replay`)
 come closest to those figures: robust least squares on log(predicted / measured), each run weighted equally
 however many figures it quotes, with the simulation as a black box differentiated by finite steps in log
 space. Runs held out of the fit measure how well the fitted profile predicts runs it has not seen.
@@ -21,19 +21,28 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
+from hardware.model import get_model
 from hardware.profile import EfficiencyCurve, Profile
 from simulator.measured import MeasuredRun, MetricError, replay
 
-EFFICIENCIES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")
+EFFICIENCIES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "moe_compute", "moe_memory", "comm")
 OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)}  # bounds, seconds
 START_LAYER_OVERHEAD_S = 1e-5  # where a zero default starts: at its lower bound no finite step would move it
 EFF_BOUNDS = (0.05, 1.0)
 
 
 def fitted_names(runs: list[MeasuredRun]) -> list[str]:
-    """What the runs can tell apart: link efficiency only if some run spans GPUs."""
-    names = [n for n in EFFICIENCIES if n != "comm" or any(run.tp > 1 for run in runs)]
-    return names + list(OVERHEADS)
+    """What the runs can tell apart: routed-expert kernels only if some run serves an MoE model (and then the
+    GEMM curves only if some other run serves a dense one), link efficiency only if some run spans GPUs."""
+    moe = [get_model(run.model).moe is not None for run in runs]
+    skip = set()
+    if not any(moe):
+        skip |= {"moe_compute", "moe_memory"}
+    elif all(moe):
+        skip |= {"gemm_compute", "gemm_memory"}  # dense layers of MoE models are too small a share to tell
+    if not any(run.tp > 1 for run in runs):
+        skip.add("comm")
+    return [n for n in EFFICIENCIES if n not in skip] + list(OVERHEADS)
 
 
 def profile_of(x: np.ndarray, names: list[str], base: Profile, **fields) -> Profile:
@@ -51,7 +60,9 @@ def _bounds(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _start(base: Profile, names: list[str]) -> np.ndarray:
     low, high = _bounds(names)
-    values = [getattr(base, n).at(1.0) if n in EFFICIENCIES else getattr(base, n) for n in names]
+    moe_curves = dict(zip(("moe_compute", "moe_memory"), base.curves("moe")))
+    values = [moe_curves[n].at(1.0) if n in moe_curves else getattr(base, n).at(1.0) if n in EFFICIENCIES
+              else getattr(base, n) for n in names]
     values = [START_LAYER_OVERHEAD_S if n == "layer_overhead_s" and v == 0 else v for n, v in zip(names, values)]
     return np.clip(np.log(np.maximum(values, 1e-12)), low + 1e-9, high - 1e-9)
 

@@ -25,12 +25,13 @@ from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec
 from hardware.profile import EfficiencyCurve, Profile
 
-KIND_CODES = {"gemm": 0, "attention": 1}
+KIND_CODES = {"gemm": 0, "attention": 1, "moe": 2}
+KIND_NAMES = {code: name for name, code in KIND_CODES.items()}
 
 
 @dataclass(frozen=True)
 class StepTerms:
-    """Per entry (one operator of one layer group): kind code (0 gemm, 1 attention), seconds at peak
+    """Per entry (one operator of one layer group): kind code (0 gemm, 1 attention, 2 routed experts), seconds at peak
     compute and at peak memory bandwidth, how many layers it runs in, and the token rows its efficiencies
     are read at. Plus the step's shape."""
 
@@ -61,9 +62,9 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
 
 def predict_s(terms: StepTerms, profile: Profile) -> float:
     """`step_cost(...).total_s` of the step these terms describe, priced with `profile`."""
-    gemm = terms.kind == 0
-    eff_c = np.array([(profile.gemm_compute if g else profile.attn_compute).at(t) for g, t in zip(gemm, terms.tokens)])
-    eff_m = np.array([(profile.gemm_memory if g else profile.attn_memory).at(t) for g, t in zip(gemm, terms.tokens)])
+    curves = [profile.curves(KIND_NAMES[int(k)]) for k in terms.kind]
+    eff_c = np.array([compute.at(t) for (compute, _), t in zip(curves, terms.tokens)])
+    eff_m = np.array([memory.at(t) for (_, memory), t in zip(curves, terms.tokens)])
     ops = float((np.maximum(terms.compute_s / eff_c, terms.memory_s / eff_m) * terms.layers).sum())
     return ops + profile.step_overhead_s + profile.layer_overhead_s * terms.num_layers \
         + profile.request_overhead_s * terms.num_requests

@@ -79,7 +79,7 @@ class OperatorCost:
     """One operator class summed over the layers it runs in. FLOPs and bytes are per GPU."""
 
     name: str
-    kind: str  # gemm | attention | comm | overhead
+    kind: str  # gemm | moe (routed experts) | attention | comm | overhead
     flops: float
     bytes: float
     time_s: float
@@ -120,7 +120,7 @@ class StepCost:
 
     @property
     def hbm_bytes(self) -> float:
-        return sum(op.bytes for op in self.operators if op.kind in ("gemm", "attention"))
+        return sum(op.bytes for op in self.operators if op.kind in ("gemm", "moe", "attention"))
 
     @property
     def flops(self) -> float:
@@ -266,11 +266,13 @@ class _Ctx:
     def kvbytes(self) -> float:
         return KV_DTYPE_BYTES[self.opts.kv_dtype]
 
-    def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None) -> tuple[float, float]:
-        """(compute seconds, memory seconds) of a GEMM at the profile's efficiencies."""
+    def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None, kind: str = "gemm") -> tuple[float, float]:
+        """(compute seconds, memory seconds) of a GEMM (or, kind "moe", routed experts) at the profile's
+        efficiencies."""
         peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.weight_dtype])
-        return (flops / (peak * self.profile.gemm_compute.at(self.tokens)),
-                nbytes / (self.gpu.memory_bytes_per_s * self.profile.gemm_memory.at(self.tokens)))
+        compute, memory = self.profile.curves(kind)
+        return (flops / (peak * compute.at(self.tokens)),
+                nbytes / (self.gpu.memory_bytes_per_s * memory.at(self.tokens)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +285,7 @@ class OperatorTerm:
     `time_s * layers` of these per operator name."""
 
     name: str
-    kind: str  # gemm | attention | comm
+    kind: str  # gemm | moe (routed experts) | attention | comm
     flops: float
     bytes: float
     compute_s: float
@@ -409,7 +411,7 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens) + moe.num_shared_experts
         flops = 2 * tokens * (moe.experts_per_token + moe.num_shared_experts) * expert + 2 * tokens * h * moe.num_experts
         nbytes = touched * expert * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES + 2 * tokens * h * ACT_BYTES
-        acc.add(ctx, "moe", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+        acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers)
     else:
         params = m.dense_mlp_params(group.mlp_intermediate) / tp
         flops, nbytes = 2 * tokens * params, params * ctx.wbytes + tokens * (2 * h + 3 * group.mlp_intermediate / tp) * ACT_BYTES

@@ -3,7 +3,11 @@
 Without a fitted profile the cost model uses `Profile()` — documented defaults chosen from public
 H100/H200 measurements (GEMMs reach ~70% of dense peak, weight streaming ~85% of HBM bandwidth,
 FlashAttention ~55% of peak in prefill and ~80% of bandwidth in decode, NCCL ~70% of link rate,
-~0.25 ms per step for scheduling, launch and sampling). `calibration/` fits these per device.
+~0.25 ms per step for scheduling, launch and sampling). `calibration/` fits these per device from the
+executor's step times (`servesim calibrate`) or from measured benchmark runs' figures (`servesim fit`);
+`servesim compare benchmarks/published_runs.yaml` shows how far a profile is from published measurements.
+Bundled in calibration/profiles/: `vllm-published` (the defaults plus the per-layer gaps small-batch decodes
+measure) and `published-fit` (fitted to the published runs, routed experts apart).
 """
 
 from __future__ import annotations
@@ -68,6 +72,10 @@ class Profile(BaseModel):
     attn_compute: EfficiencyCurve = EfficiencyCurve.constant(0.55)
     attn_memory: EfficiencyCurve = EfficiencyCurve.constant(0.80)
     comm: EfficiencyCurve = EfficiencyCurve.constant(0.70)
+    moe_compute: EfficiencyCurve | None = Field(None, description=(
+        "Routed-expert (fused-MoE) kernels' fraction of compute peak; None: the GEMM curve's"))
+    moe_memory: EfficiencyCurve | None = Field(None, description=(
+        "Routed-expert kernels' fraction of HBM bandwidth; None: the GEMM curve's"))
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")
     layer_overhead_s: float = Field(0.0, ge=0, description="Per layer per step: launches not hidden by graphs")
     request_overhead_s: float = Field(2e-6, ge=0, description="Per scheduled request per step: metadata, sampling")
@@ -77,10 +85,19 @@ class Profile(BaseModel):
     host_request_s: float = Field(0.0, ge=0, description="The same, per scheduled request per step")
     fit_mape: float | None = Field(None, description="Mean absolute % error on held-out shapes, when fitted")
 
-    @field_validator("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm", mode="before")
+    @field_validator("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm", "moe_compute",
+                     "moe_memory", mode="before")
     @classmethod
     def _number_is_constant(cls, value: object) -> object:
         return _curve(value)
+
+    def curves(self, kind: str) -> tuple[EfficiencyCurve, EfficiencyCurve]:
+        """(compute, memory) efficiency curves of an operator kind: gemm, attention or moe (GEMM's unless set)."""
+        if kind == "attention":
+            return self.attn_compute, self.attn_memory
+        if kind == "moe":
+            return self.moe_compute or self.gemm_compute, self.moe_memory or self.gemm_memory
+        return self.gemm_compute, self.gemm_memory
 
 
 def load_profile(name_or_path: str | Path | None) -> Profile:

@@ -16,7 +16,7 @@ from hardware.profile import Profile
 from simulator.cli import app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
-CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory")
+CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")
 
 
 def _curve_text(profile: Profile, name: str) -> str:
@@ -27,6 +27,9 @@ def profile_rows(fitted: Profile) -> list[list[str]]:
     """[parameter, fitted, default] rows: curves as tokens:efficiency pairs, overheads in microseconds."""
     default = Profile()
     rows = [[name, _curve_text(fitted, name), _curve_text(default, name)] for name in CURVES]
+    for name in ("moe_compute", "moe_memory"):
+        if getattr(fitted, name) is not None:  # set only by fits that tell routed experts from dense GEMMs
+            rows.append([name, _curve_text(fitted, name), "as gemm"])
     for name in ("step_overhead_s", "layer_overhead_s", "request_overhead_s"):
         rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.1f}",
                      f"{getattr(default, name) * 1e6:.1f}"])

@@ -45,12 +45,15 @@ def test_terms_rebuild_step_cost_exactly(model, fast):
                       gemm_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.2))),
                       attn_compute=EfficiencyCurve(points=((1, 0.2), (1024, 0.6))),
                       attn_memory=EfficiencyCurve(points=((1, 0.8), (256, 0.4))),
+                      moe_compute=EfficiencyCurve(points=((1, 0.1), (4096, 0.5))), moe_memory=0.35,
                       layer_overhead_s=1e-5, request_overhead_s=3e-6)
     options = CostOptions(kv_sharing_fast_prefill=fast)
     mixed = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
     for batch in (StepBatch.uniform(1, 0, 2048), StepBatch.uniform(64, 1000), mixed):
         want = step_cost(batch, get_model(model), H200, profile=profile, options=options).total_s
         assert predict_s(step_terms(batch, get_model(model), H200, options), profile) == pytest.approx(want, rel=1e-12)
+        table = stack_terms([step_terms(batch, get_model(model), H200, options)])
+        assert predict_table(table, profile)[0] == pytest.approx(want, rel=1e-12)
 
 
 def test_curve_weights_interpolate_like_the_profile():

@@ -203,3 +203,18 @@ def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode):
     numpy_stats = _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
                              int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
     assert _attn_stats_small(new.tolist(), ctx.tolist(), window, decode) == numpy_stats
+
+
+def test_routed_experts_take_their_own_efficiencies_and_default_to_the_gemm_ones():
+    """Fused-MoE kernels are priced with moe_compute/moe_memory when a profile sets them; unset, a MoE step costs
+    exactly what it did with the GEMM curves. Dense models never read them."""
+    mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(1, 0, 4096)
+    base = step_cost(batch, mixtral, H200)
+    assert base.total_s == step_cost(batch, mixtral, H200, profile=Profile(moe_compute=None)).total_s
+    slow = step_cost(batch, mixtral, H200, profile=Profile(moe_compute=0.35, moe_memory=0.425))
+    moe, slow_moe = base.by_name("moe"), slow.by_name("moe")
+    assert moe.kind == "moe" and slow_moe.time_s == pytest.approx(2 * moe.time_s, rel=1e-9)  # 0.70 -> 0.35
+    others = [(op.name, op.time_s) for op in base.operators if op.name != "moe"]
+    assert others == [(op.name, op.time_s) for op in slow.operators if op.name != "moe"]
+    assert step_cost(batch, LLAMA_8B, H200, profile=Profile(moe_compute=0.1)).total_s == \
+        step_cost(batch, LLAMA_8B, H200).total_s

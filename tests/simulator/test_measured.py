@@ -197,3 +197,17 @@ def test_compare_cli_replays_a_vllm_bench_result(tmp_path):
     assert no_setup.exit_code == 2 and "give --model and --gpu" in no_setup.output
     yaml_with_flags = runner.invoke(app, ["compare", str(PUBLISHED), "--gpu", "h100-sxm"])
     assert yaml_with_flags.exit_code == 2 and "names each run's setup itself" in yaml_with_flags.output
+
+
+def test_the_bundled_fit_keeps_its_held_out_errors():
+    """calibration/profiles/published-fit.yaml was fitted by `servesim fit` to every run of published_runs.yaml but
+    every third; its provenance quotes the held-out runs' median errors. A cost-model change that breaks them
+    means the profile needs fitting again."""
+    from calibration.fit_runs import split
+    from simulator.measured_report import family_rows
+
+    _, held_out = split(load_measured_runs(PUBLISHED), 3)
+    assert len(held_out) == 9
+    rows = {row[0]: float(row[2].rstrip("%")) for row in
+            family_rows([(run, replay(run, "published-fit")) for run in held_out])}
+    assert rows["ttft"] < 25 and rows["throughput"] < 8 and rows["e2el"] < 5 and rows["latency"] < 10
