@@ -10,6 +10,15 @@ from hardware.errors import SpecError
 from simulator.cli import app, clean_errors, console, print_json, print_table
 
 
+def _moe(run) -> str:
+    from hardware.model import get_model
+    return "moe" if get_model(run.model).moe is not None else "dense"
+
+
+GROUPS = {"model": lambda run: run.model, "gpu": lambda run: run.gpu, "engine": lambda run: run.engine,
+          "moe": _moe}
+
+
 @app.command()
 @clean_errors
 def compare(runs_file: Path,
@@ -21,6 +30,8 @@ def compare(runs_file: Path,
             profile: str | None = typer.Option(None, "--profile", help="Calibration profile name or YAML path "
                                                "(default: the cost model's documented defaults)"),
             match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+            by: str | None = typer.Option(None, "--by", help="Also one error table per model, gpu, engine or "
+                                          "moe (MoE vs dense models)"),
             html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
@@ -41,6 +52,8 @@ def compare(runs_file: Path,
     else:
         runs = load_measured_runs(runs_file)
     runs = [run for run in runs if match is None or match in run.label()]
+    if by is not None and by not in GROUPS:
+        raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")
     if not runs:
         raise SpecError(f"{runs_file}: no run's label contains {match!r}")
     results = []
@@ -56,5 +69,11 @@ def compare(runs_file: Path,
     else:
         print_table(f"{runs_file}: every figure", ERROR_COLUMNS, error_rows(results))
         print_table(f"error per family ({profile or 'default profile'})", FAMILY_COLUMNS, family_rows(results))
+        if by is not None:
+            groups: dict[str, list] = {}
+            for run, errors in results:
+                groups.setdefault(GROUPS[by](run), []).append((run, errors))
+            for key, members in groups.items():
+                print_table(f"{by} = {key}: {len(members)} run(s)", FAMILY_COLUMNS, family_rows(members))
     if html is not None:
         console.print(f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}")
