@@ -21,7 +21,6 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
-from hardware.model import get_model
 from hardware.profile import EfficiencyCurve, Profile
 from simulator.measured import MeasuredRun, MetricError, replay
 
@@ -29,12 +28,17 @@ EFFICIENCIES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "m
 OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)}  # bounds, seconds
 START_LAYER_OVERHEAD_S = 1e-5  # where a zero default starts: at its lower bound no finite step would move it
 EFF_BOUNDS = (0.05, 1.0)
+F_SCALE = 0.1  # soft-L1 scale in log(predicted / measured): misses beyond ~10% count linearly
+
+
+class _Budget(Exception):
+    """The replays the fit may spend are spent."""
 
 
 def fitted_names(runs: list[MeasuredRun]) -> list[str]:
     """What the runs can tell apart: routed-expert kernels only if some run serves an MoE model (and then the
     GEMM curves only if some other run serves a dense one), link efficiency only if some run spans GPUs."""
-    moe = [get_model(run.model).moe is not None for run in runs]
+    moe = [run.is_moe for run in runs]
     skip = set()
     if not any(moe):
         skip |= {"moe_compute", "moe_memory"}
@@ -114,21 +118,33 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
                 max_evaluations: int = 200, **fields) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
 
-    `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out runs' figures' MAPE (the
-    train runs' when nothing is held out)."""
+    `max_evaluations` bounds the replays of the train runs, the Jacobian's finite steps included (the best
+    profile seen is kept when they run out). `fields` go to the Profile (name, provenance); `fit_mape` is set
+    to the held-out runs' figures' MAPE (the train runs' when nothing is held out)."""
     if not train:
         raise ValueError("no runs to fit")
     names = fitted_names(train)
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
-    try:
-        def residuals(x: np.ndarray) -> np.ndarray:
-            logs = replayer(train, profile_of(x, names, base))
-            return np.concatenate([np.array(r) * w for r, w in zip(logs, weights)])
+    best: list = [math.inf, _start(base, names)]  # the lowest cost seen, and where
 
-        result = least_squares(residuals, _start(base, names), bounds=_bounds(names), loss="soft_l1",
-                               f_scale=0.1, diff_step=0.05, max_nfev=max_evaluations)
-        fitted = profile_of(result.x, names, base, **fields)
+    def residuals(x: np.ndarray) -> np.ndarray:
+        if replayer.count >= max_evaluations:
+            raise _Budget
+        logs = replayer(train, profile_of(x, names, base))
+        r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)])
+        cost = float(np.sum(np.sqrt(1 + (r / F_SCALE) ** 2) - 1))  # soft_l1, as least_squares scores it
+        if cost < best[0]:
+            best[:] = [cost, np.array(x)]
+        return r
+
+    try:
+        try:
+            x = least_squares(residuals, best[1], bounds=_bounds(names), loss="soft_l1", f_scale=F_SCALE,
+                              diff_step=0.05, max_nfev=max_evaluations).x
+        except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
+            x = best[1]
+        fitted = profile_of(x, names, base, **fields)
         checked = test or train
         logs = replayer(checked, fitted)
         mape = float(np.mean([abs(math.exp(v) - 1) for r in logs for v in r]) * 100)

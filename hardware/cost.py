@@ -408,10 +408,15 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
     if group.is_moe:
         moe = m.moe
         expert = m.expert_params() / tp
-        touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens) + moe.num_shared_experts
-        flops = 2 * tokens * (moe.experts_per_token + moe.num_shared_experts) * expert + 2 * tokens * h * moe.num_experts
-        nbytes = touched * expert * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES + 2 * tokens * h * ACT_BYTES
+        # routed experts: the fused-MoE kernel, priced with the moe curves (the GEMM ones unless a profile sets them)
+        touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens)
+        flops = 2 * tokens * moe.experts_per_token * expert
+        nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
         acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers)
+        # the router's logits and any shared experts are dense GEMMs beside it
+        flops = 2 * tokens * (moe.num_shared_experts * expert + h * moe.num_experts)
+        nbytes = moe.num_shared_experts * expert * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
+        acc.add(ctx, "moe_router_shared", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     else:
         params = m.dense_mlp_params(group.mlp_intermediate) / tp
         flops, nbytes = 2 * tokens * params, params * ctx.wbytes + tokens * (2 * h + 3 * group.mlp_intermediate / tp) * ACT_BYTES

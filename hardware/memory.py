@@ -12,9 +12,11 @@ chunk).
 The activation peak is estimated for a forward pass of `max_num_batched_tokens` tokens (the
 MLP's gate/up outputs dominate) plus the sampler's fp32 logits for `max_num_seqs` sequences.
 The runtime reserve covers what vLLM counts besides weights and activations: non-torch allocations (cuBLAS and
-NCCL workspaces; 0.07 GiB on one H100, 0.21 GiB per GPU of a TP/EP MoE, in vLLM 0.10.2's start-up logs) and,
-since vLLM deducts it before sizing the KV cache, its CUDA-graph pool estimate (0.84 GiB for Llama-3.1-8B in a
-vLLM 0.19 log, 0.58 GiB for a small model): about 1 GiB. Graphs of large MoE models can take several GiB more.
+NCCL workspaces; 0.07 GiB on one H100, 0.21 GiB per GPU of a TP/EP MoE, in vLLM 0.10.2's start-up logs) and
+the CUDA-graph pool estimate that recent vLLM (0.19 logs it: 0.84 GiB for Llama-3.1-8B, 0.58 GiB for a small
+model) deducts before sizing the KV cache: about 1 GiB. vLLM up to ~0.11 captured graphs after sizing it, out of
+the 1 - gpu_memory_utilization headroom, so its KV cache was ~0.8 GiB larger; graphs of large MoE models can
+take several GiB.
 Planning fails fast, like vLLM refusing to start, when the weights do not fit or one
 `max_model_len` request cannot fit in the KV cache.
 """

@@ -11,6 +11,16 @@ from hardware.gpu import GpuSpec
 from policies.spec_decode import SpeculativeConfig
 
 
+def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM picks (EngineArgs.get_batch_defaults): larger on devices
+    reporting >= 70 GiB, except A100s, where a larger budget measured slower; the offline `LLM` class (bench
+    latency, bench throughput) takes 16384/8192 tokens where `vllm serve` takes 8192/2048."""
+    large = gpu.reported_memory_bytes >= 70 * (1 << 30) and "a100" not in gpu.name.lower()
+    if offline:
+        return (16384, 1024) if large else (8192, 256)
+    return (8192, 1024) if large else (2048, 256)
+
+
 class EngineConfig(BaseModel):
     """One engine (replica): batching limits, KV paging and preemption. Units in the names."""
 
@@ -47,11 +57,9 @@ class EngineConfig(BaseModel):
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
     def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int) -> EngineConfig:
-        """This config with unset batch limits filled as `vllm serve` fills them (EngineArgs.get_batch_defaults):
-        larger ones on devices reporting >= 70 GiB, except A100s, where a larger budget measured slower; unset
-        slots are capped at the step's token budget."""
-        large = gpu.reported_memory_bytes >= 70 * (1 << 30) and "a100" not in gpu.name.lower()
-        tokens, seqs = (8192, 1024) if large else (2048, 256)
+        """This config with unset batch limits filled as `vllm serve` fills them (EngineArgs.get_batch_defaults);
+        unset slots are capped at the step's token budget."""
+        tokens, seqs = vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)
         update = {k: v for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))

@@ -119,10 +119,10 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     from calibration.calibrate import save_profile
     from simulator.atomic import atomic_dir
     from simulator.executors import default_workers
-    from simulator.measured import load_measured_runs, replay
+    from simulator.measured import load_measured_runs, replay, select
     from simulator.measured_report import FAMILY_COLUMNS, family_rows
 
-    runs = [run for run in load_measured_runs(runs_file) if match is None or match in run.label()]
+    runs = select(load_measured_runs(runs_file), match)
     if len(runs) < 2:
         raise SpecError(f"{runs_file}: {len(runs)} run(s) match; a fit needs at least 2")
     train, test = split(runs, holdout_every)

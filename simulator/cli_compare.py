@@ -10,13 +10,8 @@ from hardware.errors import SpecError
 from simulator.cli import app, clean_errors, console, print_json, print_table
 
 
-def _moe(run) -> str:
-    from hardware.model import get_model
-    return "moe" if get_model(run.model).moe is not None else "dense"
-
-
 GROUPS = {"model": lambda run: run.model, "gpu": lambda run: run.gpu, "engine": lambda run: run.engine,
-          "moe": _moe}
+          "moe": lambda run: "moe" if run.is_moe else "dense"}
 
 
 @app.command()
@@ -36,7 +31,7 @@ def compare(runs_file: Path,
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
     benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
-    from simulator.measured import load_measured_runs, replay, run_from_vllm_result
+    from simulator.measured import load_measured_runs, replay, run_from_vllm_result, select
     from simulator.scenario import apply_overrides
     from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
                                            write_html)
@@ -51,7 +46,7 @@ def compare(runs_file: Path,
                         "names each run's setup itself")
     else:
         runs = load_measured_runs(runs_file)
-    runs = [run for run in runs if match is None or match in run.label()]
+    runs = select(runs, match)
     if by is not None and by not in GROUPS:
         raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")
     if not runs:

@@ -4,7 +4,8 @@ A planner is worth what its predictions are. A `vllm bench serve` / `bench laten
 (or SGLang's `bench_serving`) on fixed-length random prompts names its setup (GPU, model, TP, engine flags)
 and its load (prompt count, concurrency or rate) exactly enough to be run again in simulation. A
 `MeasuredRun` records one such run with its source; `scenario_for` rebuilds it, `compare` sets the
-simulated summary against the measured figures under vLLM's own metric names.
+simulated summary against the measured figures (named as in the simulator's summary.json, which follows vLLM's
+result keys except `duration_s` and `latency_s`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hardware.errors import SpecError
 from hardware.files import read_json, read_yaml
+from hardware.gpu import get_gpu
+from hardware.model import get_model
+from policies.config import vllm_batch_defaults
 from simulator.scenario import Scenario, first_error
 
 LATENCY = "latency_s"
-# measured key (vLLM bench's names) -> the simulator summary's key
+# measured figure -> the simulator summary's key
 SUMMARY_KEY = {
     "duration_s": "duration_s", "request_throughput": "request_throughput",
-    "output_throughput": "output_throughput", "total_throughput": "total_token_throughput",
+    "output_throughput": "output_throughput", "total_token_throughput": "total_token_throughput",
     **{f"{stat}_{metric}_ms": f"{stat}_{metric}_ms"
        for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p90", "p99")},
     LATENCY: "duration_s",  # bench latency: one batch from submission to its last token
@@ -49,9 +53,11 @@ class MeasuredRun(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     source: str = Field(min_length=1, description="Where the figures were published (URL, repo@commit:path)")
-    quote: str | None = Field(None, description="The source's own lines holding the figures")
+    id: str | None = Field(None, description="A name that tells the run apart when its label alone would not")
+    quote: str | None = Field(None, description="A line of the source holding some of the figures")
     notes: str | None = None
-    engine: Literal["vllm", "sglang"] = "vllm"
+    engine: Literal["vllm", "sglang"] = Field("vllm", description=(
+        "sglang switches prefix caching to its radix tree; batching stays vLLM's token-budget scheduler"))
     engine_version: str | None = None
     gpu: str
     tp: int = Field(1, ge=1)
@@ -67,7 +73,9 @@ class MeasuredRun(BaseModel):
     output_len: int = Field(ge=1)
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
-    request_rate: float = Field(math.inf, gt=0, description="Requests/s; inf: all at once")
+    request_rate: float = Field(math.inf, gt=0, description=(
+        "Requests/s; inf: all at once. Replayed as a renewal process from t = 0 (SGLang's bench_serving; vLLM's "
+        "since ~0.10 stretches its gaps so the last request leaves at num_prompts / rate)"))
     burstiness: float = Field(1.0, gt=0, description=(
         "vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson"))
     batch_size: int | None = Field(None, ge=1, description="bench latency: prompts in the one batch")
@@ -77,6 +85,14 @@ class MeasuredRun(BaseModel):
     @classmethod
     def _inf(cls, value: Any) -> Any:
         return math.inf if isinstance(value, str) and value.strip().lower() == "inf" else value
+
+    @field_validator("measured")
+    @classmethod
+    def _positive_figures(cls, value: dict[str, float]) -> dict[str, float]:
+        bad = [k for k, v in value.items() if not (math.isfinite(v) and v > 0)]
+        if bad:
+            raise ValueError(f"figures must be finite and positive: {', '.join(bad)}")
+        return value
 
     @model_validator(mode="after")
     def _load_is_defined(self) -> MeasuredRun:
@@ -90,18 +106,38 @@ class MeasuredRun(BaseModel):
                              "(closed-loop clients send as soon as they are free)")
         if (LATENCY in self.measured) != (self.benchmark == "latency"):
             raise ValueError("latency_s is the figure of latency benchmarks, and theirs only")
+        serve_only = [k for k, v in (("max_concurrency", self.max_concurrency),
+                                     ("request_rate", math.isfinite(self.request_rate) or None)) if v is not None]
+        foreign = {"latency": ["num_prompts"] * (self.num_prompts is not None) + serve_only,
+                   "throughput": ["batch_size"] * (self.batch_size is not None) + serve_only,
+                   "serve": ["batch_size"] * (self.batch_size is not None)}[self.benchmark]
+        if foreign:
+            raise ValueError(f"a {self.benchmark} benchmark has no {foreign[0]}")
+        if self.output_len == 1 and any("tpot" in k or "itl" in k for k in self.measured):
+            raise ValueError("one output token has no TPOT or ITL")
         return self
+
+    @property
+    def is_moe(self) -> bool:
+        return get_model(self.model).moe is not None
 
     @property
     def num_requests(self) -> int:
         return self.batch_size if self.benchmark == "latency" else self.num_prompts
 
     def label(self) -> str:
+        """Model, GPU, TP, engine (when not vLLM), weight dtype (when set), benchmark, lengths and load; the id
+        when given."""
+        if self.id:
+            return self.id
         load = (f"batch {self.batch_size}" if self.benchmark == "latency"
                 else f"c={self.max_concurrency}" if self.max_concurrency
                 else f"{self.request_rate:g} req/s" if math.isfinite(self.request_rate) else "all at once")
-        tp = f" TP{self.tp}" if self.tp > 1 else ""
-        return f"{self.model} {self.gpu}{tp} {self.benchmark} {self.input_len}/{self.output_len} {load}"
+        extras = [f"TP{self.tp}"] * (self.tp > 1) + [self.engine] * (self.engine != "vllm")
+        extras += [self.weight_dtype] * (self.weight_dtype not in ("auto", "bf16"))
+        count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
+        return " ".join([self.model, self.gpu, *extras, self.benchmark, f"{self.input_len}/{self.output_len}",
+                         load]) + count
 
 
 def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) -> Scenario:
@@ -115,8 +151,13 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     engine["weight_dtype"] = run.weight_dtype
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
+    if run.benchmark != "serve":  # the offline LLM class's larger budget, unless stated
+        tokens, seqs = vllm_batch_defaults(get_gpu(run.gpu), offline=True)
+        engine.setdefault("max_num_batched_tokens", tokens)
+        engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
     caching = "radix" if run.engine == "sglang" else "vllm"
-    engine["prefix_caching"] = caching if args.enable_prefix_caching is not False else "none"
+    caching_on = args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"
+    engine["prefix_caching"] = caching if caching_on else "none"  # bench latency turns it off by default
     lengths = {"prompt": {"kind": "fixed", "value": run.input_len},
                "output": {"kind": "fixed", "value": run.output_len}}
     workload: dict[str, Any] = {"lengths": lengths, "num_requests": run.num_requests}
@@ -153,28 +194,41 @@ def compare(run: MeasuredRun, summary: dict[str, float]) -> list[MetricError]:
 
 
 def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
-    """Simulate `run`'s twin and compare it with what was measured."""
+    """Simulate `run`'s twin and compare it with what was measured. A twin that does not finish every request
+    (the engine refuses one, e.g. too long for max_model_len) or has no value for a figure is an error: its
+    figures would not describe the measured run."""
     from simulator.run import simulate  # the engine world is only needed here
 
-    return compare(run, simulate(scenario_for(run, profile), Path.cwd()).summary)
+    result = simulate(scenario_for(run, profile), Path.cwd())
+    if result.summary["completed"] != run.num_requests:
+        reasons = result.requests["reject_reason"].dropna().unique().tolist()
+        raise SpecError(f"{run.source} ({run.label()}): the simulated engine finished "
+                        f"{result.summary['completed']} of {run.num_requests} requests"
+                        + (f"; it rejected some: {reasons[0]}" if reasons else ""))
+    errors = compare(run, result.summary)
+    missing = [e.metric for e in errors if not (math.isfinite(e.predicted) and e.predicted > 0)]
+    if missing:
+        raise SpecError(f"{run.source} ({run.label()}): the simulation gives no value for {', '.join(missing)}")
+    return errors
 
 
-# `vllm bench serve --save-result` JSON key -> MeasuredRun figure (the statistics keep their names)
+# `vllm bench serve --save-result` JSON key -> MeasuredRun figure (the others keep their names)
 VLLM_RESULT_FIGURES = {"duration": "duration_s", "request_throughput": "request_throughput",
-                       "output_throughput": "output_throughput", "total_token_throughput": "total_throughput",
+                       "output_throughput": "output_throughput", "total_token_throughput": "total_token_throughput",
                        **{k: k for k in SUMMARY_KEY if k.endswith("_ms")}}
-LENGTH_SPREAD = 0.05  # a random-dataset prompt re-tokenizes a few tokens off its nominal length
+LENGTH_SPREAD, LENGTH_SLACK = 0.05, 4  # a random-dataset prompt re-tokenizes a few tokens off its nominal length
 
 
 def _fixed_length(lengths: list[int] | None, given: int | None, what: str, source: str) -> int:
-    """The run's one length: the one given, else the per-request lengths' mean if they agree within 5%."""
+    """The run's one length: the one given, else the per-request lengths' mean if they agree within 5% (or 4
+    tokens)."""
     if given is not None:
         return given
     if not lengths:
         raise SpecError(f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
                         f"so give --{what}-len")
     mean = sum(lengths) / len(lengths)
-    if max(lengths) - min(lengths) > LENGTH_SPREAD * mean:
+    if max(lengths) - min(lengths) > max(LENGTH_SPREAD * mean, LENGTH_SLACK):
         raise SpecError(f"{source}: {what} lengths vary from {min(lengths)} to {max(lengths)}; only fixed-length "
                         "runs replay (--dataset-name random --random-range-ratio 0 --ignore-eos)")
     return round(mean)
@@ -187,14 +241,20 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
     data = read_json(path, "vllm bench result")
     if not isinstance(data, dict) or "num_prompts" not in data:
         raise SpecError(f"{path}: not a vllm bench serve result (no num_prompts)")
+    if data.get("ramp_up_strategy"):
+        raise SpecError(f"{path}: a --ramp-up-strategy run's rate changes over time; only fixed rates replay")
+    if data.get("failed"):
+        raise SpecError(f"{path}: {data['failed']} request(s) failed, and the figures cover only the others")
     setup = dict(setup)
     lengths = {what: _fixed_length(data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path))
                for what in ("input", "output")}
     measured = {figure: float(data[key]) for key, figure in VLLM_RESULT_FIGURES.items()
-                if isinstance(data.get(key), (int, float))}
+                if isinstance(data.get(key), (int, float)) and math.isfinite(data[key]) and data[key] > 0}
+    if lengths["output"] == 1:  # vLLM writes 0 for the TPOT and ITL of one-token answers
+        measured = {k: v for k, v in measured.items() if "tpot" not in k and "itl" not in k}
     fields = {"source": str(path), "benchmark": "serve", "num_prompts": data["num_prompts"],
               "max_concurrency": data.get("max_concurrency"), "request_rate": data.get("request_rate", "inf"),
-              "burstiness": data.get("burstiness", 1.0), "input_len": lengths["input"],
+              "burstiness": data.get("burstiness") or 1.0, "input_len": lengths["input"],
               "output_len": lengths["output"], "measured": measured, **setup}
     try:
         return MeasuredRun.model_validate(fields)
@@ -207,10 +267,20 @@ def load_measured_runs(path: Path) -> list[MeasuredRun]:
     raw = read_yaml(path, "measured-runs file")
     if not isinstance(raw, list) or not raw:
         raise SpecError(f"{path}: a measured-runs file is a non-empty YAML list of runs")
-    runs = []
+    runs, seen = [], {}
     for i, entry in enumerate(raw):
         try:
-            runs.append(MeasuredRun.model_validate(entry))
+            run = MeasuredRun.model_validate(entry)
         except ValidationError as err:
             raise first_error(err, f"{path}: entry {i}") from None
+        if run.label() in seen:
+            raise SpecError(f"{path}: entries {seen[run.label()]} and {i} are both {run.label()!r}; "
+                            "give one an id")
+        seen[run.label()] = i
+        runs.append(run)
     return runs
+
+
+def select(runs: list[MeasuredRun], match: str | None) -> list[MeasuredRun]:
+    """The runs whose label contains `match` (all of them for None)."""
+    return [run for run in runs if match is None or match in run.label()]

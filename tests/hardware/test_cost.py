@@ -206,11 +206,12 @@ def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode):
 
 
 def test_routed_experts_take_their_own_efficiencies_and_default_to_the_gemm_ones():
-    """Fused-MoE kernels are priced with moe_compute/moe_memory when a profile sets them; unset, a MoE step costs
-    exactly what it did with the GEMM curves. Dense models never read them."""
+    """Fused-MoE kernels (routed experts) are priced with moe_compute/moe_memory when a profile sets them; unset,
+    they read the GEMM curves. The router and shared experts, dense models too, never read them."""
     mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(1, 0, 4096)
     base = step_cost(batch, mixtral, H200)
-    assert base.total_s == step_cost(batch, mixtral, H200, profile=Profile(moe_compute=None)).total_s
+    as_gemm = Profile(moe_compute=Profile().gemm_compute, moe_memory=Profile().gemm_memory)
+    assert base.total_s == step_cost(batch, mixtral, H200, profile=as_gemm).total_s
     slow = step_cost(batch, mixtral, H200, profile=Profile(moe_compute=0.35, moe_memory=0.425))
     moe, slow_moe = base.by_name("moe"), slow.by_name("moe")
     assert moe.kind == "moe" and slow_moe.time_s == pytest.approx(2 * moe.time_s, rel=1e-9)  # 0.70 -> 0.35

@@ -53,6 +53,13 @@ def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
     ({"num_prompts": None}, "needs num_prompts"),
     ({"measured": {"latency_s": 1.0}}, "latency benchmarks"),
     ({"measured": {"mean_ttft_s": 1.0}}, "mean_ttft_s"),
+    ({"measured": {"mean_tpot_ms": 0.0}}, "finite and positive: mean_tpot_ms"),
+    ({"measured": {"mean_tpot_ms": float("nan")}}, "finite and positive"),
+    ({"output_len": 1, "measured": {"median_itl_ms": 5.0}}, "no TPOT or ITL"),
+    ({"benchmark": "latency", "batch_size": 4, "num_prompts": None, "max_concurrency": 2,
+      "measured": {"latency_s": 1.0}}, "latency benchmark has no max_concurrency"),
+    ({"benchmark": "throughput", "request_rate": 2.0}, "throughput benchmark has no request_rate"),
+    ({"batch_size": 8}, "serve benchmark has no batch_size"),
 ])
 def test_an_undefined_or_unmodelled_run_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
@@ -113,7 +120,7 @@ def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     result = runner.invoke(app, ["compare", str(path), "--match", "h100", "--json", "--html", str(html)])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout[:result.stdout.rindex("]") + 1])
-    assert [d["run"] for d in data] == ["llama-3.1-8b h100-sxm serve 1024/128 c=2"]
+    assert [d["run"] for d in data] == ["llama-3.1-8b h100-sxm serve 1024/128 c=2 x6"]
     figures = data[0]["figures"]
     assert [f["metric"] for f in figures] == ["median_ttft_ms", "output_throughput"]
     assert all(math.isfinite(f["predicted"]) and f["predicted"] > 0 for f in figures)
@@ -136,7 +143,7 @@ def test_every_published_run_replays_to_finite_predictions_of_every_figure():
 
 def test_the_published_profile_reproduces_the_small_batch_decodes_it_was_derived_from():
     """calibration/profiles/vllm-published.yaml adds 45 us per layer to the defaults: Qwen3-8B at concurrency 4 on
-    an H100 then decodes within 5% of GPUStack's vLLM 0.11 (7.39 ms) and SGLang (7.17 ms) TPOT, where the
+    an H100 then decodes within 5% of GPUStack's vLLM 0.11 (mean TPOT 7.38 ms) and SGLang (7.19 ms), where the
     defaults (which keep the seed's ~4 ms H200 batch-1 step) are ~23% fast."""
     qwen = [run for run in load_measured_runs(PUBLISHED)
             if run.model == "qwen3-8b" and run.weight_dtype == "bf16" and run.dataset == "sharegpt"]
@@ -166,7 +173,7 @@ def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
     run = run_from_vllm_result(vllm_result(tmp_path), {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
     assert (run.num_prompts, run.max_concurrency, run.input_len, run.output_len) == (8, 2, 512, 64)
     assert run.measured == {"duration_s": 3.2, "request_throughput": 2.5, "output_throughput": 160.0,
-                            "total_throughput": 1440.0, "mean_ttft_ms": 40.0, "median_ttft_ms": 39.0,
+                            "total_token_throughput": 1440.0, "mean_ttft_ms": 40.0, "median_ttft_ms": 39.0,
                             "p99_ttft_ms": 45.0, "mean_tpot_ms": 7.0, "median_tpot_ms": 7.0, "p99_tpot_ms": 7.5,
                             "mean_e2el_ms": 480.0}  # std_* and per-request lists are not figures
     bursty = run_from_vllm_result(vllm_result(tmp_path, max_concurrency=None, request_rate=4.0, burstiness=0.25),
@@ -192,7 +199,7 @@ def test_compare_cli_replays_a_vllm_bench_result(tmp_path):
                                  "--set", "engine_args.max_model_len=4096", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data[0]["run"] == "llama-3.1-8b h100-sxm serve 512/64 c=2" and len(data[0]["figures"]) == 11
+    assert data[0]["run"] == "llama-3.1-8b h100-sxm serve 512/64 c=2 x8" and len(data[0]["figures"]) == 11
     no_setup = runner.invoke(app, ["compare", str(path)])
     assert no_setup.exit_code == 2 and "give --model and --gpu" in no_setup.output
     yaml_with_flags = runner.invoke(app, ["compare", str(PUBLISHED), "--gpu", "h100-sxm"])
@@ -210,8 +217,8 @@ def test_the_bundled_fit_keeps_its_held_out_errors():
     assert len(held_out) == 16
     rows = {row[0]: float(row[2].rstrip("%")) for row in
             family_rows([(run, replay(run, "published-fit")) for run in held_out])}
-    assert rows["ttft"] < 20 and rows["tpot"] < 10 and rows["throughput"] < 10 and rows["e2el"] < 5
-    assert rows["latency"] < 8
+    assert rows["ttft"] < 22 and rows["tpot"] < 11 and rows["throughput"] < 9 and rows["e2el"] < 7
+    assert rows["latency"] < 9
 
 
 def test_compare_cli_splits_the_errors_by_model_kind(tmp_path):
@@ -223,3 +230,45 @@ def test_compare_cli_splits_the_errors_by_model_kind(tmp_path):
     assert "moe = dense: 1 run(s)" in result.output and "moe = moe: 1 run(s)" in result.output
     wrong = runner.invoke(app, ["compare", str(path), "--by", "colour"])
     assert wrong.exit_code == 2 and "choose from model, gpu, engine, moe" in wrong.output
+
+
+def test_offline_benchmarks_take_the_llm_classs_batch_defaults_and_latency_runs_cache_nothing():
+    """vllm bench latency/throughput run the LLM class: 16384 tokens per step on an H100 (8192 on an A100),
+    where `vllm serve` takes 8192 (2048); bench latency turns prefix caching off."""
+    latency = run_of(benchmark="latency", batch_size=4, num_prompts=None, measured={"latency_s": 1.0})
+    s = scenario_for(latency).engine
+    assert (s.max_num_batched_tokens, s.max_num_seqs, s.prefix_caching) == (16384, 1024, "none")
+    a100 = scenario_for(run_of(benchmark="throughput", gpu="a100-80gb")).engine
+    assert (a100.max_num_batched_tokens, a100.max_num_seqs, a100.prefix_caching) == (8192, 256, "vllm")
+    assert scenario_for(run_of()).engine.max_num_batched_tokens is None  # serve: vllm serve's, per GPU, later
+    stated = scenario_for(run_of(benchmark="latency", batch_size=4, num_prompts=None, measured={"latency_s": 1.0},
+                                 engine_args={"max_num_batched_tokens": 2048})).engine
+    assert (stated.max_num_batched_tokens, stated.max_num_seqs) == (2048, 1024)
+
+
+def test_a_run_the_simulated_engine_cannot_finish_is_an_error_not_a_figure():
+    too_long = run_of(input_len=200_000, engine_args={"max_model_len": 4096})
+    with pytest.raises(SpecError, match="finished 0 of 40 requests; it rejected some"):
+        replay(too_long)
+
+
+def test_runs_that_would_share_a_label_need_an_id(tmp_path):
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([SERVE, SERVE | {"source": "elsewhere"}]))
+    with pytest.raises(SpecError, match="entries 0 and 1 are both .*give one an id"):
+        load_measured_runs(path)
+    path.write_text(yaml.safe_dump([SERVE, SERVE | {"id": "rerun"}]))
+    assert [run.label() for run in load_measured_runs(path)] == ["llama-3.1-8b h100-sxm serve 1024/128 all at "
+                                                                 "once x40", "rerun"]
+    assert run_of(engine="sglang", weight_dtype="fp8", tp=2).label() == \
+        "llama-3.1-8b h100-sxm TP2 sglang fp8 serve 1024/128 all at once x40"
+
+
+def test_a_vllm_bench_result_it_cannot_replay_is_refused(tmp_path):
+    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
+    for fields, message in (({"ramp_up_strategy": "linear"}, "ramp-up-strategy"),
+                            ({"failed": 2, "completed": 6}, "2 request\\(s\\) failed")):
+        with pytest.raises(SpecError, match=message):
+            run_from_vllm_result(vllm_result(tmp_path, **fields), setup)
+    one_token = run_from_vllm_result(vllm_result(tmp_path, output_lens=[1] * 8, mean_tpot_ms=0.0), setup)
+    assert "mean_tpot_ms" not in one_token.measured and "mean_ttft_ms" in one_token.measured
