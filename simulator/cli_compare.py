@@ -31,7 +31,7 @@ def compare(runs_file: Path,
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
     benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
-    from simulator.measured import load_measured_runs, replay, run_from_vllm_result, select
+    from simulator.measured import load_measured_runs, replay_run, run_from_vllm_result, select
     from simulator.scenario import apply_overrides
     from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
                                            write_html)
@@ -51,19 +51,24 @@ def compare(runs_file: Path,
         raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")
     if not runs:
         raise SpecError(f"{runs_file}: no run's label contains {match!r}")
-    results = []
+    results, preempted = [], {}
     with progress_bar("simulating runs", console, every=1) as advance:
         advance.total(len(runs))
         for i, run in enumerate(runs, 1):
-            results.append((run, replay(run, profile)))
+            replayed = replay_run(run, profile)
+            results.append((run, replayed.errors))
+            preempted[run.label()] = replayed.preemptions
             advance(i)
     if as_json:
-        print_json([{"run": run.label(), "source": run.source,
+        print_json([{"run": run.label(), "source": run.source, "simulated_preemptions": preempted[run.label()],
                      "figures": [{"metric": e.metric, "measured": e.measured, "predicted": e.predicted,
                                   "error_pct": e.error_pct} for e in errors]} for run, errors in results])
     else:
         print_table(f"{runs_file}: every figure", ERROR_COLUMNS, error_rows(results))
         print_table(f"error per family ({profile or 'default profile'})", FAMILY_COLUMNS, family_rows(results))
+        if any(preempted.values()):
+            print_table("runs whose simulated engine preempted (its KV ran out)", ["run", "preemptions"],
+                        [[label, n] for label, n in preempted.items() if n])
         if by is not None:
             groups: dict[str, list] = {}
             for run, errors in results:

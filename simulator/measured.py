@@ -193,7 +193,13 @@ def compare(run: MeasuredRun, summary: dict[str, float]) -> list[MetricError]:
     return [MetricError(metric, value, float(summary[SUMMARY_KEY[metric]])) for metric, value in run.measured.items()]
 
 
-def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
+@dataclass(frozen=True)
+class Replayed:
+    errors: list[MetricError]
+    preemptions: int  # the simulated twin's: a measured run that preempted less may have had more KV
+
+
+def replay_run(run: MeasuredRun, profile: str | None = None) -> Replayed:
     """Simulate `run`'s twin and compare it with what was measured. A twin that does not finish every request
     (the engine refuses one, e.g. too long for max_model_len) or has no value for a figure is an error: its
     figures would not describe the measured run."""
@@ -209,7 +215,11 @@ def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
     missing = [e.metric for e in errors if not (math.isfinite(e.predicted) and e.predicted > 0)]
     if missing:
         raise SpecError(f"{run.source} ({run.label()}): the simulation gives no value for {', '.join(missing)}")
-    return errors
+    return Replayed(errors, int(result.summary["preemptions"]))
+
+
+def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
+    return replay_run(run, profile).errors
 
 
 # `vllm bench serve --save-result` JSON key -> MeasuredRun figure (the others keep their names)

@@ -122,6 +122,7 @@ def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     data = json.loads(result.stdout[:result.stdout.rindex("]") + 1])
     assert [d["run"] for d in data] == ["llama-3.1-8b h100-sxm serve 1024/128 c=2 x6"]
     figures = data[0]["figures"]
+    assert data[0]["simulated_preemptions"] == 0  # six short requests never fill an H100's KV
     assert [f["metric"] for f in figures] == ["median_ttft_ms", "output_throughput"]
     assert all(math.isfinite(f["predicted"]) and f["predicted"] > 0 for f in figures)
     assert np.isclose(figures[1]["error_pct"], (figures[1]["predicted"] / 300.0 - 1) * 100)
@@ -272,3 +273,14 @@ def test_a_vllm_bench_result_it_cannot_replay_is_refused(tmp_path):
             run_from_vllm_result(vllm_result(tmp_path, **fields), setup)
     one_token = run_from_vllm_result(vllm_result(tmp_path, output_lens=[1] * 8, mean_tpot_ms=0.0), setup)
     assert "mean_tpot_ms" not in one_token.measured and "mean_ttft_ms" in one_token.measured
+
+
+def test_compare_cli_names_the_runs_whose_twin_preempted(tmp_path):
+    """An L4 holds ~3 GB of KV beside Llama-3.1-8B: 16 requests of 4,500 tokens at once outgrow it."""
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump([SERVE | {"gpu": "l4", "input_len": 3000, "output_len": 1500, "num_prompts": 16,
+                                             "engine_args": {"max_model_len": 8192}}]))
+    result = runner.invoke(app, ["compare", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "runs whose simulated engine preempted" in result.output
+    assert "llama-3.1-8b l4 serve 3000/1500 all at once x16" in result.output.split("preempted")[1]
