@@ -115,24 +115,27 @@ def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun
 
 
 def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile = Profile(), workers: int = 1,
-                max_evaluations: int = 200, **fields) -> RunsFit:
+                max_evaluations: int = 200, prior: float = 0.0, **fields) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
 
     `max_evaluations` bounds the replays of the train runs, the Jacobian's finite steps included (the best
-    profile seen is kept when they run out). `fields` go to the Profile (name, provenance); `fit_mape` is set
-    to the held-out runs' figures' MAPE (the train runs' when nothing is held out)."""
+    profile seen is kept when they run out). `prior` > 0 adds prior * log(value / base value) per parameter to
+    the residuals: a pull toward `base` that keeps parameters the runs cannot tell apart from trading against
+    each other to their bounds. `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out
+    runs' figures' MAPE (the train runs' when nothing is held out)."""
     if not train:
         raise ValueError("no runs to fit")
     names = fitted_names(train)
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
-    best: list = [math.inf, _start(base, names)]  # the lowest cost seen, and where
+    start = _start(base, names)
+    best: list = [math.inf, start]  # the lowest cost seen, and where
 
     def residuals(x: np.ndarray) -> np.ndarray:
         if replayer.count >= max_evaluations:
             raise _Budget
         logs = replayer(train, profile_of(x, names, base))
-        r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)])
+        r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
         cost = float(np.sum(np.sqrt(1 + (r / F_SCALE) ** 2) - 1))  # soft_l1, as least_squares scores it
         if cost < best[0]:
             best[:] = [cost, np.array(x)]

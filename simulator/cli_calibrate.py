@@ -107,6 +107,9 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
              name: str = typer.Option("fitted-runs", "--name", help="The profile's name"),
              max_evaluations: int = typer.Option(200, "--max-evaluations", min=1,
                                                  help="Replays of all train runs the search may spend"),
+             prior: float = typer.Option(0.0, "--prior", min=0.0, help=(
+                 "Pull toward the defaults: residual prior * log(value / default) per parameter (0: none; "
+                 "~0.05 keeps parameters the runs cannot tell apart near the defaults)")),
              workers: int | None = typer.Option(None, "--workers", help="Processes (default: all cores)")) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report default and fitted errors on the runs fitted and the runs held out."""
@@ -128,7 +131,7 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     train, test = split(runs, holdout_every)
     with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
         result = fit_to_runs(train, test, workers=workers or default_workers(), max_evaluations=max_evaluations,
-                             name=name, provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
+                             prior=prior, name=name, provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
                              + (f" matching {match!r}" if match else "") + f", {len(test)} held out")
     rows = []
     with atomic_dir(out) as folder:
