@@ -34,6 +34,8 @@ SUMMARY_KEY = {
     LATENCY: "duration_s",  # bench latency: one batch from submission to its last token
 }
 MetricName = Literal[tuple(SUMMARY_KEY)]  # type: ignore[valid-type]
+LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what each benchmark's flags set
+               "serve": {"num_prompts", "max_concurrency", "request_rate"}}
 
 
 class EngineArgs(BaseModel):
@@ -106,13 +108,13 @@ class MeasuredRun(BaseModel):
                              "(closed-loop clients send as soon as they are free)")
         if (LATENCY in self.measured) != (self.benchmark == "latency"):
             raise ValueError("latency_s is the figure of latency benchmarks, and theirs only")
-        serve_only = [k for k, v in (("max_concurrency", self.max_concurrency),
-                                     ("request_rate", math.isfinite(self.request_rate) or None)) if v is not None]
-        foreign = {"latency": ["num_prompts"] * (self.num_prompts is not None) + serve_only,
-                   "throughput": ["batch_size"] * (self.batch_size is not None) + serve_only,
-                   "serve": ["batch_size"] * (self.batch_size is not None)}[self.benchmark]
+        given = {k for k, v in (("num_prompts", self.num_prompts), ("batch_size", self.batch_size),
+                                ("max_concurrency", self.max_concurrency),
+                                ("request_rate", self.request_rate if math.isfinite(self.request_rate) else None))
+                 if v is not None}
+        foreign = sorted(given - LOAD_FIELDS[self.benchmark])
         if foreign:
-            raise ValueError(f"a {self.benchmark} benchmark has no {foreign[0]}")
+            raise ValueError(f"a {self.benchmark} benchmark has no {', '.join(foreign)}")
         if self.output_len == 1 and any("tpot" in k or "itl" in k for k in self.measured):
             raise ValueError("one output token has no TPOT or ITL")
         return self
@@ -186,7 +188,7 @@ class MetricError:
     @property
     def error_pct(self) -> float:
         """Signed: positive when the simulator predicts more (slower latencies, higher throughputs)."""
-        return (self.predicted - self.measured) / self.measured * 100 if self.measured else math.nan
+        return (self.predicted - self.measured) / self.measured * 100  # measured figures are positive
 
 
 def compare(run: MeasuredRun, summary: dict[str, float]) -> list[MetricError]:

@@ -33,7 +33,6 @@ def family_rows(results: Results) -> list[list[str]]:
     rows = []
     for name in FAMILIES:
         errs = np.array([e.error_pct for _, errors in results for e in errors if family(e.metric) == name])
-        errs = errs[~np.isnan(errs)]
         if len(errs):
             rows.append([name, str(len(errs)), f"{np.median(np.abs(errs)):.1f}%",
                          f"{np.percentile(np.abs(errs), 90):.1f}%", f"{np.median(errs):+.1f}%"])

@@ -30,11 +30,11 @@ def runs_measured_under(profile_path: str) -> list[MeasuredRun]:
     figures = {"latency": ["latency_s"], "serve": ["mean_ttft_ms", "mean_tpot_ms", "duration_s"]}
     runs = []
     for shape in shapes:
-        placeholder = MeasuredRun.model_validate({"source": "synthetic", "gpu": "h100-sxm", **shape,
+        template = MeasuredRun.model_validate({"source": "synthetic", "gpu": "h100-sxm", **shape,
                                                   "engine_args": {"max_model_len": 4096},
                                                   "measured": {f: 1.0 for f in figures[shape["benchmark"]]}})
-        made = {e.metric: e.predicted for e in replay(placeholder, profile_path)}
-        runs.append(placeholder.model_copy(update={"measured": made}))
+        made = {e.metric: e.predicted for e in replay(template, profile_path)}
+        runs.append(template.model_copy(update={"measured": made}))
     return runs
 
 
