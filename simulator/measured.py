@@ -11,6 +11,7 @@ result keys except `duration_s` and `latency_s`).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -34,6 +35,7 @@ SUMMARY_KEY = {
     LATENCY: "duration_s",  # bench latency: one batch from submission to its last token
 }
 MetricName = Literal[tuple(SUMMARY_KEY)]  # type: ignore[valid-type]
+PACED_SINCE = (0, 10, 1)  # vllm bench serve paces its arrivals from this release on (PR #21108, July 2025)
 LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what each benchmark's flags set
                "serve": {"num_prompts", "max_concurrency", "request_rate"}}
 
@@ -60,7 +62,9 @@ class MeasuredRun(BaseModel):
     notes: str | None = None
     engine: Literal["vllm", "sglang"] = Field("vllm", description=(
         "sglang switches prefix caching to its radix tree; batching stays vLLM's token-budget scheduler"))
-    engine_version: str | None = None
+    engine_version: str | None = Field(None, description=(
+        "The engine's release (0.11.0, 0.6.7.dev121 ...); None: a recent one. It decides how a rate's arrivals "
+        "are paced"))
     gpu: str
     tp: int = Field(1, ge=1)
     model: str
@@ -76,8 +80,8 @@ class MeasuredRun(BaseModel):
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
     request_rate: float = Field(math.inf, gt=0, description=(
-        "Requests/s; inf: all at once. Replayed as a renewal process from t = 0 (SGLang's bench_serving; vLLM's "
-        "since ~0.10 stretches its gaps so the last request leaves at num_prompts / rate)"))
+        "Requests/s; inf: all at once. vLLM since 0.10.1 paces the arrivals so the last request leaves at "
+        "num_prompts / rate; SGLang and older vLLM send a renewal process from t = 0"))
     burstiness: float = Field(1.0, gt=0, description=(
         "vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson"))
     batch_size: int | None = Field(None, ge=1, description="bench latency: prompts in the one batch")
@@ -124,6 +128,14 @@ class MeasuredRun(BaseModel):
         return get_model(self.model).moe is not None
 
     @property
+    def paced_arrivals(self) -> bool:
+        """Whether the client scaled its gaps to end at num_prompts / rate: vLLM's bench serve since v0.10.1."""
+        if self.engine != "vllm":
+            return False
+        version = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", self.engine_version or "")
+        return version is None or tuple(int(part or 0) for part in version.groups()) >= PACED_SINCE
+
+    @property
     def num_requests(self) -> int:
         return self.batch_size if self.benchmark == "latency" else self.num_prompts
 
@@ -166,8 +178,9 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     if run.max_concurrency is not None:
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
     elif math.isfinite(run.request_rate):
-        workload["arrivals"] = ({"kind": "poisson", "rate_per_s": run.request_rate} if run.burstiness == 1.0 else
-                                {"kind": "gamma", "rate_per_s": run.request_rate, "cv": run.burstiness ** -0.5})
+        workload["arrivals"] = ({"kind": "poisson"} if run.burstiness == 1.0 else
+                                {"kind": "gamma", "cv": run.burstiness ** -0.5}) | {
+            "rate_per_s": run.request_rate, "paced": run.paced_arrivals}
     else:
         workload["arrivals"] = {"kind": "all_at_once"}
     hardware = {"gpu": run.gpu} | ({"profile": profile} if profile else {})

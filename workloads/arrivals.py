@@ -6,6 +6,11 @@ immediately, and continue with i.i.d. inter-arrival gaps. Gaps are never capped:
 distribution is part of the workload (a Poisson stream has the occasional 5/rate gap).
 Stop rules: `num_requests` arrivals, or every arrival before `duration_s` (strictly), whichever
 comes first; at least one must be given.
+
+Paced processes (`paced=True`) are `vllm bench serve`'s since v0.10.1 (PR #21108, July 2025): it draws a gap
+for every request, the first included, and scales their running sums so the last request leaves at exactly
+num_requests / rate, which fixes the offered rate of a short run. SGLang's bench_serving and older vLLM
+send as the plain renewal process does.
 """
 
 from __future__ import annotations
@@ -19,20 +24,21 @@ Draw = Callable[[int], np.ndarray]  # k -> k inter-arrival gaps (s)
 
 
 def poisson_arrivals(rate_per_s: float, rng: np.random.Generator, num_requests: int | None = None,
-                     duration_s: float | None = None) -> np.ndarray:
+                     duration_s: float | None = None, paced: bool = False) -> np.ndarray:
     """Arrival times (s) of a Poisson process of `rate_per_s` requests/s: exponential gaps."""
-    return _renewal(lambda k: rng.exponential(1.0 / rate_per_s, size=k), rate_per_s, num_requests, duration_s)
+    return _arrivals(lambda k: rng.exponential(1.0 / rate_per_s, size=k), rate_per_s, num_requests, duration_s,
+                     paced)
 
 
 def gamma_arrivals(rate_per_s: float, cv: float, rng: np.random.Generator, num_requests: int | None = None,
-                   duration_s: float | None = None) -> np.ndarray:
+                   duration_s: float | None = None, paced: bool = False) -> np.ndarray:
     """Arrival times (s) of a gamma renewal process: mean gap 1/rate_per_s, gap CV `cv` (1 = Poisson).
 
     Gamma with shape k has CV 1/sqrt(k), so k = 1/cv**2 and scale = 1/(rate_per_s * k).
     """
     shape = 1.0 / cv**2
     scale_s = 1.0 / (rate_per_s * shape)
-    return _renewal(lambda k: rng.gamma(shape, scale_s, size=k), rate_per_s, num_requests, duration_s)
+    return _arrivals(lambda k: rng.gamma(shape, scale_s, size=k), rate_per_s, num_requests, duration_s, paced)
 
 
 def constant_arrivals(rate_per_s: float, num_requests: int | None = None,
@@ -64,6 +70,13 @@ def rescale_times(arrival_s: np.ndarray, rate_per_s: float | None = None,
     return arrival_s
 
 
+def _arrivals(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s: float | None,
+              paced: bool) -> np.ndarray:
+    if paced:
+        return _paced(draw, rate_per_s, num_requests, duration_s)
+    return _renewal(draw, rate_per_s, num_requests, duration_s)
+
+
 def _renewal(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s: float | None) -> np.ndarray:
     """First arrival at 0, then cumulative gaps, drawn in chunks until a stop rule is met."""
     _check_stop(num_requests, duration_s)
@@ -79,6 +92,15 @@ def _renewal(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s
     times = np.concatenate(parts)
     times = times[: int(min(limit_n, times.size))]
     return times[times < limit_s]
+
+
+def _paced(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s: float | None) -> np.ndarray:
+    """One gap per request, the first included; running sums scaled so the last is num_requests / rate."""
+    if num_requests is None or duration_s is not None:
+        raise ValueError("paced arrivals need num_requests and no duration_s (the last request leaves at "
+                         "num_requests / rate)")
+    times = np.cumsum(draw(num_requests))
+    return times * (num_requests / rate_per_s / times[-1])
 
 
 def _check_stop(num_requests: int | None, duration_s: float | None) -> None:

@@ -45,6 +45,10 @@ class PoissonArrivals(_Model):
 
     kind: Literal["poisson"]
     rate_per_s: float = Field(gt=0, description="Mean arrival rate (requests/s).")
+    paced: bool = Field(False, description="Scale the times so the last of num_requests arrives at exactly "
+                                           "num_requests / rate_per_s, the first after its own gap, as "
+                                           "`vllm bench serve` does since v0.10.1. Needs num_requests and no "
+                                           "duration_s.")
 
 
 class GammaArrivals(_Model):
@@ -53,6 +57,10 @@ class GammaArrivals(_Model):
     kind: Literal["gamma"]
     rate_per_s: float = Field(gt=0, description="Mean arrival rate (requests/s).")
     cv: float = Field(gt=0, description="Coefficient of variation of inter-arrival times (dimensionless).")
+    paced: bool = Field(False, description="Scale the times so the last of num_requests arrives at exactly "
+                                           "num_requests / rate_per_s, the first after its own gap, as "
+                                           "`vllm bench serve` does since v0.10.1. Needs num_requests and no "
+                                           "duration_s.")
 
 
 class ConstantArrivals(_Model):
@@ -157,6 +165,9 @@ class WorkloadConfig(_Model):
         kind, has_count = self.arrivals.kind, self.num_requests is not None
         if kind in SYNTHETIC_KINDS and not has_count and self.duration_s is None:
             return f"arrivals.kind {kind!r} needs num_requests or duration_s to know when to stop"
+        if getattr(self.arrivals, "paced", False) and (not has_count or self.duration_s is not None):
+            return (f"arrivals.paced: a paced {kind} process ends at num_requests / rate_per_s, so it needs "
+                    "num_requests and no duration_s")
         if kind == "all_at_once" and not has_count and self.trace is None:
             return "arrivals.kind 'all_at_once' needs num_requests (or a trace to take every row of)"
         if self.closed_loop is not None and not has_count:

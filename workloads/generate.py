@@ -143,9 +143,9 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame | None, rng: np.rando
         case "constant":
             return constant_arrivals(arrivals.rate_per_s, n_max, cfg.duration_s)
         case "poisson":
-            return poisson_arrivals(arrivals.rate_per_s, rng, n_max, cfg.duration_s)
+            return poisson_arrivals(arrivals.rate_per_s, rng, n_max, cfg.duration_s, arrivals.paced)
         case "gamma":
-            return gamma_arrivals(arrivals.rate_per_s, arrivals.cv, rng, n_max, cfg.duration_s)
+            return gamma_arrivals(arrivals.rate_per_s, arrivals.cv, rng, n_max, cfg.duration_s, arrivals.paced)
     raise ValueError(f"unknown arrival kind {arrivals.kind!r}")
 
 

@@ -16,6 +16,7 @@ from simulator.measured import (MeasuredRun, MetricError, compare, load_measured
                                 scenario_for)
 from simulator.measured_report import family_rows
 from simulator.run import build_timer
+from workloads.generate import build_workload
 
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
@@ -181,6 +182,21 @@ def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
                                   {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
     arrivals = scenario_for(bursty).workload.arrivals
     assert (arrivals.kind, arrivals.rate_per_s, arrivals.cv) == ("gamma", 4.0, 2.0)  # shape 0.25: CV 1/sqrt(0.25)
+    assert arrivals.paced  # a bench JSON names no release: today's vllm bench paces its arrivals
+
+
+@pytest.mark.parametrize("engine, version, paced", [
+    ("vllm", None, True), ("vllm", "0.10.1", True), ("vllm", "0.30.0", True), ("vllm", "0.10.0", False),
+    ("vllm", "0.8.4", False), ("vllm", "0.6.7.dev121 (V0, rocm/vllm-dev:20250112)", False),
+    ("sglang", "0.5.3.post3", False)])
+def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engine, version, paced):
+    """vllm bench serve since 0.10.1 ends its last arrival at num_prompts / rate; SGLang and older vLLM do not."""
+    run = run_of(request_rate=4.0, engine=engine, engine_version=version)
+    assert run.paced_arrivals is paced
+    requests = build_workload(scenario_for(run).workload, np.random.default_rng(0), Path.cwd()).requests
+    times = np.array([req.arrival_s for req in requests])
+    assert math.isclose(times[-1], 40 / 4.0, rel_tol=1e-9) is paced
+    assert bool(times[0] == 0.0) is not paced
 
 
 def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):

@@ -69,3 +69,17 @@ def test_rescaling_hits_the_target_rate():
     assert rescale_times(times) is times
     with pytest.raises(ValueError, match=">= 2 arrivals"):
         mean_rate_per_s(np.zeros(1))
+
+
+@pytest.mark.parametrize("arrivals", [
+    lambda rng, **kw: poisson_arrivals(4.0, rng, **kw),
+    lambda rng, **kw: gamma_arrivals(4.0, 2.0, rng, **kw)])
+def test_paced_arrivals_end_at_count_over_rate(arrivals):
+    """vllm bench serve >= 0.10.1: n drawn gaps, the first included, scaled so the last request leaves at n / rate."""
+    paced = arrivals(np.random.default_rng(5), num_requests=50, paced=True)
+    plain = arrivals(np.random.default_rng(5), num_requests=51)  # t = 0, then the same 50 gaps
+    assert paced.size == 50 and paced[0] > 0 and np.all(np.diff(paced) > 0)
+    assert paced[-1] == pytest.approx(50 / 4.0, rel=1e-12)
+    assert np.allclose(paced / paced[-1], plain[1:] / plain[-1], rtol=1e-12)
+    with pytest.raises(ValueError, match="paced arrivals need num_requests and no duration_s"):
+        arrivals(np.random.default_rng(5), num_requests=50, duration_s=10.0, paced=True)
