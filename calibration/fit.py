@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibration.fit_terms import StepTerms
+from calibration.fit_terms import KIND_CODES, KIND_NAMES, StepTerms
 from hardware.profile import EfficiencyCurve, Profile
 
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory")
@@ -86,24 +86,18 @@ def default_knots(tokens: np.ndarray, count: int = 4) -> np.ndarray:
 
 def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
     """Predicted seconds per row under `profile` (equals `step_cost(...).total_s` row by row)."""
-    tokens, inverse = np.unique(tt.tokens, return_inverse=True)
-    curves = {name: np.array([getattr(profile, name).at(t) for t in tokens])[inverse] for name in CURVES}
-    moe_compute, moe_memory = profile.curves("moe")
-    curves |= {name: np.array([curve.at(t) for t in tokens])[inverse]
-               for name, curve in (("moe_compute", moe_compute), ("moe_memory", moe_memory))}
-    return _predict(tt, curves, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
+    eff_c, eff_m = np.empty(len(tt.kind)), np.empty(len(tt.kind))
+    for code, kind in KIND_NAMES.items():
+        entries = tt.kind == code
+        tokens, inverse = np.unique(tt.tokens[entries], return_inverse=True)
+        for eff, curve in zip((eff_c, eff_m), profile.curves(kind)):
+            eff[entries] = np.array([curve.at(t) for t in tokens])[inverse]
+    return _predict(tt, eff_c, eff_m, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
 
 
-def _predict(tt: TermTable, curves: dict[str, np.ndarray], step_s: float, layer_s: float,
+def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, step_s: float, layer_s: float,
              request_s: float) -> np.ndarray:
-    """`curves`: each curve's efficiency per entry of `tt`. Routed-expert entries (kind 2) read the moe curves
-    when given, else the GEMM ones: the executor's fit does not tell the two apart."""
-    attention, moe = tt.kind == 1, tt.kind == 2
-    eff_c = np.where(attention, curves["attn_compute"], curves["gemm_compute"])
-    eff_m = np.where(attention, curves["attn_memory"], curves["gemm_memory"])
-    if "moe_compute" in curves:
-        eff_c = np.where(moe, curves["moe_compute"], eff_c)
-        eff_m = np.where(moe, curves["moe_memory"], eff_m)
+    """`eff_c`, `eff_m`: each entry's compute and memory efficiency."""
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
     return ops + step_s + layer_s * tt.num_layers + request_s * tt.num_requests
@@ -159,7 +153,11 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
 
     def residuals(x: np.ndarray) -> np.ndarray:
         effs, step_s, layer_s, request_s = params.unpack(x)
-        pred = _predict(tt, {c: w @ v for c, v in effs.items()}, step_s, layer_s, request_s)
+        at = {c: w @ v for c, v in effs.items()}
+        # routed experts (kind 2) read the GEMM curves, as Profile.curves does for the moe-less profile fitted here
+        attention = tt.kind == KIND_CODES["attention"]
+        pred = _predict(tt, np.where(attention, at["attn_compute"], at["gemm_compute"]),
+                        np.where(attention, at["attn_memory"], at["gemm_memory"]), step_s, layer_s, request_s)
         rough = [np.diff(np.log(v)) * smooth for v in effs.values()]
         return np.concatenate([(pred - measured_s) / measured_s, *rough])
 

@@ -71,12 +71,13 @@ def _start(base: Profile, names: list[str]) -> np.ndarray:
     return np.clip(np.log(np.maximum(values, 1e-12)), low + 1e-9, high - 1e-9)
 
 
-def _replay_logs(run: MeasuredRun, profile_path: str) -> list[float]:
-    return [math.log(e.predicted / e.measured) for e in replay(run, profile_path)]
+def _logs(errors: list[MetricError]) -> list[float]:
+    return [math.log(e.predicted / e.measured) for e in errors]
 
 
 class _Replayer:
-    """Replays runs under a candidate profile written to a temporary YAML, in a pool kept for the whole fit."""
+    """Replays runs under a candidate profile written to a temporary YAML, in a pool kept for the whole fit;
+    `count` counts the calls (each replays every run it is given)."""
 
     def __init__(self, workers: int):
         self.folder = tempfile.TemporaryDirectory(prefix="servesim-fit-")
@@ -84,13 +85,13 @@ class _Replayer:
                      if workers > 1 else None)
         self.count = 0
 
-    def __call__(self, runs: list[MeasuredRun], profile: Profile) -> list[list[float]]:
+    def __call__(self, runs: list[MeasuredRun], profile: Profile) -> list[list[MetricError]]:
         self.count += 1
         path = Path(self.folder.name) / f"candidate-{self.count}.yaml"
         path.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
         if self.pool is None:
-            return [_replay_logs(run, str(path)) for run in runs]
-        return list(self.pool.map(_replay_logs, runs, [str(path)] * len(runs)))
+            return [replay(run, str(path)) for run in runs]
+        return list(self.pool.map(replay, runs, [str(path)] * len(runs)))
 
     def close(self) -> None:
         if self.pool is not None:
@@ -103,7 +104,14 @@ class RunsFit:
     profile: Profile
     train: list[MeasuredRun]
     test: list[MeasuredRun]
-    evaluations: int
+    evaluations: int  # the search's replays of the train runs
+    # "default" (the base profile) and "fitted" -> per run of train + test, its figures' errors
+    errors: dict[str, list[list[MetricError]]]
+
+    def split_errors(self, profile: str) -> tuple[list[list[MetricError]], list[list[MetricError]]]:
+        """`profile`'s errors on the train runs and on the test runs."""
+        errors = self.errors[profile]
+        return errors[:len(self.train)], errors[len(self.train):]
 
 
 def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun], list[MeasuredRun]]:
@@ -134,7 +142,7 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
     def residuals(x: np.ndarray) -> np.ndarray:
         if replayer.count >= max_evaluations:
             raise _Budget
-        logs = replayer(train, profile_of(x, names, base))
+        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base))]
         r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
         cost = float(np.sum(np.sqrt(1 + (r / F_SCALE) ** 2) - 1))  # soft_l1, as least_squares scores it
         if cost < best[0]:
@@ -147,11 +155,11 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
                               diff_step=0.05, max_nfev=max_evaluations).x
         except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
             x = best[1]
-        fitted = profile_of(x, names, base, **fields)
-        checked = test or train
-        logs = replayer(checked, fitted)
-        mape = float(np.mean([abs(math.exp(v) - 1) for r in logs for v in r]) * 100)
-        return RunsFit(fitted.model_copy(update={"fit_mape": mape}), train, test, replayer.count)
+        fitted, evaluations = profile_of(x, names, base, **fields), replayer.count
+        errors = {"default": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
+        checked = errors["fitted"][len(train):] if test else errors["fitted"]
+        mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
+        return RunsFit(fitted.model_copy(update={"fit_mape": mape}), train, test, evaluations, errors)
     finally:
         replayer.close()
 

@@ -122,7 +122,7 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     from calibration.calibrate import save_profile
     from simulator.atomic import atomic_dir
     from simulator.executors import default_workers
-    from simulator.measured import load_measured_runs, replay, select
+    from simulator.measured import load_measured_runs, select
     from simulator.measured_report import FAMILY_COLUMNS, family_rows
 
     runs = select(load_measured_runs(runs_file), match)
@@ -136,11 +136,10 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     rows = []
     with atomic_dir(out) as folder:
         save_profile(result.profile, folder / "profile.yaml", {"runs": runs_file, "evaluations": result.evaluations})
-        for part, members in (("train", train), ("test", test)):
-            default = [replay(run) for run in members]
-            fitted = [replay(run, str(folder / "profile.yaml")) for run in members]
-            rows += figure_rows(members, {"default": default, "fitted": fitted}, part)
-            for label, errors in (("default", default), ("fitted", fitted)):
+        for i, (part, members) in enumerate((("train", train), ("test", test))):
+            by_profile = {label: result.split_errors(label)[i] for label in ("default", "fitted")}
+            rows += figure_rows(members, by_profile, part)
+            for label, errors in by_profile.items():
                 if members:
                     print_table(f"{part} runs ({len(members)}), {label} profile", FAMILY_COLUMNS,
                                 family_rows(list(zip(members, errors))))

@@ -60,11 +60,14 @@ def test_every_nth_run_is_held_out_and_measures_the_fit(truth_path, tmp_path):
     assert train == [runs[0], runs[2]] and test == [runs[1], runs[3]]
     assert split(runs, 0) == (runs, [])
     result = fit_to_runs(train, test, max_evaluations=20)
-    assert result.evaluations <= 20 + 1  # the budget holds the Jacobian's replays too; then one check of the test
+    assert result.evaluations <= 20  # the budget holds the Jacobian's replays too
     saved = tmp_path / "fitted.yaml"
     saved.write_text(yaml.safe_dump(result.profile.model_dump(mode="json")))
-    held_out = [abs(e.predicted / e.measured - 1) * 100 for run in test for e in replay(run, str(saved))]
+    replayed = [replay(run, str(saved)) for run in test]
+    held_out = [abs(e.predicted / e.measured - 1) * 100 for run in replayed for e in run]
     assert result.profile.fit_mape == pytest.approx(sum(held_out) / len(held_out), rel=1e-6)
+    assert result.split_errors("fitted")[1] == replayed  # the errors it reports are the saved profile's
+    assert result.split_errors("default")[0] == [replay(run) for run in train]
 
 
 def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path):
