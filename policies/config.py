@@ -47,6 +47,10 @@ class EngineConfig(BaseModel):
     disable_hybrid_kv_cache_manager: bool = Field(False, description=(
         "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks"))
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
+    scheduler_reserve_full_isl: bool = Field(True, description=(
+        "Admit a waiting request only if the free pool holds its whole prompt (and outputs so far, less prefix "
+        "hits; a sliding window's share capped at window + one step's tokens), not just its first chunk: vLLM's "
+        "default since 0.19 (off before)"))
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")

@@ -59,12 +59,27 @@ class HybridBlockManager(BlockManager):
         computed = req.num_computed_tokens
         return self._need(req, computed, computed + num_new_tokens)
 
-    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False) -> list[int] | None:
+    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
+                 watermark: bool = True) -> list[int] | None:
         computed = req.num_computed_tokens
         self._free_skipped(req, computed)
         hit = self._hit_blocks(req) if admitting else {}
-        reserve = self.watermark_blocks if admitting else 0
+        reserve = self.watermark_blocks if admitting and watermark else 0
         return self._grow(req, computed, computed + num_new_tokens, reserve, hit)
+
+    def fits_whole(self, req: Request, num_tokens: int, step_tokens: int, watermark: bool = True) -> bool:
+        """Per group, the blocks of `num_tokens` tokens beyond those held, hit or skipped; a sliding group of
+        window w needs at most cdiv(w - 1 + step_tokens, block_size) + 1 at any time (vLLM's admission cap)."""
+        computed, groups, hit = req.num_computed_tokens, self._groups.get(req.id), self._hit_blocks(req)
+        need = 0
+        for g, w in enumerate(self.windows):
+            required = blocks_for(num_tokens, self.block_size)
+            if w is not None:
+                required = min(required, cdiv(w - 1 + step_tokens, self.block_size) + 1)
+            have = (len(groups[g]) if groups else 0) + len(hit.get(g, ()))
+            need += max(required - max(have, self._start(w, computed)), 0)
+        hit_ids = [b for blocks in hit.values() for b in blocks if b is not None]
+        return need + self._evictable_among(hit_ids) + self.watermark_blocks * watermark <= self.num_free_blocks
 
     def reserve(self, req: Request, num_tokens: int) -> list[int] | None:
         self._free_skipped(req, req.num_computed_tokens)

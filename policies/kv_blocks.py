@@ -77,15 +77,17 @@ class BlockManager:
         held = len(self._tables.get(req.id, ()))
         return max(blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - held, 0)
 
-    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False) -> list[int] | None:
-        """Grow `req`'s table for `num_new_tokens` more tokens; None if the pool (less the watermark) is short.
+    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
+                 watermark: bool = True) -> list[int] | None:
+        """Grow `req`'s table for `num_new_tokens` more tokens; None if the pool (less the watermark, when
+        admitting and `watermark`: vLLM keeps it only while another request runs) is short.
 
         When admitting after a `lookup` hit, the caller has set `req.num_computed_tokens` to the hit and
         the cached blocks join the table first.
         """
         hit = self._hit_blocks(req) if admitting else []
         need = self.blocks_needed(req, num_new_tokens) - len(hit)
-        reserve = self.watermark_blocks if admitting else 0
+        reserve = self.watermark_blocks if admitting and watermark else 0
         if need + reserve + self._evictable_among(hit) > self.num_free_blocks:
             return None
         table = self._tables.setdefault(req.id, [])
@@ -95,6 +97,15 @@ class BlockManager:
         new = [self._pop_free() for _ in range(need)]
         table.extend(new)
         return new
+
+    def fits_whole(self, req: Request, num_tokens: int, step_tokens: int, watermark: bool = True) -> bool:
+        """vLLM's admission gate (`scheduler_reserve_full_isl`): whether the pool, less the watermark (as in
+        `allocate`), could hold `req`'s first `num_tokens` tokens now. The caller has set
+        `req.num_computed_tokens` to its prefix hit; hit blocks that sit evictable in the pool count as taken.
+        `step_tokens` (the most one step schedules) only bounds sliding windows (HybridBlockManager)."""
+        hit = self._hit_blocks(req)
+        need = max(blocks_for(num_tokens, self.block_size) - len(self.table(req)) - len(hit), 0)
+        return need + self._evictable_among(hit) + self.watermark_blocks * watermark <= self.num_free_blocks
 
     def reserve(self, req: Request, num_tokens: int) -> list[int] | None:
         """Allocate blocks for `num_tokens` tokens at once (up-front reservation, as Orca/static batching do)."""

@@ -3,9 +3,13 @@
 Each step (vLLM v1 semantics):
 1. running requests first, in admission order: each gets min(pending tokens, budget) tokens — 1 for
    a decode, a chunk for a prefill; if KV blocks run out, the lowest-priority running request
-   (the newest under FCFS) is preempted until the allocation fits or the request itself is preempted;
+   (the newest under FCFS) is preempted until the allocation fits or the request itself is preempted,
+   which ends the pass (under priority order, running requests after it wait for the next step);
 2. then, only if nobody was preempted this step, waiting requests in queue order while budget,
-   `max_num_seqs` and KV blocks allow; the first that does not fit blocks the rest (head of line).
+   `max_num_seqs` and KV blocks allow; the first that does not fit blocks the rest (head of line). With
+   `scheduler_reserve_full_isl` (vLLM's default since 0.19) a request fits only if the pool could hold its
+   whole prompt, not just its first chunk: a long prompt no longer gets in on a chunk's worth of blocks, runs
+   the pool dry halfway and is preempted to start again.
 
 Speculative decoding (`engine.speculative`, policies/spec_decode.py): in a step that drafts, a decoding
 request is scheduled with 1 + k tokens (its last sampled token and k guesses), within the budget, with KV
@@ -184,8 +188,8 @@ class TokenBudgetScheduler:
                 if n > pending:  # guesses, possibly fewer than k where the budget ran out
                     step.drafts[req] = n - pending
                 i = self._cursor + 1
-            else:  # req itself was preempted: the next request now sits where it was
-                i = self._cursor
+            else:  # req itself was preempted: vLLM schedules no running request after it this step
+                return
 
     def _make_room(self, req: Request, n: int, step: _Step) -> bool:
         """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""
@@ -222,8 +226,14 @@ class TokenBudgetScheduler:
                 return
             n = min(n, step.budget)
             req.num_computed_tokens = hit
-            room = (self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
-                    if self.reserve_output else self.kv.allocate(req, n, admitting=True))
+            mark = bool(self.running)  # vLLM keeps the watermark free only while another request runs
+            if self.reserve_output:
+                room = self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
+            elif self.chunked and self.cfg.scheduler_reserve_full_isl \
+                    and not self.kv.fits_whole(req, req.num_tokens, self.budget, mark):  # unchunked: whole anyway
+                room = None
+            else:
+                room = self.kv.allocate(req, n, admitting=True, watermark=mark)
             if room is None:
                 req.num_computed_tokens = 0 if not self.kv.table(req) else hit
                 return

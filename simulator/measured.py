@@ -36,6 +36,9 @@ SUMMARY_KEY = {
 }
 MetricName = Literal[tuple(SUMMARY_KEY)]  # type: ignore[valid-type]
 PACED_SINCE = (0, 10, 1)  # vllm bench serve paces its arrivals from this release on (PR #21108, July 2025)
+# vLLM admits a prompt only if all of it fits (scheduler_reserve_full_isl, PR #37307, March 2026) by default in
+# this release, the first seen with it on (0.10-0.11 admit on the first chunk's blocks)
+FULL_PROMPT_GATE_SINCE = (0, 19, 0)
 LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what each benchmark's flags set
                "serve": {"num_prompts", "max_concurrency", "request_rate"}}
 
@@ -50,6 +53,7 @@ class EngineArgs(BaseModel):
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1)
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
+    scheduler_reserve_full_isl: bool | None = None
 
 
 class MeasuredRun(BaseModel):
@@ -130,10 +134,21 @@ class MeasuredRun(BaseModel):
     @property
     def paced_arrivals(self) -> bool:
         """Whether the client scaled its gaps to end at num_prompts / rate: vLLM's bench serve since v0.10.1."""
-        if self.engine != "vllm":
-            return False
+        return self.engine == "vllm" and self._vllm_since(PACED_SINCE)
+
+    @property
+    def gates_whole_prompt(self) -> bool:
+        """Whether the engine admitted a prompt only if all of it fit: stated, else vLLM's default of its release;
+        SGLang checks the whole prompt (and some output) before it admits."""
+        stated = self.engine_args.scheduler_reserve_full_isl
+        if stated is not None:
+            return stated
+        return self.engine == "sglang" or self._vllm_since(FULL_PROMPT_GATE_SINCE)
+
+    def _vllm_since(self, release: tuple[int, int, int]) -> bool:
+        """Whether the run's release is `release` or later (no release stated: a recent one)."""
         version = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", self.engine_version or "")
-        return version is None or tuple(int(part or 0) for part in version.groups()) >= PACED_SINCE
+        return version is None or tuple(int(part or 0) for part in version.groups()) >= release
 
     @property
     def num_requests(self) -> int:
@@ -163,6 +178,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         ("max_model_len", args.max_model_len), ("gpu_memory_utilization", args.gpu_memory_utilization),
         ("enable_chunked_prefill", args.enable_chunked_prefill)) if v is not None}
     engine["weight_dtype"] = run.weight_dtype
+    engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
     if run.benchmark != "serve":  # the offline LLM class's larger budget, unless stated

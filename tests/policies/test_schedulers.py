@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from policies.token_budget import max_blocks_of
 from tests.policies.helpers import drive, make_requests, make_scheduler
+from workloads.request import Request
 
 PROMPTS, WANTED = [5, 2, 7, 3, 4], [3, 8, 2, 6, 4]
 
@@ -110,9 +111,10 @@ def test_orca_reserves_the_whole_output_and_never_preempts():
     chunked=st.booleans(),
     swap=st.booleans(),
     order=st.sampled_from(["fcfs", "sjf"]),
+    gate=st.booleans(),
 )
 def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_size, spare_blocks, max_num_seqs,
-                                                     budget, chunked, swap, order):
+                                                     budget, chunked, swap, order, gate):
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     biggest = max(max_blocks_of(r, block_size) for r in requests)
     if scheduler == "static":  # a padded batch of one must fit
@@ -123,9 +125,31 @@ def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_s
     sched, log = make_scheduler(scheduler, num_blocks=biggest + spare_blocks, block_size=block_size,
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                 enable_chunked_prefill=chunked, chunk_size=max(16, budget // 4),
-                                preemption_mode="swap" if swap else "recompute", host_blocks=8, queue_order=order)
+                                preemption_mode="swap" if swap else "recompute", host_blocks=8, queue_order=order,
+                                scheduler_reserve_full_isl=gate)
     steps = drive(sched, requests)  # checks invariants after every step and that every block came back
     assert all(r.num_generated == r.num_output_tokens for r in requests)
     assert all(r.first_token_s is not None and r.finish_s >= r.first_token_s for r in requests)
     assert all(s.free_blocks >= 0 for s in steps)
     assert len(log.itl_s) == sum(r.num_output_tokens - 1 for r in requests)  # one gap per token after the first
+
+
+def test_a_running_request_preempting_itself_ends_the_running_pass():
+    """Priority order: A (priority 5, admitted first) needs a block with none free and is itself the lowest
+    priority; vLLM then stops scheduling running requests, so B (priority 0, after A in the batch) waits a step."""
+    sched, _ = make_scheduler("vllm", num_blocks=4, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
+                              queue_order="priority")
+    a, b = Request(0, 0.0, 4, 8, priority=5), Request(1, 0.0, 4, 8, priority=0)
+    sched.add(a, 0.0)
+    plans, now = [], 0.0
+    while not (a.is_done and b.is_done):
+        plans.append(sched.schedule(now))
+        if len(plans) == 1:
+            sched.add(b, now)  # arrives after A's prefill was scheduled
+        now += 1.0
+        sched.commit(plans[-1], now)
+        sched.kv.check_invariants()
+    # A's 9th token (step 5) opens its third block: the pool (A 2 + B 2 blocks) is full
+    assert [r.id for r in plans[4].requests] == [0, 1]
+    assert plans[5].preempted == (a,) and plans[5].requests == ()
+    assert [r.id for r in plans[6].requests][0] == 1

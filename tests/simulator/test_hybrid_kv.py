@@ -22,10 +22,14 @@ def test_sliding_windows_hold_more_long_requests_and_finish_sooner():
     assert hybrid.num_blocks == whole.num_blocks  # one group either way: the same pool
     for result in (hybrid, whole):
         assert result.summary["completed"] == 40 and result.summary["rejected"] == 0
-    # kept whole, 12K-token requests fill the pool of 12,768 blocks at 17; sliding, each holds at most
-    # ceil((4096 + 400) / 16) + 1 = 282 blocks (its 4096-token window), so all 40 (11,280 blocks) run at once
+    # kept whole, a 12K-token prompt needs 750 of the 12,768 blocks free to be admitted: 16 fit with the
+    # blocks they grow by (16 x 775 = 12,400 at their end), a 17th gets in only on its first chunk's blocks,
+    # without vLLM's full-prompt gate. Sliding, each holds at most ceil((4096 + 400) / 16) + 1 = 282 blocks
+    # (its 4096-token window), so all 40 (11,280 blocks) run at once
     assert hybrid.num_blocks == 12_768
-    assert whole.steps["num_running"].max() == 17 and hybrid.steps["num_running"].max() == 40
+    assert whole.steps["num_running"].max() == 16 and hybrid.steps["num_running"].max() == 40
+    ungated = run(long_context(disable_hybrid_kv_cache_manager=True, scheduler_reserve_full_isl=False))
+    assert ungated.steps["num_running"].max() == 17
     blocks_per_request = (hybrid.steps["kv_blocks_used"] / hybrid.steps["num_running"])[hybrid.steps["num_running"] == 40]
     assert blocks_per_request.max() <= -(-(4096 + 400) // 16) + 1
     assert hybrid.summary["duration_s"] < whole.summary["duration_s"]

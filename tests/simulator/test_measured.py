@@ -199,6 +199,16 @@ def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engi
     assert bool(times[0] == 0.0) is not paced
 
 
+@pytest.mark.parametrize("engine, version, stated, gated", [
+    ("vllm", None, None, True), ("vllm", "0.19.0", None, True), ("vllm", "0.30.0", None, True),
+    ("vllm", "0.11.0", None, False), ("vllm", "0.11.0", True, True), ("vllm", "0.30.0", False, False),
+    ("sglang", "0.5.3.post3", None, True)])
+def test_a_twin_admits_whole_prompts_only_where_that_release_did(engine, version, stated, gated):
+    """vLLM gates admission on the whole prompt (scheduler_reserve_full_isl) by default from 0.19; SGLang always."""
+    run = run_of(engine=engine, engine_version=version, engine_args={"scheduler_reserve_full_isl": stated})
+    assert scenario_for(run).engine.scheduler_reserve_full_isl is gated
+
+
 def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
     setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
     varied = vllm_result(tmp_path, input_lens=[100, 200, 300, 400, 500, 600, 700, 800])

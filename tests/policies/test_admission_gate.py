@@ -1,0 +1,80 @@
+"""vLLM's full-prompt admission gate (`scheduler_reserve_full_isl`, on by default since 0.19): a waiting request is
+admitted only if the free pool could hold its whole prompt, so a long prompt cannot get in on one chunk's blocks,
+drain the pool halfway through its prefill and be preempted to start again."""
+
+import pytest
+
+from policies.hybrid_blocks import HybridBlockManager
+from policies.kv_blocks import BlockManager
+from policies.prefix_blocks import PrefixCachingBlockManager
+from tests.policies.helpers import drive, make_requests, make_scheduler
+from workloads.request import Request
+
+
+def two_long_prompts(gate: bool):
+    """10 blocks of 4 tokens, 8 tokens a step: A (24 + 4 tokens, 7 blocks at its end) then B (20 + 2, 6 blocks)."""
+    sched, _ = make_scheduler("vllm", num_blocks=10, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
+                              scheduler_reserve_full_isl=gate)
+    requests = make_requests([24, 20], [4, 2])
+    return drive(sched, requests), requests
+
+
+def test_without_the_gate_the_second_prompt_gets_in_on_a_chunk_and_is_preempted():
+    steps, (a, b) = two_long_prompts(gate=False)
+    assert steps[3].batch == [0, 1] and steps[3].num_new == [1, 7]  # 7 + 2 blocks of 10: B's first chunk fits
+    assert any(s.preempted == [1] for s in steps) and b.num_preemptions >= 1
+
+
+def test_with_the_gate_the_second_prompt_waits_for_room_for_all_of_it():
+    steps, (a, b) = two_long_prompts(gate=True)
+    # A holds 6 blocks after its prefill and 7 with its 25th token: 3 free < B's 5 until A finishes (step 5)
+    assert [s.batch for s in steps[:6]] == [[0], [0], [0], [0], [0], [0]]
+    assert steps[6].batch == [1] and steps[6].num_new == [8]
+    assert not any(s.preempted for s in steps) and a.num_preemptions == b.num_preemptions == 0
+
+
+def test_the_gate_counts_the_whole_prompt_less_held_blocks_and_keeps_the_watermark():
+    marked = BlockManager(num_blocks=10, block_size=4, watermark=0.2)  # 2 blocks kept back at admission
+    req = Request(0, 0.0, 40, 4)
+    assert marked.fits_whole(req, 32, step_tokens=8) and not marked.fits_whole(req, 33, step_tokens=8)
+    kv = BlockManager(num_blocks=10, block_size=4)
+    kv.allocate(req, 8)  # 2 blocks held, 8 free
+    assert kv.fits_whole(req, 40, step_tokens=8) and not kv.fits_whole(req, 41, step_tokens=8)
+
+
+def test_cached_blocks_in_use_cost_nothing_and_evictable_ones_count_as_taken():
+    kv = PrefixCachingBlockManager(num_blocks=10, block_size=4)
+    first = Request(0, 0.0, 16, 2, ((7, 16),))  # 4 blocks of a shared run
+    kv.allocate(first, 16)
+    kv.cache_scheduled(first, 16)
+    follower = Request(1, 1.0, 32, 2, ((7, 16), (-2, 16)))  # the same 16 tokens, then 16 of its own
+    follower.num_computed_tokens = kv.lookup(follower)
+    assert follower.num_computed_tokens == 16
+    assert kv.fits_whole(follower, 32, 8)  # 4 new blocks of 6 free: the 4 hit blocks are first's, in use
+    assert not kv.fits_whole(follower, 44, 8)  # 7 new blocks
+    kv.free(first)  # its 4 blocks stay cached but evictable: taking them empties the pool by as many
+    assert kv.num_free_blocks == 10
+    assert kv.fits_whole(follower, 40, 8) and not kv.fits_whole(follower, 44, 8)  # 6 new + 4 evictable <= 10
+
+
+@pytest.mark.parametrize("step_tokens, fits_in", [(8, 15), (16, 17)])
+def test_a_sliding_group_needs_only_its_window_plus_one_steps_tokens(step_tokens, fits_in):
+    """Full group: 40 tokens are 10 blocks of 4; window 8: cdiv(8 - 1 + step_tokens, 4) + 1 blocks (5, then 7)."""
+    req = Request(0, 0.0, 40, 2)
+    for num_blocks in (fits_in - 1, fits_in):
+        kv = HybridBlockManager(num_blocks=num_blocks, block_size=4, windows=(None, 8))
+        assert kv.fits_whole(req, 40, step_tokens) is (num_blocks == fits_in)
+
+
+def test_the_watermark_holds_back_admissions_only_while_another_request_runs():
+    """vLLM applies it only when something is scheduled: a prompt needing the whole pool still gets in alone."""
+    sched, _ = make_scheduler("vllm", num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
+                              watermark=0.2)
+    alone = make_requests([40], [1])
+    assert drive(sched, alone)[0].num_new == [8]  # 10 blocks + the watermark's 2 > 10, but nothing else runs
+    sched, _ = make_scheduler("vllm", num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
+                              watermark=0.2)
+    pair = make_requests([4, 32], [3, 1])
+    steps = drive(sched, pair)
+    # beside the first (1 block, then 2), the second's 8 blocks + 2 kept free exceed the 9 or 8 left: it waits
+    assert [s.batch for s in steps[:4]] == [[0], [0], [0], [1]]
