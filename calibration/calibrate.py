@@ -57,7 +57,7 @@ def held_out_shapes(rows: pd.DataFrame, test_fraction: float = 0.25, seed: int =
 
 #: Every operator at the device's peaks and no overheads: the physics floor a measured step cannot beat.
 ROOFLINE = Profile(name="roofline", gemm_compute=1.0, gemm_memory=1.0, attn_compute=1.0, attn_memory=1.0,
-                   step_overhead_s=0.0, request_overhead_s=0.0)
+                   moe_compute=None, moe_memory=None, step_overhead_s=0.0, request_overhead_s=0.0)
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,9 @@ class _Params:
         effs, step_s, layer_s, request_s = self.unpack(x)
         curves = {c: EfficiencyCurve(points=tuple((float(k), float(v)) for k, v in zip(self.knots, effs[c])))
                   for c in CURVES}
-        return Profile(**curves, step_overhead_s=step_s, layer_overhead_s=layer_s, request_overhead_s=request_s,
+        # routed experts ran on the executor's own GEMMs: they read the fitted GEMM curves (moe_* None)
+        return Profile(**curves, moe_compute=None, moe_memory=None, step_overhead_s=step_s, layer_overhead_s=layer_s,
+                       request_overhead_s=request_s,
                        **fields)
 
 

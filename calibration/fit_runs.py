@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares
 
+from hardware.errors import SpecError
 from hardware.profile import EfficiencyCurve, Profile
 from simulator.measured import MeasuredRun, MetricError, replay
 
@@ -123,17 +124,25 @@ def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun
 
 
 def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile = Profile(), workers: int = 1,
-                max_evaluations: int = 200, prior: float = 0.0, **fields) -> RunsFit:
+                max_evaluations: int = 200, prior: float = 0.0, only: list[str] | None = None, **fields) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
 
     `max_evaluations` bounds the replays of the train runs, the Jacobian's finite steps included (the best
     profile seen is kept when they run out). `prior` > 0 adds prior * log(value / base value) per parameter to
     the residuals: a pull toward `base` that keeps parameters the runs cannot tell apart from trading against
-    each other to their bounds. `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out
-    runs' figures' MAPE (the train runs' when nothing is held out)."""
+    each other to their bounds. `only` restricts the fit to those of its parameters (`base` keeps the others).
+    `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out runs' figures' MAPE (the train
+    runs' when nothing is held out)."""
     if not train:
         raise ValueError("no runs to fit")
     names = fitted_names(train)
+    if only is not None:
+        unknown = sorted(set(only) - set(EFFICIENCIES) - set(OVERHEADS))
+        if unknown:
+            raise SpecError(f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join([*EFFICIENCIES, *OVERHEADS])}")
+        names = [n for n in names if n in only]
+        if not names:
+            raise SpecError(f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})")
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
     start = _start(base, names)

@@ -45,7 +45,8 @@ class StepTerms:
 
 
 _UNIT = Profile(gemm_compute=EfficiencyCurve.constant(1.0), attn_compute=EfficiencyCurve.constant(1.0),
-                gemm_memory=EfficiencyCurve.constant(1.0), attn_memory=EfficiencyCurve.constant(1.0))
+                gemm_memory=EfficiencyCurve.constant(1.0), attn_memory=EfficiencyCurve.constant(1.0),
+                moe_compute=None, moe_memory=None)  # peak seconds for routed experts too
 
 
 def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.CostOptions = cost.CostOptions()

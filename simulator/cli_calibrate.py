@@ -27,9 +27,9 @@ def profile_rows(fitted: Profile) -> list[list[str]]:
     """[parameter, fitted, default] rows: curves as tokens:efficiency pairs, overheads in microseconds."""
     default = Profile()
     rows = [[name, _curve_text(fitted, name), _curve_text(default, name)] for name in CURVES]
-    for name in ("moe_compute", "moe_memory"):
-        if getattr(fitted, name) is not None:  # set only by fits that tell routed experts from dense GEMMs
-            rows.append([name, _curve_text(fitted, name), "as gemm"])
+    for name in ("moe_compute", "moe_memory"):  # None: as the GEMM curves (executor fits)
+        rows.append([name, *(_curve_text(p, name) if getattr(p, name) is not None else "as gemm"
+                             for p in (fitted, default))])
     for name in ("step_overhead_s", "layer_overhead_s", "request_overhead_s"):
         rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.1f}",
                      f"{getattr(default, name) * 1e6:.1f}"])
@@ -110,6 +110,9 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
              prior: float = typer.Option(0.0, "--prior", min=0.0, help=(
                  "Pull toward the defaults: residual prior * log(value / default) per parameter (0: none; "
                  "~0.05 keeps parameters the runs cannot tell apart near the defaults)")),
+             only: str | None = typer.Option(None, "--only", help=(
+                 "Fit just these parameters, comma-separated (e.g. moe_compute,moe_memory); the others keep "
+                 "their defaults")),
              workers: int | None = typer.Option(None, "--workers", help="Processes (default: all cores)")) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report default and fitted errors on the runs fitted and the runs held out."""
@@ -131,7 +134,7 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     train, test = split(runs, holdout_every)
     with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
         result = fit_to_runs(train, test, workers=workers or default_workers(), max_evaluations=max_evaluations,
-                             prior=prior, name=name, provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
+                             prior=prior, only=only.split(",") if only else None, name=name, provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
                              + (f" matching {match!r}" if match else "") + f", {len(test)} held out")
     rows = []
     with atomic_dir(out) as folder:

@@ -8,6 +8,7 @@ import yaml
 from typer.testing import CliRunner
 
 from calibration.fit_runs import fit_to_runs, split
+from hardware.errors import SpecError
 from hardware.profile import EfficiencyCurve, Profile, load_profile
 from simulator.cli import app
 from simulator.measured import MeasuredRun, replay
@@ -94,3 +95,20 @@ def test_a_prior_holds_the_fit_near_the_defaults(truth_path):
     held = fit_to_runs(runs, [], max_evaluations=40, prior=5.0)
     assert held.profile.gemm_memory.at(1) == pytest.approx(0.85, rel=0.05)
     assert held.profile.fit_mape > 3.0
+
+
+def test_only_the_named_parameters_move(tmp_path):
+    """Runs made by the defaults but for a weight-streaming efficiency of 0.6: fitting just that parameter finds
+    it and leaves every other at its default; a name the fit does not know is refused with the allowed ones."""
+    slow_streaming = tmp_path / "slow.yaml"
+    slow_streaming.write_text(yaml.safe_dump(Profile(gemm_memory=EfficiencyCurve.constant(0.6)).model_dump(mode="json")))
+    runs = runs_measured_under(str(slow_streaming))
+    result = fit_to_runs(runs[:2], [], max_evaluations=12, only=["gemm_memory"])
+    assert result.profile.gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
+    default = Profile()
+    assert result.profile.model_dump(exclude={"gemm_memory", "fit_mape"}) == \
+        default.model_dump(exclude={"gemm_memory", "fit_mape"})
+    with pytest.raises(SpecError, match="--only moe: not a parameter; choose from gemm_compute"):
+        fit_to_runs(runs[:2], [], only=["moe"])
+    with pytest.raises(SpecError, match="cannot tell moe_compute apart"):
+        fit_to_runs(runs[:2], [], only=["moe_compute"])  # dense runs say nothing of routed experts

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
+from hardware.profile import Profile
 from simulator.cli import app
 from simulator.measured import (MeasuredRun, MetricError, compare, load_measured_runs, replay, run_from_vllm_result,
                                 scenario_for)
@@ -246,6 +247,26 @@ def test_the_bundled_fit_keeps_its_held_out_errors():
             family_rows([(run, replay(run, "published-fit")) for run in held_out])}
     assert rows["ttft"] < 22 and rows["tpot"] < 11 and rows["throughput"] < 9 and rows["e2el"] < 7
     assert rows["latency"] < 9
+
+
+def test_the_default_routed_expert_efficiencies_predict_the_held_out_moe_runs(tmp_path):
+    """Profile's moe_compute/moe_memory defaults were fitted (servesim fit --only moe_compute,moe_memory) to the
+    MoE runs among the fitted two thirds of published_runs.yaml. On the held-out MoE runs they must keep their
+    errors, and beat the GEMM curves that routed experts read before, which came out 50-110% off."""
+    from calibration.fit_runs import split
+    from simulator.measured_report import family_rows
+
+    _, held_out = split(load_measured_runs(PUBLISHED), 3)
+    moe = [run for run in held_out if run.is_moe]
+    assert len(moe) == 5
+    as_gemm = tmp_path / "as-gemm.yaml"
+    as_gemm.write_text(yaml.safe_dump(Profile(moe_compute=None, moe_memory=None).model_dump(mode="json")))
+
+    def medians(profile: str | None) -> dict[str, float]:
+        return {row[0]: float(row[2].rstrip("%")) for row in family_rows([(run, replay(run, profile)) for run in moe])}
+    default, gemm = medians(None), medians(str(as_gemm))
+    assert default["ttft"] < 16 and default["tpot"] < 17 and default["throughput"] < 14 and default["latency"] < 15
+    assert min(gemm[f] for f in ("ttft", "tpot", "throughput", "latency")) > 45
 
 
 def test_compare_cli_splits_the_errors_by_model_kind(tmp_path):
