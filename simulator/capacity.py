@@ -33,7 +33,7 @@ from workloads.arrivals import mean_rate_per_s
 UNSTABLE_TTFT_GROWTH = 2.0
 UNSTABLE_MIN_GROWTH_S = 0.25
 
-REASONS = ("TTFT SLO", "TPOT SLO", "E2E SLO", "goodput", "unstable queue")
+REASONS = ("TTFT SLO", "TPOT SLO", "E2E SLO", "goodput", "unstable queue", "rejected")
 _LIMITS = (("ttft", "ttft_ms", "TTFT SLO"), ("tpot", "tpot_ms", "TPOT SLO"), ("e2el", "e2el_ms", "E2E SLO"))
 
 
@@ -102,7 +102,8 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         if limit is not None and value > limit:
             reasons.append(reason)
             details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms")
-    share = s.get("slo_attainment", 1.0) * s["completed"] / len(requests) if s["completed"] else 0.0
+    answered = s["completed"] + s["rejected"]
+    share = s.get("slo_attainment", 1.0) * answered / len(requests) if s["completed"] else 0.0
     metrics["goodput_share"] = share
     if slo.goodput_fraction is not None and share < slo.goodput_fraction:
         reasons.append("goodput")
@@ -116,6 +117,10 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         details.append(f"{unfinished} requests unfinished at the stop time" if unfinished else
                        f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
                        "(last third)")
+    if s["rejected"]:  # no rate fixes these: the engine refuses them at any load
+        reasons.append("rejected")
+        why = requests["reject_reason"].dropna().iloc[0]
+        details.append(f"{s['rejected']} of {len(requests)} requests rejected at any rate, e.g. {why}")
     return Verdict(rate_per_s, tuple(reasons), tuple(details), metrics)
 
 
@@ -164,7 +169,9 @@ def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | 
         verdicts[rate] = check_rate(s, base_dir, rate)
         return verdicts[rate].ok
 
-    lo, hi = _bracket(passes, start, max_factor)
+    if not passes(start) and "rejected" in verdicts[start].reasons:
+        return CapacityResult(0.0, 1, [verdicts[start]])  # refused whatever the rate: nothing to search
+    lo, hi = _bracket(passes, start, max_factor, verdicts[start].ok)
     while lo is not None and hi is not None and hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
@@ -172,9 +179,10 @@ def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | 
     return CapacityResult(lo or 0.0, len(ordered), ordered)
 
 
-def _bracket(passes, start: float, max_factor: float) -> tuple[float | None, float | None]:
-    """(highest passing, lowest failing) rates found by doubling or halving from `start`; None = not found."""
-    if passes(start):
+def _bracket(passes, start: float, max_factor: float, start_passes: bool) -> tuple[float | None, float | None]:
+    """(highest passing, lowest failing) rates found by doubling or halving from `start` (already judged:
+    `start_passes`); None = not found."""
+    if start_passes:
         lo = start
         while lo < start * max_factor:
             if not passes(lo * 2):

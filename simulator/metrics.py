@@ -10,6 +10,8 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
 - E2EL: finish time - arrival (`e2el`).
 - duration: first arrival to last finish. Throughputs divide by it.
 - goodput: completed requests meeting every given SLO, per second of duration.
+- slo_attainment: the share of answered requests (completed or rejected) meeting every SLO: a rejected request
+  (too long for max_model_len or the KV pool) gets an error, not an answer within the SLOs.
 """
 
 from __future__ import annotations
@@ -130,7 +132,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
             column = done[f"{metric}_s"].to_numpy() * 1e3
             good &= ~(column > limit)  # NaN (e.g. TPOT of a 1-token answer) does not violate
         summary["request_goodput"] = per_s(int(good.sum()))
-        summary["slo_attainment"] = float(good.mean()) if len(done) else float("nan")
+        answered = len(done) + rejected
+        summary["slo_attainment"] = float(good.sum() / answered) if answered else float("nan")
     return summary
 
 

@@ -79,7 +79,7 @@ def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
     assert queue_growth(_requests([0.1, 0.2, 0.3, 0.5, 0.5, 0.5, 0.9, 1.0, 1.1])) == pytest.approx((0.2, 1.0))
     stable = _requests([0.05, 0.01, 0.03, 0.2, 0.01, 0.02, 0.08, 0.1, 0.09])  # 3x, but by 60 ms only: noise
     growing = _requests([0.05, 0.01, 0.03, 0.2, 0.5, 0.6, 0.8, 1.0, 1.2])
-    summary = {"completed": 9, "output_throughput": 1.0}
+    summary = {"completed": 9, "rejected": 0, "output_throughput": 1.0}
     assert judge(_result(stable, summary), SloConfig()).ok
     assert judge(_result(growing, summary), SloConfig()).reasons == ("unstable queue",)
 
@@ -110,3 +110,22 @@ def test_at_rate_sets_the_rate_of_every_arrival_kind_that_has_one():
     closed = chat(workload={"closed_loop": {"clients": 4}})
     with pytest.raises(SpecError, match="closed_loop"):
         at_rate(closed, 7.0)
+
+
+def test_rejected_requests_fail_the_slos_and_end_the_search_at_once():
+    """With max_model_len 2048 the engine refuses the trace's longest conversations: they count against
+    slo_attainment and goodput, and capacity reports that no rate serves them instead of halving down to 0."""
+    s = chat(engine={"max_model_len": 2048}, slo={"goodput_fraction": 0.5})
+    result = simulate(at_rate(s, 5.0), SCENARIOS)
+    summary, rejected = result.summary, result.summary["rejected"]
+    assert 0 < rejected < 200 and summary["completed"] == 200 - rejected
+    met = summary["slo_attainment"] * 200  # of every answered request, rejected ones included
+    assert summary["request_goodput"] * summary["duration_s"] == pytest.approx(met)
+    assert met <= summary["completed"]
+    verdict = judge(result, s.slo, 5.0)
+    assert "rejected" in verdict.reasons
+    assert f"{rejected} of 200 requests rejected at any rate" in verdict.details[-1]
+    assert "exceed max_model_len (2048)" in verdict.details[-1]
+    capacity = max_sustainable_rate(s, SCENARIOS)
+    assert capacity.rate_per_s == 0.0 and capacity.num_simulations == 1
+    assert "rejected" in capacity.limit.reasons
