@@ -38,8 +38,8 @@ GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int
 class Parallelism:
     """How one replica is sharded: tensor parallel ranks x pipeline stages.
 
-    `ep`: MoE experts are spread whole over the TP group (expert parallel) and tokens reach them by
-    all-to-all, instead of every expert being sliced across it. `dp_attention`: attention runs data
+    `ep`: MoE experts are spread whole over the TP group (expert parallel) instead of every expert being
+    sliced across it; under DP attention tokens reach them by all-to-all. `dp_attention`: attention runs data
     parallel inside the group (each GPU attends for 1/tp of the requests, with all heads and its own
     KV; SGLang's DP attention for MLA models), hidden states are gathered for the MLP. A TP group
     larger than a node talks over `inter_node_link` (per-GPU NIC rate).
@@ -351,6 +351,12 @@ def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
     return h * (q_dim + 2 * kv_dim), q_dim * h, 0.0
 
 
+def _attention_rows(ctx: _Ctx, rows: float) -> float:
+    """Rows one GPU's attention-side GEMMs run on: all of them under TP, its 1/tp share of the requests (balanced,
+    as attention itself assumes) under DP attention, where it holds the whole weights."""
+    return rows / ctx.par.tp if ctx.par.dp_attention else rows
+
+
 def _attention_dims(model: ModelSpec, decode: bool) -> tuple[int, int]:
     """(query-key dim, value dim) per head: MLA absorbs in decode (every head attends over the shared
     latent, "MQA with a wide head") and expands K/V from the latent in prefill."""
@@ -393,7 +399,7 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
                 (compute_s, memory_s), layers)
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
-            rows = s.tokens if decode else s.expand_tokens
+            rows = _attention_rows(ctx, s.tokens if decode else s.expand_tokens)
             acc.add(ctx, "mla_kv_up", "gemm", 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES,
                     ctx.gemm_s(2 * rows * up, up * ctx.wbytes), layers)
 
@@ -479,26 +485,30 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
     ctx = ctx.with_tokens(batch.num_tokens)
     tokens, h = float(batch.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
-    out_dim = qkv / h
-    acc.add(ctx, "qkv_proj", "gemm", 2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES,
-            ctx.gemm_s(2 * tokens * qkv, qkv * ctx.wbytes + tokens * (h + out_dim) * ACT_BYTES), layers)
+    out_dim, rows = qkv / h, _attention_rows(ctx, tokens)
+    acc.add(ctx, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
+            ctx.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers)
     _attention(ctx, acc, batch, group, layers)
-    acc.add(ctx, "o_proj", "gemm", 2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES,
-            ctx.gemm_s(2 * tokens * o, o * ctx.wbytes + 2 * tokens * h * ACT_BYTES), layers)
+    acc.add(ctx, "o_proj", "gemm", 2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
+            ctx.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, group, layers)
     if ctx.par.tp > 1:
         _layer_comm(ctx, acc, tokens, group, layers)
 
 
 def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> None:
-    """Per layer: an all-reduce after attention (an all-gather under DP attention, the same bytes) and one
-    after the MLP; an expert-parallel MoE layer instead sends each token to its k experts and back."""
+    """Per layer over the TP group: an all-reduce after attention (an all-gather of the hidden states under DP
+    attention, the same bytes as SGLang sends it) and one after the MLP. Expert parallel without DP attention
+    changes nothing here: every GPU holds every token, runs its own whole experts on those routed to them,
+    and the all-reduce sums their outputs (vLLM's EP at DP size 1). Under DP attention an expert-parallel MoE
+    layer keeps each GPU's own 1/tp of the tokens there and sends each to its k experts and back instead
+    (DeepEP's dispatch and combine, bf16 both ways here)."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
-    acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
-    if group.is_moe and ctx.par.ep:
-        routed = msg * ctx.model.moe.experts_per_token
+    if group.is_moe and ctx.par.ep and ctx.par.dp_attention:
+        routed = msg / ctx.par.tp * ctx.model.moe.experts_per_token
         acc.add_link(ctx, "all_to_all", 2 * routed, 2 * _all_to_all_s(ctx, routed), layers)
-    else:
+        return
+    for _ in range(2):
         acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
 
 

@@ -11,15 +11,33 @@ from hardware.model import get_model
 H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
 
 
-def test_expert_parallel_replaces_the_moe_all_reduce_by_all_to_all():
+def test_expert_parallel_sends_tokens_all_to_all_only_under_dp_attention():
+    """vLLM's EP at DP size 1 has every token on every GPU: each runs its own experts and the all-reduce sums
+    them, as TP does. Under DP attention each GPU keeps its 1/8 of the tokens and sends each to its top-2
+    experts and back (DeepEP) instead of both all-reduces."""
     mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(64, 1000)
     tp = step_cost(batch, mixtral, H100, Parallelism(tp=8))
     ep = step_cost(batch, mixtral, H100, Parallelism(tp=8, ep=True))
-    assert "all_to_all" not in [op.name for op in tp.operators]
-    routed = 64 * 4096 * 2 * 2  # 64 tokens x hidden x bf16 x top-2, each way
-    assert ep.by_name("all_to_all").bytes == 32 * 2 * routed
-    assert ep.by_name("all_reduce").bytes == tp.by_name("all_reduce").bytes / 2  # only after attention now
+    assert "all_to_all" not in [op.name for op in tp.operators + ep.operators]
+    assert ep.by_name("all_reduce").bytes == tp.by_name("all_reduce").bytes == 32 * 2 * 64 * 4096 * 2
     assert ep.by_name("moe").flops == tp.by_name("moe").flops  # the same work, spread by expert
+    dp_ep = step_cost(batch, mixtral, H100, Parallelism(tp=8, ep=True, dp_attention=True))
+    routed = 64 / 8 * 4096 * 2 * 2  # each GPU's 8 tokens x hidden x bf16 x top-2, each way
+    assert dp_ep.by_name("all_to_all").bytes == 32 * 2 * routed
+    assert "all_reduce" not in [op.name for op in dp_ep.operators]  # every mixtral layer is MoE
+    assert dp_ep.by_name("moe").flops == tp.by_name("moe").flops
+
+
+def test_dp_attention_projects_each_gpus_share_of_the_tokens_with_whole_weights():
+    """Each GPU holds the whole attention weights but projects only its 1/8 of the requests' tokens: the same
+    FLOPs per GPU as TP, and in a decode 8x the O projection's weight bytes (FP8: 16384 x 7168 per layer)."""
+    v3, decode = get_model("deepseek-v3"), StepBatch.uniform(64, 1000)
+    tp = step_cost(decode, v3, H200, Parallelism(tp=8)).by_name("o_proj")
+    dp = step_cost(decode, v3, H200, Parallelism(tp=8, dp_attention=True)).by_name("o_proj")
+    assert dp.flops == pytest.approx(tp.flops)  # 1/8 of the rows x 8 times the weights
+    weights = 61 * 16384 * 7168  # bytes at one byte per FP8 weight
+    assert tp.bytes == pytest.approx(weights / 8 + 61 * 64 * 2 * 7168 * 2)
+    assert dp.bytes == pytest.approx(weights + 61 * 8 * 2 * 7168 * 2)
 
 
 def test_dp_attention_stores_each_mla_latent_once_per_group():
