@@ -111,7 +111,8 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     first_s, last_s = queue_growth(requests)
     unfinished = int((requests["finish_s"].isna() & requests["reject_reason"].isna()).sum())
     metrics |= {"ttft_first_third_ms": first_s * 1e3, "ttft_last_third_ms": last_s * 1e3,
-                "output_throughput": s["output_throughput"]}
+                "output_throughput": s["output_throughput"],
+                "output_tokens_per_request": s["total_output_tokens"] / s["completed"] if s["completed"] else 0.0}
     if unfinished or (last_s > UNSTABLE_TTFT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
         reasons.append("unstable queue")
         details.append(f"{unfinished} requests unfinished at the stop time" if unfinished else

@@ -119,7 +119,9 @@ class Deployment:
 
     @property
     def cost_per_million_output_tokens_usd(self) -> float:
-        tokens_per_hour = self.verdict.metrics["output_throughput"] * 3600
+        """At the target rate in steady state: rate x output tokens per request, not the finite run's
+        throughput, whose drain tail after the last arrival would overstate the cost."""
+        tokens_per_hour = self.verdict.rate_per_s * self.verdict.metrics["output_tokens_per_request"] * 3600
         return self.cost_per_hour_usd / tokens_per_hour * 1e6 if tokens_per_hour > 0 else math.inf
 
     @property
@@ -145,8 +147,10 @@ class PlanResult:
     pct: str = "p90"  # the SLO percentile's prefix in metric names: median, p90 or p99
 
     def pareto(self, metric: str) -> list[Deployment]:
-        """Deployments no other beats on both cost/hour and `metric` (e.g. "p90_ttft_ms"), cheapest first."""
-        ranked = sorted(self.deployments, key=lambda d: (d.cost_per_hour_usd, d.verdict.metrics[metric]))
+        """Passing deployments no other passing one beats on both cost/hour and `metric` (e.g. "p90_ttft_ms"),
+        cheapest first."""
+        ranked = sorted((d for d in self.deployments if d.verdict.ok),
+                        key=lambda d: (d.cost_per_hour_usd, d.verdict.metrics[metric]))
         frontier, best = [], math.inf
         for d in ranked:
             if d.verdict.metrics[metric] < best:

@@ -79,7 +79,7 @@ def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
     assert queue_growth(_requests([0.1, 0.2, 0.3, 0.5, 0.5, 0.5, 0.9, 1.0, 1.1])) == pytest.approx((0.2, 1.0))
     stable = _requests([0.05, 0.01, 0.03, 0.2, 0.01, 0.02, 0.08, 0.1, 0.09])  # 3x, but by 60 ms only: noise
     growing = _requests([0.05, 0.01, 0.03, 0.2, 0.5, 0.6, 0.8, 1.0, 1.2])
-    summary = {"completed": 9, "rejected": 0, "output_throughput": 1.0}
+    summary = {"completed": 9, "rejected": 0, "output_throughput": 1.0, "total_output_tokens": 90}
     assert judge(_result(stable, summary), SloConfig()).ok
     assert judge(_result(growing, summary), SloConfig()).reasons == ("unstable queue",)
 

@@ -32,8 +32,12 @@ def test_recommendation_passes_its_verification_and_the_next_cheaper_fails(chat_
     assert cheaper.label == "1 x h100-sxm tp=1" and "TTFT SLO" in cheaper.verdict.reasons
     assert rec in chat_plan.deployments and cheaper in chat_plan.deployments
     assert all(d.cost_per_hour_usd >= rec.cost_per_hour_usd for d in chat_plan.deployments if d.verdict.ok)
-    tokens_per_hour = rec.verdict.metrics["output_throughput"] * 3600
+    # priced at the target rate's steady output, not the run's throughput with its drain tail
+    per_request = rec.verdict.metrics["output_tokens_per_request"]
+    assert per_request > 1
+    tokens_per_hour = TARGET * per_request * 3600
     assert rec.cost_per_million_output_tokens_usd == pytest.approx(rec.cost_per_hour_usd / tokens_per_hour * 1e6)
+    assert TARGET * per_request > rec.verdict.metrics["output_throughput"]
 
 
 def test_sizing_comes_from_the_per_replica_rate(chat_plan):
@@ -110,8 +114,9 @@ def test_pareto_frontier_keeps_deployments_nobody_beats_on_cost_and_latency():
     def deployment(price: float, ttft: float) -> Deployment:
         return Deployment(_evaluation("g", price), 1, Verdict(1.0, (), (), {"p90_ttft_ms": ttft}))
     a, b, c, d = deployment(1, 900), deployment(2, 300), deployment(3, 400), deployment(4, 100)
-    result = PlanResult(1.0, [], [c, a, d, b], None, None)
-    assert result.pareto("p90_ttft_ms") == [a, b, d]  # c costs more than b and is slower
+    failing = Deployment(_evaluation("g", 0.5), 1, Verdict(1.0, ("TTFT SLO",), ("slow",), {"p90_ttft_ms": 50}))
+    result = PlanResult(1.0, [], [c, a, failing, d, b], None, None)
+    assert result.pareto("p90_ttft_ms") == [a, b, d]  # c costs more than b and is slower; failing is no option
 
 
 def test_launch_commands_follow_the_engine_knobs():
