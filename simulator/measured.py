@@ -205,7 +205,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     try:
         return Scenario.model_validate(raw)
     except ValidationError as err:
-        raise first_error(err, f"{run.source} ({run.label()})") from None
+        raise first_error(err, f"{run.source} ({run.label()})", Scenario) from None
 
 
 @dataclass(frozen=True)
@@ -300,7 +300,7 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
     try:
         return MeasuredRun.model_validate(fields)
     except ValidationError as err:
-        raise first_error(err, str(path)) from None
+        raise first_error(err, str(path), MeasuredRun) from None
 
 
 def load_measured_runs(path: Path) -> list[MeasuredRun]:
@@ -313,7 +313,7 @@ def load_measured_runs(path: Path) -> list[MeasuredRun]:
         try:
             run = MeasuredRun.model_validate(entry)
         except ValidationError as err:
-            raise first_error(err, f"{path}: entry {i}") from None
+            raise first_error(err, f"{path}: entry {i}", MeasuredRun) from None
         if run.label() in seen:
             raise SpecError(f"{path}: entries {seen[run.label()]} and {i} are both {run.label()!r}; "
                             "give one an id")

@@ -6,9 +6,10 @@ and, for choices, the allowed values. `--set a.b=c` overrides are applied before
 
 from __future__ import annotations
 
+import difflib
 import json
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -256,16 +257,55 @@ def with_overrides(base: Scenario, overrides: dict[str, Any]) -> Scenario:
     return Scenario.model_validate(raw)
 
 
-def first_error(err: ValidationError, source: str) -> SpecError:
-    """The first problem of `err` as one line naming `source`, the field and, for choices, the value given."""
+def first_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> SpecError:
+    """The first problem of `err` as one line naming `source`, the field and, for choices, the value given.
+    With the validated `model`, an unknown field also gets the nearest known name and the fields allowed
+    there, and union tags pydantic puts in the path (`arrivals.poisson.rate_per_s`) are left out."""
     first = err.errors()[0]
-    path = ".".join(str(p) for p in first["loc"])
+    loc = [str(p) for p in first["loc"]]
     message = first["msg"].removeprefix("Value error, ")
+    fields: list[str] | None = None
+    if model is not None:
+        loc, fields = _user_path(model, loc)
     if first["type"] == "extra_forbidden":
         message = "unknown field"
+        if fields:
+            close = difflib.get_close_matches(loc[-1], fields, n=1)
+            message += (f"; did you mean {close[0]!r}?" if close else "") + f" (fields here: {', '.join(fields)})"
     elif first["type"] == "literal_error":
         message = f"{message} (got {first['input']!r})"
+    path = ".".join(loc)
     return SpecError(f"{source}: {path}: {message}" if path else f"{source}: {message}")
+
+
+def _user_path(model: type[BaseModel], loc: list[str]) -> tuple[list[str], list[str] | None]:
+    """`loc` without the union tags pydantic adds, and the field names of the model its last part sits in."""
+    shown, current = [], model
+    for i, part in enumerate(loc):
+        models = _models_in(current)
+        tagged = [m for m in models if part in _tags(m)]
+        if tagged and i > 0:  # a discriminated union's tag: pick that member, show nothing
+            current = tagged[0]
+            continue
+        shown.append(part)
+        owner = next((m for m in models if part in m.model_fields), None)
+        if owner is None:
+            return shown + loc[i + 1:], sorted(models[0].model_fields) if len(models) == 1 else None
+        current = owner.model_fields[part].annotation
+    return shown, None
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation may hold (through Optional, unions, Annotated, lists, dicts)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _tags(model: type[BaseModel]) -> tuple[str, ...]:
+    """The `kind` literal values that name `model` in a discriminated union."""
+    kind = model.model_fields.get("kind")
+    return tuple(str(v) for v in get_args(kind.annotation)) if kind is not None else ()
 
 
 def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None) -> tuple[Scenario, Path]:
@@ -280,7 +320,9 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
-        raise first_error(err, str(path)) from None
+        loc = ".".join(_user_path(Scenario, [str(p) for p in err.errors()[0]["loc"]])[0])
+        from_set = any(loc.startswith(o.partition("=")[0]) for o in overrides)
+        raise first_error(err, f"{path} (from --set)" if from_set else str(path), Scenario) from None
     hardware = scenario.hardware
     if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
         files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]

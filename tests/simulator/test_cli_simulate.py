@@ -78,11 +78,13 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     (lambda r: r.update(workload={"lengths": {"prompt": {"kind": "fixed", "value": 10},
                                               "output": {"kind": "fixed", "value": 10}},
                                   "arrivals": {"kind": "poisson", "rate_per_s": -3}, "num_requests": 5}),
-     "workload.arrivals.poisson.rate_per_s"),
+     "bad.yaml: workload.arrivals.rate_per_s: Input should be greater than 0"),  # no union tag in the path
     (lambda r: r["workload"]["trace"].update(path="traces/nope.csv"), "nope.csv"),
     (lambda r: r["engine"].update(max_num_seqs="many"), "engine.max_num_seqs"),
     (lambda r: r["engine"].update(preemption_mode="drop"), "engine.preemption_mode"),
     (lambda r: r.update(gpu_count=3), "gpu_count: unknown field"),
+    (lambda r: r["engine"].update(max_num_seq=8),
+     "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (fields here: allow_long_max_model_len,"),
     (lambda r: r["hardware"].update(gpu="h300"), "unknown GPU 'h300'"),
 ])
 def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, expected):
@@ -98,3 +100,7 @@ def test_missing_scenario_file_and_bad_override(tmp_path):
     assert "scenario file not found" in simulate(str(tmp_path / "none.yaml")).stderr
     result = simulate(str(QUICKSTART), "--set", "engine.max_num_seqs")
     assert result.exit_code == 2 and "expected dotted.key=value" in result.stderr
+    result = simulate(str(QUICKSTART), "--set", "hardware.gpux=h100")  # the file is fine: the override is not
+    assert result.exit_code == 2
+    assert "quickstart.yaml (from --set): hardware.gpux: unknown field; did you mean 'gpu'? (fields here: gpu," \
+        in result.stderr
