@@ -18,7 +18,7 @@ from policies.token_budget import TokenBudgetScheduler
 from workloads.request import Phase, Request
 
 
-@schedulers.register("vllm_prefill")
+@schedulers.register("vllm_prefill", internal=True)
 class PrefillScheduler(TokenBudgetScheduler):
     """Hands a request off after its first token; requests that want only that token finish here."""
 
@@ -52,7 +52,7 @@ class PrefillScheduler(TokenBudgetScheduler):
         self.kv.free(req)
 
 
-@schedulers.register("vllm_decode")
+@schedulers.register("vllm_decode", internal=True)
 class DecodeScheduler(TokenBudgetScheduler):
     """Reserves blocks for handed-off requests in arrival order, then decodes them like any other."""
 

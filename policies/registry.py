@@ -17,17 +17,22 @@ class Registry(Generic[T]):
     def __init__(self, family: str):
         self.family = family
         self._items: dict[str, T] = {}
+        self._internal: set[str] = set()
 
-    def register(self, name: str) -> Callable[[T], T]:
+    def register(self, name: str, internal: bool = False) -> Callable[[T], T]:
+        """`internal`: the simulator picks it itself (e.g. a P/D pool's scheduler); not offered to users."""
         def add(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.family} {name!r} is already registered")
             self._items[name] = obj
+            if internal:
+                self._internal.add(name)
             return obj
         return add
 
     def names(self) -> list[str]:
-        return sorted(self._items)
+        """The names users choose from."""
+        return sorted(set(self._items) - self._internal)
 
     def get(self, name: str) -> T:
         if ":" in name:

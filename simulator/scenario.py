@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
+                      model_validator)
 
 from hardware.cost import Parallelism
 from hardware.errors import SpecError
@@ -29,15 +30,16 @@ from workloads.config import WorkloadConfig
 
 class HardwareConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-    gpu: str = Field(description="GPU name from the catalog (`servesim hardware list`) or a --gpu-file entry")
     gpu_files: list[Path] = Field(default_factory=list, description="Extra GPU catalog YAML files")
+    gpu: str = Field(description="GPU name from the catalog (`servesim hardware list`) or a --gpu-file entry")
     profile: str | None = Field(None, description="Calibration profile name or YAML path; default: documented defaults")
 
-    @model_validator(mode="after")
-    def _known_gpu(self) -> HardwareConfig:
-        if not self.gpu_files:  # with user files the lookup waits until paths are resolved
-            get_gpu(self.gpu)
-        return self
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, gpu: str, info: ValidationInfo) -> str:
+        if not info.data.get("gpu_files"):  # with user files the lookup waits until paths are resolved
+            get_gpu(gpu)
+        return gpu
 
 
 class ParallelismConfig(BaseModel):

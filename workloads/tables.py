@@ -20,7 +20,7 @@ LENGTH_COLUMNS = ("num_prompt_tokens", "num_output_tokens")
 def require_file(path: Path, fmt: str, expected: Sequence[str]) -> None:
     """Raise ValueError naming `path` and the expected columns when the file does not exist."""
     if not path.is_file():
-        raise ValueError(f"{path}: {fmt} trace file not found (a {fmt} trace has columns {list(expected)})")
+        raise ValueError(f"{path}: {fmt} trace file not found (format {fmt!r} expects columns {list(expected)})")
 
 
 def require_columns(df: pd.DataFrame, path: Path, fmt: str, required: Sequence[str],

@@ -73,7 +73,8 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
 
 
 @pytest.mark.parametrize("edit,expected", [
-    (lambda r: r["engine"].update(scheduler="fifo"), "engine: unknown scheduler 'fifo'; choose from"),
+    (lambda r: r["engine"].update(scheduler="fifo"),  # P/D pools' own schedulers are not offered
+     "engine: unknown scheduler 'fifo'; choose from orca, sarathi, seed_toy, static, vllm\n"),
     (lambda r: r["engine"].update(queue_order="random"), "unknown queue order 'random'; choose from fcfs"),
     (lambda r: r.update(workload={"lengths": {"prompt": {"kind": "fixed", "value": 10},
                                               "output": {"kind": "fixed", "value": 10}},
@@ -85,7 +86,7 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     (lambda r: r.update(gpu_count=3), "gpu_count: unknown field"),
     (lambda r: r["engine"].update(max_num_seq=8),
      "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (fields here: allow_long_max_model_len,"),
-    (lambda r: r["hardware"].update(gpu="h300"), "unknown GPU 'h300'"),
+    (lambda r: r["hardware"].update(gpu="h300"), "hardware.gpu: unknown GPU 'h300'"),
 ])
 def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, expected):
     result, out = _bad(tmp_path, edit)
