@@ -230,9 +230,24 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     folder = write_run(result, out or Path("runs") / spec.name)
     rows = [[key, f"{result.summary[key]:,.3f}" if isinstance(result.summary[key], float) else result.summary[key]]
             for key in SUMMARY_ROWS if key in result.summary]
-    print_table(f"{spec.name}: {spec.model}, {spec.cluster.replicas} replica(s) of {spec.parallelism.tp * spec.parallelism.pp} x {spec.hardware.gpu}",
-                ["metric", "value"], rows)
+    console.print(f"{spec.name}: {deployment_label(spec)}", soft_wrap=True)
+    print_table("summary", ["metric", "value"], rows)
     console.print(f"results in {folder}/")
+def deployment_label(spec: Any) -> str:
+    """What serves the scenario, in one line: replicas x GPUs, the P/D pools, or the stages of a pipeline
+    (whose TTFT and TPOT are the last stage's tokens)."""
+    if spec.stages:
+        stages = " -> ".join(f"{st.name} ({st.model or spec.model}, {st.replicas} x {st.tp} {st.gpu or spec.hardware.gpu})"
+                             for st in spec.stages)
+        return f"stages {stages}; latencies are the last stage's tokens"
+    if spec.disaggregation is not None:
+        pools = (f"{name} {pool.replicas} x {pool.tp * pool.pp} {pool.gpu or spec.hardware.gpu}"
+                 for name, pool in (("prefill", spec.disaggregation.prefill), ("decode", spec.disaggregation.decode)))
+        return f"{spec.model}, " + ", ".join(pools)
+    return (f"{spec.model}, {spec.cluster.replicas} replica(s) of {spec.parallelism.tp * spec.parallelism.pp} x "
+            f"{spec.hardware.gpu}")
+
+
 from simulator import cli_plan  # noqa: E402,F401  (registers sweep, plan, report)
 from simulator import cli_calibrate  # noqa: E402,F401  (registers calibrate)
 from simulator import cli_compare  # noqa: E402,F401  (registers compare)

@@ -105,3 +105,18 @@ def test_missing_scenario_file_and_bad_override(tmp_path):
     assert result.exit_code == 2
     assert "quickstart.yaml (from --set): hardware.gpux: unknown field; did you mean 'gpu'? (fields here: gpu," \
         in result.stderr
+
+
+def test_the_run_line_names_what_serves_it():
+    """Replicas x GPUs; the P/D pools; or each stage of a pipeline, whose latencies are its last stage's."""
+    from simulator.cli import deployment_label
+    from simulator.scenario import load_scenario
+
+    scenarios = QUICKSTART.parent
+    label = lambda name: deployment_label(load_scenario(scenarios / f"{name}.yaml")[0])  # noqa: E731
+    assert label("quickstart") == "llama-3.1-8b, 1 replica(s) of 1 x h100-sxm"
+    assert label("pd_disaggregated_70b").startswith("llama-3.1-70b, prefill ")
+    assert ", decode " in label("pd_disaggregated_70b")
+    omni = label("omni_thinker_talker")
+    assert omni.startswith("stages thinker (qwen2.5-7b, 1 x 1 h100-sxm) -> talker (llama-3.2-1b,")
+    assert omni.endswith("latencies are the last stage's tokens")
