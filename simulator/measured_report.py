@@ -9,7 +9,7 @@ import plotly.graph_objects as go
 
 from simulator.atomic import write_text_atomic
 from simulator.measured import MeasuredRun, MetricError
-from simulator.report import page, table_html
+from simulator.report import number_text, page, table_html
 
 Results = list[tuple[MeasuredRun, list[MetricError]]]
 FAMILIES = ("ttft", "tpot", "itl", "e2el", "throughput", "latency")
@@ -24,7 +24,7 @@ def family(metric: str) -> str:
 
 
 def error_rows(results: Results) -> list[list[str]]:
-    return [[run.label(), e.metric, f"{e.measured:,.4g}", f"{e.predicted:,.4g}", f"{e.error_pct:+.1f}%"]
+    return [[run.label(), e.metric, number_text(e.measured), number_text(e.predicted), f"{e.error_pct:+.1f}%"]
             for run, errors in results for e in errors]
 
 

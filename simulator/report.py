@@ -125,9 +125,14 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def number_text(value: float) -> str:
+    """Four significant digits, thousands separated, never in e-notation: 3.927, 1,443, 28,030."""
+    return "" if np.isnan(value) else f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
-        return "" if np.isnan(value) else f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+        return number_text(value)
     return "" if value is None else str(value)
 
 
