@@ -50,7 +50,7 @@ class EngineConfig(BaseModel):
     scheduler_reserve_full_isl: bool = Field(True, description=(
         "Admit a waiting request only if the free pool holds its whole prompt (and outputs so far, less prefix "
         "hits; a sliding window's share capped at window + one step's tokens), not just its first chunk: vLLM's "
-        "default since 0.19 (off before)"))
+        "default since 0.19 (off before); vllm and sarathi schedulers (chunked prefill)"))
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")

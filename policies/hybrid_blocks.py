@@ -211,7 +211,10 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         return run  # fewer than `need` cached blocks in a row: the run from block 0
 
     def _hit_blocks(self, req: Request) -> dict[int, list[int | None]]:
-        if req.id in self._groups or not req.num_computed_tokens:
+        if req.id in self._groups:
+            return {}
+        if not req.num_computed_tokens:  # no hit (now): forget one an earlier, failed admission recorded
+            self._registered.pop(req.id, None)
             return {}
         hit = req.num_computed_tokens // self.block_size
         hashes = block_hashes(req, hit * self.block_size, self.block_size)

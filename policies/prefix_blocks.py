@@ -50,7 +50,10 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         return blocks
 
     def _hit_blocks(self, req: Request) -> list[int]:
-        if req.id in self._tables or not req.num_computed_tokens:
+        if req.id in self._tables:
+            return []
+        if not req.num_computed_tokens:  # no hit (now): forget one an earlier, failed admission recorded
+            self._num_cached.pop(req.id, None)
             return []
         blocks = self._match(req)[: req.num_computed_tokens // self.block_size]
         self._num_cached[req.id] = len(blocks)

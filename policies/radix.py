@@ -141,7 +141,7 @@ class RadixCache(BlockManager):
 
     def _evictable_among(self, blocks: list[int]) -> int:
         """Pages of the matched path that are evictable now and stop being so once it is locked."""
-        if self._pending is None:
+        if self._pending is None or not blocks:  # no hit in this call: a check that failed left its path
             return 0
         return sum(len(node.pages) for node in self._pending[1] if node.lock_ref == 0)
 

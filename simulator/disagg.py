@@ -65,7 +65,8 @@ class Handoff:
         nbytes = live_kv_bytes(self.model, self.groups, req.num_computed_tokens, self.engine.block_size,
                                self.engine.kv_dtype)
         wire_s = nbytes / self.link_bytes_per_s
-        with (self.store if self.cfg.kind == "store" else self.links[source.index]).request() as turn:
+        link = self.links[min(r.index for r in (source, *source.siblings))]  # one per replica, whatever its pp
+        with (self.store if self.cfg.kind == "store" else link).request() as turn:
             yield turn
             if self.cfg.kind == "store":  # written to the store, then read from it
                 duration = 2 * wire_s + self.latency_s
@@ -81,6 +82,6 @@ class Handoff:
         req.first_token_s = req.last_token_s = self.env.now  # the user sees it once decoding can go on
         prefill_sched: PrefillScheduler = source.scheduler
         prefill_sched.release(req)
-        source.wake.notify()
+        source.wake_pool()
         target.scheduler.accept(req, self.env.now)
         target.wake.notify()

@@ -55,7 +55,14 @@ class Replica:
         self.env, self.index, self.scheduler, self.step_time = env, index, scheduler, step_time
         self.steps, self.on_finish, self.fast_forward = steps, on_finish, fast_forward
         self.wake = Wakeup(env)
+        self.siblings: list[Replica] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
         self.process = env.process(self._run())
+
+    def wake_pool(self) -> None:
+        """Blocks of the shared pool came back: wake this engine and its siblings, whose waiting requests
+        they may admit."""
+        for replica in (self, *self.siblings):
+            replica.wake.notify()
 
     @property
     def num_outstanding(self) -> int:

@@ -147,7 +147,7 @@ class MeasuredRun(BaseModel):
 
     def _vllm_since(self, release: tuple[int, int, int]) -> bool:
         """Whether the run's release is `release` or later (no release stated: a recent one)."""
-        version = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", self.engine_version or "")
+        version = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", self.engine_version or "")  # also "v0.11.0"
         return version is None or tuple(int(part or 0) for part in version.groups()) >= release
 
     @property

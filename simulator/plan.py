@@ -209,9 +209,10 @@ def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: 
         return _reject(ev, "invalid", str(err))
     if ev.capacity.rate_per_s == 0.0:
         limit = ev.capacity.limit
-        code = "unstable queue" if "unstable queue" in limit.reasons else limit.reasons[0]  # the root cause
-        return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} req/s per replica "
-                                             f"(target / max_replicas): {'; '.join(limit.details)}")
+        code = next((c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0])  # the root
+        lowest = " (target / max_replicas)" if math.isclose(limit.rate_per_s, target_rate / max_replicas) else ""
+        return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} req/s per replica{lowest}: "
+                                 f"{'; '.join(limit.details)}")
     ev.replicas = math.ceil(target_rate / ev.capacity.rate_per_s - 1e-9)
     if ev.replicas > max_replicas:
         return _reject(ev, "too many replicas", f"needs {ev.replicas} replicas at {ev.capacity.rate_per_s:.3g} "

@@ -126,8 +126,8 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def number_text(value: float) -> str:
-    """Four significant digits, thousands separated, never in e-notation: 3.927, 1,443, 28,030."""
-    return "" if np.isnan(value) else f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    """Four significant digits, thousands separated, e-notation only below 0.001: 3.927, 1,443, 28,030."""
+    return "" if np.isnan(value) else f"{value:,.4g}" if abs(value) < 9999.5 else f"{value:,.0f}"
 
 
 def _fmt(value: Any) -> str:

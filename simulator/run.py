@@ -101,6 +101,14 @@ def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, bl
     return None
 
 
+def _waking(on_finish: Callable[[Request], None], replica: Replica) -> Callable[[Request], None]:
+    """`on_finish`, then wake the engines sharing the finished request's KV pool."""
+    def finish(req: Request) -> None:
+        on_finish(req)
+        replica.wake_pool()
+    return finish
+
+
 def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload:
     """Build the requests; the workloads package reports bad traces as ValueError naming the file."""
     try:
@@ -203,18 +211,29 @@ class World:
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
             else None
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
-        # pipeline parallel: pp micro-batches in flight, simulated as pp engines (vLLM's virtual engines), each
-        # with 1/pp of the KV and a step that is one full pass through every stage
-        engines, pp = count * s.parallelism.pp, s.parallelism.pp
-        pool = Pool(s, memory, num_blocks, page_size, num_pages // pp, timer, [])
-        for i in range(first_index, first_index + engines):
-            kv = make_kv_manager(e.prefix_caching, num_pages // pp, page_size, e.watermark, memory.kv_windows)
-            scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), self.tokens, host_blocks)
-            if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
-                scheduler.speculator = Speculator(e.speculative, s.seed)
-            replica = Replica(self.env, i, scheduler, step_time, self.steps, None, fast)
-            replica.on_finish = on_finish(replica)
-            pool.replicas.append(replica)
+        # pipeline parallel: pp micro-batches in flight, simulated as pp engines, each step one full pass through
+        # every stage. As in vLLM V1 (one scheduler, one KV cache manager), a replica's engines share its whole KV
+        # pool and prefix cache and split max_num_seqs; a finish in one wakes the others (the blocks it freed may
+        # admit their waiting requests). Unlike vLLM's one scheduler, each engine preempts, keeps the watermark
+        # and blocks its queue's head on its own requests only. Shared blocks change under a fused stretch:
+        # pp > 1 steps one by one.
+        pp = s.parallelism.pp
+        slots = [max(1, e.max_num_seqs // pp + (v < e.max_num_seqs % pp)) for v in range(pp)]  # sum: max_num_seqs
+        pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
+        for first in range(first_index, first_index + count * pp, pp):
+            kv = make_kv_manager(e.prefix_caching, num_pages, page_size, e.watermark, memory.kv_windows)
+            engines = []
+            for i, seqs in zip(range(first, first + pp), slots):
+                cfg = e if pp == 1 else e.model_copy(update={"max_num_seqs": seqs})
+                scheduler = schedulers.get(e.scheduler)(kv, cfg, orderings.get(e.queue_order), self.tokens,
+                                                        host_blocks)
+                if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
+                    scheduler.speculator = Speculator(e.speculative, s.seed)
+                engines.append(Replica(self.env, i, scheduler, step_time, self.steps, None, fast if pp == 1 else None))
+            for replica in engines:
+                replica.siblings = [r for r in engines if r is not replica]
+                replica.on_finish = _waking(on_finish(replica), replica) if pp > 1 else on_finish(replica)
+            pool.replicas.extend(engines)
         return pool
 
     def _next_event_s(self) -> float:

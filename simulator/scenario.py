@@ -322,8 +322,9 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
-        loc = ".".join(_user_path(Scenario, [str(p) for p in err.errors()[0]["loc"]])[0])
-        from_set = any(loc.startswith(o.partition("=")[0]) for o in overrides)
+        loc = _user_path(Scenario, [str(p) for p in err.errors()[0]["loc"]])[0]
+        keys = [o.partition("=")[0].split(".") for o in overrides]
+        from_set = any(loc[:len(key)] == key for key in keys)
         raise first_error(err, f"{path} (from --set)" if from_set else str(path), Scenario) from None
     hardware = scenario.hardware
     if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces

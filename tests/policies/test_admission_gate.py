@@ -78,3 +78,42 @@ def test_the_watermark_holds_back_admissions_only_while_another_request_runs():
     steps = drive(sched, pair)
     # beside the first (1 block, then 2), the second's 8 blocks + 2 kept free exceed the 9 or 8 left: it waits
     assert [s.batch for s in steps[:4]] == [[0], [0], [0], [1]]
+
+
+def test_a_failed_check_leaves_no_stale_hit_behind():
+    """Radix: the path a failed gate check matched must not count against a later plain allocation. vLLM-style
+    cache: a hit recorded by a failed check must not skip registering the blocks of a later zero-hit admission."""
+    from policies.radix import RadixCache
+
+    kv = RadixCache(num_blocks=10, block_size=1)
+    seed = Request(0, 0.0, 4, 1, ((7, 4),))
+    kv.allocate(seed, 4)
+    seed.num_computed_tokens = 4
+    kv.free(seed)  # 4 pages cached, unlocked
+    runner = Request(1, 0.0, 2, 10)
+    kv.allocate(runner, 2)
+    runner.num_computed_tokens = 2
+    big = Request(2, 0.0, 20, 1, ((7, 4), (-9, 16)))
+    big.num_computed_tokens = kv.lookup(big)
+    assert big.num_computed_tokens == 4 and not kv.fits_whole(big, big.num_tokens, 8, watermark=False)
+    big.num_computed_tokens = 0
+    assert kv.num_free_blocks == 8 and kv.allocate(runner, 8) is not None  # 4 free + 4 evictable
+
+    kv = PrefixCachingBlockManager(num_blocks=12, block_size=4)
+    first = Request(0, 0.0, 16, 1, ((7, 16),))
+    kv.allocate(first, 16)
+    kv.cache_scheduled(first, 16)
+    first.num_computed_tokens = 16
+    kv.free(first)
+    late = Request(1, 0.0, 60, 1, ((7, 16), (-5, 44)))
+    late.num_computed_tokens = kv.lookup(late)
+    assert late.num_computed_tokens == 16 and not kv.fits_whole(late, late.num_tokens, 8, watermark=False)
+    late.num_computed_tokens = 0
+    evictor = Request(2, 0.0, 48, 1)
+    kv.allocate(evictor, 48)  # takes every block: the cached prefix is gone
+    kv.free(evictor)
+    assert kv.lookup(late) == 0
+    kv.allocate(late, 8, admitting=True)
+    kv.cache_scheduled(late, 8)
+    follower = Request(3, 0.0, 12, 1, ((7, 8), (-7, 4)))  # shares late's first 8 tokens: 2 registered blocks
+    assert kv.lookup(follower) == 8

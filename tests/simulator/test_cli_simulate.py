@@ -105,6 +105,12 @@ def test_missing_scenario_file_and_bad_override(tmp_path):
     assert result.exit_code == 2
     assert "quickstart.yaml (from --set): hardware.gpux: unknown field; did you mean 'gpu'? (fields here: gpu," \
         in result.stderr
+    bad_file = tmp_path / "bad.yaml"
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["engine"]["max_num_seqs_x"] = 1
+    bad_file.write_text(yaml.safe_dump(raw))
+    result = simulate(str(bad_file), "--set", "engine.max_num_seqs=8")  # the file's mistake, not the override's
+    assert "bad.yaml: engine.max_num_seqs_x: unknown field" in result.stderr
 
 
 def test_the_run_line_names_what_serves_it():

@@ -188,7 +188,7 @@ def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
 
 @pytest.mark.parametrize("engine, version, paced", [
     ("vllm", None, True), ("vllm", "0.10.1", True), ("vllm", "0.30.0", True), ("vllm", "0.10.0", False),
-    ("vllm", "0.8.4", False), ("vllm", "0.6.7.dev121 (V0, rocm/vllm-dev:20250112)", False),
+    ("vllm", "0.8.4", False), ("vllm", "v0.8.4", False), ("vllm", "0.6.7.dev121 (V0, rocm/vllm-dev:20250112)", False),
     ("sglang", "0.5.3.post3", False)])
 def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engine, version, paced):
     """vllm bench serve since 0.10.1 ends its last arrival at num_prompts / rate; SGLang and older vLLM do not."""
@@ -202,7 +202,8 @@ def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engi
 
 @pytest.mark.parametrize("engine, version, stated, gated", [
     ("vllm", None, None, True), ("vllm", "0.19.0", None, True), ("vllm", "0.30.0", None, True),
-    ("vllm", "0.11.0", None, False), ("vllm", "0.11.0", True, True), ("vllm", "0.30.0", False, False),
+    ("vllm", "0.11.0", None, False), ("vllm", "v0.11.0", None, False), ("vllm", "0.11.0", True, True),
+    ("vllm", "0.30.0", False, False),
     ("sglang", "0.5.3.post3", None, True)])
 def test_a_twin_admits_whole_prompts_only_where_that_release_did(engine, version, stated, gated):
     """vLLM gates admission on the whole prompt (scheduler_reserve_full_isl) by default from 0.19; SGLang always."""

@@ -1,18 +1,24 @@
-"""Parallelism in the simulator: pipeline micro-batches as virtual engines; EP and DP attention end to end."""
+"""Parallelism in the simulator: pipeline micro-batches as engines over one KV pool; EP and DP attention end to end."""
 
 from simulator.run import World
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
 
-def test_pipeline_stages_run_as_many_micro_batches_over_a_split_kv_pool():
+def test_pipeline_stages_run_as_many_micro_batches_over_one_shared_kv_pool():
+    """vLLM V1 keeps one KV cache manager per replica whatever its pipeline depth: the two micro-batch engines
+    share its whole pool (and prefix cache) and split max_num_seqs."""
     s = scenario(parallelism={"pp": 2}, workload={"arrivals": {"kind": "trace", "rate_per_s": 40}, "num_requests": 200})
     world = World(s, SCENARIOS)
     assert len(world.replicas) == 2
     pool = world.pools[0]
-    assert pool.num_pages == pool.num_blocks * s.engine.block_size // pool.page_size // 2
-    assert all(r.scheduler.kv.num_blocks == pool.num_pages for r in world.replicas)
+    assert pool.num_pages == pool.num_blocks * s.engine.block_size // pool.page_size
+    first, second = world.replicas
+    assert first.scheduler.kv is second.scheduler.kv and first.scheduler.kv.num_blocks == pool.num_pages
+    assert first.scheduler.max_num_seqs + second.scheduler.max_num_seqs == pool.scenario.engine.max_num_seqs
     result = world.run()
     assert result.summary["completed"] == 200 and sorted(set(result.requests["replica"])) == [0, 1]
+    first.scheduler.kv.check_invariants()
+    assert first.scheduler.kv.num_free_blocks == pool.num_pages  # every block came back
     single = run(scenario(workload={"arrivals": {"kind": "trace", "rate_per_s": 40}, "num_requests": 200}))
     # two micro-batches in flight, each step a full pass through both stages: more throughput when loaded
     assert result.summary["output_throughput"] > single.summary["output_throughput"]
@@ -28,3 +34,48 @@ def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
     plain = run(s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"dp_attention": False})}))
     assert result.memory.kv_cache_tokens > 7 * plain.memory.kv_cache_tokens * (
         result.memory.kv_cache_bytes / plain.memory.kv_cache_bytes)
+
+
+def test_a_request_that_needs_more_than_half_the_pool_still_runs_under_two_stages():
+    """300 blocks of 16 tokens: each 3,000 + 100-token request needs 194 of them, more than half the pool. Split
+    per micro-batch, the pool would refuse them; shared, they run one after the other (each engine's finish
+    wakes the other, whose request waited for the blocks)."""
+    s = scenario(parallelism={"pp": 2}, engine={"num_gpu_blocks_override": 300},
+                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 3000},
+                                                      "output": {"kind": "fixed", "value": 100}},
+                           "arrivals": {"kind": "all_at_once"}, "num_requests": 4})
+    result = run(s)
+    assert result.summary["completed"] == 4 and result.summary["rejected"] == 0
+    assert sorted(set(result.requests["replica"])) == [0, 1]
+    assert result.steps["kv_blocks_used"].max() <= 300
+
+
+def test_a_pipelined_prefill_pool_wakes_its_engines_when_a_transfer_frees_blocks():
+    """P/D: a prefill's blocks come back when its KV has moved, not when it finishes; both micro-batch engines
+    of the prefill replica must hear of it, or the one whose queue waited for blocks sleeps for good."""
+    s = scenario(engine={"max_model_len": 8192, "max_num_batched_tokens": 2048},
+                 disaggregation={"prefill": {"replicas": 1, "pp": 2, "engine": {"num_gpu_blocks_override": 250}},
+                                 "decode": {"replicas": 1, "engine": {"num_gpu_blocks_override": 400}},
+                                 "transfer": {"link": "ib-ndr-400"}},
+                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 3000},
+                                                      "output": {"kind": "fixed", "value": 200}},
+                           "arrivals": {"kind": "all_at_once"}, "num_requests": 12})
+    assert run(s).summary["completed"] == 12
+
+
+def test_pipeline_engines_split_an_odd_max_num_seqs_exactly():
+    world = World(scenario(parallelism={"pp": 2}, engine={"max_num_seqs": 5}), SCENARIOS)
+    assert [r.scheduler.max_num_seqs for r in world.replicas] == [3, 2]
+
+
+def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
+    """Two prompts end their prefill together on the two micro-batch engines of one prefill replica: they
+    share its NICs, so the second transfer waits for the first instead of getting a link of its own."""
+    s = scenario(disaggregation={"prefill": {"replicas": 1, "pp": 2}, "decode": {"replicas": 1},
+                                 "transfer": {"link": "ib-ndr-400"}},
+                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 4000},
+                                                      "output": {"kind": "fixed", "value": 4}},
+                           "arrivals": {"kind": "all_at_once"}, "num_requests": 2})
+    result = run(s)
+    first, second = sorted(result.requests["kv_transfer_s"])
+    assert second > 1.5 * first

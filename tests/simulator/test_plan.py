@@ -92,6 +92,13 @@ def test_knobs_that_contradict_each_other_are_invalid():
     assert ev.rejection == "invalid" and "max_num_batched_tokens (256) < max_num_seqs (512)" in ev.detail
 
 
+def test_a_candidate_whose_engine_refuses_requests_is_rejected_for_that():
+    ev = evaluate(chat(engine={"max_model_len": 2048}), SCENARIOS, Candidate("h100-sxm", 1), TARGET, 4, 0.05)
+    assert ev.rejection == "rejected" and ev.capacity.num_simulations == 1
+    assert ev.detail.startswith(f"fails even at {TARGET:.3g} req/s per replica: ")  # the target, not target / 4
+    assert "requests rejected at any rate" in ev.detail
+
+
 def test_a_candidate_that_fails_at_any_useful_rate_says_why():
     ev = evaluate(chat(slo={"tpot_ms": 3}), SCENARIOS, Candidate("h100-sxm", 1), TARGET, 4, 0.05)
     assert ev.rejection == "TPOT SLO" and "per replica (target / max_replicas)" in ev.detail
