@@ -127,6 +127,8 @@ def _print_plan(result) -> None:
         return
     console.print(f"[bold]recommendation:[/] {rec.label}: ${rec.cost_per_hour_usd:.2f}/h, "
                   f"${rec.cost_per_million_output_tokens_usd:.3f} per million output tokens")
+    if rec.thin_margin:
+        console.print(f"[yellow]note:[/] {rec.thin_margin}")
     if nxt is not None:
         console.print(f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
                       f"{'; '.join(nxt.verdict.details)}")

@@ -125,6 +125,19 @@ class Deployment:
         return self.cost_per_hour_usd / tokens_per_hour * 1e6 if tokens_per_hour > 0 else math.inf
 
     @property
+    def thin_margin(self) -> str | None:
+        """For a passing deployment whose replicas each carry at least a rate at which one replica alone failed
+        in sizing: why its whole run may pass anyway, and that one more replica is safer. None otherwise."""
+        limit = self.evaluation.capacity.limit if self.evaluation.capacity else None
+        per_replica = self.verdict.rate_per_s / self.replicas if self.verdict.rate_per_s else 0.0
+        if not self.verdict.ok or limit is None or per_replica < limit.rate_per_s:
+            return None
+        return (f"each replica carries {per_replica:.3g} req/s, where one replica alone failed in sizing "
+                f"({', '.join(limit.reasons)} at {limit.rate_per_s:.3g} req/s); the whole run passes, since "
+                f"round-robin smooths each replica's arrivals and each sees 1/{self.replicas} of the requests, "
+                "but with little margin: one more replica is safer")
+
+    @property
     def label(self) -> str:
         return f"{self.replicas} x {self.evaluation.candidate.label}"
 
@@ -132,7 +145,7 @@ class Deployment:
         return {"deployment": self.label, "candidate": self.evaluation.candidate.label, "replicas": self.replicas,
                 "gpus": self.replicas * self.evaluation.gpus_per_replica, "cost_per_hour_usd": self.cost_per_hour_usd,
                 "cost_per_million_output_tokens_usd": self.cost_per_million_output_tokens_usd,
-                "verdict": self.verdict.as_dict()}
+                "thin_margin": self.thin_margin, "verdict": self.verdict.as_dict()}
 
 
 @dataclass

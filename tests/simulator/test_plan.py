@@ -9,7 +9,7 @@ import yaml
 from typer.testing import CliRunner
 
 from hardware.errors import SpecError
-from simulator.capacity import Verdict
+from simulator.capacity import CapacityResult, Verdict
 from simulator.cli import app
 from simulator.launch import sglang_command, vllm_command
 from simulator.plan import Candidate, Deployment, Evaluation, PlanResult, _next_cheaper, evaluate, plan
@@ -166,3 +166,15 @@ def test_pd_disaggregated_units_are_searched_and_sized_as_wholes():
     assert result.recommendation is not None
     json_out = result.as_dict()
     assert any(c["kind"] == "pd" for c in json_out["candidates"])
+
+
+def test_a_deployment_whose_replicas_carry_a_failed_rate_is_flagged():
+    """Sizing saw one replica pass at 19.4 req/s and fail at 20: two replicas at 40 req/s that pass whole carry
+    20 each, so the plan says the margin is thin; at 38 req/s (19 each) it does not."""
+    capacity = CapacityResult(19.375, 2, [Verdict(19.375, (), ()), Verdict(20.0, ("TTFT SLO",), ("slow",))])
+    ev = Evaluation(Candidate("h100-sxm", 1), gpus_per_replica=1, price_per_replica_hour_usd=2.99, capacity=capacity)
+    at_40 = Deployment(ev, 2, Verdict(40.0, (), (), {"p90_ttft_ms": 150.0}))
+    assert "each replica carries 20 req/s, where one replica alone failed in sizing (TTFT SLO at 20 req/s)" \
+        in at_40.thin_margin
+    assert Deployment(ev, 2, Verdict(38.0, (), ())).thin_margin is None
+    assert Deployment(ev, 2, Verdict(40.0, ("TTFT SLO",), ("slow",))).thin_margin is None  # failing: nothing to add
