@@ -8,6 +8,8 @@ direction.
 
 from __future__ import annotations
 
+import difflib
+
 from functools import cache
 from pathlib import Path
 
@@ -138,7 +140,9 @@ def get_gpu(name: str, extra_files: tuple[Path, ...] = ()) -> GpuSpec:
     try:
         return catalog[name]
     except KeyError:
-        raise SpecError(f"unknown GPU {name!r}; known: {', '.join(sorted(catalog))}") from None
+        close = difflib.get_close_matches(name, list(catalog), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise SpecError(f"unknown GPU {name!r}{hint} (known: {', '.join(sorted(catalog))})") from None
 
 
 def get_interconnect(name: str) -> InterconnectSpec:

@@ -203,6 +203,7 @@ def schema() -> None:
 SUMMARY_ROWS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
                 "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms", "request_goodput",
+                "slo_attainment",
                 "preemptions", "kv_cache_usage_mean", "kv_cache_usage_max")
 
 
@@ -251,3 +252,8 @@ def deployment_label(spec: Any) -> str:
 from simulator import cli_plan  # noqa: E402,F401  (registers sweep, plan, report)
 from simulator import cli_calibrate  # noqa: E402,F401  (registers calibrate)
 from simulator import cli_compare  # noqa: E402,F401  (registers compare)
+
+
+if __name__ == "__main__":  # python -m simulator.cli: run the app its sibling modules registered commands on
+    from simulator.cli import app as registered
+    registered()

@@ -11,7 +11,7 @@ from simulator.cli import app, clean_errors, console, print_json, print_table
 
 
 GROUPS = {"model": lambda run: run.model, "gpu": lambda run: run.gpu, "engine": lambda run: run.engine,
-          "moe": lambda run: "moe" if run.is_moe else "dense"}
+          "moe": lambda run: "MoE models" if run.is_moe else "dense models"}
 
 
 @app.command()
@@ -74,6 +74,7 @@ def compare(runs_file: Path,
             for run, errors in results:
                 groups.setdefault(GROUPS[by](run), []).append((run, errors))
             for key, members in groups.items():
-                print_table(f"{by} = {key}: {len(members)} run(s)", FAMILY_COLUMNS, family_rows(members))
+                title = key if by == "moe" else f"{by} = {key}"
+                print_table(f"{title}: {len(members)} run(s)", FAMILY_COLUMNS, family_rows(members))
     if html is not None:
         console.print(f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}")

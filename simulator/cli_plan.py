@@ -76,7 +76,8 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
     print_table(f"{spec.name}: verdicts by rate", ["req/s", "verdict", "why"],
                 [[f"{v.rate_per_s:.3f}", "ok" if v.ok else ", ".join(v.reasons), "; ".join(v.details)]
                  for v in result.verdicts])
-    console.print(f"max sustainable rate {result.rate_per_s:.3f} req/s ({result.num_simulations} simulations)")
+    rate = f"{result.rate_per_s:.3f} req/s" if result.rate_per_s else "none (no rate tried passes)"
+    console.print(f"max sustainable rate {rate} ({result.num_simulations} simulations)")
 
 
 @app.command()
@@ -109,6 +110,7 @@ def plan(scenario: Path,
 
 
 def _print_plan(result) -> None:
+    from simulator.report import number_text
     rows = [[e.candidate.label, e.rejection or "sized", f"{e.rate_per_replica:.2f}", _cell(e.replicas),
              f"{e.price_per_replica_hour_usd:.2f}", e.detail[:90]] for e in result.evaluations]
     print_table(f"candidates at {result.target_rate_per_s:.2f} req/s", ["candidate", "status", "req/s per replica",
@@ -116,7 +118,7 @@ def _print_plan(result) -> None:
     pct = result.pct
     frontier = {d.label for d in result.pareto(f"{pct}_ttft_ms")}
     rows = [[d.label, f"{d.cost_per_hour_usd:.2f}", _cell(d.cost_per_million_output_tokens_usd),
-             _cell(d.verdict.metrics[f"{pct}_ttft_ms"]), _cell(d.verdict.metrics[f"{pct}_tpot_ms"]),
+             number_text(d.verdict.metrics[f"{pct}_ttft_ms"]), number_text(d.verdict.metrics[f"{pct}_tpot_ms"]),
              "ok" if d.verdict.ok else ", ".join(d.verdict.reasons), "yes" if d.label in frontier else ""]
             for d in sorted(result.deployments, key=lambda d: d.cost_per_hour_usd)]
     print_table("deployments simulated whole at the target rate", [

@@ -96,8 +96,10 @@ def launch_notes(s: Scenario) -> list[str]:
                  "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' "
                  "(vLLM) or --disaggregation-mode prefill|decode (SGLang), behind a P/D-aware proxy"]
     else:
-        notes = [f"one command per replica: start {s.cluster.replicas} of them ({s.parallelism.tp * s.parallelism.pp} "
-                 f"GPU(s) each) behind a {s.cluster.router} load balancer"]
+        gpus = s.parallelism.tp * s.parallelism.pp
+        notes = [f"one replica of {gpus} GPU(s): no load balancer needed" if s.cluster.replicas == 1 else
+                 f"one command per replica: start {s.cluster.replicas} of them ({gpus} GPU(s) each) behind a "
+                 f"{s.cluster.router} load balancer"]
     if s.engine.scheduler != "vllm":
         notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
                      "the commands run the engines' default scheduler")

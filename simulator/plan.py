@@ -278,7 +278,10 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
 def _check_choices(base: Scenario, gpus: list[str], knobs: dict[str, list]) -> None:
     """Typos in GPU names or knob fields stop the plan with one line instead of rejecting every candidate."""
     for gpu in gpus:
-        get_gpu(gpu, tuple(base.hardware.gpu_files))
+        try:
+            get_gpu(gpu, tuple(base.hardware.gpu_files))
+        except SpecError as err:
+            raise SpecError(f"plan GPUs (--gpus or plan.gpus): {err}") from None
     unknown = sorted(set(knobs) - set(EngineConfig.model_fields))
     if unknown:
         raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: {', '.join(EngineConfig.model_fields)}")

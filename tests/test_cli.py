@@ -64,3 +64,14 @@ def test_models_and_hardware_listing():
 def test_model_does_not_fit_is_one_line():
     result = run("memory", "llama-3.1-405b", "--gpu", "h100-sxm")
     assert result.exit_code == 2 and result.stderr.count("\n") == 1 and "does not fit" in result.stderr
+
+
+def test_the_cli_runs_as_a_module_with_every_command():
+    """`python -m simulator` and `python -m simulator.cli` work where the console script is not on PATH."""
+    import subprocess
+    import sys
+
+    for module in ("simulator", "simulator.cli"):
+        out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True,
+                             env={"COLUMNS": "120", "PATH": ""}).stdout
+        assert all(command in out for command in ("simulate", "plan", "compare", "calibrate"))

@@ -112,6 +112,8 @@ def test_unknown_gpu_lists_known_names():
     assert "h300" in str(err.value)
     assert "h200" in str(err.value)
     assert "a100-80gb" in str(err.value)
+    with pytest.raises(SpecError, match="unknown GPU 'h100-sxn'; did you mean 'h100-sxm'"):
+        get_gpu("h100-sxn")
 
 
 def test_user_file_adds_gpu(tmp_path):

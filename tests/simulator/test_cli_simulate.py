@@ -87,6 +87,7 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     (lambda r: r["engine"].update(max_num_seq=8),
      "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (fields here: allow_long_max_model_len,"),
     (lambda r: r["hardware"].update(gpu="h300"), "hardware.gpu: unknown GPU 'h300'"),
+    (lambda r: r["hardware"].update(gpu="h100sxm"), "unknown GPU 'h100sxm'; did you mean 'h100-sxm'?"),
 ])
 def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, expected):
     result, out = _bad(tmp_path, edit)

@@ -276,7 +276,7 @@ def test_compare_cli_splits_the_errors_by_model_kind(tmp_path):
                                                                           "engine_args": {"max_model_len": 4096}}]))
     result = runner.invoke(app, ["compare", str(path), "--by", "moe"])
     assert result.exit_code == 0, result.output
-    assert "moe = dense: 1 run(s)" in result.output and "moe = moe: 1 run(s)" in result.output
+    assert "dense models: 1 run(s)" in result.output and "MoE models: 1 run(s)" in result.output
     wrong = runner.invoke(app, ["compare", str(path), "--by", "colour"])
     assert wrong.exit_code == 2 and "choose from model, gpu, engine, moe" in wrong.output
 

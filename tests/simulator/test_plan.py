@@ -146,6 +146,7 @@ def test_the_plan_section_supplies_the_choices():
     assert result.target_rate_per_s == 20 and result.recommendation.label == "1 x h200 tp=2 max_num_seqs=128"
     assert result.next_cheaper is None  # nothing cheaper than one replica of the only candidate
     assert "--max-num-seqs 128" in result.commands["vllm"] and "--tp 2" in result.commands["sglang"]
+    assert result.commands["notes"][0] == "one replica of 2 GPU(s): no load balancer needed"
 
 
 def test_pd_disaggregated_units_are_searched_and_sized_as_wholes():
