@@ -226,7 +226,7 @@ class World:
             for i, seqs in zip(range(first, first + pp), slots):
                 cfg = e if pp == 1 else e.model_copy(update={"max_num_seqs": seqs})
                 scheduler = schedulers.get(e.scheduler)(kv, cfg, orderings.get(e.queue_order), self.tokens,
-                                                        host_blocks)
+                                                        host_blocks // pp)  # the replica's swap space, shared
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                     scheduler.speculator = Speculator(e.speculative, s.seed)
                 engines.append(Replica(self.env, i, scheduler, step_time, self.steps, None, fast if pp == 1 else None))

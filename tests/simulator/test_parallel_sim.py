@@ -63,9 +63,13 @@ def test_a_pipelined_prefill_pool_wakes_its_engines_when_a_transfer_frees_blocks
     assert run(s).summary["completed"] == 12
 
 
-def test_pipeline_engines_split_an_odd_max_num_seqs_exactly():
-    world = World(scenario(parallelism={"pp": 2}, engine={"max_num_seqs": 5}), SCENARIOS)
+def test_pipeline_engines_split_an_odd_max_num_seqs_exactly_and_the_swap_space():
+    s = scenario(engine={"max_num_seqs": 5, "preemption_mode": "swap"})
+    whole = World(s, SCENARIOS).replicas[0].scheduler.host_blocks_free
+    world = World(scenario(parallelism={"pp": 2}, engine={"max_num_seqs": 5, "preemption_mode": "swap"}), SCENARIOS)
     assert [r.scheduler.max_num_seqs for r in world.replicas] == [3, 2]
+    # each stage's GPUs swap their layers' share of a block: the replica's host budget in blocks doubles, once
+    assert sum(r.scheduler.host_blocks_free for r in world.replicas) == 2 * whole
 
 
 def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
