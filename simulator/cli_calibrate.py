@@ -134,7 +134,8 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     train, test = split(runs, holdout_every)
     with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
         result = fit_to_runs(train, test, workers=workers or default_workers(), max_evaluations=max_evaluations,
-                             prior=prior, only=[p.strip() for p in only.split(",")] if only else None, name=name, provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
+                             prior=prior, only=[p.strip() for p in only.split(",")] if only else None, name=name,
+                             provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
                              + (f" matching {match!r}" if match else "") + f", {len(test)} held out")
     rows = []
     with atomic_dir(out) as folder:

@@ -259,16 +259,20 @@ def with_overrides(base: Scenario, overrides: dict[str, Any]) -> Scenario:
     return Scenario.model_validate(raw)
 
 
-def first_error(err: ValidationError, source: str, model: type[BaseModel] | None = None) -> SpecError:
+def first_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
+                overrides: list[str] = ()) -> SpecError:
     """The first problem of `err` as one line naming `source`, the field and, for choices, the value given.
     With the validated `model`, an unknown field also gets the nearest known name and the fields allowed
-    there, and union tags pydantic puts in the path (`arrivals.poisson.rate_per_s`) are left out."""
+    there, union tags pydantic puts in the path (`arrivals.poisson.rate_per_s`) are left out, and a problem
+    at (or under) one of the `--set` `overrides` is said to come from it."""
     first = err.errors()[0]
     loc = [str(p) for p in first["loc"]]
     message = first["msg"].removeprefix("Value error, ")
     fields: list[str] | None = None
     if model is not None:
         loc, fields = _user_path(model, loc)
+    if any(loc[:len(key)] == key for key in (o.partition("=")[0].split(".") for o in overrides)):
+        source = f"{source} (from --set)"
     if first["type"] == "extra_forbidden":
         message = "unknown field"
         if fields:
@@ -322,10 +326,7 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
-        loc = _user_path(Scenario, [str(p) for p in err.errors()[0]["loc"]])[0]
-        keys = [o.partition("=")[0].split(".") for o in overrides]
-        from_set = any(loc[:len(key)] == key for key in keys)
-        raise first_error(err, f"{path} (from --set)" if from_set else str(path), Scenario) from None
+        raise first_error(err, str(path), Scenario, list(overrides)) from None
     hardware = scenario.hardware
     if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
         files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]

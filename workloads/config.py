@@ -40,15 +40,17 @@ class LengthsConfig(_Model):
         return self
 
 
+Paced = Annotated[bool, Field(description=(
+    "Scale the times so the last of num_requests arrives at exactly num_requests / rate_per_s, the first after "
+    "its own gap, as `vllm bench serve` does since v0.10.1. Needs num_requests and no duration_s."))]
+
+
 class PoissonArrivals(_Model):
     """Poisson process: exponential inter-arrival times (CV 1)."""
 
     kind: Literal["poisson"]
     rate_per_s: float = Field(gt=0, description="Mean arrival rate (requests/s).")
-    paced: bool = Field(False, description="Scale the times so the last of num_requests arrives at exactly "
-                                           "num_requests / rate_per_s, the first after its own gap, as "
-                                           "`vllm bench serve` does since v0.10.1. Needs num_requests and no "
-                                           "duration_s.")
+    paced: Paced = False
 
 
 class GammaArrivals(_Model):
@@ -57,10 +59,7 @@ class GammaArrivals(_Model):
     kind: Literal["gamma"]
     rate_per_s: float = Field(gt=0, description="Mean arrival rate (requests/s).")
     cv: float = Field(gt=0, description="Coefficient of variation of inter-arrival times (dimensionless).")
-    paced: bool = Field(False, description="Scale the times so the last of num_requests arrives at exactly "
-                                           "num_requests / rate_per_s, the first after its own gap, as "
-                                           "`vllm bench serve` does since v0.10.1. Needs num_requests and no "
-                                           "duration_s.")
+    paced: Paced = False
 
 
 class ConstantArrivals(_Model):
