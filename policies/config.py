@@ -21,11 +21,24 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
     return (8192, 1024) if large else (2048, 256)
 
 
+SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
+
+
+def sglang_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """(chunked_prefill_size, max_running_requests cap) SGLang picks (server_args, 0.5.x): the chunk by the
+    device's memory in MiB (< 35 GiB 2048, < 60 GiB 4096, < 160 GiB 8192, else 16384); running requests are
+    further capped by the KV pool when the scheduler starts (policies/prefill_first.py)."""
+    mib = gpu.reported_memory_bytes / (1 << 20)
+    chunk = 2048 if mib < 35 * 1024 else 4096 if mib < 60 * 1024 else 8192 if mib < 160 * 1024 else 16384
+    return chunk, SGLANG_MAX_RUNNING
+
+
 class EngineConfig(BaseModel):
     """One engine (replica): batching limits, KV paging and preemption. Units in the names."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    scheduler: str = Field("vllm", description="Scheduler policy name: vllm, sarathi, orca, static (or pkg.mod:attr)")
+    scheduler: str = Field("vllm", description=(
+        "Scheduler policy name: vllm, sglang, sarathi, orca, static (or pkg.mod:attr)"))
     queue_order: str = Field("fcfs", description="Waiting-queue order: fcfs, priority, sjf (or pkg.mod:attr)")
     max_num_seqs: int | None = Field(None, ge=1, description=(
         "Max requests running at once (batch slots); default: vLLM's for the GPU (1024 on GPUs of >= 70 GiB "
@@ -57,18 +70,29 @@ class EngineConfig(BaseModel):
     weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "w8a16", "int4", "mxfp4"] = Field("auto", description=(
         "Weight dtype; auto: the checkpoint's (its quantization_config: DeepSeek-V3 fp8, gpt-oss mxfp4, AWQ/GPTQ "
         "w8a16 or int4, else bf16); int8 is W8A8, w8a16 and int4 are weight-only; mxfp4 quantizes MoE experts only"))
+    max_prefill_tokens: int = Field(16384, ge=1, description=(
+        "sglang only: prompt tokens one prefill batch takes (SGLang's --max-prefill-tokens; its first request is "
+        "exempt)"))
+    schedule_conservativeness: float = Field(1.0, gt=0, description=(
+        "sglang only: scales the share of running requests' remaining output tokens held back when admitting "
+        "(SGLang's --schedule-conservativeness)"))
+    enable_mixed_chunk: bool = Field(False, description=(
+        "sglang only: running requests decode in prefill steps (SGLang's --enable-mixed-chunk); off, a prefill "
+        "step stalls every decode"))
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
     def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int) -> EngineConfig:
         """This config with unset batch limits filled as `vllm serve` fills them (EngineArgs.get_batch_defaults);
-        unset slots are capped at the step's token budget."""
-        tokens, seqs = vllm_batch_defaults(gpu)
+        unset slots are capped at the step's token budget. The sglang scheduler takes SGLang's defaults instead:
+        max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its max_running_requests."""
+        sglang = self.scheduler == "sglang"
+        tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)
         update = {k: v for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
                   if getattr(self, k) is None}
-        if "max_num_seqs" in update:  # never more slots than tokens in a step (vLLM caps it the same way)
+        if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it the same way)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
         if not update:
             return self
@@ -93,7 +117,10 @@ class EngineConfig(BaseModel):
             raise ValueError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): every "
                 "running request needs a token each step; raise the budget or lower max_num_seqs")
-        if self.speculative is not None and self.scheduler in ("static", "seed_toy"):
+        if self.speculative is not None and self.scheduler in ("static", "seed_toy", "sglang"):
             raise ValueError(f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "
                              f"not {self.scheduler!r}")
+        if self.scheduler == "sglang" and self.preemption_mode == "swap":
+            raise ValueError("preemption_mode 'swap': SGLang retracts requests and recomputes them; the sglang "
+                             "scheduler takes preemption_mode 'recompute'")
         return self

@@ -141,7 +141,7 @@ class HybridBlockManager(BlockManager):
             done[g] = max(done[g], upto)
         return freed
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, keep_uncached: bool = True) -> None:
         groups = self._groups.pop(req.id, None)
         self._freed_upto.pop(req.id, None)
         for blocks in groups or ():
@@ -254,7 +254,7 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
             del self._cached[self._group_of[block]][block_hash]
             self._hash_of[block] = None
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, keep_uncached: bool = True) -> None:
         groups = self._groups.get(req.id)
         registered = self._registered.pop(req.id, 0)
         for blocks in groups or ():  # registered for a step that never ran: nobody may hit them

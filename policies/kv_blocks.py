@@ -116,8 +116,9 @@ class BlockManager:
         self._tables.setdefault(req.id, []).extend(new)
         return new
 
-    def free(self, req: Request) -> None:
-        """Give back every block of `req` (head block first: without caching the order only decides reuse)."""
+    def free(self, req: Request, keep_uncached: bool = True) -> None:
+        """Give back every block of `req` (head block first: without caching the order only decides reuse).
+        `keep_uncached=False` (SGLang's retraction): a radix cache does not insert what it had not yet cached."""
         self._release(self._tables.pop(req.id, []))
 
     # ---- pool internals, overridden by prefix caching --------------------------------------------

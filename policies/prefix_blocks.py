@@ -103,7 +103,7 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         if dupes is not None and not dupes:
             del self._duplicates[block_hash]
 
-    def free(self, req: Request) -> None:
+    def free(self, req: Request, keep_uncached: bool = True) -> None:
         table = self._tables.pop(req.id, [])
         registered = self._num_cached.pop(req.id, 0)
         for block in table[req.num_computed_tokens // self.block_size:registered]:

@@ -208,12 +208,14 @@ class RadixCache(BlockManager):
             node.last_access = clock
             node = node.parent
 
-    def free(self, req: Request) -> None:
-        """The request ends (or is preempted): its computed pages join the tree, the rest go back to the pool."""
+    def free(self, req: Request, keep_uncached: bool = True) -> None:
+        """The request ends (or is preempted): its computed pages join the tree (unless `keep_uncached` is False:
+        then only what the tree already holds stays), the rest go back to the pool."""
         table = self._tables.get(req.id)
         if table is None:
             return
-        self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
+        if keep_uncached:
+            self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
         in_tree = self._in_tree.pop(req.id, 0)
         self._release(table[in_tree // self.block_size:])
         del self._tables[req.id]

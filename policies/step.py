@@ -10,7 +10,8 @@ import numpy as np
 
 from hardware.batch import StepBatch
 from policies.kv_blocks import BlockManager
-from workloads.request import Request
+from policies.spec_decode import Speculator
+from workloads.request import Phase, Request
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -66,6 +67,43 @@ class StepPlan:
         return StepBatch(np.fromiter(self.num_new, np.int64, n), np.fromiter(self.num_context, np.int64, n), logits)
 
 
+class PlanBuilder:
+    """A step's plan while a scheduler builds it: scheduled requests in order, their token counts, and preemption
+    outcomes."""
+
+    def __init__(self, budget: int):
+        self.budget = budget
+        self.tokens: dict[Request, int] = {}
+        self.context: dict[Request, int] = {}
+        self.drafts: dict[Request, int] = {}  # draft guesses among a request's tokens (speculative decoding)
+        self.preempted: list[Request] = []
+        self.swap_out = self.swap_in = 0
+
+    def add(self, req: Request, n: int) -> None:
+        self.tokens[req] = n
+        self.context[req] = req.num_computed_tokens
+        self.budget -= n
+
+    def drop(self, req: Request) -> None:
+        if req in self.tokens:
+            self.budget += self.tokens.pop(req)
+            del self.context[req]
+            self.drafts.pop(req, None)
+
+    def plan(self, speculator: Speculator | None = None, drafting: bool = False) -> StepPlan:
+        reqs, new, context = tuple(self.tokens), tuple(self.tokens.values()), tuple(self.context.values())
+        if speculator is None:
+            samples = tuple(c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context))
+            return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in)
+        drafts = tuple(self.drafts.get(r, 0) for r in reqs)
+        samples = tuple(c + n - d == r.num_prompt_tokens + r.num_generated
+                        for r, n, c, d in zip(reqs, new, context, drafts))
+        draft_context = tuple(speculator.draft_context(r) for r in reqs)  # registers newcomers in any step
+        return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in,
+                        drafts if drafting else (),
+                        draft_context if drafting and speculator.runs_draft_model else ())
+
+
 class Scheduler(Protocol):
     """Decides each step's batch; the engine only spends the step's time and calls `commit`."""
 
@@ -113,3 +151,20 @@ class TokenLog:
         else:
             self.itl_s.append(now - req.last_token_s)
         req.last_token_s = now
+
+
+def feed_plan(plan: StepPlan, log: TokenLog, kv: BlockManager, now: float) -> list[Request]:
+    """Apply a finished step without drafts: every request's tokens counted and cached; returns those done."""
+    finished = []
+    for req, n in zip(plan.requests, plan.num_new):
+        if log.feed(req, n, now) and req.is_done:
+            finished.append(req)
+        kv.cache(req)
+    return finished
+
+
+def release_finished(req: Request, kv: BlockManager, now: float) -> None:
+    """`req` produced its last token at `now`: it is finished and its blocks go back, cached first."""
+    req.phase, req.finish_s = Phase.FINISHED, now
+    kv.cache(req)
+    kv.free(req)

@@ -33,45 +33,9 @@ from policies.kv_blocks import BlockManager, blocks_for
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.spec_decode import Speculator
-from policies.step import StepPlan, TokenLog
+from policies.step import PlanBuilder, StepPlan, TokenLog, feed_plan, release_finished
 from policies.waiting import WaitingQueue
 from workloads.request import Phase, Request
-
-
-class _Step:
-    """The plan being built: scheduled requests in order, their token counts, and preemption outcomes."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self.tokens: dict[Request, int] = {}
-        self.context: dict[Request, int] = {}
-        self.drafts: dict[Request, int] = {}  # draft guesses among a request's tokens (speculative decoding)
-        self.preempted: list[Request] = []
-        self.swap_out = self.swap_in = 0
-
-    def add(self, req: Request, n: int) -> None:
-        self.tokens[req] = n
-        self.context[req] = req.num_computed_tokens
-        self.budget -= n
-
-    def drop(self, req: Request) -> None:
-        if req in self.tokens:
-            self.budget += self.tokens.pop(req)
-            del self.context[req]
-            self.drafts.pop(req, None)
-
-    def plan(self, speculator: Speculator | None = None, drafting: bool = False) -> StepPlan:
-        reqs, new, context = tuple(self.tokens), tuple(self.tokens.values()), tuple(self.context.values())
-        if speculator is None:
-            samples = tuple(c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context))
-            return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in)
-        drafts = tuple(self.drafts.get(r, 0) for r in reqs)
-        samples = tuple(c + n - d == r.num_prompt_tokens + r.num_generated
-                        for r, n, c, d in zip(reqs, new, context, drafts))
-        draft_context = tuple(speculator.draft_context(r) for r in reqs)  # registers newcomers in any step
-        return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in,
-                        drafts if drafting else (),
-                        draft_context if drafting and speculator.runs_draft_model else ())
 
 
 @schedulers.register("vllm")
@@ -110,7 +74,7 @@ class TokenBudgetScheduler:
         self._waiting.push(req)
 
     def schedule(self, now: float) -> StepPlan:
-        step = _Step(self.budget)
+        step = PlanBuilder(self.budget)
         self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
         self._schedule_running(step)
         if not step.preempted:
@@ -121,11 +85,7 @@ class TokenBudgetScheduler:
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
         if plan.num_draft or plan.draft_context:
             return self._commit_speculative(plan, now)
-        finished = []
-        for req, n in zip(plan.requests, plan.num_new):
-            if self.log.feed(req, n, now) and req.is_done:
-                finished.append(req)
-            self.kv.cache(req)
+        finished = feed_plan(plan, self.log, self.kv, now)
         for req in finished:
             self.retire(req, now)
         return finished
@@ -147,9 +107,7 @@ class TokenBudgetScheduler:
 
     def retire(self, req: Request, now: float) -> None:
         """A request produced its last token at `now`: it leaves the batch; its blocks go back (cached first)."""
-        req.phase, req.finish_s = Phase.FINISHED, now
-        self.kv.cache(req)
-        self.kv.free(req)
+        release_finished(req, self.kv, now)
         self.running.remove(req)
         if self.speculator is not None:
             self.speculator.forget(req)
@@ -170,7 +128,7 @@ class TokenBudgetScheduler:
         return self.running
 
     # ---- the three passes ---------------------------------------------------------------------
-    def _schedule_running(self, step: _Step) -> None:
+    def _schedule_running(self, step: PlanBuilder) -> None:
         running, i, drafting = self.running, 0, self._drafting
         while i < len(running) and step.budget > 0:
             req = running[i]
@@ -191,7 +149,7 @@ class TokenBudgetScheduler:
             else:  # req itself was preempted: vLLM schedules no running request after it this step
                 return
 
-    def _make_room(self, req: Request, n: int, step: _Step) -> bool:
+    def _make_room(self, req: Request, n: int, step: PlanBuilder) -> bool:
         """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""
         if n == 1 and req.num_computed_tokens % self.kv.block_size:
             return True  # a decode inside its last, partly filled block needs nothing new
@@ -202,7 +160,7 @@ class TokenBudgetScheduler:
                 return False
         return True
 
-    def _resume_swapped(self, step: _Step) -> None:
+    def _resume_swapped(self, step: PlanBuilder) -> None:
         while self.swapped and step.budget > 0 and len(self.running) < self.max_num_seqs:
             req, blocks = self.swapped[0]
             n = min(req.num_pending_tokens, step.budget)  # a decode, or the rest of a prefill cut short
@@ -216,7 +174,7 @@ class TokenBudgetScheduler:
             self.kv.cache_scheduled(req, req.num_computed_tokens + n)
             step.add(req, n)
 
-    def _admit_waiting(self, step: _Step) -> None:
+    def _admit_waiting(self, step: PlanBuilder) -> None:
         self._waiting.prepare()
         while self._waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
             req = self._waiting.head()
@@ -259,7 +217,7 @@ class TokenBudgetScheduler:
             return self.running[-1]
         return max(self.running, key=self.order)
 
-    def _preempt(self, victim: Request, step: _Step) -> None:
+    def _preempt(self, victim: Request, step: PlanBuilder) -> None:
         position = self.running.index(victim)
         del self.running[position]
         if position < self._cursor:

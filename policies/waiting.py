@@ -28,8 +28,9 @@ class WaitingQueue:
     def __len__(self) -> int:
         return len(self._heap)
 
-    def push(self, req: Request) -> None:
-        heapq.heappush(self._heap, (self.order(req), req))
+    def push(self, req: Request, key: tuple | None = None) -> None:
+        """Queue `req` at its place in the order, or at `key`'s (which must compare with the order's keys)."""
+        heapq.heappush(self._heap, (self.order(req) if key is None else key, req))
 
     def head(self) -> Request:
         return self._heap[0][1]

@@ -122,6 +122,9 @@ class Replica:
             self.scheduler.retire(req, now)
             finished.append(req)
         active, used = apply_stretch(requests, stretch, kv, ff.log, retire)
+        fused = getattr(self.scheduler, "fused_decode_steps", None)  # a scheduler whose state moves per decode step
+        if fused is not None:
+            fused(len(stretch.ends_s) - 1)
         n = len(active) - 1
         self.steps.record_many(
             time_s=stretch.ends_s[:-1].tolist(), duration_s=stretch.durations_s[:-1].tolist(),

@@ -84,6 +84,15 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--kv-cache-dtype fp8_e4m3")
     if _online_fp8(s):
         parts.append("--quantization fp8")
+    if e.queue_order == "lpm":
+        parts.append("--schedule-policy lpm")
+    if e.scheduler == "sglang":  # knobs only SGLang's scheduler reads
+        if e.max_prefill_tokens != 16384:
+            parts.append(f"--max-prefill-tokens {e.max_prefill_tokens}")
+        if e.schedule_conservativeness != 1.0:
+            parts.append(f"--schedule-conservativeness {e.schedule_conservativeness}")
+        if e.enable_mixed_chunk:
+            parts.append("--enable-mixed-chunk")
     return " ".join(parts)
 
 
@@ -100,7 +109,10 @@ def launch_notes(s: Scenario) -> list[str]:
         notes = [f"one replica of {gpus} GPU(s): no load balancer needed" if s.cluster.replicas == 1 else
                  f"one command per replica: start {s.cluster.replicas} of them ({gpus} GPU(s) each) behind a "
                  f"{s.cluster.router} load balancer"]
-    if s.engine.scheduler != "vllm":
+    if s.engine.scheduler == "sglang":
+        notes.append("simulated with SGLang's scheduler (prefill first): the SGLang command runs it; vLLM mixes "
+                     "prefill chunks into decode steps instead")
+    elif s.engine.scheduler != "vllm":
         notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
                      "the commands run the engines' default scheduler")
     if (dtype := _quantized_away(s)) not in (None, "fp16") and not _online_fp8(s):

@@ -65,7 +65,7 @@ class MeasuredRun(BaseModel):
     quote: str | None = Field(None, description="A line of the source holding some of the figures")
     notes: str | None = None
     engine: Literal["vllm", "sglang"] = Field("vllm", description=(
-        "sglang switches prefix caching to its radix tree; batching stays vLLM's token-budget scheduler"))
+        "sglang replays with SGLang's scheduler (prefill first, admission by estimated memory) and radix cache"))
     engine_version: str | None = Field(None, description=(
         "The engine's release (0.11.0, 0.6.7.dev121 ...); None: a recent one. It decides how a rate's arrivals "
         "are paced"))
@@ -138,12 +138,12 @@ class MeasuredRun(BaseModel):
 
     @property
     def gates_whole_prompt(self) -> bool:
-        """Whether the engine admitted a prompt only if all of it fit: stated, else vLLM's default of its release;
-        SGLang checks the whole prompt (and some output) before it admits."""
+        """Whether vLLM admitted a prompt only if all of it fit: stated, else the default of its release (SGLang's
+        scheduler checks the whole prompt and its expected output anyway)."""
         stated = self.engine_args.scheduler_reserve_full_isl
         if stated is not None:
             return stated
-        return self.engine == "sglang" or self._vllm_since(FULL_PROMPT_GATE_SINCE)
+        return self._vllm_since(FULL_PROMPT_GATE_SINCE)
 
     def _vllm_since(self, release: tuple[int, int, int]) -> bool:
         """Whether the run's release is `release` or later (no release stated: a recent one)."""
@@ -178,10 +178,13 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         ("max_model_len", args.max_model_len), ("gpu_memory_utilization", args.gpu_memory_utilization),
         ("enable_chunked_prefill", args.enable_chunked_prefill)) if v is not None}
     engine["weight_dtype"] = run.weight_dtype
-    engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt
+    if run.engine == "sglang":
+        engine["scheduler"] = "sglang"
+    else:
+        engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
-    if run.benchmark != "serve":  # the offline LLM class's larger budget, unless stated
+    if run.benchmark != "serve" and run.engine == "vllm":  # the offline LLM class's larger budget, unless stated
         tokens, seqs = vllm_batch_defaults(get_gpu(run.gpu), offline=True)
         engine.setdefault("max_num_batched_tokens", tokens)
         engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))

@@ -74,7 +74,7 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
 
 @pytest.mark.parametrize("edit,expected", [
     (lambda r: r["engine"].update(scheduler="fifo"),  # P/D pools' own schedulers are not offered
-     "engine: unknown scheduler 'fifo'; choose from orca, sarathi, seed_toy, static, vllm\n"),
+     "engine: unknown scheduler 'fifo'; choose from orca, sarathi, seed_toy, sglang, static, vllm\n"),
     (lambda r: r["engine"].update(queue_order="random"), "unknown queue order 'random'; choose from fcfs"),
     (lambda r: r.update(workload={"lengths": {"prompt": {"kind": "fixed", "value": 10},
                                               "output": {"kind": "fixed", "value": 10}},

@@ -46,7 +46,8 @@ def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
     assert s.hardware.profile == "my.yaml"
     default = scenario_for(run_of())
     assert default.engine.max_num_batched_tokens is None and default.engine.prefix_caching == "vllm"
-    assert scenario_for(run_of(engine="sglang")).engine.prefix_caching == "radix"
+    sglang = scenario_for(run_of(engine="sglang")).engine
+    assert (sglang.prefix_caching, sglang.scheduler) == ("radix", "sglang")
 
 
 @pytest.mark.parametrize("fields, message", [
@@ -203,10 +204,9 @@ def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engi
 @pytest.mark.parametrize("engine, version, stated, gated", [
     ("vllm", None, None, True), ("vllm", "0.19.0", None, True), ("vllm", "0.30.0", None, True),
     ("vllm", "0.11.0", None, False), ("vllm", "v0.11.0", None, False), ("vllm", "0.11.0", True, True),
-    ("vllm", "0.30.0", False, False),
-    ("sglang", "0.5.3.post3", None, True)])
+    ("vllm", "0.30.0", False, False)])
 def test_a_twin_admits_whole_prompts_only_where_that_release_did(engine, version, stated, gated):
-    """vLLM gates admission on the whole prompt (scheduler_reserve_full_isl) by default from 0.19; SGLang always."""
+    """vLLM gates admission on the whole prompt (scheduler_reserve_full_isl) by default from 0.19."""
     run = run_of(engine=engine, engine_version=version, engine_args={"scheduler_reserve_full_isl": stated})
     assert scenario_for(run).engine.scheduler_reserve_full_isl is gated
 

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from hardware.errors import SpecError
 from simulator.capacity import CapacityResult, Verdict
 from simulator.cli import app
-from simulator.launch import sglang_command, vllm_command
+from simulator.launch import launch_notes, sglang_command, vllm_command
 from simulator.plan import Candidate, Deployment, Evaluation, PlanResult, _next_cheaper, evaluate, plan
 from tests.simulator.study_helpers import SCENARIOS, chat
 
@@ -136,6 +136,13 @@ def test_launch_commands_follow_the_engine_knobs():
     assert "--disable-hybrid-kv-cache-manager" not in vllm
     whole = chat(engine={"disable_hybrid_kv_cache_manager": True})
     assert "--disable-hybrid-kv-cache-manager" in vllm_command(whole, 16384)
+    sg = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "queue_order": "lpm",
+                      "schedule_conservativeness": 0.5, "enable_mixed_chunk": True})
+    command = sglang_command(sg, 16384)
+    assert "--chunked-prefill-size 8192" in command and "--max-running-requests 4096" in command  # SGLang's own
+    assert "--schedule-policy lpm" in command and "--schedule-conservativeness 0.5" in command
+    assert "--enable-mixed-chunk" in command and "--max-prefill-tokens" not in command
+    assert any(note.startswith("simulated with SGLang's scheduler") for note in launch_notes(sg))
 
 
 def test_the_plan_section_supplies_the_choices():

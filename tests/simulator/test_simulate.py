@@ -36,6 +36,8 @@ def test_same_scenario_and_seed_give_identical_results():
                   "closed_loop": {"clients": 16, "think_time_s": {"kind": "uniform", "low": 0.0, "high": 0.5}}}},
     {"engine": {"max_model_len": 16384, "speculative": {  # speculative decoding, switched off above 8 running
         "method": "draft", "k": 4, "acceptance": 0.7, "draft_model": "llama-3.2-1b", "disable_above_batch": 8}}},
+    {"engine": {"scheduler": "sglang", "prefix_caching": "radix"}},
+    {"engine": {"scheduler": "sglang", "max_model_len": 16384, "num_gpu_blocks_override": 600}},  # retractions
     {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32, "speculative": {
         "method": "eagle", "k": 3, "acceptance": {"kind": "beta", "a": 6, "b": 4}}}},  # and preemptions
 ])
@@ -46,8 +48,9 @@ def test_fast_forward_gives_the_same_results_as_stepping(overrides):
     assert fast.summary["completed"] + fast.summary["rejected"] == len(fast.requests)
 
 
-def test_preemption_scenario_does_preempt():
-    result = run(scenario(engine={"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32}))
+@pytest.mark.parametrize("engine", [{"max_num_seqs": 32}, {"scheduler": "sglang"}])
+def test_preemption_scenario_does_preempt(engine):
+    result = run(scenario(engine={"max_model_len": 16384, "num_gpu_blocks_override": 600, **engine}))
     assert result.summary["preemptions"] > 0
     assert result.summary["completed"] == 300
 

@@ -1,0 +1,153 @@
+"""SGLang's prefill-first scheduler (policies/prefill_first.py) against hand-derived admissions, chunks and
+retractions, and invariants over random workloads."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hardware.gpu import get_gpu
+from policies.config import EngineConfig, sglang_batch_defaults
+from policies.prefill_first import default_max_running
+from tests.policies.helpers import drive, make_requests, make_scheduler
+from workloads.request import Request
+
+DECAY = (0.7 - 0.7 * 0.14) / 600
+
+
+def step(sched, now=0.0):
+    plan = sched.schedule(now)
+    sched.commit(plan, now + 1.0)
+    sched.kv.check_invariants()
+    return plan
+
+
+def scheduled(plan):
+    return [(r.id, n) for r, n in zip(plan.requests, plan.num_new)]
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_prefill_step_stalls_the_decodes_unless_mixed(mixed):
+    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1, enable_mixed_chunk=mixed)
+    r0, r1 = make_requests([10, 20], [5, 5])
+    sched.add(r0, 0.0)
+    assert scheduled(step(sched)) == [(0, 10)]
+    sched.add(r1, 1.0)
+    assert scheduled(step(sched)) == ([(1, 20), (0, 1)] if mixed else [(1, 20)])
+    assert scheduled(step(sched)) == [(0, 1), (1, 1)]
+
+
+def _running_with_reservation(output_1: int):
+    """r0 (100 prompt, 500 out) prefilled alone; r1 (300 prompt, `output_1` out) then waits. Pool 1000 tokens:
+    900 free, and r0's 499 outputs to go count 0.7 x 499 = 349.3, so r1 fits iff 300 + output_1 < 550.7."""
+    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1)
+    r0, r1 = Request(0, 0.0, 100, 500), Request(1, 0.0, 300, output_1)
+    sched.add(r0, 0.0)
+    step(sched)
+    sched.add(r1, 1.0)
+    return sched, r0, r1
+
+
+def test_admission_holds_back_the_running_requests_expected_outputs():
+    sched, _, _ = _running_with_reservation(250)  # 550 < 550.7
+    assert scheduled(step(sched)) == [(1, 300)]
+    sched, _, _ = _running_with_reservation(251)  # 551 >= 550.7: no room, the running request decodes
+    assert scheduled(step(sched)) == [(0, 1)]
+    assert sched.batch_is_full
+
+
+def test_a_full_batch_admits_nobody_until_a_request_finishes():
+    """Two decode steps later the decayed ratio would let r1 in (898 - 497 x (0.7 - 2 x decay) = 551.1 > 551),
+    but SGLang tries no admission while the batch is marked full: r1 waits for r0's last token."""
+    sched, r0, r1 = _running_with_reservation(251)
+    now = 1.0
+    while not r0.is_done:
+        assert r1 not in step(sched, now).requests
+        now += 1.0
+    assert sched.new_token_ratio == pytest.approx(0.7 - 499 * DECAY)
+    assert scheduled(step(sched, now)) == [(1, 300)]
+
+
+def test_a_long_prompt_is_chunked_and_the_last_chunk_shares_its_step():
+    """chunked_prefill_size 4096: 10000 tokens run as 4096 + 4096 + 1808, and the 1000-token prompt behind it
+    takes 1000 of the 2288 left in the last chunk's step."""
+    sched, _ = make_scheduler("sglang", num_blocks=2000, block_size=16, max_num_batched_tokens=4096)
+    r0, r1 = make_requests([10000, 1000], [2, 2])
+    sched.add(r0, 0.0)
+    sched.add(r1, 0.0)
+    assert [scheduled(step(sched)) for _ in range(4)] == [
+        [(0, 4096)], [(0, 4096)], [(0, 1808), (1, 1000)], [(0, 1), (1, 1)]]
+    assert r0.is_done and r1.is_done
+
+
+def test_decode_out_of_memory_retracts_the_fewest_outputs_longest_prompt_to_the_back():
+    """30 one-token pages, 29 held: r0 (10 prompt, 3 out), r1 (8, 1), r2 (9, 1) cannot each grow one. r2 has
+    the fewest outputs and, among those, the longest prompt: it is retracted, and queues behind r3, which
+    arrived after it. The ratio becomes (3 + 1 + 20 x 2) / (50 + 50 + 1)."""
+    sched, _ = make_scheduler("sglang", num_blocks=30, block_size=1)
+    r0, r1, r2 = Request(0, 0.0, 10, 50), Request(1, 0.0, 8, 50), Request(2, 0.0, 9, 50)
+    for req, computed, generated in ((r0, 12, 3), (r1, 8, 1), (r2, 9, 1)):
+        sched.kv.allocate(req, computed)
+        req.num_computed_tokens, req.num_generated = computed, generated
+        sched.running.append(req)
+    r3 = Request(3, 0.5, 5, 5)
+    sched.add(r3, 0.5)
+    plan = step(sched)
+    assert [r.id for r in plan.preempted] == [2] and scheduled(plan) == [(0, 1), (1, 1)]
+    assert sched.new_token_ratio == pytest.approx(44 / 101)
+    assert r2.num_computed_tokens == 0 and r2.num_generated == 1 and r2.num_preemptions == 1
+    assert [sched._waiting.pop().id for _ in range(2)] == [3, 2]
+
+
+def test_defaults_follow_sglang():
+    assert sglang_batch_defaults(get_gpu("h100-sxm"))[0] == 8192
+    assert sglang_batch_defaults(get_gpu("h200"))[0] == 8192  # 139.8 GiB < 160
+    assert sglang_batch_defaults(get_gpu("b200"))[0] == 16384
+    assert sglang_batch_defaults(get_gpu("a100-40gb-pcie"))[0] == 4096
+    assert sglang_batch_defaults(get_gpu("l4"))[0] == 2048
+    engine = EngineConfig(scheduler="sglang").with_vllm_defaults(get_gpu("h100-sxm"), 131072)
+    assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (8192, 4096)
+    assert default_max_running(400_000, 131072) == 2048  # 400000 / 131072 x 512 = 1562 slots, at least 2048
+    assert default_max_running(2_000_000, 8192) == 4096  # 125000 slots, at most 4096
+    assert default_max_running(3000, 8192) == 1500  # half the pool's tokens
+
+
+def test_sglang_refuses_swap_and_speculation():
+    with pytest.raises(ValueError, match="retracts"):
+        EngineConfig(scheduler="sglang", preemption_mode="swap")
+    with pytest.raises(ValueError, match="token-budget scheduler"):
+        EngineConfig(scheduler="sglang", speculative={"method": "ngram", "k": 3, "acceptance": 0.5})
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=12),
+    block_size=st.sampled_from([1, 4, 16]),
+    spare_blocks=st.integers(0, 20),
+    max_num_seqs=st.integers(1, 8),
+    budget=st.integers(16, 256),
+    chunked=st.booleans(),
+    mixed=st.booleans(),
+    caching=st.sampled_from(["none", "vllm", "radix"]),
+    conservativeness=st.sampled_from([0.3, 1.0, 2.0]),
+    decayed=st.booleans(),
+)
+def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_blocks, max_num_seqs, budget, chunked,
+                                                    mixed, caching, conservativeness, decayed):
+    """Shared leading segments (ids 0-2) give prefix hits; tiny pools, with the ratio decayed as after a long run
+    of decodes (`decayed`), force retractions."""
+    requests = [Request(i, 0.0, p, o, prompt_segments=((seg, min(p, 8)),) + (((-(i + 1), p - 8),) if p > 8 else ()))
+                if seg else Request(i, 0.0, p, o) for i, (p, o, seg) in enumerate(lengths)]
+    biggest = max(-(-(r.num_prompt_tokens + r.num_output_tokens - 1) // block_size) for r in requests)
+    budget = budget if chunked else max(budget, max(p + o for p, o, _ in lengths))
+    sched, log = make_scheduler("sglang", num_blocks=biggest + spare_blocks, block_size=block_size,
+                                max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
+                                enable_mixed_chunk=mixed, prefix_caching=caching,
+                                schedule_conservativeness=conservativeness)
+    if decayed:
+        sched.new_token_ratio = sched.min_ratio
+    steps = drive(sched, requests)  # checks invariants after every step and that every page came back
+    assert all(r.num_generated == r.num_output_tokens for r in requests)
+    assert all(r.first_token_s is not None and r.finish_s >= r.first_token_s for r in requests)
+    assert all(s.free_blocks >= 0 for s in steps)
+    assert len(log.itl_s) == sum(r.num_output_tokens - 1 for r in requests)
+    assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch
