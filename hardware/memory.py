@@ -81,9 +81,25 @@ class MemoryPlan:
         return asdict(self)
 
 
+#: vLLM's mxfp4 fused-MoE kernels on GPUs (triton_kernels on Hopper, Marlin elsewhere) store the experts with
+#: hidden_size padded to a multiple of 256: gpt-oss's 2880 becomes 3072 (+6.7%). vLLM logs 64.4 GiB of weights
+#: for gpt-oss-120b (issue #33155, triton kernels; 66.0 GiB with Marlin, #23278), against 60.8 unpadded.
+MXFP4_HIDDEN_ALIGN = 256
+
+
+def _stored_weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
+    """(bytes per dense weight, bytes of memory per routed-expert weight, padding included) as served."""
+    dtype = resolve_weight_dtype(model, weight_dtype)
+    wbytes, expert_wbytes = weight_bytes(model, dtype)
+    if dtype == "mxfp4":
+        h = model.hidden_size
+        expert_wbytes *= -(-h // MXFP4_HIDDEN_ALIGN) * MXFP4_HIDDEN_ALIGN / h
+    return wbytes, expert_wbytes
+
+
 def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) -> float:
-    """One whole layer's weights; under an expert-only dtype (mxfp4) only its experts are quantized."""
-    return _layer_bytes(model, layer, *weight_bytes(model, resolve_weight_dtype(model, weight_dtype)))
+    """One whole layer's weights; under an expert-only dtype (mxfp4) only its experts are quantized (and padded)."""
+    return _layer_bytes(model, layer, *_stored_weight_bytes(model, weight_dtype))
 
 
 def _layer_bytes(model: ModelSpec, layer: LayerSpec, wbytes: float, expert_wbytes: float) -> float:
@@ -95,7 +111,7 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings, LM head and a vision tower
     stay bf16 (the tower on the first stage).
     `auto`: the checkpoint's dtype."""
-    wbytes, expert_wbytes = weight_bytes(model, resolve_weight_dtype(model, weight_dtype))
+    wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
     stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
     layers = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage_layers)
     if par.dp_attention:  # every GPU keeps the whole attention: (tp - 1) more copies of it per group

@@ -51,13 +51,14 @@ def test_mxfp4_on_a_dense_model_is_refused_naming_the_allowed_dtypes():
         resolve_weight_dtype(get_model("llama-3.1-8b"), "mxfp4")
 
 
-def test_mxfp4_stores_experts_at_4_25_bits_and_everything_else_in_bf16():
+def test_mxfp4_stores_experts_at_4_25_bits_padded_and_everything_else_in_bf16():
+    """vLLM's mxfp4 MoE kernels pad the experts' hidden size to a multiple of 256: 64 takes 256's room."""
     model = model_from_config(tiny_moe(), "tiny")
     layer = model.layers[0]
     experts = 4 * 3 * 64 * 32  # 4 gated experts of width 32
     assert model.layer_expert_params(layer) == experts
     rest = model.layer_params(layer) - experts  # attention, norms, router
-    assert layer_weight_bytes(model, layer, "mxfp4") == pytest.approx(rest * 2 + experts * MXFP4_BYTES)
+    assert layer_weight_bytes(model, layer, "mxfp4") == pytest.approx(rest * 2 + experts * MXFP4_BYTES * 256 / 64)
     assert layer_weight_bytes(model, layer, "bf16") == 2 * model.layer_params(layer)
     # embeddings and the LM head stay bf16 whatever the layers use
     ends = 2 * (model.embedding_params + model.lm_head_params)
@@ -76,24 +77,29 @@ def test_mxfp4_moe_step_reads_expert_bytes_at_4_25_bits_and_attention_at_bf16():
     assert bf16.by_name("qkv_proj").bytes == mxfp4.by_name("qkv_proj").bytes
 
 
-def test_gpt_oss_weights_are_what_its_checkpoint_stores():
-    """gpt-oss-20b's safetensors index: total_size 13,761,264,768 bytes (experts MXFP4, the rest bf16)."""
+def test_gpt_oss_weights_are_what_its_checkpoint_stores_padded_as_vllm_loads_them():
+    """gpt-oss-20b's safetensors index: total_size 13,761,264,768 bytes (experts MXFP4, the rest bf16). vLLM pads the
+    experts' hidden size from 2880 to 3072: 24 layers x 32 experts x 3 x 2880 x 2880 weights at 4.25 bits take
+    3072 / 2880 - 1 = 6.7% more."""
     model = get_model("gpt-oss-20b")
-    assert weight_bytes_per_gpu(model, Parallelism(), "auto") == pytest.approx(13_761_264_768, rel=1e-6)
+    experts = 24 * 32 * 3 * 2880 * 2880 * MXFP4_BYTES
+    assert weight_bytes_per_gpu(model, Parallelism(), "auto") == pytest.approx(
+        13_761_264_768 + experts * (3072 / 2880 - 1), rel=1e-6)
 
 
-def test_gpt_oss_120b_serves_its_full_context_on_one_80_gb_gpu_only_in_mxfp4():
-    """OpenAI and vLLM's recipe: gpt-oss-120b runs on a single 80 GB GPU. 0.9 x 85.0 GB reported - 65.2 GB of
-    weights - activations and reserve leaves ~8 GB of KV: one 131,072-token request needs 4.8 GiB (its 18 full
-    layers whole, its 18 sliding layers 128 tokens plus a chunk)."""
+def test_gpt_oss_120b_serves_32k_contexts_on_one_80_gb_gpu_but_not_its_full_context():
+    """vLLM loads gpt-oss-120b's weights in 64.4 GiB (its log in issue #33155): 0.9 x 79.2 GiB - weights -
+    activations and reserve leaves 4.7 GiB of KV, and one 131,072-token request needs 4.8 GiB (its 18 full layers
+    whole, its 18 sliding layers 128 tokens plus a chunk). So vLLM refuses to start at the full context on one H100
+    (issue #27508: 'decrease the context'), and gpustack served it with --max-model-len 32768."""
     model, h100 = get_model("gpt-oss-120b"), get_gpu("h100-sxm")
-    plan = plan_memory(model, h100, Parallelism(), EngineMemoryConfig())
-    assert plan.weight_dtype == "mxfp4" and plan.weight_bytes / (1 << 30) == pytest.approx(60.8, abs=0.05)
-    assert plan.max_model_len == 131072 and plan.kv_windows == (None, 128)
-    assert plan.request_bytes_at_max_len / (1 << 30) == pytest.approx(4.8, abs=0.05)
-    assert 1.4 < plan.max_concurrency < 1.8
+    with pytest.raises(SpecError, match="needs 4.79 GiB of KV cache per GPU, more than the 4.72 GiB available"):
+        plan_memory(model, h100, Parallelism(), EngineMemoryConfig())
+    plan = plan_memory(model, h100, Parallelism(), EngineMemoryConfig(max_model_len=32768))
+    assert plan.weight_dtype == "mxfp4" and plan.weight_bytes / (1 << 30) == pytest.approx(64.5, abs=0.05)
+    assert plan.kv_windows == (None, 128) and 3.2 < plan.max_concurrency < 3.5
     with pytest.raises(SpecError, match="does not fit on h100-sxm"):
-        plan_memory(model, h100, Parallelism(), EngineMemoryConfig(weight_dtype="bf16"))
+        plan_memory(model, h100, Parallelism(), EngineMemoryConfig(weight_dtype="bf16", max_model_len=32768))
 
 
 def test_weight_only_8_bit_runs_bf16_gemms_and_w8a8_runs_int8_ones():
@@ -112,6 +118,6 @@ def test_an_mxfp4_target_keeps_a_dense_draft_in_its_own_checkpoint_dtype():
     from tests.simulator.conftest import run, scenario
     assert draft_weight_dtype(get_model("llama-3.2-1b"), "mxfp4") == "auto"
     assert draft_weight_dtype(get_model("llama-3.2-1b"), "fp8") == "fp8"
-    s = scenario(model="gpt-oss-120b", engine={"max_model_len": 16384, "weight_dtype": "mxfp4", "speculative": {
+    s = scenario(model="gpt-oss-120b", engine={"max_model_len": 8192, "weight_dtype": "mxfp4", "speculative": {
         "method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"}}, workload={"num_requests": 30})
     assert run(s).summary["completed"] == 30
