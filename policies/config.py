@@ -42,12 +42,16 @@ class EngineConfig(BaseModel):
     queue_order: str = Field("fcfs", description="Waiting-queue order: fcfs, priority, sjf (or pkg.mod:attr)")
     max_num_seqs: int | None = Field(None, ge=1, description=(
         "Max requests running at once (batch slots); default: vLLM's for the GPU (1024 on GPUs of >= 70 GiB "
-        "other than A100, else 256)"))
+        "other than A100, else 256); sglang: its max_running_requests (default 4096, capped by the KV pool)"))
     max_num_batched_tokens: int | None = Field(None, ge=1, description=(
         "Token budget of one step; default: vLLM's for the GPU (8192 on GPUs of >= 70 GiB other than A100, "
-        "else 2048; with chunked prefill off, at least max_model_len)"))
+        "else 2048; with chunked prefill off, at least max_model_len); sglang: its chunked_prefill_size "
+        "(default by GPU memory: 2048 below 35 GiB, 4096 below 60, 8192 below 160, else 16384)"))
     enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps within the budget")
     chunk_size: int = Field(512, ge=1, description="sarathi only: the fixed token budget of each step")
+    long_prefill_token_threshold: int = Field(0, ge=0, description=(
+        "vllm and sarathi, chunked prefill: a prefill takes at most this many tokens a step (vLLM's "
+        "--long-prefill-token-threshold; 0: no cap)"))
     block_size: int = Field(16, ge=1, description="Tokens per KV block")
     prefix_caching: Literal["none", "vllm", "radix"] = Field(
         "vllm", description="none; vllm (hash-chained full blocks, on by default in vLLM v1); radix (SGLang)")

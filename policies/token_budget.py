@@ -134,7 +134,7 @@ class TokenBudgetScheduler:
             req = running[i]
             pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
             want = pending + self.speculator.num_drafts(req) if drafting and pending == 1 and req.num_generated \
-                else pending
+                else self._capped(pending)
             n = want if want < step.budget else step.budget
             if n < pending and not self.chunked:
                 i += 1
@@ -148,6 +148,12 @@ class TokenBudgetScheduler:
                 i = self._cursor + 1
             else:  # req itself was preempted: vLLM schedules no running request after it this step
                 return
+
+    def _capped(self, pending: int) -> int:
+        """A long prefill's tokens this step: at most `long_prefill_token_threshold` (vLLM V1; 0: no cap) when
+        prompts are chunked, so several long prompts advance side by side instead of one taking the budget."""
+        limit = self.cfg.long_prefill_token_threshold
+        return limit if self.chunked and 0 < limit < pending else pending
 
     def _make_room(self, req: Request, n: int, step: PlanBuilder) -> bool:
         """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""
@@ -179,7 +185,7 @@ class TokenBudgetScheduler:
         while self._waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
             req = self._waiting.head()
             hit = self._computed_on_admission(req)
-            n = req.num_tokens - hit
+            n = self._capped(req.num_tokens - hit)
             if n > step.budget and not self.chunked:
                 return
             n = min(n, step.budget)

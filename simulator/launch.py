@@ -60,6 +60,8 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
               "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill"]
     if e.block_size != 16:
         parts.append(f"--block-size {e.block_size}")
+    if e.long_prefill_token_threshold:
+        parts.append(f"--long-prefill-token-threshold {e.long_prefill_token_threshold}")
     if e.kv_dtype == "fp8":
         parts.append("--kv-cache-dtype fp8")
     if _online_fp8(s):

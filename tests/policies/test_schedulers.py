@@ -54,6 +54,17 @@ def test_chunked_prefill_bounds_the_decode_stall():
     assert sum(prompt_chunks) == 8000
 
 
+def test_long_prefill_token_threshold_lets_long_prompts_advance_side_by_side():
+    """Threshold 1000, budget 8192: prompts of 3000 and 2500 each take 1000 a step (not 3000 + 2500 at once),
+    and the short one behind them its whole 300 in the first step."""
+    sched, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, long_prefill_token_threshold=1000)
+    steps = drive(sched, make_requests([3000, 2500, 300], [2, 2, 2]))
+    assert [s.num_new for s in steps] == [[1000, 1000, 300], [1000, 1000, 1], [1000, 500], [1, 1]]
+    unchunked, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, long_prefill_token_threshold=1000,
+                                  enable_chunked_prefill=False)  # the threshold caps chunks only
+    assert drive(unchunked, make_requests([3000], [2]))[0].num_new == [3000]
+
+
 def test_without_chunked_prefill_a_long_prompt_waits_for_the_budget():
     sched, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048,
                               enable_chunked_prefill=False)
@@ -112,9 +123,10 @@ def test_orca_reserves_the_whole_output_and_never_preempts():
     swap=st.booleans(),
     order=st.sampled_from(["fcfs", "sjf"]),
     gate=st.booleans(),
+    threshold=st.sampled_from([0, 8, 40]),
 )
 def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_size, spare_blocks, max_num_seqs,
-                                                     budget, chunked, swap, order, gate):
+                                                     budget, chunked, swap, order, gate, threshold):
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     biggest = max(max_blocks_of(r, block_size) for r in requests)
     if scheduler == "static":  # a padded batch of one must fit
@@ -126,7 +138,7 @@ def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_s
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                 enable_chunked_prefill=chunked, chunk_size=max(16, budget // 4),
                                 preemption_mode="swap" if swap else "recompute", host_blocks=8, queue_order=order,
-                                scheduler_reserve_full_isl=gate)
+                                scheduler_reserve_full_isl=gate, long_prefill_token_threshold=threshold)
     steps = drive(sched, requests)  # checks invariants after every step and that every block came back
     assert all(r.num_generated == r.num_output_tokens for r in requests)
     assert all(r.first_token_s is not None and r.finish_s >= r.first_token_s for r in requests)

@@ -134,8 +134,10 @@ def test_launch_commands_follow_the_engine_knobs():
     assert "--kv-cache-dtype fp8" in vllm and "--max-num-batched-tokens 16384" in vllm
     assert "--tp 4" in sglang and "--chunked-prefill-size -1" in sglang and "--kv-cache-dtype fp8_e4m3" in sglang
     assert "--disable-hybrid-kv-cache-manager" not in vllm
-    whole = chat(engine={"disable_hybrid_kv_cache_manager": True})
+    whole = chat(engine={"disable_hybrid_kv_cache_manager": True, "long_prefill_token_threshold": 2048})
     assert "--disable-hybrid-kv-cache-manager" in vllm_command(whole, 16384)
+    assert "--long-prefill-token-threshold 2048" in vllm_command(whole, 16384)
+    assert "--long-prefill-token-threshold" not in vllm
     sg = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "queue_order": "lpm",
                       "schedule_conservativeness": 0.5, "enable_mixed_chunk": True})
     command = sglang_command(sg, 16384)
