@@ -2,33 +2,37 @@
 
 Each step, as SGLang's `get_next_batch_to_run`:
 1. try a prefill batch: the request being prefilled in chunks continues first, then waiting requests in queue
-   order (fcfs keeps arrival order with retracted requests at the back; lpm re-sorts by cached prefix). A
-   request is admitted only if its uncached prompt plus its remaining output (clipped at 4096 tokens) fits in
-   the free and evictable KV, less what the running requests are expected to still need: their remaining
-   outputs (clipped) times `new_token_ratio`. One prefill batch takes at most `max_num_batched_tokens`
-   (SGLang's chunked_prefill_size; the first request that does not fit whole is cut to what is left and
-   prefilled in chunks) and `max_prefill_tokens` of prompt. Running requests do not decode in a prefill step
-   unless `enable_mixed_chunk`.
-2. otherwise decode every running request one token. If the pool cannot hold one more token each, requests are
-   retracted (fewest outputs first, then the longest prompt) until it can: their uncached KV is freed, and
-   they go to the back of the queue to be prefilled again, outputs so far included. `new_token_ratio` then
-   becomes (outputs so far + 20 per request) / max outputs of those left; otherwise it decays from 0.7 by
-   (0.7 - 0.098) / 600 per decode step to 0.098 (both times `schedule_conservativeness`), and is back at 0.7
-   when the engine idles.
+   order (fcfs keeps arrival order, a retracted request behind those waiting when it left; lpm re-sorts by
+   cached prefix). A request is admitted only if its uncached prompt plus its remaining output (clipped at
+   4096 tokens) fits in the free and evictable KV, less what the running requests are expected to still need:
+   their remaining outputs (clipped) times `new_token_ratio`. One prefill batch takes at most
+   `max_num_batched_tokens` (SGLang's chunked_prefill_size; the first request that does not fit whole is cut
+   to what is left and prefilled in chunks) and `max_prefill_tokens` of prompt. Running requests do not
+   decode in a prefill step unless `enable_mixed_chunk`.
+2. otherwise decode every running request one token. If the pool cannot hold one more token each, requests
+   are retracted (fewest outputs first, then the longest prompt) until it can or one is left (0.5's check;
+   0.4 freed room for 20 more steps): their uncached KV is freed, and they queue to be prefilled again,
+   outputs so far included. `new_token_ratio` then becomes (outputs so far + 20 per request) / max outputs of
+   those left; otherwise it decays from 0.7 by (0.7 - 0.098) / 600 per decode step to 0.098 (both times
+   `schedule_conservativeness`), and is back at 0.7 when the engine idles.
 
 A prefill that finds no memory marks the batch full (SGLang's `batch_is_full`): no admission is tried again
-until a running request finishes or is retracted. `max_new_tokens` is the request's own output length (the
-oracle length of an ignore-eos benchmark), and KV is counted in the KV manager's pages. Two departures keep
-the simulation from hanging where SGLang would: an idle engine admits its head request without the estimate
-(one whose prompt and output fill the pool would wait forever), and a prompt whose chunks stalled may be
-retracted like a running request.
+until the batch shrinks, in the decode step after a finish, at a retraction, or when it empties. The pool is
+read live while a batch forms, so a prefix hit's lock counts at once. `max_new_tokens` is the request's own
+output length (the oracle length of an ignore-eos benchmark; SGLang's separate ignore-eos admission, used when
+the radix cache is off, is not modelled), and KV is counted in the KV manager's pages (in a hybrid pool, blocks
+over its groups). Departures that keep the simulation from hanging where SGLang would: an idle engine admits
+its head request without the estimate (one whose prompt and output fill the pool would wait forever); a prompt
+whose chunks stalled, or a lone request, may be retracted (pipeline micro-batches share a pool, so the pages a
+request waits for may be a sibling's).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
-from policies.config import EngineConfig
+from policies.config import SGLANG_MAX_RUNNING, EngineConfig
 from policies.kv_blocks import BlockManager
 from policies.ordering import OrderKey
 from policies.registry import schedulers
@@ -51,7 +55,50 @@ def default_max_running(pool_tokens: int, context_len: int) -> int:
 
 
 def _remaining_output(req: Request) -> int:
+    """The output tokens SGLang expects `req` may still need (its max_new_tokens less its outputs, clipped)."""
     return min(max(req.num_output_tokens - req.num_generated, 0), CLIP_MAX_NEW_TOKENS)
+
+
+def kv_tokens(kv: BlockManager, blocks: int) -> int:
+    """Tokens `blocks` KV blocks hold for a request (a hybrid pool spends one block per KV cache group)."""
+    return blocks * kv.block_size // len(kv.windows)
+
+
+class _PrefillBudget:
+    """What one prefill batch may still take (SGLang's PrefillAdder). The pool is read live: an admission's
+    allocation, and the lock on its prefix hit, count at once (SGLang offsets the first and re-checks the second).
+    `reserved`: the running requests' expected outputs (x new_token_ratio) and the admitted ones' (whole)."""
+
+    def __init__(self, kv: BlockManager, reserved: float, mixed: int, max_prefill: int, chunk: int | None):
+        self.kv, self.page, self.mixed = kv, kv.block_size, mixed
+        self.reserved = reserved + mixed
+        self.input = max_prefill - mixed
+        self.chunk = None if chunk is None else chunk - mixed
+
+    @property
+    def total(self) -> float:
+        """SGLang's rem_total_tokens: free and evictable KV less what running and admitted requests will need."""
+        return kv_tokens(self.kv, self.kv.num_free_blocks) - self.reserved
+
+    @property
+    def exhausted(self) -> str | None:
+        """SGLang's budget_state: 'memory' (NO_TOKEN), 'batch' (OTHER) or None (room left)."""
+        if self.total <= 0 or kv_tokens(self.kv, self.kv.num_free_blocks) - self.mixed <= 0:
+            return "memory"
+        if self.input <= 0 or (self.chunk is not None and self.chunk <= 0):
+            return "batch"
+        return None
+
+    def paged(self, tokens: int) -> int:
+        return -(-tokens // self.page) * self.page
+
+    def take(self, tokens: int, outputs: int) -> None:
+        """A request's `tokens` of prompt join the batch, expecting `outputs` more (0 for a cut chunk)."""
+        tokens = self.paged(tokens)
+        self.reserved += outputs
+        self.input -= tokens
+        if self.chunk is not None:
+            self.chunk -= tokens
 
 
 @schedulers.register("sglang")
@@ -61,18 +108,30 @@ class PrefillFirstScheduler:
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         chunk, max_running = cfg.batch_limits()
-        context_len = cfg.max_model_len or kv.num_blocks * kv.block_size
-        self.max_running = min(max_running, default_max_running(kv.num_blocks * kv.block_size, context_len))
+        pool = kv_tokens(kv, kv.num_blocks)
+        # max_num_seqs left at SGLang's default (its slot pool's cap): the default's own limits apply
+        self.max_running = default_max_running(pool, cfg.max_model_len or pool) if max_running == SGLANG_MAX_RUNNING \
+            else max_running
         self.chunk_tokens = chunk if cfg.enable_chunked_prefill else None
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
-        self.new_token_ratio = self.init_ratio
+        self._ratio_from, self._decays = self.init_ratio, 0  # the ratio decays from `_ratio_from`, once a decode step
         self.running: list[Request] = []
         self.chunked: Request | None = None  # the request whose prompt is prefilled in chunks
         self.batch_is_full = False
+        self._shrunk = False  # a running request finished: the next decode step clears batch_is_full
         self._waiting = WaitingQueue(order, kv, lpm=cfg.queue_order == "lpm")
-        self._back = itertools.count()  # fcfs: retracted requests queue behind everyone
+        self._back = itertools.count()
+
+    @property
+    def new_token_ratio(self) -> float:
+        """One formula for stepped and fused decode steps alike, so both give the same float."""
+        return max(self._ratio_from - self._decays * self.ratio_decay, self.min_ratio)
+
+    @new_token_ratio.setter
+    def new_token_ratio(self, value: float) -> None:
+        self._ratio_from, self._decays = value, 0
 
     @property
     def num_waiting(self) -> int:
@@ -93,17 +152,18 @@ class PrefillFirstScheduler:
 
     def schedule(self, now: float) -> StepPlan:
         step = PlanBuilder(0)
-        decoders = list(self.running)
         if self._prefill(step):
-            if self.cfg.enable_mixed_chunk:
-                for req in decoders:
-                    if self._grow(req, step):
-                        step.add(req, 1)
+            self._mix_decodes(step)
             return step.plan()
-        if not self.running:
+        if self.running:
+            self._decode(step, now)
+        elif self.batch_is_full and self._waiting:  # the batch emptied: SGLang clears the flag and admits again
+            self.batch_is_full = False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
+            # it once more: the sibling's finish wakes this engine)
+            if self._prefill(step):
+                return step.plan()
+        if not step.tokens and not step.preempted:
             self.new_token_ratio = self.init_ratio  # idle
-            return step.plan()
-        self._decode(step)
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
@@ -113,10 +173,11 @@ class PrefillFirstScheduler:
         return finished
 
     def retire(self, req: Request, now: float) -> None:
-        """A request produced its last token: its KV joins the cache, its slot frees, admission may resume."""
+        """A request produced its last token: its KV joins the cache and its slot frees. SGLang notices at the next
+        decode step (filter_batch), which then clears batch_is_full."""
         release_finished(req, self.kv, now)
         self.running.remove(req)
-        self.batch_is_full = False
+        self._shrunk = True
 
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` decodes all of them and nothing could be admitted before a finish
@@ -125,122 +186,138 @@ class PrefillFirstScheduler:
             return None
         if plan.preempted or len(plan.requests) != len(self.running) or any(n != 1 for n in plan.num_new):
             return None
-        if any(r.num_generated == 0 for r in self.running):
+        if any(r.num_generated == 0 for r in self.running):  # a one-token prompt: a prefill, not a decode
             return None
         return self.running
 
     def fused_decode_steps(self, num_steps: int) -> None:
         """`num_steps` decode steps ran fused after a scheduled one: the ratio decays for each."""
-        self.new_token_ratio = max(self.new_token_ratio - num_steps * self.ratio_decay, self.min_ratio)
+        self._decays += num_steps
 
     # ---- prefill ------------------------------------------------------------------------------
     def _prefill(self, step: PlanBuilder) -> bool:
-        """Build a prefill batch into `step` (SGLang's PrefillAdder); whether it holds any request."""
+        """Build a prefill batch into `step` (SGLang's get_new_batch_prefill); whether it holds any request."""
         if self.chunked is None and (self.batch_is_full or not self._waiting):
             return False
         if self.chunked is None and len(self.running) >= self.max_running:
             self.batch_is_full = True
             return False
-        page = self.kv.block_size
-        available = self.kv.num_free_blocks * page
         mixed = len(self.running) if self.cfg.enable_mixed_chunk else 0
-        reserved = sum(_remaining_output(r) * self.new_token_ratio for r in self.running) + mixed
-        taken = mixed  # tokens this batch computes (SGLang's cur_rem_token_offset)
-        rem_input = self.cfg.max_prefill_tokens - mixed
-        rem_chunk = None if self.chunk_tokens is None else self.chunk_tokens - mixed
+        reserved = sum(_remaining_output(r) for r in self.running) * self.new_token_ratio
+        budget = _PrefillBudget(self.kv, reserved, mixed, self.cfg.max_prefill_tokens, self.chunk_tokens)
         if self.chunked is not None:
-            req = self.chunked
-            n = min(req.num_pending_tokens, rem_chunk if rem_chunk is not None else req.num_pending_tokens,
-                    int(available - reserved))
-            if n > 0 and self.kv.allocate(req, n) is not None:
-                step.add(req, n)
-                whole = n == req.num_pending_tokens
-                reserved += n + (_remaining_output(req) if whole else 0)
-                taken += n
-                rem_input -= n
-                rem_chunk = None if rem_chunk is None else rem_chunk - n
-                if whole:
-                    self.chunked = None
-                    req.phase = Phase.RUNNING
-                    self.running.append(req)
+            self._continue_chunk(step, budget)
         self._waiting.prepare()
         while self._waiting and self.chunked is None:
-            if available - reserved <= 0 or available - taken <= 0:
-                self.batch_is_full = True
-                break
-            if rem_input <= 0 or (rem_chunk is not None and rem_chunk <= 0):
-                break
             if len(self.running) >= self.max_running:
                 self.batch_is_full = True
                 break
-            req = self._waiting.head()
-            hit = self.kv.lookup(req)
-            extend = req.num_tokens - hit
-            idle = not self.running and not step.tokens  # else a request whose prompt + output fill the pool waits
-            if extend + _remaining_output(req) >= available - reserved and not idle:  # forever (SGLang's would)
-                self.batch_is_full = True
+            if not self._admit(step, budget):
                 break
-            if extend >= rem_input and step.tokens:
+            if budget.exhausted:
+                self.batch_is_full |= budget.exhausted == "memory"
                 break
-            whole = rem_chunk is None or extend <= rem_chunk
-            n = extend if whole else rem_chunk // page * page
-            if n <= 0:
-                break
-            req.num_computed_tokens = hit
-            if self.kv.allocate(req, n, admitting=True) is None:
-                req.num_computed_tokens = 0
-                self.batch_is_full = True
-                break
-            self._waiting.pop()
-            self.kv.cache_scheduled(req, hit + n)
-            if not req.num_preemptions:
-                req.num_cached_tokens = hit
-            step.add(req, n)
-            reserved += n + (_remaining_output(req) if whole else 0)
-            taken += n
-            rem_input -= n
-            rem_chunk = None if rem_chunk is None else rem_chunk - n
-            if whole:
-                req.phase = Phase.RUNNING
-                self.running.append(req)
-            else:
-                req.phase = Phase.RUNNING
-                self.chunked = req
         return bool(step.tokens)
 
+    def _continue_chunk(self, step: PlanBuilder, budget: _PrefillBudget) -> None:
+        """The prompt being prefilled in chunks takes what the batch allows first (SGLang's add_chunked_req)."""
+        req = self.chunked
+        limit = min(budget.chunk if budget.chunk is not None else req.num_pending_tokens, int(budget.total))
+        n = min(req.num_pending_tokens, limit)
+        if n <= 0 or self.kv.allocate(req, n) is None:
+            return  # no room for it now: decodes run, and their finishes make some
+        whole = n == req.num_pending_tokens
+        step.add(req, n)
+        budget.take(n, _remaining_output(req) if whole else 0)
+        if whole:
+            self.chunked = None
+            self.running.append(req)
+
+    def _admit(self, step: PlanBuilder, budget: _PrefillBudget) -> bool:
+        """Admit the head of the queue, whole or as a first chunk (SGLang's add_one_req); whether to go on."""
+        req = self._waiting.head()
+        hit = self.kv.lookup(req)
+        extend = req.num_tokens - hit
+        outputs = _remaining_output(req)
+        idle = not self.running and not step.tokens  # else a request whose prompt + output fill the pool waits
+        if extend + outputs >= budget.total and not idle:  # forever (SGLang's would)
+            self.batch_is_full = True
+            return False
+        if budget.paged(extend) >= budget.input and step.tokens:
+            return False
+        whole = budget.chunk is None or budget.paged(extend) <= budget.chunk
+        n = extend if whole else budget.chunk // budget.page * budget.page
+        if n <= 0:
+            return False
+        req.num_computed_tokens = hit
+        room = self.kv.allocate(req, n, admitting=True)
+        if room is not None and not idle and extend + outputs - n >= budget.total:
+            self.kv.free(req, keep_uncached=False)  # locking its hit left too little: SGLang's re-check after the lock
+            room = None
+        if room is None:
+            req.num_computed_tokens = 0
+            self.batch_is_full = True
+            return False
+        self._waiting.pop()
+        self.kv.cache_scheduled(req, hit + n)
+        if not req.num_preemptions:
+            req.num_cached_tokens = hit
+        req.phase = Phase.RUNNING
+        step.add(req, n)
+        budget.take(n, outputs if whole else 0)
+        if whole:
+            self.running.append(req)
+        else:
+            self.chunked = req
+        return True
+
+    def _mix_decodes(self, step: PlanBuilder) -> None:
+        """enable_mixed_chunk: the running requests decode in the prefill step too."""
+        if not self.cfg.enable_mixed_chunk:
+            return
+        admitted = set(step.tokens)
+        for req in self.running:
+            if req not in admitted and self._grow(req):
+                step.add(req, 1)
+
     # ---- decode -------------------------------------------------------------------------------
-    def _decode(self, step: PlanBuilder) -> None:
-        """One token for every running request, retracting some first if the pool cannot hold them."""
+    def _decode(self, step: PlanBuilder, now: float) -> None:
+        """One token for every running request, retracting some first if the pool cannot hold them (SGLang's
+        update_running_batch)."""
+        if self._shrunk:
+            self._shrunk, self.batch_is_full = False, False
         retracted = False
-        while len(self.running) + (self.chunked is not None) > 1 and \
-                sum(self.kv.blocks_needed(r, 1) for r in self.running) > self.kv.num_free_blocks:
-            self._retract(step)
+        while self.running and sum(self.kv.blocks_needed(r, 1) for r in self.running) > self.kv.num_free_blocks:
+            if len(self.running) + (self.chunked is not None) == 1 and retracted:
+                break
+            self._retract(step, now)
             retracted = True
         if retracted:
             generated = sum(r.num_generated for r in self.running)
             budget = sum(r.num_output_tokens for r in self.running) + 1
             self.new_token_ratio = min(1.0, (generated + RETRACT_DECODE_STEPS * len(self.running)) / budget)
+            self.batch_is_full = False
         else:
-            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+            self._decays += 1
         for req in self.running:
-            if self._grow(req, step):
+            if self._grow(req):
                 step.add(req, 1)
 
-    def _grow(self, req: Request, step: PlanBuilder) -> bool:
+    def _grow(self, req: Request) -> bool:
         """KV for one more token of `req` (a decode in a partly filled page needs none)."""
         if req.num_computed_tokens % self.kv.block_size:
             return True
         return self.kv.allocate(req, 1) is not None
 
-    def _retract(self, step: PlanBuilder) -> None:
+    def _retract(self, step: PlanBuilder, now: float) -> None:
         """Retract the running request with the fewest outputs (the longest prompt among equals; the last of
-        those in batch order): its uncached KV is freed and it queues behind everyone to be prefilled again.
-        A prompt whose chunks stalled (no memory left for the next) is a candidate too (SGLang retracts only
-        running requests): without it a lone decode could wait for the stalled chunk forever."""
-        key = lambda r: (r.num_generated, -r.num_prompt_tokens)  # noqa: E731
+        those in batch order): its uncached KV is freed and it queues behind those waiting now, to be prefilled
+        again with its outputs so far. A prompt whose chunks stalled is a candidate too, and so is a lone request
+        (SGLang retracts only running ones, and never the last): with pipeline micro-batches sharing the pool, the
+        pages it waits for may be a sibling's."""
         candidates = self.running + ([self.chunked] if self.chunked is not None else [])
-        fewest = min(map(key, candidates))
-        victim = [r for r in candidates if key(r) == fewest][-1]
+        fewest = min((r.num_generated, -r.num_prompt_tokens) for r in candidates)
+        victim = [r for r in candidates if (r.num_generated, -r.num_prompt_tokens) == fewest][-1]
         if victim is self.chunked:
             self.chunked = None
         else:
@@ -250,5 +327,6 @@ class PrefillFirstScheduler:
         self.kv.free(victim, keep_uncached=False)
         victim.num_computed_tokens = 0
         victim.phase = Phase.WAITING
-        self._waiting.push(victim, key=(float("inf"), next(self._back)) if self.cfg.queue_order == "fcfs" else None)
-        self.batch_is_full = False
+        # fcfs: behind everyone waiting now (SGLang appends to its list), ahead of later arrivals
+        back = (now, math.inf, next(self._back)) if self.cfg.queue_order == "fcfs" else None
+        self._waiting.push(victim, key=back)

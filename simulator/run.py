@@ -224,7 +224,7 @@ class World:
             kv = make_kv_manager(e.prefix_caching, num_pages, page_size, e.watermark, memory.kv_windows)
             engines = []
             for i, seqs in zip(range(first, first + pp), slots):
-                cfg = e if pp == 1 else e.model_copy(update={"max_num_seqs": seqs})
+                cfg = e.model_copy(update={"max_num_seqs": seqs, "max_model_len": memory.max_model_len})
                 scheduler = schedulers.get(e.scheduler)(kv, cfg, orderings.get(e.queue_order), self.tokens,
                                                         host_blocks // pp)  # the replica's swap space, shared
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run

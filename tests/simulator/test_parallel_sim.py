@@ -1,5 +1,7 @@
 """Parallelism in the simulator: pipeline micro-batches as engines over one KV pool; EP and DP attention end to end."""
 
+import pytest
+
 from simulator.run import World
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
@@ -36,11 +38,12 @@ def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
         result.memory.kv_cache_bytes / plain.memory.kv_cache_bytes)
 
 
-def test_a_request_that_needs_more_than_half_the_pool_still_runs_under_two_stages():
+@pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
+def test_a_request_that_needs_more_than_half_the_pool_still_runs_under_two_stages(scheduler):
     """300 blocks of 16 tokens: each 3,000 + 100-token request needs 194 of them, more than half the pool. Split
     per micro-batch, the pool would refuse them; shared, they run one after the other (each engine's finish
     wakes the other, whose request waited for the blocks)."""
-    s = scenario(parallelism={"pp": 2}, engine={"num_gpu_blocks_override": 300},
+    s = scenario(parallelism={"pp": 2}, engine={"num_gpu_blocks_override": 300, "scheduler": scheduler},
                  workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 3000},
                                                       "output": {"kind": "fixed", "value": 100}},
                            "arrivals": {"kind": "all_at_once"}, "num_requests": 4})
