@@ -193,8 +193,8 @@ class TokenBudgetScheduler:
             mark = bool(self.running)  # vLLM keeps the watermark free only while another request runs
             if self.reserve_output:
                 room = self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
-            elif self.chunked and self.cfg.scheduler_reserve_full_isl \
-                    and not self.kv.fits_whole(req, req.num_tokens, self.budget, mark):  # unchunked: whole anyway
+            elif self.chunked and self.cfg.scheduler_reserve_full_isl and not self.kv.fits_whole(
+                    req, req.num_tokens, self._capped(self.budget), mark):  # unchunked: whole anyway
                 room = None
             else:
                 room = self.kv.allocate(req, n, admitting=True, watermark=mark)
