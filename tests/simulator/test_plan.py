@@ -86,6 +86,17 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_seqs": [8]}, target_rate=TARGET)
 
 
+def test_the_engines_batching_is_a_knob_like_any_other():
+    """`--knob scheduler=vllm,sglang`: each engine's batching sized on the same traffic (parse_grid keeps the
+    names as text)."""
+    from simulator.sweep import parse_grid
+    assert parse_grid(["scheduler=vllm,sglang"]) == {"scheduler": ["vllm", "sglang"]}
+    sized = {name: evaluate(chat(), SCENARIOS, Candidate("h100-sxm", 1, (("scheduler", name),)), TARGET, 4, 0.05)
+             for name in ("vllm", "sglang")}
+    assert all(ev.rejection is None and ev.capacity.rate_per_s > 0 for ev in sized.values())
+    assert sized["sglang"].candidate.label == "h100-sxm tp=1 scheduler=sglang"
+
+
 def test_knobs_that_contradict_each_other_are_invalid():
     ev = evaluate(chat(), SCENARIOS, Candidate("h100-sxm", 1, (("max_num_seqs", 512), ("max_num_batched_tokens", 256))),
                   TARGET, 4, 0.05)
