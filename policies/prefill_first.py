@@ -19,9 +19,10 @@ Each step, as SGLang's `get_next_batch_to_run`:
 A prefill that finds no memory marks the batch full (SGLang's `batch_is_full`): no admission is tried again
 until the batch shrinks, in the decode step after a finish, at a retraction, or when it empties. The pool is
 read live while a batch forms, so a prefix hit's lock counts at once. `max_new_tokens` is the request's own
-output length (the oracle length of an ignore-eos benchmark; SGLang's separate ignore-eos admission, used when
-the radix cache is off, is not modelled), and KV is counted in the KV manager's pages (in a hybrid pool, blocks
-over its groups). Departures that keep the simulation from hanging where SGLang would: an idle engine admits
+output length (the oracle length of an ignore-eos benchmark), and KV is counted in the KV manager's pages (in a
+hybrid pool, blocks over its groups). With prefix caching off, SGLang admits such ignore-eos requests its own way
+(add_one_req_ignore_eos): the batch is played out to the end, every request to its full output, and must never
+run out; no new_token_ratio, no max_prefill_tokens. Departures that keep the simulation from hanging where SGLang would: an idle engine admits
 its head request without the estimate (one whose prompt and output fill the pool would wait forever); a prompt
 whose chunks stalled, or a lone request, may be retracted (pipeline micro-batches share a pool, so the pages a
 request waits for may be a sibling's).
@@ -45,6 +46,7 @@ INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO, times schedule_conser
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+IGNORE_EOS_RESERVE_TOKENS = 1  # schedule_policy.py: a token per request to spare when playing out ignore-eos batches
 
 
 def default_max_running(pool_tokens: int, context_len: int) -> int:
@@ -240,18 +242,25 @@ class PrefillFirstScheduler:
         extend = req.num_tokens - hit
         outputs = _remaining_output(req)
         idle = not self.running and not step.tokens  # else a request whose prompt + output fill the pool waits
-        if extend + outputs >= budget.total and not idle:  # forever (SGLang's would)
-            self.batch_is_full = True
-            return False
-        if budget.paged(extend) >= budget.input and step.tokens:
-            return False
-        whole = budget.chunk is None or budget.paged(extend) <= budget.chunk
-        n = extend if whole else budget.chunk // budget.page * budget.page
+        if self.cfg.prefix_caching == "none":  # forever (SGLang's would)
+            if not idle and not self._fits_to_the_end(req, extend, budget):
+                self.batch_is_full = True
+                return False
+            whole = budget.chunk is None or extend <= budget.chunk
+            n = extend if whole else budget.chunk
+        else:
+            if extend + outputs >= budget.total and not idle:
+                self.batch_is_full = True
+                return False
+            if budget.paged(extend) >= budget.input and step.tokens:
+                return False
+            whole = budget.chunk is None or budget.paged(extend) <= budget.chunk
+            n = extend if whole else budget.chunk // budget.page * budget.page
         if n <= 0:
             return False
         req.num_computed_tokens = hit
         room = self.kv.allocate(req, n, admitting=True)
-        if room is not None and not idle and extend + outputs - n >= budget.total:
+        if room is not None and hit and not idle and extend + outputs - n >= budget.total:
             self.kv.free(req, keep_uncached=False)  # locking its hit left too little: SGLang's re-check after the lock
             room = None
         if room is None:
@@ -269,6 +278,26 @@ class PrefillFirstScheduler:
             self.running.append(req)
         else:
             self.chunked = req
+        return True
+
+    def _fits_to_the_end(self, req: Request, extend: int, budget: _PrefillBudget) -> bool:
+        """SGLang's admission of an ignore-eos request without the radix cache (add_one_req_ignore_eos): every
+        request runs to its full output, so play the batch out, shortest remainder first, and require at every
+        finish that what is free, plus what earlier finishes gave back, holds the rest's growth (and a token
+        each to spare). Hybrid (sliding-window) pools skip that play-out, as SGLang does for SWA."""
+        current = kv_tokens(self.kv, self.kv.num_free_blocks) - budget.mixed  # SGLang's cur_rem_tokens
+        if budget.paged(extend) > min(current, budget.total):
+            return False
+        if len(self.kv.windows) > 1:
+            return True
+        states = sorted((r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
+                        for r in (*self.running, req) if r.num_output_tokens > r.num_generated)
+        free, freed = current - budget.paged(extend), 0
+        for i, (left, held) in enumerate(states):
+            waiting_out = len(states) - i
+            if free + freed - left * waiting_out <= IGNORE_EOS_RESERVE_TOKENS * waiting_out:
+                return False
+            freed += held
         return True
 
     def _mix_decodes(self, step: PlanBuilder) -> None:

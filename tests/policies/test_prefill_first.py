@@ -39,10 +39,10 @@ def test_a_prefill_step_stalls_the_decodes_unless_mixed(mixed):
     assert scheduled(step(sched)) == [(0, 1), (1, 1)]
 
 
-def _running_with_reservation(output_1: int):
+def _running_with_reservation(output_1: int, caching: str = "radix"):
     """r0 (100 prompt, 500 out) prefilled alone; r1 (300 prompt, `output_1` out) then waits. Pool 1000 tokens:
     900 free, and r0's 499 outputs to go count 0.7 x 499 = 349.3, so r1 fits iff 300 + output_1 < 550.7."""
-    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1)
+    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1, prefix_caching=caching)
     r0, r1 = Request(0, 0.0, 100, 500), Request(1, 0.0, 300, output_1)
     sched.add(r0, 0.0)
     step(sched)
@@ -56,6 +56,16 @@ def test_admission_holds_back_the_running_requests_expected_outputs():
     sched, _, _ = _running_with_reservation(251)  # 551 >= 550.7: no room, the running request decodes
     assert scheduled(step(sched)) == [(0, 1)]
     assert sched.batch_is_full
+
+
+def test_without_prefix_caching_an_ignore_eos_request_is_admitted_if_the_batch_plays_out():
+    """SGLang's add_one_req_ignore_eos: with r1 (300 prompt, O out) beside r0 (499 outputs to go), 600 tokens stay
+    free; r1 finishing first needs 600 - 2 x O > 2 (a token each to spare), then r0 has 600 + 300 freed - 499.
+    So O = 298 fits and 299 does not, where the ratio estimate already refused 251."""
+    sched, _, _ = _running_with_reservation(298, caching="none")
+    assert scheduled(step(sched)) == [(1, 300)]
+    sched, _, _ = _running_with_reservation(299, caching="none")
+    assert scheduled(step(sched)) == [(0, 1)] and sched.batch_is_full
 
 
 def test_a_full_batch_admits_nobody_until_a_request_finishes():
@@ -104,7 +114,7 @@ def test_decode_out_of_memory_retracts_the_fewest_outputs_longest_prompt_to_the_
 def test_after_a_finish_the_batch_decodes_once_more_before_admitting():
     """SGLang notices a finish in the next decode step (filter_batch), which clears batch_is_full; only the step
     after that tries the queue again."""
-    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1)
+    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1, prefix_caching="radix")
     r0, r1 = Request(0, 0.0, 100, 3), Request(1, 0.0, 100, 400)
     sched.add(r0, 0.0)
     sched.add(r1, 0.0)
@@ -118,7 +128,8 @@ def test_after_a_finish_the_batch_decodes_once_more_before_admitting():
 
 
 def test_a_prompt_cut_to_fit_the_chunk_ends_on_a_page_boundary():
-    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000)
+    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000,
+                              prefix_caching="radix")
     sched.add(Request(0, 0.0, 5000, 2), 0.0)
     assert scheduled(step(sched)) == [(0, 992)]  # 1000 // 16 x 16
 
@@ -126,12 +137,12 @@ def test_a_prompt_cut_to_fit_the_chunk_ends_on_a_page_boundary():
 def test_max_prefill_tokens_bounds_an_unchunked_batch_but_never_its_first_request():
     for limit, expected in ((16384, [(0, 10000)]), (30000, [(0, 10000), (1, 10000)])):
         sched, _ = make_scheduler("sglang", num_blocks=100_000, block_size=1, enable_chunked_prefill=False,
-                                  max_num_batched_tokens=30000, max_prefill_tokens=limit)
+                                  max_num_batched_tokens=30000, max_prefill_tokens=limit, prefix_caching="radix")
         for r in make_requests([10000, 10000], [2, 2]):
             sched.add(r, 0.0)
         assert scheduled(step(sched)) == expected
     sched, _ = make_scheduler("sglang", num_blocks=100_000, block_size=1, enable_chunked_prefill=False,
-                              max_prefill_tokens=100)
+                              max_prefill_tokens=100, prefix_caching="radix")
     sched.add(Request(0, 0.0, 10000, 2), 0.0)
     assert scheduled(step(sched)) == [(0, 10000)]  # over the limit, but first
 
