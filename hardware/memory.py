@@ -81,9 +81,11 @@ class MemoryPlan:
         return asdict(self)
 
 
-#: vLLM's mxfp4 fused-MoE kernels on GPUs (triton_kernels on Hopper, Marlin elsewhere) store the experts with
-#: hidden_size padded to a multiple of 256: gpt-oss's 2880 becomes 3072 (+6.7%). vLLM logs 64.4 GiB of weights
-#: for gpt-oss-120b (issue #33155, triton kernels; 66.0 GiB with Marlin, #23278), against 60.8 unpadded.
+#: vLLM's mxfp4 fused-MoE kernels store the experts padded: Marlin and TRT-LLM round hidden_size up to a multiple
+#: of 256 (gpt-oss's 2880 becomes 3072, +6.7%), and the Hopper triton path's swizzled layout lands on the same
+#: total. vLLM logs 64.4 GiB of weights for gpt-oss-120b (issue #33155, triton kernels; 66.0 GiB with Marlin,
+#: which also pads the intermediate size, #23278), against 60.8 unpadded. The per-TP intermediate padding
+#: (720 -> 768 at TP4) is not modelled.
 MXFP4_HIDDEN_ALIGN = 256
 
 

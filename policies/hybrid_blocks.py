@@ -27,6 +27,11 @@ from policies.token_ids import block_hashes
 from workloads.request import Request
 
 
+def _ids(hit: dict[int, list[int | None]]) -> list[int]:
+    """The block ids of a per-group prefix hit (skipped sliding blocks are None)."""
+    return [b for blocks in hit.values() for b in blocks if b is not None]
+
+
 class HybridBlockManager(BlockManager):
     """`prefix_caching: none` over KV cache groups (`windows`: one per group, None = full attention)."""
 
@@ -78,8 +83,10 @@ class HybridBlockManager(BlockManager):
                 required = min(required, cdiv(w - 1 + step_tokens, self.block_size) + 1)
             have = (len(groups[g]) if groups else 0) + len(hit.get(g, ()))
             need += max(required - max(have, self._start(w, computed)), 0)
-        hit_ids = [b for blocks in hit.values() for b in blocks if b is not None]
-        return need + self._evictable_among(hit_ids) + self.watermark_blocks * watermark <= self.num_free_blocks
+        return need + self._evictable_among(_ids(hit)) + self.watermark_blocks * watermark <= self.num_free_blocks
+
+    def evictable_hit(self, req: Request) -> int:
+        return self._evictable_among(_ids(self._hit_blocks(req)))
 
     def reserve(self, req: Request, num_tokens: int) -> list[int] | None:
         self._free_skipped(req, req.num_computed_tokens)
@@ -90,7 +97,7 @@ class HybridBlockManager(BlockManager):
         """Per group: cached `hit` blocks first (admission), then new blocks up to `total` tokens."""
         held = sum(b is not None for blocks in hit.values() for b in blocks)
         need = self._need(req, computed, total) - held
-        if need + reserve + self._evictable_among([b for blocks in hit.values() for b in blocks if b is not None]) \
+        if need + reserve + self._evictable_among(_ids(hit)) \
                 > self.num_free_blocks:
             return None
         groups = self._groups.setdefault(req.id, [[] for _ in self.windows])

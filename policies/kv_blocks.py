@@ -107,6 +107,11 @@ class BlockManager:
         need = max(blocks_for(num_tokens, self.block_size) - len(self.table(req)) - len(hit), 0)
         return need + self._evictable_among(hit) + self.watermark_blocks * watermark <= self.num_free_blocks
 
+    def evictable_hit(self, req: Request) -> int:
+        """Blocks of `req`'s prefix hit (the caller has set `req.num_computed_tokens` to it) that sit evictable in
+        the pool now: admitting it takes them out (SGLang counts its lock on the matched prefix before it admits)."""
+        return self._evictable_among(self._hit_blocks(req))
+
     def reserve(self, req: Request, num_tokens: int) -> list[int] | None:
         """Allocate blocks for `num_tokens` tokens at once (up-front reservation, as Orca/static batching do)."""
         need = blocks_for(num_tokens, self.block_size) - len(self._tables.get(req.id, ()))

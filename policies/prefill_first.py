@@ -115,6 +115,7 @@ class PrefillFirstScheduler:
         self.max_running = default_max_running(pool, cfg.max_model_len or pool) if max_running == SGLANG_MAX_RUNNING \
             else max_running
         self.chunk_tokens = chunk if cfg.enable_chunked_prefill else None
+        self._mixing = cfg.enable_mixed_chunk and cfg.enable_chunked_prefill
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
@@ -123,6 +124,7 @@ class PrefillFirstScheduler:
         self.chunked: Request | None = None  # the request whose prompt is prefilled in chunks
         self.batch_is_full = False
         self._shrunk = False  # a running request finished: the next decode step clears batch_is_full
+        self._prefilling = False  # whether the step being run prefills
         self._waiting = WaitingQueue(order, kv, lpm=cfg.queue_order == "lpm")
         self._back = itertools.count()
 
@@ -154,11 +156,14 @@ class PrefillFirstScheduler:
 
     def schedule(self, now: float) -> StepPlan:
         step = PlanBuilder(0)
-        if self._prefill(step):
+        self._prefilling = self._prefill(step)
+        if self._prefilling:
             self._mix_decodes(step)
             return step.plan()
         if self.running:
             self._decode(step, now)
+        elif self.chunked is not None:  # its next chunk found no room and nothing of ours runs to free some: the
+            self._retract(step, now)    # pages are a pipeline sibling's (World._pool); give ours back to it
         elif self.batch_is_full and self._waiting:  # the batch emptied: SGLang clears the flag and admits again
             self.batch_is_full = False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
             # it once more: the sibling's finish wakes this engine)
@@ -172,6 +177,8 @@ class PrefillFirstScheduler:
         finished = feed_plan(plan, self.log, self.kv, now)
         for req in finished:
             self.retire(req, now)
+        if finished and self._prefilling:  # SGLang filters a finished prefill batch before its next try
+            self._shrunk = self.batch_is_full = False
         return finished
 
     def retire(self, req: Request, now: float) -> None:
@@ -193,8 +200,11 @@ class PrefillFirstScheduler:
         return self.running
 
     def fused_decode_steps(self, num_steps: int) -> None:
-        """`num_steps` decode steps ran fused after a scheduled one: the ratio decays for each."""
+        """`num_steps` decode steps ran fused after a scheduled one: the ratio decays for each, and a finish
+        among them (never in the last) was noticed by the decode step after it."""
         self._decays += num_steps
+        if self._shrunk:
+            self._shrunk = self.batch_is_full = False
 
     # ---- prefill ------------------------------------------------------------------------------
     def _prefill(self, step: PlanBuilder) -> bool:
@@ -204,7 +214,7 @@ class PrefillFirstScheduler:
         if self.chunked is None and len(self.running) >= self.max_running:
             self.batch_is_full = True
             return False
-        mixed = len(self.running) if self.cfg.enable_mixed_chunk else 0
+        mixed = len(self.running) if self._mixing else 0
         reserved = sum(_remaining_output(r) for r in self.running) * self.new_token_ratio
         budget = _PrefillBudget(self.kv, reserved, mixed, self.cfg.max_prefill_tokens, self.chunk_tokens)
         if self.chunked is not None:
@@ -249,7 +259,8 @@ class PrefillFirstScheduler:
             whole = budget.chunk is None or extend <= budget.chunk
             n = extend if whole else budget.chunk
         else:
-            if extend + outputs >= budget.total and not idle:
+            locked = self._locked_by(req, hit) if hit and not idle else 0
+            if extend + outputs >= budget.total - locked and not idle:  # SGLang checks again once the hit is locked
                 self.batch_is_full = True
                 return False
             if budget.paged(extend) >= budget.input and step.tokens:
@@ -260,9 +271,6 @@ class PrefillFirstScheduler:
             return False
         req.num_computed_tokens = hit
         room = self.kv.allocate(req, n, admitting=True)
-        if room is not None and hit and not idle and extend + outputs - n >= budget.total:
-            self.kv.free(req, keep_uncached=False)  # locking its hit left too little: SGLang's re-check after the lock
-            room = None
         if room is None:
             req.num_computed_tokens = 0
             self.batch_is_full = True
@@ -279,6 +287,14 @@ class PrefillFirstScheduler:
         else:
             self.chunked = req
         return True
+
+    def _locked_by(self, req: Request, hit: int) -> int:
+        """Tokens of free-and-evictable KV that admitting `req` with its `hit` would lock (its matched prefix)."""
+        req.num_computed_tokens = hit
+        try:
+            return kv_tokens(self.kv, self.kv.evictable_hit(req))
+        finally:
+            req.num_computed_tokens = 0
 
     def _fits_to_the_end(self, req: Request, extend: int, budget: _PrefillBudget) -> bool:
         """SGLang's admission of an ignore-eos request without the radix cache (add_one_req_ignore_eos): every
@@ -301,8 +317,9 @@ class PrefillFirstScheduler:
         return True
 
     def _mix_decodes(self, step: PlanBuilder) -> None:
-        """enable_mixed_chunk: the running requests decode in the prefill step too."""
-        if not self.cfg.enable_mixed_chunk:
+        """enable_mixed_chunk (with chunked prefill on, as SGLang): the running requests decode in the prefill step
+        too."""
+        if not self._mixing:
             return
         admitted = set(step.tokens)
         for req in self.running:

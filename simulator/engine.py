@@ -80,6 +80,8 @@ class Replica:
     def _run(self):
         while True:
             plan = self.scheduler.schedule(self.env.now)
+            if plan.preempted and self.siblings:  # the blocks it gave back may admit a sibling's waiting request
+                self.wake_pool()
             if plan.is_empty:
                 if not plan.preempted:  # a step that only preempted is followed at once by one that admits
                     yield self.wake.wait()

@@ -160,6 +160,10 @@ class Scenario(BaseModel):
             raise ValueError("cluster.replicas: with disaggregation, set replicas per pool "
                              "(disaggregation.prefill.replicas, disaggregation.decode.replicas)")
         for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
+            scheduler = pool.engine.get("scheduler", self.engine.scheduler)
+            if scheduler != "vllm":
+                raise ValueError(f"engine.scheduler {scheduler!r}: prefill and decode pools run vLLM's P/D "
+                                 "schedulers (allowed with disaggregation: vllm)")
             routers.get(pool.router)
             if pool.gpu is not None:
                 get_gpu(pool.gpu, tuple(self.hardware.gpu_files)) if not self.hardware.gpu_files else None

@@ -180,16 +180,20 @@ def test_retraction_drops_what_the_radix_tree_had_not_cached():
     assert victim.num_generated > 1 and sched.kv.lookup(victim) == victim.num_prompt_tokens
 
 
-def test_pipeline_engines_sharing_a_pool_never_stall():
+@pytest.mark.parametrize("chunk, requests", [
+    (8192, ([Request(0, 0.0, 15, 3)], [Request(1, 0.0, 10, 2)])),  # the second waits for the first's pages
+    (8192, ([Request(0, 0.0, 5, 12)], [Request(1, 0.0, 5, 12)])),  # neither can finish beside the other
+    (4, ([Request(0, 0.0, 15, 2)], [Request(1, 0.0, 15, 2)])),  # both prompts stall halfway through their chunks
+])
+def test_pipeline_engines_sharing_a_pool_never_stall(chunk, requests):
     """Two micro-batch engines over one pool (simulator/run.py): an idle engine whose admission failed on its
-    sibling's pages must not mark itself full, and a lone request that cannot grow is retracted so the other
-    can finish."""
+    sibling's pages must not stay marked full, and a lone request (or a stalled prompt) that cannot grow is
+    retracted so the other can finish."""
     kv = kv_managers.get("none")(20, 1, 0.0)
     cfg = EngineConfig(scheduler="sglang", block_size=1, prefix_caching="none", max_num_seqs=8,
-                       max_num_batched_tokens=8192)
+                       max_num_batched_tokens=chunk)
     engines = [PrefillFirstScheduler(kv, cfg, by_arrival, TokenLog()) for _ in range(2)]
-    for requests in (([Request(0, 0.0, 15, 3)], [Request(1, 0.0, 10, 2)]),  # the second waits for the first's pages
-                     ([Request(0, 0.0, 5, 12)], [Request(1, 0.0, 5, 12)])):  # neither can finish beside the other
+    if True:
         now = 0.0
         for engine, reqs in zip(engines, requests):
             for r in reqs:
@@ -202,6 +206,19 @@ def test_pipeline_engines_sharing_a_pool_never_stall():
                 engine.commit(plan, now)
                 kv.check_invariants()
         assert kv.num_free_blocks == 20
+
+
+def test_a_finish_in_a_prefill_step_lets_the_next_step_admit():
+    """SGLang filters a finished prefill batch before its next try, so a one-token request that ends in its
+    prefill clears batch_is_full at once (a decode-step finish clears it one decode later)."""
+    sched, _ = make_scheduler("sglang", num_blocks=2000, block_size=1, prefix_caching="radix")
+    short, long = Request(0, 0.0, 100, 1), Request(1, 0.0, 100, 900)
+    sched.add(short, 0.0)
+    sched.add(long, 0.0)
+    sched.add(Request(2, 0.0, 100, 800), 0.0)  # 900 >= 1800 free - 901 reserved in the same batch: refused
+    assert scheduled(step(sched)) == [(0, 100), (1, 100)] and short.is_done
+    assert not sched.batch_is_full  # 900 < 1900 - 0.7 x 899 now
+    assert scheduled(step(sched)) == [(2, 100)]
 
 
 def test_fused_decode_steps_decay_the_ratio_to_the_same_float_as_stepping():

@@ -88,6 +88,10 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
      "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (fields here: allow_long_max_model_len,"),
     (lambda r: r["hardware"].update(gpu="h300"), "hardware.gpu: unknown GPU 'h300'"),
     (lambda r: r["hardware"].update(gpu="h100sxm"), "unknown GPU 'h100sxm'; did you mean 'h100-sxm'?"),
+    (lambda r: r.update(engine={**r["engine"], "scheduler": "sglang"}, disaggregation={
+        "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "transfer": {"link": "ib-ndr-400"}}),
+     "engine.scheduler 'sglang': prefill and decode pools run vLLM's P/D schedulers (allowed with "
+     "disaggregation: vllm)"),
 ])
 def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, expected):
     result, out = _bad(tmp_path, edit)

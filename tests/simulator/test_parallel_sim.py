@@ -86,3 +86,15 @@ def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
     result = run(s)
     first, second = sorted(result.requests["kv_transfer_s"])
     assert second > 1.5 * first
+
+
+def test_sglangs_slot_cap_is_no_batch_the_memory_plan_profiles():
+    """SGLang's max_running_requests cap (4096) is not a batch vLLM's profile would sample: the pool stays what
+    vLLM's 1024 default slots leave on an H100. Under pipeline parallelism its pool-based default is what the
+    micro-batch engines split: 2,000 blocks hold 32,000 tokens, 1,000 slots by SGLang's formula, so at least its
+    2048, half each (not half of 4096)."""
+    vllm, sglang = (World(scenario(engine={"scheduler": name}), SCENARIOS) for name in ("vllm", "sglang"))
+    assert sglang.pools[0].num_blocks == vllm.pools[0].num_blocks
+    staged = World(scenario(engine={"scheduler": "sglang", "num_gpu_blocks_override": 2000}, parallelism={"pp": 2}),
+                   SCENARIOS)
+    assert [r.scheduler.max_running for r in staged.replicas] == [1024, 1024]

@@ -129,3 +129,15 @@ def test_every_request_finishes_or_is_rejected(seed, rate, blocks, max_num_seqs,
     done = df[finished]
     assert (done["output_tokens"] == done["requested_output_tokens"]).all()  # no token lost or duplicated
     assert (df.loc[~finished, "reject_reason"].str.len() > 0).all()
+
+
+def test_sglang_fast_forward_notices_a_finish_inside_a_stretch(tmp_path):
+    """A finish inside a fused stretch clears SGLang's batch_is_full one decode later, still inside it: the
+    arrival after the stretch is admitted exactly when stepping would admit it."""
+    from simulator.run import simulate
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,20\n0.0,481,577\n0.5,100,10\n")
+    runs = [simulate(scenario(engine={"scheduler": "sglang", "max_model_len": 1536, "num_gpu_blocks_override": 100},
+                              workload={"trace": {"format": "servesim", "path": "trace.csv"},
+                                        "arrivals": {"kind": "trace"}, "num_requests": 3},
+                              simulation={"fast_forward": fast}), tmp_path) for fast in (True, False)]
+    assert_same_run(*runs)
