@@ -104,18 +104,20 @@ def test_goodput_counts_requests_within_slos():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 10_000), rate=st.floats(1, 200), blocks=st.integers(40, 400),
        max_num_seqs=st.integers(1, 64), budget=st.sampled_from([256, 2048, 8192]),
-       scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static"]),
+       scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static", "sglang"]),
        preemption=st.sampled_from(["recompute", "swap"]), chunked=st.booleans(),
-       caching=st.sampled_from(["none", "vllm", "radix"]), lpm=st.booleans())
+       caching=st.sampled_from(["none", "vllm", "radix"]), lpm=st.booleans(), pp=st.sampled_from([1, 1, 2]))
 def test_every_request_finishes_or_is_rejected(seed, rate, blocks, max_num_seqs, budget, scheduler, preemption,
-                                               chunked, caching, lpm):
+                                               chunked, caching, lpm, pp):
     if scheduler in ("orca", "static"):
         caching = "none"  # they allocate contiguously and share nothing
+    if scheduler == "sglang":
+        preemption = "recompute"  # SGLang retracts
     s = scenario(seed=seed, engine={
         "prefix_caching": caching, "queue_order": "lpm" if lpm and caching != "none" else "fcfs",
         "scheduler": scheduler, "max_model_len": 4096, "num_gpu_blocks_override": blocks, "max_num_seqs": max_num_seqs,
         "max_num_batched_tokens": max(budget, max_num_seqs) if chunked else 4096, "enable_chunked_prefill": chunked,
-        "preemption_mode": preemption, "chunk_size": 256},
+        "preemption_mode": preemption, "chunk_size": 256}, parallelism={"pp": pp},
         workload={"lengths": {"prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
                               "output": {"kind": "lognormal", "median": 60, "sigma": 1.0}},
                   "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0}, "num_requests": 60, "trace": None})
