@@ -50,6 +50,8 @@ class EngineMemoryConfig:
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
     allow_long_max_model_len: bool = False  # vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN
     disable_hybrid_kv_cache_manager: bool = False  # vLLM's flag: one group, sliding layers kept whole
+    # SGLang: gpu_memory_utilization is mem_fraction_static, weights + KV only; activations live in the rest
+    activations_outside: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,7 +177,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     usable = cfg.gpu_memory_utilization * gpu.reported_memory_bytes
     weight_dtype = resolve_weight_dtype(model, cfg.weight_dtype)
     weights = weight_bytes_per_gpu(model, par, weight_dtype)
-    act = activation_bytes(model, par, cfg)
+    act = 0.0 if cfg.activations_outside else activation_bytes(model, par, cfg)
     kv_cache = usable - weights - act - cfg.runtime_reserve_bytes
     if kv_cache <= 0:
         raise SpecError(

@@ -22,6 +22,26 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 
 
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def sglang_mem_fraction_static(gpu: GpuSpec, prefill_tokens: int, tp: int = 1, pp: int = 1,
+                               dp_attention: bool = False) -> float:
+    """SGLang's default mem_fraction_static (server_args._handle_gpu_memory_settings, 0.5.x): the share of the
+    device for weights and the KV pool, the rest (MiB) reserved for activations of a `prefill_tokens` batch
+    (chunked_prefill_size, or max_prefill_tokens unchunked), CUDA graphs up to its cuda_graph_max_bs and large
+    parallel sizes: 512 + 1.5 x max(prefill_tokens, 2048) + 2 x max_bs + tp x pp / 8 x 1024 (+ DP attention's
+    padding), at least 10 GiB above 60 GiB."""
+    mib = gpu.reported_memory_bytes / (1 << 20)
+    small, large = next((s, l) for limit, s, l in ((20, 8, 8), (35, 24, 80), (60, 32, 160), (160, 256, 512),
+                                                   (float("inf"), 512, 512)) if mib < limit * 1024)
+    max_bs = small if tp < 4 else large
+    reserved = 512 + 1.5 * max(prefill_tokens, 2048) + 2 * max_bs + tp * pp / 8 * 1024
+    if dp_attention:
+        reserved += max_bs * tp * 3 + (max_bs * tp * 1.5 if max_bs > 300 else 0)
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
 
 
 def sglang_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
@@ -56,7 +76,9 @@ class EngineConfig(BaseModel):
     prefix_caching: Literal["none", "vllm", "radix"] = Field(
         "vllm", description="none; vllm (hash-chained full blocks, on by default in vLLM v1); radix (SGLang)")
     radix_page_size: int = Field(1, ge=1, description="radix only: tokens per KV page (SGLang's page_size)")
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1, description="Fraction of GPU memory vLLM may use")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description=(
+        "Fraction of GPU memory the engine may use; default: vLLM's 0.9. sglang: SGLang's mem_fraction_static, the "
+        "share for weights and KV only (activations and CUDA graphs live in the rest); default: SGLang's formula"))
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output; default: the model's limit")
     allow_long_max_model_len: bool = Field(False, description=(
         "Allow max_model_len beyond the model's max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)"))
@@ -86,10 +108,12 @@ class EngineConfig(BaseModel):
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
-    def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int) -> EngineConfig:
-        """This config with unset batch limits filled as `vllm serve` fills them (EngineArgs.get_batch_defaults);
-        unset slots are capped at the step's token budget. The sglang scheduler takes SGLang's defaults instead:
-        max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its max_running_requests."""
+    def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int, tp: int = 1, pp: int = 1,
+                           dp_attention: bool = False) -> EngineConfig:
+        """This config with unset batch limits and memory share filled as `vllm serve` fills them
+        (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
+        takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
+        max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -98,12 +122,17 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it the same way)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
+        if self.gpu_memory_utilization is None:
+            chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)
+            prefill = chunk if self.enable_chunked_prefill else self.max_prefill_tokens
+            update["gpu_memory_utilization"] = sglang_mem_fraction_static(gpu, prefill, tp, pp, dp_attention) \
+                if sglang else VLLM_GPU_MEMORY_UTILIZATION
         if not update:
             return self
         try:
             return EngineConfig.model_validate({**self.model_dump(), **update})
         except ValidationError as err:
-            filled = ", ".join(f"{k}={v}" for k, v in update.items())
+            filled = ", ".join(f"{k}={v}" for k, v in update.items() if k != "gpu_memory_utilization")
             raise SpecError(f"engine: with vLLM's default {filled} for this GPU: {err.errors()[0]['msg']}") from None
 
     def batch_limits(self) -> tuple[int, int]:

@@ -21,7 +21,7 @@ from hardware.profile import load_profile
 from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
-from policies.config import SGLANG_MAX_RUNNING, EngineConfig, vllm_batch_defaults
+from policies.config import SGLANG_MAX_RUNNING, EngineConfig
 from policies.hybrid_blocks import make_kv_manager
 from policies.prefill_first import default_max_running
 from policies.spec_cost import draft_time, with_draft_memory
@@ -52,14 +52,12 @@ class RunResult:
 def _memory_plan(s: Scenario) -> MemoryPlan:
     e = s.with_engine_defaults().engine
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-    # vLLM's plan for every scheduler; its sampler profile samples max_num_seqs rows, so SGLang's slot cap (4096,
-    # not a batch it profiles) takes vLLM's default slots instead
-    seqs = min(e.max_num_seqs, vllm_batch_defaults(gpu)[1]) if e.scheduler == "sglang" else e.max_num_seqs
     cfg = EngineMemoryConfig(gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
                              max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
-                             max_num_seqs=seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
+                             max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
                              allow_long_max_model_len=e.allow_long_max_model_len,
-                             disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager)
+                             disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
+                             activations_outside=e.scheduler == "sglang")
     par, model = s.parallelism.spec(), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
     return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)

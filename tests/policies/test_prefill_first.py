@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hardware.gpu import get_gpu
-from policies.config import EngineConfig, sglang_batch_defaults
+from policies.config import EngineConfig, sglang_batch_defaults, sglang_mem_fraction_static
 from policies.catalog import kv_managers
 from policies.ordering import by_arrival
 from policies.prefill_first import PrefillFirstScheduler, default_max_running
@@ -242,6 +242,13 @@ def test_defaults_follow_sglang():
     assert sglang_batch_defaults(get_gpu("l4"))[0] == 2048
     engine = EngineConfig(scheduler="sglang").with_vllm_defaults(get_gpu("h100-sxm"), 131072)
     assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (8192, 4096)
+    # mem_fraction_static: H200 at TP8 reserves 512 + 1.5 x 8192 + 2 x 512 + 8/8 x 1024 = 14,848 of 143,156 MiB;
+    # an L4 (22 GiB) 512 + 1.5 x 2048 + 2 x 24 + 1/8 x 1024 = 3,760 of 22,518; past 60 GiB at least 10 GiB
+    assert sglang_mem_fraction_static(get_gpu("h200"), 8192, tp=8) == 0.896
+    assert sglang_mem_fraction_static(get_gpu("l4"), 2048) == 0.833
+    assert sglang_mem_fraction_static(get_gpu("h100-sxm"), 2048) == round((81089.875 - 10240) / 81089.875, 3)
+    assert EngineConfig(scheduler="sglang", gpu_memory_utilization=0.7).with_vllm_defaults(
+        get_gpu("h100-sxm"), 4096).gpu_memory_utilization == 0.7  # stated: kept
     assert default_max_running(400_000, 131072) == 2048  # 400000 / 131072 x 512 = 1562 slots, at least 2048
     assert default_max_running(2_000_000, 8192) == 4096  # 125000 slots, at most 4096
     assert default_max_running(3000, 8192) == 1500  # half the pool's tokens

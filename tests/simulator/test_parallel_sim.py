@@ -88,13 +88,17 @@ def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
     assert second > 1.5 * first
 
 
-def test_sglangs_slot_cap_is_no_batch_the_memory_plan_profiles():
-    """SGLang's max_running_requests cap (4096) is not a batch vLLM's profile would sample: the pool stays what
-    vLLM's 1024 default slots leave on an H100. Under pipeline parallelism its pool-based default is what the
-    micro-batch engines split: 2,000 blocks hold 32,000 tokens, 1,000 slots by SGLang's formula, so at least its
-    2048, half each (not half of 4096)."""
+def test_sglang_plans_memory_by_its_mem_fraction_static():
+    """SGLang's default mem_fraction_static on an H100 (81,090 MiB) at TP1: 512 + 1.5 x 8192 + 2 x 256 (CUDA graphs
+    up to batch 256) + 1/8 x 1024 = 13,440 MiB reserved, so 0.834 of the device holds weights and KV, activations
+    outside it: (0.834 x 85.03e9 - 16.06e9 of weights - 1 GiB) / 2 MiB blocks = 25,644 blocks, where vLLM's 0.9,
+    less its profiled activations, leaves 27,419. Under pipeline parallelism SGLang's pool-based max_running
+    default is what the micro-batch engines split: 2,000 blocks hold 32,000 tokens, 1,000 slots by its formula, so
+    at least its 2048, half each (not half of 4096)."""
     vllm, sglang = (World(scenario(engine={"scheduler": name}), SCENARIOS) for name in ("vllm", "sglang"))
-    assert sglang.pools[0].num_blocks == vllm.pools[0].num_blocks
+    assert sglang.scenario.engine.gpu_memory_utilization == 0.834 and vllm.scenario.engine.gpu_memory_utilization == 0.9
+    assert (sglang.pools[0].num_blocks, vllm.pools[0].num_blocks) == (25644, 27419)
+    assert sglang.pools[0].memory.activation_bytes == 0
     staged = World(scenario(engine={"scheduler": "sglang", "num_gpu_blocks_override": 2000}, parallelism={"pp": 2}),
                    SCENARIOS)
     assert [r.scheduler.max_running for r in staged.replicas] == [1024, 1024]
