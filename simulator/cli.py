@@ -134,7 +134,10 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
 @app.command()
 @clean_errors
 def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: int = 1,
-           gpu_memory_utilization: float = 0.9, kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
+           engine: str = typer.Option("vllm", help="vllm, or sglang: its mem_fraction_static split and defaults"),
+           gpu_memory_utilization: float | None = typer.Option(None, help=(
+               "Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")),
+           kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
            max_model_len: int | None = None, block_size: int = 16,
            max_num_batched_tokens: int | None = typer.Option(None, help="Default: vLLM's for the GPU"),
            max_num_seqs: int | None = typer.Option(None, help="Default: vLLM's for the GPU"),
@@ -142,22 +145,27 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
            disable_hybrid_kv_cache_manager: bool = typer.Option(
                False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
-    """Plan GPU memory like vLLM at start-up: weights, activations, KV blocks, max concurrency."""
+    """Plan GPU memory like vLLM (or SGLang) at start-up: weights, activations, KV blocks, max concurrency."""
+    if engine not in ("vllm", "sglang"):
+        raise SpecError(f"--engine: unknown engine {engine!r}; choose from vllm, sglang")
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
-    batch = EngineConfig(max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs).with_vllm_defaults(
-        gpu_spec, max_model_len or spec.max_position_embeddings)
-    cfg = EngineMemoryConfig(gpu_memory_utilization=gpu_memory_utilization, block_size=block_size,
+    batch = EngineConfig(scheduler=engine, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                         gpu_memory_utilization=gpu_memory_utilization).with_vllm_defaults(
+        gpu_spec, max_model_len or spec.max_position_embeddings, tp, pp)
+    cfg = EngineMemoryConfig(gpu_memory_utilization=batch.gpu_memory_utilization, block_size=block_size,
                              max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
                              max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
-                             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager)
+                             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+                             activations_outside=engine == "sglang")
     plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:
         print_json(plan.as_dict())
         return
     gb = lambda b: f"{b / 1e9:.2f} GB ({b / (1 << 30):.2f} GiB)"  # noqa: E731
-    print_table(f"{model} on {gpu} (tp={tp}, pp={pp}), per GPU", ["quantity", "value"], [
-        ["usable", gb(plan.usable_bytes)], [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
-        ["activation peak", gb(plan.activation_bytes)], ["runtime reserve", gb(plan.reserve_bytes)],
+    print_table(f"{model} on {gpu} (tp={tp}, pp={pp}, {engine}), per GPU", ["quantity", "value"], [
+        [f"usable ({batch.gpu_memory_utilization} of the device)", gb(plan.usable_bytes)], [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
+        ["activation peak", gb(plan.activation_bytes) if engine == "vllm" else "outside the share (SGLang)"],
+        ["runtime reserve", gb(plan.reserve_bytes)],
         ["KV cache", gb(plan.kv_cache_bytes)], ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
         ["KV cache groups", _groups_text(plan.kv_windows)],
         ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens of one group"],

@@ -28,6 +28,16 @@ def test_memory_tp_and_fp8_options():
     assert data["kv_bytes_per_token"] == 2 * 80 * 2 * 128 * 1  # 8 KV heads / 4 ranks, fp8
 
 
+def test_memory_plans_sglangs_split_on_request():
+    """--engine sglang: 0.834 of an H100 (SGLang's mem_fraction_static at TP1) for weights and KV, no activation
+    profile inside it; the same pool the simulator gives a scenario run with scheduler sglang (25,644 blocks)."""
+    data = json.loads(run("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "sglang", "--json").stdout)
+    assert data["activation_bytes"] == 0 and data["num_blocks"] == 25644
+    assert data["usable_bytes"] == 0.834 * data["capacity_bytes"]
+    result = run("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "trt")
+    assert result.exit_code == 2 and "unknown engine 'trt'; choose from vllm, sglang" in result.output
+
+
 def test_roofline_json_and_html(tmp_path):
     html = tmp_path / "roof.html"
     result = run("roofline", "llama-3.1-8b", "--gpu", "h200", "--batch", "256", "--context", "1024", "--json",
