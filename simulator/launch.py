@@ -80,8 +80,10 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     if par.pp > 1:
         parts.append(f"--pp-size {par.pp}")
     parts += [f"--max-running-requests {e.max_num_seqs}",
-              f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}",
-              f"--mem-fraction-static {e.gpu_memory_utilization}", f"--context-length {max_model_len}"]
+              f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}"]
+    if e.scheduler == "sglang":  # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
+        parts.append(f"--mem-fraction-static {e.gpu_memory_utilization}")
+    parts.append(f"--context-length {max_model_len}")
     if e.kv_dtype == "fp8":
         parts.append("--kv-cache-dtype fp8_e4m3")
     if _online_fp8(s):

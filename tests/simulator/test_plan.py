@@ -67,7 +67,7 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
         "--gpu-memory-utilization 0.9 --max-model-len 16384 --enable-chunked-prefill")
     assert data["commands"]["sglang"] == (
         "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1 --max-running-requests 1024 "
-        "--chunked-prefill-size 8192 --mem-fraction-static 0.9 --context-length 16384")
+        "--chunked-prefill-size 8192 --context-length 16384")  # SGLang's own memory split, not vLLM's 0.9
     assert data["commands"]["replicas"] == 2
 
 
@@ -153,6 +153,7 @@ def test_launch_commands_follow_the_engine_knobs():
                       "schedule_conservativeness": 0.5, "enable_mixed_chunk": True})
     command = sglang_command(sg, 16384)
     assert "--chunked-prefill-size 8192" in command and "--max-running-requests 4096" in command  # SGLang's own
+    assert "--mem-fraction-static 0.834" in command
     assert "--schedule-policy lpm" in command and "--schedule-conservativeness 0.5" in command
     assert "--enable-mixed-chunk" in command and "--max-prefill-tokens" not in command
     assert any(note.startswith("simulated with SGLang's scheduler") for note in launch_notes(sg))
