@@ -180,12 +180,12 @@ def test_retraction_drops_what_the_radix_tree_had_not_cached():
     assert victim.num_generated > 1 and sched.kv.lookup(victim) == victim.num_prompt_tokens
 
 
-@pytest.mark.parametrize("chunk, requests", [
-    (8192, ([Request(0, 0.0, 15, 3)], [Request(1, 0.0, 10, 2)])),  # the second waits for the first's pages
-    (8192, ([Request(0, 0.0, 5, 12)], [Request(1, 0.0, 5, 12)])),  # neither can finish beside the other
-    (4, ([Request(0, 0.0, 15, 2)], [Request(1, 0.0, 15, 2)])),  # both prompts stall halfway through their chunks
+@pytest.mark.parametrize("chunk, lengths", [
+    (8192, ((15, 3), (10, 2))),  # the second waits for the first's pages
+    (8192, ((5, 12), (5, 12))),  # neither can finish beside the other
+    (4, ((15, 2), (15, 2))),  # both prompts stall halfway through their chunks
 ])
-def test_pipeline_engines_sharing_a_pool_never_stall(chunk, requests):
+def test_pipeline_engines_sharing_a_pool_never_stall(chunk, lengths):
     """Two micro-batch engines over one pool (simulator/run.py): an idle engine whose admission failed on its
     sibling's pages must not stay marked full, and a lone request (or a stalled prompt) that cannot grow is
     retracted so the other can finish."""
@@ -193,19 +193,18 @@ def test_pipeline_engines_sharing_a_pool_never_stall(chunk, requests):
     cfg = EngineConfig(scheduler="sglang", block_size=1, prefix_caching="none", max_num_seqs=8,
                        max_num_batched_tokens=chunk)
     engines = [PrefillFirstScheduler(kv, cfg, by_arrival, TokenLog()) for _ in range(2)]
-    if True:
-        now = 0.0
-        for engine, reqs in zip(engines, requests):
-            for r in reqs:
-                engine.add(r, now)
-        while not all(r.is_done for reqs in requests for r in reqs):
-            assert now < 500, "stalled"
-            for engine in engines:
-                plan = engine.schedule(now)
-                now += 1.0
-                engine.commit(plan, now)
-                kv.check_invariants()
-        assert kv.num_free_blocks == 20
+    requests = make_requests(*zip(*lengths))
+    for engine, req in zip(engines, requests):
+        engine.add(req, 0.0)
+    now = 0.0
+    while not all(r.is_done for r in requests):
+        assert now < 500, "stalled"
+        for engine in engines:
+            plan = engine.schedule(now)
+            now += 1.0
+            engine.commit(plan, now)
+            kv.check_invariants()
+    assert kv.num_free_blocks == 20
 
 
 def test_a_finish_in_a_prefill_step_lets_the_next_step_admit():
