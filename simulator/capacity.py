@@ -5,6 +5,9 @@ A rate *passes* when, over all requests of the run:
 - at least `slo.goodput_fraction` of all requests (rejected ones included) meet every limit (if given);
 - the queue is stable (see `queue_growth`).
 
+A passing rate whose run's arrivals span under a minute gets a note (`CapacityResult.short_run`): too short a
+run to show a queue that grows slowly.
+
 The rate varied is `workload.arrivals.rate_per_s`: a Poisson/gamma/constant process's rate, or a trace
 rescaled to that mean rate. The search assumes that load only hurts: a rate that fails means every
 higher rate fails (early stopping) and a rate that passes means every lower one passes. It brackets
@@ -13,6 +16,7 @@ the answer by doubling or halving from the scenario's own rate, then bisects the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +36,8 @@ from workloads.arrivals import mean_rate_per_s
 # stops (stop.max_sim_time_s) also make it unstable: the backlog did not drain.
 UNSTABLE_TTFT_GROWTH = 2.0
 UNSTABLE_MIN_GROWTH_S = 0.25
+# A run whose arrivals span less than this cannot show a backlog that grows slowly: its verdict gets a note.
+SHORT_RUN_S = 60.0
 
 REASONS = ("TTFT SLO", "TPOT SLO", "E2E SLO", "goodput", "unstable queue", "rejected")
 _LIMITS = (("ttft", "ttft_ms", "TTFT SLO"), ("tpot", "tpot_ms", "TPOT SLO"), ("e2el", "e2el_ms", "E2E SLO"))
@@ -74,9 +80,20 @@ class CapacityResult:
         """The lowest failing rate's verdict: what stops the rate from going higher."""
         return next((v for v in self.verdicts if not v.ok), None)
 
+    @property
+    def short_run(self) -> str | None:
+        """A caution when the passing run's arrivals span under SHORT_RUN_S: a slowly growing queue may not
+        have shown (the unstable-queue check compares the first and last third), so the rate may be high."""
+        best = self.best
+        span = best.metrics.get("arrival_span_s", math.inf) if best else math.inf
+        if span >= SHORT_RUN_S:
+            return None
+        return (f"at {best.rate_per_s:.3g} req/s the run's arrivals span only {span:.0f} s, too short for a slowly "
+                "growing queue to show: more requests (workload.num_requests) give a firmer answer")
+
     def as_dict(self) -> dict:
         return {"max_rate_per_s": self.rate_per_s, "num_simulations": self.num_simulations,
-                "points": [v.as_dict() for v in self.verdicts]}
+                "short_run": self.short_run, "points": [v.as_dict() for v in self.verdicts]}
 
 
 def queue_growth(requests: pd.DataFrame) -> tuple[float, float]:
@@ -110,6 +127,9 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         details.append(f"{share:.1%} of requests meet every SLO < {slo.goodput_fraction:.1%}")
     first_s, last_s = queue_growth(requests)
     unfinished = int((requests["finish_s"].isna() & requests["reject_reason"].isna()).sum())
+    arrivals = requests["arrival_s"].to_numpy(dtype=float)
+    arrivals = arrivals[np.isfinite(arrivals)]
+    metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
     metrics |= {"ttft_first_third_ms": first_s * 1e3, "ttft_last_third_ms": last_s * 1e3,
                 "output_throughput": s["output_throughput"],
                 "output_tokens_per_request": s["total_output_tokens"] / s["completed"] if s["completed"] else 0.0}

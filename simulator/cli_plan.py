@@ -78,6 +78,8 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
                  for v in result.verdicts])
     rate = f"{result.rate_per_s:.3f} req/s" if result.rate_per_s else "none (no rate tried passes)"
     console.print(f"max sustainable rate {rate} ({result.num_simulations} simulations)")
+    if result.short_run:
+        console.print(f"[yellow]note:[/] {result.short_run}")
 
 
 @app.command()
@@ -131,6 +133,8 @@ def _print_plan(result) -> None:
                   f"${rec.cost_per_million_output_tokens_usd:.3f} per million output tokens")
     if rec.thin_margin:
         console.print(f"[yellow]note:[/] {rec.thin_margin}")
+    if rec.evaluation.capacity is not None and rec.evaluation.capacity.short_run:
+        console.print(f"[yellow]note:[/] sizing {rec.evaluation.candidate.label}: {rec.evaluation.capacity.short_run}")
     if nxt is not None:
         console.print(f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
                       f"{'; '.join(nxt.verdict.details)}")

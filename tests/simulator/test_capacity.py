@@ -7,7 +7,8 @@ import pandas as pd
 import pytest
 
 from hardware.errors import SpecError
-from simulator.capacity import at_rate, check_rate, judge, max_sustainable_rate, offered_rate, queue_growth
+from simulator.capacity import (CapacityResult, Verdict, at_rate, check_rate, judge, max_sustainable_rate, offered_rate,
+                                queue_growth)
 from simulator.run import simulate
 from simulator.scenario import SloConfig
 from tests.simulator.study_helpers import SCENARIOS, chat
@@ -129,3 +130,15 @@ def test_rejected_requests_fail_the_slos_and_end_the_search_at_once():
     capacity = max_sustainable_rate(s, SCENARIOS)
     assert capacity.rate_per_s == 0.0 and capacity.num_simulations == 1
     assert "rejected" in capacity.limit.reasons
+
+
+def test_a_pass_on_a_run_shorter_than_a_minute_of_arrivals_comes_with_a_note():
+    """400 requests at 30 req/s arrive within ~13 s: too short for a slowly growing queue to show, so a pass
+    there carries a caution; one whose arrivals span 100 s does not, and neither does a failure."""
+    short = check_rate(chat(workload={"num_requests": 400}), SCENARIOS, 30.0)
+    span = short.metrics["arrival_span_s"]
+    assert short.ok and 10 < span < 15
+    assert f"span only {span:.0f} s" in CapacityResult(30.0, 1, [short]).short_run
+    long = Verdict(20.0, (), (), {"arrival_span_s": 100.0})
+    assert CapacityResult(20.0, 1, [long]).short_run is None
+    assert CapacityResult(0.0, 1, [Verdict(5.0, ("TTFT SLO",), ("slow",), {"arrival_span_s": 3.0})]).short_run is None
