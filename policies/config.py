@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -25,6 +26,18 @@ SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 
 
+# SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
+# cuda_graph_max_bs at tp < 4, at tp >= 4)
+_SGLANG_GPU_TIERS = ((20, 2048, 8, 8), (35, 2048, 24, 80), (60, 4096, 32, 160), (160, 8192, 256, 512),
+                     (math.inf, 16384, 512, 512))
+
+
+def _sglang_tier(gpu: GpuSpec) -> tuple[float, int, int, int]:
+    """(device memory in MiB, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)."""
+    mib = gpu.reported_memory_bytes / (1 << 20)
+    return mib, *next(tier[1:] for tier in _SGLANG_GPU_TIERS if mib < tier[0] * 1024)
+
+
 def sglang_mem_fraction_static(gpu: GpuSpec, prefill_tokens: int, tp: int = 1, pp: int = 1,
                                dp_attention: bool = False) -> float:
     """SGLang's default mem_fraction_static (server_args._handle_gpu_memory_settings, 0.5.x): the share of the
@@ -32,9 +45,7 @@ def sglang_mem_fraction_static(gpu: GpuSpec, prefill_tokens: int, tp: int = 1, p
     (chunked_prefill_size, or max_prefill_tokens unchunked), CUDA graphs up to its cuda_graph_max_bs and large
     parallel sizes: 512 + 1.5 x max(prefill_tokens, 2048) + 2 x max_bs + tp x pp / 8 x 1024 (+ DP attention's
     padding), at least 10 GiB above 60 GiB."""
-    mib = gpu.reported_memory_bytes / (1 << 20)
-    small, large = next((s, l) for limit, s, l in ((20, 8, 8), (35, 24, 80), (60, 32, 160), (160, 256, 512),
-                                                   (float("inf"), 512, 512)) if mib < limit * 1024)
+    mib, _, small, large = _sglang_tier(gpu)
     max_bs = small if tp < 4 else large
     reserved = 512 + 1.5 * max(prefill_tokens, 2048) + 2 * max_bs + tp * pp / 8 * 1024
     if dp_attention:
@@ -46,11 +57,9 @@ def sglang_mem_fraction_static(gpu: GpuSpec, prefill_tokens: int, tp: int = 1, p
 
 def sglang_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     """(chunked_prefill_size, max_running_requests cap) SGLang picks (server_args, 0.5.x): the chunk by the
-    device's memory in MiB (< 35 GiB 2048, < 60 GiB 4096, < 160 GiB 8192, else 16384); running requests are
-    further capped by the KV pool when the scheduler starts (policies/prefill_first.py)."""
-    mib = gpu.reported_memory_bytes / (1 << 20)
-    chunk = 2048 if mib < 35 * 1024 else 4096 if mib < 60 * 1024 else 8192 if mib < 160 * 1024 else 16384
-    return chunk, SGLANG_MAX_RUNNING
+    device's memory (< 35 GiB 2048, < 60 GiB 4096, < 160 GiB 8192, else 16384); running requests are further
+    capped by the KV pool when the scheduler starts (policies/prefill_first.py)."""
+    return _sglang_tier(gpu)[1], SGLANG_MAX_RUNNING
 
 
 class EngineConfig(BaseModel):
@@ -120,7 +129,7 @@ class EngineConfig(BaseModel):
             tokens = max(tokens, max_model_len)
         update = {k: v for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
                   if getattr(self, k) is None}
-        if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it the same way)
+        if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
         if self.gpu_memory_utilization is None:
             chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)

@@ -22,10 +22,10 @@ read live while a batch forms, so a prefix hit's lock counts at once. `max_new_t
 output length (the oracle length of an ignore-eos benchmark), and KV is counted in the KV manager's pages (in a
 hybrid pool, blocks over its groups). With prefix caching off, SGLang admits such ignore-eos requests its own way
 (add_one_req_ignore_eos): the batch is played out to the end, every request to its full output, and must never
-run out; no new_token_ratio, no max_prefill_tokens. Departures that keep the simulation from hanging where SGLang would: an idle engine admits
-its head request without the estimate (one whose prompt and output fill the pool would wait forever); a prompt
-whose chunks stalled, or a lone request, may be retracted (pipeline micro-batches share a pool, so the pages a
-request waits for may be a sibling's).
+run out; no new_token_ratio, no max_prefill_tokens. Departures that keep the simulation from hanging where
+SGLang would: an idle engine admits its head request without the estimate (one whose prompt and output fill the
+pool would wait forever); a prompt whose chunks stalled, or a lone request, may be retracted (pipeline
+micro-batches share a pool, so the pages a request waits for may be a sibling's).
 """
 
 from __future__ import annotations
@@ -56,6 +56,15 @@ def default_max_running(pool_tokens: int, context_len: int) -> int:
     return max(1, min(pool_tokens // 2, slots))
 
 
+def max_running_requests(cfg: EngineConfig, kv: BlockManager) -> int:
+    """`cfg.max_num_seqs`, or, left at SGLang's default (its slot pool's cap), that default's own limits over `kv`'s
+    pool (`default_max_running`; the context length is `cfg.max_model_len`)."""
+    if cfg.max_num_seqs != SGLANG_MAX_RUNNING:
+        return cfg.max_num_seqs
+    pool = kv_tokens(kv, kv.num_blocks)
+    return default_max_running(pool, cfg.max_model_len or pool)
+
+
 def _remaining_output(req: Request) -> int:
     """The output tokens SGLang expects `req` may still need (its max_new_tokens less its outputs, clipped)."""
     return min(max(req.num_output_tokens - req.num_generated, 0), CLIP_MAX_NEW_TOKENS)
@@ -83,9 +92,14 @@ class _PrefillBudget:
         return kv_tokens(self.kv, self.kv.num_free_blocks) - self.reserved
 
     @property
+    def current(self) -> int:
+        """SGLang's cur_rem_tokens: free and evictable KV less this batch's decodes (its prompts are allocated)."""
+        return kv_tokens(self.kv, self.kv.num_free_blocks) - self.mixed
+
+    @property
     def exhausted(self) -> str | None:
         """SGLang's budget_state: 'memory' (NO_TOKEN), 'batch' (OTHER) or None (room left)."""
-        if self.total <= 0 or kv_tokens(self.kv, self.kv.num_free_blocks) - self.mixed <= 0:
+        if self.total <= 0 or self.current <= 0:
             return "memory"
         if self.input <= 0 or (self.chunk is not None and self.chunk <= 0):
             return "batch"
@@ -109,11 +123,8 @@ class PrefillFirstScheduler:
 
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
-        chunk, max_running = cfg.batch_limits()
-        pool = kv_tokens(kv, kv.num_blocks)
-        # max_num_seqs left at SGLang's default (its slot pool's cap): the default's own limits apply
-        self.max_running = default_max_running(pool, cfg.max_model_len or pool) if max_running == SGLANG_MAX_RUNNING \
-            else max_running
+        chunk, _ = cfg.batch_limits()
+        self.max_running = max_running_requests(cfg, kv)
         self.chunk_tokens = chunk if cfg.enable_chunked_prefill else None
         self._mixing = cfg.enable_mixed_chunk and cfg.enable_chunked_prefill
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0)
@@ -226,8 +237,9 @@ class PrefillFirstScheduler:
                 break
             if not self._admit(step, budget):
                 break
-            if budget.exhausted:
-                self.batch_is_full |= budget.exhausted == "memory"
+            exhausted = budget.exhausted
+            if exhausted:
+                self.batch_is_full |= exhausted == "memory"
                 break
         return bool(step.tokens)
 
@@ -301,7 +313,7 @@ class PrefillFirstScheduler:
         request runs to its full output, so play the batch out, shortest remainder first, and require at every
         finish that what is free, plus what earlier finishes gave back, holds the rest's growth (and a token
         each to spare). Hybrid (sliding-window) pools skip that play-out, as SGLang does for SWA."""
-        current = kv_tokens(self.kv, self.kv.num_free_blocks) - budget.mixed  # SGLang's cur_rem_tokens
+        current = budget.current
         if budget.paged(extend) > min(current, budget.total):
             return False
         if len(self.kv.windows) > 1:

@@ -163,7 +163,8 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
         return
     gb = lambda b: f"{b / 1e9:.2f} GB ({b / (1 << 30):.2f} GiB)"  # noqa: E731
     print_table(f"{model} on {gpu} (tp={tp}, pp={pp}, {engine}), per GPU", ["quantity", "value"], [
-        [f"usable ({batch.gpu_memory_utilization} of the device)", gb(plan.usable_bytes)], [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
+        [f"usable ({batch.gpu_memory_utilization} of the device)", gb(plan.usable_bytes)],
+        [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
         ["activation peak", gb(plan.activation_bytes) if engine == "vllm" else "outside the share (SGLang)"],
         ["runtime reserve", gb(plan.reserve_bytes)],
         ["KV cache", gb(plan.kv_cache_bytes)], ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
@@ -242,12 +243,15 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     console.print(f"{spec.name}: {deployment_label(spec)}", soft_wrap=True)
     print_table("summary", ["metric", "value"], rows)
     console.print(f"results in {folder}/")
+
+
 def deployment_label(spec: Any) -> str:
     """What serves the scenario, in one line: replicas x GPUs, the P/D pools, or the stages of a pipeline
     (whose TTFT and TPOT are the last stage's tokens)."""
     if spec.stages:
-        stages = " -> ".join(f"{st.name} ({st.model or spec.model}, {st.replicas} x {st.tp} {st.gpu or spec.hardware.gpu})"
-                             for st in spec.stages)
+        stages = " -> ".join(
+            f"{st.name} ({st.model or spec.model}, {st.replicas} x {st.tp} {st.gpu or spec.hardware.gpu})"
+            for st in spec.stages)
         return f"stages {stages}; latencies are the last stage's tokens"
     if spec.disaggregation is not None:
         pools = (f"{name} {pool.replicas} x {pool.tp * pool.pp} {pool.gpu or spec.hardware.gpu}"

@@ -21,9 +21,9 @@ from hardware.profile import load_profile
 from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
-from policies.config import SGLANG_MAX_RUNNING, EngineConfig
+from policies.config import EngineConfig
 from policies.hybrid_blocks import make_kv_manager
-from policies.prefill_first import default_max_running
+from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
 from policies.spec_decode import Speculator
 from policies.step import StepPlan, TokenLog
@@ -220,16 +220,16 @@ class World:
         # and blocks its queue's head on its own requests only. Shared blocks change under a fused stretch:
         # pp > 1 steps one by one.
         pp = s.parallelism.pp
-        seqs = e.max_num_seqs
-        if e.scheduler == "sglang" and seqs == SGLANG_MAX_RUNNING:  # SGLang's default, resolved before it is split
-            seqs = default_max_running(num_pages * page_size // len(memory.kv_windows), memory.max_model_len)
-        slots = [max(1, seqs // pp + (v < seqs % pp)) for v in range(pp)]  # sum: max_num_seqs
+        e = e.model_copy(update={"max_model_len": memory.max_model_len})
         pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
         for first in range(first_index, first_index + count * pp, pp):
             kv = make_kv_manager(e.prefix_caching, num_pages, page_size, e.watermark, memory.kv_windows)
+            # SGLang's default max_running_requests depends on the pool: resolved before it is split
+            seqs = max_running_requests(e, kv) if e.scheduler == "sglang" else e.max_num_seqs
+            slots = [max(1, seqs // pp + (v < seqs % pp)) for v in range(pp)]  # sum: max_num_seqs
             engines = []
-            for i, seqs in zip(range(first, first + pp), slots):
-                cfg = e.model_copy(update={"max_num_seqs": seqs, "max_model_len": memory.max_model_len})
+            for i, engine_seqs in zip(range(first, first + pp), slots):
+                cfg = e.model_copy(update={"max_num_seqs": engine_seqs})
                 scheduler = schedulers.get(e.scheduler)(kv, cfg, orderings.get(e.queue_order), self.tokens,
                                                         host_blocks // pp)  # the replica's swap space, shared
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run

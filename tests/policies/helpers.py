@@ -53,3 +53,11 @@ def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float
         sched.kv.check_invariants()
     assert sched.kv.num_free_blocks == sched.kv.num_blocks, "blocks still held after every request finished"
     return records
+
+
+def assert_every_token_served(requests: list[Request], log: TokenLog) -> None:
+    """Every request generated all its outputs, its first token no later than its finish, and the log holds one
+    inter-token gap per token after each first."""
+    assert all(r.num_generated == r.num_output_tokens for r in requests)
+    assert all(r.first_token_s is not None and r.finish_s >= r.first_token_s for r in requests)
+    assert len(log.itl_s) == sum(r.num_output_tokens - 1 for r in requests)

@@ -11,7 +11,8 @@ from policies.catalog import kv_managers
 from policies.ordering import by_arrival
 from policies.prefill_first import PrefillFirstScheduler, default_max_running
 from policies.step import TokenLog
-from tests.policies.helpers import drive, make_requests, make_scheduler
+from policies.token_budget import max_blocks_of
+from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
 from workloads.request import Request
 
 DECAY = (0.7 - 0.7 * 0.14) / 600
@@ -279,7 +280,7 @@ def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_b
     of decodes (`decayed`), force retractions."""
     requests = [Request(i, 0.0, p, o, prompt_segments=((seg, min(p, 8)),) + (((-(i + 1), p - 8),) if p > 8 else ()))
                 if seg else Request(i, 0.0, p, o) for i, (p, o, seg) in enumerate(lengths)]
-    biggest = max(-(-(r.num_prompt_tokens + r.num_output_tokens - 1) // block_size) for r in requests)
+    biggest = max(max_blocks_of(r, block_size) for r in requests)
     budget = budget if chunked else max(budget, max(p + o for p, o, _ in lengths))
     sched, log = make_scheduler("sglang", num_blocks=biggest + spare_blocks, block_size=block_size,
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
@@ -288,7 +289,5 @@ def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_b
     if decayed:
         sched.new_token_ratio = sched.min_ratio
     steps = drive(sched, requests)  # checks invariants after every step and that every page came back
-    assert all(r.num_generated == r.num_output_tokens for r in requests)
-    assert all(r.first_token_s is not None and r.finish_s >= r.first_token_s for r in requests)
-    assert len(log.itl_s) == sum(r.num_output_tokens - 1 for r in requests)
+    assert_every_token_served(requests, log)
     assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch
