@@ -18,6 +18,12 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
+def fits_in_last_block(kv: BlockManager, req: Request, num_tokens: int) -> bool:
+    """A decode token that lands in `req`'s last, partly filled block needs no new block. Both schedulers take
+    this shortcut, and the fused decode stretches (simulator/fast_forward.py) count blocks the same way."""
+    return num_tokens == 1 and req.num_computed_tokens % kv.block_size != 0
+
+
 class BlockManager:
     """No prefix caching (`prefix_caching: none`): a block belongs to one request and is free again when it ends."""
 

@@ -34,7 +34,7 @@ import itertools
 import math
 
 from policies.config import SGLANG_MAX_RUNNING, EngineConfig
-from policies.kv_blocks import BlockManager
+from policies.kv_blocks import BlockManager, fits_in_last_block
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.step import PlanBuilder, StepPlan, TokenLog, feed_plan, release_finished
@@ -189,7 +189,7 @@ class PrefillFirstScheduler:
         for req in finished:
             self.retire(req, now)
         if finished and self._prefilling:  # SGLang filters a finished prefill batch before its next try
-            self._shrunk = self.batch_is_full = False
+            self._filter_batch()
         return finished
 
     def retire(self, req: Request, now: float) -> None:
@@ -198,6 +198,10 @@ class PrefillFirstScheduler:
         release_finished(req, self.kv, now)
         self.running.remove(req)
         self._shrunk = True
+
+    def _filter_batch(self) -> None:
+        """SGLang's filter_batch dropped finished requests: a smaller batch is no longer full."""
+        self._shrunk = self.batch_is_full = False
 
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` decodes all of them and nothing could be admitted before a finish
@@ -215,7 +219,7 @@ class PrefillFirstScheduler:
         among them (never in the last) was noticed by the decode step after it."""
         self._decays += num_steps
         if self._shrunk:
-            self._shrunk = self.batch_is_full = False
+            self._filter_batch()
 
     # ---- prefill ------------------------------------------------------------------------------
     def _prefill(self, step: PlanBuilder) -> bool:
@@ -343,7 +347,7 @@ class PrefillFirstScheduler:
         """One token for every running request, retracting some first if the pool cannot hold them (SGLang's
         update_running_batch)."""
         if self._shrunk:
-            self._shrunk, self.batch_is_full = False, False
+            self._filter_batch()
         retracted = False
         while self.running and sum(self.kv.blocks_needed(r, 1) for r in self.running) > self.kv.num_free_blocks:
             if len(self.running) + (self.chunked is not None) == 1 and retracted:
@@ -362,10 +366,8 @@ class PrefillFirstScheduler:
                 step.add(req, 1)
 
     def _grow(self, req: Request) -> bool:
-        """KV for one more token of `req` (a decode in a partly filled page needs none)."""
-        if req.num_computed_tokens % self.kv.block_size:
-            return True
-        return self.kv.allocate(req, 1) is not None
+        """KV for one more token of `req`."""
+        return fits_in_last_block(self.kv, req, 1) or self.kv.allocate(req, 1) is not None
 
     def _retract(self, step: PlanBuilder, now: float) -> None:
         """Retract the running request with the fewest outputs (the longest prompt among equals; the last of

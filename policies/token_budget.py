@@ -29,7 +29,7 @@ import sys
 from collections import deque
 
 from policies.config import EngineConfig
-from policies.kv_blocks import BlockManager, blocks_for
+from policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.spec_decode import Speculator
@@ -157,8 +157,8 @@ class TokenBudgetScheduler:
 
     def _make_room(self, req: Request, n: int, step: PlanBuilder) -> bool:
         """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""
-        if n == 1 and req.num_computed_tokens % self.kv.block_size:
-            return True  # a decode inside its last, partly filled block needs nothing new
+        if fits_in_last_block(self.kv, req, n):
+            return True
         while self.kv.allocate(req, n) is None:
             victim = self._victim()
             self._preempt(victim, step)
