@@ -193,8 +193,10 @@ class TraceSpec:
 def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
     """vLLM's scheduler with chunked prefill and (by default) automatic prefix caching over the executor's
     pool; the served run and the simulated one use the same settings, sliding-window layers included (vLLM's
-    hybrid KV cache manager)."""
+    hybrid KV cache manager). The executor's serving loop plans a step when the one before has ended, so the
+    replay does too (no async scheduling)."""
     return EngineConfig(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
+                        async_scheduling=False,
                         enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
                         num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill,
                         prefix_caching=trace.prefix_caching)

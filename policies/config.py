@@ -99,6 +99,10 @@ class EngineConfig(BaseModel):
         "Admit a waiting request only if the free pool holds its whole prompt (and outputs so far, less prefix "
         "hits; a sliding window's share capped at window + one step's tokens), not just its first chunk: vLLM's "
         "default since 0.19 (off before); vllm and sarathi schedulers (chunked prefill)"))
+    async_scheduling: bool | None = Field(None, description=(
+        "vllm scheduler: plan each step while the one before runs, as vLLM does by default since 0.14 "
+        "(--async-scheduling): an arrival joins the step after next, and a finished request's slot and blocks free "
+        "a step later; None: on for a colocated vllm replica without pipeline parallelism, off otherwise"))
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
@@ -122,7 +126,9 @@ class EngineConfig(BaseModel):
         """This config with unset batch limits and memory share filled as `vllm serve` fills them
         (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
-        max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp)."""
+        max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
+        Unset async_scheduling is vLLM's default for the replica: on for the vllm scheduler without pipeline
+        parallelism (micro-batch engines are simulated synchronously)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -131,6 +137,11 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
+        if self.async_scheduling is None:
+            update["async_scheduling"] = self.scheduler == "vllm" and pp == 1
+        elif self.async_scheduling and pp > 1:
+            raise SpecError("engine.async_scheduling with pipeline parallelism (pp > 1) is not modelled: the "
+                            "micro-batch engines step synchronously; set it false or leave it unset")
         if self.gpu_memory_utilization is None:
             chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)
             prefill = chunk if self.enable_chunked_prefill else self.max_prefill_tokens
@@ -141,7 +152,8 @@ class EngineConfig(BaseModel):
         try:
             return EngineConfig.model_validate({**self.model_dump(), **update})
         except ValidationError as err:
-            filled = ", ".join(f"{k}={v}" for k, v in update.items() if k != "gpu_memory_utilization")
+            filled = ", ".join(f"{k}={v}" for k, v in update.items()
+                               if k not in ("gpu_memory_utilization", "async_scheduling"))
             raise SpecError(f"engine: with vLLM's default {filled} for this GPU: {err.errors()[0]['msg']}") from None
 
     def batch_limits(self) -> tuple[int, int]:
@@ -162,6 +174,10 @@ class EngineConfig(BaseModel):
         if self.speculative is not None and self.scheduler in ("static", "seed_toy", "sglang"):
             raise ValueError(f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "
                              f"not {self.scheduler!r}")
+        if self.async_scheduling and self.scheduler != "vllm":
+            raise ValueError(f"async_scheduling is modelled for the vllm scheduler of a colocated replica; "
+                             f"{self.scheduler!r} runs synchronously (prefill and decode pools too): set it false "
+                             "or leave it unset")
         if self.scheduler == "sglang" and self.preemption_mode == "swap":
             raise ValueError("preemption_mode 'swap': SGLang retracts requests and recomputes them; the sglang "
                              "scheduler takes preemption_mode 'recompute'")

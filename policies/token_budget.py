@@ -30,6 +30,7 @@ from collections import deque
 
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
+from policies.one_step_ahead import OneStepAhead
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.spec_decode import Speculator
@@ -54,16 +55,29 @@ class TokenBudgetScheduler:
         # the World replaces it with one seeded by the run; seed 0 serves schedulers built directly
         self.speculator = Speculator(cfg.speculative) if cfg.speculative is not None else None
         self._drafting = False  # whether the step being scheduled drafts
+        # async scheduling (vLLM's default; resolved by EngineConfig.with_vllm_defaults): plans one step ahead
+        self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting) + len(self.swapped)
+        return len(self._waiting) + len(self.swapped) + (len(self.ahead.inbox) if self.ahead else 0)
+
+    @property
+    def holds_finished(self) -> bool:
+        """Whether a finished request keeps its slot and blocks until the next step is planned (async
+        scheduling): then no request may finish inside a fused decode stretch."""
+        return self.ahead is not None
+
+    @property
+    def _seats_taken(self) -> int:
+        """Batch slots in use: the running requests, and those finished whose slots are not yet freed."""
+        return len(self.running) + (len(self.ahead.retiring) if self.ahead else 0)
 
     @property
     def admission_waits_for_blocks(self) -> bool:
         """Whether freed KV blocks could let a waiting or swapped-out request in: one waits and a batch slot is
         free (a full batch admits nobody whatever the pool holds)."""
-        return self.num_waiting > 0 and len(self.running) < self.max_num_seqs
+        return self.num_waiting > 0 and self._seats_taken < self.max_num_seqs
 
     @property
     def num_running(self) -> int:
@@ -71,9 +85,37 @@ class TokenBudgetScheduler:
 
     def add(self, req: Request, now: float) -> None:
         req.phase = Phase.WAITING
-        self._waiting.push(req)
+        if self.ahead is not None:
+            self.ahead.arrive(req, now)
+        else:
+            self._waiting.push(req)
 
     def schedule(self, now: float) -> StepPlan:
+        ahead = self.ahead
+        if ahead is None:
+            return self._plan()
+        self._queue(ahead.seen())
+        plan = self._plan()
+        if plan.is_empty and not plan.preempted and (ahead.inbox or ahead.retiring):
+            self._free_retiring()  # nothing to run: vLLM waits for the outputs in flight, then plans again
+            self._queue(ahead.take_all())
+            plan = self._plan()
+        ahead.unchanged = not self._free_retiring()
+        ahead.in_flight_since = None if plan.is_empty else now
+        return plan
+
+    def _queue(self, arrived: list[Request]) -> None:
+        for req in arrived:
+            self._waiting.push(req)
+
+    def _free_retiring(self) -> bool:
+        """Free the slots and blocks of requests that finished before this plan; whether there were any."""
+        done = self.ahead.release()
+        for req in done:
+            release_finished(req, self.kv, req.finish_s)
+        return bool(done)
+
+    def _plan(self) -> StepPlan:
         step = PlanBuilder(self.budget)
         self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
         self._schedule_running(step)
@@ -106,18 +148,23 @@ class TokenBudgetScheduler:
         return finished
 
     def retire(self, req: Request, now: float) -> None:
-        """A request produced its last token at `now`: it leaves the batch; its blocks go back (cached first)."""
-        release_finished(req, self.kv, now)
+        """A request produced its last token at `now`: it leaves the batch; its blocks go back (cached first), at
+        once or, under async scheduling, once the next step is planned."""
         self.running.remove(req)
         if self.speculator is not None:
             self.speculator.forget(req)
+        if self.ahead is not None:
+            req.phase, req.finish_s = Phase.FINISHED, now
+            self.ahead.retiring.append(req)
+        else:
+            release_finished(req, self.kv, now)
 
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` is a plain decode of all of them (nothing admitted, preempted,
         swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same.
         Never with speculative decoding: its steps are random (accepted guesses), and drafting may switch on
         again as the batch shrinks."""
-        if self.speculator is not None:
+        if self.speculator is not None or (self.ahead is not None and not self.ahead.settled):
             return None
         if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
             return None
@@ -167,7 +214,7 @@ class TokenBudgetScheduler:
         return True
 
     def _resume_swapped(self, step: PlanBuilder) -> None:
-        while self.swapped and step.budget > 0 and len(self.running) < self.max_num_seqs:
+        while self.swapped and step.budget > 0 and self._seats_taken < self.max_num_seqs:
             req, blocks = self.swapped[0]
             n = min(req.num_pending_tokens, step.budget)  # a decode, or the rest of a prefill cut short
             if self.kv.reserve(req, req.num_computed_tokens + n) is None:
@@ -182,7 +229,7 @@ class TokenBudgetScheduler:
 
     def _admit_waiting(self, step: PlanBuilder) -> None:
         self._waiting.prepare()
-        while self._waiting and step.budget > 0 and len(self.running) < self.max_num_seqs:
+        while self._waiting and step.budget > 0 and self._seats_taken < self.max_num_seqs:
             req = self._waiting.head()
             hit = self._computed_on_admission(req)
             n = self._capped(req.num_tokens - hit)
@@ -240,7 +287,8 @@ class TokenBudgetScheduler:
             self.swapped.append((victim, held))
             return
         victim.num_computed_tokens = 0  # recompute: prompt and outputs so far are prefilled again
-        self.add(victim, 0.0)
+        victim.phase = Phase.WAITING
+        self._waiting.push(victim)
 
 
 @schedulers.register("sarathi")

@@ -70,6 +70,8 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--scheduling-policy priority")
     if e.disable_hybrid_kv_cache_manager:
         parts.append("--disable-hybrid-kv-cache-manager")
+    if not e.async_scheduling:  # simulated synchronously; vLLM schedules ahead by default since 0.14
+        parts.append("--no-async-scheduling")
     return " ".join(parts)
 
 

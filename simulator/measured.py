@@ -39,6 +39,7 @@ PACED_SINCE = (0, 10, 1)  # vllm bench serve paces its arrivals from this releas
 # vLLM admits a prompt only if all of it fits (scheduler_reserve_full_isl, PR #37307, March 2026) by default in
 # this release, the first seen with it on (0.10-0.11 admit on the first chunk's blocks)
 FULL_PROMPT_GATE_SINCE = (0, 19, 0)
+ASYNC_SCHEDULING_SINCE = (0, 14, 0)  # vLLM plans a step while the one before runs, by default (PR #27614)
 LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what each benchmark's flags set
                "serve": {"num_prompts", "max_concurrency", "request_rate"}}
 
@@ -54,6 +55,7 @@ class EngineArgs(BaseModel):
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
     scheduler_reserve_full_isl: bool | None = None
+    async_scheduling: bool | None = None
 
 
 class MeasuredRun(BaseModel):
@@ -137,6 +139,15 @@ class MeasuredRun(BaseModel):
         return self.engine == "vllm" and self._vllm_since(PACED_SINCE)
 
     @property
+    def schedules_ahead(self) -> bool:
+        """Whether vLLM ran with async scheduling: stated, else the default of its release (SGLang's overlap
+        scheduler is not modelled)."""
+        stated = self.engine_args.async_scheduling
+        if self.engine != "vllm":
+            return False
+        return stated if stated is not None else self._vllm_since(ASYNC_SCHEDULING_SINCE)
+
+    @property
     def gates_whole_prompt(self) -> bool:
         """Whether vLLM admitted a prompt only if all of it fit: stated, else the default of its release (SGLang's
         scheduler checks the whole prompt and its expected output anyway)."""
@@ -182,6 +193,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         engine["scheduler"] = "sglang"
     else:
         engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt
+        engine["async_scheduling"] = run.schedules_ahead
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
     if run.benchmark != "serve" and run.engine == "vllm":  # the offline LLM class's larger budget, unless stated

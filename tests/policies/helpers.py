@@ -35,14 +35,23 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 
 
-def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float = 1.0) -> list[StepRecord]:
-    """Run until every request finished; step i ends at time i * step_s. Checks KV invariants after every step."""
-    for req in requests:
-        sched.add(req, 0.0)
+def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float = 1.0,
+          arrivals: list[float] | None = None) -> list[StepRecord]:
+    """Run until every request finished; step i ends at time i * step_s. Checks KV invariants after every step.
+    `arrivals`: when each request reaches the engine (default: all at 0); one arriving during a step is added
+    as it ends, with its own arrival time, and an idle engine waits for the next."""
+    times = arrivals if arrivals is not None else [0.0] * len(requests)
+    pending = sorted(zip(times, range(len(requests))))
     records, now = [], 0.0
     while any(not r.is_done for r in requests):
         assert len(records) < max_steps, "no progress"
+        while pending and pending[0][0] <= now:
+            t, i = pending.pop(0)
+            sched.add(requests[i], t)
         plan = sched.schedule(now)
+        if plan.is_empty and not plan.preempted and pending and not sched.num_running:
+            now = max(now, pending[0][0])  # idle until the next arrival
+            continue
         assert not plan.is_empty or plan.preempted, "requests left but nothing scheduled"  # a lone preemption: the
         # engine schedules again at once (vLLM ends the running pass when a request preempts itself)
         records.append(StepRecord([r.id for r in plan.requests], list(plan.num_new), sched.kv.num_free_blocks,
@@ -51,6 +60,7 @@ def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float
         now += step_s
         sched.commit(plan, now)
         sched.kv.check_invariants()
+    assert sched.schedule(now).is_empty  # the idle engine's last look (async scheduling frees the last finishes)
     assert sched.kv.num_free_blocks == sched.kv.num_blocks, "blocks still held after every request finished"
     return records
 

@@ -31,6 +31,42 @@ def test_continuous_batching_frees_a_finished_slot_at_once():
     assert 2 not in steps[2].batch and 3 in steps[2].batch  # r3 takes r2's slot in the very next step
 
 
+def test_async_scheduling_frees_a_finished_slot_one_step_late():
+    """vLLM plans step 2 while step 1 runs: r0 finishes in step 1 (its second token), so its slot is still taken
+    when step 2 is planned and r2 gets in at step 3; synchronously it takes the slot in step 2."""
+    steps = {}
+    for ahead in (False, True):
+        sched, _ = make_scheduler("vllm", num_blocks=100, block_size=4, max_num_seqs=2, async_scheduling=ahead)
+        requests = make_requests([4, 4, 4], [2, 8, 3])
+        steps[ahead] = drive(sched, requests)
+        assert requests[0].finish_s == 2.0
+    assert [s.batch for s in steps[False][:3]] == [[0, 1], [0, 1], [1, 2]]
+    assert [s.batch for s in steps[True][:4]] == [[0, 1], [0, 1], [1], [1, 2]]
+
+
+def test_async_scheduling_sees_an_arrival_one_step_late():
+    """r1 arrives at 1.5, while step 1 (scheduled at 1) runs. Step 2, planned at 2, was planned in vLLM as step
+    1 started, before r1 came: r1's prefill is step 3 (first token at 4), not step 2 (first token at 3)."""
+    first_token = {}
+    for ahead in (False, True):
+        sched, _ = make_scheduler("vllm", num_blocks=100, block_size=4, async_scheduling=ahead)
+        requests = make_requests([4, 4], [10, 3])
+        steps = drive(sched, requests, arrivals=[0.0, 1.5])
+        first_token[ahead] = requests[1].first_token_s
+        assert steps[0].batch == [0]
+    assert first_token == {False: 3.0, True: 4.0}
+
+
+def test_async_scheduling_plans_again_when_nothing_else_could_run():
+    """One slot: r0's finish leaves nothing to run in the step planned ahead, so vLLM waits for r0's outputs and
+    plans again; r1 starts at once, as it does synchronously."""
+    for ahead in (False, True):
+        sched, _ = make_scheduler("vllm", num_blocks=100, block_size=4, max_num_seqs=1, async_scheduling=ahead)
+        requests = make_requests([4, 4], [2, 2])
+        steps = drive(sched, requests)
+        assert [s.batch for s in steps] == [[0], [0], [1], [1]]
+
+
 def test_chunked_prefill_bounds_the_decode_stall():
     sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
     decoders = make_requests([10] * 50, [100] * 50)
@@ -124,9 +160,12 @@ def test_orca_reserves_the_whole_output_and_never_preempts():
     order=st.sampled_from(["fcfs", "sjf"]),
     gate=st.booleans(),
     threshold=st.sampled_from([0, 8, 40]),
+    ahead=st.booleans(),
+    gap=st.sampled_from([0.0, 0.5, 1.5]),
 )
 def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_size, spare_blocks, max_num_seqs,
-                                                     budget, chunked, swap, order, gate, threshold):
+                                                     budget, chunked, swap, order, gate, threshold, ahead, gap):
+    """`ahead`: vLLM's async scheduling (the vllm scheduler only); `gap`: seconds between arrivals (steps: 1 s)."""
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     biggest = max(max_blocks_of(r, block_size) for r in requests)
     if scheduler == "static":  # a padded batch of one must fit
@@ -138,8 +177,10 @@ def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_s
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
                                 enable_chunked_prefill=chunked, chunk_size=max(16, budget // 4),
                                 preemption_mode="swap" if swap else "recompute", host_blocks=8, queue_order=order,
-                                scheduler_reserve_full_isl=gate, long_prefill_token_threshold=threshold)
-    steps = drive(sched, requests)  # checks invariants after every step and that every block came back
+                                scheduler_reserve_full_isl=gate, long_prefill_token_threshold=threshold,
+                                async_scheduling=ahead and scheduler == "vllm")
+    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])  # checks invariants after
+    # every step and that every block came back
     assert_every_token_served(requests, log)
     assert all(s.free_blocks >= 0 for s in steps)
 

@@ -227,6 +227,16 @@ def test_a_twin_admits_whole_prompts_only_where_that_release_did(engine, version
     assert scenario_for(run).engine.scheduler_reserve_full_isl is gated
 
 
+@pytest.mark.parametrize("engine, version, stated, ahead", [
+    ("vllm", None, None, True), ("vllm", "0.14.0", None, True), ("vllm", "0.30.0", None, True),
+    ("vllm", "0.11.0", None, False), ("vllm", "0.8.4", None, False), ("vllm", "0.11.0", True, True),
+    ("vllm", "0.30.0", False, False), ("sglang", "0.5.3", None, False)])
+def test_a_twin_schedules_ahead_where_that_release_did(engine, version, stated, ahead):
+    """vLLM plans each step while the one before runs (async scheduling) by default from 0.14."""
+    run = run_of(engine=engine, engine_version=version, engine_args={"async_scheduling": stated})
+    assert scenario_for(run).with_engine_defaults().engine.async_scheduling is ahead
+
+
 def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
     setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
     varied = vllm_result(tmp_path, input_lens=[100, 200, 300, 400, 500, 600, 700, 800])

@@ -148,6 +148,9 @@ def test_launch_commands_follow_the_engine_knobs():
     whole = chat(engine={"disable_hybrid_kv_cache_manager": True, "long_prefill_token_threshold": 2048})
     assert "--disable-hybrid-kv-cache-manager" in vllm_command(whole, 16384)
     assert "--long-prefill-token-threshold 2048" in vllm_command(whole, 16384)
+    assert "async" not in vllm  # vLLM schedules ahead by default, as the simulation did
+    assert "--no-async-scheduling" in vllm_command(chat(engine={"async_scheduling": False}), 16384)
+    assert "--no-async-scheduling" in vllm_command(chat(parallelism={"pp": 2}), 16384)  # simulated synchronously
     assert "--long-prefill-token-threshold" not in vllm
     sg = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "queue_order": "lpm",
                       "schedule_conservativeness": 0.5, "enable_mixed_chunk": True})

@@ -1,0 +1,59 @@
+"""vLLM's async scheduling (on by default since v0.14): the scheduler plans one step ahead of the GPU.
+
+vLLM schedules step N+1 as step N starts on the GPU, before N's outputs are known: the tokens N samples
+are placeholders that the GPU fills in. The simulated engine plans N+1 when N ends, so it must forget what
+vLLM could not yet have seen then:
+- a request that arrived while N ran came after N+1 was planned: it is first scheduled in N+2;
+- a request that finished in N still holds its batch slot and KV blocks while N+1 is planned. vLLM frees
+  them as it processes N's outputs, in time for N+2.
+If N+1 turns out empty, vLLM's engine waits for N's outputs and plans again with everything. Then the
+freed slots and blocks and the new arrivals are all there, as they would be without async scheduling.
+
+What stays as it is synchronously:
+- the first decode follows the last prefill chunk at once (the sampled token stays on the GPU);
+- chunks of a prompt follow one another at once;
+- no step is wasted on a finished request. Requests stop at their oracle length, as max_tokens does, and
+  vLLM sees that coming. An EOS stop would cost one more decode; it is not modelled.
+"""
+
+from __future__ import annotations
+
+from workloads.request import Request
+
+
+class OneStepAhead:
+    """What a scheduler planning one step ahead has not seen yet: arrivals during the step in flight, and
+    finishes whose slots and blocks are still held."""
+
+    def __init__(self) -> None:
+        self.inbox: list[tuple[float, Request]] = []  # (arrival at the engine, request), in arrival order
+        self.retiring: list[Request] = []  # finished in the step that just ended, blocks and slot still held
+        self.in_flight_since: float | None = None  # when the step now ending was scheduled; None: no step ran
+        self.unchanged = True  # nothing was freed after the last plan was made
+
+    @property
+    def settled(self) -> bool:
+        """Whether the next plan sees what the last one saw: no arrival is waiting to be seen, and no slot or
+        block was freed after the last plan was made (either could admit a request the last plan could not)."""
+        return self.unchanged and not self.inbox
+
+    def arrive(self, req: Request, now: float) -> None:
+        self.inbox.append((now, req))
+
+    def seen(self) -> list[Request]:
+        """Take the arrivals that the step ending now's planning already saw (all of them if no step ran)."""
+        cutoff = self.in_flight_since
+        seen = [req for t, req in self.inbox if cutoff is None or t <= cutoff]
+        self.inbox = [(t, req) for t, req in self.inbox if cutoff is not None and t > cutoff]
+        return seen
+
+    def take_all(self) -> list[Request]:
+        """Every arrival: the engine waited for the step's outputs, so nothing is ahead of it any more."""
+        arrived = [req for _, req in self.inbox]
+        self.inbox = []
+        return arrived
+
+    def release(self) -> list[Request]:
+        """The finished requests whose slots and blocks free now."""
+        done, self.retiring = self.retiring, []
+        return done
