@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import shlex
+
 from hardware.model import get_model, resolve_weight_dtype
+from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
 
 # Preset -> Hugging Face repo id, as recorded in hardware/model_configs/SOURCES.md.
@@ -10,6 +14,7 @@ HF_MODEL_IDS = {
     "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
     "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
     "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
+    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
     "llama-2-7b": "meta-llama/Llama-2-7b-hf",
     "mistral-7b": "mistralai/Mistral-7B-v0.1",
     "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
@@ -49,15 +54,67 @@ def hf_model_id(model: str) -> str:
     return HF_MODEL_IDS.get(model, model)
 
 
+# engine.speculative.method -> vLLM's speculative_config method (vllm/config/speculative.py SpeculativeMethod)
+VLLM_SPEC_METHODS = {"draft": "draft_model", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
+# -> SGLang's --speculative-algorithm; its NGRAM drafts a tree from generated tokens, not prompt lookup: none
+SGLANG_SPEC_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "mtp": "EAGLE"}
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3  # SGLang scales --schedule-conservativeness by it under DP attention
+
+
+def _moe_ep(s: Scenario) -> bool:
+    """Expert parallel only changes an MoE model over more than one GPU (the cost model ignores it elsewhere)."""
+    return s.parallelism.ep and s.parallelism.tp > 1 and get_model(s.model).moe is not None
+
+
+def _dp_attention(s: Scenario) -> bool:
+    """DP attention over a group of more than one GPU (at tp 1 it is plain serving)."""
+    return s.parallelism.dp_attention and s.parallelism.tp > 1
+
+
+def _vllm_dp(s: Scenario) -> int:
+    """vLLM's data-parallel ranks for the simulated DP attention: one per GPU of the group at TP 1, its MoE layers
+    spanning them all (expert parallel with `ep`, else TP over DP x TP); a dense model has no such layout (1)."""
+    return s.parallelism.tp if _dp_attention(s) and get_model(s.model).moe is not None else 1
+
+
+def _vllm_speculative(spec: SpeculativeConfig) -> str:
+    """`--speculative-config` as JSON, quoted for the shell; the draft model by its repo id."""
+    cfg = {"method": VLLM_SPEC_METHODS[spec.method], "num_speculative_tokens": spec.k}
+    if spec.draft_model is not None:
+        cfg["model"] = hf_model_id(spec.draft_model)
+    return f"--speculative-config {shlex.quote(json.dumps(cfg))}"
+
+
+def _sglang_speculative(spec: SpeculativeConfig) -> list[str]:
+    """SGLang's flags for k drafts in a chain (top-k 1: k steps, k + 1 tokens verified); none for ngram."""
+    if spec.method not in SGLANG_SPEC_ALGORITHMS:
+        return []
+    parts = [f"--speculative-algorithm {SGLANG_SPEC_ALGORITHMS[spec.method]}"]
+    if spec.draft_model is not None:
+        parts.append(f"--speculative-draft-model-path {hf_model_id(spec.draft_model)}")
+    return parts + [f"--speculative-num-steps {spec.k}", "--speculative-eagle-topk 1",
+                    f"--speculative-num-draft-tokens {spec.k + 1}"]
+
+
 def vllm_command(s: Scenario, max_model_len: int) -> str:
     """`vllm serve` for one replica of `s` (one command per replica; replicas sit behind a load balancer)."""
-    e, par = s.with_engine_defaults().engine, s.parallelism
-    parts = [f"vllm serve {hf_model_id(s.model)}", f"--tensor-parallel-size {par.tp}"]
+    e, par, dp = s.with_engine_defaults().engine, s.parallelism, _vllm_dp(s)
+    parts = [f"vllm serve {hf_model_id(s.model)}", f"--tensor-parallel-size {par.tp // dp}"]
+    if dp > 1:
+        parts.append(f"--data-parallel-size {dp}")
     if par.pp > 1:
         parts.append(f"--pipeline-parallel-size {par.pp}")
-    parts += [f"--max-num-seqs {e.max_num_seqs}", f"--max-num-batched-tokens {e.max_num_batched_tokens}",
+    if _moe_ep(s):
+        parts.append("--enable-expert-parallel")
+    # vLLM's limits are per data-parallel rank: each takes its share of the simulated group's step
+    tokens = -(-e.max_num_batched_tokens // dp)
+    if not e.enable_chunked_prefill:  # a whole prompt still fits one rank's step
+        tokens = max(tokens, max_model_len)
+    parts += [f"--max-num-seqs {-(-e.max_num_seqs // dp)}", f"--max-num-batched-tokens {tokens}",
               f"--gpu-memory-utilization {e.gpu_memory_utilization}", f"--max-model-len {max_model_len}",
               "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill"]
+    if e.prefix_caching == "none":  # vLLM V1 caches prefixes by default
+        parts.append("--no-enable-prefix-caching")
     if e.block_size != 16:
         parts.append(f"--block-size {e.block_size}")
     if e.long_prefill_token_threshold:
@@ -72,6 +129,8 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--disable-hybrid-kv-cache-manager")
     if not e.async_scheduling:  # simulated synchronously; vLLM schedules ahead by default since 0.14
         parts.append("--no-async-scheduling")
+    if e.speculative is not None:
+        parts.append(_vllm_speculative(e.speculative))
     return " ".join(parts)
 
 
@@ -81,6 +140,11 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     parts = [f"python -m sglang.launch_server --model-path {hf_model_id(s.model)}", f"--tp {par.tp}"]
     if par.pp > 1:
         parts.append(f"--pp-size {par.pp}")
+    if _dp_attention(s):
+        parts.append(f"--enable-dp-attention --dp {par.tp}")
+    if _moe_ep(s):  # all-reduce of the experts' outputs by default; under DP attention DeepEP's all-to-all
+        parts.append(f"--ep-size {par.tp}" + (" --moe-a2a-backend deepep" if _dp_attention(s) else ""))
+    # totals over the group: SGLang divides them among DP attention ranks itself
     parts += [f"--max-running-requests {e.max_num_seqs}",
               f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}"]
     if e.scheduler == "sglang":  # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
@@ -90,15 +154,20 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--kv-cache-dtype fp8_e4m3")
     if _online_fp8(s):
         parts.append("--quantization fp8")
+    if e.prefix_caching == "none":  # SGLang's radix cache is on by default
+        parts.append("--disable-radix-cache")
     if e.queue_order == "lpm":
         parts.append("--schedule-policy lpm")
     if e.scheduler == "sglang":  # knobs only SGLang's scheduler reads
         if e.max_prefill_tokens != 16384:
             parts.append(f"--max-prefill-tokens {e.max_prefill_tokens}")
-        if e.schedule_conservativeness != 1.0:
-            parts.append(f"--schedule-conservativeness {e.schedule_conservativeness}")
+        scale = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _dp_attention(s) else 1.0
+        if e.schedule_conservativeness != scale:  # SGLang runs the flag's value (default 1.0) times `scale`
+            parts.append(f"--schedule-conservativeness {round(e.schedule_conservativeness / scale, 3)}")
         if e.enable_mixed_chunk:
             parts.append("--enable-mixed-chunk")
+    if e.speculative is not None:
+        parts += _sglang_speculative(e.speculative)
     return " ".join(parts)
 
 
@@ -126,4 +195,45 @@ def launch_notes(s: Scenario) -> list[str]:
                      "converted to it (e.g. AWQ/GPTQ for int4/w8a16)")
     if s.model not in HF_MODEL_IDS:
         notes.append(f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights")
+    notes += _parallel_notes(s)
+    if s.engine.speculative is not None:
+        notes += _speculative_notes(s, s.engine.speculative)
+    return notes
+
+
+def _parallel_notes(s: Scenario) -> list[str]:
+    """Where an engine cannot lay out DP attention and expert parallelism as simulated."""
+    if not _dp_attention(s):
+        return []
+    tp = s.parallelism.tp
+    if _vllm_dp(s) == 1:
+        return [f"DP attention of a dense model has no vLLM flag (its data parallel replicates the whole model): the "
+                f"vLLM command runs plain TP {tp}; the SGLang command runs the simulated layout"]
+    dense = " and dense MLP layers" if not all(layer.is_moe for layer in get_model(s.model).layers) else ""
+    notes = [f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
+             f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); its "
+             f"embeddings, LM head{dense} stay whole on every rank (simulated sliced over the group)"]
+    if _moe_ep(s):
+        notes.append("the MoE all-to-all is priced as DeepEP's dispatch/combine: give vLLM a DeepEP "
+                     "--all2all-backend (deepep_low_latency or deepep_high_throughput)")
+    return notes
+
+
+def _speculative_notes(s: Scenario, spec: SpeculativeConfig) -> list[str]:
+    """What the speculative-decoding flags leave to the operator."""
+    notes = []
+    if spec.method == "eagle":
+        notes.append("speculative method eagle: add the EAGLE head's repo (\"model\" in --speculative-config, "
+                     "--speculative-draft-model-path for SGLang); an EAGLE-3 head takes method eagle3 / EAGLE3")
+    elif spec.method == "ngram":
+        notes.append("speculative method ngram: SGLang's NGRAM drafts a tree from its cache of generated tokens, "
+                     "not vLLM's prompt lookup: the SGLang command runs without speculation")
+    if spec.draft_model is not None and spec.draft_model not in HF_MODEL_IDS:
+        notes.append(f"draft model {spec.draft_model!r} is a config.json path: pass the folder or repo id that "
+                     "holds its weights")
+    if spec.method == "draft" and _dp_attention(s):
+        notes.append("SGLang's STANDALONE (draft model) speculation does not run with --enable-dp-attention")
+    if spec.disable_above_batch is not None or spec.disable_above_tokens is not None:
+        notes.append("speculation simulated off under load (disable_above_batch / disable_above_tokens): neither "
+                     "command has a flag for it, so both speculate at every batch size")
     return notes

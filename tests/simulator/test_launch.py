@@ -1,0 +1,101 @@
+"""Launch commands run what was simulated: prefix caching, expert parallel, DP attention, speculative decoding."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from simulator.launch import launch_notes, sglang_command, vllm_command
+from simulator.scenario import load_scenario
+from tests.simulator.study_helpers import SCENARIOS, chat
+
+LEN = 16384
+
+
+def commands(s) -> tuple[str, str]:
+    return vllm_command(s, LEN), sglang_command(s, LEN)
+
+
+def speculative(**spec) -> tuple[str, str, list[str]]:
+    s = chat(engine={"speculative": {"acceptance": 0.7, **spec}})
+    return *commands(s), launch_notes(s)
+
+
+def test_prefix_caching_off_is_turned_off_and_the_engines_defaults_add_nothing():
+    vllm, sglang = commands(chat(engine={"prefix_caching": "none"}))
+    assert "--no-enable-prefix-caching" in vllm and "--disable-radix-cache" in sglang
+    for caching in ("vllm", "radix"):  # each engine's own cache is on by default
+        vllm, sglang = commands(chat(engine={"prefix_caching": caching}))
+        assert "prefix-caching" not in vllm and "radix" not in sglang
+
+
+def test_expert_parallel_without_dp_attention_spreads_the_experts_over_the_tp_group():
+    vllm, sglang = commands(chat(model="qwen3-30b-a3b", parallelism={"tp": 2, "ep": True}))
+    assert "--tensor-parallel-size 2 --enable-expert-parallel" in vllm and "--data-parallel-size" not in vllm
+    assert "--tp 2 --ep-size 2 --max-running-requests" in sglang  # all-reduce dispatch: SGLang's default backend
+    assert "--moe-a2a-backend" not in sglang and "--enable-dp-attention" not in sglang
+    for s in (chat(model="qwen3-30b-a3b", parallelism={"tp": 2}), chat(parallelism={"tp": 2, "ep": True})):
+        vllm, sglang = commands(s)  # no EP asked for, or a dense model it cannot change
+        assert "expert-parallel" not in vllm and "--ep-size" not in sglang
+
+
+def test_dp_attention_with_expert_parallel_runs_data_parallel_ranks_and_deepep():
+    s, _ = load_scenario(SCENARIOS / "deepseek_v3_8xh200.yaml")
+    vllm, sglang = commands(s)
+    assert "--tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel" in vllm
+    assert "--max-num-seqs 128 --max-num-batched-tokens 1024" in vllm  # per rank: the group's 1024 and 8192 / 8
+    assert "--tp 8 --enable-dp-attention --dp 8 --ep-size 8 --moe-a2a-backend deepep" in sglang
+    assert "--max-running-requests 1024 --chunked-prefill-size 8192" in sglang  # SGLang divides the totals itself
+    notes = launch_notes(s)
+    assert any(n.startswith("vLLM runs DP attention as 8 data-parallel ranks") and "dense MLP" in n for n in notes)
+    assert any("--all2all-backend" in n for n in notes)
+
+
+def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_model_says_vllm_cannot():
+    vllm, sglang = commands(chat(model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True}))
+    assert "--tensor-parallel-size 1 --data-parallel-size 4 --max-num-seqs" in vllm  # experts TP over DP x TP
+    assert "--enable-dp-attention --dp 4 --max-running-requests" in sglang and "--ep-size" not in sglang
+    dense = chat(parallelism={"tp": 4, "dp_attention": True})
+    vllm, sglang = commands(dense)
+    assert "--tensor-parallel-size 4" in vllm and "--data-parallel-size" not in vllm
+    assert "--enable-dp-attention --dp 4" in sglang
+    assert any(n.startswith("DP attention of a dense model has no vLLM flag") for n in launch_notes(dense))
+    assert not any("DP attention" in n for n in launch_notes(chat(parallelism={"tp": 4})))
+
+
+def test_sglang_under_dp_attention_is_given_the_conservativeness_it_scales_back_to_the_simulated_one():
+    def flags(conservativeness: float) -> str:
+        return sglang_command(chat(model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True},
+                                   engine={"scheduler": "sglang", "schedule_conservativeness": conservativeness}),
+                              LEN)
+    assert "--schedule-conservativeness 3.333" in flags(1.0)  # SGLang runs 0.3 x the flag under DP attention
+    assert "--schedule-conservativeness" not in flags(0.3)
+
+
+def test_a_draft_model_runs_as_the_speculative_config_and_sglang_standalone():
+    s, _ = load_scenario(SCENARIOS / "speculative_70b.yaml")
+    vllm, sglang = commands(s)
+    assert vllm.endswith(" --speculative-config '{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, "
+                         "\"model\": \"meta-llama/Llama-3.2-1B\"}'")
+    config = json.loads(shlex.split(vllm)[-1])  # one shell word of valid JSON
+    assert config == {"method": "draft_model", "num_speculative_tokens": 4, "model": "meta-llama/Llama-3.2-1B"}
+    assert sglang.endswith(" --speculative-algorithm STANDALONE --speculative-draft-model-path meta-llama/Llama-3.2-1B "
+                           "--speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5")
+    assert any(n.startswith("speculation simulated off under load") for n in launch_notes(s))
+
+
+def test_heads_and_ngram_map_where_the_engines_have_the_method():
+    vllm, sglang, notes = speculative(method="eagle", k=3)
+    assert "--speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'" in vllm
+    assert "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 " \
+           "--speculative-num-draft-tokens 4" in sglang
+    assert any(n.startswith("speculative method eagle: add the EAGLE head's repo") for n in notes)
+    vllm, sglang, notes = speculative(method="mtp", k=1)
+    assert "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'" in vllm
+    assert "--speculative-algorithm EAGLE --speculative-num-steps 1" in sglang  # SGLang's MTP runs as EAGLE
+    vllm, sglang, notes = speculative(method="ngram", k=5)
+    assert "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}'" in vllm and "speculative" not in sglang
+    assert any(n.startswith("speculative method ngram") for n in notes)
+    vllm, sglang = commands(chat())
+    assert "speculative" not in vllm and "speculative" not in sglang
+    assert not any("specul" in n for n in launch_notes(chat()))
