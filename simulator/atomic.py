@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from hardware.errors import SpecError
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -33,14 +35,37 @@ def write_text_atomic(path: Path, text: str) -> None:
         raise
 
 
+MARKER = ".servesim"  # in every folder atomic_dir writes: only such a folder (or an empty one) is replaced
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse, before any work, an output folder whose replacement would delete what servesim did not write: a
+    file, the current folder or one above it, or a folder holding anything but an earlier servesim output."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise SpecError(f"{path}: is a file; the output is a folder (give a new or empty folder's path)")
+    here, target = Path.cwd().resolve(), path.resolve()
+    if target == here or target in here.parents:
+        raise SpecError(f"{path}: is the current folder or one above it; give the output a folder of its own")
+    if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists():
+        raise SpecError(f"{path}: holds files servesim did not write, which replacing it would delete; give a new "
+                        "or empty folder")
+
+
 @contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
-    """Yield a temp folder beside `path`; on success it replaces `path`, on error it is removed."""
+    """Yield a temp folder beside `path`; on success it replaces `path`, on error it is removed. `path` must be
+    absent, empty or an earlier output (`check_replaceable`)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    check_replaceable(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    except OSError as err:
+        raise SpecError(f"{path}: cannot write there ({err.strerror})") from None
     try:
         yield tmp
+        (tmp / MARKER).write_text("written by servesim: the whole folder is replaced when its run is written again\n")
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
             shutil.rmtree(path)

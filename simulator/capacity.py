@@ -69,6 +69,7 @@ class CapacityResult:
     rate_per_s: float
     num_simulations: int
     verdicts: list[Verdict]
+    unit: str = "req/s"  # what the rates count (WorkloadConfig.rate_unit)
 
     @property
     def best(self) -> Verdict | None:
@@ -88,11 +89,11 @@ class CapacityResult:
         span = best.metrics.get("arrival_span_s", math.inf) if best else math.inf
         if span >= SHORT_RUN_S:
             return None
-        return (f"at {best.rate_per_s:.3g} req/s the run's arrivals span only {span:.0f} s, too short for a slowly "
+        return (f"at {best.rate_per_s:.3g} {self.unit} the run's arrivals span only {span:.0f} s, too short for a slowly "
                 "growing queue to show: more requests (workload.num_requests) give a firmer answer")
 
     def as_dict(self) -> dict:
-        return {"max_rate_per_s": self.rate_per_s, "num_simulations": self.num_simulations,
+        return {"max_rate_per_s": self.rate_per_s, "rate_unit": self.unit, "num_simulations": self.num_simulations,
                 "short_run": self.short_run, "points": [v.as_dict() for v in self.verdicts]}
 
 
@@ -191,13 +192,13 @@ def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | 
         return verdicts[rate].ok
 
     if not passes(start) and "rejected" in verdicts[start].reasons:
-        return CapacityResult(0.0, 1, [verdicts[start]])  # refused whatever the rate: nothing to search
+        return CapacityResult(0.0, 1, [verdicts[start]], s.workload.rate_unit)  # refused whatever the rate
     lo, hi = _bracket(passes, start, max_factor, verdicts[start].ok)
     while lo is not None and hi is not None and hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     ordered = [verdicts[r] for r in sorted(verdicts)]
-    return CapacityResult(lo or 0.0, len(ordered), ordered)
+    return CapacityResult(lo or 0.0, len(ordered), ordered, s.workload.rate_unit)
 
 
 def _bracket(passes, start: float, max_factor: float, start_passes: bool) -> tuple[float | None, float | None]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -18,7 +17,7 @@ from hardware.cost import CostOptions, Parallelism, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, gpu_catalog
 from hardware.memory import EngineMemoryConfig, plan_memory
-from hardware.model import WEIGHT_DTYPE_CHOICES, get_model, preset_names
+from hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, preset_names
 from hardware.profile import load_profile
 from policies.config import EngineConfig
 
@@ -50,7 +49,8 @@ def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    from simulator.output import json_text
+    sys.stdout.write(json_text(data, indent=2))
 
 
 def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
@@ -133,14 +133,15 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
 
 @app.command()
 @clean_errors
-def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: int = 1,
+def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Option(1, min=1),
+           pp: int = typer.Option(1, min=1),
            engine: str = typer.Option("vllm", help="vllm, or sglang: its mem_fraction_static split and defaults"),
            gpu_memory_utilization: float | None = typer.Option(None, help=(
                "Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")),
            kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
-           max_model_len: int | None = None, block_size: int = 16,
-           max_num_batched_tokens: int | None = typer.Option(None, help="Default: vLLM's for the GPU"),
-           max_num_seqs: int | None = typer.Option(None, help="Default: vLLM's for the GPU"),
+           max_model_len: int | None = typer.Option(None, min=1), block_size: int = typer.Option(16, min=1),
+           max_num_batched_tokens: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
+           max_num_seqs: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
            gpu_file: list[Path] = GpuFiles,
            disable_hybrid_kv_cache_manager: bool = typer.Option(
                False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag)"),
@@ -148,6 +149,12 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = 1, pp: i
     """Plan GPU memory like vLLM (or SGLang) at start-up: weights, activations, KV blocks, max concurrency."""
     if engine not in ("vllm", "sglang"):
         raise SpecError(f"--engine: unknown engine {engine!r}; choose from vllm, sglang")
+    for flag, value, allowed in (("--weight-dtype", weight_dtype, WEIGHT_DTYPE_CHOICES),
+                                 ("--kv-dtype", kv_dtype, tuple(KV_DTYPE_BYTES))):
+        if value not in allowed:
+            raise SpecError(f"{flag}: unknown dtype {value!r}; choose from {', '.join(allowed)}")
+    if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
+        raise SpecError(f"--gpu-memory-utilization: a share of the device in (0, 1], not {gpu_memory_utilization}")
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     batch = EngineConfig(scheduler=engine, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                          gpu_memory_utilization=gpu_memory_utilization).with_vllm_defaults(
@@ -209,7 +216,7 @@ def schema() -> None:
     print_json(Scenario.model_json_schema())
 
 
-SUMMARY_ROWS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput",
+SUMMARY_ROWS = ("completed", "rejected", "unfinished", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
                 "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms", "request_goodput",
                 "slo_attainment",
@@ -222,12 +229,15 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
              set_: list[str] = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable"),
              seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed")) -> None:
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
+    from simulator.atomic import check_replaceable
     from simulator.output import write_run
     from simulator.progress import progress_bar
     from simulator.run import make_world
     from simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_, seed)
+    out = out or Path("runs") / spec.name
+    check_replaceable(out)  # before the run, not after it
     world_progress = progress_bar("simulating", console)
     with world_progress as advance:
         try:
@@ -237,11 +247,15 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
         advance.total(len(world.workload.requests))
         world.on_progress = advance
         result = world.run()
-    folder = write_run(result, out or Path("runs") / spec.name)
-    rows = [[key, f"{result.summary[key]:,.3f}" if isinstance(result.summary[key], float) else result.summary[key]]
-            for key in SUMMARY_ROWS if key in result.summary]
+    folder = write_run(result, out)
+    summary = result.summary
+    rows = [[key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
+            for key in SUMMARY_ROWS if key in summary and (key != "unfinished" or summary[key])]
     console.print(f"{spec.name}: {deployment_label(spec)}", soft_wrap=True)
     print_table("summary", ["metric", "value"], rows)
+    if not summary["completed"] and summary["rejected"]:
+        reason = result.requests["reject_reason"].dropna().iloc[0]
+        print(f"warning: every request was rejected ({reason})", file=sys.stderr)
     console.print(f"results in {folder}/")
 
 

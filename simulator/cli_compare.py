@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -77,4 +78,8 @@ def compare(runs_file: Path,
                 title = key if by == "moe" else f"{by} = {key}"
                 print_table(f"{title}: {len(members)} run(s)", FAMILY_COLUMNS, family_rows(members))
     if html is not None:
-        console.print(f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}")
+        written = f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}"
+        if as_json:  # stdout holds the JSON alone
+            print(written, file=sys.stderr)
+        else:
+            console.print(written)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -73,10 +72,10 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
     if as_json:
         print_json(result.as_dict())
         return
-    print_table(f"{spec.name}: verdicts by rate", ["req/s", "verdict", "why"],
+    print_table(f"{spec.name}: verdicts by rate", [result.unit, "verdict", "why"],
                 [[f"{v.rate_per_s:.3f}", "ok" if v.ok else ", ".join(v.reasons), "; ".join(v.details)]
                  for v in result.verdicts])
-    rate = f"{result.rate_per_s:.3f} req/s" if result.rate_per_s else "none (no rate tried passes)"
+    rate = f"{result.rate_per_s:.3f} {result.unit}" if result.rate_per_s else "none (no rate tried passes)"
     console.print(f"max sustainable rate {rate} ({result.num_simulations} simulations)")
     if result.short_run:
         console.print(f"[yellow]note:[/] {result.short_run}")
@@ -90,23 +89,27 @@ def plan(scenario: Path,
          knob: list[str] = typer.Option([], "--knob", help="Engine knob values: max_num_seqs=128,256; repeatable"),
          max_replicas: int | None = typer.Option(None, "--max-replicas", min=1),
          target_rate: float | None = typer.Option(None, "--target-rate", min=0.0,
-                                                  help="Load to sustain, req/s (default: the scenario's)"),
+                                                  help="Load to sustain, in arrivals.rate_per_s's unit "
+                                                       "(default: the scenario's)"),
          out: Path | None = typer.Option(None, "--out", help="Folder for plan.json (default runs/<name>-plan)"),
          workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel candidates (default: all cores)"),
          set_: list[str] = SetOption) -> None:
     """Find the cheapest deployment (GPU x TP x replicas x knobs) that sustains the load within the SLOs."""
     from simulator.atomic import write_text_atomic
     from simulator.executors import default_workers
+    from simulator.output import json_text
     from simulator.plan import plan as make_plan
     from simulator.scenario import load_scenario
     from simulator.sweep import parse_grid
 
+    if target_rate is not None and target_rate <= 0:
+        raise SpecError(f"--target-rate: a load of more than 0, not {target_rate}")
     spec, base_dir = load_scenario(scenario, set_)
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob).items()} or None
     result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
                        workers=workers or default_workers())
     path = (out or Path("runs") / f"{spec.name}-plan") / "plan.json"
-    write_text_atomic(path, json.dumps(result.as_dict(), indent=2) + "\n")
+    write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)
     console.print(f"{result.num_simulations} simulations; plan in {path}")
 
@@ -115,8 +118,8 @@ def _print_plan(result) -> None:
     from simulator.report import number_text
     rows = [[e.candidate.label, e.rejection or "sized", f"{e.rate_per_replica:.2f}", _cell(e.replicas),
              f"{e.price_per_replica_hour_usd:.2f}", e.detail[:90]] for e in result.evaluations]
-    print_table(f"candidates at {result.target_rate_per_s:.2f} req/s", ["candidate", "status", "req/s per replica",
-                                                                        "replicas", "$/h per replica", "why"], rows)
+    columns = ["candidate", "status", f"{result.unit} per replica", "replicas", "$/h per replica", "why"]
+    print_table(f"candidates at {result.target_rate_per_s:.2f} {result.unit}", columns, rows)
     pct = result.pct
     frontier = {d.label for d in result.pareto(f"{pct}_ttft_ms")}
     rows = [[d.label, f"{d.cost_per_hour_usd:.2f}", _cell(d.cost_per_million_output_tokens_usd),

@@ -12,6 +12,7 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
 - goodput: completed requests meeting every given SLO, per second of duration.
 - slo_attainment: the share of answered requests (completed or rejected) meeting every SLO: a rejected request
   (too long for max_model_len or the KV pool) gets an error, not an answer within the SLOs.
+- unfinished: requests neither completed nor rejected when the run stopped (`stop.max_sim_time_s`).
 """
 
 from __future__ import annotations
@@ -110,10 +111,11 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
-    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: float("nan"))
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))  # none: 0/s
     out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())
     summary = {
-        "completed": len(done), "rejected": rejected, "duration_s": duration,
+        "completed": len(done), "rejected": rejected, "unfinished": len(requests) - len(done) - rejected,
+        "duration_s": duration,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_throughput": per_s(len(done)), "output_throughput": per_s(out_tokens),
         "total_token_throughput": per_s(in_tokens + out_tokens),
@@ -137,7 +139,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     return summary
 
 
-def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_replicas: int,
+def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas: list[int],
                            gpus_of_replica: dict[int, int]) -> dict:
     """Prefix-cache, response-cache and per-replica load figures.
 
@@ -146,7 +148,8 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_repl
     - response_cache_hit_rate: requests answered by an application cache / all requests; false hits are
       semantic answers to another question. `gpu_time_saved_s`: their tokens times the run's GPU-seconds
       per processed token.
-    - replica_requests / load_imbalance: requests each replica served; busiest / mean.
+    - replica_requests / load_imbalance: requests each of `replicas` served (the engines requests finish on:
+      under P/D, the decode pool's); busiest / mean.
     """
     engine = requests[requests["served_by"] == "engine"]
     prompt = int(engine["prompt_tokens"].sum())
@@ -155,7 +158,7 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, num_repl
     tokens = int((steps["prefill_tokens"] + steps["decode_tokens"]).sum())
     gpu_s = float((steps["duration_s"] * steps["replica"].map(gpus_of_replica)).sum())
     gpu_s_per_token = gpu_s / tokens if tokens else 0.0
-    per_replica = engine["replica"].value_counts().reindex(range(num_replicas), fill_value=0)
+    per_replica = engine["replica"].value_counts().reindex(replicas, fill_value=0)
     return {
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
         "prefill_tokens_saved": cached,

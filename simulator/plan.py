@@ -34,7 +34,7 @@ from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sust
 from simulator.executors import run_jobs
 from simulator.launch import launch_notes, sglang_command, vllm_command
 from simulator.run import _memory_plan, simulate
-from simulator.scenario import Scenario, with_overrides
+from simulator.scenario import Scenario, first_error, with_overrides
 
 MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most
 MAX_DOWNGRADES = 8  # next-cheaper checks that may replace the recommendation
@@ -132,8 +132,9 @@ class Deployment:
         per_replica = self.verdict.rate_per_s / self.replicas if self.verdict.rate_per_s else 0.0
         if not self.verdict.ok or limit is None or per_replica < limit.rate_per_s:
             return None
-        return (f"each replica carries {per_replica:.3g} req/s, where one replica alone failed in sizing "
-                f"({', '.join(limit.reasons)} at {limit.rate_per_s:.3g} req/s); the whole run passes, since "
+        unit = self.evaluation.capacity.unit
+        return (f"each replica carries {per_replica:.3g} {unit}, where one replica alone failed in sizing "
+                f"({', '.join(limit.reasons)} at {limit.rate_per_s:.3g} {unit}); the whole run passes, since "
                 f"round-robin smooths each replica's arrivals and each sees 1/{self.replicas} of the requests, "
                 "but with little margin: one more replica is safer")
 
@@ -158,6 +159,7 @@ class PlanResult:
     commands: dict[str, Any] = field(default_factory=dict)
     num_simulations: int = 0
     pct: str = "p90"  # the SLO percentile's prefix in metric names: median, p90 or p99
+    unit: str = "req/s"  # what the rates count (WorkloadConfig.rate_unit)
 
     def pareto(self, metric: str) -> list[Deployment]:
         """Passing deployments no other passing one beats on both cost/hour and `metric` (e.g. "p90_ttft_ms"),
@@ -173,7 +175,8 @@ class PlanResult:
 
     def as_dict(self) -> dict:
         pct = self.pct
-        return {"target_rate_per_s": self.target_rate_per_s, "num_simulations": self.num_simulations,
+        return {"target_rate_per_s": self.target_rate_per_s, "rate_unit": self.unit,
+                "num_simulations": self.num_simulations,
                 "recommendation": self.recommendation.as_dict() if self.recommendation else None,
                 "next_cheaper": self.next_cheaper.as_dict() if self.next_cheaper else None,
                 "commands": self.commands,
@@ -224,12 +227,12 @@ def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: 
         limit = ev.capacity.limit
         code = next((c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0])  # the root
         lowest = " (target / max_replicas)" if math.isclose(limit.rate_per_s, target_rate / max_replicas) else ""
-        return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} req/s per replica{lowest}: "
+        return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} {ev.capacity.unit} per replica{lowest}: "
                                  f"{'; '.join(limit.details)}")
     ev.replicas = math.ceil(target_rate / ev.capacity.rate_per_s - 1e-9)
     if ev.replicas > max_replicas:
         return _reject(ev, "too many replicas", f"needs {ev.replicas} replicas at {ev.capacity.rate_per_s:.3g} "
-                                                f"req/s each > max_replicas {max_replicas}")
+                                                f"{ev.capacity.unit} each > max_replicas {max_replicas}")
     return ev
 
 
@@ -258,12 +261,12 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     knobs = knobs if knobs is not None else (cfg.engine if cfg else {})
     max_replicas = max_replicas or (cfg.max_replicas if cfg else 16)
     target = target_rate or (cfg.target_rate_per_s if cfg else None) or offered_rate(base, base_dir)
-    _check_choices(base, gpus, knobs)
+    _check_choices(base, gpus, tps, knobs)
     candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, tps, knobs)]
     jobs = [(base, base_dir, c, target, max_replicas, rel_tol) for c in candidates]
     evaluations = [ev for _, ev in sorted(run_jobs(evaluate, jobs, "local", workers), key=lambda pair: pair[0])]
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
-    result = PlanResult(target, evaluations, [], None, None, pct=pct)
+    result = PlanResult(target, evaluations, [], None, None, pct=pct, unit=base.workload.rate_unit)
     _choose(result, base, base_dir, max_replicas)
     result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in evaluations
                                                            if e.capacity)
@@ -275,8 +278,9 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     return result
 
 
-def _check_choices(base: Scenario, gpus: list[str], knobs: dict[str, list]) -> None:
-    """Typos in GPU names or knob fields stop the plan with one line instead of rejecting every candidate."""
+def _check_choices(base: Scenario, gpus: list[str], tps: list[int], knobs: dict[str, list]) -> None:
+    """Typos in GPU names, TP sizes, knob fields or values stop the plan with one line instead of rejecting every
+    candidate."""
     for gpu in gpus:
         try:
             get_gpu(gpu, tuple(base.hardware.gpu_files))
@@ -285,6 +289,17 @@ def _check_choices(base: Scenario, gpus: list[str], knobs: dict[str, list]) -> N
     unknown = sorted(set(knobs) - set(EngineConfig.model_fields))
     if unknown:
         raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: {', '.join(EngineConfig.model_fields)}")
+    for knob, values in knobs.items():  # a bad value stops the plan too, instead of dropping its candidates
+        for value in values:
+            try:
+                with_overrides(base.run_settings(), {f"engine.{knob}": value})
+            except ValidationError as err:
+                raise first_error(err, f"knob {knob}={value!r}", Scenario) from None
+            except (SpecError, ValueError) as err:
+                raise SpecError(f"knob {knob}={value!r}: {err}") from None
+    bad_tp = [tp for tp in tps if tp < 1]
+    if bad_tp:
+        raise SpecError(f"plan TP sizes (--tp or plan.tp): {bad_tp[0]} is not a GPU count (1 or more)")
 
 
 def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int) -> None:

@@ -293,7 +293,8 @@ class World:
         summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
                             else np.array([]), self.scenario.slo.as_ms())
         gpus = {r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas}  # per engine
-        summary |= cache_and_load_summary(requests, steps, len(self.replicas), gpus)
+        finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
+        summary |= cache_and_load_summary(requests, steps, finishing, gpus)
         if self.handoff is not None:
             summary |= transfer_summary(requests)
         main = self.pools[-1]

@@ -25,7 +25,7 @@ from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
 from simulator.disagg_config import DisaggregationConfig
 from simulator.omni import StageConfig
-from workloads.config import WorkloadConfig
+from workloads.config import TraceSource, WorkloadConfig
 
 
 class HardwareConfig(BaseModel):
@@ -332,8 +332,23 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
         raise first_error(err, str(path), Scenario, list(overrides)) from None
-    hardware = scenario.hardware
-    if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
-        files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]
-        scenario = scenario.model_copy(update={"hardware": hardware.model_copy(update={"gpu_files": files})})
-    return scenario, path.parent
+    return with_absolute_paths(scenario, path.parent), path.parent
+
+
+def with_absolute_paths(model: Any, base_dir: Path) -> Any:
+    """`model` with every trace path and GPU file that is relative to `base_dir` (the scenario file's folder)
+    made absolute, so the resolved scenario a run writes into its own folder reruns from there."""
+    if isinstance(model, TraceSource):
+        return model if model.path.is_absolute() else model.model_copy(
+            update={"path": (base_dir / model.path).absolute()})
+    if isinstance(model, (list, tuple)):
+        return type(model)(with_absolute_paths(item, base_dir) for item in model)
+    if isinstance(model, dict):
+        return {key: with_absolute_paths(value, base_dir) for key, value in model.items()}
+    if not isinstance(model, BaseModel):
+        return model
+    update = {name: with_absolute_paths(getattr(model, name), base_dir) for name in type(model).model_fields}
+    if isinstance(model, HardwareConfig):
+        update["gpu_files"] = [f if f.is_absolute() else (base_dir / f).absolute() for f in model.gpu_files]
+    changed = {name: value for name, value in update.items() if value != getattr(model, name)}
+    return model.model_copy(update=changed) if changed else model

@@ -49,7 +49,8 @@ class PoissonArrivals(_Model):
     """Poisson process: exponential inter-arrival times (CV 1)."""
 
     kind: Literal["poisson"]
-    rate_per_s: float = Field(gt=0, description="Mean arrival rate (requests/s).")
+    rate_per_s: float = Field(gt=0, description=(
+        "Mean arrival rate (requests/s; with parallel_sampling prompts/s, with sessions sessions started/s)."))
     paced: Paced = False
 
 
@@ -57,7 +58,8 @@ class GammaArrivals(_Model):
     """Gamma renewal process: bursty (cv > 1) or smooth (cv < 1) traffic; cv = 1 is Poisson."""
 
     kind: Literal["gamma"]
-    rate_per_s: float = Field(gt=0, description="Mean arrival rate (requests/s).")
+    rate_per_s: float = Field(gt=0, description=(
+        "Mean arrival rate (requests/s; with parallel_sampling prompts/s, with sessions sessions started/s)."))
     cv: float = Field(gt=0, description="Coefficient of variation of inter-arrival times (dimensionless).")
     paced: Paced = False
 
@@ -66,7 +68,8 @@ class ConstantArrivals(_Model):
     """Evenly spaced arrivals, 1/rate_per_s apart."""
 
     kind: Literal["constant"]
-    rate_per_s: float = Field(gt=0, description="Arrival rate (requests/s).")
+    rate_per_s: float = Field(gt=0, description=(
+        "Arrival rate (requests/s; with parallel_sampling prompts/s, with sessions sessions started/s)."))
 
 
 class AllAtOnceArrivals(_Model):
@@ -159,6 +162,13 @@ class WorkloadConfig(_Model):
             return (f"arrivals.kind 'trace': format {self.trace.format!r} has no timestamps; "
                     "use a synthetic arrival process (poisson, gamma, constant, all_at_once)")
         return None
+
+    @property
+    def rate_unit(self) -> str:
+        """What `arrivals.rate_per_s` counts: requests, or prompts of n samples, or sessions (their first turns;
+        later turns follow the answers)."""
+        return "sessions/s" if self.sessions is not None else "prompts/s" if self.parallel_sampling is not None \
+            else "req/s"
 
     def _count_problem(self) -> str | None:
         kind, has_count = self.arrivals.kind, self.num_requests is not None

@@ -121,8 +121,10 @@ def _trace_rows(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
         return None
     table = load_source(cfg.trace, base_dir, rng, cfg.duration_s)
     if cfg.skip_requests >= len(table):
+        dropped = table.attrs.get("dropped", 0)
+        why = f" ({dropped} dropped: a length missing, not a number or below 1)" if dropped else ""
         raise ValueError(f"{resolve_path(cfg.trace.path, base_dir)}: skip_requests ({cfg.skip_requests}) "
-                         f"leaves none of its {len(table)} rows")
+                         f"leaves none of its {len(table)} usable rows{why}")
     rows = table.iloc[cfg.skip_requests:].reset_index(drop=True)
     rows["arrival_s"] = rows["arrival_s"] - rows["arrival_s"].iloc[0]
     return rows

@@ -158,10 +158,13 @@ def _read(path: Path, fmt: str, required: tuple[str, ...], expected: tuple[str, 
           ) -> pd.DataFrame:
     """Read a CSV or JSON Lines file and check its columns."""
     require_file(path, fmt, expected or required)
-    if path.suffix in (".jsonl", ".json"):
-        df = pd.read_json(path, lines=True, dtype=False)
-    else:
-        df = pd.read_csv(path)
+    try:
+        if path.suffix in (".jsonl", ".json"):
+            df = pd.read_json(path, lines=True, dtype=False)
+        else:
+            df = pd.read_csv(path)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as err:
+        raise ValueError(f"{path}: not a readable {fmt} trace ({str(err).splitlines()[0]})") from None
     require_columns(df, path, fmt, required, expected)
     return df
 

@@ -142,3 +142,15 @@ def test_a_pass_on_a_run_shorter_than_a_minute_of_arrivals_comes_with_a_note():
     long = Verdict(20.0, (), (), {"arrival_span_s": 100.0})
     assert CapacityResult(20.0, 1, [long]).short_run is None
     assert CapacityResult(0.0, 1, [Verdict(5.0, ("TTFT SLO",), ("slow",), {"arrival_span_s": 3.0})]).short_run is None
+
+
+def test_rates_are_counted_in_what_arrives():
+    """A session workload's arrivals start sessions (later turns follow the answers); parallel sampling's are
+    prompts of n requests: capacity and plan say so instead of req/s."""
+    sessions = {"sessions": {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
+                             "new_message_tokens": {"kind": "fixed", "value": 50}}}
+    assert chat().workload.rate_unit == "req/s"
+    assert chat(workload=sessions).workload.rate_unit == "sessions/s"
+    assert chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}).workload.rate_unit == "prompts/s"
+    result = max_sustainable_rate(chat(workload={**sessions, "num_requests": 300}), SCENARIOS, rel_tol=0.5)
+    assert result.unit == "sessions/s" and result.as_dict()["rate_unit"] == "sessions/s"

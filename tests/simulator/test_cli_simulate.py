@@ -23,7 +23,7 @@ def test_quickstart_writes_a_complete_run_folder(tmp_path):
     result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=200")
     assert result.exit_code == 0, result.output
     assert {p.name for p in out.iterdir()} == {"requests.csv", "steps.csv", "summary.json", "memory.json",
-                                                "scenario.yaml"}
+                                                "scenario.yaml", ".servesim"}  # the marker: servesim wrote it
     summary = json.loads((out / "summary.json").read_text())
     for key in ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
                 "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms", "p90_ttft_ms",
@@ -40,11 +40,56 @@ def test_quickstart_writes_a_complete_run_folder(tmp_path):
 def test_the_resolved_scenario_of_a_run_reruns_to_the_same_summary(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert simulate(str(QUICKSTART), "--out", str(first), "--set", "workload.num_requests=50").exit_code == 0
-    shutil.copytree(QUICKSTART.parent / "traces", first / "traces")  # relative trace paths resolve beside it
+    resolved = yaml.safe_load((first / "scenario.yaml").read_text())
+    assert Path(resolved["workload"]["trace"]["path"]).is_absolute()  # so it reruns from the run folder
     result = simulate(str(first / "scenario.yaml"), "--out", str(second))
     assert result.exit_code == 0, result.output
     assert (first / "summary.json").read_text() == (second / "summary.json").read_text()
     assert (first / "summary.json").stat().st_mode & 0o044  # readable by others, not only the owner
+
+
+def test_an_output_folder_is_replaced_only_when_servesim_wrote_it(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "data.txt").write_text("mine")
+    result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=20")
+    assert result.exit_code == 2 and "holds files servesim did not write" in result.output
+    assert (out / "sub" / "data.txt").read_text() == "mine" and not (out / "summary.json").exists()
+    again = tmp_path / "again"
+    for _ in range(2):  # an earlier run's folder is replaced whole
+        assert simulate(str(QUICKSTART), "--out", str(again), "--set", "workload.num_requests=20").exit_code == 0
+    monkeypatch.chdir(again)
+    result = simulate(str(QUICKSTART), "--out", ".", "--set", "workload.num_requests=20")
+    assert result.exit_code == 2 and "the current folder or one above it" in result.output
+    assert (again / "summary.json").exists()
+    result = simulate(str(QUICKSTART), "--out", str(again / "summary.json"))
+    assert result.exit_code == 2 and "is a file" in result.output
+    assert not list(tmp_path.glob(".*.tmp"))  # no temp folder left behind
+
+
+def test_a_run_with_no_answer_writes_strict_json_and_says_so(tmp_path):
+    """Every request longer than max_model_len: rates are 0, latencies null (not NaN, which JSON lacks)."""
+    out = tmp_path / "run"
+    result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=20",
+                      "--set", "engine.max_model_len=16")
+    assert result.exit_code == 0, result.output
+    assert "warning: every request was rejected" in result.output
+    text = (out / "summary.json").read_text()
+    assert "NaN" not in text
+    summary = json.loads(text)
+    assert summary["completed"] == 0 and summary["rejected"] == 20 and summary["request_throughput"] == 0.0
+    assert summary["mean_ttft_ms"] is None
+
+
+def test_a_run_cut_off_by_its_stop_time_counts_the_unfinished(tmp_path):
+    out = tmp_path / "run"
+    result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=200",
+                      "--set", "stop.max_sim_time_s=2")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["unfinished"] > 0
+    assert summary["completed"] + summary["rejected"] + summary["unfinished"] == 200
+    assert "unfinished" in result.stdout
 
 
 def test_same_seed_same_summary_and_seed_flag(tmp_path):

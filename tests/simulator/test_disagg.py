@@ -40,6 +40,8 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert result.summary["completed"] == 300
     assert (df["output_tokens"] == df["requested_output_tokens"]).all()
     assert (df["prefill_replica"] == 0).all() and (df["replica"] == 1).all()
+    assert result.summary["replica_requests"] == [300]  # the decode pool's one replica: balanced, not [0, 300]
+    assert result.summary["load_imbalance"] == 1.0
     per_token = get_model("llama-3.1-8b").kv_bytes_per_token("bf16")
     assert (df["kv_transfer_bytes"] == df["prompt_tokens"] * per_token).all()
     assert (df["kv_transfer_s"] > 0).all()

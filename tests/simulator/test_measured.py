@@ -123,7 +123,7 @@ def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     html = tmp_path / "report.html"
     result = runner.invoke(app, ["compare", str(path), "--match", "h100", "--json", "--html", str(html)])
     assert result.exit_code == 0, result.output
-    data = json.loads(result.stdout[:result.stdout.rindex("]") + 1])
+    data = json.loads(result.stdout)  # the report's path goes to stderr
     assert [d["run"] for d in data] == ["llama-3.1-8b h100-sxm serve 1024/128 c=2 x6"]
     figures = data[0]["figures"]
     assert data[0]["simulated_preemptions"] == 0  # six short requests never fill an H100's KV

@@ -84,6 +84,12 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
         plan(chat(), SCENARIOS, gpus=["h100"], tps=[1], target_rate=TARGET)
     with pytest.raises(SpecError, match="unknown engine knob 'max_seqs'"):
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_seqs": [8]}, target_rate=TARGET)
+    with pytest.raises(SpecError, match="knob scheduler='foo': engine: unknown scheduler 'foo'"):
+        plan(chat(), SCENARIOS, tps=[1], knobs={"scheduler": ["vllm", "foo"]}, target_rate=TARGET)
+    with pytest.raises(SpecError, match="knob max_num_seqs='abc': engine.max_num_seqs: Input should be a valid"):
+        plan(chat(), SCENARIOS, tps=[1], knobs={"max_num_seqs": ["abc"]}, target_rate=TARGET)
+    with pytest.raises(SpecError, match="0 is not a GPU count"):
+        plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[0, 1], target_rate=TARGET)
 
 
 def test_the_engines_batching_is_a_knob_like_any_other():
