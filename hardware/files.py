@@ -11,12 +11,31 @@ import yaml
 from hardware.errors import SpecError
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """The safe loader, refusing a key given twice in one mapping (plain YAML keeps the last one in silence)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
+                                                        key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def read_yaml(path: Path, what: str = "file") -> Any:
-    """yaml.safe_load of `path` (never the unsafe loader: these files come from users)."""
+    """The safe loader's reading of `path` (never the unsafe one: these files come from users), with a key given
+    twice refused; an error is one line with the line and column."""
     try:
-        return yaml.safe_load(Path(path).read_text())
+        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
         raise SpecError(f"{path}: {what} not found") from None
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpecError(f"{path}: not valid YAML: {where}{err.problem or err.context}") from None
     except yaml.YAMLError as err:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
 

@@ -1,6 +1,6 @@
 """Scenario files: one YAML file describes the hardware, model, engine, policies, workload, SLOs and seed.
 
-Loading never evaluates anything (yaml.safe_load only); every error names the file, the field path
+Loading never evaluates anything (the safe YAML loader only); every error names the file, the field path
 and, for choices, the allowed values. `--set a.b=c` overrides are applied before validation.
 """
 
@@ -234,8 +234,11 @@ def check_grid_keys(base: Scenario, grid: dict[str, list[Any]]) -> None:
         except ValidationError as err:
             unknown = [e for e in err.errors() if e["type"] == "extra_forbidden"]
             if unknown:
-                where = ".".join(str(p) for p in unknown[0]["loc"])
-                raise ValueError(f"sweep grid key {key!r} is not a scenario field ({where}: unknown field)") from None
+                loc, fields = _user_path(Scenario, [str(p) for p in unknown[0]["loc"]])
+                close = difflib.get_close_matches(loc[-1], fields or [], n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ValueError(f"sweep grid key {key!r} is not a scenario field ({'.'.join(loc)}: unknown "
+                                 f"field{hint})") from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -266,11 +269,14 @@ def with_overrides(base: Scenario, overrides: dict[str, Any]) -> Scenario:
 
 def first_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
                 overrides: list[str] = ()) -> SpecError:
-    """The first problem of `err` as one line naming `source`, the field and, for choices, the value given.
+    """The first problem of `err` (an unknown field first) as one line naming `source`, the field and, for choices,
+    the value given.
     With the validated `model`, an unknown field also gets the nearest known name and the fields allowed
     there, union tags pydantic puts in the path (`arrivals.poisson.rate_per_s`) are left out, and a problem
     at (or under) one of the `--set` `overrides` is said to come from it."""
-    first = err.errors()[0]
+    errors = err.errors()
+    # a misspelled section is both an unknown field and a missing one: name the spelling, which says more
+    first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(p) for p in first["loc"]]
     message = first["msg"].removeprefix("Value error, ")
     fields: list[str] | None = None

@@ -31,7 +31,7 @@ from simulator.atomic import write_text_atomic
 from simulator.executors import Engine, check_engine, run_jobs
 from simulator.output import write_run
 from simulator.run import simulate
-from simulator.scenario import Scenario, check_grid_keys, with_overrides
+from simulator.scenario import Scenario, check_grid_keys, first_error, with_overrides
 
 POINTS = "points"
 RESULTS = "results.csv"
@@ -84,10 +84,8 @@ def expand(base: Scenario, grid: dict[str, list[Any]]) -> list[Point]:
         try:
             s = with_overrides(base, overrides)
         except ValidationError as err:
-            first = err.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
             label = ", ".join(f"{k}={v}" for k, v in overrides.items())
-            raise SpecError(f"sweep point {label}: {where}: {first['msg'].removeprefix('Value error, ')}") from None
+            raise first_error(err, f"sweep point {label}", Scenario) from None
         points.append(Point(overrides, s, scenario_hash(s)))
     return points
 
@@ -137,4 +135,9 @@ def results_table(points: list[Point], folders: list[Path], errors: dict[Path, s
     for point, folder in zip(points, folders):
         summary = json.loads((folder / "summary.json").read_text()) if is_done(folder) else {}
         rows.append({**point.overrides, "point": point.hash, "error": errors.get(folder), **summary})
-    return pd.DataFrame(rows)
+    table = pd.DataFrame(rows)
+    for column in table.columns:  # a count stays a whole number where a failed point left it empty
+        given = [row[column] for row in rows if row.get(column) is not None]
+        if given and len(given) < len(rows) and all(type(v) is int for v in given):
+            table[column] = table[column].astype("Int64")
+    return table

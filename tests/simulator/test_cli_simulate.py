@@ -131,6 +131,8 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     (lambda r: r.update(gpu_count=3), "gpu_count: unknown field"),
     (lambda r: r["engine"].update(max_num_seq=8),
      "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (fields here: allow_long_max_model_len,"),
+    (lambda r: r.update(workloads=r.pop("workload")),  # not only "workload: Field required"
+     "workloads: unknown field; did you mean 'workload'?"),
     (lambda r: r["hardware"].update(gpu="h300"), "hardware.gpu: unknown GPU 'h300'"),
     (lambda r: r["hardware"].update(gpu="h100sxm"), "unknown GPU 'h100sxm'; did you mean 'h100-sxm'?"),
     (lambda r: r.update(engine={**r["engine"], "scheduler": "sglang"}, disaggregation={
@@ -145,6 +147,18 @@ def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, exp
     assert result.stderr.count("\n") == 1 and "bad.yaml" in result.stderr or "nope.csv" in result.stderr
     assert not out.exists()
     assert not list(tmp_path.glob(".out.*"))  # no half-written temp folder either
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("name: a\nmodel: llama-3.1-8b\nmodel: qwen3-8b\n", "line 3, column 1: key 'model' is given twice"),
+    ("name: a\nmodel: [llama\n  hardware: x\n", "line 3, column 11: expected ',' or ']', but got ':'"),
+])
+def test_a_file_that_is_not_a_clean_yaml_mapping_is_one_line_with_its_place(tmp_path, text, expected):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    result = simulate(str(path), "--out", str(tmp_path / "out"))
+    assert result.exit_code == 2
+    assert result.stderr == f"error: {path}: not valid YAML: {expected}\n"
 
 
 def test_missing_scenario_file_and_bad_override(tmp_path):

@@ -103,6 +103,8 @@ def test_a_point_that_cannot_start_is_reported_in_the_table(tmp_path):
     result = run_sweep(chat(), SCENARIOS, {"model": ["llama-3.1-8b", "llama-3.1-70b"]}, tmp_path, workers=1)
     assert pd.isna(result.table["error"][0]) and result.table["completed"][0] == 200
     assert "does not fit on h100-sxm" in result.table["error"][1] and pd.isna(result.table["completed"][1])
+    header, first = (tmp_path / "results.csv").read_text().splitlines()[:2]
+    assert first.split(",")[header.split(",").index("completed")] == "200"  # a count, not 200.0
 
 
 runner = CliRunner()
@@ -118,7 +120,10 @@ def _scenario_file(tmp_path, **extra) -> str:
 
 
 @pytest.mark.parametrize("args,extra,expected", [
-    (["--grid", "engine.max_num_seq=64,128"], {}, "sweep grid key 'engine.max_num_seq' is not a scenario field"),
+    (["--grid", "engine.max_num_seq=64,128"], {}, "sweep grid key 'engine.max_num_seq' is not a scenario field "
+                                                  "(engine.max_num_seq: unknown field; did you mean 'max_num_seqs'?)"),
+    (["--grid", "workload.arrivals.rate_per_s=-1"], {}, "workload.arrivals.rate_per_s=-1: "
+                                                        "workload.arrivals.rate_per_s: Input should be greater than 0"),
     (["--grid", "workload.arrivals.cv=2"], {}, "'workload.arrivals.cv' is not a scenario field"),
     (["--grid", "engine.max_num_seqs.x=2"], {}, "'engine.max_num_seqs.x' is not a scenario field"),
     ([], {"sweep": {"grid": {"engine.max_num_seq": [64]}}}, "s.yaml: sweep grid key 'engine.max_num_seq' is not"),
