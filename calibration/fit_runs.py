@@ -116,9 +116,12 @@ class RunsFit:
 
 
 def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun], list[MeasuredRun]]:
-    """Every `holdout_every`-th run (the 3rd, 6th, ... for 3) is held out of the fit; 0 or 1 holds none out."""
-    if holdout_every <= 1:
+    """Every `holdout_every`-th run (the 3rd, 6th, ... for 3) is held out of the fit; 0 holds none out. 1 would hold
+    out every run, leaving none to fit, so it is refused rather than read as 0."""
+    if holdout_every == 0:
         return list(runs), []
+    if holdout_every < 2:
+        raise SpecError(f"--holdout-every {holdout_every}: give 0 (hold no run out) or n >= 2 (every n-th run)")
     held = [i % holdout_every == holdout_every - 1 for i in range(len(runs))]
     return [r for r, h in zip(runs, held) if not h], [r for r, h in zip(runs, held) if h]
 

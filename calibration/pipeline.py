@@ -6,7 +6,8 @@ device (CPU: measured peaks -> device.yaml; CUDA: a catalog GPU), fit a profile 
 grid, serve a short calibration trace with it, refit on the grid's train split plus the served steps
 (the shapes and order a serving loop really runs), fit the loop's host overhead on the same served
 steps, and write profile.yaml, grid.csv (grid and served rows with default and fitted predictions) and
-calibration.json (what validate needs to rebuild the same setup).
+calibration.json (what validate needs to rebuild the same setup). Until the last phase ends, the run's files
+live in the folder's calibrate-in-progress/ only, so a run killed halfway leaves nothing that looks finished.
 
 validate: read calibration.json, pick an arrival rate at `load` x the saturation throughput the
 fitted simulator predicts, serve the trace for real, replay it in the simulator, and write
@@ -19,11 +20,15 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from rich.console import Console
 
 from calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile, terms_of_rows
 from calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, write_gpu_yaml
@@ -37,6 +42,7 @@ from hardware.kv_groups import kv_groups
 from hardware.profile import load_profile
 from policies.config import EngineConfig
 from simulator.atomic import write_text_atomic
+from simulator.progress import progress_bar
 
 CPU_POOL_BYTES = 1 << 30
 CUDA_POOL_BYTES = 40 << 30
@@ -91,9 +97,10 @@ def half_depth(setup: Setup) -> Setup | None:
     return dataclasses.replace(setup, scale=scale)
 
 
-def _measure(setup: Setup, shapes: list, repeats: int):
+def _measure(setup: Setup, shapes: list, repeats: int, phase: Phases, label: str = "timing the grid"):
     ex = make_executor(setup, _pool_blocks(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes)))
-    return profile_grid(ex, shapes, setup.model, setup.scale, repeats, seed=setup.seed)
+    with phase(f"{label} ({len(shapes)} shapes), rounds", 1 + repeats) as done:
+        return profile_grid(ex, shapes, setup.model, setup.scale, repeats, warmup=1, seed=setup.seed, progress=done)
 
 
 def _pool_blocks(setup: Setup, need: int) -> int:
@@ -115,44 +122,98 @@ def describe_device(setup: Setup, folder: Path, gpu: str | None) -> Setup:
     return dataclasses.replace(setup, gpu="cpu-local", gpu_files=(str(path.resolve()),))
 
 
+#: The subfolder of a calibration's output folder that holds a run's work until it completes.
+IN_PROGRESS = "calibrate-in-progress"
+
+
+class Phases:
+    """One progress bar per phase of a long job (simulator.progress: none off a TTY, or without a console)."""
+
+    def __init__(self, console: Console | None = None):
+        self.console = console
+
+    @contextmanager
+    def __call__(self, label: str, total: int = 1) -> Iterator[Callable[[int], None]]:
+        """A phase of `total` units; the yielded callable takes the units done (the last one is ticked on exit)."""
+        if self.console is None:
+            yield lambda done: None
+            return
+        with progress_bar(label, self.console, every=1) as advance:
+            advance.total(total)
+            yield advance
+            advance(total)
+
+
 def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: bool = False,
-                    repeats: int | None = None, test_fraction: float = 0.25,
-                    profile_name: str = "profile.yaml") -> tuple[FitReport, Setup]:
-    """Measure, fit and write the profile, grid.csv, calibration.json (and device.yaml on CPU) in `folder`."""
-    torch = _torch_setup(setup)
+                    repeats: int | None = None, test_fraction: float = 0.25, profile_name: str = "profile.yaml",
+                    console: Console | None = None) -> tuple[FitReport, Setup]:
+    """Measure, fit and write the profile, grid.csv, calibration.json (and device.yaml on CPU) in `folder`.
+
+    The run works in `folder`/calibrate-in-progress (the device's peaks, the grid-only profile that sizes the
+    calibration trace), so an interrupted run leaves no file that passes for a finished one and keeps the
+    folder's earlier calibration whole; the finished files are written there only once every phase is done."""
     folder = Path(folder)
-    setup = describe_device(setup, folder, gpu)
+    work = folder / IN_PROGRESS
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        report, setup, header = _calibrate(setup, work, gpu, quick, repeats, test_fraction, Phases(console))
+        return report, _publish(report, setup, header, folder, profile_name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _calibrate(setup: Setup, work: Path, gpu: str | None, quick: bool, repeats: int | None, test_fraction: float,
+               phase: Phases) -> tuple[FitReport, Setup, dict]:
+    """Every phase of a calibration in `work`: the fitted report, the setup (its device file in `work`), the
+    profile's header."""
+    torch = _torch_setup(setup)
+    with phase("measuring the device"):
+        setup = describe_device(setup, work, gpu)
     repeats = repeats or (3 if quick else 7)
-    rows = _measure(setup, grid_shapes(GridSpec.for_device(setup.device, quick), setup.seed), repeats)
+    rows = _measure(setup, grid_shapes(GridSpec.for_device(setup.device, quick), setup.seed), repeats, phase)
     shallow = None if quick else half_depth(setup)
     if shallow is not None:  # the quick grid again at half depth: separates layer from step overhead
         shapes = grid_shapes(GridSpec.for_device(setup.device, quick=True), setup.seed)
-        rows = pd.concat([rows, _measure(shallow, shapes, repeats)], ignore_index=True)
+        rows = pd.concat([rows, _measure(shallow, shapes, repeats, phase, "timing the half-depth grid")],
+                         ignore_index=True)
     today = dt.date.today().isoformat()
     provenance = (f"fitted by servesim calibrate on {today}: {setup.device} ({device_name(setup.device)}) as "
                   f"{setup.gpu!r}, {rows['dtype'][0]}, torch {torch.__version__}, {rows['threads'][0]} threads, "
                   f"model {setup.model} scale {setup.scale_json}, {len(rows)} measured shapes")
     gpu_spec = get_gpu(setup.gpu, tuple(Path(p) for p in setup.gpu_files))
     name = f"{setup.gpu}-{setup.model}"
-    report = calibrate_rows(rows, gpu_spec, name, provenance, test_fraction, setup.seed)
+    with phase("fitting the grid"):
+        report = calibrate_rows(rows, gpu_spec, name, provenance, test_fraction, setup.seed)
     header = {"device": f"{setup.device} ({device_name(setup.device)})", "gpu_spec": setup.gpu,
               "torch": torch.__version__, "date": today, "model": setup.model, "scale": setup.scale_json,
               "dtype": rows["dtype"][0], "rows": len(rows)}
-    save_profile(report.profile, folder / profile_name, header)  # the grid's fit sizes the calibration trace
-    served = serve_calibration_trace(setup, folder / profile_name, folder)
-    report = calibrate_rows(rows, gpu_spec, name, provenance + f" and {len(served)} served steps", test_fraction,
-                            setup.seed, served=served_rows(served, setup))
-    host_step, host_request = host_overhead(served)
+    grid_only = save_profile(report.profile, work / "grid-only-profile.yaml", header)  # sizes the calibration trace
+    with phase("serving the calibration trace, requests arrived", CALIBRATION_TRACE.num_requests) as done:
+        served = serve_calibration_trace(setup, grid_only, work, done)
+    with phase("refitting with the served steps"):
+        report = calibrate_rows(rows, gpu_spec, name, provenance + f" and {len(served)} served steps", test_fraction,
+                                setup.seed, served=served_rows(served, setup))
+    with phase("fitting the host overhead"):
+        host_step, host_request = host_overhead(served)
     profile = report.profile.model_copy(update={"host_step_s": host_step, "host_request_s": host_request})
-    report = dataclasses.replace(report, profile=profile)
     header |= {"served_steps": len(served), **{f"{key}_mape_pct": round(value, 2) for key, value in report.mape.items()},
                "host_overhead": "fitted on a served calibration trace"}
-    save_profile(profile, folder / profile_name, header)
+    return dataclasses.replace(report, profile=profile), setup, header
+
+
+def _publish(report: FitReport, setup: Setup, header: dict, folder: Path, profile_name: str) -> Setup:
+    """Move the device file beside the profile and write grid.csv, calibration.json and, last, the profile; the
+    setup as written (its device file in `folder`)."""
+    if setup.gpu_files:
+        device = folder / "device.yaml"
+        os.replace(setup.gpu_files[0], device)
+        setup = dataclasses.replace(setup, gpu_files=(str(device.resolve()),))
     write_text_atomic(folder / "grid.csv", report.rows.to_csv(index=False))
     files = [os.path.relpath(p, folder.resolve()) for p in setup.gpu_files]  # the folder may move as a whole
     write_text_atomic(folder / "calibration.json",
                       json.dumps(dataclasses.asdict(setup) | {"gpu_files": files, "profile": profile_name}, indent=2))
-    return report, setup
+    save_profile(report.profile, folder / profile_name, header)
+    return setup
 
 
 def load_setup(folder: Path) -> tuple[Setup, Path]:
@@ -216,13 +277,16 @@ def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path)
 CALIBRATION_TRACE = TraceSpec(num_requests=80, prompt_median=120, output_low=8, output_high=48, load=0.6)
 
 
-def serve_calibration_trace(setup: Setup, profile: Path, folder: Path) -> pd.DataFrame:
-    """Serve CALIBRATION_TRACE on the executor at 0.6x the saturation `profile` predicts; its step rows."""
+def serve_calibration_trace(setup: Setup, profile: Path, folder: Path,
+                            progress: Callable[[int], None] | None = None) -> pd.DataFrame:
+    """Serve CALIBRATION_TRACE on the executor at 0.6x the saturation `profile` predicts; its step rows.
+    `progress(arrived)`: as in `serve`."""
     from calibration.serve import serve
     rate = CALIBRATION_TRACE.load * saturation_rate(setup, CALIBRATION_TRACE, profile, folder)
     workload = CALIBRATION_TRACE.workload(rate)
     ex = make_executor(setup, CALIBRATION_TRACE.num_blocks, hybrid=True)
-    served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, CALIBRATION_TRACE), setup.seed)
+    served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, CALIBRATION_TRACE), setup.seed,
+                   progress)
     return served.steps
 
 

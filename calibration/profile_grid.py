@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -106,9 +107,11 @@ def _tables(batch: StepBatch, block_size: int, num_blocks: int) -> list[list[int
 
 
 def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dict, repeats: int = 5,
-                 warmup: int = 1, seed: int = 0, warm: int | None = None) -> pd.DataFrame:
+                 warmup: int = 1, seed: int = 0, warm: int | None = None,
+                 progress: Callable[[int], None] | None = None) -> pd.DataFrame:
     """Median step time of `ex` (a calibration Executor) for every shape; one DataFrame row per
-    (shape, fast prefill on/off). `model` and `scale` are recorded to rebuild the ModelSpec."""
+    (shape, fast prefill on/off). `model` and `scale` are recorded to rebuild the ModelSpec.
+    `progress(rounds_done)` runs after each of the `warmup + repeats` rounds, outside the timed calls."""
     import torch
 
     from calibration.executor import StepInput
@@ -119,10 +122,12 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
              for label, batch in shapes for fast in modes]
     device = str(ex.device)
     warm = warm_calls(device) if warm is None else warm
-    for _ in range(warmup):
+    progress = progress or (lambda done: None)
+    for w in range(warmup):
         for _, _, fast, inp in cases:
             ex.fast_prefill = fast
             ex.execute(inp)
+        progress(w + 1)
     times, cpu_times = np.empty((repeats, len(cases))), np.empty((repeats, len(cases)))
     for r in range(repeats):
         for i, (_, _, fast, inp) in enumerate(cases):
@@ -134,6 +139,7 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
             ex.execute(inp)
             synchronize(device)
             times[r, i], cpu_times[r, i] = time.perf_counter() - start, time.thread_time() - cpu_start
+        progress(warmup + r + 1)
     rows = [_row(label, batch, fast, times[:, i]) | {"cpu_time_s": float(np.median(cpu_times[:, i]))}
             for i, (label, batch, fast, _) in enumerate(cases)]
     df = pd.DataFrame(rows)

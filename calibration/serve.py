@@ -37,6 +37,7 @@ import gc
 import json
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -148,8 +149,10 @@ class _StepRecorder:
             "num_context": json.dumps(list(plan.num_context)), "needs_logits": json.dumps(list(plan.samples))})
 
 
-def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int = 0) -> ServeResult:
-    """Serve `requests` (mutated: counters and times, as the simulator does) on `ex` until all finish."""
+def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int = 0,
+          progress: Callable[[int], None] | None = None) -> ServeResult:
+    """Serve `requests` (mutated: counters and times, as the simulator does) on `ex` until all finish.
+    `progress(arrived)` runs as requests arrive (they arrive in real time, so it tracks the run's clock)."""
     if engine.block_size != ex.block_size:
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
     if engine.prefix_caching == "radix":
@@ -170,8 +173,11 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
         start, idle = time.perf_counter(), False
         while True:
             now = time.perf_counter() - start
-            while pending and pending[0].arrival_s <= now:
-                _arrive(pending.popleft(), sched, engine, ex, groups, tokens, now, seed)
+            if pending and pending[0].arrival_s <= now:
+                while pending and pending[0].arrival_s <= now:
+                    _arrive(pending.popleft(), sched, engine, ex, groups, tokens, now, seed)
+                if progress is not None:
+                    progress(len(requests) - len(pending))
             plan = sched.schedule(now)
             if plan.is_empty:
                 if not pending:

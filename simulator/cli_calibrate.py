@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from hardware.errors import SpecError
 from hardware.profile import Profile
@@ -54,15 +55,15 @@ def calibrate(device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
         raise SpecError(f"--device {device!r}: choose cpu or cuda")
     folder, name = (out.parent, out.name) if out.suffix in (".yaml", ".yml") else (out, "profile.yaml")
     setup = Setup(model, parse_scale(scale), device, "", (), seed=seed, threads=threads)
-    report, setup = run_calibration(setup, folder, gpu, quick, profile_name=name)
-    print_table(f"profile for {model} [{scale or 'full size'}] on {setup.gpu}", ["parameter", "fitted", "default"],
-                profile_rows(report.profile))
+    report, setup = run_calibration(setup, folder, gpu, quick, profile_name=name, console=console)
+    print_table(escape(f"profile for {model} [{scale or 'full size'}] on {setup.gpu}"),
+                ["parameter", "fitted", "default"], profile_rows(report.profile))
     print_table("step-time MAPE % (test = shapes held out of the fit)",
                 ["split", "rows", "default profile", "fitted profile"], report.table())
     if report.num_beating_roofline:
-        console.print(f"warning: {report.num_beating_roofline} measured steps beat the roofline; "
-                      f"check the device peaks of {setup.gpu!r}")
-    console.print(f"profile in {folder / name}; measurements in {folder / 'grid.csv'}")
+        console.print(escape(f"warning: {report.num_beating_roofline} measured steps beat the roofline; "
+                             f"check the device peaks of {setup.gpu!r}"))
+    console.print(escape(f"profile in {folder / name}; measurements in {folder / 'grid.csv'}"))
 
 
 @app.command()
@@ -94,7 +95,7 @@ def validate(calibration_dir: Path = typer.Argument(..., help="Folder written by
     print_table("simulated vs measured (per-request absolute % error; throughput in tokens/s; step_time: per step)",
                 ["metric", "requests", "median err %", "p90 err %", "measured median", "simulated median",
                  "err of median %"], rows)
-    console.print(f"report in {(out or calibration_dir) / 'validation.html'}")
+    console.print(escape(f"report in {(out or calibration_dir) / 'validation.html'}"))
 
 
 @app.command("fit")
@@ -102,7 +103,8 @@ def validate(calibration_dir: Path = typer.Argument(..., help="Folder written by
 def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML list, as benchmarks/published_runs.yaml)"),
              match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
              holdout_every: int = typer.Option(3, "--holdout-every", min=0,
-                                               help="Hold every n-th run out of the fit to test it (0: none)"),
+                                               help="Hold every n-th run (n >= 2) out of the fit to test it "
+                                                    "(0: none)"),
              out: Path = typer.Option(Path("fit_out"), "--out", help="Folder for profile.yaml and figures.csv"),
              name: str = typer.Option("fitted-runs", "--name", help="The profile's name"),
              max_evaluations: int = typer.Option(200, "--max-evaluations", min=1,
@@ -123,11 +125,12 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     except ImportError as err:  # scipy is an extra: the simulator itself runs without it
         raise SpecError(f"servesim fit needs {err.name}: pip install -e '.[calibrate]'") from None
     from calibration.calibrate import save_profile
-    from simulator.atomic import atomic_dir
+    from simulator.atomic import atomic_dir, check_replaceable
     from simulator.executors import default_workers
     from simulator.measured import load_measured_runs, select
     from simulator.measured_report import FAMILY_COLUMNS, family_rows
 
+    check_replaceable(out)  # before the fit, not after it
     runs = select(load_measured_runs(runs_file), match)
     if len(runs) < 2:
         raise SpecError(f"{runs_file}: {len(runs)} run(s) match; a fit needs at least 2")
@@ -149,5 +152,12 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
                                 family_rows(list(zip(members, errors))))
         pd.DataFrame(rows).to_csv(folder / "figures.csv", index=False)
     print_table("fitted profile", ["parameter", "fitted", "default"], profile_rows(result.profile))
-    console.print(f"profile in {out / 'profile.yaml'} (held-out MAPE {result.profile.fit_mape:.1f}%); "
-                  f"every figure in {out / 'figures.csv'}")
+    console.print(escape(f"profile in {out / 'profile.yaml'} ({fit_score(result.profile.fit_mape, len(test))}); "
+                         f"every figure in {out / 'figures.csv'}"))
+
+
+def fit_score(mape: float, num_held_out: int) -> str:
+    """What `fit_mape` measures: the held-out runs' error, or with none held out the error on the runs fitted."""
+    if num_held_out:
+        return f"held-out MAPE {mape:.1f}% over {num_held_out} runs"
+    return f"training MAPE {mape:.1f}%: no run was held out"

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 import yaml
+from rich.console import Console
 from typer.testing import CliRunner
 
+from calibration import pipeline
+from calibration.pipeline import IN_PROGRESS, Setup, run_calibration
+from calibration.scaled import parse_scale
 from hardware.gpu import gpu_catalog
 from hardware.profile import load_profile
 from simulator.cli import app
@@ -25,6 +31,8 @@ def test_calibrate_then_validate(tmp_path):
                                  "--out", str(tmp_path / "tiny.yaml")])
     assert result.exit_code == 0, result.output
     assert "step-time MAPE" in result.output and "gemm_compute" in result.output
+    assert "[layers=2," in result.output and "vocab=256]" in result.output  # the scale is text, not rich markup
+    assert not (tmp_path / IN_PROGRESS).exists()
     profile = load_profile(tmp_path / "tiny.yaml")
     assert profile.fit_mape is not None and "torch" in profile.provenance
     assert "cpu-local" in gpu_catalog((tmp_path / "device.yaml",))
@@ -39,6 +47,33 @@ def test_calibrate_then_validate(tmp_path):
     measured = pd.read_csv(tmp_path / "v" / "requests_measured.csv")
     assert len(measured) == 20 and measured["cached_tokens"].sum() > 0  # the shared prefixes were hit
     assert "plotly" in (tmp_path / "v" / "validation.html").read_text().lower()
+
+
+def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, monkeypatch):
+    """Until the last phase ends, the grid-only profile and the device's peaks wait in calibrate-in-progress/; a run
+    stopped in the last phase leaves the folder's earlier calibration as it was. Each phase shows a progress bar."""
+    earlier = {name: f"earlier {name}" for name in ("profile.yaml", "device.yaml", "grid.csv", "calibration.json")}
+    for name, text in earlier.items():
+        (tmp_path / name).write_text(text)
+    seen = {}
+
+    def interrupted(served):
+        seen["folder"] = sorted(p.name for p in tmp_path.iterdir())
+        seen["work"] = sorted(p.name for p in (tmp_path / IN_PROGRESS).iterdir())
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "host_overhead", interrupted)
+    terminal = Console(file=io.StringIO(), force_terminal=True, width=120)
+    setup = Setup("llama-3.1-8b", parse_scale(TINY), "cpu", "", (), threads=1)
+    with pytest.raises(KeyboardInterrupt):
+        run_calibration(setup, tmp_path, quick=True, console=terminal)
+    assert seen["folder"] == sorted([*earlier, IN_PROGRESS])
+    assert {"grid-only-profile.yaml", "device.yaml"} <= set(seen["work"])
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier  # untouched; the work folder is gone
+    shown = terminal.file.getvalue()
+    for phase in ("measuring the device", "timing the grid (18 shapes), rounds", "fitting the grid",
+                  "serving the calibration trace", "refitting with the served steps", "fitting the host overhead"):
+        assert phase in shown, phase
 
 
 def test_bad_arguments_are_one_line_errors(tmp_path):

@@ -60,6 +60,8 @@ def test_every_nth_run_is_held_out_and_measures_the_fit(truth_path, tmp_path):
     train, test = split(runs, 2)
     assert train == [runs[0], runs[2]] and test == [runs[1], runs[3]]
     assert split(runs, 0) == (runs, [])
+    with pytest.raises(SpecError, match="give 0"):
+        split(runs, 1)  # would hold out every run: not read as 0, which fits on all of them
     result = fit_to_runs(train, test, max_evaluations=20)
     assert result.evaluations <= 20  # the budget holds the Jacobian's replays too
     saved = tmp_path / "fitted.yaml"
@@ -84,8 +86,15 @@ def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path
     figures = pd.read_csv(out / "figures.csv")
     assert sorted(figures["split"].unique()) == ["test", "train"] and len(figures) == 8
     assert {"measured", "predicted_default", "predicted_fitted"} <= set(figures.columns)
+    assert "held-out MAPE" in result.output and "over 2 runs" in result.output
     too_few = CliRunner().invoke(app, ["fit", str(runs_file), "--match", "latency 32/64"])
     assert too_few.exit_code == 2 and "a fit needs at least 2" in too_few.output
+    every = CliRunner().invoke(app, ["fit", str(runs_file), "--out", str(tmp_path / "one"), "--holdout-every", "1"])
+    assert every.exit_code == 2 and "n >= 2" in every.output and not (tmp_path / "one").exists()
+    none = CliRunner().invoke(app, ["fit", str(runs_file), "--out", str(tmp_path / "none"), "--holdout-every", "0",
+                                    "--max-evaluations", "2", "--workers", "1"])
+    assert none.exit_code == 0, none.output
+    assert "training MAPE" in none.output and "held-out" not in none.output  # a training error is not held out
 
 
 def test_a_prior_holds_the_fit_near_the_defaults(truth_path):
