@@ -31,11 +31,10 @@ class OneStepAhead:
         self.in_flight_since: float | None = None  # when the step now ending was scheduled; None: no step ran
         self.unchanged = True  # nothing was freed after the last plan was made
 
-    @property
-    def settled(self) -> bool:
-        """Whether the next plan sees what the last one saw: no arrival is waiting to be seen, and no slot or
-        block was freed after the last plan was made (either could admit a request the last plan could not)."""
-        return self.unchanged and not self.inbox
+    def settled(self, waiting: bool) -> bool:
+        """Whether the next plan sees what the last one saw: no arrival is waiting to be seen, and, if a request
+        `waiting` could be admitted, no slot or block was freed after the last plan was made."""
+        return not self.inbox and (self.unchanged or not waiting)
 
     def arrive(self, req: Request, now: float) -> None:
         self.inbox.append((now, req))

@@ -65,8 +65,13 @@ class TokenBudgetScheduler:
     @property
     def holds_finished(self) -> bool:
         """Whether a finished request keeps its slot and blocks until the next step is planned (async
-        scheduling): then no request may finish inside a fused decode stretch."""
+        scheduling): a fused decode stretch then frees them a step after the finish (`release_retired`)."""
         return self.ahead is not None
+
+    def release_retired(self, req: Request) -> None:
+        """Free the slot and blocks of `req`, which finished in the step before the one just planned."""
+        self.ahead.retiring.remove(req)
+        release_finished(req, self.kv, req.finish_s)
 
     @property
     def _seats_taken(self) -> int:
@@ -164,7 +169,7 @@ class TokenBudgetScheduler:
         swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same.
         Never with speculative decoding: its steps are random (accepted guesses), and drafting may switch on
         again as the batch shrinks."""
-        if self.speculator is not None or (self.ahead is not None and not self.ahead.settled):
+        if self.speculator is not None or (self.ahead is not None and not self.ahead.settled(self.num_waiting > 0)):
             return None
         if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
             return None

@@ -112,8 +112,7 @@ class Replica:
         if not requests:
             return None
         requests, kv = list(requests), self.scheduler.kv
-        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0 \
-            and not getattr(self.scheduler, "holds_finished", False)  # async scheduling frees them a step late
+        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0
         stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed,
                                waiting=getattr(self.scheduler, "admission_waits_for_blocks",
                                                self.scheduler.num_waiting > 0))
@@ -124,7 +123,8 @@ class Replica:
         def retire(req: Request, now: float) -> None:
             self.scheduler.retire(req, now)
             finished.append(req)
-        active, used = apply_stretch(requests, stretch, kv, ff.log, retire)
+        late = self.scheduler.release_retired if getattr(self.scheduler, "holds_finished", False) else None
+        active, used = apply_stretch(requests, stretch, kv, ff.log, retire, late)  # late: async scheduling
         fused = getattr(self.scheduler, "fused_decode_steps", None)  # a scheduler whose state moves per decode step
         if fused is not None:
             fused(len(stretch.ends_s) - 1)

@@ -130,19 +130,23 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
 
 
 def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: int, size: int,
-            windows: tuple[int | None, ...]) -> list[tuple[int, int, int, int]]:
+            windows: tuple[int | None, ...], late_release: bool = False) -> list[tuple[int, int, int, int]]:
     """(step, kind, request, sub) in stepping order. Kind 0 when the step is scheduled: open a block (sub 0),
     register the block it fills (sub 1; only in pools whose windows free blocks, which must be findable
-    by then). Kind 1 as it ends: windows free blocks (commit order), then kind 2: finished requests retire."""
+    by then). Kind 1 once it is planned: with `late_release` (async scheduling), the blocks of requests that
+    finished in the step before go back. Kind 2 as it ends: windows free blocks (commit order), then kind 3:
+    finished requests retire."""
     first = (-context) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
     first[first == 0] = size  # step 0 is already allocated
     events = [(i, 0, j, 0) for j in range(len(context)) for i in range(int(first[j]), int(last[j]) + 1, size)]
-    events += [(int(f), 2, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+    events += [(int(f), 3, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+    if late_release:  # never past the stretch: no request finishes in its last step
+        events += [(int(f) + 1, 1, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
     sliding = sorted({w for w in windows if w is not None})
     if sliding:
         fills = (-(context + 1)) % size  # step i fills a block when context_j + i + 1 is a multiple of size
         events += [(i, 0, j, 1) for j in range(len(context)) for i in range(int(fills[j]), int(last[j]) + 1, size)]
-        frees = {(i, 1, j, 0) for w in sliding
+        frees = {(i, 2, j, 0) for w in sliding
                  for j, start in enumerate(_window_free_steps(context, w, size).tolist())
                  for i in range(start, int(last[j]) + 1, size)}
         events += frees
@@ -150,17 +154,19 @@ def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: in
 
 
 def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
-                  retire: Callable[[Request, float], None]) -> tuple[list[int], list[int]]:
+                  retire: Callable[[Request, float], None],
+                  release: Callable[[Request], None] | None = None) -> tuple[list[int], list[int]]:
     """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
     order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
-    theirs (when it ends).
+    theirs (when it ends). With `release` (async scheduling), a finished request keeps its blocks until the next
+    step is planned: `retire` marks it done as it ends, `release` gives its blocks back then.
 
     Returns, per step, the requests decoding in it and the KV blocks in use after it (what the step log shows).
     """
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     last = np.minimum(stretch.finish_step, steps - 1)
-    events = _events(context, last, stretch.finish_step, steps, size, kv.windows)
+    events = _events(context, last, stretch.finish_step, steps, size, kv.windows, release is not None)
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
     active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
     log.itl_s.extend((ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist())
@@ -178,6 +184,8 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
         elif kind == 0:
             kv.cache_scheduled(requests[j], tokens)
         elif kind == 1:
+            release(requests[j])
+        elif kind == 2:
             kv.end_decode_step(requests[j], tokens)
         else:
             retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
