@@ -156,6 +156,8 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--quantization fp8")
     if e.prefix_caching == "none":  # SGLang's radix cache is on by default
         parts.append("--disable-radix-cache")
+    elif e.prefix_caching == "radix" and e.radix_page_size != 1:  # SGLang's default page holds one token
+        parts.append(f"--page-size {e.radix_page_size}")
     if e.queue_order == "lpm":
         parts.append("--schedule-policy lpm")
     if e.scheduler == "sglang":  # knobs only SGLang's scheduler reads

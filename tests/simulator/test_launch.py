@@ -26,7 +26,8 @@ def test_prefix_caching_off_is_turned_off_and_the_engines_defaults_add_nothing()
     assert "--no-enable-prefix-caching" in vllm and "--disable-radix-cache" in sglang
     for caching in ("vllm", "radix"):  # each engine's own cache is on by default
         vllm, sglang = commands(chat(engine={"prefix_caching": caching}))
-        assert "prefix-caching" not in vllm and "radix" not in sglang
+        assert "prefix-caching" not in vllm and "radix" not in sglang and "--page-size" not in sglang
+    assert "--page-size 16" in commands(chat(engine={"prefix_caching": "radix", "radix_page_size": 16}))[1]
 
 
 def test_expert_parallel_without_dp_attention_spreads_the_experts_over_the_tp_group():
