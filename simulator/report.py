@@ -17,6 +17,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import yaml
 from plotly.offline import get_plotlyjs
+from pydantic import ValidationError
 
 from hardware.cost import GEMM_COMPUTE_DTYPE
 from hardware.errors import SpecError
@@ -25,6 +26,7 @@ from hardware.model import get_model
 from simulator import report_charts as charts
 from simulator.atomic import write_text_atomic
 from simulator.sweep import POINTS, RESULTS
+from workloads.config import WorkloadConfig
 
 SUMMARY_KEYS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput", "p90_ttft_ms",
                 "p99_ttft_ms", "p90_tpot_ms", "p99_tpot_ms", "p90_e2el_ms", "request_goodput", "preemptions",
@@ -90,7 +92,7 @@ def sweep_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, st
     if done.empty:
         raise SpecError(f"{folder}: no sweep point has results yet")
     labels = [", ".join(f"{k}={row[k]}" for k in grid_keys) or "base" for _, row in done.iterrows()]
-    figures = [charts.latency_vs_load(done, grid_keys), charts.throughput_latency(done, labels)]
+    figures = [charts.latency_vs_load(done, grid_keys, _rate_unit(meta)), charts.throughput_latency(done, labels)]
     cost = np.array([point_cost_per_hour(folder / POINTS / p) for p in done["point"]])
     if np.isfinite(cost).all() and len(np.unique(cost)) > 1:
         figures.append(charts.cost_pareto(cost, done["p90_ttft_ms"].to_numpy(), labels))
@@ -102,6 +104,14 @@ def sweep_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, st
               ("Base configuration", table_html(["field", "value"],
                                                 [[k, _fmt(v)] for k, v in flatten(base).items() if v is not None]))]
     return f"servesim sweep: {base.get('name', folder.name)} ({len(table)} points)", figures, tables
+
+
+def _rate_unit(meta: dict) -> str:
+    """What the sweep's base scenario's rates count (WorkloadConfig.rate_unit); req/s if it is not recorded."""
+    try:
+        return WorkloadConfig.model_validate((meta.get("scenario") or {})["workload"]).rate_unit
+    except (KeyError, ValidationError):
+        return "req/s"
 
 
 def point_cost_per_hour(point: Path) -> float:

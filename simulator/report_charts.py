@@ -113,7 +113,7 @@ def _groups(table: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFram
             for name, rows in table.groupby(keys if len(keys) > 1 else keys[0], sort=False)]
 
 
-def latency_vs_load(table: pd.DataFrame, grid_keys: list[str]) -> go.Figure:
+def latency_vs_load(table: pd.DataFrame, grid_keys: list[str], unit: str = "req/s") -> go.Figure:
     """p90 TTFT, TPOT and E2E latency against the offered rate (or, without one, the achieved throughput)."""
     x_key = LOAD_KEY if LOAD_KEY in grid_keys else "request_throughput"
     fig = make_subplots(rows=1, cols=3, subplot_titles=["p90 TTFT", "p90 TPOT", "p90 E2E latency"])
@@ -123,7 +123,7 @@ def latency_vs_load(table: pd.DataFrame, grid_keys: list[str]) -> go.Figure:
             fig.add_trace(go.Scatter(x=rows[x_key], y=rows[metric], mode="lines+markers", name=label,
                                      legendgroup=label, showlegend=col == 1, line={"color": color}), row=1, col=col)
     for col in (1, 2, 3):
-        fig.update_xaxes(title_text="offered rate (req/s)" if x_key == LOAD_KEY else "throughput (req/s)",
+        fig.update_xaxes(title_text=f"offered rate ({unit})" if x_key == LOAD_KEY else "throughput (req/s)",
                          row=1, col=col)
     fig.update_yaxes(title_text="ms", row=1, col=1)
     return _layout(fig, "Latency vs load")

@@ -8,12 +8,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from hardware.errors import SpecError
 from simulator.cli import app
 from simulator.output import write_run
-from simulator.report import page, write_report
+from simulator.report import _rate_unit, page, write_report
 from simulator.run import simulate
 from simulator.sweep import run_sweep
 from tests.simulator.study_helpers import SCENARIOS, chat
@@ -103,3 +104,13 @@ def test_report_of_a_folder_without_results_is_one_clear_error(tmp_path):
         write_report(tmp_path)
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
     assert result.exit_code == 2 and "neither a run folder" in result.stderr
+
+
+def test_a_sweep_of_sessions_plots_its_load_in_sessions_per_second(sweep_folder, tmp_path):
+    meta = yaml.safe_load((sweep_folder / "sweep.yaml").read_text())
+    assert _rate_unit(meta) == "req/s"
+    meta["scenario"]["workload"]["sessions"] = {"turns": {"kind": "fixed", "value": 2},
+                                                "think_time_s": {"kind": "fixed", "value": 1.0},
+                                                "new_message_tokens": {"kind": "fixed", "value": 20}}
+    assert _rate_unit(meta) == "sessions/s"
+    assert "offered rate (req\\u002fs)" in write_report(sweep_folder, tmp_path / "s.html").read_text()  # JSON
