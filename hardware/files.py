@@ -17,8 +17,14 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` brings keys that the mapping may override
+                continue
             key = self.construct_object(key_node, deep=deep)
-            if key in seen:
+            try:
+                given = key in seen
+            except TypeError:  # unhashable: the base constructor says so, with its place
+                break
+            if given:
                 raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
                                                         key_node.start_mark)
             seen.add(key)

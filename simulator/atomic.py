@@ -36,6 +36,9 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 MARKER = ".servesim"  # in every folder atomic_dir writes: only such a folder (or an empty one) is replaced
+# what run and fit folders held before the marker existed: a folder of only these is an earlier output too
+EARLIER_OUTPUTS = frozenset({"requests.csv", "steps.csv", "summary.json", "memory.json", "scenario.yaml",
+                             "profile.yaml", "figures.csv"})
 
 
 def check_replaceable(path: Path) -> None:
@@ -47,9 +50,11 @@ def check_replaceable(path: Path) -> None:
     here, target = Path.cwd().resolve(), path.resolve()
     if target == here or target in here.parents:
         raise SpecError(f"{path}: is the current folder or one above it; give the output a folder of its own")
-    if path.is_dir() and any(path.iterdir()) and not (path / MARKER).exists():
-        raise SpecError(f"{path}: holds files servesim did not write, which replacing it would delete; give a new "
-                        "or empty folder")
+    if path.is_dir() and not (path / MARKER).exists():
+        foreign = sorted(p.name for p in path.iterdir() if p.name not in EARLIER_OUTPUTS)
+        if foreign:
+            raise SpecError(f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}), which replacing "
+                            "it would delete; give a new or empty folder")
 
 
 @contextmanager

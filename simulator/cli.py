@@ -247,7 +247,7 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
         advance.total(len(world.workload.requests))
         world.on_progress = advance
         result = world.run()
-    folder = write_run(result, out)
+    folder = write_run(result, out, base_dir)
     summary = result.summary
     rows = [[key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
             for key in SUMMARY_ROWS if key in summary and (key != "unfinished" or summary[key])]

@@ -127,8 +127,8 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--scheduling-policy priority")
     if e.disable_hybrid_kv_cache_manager:
         parts.append("--disable-hybrid-kv-cache-manager")
-    if not e.async_scheduling:  # simulated synchronously; vLLM schedules ahead by default since 0.14
-        parts.append("--no-async-scheduling")
+    if not e.async_scheduling or s.disaggregation is not None:  # simulated synchronously (P/D pools always);
+        parts.append("--no-async-scheduling")                    # vLLM schedules ahead by default since 0.14
     if e.speculative is not None:
         parts.append(_vllm_speculative(e.speculative))
     return " ".join(parts)
@@ -168,6 +168,7 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
             parts.append(f"--schedule-conservativeness {round(e.schedule_conservativeness / scale, 3)}")
         if e.enable_mixed_chunk:
             parts.append("--enable-mixed-chunk")
+        parts.append("--disable-overlap-schedule")  # simulated one batch at a time; SGLang overlaps by default
     if e.speculative is not None:
         parts += _sglang_speculative(e.speculative)
     return " ".join(parts)

@@ -289,17 +289,30 @@ def _check_choices(base: Scenario, gpus: list[str], tps: list[int], knobs: dict[
     unknown = sorted(set(knobs) - set(EngineConfig.model_fields))
     if unknown:
         raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: {', '.join(EngineConfig.model_fields)}")
-    for knob, values in knobs.items():  # a bad value stops the plan too, instead of dropping its candidates
-        for value in values:
-            try:
-                with_overrides(base.run_settings(), {f"engine.{knob}": value})
-            except ValidationError as err:
-                raise first_error(err, f"knob {knob}={value!r}", Scenario) from None
-            except (SpecError, ValueError) as err:
-                raise SpecError(f"knob {knob}={value!r}: {err}") from None
+    names, combos = list(knobs), list(itertools.product(*knobs.values()))
+    for i, knob in enumerate(names):  # a value no combination can run stops the plan, instead of every candidate
+        for value in knobs[knob]:       # with it dropping out unseen (a combination that cannot run is pruned)
+            problem = None
+            for combo in (c for c in combos if c[i] == value):
+                problem = _knob_problem(base, dict(zip(names, combo)), knob, value)
+                if problem is None:
+                    break
+            if problem is not None:
+                raise problem
     bad_tp = [tp for tp in tps if tp < 1]
     if bad_tp:
         raise SpecError(f"plan TP sizes (--tp or plan.tp): {bad_tp[0]} is not a GPU count (1 or more)")
+
+
+def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) -> SpecError | None:
+    """Why `base` cannot run with the engine `knobs` (one line naming `knob`=`value`), or None."""
+    try:
+        with_overrides(base.run_settings(), {f"engine.{k}": v for k, v in knobs.items()})
+    except ValidationError as err:
+        return first_error(err, f"knob {knob}={value!r}", Scenario)
+    except (SpecError, ValueError) as err:
+        return SpecError(f"knob {knob}={value!r}: {err}")
+    return None
 
 
 def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int) -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import simpy
+from pydantic import ValidationError
 
 from hardware.cost import CostOptions
 from hardware.errors import SpecError
@@ -31,7 +32,7 @@ from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
 from simulator.engine import FastForward, Replica, StepTime
 from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
-from simulator.scenario import Scenario
+from simulator.scenario import Scenario, first_error
 from simulator.traffic import Traffic
 from workloads.generate import Workload, build_workload
 from workloads.request import Phase, Request
@@ -133,7 +134,10 @@ class Pool:
 
 
 def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
-    engine = EngineConfig.model_validate({**s.engine.model_dump(), **pool.engine, "scheduler": scheduler})
+    try:
+        engine = EngineConfig.model_validate({**s.engine.model_dump(), **pool.engine, "scheduler": scheduler})
+    except ValidationError as err:
+        raise first_error(err, f"disaggregation {scheduler.removeprefix('vllm_')} pool", EngineConfig) from None
     hardware = s.hardware.model_copy(update={"gpu": pool.gpu or s.hardware.gpu})
     parallelism = s.parallelism.model_copy(update={"tp": pool.tp, "pp": pool.pp})
     return s.model_copy(update={"engine": engine, "hardware": hardware, "parallelism": parallelism})

@@ -338,12 +338,18 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
         raise first_error(err, str(path), Scenario, list(overrides)) from None
-    return with_absolute_paths(scenario, path.parent), path.parent
+    hardware = scenario.hardware
+    if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
+        files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]
+        scenario = scenario.model_copy(update={"hardware": hardware.model_copy(update={"gpu_files": files})})
+    return scenario, path.parent
 
 
 def with_absolute_paths(model: Any, base_dir: Path) -> Any:
-    """`model` with every trace path and GPU file that is relative to `base_dir` (the scenario file's folder)
-    made absolute, so the resolved scenario a run writes into its own folder reruns from there."""
+    """`model` with its relative paths made absolute: traces against `base_dir` (the scenario file's folder);
+    GPU files, profiles and model config.json files against the working folder (where they were read), so the
+    resolved scenario a run writes into its own folder reruns from there. Runs themselves keep the paths as
+    given: a sweep point's hash does not depend on where the project sits."""
     if isinstance(model, TraceSource):
         return model if model.path.is_absolute() else model.model_copy(
             update={"path": (base_dir / model.path).absolute()})
@@ -355,6 +361,12 @@ def with_absolute_paths(model: Any, base_dir: Path) -> Any:
         return model
     update = {name: with_absolute_paths(getattr(model, name), base_dir) for name in type(model).model_fields}
     if isinstance(model, HardwareConfig):
-        update["gpu_files"] = [f if f.is_absolute() else (base_dir / f).absolute() for f in model.gpu_files]
+        update["gpu_files"] = [f.absolute() for f in model.gpu_files]
+        if model.profile is not None and Path(model.profile).suffix:  # a YAML path, not a bundled name
+            update["profile"] = str(Path(model.profile).absolute())
+    for name in ("model", "draft_model"):  # a config.json path, not a preset
+        value = update.get(name)
+        if isinstance(value, str) and (value.endswith(".json") or "/" in value) and value not in preset_names():
+            update[name] = str(Path(value).absolute())
     changed = {name: value for name, value in update.items() if value != getattr(model, name)}
     return model.model_copy(update=changed) if changed else model

@@ -97,7 +97,7 @@ def is_done(folder: Path) -> bool:
 def run_point(s: Scenario, base_dir: Path, folder: Path) -> str | None:
     """Simulate one point into `folder`; returns the reason when the scenario cannot run (e.g. does not fit)."""
     try:
-        write_run(simulate(s, base_dir), folder)
+        write_run(simulate(s, base_dir), folder, base_dir)
     except SpecError as err:
         return str(err)
     return None

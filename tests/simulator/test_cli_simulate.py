@@ -58,6 +58,8 @@ def test_an_output_folder_is_replaced_only_when_servesim_wrote_it(tmp_path, monk
     again = tmp_path / "again"
     for _ in range(2):  # an earlier run's folder is replaced whole
         assert simulate(str(QUICKSTART), "--out", str(again), "--set", "workload.num_requests=20").exit_code == 0
+    (again / ".servesim").unlink()  # a run folder from before the marker: replaced as well
+    assert simulate(str(QUICKSTART), "--out", str(again), "--set", "workload.num_requests=20").exit_code == 0
     monkeypatch.chdir(again)
     result = simulate(str(QUICKSTART), "--out", ".", "--set", "workload.num_requests=20")
     assert result.exit_code == 2 and "the current folder or one above it" in result.output

@@ -9,7 +9,7 @@ import yaml
 from hardware.gpu import get_interconnect
 from hardware.omni_memory import stage_output_cache_bytes
 from simulator.output import write_run
-from tests.simulator.conftest import run, scenario
+from tests.simulator.conftest import SCENARIOS, run, scenario
 
 GIB, MIB = 1 << 30, 1 << 20
 
@@ -83,7 +83,7 @@ def test_the_memory_plan_reports_each_stages_pinned_output_cache(tmp_path):
     assert memory["stage_output_cache_host_bytes"] == result.summary["stage_output_cache_host_bytes"] \
         == thinker["stage_output_cache_host_bytes"] + talker["stage_output_cache_host_bytes"]
     assert thinker["model"] == "llama-3.1-8b" and talker["model"] == "llama-3.2-1b"
-    written = json.loads((write_run(result, tmp_path / "run") / "memory.json").read_text())
+    written = json.loads((write_run(result, tmp_path / "run", SCENARIOS) / "memory.json").read_text())
     assert written["stages"][0]["stage_output_cache_host_bytes"] == thinker["stage_output_cache_host_bytes"]
 
 

@@ -88,6 +88,8 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
         plan(chat(), SCENARIOS, tps=[1], knobs={"scheduler": ["vllm", "foo"]}, target_rate=TARGET)
     with pytest.raises(SpecError, match="knob max_num_seqs='abc': engine.max_num_seqs: Input should be a valid"):
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_num_seqs": ["abc"]}, target_rate=TARGET)
+    from simulator.plan import _check_choices  # a value that runs in some combination passes: orca needs none
+    _check_choices(chat(), ["h100-sxm"], [1], {"scheduler": ["vllm", "orca"], "prefix_caching": ["vllm", "none"]})
     with pytest.raises(SpecError, match="0 is not a GPU count"):
         plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[0, 1], target_rate=TARGET)
 
@@ -157,6 +159,10 @@ def test_launch_commands_follow_the_engine_knobs():
     assert "async" not in vllm  # vLLM schedules ahead by default, as the simulation did
     assert "--no-async-scheduling" in vllm_command(chat(engine={"async_scheduling": False}), 16384)
     assert "--no-async-scheduling" in vllm_command(chat(parallelism={"pp": 2}), 16384)  # simulated synchronously
+    pd = chat(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "transfer": {"link": "ib-ndr-400"}})
+    assert "--no-async-scheduling" in vllm_command(pd, 16384)  # P/D pools step synchronously
+    assert "--disable-overlap-schedule" in sglang_command(chat(engine={"scheduler": "sglang"}), 16384)
+    assert "overlap" not in sglang  # a vLLM scenario's SGLang command is an approximation anyway
     assert "--long-prefill-token-threshold" not in vllm
     sg = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "queue_order": "lpm",
                       "schedule_conservativeness": 0.5, "enable_mixed_chunk": True})

@@ -49,7 +49,7 @@ def charts_with_svg(dom: str) -> int:
 @pytest.fixture(scope="module")
 def run_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("run") / "chat"
-    return write_run(simulate(chat(workload={"num_requests": 150}), SCENARIOS), folder)
+    return write_run(simulate(chat(workload={"num_requests": 150}), SCENARIOS), folder, SCENARIOS)
 
 
 @pytest.fixture(scope="module")
