@@ -100,9 +100,10 @@ class EngineConfig(BaseModel):
         "hits; a sliding window's share capped at window + one step's tokens), not just its first chunk: vLLM's "
         "default since 0.19 (off before); vllm and sarathi schedulers (chunked prefill)"))
     async_scheduling: bool | None = Field(None, description=(
-        "vllm scheduler: plan each step while the one before runs, as vLLM does by default since 0.14 "
-        "(--async-scheduling): an arrival joins the step after next, and a finished request's slot and blocks free "
-        "a step later; None: on for a colocated vllm replica without pipeline parallelism, off otherwise"))
+        "Plan each step while the one before runs, as vLLM does by default since 0.14 (--async-scheduling) and "
+        "SGLang since 0.4 (its overlap scheduler): an arrival joins the step after next, and a finished request's "
+        "slot and blocks free a step later (under sglang, after one more, wasted, decode); None: on for a "
+        "colocated vllm or sglang replica without pipeline parallelism, off otherwise"))
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
@@ -127,8 +128,8 @@ class EngineConfig(BaseModel):
         (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
         max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
-        Unset async_scheduling is vLLM's default for the replica: on for the vllm scheduler without pipeline
-        parallelism (micro-batch engines are simulated synchronously)."""
+        Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
+        without pipeline parallelism (micro-batch engines are simulated synchronously)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -138,7 +139,7 @@ class EngineConfig(BaseModel):
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
         if self.async_scheduling is None:
-            update["async_scheduling"] = self.scheduler == "vllm" and pp == 1
+            update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1
         elif self.async_scheduling and pp > 1:
             raise SpecError("engine.async_scheduling with pipeline parallelism (pp > 1) is not modelled: the "
                             "micro-batch engines step synchronously; set it false or leave it unset")
@@ -174,10 +175,10 @@ class EngineConfig(BaseModel):
         if self.speculative is not None and self.scheduler in ("static", "seed_toy", "sglang"):
             raise ValueError(f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "
                              f"not {self.scheduler!r}")
-        if self.async_scheduling and self.scheduler != "vllm":
-            raise ValueError(f"async_scheduling is modelled for the vllm scheduler of a colocated replica; "
-                             f"{self.scheduler!r} runs synchronously (prefill and decode pools too): set it false "
-                             "or leave it unset")
+        if self.async_scheduling and self.scheduler not in ("vllm", "sglang"):
+            raise ValueError(f"async_scheduling is modelled for the vllm and sglang schedulers of a colocated "
+                             f"replica; {self.scheduler!r} runs synchronously (prefill and decode pools too): set it "
+                             "false or leave it unset")
         if self.scheduler == "sglang" and self.preemption_mode == "swap":
             raise ValueError("preemption_mode 'swap': SGLang retracts requests and recomputes them; the sglang "
                              "scheduler takes preemption_mode 'recompute'")

@@ -18,6 +18,9 @@ What stays as it is synchronously:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from policies.step import StepPlan
 from workloads.request import Request
 
 
@@ -56,3 +59,22 @@ class OneStepAhead:
         """The finished requests whose slots and blocks free now."""
         done, self.retiring = self.retiring, []
         return done
+
+    def schedule(self, now: float, plan: Callable[[], StepPlan], queue: Callable[[Request], None],
+                 free: Callable[[list[Request]], None]) -> StepPlan:
+        """The step planned at `now` by a scheduler one step ahead: `plan` sees the arrivals the step in flight's
+        planning saw (`queue` puts them in the waiting queue), and requests that finished in it still hold their
+        slots and blocks (`free` frees them once the plan is made)."""
+        for req in self.seen():
+            queue(req)
+        result = plan()
+        if result.is_empty and not result.preempted and (self.inbox or self.retiring):
+            free(self.release())  # nothing to run: the engine waits for the outputs in flight, then plans again
+            for req in self.take_all():
+                queue(req)
+            result = plan()
+        done = self.release()
+        free(done)
+        self.unchanged = not done
+        self.in_flight_since = None if result.is_empty else now
+        return result

@@ -35,6 +35,7 @@ import math
 
 from policies.config import SGLANG_MAX_RUNNING, EngineConfig
 from policies.kv_blocks import BlockManager, fits_in_last_block
+from policies.one_step_ahead import OneStepAhead
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.step import PlanBuilder, StepPlan, TokenLog, feed_plan, release_finished
@@ -138,6 +139,8 @@ class PrefillFirstScheduler:
         self._prefilling = False  # whether the step being run prefills
         self._waiting = WaitingQueue(order, kv, lpm=cfg.queue_order == "lpm")
         self._back = itertools.count()
+        # SGLang's overlap scheduler (its default since 0.4; async_scheduling): batch N+1 is formed while N runs
+        self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
 
     @property
     def new_token_ratio(self) -> float:
@@ -150,7 +153,22 @@ class PrefillFirstScheduler:
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting)
+        return len(self._waiting) + (len(self.ahead.inbox) if self.ahead else 0)
+
+    @property
+    def finishes_fuse(self) -> bool:
+        """Whether a request may finish inside a fused decode stretch: not under overlap scheduling, where it
+        decodes once more (wasted) in the step after, which the stretch's step times leave out."""
+        return self.ahead is None
+
+    @property
+    def _ghosts(self) -> list[Request]:
+        """Requests that finished in the step in flight: SGLang does not know yet, so they decode once more."""
+        return self.ahead.retiring if self.ahead else []
+
+    @property
+    def _seats_taken(self) -> int:
+        return len(self.running) + len(self._ghosts)
 
     @property
     def num_running(self) -> int:
@@ -163,15 +181,30 @@ class PrefillFirstScheduler:
 
     def add(self, req: Request, now: float) -> None:
         req.phase = Phase.WAITING
-        self._waiting.push(req)
+        if self.ahead is not None:
+            self.ahead.arrive(req, now)
+        else:
+            self._waiting.push(req)
 
     def schedule(self, now: float) -> StepPlan:
+        if self.ahead is None:
+            return self._plan(now)
+        return self.ahead.schedule(now, lambda: self._plan(now), self._waiting.push, self._free)
+
+    def _free(self, finished: list[Request]) -> None:
+        """SGLang processed the finished requests' last outputs: their KV joins the cache and their slots free,
+        noticed by the next decode step (filter_batch) as without overlap."""
+        for req in finished:
+            release_finished(req, self.kv, req.finish_s)
+        self._shrunk |= bool(finished)
+
+    def _plan(self, now: float) -> StepPlan:
         step = PlanBuilder(0)
         self._prefilling = self._prefill(step)
         if self._prefilling:
             self._mix_decodes(step)
             return step.plan()
-        if self.running:
+        if self.running or self._ghosts:
             self._decode(step, now)
         elif self.chunked is not None:  # its next chunk found no room and nothing of ours runs to free some: the
             self._retract(step, now)    # pages are a pipeline sibling's (World._pool); give ours back to it
@@ -185,18 +218,22 @@ class PrefillFirstScheduler:
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
-        finished = feed_plan(plan, self.log, self.kv, now)
+        finished = feed_plan(plan, self.log, self.kv, now)  # (a ghost decode computes a token nobody gets)
         for req in finished:
             self.retire(req, now)
-        if finished and self._prefilling:  # SGLang filters a finished prefill batch before its next try
-            self._filter_batch()
+        if finished and self._prefilling and self.ahead is None:  # SGLang filters a finished prefill batch
+            self._filter_batch()                                   # before its next try
         return finished
 
     def retire(self, req: Request, now: float) -> None:
         """A request produced its last token: its KV joins the cache and its slot frees. SGLang notices at the next
-        decode step (filter_batch), which then clears batch_is_full."""
-        release_finished(req, self.kv, now)
+        decode step (filter_batch), which then clears batch_is_full; overlapped, after one more (wasted) decode."""
         self.running.remove(req)
+        if self.ahead is not None:
+            req.phase, req.finish_s = Phase.FINISHED, now
+            self.ahead.retiring.append(req)
+            return
+        release_finished(req, self.kv, now)
         self._shrunk = True
 
     def _filter_batch(self) -> None:
@@ -206,7 +243,8 @@ class PrefillFirstScheduler:
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` decodes all of them and nothing could be admitted before a finish
         (nobody waits, or the batch is full): every following step is the same decode."""
-        if self.chunked is not None or (self.num_waiting and not self.batch_is_full):
+        admissible = self.num_waiting > 0 and not self.batch_is_full
+        if self.chunked is not None or admissible or (self.ahead is not None and not self.ahead.settled(admissible)):
             return None
         if plan.preempted or len(plan.requests) != len(self.running) or any(n != 1 for n in plan.num_new):
             return None
@@ -226,7 +264,7 @@ class PrefillFirstScheduler:
         """Build a prefill batch into `step` (SGLang's get_new_batch_prefill); whether it holds any request."""
         if self.chunked is None and (self.batch_is_full or not self._waiting):
             return False
-        if self.chunked is None and len(self.running) >= self.max_running:
+        if self.chunked is None and self._seats_taken >= self.max_running:
             self.batch_is_full = True
             return False
         mixed = len(self.running) if self._mixing else 0
@@ -236,7 +274,7 @@ class PrefillFirstScheduler:
             self._continue_chunk(step, budget)
         self._waiting.prepare()
         while self._waiting and self.chunked is None:
-            if len(self.running) >= self.max_running:
+            if self._seats_taken >= self.max_running:
                 self.batch_is_full = True
                 break
             if not self._admit(step, budget):
@@ -341,6 +379,13 @@ class PrefillFirstScheduler:
         for req in self.running:
             if req not in admitted and self._grow(req):
                 step.add(req, 1)
+        self._add_ghosts(step)
+
+    def _add_ghosts(self, step: PlanBuilder) -> None:
+        """Overlap scheduling: requests that finished in the step in flight decode once more, a token nobody gets
+        (in KV SGLang frees with theirs, so none is allocated here)."""
+        for req in self._ghosts:
+            step.add(req, 1)
 
     # ---- decode -------------------------------------------------------------------------------
     def _decode(self, step: PlanBuilder, now: float) -> None:
@@ -364,6 +409,7 @@ class PrefillFirstScheduler:
         for req in self.running:
             if self._grow(req):
                 step.add(req, 1)
+        self._add_ghosts(step)
 
     def _grow(self, req: Request) -> bool:
         """KV for one more token of `req`."""

@@ -157,6 +157,8 @@ def feed_plan(plan: StepPlan, log: TokenLog, kv: BlockManager, now: float) -> li
     """Apply a finished step without drafts: every request's tokens counted and cached; returns those done."""
     finished = []
     for req, n in zip(plan.requests, plan.num_new):
+        if req.phase is Phase.FINISHED:  # SGLang's overlap scheduling decoded it once more, for nothing
+            continue
         if log.feed(req, n, now) and req.is_done:
             finished.append(req)
         kv.cache(req)

@@ -96,29 +96,14 @@ class TokenBudgetScheduler:
             self._waiting.push(req)
 
     def schedule(self, now: float) -> StepPlan:
-        ahead = self.ahead
-        if ahead is None:
+        if self.ahead is None:
             return self._plan()
-        self._queue(ahead.seen())
-        plan = self._plan()
-        if plan.is_empty and not plan.preempted and (ahead.inbox or ahead.retiring):
-            self._free_retiring()  # nothing to run: vLLM waits for the outputs in flight, then plans again
-            self._queue(ahead.take_all())
-            plan = self._plan()
-        ahead.unchanged = not self._free_retiring()
-        ahead.in_flight_since = None if plan.is_empty else now
-        return plan
+        return self.ahead.schedule(now, self._plan, self._waiting.push, self._free)
 
-    def _queue(self, arrived: list[Request]) -> None:
-        for req in arrived:
-            self._waiting.push(req)
-
-    def _free_retiring(self) -> bool:
-        """Free the slots and blocks of requests that finished before this plan; whether there were any."""
-        done = self.ahead.release()
-        for req in done:
+    def _free(self, finished: list[Request]) -> None:
+        """Free the slots and blocks of requests that finished before the plan just made (async scheduling)."""
+        for req in finished:
             release_finished(req, self.kv, req.finish_s)
-        return bool(done)
 
     def _plan(self) -> StepPlan:
         step = PlanBuilder(self.budget)

@@ -112,7 +112,8 @@ class Replica:
         if not requests:
             return None
         requests, kv = list(requests), self.scheduler.kv
-        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0
+        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0 \
+            and getattr(self.scheduler, "finishes_fuse", True)
         stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed,
                                waiting=getattr(self.scheduler, "admission_waits_for_blocks",
                                                self.scheduler.num_waiting > 0))

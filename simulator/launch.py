@@ -168,7 +168,8 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
             parts.append(f"--schedule-conservativeness {round(e.schedule_conservativeness / scale, 3)}")
         if e.enable_mixed_chunk:
             parts.append("--enable-mixed-chunk")
-        parts.append("--disable-overlap-schedule")  # simulated one batch at a time; SGLang overlaps by default
+        if not e.async_scheduling:  # simulated one batch at a time; SGLang overlaps by default
+            parts.append("--disable-overlap-schedule")
     if e.speculative is not None:
         parts += _sglang_speculative(e.speculative)
     return " ".join(parts)

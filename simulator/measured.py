@@ -40,6 +40,7 @@ PACED_SINCE = (0, 10, 1)  # vllm bench serve paces its arrivals from this releas
 # this release, the first seen with it on (0.10-0.11 admit on the first chunk's blocks)
 FULL_PROMPT_GATE_SINCE = (0, 19, 0)
 ASYNC_SCHEDULING_SINCE = (0, 14, 0)  # vLLM plans a step while the one before runs, by default (PR #27614)
+OVERLAP_SCHEDULE_SINCE = (0, 4, 0)  # and SGLang forms the next batch while one runs (PR #2067, November 2024)
 LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what each benchmark's flags set
                "serve": {"num_prompts", "max_concurrency", "request_rate"}}
 
@@ -136,16 +137,16 @@ class MeasuredRun(BaseModel):
     @property
     def paced_arrivals(self) -> bool:
         """Whether the client scaled its gaps to end at num_prompts / rate: vLLM's bench serve since v0.10.1."""
-        return self.engine == "vllm" and self._vllm_since(PACED_SINCE)
+        return self.engine == "vllm" and self._since(PACED_SINCE)
 
     @property
     def schedules_ahead(self) -> bool:
-        """Whether vLLM ran with async scheduling: stated, else the default of its release (SGLang's overlap
-        scheduler is not modelled)."""
+        """Whether the engine planned ahead (vLLM's async scheduling, SGLang's overlap scheduler): stated, else the
+        default of its release."""
         stated = self.engine_args.async_scheduling
-        if self.engine != "vllm":
-            return False
-        return stated if stated is not None else self._vllm_since(ASYNC_SCHEDULING_SINCE)
+        if stated is not None:
+            return stated
+        return self._since(ASYNC_SCHEDULING_SINCE if self.engine == "vllm" else OVERLAP_SCHEDULE_SINCE)
 
     @property
     def gates_whole_prompt(self) -> bool:
@@ -154,9 +155,9 @@ class MeasuredRun(BaseModel):
         stated = self.engine_args.scheduler_reserve_full_isl
         if stated is not None:
             return stated
-        return self._vllm_since(FULL_PROMPT_GATE_SINCE)
+        return self._since(FULL_PROMPT_GATE_SINCE)
 
-    def _vllm_since(self, release: tuple[int, int, int]) -> bool:
+    def _since(self, release: tuple[int, int, int]) -> bool:
         """Whether the run's release is `release` or later (no release stated: a recent one)."""
         version = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", self.engine_version or "")  # also "v0.11.0"
         return version is None or tuple(int(part or 0) for part in version.groups()) >= release
@@ -191,6 +192,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     engine["weight_dtype"] = run.weight_dtype
     if run.engine == "sglang":
         engine["scheduler"] = "sglang"
+        engine["async_scheduling"] = run.schedules_ahead
     else:
         engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt
         engine["async_scheduling"] = run.schedules_ahead

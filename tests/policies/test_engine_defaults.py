@@ -44,7 +44,8 @@ def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
 @pytest.mark.parametrize("scheduler, pp, stated, resolved", [
     ("vllm", 1, None, True),  # vLLM's default since 0.14
     ("vllm", 2, None, False),  # pipeline micro-batch engines step synchronously
-    ("vllm", 1, False, False), ("sarathi", 1, None, False), ("sglang", 1, None, False), ("orca", 1, None, False)])
+    ("vllm", 1, False, False), ("sarathi", 1, None, False), ("sglang", 1, None, True),  # its overlap scheduler
+    ("sglang", 2, None, False), ("orca", 1, None, False)])
 def test_async_scheduling_defaults_to_vllms_for_a_colocated_replica(scheduler, pp, stated, resolved):
     engine = EngineConfig(scheduler=scheduler, async_scheduling=stated).with_vllm_defaults(
         get_gpu("h100-sxm"), 16384, pp=pp)
@@ -53,7 +54,7 @@ def test_async_scheduling_defaults_to_vllms_for_a_colocated_replica(scheduler, p
 
 def test_async_scheduling_where_it_is_not_modelled_is_a_clear_error():
     from hardware.errors import SpecError
-    with pytest.raises(ValueError, match="async_scheduling is modelled for the vllm scheduler.*'sarathi'"):
+    with pytest.raises(ValueError, match="async_scheduling is modelled for the vllm and sglang schedulers.*'sarathi'"):
         EngineConfig(scheduler="sarathi", async_scheduling=True)
     with pytest.raises(SpecError, match=r"async_scheduling with pipeline parallelism \(pp > 1\)"):
         EngineConfig(async_scheduling=True).with_vllm_defaults(get_gpu("h100-sxm"), 16384, pp=2)

@@ -128,6 +128,32 @@ def test_after_a_finish_the_batch_decodes_once_more_before_admitting():
     assert plans[3] == [(2, 300)]
 
 
+def test_overlapped_a_finished_request_decodes_once_more_for_nothing():
+    """SGLang's overlap scheduler forms step 2 while step 1 runs, not knowing r0 ends in it: r0 decodes once more
+    (no token), then its pages free; synchronously step 2 is r1's alone."""
+    steps = {}
+    for overlap in (False, True):
+        sched, log = make_scheduler("sglang", num_blocks=100, block_size=1, async_scheduling=overlap)
+        requests = make_requests([4, 4], [2, 5])
+        steps[overlap] = [s.batch for s in drive(sched, requests)]
+        assert requests[0].finish_s == 2.0 and requests[0].num_generated == 2
+        assert_every_token_served(requests, log)
+    assert steps[False][:4] == [[0, 1], [0, 1], [1], [1]]
+    assert steps[True][:4] == [[0, 1], [0, 1], [1, 0], [1]]
+
+
+def test_overlapped_an_arrival_is_seen_a_step_late():
+    """r1 arrives at 1.5, while step 1 runs; SGLang formed step 2 as step 1 started: r1's prefill is step 3
+    (first token at 4), not step 2 (first token at 3)."""
+    first_token = {}
+    for overlap in (False, True):
+        sched, _ = make_scheduler("sglang", num_blocks=100, block_size=1, async_scheduling=overlap)
+        requests = make_requests([4, 4], [10, 3])
+        drive(sched, requests, arrivals=[0.0, 1.5])
+        first_token[overlap] = requests[1].first_token_s
+    assert first_token == {False: 3.0, True: 4.0}
+
+
 def test_a_prompt_cut_to_fit_the_chunk_ends_on_a_page_boundary():
     sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000,
                               prefix_caching="radix")
@@ -273,11 +299,13 @@ def test_sglang_refuses_swap_and_speculation():
     caching=st.sampled_from(["none", "vllm", "radix"]),
     conservativeness=st.sampled_from([0.3, 1.0, 2.0]),
     decayed=st.booleans(),
+    overlap=st.booleans(),
+    gap=st.sampled_from([0.0, 0.5, 1.5]),
 )
 def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_blocks, max_num_seqs, budget, chunked,
-                                                    mixed, caching, conservativeness, decayed):
+                                                    mixed, caching, conservativeness, decayed, overlap, gap):
     """Shared leading segments (ids 0-2) give prefix hits; tiny pools, with the ratio decayed as after a long run
-    of decodes (`decayed`), force retractions."""
+    of decodes (`decayed`), force retractions; `overlap`: SGLang's overlap scheduler, `gap` s between arrivals."""
     requests = [Request(i, 0.0, p, o, prompt_segments=((seg, min(p, 8)),) + (((-(i + 1), p - 8),) if p > 8 else ()))
                 if seg else Request(i, 0.0, p, o) for i, (p, o, seg) in enumerate(lengths)]
     biggest = max(max_blocks_of(r, block_size) for r in requests)
@@ -285,9 +313,10 @@ def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_b
     sched, log = make_scheduler("sglang", num_blocks=biggest + spare_blocks, block_size=block_size,
                                 max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
                                 enable_mixed_chunk=mixed, prefix_caching=caching,
-                                schedule_conservativeness=conservativeness)
+                                schedule_conservativeness=conservativeness, async_scheduling=overlap)
     if decayed:
         sched.new_token_ratio = sched.min_ratio
-    steps = drive(sched, requests)  # checks invariants after every step and that every page came back
+    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])  # checks invariants after
+    # every step and that every page came back
     assert_every_token_served(requests, log)
     assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch

@@ -230,7 +230,7 @@ def test_a_twin_admits_whole_prompts_only_where_that_release_did(engine, version
 @pytest.mark.parametrize("engine, version, stated, ahead", [
     ("vllm", None, None, True), ("vllm", "0.14.0", None, True), ("vllm", "0.30.0", None, True),
     ("vllm", "0.11.0", None, False), ("vllm", "0.8.4", None, False), ("vllm", "0.11.0", True, True),
-    ("vllm", "0.30.0", False, False), ("sglang", "0.5.3", None, False)])
+    ("vllm", "0.30.0", False, False), ("sglang", "0.5.3", None, True), ("sglang", "0.3.6", None, False)])
 def test_a_twin_schedules_ahead_where_that_release_did(engine, version, stated, ahead):
     """vLLM plans each step while the one before runs (async scheduling) by default from 0.14."""
     run = run_of(engine=engine, engine_version=version, engine_args={"async_scheduling": stated})

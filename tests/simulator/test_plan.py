@@ -161,7 +161,9 @@ def test_launch_commands_follow_the_engine_knobs():
     assert "--no-async-scheduling" in vllm_command(chat(parallelism={"pp": 2}), 16384)  # simulated synchronously
     pd = chat(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "transfer": {"link": "ib-ndr-400"}})
     assert "--no-async-scheduling" in vllm_command(pd, 16384)  # P/D pools step synchronously
-    assert "--disable-overlap-schedule" in sglang_command(chat(engine={"scheduler": "sglang"}), 16384)
+    assert "overlap" not in sglang_command(chat(engine={"scheduler": "sglang"}), 16384)  # SGLang's default, as here
+    assert "--disable-overlap-schedule" in sglang_command(
+        chat(engine={"scheduler": "sglang", "async_scheduling": False}), 16384)
     assert "overlap" not in sglang  # a vLLM scenario's SGLang command is an approximation anyway
     assert "--long-prefill-token-threshold" not in vllm
     sg = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "queue_order": "lpm",
