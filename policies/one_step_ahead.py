@@ -72,6 +72,7 @@ class OneStepAhead:
             free(self.release())  # nothing to run: the engine waits for the outputs in flight, then plans again
             for req in self.take_all():
                 queue(req)
+            self.in_flight_since = None  # nothing in flight now: the new plan is made as it is
             result = plan()
         done = self.release()
         free(done)

@@ -196,7 +196,10 @@ class PrefillFirstScheduler:
         noticed by the next decode step (filter_batch) as without overlap."""
         for req in finished:
             release_finished(req, self.kv, req.finish_s)
-        self._shrunk |= bool(finished)
+        if finished and self._prefilling and self._mixing:  # they decoded in the prefill batch just formed, which
+            self._filter_batch()                             # SGLang filters before its next try
+        else:
+            self._shrunk |= bool(finished)
 
     def _plan(self, now: float) -> StepPlan:
         step = PlanBuilder(0)
@@ -213,8 +216,8 @@ class PrefillFirstScheduler:
             # it once more: the sibling's finish wakes this engine)
             if self._prefill(step):
                 return step.plan()
-        if not step.tokens and not step.preempted:
-            self.new_token_ratio = self.init_ratio  # idle
+        if not step.tokens and not step.preempted and not (self.ahead and (self.ahead.inbox or self.ahead.retiring)):
+            self.new_token_ratio = self.init_ratio  # idle (not when the engine is about to plan again with more)
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
@@ -267,8 +270,9 @@ class PrefillFirstScheduler:
         if self.chunked is None and self._seats_taken >= self.max_running:
             self.batch_is_full = True
             return False
-        mixed = len(self.running) if self._mixing else 0
-        reserved = sum(_remaining_output(r) for r in self.running) * self.new_token_ratio
+        mixed = self._seats_taken if self._mixing else 0
+        ghosts = len(self._ghosts)  # overlapped, SGLang still counts them running with a token to go
+        reserved = (sum(_remaining_output(r) for r in self.running) + ghosts) * self.new_token_ratio
         budget = _PrefillBudget(self.kv, reserved, mixed, self.cfg.max_prefill_tokens, self.chunk_tokens)
         if self.chunked is not None:
             self._continue_chunk(step, budget)
@@ -360,8 +364,9 @@ class PrefillFirstScheduler:
             return False
         if len(self.kv.windows) > 1:
             return True
-        states = sorted((r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
-                        for r in (*self.running, req) if r.num_output_tokens > r.num_generated)
+        states = sorted([(r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
+                         for r in (*self.running, req) if r.num_output_tokens > r.num_generated]
+                        + [(1, r.num_prompt_tokens + r.num_generated - 1) for r in self._ghosts])  # as SGLang sees
         free, freed = current - budget.paged(extend), 0
         for i, (left, held) in enumerate(states):
             waiting_out = len(states) - i
@@ -433,6 +438,9 @@ class PrefillFirstScheduler:
         self.kv.free(victim, keep_uncached=False)
         victim.num_computed_tokens = 0
         victim.phase = Phase.WAITING
-        # fcfs: behind everyone waiting now (SGLang appends to its list), ahead of later arrivals
-        back = (now, math.inf, next(self._back)) if self.cfg.queue_order == "fcfs" else None
+        # fcfs: behind everyone waiting now (SGLang appends to its list), ahead of later arrivals; overlapped, SGLang
+        # formed this batch as the step before began, so what arrived since comes after the victim
+        formed = self.ahead.in_flight_since if self.ahead is not None else None
+        back = (now if formed is None else formed, math.inf, next(self._back)) \
+            if self.cfg.queue_order == "fcfs" else None
         self._waiting.push(victim, key=back)

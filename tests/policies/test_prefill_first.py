@@ -154,6 +154,54 @@ def test_overlapped_an_arrival_is_seen_a_step_late():
     assert first_token == {False: 3.0, True: 4.0}
 
 
+@pytest.mark.parametrize("arrival, first_token", [(20.5, 24.0), (21.5, 33.0)])
+def test_overlapped_a_retracted_request_goes_ahead_of_what_sglang_had_not_received(arrival, first_token):
+    """r1 is retracted in the batch formed at 22, which SGLang formed as step 21 began: r2 arriving at 21.5 was
+    not received yet, so it queues behind r1 (prefilled together at 32); one arriving at 20.5 goes first."""
+    sched, _ = make_scheduler("sglang", num_blocks=60, block_size=1, async_scheduling=True, prefix_caching="radix")
+    sched.new_token_ratio = sched.min_ratio
+    times = [0.0, 0.5, arrival]
+    requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(zip(times, [10, 10, 4], [30, 30, 3]))]
+    steps = drive(sched, requests, arrivals=times)
+    assert [i for i, s in enumerate(steps) if s.preempted] == [22] and steps[22].preempted == [1]
+    assert requests[2].first_token_s == first_token
+
+
+def test_overlapped_the_play_out_counts_a_finished_request_as_sglang_still_sees_it():
+    """No radix cache: admitting r2 plays the batch out. Overlapped, r0 (finished in step 1) still holds its pages
+    with a token to go as SGLang sees it; counted so, r2 is admitted at once in step 2 (first token at 3)."""
+    sched, _ = make_scheduler("sglang", num_blocks=70, block_size=1, async_scheduling=True)
+    requests = make_requests([10, 10, 10], [2, 20, 20])
+    steps = drive(sched, requests, arrivals=[0.0, 0.0, 0.5])
+    assert [s.batch for s in steps[:3]] == [[0, 1], [0, 1], [2]] and requests[2].first_token_s == 3.0
+
+
+def test_overlapped_a_mixed_batch_that_decoded_a_finished_request_frees_its_slot_for_the_next_try():
+    """Mixed chunks, 3 slots: r0 finishes in step 1 and decodes once more, mixed into step 2's prefill of r2;
+    SGLang filters that batch before its next try, so r3 is prefilled in step 3 (first token at 4)."""
+    sched, _ = make_scheduler("sglang", num_blocks=500, block_size=1, async_scheduling=True, max_num_seqs=3,
+                              enable_mixed_chunk=True, max_num_batched_tokens=64)
+    times = [0.0, 0.0, 0.5, 0.5]
+    requests = [Request(i, t, 4, o) for i, (t, o) in enumerate(zip(times, [2, 20, 20, 20]))]
+    steps = drive(sched, requests, arrivals=times)
+    assert [s.batch for s in steps[:4]] == [[0, 1], [0, 1], [2, 1, 0], [3, 1, 2]]
+    assert requests[3].first_token_s == 4.0
+
+
+def test_overlapped_the_ratio_is_not_reset_while_the_engine_plans_again():
+    """r0 ends in step 2; r1 arrives at 3.5, during the wasted decode of step 3. The empty first plan at 4 is
+    not idleness (SGLang still has a last batch): the decayed ratio stays."""
+    sched, _ = make_scheduler("sglang", num_blocks=200, block_size=1, async_scheduling=True)
+    sched.new_token_ratio = sched.min_ratio
+    r0, r1 = Request(0, 0.0, 10, 3), Request(1, 3.5, 10, 5)
+    sched.add(r0, 0.0)
+    for now in (0.0, 1.0, 2.0, 3.0):  # r0's prefill, two decodes, the wasted one
+        sched.commit(sched.schedule(now), now + 1.0)
+    sched.add(r1, 3.5)
+    assert scheduled(sched.schedule(4.0)) == [(1, 10)]
+    assert sched.new_token_ratio == sched.min_ratio
+
+
 def test_a_prompt_cut_to_fit_the_chunk_ends_on_a_page_boundary():
     sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000,
                               prefix_caching="radix")
