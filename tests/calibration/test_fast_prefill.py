@@ -40,7 +40,7 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
 
     shapes = [(f"prefill {n}", StepBatch.uniform(1, 0, n)) for n in PROMPTS]
     ex = make_executor(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
-    rows = profile_grid(ex, shapes, setup.model, setup.scale, repeats=15, warmup=2)  # on/off interleaved
+    rows = profile_grid(ex, shapes, setup.model, setup.scale, repeats=41, warmup=3)  # on/off interleaved
     measured = _reductions(rows)
 
     def predicted(n: int) -> float:
