@@ -1,8 +1,9 @@
-"""vLLM's async scheduling (on by default since v0.14): the scheduler plans one step ahead of the GPU.
+"""Planning one step ahead of the GPU: vLLM's async scheduling (its default since v0.14) and SGLang's
+overlap scheduler (its default since 0.4).
 
-vLLM schedules step N+1 as step N starts on the GPU, before N's outputs are known: the tokens N samples
-are placeholders that the GPU fills in. The simulated engine plans N+1 when N ends, so it must forget what
-vLLM could not yet have seen then:
+vLLM schedules step N+1 as step N starts on the GPU, before N's outputs are known: N+1 reads the tokens N
+samples on the GPU. The simulated engine plans N+1 when N ends, so it must forget what vLLM could not yet have
+seen then:
 - a request that arrived while N ran came after N+1 was planned: it is first scheduled in N+2;
 - a request that finished in N still holds its batch slot and KV blocks while N+1 is planned. vLLM frees
   them as it processes N's outputs, in time for N+2.
@@ -13,7 +14,8 @@ What stays as it is synchronously:
 - the first decode follows the last prefill chunk at once (the sampled token stays on the GPU);
 - chunks of a prompt follow one another at once;
 - no step is wasted on a finished request. Requests stop at their oracle length, as max_tokens does, and
-  vLLM sees that coming. An EOS stop would cost one more decode; it is not modelled.
+  vLLM sees that coming. An EOS stop would cost one more decode; it is not modelled. (SGLang does not look
+  ahead: there a finished request decodes once more, policies/prefill_first.py.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from policies.step import StepPlan
-from workloads.request import Request
+from workloads.request import Phase, Request
 
 
 class OneStepAhead:
@@ -39,8 +41,18 @@ class OneStepAhead:
         `waiting` could be admitted, no slot or block was freed after the last plan was made."""
         return not self.inbox and (self.unchanged or not waiting)
 
+    @property
+    def pending(self) -> bool:
+        """Whether an empty plan now would be made again, with arrivals or freed slots it did not see."""
+        return bool(self.inbox or self.retiring)
+
     def arrive(self, req: Request, now: float) -> None:
         self.inbox.append((now, req))
+
+    def hold(self, req: Request, now: float) -> None:
+        """`req` finished at `now`; its slot and blocks stay taken until the next plan is made."""
+        req.phase, req.finish_s = Phase.FINISHED, now
+        self.retiring.append(req)
 
     def seen(self) -> list[Request]:
         """Take the arrivals that the step ending now's planning already saw (all of them if no step ran)."""
@@ -68,7 +80,7 @@ class OneStepAhead:
         for req in self.seen():
             queue(req)
         result = plan()
-        if result.is_empty and not result.preempted and (self.inbox or self.retiring):
+        if result.is_empty and not result.preempted and self.pending:
             free(self.release())  # nothing to run: the engine waits for the outputs in flight, then plans again
             for req in self.take_all():
                 queue(req)

@@ -216,7 +216,7 @@ class PrefillFirstScheduler:
             # it once more: the sibling's finish wakes this engine)
             if self._prefill(step):
                 return step.plan()
-        if not step.tokens and not step.preempted and not (self.ahead and (self.ahead.inbox or self.ahead.retiring)):
+        if not step.tokens and not step.preempted and not (self.ahead and self.ahead.pending):
             self.new_token_ratio = self.init_ratio  # idle (not when the engine is about to plan again with more)
         return step.plan()
 
@@ -233,8 +233,7 @@ class PrefillFirstScheduler:
         decode step (filter_batch), which then clears batch_is_full; overlapped, after one more (wasted) decode."""
         self.running.remove(req)
         if self.ahead is not None:
-            req.phase, req.finish_s = Phase.FINISHED, now
-            self.ahead.retiring.append(req)
+            self.ahead.hold(req, now)
             return
         release_finished(req, self.kv, now)
         self._shrunk = True

@@ -71,7 +71,7 @@ class TokenBudgetScheduler:
     def release_retired(self, req: Request) -> None:
         """Free the slot and blocks of `req`, which finished in the step before the one just planned."""
         self.ahead.retiring.remove(req)
-        release_finished(req, self.kv, req.finish_s)
+        self._free([req])
 
     @property
     def _seats_taken(self) -> int:
@@ -144,8 +144,7 @@ class TokenBudgetScheduler:
         if self.speculator is not None:
             self.speculator.forget(req)
         if self.ahead is not None:
-            req.phase, req.finish_s = Phase.FINISHED, now
-            self.ahead.retiring.append(req)
+            self.ahead.hold(req, now)
         else:
             release_finished(req, self.kv, now)
 
