@@ -256,6 +256,8 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     if not summary["completed"] and summary["rejected"]:
         reason = result.requests["reject_reason"].dropna().iloc[0]
         print(f"warning: every request was rejected ({reason})", file=sys.stderr)
+    for note in world.workload.notes:
+        print(f"note: {note}", file=sys.stderr)
     console.print(f"results in {folder}/")
 
 

@@ -37,6 +37,7 @@ from workloads.distributions import draw_outputs, sample_lengths
 from workloads.prefixes import Segments, add_shared_prefixes, assign_semantic_clusters, with_unique_rest
 from workloads.request import Request
 from workloads.sessions import session_requests
+from workloads.tables import dropped_text
 from workloads.traces import MOONCAKE_BLOCK_TOKENS, load_source, resolve_path
 
 __all__ = ["Workload", "build_table", "build_workload", "constant_arrivals", "gamma_arrivals",
@@ -55,11 +56,14 @@ class Workload:
     requests: list[Request]
     closed_loop: ClosedLoopConfig | None = None
     followups: dict[int, Request] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()  # what the user should know about the input (trace rows dropped, and why)
 
 
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -> Workload:
     """Requests for `cfg`; relative trace paths resolve against `base_dir` (the scenario's folder)."""
-    table = add_shared_prefixes(build_table(cfg, rng, base_dir), cfg.shared_prefix, rng, base_dir)
+    table = build_table(cfg, rng, base_dir)
+    notes = table.attrs.get("notes", ())
+    table = add_shared_prefixes(table, cfg.shared_prefix, rng, base_dir)
     if cfg.sessions is not None:
         requests, followups = session_requests(table, cfg, rng, base_dir)
     else:
@@ -68,7 +72,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
         requests, followups = _parallel_requests(table, n, extra_outputs), {}
     if cfg.semantic_clusters is not None:
         assign_semantic_clusters([*requests, *followups.values()], cfg.semantic_clusters, rng)
-    return Workload(requests=requests, closed_loop=cfg.closed_loop, followups=followups)
+    return Workload(requests=requests, closed_loop=cfg.closed_loop, followups=followups, notes=notes)
 
 
 def _parallel_requests(table: pd.DataFrame, n: int, extra_outputs: np.ndarray) -> list[Request]:
@@ -90,7 +94,8 @@ def _parallel_requests(table: pd.DataFrame, n: int, extra_outputs: np.ndarray) -
 def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -> pd.DataFrame:
     """The drawn prompts as columns: arrival_s (s), num_prompt_tokens, num_output_tokens, shared_segments
     (the trace's shared runs: Mooncake blocks or a servesim prefix; the unique rest is not listed),
-    session_id (Int64, may be NA), priority; one row per prompt in arrival order."""
+    session_id (Int64, may be NA), priority; one row per prompt in arrival order. `attrs["notes"]`: what
+    cleaning the trace dropped."""
     rows = _trace_rows(cfg, rng, base_dir)
     arrival_s = _arrival_times(cfg, rows, rng)
     n = arrival_s.size
@@ -102,10 +107,12 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
     else:
         prompt, output = src["num_prompt_tokens"].to_numpy(), src["num_output_tokens"].to_numpy()
         segments = _shared_segments(src)
-    return pd.DataFrame({"arrival_s": arrival_s, "num_prompt_tokens": prompt, "num_output_tokens": output,
-                         "shared_segments": segments,
-                         "session_id": _column(src, "session_id", pd.NA, "Int64", n),
-                         "priority": _column(src, "priority", 0, "int64", n)})
+    table = pd.DataFrame({"arrival_s": arrival_s, "num_prompt_tokens": prompt, "num_output_tokens": output,
+                          "shared_segments": segments,
+                          "session_id": _column(src, "session_id", pd.NA, "Int64", n),
+                          "priority": _column(src, "priority", 0, "int64", n)})
+    table.attrs["notes"] = () if rows is None else rows.attrs["notes"]
+    return table
 
 
 def _column(src: pd.DataFrame | None, name: str, default: object, dtype: str, n: int) -> pd.Series:
@@ -121,12 +128,14 @@ def _trace_rows(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
         return None
     table = load_source(cfg.trace, base_dir, rng, cfg.duration_s)
     if cfg.skip_requests >= len(table):
-        dropped = table.attrs.get("dropped", 0)
-        why = f" ({dropped} dropped: a length missing, not a number or below 1)" if dropped else ""
+        why = f" ({dropped_text(table)})" if table.attrs.get("dropped") else ""
         raise ValueError(f"{resolve_path(cfg.trace.path, base_dir)}: skip_requests ({cfg.skip_requests}) "
                          f"leaves none of its {len(table)} usable rows{why}")
     rows = table.iloc[cfg.skip_requests:].reset_index(drop=True)
     rows["arrival_s"] = rows["arrival_s"] - rows["arrival_s"].iloc[0]
+    dropped = table.attrs.get("dropped", 0)
+    rows.attrs["notes"] = (f"{resolve_path(cfg.trace.path, base_dir)}: {dropped_text(table)} "
+                           f"(of its {len(table) + dropped} rows)",) if dropped else ()
     return rows
 
 

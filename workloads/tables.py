@@ -3,7 +3,8 @@
 Columns: `arrival_s` (float64 s from the first kept request, NaN when the source has no timestamps),
 `num_prompt_tokens`, `num_output_tokens` (int64, >= 1), then format-specific extras (`hash_ids`,
 `session_id`, ...). Rows are sorted by arrival (stable). `df.attrs["dropped"]` counts rows removed
-by cleaning (non-positive or missing lengths, and failed requests where the format has them).
+by cleaning (non-positive or missing lengths, and failed requests where the format has them), and
+`df.attrs["dropped_by"]` splits that count by reason ({reason: rows}, only reasons that dropped any).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ def require_columns(df: pd.DataFrame, path: Path, fmt: str, required: Sequence[s
 
 def finish_table(path: Path, arrival_s: pd.Series | np.ndarray, prompt: pd.Series | np.ndarray,
                  output: pd.Series | np.ndarray, extra: dict[str, pd.Series | np.ndarray] | None = None,
-                 dropped: int = 0) -> pd.DataFrame:
+                 dropped: dict[str, int] | None = None) -> pd.DataFrame:
     """Assemble the common table: drop rows without positive lengths, shift times to start at 0, sort.
 
-    `dropped` counts rows the caller already removed; the total goes to `df.attrs["dropped"]`.
+    `dropped`: rows the caller already removed, by reason; with this function's own they go to
+    `df.attrs["dropped_by"]`, their total to `df.attrs["dropped"]`.
     """
     extras = {k: v.reset_index(drop=True) if isinstance(v, pd.Series) else v for k, v in (extra or {}).items()}
     df = pd.DataFrame({"arrival_s": _numeric(arrival_s), "num_prompt_tokens": _numeric(prompt),
@@ -48,8 +50,22 @@ def finish_table(path: Path, arrival_s: pd.Series | np.ndarray, prompt: pd.Serie
         _require_integral(df[col], path, col)
         df[col] = df[col].astype(np.int64)
     df = _shift_and_sort(df, path)
-    df.attrs["dropped"] = int(dropped + (~keep).sum())
+    by_reason = {**(dropped or {}), BAD_LENGTH: int((~keep).sum())}
+    df.attrs["dropped_by"] = {reason: int(rows) for reason, rows in by_reason.items() if rows}
+    df.attrs["dropped"] = sum(df.attrs["dropped_by"].values())
     return df
+
+
+BAD_LENGTH = "a length missing, not a number or below 1"
+
+
+def dropped_text(table: pd.DataFrame) -> str:
+    """'N dropped: reason (n), ...' for a cleaned table, '' when it dropped nothing."""
+    by_reason = table.attrs.get("dropped_by", {})
+    if not by_reason:
+        return ""
+    reasons = ", ".join(f"{reason} ({rows})" for reason, rows in by_reason.items())
+    return f"{sum(by_reason.values())} dropped: {reasons}"
 
 
 def _numeric(values: pd.Series | np.ndarray) -> np.ndarray:

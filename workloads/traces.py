@@ -108,7 +108,8 @@ def load_burstgpt(path: Path, model: str | None = None, drop_failed: bool = True
     if drop_failed:
         df, output = df[~failed], output[~failed]
     return finish_table(path, df["Timestamp"], df["Request tokens"], output,
-                        dropped=int(failed.sum()) if drop_failed else 0)
+                        dropped={"failed requests, 0 response tokens (drop_failed: false keeps them)":
+                                 int(failed.sum()) if drop_failed else 0})
 
 
 def load_servesim(path: Path) -> pd.DataFrame:

@@ -151,6 +151,19 @@ def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, exp
     assert not list(tmp_path.glob(".out.*"))  # no half-written temp folder either
 
 
+def test_trace_rows_dropped_in_cleaning_are_told_with_their_reason(tmp_path):
+    trace = tmp_path / "mine.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,300,20\n0.5,250,\n1.0,200,0\n1.5,100,5\n")
+    scenario = yaml.safe_load(QUICKSTART.read_text())
+    scenario["workload"] = {"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"}}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(scenario))
+    result = simulate(str(tmp_path / "s.yaml"), "--out", str(tmp_path / "run"))
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["completed"] == 2
+    assert (f"note: {trace}: 2 dropped: a length missing, not a number or below 1 (2) (of its 4 rows)\n"
+            in result.stderr)
+
+
 @pytest.mark.parametrize("text,expected", [
     ("name: a\nmodel: llama-3.1-8b\nmodel: qwen3-8b\n", "line 3, column 1: key 'model' is given twice"),
     ("name: a\nmodel: [llama\n  hardware: x\n", "line 3, column 11: expected ',' or ']', but got ':'"),

@@ -97,6 +97,8 @@ def test_burstgpt_drops_failed_and_empty_rows_and_sorts(burstgpt_csv):
     df = load_burstgpt(burstgpt_csv)
     check_common(df)
     assert df.attrs["dropped"] == 2  # one failed (0 response tokens), one with 0 request tokens
+    assert df.attrs["dropped_by"] == {"failed requests, 0 response tokens (drop_failed: false keeps them)": 1,
+                                      "a length missing, not a number or below 1": 1}
     assert df["arrival_s"].tolist() == [0, 35, 41, 135]
     assert df["num_prompt_tokens"].tolist() == [472, 22, 417, 1131]
 
