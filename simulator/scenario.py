@@ -242,18 +242,27 @@ def check_grid_keys(base: Scenario, grid: dict[str, list[Any]]) -> None:
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply `dotted.key=value` overrides; values are parsed as YAML scalars (numbers, booleans, lists)."""
+    """Apply `dotted.key=value` overrides; values are parsed as YAML scalars (numbers, booleans, lists).
+    A key set twice is an error, as in a scenario file: which one was meant cannot be known."""
+    seen: set[str] = set()
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise SpecError(f"--set {item!r}: expected dotted.key=value")
+        if key in seen:
+            raise SpecError(f"--set {item!r}: {key} is set twice")
+        seen.add(key)
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as err:
+            raise SpecError(f"--set {item!r}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
         node = raw
         *parents, leaf = key.split(".")
         for part in parents:
             node = node.setdefault(part, {})
             if not isinstance(node, dict):
                 raise SpecError(f"--set {item!r}: {part!r} is not a section")
-        node[leaf] = yaml.safe_load(text)
+        node[leaf] = value
     return raw
 
 

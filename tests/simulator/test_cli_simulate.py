@@ -180,6 +180,11 @@ def test_missing_scenario_file_and_bad_override(tmp_path):
     assert "scenario file not found" in simulate(str(tmp_path / "none.yaml")).stderr
     result = simulate(str(QUICKSTART), "--set", "engine.max_num_seqs")
     assert result.exit_code == 2 and "expected dotted.key=value" in result.stderr
+    result = simulate(str(QUICKSTART), "--set", "engine.max_num_seqs=8", "--set", "engine.max_num_seqs=16")
+    assert result.exit_code == 2
+    assert result.stderr == "error: --set 'engine.max_num_seqs=16': engine.max_num_seqs is set twice\n"
+    result = simulate(str(QUICKSTART), "--set", "engine.max_num_seqs=[8")
+    assert result.exit_code == 2 and result.stderr.startswith("error: --set 'engine.max_num_seqs=[8': the value is not")
     result = simulate(str(QUICKSTART), "--set", "hardware.gpux=h100")  # the file is fine: the override is not
     assert result.exit_code == 2
     assert "quickstart.yaml (from --set): hardware.gpux: unknown field; did you mean 'gpu'? (fields here: gpu," \
