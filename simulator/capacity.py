@@ -120,8 +120,8 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         if limit is not None and value > limit:
             reasons.append(reason)
             details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms")
-    answered = s["completed"] + s["rejected"]
-    share = s.get("slo_attainment", 1.0) * answered / len(requests) if s["completed"] else 0.0
+    met = s.get("slo_met", s["completed"] + s["rejected"])  # without per-request limits: every answer
+    share = met / len(requests) if s["completed"] else 0.0
     metrics["goodput_share"] = share
     if slo.goodput_fraction is not None and share < slo.goodput_fraction:
         reasons.append("goodput")

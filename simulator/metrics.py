@@ -9,9 +9,12 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
   benchmark; so with speculative decoding mean ITL exceeds mean TPOT, which still counts every token.
 - E2EL: finish time - arrival (`e2el`).
 - duration: first arrival to last finish. Throughputs divide by it.
-- goodput: completed requests meeting every given SLO, per second of duration.
-- slo_attainment: the share of answered requests (completed or rejected) meeting every SLO: a rejected request
-  (too long for max_model_len or the KV pool) gets an error, not an answer within the SLOs.
+- goodput: completed requests meeting every given SLO (`slo_met`), per second of duration.
+- slo_attainment: the share of judged requests meeting every SLO. Judged: completed, rejected (too long for
+  max_model_len or the KV pool: an error, not an answer within the SLOs), and unfinished ones already known to
+  miss when the run stopped (no first token past the TTFT limit, older than the E2EL limit, or a TPOT
+  bound - time since the first token over the tokens still to come - past its limit); `slo_undecided` counts
+  the other unfinished ones, which could still make it.
 - unfinished: requests neither completed nor rejected when the run stopped (`stop.max_sim_time_s`).
 """
 
@@ -106,8 +109,9 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
 
 
 def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
-              slo_ms: dict[str, float] | None = None) -> dict[str, float]:
-    """The run's summary with vLLM bench serve's key names where one exists. SLO keys: ttft, tpot, itl, e2el."""
+              slo_ms: dict[str, float] | None = None, stop_s: float | None = None) -> dict[str, float]:
+    """The run's summary with vLLM bench serve's key names where one exists. SLO keys: ttft, tpot, e2el.
+    `stop_s`: when the run was cut off, if it was (unfinished requests are judged against it)."""
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
@@ -134,9 +138,29 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
             column = done[f"{metric}_s"].to_numpy() * 1e3
             good &= ~(column > limit)  # NaN (e.g. TPOT of a 1-token answer) does not violate
         summary["request_goodput"] = per_s(int(good.sum()))
-        answered = len(done) + rejected
-        summary["slo_attainment"] = float(good.sum() / answered) if answered else float("nan")
+        summary["slo_met"] = int(good.sum())
+        unfinished = requests[requests["finish_s"].isna() & requests["reject_reason"].isna()]
+        missed = int(known_misses(unfinished, slo_ms, stop_s).sum()) if stop_s is not None else 0
+        judged = len(done) + rejected + missed
+        summary["slo_attainment"] = float(good.sum() / judged) if judged else float("nan")
+        summary["slo_undecided"] = len(unfinished) - missed
     return summary
+
+
+def known_misses(unfinished: pd.DataFrame, slo_ms: dict[str, float], stop_s: float) -> np.ndarray:
+    """Which `unfinished` requests (rows of request_frame) cannot meet `slo_ms` whatever happens after `stop_s`."""
+    waited_ms = (stop_s - unfinished["arrival_s"].to_numpy()) * 1e3
+    first = unfinished["first_token_s"].to_numpy()
+    miss = np.zeros(len(unfinished), bool)
+    if "ttft" in slo_ms:
+        ttft_ms = np.where(np.isnan(first), waited_ms, unfinished["ttft_s"].to_numpy() * 1e3)
+        miss |= ttft_ms > slo_ms["ttft"]
+    if "e2el" in slo_ms:
+        miss |= waited_ms > slo_ms["e2el"]
+    if "tpot" in slo_ms:  # its last token comes after stop_s, so TPOT > (stop - first) / (requested - 1)
+        gaps = (unfinished["requested_output_tokens"].to_numpy() - 1).clip(min=1)
+        miss |= ~np.isnan(first) & ((stop_s - first) / gaps * 1e3 > slo_ms["tpot"])
+    return miss
 
 
 def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas: list[int],

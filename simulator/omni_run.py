@@ -192,7 +192,8 @@ class Pipeline:
         steps = self.steps.frame()
         requests = request_frame(self._client_view())
         last = self.stages[-1]
-        summary = summarize(requests, steps, _itl(last.tokens), self.scenario.slo.as_ms())
+        summary = summarize(requests, steps, _itl(last.tokens), self.scenario.slo.as_ms(),
+                            stop_s=self.scenario.stop.max_sim_time_s)
         for stage in self.stages:
             summary |= self._stage_summary(stage, steps)
         memory = PipelineMemory(tuple(stage.memory for stage in self.stages))

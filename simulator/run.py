@@ -295,7 +295,7 @@ class World:
                                         key=lambda r: r.id))
         steps = self.steps.frame()
         summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
-                            else np.array([]), self.scenario.slo.as_ms())
+                            else np.array([]), self.scenario.slo.as_ms(), stop_s=until)
         gpus = {r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas}  # per engine
         finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
         summary |= cache_and_load_summary(requests, steps, finishing, gpus)

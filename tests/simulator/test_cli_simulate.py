@@ -4,6 +4,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -92,6 +93,26 @@ def test_a_run_cut_off_by_its_stop_time_counts_the_unfinished(tmp_path):
     assert summary["unfinished"] > 0
     assert summary["completed"] + summary["rejected"] + summary["unfinished"] == 200
     assert "unfinished" in result.stdout
+
+
+
+def test_slo_attainment_of_an_overloaded_run_counts_the_requests_its_stop_left_already_late(tmp_path):
+    """50 requests/s overload one H100: at the 6 s stop most requests are still queued, many far past the
+    quickstart's 500 ms TTFT. Counting only the few finished would call the run mostly fine."""
+    out = tmp_path / "run"
+    result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=300", "--set",
+                      "workload.arrivals={kind: poisson, rate_per_s: 50}", "--set", "stop.max_sim_time_s=6")
+    assert result.exit_code == 0, result.output
+    summary = json.loads((out / "summary.json").read_text())
+    req = pd.read_csv(out / "requests.csv")
+    done, cut = req[req["finish_s"].notna()], req[req["finish_s"].isna() & req["reject_reason"].isna()]
+    met = int(((done["ttft_s"] <= 0.5) & ~(done["tpot_s"] > 0.05)).sum())
+    no_first = cut["first_token_s"].isna()
+    late = (no_first & (6.0 - cut["arrival_s"] > 0.5)) | (~no_first & (cut["ttft_s"] > 0.5)) | (
+        (6.0 - cut["first_token_s"]) / (cut["requested_output_tokens"] - 1).clip(lower=1) > 0.05)
+    assert 0 < late.sum() < len(cut) and 0 < met < len(done)  # some judged late, some still open
+    assert summary["slo_met"] == met and summary["slo_undecided"] == len(cut) - late.sum()
+    assert summary["slo_attainment"] == pytest.approx(met / (len(done) + summary["rejected"] + late.sum()))
 
 
 def test_same_seed_same_summary_and_seed_flag(tmp_path):
