@@ -3,6 +3,7 @@
 Model (the cost model's own, see `calibration.fit_terms`): a step takes
     sum_entries layers * max(compute_s / eff_c[kind](T), memory_s / eff_m[kind](T))
     + step_overhead_s + layer_overhead_s * num_layers + request_overhead_s * num_requests
+    + token_overhead_s * num_tokens
 with T the token rows of each entry (its operator's, see fit_terms) and the four efficiency curves
 (gemm/attention x compute/memory) given by their values at a few token-count knots (linear in log T
 between knots, flat outside, exactly as `EfficiencyCurve.at`).
@@ -10,13 +11,15 @@ between knots, flat outside, exactly as `EfficiencyCurve.at`).
 The fit minimises relative errors (pred - measured) / measured with scipy's robust least squares
 (soft-L1 loss: a few noisy rows do not drag the fit), efficiencies bounded to [1e-4, 1] and
 overheads to >= 0, plus a weak smoothness penalty between neighbouring knots so a knot no row
-depends on stays near its neighbours. `layer_overhead_s` is only identifiable when the rows span
-models of different depths; otherwise it is fixed at 0 and `step_overhead_s` absorbs it.
+depends on stays near its neighbours. `layer_overhead_s` and `token_overhead_s` are only identifiable
+when the rows span models of different depths (otherwise a per-layer cost is a per-step one, and a
+per-token cost outside the layers is the GEMM curves' business); without that they are fixed at 0.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -40,6 +43,7 @@ class TermTable:
     tokens: np.ndarray  # per entry: where its efficiencies are read
     num_layers: np.ndarray
     num_requests: np.ndarray
+    num_tokens: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -50,7 +54,8 @@ class TermTable:
         new_index = np.cumsum(rows) - 1
         keep = rows[self.row]
         return TermTable(new_index[self.row[keep]], self.kind[keep], self.compute_s[keep], self.memory_s[keep],
-                         self.layers[keep], self.tokens[keep], self.num_layers[rows], self.num_requests[rows])
+                         self.layers[keep], self.tokens[keep], self.num_layers[rows], self.num_requests[rows],
+                         self.num_tokens[rows])
 
 
 def stack_terms(terms: list[StepTerms]) -> TermTable:
@@ -59,7 +64,7 @@ def stack_terms(terms: list[StepTerms]) -> TermTable:
                      cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]),
                      cat([t.layers for t in terms]), cat([t.tokens for t in terms]),
                      np.array([t.num_layers for t in terms], float),
-                     np.array([t.num_requests for t in terms], float))
+                     np.array([t.num_requests for t in terms], float), np.array([t.num_tokens for t in terms], float))
 
 
 def curve_weights(tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
@@ -92,15 +97,32 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
         tokens, inverse = np.unique(tt.tokens[entries], return_inverse=True)
         for eff, curve in zip((eff_c, eff_m), profile.curves(kind)):
             eff[entries] = np.array([curve.at(t) for t in tokens])[inverse]
-    return _predict(tt, eff_c, eff_m, profile.step_overhead_s, profile.layer_overhead_s, profile.request_overhead_s)
+    return _predict(tt, eff_c, eff_m, Overheads.of(profile))
 
 
-def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, step_s: float, layer_s: float,
-             request_s: float) -> np.ndarray:
+@dataclass(frozen=True)
+class Overheads:
+    """A profile's fixed costs, seconds: per step, per layer, per request and per token of a step."""
+
+    step_s: float
+    layer_s: float
+    request_s: float
+    token_s: float
+
+    FIELDS: ClassVar = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s")  # Profile's
+
+    @classmethod
+    def of(cls, profile: Profile | dict[str, float]) -> Overheads:
+        get = profile.get if isinstance(profile, dict) else lambda name: getattr(profile, name)
+        return cls(*(get(name) for name in cls.FIELDS))
+
+
+def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: Overheads) -> np.ndarray:
     """`eff_c`, `eff_m`: each entry's compute and memory efficiency."""
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
-    return ops + step_s + layer_s * tt.num_layers + request_s * tt.num_requests
+    return ops + over.step_s + over.layer_s * tt.num_layers + over.request_s * tt.num_requests \
+        + over.token_s * tt.num_tokens
 
 
 def mape(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
@@ -109,34 +131,39 @@ def mape(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
 
 
 class _Params:
-    """Packs efficiencies (4 curves x knots) and overheads into least_squares' vector (overheads in ms)."""
+    """Packs efficiencies (4 curves x knots) and overheads into least_squares' vector (overheads in ms, the
+    per-token one in us, so every entry is of order one)."""
 
-    def __init__(self, knots: np.ndarray, fit_layer: bool):
-        self.knots, self.fit_layer, self.k = knots, fit_layer, len(knots)
+    def __init__(self, knots: np.ndarray, two_depths: bool):
+        self.knots, self.k = knots, len(knots)
+        # Profile field -> unit in the vector; the per-layer and per-token ones need two model depths
+        self.overheads = {"step_overhead_s": 1e-3, "request_overhead_s": 1e-3}
+        if two_depths:
+            self.overheads |= {"layer_overhead_s": 1e-3, "token_overhead_s": 1e-6}
 
     def initial(self, init: Profile) -> np.ndarray:
         effs = [np.clip([getattr(init, c).at(t) for t in self.knots], *EFF_BOUNDS) for c in CURVES]
-        over = [init.step_overhead_s * 1e3, init.request_overhead_s * 1e3]
-        over += [init.layer_overhead_s * 1e3] if self.fit_layer else []
+        over = [getattr(init, name) / unit for name, unit in self.overheads.items()]
         return np.concatenate(effs + [np.array(over)])
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        n_over = 3 if self.fit_layer else 2
+        n_over = len(self.overheads)
         return (np.r_[np.full(4 * self.k, EFF_BOUNDS[0]), np.zeros(n_over)],
                 np.r_[np.full(4 * self.k, EFF_BOUNDS[1]), np.full(n_over, np.inf)])
 
-    def unpack(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], float, float, float]:
+    def unpack(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], Overheads]:
         effs = {c: x[i * self.k:(i + 1) * self.k] for i, c in enumerate(CURVES)}
-        over = x[4 * self.k:] * 1e-3
-        return effs, float(over[0]), float(over[2]) if self.fit_layer else 0.0, float(over[1])
+        over = dict.fromkeys(Overheads.FIELDS, 0.0)
+        over |= {name: float(value) * unit for (name, unit), value in zip(self.overheads.items(), x[4 * self.k:])}
+        return effs, Overheads.of(over)
 
     def profile(self, x: np.ndarray, **fields) -> Profile:
-        effs, step_s, layer_s, request_s = self.unpack(x)
+        effs, over = self.unpack(x)
         curves = {c: EfficiencyCurve(points=tuple((float(k), float(v)) for k, v in zip(self.knots, effs[c])))
                   for c in CURVES}
         # routed experts ran on the executor's own GEMMs: they read the fitted GEMM curves (moe_* None)
-        return Profile(**curves, moe_compute=None, moe_memory=None, step_overhead_s=step_s, layer_overhead_s=layer_s,
-                       request_overhead_s=request_s,
+        return Profile(**curves, moe_compute=None, moe_memory=None, step_overhead_s=over.step_s,
+                       layer_overhead_s=over.layer_s, request_overhead_s=over.request_s, token_overhead_s=over.token_s,
                        **fields)
 
 
@@ -150,16 +177,16 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
     if (measured_s <= 0).any() or len(measured_s) != tt.num_rows:
         raise ValueError("need one positive measured time per row")
     knots = default_knots(tt.tokens) if knots is None else np.asarray(knots, float)
-    params = _Params(knots, fit_layer=len(np.unique(tt.num_layers)) > 1)
+    params = _Params(knots, two_depths=len(np.unique(tt.num_layers)) > 1)
     w = curve_weights(tt.tokens, knots)
 
     def residuals(x: np.ndarray) -> np.ndarray:
-        effs, step_s, layer_s, request_s = params.unpack(x)
+        effs, over = params.unpack(x)
         at = {c: w @ v for c, v in effs.items()}
         # routed experts (kind 2) read the GEMM curves, as Profile.curves does for the moe-less profile fitted here
         attention = tt.kind == KIND_CODES["attention"]
         pred = _predict(tt, np.where(attention, at["attn_compute"], at["gemm_compute"]),
-                        np.where(attention, at["attn_memory"], at["gemm_memory"]), step_s, layer_s, request_s)
+                        np.where(attention, at["attn_memory"], at["gemm_memory"]), over)
         rough = [np.diff(np.log(v)) * smooth for v in effs.values()]
         return np.concatenate([(pred - measured_s) / measured_s, *rough])
 

@@ -42,6 +42,7 @@ class StepTerms:
     tokens: np.ndarray
     num_layers: int
     num_requests: int
+    num_tokens: int
 
 
 _UNIT = Profile(gemm_compute=EfficiencyCurve.constant(1.0), attn_compute=EfficiencyCurve.constant(1.0),
@@ -58,7 +59,8 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
             raise ValueError(f"operator {term.name!r} of kind {term.kind!r}: only single-device steps can be fitted")
     return StepTerms(np.array([KIND_CODES[t.kind] for t in terms], np.int64), np.array([t.compute_s for t in terms]),
                      np.array([t.memory_s for t in terms]), np.array([t.layers for t in terms], float),
-                     np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests)
+                     np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests,
+                     batch.num_tokens)
 
 
 def predict_s(terms: StepTerms, profile: Profile) -> float:
@@ -68,4 +70,4 @@ def predict_s(terms: StepTerms, profile: Profile) -> float:
     eff_m = np.array([memory.at(t) for (_, memory), t in zip(curves, terms.tokens)])
     ops = float((np.maximum(terms.compute_s / eff_c, terms.memory_s / eff_m) * terms.layers).sum())
     return ops + profile.step_overhead_s + profile.layer_overhead_s * terms.num_layers \
-        + profile.request_overhead_s * terms.num_requests
+        + profile.request_overhead_s * terms.num_requests + profile.token_overhead_s * terms.num_tokens

@@ -624,7 +624,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
-                 + profile.request_overhead_s * batch.num_requests
+                 + profile.request_overhead_s * batch.num_requests + profile.token_overhead_s * batch.num_tokens
                  + profile.host_step_s + profile.host_request_s * batch.num_requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     dtype = resolve_weight_dtype(model, options.weight_dtype)

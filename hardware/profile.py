@@ -84,6 +84,9 @@ class Profile(BaseModel):
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")
     layer_overhead_s: float = Field(0.0, ge=0, description="Per layer per step: launches not hidden by graphs")
     request_overhead_s: float = Field(2e-6, ge=0, description="Per scheduled request per step: metadata, sampling")
+    token_overhead_s: float = Field(0.0, ge=0, description=(
+        "Per token of the step outside the layers: positions, rotary tables, slot mapping, the embedding gather; "
+        "`servesim calibrate` fits it (it shows where prefills are short)"))
     host_step_s: float = Field(0.0, ge=0, description=(
         "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
         "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))

@@ -31,9 +31,9 @@ def profile_rows(fitted: Profile) -> list[list[str]]:
     for name in ("moe_compute", "moe_memory"):  # None: as the GEMM curves (executor fits)
         rows.append([name, *(_curve_text(p, name) if getattr(p, name) is not None else "as gemm"
                              for p in (fitted, default))])
-    for name in ("step_overhead_s", "layer_overhead_s", "request_overhead_s"):
-        rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.1f}",
-                     f"{getattr(default, name) * 1e6:.1f}"])
+    for name in ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s"):
+        rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.3g}",
+                     f"{getattr(default, name) * 1e6:.3g}"])
     return rows
 
 

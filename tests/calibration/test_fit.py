@@ -20,7 +20,7 @@ from hardware.profile import EfficiencyCurve, Profile, load_profile
 
 H200 = get_gpu("h200")
 TRUE = Profile(gemm_compute=0.62, gemm_memory=0.8, attn_compute=0.45, attn_memory=0.7, step_overhead_s=3e-4,
-               layer_overhead_s=2e-5, request_overhead_s=5e-6)
+               layer_overhead_s=2e-5, request_overhead_s=5e-6, token_overhead_s=4e-8)
 
 
 def synthetic_rows(profile: Profile, models=(("llama-3.1-8b", {}), ("llama-3.1-8b", {"layers": 8}),
@@ -46,7 +46,7 @@ def test_terms_rebuild_step_cost_exactly(model, fast):
                       attn_compute=EfficiencyCurve(points=((1, 0.2), (1024, 0.6))),
                       attn_memory=EfficiencyCurve(points=((1, 0.8), (256, 0.4))),
                       moe_compute=EfficiencyCurve(points=((1, 0.1), (4096, 0.5))), moe_memory=0.35,
-                      layer_overhead_s=1e-5, request_overhead_s=3e-6)
+                      layer_overhead_s=1e-5, request_overhead_s=3e-6, token_overhead_s=2e-8)
     options = CostOptions(kv_sharing_fast_prefill=fast)
     mixed = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
     for batch in (StepBatch.uniform(1, 0, 2048), StepBatch.uniform(64, 1000), mixed):
@@ -79,6 +79,16 @@ def test_fit_recovers_constant_efficiencies_and_overheads():
     assert fitted.step_overhead_s == pytest.approx(3e-4, rel=0.02)
     assert fitted.layer_overhead_s == pytest.approx(2e-5, rel=0.02)
     assert fitted.request_overhead_s == pytest.approx(5e-6, rel=0.02)
+    assert fitted.token_overhead_s == pytest.approx(4e-8, rel=0.02)
+
+
+def test_one_depth_fixes_the_per_layer_and_per_token_costs_at_zero():
+    """With every row on one model depth, a per-layer cost is a per-step one and a per-token cost outside the
+    layers is a GEMM efficiency: neither is identifiable, so the fit leaves both at 0 and still matches the steps."""
+    rows = synthetic_rows(TRUE, models=(("llama-3.1-8b", {}),))
+    report = calibrate_rows(rows, H200, "one depth", "test", knots=np.array([1.0]))
+    assert report.profile.layer_overhead_s == 0.0 and report.profile.token_overhead_s == 0.0
+    assert report.profile.step_overhead_s > TRUE.step_overhead_s  # the per-layer cost, folded in
 
 
 CURVED = TRUE.model_copy(update={"gemm_compute": EfficiencyCurve(points=((1, 0.3), (64, 0.5), (2048, 0.75)))})

@@ -8,6 +8,7 @@ from hardware.batch import StepBatch
 from hardware.cost import CostOptions, Parallelism, step_cost
 from hardware.gpu import get_gpu
 from hardware.model import get_model
+from hardware.profile import Profile
 from hardware.step_timer import StepTimer
 
 H100 = get_gpu("h100-sxm")
@@ -34,8 +35,11 @@ def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_
        reqs=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20))
 def test_cached_timer_equals_step_cost(name, reqs):
     model = get_model(name)
-    timer = StepTimer(model, H100)
+    # every fixed cost set, so one keyed on the wrong shape (tokens, requests) shows
+    profile = Profile(layer_overhead_s=3e-5, request_overhead_s=4e-6, token_overhead_s=5e-8, host_step_s=1e-5,
+                      host_request_s=2e-6)
+    timer = StepTimer(model, H100, profile=profile)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
-    expected = step_cost(batch, model, H100).total_s
+    expected = step_cost(batch, model, H100, profile=profile).total_s
     assert timer(batch) == expected  # first call fills the cache
     assert timer(batch) == expected  # second call uses it
