@@ -33,7 +33,8 @@ from workloads.arrivals import mean_rate_per_s
 # of requests (by arrival) against the first third: unstable when it is more than UNSTABLE_TTFT_GROWTH
 # times larger AND larger by at least UNSTABLE_MIN_GROWTH_S (so that a few long prompts among
 # millisecond TTFTs are not mistaken for a growing queue). Requests still unfinished when the run
-# stops (stop.max_sim_time_s) also make it unstable: the backlog did not drain.
+# stops (stop.max_sim_time_s) after every arrival also make it unstable: the backlog did not drain. A stop
+# before the last arrival cuts requests off in flight by design; then only the TTFT growth judges the queue.
 UNSTABLE_TTFT_GROWTH = 2.0
 UNSTABLE_MIN_GROWTH_S = 0.25
 # A run whose arrivals span less than this cannot show a backlog that grows slowly: its verdict gets a note.
@@ -127,7 +128,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         reasons.append("goodput")
         details.append(f"{share:.1%} of requests meet every SLO < {slo.goodput_fraction:.1%}")
     first_s, last_s = queue_growth(requests)
-    unfinished = int((requests["finish_s"].isna() & requests["reject_reason"].isna()).sum())
+    unfinished = 0 if s["not_arrived"] else s["unfinished"]  # a stop before the last arrival leaves some in flight
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0

@@ -216,7 +216,7 @@ def schema() -> None:
     print_json(Scenario.model_json_schema())
 
 
-SUMMARY_ROWS = ("completed", "rejected", "unfinished", "duration_s", "request_throughput", "output_throughput",
+SUMMARY_ROWS = ("completed", "rejected", "unfinished", "not_arrived", "duration_s", "request_throughput", "output_throughput",
                 "total_token_throughput", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
                 "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms", "request_goodput",
                 "slo_attainment",
@@ -250,7 +250,7 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     folder = write_run(result, out, base_dir)
     summary = result.summary
     rows = [[key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
-            for key in SUMMARY_ROWS if key in summary and (key != "unfinished" or summary[key])]
+            for key in SUMMARY_ROWS if key in summary and (key not in ("unfinished", "not_arrived") or summary[key])]
     console.print(f"{spec.name}: {deployment_label(spec)}", soft_wrap=True)
     print_table("summary", ["metric", "value"], rows)
     if not summary["completed"] and summary["rejected"]:

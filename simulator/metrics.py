@@ -15,7 +15,9 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
   miss when the run stopped (no first token past the TTFT limit, older than the E2EL limit, or a TPOT
   bound - time since the first token over the tokens still to come - past its limit); `slo_undecided` counts
   the other unfinished ones, which could still make it.
-- unfinished: requests neither completed nor rejected when the run stopped (`stop.max_sim_time_s`).
+- unfinished: requests that arrived but were neither completed nor rejected when the run stopped
+  (`stop.max_sim_time_s`): the backlog. `not_arrived`: requests of the workload due after the stop (or
+  session turns never released), which the run never saw.
 """
 
 from __future__ import annotations
@@ -114,11 +116,15 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     `stop_s`: when the run was cut off, if it was (unfinished requests are judged against it)."""
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
+    open_ = requests["finish_s"].isna() & requests["reject_reason"].isna()
+    arrived = requests["arrival_s"] <= stop_s if stop_s is not None else requests["arrival_s"].notna()
+    unfinished = requests[open_ & arrived]
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))  # none: 0/s
     out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())
     summary = {
-        "completed": len(done), "rejected": rejected, "unfinished": len(requests) - len(done) - rejected,
+        "completed": len(done), "rejected": rejected, "unfinished": len(unfinished),
+        "not_arrived": int((open_ & ~arrived).sum()),
         "duration_s": duration,
         "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
         "request_throughput": per_s(len(done)), "output_throughput": per_s(out_tokens),
@@ -139,7 +145,6 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
             good &= ~(column > limit)  # NaN (e.g. TPOT of a 1-token answer) does not violate
         summary["request_goodput"] = per_s(int(good.sum()))
         summary["slo_met"] = int(good.sum())
-        unfinished = requests[requests["finish_s"].isna() & requests["reject_reason"].isna()]
         missed = int(known_misses(unfinished, slo_ms, stop_s).sum()) if stop_s is not None else 0
         judged = len(done) + rejected + missed
         summary["slo_attainment"] = float(good.sum() / judged) if judged else float("nan")

@@ -80,7 +80,7 @@ def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
     assert queue_growth(_requests([0.1, 0.2, 0.3, 0.5, 0.5, 0.5, 0.9, 1.0, 1.1])) == pytest.approx((0.2, 1.0))
     stable = _requests([0.05, 0.01, 0.03, 0.2, 0.01, 0.02, 0.08, 0.1, 0.09])  # 3x, but by 60 ms only: noise
     growing = _requests([0.05, 0.01, 0.03, 0.2, 0.5, 0.6, 0.8, 1.0, 1.2])
-    summary = {"completed": 9, "rejected": 0, "output_throughput": 1.0, "total_output_tokens": 90}
+    summary = {"completed": 9, "rejected": 0, "unfinished": 0, "not_arrived": 0, "output_throughput": 1.0, "total_output_tokens": 90}
     assert judge(_result(stable, summary), SloConfig()).ok
     assert judge(_result(growing, summary), SloConfig()).reasons == ("unstable queue",)
 
@@ -154,3 +154,17 @@ def test_rates_are_counted_in_what_arrives():
     assert chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}).workload.rate_unit == "prompts/s"
     result = max_sustainable_rate(chat(workload={**sessions, "num_requests": 300}), SCENARIOS, rel_tol=0.5)
     assert result.unit == "sessions/s" and result.as_dict()["rate_unit"] == "sessions/s"
+
+
+def test_a_stop_before_the_last_arrival_is_not_a_backlog():
+    """Requests due after stop.max_sim_time_s were never sent, and those in flight at the stop are cut off by
+    design: neither is a queue that did not drain, so a light load still passes (it used to fail at any rate)."""
+    s = chat(stop={"max_sim_time_s": 20.0})
+    result = simulate(at_rate(s, 4.0), SCENARIOS)
+    summary, requests = result.summary, result.requests
+    assert summary["not_arrived"] == (requests["arrival_s"] > 20.0).sum() > 0
+    assert summary["completed"] > 0
+    verdict = judge(result, s.slo, 4.0)
+    assert "unstable queue" not in verdict.reasons, verdict.details
+    overloaded = simulate(at_rate(s, 60.0), SCENARIOS)  # the TTFT growth still tells a queue that grows
+    assert "unstable queue" in judge(overloaded, s.slo, 60.0).reasons

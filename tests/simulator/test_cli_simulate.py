@@ -87,12 +87,15 @@ def test_a_run_with_no_answer_writes_strict_json_and_says_so(tmp_path):
 def test_a_run_cut_off_by_its_stop_time_counts_the_unfinished(tmp_path):
     out = tmp_path / "run"
     result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=200",
-                      "--set", "stop.max_sim_time_s=2")
+                      "--set", "stop.max_sim_time_s=6.5")
     assert result.exit_code == 0, result.output
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["unfinished"] > 0
-    assert summary["completed"] + summary["rejected"] + summary["unfinished"] == 200
-    assert "unfinished" in result.stdout
+    req = pd.read_csv(out / "requests.csv")
+    open_ = req["finish_s"].isna() & req["reject_reason"].isna()
+    assert summary["unfinished"] == (open_ & (req["arrival_s"] <= 6.5)).sum() > 0  # the backlog at the stop
+    assert summary["not_arrived"] == (req["arrival_s"] > 6.5).sum() > 0  # due after it: never seen
+    assert summary["completed"] + summary["rejected"] + summary["unfinished"] + summary["not_arrived"] == 200
+    assert "unfinished" in result.stdout and "not_arrived" in result.stdout
 
 
 
