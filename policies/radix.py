@@ -6,7 +6,10 @@ to its last token), locks the matched path (`lock_ref`, as SGLang's inc_lock_ref
 evicted, and gets pages only for the rest. Prefilled chunks and, at the end, the whole request
 are inserted into the tree; tokens another request inserted meanwhile are deduplicated (the
 request's own copy is freed). When pages run out, unlocked leaves are evicted least recently used
-first. Recency is a logical clock, so runs are deterministic.
+first. A node is used when a request matches it (a waiting request's lookup too, as SGLang's
+match_prefix stamps every node it walks), is inserted through, or is locked or unlocked. Recency is a
+logical clock, so runs are deterministic. The eviction heap is lazy: an entry whose stamp is no longer
+its node's is stale and skipped, so a leaf used again is evicted by its new stamp, not its first.
 """
 
 from __future__ import annotations
@@ -98,7 +101,7 @@ class RadixCache(BlockManager):
         """Longest cached prefix of `key` (page aligned): tokens matched and the nodes on the path (splitting the
         last one where the match ends)."""
         node, matched, path = self.root, 0, []
-        rest = key
+        rest, stamp = key, next(self._clock)
         while sum(p[2] for p in rest) >= self.block_size:
             child = node.children.get(self._key(rest))
             if child is None:
@@ -109,6 +112,7 @@ class RadixCache(BlockManager):
                 break
             if common < child.num_tokens:
                 child = self._split(child, common)
+            self._stamp(child, stamp)
             path.append(child)
             matched += common
             node = child
@@ -183,7 +187,7 @@ class RadixCache(BlockManager):
                 own = table[max(first, done // self.block_size): last]
                 table[max(first, done // self.block_size): last] = child.pages[max(0, done - position) // self.block_size:]
                 self._release(own)
-            child.last_access = next(self._clock)
+            self._stamp(child, next(self._clock))
             node, position, rest = child, position + common, _split_pieces(rest, common)[1]
         self._set_lock(req, node, num_tokens)
 
@@ -203,10 +207,26 @@ class RadixCache(BlockManager):
             node.lock_ref += delta
             if node.lock_ref == 0:
                 self._evictable_pages += len(node.pages)
-                if not node.children:
-                    heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), node))
-            node.last_access = clock
+            self._stamp(node, clock)
             node = node.parent
+
+    def _stamp(self, node: Node, stamp: int) -> None:
+        """`node` is used at `stamp`; an evictable leaf gets a heap entry at its new stamp (the old one goes stale)."""
+        node.last_access = stamp
+        if node.lock_ref == 0 and not node.children:
+            self._push(node)
+
+    def _push(self, leaf: Node) -> None:
+        heapq.heappush(self._heap, (leaf.last_access, next(self._tiebreak), leaf))
+        if len(self._heap) > 2 * self._evictable_pages + 1024:  # mostly stale: keep the live entries only
+            self._heap = [entry for entry in self._heap if self._live(entry)]
+            heapq.heapify(self._heap)
+
+    def _live(self, entry: tuple[int, int, Node]) -> bool:
+        """Whether a heap entry is its leaf's current stamp and the leaf can be evicted."""
+        stamp, _, leaf = entry
+        return stamp == leaf.last_access and leaf.lock_ref == 0 and not leaf.children and leaf.parent is not None \
+            and leaf.parent.children.get(self._key(leaf.key)) is leaf
 
     def free(self, req: Request, keep_uncached: bool = True) -> None:
         """The request ends (or is preempted): its computed pages join the tree (unless `keep_uncached` is False:
@@ -231,16 +251,16 @@ class RadixCache(BlockManager):
 
     def _evict_one(self) -> None:
         while self._heap:
-            _, _, leaf = heapq.heappop(self._heap)
-            if leaf.lock_ref == 0 and not leaf.children and leaf.parent is not None and \
-                    leaf.parent.children.get(self._key(leaf.key)) is leaf:
+            entry = heapq.heappop(self._heap)
+            if self._live(entry):
+                leaf = entry[2]
                 del leaf.parent.children[self._key(leaf.key)]
                 self._evictable_pages -= len(leaf.pages)
                 self._free.extend(leaf.pages)
                 parent = leaf.parent
                 leaf.parent = None
                 if parent is not self.root and parent.lock_ref == 0 and not parent.children:
-                    heapq.heappush(self._heap, (parent.last_access, next(self._tiebreak), parent))
+                    self._push(parent)
                 return
         raise RuntimeError("radix cache: nothing left to evict")  # callers check num_free_blocks first
 

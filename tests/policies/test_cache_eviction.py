@@ -88,3 +88,44 @@ def test_a_recomputed_request_hits_its_own_blocks_when_it_comes_back():
     assert second.num_preemptions >= 1 and readmitted is not None
     n, context, tokens = readmitted
     assert context > 0 and n + context == tokens  # part of what it had computed was hit, the rest recomputed
+
+
+def _radix_serve(kv, r) -> int:
+    """Admit `r` on its prefix hit, compute the rest of its prompt and finish it; returns the hit."""
+    hit = kv.lookup(r)
+    r.num_computed_tokens = hit
+    assert kv.allocate(r, r.num_prompt_tokens - hit, admitting=True) is not None
+    r.num_computed_tokens = r.num_prompt_tokens
+    kv.free(r)
+    return hit
+
+
+def _radix_after_a_b_and(touch_a) -> tuple[int, int]:
+    """A then B cached (10 pages each of 25), `touch_a(kv)`, then C's 10 pages evict one of them: what A and B
+    still hit."""
+    from policies.radix import RadixCache
+    kv = RadixCache(num_blocks=25, block_size=1)
+    a, b = (100, 10), (200, 10)
+    _radix_serve(kv, req(0, [a]))
+    _radix_serve(kv, req(1, [b]))
+    touch_a(kv)
+    _radix_serve(kv, req(3, [(400, 10)]))
+    kv.check_invariants()
+    return kv.lookup(req(4, [a, (500, 1)])), kv.lookup(req(5, [b, (500, 1)]))
+
+
+def test_radix_evicts_by_last_use_not_by_first_caching():
+    """SGLang evicts the least recently used leaf. A is cached before B but used again after it (by a request
+    retracted before its own token, so A stays a leaf), so C evicts B. (The heap kept A's first stamp.)"""
+    def reuse_a(kv):
+        again = req(2, [(100, 10), (300, 1)])
+        again.num_computed_tokens = kv.lookup(again)
+        assert again.num_computed_tokens == 10 and kv.allocate(again, 1, admitting=True) is not None
+        kv.free(again, keep_uncached=False)
+    assert _radix_after_a_b_and(reuse_a) == (10, 0)
+    assert _radix_after_a_b_and(lambda kv: None) == (0, 10)  # untouched, A is the older
+
+
+def test_radix_lookup_of_a_waiting_request_counts_as_a_use():
+    """SGLang's match_prefix stamps every node it walks, for a request that only waits too."""
+    assert _radix_after_a_b_and(lambda kv: kv.lookup(req(2, [(100, 10), (600, 2)]))) == (10, 0)
