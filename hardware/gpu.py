@@ -52,6 +52,9 @@ class GpuSpec(BaseModel):
     gpus_per_node: int = Field(ge=1)
     price_per_gpu_hour_usd: float = Field(gt=0, description="Default on-demand price; override per scenario")
     sources: list[str] = Field(min_length=1, description="Datasheets the numbers come from")
+    compute_capability: float | None = Field(None, description=(
+        "NVIDIA compute capability (8.0 Ampere, 8.9 Ada, 9.0 Hopper, 10.0 Blackwell): which kernels an engine "
+        "picks, e.g. vLLM's FlashMLA needs 9.0 or newer"))
     notes: str = ""
 
     @model_validator(mode="after")

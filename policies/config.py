@@ -24,6 +24,7 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
+FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
 
 
 # SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
@@ -123,13 +124,16 @@ class EngineConfig(BaseModel):
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
     def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int, tp: int = 1, pp: int = 1,
-                           dp_attention: bool = False) -> EngineConfig:
+                           dp_attention: bool = False, mla: bool = False) -> EngineConfig:
         """This config with unset batch limits and memory share filled as `vllm serve` fills them
         (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
         max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
         Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
-        without pipeline parallelism (micro-batch engines are simulated synchronously)."""
+        without pipeline parallelism (micro-batch engines are simulated synchronously). An unset block_size is 16,
+        or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
+        forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
+        picked CUTLASS MLA and 128)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -138,6 +142,9 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
+        if "block_size" not in self.model_fields_set and mla and not sglang \
+                and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
+            update["block_size"] = FLASHMLA_BLOCK_SIZE
         if self.async_scheduling is None:
             update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1
         elif self.async_scheduling and pp > 1:

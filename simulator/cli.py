@@ -139,7 +139,8 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
            gpu_memory_utilization: float | None = typer.Option(None, help=(
                "Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")),
            kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
-           max_model_len: int | None = typer.Option(None, min=1), block_size: int = typer.Option(16, min=1),
+           max_model_len: int | None = typer.Option(None, min=1), block_size: int | None = typer.Option(
+               None, min=1, help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA)"),
            max_num_batched_tokens: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
            max_num_seqs: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
            gpu_file: list[Path] = GpuFiles,
@@ -157,9 +158,10 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
         raise SpecError(f"--gpu-memory-utilization: a share of the device in (0, 1], not {gpu_memory_utilization}")
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     batch = EngineConfig(scheduler=engine, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                         gpu_memory_utilization=gpu_memory_utilization).with_vllm_defaults(
-        gpu_spec, max_model_len or spec.max_position_embeddings, tp, pp)
-    cfg = EngineMemoryConfig(gpu_memory_utilization=batch.gpu_memory_utilization, block_size=block_size,
+                         gpu_memory_utilization=gpu_memory_utilization,
+                         **({} if block_size is None else {"block_size": block_size})).with_vllm_defaults(
+        gpu_spec, max_model_len or spec.max_position_embeddings, tp, pp, mla=spec.mla is not None)
+    cfg = EngineMemoryConfig(gpu_memory_utilization=batch.gpu_memory_utilization, block_size=batch.block_size,
                              max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
                              max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
                              disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,

@@ -212,7 +212,8 @@ class Scenario(BaseModel):
         gpu = get_gpu(self.hardware.gpu, tuple(self.hardware.gpu_files))
         max_len = self.engine.max_model_len or get_model(self.model).max_position_embeddings
         par = self.parallelism
-        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention)
+        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention,
+                                                get_model(self.model).mla is not None)
         return self if engine is self.engine else self.model_copy(update={"engine": engine})
 
     def run_settings(self) -> Scenario:

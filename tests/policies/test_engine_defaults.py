@@ -58,3 +58,27 @@ def test_async_scheduling_where_it_is_not_modelled_is_a_clear_error():
         EngineConfig(scheduler="sarathi", async_scheduling=True)
     with pytest.raises(SpecError, match=r"async_scheduling with pipeline parallelism \(pp > 1\)"):
         EngineConfig(async_scheduling=True).with_vllm_defaults(get_gpu("h100-sxm"), 16384, pp=2)
+
+
+@pytest.mark.parametrize("gpu,scheduler,mla,stated,expected", [
+    ("h200", "vllm", True, None, 64),     # FlashMLA: vLLM forces 64-token blocks
+    ("b200", "vllm", True, None, 64),
+    ("a100-80gb", "vllm", True, None, 16),  # FlashMLA needs Hopper: Triton MLA, vLLM's 16
+    ("mi300x", "vllm", True, None, 16),
+    ("h200", "vllm", False, None, 16),    # not an MLA model
+    ("h200", "sglang", True, None, 16),   # SGLang's own pages
+    ("h200", "vllm", True, 128, 128),     # a stated size stays
+])
+def test_mla_models_take_flashmla_blocks_under_vllm_on_hopper_and_newer(gpu, scheduler, mla, stated, expected):
+    engine = EngineConfig(scheduler=scheduler, **({} if stated is None else {"block_size": stated}))
+    assert engine.with_vllm_defaults(get_gpu(gpu), 16384, mla=mla).block_size == expected
+
+
+def test_a_deepseek_scenario_runs_vllm_s_block_size():
+    from simulator.scenario import Scenario
+    s = Scenario.model_validate({"name": "ds", "model": "deepseek-v3", "hardware": {"gpu": "h200"},
+                                 "parallelism": {"tp": 8}, "workload": {
+                                     "lengths": {"prompt": {"kind": "fixed", "value": 100},
+                                                 "output": {"kind": "fixed", "value": 10}},
+                                     "arrivals": {"kind": "poisson", "rate_per_s": 1.0}, "num_requests": 5}})
+    assert s.with_engine_defaults().engine.block_size == 64
