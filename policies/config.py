@@ -24,6 +24,7 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
+ASYNC_SPECULATIVE_METHODS = ("eagle", "mtp")  # vLLM's EagleModelTypes: async scheduling works with these
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
 
 
@@ -130,7 +131,8 @@ class EngineConfig(BaseModel):
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
         max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
         Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
-        without pipeline parallelism (micro-batch engines are simulated synchronously). An unset block_size is 16,
+        without pipeline parallelism (micro-batch engines are simulated synchronously) and without draft-model or
+        n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ..."). An unset block_size is 16,
         or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
         forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
         picked CUTLASS MLA and 128)."""
@@ -145,11 +147,17 @@ class EngineConfig(BaseModel):
         if "block_size" not in self.model_fields_set and mla and not sglang \
                 and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
             update["block_size"] = FLASHMLA_BLOCK_SIZE
+        # vLLM schedules ahead with EAGLE/MTP drafts only: a draft model's or n-gram's proposals need the step's output
+        plain_drafts = self.speculative is not None and self.speculative.method not in ASYNC_SPECULATIVE_METHODS
         if self.async_scheduling is None:
-            update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1
+            update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1 and not plain_drafts
         elif self.async_scheduling and pp > 1:
             raise SpecError("engine.async_scheduling with pipeline parallelism (pp > 1) is not modelled: the "
                             "micro-batch engines step synchronously; set it false or leave it unset")
+        elif self.async_scheduling and plain_drafts:
+            raise SpecError(f"engine.async_scheduling with speculative method {self.speculative.method!r}: vLLM "
+                            f"schedules ahead only with {' or '.join(ASYNC_SPECULATIVE_METHODS)} drafts; set it false "
+                            "or leave it unset")
         if self.gpu_memory_utilization is None:
             chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)
             prefill = chunk if self.enable_chunked_prefill else self.max_prefill_tokens

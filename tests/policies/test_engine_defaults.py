@@ -82,3 +82,16 @@ def test_a_deepseek_scenario_runs_vllm_s_block_size():
                                                  "output": {"kind": "fixed", "value": 10}},
                                      "arrivals": {"kind": "poisson", "rate_per_s": 1.0}, "num_requests": 5}})
     assert s.with_engine_defaults().engine.block_size == 64
+
+
+@pytest.mark.parametrize("method,extra,resolved", [
+    ("eagle", {}, True), ("mtp", {}, True),  # vLLM's EagleModelTypes schedule ahead
+    ("ngram", {}, False), ("draft", {"draft_model": "llama-3.2-1b"}, False)])
+def test_vllm_schedules_ahead_only_with_eagle_or_mtp_drafts(method, extra, resolved):
+    from hardware.errors import SpecError
+    spec = {"method": method, "k": 3, "acceptance": 0.7, **extra}
+    h100 = get_gpu("h100-sxm")
+    assert EngineConfig(speculative=spec).with_vllm_defaults(h100, 16384).async_scheduling is resolved
+    if not resolved:  # vLLM refuses it when asked for explicitly
+        with pytest.raises(SpecError, match=f"speculative method '{method}': vLLM schedules ahead only with eagle or"):
+            EngineConfig(speculative=spec, async_scheduling=True).with_vllm_defaults(h100, 16384)
