@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
-from policies.spec_decode import SpeculativeConfig
+from policies.spec_decode import EAGLE_METHODS, SpeculativeConfig
 
 
 def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
@@ -24,7 +24,6 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
-ASYNC_SPECULATIVE_METHODS = ("eagle", "mtp")  # vLLM's EagleModelTypes: async scheduling works with these
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
 
 
@@ -148,7 +147,7 @@ class EngineConfig(BaseModel):
                 and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
             update["block_size"] = FLASHMLA_BLOCK_SIZE
         # vLLM schedules ahead with EAGLE/MTP drafts only: a draft model's or n-gram's proposals need the step's output
-        plain_drafts = self.speculative is not None and self.speculative.method not in ASYNC_SPECULATIVE_METHODS
+        plain_drafts = self.speculative is not None and self.speculative.method not in EAGLE_METHODS
         if self.async_scheduling is None:
             update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1 and not plain_drafts
         elif self.async_scheduling and pp > 1:
@@ -156,7 +155,7 @@ class EngineConfig(BaseModel):
                             "micro-batch engines step synchronously; set it false or leave it unset")
         elif self.async_scheduling and plain_drafts:
             raise SpecError(f"engine.async_scheduling with speculative method {self.speculative.method!r}: vLLM "
-                            f"schedules ahead only with {' or '.join(ASYNC_SPECULATIVE_METHODS)} drafts; set it false "
+                            f"schedules ahead only with {' or '.join(EAGLE_METHODS)} drafts; set it false "
                             "or leave it unset")
         if self.gpu_memory_utilization is None:
             chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)

@@ -23,6 +23,7 @@ from hardware.errors import SpecError
 from hardware.kv_groups import cdiv, skipped_blocks
 from policies.block_pool import RefCountedPool
 from policies.kv_blocks import BlockManager, blocks_for
+from policies.spec_decode import EAGLE_METHODS
 from policies.token_ids import block_hashes
 from workloads.request import Request
 
@@ -187,7 +188,8 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         return all(block_hash in self._cached[g] for g in groups)
 
     def _match(self, req: Request) -> int:
-        """Token blocks of the longest hit (never the last token), full-attention groups first."""
+        """Token blocks of the longest hit (never the last token), full-attention groups first; with `eagle_hits`,
+        one block fewer (a sliding group's run one block longer first, as vLLM's use_eagle)."""
         limit = (req.num_tokens - 1) // self.block_size
         hashes = block_hashes(req, limit * self.block_size, self.block_size)
         full = [g for g, w in enumerate(self.windows) if w is None]
@@ -200,9 +202,9 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
             before = hit
             for window in sorted({w for w in self.windows if w is not None}):
                 groups = [g for g, w in enumerate(self.windows) if w == window]
-                hit = self._sliding_hit(hashes, hit, groups, cdiv(window - 1, self.block_size))
+                hit = self._sliding_hit(hashes, hit, groups, cdiv(window - 1, self.block_size) + self.eagle_hits)
             if hit == before:
-                return hit
+                return hit - 1 if self.eagle_hits and hit else hit
 
     def _sliding_hit(self, hashes: list[int], limit: int, groups: list[int], need: int) -> int:
         if need == 0:  # a window of one token sees nothing before it
@@ -279,14 +281,17 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
 
 
 def make_kv_manager(prefix_caching: str, num_blocks: int, block_size: int, watermark: float,
-                    windows: tuple[int | None, ...] = (None,)) -> BlockManager:
+                    windows: tuple[int | None, ...] = (None,), speculative_method: str | None = None) -> BlockManager:
     """The engine's KV manager: the registered one by name, or over hybrid KV cache groups when any group
-    slides (the memory plan's `kv_windows`)."""
+    slides (the memory plan's `kv_windows`). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
     from policies.catalog import kv_managers
     if all(w is None for w in windows):
-        return kv_managers.get(prefix_caching)(num_blocks, block_size, watermark)
-    if prefix_caching == "radix":
+        kv = kv_managers.get(prefix_caching)(num_blocks, block_size, watermark)
+    elif prefix_caching == "radix":
         raise SpecError("engine.prefix_caching: radix with sliding-window layers: SGLang's sliding-window radix "
                         "cache is not modelled; use vllm or none, or set engine.disable_hybrid_kv_cache_manager: true")
-    cls = HybridPrefixCachingBlockManager if prefix_caching == "vllm" else HybridBlockManager
-    return cls(num_blocks, block_size, watermark, windows)
+    else:
+        cls = HybridPrefixCachingBlockManager if prefix_caching == "vllm" else HybridBlockManager
+        kv = cls(num_blocks, block_size, watermark, windows)
+    kv.eagle_hits = prefix_caching == "vllm" and speculative_method in EAGLE_METHODS
+    return kv

@@ -29,6 +29,9 @@ class BlockManager:
 
     supports_fast_forward = True  # decode steps open blocks in a pattern simulator/fast_forward.py replays
     windows: tuple[int | None, ...] = (None,)  # KV cache groups' sliding windows: one full-attention group
+    # EAGLE/MTP drafting reads the target's hidden states at the last cached token, which a hit does not have:
+    # vLLM gives up the last hit block (find_longest_cache_hit's use_eagle), so that block is computed again
+    eagle_hits = False
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         if num_blocks < 1 or block_size < 1:

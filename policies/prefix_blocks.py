@@ -47,6 +47,8 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
             if block is None:
                 break
             blocks.append(block)
+        if self.eagle_hits and blocks:
+            blocks.pop()
         return blocks
 
     def _hit_blocks(self, req: Request) -> list[int]:

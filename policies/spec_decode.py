@@ -30,6 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from hardware.model import preset_names
 from workloads.request import Request
 
+#: vLLM's use_eagle() methods: draft heads on the target's own hidden states. vLLM schedules ahead (async) only
+#: with these, and gives up the last block of a prefix hit for them (the heads need its hidden states).
+EAGLE_METHODS = ("eagle", "mtp")
+
 _SALT = 0x5BEC  # keeps the acceptance streams apart from every other generator seeded by the run seed
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.catalog import kv_managers, orderings, schedulers
+from policies.catalog import orderings, schedulers
 from policies.config import EngineConfig
+from policies.hybrid_blocks import make_kv_manager
 from policies.step import TokenLog
 from workloads.request import Phase, Request
 
@@ -30,7 +31,8 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     knobs.setdefault("max_num_seqs", 256)  # batch limits a scenario would take from vLLM's defaults for its GPU
     knobs.setdefault("max_num_batched_tokens", 8192)
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
-    kv = kv_managers.get(cfg.prefix_caching)(num_blocks, block_size, cfg.watermark)
+    kv = make_kv_manager(cfg.prefix_caching, num_blocks, block_size, cfg.watermark,
+                         speculative_method=cfg.speculative and cfg.speculative.method)
     log = TokenLog()
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 

@@ -206,3 +206,27 @@ def test_same_step_hits_match_brute_force_over_requests_admitted_before(prompts,
         assert plan.num_new[i] == r.num_prompt_tokens - r.num_cached_tokens
     sched.commit(plan, 1.0)
     sched.kv.check_invariants()
+
+
+def _second_request_prefill(method: str, windows=(None,)) -> int:
+    """Tokens the second of two 80-token prompts sharing 64 (four 16-token blocks) prefills, under `method`."""
+    from policies.config import EngineConfig
+    from policies.hybrid_blocks import make_kv_manager
+    from policies.catalog import orderings, schedulers
+    from policies.step import TokenLog
+    cfg = EngineConfig(prefix_caching="vllm", block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
+                       async_scheduling=False, speculative={"method": method, "k": 2, "acceptance": 0.5})
+    kv = make_kv_manager("vllm", 64, 16, 0.0, windows, cfg.speculative.method)
+    sched = schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog(), 0)
+    serve(sched, [req(0, [(7, 64), (8, 16)], output=3)])
+    return serve(sched, [req(1, [(7, 64), (9, 16)], output=3)], now=100.0)[1]
+
+
+def test_eagle_and_mtp_prefix_hits_give_up_their_last_block():
+    """vLLM's find_longest_cache_hit pops the last hit block under use_eagle: the draft heads need the hidden
+    states of the last cached token, so that block is computed again (48 of 64 shared tokens hit, not 64)."""
+    assert _second_request_prefill("ngram") == 16
+    assert _second_request_prefill("eagle") == _second_request_prefill("mtp") == 32
+    # hybrid groups: a sliding group needs one more block of its window run first, then the last goes too
+    assert _second_request_prefill("ngram", (None, 32)) == 16
+    assert _second_request_prefill("eagle", (None, 32)) == 32
