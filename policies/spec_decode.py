@@ -100,6 +100,9 @@ class Speculator:
     def __init__(self, cfg: SpeculativeConfig, seed: int = 0):
         self.cfg, self.seed = cfg, seed
         self.runs_draft_model = cfg.method != "ngram"
+        # vLLM's num_lookahead_tokens: a running request's KV is allocated k slots past what the step computes, for
+        # the proposals a draft model or EAGLE/MTP head writes next (n-gram proposals need none)
+        self.lookahead = cfg.k if self.runs_draft_model else 0
         self._rng: dict[int, tuple[np.random.Generator, float]] = {}  # request id -> (its draws, its alpha)
         self._draft_len: dict[int, int] = {}  # request id -> tokens in the draft model's KV cache
 

@@ -13,9 +13,11 @@ Each step (vLLM v1 semantics):
 
 Speculative decoding (`engine.speculative`, policies/spec_decode.py): in a step that drafts, a decoding
 request is scheduled with 1 + k tokens (its last sampled token and k guesses), within the budget, with KV
-blocks for all of them. At commit it gains `accepted + 1` tokens and `num_computed_tokens` advances by
-as many; the rejected positions are simply overwritten next round, and their blocks stay with the
-request (vLLM v1 rolls back `num_computed_tokens` only), so nothing leaks and the next round needs fewer.
+blocks for all of them and, with a draft model or EAGLE/MTP heads, for k lookahead slots more (vLLM's
+num_lookahead_tokens, reserved for every running request). At commit it gains `accepted + 1` tokens and
+`num_computed_tokens` advances by as many; the rejected positions are simply overwritten next round, and
+their blocks stay with the request (vLLM v1 rolls back `num_computed_tokens` only), so nothing leaks and
+the next round needs fewer.
 
 `sarathi` is the same loop with a fixed `chunk_size` budget (stall-free batching). `orca` runs
 whole prompts only and reserves KV for prompt + output at admission, as Orca's contiguous
@@ -166,6 +168,7 @@ class TokenBudgetScheduler:
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: PlanBuilder) -> None:
         running, i, drafting = self.running, 0, self._drafting
+        lookahead = self.speculator.lookahead if self.speculator is not None else 0
         while i < len(running) and step.budget > 0:
             req = running[i]
             pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
@@ -176,7 +179,7 @@ class TokenBudgetScheduler:
                 i += 1
                 continue
             self._cursor = i  # preemptions before it shift it left
-            if self._make_room(req, n, step):
+            if self._make_room(req, n + lookahead, step):
                 self.kv.cache_scheduled(req, req.num_computed_tokens + n)
                 step.add(req, n)
                 if n > pending:  # guesses, possibly fewer than k where the budget ran out

@@ -140,21 +140,27 @@ def test_all_guesses_rejected_still_yield_one_token_a_round():
     assert req.num_generated == 6
 
 
-def test_rejected_positions_roll_back_but_their_blocks_stay():
-    sched, _ = spec_scheduler(k=4, acceptance=0.0, block_size=4)
+@pytest.mark.parametrize("method,lookahead", [("draft", 4), ("ngram", 0)])
+def test_rejected_positions_roll_back_but_their_blocks_stay(method, lookahead):
+    """A running request's KV covers the step's tokens plus vLLM's num_lookahead_tokens (k for a draft model or
+    EAGLE/MTP heads, 0 for n-grams). Blocks of 4 tokens, k = 4, an 8-token prompt."""
+    extra = {} if method == "draft" else {"method": "ngram", "draft_model": None}
+    sched, _ = spec_scheduler(k=4, acceptance=0.0, block_size=4, **extra)
     (req,) = make_requests([8], [10])
     sched.add(req, 0.0)
-    sched.commit(sched.schedule(0.0), 1.0)  # prefill: 2 blocks
+    sched.commit(sched.schedule(0.0), 1.0)  # prefill: 2 blocks (a new request reserves no lookahead)
     assert len(sched.kv.table(req)) == 2
     plan = sched.schedule(1.0)
-    assert plan.num_new == (5,) and plan.num_draft == (4,) and plan.draft_context == (8,)
-    assert len(sched.kv.table(req)) == 4  # KV for positions 8..12: 13 tokens, 4 blocks
+    assert plan.num_new == (5,) and plan.num_draft == (4,)
+    assert plan.draft_context == ((8,) if method == "draft" else ())  # n-grams run no draft model
+    blocks = -(-(8 + 5 + lookahead) // 4)  # positions 8..12 and the lookahead: 17 tokens, 5 blocks (13: 4)
+    assert len(sched.kv.table(req)) == blocks
     sched.commit(plan, 2.0)
     assert req.num_computed_tokens == 9 and req.num_generated == 2  # guesses cut off, 1 token gained
-    assert len(sched.kv.table(req)) == 4  # kept (vLLM rolls back num_computed_tokens only) ...
+    assert len(sched.kv.table(req)) == blocks  # kept (vLLM rolls back num_computed_tokens only) ...
     plan = sched.schedule(2.0)
     assert plan.num_context == (9,) and plan.num_new == (5,)
-    assert len(sched.kv.table(req)) == 4  # ... and the next round reuses them: 9 + 5 = 14 tokens fit
+    assert len(sched.kv.table(req)) == blocks  # ... and the next round reuses them: 9 + 5 + lookahead fit
     sched.kv.check_invariants()
 
 
