@@ -130,10 +130,23 @@ class TokenLog:
 
     A step that yields several tokens of one request at once (a speculative round) adds one gap, as a
     streamed chunk does in vLLM's benchmark; TPOT, (E2E - TTFT) / (tokens - 1), still counts every token.
+    `itl_s` holds the gaps of requests that produced their last token, as vLLM's benchmark counts only
+    successful requests' ITLs; a request's gaps wait in `_open` until then (a run's stop leaves some there).
     """
 
     def __init__(self) -> None:
         self.itl_s = array("d")
+        self._open: dict[int, array] = {}  # request id -> gaps so far, while it has tokens to come
+
+    def record(self, req: Request, gaps: list[float], done: bool) -> None:
+        """Gaps of `req`'s latest tokens; `done`: the last of them was its last token."""
+        held = self._open.pop(req.id, None) if done else self._open.setdefault(req.id, array("d"))
+        if done:
+            if held is not None:
+                self.itl_s.extend(held)
+            self.itl_s.extend(gaps)
+        else:
+            held.extend(gaps)
 
     def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
         """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`
@@ -148,8 +161,14 @@ class TokenLog:
         req.num_generated += num_tokens
         if req.first_token_s is None:
             req.first_token_s = now
+        elif req.num_generated < req.num_output_tokens:
+            held = self._open.get(req.id)
+            if held is None:
+                self._open[req.id] = array("d", (now - req.last_token_s,))
+            else:
+                held.append(now - req.last_token_s)
         else:
-            self.itl_s.append(now - req.last_token_s)
+            self.record(req, [now - req.last_token_s], True)
         req.last_token_s = now
 
 

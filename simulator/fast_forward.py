@@ -169,8 +169,10 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
     events = _events(context, last, stretch.finish_step, steps, size, kv.windows, release is not None)
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
     active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
-    log.itl_s.extend((ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist())
-    log.itl_s.extend(np.repeat(np.diff(ends), active[1:]).tolist())
+    first_gaps = (ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist()
+    gaps = np.diff(ends).tolist()
+    for req, k, first_gap in zip(requests, (last + 1).tolist(), first_gaps):
+        log.record(req, [first_gap, *gaps[:k - 1]], req.num_generated + k >= req.num_output_tokens)
     for req, k in zip(requests, (last + 1).tolist()):
         req.num_computed_tokens += k
         req.num_generated += k

@@ -4,7 +4,8 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
 - TTFT: first token time - arrival.
 - TPOT: per request with more than one output token, (E2E - TTFT) / (output tokens - 1); it
   excludes the first token. Mean/median/percentiles are over requests.
-- ITL: every gap between two consecutive tokens of a request, over all requests' gaps. Tokens that arrive
+- ITL: every gap between two consecutive tokens of a request, pooled over the completed requests (as vLLM's
+  benchmark counts successful requests only: a run's stop leaves the others' gaps out). Tokens that arrive
   together (a speculative round's accepted guesses + 1) count as one streamed chunk, one gap, as in vLLM's
   benchmark; so with speculative decoding mean ITL exceeds mean TPOT, which still counts every token.
 - E2EL: finish time - arrival (`e2el`).

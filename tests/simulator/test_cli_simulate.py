@@ -116,6 +116,9 @@ def test_slo_attainment_of_an_overloaded_run_counts_the_requests_its_stop_left_a
     assert 0 < late.sum() < len(cut) and 0 < met < len(done)  # some judged late, some still open
     assert summary["slo_met"] == met and summary["slo_undecided"] == len(cut) - late.sum()
     assert summary["slo_attainment"] == pytest.approx(met / (len(done) + summary["rejected"] + late.sum()))
+    # ITL pools completed requests' gaps only, as vLLM's benchmark: they sum to E2E - TTFT, one per later token
+    gaps = done["e2el_s"] - done["ttft_s"]
+    assert summary["mean_itl_ms"] == pytest.approx(gaps.sum() / (done["output_tokens"] - 1).sum() * 1e3)
 
 
 def test_same_seed_same_summary_and_seed_flag(tmp_path):
