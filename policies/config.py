@@ -105,7 +105,8 @@ class EngineConfig(BaseModel):
         "SGLang since 0.4 (its overlap scheduler): an arrival joins the step after next, and a finished request's "
         "slot and blocks free a step later (under sglang, after one more, wasted, decode); None: on for a "
         "colocated vllm or sglang replica without pipeline parallelism, off otherwise"))
-    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description="What happens to a preempted request")
+    preemption_mode: Literal["recompute", "swap"] = Field("recompute", description=(
+        "What happens to a preempted request: recompute (vLLM v1's only mode) or swap (vLLM v0's, a what-if today)"))
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
     weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "w8a16", "int4", "mxfp4"] = Field("auto", description=(
