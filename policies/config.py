@@ -104,7 +104,8 @@ class EngineConfig(BaseModel):
         "Plan each step while the one before runs, as vLLM does by default since 0.14 (--async-scheduling) and "
         "SGLang since 0.4 (its overlap scheduler): an arrival joins the step after next, and a finished request's "
         "slot and blocks free a step later (under sglang, after one more, wasted, decode); None: on for a "
-        "colocated vllm or sglang replica without pipeline parallelism, off otherwise"))
+        "colocated vllm or sglang replica without pipeline parallelism or draft-model/n-gram speculation, off "
+        "otherwise"))
     preemption_mode: Literal["recompute", "swap"] = Field("recompute", description=(
         "What happens to a preempted request: recompute (vLLM v1's only mode) or swap (vLLM v0's, a what-if today)"))
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
