@@ -71,6 +71,13 @@ def _remaining_output(req: Request) -> int:
     return min(max(req.num_output_tokens - req.num_generated, 0), CLIP_MAX_NEW_TOKENS)
 
 
+def _admitted_output(req: Request) -> int:
+    """What a prefill batch sets aside for `req`'s outputs as it admits it: PrefillAdder's _prefill_one_req takes
+    the whole max_new_tokens (clipped), even for a retracted request that has decoded some, whose admission check
+    used the remainder."""
+    return min(req.num_output_tokens, CLIP_MAX_NEW_TOKENS)
+
+
 def kv_tokens(kv: BlockManager, blocks: int) -> int:
     """Tokens `blocks` KV blocks hold for a request (a hybrid pool spends one block per KV cache group)."""
     return blocks * kv.block_size // len(kv.windows)
@@ -297,7 +304,7 @@ class PrefillFirstScheduler:
             return  # no room for it now: decodes run, and their finishes make some
         whole = n == req.num_pending_tokens
         step.add(req, n)
-        budget.take(n, _remaining_output(req) if whole else 0)
+        budget.take(n, _admitted_output(req) if whole else 0)
         if whole:
             self.chunked = None
             self.running.append(req)
@@ -338,7 +345,7 @@ class PrefillFirstScheduler:
             req.num_cached_tokens = hit
         req.phase = Phase.RUNNING
         step.add(req, n)
-        budget.take(n, outputs if whole else 0)
+        budget.take(n, _admitted_output(req) if whole else 0)
         if whole:
             self.running.append(req)
         else:

@@ -154,10 +154,12 @@ def test_overlapped_an_arrival_is_seen_a_step_late():
     assert first_token == {False: 3.0, True: 4.0}
 
 
-@pytest.mark.parametrize("arrival, first_token", [(20.5, 24.0), (21.5, 33.0)])
+@pytest.mark.parametrize("arrival, first_token", [(20.5, 24.0), (21.5, 35.0)])
 def test_overlapped_a_retracted_request_goes_ahead_of_what_sglang_had_not_received(arrival, first_token):
     """r1 is retracted in the batch formed at 22, which SGLang formed as step 21 began: r2 arriving at 21.5 was
-    not received yet, so it queues behind r1 (prefilled together at 32); one arriving at 20.5 goes first."""
+    not received yet, so it queues behind r1, re-admitted at 32; one arriving at 20.5 goes first. Re-admitted,
+    r1 sets aside its whole 30-token output (SGLang's _prefill_one_req), not the 10 it has left: of the 30 tokens
+    the budget had, 20 + 30 are taken, so r2 (4 + 3) waits for the next prefill, at 34 (first token at 35)."""
     sched, _ = make_scheduler("sglang", num_blocks=60, block_size=1, async_scheduling=True, prefix_caching="radix")
     sched.new_token_ratio = sched.min_ratio
     times = [0.0, 0.5, arrival]
