@@ -7,7 +7,8 @@ grid, serve a short calibration trace with it, refit on the grid's train split p
 (the shapes and order a serving loop really runs), fit the loop's host overhead on the same served
 steps, and write profile.yaml, grid.csv (grid and served rows with default and fitted predictions) and
 calibration.json (what validate needs to rebuild the same setup). Until the last phase ends, the run's files
-live in the folder's calibrate-in-progress/ only, so a run killed halfway leaves nothing that looks finished.
+live in a calibrate-in-progress-*/ folder of the run's own, so a run killed halfway leaves nothing that looks
+finished and two runs into one folder do not share their work.
 
 validate: read calibration.json, pick an arrival rate at `load` x the saturation throughput the
 fitted simulator predicts, serve the trace for real, replay it in the simulator, and write
@@ -21,6 +22,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -149,12 +151,12 @@ def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: b
                     console: Console | None = None) -> tuple[FitReport, Setup]:
     """Measure, fit and write the profile, grid.csv, calibration.json (and device.yaml on CPU) in `folder`.
 
-    The run works in `folder`/calibrate-in-progress (the device's peaks, the grid-only profile that sizes the
-    calibration trace), so an interrupted run leaves no file that passes for a finished one and keeps the
+    The run works in its own `folder`/calibrate-in-progress-* (the device's peaks, the grid-only profile that sizes
+    the calibration trace), so an interrupted run leaves no file that passes for a finished one and keeps the
     folder's earlier calibration whole; the finished files are written there only once every phase is done."""
     folder = Path(folder)
-    work = folder / IN_PROGRESS
-    work.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{IN_PROGRESS}-", dir=folder))
     try:
         report, setup, header = _calibrate(setup, work, gpu, quick, repeats, test_fraction, Phases(console))
         return report, _publish(report, setup, header, folder, profile_name)

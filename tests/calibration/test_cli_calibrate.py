@@ -32,7 +32,7 @@ def test_calibrate_then_validate(tmp_path):
     assert result.exit_code == 0, result.output
     assert "step-time MAPE" in result.output and "gemm_compute" in result.output
     assert "[layers=2," in result.output and "vocab=256]" in result.output  # the scale is text, not rich markup
-    assert not (tmp_path / IN_PROGRESS).exists()
+    assert not list(tmp_path.glob(f"{IN_PROGRESS}*"))
     profile = load_profile(tmp_path / "tiny.yaml")
     assert profile.fit_mape is not None and "torch" in profile.provenance
     assert "cpu-local" in gpu_catalog((tmp_path / "device.yaml",))
@@ -50,7 +50,7 @@ def test_calibrate_then_validate(tmp_path):
 
 
 def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, monkeypatch):
-    """Until the last phase ends, the grid-only profile and the device's peaks wait in calibrate-in-progress/; a run
+    """Until the last phase ends, the grid-only profile and the device's peaks wait in calibrate-in-progress-*/; a run
     stopped in the last phase leaves the folder's earlier calibration as it was. Each phase shows a progress bar."""
     earlier = {name: f"earlier {name}" for name in ("profile.yaml", "device.yaml", "grid.csv", "calibration.json")}
     for name, text in earlier.items():
@@ -59,7 +59,8 @@ def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, mo
 
     def interrupted(served):
         seen["folder"] = sorted(p.name for p in tmp_path.iterdir())
-        seen["work"] = sorted(p.name for p in (tmp_path / IN_PROGRESS).iterdir())
+        (work,) = tmp_path.glob(f"{IN_PROGRESS}-*")  # the run's own
+        seen["work"], seen["work_name"] = sorted(p.name for p in work.iterdir()), work.name
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline, "host_overhead", interrupted)
@@ -67,7 +68,7 @@ def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, mo
     setup = Setup("llama-3.1-8b", parse_scale(TINY), "cpu", "", (), threads=1)
     with pytest.raises(KeyboardInterrupt):
         run_calibration(setup, tmp_path, quick=True, console=terminal)
-    assert seen["folder"] == sorted([*earlier, IN_PROGRESS])
+    assert seen["folder"] == sorted([*earlier, seen["work_name"]])
     assert {"grid-only-profile.yaml", "device.yaml"} <= set(seen["work"])
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier  # untouched; the work folder is gone
     shown = terminal.file.getvalue()
