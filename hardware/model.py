@@ -429,6 +429,18 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
+def is_config_path(value: str) -> bool:
+    """Whether a scenario's model (or draft model) names a config.json on disk rather than a bundled preset."""
+    return value not in preset_names() and value.endswith(".json")
+
+
+def check_model_name(value: str, what: str = "model") -> str:
+    """`value` if it is a preset or a config.json path; else ValueError listing the presets (for validators)."""
+    if value not in preset_names() and not is_config_path(value):
+        raise ValueError(f"unknown {what} {value!r}; presets: {', '.join(preset_names())} (or a config.json path)")
+    return value
+
+
 @cache
 def get_model(name_or_path: str) -> ModelSpec:
     """A bundled preset by name, or a path to a config.json; unknown names list the presets."""

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hardware.model import preset_names
+from hardware.model import check_model_name
 from workloads.request import Request
 
 #: vLLM's use_eagle() methods: draft heads on the target's own hidden states. vLLM schedules ahead (async) only
@@ -71,10 +71,8 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"acceptance must lie in [0, 1], got {self.acceptance}")
         if self.method == "draft" and self.draft_model is None:
             raise ValueError("method 'draft' needs draft_model (a preset name or a config.json path)")
-        if self.draft_model is not None and self.draft_model not in preset_names() \
-                and not self.draft_model.endswith(".json"):
-            raise ValueError(f"unknown draft_model {self.draft_model!r}; presets: {', '.join(preset_names())} "
-                             "(or a config.json path)")
+        if self.draft_model is not None:
+            check_model_name(self.draft_model, "draft_model")
         if self.method != "draft" and self.draft_model is not None:
             raise ValueError(f"draft_model is only used by method 'draft', not {self.method!r}")
         return self

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from hardware.model import preset_names
+from hardware.model import check_model_name
 
 
 class OutputTensorConfig(BaseModel):
@@ -51,9 +51,7 @@ class StageConfig(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str | None) -> str | None:
-        if value is not None and value not in preset_names() and not value.endswith(".json"):
-            raise ValueError(f"unknown model {value!r}; presets: {', '.join(preset_names())} (or a config.json path)")
-        return value
+        return value if value is None else check_model_name(value)
 
 
 def stage_lengths(stage: StageConfig, prev_output_tokens: int) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from hardware.cost import Parallelism
 from hardware.errors import SpecError
 from hardware.files import read_yaml
 from hardware.gpu import get_gpu
-from hardware.model import get_model, preset_names
+from hardware.model import check_model_name, get_model, is_config_path
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
@@ -178,9 +178,7 @@ class Scenario(BaseModel):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value not in preset_names() and not value.endswith(".json"):
-            raise ValueError(f"unknown model {value!r}; presets: {', '.join(preset_names())} (or a config.json path)")
-        return value
+        return check_model_name(value)
 
     @field_validator("engine")
     @classmethod
@@ -376,7 +374,7 @@ def with_absolute_paths(model: Any, base_dir: Path) -> Any:
             update["profile"] = str(Path(model.profile).absolute())
     for name in ("model", "draft_model"):  # a config.json path, not a preset
         value = update.get(name)
-        if isinstance(value, str) and (value.endswith(".json") or "/" in value) and value not in preset_names():
+        if isinstance(value, str) and is_config_path(value):
             update[name] = str(Path(value).absolute())
     changed = {name: value for name, value in update.items() if value != getattr(model, name)}
     return model.model_copy(update=changed) if changed else model
