@@ -179,7 +179,11 @@ class TokenBudgetScheduler:
                 i += 1
                 continue
             self._cursor = i  # preemptions before it shift it left
-            if self._make_room(req, n + lookahead, step):
+            # vLLM caps the slots at max_model_len; the last token to come caps them too, so a request whose whole
+            # sequence fits the pool never preempts itself for slots it cannot use
+            extra = min(lookahead, max(0, min(self.cfg.max_model_len or 1 << 62, req.num_prompt_tokens
+                                               + req.num_output_tokens - 1) - req.num_computed_tokens - n))
+            if self._make_room(req, n + extra, step):
                 self.kv.cache_scheduled(req, req.num_computed_tokens + n)
                 step.add(req, n)
                 if n > pending:  # guesses, possibly fewer than k where the budget ran out

@@ -266,3 +266,12 @@ def test_rounds_never_lose_or_duplicate_tokens_nor_leak_blocks(seed, k, alpha, b
     assert [r.num_generated for r in requests] == outputs
     assert all(r.num_computed_tokens == p + o - 1 for r, p, o in zip(requests, prompts, outputs))
     assert not sched.speculator._draft_len and not sched.speculator._rng  # forgotten at finish
+
+
+def test_lookahead_never_asks_for_slots_past_the_last_token():
+    """A 4 x 16 = 64-token pool and one request of 40 + 24 tokens (63 to hold): it fits whole, and the k = 4
+    lookahead slots past its last token would not. It must finish without preempting itself for them."""
+    sched, _ = spec_scheduler(num_blocks=4, block_size=16, k=4, acceptance=0.0)
+    (req,) = make_requests([40], [24])
+    drive(sched, [req])
+    assert req.is_done and req.num_preemptions == 0
