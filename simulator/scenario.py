@@ -168,7 +168,7 @@ class Scenario(BaseModel):
             if pool.gpu is not None:
                 get_gpu(pool.gpu, tuple(self.hardware.gpu_files)) if not self.hardware.gpu_files else None
             try:
-                EngineConfig.model_validate({**self.engine.model_dump(), **pool.engine})
+                EngineConfig.model_validate({**self.engine.model_dump(exclude_unset=True), **pool.engine})
             except ValidationError as err:
                 first = err.errors()[0]
                 where = ".".join(str(p) for p in first["loc"])

@@ -74,14 +74,22 @@ def test_mla_models_take_flashmla_blocks_under_vllm_on_hopper_and_newer(gpu, sch
     assert engine.with_vllm_defaults(get_gpu(gpu), 16384, mla=mla).block_size == expected
 
 
-def test_a_deepseek_scenario_runs_vllm_s_block_size():
+def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_stages():
+    from simulator.omni_run import stage_scenario
+    from simulator.run import _pool_settings
+    from simulator.omni import StageConfig
     from simulator.scenario import Scenario
-    s = Scenario.model_validate({"name": "ds", "model": "deepseek-v3", "hardware": {"gpu": "h200"},
-                                 "parallelism": {"tp": 8}, "workload": {
-                                     "lengths": {"prompt": {"kind": "fixed", "value": 100},
-                                                 "output": {"kind": "fixed", "value": 10}},
-                                     "arrivals": {"kind": "poisson", "rate_per_s": 1.0}, "num_requests": 5}})
+    raw = {"name": "ds", "model": "deepseek-v3", "hardware": {"gpu": "h200"}, "parallelism": {"tp": 8},
+           "engine": {"max_num_seqs": 64}, "workload": {
+               "lengths": {"prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 10}},
+               "arrivals": {"kind": "poisson", "rate_per_s": 1.0}, "num_requests": 5}}
+    s = Scenario.model_validate(raw)
     assert s.with_engine_defaults().engine.block_size == 64
+    pd = Scenario.model_validate({**raw, "disaggregation": {
+        "prefill": {"replicas": 1, "tp": 8}, "decode": {"replicas": 1, "tp": 8}, "transfer": {"link": "ib-ndr-400"}}})
+    for pool, scheduler in ((pd.disaggregation.prefill, "vllm_prefill"), (pd.disaggregation.decode, "vllm_decode")):
+        assert _pool_settings(pd, pool, scheduler).with_engine_defaults().engine.block_size == 64  # was 16
+    assert stage_scenario(s, StageConfig(name="only", tp=8)).engine.block_size == 64
 
 
 @pytest.mark.parametrize("method,extra,resolved", [
