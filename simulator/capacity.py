@@ -33,8 +33,9 @@ from workloads.arrivals import mean_rate_per_s
 # of requests (by arrival) against the first third: unstable when it is more than UNSTABLE_TTFT_GROWTH
 # times larger AND larger by at least UNSTABLE_MIN_GROWTH_S (so that a few long prompts among
 # millisecond TTFTs are not mistaken for a growing queue). Requests still unfinished when the run
-# stops (stop.max_sim_time_s) after every arrival also make it unstable: the backlog did not drain. A stop
-# before the last arrival cuts requests off in flight by design; then only the TTFT growth judges the queue.
+# stops (stop.max_sim_time_s) after every scheduled arrival also make it unstable: the backlog did not drain. A
+# stop before the last scheduled arrival cuts requests off in flight by design; then only the TTFT growth judges
+# the queue, and the goodput share counts the requests sent before the stop.
 UNSTABLE_TTFT_GROWTH = 2.0
 UNSTABLE_MIN_GROWTH_S = 0.25
 # A run whose arrivals span less than this cannot show a backlog that grows slowly: its verdict gets a note.
@@ -121,14 +122,18 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         if limit is not None and value > limit:
             reasons.append(reason)
             details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms")
+    stop_s = result.scenario.stop.max_sim_time_s
+    # requests due at or after the stop were never sent: they count neither for goodput nor as a backlog
+    # (session turns never released do: a stuck queue holds them back)
+    due_after = int((requests["arrival_s"] >= stop_s).sum()) if stop_s is not None else 0
     met = s.get("slo_met", s["completed"] + s["rejected"])  # without per-request limits: every answer
-    share = met / len(requests) if s["completed"] else 0.0
+    share = met / (len(requests) - due_after) if s["completed"] else 0.0
     metrics["goodput_share"] = share
     if slo.goodput_fraction is not None and share < slo.goodput_fraction:
         reasons.append("goodput")
         details.append(f"{share:.1%} of requests meet every SLO < {slo.goodput_fraction:.1%}")
     first_s, last_s = queue_growth(requests)
-    unfinished = 0 if s["not_arrived"] else s["unfinished"]  # a stop before the last arrival leaves some in flight
+    unfinished = 0 if due_after else s["unfinished"]  # a stop before the last arrival leaves some in flight
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0

@@ -14,10 +14,10 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
 - slo_attainment: the share of judged requests meeting every SLO. Judged: completed, rejected (too long for
   max_model_len or the KV pool: an error, not an answer within the SLOs), and unfinished ones already known to
   miss when the run stopped (no first token past the TTFT limit, older than the E2EL limit, or a TPOT
-  bound - time since the first token over the tokens still to come - past its limit); `slo_undecided` counts
-  the other unfinished ones, which could still make it.
+  lower bound - time since its first token over all its gaps, requested tokens - 1 - past its limit);
+  `slo_undecided` counts the other unfinished ones, which could still make it.
 - unfinished: requests that arrived but were neither completed nor rejected when the run stopped
-  (`stop.max_sim_time_s`): the backlog. `not_arrived`: requests of the workload due after the stop (or
+  (`stop.max_sim_time_s`): the backlog. `not_arrived`: requests of the workload due at or after the stop (or
   session turns never released), which the run never saw.
 """
 
@@ -118,7 +118,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
     open_ = requests["finish_s"].isna() & requests["reject_reason"].isna()
-    arrived = requests["arrival_s"] <= stop_s if stop_s is not None else requests["arrival_s"].notna()
+    # simpy's run(until=stop) runs no event at the stop itself: an arrival there was never seen
+    arrived = requests["arrival_s"] < stop_s if stop_s is not None else requests["arrival_s"].notna()
     unfinished = requests[open_ & arrived]
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))  # none: 0/s

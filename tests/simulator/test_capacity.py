@@ -86,10 +86,10 @@ def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
 
 
 def _result(requests: pd.DataFrame, summary: dict):
-    class Result:  # judge reads only the summary and the per-request table
+    class Result:  # judge reads only the summary, the per-request table and the scenario's stop
         pass
     result = Result()
-    result.requests, result.summary = requests, summary
+    result.requests, result.summary, result.scenario = requests, summary, chat()
     return result
 
 
@@ -168,3 +168,28 @@ def test_a_stop_before_the_last_arrival_is_not_a_backlog():
     assert "unstable queue" not in verdict.reasons, verdict.details
     overloaded = simulate(at_rate(s, 60.0), SCENARIOS)  # the TTFT growth still tells a queue that grows
     assert "unstable queue" in judge(overloaded, s.slo, 60.0).reasons
+
+
+def test_an_arrival_at_the_stop_itself_was_never_seen():
+    """simpy's run(until=4) runs no event at 4: the request due then was not sent, so it is not a backlog."""
+    s = chat(stop={"max_sim_time_s": 4.0}, workload={"arrivals": {"kind": "constant", "rate_per_s": 1.0},
+                                                     "num_requests": 5})
+    result = simulate(s, SCENARIOS)
+    assert result.requests["arrival_s"].tolist()[-1] == 4.0
+    assert (result.summary["unfinished"], result.summary["not_arrived"]) == (0, 1)
+    assert "unstable queue" not in judge(result, s.slo, 1.0).reasons
+
+
+def test_session_turns_a_stuck_queue_never_released_do_not_hide_its_backlog():
+    """One slot, sessions arriving at 10/s, all first turns due before the 25 s stop: later turns are never
+    released because the queue is stuck. They are not requests due after the stop, so the backlog still fails."""
+    from simulator.scenario import load_scenario
+    s, base = load_scenario(SCENARIOS / "agent_prefix_sharing.yaml", [
+        "cluster={replicas: 1, router: round_robin}", "engine.max_num_seqs=1", "engine.queue_order=fcfs",
+        "workload.num_requests=120", "workload.arrivals={kind: poisson, rate_per_s: 10}", "stop.max_sim_time_s=25",
+        "slo={ttft_ms: 60000, tpot_ms: 1000}"])
+    result = simulate(s, base)
+    requests = result.requests
+    assert requests["arrival_s"].isna().sum() > 0 and not (requests["arrival_s"] >= 25).any()
+    assert result.summary["unfinished"] > 0
+    assert "unstable queue" in judge(result, s.slo, 10.0).reasons
