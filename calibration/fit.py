@@ -19,7 +19,6 @@ per-token cost outside the layers is the GEMM curves' business); without that th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -97,32 +96,19 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
         tokens, inverse = np.unique(tt.tokens[entries], return_inverse=True)
         for eff, curve in zip((eff_c, eff_m), profile.curves(kind)):
             eff[entries] = np.array([curve.at(t) for t in tokens])[inverse]
-    return _predict(tt, eff_c, eff_m, Overheads.of(profile))
+    return _predict(tt, eff_c, eff_m, {name: getattr(profile, name) for name in OVERHEADS})
 
 
-@dataclass(frozen=True)
-class Overheads:
-    """A profile's fixed costs, seconds: per step, per layer, per request and per token of a step."""
-
-    step_s: float
-    layer_s: float
-    request_s: float
-    token_s: float
-
-    FIELDS: ClassVar = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s")  # Profile's
-
-    @classmethod
-    def of(cls, profile: Profile | dict[str, float]) -> Overheads:
-        get = profile.get if isinstance(profile, dict) else lambda name: getattr(profile, name)
-        return cls(*(get(name) for name in cls.FIELDS))
+#: A profile's fixed costs, seconds: per step, per layer, per request and per token of a step.
+OVERHEADS = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s")
 
 
-def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: Overheads) -> np.ndarray:
-    """`eff_c`, `eff_m`: each entry's compute and memory efficiency."""
+def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: dict[str, float]) -> np.ndarray:
+    """`eff_c`, `eff_m`: each entry's compute and memory efficiency; `over`: the OVERHEADS' values."""
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
-    return ops + over.step_s + over.layer_s * tt.num_layers + over.request_s * tt.num_requests \
-        + over.token_s * tt.num_tokens
+    return ops + over["step_overhead_s"] + over["layer_overhead_s"] * tt.num_layers \
+        + over["request_overhead_s"] * tt.num_requests + over["token_overhead_s"] * tt.num_tokens
 
 
 def mape(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
@@ -151,20 +137,19 @@ class _Params:
         return (np.r_[np.full(4 * self.k, EFF_BOUNDS[0]), np.zeros(n_over)],
                 np.r_[np.full(4 * self.k, EFF_BOUNDS[1]), np.full(n_over, np.inf)])
 
-    def unpack(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], Overheads]:
+    def unpack(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+        """The curves' knot values and every one of OVERHEADS (those not fitted at 0)."""
         effs = {c: x[i * self.k:(i + 1) * self.k] for i, c in enumerate(CURVES)}
-        over = dict.fromkeys(Overheads.FIELDS, 0.0)
+        over = dict.fromkeys(OVERHEADS, 0.0)
         over |= {name: float(value) * unit for (name, unit), value in zip(self.overheads.items(), x[4 * self.k:])}
-        return effs, Overheads.of(over)
+        return effs, over
 
     def profile(self, x: np.ndarray, **fields) -> Profile:
         effs, over = self.unpack(x)
         curves = {c: EfficiencyCurve(points=tuple((float(k), float(v)) for k, v in zip(self.knots, effs[c])))
                   for c in CURVES}
         # routed experts ran on the executor's own GEMMs: they read the fitted GEMM curves (moe_* None)
-        return Profile(**curves, moe_compute=None, moe_memory=None, step_overhead_s=over.step_s,
-                       layer_overhead_s=over.layer_s, request_overhead_s=over.request_s, token_overhead_s=over.token_s,
-                       **fields)
+        return Profile(**curves, moe_compute=None, moe_memory=None, **over, **fields)
 
 
 def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None = None, init: Profile = Profile(),

@@ -140,13 +140,11 @@ class TokenLog:
 
     def record(self, req: Request, gaps: list[float], done: bool) -> None:
         """Gaps of `req`'s latest tokens; `done`: the last of them was its last token."""
-        held = self._open.pop(req.id, None) if done else self._open.setdefault(req.id, array("d"))
-        if done:
-            if held is not None:
-                self.itl_s.extend(held)
-            self.itl_s.extend(gaps)
-        else:
-            held.extend(gaps)
+        if not done:
+            self._open.setdefault(req.id, array("d")).extend(gaps)
+            return
+        self.itl_s.extend(self._open.pop(req.id, ()))
+        self.itl_s.extend(gaps)
 
     def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
         """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`

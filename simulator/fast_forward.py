@@ -173,7 +173,6 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
     gaps = np.diff(ends).tolist()
     for req, k, first_gap in zip(requests, (last + 1).tolist(), first_gaps):
         log.record(req, [first_gap, *gaps[:k - 1]], req.num_generated + k >= req.num_output_tokens)
-    for req, k in zip(requests, (last + 1).tolist()):
         req.num_computed_tokens += k
         req.num_generated += k
         req.last_token_s = float(ends[k - 1])
