@@ -133,8 +133,8 @@ class EngineConfig(BaseModel):
         max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
         Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
         without pipeline parallelism (micro-batch engines are simulated synchronously) and without draft-model or
-        n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ..."). An unset block_size is 16,
-        or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
+        n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ...").
+        An unset block_size is 16, or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
         forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
         picked CUTLASS MLA and 128)."""
         sglang = self.scheduler == "sglang"
