@@ -2,7 +2,8 @@
 
 `lpm` (SGLang's --schedule-policy lpm): waiting requests are sorted by how many prompt tokens the
 cache already holds, longest first, ties in arrival order; with more than 128 waiting it falls back
-to FCFS (WAITING_QUEUE_PREFIX_MATCH_MAX). In-batch prefix caching: among requests with at most 32
+to FCFS (WAITING_QUEUE_PREFIX_MATCH_MAX), which in SGLang sorts nothing: the list keeps its last LPM
+order and newcomers (retracted requests too) queue behind it in the order they came. In-batch prefix caching: among requests with at most 32
 cached tokens, one that shares 32+ leading tokens with an earlier waiting request is held back for
 this round, so the shared prefix is computed once and then hit instead of computed side by side.
 """
@@ -29,8 +30,10 @@ class WaitingQueue:
         return len(self._heap)
 
     def push(self, req: Request, key: tuple | None = None) -> None:
-        """Queue `req` at its place in the order, or at `key`'s (which must compare with the order's keys)."""
-        heapq.heappush(self._heap, (self.order(req) if key is None else key, req))
+        """Queue `req` at its place in the order, or at `key`'s (which must compare with the order's keys); under
+        lpm, behind every request the last LPM sort placed."""
+        key = self.order(req) if key is None else key
+        heapq.heappush(self._heap, ((1, key) if self.lpm else key, req))
 
     def head(self) -> Request:
         return self._heap[0][1]
@@ -53,10 +56,7 @@ class WaitingQueue:
 
     def prepare(self) -> None:
         """Before admitting: under lpm, re-sort by cached prefix length (this step's cache contents)."""
-        if not self.lpm or len(self._heap) > LPM_MAX_WAITING:
-            if self.lpm:  # too many to match every step: first come, first served
-                self._heap = [(by_arrival(r), r) for _, r in self._heap]
-                heapq.heapify(self._heap)
+        if not self.lpm or len(self._heap) > LPM_MAX_WAITING:  # too many to match: the order stays as it is
             return
         requests = sorted((r for _, r in self._heap), key=by_arrival)
         held_back, seen = set(), set()
@@ -69,6 +69,6 @@ class WaitingQueue:
                     held_back.add(req)
                 else:
                     seen.add(lead)
-            keys.append(((req in held_back, -matched, rank), req))
+            keys.append(((0, req in held_back, -matched, rank), req))
         self._heap = keys
         heapq.heapify(self._heap)

@@ -129,3 +129,19 @@ def test_radix_evicts_by_last_use_not_by_first_caching():
 def test_radix_lookup_of_a_waiting_request_counts_as_a_use():
     """SGLang's match_prefix stamps every node it walks, for a request that only waits too."""
     assert _radix_after_a_b_and(lambda kv: kv.lookup(req(2, [(100, 10), (600, 2)]))) == (10, 0)
+
+
+def test_above_128_waiting_lpm_keeps_its_last_order_and_newcomers_queue_behind():
+    """SGLang's FCFS fallback sorts nothing: the list keeps the last LPM order. The last of 128 arrivals has the
+    longest match, so LPM puts it first; a 129th arrival then leaves it first instead of re-sorting by arrival."""
+    requests = [req(i, [(100 + i, 20)]) for i in range(LPM_MAX_WAITING + 1)]
+    queue = WaitingQueue(by_arrival, _Matches({i: 64 if i == LPM_MAX_WAITING - 1 else 0
+                                               for i in range(LPM_MAX_WAITING + 1)}), lpm=True)
+    for r in requests[:LPM_MAX_WAITING]:
+        queue.push(r)
+    queue.prepare()
+    assert queue.head().id == LPM_MAX_WAITING - 1
+    queue.push(requests[-1])
+    queue.prepare()
+    order = [queue.pop().id for _ in range(LPM_MAX_WAITING + 1)]
+    assert order == [LPM_MAX_WAITING - 1, *range(LPM_MAX_WAITING - 1), LPM_MAX_WAITING]
