@@ -136,7 +136,8 @@ class EngineConfig(BaseModel):
         n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ...").
         An unset block_size is 16, or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
         forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
-        picked CUTLASS MLA and 128)."""
+        picked CUTLASS MLA and 128); a set size that is not a multiple of 64 is an error there, since vLLM would
+        not run it."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -145,9 +146,13 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
-        if "block_size" not in self.model_fields_set and mla and not sglang \
-                and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
-            update["block_size"] = FLASHMLA_BLOCK_SIZE
+        if mla and not sglang and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
+            if "block_size" not in self.model_fields_set:
+                update["block_size"] = FLASHMLA_BLOCK_SIZE
+            elif self.block_size % FLASHMLA_BLOCK_SIZE and self.scheduler.startswith("vllm"):
+                raise SpecError(f"engine.block_size {self.block_size}: vLLM runs MLA models on {gpu.name} with FlashMLA, "
+                                f"which needs a multiple of {FLASHMLA_BLOCK_SIZE} (it would run "
+                                f"{FLASHMLA_BLOCK_SIZE}); set one or leave it unset")
         # vLLM schedules ahead with EAGLE/MTP drafts only: a draft model's or n-gram's proposals need the step's output
         plain_drafts = self.speculative is not None and self.speculative.method not in EAGLE_METHODS
         if self.async_scheduling is None:

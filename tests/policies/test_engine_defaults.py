@@ -67,11 +67,19 @@ def test_async_scheduling_where_it_is_not_modelled_is_a_clear_error():
     ("mi300x", "vllm", True, None, 16),
     ("h200", "vllm", False, None, 16),    # not an MLA model
     ("h200", "sglang", True, None, 16),   # SGLang's own pages
-    ("h200", "vllm", True, 128, 128),     # a stated size stays
+    ("h200", "vllm", True, 128, 128),     # a stated multiple of 64 stays
+    ("h200", "sarathi", True, 16, 16),    # a what-if loop keeps what it is given
 ])
 def test_mla_models_take_flashmla_blocks_under_vllm_on_hopper_and_newer(gpu, scheduler, mla, stated, expected):
     engine = EngineConfig(scheduler=scheduler, **({} if stated is None else {"block_size": stated}))
     assert engine.with_vllm_defaults(get_gpu(gpu), 16384, mla=mla).block_size == expected
+
+
+def test_a_block_size_flashmla_would_not_run_is_an_error():
+    from hardware.errors import SpecError
+    with pytest.raises(SpecError, match="engine.block_size 16: vLLM runs MLA models on h200 with FlashMLA, which "
+                                        "needs a multiple of 64"):
+        EngineConfig(block_size=16).with_vllm_defaults(get_gpu("h200"), 16384, mla=True)
 
 
 def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_stages():
