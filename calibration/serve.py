@@ -161,7 +161,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     if groups.sliding != ex.hybrid:
         raise ValueError(f"engine.disable_hybrid_kv_cache_manager={engine.disable_hybrid_kv_cache_manager} needs an "
                          f"executor {'with' if groups.sliding else 'without'} kv_windows for {ex.spec.name}")
-    kv = make_kv_manager(engine.prefix_caching, ex.num_blocks, engine.block_size, engine.watermark, groups.windows)
+    kv = make_kv_manager(engine, ex.num_blocks, engine.block_size, groups.windows)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
     pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))

@@ -22,6 +22,7 @@ from __future__ import annotations
 from hardware.errors import SpecError
 from hardware.kv_groups import cdiv, skipped_blocks
 from policies.block_pool import RefCountedPool
+from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.spec_decode import EAGLE_METHODS
 from policies.token_ids import block_hashes
@@ -280,11 +281,13 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         assert sum(h is not None for h in self._hash_of) == sum(map(len, self._cached)), "hashed block not findable"
 
 
-def make_kv_manager(prefix_caching: str, num_blocks: int, block_size: int, watermark: float,
-                    windows: tuple[int | None, ...] = (None,), speculative_method: str | None = None) -> BlockManager:
-    """The engine's KV manager: the registered one by name, or over hybrid KV cache groups when any group
-    slides (the memory plan's `kv_windows`). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
+def make_kv_manager(engine: EngineConfig, num_blocks: int, block_size: int,
+                    windows: tuple[int | None, ...] = (None,)) -> BlockManager:
+    """`engine`'s KV manager (`block_size`: its page size): the registered one by `prefix_caching`, or over hybrid
+    KV cache groups when any group slides (the memory plan's `kv_windows`). EAGLE/MTP drafting makes vLLM's
+    prefix hits one block shorter."""
     from policies.catalog import kv_managers
+    prefix_caching, watermark = engine.prefix_caching, engine.watermark
     if all(w is None for w in windows):
         kv = kv_managers.get(prefix_caching)(num_blocks, block_size, watermark)
     elif prefix_caching == "radix":
@@ -293,5 +296,6 @@ def make_kv_manager(prefix_caching: str, num_blocks: int, block_size: int, water
     else:
         cls = HybridPrefixCachingBlockManager if prefix_caching == "vllm" else HybridBlockManager
         kv = cls(num_blocks, block_size, watermark, windows)
-    kv.eagle_hits = prefix_caching == "vllm" and speculative_method in EAGLE_METHODS
+    kv.eagle_hits = prefix_caching == "vllm" and engine.speculative is not None \
+        and engine.speculative.method in EAGLE_METHODS
     return kv

@@ -229,8 +229,7 @@ class World:
         e = e.model_copy(update={"max_model_len": memory.max_model_len})
         pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
         for first in range(first_index, first_index + count * pp, pp):
-            kv = make_kv_manager(e.prefix_caching, num_pages, page_size, e.watermark, memory.kv_windows,
-                                 e.speculative and e.speculative.method)
+            kv = make_kv_manager(e, num_pages, page_size, memory.kv_windows)
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
             seqs = max_running_requests(e, kv) if e.scheduler == "sglang" else e.max_num_seqs
             slots = [max(1, seqs // pp + (v < seqs % pp)) for v in range(pp)]  # sum: max_num_seqs

@@ -208,10 +208,10 @@ class Scenario(BaseModel):
         """This scenario with the engine's unset batch limits filled in as vLLM would for its GPU and model
         (policies.config.EngineConfig.with_vllm_defaults); a pool or stage resolves its own."""
         gpu = get_gpu(self.hardware.gpu, tuple(self.hardware.gpu_files))
-        max_len = self.engine.max_model_len or get_model(self.model).max_position_embeddings
+        model = get_model(self.model)
+        max_len = self.engine.max_model_len or model.max_position_embeddings
         par = self.parallelism
-        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention,
-                                                get_model(self.model).mla is not None)
+        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention, model.mla is not None)
         return self if engine is self.engine else self.model_copy(update={"engine": engine})
 
     def run_settings(self) -> Scenario:

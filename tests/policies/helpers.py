@@ -31,8 +31,7 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     knobs.setdefault("max_num_seqs", 256)  # batch limits a scenario would take from vLLM's defaults for its GPU
     knobs.setdefault("max_num_batched_tokens", 8192)
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
-    kv = make_kv_manager(cfg.prefix_caching, num_blocks, block_size, cfg.watermark,
-                         speculative_method=cfg.speculative and cfg.speculative.method)
+    kv = make_kv_manager(cfg, num_blocks, block_size)
     log = TokenLog()
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 

@@ -18,7 +18,7 @@ BS = 4
 
 def scheduler(kind: str, num_blocks: int, budget: int = 64, max_num_seqs: int = 8, windows=WINDOWS):
     cfg = EngineConfig(block_size=BS, prefix_caching=kind, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
-    kv = make_kv_manager(kind, num_blocks, BS, 0.0, windows)
+    kv = make_kv_manager(cfg, num_blocks, BS, windows)
     return schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog())
 
 
@@ -68,7 +68,7 @@ def test_radix_is_refused_with_sliding_layers():
 
     from hardware.errors import SpecError
     with pytest.raises(SpecError, match="disable_hybrid_kv_cache_manager"):
-        make_kv_manager("radix", 16, 1, 0.0, WINDOWS)
+        make_kv_manager(EngineConfig(prefix_caching="radix"), 16, 1, WINDOWS)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

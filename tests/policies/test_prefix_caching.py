@@ -216,7 +216,7 @@ def _second_request_prefill(method: str, windows=(None,)) -> int:
     from policies.step import TokenLog
     cfg = EngineConfig(prefix_caching="vllm", block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
                        async_scheduling=False, speculative={"method": method, "k": 2, "acceptance": 0.5})
-    kv = make_kv_manager("vllm", 64, 16, 0.0, windows, cfg.speculative.method)
+    kv = make_kv_manager(cfg, 64, 16, windows)
     sched = schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog(), 0)
     serve(sched, [req(0, [(7, 64), (8, 16)], output=3)])
     return serve(sched, [req(1, [(7, 64), (9, 16)], output=3)], now=100.0)[1]
