@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from hardware.errors import SpecError
+from simulator.metrics import due_after_stop
 from simulator.run import RunResult, _workload, simulate
 from simulator.scenario import Scenario, SloConfig, with_overrides
 from workloads.arrivals import mean_rate_per_s
@@ -125,7 +126,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     stop_s = result.scenario.stop.max_sim_time_s
     # requests due at or after the stop were never sent: they count neither for goodput nor as a backlog
     # (session turns never released do: a stuck queue holds them back)
-    due_after = int((requests["arrival_s"] >= stop_s).sum()) if stop_s is not None else 0
+    due_after = int(due_after_stop(requests, stop_s).sum()) if stop_s is not None else 0
     met = s.get("slo_met", s["completed"] + s["rejected"])  # without per-request limits: every answer
     share = met / (len(requests) - due_after) if s["completed"] else 0.0
     metrics["goodput_share"] = share

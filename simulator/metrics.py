@@ -118,8 +118,9 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
     open_ = requests["finish_s"].isna() & requests["reject_reason"].isna()
-    # simpy's run(until=stop) runs no event at the stop itself: an arrival there was never seen
-    arrived = requests["arrival_s"] < stop_s if stop_s is not None else requests["arrival_s"].notna()
+    arrived = requests["arrival_s"].notna()
+    if stop_s is not None:
+        arrived &= ~due_after_stop(requests, stop_s)
     unfinished = requests[open_ & arrived]
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))  # none: 0/s
@@ -152,6 +153,12 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
         summary["slo_attainment"] = float(good.sum() / judged) if judged else float("nan")
         summary["slo_undecided"] = len(unfinished) - missed
     return summary
+
+
+def due_after_stop(requests: pd.DataFrame, stop_s: float) -> pd.Series:
+    """Requests due at or after `stop_s`, which the run never sent: simpy's run(until=stop) runs no event at the
+    stop itself."""
+    return requests["arrival_s"] >= stop_s
 
 
 def known_misses(unfinished: pd.DataFrame, slo_ms: dict[str, float], stop_s: float) -> np.ndarray:
