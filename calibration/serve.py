@@ -47,7 +47,7 @@ from calibration.executor import Executor, StepInput
 from hardware.kv_groups import KVGroups, kv_groups
 from policies.catalog import orderings, schedulers
 from policies.config import EngineConfig
-from policies.hybrid_blocks import HybridBlockManager, make_kv_manager
+from policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_pages
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
 from simulator.metrics import request_frame, summarize
@@ -161,7 +161,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     if groups.sliding != ex.hybrid:
         raise ValueError(f"engine.disable_hybrid_kv_cache_manager={engine.disable_hybrid_kv_cache_manager} needs an "
                          f"executor {'with' if groups.sliding else 'without'} kv_windows for {ex.spec.name}")
-    kv = make_kv_manager(engine, ex.num_blocks, engine.block_size, groups.windows)
+    kv = make_kv_manager(engine, usable_pages(engine, ex.num_blocks), engine.block_size, groups.windows)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
     pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
@@ -205,7 +205,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
 def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, groups: KVGroups, tokens: dict[int, list[int]],
             now: float,
             seed: int) -> None:
-    reason = _reject_reason(req, engine, ex.num_blocks, groups)
+    reason = _reject_reason(req, engine, sched.kv.num_blocks, groups)
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return

@@ -281,11 +281,18 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         assert sum(h is not None for h in self._hash_of) == sum(map(len, self._cached)), "hashed block not findable"
 
 
+def usable_pages(engine: EngineConfig, num_pages: int) -> int:
+    """Pages of a planned pool that requests can hold. vLLM's BlockPool takes block 0 as its null block (the
+    placeholder of skipped sliding-window blocks) before any request runs, and its KV usage counts the rest;
+    SGLang's pool pads its dummy slot beyond the planned tokens."""
+    return num_pages - (engine.scheduler.startswith("vllm") and engine.prefix_caching != "radix")
+
+
 def make_kv_manager(engine: EngineConfig, num_blocks: int, block_size: int,
                     windows: tuple[int | None, ...] = (None,)) -> BlockManager:
-    """`engine`'s KV manager (`block_size`: its page size): the registered one by `prefix_caching`, or over hybrid
-    KV cache groups when any group slides (the memory plan's `kv_windows`). EAGLE/MTP drafting makes vLLM's
-    prefix hits one block shorter."""
+    """`engine`'s KV manager over `num_blocks` usable blocks (`usable_pages`) of `block_size` tokens (its page size):
+    the registered one by `prefix_caching`, or over hybrid KV cache groups when any group slides (the memory plan's
+    `kv_windows`). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
     from policies.catalog import kv_managers
     prefix_caching, watermark = engine.prefix_caching, engine.watermark
     if all(w is None for w in windows):

@@ -31,7 +31,7 @@ from hardware.model import get_model
 from hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
 from policies.catalog import orderings, routers, schedulers
 from policies.config import EngineConfig
-from policies.hybrid_blocks import make_kv_manager
+from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.spec_decode import Speculator
 from policies.step import TokenLog
 from simulator.engine import FastForward, Replica
@@ -131,7 +131,8 @@ class Pipeline:
             _check_stage_cache(cfg.name, e, memory)
             cached = tensors
         pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
-        stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached), num_blocks * e.block_size // page_size,
+        stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached),
+                      usable_pages(e, num_blocks * e.block_size // page_size),
                       page_size, tensors, pcie.bytes_per_s, pcie.latency_s)
         timer = build_timer(s)
         step_time = build_step_time(s, memory, timer)

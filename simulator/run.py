@@ -23,7 +23,7 @@ from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
 from policies.config import EngineConfig
-from policies.hybrid_blocks import make_kv_manager
+from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
 from policies.spec_decode import Speculator
@@ -205,7 +205,7 @@ class World:
         e = s.engine
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
-        num_pages = num_blocks * e.block_size // page_size
+        num_pages = usable_pages(e, num_blocks * e.block_size // page_size)
         if not e.enable_chunked_prefill and e.max_num_batched_tokens < memory.max_model_len \
                 and e.scheduler.startswith("vllm"):
             raise SpecError(

@@ -84,6 +84,24 @@ def test_requests_longer_than_max_model_len_are_rejected_with_a_reason():
     assert rejected["finish_s"].isna().all()
 
 
+@pytest.mark.parametrize("scheduler, usable", [("vllm", 7), ("sglang", 8)])
+def test_vllm_keeps_one_block_of_the_pool_as_its_null_block(tmp_path, scheduler, usable):
+    """8 planned blocks of 16 tokens: vLLM's BlockPool holds block 0 back, so a request that needs all 8 (100 + 29 - 1
+    = 128 tokens) is refused and KV usage counts 7; SGLang's pool pads its dummy slot outside the plan."""
+    from simulator.run import simulate
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,29\n1.0,100,12\n")
+    result = simulate(scenario(engine={"scheduler": scheduler, "max_model_len": 1024, "num_gpu_blocks_override": 8,
+                                       "prefix_caching": "none"},
+                               workload={"trace": {"format": "servesim", "path": "trace.csv"},
+                                         "arrivals": {"kind": "trace"}, "num_requests": 2}), tmp_path)
+    reasons = result.requests["reject_reason"]
+    if usable == 7:
+        assert reasons.iloc[0] == "needs 8 KV blocks at full length; the pool has 7" and reasons.iloc[1:].isna().all()
+    else:
+        assert reasons.isna().all()
+    assert (result.steps["kv_usage"] == result.steps["kv_blocks_used"] / usable).all()
+
+
 def test_closed_loop_never_exceeds_its_clients():
     df = run(scenario(workload={"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
                                 "arrivals": {"kind": "all_at_once"}, "num_requests": 120,
