@@ -103,12 +103,14 @@ def group_of_layers(model: ModelSpec, groups: KVGroups) -> dict[int, int]:
     return out
 
 
-def live_kv_bytes(model: ModelSpec, groups: KVGroups, computed: int, block_size: int, kv_dtype: str) -> float:
-    """KV bytes (all TP shards) a request holds once `computed` tokens are done: every token in full-attention
-    groups, in a sliding group the tokens from its first block still in the window. What a P/D transfer
-    moves: vLLM's NixlConnector with the hybrid manager sends only the blocks each group holds."""
+def live_kv_bytes(model: ModelSpec, groups: KVGroups, computed: int, block_size: int, kv_dtype: str,
+                  held: int = 0) -> float:
+    """KV bytes (all TP shards) a request holds once `computed` tokens are done, past the first `held` (a
+    receiver's own prefix hit): every token in full-attention groups, in a sliding group the tokens from its
+    first block still in the window. What a P/D transfer moves: vLLM's NixlConnector with the hybrid manager
+    sends only the blocks each group holds and the receiver has not cached."""
     per_layer = model.kv_bytes_per_token(kv_dtype) / model.num_kv_layers
     layers = Counter(groups.windows[g] for g in group_of_layers(model, groups).values())
-    kept = {w: computed if w is None else computed - skipped_blocks(computed, w, block_size) * block_size
+    kept = {w: computed - max(held, 0 if w is None else skipped_blocks(computed, w, block_size) * block_size)
             for w in layers}
     return per_layer * sum(count * kept[w] for w, count in layers.items())

@@ -1,10 +1,13 @@
 """Prefill/decode disaggregation (DistServe, Splitwise, Mooncake, Dynamo, llm-d): the two halves of an engine.
 
-A prefill replica computes a request's prompt and samples its first token, then keeps the KV
-blocks until the decode side holds a copy (`release`). A decode replica reserves blocks for an
-incoming request *before* its KV is sent (so a full decode pool pushes back on the prefill pool
-instead of dropping work), and admits it, KV in place, when the transfer lands (`accept`).
-Both are the vLLM scheduler otherwise.
+As vLLM's KV connectors and their proxy run it: the prefill replica serves the request with
+max_tokens=1, then keeps the KV blocks until the decode side holds a copy (`release`); the token it
+sampled is not passed on. A decode replica reserves blocks for an incoming request *before* its KV is
+sent (so a full decode pool pushes back on the prefill pool instead of dropping work): its own cached
+prefix first, fresh blocks for the rest, which is all the connector pulls. When the transfer lands
+(`accept`) the request waits for a batch slot with all but its last prompt token computed: its first
+step there recomputes that token and samples the first output token (vLLM's
+`_update_waiting_for_remote_kv`). Both are the vLLM scheduler otherwise.
 """
 
 from __future__ import annotations
@@ -38,8 +41,9 @@ class PrefillScheduler(TokenBudgetScheduler):
         for req in done:
             if req.is_done:
                 self.retire(req, now)
-            else:  # leaves the batch, keeps its blocks until the decode side has the KV
+            else:  # leaves the batch, keeps its blocks until the decode side has the KV; its token is dropped
                 req.extra["prefill_end_s"] = now
+                req.num_generated, req.first_token_s, req.last_token_s = 0, None, None
                 self.running.remove(req)
         return done
 
@@ -75,21 +79,26 @@ class DecodeScheduler(TokenBudgetScheduler):
         self.grant_offers()
 
     def grant_offers(self) -> None:
-        """Reserve blocks for queued offers, first come first served, while the pool allows. A request of its
-        own that lost its KV to preemption and must recompute goes first: offers wait until it is back in."""
+        """Reserve blocks for queued offers, first come first served, while the pool allows and the batch has a
+        free slot (vLLM's waiting loop stops at max_num_seqs running). A request of its own that lost its KV to
+        preemption and must recompute goes first: offers wait until it is back in."""
         if any(not self.kv.table(r) for r in self._waiting.requests()):
             return
-        while self.offers:
+        while self.offers and len(self.running) < self.max_num_seqs:
             req, on_reserved = self.offers[0]
-            if self.kv.reserve(req, req.num_tokens) is None:
+            hit = self.kv.reserve_received(req, req.num_tokens)
+            if hit is None:
                 return
+            req.extra["decode_hit_tokens"] = hit
             self.offers.popleft()
             self.in_flight += 1
             on_reserved(req)
 
     def accept(self, req: Request, now: float) -> None:
-        """The KV has arrived: the request waits for a batch slot with its blocks in place."""
+        """The KV has arrived: the request waits for a batch slot with its blocks in place, its last prompt token
+        to compute again."""
         self.in_flight -= 1
+        req.num_computed_tokens = req.num_tokens - 1
         req.phase = Phase.WAITING
         self._waiting.push(req)
 

@@ -94,6 +94,15 @@ class HybridBlockManager(BlockManager):
         self._free_skipped(req, req.num_computed_tokens)
         return self._grow(req, req.num_computed_tokens, num_tokens, 0, {})
 
+    def reserve_received(self, req: Request, num_tokens: int) -> int | None:
+        """As BlockManager's, with a sliding group holding only the window of `num_tokens` (vLLM counts the
+        pulled tokens as computed when it skips blocks): its hit blocks before that stay in the cache unused."""
+        req.num_computed_tokens = hit = self.lookup(req)
+        held = {g: [b if i >= self._start(self.windows[g], num_tokens) else None for i, b in enumerate(blocks)]
+                for g, blocks in self._hit_blocks(req).items()}
+        req.num_computed_tokens = num_tokens
+        return None if self._grow(req, num_tokens, num_tokens, 0, held) is None else hit
+
     def _grow(self, req: Request, computed: int, total: int, reserve: int,
               hit: dict[int, list[int | None]]) -> list[int] | None:
         """Per group: cached `hit` blocks first (admission), then new blocks up to `total` tokens."""

@@ -130,6 +130,15 @@ class BlockManager:
         self._tables.setdefault(req.id, []).extend(new)
         return new
 
+    def reserve_received(self, req: Request, num_tokens: int) -> int | None:
+        """P/D decode side: blocks for `req`'s first `num_tokens` tokens, whose KV another engine computed. vLLM
+        asks its own prefix cache first and the connector pulls only the blocks past that hit. Returns the hit
+        (tokens not sent), or None when the pool is short; leaves `req.num_computed_tokens` at `num_tokens`."""
+        req.num_computed_tokens = hit = self.lookup(req)
+        new = self.allocate(req, num_tokens - hit, admitting=True, watermark=False)
+        req.num_computed_tokens = num_tokens
+        return None if new is None else hit
+
     def free(self, req: Request, keep_uncached: bool = True) -> None:
         """Give back every block of `req` (head block first: without caching the order only decides reuse).
         `keep_uncached=False` (SGLang's retraction): a radix cache does not insert what it had not yet cached."""

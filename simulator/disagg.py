@@ -1,9 +1,9 @@
 """The hand-off between a prefill pool and a decode pool: pick a decode replica, wait for its blocks,
 move the KV, and admit the request there.
 
-TTFT counts all of it: the first token reaches the user when the decode replica holds the KV
-(DistServe's accounting). Per request the run records the wait for decode blocks (backpressure)
-and the transfer time and bytes. Sliding-window layers send only the blocks still in their window
+TTFT counts all of it: the first token is the one the decode replica samples once it holds the KV
+(policies/disagg.py). Per request the run records the wait for decode blocks (backpressure), the
+decode side's own prefix hit (not sent), and the transfer time and bytes. Sliding-window layers send only the blocks still in their window
 (vLLM's NixlConnector with the hybrid KV cache manager, on by default since it supports it), unless
 `disable_hybrid_kv_cache_manager` keeps every layer whole.
 """
@@ -63,7 +63,7 @@ class Handoff:
         reserved = self.env.now
         req.extra["decode_wait_s"] = reserved - req.extra["prefill_end_s"]
         nbytes = live_kv_bytes(self.model, self.groups, req.num_computed_tokens, self.engine.block_size,
-                               self.engine.kv_dtype)
+                               self.engine.kv_dtype, req.extra["decode_hit_tokens"])
         wire_s = nbytes / self.link_bytes_per_s
         link = self.links[min(r.index for r in (source, *source.siblings))]  # one per replica, whatever its pp
         with (self.store if self.cfg.kind == "store" else link).request() as turn:
@@ -79,7 +79,6 @@ class Handoff:
             yield self.env.timeout(duration)
         req.extra["kv_transfer_s"] = self.env.now - reserved
         req.extra["kv_transfer_bytes"] = nbytes
-        req.first_token_s = req.last_token_s = self.env.now  # the user sees it once decoding can go on
         prefill_sched: PrefillScheduler = source.scheduler
         prefill_sched.release(req)
         source.wake_pool()

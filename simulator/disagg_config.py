@@ -23,16 +23,18 @@ class TransferConfig(BaseModel):
     """KV hand-off from a prefill replica to a decode replica.
 
     `direct`: over `link` (an interconnect catalog name, per GPU; a TP group sends its shards in
-    parallel), one transfer at a time per prefill replica (later ones queue). With `streaming`, each
-    layer's KV is sent as soon as the layer is computed, so only what is left after the last layer
-    delays the decode. `store`: through a shared KV store tier (Mooncake Store / LMCache style):
+    parallel), one transfer at a time per prefill replica (later ones queue), once the prefill is done:
+    vLLM's NixlConnector reads the blocks then ("does not do layerwise saving"). With `streaming`
+    (layer-wise connectors, as Splitwise and the seed describe), each layer's KV is sent as soon as the
+    layer is computed, so only what is left after the last layer delays the decode. `store`: through a shared KV store tier (Mooncake Store / LMCache style):
     written then read at `store_bytes_per_s` per GPU, `store_channels` transfers at a time.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["direct", "store"] = "direct"
     link: str = Field("ib-ndr-400", description="Interconnect name (`servesim hardware` lists links in the catalog)")
-    streaming: bool = Field(True, description="Layer-wise KV streaming overlapping the prefill")
+    streaming: bool = Field(False, description=(
+        "Layer-wise KV streaming overlapping the prefill (off: the whole KV moves after it, as vLLM's NixlConnector)"))
     store_bytes_per_s: float = Field(25e9, gt=0, description="store: write and read bandwidth per GPU, bytes/s")
     store_latency_s: float = Field(50e-6, ge=0, description="store: per-transfer latency, s")
     store_channels: int = Field(8, ge=1, description="store: transfers it serves at once")

@@ -91,9 +91,10 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "decode_wait_s": [r.extra.get("decode_wait_s") for r in requests],
         "kv_transfer_s": [r.extra.get("kv_transfer_s") for r in requests],
         "kv_transfer_bytes": [r.extra.get("kv_transfer_bytes") for r in requests],
+        "decode_hit_tokens": [r.extra.get("decode_hit_tokens") for r in requests],
     }
     df = pd.DataFrame(rows).astype({"first_token_s": float, "finish_s": float, "decode_wait_s": float,
-                                    "kv_transfer_s": float, "kv_transfer_bytes": float})
+                                    "kv_transfer_s": float, "kv_transfer_bytes": float, "decode_hit_tokens": float})
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2el_s"] = df["finish_s"] - df["arrival_s"]
     multi = df["output_tokens"] > 1
@@ -211,7 +212,9 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas
 
 
 def transfer_summary(requests: pd.DataFrame) -> dict:
-    """P/D disaggregation: KV hand-off time (wire, after the prefill), decode-block wait, bytes moved."""
+    """P/D disaggregation: KV hand-off time (wire, after the prefill), decode-block wait, bytes moved, prompt
+    tokens the decode side found in its own prefix cache (not sent)."""
     moved = requests[requests["kv_transfer_s"].notna()]
     return {**_stats("kv_transfer", moved["kv_transfer_s"]), **_stats("decode_wait", moved["decode_wait_s"]),
-            "kv_transfer_bytes": float(moved["kv_transfer_bytes"].sum()), "kv_transfers": len(moved)}
+            "kv_transfer_bytes": float(moved["kv_transfer_bytes"].sum()), "kv_transfers": len(moved),
+            "decode_hit_tokens": int(moved["decode_hit_tokens"].sum())}

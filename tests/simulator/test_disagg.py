@@ -25,17 +25,17 @@ def test_kv_of_a_4k_prompt_over_400g_takes_10_7_ms_and_one_layer_when_streamed()
     assert streamed_transfer_s(wire_s, 2e-3, 32) == pytest.approx(wire_s - 2e-3 * 31 / 32)
 
 
-def disaggregated(rate=2.0, decode_engine=None, **prefill):
+def disaggregated(rate=2.0, decode_engine=None, streaming=False, **prefill):
     return scenario(model="llama-3.1-8b", hardware={"gpu": "h100-sxm"},
                     engine={"max_model_len": 16384, "max_num_batched_tokens": 4096},
                     disaggregation={"prefill": {"replicas": 1, **prefill},
                                     "decode": {"replicas": 1, "engine": decode_engine or {}},
-                                    "transfer": {"link": "ib-ndr-400"}},
+                                    "transfer": {"link": "ib-ndr-400", "streaming": streaming}},
                     workload={**PREFILL_HEAVY, "arrivals": {"kind": "poisson", "rate_per_s": rate}})
 
 
 def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
-    result = run(disaggregated())
+    result = run(disaggregated(streaming=True))
     df = result.requests
     assert result.summary["completed"] == 300
     assert (df["output_tokens"] == df["requested_output_tokens"]).all()
@@ -46,10 +46,64 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert (df["kv_transfer_bytes"] == df["prompt_tokens"] * per_token).all()
     assert (df["kv_transfer_s"] > 0).all()
     assert result.summary["kv_transfers"] == 300 and result.summary["mean_kv_transfer_ms"] > 0
-    unstreamed = run(disaggregated().model_copy(update={"disaggregation": disaggregated().disaggregation.model_copy(
-        update={"transfer": disaggregated().disaggregation.transfer.model_copy(update={"streaming": False})})}))
+    unstreamed = run(disaggregated())  # the default: vLLM's NixlConnector pulls the KV once the prefill is done
     assert unstreamed.summary["mean_ttft_ms"] > result.summary["mean_ttft_ms"]
     assert unstreamed.summary["mean_kv_transfer_ms"] > 5 * result.summary["mean_kv_transfer_ms"]
+
+
+def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, **transfer):
+    """Requests from a servesim trace (`rows` after its header) on 1P1D Llama-3.1-8B (`prefill`, `decode`: the
+    pools' engine settings)."""
+    from simulator.run import simulate
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + rows)
+    return simulate(scenario(model="llama-3.1-8b", hardware={"gpu": "h100-sxm"}, engine={"max_model_len": 8192},
+                             disaggregation={"prefill": {"replicas": 1, "engine": prefill or {}},
+                                             "decode": {"replicas": 1, "engine": decode or {}},
+                                             "transfer": {"link": "ib-ndr-400", **transfer}},
+                             workload={"trace": {"format": "servesim", "path": "trace.csv"},
+                                       "arrivals": {"kind": "trace"}, "num_requests": rows.count("\n")}), tmp_path)
+
+
+def test_the_decode_side_samples_the_first_token_after_recomputing_the_last_prompt_token(tmp_path):
+    """vLLM's proxy drops the prefill's token; with the KV in place the decode engine computes the last prompt
+    token again and samples token 1 there: TTFT = prefill + transfer + that 1-token step, and the decode replica
+    runs one step per output token."""
+    result = _one_by_one(tmp_path, "0.0,1000,5,,\n", streaming=False)
+    req, steps = result.requests.iloc[0], result.steps
+    prefill, decode = steps[steps["replica"] == 0], steps[steps["replica"] == 1]
+    assert len(prefill) == 1 and len(decode) == 5 and decode["decode_tokens"].tolist() == [0, 1, 1, 1, 1]
+    assert decode["prefill_tokens"].iloc[0] == 1
+    first = decode.iloc[0]
+    assert req["first_token_s"] == pytest.approx(prefill["time_s"].iloc[0] + req["kv_transfer_s"] + first["duration_s"])
+    assert req["first_token_s"] == first["time_s"] and req["output_tokens"] == 5
+
+
+def test_the_decode_side_hits_its_own_prefix_cache_and_is_sent_only_the_rest(tmp_path):
+    """Two prompts share 3000 tokens: the second finds 187 full blocks (2992 tokens) of them cached on the decode
+    replica, as vLLM's scheduler asks its local cache before the connector, and only its other 1008 tokens move."""
+    result = _one_by_one(tmp_path, "0.0,3500,20,7,3000\n2.0,4000,20,7,3000\n")
+    df = result.requests
+    per_token = get_model("llama-3.1-8b").kv_bytes_per_token("bf16")
+    assert df["decode_hit_tokens"].tolist() == [0, 2992]
+    assert df["kv_transfer_bytes"].tolist() == [3500 * per_token, (4000 - 2992) * per_token]
+    assert result.summary["decode_hit_tokens"] == 2992
+    assert (df["output_tokens"] == 20).all()
+
+
+def test_the_prefill_pool_needs_room_for_the_prompt_only(tmp_path):
+    """A prefill engine serves max_tokens=1: 69 usable blocks (1104 tokens) take a 1000-token prompt whose 500
+    outputs only the decode pool holds."""
+    result = _one_by_one(tmp_path, "0.0,1000,500,,\n", prefill={"num_gpu_blocks_override": 70})
+    assert result.requests["reject_reason"].isna().all() and result.summary["completed"] == 1
+
+
+def test_a_decode_engine_with_every_slot_taken_reserves_nothing(tmp_path):
+    """vLLM's waiting loop stops at max_num_seqs running, so the second request's KV stays on the prefill side
+    until the first, decoding when it arrives, finishes."""
+    result = _one_by_one(tmp_path, "0.0,500,50,,\n0.1,500,50,,\n", decode={"max_num_seqs": 1})
+    df = result.requests.sort_values("first_token_s")
+    assert df["decode_wait_s"].iloc[0] == 0
+    assert df["decode_wait_s"].iloc[1] > 0 and df["first_token_s"].iloc[1] > df["finish_s"].iloc[0]
 
 
 def test_sliding_layers_send_only_their_window_unless_the_hybrid_manager_is_off():
