@@ -111,8 +111,27 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
                           "shared_segments": segments,
                           "session_id": _column(src, "session_id", pd.NA, "Int64", n),
                           "priority": _column(src, "priority", 0, "int64", n)})
-    table.attrs["notes"] = () if rows is None else rows.attrs["notes"]
+    table.attrs["notes"] = () if rows is None else rows.attrs["notes"] + _shortfall(cfg, len(rows), arrival_s,
+                                                                                   resolve_path(cfg.trace.path, base_dir))
     return table
+
+
+def _shortfall(cfg: WorkloadConfig, num_rows: int, arrival_s: np.ndarray, path: Path) -> tuple[str, ...]:
+    """A note when the trace's rows ran out before the run's `num_requests` or `duration_s` (one request per
+    row: a rate sweep on a short trace would otherwise end early without a word)."""
+    if arrival_s.size < num_rows:
+        return ()
+    per_arrival = cfg.parallel_sampling.n if cfg.parallel_sampling is not None else 1
+    wanted = []
+    if cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows:
+        wanted.append(f"num_requests {cfg.num_requests}")
+    if cfg.duration_s is not None and (arrival_s.size == 0 or arrival_s[-1] < cfg.duration_s):
+        wanted.append(f"duration_s {cfg.duration_s:g}")
+    if not wanted:
+        return ()
+    last = f", the last at {arrival_s[-1]:.1f} s" if arrival_s.size else ""
+    return (f"{path}: its {num_rows} usable rows ran out before {' and '.join(wanted)}: the run has "
+            f"{arrival_s.size} arrivals{last}",)
 
 
 def _column(src: pd.DataFrame | None, name: str, default: object, dtype: str, n: int) -> pd.Series:
@@ -126,16 +145,16 @@ def _trace_rows(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
     """The trace table after `skip_requests`, times shifted to start at 0; None without a trace."""
     if cfg.trace is None:
         return None
-    table = load_source(cfg.trace, base_dir, rng, cfg.duration_s)
+    table, path = load_source(cfg.trace, base_dir, rng, cfg.duration_s), resolve_path(cfg.trace.path, base_dir)
     if cfg.skip_requests >= len(table):
         why = f" ({dropped_text(table)})" if table.attrs.get("dropped") else ""
-        raise ValueError(f"{resolve_path(cfg.trace.path, base_dir)}: skip_requests ({cfg.skip_requests}) "
-                         f"leaves none of its {len(table)} usable rows{why}")
+        raise ValueError(f"{path}: skip_requests ({cfg.skip_requests}) leaves none of its {len(table)} usable "
+                         f"rows{why}")
     rows = table.iloc[cfg.skip_requests:].reset_index(drop=True)
     rows["arrival_s"] = rows["arrival_s"] - rows["arrival_s"].iloc[0]
     dropped = table.attrs.get("dropped", 0)
-    rows.attrs["notes"] = (f"{resolve_path(cfg.trace.path, base_dir)}: {dropped_text(table)} "
-                           f"(of its {len(table) + dropped} rows)",) if dropped else ()
+    cleaned = (f"{path}: {dropped_text(table)} (of its {len(table) + dropped} rows)",) if dropped else ()
+    rows.attrs["notes"] = table.attrs.get("notes", ()) + cleaned  # the loader's own, then cleaning's
     return rows
 
 

@@ -5,7 +5,8 @@
   (no traffic) and `p1`, `p2` are the fitted inter-arrival distribution's shape and scale (s).
 - `chunk-<client>-dataset.json`: `{window_start_s: {"input_tokens": "{tokens: prob, ...}",
   "output_tokens": ...}}`, one entry per 6-h window; the PMFs are Python-literal strings, parsed with
-  `ast.literal_eval` (never `eval`). Clients without this file are skipped.
+  `ast.literal_eval` (never `eval`). Clients without this file cannot be generated: listing one is an
+  error, and the run's notes say what share of the window's requests the left-out clients carry.
 
 Per client and window we keep the fitted *shape* and rescale the gaps so their mean is exactly
 1/rate: for Gamma windows the fitted scale already gives that (shape * scale = 1/rate); for Weibull
@@ -43,23 +44,47 @@ def servegen_requests(folder: Path, rng: np.random.Generator, duration_s: float,
     if not folder.is_dir():
         raise ValueError(f"{folder}: servegen folder not found (expected chunk-<client>-trace.csv and "
                          f"chunk-<client>-dataset.json files, trace columns {list(TRACE_COLUMNS)})")
-    parts = [_client_requests(folder, c, rng, start_s, start_s + duration_s)
-             for c in _client_ids(folder, clients)]
+    end_s = start_s + duration_s
+    included, left_out = _client_ids(folder, clients)
+    parts = [_client_requests(folder, c, rng, start_s, end_s) for c in included]
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t", "p", "o", "c"])
-    return finish_table(folder, df["t"], df["p"], df["o"], extra={"client_id": df["c"].astype(np.int64)})
+    table = finish_table(folder, df["t"], df["p"], df["o"], extra={"client_id": df["c"].astype(np.int64)})
+    if left_out:
+        share = _expected_requests(folder, left_out, start_s, end_s)
+        total = share + _expected_requests(folder, included, start_s, end_s)
+        table.attrs["notes"] = (f"{folder}: clients {left_out} have no chunk-<client>-dataset.json (their lengths) "
+                                f"and are left out: {share / total if total else 0:.0%} of the requests their "
+                                "trace files give this window",)
+    return table
 
 
-def _client_ids(folder: Path, wanted: Sequence[int] | None) -> list[int]:
-    """Clients with a dataset file, ascending; listed clients without any trace file are an error."""
-    have = sorted(int(m.group(1)) for p in folder.glob("chunk-*-dataset.json")
-                  if (m := re.fullmatch(r"chunk-(\d+)-dataset\.json", p.name)))
+def _clients(folder: Path, kind: str) -> list[int]:
+    return sorted(int(m.group(1)) for p in folder.glob(f"chunk-*-{kind}")
+                  if (m := re.fullmatch(rf"chunk-(\d+)-{re.escape(kind)}", p.name)))
+
+
+def _client_ids(folder: Path, wanted: Sequence[int] | None) -> tuple[list[int], list[int]]:
+    """(clients to generate, ascending; clients with a trace but no dataset, left out). A listed client without
+    both files is an error."""
+    have, traced = _clients(folder, "dataset.json"), _clients(folder, "trace.csv")
     if wanted is None:
-        return have
-    unknown = [c for c in wanted if not (folder / f"chunk-{c}-trace.csv").is_file()]
+        return have, [c for c in traced if c not in set(have)]
+    unknown = [c for c in wanted if c not in set(traced) or c not in set(have)]
     if unknown:
-        raise ValueError(f"{folder}: servegen clients {unknown} have no chunk-<client>-trace.csv; "
-                         f"clients with data: {have}")
-    return [c for c in have if c in set(wanted)]
+        raise ValueError(f"{folder}: servegen clients {unknown} lack chunk-<client>-trace.csv or "
+                         f"chunk-<client>-dataset.json; clients with both: {sorted(set(have) & set(traced))}")
+    return [c for c in have if c in set(wanted)], []
+
+
+def _expected_requests(folder: Path, clients: Sequence[int], t0_s: float, t1_s: float) -> float:
+    """Requests the clients' trace windows promise in [t0_s, t1_s): rate times the overlap."""
+    total = 0.0
+    for client in clients:
+        trace = _read_trace(folder / f"chunk-{client}-trace.csv")
+        start = trace["timestamp_s"].to_numpy(float)
+        overlap = np.clip(np.minimum(start + WINDOW_S, t1_s) - np.maximum(start, t0_s), 0, None)
+        total += float((trace["rate_req_per_s"].fillna(0).to_numpy(float) * overlap).sum())
+    return total
 
 
 def _client_requests(folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float

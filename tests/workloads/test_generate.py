@@ -74,6 +74,20 @@ def test_trace_lengths_with_synthetic_arrivals():
     assert len(every_row.requests) == 2000 and arrivals(every_row).max() == 0
 
 
+def test_a_trace_that_runs_out_of_rows_says_so():
+    """One request per row: 2000 rows at 20/s last ~100 s, short of the 600 s (or 5000 requests) asked for."""
+    path = SCENARIOS_DIR / QUICKSTART["path"]
+    w = build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=600)
+    assert len(w.requests) == 2000
+    assert w.notes == (f"{path}: its 2000 usable rows ran out before duration_s 600: the run has 2000 arrivals, "
+                       f"the last at {w.requests[-1].arrival_s:.1f} s",)
+    many = build(trace=QUICKSTART, arrivals={"kind": "all_at_once"}, num_requests=5000)
+    assert many.notes == (f"{path}: its 2000 usable rows ran out before num_requests 5000: the run has 2000 "
+                          "arrivals, the last at 0.0 s",)
+    assert build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=60).notes == ()
+    assert build(trace=QUICKSTART, arrivals={"kind": "all_at_once"}).notes == ()
+
+
 def test_synthetic_lengths_with_trace_arrivals():
     w = build(trace=QUICKSTART, arrivals={"kind": "trace"}, num_requests=50,
               lengths={"prompt": {"kind": "fixed", "value": 64}, "output": {"kind": "fixed", "value": 8}})

@@ -45,11 +45,24 @@ def test_lengths_come_from_the_window_pmf(traces_dir):
     assert set(df["num_output_tokens"]) <= set(ast.literal_eval(window["output_tokens"]))
 
 
-def test_clients_without_a_dataset_file_are_skipped(traces_dir):
+def test_listing_a_client_without_a_dataset_file_is_an_error(traces_dir):
     folder = traces_dir / "servegen/language/m-small"
     assert (folder / "chunk-1-trace.csv").is_file() and not (folder / "chunk-1-dataset.json").exists()
-    df = servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[1, 2])
-    assert set(df["client_id"]) == {2}
+    with pytest.raises(ValueError, match=r"clients \[1\] lack"):
+        servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[1, 2])
+    assert set(servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[2])["client_id"]) == {2}
+
+
+def test_clients_left_out_for_want_of_lengths_are_named_with_their_share(tmp_path):
+    """Client 4 promises 100/s over the first window (60,000 requests) against client 3's 2/s (1,200): 98% of the
+    window's traffic cannot be generated, and the note says so."""
+    folder = write_model(tmp_path / "model")
+    df = servegen_requests(folder, np.random.default_rng(0), duration_s=600)
+    assert set(df["client_id"]) == {3}
+    assert df.attrs["notes"] == (f"{folder}: clients [4] have no chunk-<client>-dataset.json (their lengths) and are "
+                                 "left out: 98% of the requests their trace files give this window",)
+    with pytest.raises(ValueError, match=r"clients \[4\] lack"):
+        servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[3, 4])
 
 
 def write_model(folder: Path, input_pmf: str = "{10: 0.5, 20: 0.5}") -> Path:
