@@ -7,6 +7,8 @@ workload adds (parallel samples, later session turns).
 
 from __future__ import annotations
 
+import math
+
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +35,14 @@ def sample_values(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path =
 
 
 def sample_lengths(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path = Path(".")) -> np.ndarray:
-    """`n` token counts (int64, >= 1): samples rounded to the nearest integer, then clipped up to 1."""
-    return np.maximum(np.rint(sample_values(dist, n, rng, base_dir)), 1).astype(np.int64)
+    """`n` counts (int64, >= 1): samples rounded to the nearest integer, then clipped up to 1. A uniform takes
+    every integer in [low, high] equally often (rounding a continuous draw gives the two ends half as many: 1-6
+    turns would be 1 or 6 a tenth of the time each instead of a sixth)."""
+    if dist.kind == "uniform" and math.ceil(dist.low) <= math.floor(dist.high):
+        values = rng.integers(math.ceil(dist.low), math.floor(dist.high), size=n, endpoint=True)
+    else:
+        values = np.rint(sample_values(dist, n, rng, base_dir))
+    return np.maximum(values, 1).astype(np.int64)
 
 
 def draw_outputs(cfg: WorkloadConfig, table: pd.DataFrame, n: int, rng: np.random.Generator,

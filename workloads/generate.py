@@ -1,12 +1,13 @@
 """From a `WorkloadConfig` to the requests of one run: a pure function of (config, rng, files).
 
-Order of work (and of draws from `rng`, so a seed fixes everything):
+Order of work; each kind of draw has its own stream spawned from `rng`, so a seed fixes everything and one
+step's draws never shift another's:
 1. the trace table, if any (servegen draws its arrivals and lengths here); `skip_requests` leading
    rows are dropped and the rest shifted to start at t = 0;
 2. arrival times: the trace's (first rows, rescaled, then rows at or after `duration_s` dropped) or a
    synthetic process (workloads/arrivals.py), capped at the trace's row count. One arrival per drawn
    prompt: `num_requests / parallel_sampling.n` of them at most;
-3. lengths: `lengths` sampled (prompt then output), or the trace's rows in order. A trace's
+3. lengths: `lengths` sampled (prompt and output, a stream each), or the trace's rows in order. A trace's
    `session_id` and `priority` columns (servesim format) pass through either way;
 4. shared prefixes (workloads/prefixes.py): prefix lengths, who uses one, which one;
 5. sessions (workloads/sessions.py), or parallel samples: extra output lengths for copies 1..n-1;
@@ -60,18 +61,20 @@ class Workload:
 
 
 def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -> Workload:
-    """Requests for `cfg`; relative trace paths resolve against `base_dir` (the scenario's folder)."""
-    table = build_table(cfg, rng, base_dir)
+    """Requests for `cfg`; relative trace paths resolve against `base_dir` (the scenario's folder). Each kind of
+    draw has its own stream spawned from `rng` (see `build_table`)."""
+    table_rng, prefix_rng, request_rng, cluster_rng = rng.spawn(4)  # request_rng: turns or samples
+    table = build_table(cfg, table_rng, base_dir)
     notes = table.attrs.get("notes", ())
-    table = add_shared_prefixes(table, cfg.shared_prefix, rng, base_dir)
+    table = add_shared_prefixes(table, cfg.shared_prefix, prefix_rng, base_dir)
     if cfg.sessions is not None:
-        requests, followups = session_requests(table, cfg, rng, base_dir)
+        requests, followups = session_requests(table, cfg, request_rng, base_dir)
     else:
         n = 1 if cfg.parallel_sampling is None else cfg.parallel_sampling.n
-        extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), rng, base_dir)
+        extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), request_rng, base_dir)
         requests, followups = _parallel_requests(table, n, extra_outputs), {}
     if cfg.semantic_clusters is not None:
-        assign_semantic_clusters([*requests, *followups.values()], cfg.semantic_clusters, rng)
+        assign_semantic_clusters([*requests, *followups.values()], cfg.semantic_clusters, cluster_rng)
     return Workload(requests=requests, closed_loop=cfg.closed_loop, followups=followups, notes=notes)
 
 
@@ -95,14 +98,19 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
     """The drawn prompts as columns: arrival_s (s), num_prompt_tokens, num_output_tokens, shared_segments
     (the trace's shared runs: Mooncake blocks or a servesim prefix; the unique rest is not listed),
     session_id (Int64, may be NA), priority; one row per prompt in arrival order. `attrs["notes"]`: what
-    cleaning the trace dropped."""
-    rows = _trace_rows(cfg, rng, base_dir)
-    arrival_s = _arrival_times(cfg, rows, rng)
+    cleaning the trace dropped.
+
+    The trace source, the arrivals, the prompt lengths and the output lengths draw from streams of their own
+    (spawned from `rng`), so the i-th request's lengths do not depend on how many arrivals a rate gives: the
+    points of a sweep over `duration_s` share their length samples (common random numbers)."""
+    source_rng, arrival_rng, prompt_rng, output_rng = rng.spawn(4)
+    rows = _trace_rows(cfg, source_rng, base_dir)
+    arrival_s = _arrival_times(cfg, rows, arrival_rng)
     n = arrival_s.size
     src = None if rows is None else rows.iloc[:n].reset_index(drop=True)
     if cfg.lengths is not None:
-        prompt = sample_lengths(cfg.lengths.prompt, n, rng, base_dir)
-        output = sample_lengths(cfg.lengths.output, n, rng, base_dir)
+        prompt = sample_lengths(cfg.lengths.prompt, n, prompt_rng, base_dir)
+        output = sample_lengths(cfg.lengths.output, n, output_rng, base_dir)
         segments = pd.Series([()] * n, dtype=object)
     else:
         prompt, output = src["num_prompt_tokens"].to_numpy(), src["num_output_tokens"].to_numpy()

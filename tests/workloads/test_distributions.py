@@ -70,3 +70,10 @@ def test_same_seed_same_lengths():
     dist = LognormalDist(kind="lognormal", median=300, sigma=1.2)
     a, b = (sample_lengths(dist, 100, np.random.default_rng(9)) for _ in range(2))
     assert np.array_equal(a, b)
+
+
+def test_a_uniform_count_takes_every_integer_equally_often():
+    """Session turns 1-6: a sixth each, not a tenth for 1 and 6 as rounding a continuous draw would give."""
+    turns = sample_lengths(UniformDist(kind="uniform", low=1, high=6), 60_000, np.random.default_rng(0))
+    counts = np.bincount(turns, minlength=7)[1:] / turns.size
+    assert counts == pytest.approx([1 / 6] * 6, abs=0.01)

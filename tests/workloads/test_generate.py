@@ -112,6 +112,17 @@ def test_same_seed_same_requests_different_seed_different():
     pd.testing.assert_frame_equal(*tables)
 
 
+def test_a_faster_rate_over_the_same_duration_keeps_the_same_lengths():
+    """Common random numbers: the arrivals' stream is not the lengths', so request i has the same prompt and
+    output at 4/s and at 4.4/s (only the count and the times differ)."""
+    slow, fast = (build(seed=3, **{**SYNTHETIC, "arrivals": {"kind": "gamma", "rate_per_s": r, "cv": 2.0}}).requests
+                  for r in (4.0, 4.4))
+    assert len(fast) > len(slow) > 1000
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in slow] == \
+        [(r.num_prompt_tokens, r.num_output_tokens) for r in fast[:len(slow)]]
+    assert [r.arrival_s for r in slow] != [r.arrival_s for r in fast[:len(slow)]]
+
+
 def test_empirical_lengths_resample_a_trace_column():
     w = build(lengths={"prompt": {"kind": "empirical", "trace": QUICKSTART, "column": "prompt"},
                        "output": {"kind": "empirical", "trace": QUICKSTART, "column": "output"}},
