@@ -68,15 +68,24 @@ def load_azure(path: Path) -> pd.DataFrame:
 def load_mooncake(path: Path) -> pd.DataFrame:
     """Mooncake JSONL trace; adds `hash_ids` (tuple of block ids, 512 tokens per block)."""
     df = _read(path, "mooncake", MOONCAKE_COLUMNS)
-    hash_ids = df["hash_ids"].map(tuple)
-    table = finish_table(path, df["timestamp"] / 1000.0, df["input_length"], df["output_length"],
-                         extra={"hash_ids": hash_ids})
-    expected = -(-table["num_prompt_tokens"] // MOONCAKE_BLOCK_TOKENS)  # ceil division
-    wrong = table["hash_ids"].map(len) != expected
+    ids_ok = df["hash_ids"].map(lambda ids: isinstance(ids, list) and all(isinstance(h, int) for h in ids))
+    if not ids_ok.all():
+        line = int(np.flatnonzero(~ids_ok)[0])
+        raise ValueError(f"{path}: line {line + 1}: mooncake hash_ids must be a list of integer block ids, "
+                         f"got {df['hash_ids'].iloc[line]!r}")
+    stamps = pd.to_numeric(df["timestamp"], errors="coerce")
+    if stamps.isna().any():
+        line = int(np.flatnonzero(stamps.isna())[0])
+        raise ValueError(f"{path}: line {line + 1}: mooncake timestamp must be a number of milliseconds, "
+                         f"got {df['timestamp'].iloc[line]!r}")
+    length = pd.to_numeric(df["input_length"], errors="coerce")
+    kept = (length >= 1) & (length % 1 == 0)  # what cleaning keeps; it counts the rest
+    wrong = kept & (df["hash_ids"].map(len) != -(-length // MOONCAKE_BLOCK_TOKENS))  # ceil division
     if wrong.any():
         raise ValueError(f"{path}: {int(wrong.sum())} rows have len(hash_ids) != ceil(input_length / "
-                         f"{MOONCAKE_BLOCK_TOKENS}), e.g. row {int(np.flatnonzero(wrong)[0])}")
-    return table
+                         f"{MOONCAKE_BLOCK_TOKENS}), e.g. line {int(np.flatnonzero(wrong)[0]) + 1}")
+    return finish_table(path, stamps / 1000.0, df["input_length"], df["output_length"],
+                        extra={"hash_ids": df["hash_ids"].map(tuple)})
 
 
 def load_sharegpt(path: Path) -> pd.DataFrame:

@@ -185,3 +185,16 @@ def test_mooncake_block_count_mismatch_is_an_error(tmp_path):
     path.write_text('{"timestamp": 0, "input_length": 1025, "output_length": 2, "hash_ids": [1, 2]}\n')
     with pytest.raises(ValueError, match="len\\(hash_ids\\)"):
         load_mooncake(path)
+
+
+@pytest.mark.parametrize("second, message", [
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2}', r"line 2: mooncake hash_ids must be a list of "
+                                                                 r"integer block ids, got nan"),
+    ('{"timestamp": "5 ms", "input_length": 10, "output_length": 2, "hash_ids": [3]}',
+     r"line 2: mooncake timestamp must be a number of milliseconds, got '5 ms'"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [3]}', r"1 rows .* e\.g\. line 2")])
+def test_a_bad_mooncake_line_is_named_with_its_field(tmp_path, second, message):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n' + second + "\n")
+    with pytest.raises(ValueError, match=rf"m\.jsonl: .*{message}"):
+        load_mooncake(path)
