@@ -99,6 +99,7 @@ class DecodeScheduler(TokenBudgetScheduler):
         to compute again."""
         self.in_flight -= 1
         req.num_computed_tokens = req.num_tokens - 1
+        self.kv.cache(req)  # vLLM registers the received blocks right away: later offers may hit them
         req.phase = Phase.WAITING
         self._waiting.push(req)
 

@@ -52,7 +52,7 @@ class Handoff:
         self.route_decode = route_decode
 
     def on_prefilled(self, req: Request, source: Replica) -> None:
-        """Called when `source` sampled the request's first token."""
+        """Called when `source` has computed the request's prompt (its sampled token is dropped)."""
         target = self.route_decode(req)
         req.extra["prefill_replica"], req.replica = source.index, target.index
         scheduler: DecodeScheduler = target.scheduler

@@ -276,7 +276,8 @@ class World:
         self._finished(req)
 
     def _prefilled(self, req: Request, replica: Replica) -> None:
-        """A prefill replica sampled the first token: hand off, or finish if that was the only token wanted."""
+        """A prefill replica computed the prompt: hand off, or finish if its one sampled token was all that was
+        wanted (vLLM's proxy would send it to the decode side anyway: a shortcut, ~one transfer and step)."""
         if req.is_done:
             self._finished(req)
         else:

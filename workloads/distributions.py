@@ -38,8 +38,9 @@ def sample_lengths(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path 
     """`n` counts (int64, >= 1): samples rounded to the nearest integer, then clipped up to 1. A uniform takes
     every integer in [low, high] equally often (rounding a continuous draw gives the two ends half as many: 1-6
     turns would be 1 or 6 a tenth of the time each instead of a sixth)."""
-    if dist.kind == "uniform" and math.ceil(dist.low) <= math.floor(dist.high):
-        values = rng.integers(math.ceil(dist.low), math.floor(dist.high), size=n, endpoint=True)
+    low = max(1, math.ceil(dist.low)) if dist.kind == "uniform" else 0
+    if dist.kind == "uniform" and low <= math.floor(dist.high):
+        values = rng.integers(low, math.floor(dist.high), size=n, endpoint=True)
     else:
         values = np.rint(sample_values(dist, n, rng, base_dir))
     return np.maximum(values, 1).astype(np.int64)

@@ -1,6 +1,6 @@
 """From a `WorkloadConfig` to the requests of one run: a pure function of (config, rng, files).
 
-Order of work; each kind of draw has its own stream spawned from `rng`, so a seed fixes everything and one
+Order of work; each step draws from its own stream spawned from `rng`, so a seed fixes everything and one
 step's draws never shift another's:
 1. the trace table, if any (servegen draws its arrivals and lengths here); `skip_requests` leading
    rows are dropped and the rest shifted to start at t = 0;
@@ -102,7 +102,8 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
 
     The trace source, the arrivals, the prompt lengths and the output lengths draw from streams of their own
     (spawned from `rng`), so the i-th request's lengths do not depend on how many arrivals a rate gives: the
-    points of a sweep over `duration_s` share their length samples (common random numbers)."""
+    points of a sweep over `duration_s` share their length samples (common random numbers). Shared prefixes
+    and sessions each draw several kinds from one stream, so theirs still shift with the count."""
     source_rng, arrival_rng, prompt_rng, output_rng = rng.spawn(4)
     rows = _trace_rows(cfg, source_rng, base_dir)
     arrival_s = _arrival_times(cfg, rows, arrival_rng)
@@ -125,15 +126,15 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
 
 
 def _shortfall(cfg: WorkloadConfig, num_rows: int, arrival_s: np.ndarray, path: Path) -> tuple[str, ...]:
-    """A note when the trace's rows ran out before the run's `num_requests` or `duration_s` (one request per
-    row: a rate sweep on a short trace would otherwise end early without a word)."""
-    if arrival_s.size < num_rows:
-        return ()
+    """A note when the trace's rows ran out before the run's `num_requests`, or before the `duration_s` of a
+    synthetic arrival process (one request per row: a rate sweep on a short trace would otherwise end early
+    without a word). Trace-timed arrivals end with their trace."""
     per_arrival = cfg.parallel_sampling.n if cfg.parallel_sampling is not None else 1
-    wanted = []
-    if cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows:
-        wanted.append(f"num_requests {cfg.num_requests}")
-    if cfg.duration_s is not None and (arrival_s.size == 0 or arrival_s[-1] < cfg.duration_s):
+    short_of_count = cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows
+    if arrival_s.size < num_rows or not (short_of_count or cfg.num_requests is None):
+        return ()
+    wanted = [f"num_requests {cfg.num_requests}"] if short_of_count else []
+    if cfg.duration_s is not None and cfg.arrivals.kind in ("constant", "poisson", "gamma"):
         wanted.append(f"duration_s {cfg.duration_s:g}")
     if not wanted:
         return ()

@@ -71,19 +71,19 @@ def load_mooncake(path: Path) -> pd.DataFrame:
     ids_ok = df["hash_ids"].map(lambda ids: isinstance(ids, list) and all(isinstance(h, int) for h in ids))
     if not ids_ok.all():
         line = int(np.flatnonzero(~ids_ok)[0])
-        raise ValueError(f"{path}: line {line + 1}: mooncake hash_ids must be a list of integer block ids, "
+        raise ValueError(f"{path}: record {line + 1}: mooncake hash_ids must be a list of integer block ids, "
                          f"got {df['hash_ids'].iloc[line]!r}")
     stamps = pd.to_numeric(df["timestamp"], errors="coerce")
     if stamps.isna().any():
         line = int(np.flatnonzero(stamps.isna())[0])
-        raise ValueError(f"{path}: line {line + 1}: mooncake timestamp must be a number of milliseconds, "
+        raise ValueError(f"{path}: record {line + 1}: mooncake timestamp must be a number of milliseconds, "
                          f"got {df['timestamp'].iloc[line]!r}")
     length = pd.to_numeric(df["input_length"], errors="coerce")
-    kept = (length >= 1) & (length % 1 == 0)  # what cleaning keeps; it counts the rest
+    kept = (length >= 1) & (pd.to_numeric(df["output_length"], errors="coerce") >= 1)  # cleaning drops the rest
     wrong = kept & (df["hash_ids"].map(len) != -(-length // MOONCAKE_BLOCK_TOKENS))  # ceil division
     if wrong.any():
         raise ValueError(f"{path}: {int(wrong.sum())} rows have len(hash_ids) != ceil(input_length / "
-                         f"{MOONCAKE_BLOCK_TOKENS}), e.g. line {int(np.flatnonzero(wrong)[0]) + 1}")
+                         f"{MOONCAKE_BLOCK_TOKENS}), e.g. record {int(np.flatnonzero(wrong)[0]) + 1}")
     return finish_table(path, stamps / 1000.0, df["input_length"], df["output_length"],
                         extra={"hash_ids": df["hash_ids"].map(tuple)})
 

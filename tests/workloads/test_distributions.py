@@ -77,3 +77,5 @@ def test_a_uniform_count_takes_every_integer_equally_often():
     turns = sample_lengths(UniformDist(kind="uniform", low=1, high=6), 60_000, np.random.default_rng(0))
     counts = np.bincount(turns, minlength=7)[1:] / turns.size
     assert counts == pytest.approx([1 / 6] * 6, abs=0.01)
+    ones = sample_lengths(UniformDist(kind="uniform", low=0, high=3), 60_000, np.random.default_rng(0))
+    assert np.bincount(ones, minlength=4)[1:] / ones.size == pytest.approx([1 / 3] * 3, abs=0.01)  # 0 is no length

@@ -86,6 +86,10 @@ def test_a_trace_that_runs_out_of_rows_says_so():
                           "arrivals, the last at 0.0 s",)
     assert build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=60).notes == ()
     assert build(trace=QUICKSTART, arrivals={"kind": "all_at_once"}).notes == ()
+    # num_requests, not the rows, ended it; a trace's own times end with it (ServeGen fills its duration so)
+    assert build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=600,
+                 num_requests=2000).notes == ()
+    assert build(trace=QUICKSTART, arrivals={"kind": "trace"}, duration_s=100_000).notes == ()
 
 
 def test_synthetic_lengths_with_trace_arrivals():

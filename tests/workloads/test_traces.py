@@ -188,11 +188,11 @@ def test_mooncake_block_count_mismatch_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize("second, message", [
-    ('{"timestamp": 5, "input_length": 10, "output_length": 2}', r"line 2: mooncake hash_ids must be a list of "
+    ('{"timestamp": 5, "input_length": 10, "output_length": 2}', r"record 2: mooncake hash_ids must be a list of "
                                                                  r"integer block ids, got nan"),
     ('{"timestamp": "5 ms", "input_length": 10, "output_length": 2, "hash_ids": [3]}',
-     r"line 2: mooncake timestamp must be a number of milliseconds, got '5 ms'"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [3]}', r"1 rows .* e\.g\. line 2")])
+     r"record 2: mooncake timestamp must be a number of milliseconds, got '5 ms'"),
+    ('{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [3]}', r"1 rows .* e\.g\. record 2")])
 def test_a_bad_mooncake_line_is_named_with_its_field(tmp_path, second, message):
     path = tmp_path / "m.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n' + second + "\n")
