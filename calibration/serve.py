@@ -34,6 +34,7 @@ of a request the executor had not run since its (re)admission).
 from __future__ import annotations
 
 import gc
+import math
 import json
 import time
 from collections import deque
@@ -51,6 +52,7 @@ from policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_p
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
 from simulator.metrics import request_frame, summarize
+from simulator.run import rejection
 from workloads.request import Phase, Request
 
 
@@ -99,16 +101,6 @@ def prompt_token_ids(req: Request, vocab: int, seed: int = 0) -> list[int]:
         ids = _mix_array(base ^ np.arange(length, dtype=np.uint64)) % np.uint64(vocab)
         out.extend(ids.tolist())
     return out
-
-
-def _reject_reason(req: Request, engine: EngineConfig, num_blocks: int, groups: KVGroups) -> str | None:
-    total = req.num_prompt_tokens + req.num_output_tokens
-    if engine.max_model_len is not None and total > engine.max_model_len:
-        return f"prompt + output tokens ({total}) exceed max_model_len ({engine.max_model_len})"
-    need = groups.most_blocks(total - 1, engine.block_size, engine.max_num_batched_tokens)
-    if need > num_blocks:
-        return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
-    return None
 
 
 def _step_input(plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager) -> StepInput:
@@ -205,7 +197,8 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
 def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, groups: KVGroups, tokens: dict[int, list[int]],
             now: float,
             seed: int) -> None:
-    reason = _reject_reason(req, engine, sched.kv.num_blocks, groups)
+    reason = rejection(req, engine, engine.max_model_len or math.inf, sched.kv.num_blocks, engine.block_size,
+                       groups.windows)
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return

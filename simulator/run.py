@@ -88,17 +88,17 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTi
     return step_time
 
 
-def rejection(req: Request, s: Scenario, max_model_len: int, num_blocks: int, block_size: int,
+def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
               windows: tuple[int | None, ...] = (None,)) -> str | None:
     """Why an engine would refuse this request at arrival (as vLLM's API server does), or None. A P/D prefill
     engine serves it with max_tokens=1."""
-    output = 1 if s.engine.scheduler == "vllm_prefill" else req.num_output_tokens
+    output = 1 if engine.scheduler == "vllm_prefill" else req.num_output_tokens
     if req.num_prompt_tokens + output > max_model_len:
         return f"prompt ({req.num_prompt_tokens}) + output ({output}) tokens exceed max_model_len ({max_model_len})"
-    if req.prompt_logprobs and s.engine.kv_sharing_fast_prefill:
+    if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     need = KVGroups(windows, 0).most_blocks(req.num_prompt_tokens + output - 1, block_size,
-                                            s.engine.max_num_batched_tokens)
+                                            engine.max_num_batched_tokens)
     if need > num_blocks:
         return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
     return None
@@ -259,7 +259,7 @@ class World:
             self.env.process(self._answer_from_cache(req))
             return
         reason = next((why for pool in self.pools if (why := rejection(
-            req, pool.scenario, pool.memory.max_model_len, pool.num_pages, pool.page_size,
+            req, pool.scenario.engine, pool.memory.max_model_len, pool.num_pages, pool.page_size,
             pool.memory.kv_windows))), None)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
