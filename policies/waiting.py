@@ -3,9 +3,10 @@
 `lpm` (SGLang's --schedule-policy lpm): waiting requests are sorted by how many prompt tokens the
 cache already holds, longest first, ties in arrival order; with more than 128 waiting it falls back
 to FCFS (WAITING_QUEUE_PREFIX_MATCH_MAX), which in SGLang sorts nothing: the list keeps its last LPM
-order and newcomers (retracted requests too) queue behind it in the order they came. In-batch prefix caching: among requests with at most 32
-cached tokens, one that shares 32+ leading tokens with an earlier waiting request is held back for
-this round, so the shared prefix is computed once and then hit instead of computed side by side.
+order and newcomers (retracted requests too) queue behind it in the order they came. In-batch prefix
+caching: among requests with at most 32 cached tokens, one that shares 32+ leading tokens with an
+earlier waiting request is held back for this round, so the shared prefix is computed once and then
+hit instead of computed side by side.
 """
 
 from __future__ import annotations
