@@ -46,6 +46,18 @@ def terms_of_rows(rows: pd.DataFrame, gpu: GpuSpec, weight_dtype: str = "bf16", 
                         for row in rows.itertuples(index=False)])
 
 
+def fast_prefill_pairs(rows: pd.DataFrame) -> np.ndarray:
+    """[n, 2] positions (on, off) of grid rows timing one shape of one model with YOCO fast prefill on and off."""
+    key = rows["model"] + "|" + rows["scale"] + "|" + rows["shape"] + "|" + rows["num_new"] + "|" \
+        + rows["num_context"] + "|" + rows["needs_logits"]
+    position = pd.Series(np.arange(len(rows)), index=rows.index)
+    fast = rows["fast_prefill"].astype(bool)
+    on = pd.Series(position[fast].to_numpy(), index=key[fast].to_numpy())
+    off = pd.Series(position[~fast].to_numpy(), index=key[~fast].to_numpy())
+    both = on.index.intersection(off.index)
+    return np.stack([on[both].to_numpy(), off[both].to_numpy()], axis=1).reshape(-1, 2)
+
+
 def held_out_shapes(rows: pd.DataFrame, test_fraction: float = 0.25, seed: int = 0) -> np.ndarray:
     """Boolean mask of test rows: a seeded random `test_fraction` of the distinct shapes (all their rows)."""
     keys = rows["model"] + "|" + rows["scale"] + "|" + rows["num_new"] + "|" + rows["num_context"]
@@ -87,18 +99,22 @@ class FitReport:
 def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str, test_fraction: float = 0.25,
                    seed: int = 0, knots: np.ndarray | None = None, served: pd.DataFrame | None = None) -> FitReport:
     """Fit a profile on the train shapes of `rows` and report default-vs-fitted MAPE on both splits.
+    Shapes timed with fast prefill on and off also have their time ratio fitted (`fit_profile`'s pairs): the
+    saving is a prediction of its own, and interleaved rounds measure it more precisely than either time.
 
     `served` rows (the same columns: steps of a served trace) are fitted too, never held out: they are
     the step shapes and the order a real serving loop runs them in, which a grid only approximates."""
     test = held_out_shapes(rows, test_fraction, seed)
     split = np.where(test, "test", "train")
+    pairs = fast_prefill_pairs(rows[~test])  # positions among the fitted rows, which start with the train shapes
     if served is not None and len(served):
         rows = pd.concat([rows, served], ignore_index=True)
         split = np.r_[split, np.full(len(served), "served")]
     tt = terms_of_rows(rows, gpu)
     measured = rows["time_s"].to_numpy(float)
     fitted_on = split != "test"
-    profile = fit_profile(tt.subset(fitted_on), measured[fitted_on], knots, name=name, provenance=provenance)
+    profile = fit_profile(tt.subset(fitted_on), measured[fitted_on], knots, name=name, provenance=provenance,
+                          pairs=pairs)
     default_s, fitted_s = predict_table(tt, Profile()), predict_table(tt, profile)
     roofline_s = predict_table(tt, ROOFLINE)
     scores = {}

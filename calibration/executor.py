@@ -59,11 +59,15 @@ class StepInput:
 
     @classmethod
     def from_batch(cls, batch: StepBatch, block_tables: list[list[int]], vocab: int,
-                   rng: np.random.Generator) -> StepInput:
-        """Random token ids for `batch`'s shape (timing does not depend on the ids)."""
+                   rng: np.random.Generator, num_groups: int = 0) -> StepInput:
+        """Random token ids for `batch`'s shape (timing does not depend on the ids). `num_groups` > 0: a
+        hybrid-KV executor's input, each request's table given to every one of its KV cache groups."""
         ids = tuple(tuple(rng.integers(0, vocab, int(n)).tolist()) for n in batch.num_new)
-        return cls(ids, tuple(int(c) for c in batch.num_context), tuple(tuple(t) for t in block_tables),
-                   tuple(bool(x) for x in batch.needs_logits))
+        tables = tuple(tuple(t) for t in block_tables)
+        context, logits = tuple(int(c) for c in batch.num_context), tuple(bool(x) for x in batch.needs_logits)
+        if num_groups:
+            return cls(ids, context, (), logits, tuple((t,) * num_groups for t in tables))
+        return cls(ids, context, tables, logits)
 
     def batch(self) -> StepBatch:
         return StepBatch.of(self.num_new, list(self.num_context), list(self.needs_logits))
@@ -90,6 +94,7 @@ class Executor:
                  kv_windows: tuple[int | None, ...] | None = None):
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.hybrid = kv_windows is not None
+        self.num_kv_groups = len(kv_windows) if self.hybrid else 0  # block tables per request (0: one, not grouped)
         self.group_of = group_of_layers(spec, KVGroups(kv_windows or (None,), 0))
         self.device = torch.device(device)
         if self.device.type == "cpu":

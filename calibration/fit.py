@@ -3,7 +3,7 @@
 Model (the cost model's own, see `calibration.fit_terms`): a step takes
     sum_entries layers * max(compute_s / eff_c[kind](T), memory_s / eff_m[kind](T))
     + step_overhead_s + layer_overhead_s * num_layers + request_overhead_s * num_requests
-    + token_overhead_s * num_tokens
+    + token_overhead_s * num_tokens + mixed_layer_overhead_s * mixed_layers
 with T the token rows of each entry (its operator's, see fit_terms) and the four efficiency curves
 (gemm/attention x compute/memory) given by their values at a few token-count knots (linear in log T
 between knots, flat outside, exactly as `EfficiencyCurve.at`).
@@ -14,6 +14,8 @@ overheads to >= 0, plus a weak smoothness penalty between neighbouring knots so 
 depends on stays near its neighbours. `layer_overhead_s` and `token_overhead_s` are only identifiable
 when the rows span models of different depths (otherwise a per-layer cost is a per-step one, and a
 per-token cost outside the layers is the GEMM curves' business); without that they are fixed at 0.
+`mixed_layer_overhead_s` (a step attending decodes beside prefill chunks runs both attention paths) is fitted
+when the rows hold mixed steps and steps of one kind.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from calibration.fit_terms import KIND_CODES, KIND_NAMES, StepTerms
-from hardware.profile import EfficiencyCurve, Profile
+from hardware.profile import FIXED_COSTS as OVERHEADS, EfficiencyCurve, Profile
 
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory")
 EFF_BOUNDS = (1e-4, 1.0)
@@ -43,6 +45,7 @@ class TermTable:
     num_layers: np.ndarray
     num_requests: np.ndarray
     num_tokens: np.ndarray
+    mixed_layers: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -54,7 +57,7 @@ class TermTable:
         keep = rows[self.row]
         return TermTable(new_index[self.row[keep]], self.kind[keep], self.compute_s[keep], self.memory_s[keep],
                          self.layers[keep], self.tokens[keep], self.num_layers[rows], self.num_requests[rows],
-                         self.num_tokens[rows])
+                         self.num_tokens[rows], self.mixed_layers[rows])
 
 
 def stack_terms(terms: list[StepTerms]) -> TermTable:
@@ -63,7 +66,8 @@ def stack_terms(terms: list[StepTerms]) -> TermTable:
                      cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]),
                      cat([t.layers for t in terms]), cat([t.tokens for t in terms]),
                      np.array([t.num_layers for t in terms], float),
-                     np.array([t.num_requests for t in terms], float), np.array([t.num_tokens for t in terms], float))
+                     np.array([t.num_requests for t in terms], float), np.array([t.num_tokens for t in terms], float),
+                     np.array([t.mixed_layers for t in terms], float))
 
 
 def curve_weights(tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
@@ -99,16 +103,13 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
     return _predict(tt, eff_c, eff_m, {name: getattr(profile, name) for name in OVERHEADS})
 
 
-#: A profile's fixed costs, seconds: per step, per layer, per request and per token of a step.
-OVERHEADS = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s")
-
-
 def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: dict[str, float]) -> np.ndarray:
     """`eff_c`, `eff_m`: each entry's compute and memory efficiency; `over`: the OVERHEADS' values."""
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
     return ops + over["step_overhead_s"] + over["layer_overhead_s"] * tt.num_layers \
-        + over["request_overhead_s"] * tt.num_requests + over["token_overhead_s"] * tt.num_tokens
+        + over["request_overhead_s"] * tt.num_requests + over["token_overhead_s"] * tt.num_tokens \
+        + over["mixed_layer_overhead_s"] * tt.mixed_layers
 
 
 def mape(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
@@ -120,12 +121,15 @@ class _Params:
     """Packs efficiencies (4 curves x knots) and overheads into least_squares' vector (overheads in ms, the
     per-token one in us, so every entry is of order one)."""
 
-    def __init__(self, knots: np.ndarray, two_depths: bool):
+    def __init__(self, knots: np.ndarray, two_depths: bool, mixed: bool = False):
         self.knots, self.k = knots, len(knots)
-        # Profile field -> unit in the vector; the per-layer and per-token ones need two model depths
+        # Profile field -> unit in the vector; the per-layer and per-token ones need two model depths, the mixed
+        # one mixed steps beside others
         self.overheads = {"step_overhead_s": 1e-3, "request_overhead_s": 1e-3}
         if two_depths:
             self.overheads |= {"layer_overhead_s": 1e-3, "token_overhead_s": 1e-6}
+        if mixed:
+            self.overheads |= {"mixed_layer_overhead_s": 1e-3}
 
     def initial(self, init: Profile) -> np.ndarray:
         effs = [np.clip([getattr(init, c).at(t) for t in self.knots], *EFF_BOUNDS) for c in CURVES]
@@ -153,16 +157,23 @@ class _Params:
 
 
 def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None = None, init: Profile = Profile(),
-                loss: str = "soft_l1", f_scale: float = 0.05, smooth: float = 0.02, **fields) -> Profile:
+                loss: str = "soft_l1", f_scale: float = 0.05, smooth: float = 0.02,
+                pairs: np.ndarray | None = None, **fields) -> Profile:
     """The profile whose predictions best match `measured_s` (seconds per row of `tt`) in relative terms.
 
     `loss`/`f_scale` are scipy's (soft_l1 with 5%: relative errors beyond ~5% count linearly, not squared).
+    `pairs` [n, 2]: rows (a, b) whose time ratio a / b is matched too, one residual each, beside their own
+    times: the same step timed two ways in interleaved rounds (fast prefill on and off), whose ratio the
+    machine's drift between rounds does not blur as it blurs each time.
     `fields` go to the Profile (name, provenance, fit_mape). Raises ValueError on non-positive times."""
     measured_s = np.asarray(measured_s, float)
     if (measured_s <= 0).any() or len(measured_s) != tt.num_rows:
         raise ValueError("need one positive measured time per row")
+    a, b = np.asarray(pairs, np.int64).reshape(-1, 2).T if pairs is not None else (np.zeros(0, np.int64),) * 2
+    measured_ratio = measured_s[a] / measured_s[b]
     knots = default_knots(tt.tokens) if knots is None else np.asarray(knots, float)
-    params = _Params(knots, two_depths=len(np.unique(tt.num_layers)) > 1)
+    mixed = tt.mixed_layers > 0
+    params = _Params(knots, two_depths=len(np.unique(tt.num_layers)) > 1, mixed=bool(mixed.any() and not mixed.all()))
     w = curve_weights(tt.tokens, knots)
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -173,7 +184,7 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
         pred = _predict(tt, np.where(attention, at["attn_compute"], at["gemm_compute"]),
                         np.where(attention, at["attn_memory"], at["gemm_memory"]), over)
         rough = [np.diff(np.log(v)) * smooth for v in effs.values()]
-        return np.concatenate([(pred - measured_s) / measured_s, *rough])
+        return np.concatenate([(pred - measured_s) / measured_s, pred[a] / pred[b] / measured_ratio - 1, *rough])
 
     x0 = np.clip(params.initial(init), *params.bounds())
     result = least_squares(residuals, x0, bounds=params.bounds(), loss=loss, f_scale=f_scale, x_scale="jac",

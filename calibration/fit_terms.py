@@ -33,7 +33,7 @@ KIND_NAMES = {code: name for name, code in KIND_CODES.items()}
 class StepTerms:
     """Per entry (one operator of one layer group): kind code (0 gemm, 1 attention, 2 routed experts), seconds at peak
     compute and at peak memory bandwidth, how many layers it runs in, and the token rows its efficiencies
-    are read at. Plus the step's shape."""
+    are read at. Plus the step's shape, and its layers that attend decodes beside prefill chunks."""
 
     kind: np.ndarray
     compute_s: np.ndarray
@@ -43,6 +43,7 @@ class StepTerms:
     num_layers: int
     num_requests: int
     num_tokens: int
+    mixed_layers: int
 
 
 _UNIT = Profile(gemm_compute=EfficiencyCurve.constant(1.0), attn_compute=EfficiencyCurve.constant(1.0),
@@ -60,7 +61,7 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
     return StepTerms(np.array([KIND_CODES[t.kind] for t in terms], np.int64), np.array([t.compute_s for t in terms]),
                      np.array([t.memory_s for t in terms]), np.array([t.layers for t in terms], float),
                      np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests,
-                     batch.num_tokens)
+                     batch.num_tokens, cost.mixed_attention_layers(batch, model, options.kv_sharing_fast_prefill))
 
 
 def predict_s(terms: StepTerms, profile: Profile) -> float:
@@ -70,4 +71,5 @@ def predict_s(terms: StepTerms, profile: Profile) -> float:
     eff_m = np.array([memory.at(t) for (_, memory), t in zip(curves, terms.tokens)])
     ops = float((np.maximum(terms.compute_s / eff_c, terms.memory_s / eff_m) * terms.layers).sum())
     return ops + profile.step_overhead_s + profile.layer_overhead_s * terms.num_layers \
-        + profile.request_overhead_s * terms.num_requests + profile.token_overhead_s * terms.num_tokens
+        + profile.request_overhead_s * terms.num_requests + profile.token_overhead_s * terms.num_tokens \
+        + profile.mixed_layer_overhead_s * terms.mixed_layers

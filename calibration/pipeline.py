@@ -77,14 +77,15 @@ def _torch_setup(setup: Setup):
     return torch
 
 
-def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False, hybrid: bool = False):
-    """The executor of `setup`'s model; `hybrid`: one block table per KV cache group, as a served engine
-    (sliding-window models) has them."""
+def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
+    """The executor of `setup`'s model as an engine serves it: for sliding-window models, one block table per
+    KV cache group (vLLM's hybrid KV cache manager), so grid shapes pay the same per-group metadata as served
+    steps."""
     from calibration.executor import Executor
     spec = row_model(setup.model, setup.scale_json)
     groups = kv_groups(spec)
     return Executor(spec, num_blocks, setup.block_size, setup.device, seed=setup.seed,
-                    kv_sharing_fast_prefill=fast_prefill, kv_windows=groups.windows if hybrid and groups.sliding else None)
+                    kv_sharing_fast_prefill=fast_prefill, kv_windows=groups.windows if groups.sliding else None)
 
 
 def half_depth(setup: Setup) -> Setup | None:
@@ -286,7 +287,7 @@ def serve_calibration_trace(setup: Setup, profile: Path, folder: Path,
     from calibration.serve import serve
     rate = CALIBRATION_TRACE.load * saturation_rate(setup, CALIBRATION_TRACE, profile, folder)
     workload = CALIBRATION_TRACE.workload(rate)
-    ex = make_executor(setup, CALIBRATION_TRACE.num_blocks, hybrid=True)
+    ex = make_executor(setup, CALIBRATION_TRACE.num_blocks)
     served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, CALIBRATION_TRACE), setup.seed,
                    progress)
     return served.steps
@@ -323,7 +324,7 @@ def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | Non
     rate = trace.load * saturation_rate(setup, trace, profile, out)
     workload = trace.workload(rate)
     engine = _engine(setup, trace)
-    ex = make_executor(setup, trace.num_blocks, trace.fast_prefill, hybrid=True)
+    ex = make_executor(setup, trace.num_blocks, trace.fast_prefill)
     measured = serve(ex, build_requests(workload, setup.seed), engine, setup.seed)
     simulated = simulate_requests(ex.spec, build_requests(workload, setup.seed), engine, workload, setup.gpu,
                                   [Path(p) for p in setup.gpu_files], profile, out)

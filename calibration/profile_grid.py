@@ -2,9 +2,12 @@
 
 Shapes: single prefills, a batch of equal prefills, prefill chunks over a cached context, decode
 batches x contexts (equal and spread), and mixed steps of decodes plus one prefill chunk (a whole
-prompt, or a prompt's second chunk over its first); for models
+prompt, or a prompt's second chunk over its first; from a single decode, the step a serving loop runs
+most when a prompt arrives, which alone shows what attending decodes beside a chunk costs); for models
 with trailing KV-sharing layers every shape runs with YOCO fast prefill off and on. Each shape gets
-distinct KV blocks while the pool has room (reading the same blocks again would flatter the cache).
+distinct KV blocks while the pool has room (reading the same blocks again would flatter the cache); a
+hybrid-KV executor (sliding-window models) gets the request's table once per KV cache group, so it
+builds every group's metadata as a served step does.
 
 Timing (STYLE E20): a warm-up pass over all shapes, then `repeats` rounds that each time every shape
 once, synchronised around each call; a shape's `time_s` is the median of its rounds. Interleaving
@@ -41,30 +44,30 @@ from policies.kv_blocks import blocks_for
 class GridSpec:
     """Which shapes to measure; token counts and contexts are per request."""
 
-    prefill_tokens: tuple[int, ...] = (8, 32, 128, 512, 1024, 2048)
+    prefill_tokens: tuple[int, ...] = (8, 32, 128, 256, 512, 1024, 2048)
     decode_batches: tuple[int, ...] = (1, 4, 16, 48)
     decode_contexts: tuple[int, ...] = (16, 256, 1024, 3072)
     chunk_tokens: int = 256
     chunk_contexts: tuple[int, ...] = (512, 1536)
-    mixed_decodes: tuple[int, ...] = (4, 16, 32)
+    mixed_decodes: tuple[int, ...] = (1, 4, 16, 32)
     mixed_chunks: tuple[int, ...] = (64, 512)
     mixed_context: int = 512
 
     @classmethod
     def quick(cls) -> GridSpec:
         return cls(prefill_tokens=(16, 128, 512, 1024), decode_batches=(1, 8, 32), decode_contexts=(64, 1024),
-                   chunk_contexts=(512,), mixed_decodes=(8, 32), mixed_chunks=(128,))
+                   chunk_contexts=(512,), mixed_decodes=(1, 8, 32), mixed_chunks=(128,))
 
     @classmethod
     def gpu(cls, quick: bool = False) -> GridSpec:
         """Shapes a GPU engine runs (budget 2048 tokens, up to 128 decodes); `quick` keeps a third of them."""
         if quick:
             return cls(prefill_tokens=(128, 2048), decode_batches=(8, 128), decode_contexts=(256, 4096),
-                       chunk_tokens=2048, chunk_contexts=(4096,), mixed_decodes=(64,), mixed_chunks=(512,),
+                       chunk_tokens=2048, chunk_contexts=(4096,), mixed_decodes=(1, 64), mixed_chunks=(512,),
                        mixed_context=1024)
         return cls(prefill_tokens=(32, 128, 512, 2048, 8192), decode_batches=(1, 8, 32, 128),
                    decode_contexts=(256, 1024, 4096), chunk_tokens=2048, chunk_contexts=(2048, 8192),
-                   mixed_decodes=(16, 64, 128), mixed_chunks=(256, 2048), mixed_context=1024)
+                   mixed_decodes=(1, 16, 64, 128), mixed_chunks=(256, 2048), mixed_context=1024)
 
     @classmethod
     def for_device(cls, device: str, quick: bool = False) -> GridSpec:
@@ -118,7 +121,7 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
     rng = np.random.default_rng(seed)
     modes = (False, True) if fast_prefill_layers(ex.spec) else (False,)
     cases = [(label, batch, fast, StepInput.from_batch(batch, _tables(batch, ex.block_size, ex.num_blocks),
-                                                       ex.spec.vocab_size, rng))
+                                                       ex.spec.vocab_size, rng, ex.num_kv_groups))
              for label, batch in shapes for fast in modes]
     device = str(ex.device)
     warm = warm_calls(device) if warm is None else warm

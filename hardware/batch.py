@@ -53,6 +53,11 @@ class StepBatch:
     def max_query_len(self) -> int:
         return int(self.num_new.max()) if len(self.num_new) else 0
 
+    @property
+    def is_mixed(self) -> bool:
+        """One-token queries (decodes) beside longer ones (prefill chunks): attention runs both paths."""
+        return bool(len(self.num_new)) and int(self.num_new.min()) == 1 and int(self.num_new.max()) > 1
+
     def last_token_only(self) -> StepBatch:
         """Each request reduced to its last new token (YOCO fast prefill for KV-sharing layers)."""
         return StepBatch(np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits)

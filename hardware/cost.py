@@ -244,6 +244,14 @@ def fast_prefill_layers(model: ModelSpec) -> int:
     return sum(_trailing_shared(model, layer.index) for layer in model.layers if not layer.owns_kv)
 
 
+def mixed_attention_layers(batch: StepBatch, model: ModelSpec, fast_prefill: bool = False) -> int:
+    """Layers whose attention runs decodes beside prefill chunks in this step (so both attention paths):
+    every layer of a mixed batch, but YOCO's fast-prefill layers, which see one query per request."""
+    if not batch.is_mixed:
+        return 0
+    return model.num_layers - (fast_prefill_layers(model) if fast_prefill else 0)
+
+
 # ---- pricing ------------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -625,6 +633,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     if batch.num_requests:
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
                  + profile.request_overhead_s * batch.num_requests + profile.token_overhead_s * batch.num_tokens
+                 + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options.kv_sharing_fast_prefill)
                  + profile.host_step_s + profile.host_request_s * batch.num_requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     dtype = resolve_weight_dtype(model, options.weight_dtype)

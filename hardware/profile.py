@@ -21,6 +21,9 @@ from hardware.errors import SpecError
 from hardware.files import read_yaml
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
+#: A profile's fixed costs of a step's forward pass, seconds: per step, per layer, per request, per token of the step,
+#: and per layer attending decodes beside prefill chunks (the host_* fields are the serving loop's, outside it).
+FIXED_COSTS = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s", "mixed_layer_overhead_s")
 
 
 class EfficiencyCurve(BaseModel):
@@ -87,6 +90,10 @@ class Profile(BaseModel):
     token_overhead_s: float = Field(0.0, ge=0, description=(
         "Per token of the step outside the layers: positions, rotary tables, slot mapping, the embedding gather; "
         "`servesim calibrate` fits it (it shows where prefills are short)"))
+    mixed_layer_overhead_s: float = Field(0.0, ge=0, description=(
+        "Per layer that attends decodes beside prefill chunks in one step: the second attention path's launches "
+        "(backends that split prefill and decode kernels, and the calibration executor); `servesim calibrate` "
+        "fits it"))
     host_step_s: float = Field(0.0, ge=0, description=(
         "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
         "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))

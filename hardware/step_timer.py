@@ -26,7 +26,7 @@ class StepTimer:
 
     def _shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts)."""
-        key = (batch.num_tokens, batch.num_requests, batch.num_logits, batch.max_query_len > 1)
+        key = (batch.num_tokens, batch.num_requests, batch.num_logits, batch.max_query_len > 1, batch.is_mixed)
         if self.args[0].mla is not None:
             prefill = batch.num_new > 1
             key += (int((batch.num_new[prefill] + batch.num_context[prefill]).sum()), int((~prefill).sum()))
@@ -41,7 +41,7 @@ class StepTimer:
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
         """`fixed_s` of a decode step of `num_requests` requests (the key needs no batch, only a miss does)."""
-        key = (num_requests, num_requests, num_requests, False)
+        key = (num_requests, num_requests, num_requests, False, False)
         if self.args[0].mla is not None:
             key += (0, num_requests)
         fixed = self._fixed_s.get(key)

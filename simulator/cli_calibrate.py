@@ -13,7 +13,7 @@ import typer
 from rich.markup import escape
 
 from hardware.errors import SpecError
-from hardware.profile import Profile
+from hardware.profile import FIXED_COSTS, Profile
 from simulator.cli import app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
@@ -31,7 +31,7 @@ def profile_rows(fitted: Profile) -> list[list[str]]:
     for name in ("moe_compute", "moe_memory"):  # None: as the GEMM curves (executor fits)
         rows.append([name, *(_curve_text(p, name) if getattr(p, name) is not None else "as gemm"
                              for p in (fitted, default))])
-    for name in ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s"):
+    for name in FIXED_COSTS:
         rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.3g}",
                      f"{getattr(default, name) * 1e6:.3g}"])
     return rows

@@ -72,7 +72,7 @@ def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, mo
     assert {"grid-only-profile.yaml", "device.yaml"} <= set(seen["work"])
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier  # untouched; the work folder is gone
     shown = terminal.file.getvalue()
-    for phase in ("measuring the device", "timing the grid (18 shapes), rounds", "fitting the grid",
+    for phase in ("measuring the device", "timing the grid (20 shapes), rounds", "fitting the grid",
                   "serving the calibration trace", "refitting with the served steps", "fitting the host overhead"):
         assert phase in shown, phase
 

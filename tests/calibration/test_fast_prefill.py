@@ -7,9 +7,7 @@ with the fitted profile predicts the reduction.
 
 from __future__ import annotations
 
-import numpy as np
 import pandas as pd
-import pytest
 
 from calibration.calibrate import row_model
 from calibration.pipeline import Setup, make_executor, run_calibration

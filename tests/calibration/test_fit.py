@@ -8,7 +8,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.calibrate import calibrate_rows, held_out_shapes, row_batch, row_model, save_profile
+from calibration.calibrate import (calibrate_rows, fast_prefill_pairs, held_out_shapes, row_batch, row_model,
+                                   save_profile, terms_of_rows)
 from calibration.fit import curve_weights, default_knots, fit_profile, mape, predict_table, stack_terms
 from calibration.fit_terms import predict_s, step_terms
 from calibration.profile_grid import GridSpec, _row, grid_shapes
@@ -20,7 +21,7 @@ from hardware.profile import EfficiencyCurve, Profile, load_profile
 
 H200 = get_gpu("h200")
 TRUE = Profile(gemm_compute=0.62, gemm_memory=0.8, attn_compute=0.45, attn_memory=0.7, step_overhead_s=3e-4,
-               layer_overhead_s=2e-5, request_overhead_s=5e-6, token_overhead_s=4e-8)
+               layer_overhead_s=2e-5, request_overhead_s=5e-6, token_overhead_s=4e-8, mixed_layer_overhead_s=6e-6)
 
 
 def synthetic_rows(profile: Profile, models=(("llama-3.1-8b", {}), ("llama-3.1-8b", {"layers": 8}),
@@ -46,7 +47,8 @@ def test_terms_rebuild_step_cost_exactly(model, fast):
                       attn_compute=EfficiencyCurve(points=((1, 0.2), (1024, 0.6))),
                       attn_memory=EfficiencyCurve(points=((1, 0.8), (256, 0.4))),
                       moe_compute=EfficiencyCurve(points=((1, 0.1), (4096, 0.5))), moe_memory=0.35,
-                      layer_overhead_s=1e-5, request_overhead_s=3e-6, token_overhead_s=2e-8)
+                      layer_overhead_s=1e-5, request_overhead_s=3e-6, token_overhead_s=2e-8,
+                      mixed_layer_overhead_s=4e-6)
     options = CostOptions(kv_sharing_fast_prefill=fast)
     mixed = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
     for batch in (StepBatch.uniform(1, 0, 2048), StepBatch.uniform(64, 1000), mixed):
@@ -80,6 +82,7 @@ def test_fit_recovers_constant_efficiencies_and_overheads():
     assert fitted.layer_overhead_s == pytest.approx(2e-5, rel=0.02)
     assert fitted.request_overhead_s == pytest.approx(5e-6, rel=0.02)
     assert fitted.token_overhead_s == pytest.approx(4e-8, rel=0.02)
+    assert fitted.mixed_layer_overhead_s == pytest.approx(6e-6, rel=0.02)
 
 
 def test_one_depth_fixes_the_per_layer_and_per_token_costs_at_zero():
@@ -172,3 +175,33 @@ def test_served_rows_join_the_fit_and_are_never_held_out():
     assert set(report.mape) == {f"{s}_{p}" for s in ("train", "test", "served") for p in ("default", "fitted")}
     assert report.mape["served_fitted"] < 0.5 and report.mape["test_fitted"] < 0.5
     assert [row[0] for row in report.table()] == ["train", "test", "served"]
+
+
+
+def test_fast_prefill_pairs_match_a_shape_timed_both_ways_on_one_model():
+    rows = synthetic_rows(TRUE, models=(("llama-3.1-8b", {}), ("gemma-3n-e2b", {}), ("gemma-3n-e2b", {"layers": 10})))
+    pairs = fast_prefill_pairs(rows)
+    on, off = rows.iloc[pairs[:, 0]], rows.iloc[pairs[:, 1]]
+    assert len(pairs) == 2 * len(grid_shapes(GridSpec()))  # every Gemma 3n shape, at both depths; no Llama one
+    assert on["fast_prefill"].all() and not off["fast_prefill"].any()
+    for column in ("model", "scale", "shape", "num_new", "num_context", "needs_logits"):
+        assert on[column].tolist() == off[column].tolist(), column
+
+
+def test_fitting_the_pairs_ratios_keeps_the_saving_when_the_machine_drifts_between_shapes():
+    """Each shape's on/off pair timed in the same rounds, so one drift factor (x0.5 to x2) scales both: the absolute
+    times disagree with any profile, their ratios do not, and fitting those ratios keeps the saving closer."""
+    rows = synthetic_rows(CURVED, models=(("gemma-3n-e2b", {}), ("gemma-3n-e2b", {"layers": 10, "kv_shared": 4})))
+    shape = rows["model"] + rows["scale"] + rows["shape"]
+    drift = dict(zip(shape.unique(), np.random.default_rng(0).uniform(0.5, 2.0, shape.nunique())))
+    measured = rows["time_s"].to_numpy() * shape.map(drift).to_numpy()
+    tt, pairs = terms_of_rows(rows, H200), fast_prefill_pairs(rows)
+    true = predict_table(tt, CURVED)
+
+    def saving_error(pairs_fitted) -> float:
+        """Median relative error of the predicted saving over the shapes that prefill."""
+        pred = predict_table(tt, fit_profile(tt, measured, KNOTS, pairs=pairs_fitted))
+        saving, true_saving = 1 - pred[pairs[:, 0]] / pred[pairs[:, 1]], 1 - true[pairs[:, 0]] / true[pairs[:, 1]]
+        prefills = true_saving > 0  # a decode-only step runs every layer either way
+        return float(np.median(np.abs(saving - true_saving)[prefills] / true_saving[prefills]))
+    assert saving_error(pairs) < 0.5 * saving_error(None)

@@ -24,6 +24,7 @@ def test_grid_covers_prefill_decode_chunks_and_mixed_steps():
     mixed = shapes["mixed 8+128"]
     assert mixed.num_new.tolist() == [1] * 8 + [128] and mixed.num_context.tolist() == [512] * 8 + [0]
     assert shapes["chunk 256@512"].num_context.tolist() == [512]
+    assert shapes["mixed 1+128"].num_new.tolist() == [1, 128]  # one decode beside a chunk: the mixed cost alone
     assert blocks_for_batch(StepBatch.of([1, 20], [15, 0]), 16) == 1 + 2
 
 
@@ -86,3 +87,26 @@ def test_profiled_time_grows_with_decode_context(name):
     short, long = rows["time_s"].to_numpy()
     assert long > short  # 32x the KV read per request
     assert np.isfinite(rows["time_s"]).all()
+
+
+def test_a_sliding_window_model_is_timed_with_a_block_table_per_kv_group():
+    """The grid times the executor a served engine runs: vLLM's hybrid KV cache manager gives Gemma 3n's
+    sliding and full layers a block table each, so every step builds each group's metadata."""
+    from calibration.pipeline import Setup, make_executor
+    from hardware.kv_groups import kv_groups
+    setup = Setup("gemma-3n-e2b", dict(layers=6, kv_shared=2, window=8, hidden=64, heads=4, kv_heads=2,
+                                       intermediate=128, vocab=256), "cpu", "", ())
+    ex = make_executor(setup, 64)
+    groups = len(kv_groups(ex.spec).windows)
+    assert groups > 1 and ex.hybrid and ex.num_kv_groups == groups
+    seen = []
+    execute = ex.execute
+    ex.execute = lambda inp: seen.append(inp) or execute(inp)
+    batch = StepBatch.of([1, 5], [20, 0])
+    rows = profile_grid(ex, [("mixed 1+5", batch)], setup.model, setup.scale, repeats=1, warmup=0, warm=0)
+    assert len(rows) == 2 and not seen[0].block_tables
+    assert [len(tables) for tables in seen[0].group_tables] == [groups, groups]
+    assert seen[0].group_tables[0][0] == tuple(range(blocks_for_batch(StepBatch.of([1], [20]), 16)))
+    llama = make_executor(Setup("llama-3.1-8b", dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128,
+                                                     vocab=256), "cpu", "", ()), 64)
+    assert not llama.hybrid and llama.num_kv_groups == 0

@@ -160,6 +160,23 @@ def test_gemma_3n_fast_prefill_runs_last_10_layers_on_one_token():
         decode, model, H200, options=CostOptions(kv_sharing_fast_prefill=True)).total_s
 
 
+def test_a_mixed_step_pays_a_second_attention_path_in_every_layer_that_attends_both():
+    """Decodes beside a prefill chunk: each layer runs both attention paths; YOCO's fast-prefill layers see one
+    query per request, so only the layers before them do."""
+    model, profile = get_model("gemma-3n-e2b"), Profile(mixed_layer_overhead_s=1e-4)
+    mixed, prefill, decode = StepBatch.of([1, 1, 200], [300, 50, 0]), StepBatch.of([200], [0]), StepBatch.uniform(2, 300)
+    assert mixed.is_mixed and not prefill.is_mixed and not decode.is_mixed
+    assert not StepBatch.of([1], [0]).is_mixed and not StepBatch.of([], []).is_mixed
+
+    def extra(batch, fast):
+        options = CostOptions(kv_sharing_fast_prefill=fast)
+        return (step_cost(batch, model, H200, profile=profile, options=options).total_s
+                - step_cost(batch, model, H200, options=options).total_s)
+    assert extra(mixed, False) == pytest.approx(30 * 1e-4)  # Gemma 3n E2B: 30 layers
+    assert extra(mixed, True) == pytest.approx(20 * 1e-4)  # its last 10 share KV: fast prefill's layers
+    assert extra(prefill, False) == extra(decode, False) == extra(decode, True) == 0.0
+
+
 def test_kv_sharing_layers_write_no_kv():
     model = get_model("gemma-3n-e2b")
     cost = step_cost(StepBatch.of([100], [0]), model, H200)

@@ -37,9 +37,20 @@ def test_cached_timer_equals_step_cost(name, reqs):
     model = get_model(name)
     # every fixed cost set, so one keyed on the wrong shape (tokens, requests) shows
     profile = Profile(layer_overhead_s=3e-5, request_overhead_s=4e-6, token_overhead_s=5e-8, host_step_s=1e-5,
-                      host_request_s=2e-6)
+                      host_request_s=2e-6, mixed_layer_overhead_s=7e-6)
     timer = StepTimer(model, H100, profile=profile)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
     expected = step_cost(batch, model, H100, profile=profile).total_s
     assert timer(batch) == expected  # first call fills the cache
     assert timer(batch) == expected  # second call uses it
+
+
+def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():
+    """[1, 127] and [64, 64] have the same tokens, requests and logits; only the first runs both attention paths."""
+    model = get_model("llama-3.1-8b")
+    profile = Profile(mixed_layer_overhead_s=1e-4)
+    timer = StepTimer(model, H100, profile=profile)
+    prefills, mixed = StepBatch.of([64, 64], [0, 0]), StepBatch.of([1, 127], [300, 0])
+    for batch in (prefills, mixed, prefills):
+        assert timer(batch) == step_cost(batch, model, H100, profile=profile).total_s
+    assert timer.fixed_s(mixed) - timer.fixed_s(prefills) > 32 * 1e-4 * 0.999  # every layer's second path

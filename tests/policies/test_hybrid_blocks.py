@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 from hardware.kv_groups import KVGroups
 from policies.catalog import orderings, schedulers
 from policies.config import EngineConfig
-from policies.hybrid_blocks import HybridBlockManager, HybridPrefixCachingBlockManager, make_kv_manager
+from policies.hybrid_blocks import HybridPrefixCachingBlockManager, make_kv_manager
 from policies.step import TokenLog
 from tests.policies.test_prefix_caching import req, serve
 from workloads.request import Request
