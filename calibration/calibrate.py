@@ -47,15 +47,15 @@ def terms_of_rows(rows: pd.DataFrame, gpu: GpuSpec, weight_dtype: str = "bf16", 
 
 
 def fast_prefill_pairs(rows: pd.DataFrame) -> np.ndarray:
-    """[n, 2] positions (on, off) of grid rows timing one shape of one model with YOCO fast prefill on and off."""
-    key = rows["model"] + "|" + rows["scale"] + "|" + rows["shape"] + "|" + rows["num_new"] + "|" \
-        + rows["num_context"] + "|" + rows["needs_logits"]
-    position = pd.Series(np.arange(len(rows)), index=rows.index)
-    fast = rows["fast_prefill"].astype(bool)
-    on = pd.Series(position[fast].to_numpy(), index=key[fast].to_numpy())
-    off = pd.Series(position[~fast].to_numpy(), index=key[~fast].to_numpy())
-    both = on.index.intersection(off.index)
-    return np.stack([on[both].to_numpy(), off[both].to_numpy()], axis=1).reshape(-1, 2)
+    """[n, 2] positions (on, off) of rows timing one shape of one model with YOCO fast prefill on and off.
+    Raises ValueError when a shape timed both ways is timed more than once in one mode (which time would pair is
+    ambiguous); the same step served again and again, never with fast prefill, pairs with nothing."""
+    columns = ["model", "scale", "shape", "num_new", "num_context", "needs_logits"]
+    frame = rows[columns].assign(position=np.arange(len(rows)), fast=rows["fast_prefill"].astype(bool).to_numpy())
+    both = frame[frame["fast"]].merge(frame[~frame["fast"]], on=columns, suffixes=("_on", "_off"))
+    if both["position_on"].duplicated().any() or both["position_off"].duplicated().any():
+        raise ValueError("a shape is timed more than once with fast prefill on or off: one row each")
+    return both[["position_on", "position_off"]].to_numpy(np.int64).reshape(-1, 2)
 
 
 def held_out_shapes(rows: pd.DataFrame, test_fraction: float = 0.25, seed: int = 0) -> np.ndarray:
@@ -99,14 +99,13 @@ class FitReport:
 def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str, test_fraction: float = 0.25,
                    seed: int = 0, knots: np.ndarray | None = None, served: pd.DataFrame | None = None) -> FitReport:
     """Fit a profile on the train shapes of `rows` and report default-vs-fitted MAPE on both splits.
-    Shapes timed with fast prefill on and off also have their time ratio fitted (`fit_profile`'s pairs): the
-    saving is a prediction of its own, and interleaved rounds measure it more precisely than either time.
+    Train shapes timed with fast prefill on and off also have their time ratio fitted (`fit_profile`'s pairs):
+    the saving is a prediction of its own, and interleaved rounds measure it more precisely than either time.
 
     `served` rows (the same columns: steps of a served trace) are fitted too, never held out: they are
     the step shapes and the order a real serving loop runs them in, which a grid only approximates."""
     test = held_out_shapes(rows, test_fraction, seed)
     split = np.where(test, "test", "train")
-    pairs = fast_prefill_pairs(rows[~test])  # positions among the fitted rows, which start with the train shapes
     if served is not None and len(served):
         rows = pd.concat([rows, served], ignore_index=True)
         split = np.r_[split, np.full(len(served), "served")]
@@ -114,7 +113,7 @@ def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str,
     measured = rows["time_s"].to_numpy(float)
     fitted_on = split != "test"
     profile = fit_profile(tt.subset(fitted_on), measured[fitted_on], knots, name=name, provenance=provenance,
-                          pairs=pairs)
+                          pairs=fast_prefill_pairs(rows[fitted_on]))
     default_s, fitted_s = predict_table(tt, Profile()), predict_table(tt, profile)
     roofline_s = predict_table(tt, ROOFLINE)
     scores = {}

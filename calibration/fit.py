@@ -8,7 +8,8 @@ with T the token rows of each entry (its operator's, see fit_terms) and the four
 (gemm/attention x compute/memory) given by their values at a few token-count knots (linear in log T
 between knots, flat outside, exactly as `EfficiencyCurve.at`).
 
-The fit minimises relative errors (pred - measured) / measured with scipy's robust least squares
+The fit minimises relative errors (pred - measured) / measured, and those of given pairs' time ratios
+(a shape timed with YOCO fast prefill on and off), with scipy's robust least squares
 (soft-L1 loss: a few noisy rows do not drag the fit), efficiencies bounded to [1e-4, 1] and
 overheads to >= 0, plus a weak smoothness penalty between neighbouring knots so a knot no row
 depends on stays near its neighbours. `layer_overhead_s` and `token_overhead_s` are only identifiable

@@ -8,8 +8,8 @@ peaks) do not depend on the profile, so they are read once per measured step and
 thousands of candidate profiles with numpy alone.
 
 They are read from `hardware.cost.operator_terms`, the public per-(group, operator) pricing that
-`step_cost` itself sums, priced once with every efficiency at 1. `predict_s(terms, profile)` rebuilds
-`step_cost(...).total_s`; tests pin that equality.
+`step_cost` itself sums, priced once with every efficiency at 1. `calibration.fit.predict_table` rebuilds
+`step_cost(...).total_s` from them; tests pin that equality.
 Single device only (no TP/PP communication terms).
 """
 
@@ -63,13 +63,3 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
                      np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests,
                      batch.num_tokens, cost.mixed_attention_layers(batch, model, options.kv_sharing_fast_prefill))
 
-
-def predict_s(terms: StepTerms, profile: Profile) -> float:
-    """`step_cost(...).total_s` of the step these terms describe, priced with `profile`."""
-    curves = [profile.curves(KIND_NAMES[int(k)]) for k in terms.kind]
-    eff_c = np.array([compute.at(t) for (compute, _), t in zip(curves, terms.tokens)])
-    eff_m = np.array([memory.at(t) for (_, memory), t in zip(curves, terms.tokens)])
-    ops = float((np.maximum(terms.compute_s / eff_c, terms.memory_s / eff_m) * terms.layers).sum())
-    return ops + profile.step_overhead_s + profile.layer_overhead_s * terms.num_layers \
-        + profile.request_overhead_s * terms.num_requests + profile.token_overhead_s * terms.num_tokens \
-        + profile.mixed_layer_overhead_s * terms.mixed_layers

@@ -246,7 +246,9 @@ def fast_prefill_layers(model: ModelSpec) -> int:
 
 def mixed_attention_layers(batch: StepBatch, model: ModelSpec, fast_prefill: bool = False) -> int:
     """Layers whose attention runs decodes beside prefill chunks in this step (so both attention paths):
-    every layer of a mixed batch, but YOCO's fast-prefill layers, which see one query per request."""
+    every layer of a mixed batch, but YOCO's fast-prefill layers, which see one query per request. Queries are
+    told apart by length alone: a speculative verify query (1 + k tokens) counts as a prefill chunk, where
+    backends that send short queries down the decode path (vLLM's reorder_batch_threshold) would not."""
     if not batch.is_mixed:
         return 0
     return model.num_layers - (fast_prefill_layers(model) if fast_prefill else 0)
