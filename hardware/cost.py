@@ -251,7 +251,7 @@ def mixed_attention_layers(batch: StepBatch, model: ModelSpec, fast_prefill: boo
     backends that send short queries down the decode path (vLLM's reorder_batch_threshold) would not."""
     if not batch.is_mixed:
         return 0
-    return model.num_layers - (fast_prefill_layers(model) if fast_prefill else 0)
+    return sum(layers for group, layers in _layer_groups(model, fast_prefill) if not group.last_token_only)
 
 
 # ---- pricing ------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 A step's cost splits into attention (depends on every request's context) and everything else
 (depends only on how many tokens, requests and logits the step has, whether it prefills, and whether
-it attends decodes beside prefill chunks). The second part is cached by that shape. For a stretch of decode-only steps, where every request adds one token per step,
-the attention part of all steps is computed at once with numpy, using the same operations in the
-same order as a single step, so fast-forwarded and stepped simulations give identical times.
+it attends decodes beside prefill chunks). The second part is cached by that shape. For a stretch of
+decode-only steps, where every request adds one token per step, the attention part of all steps is
+computed at once with numpy, using the same operations in the same order as a single step, so
+fast-forwarded and stepped simulations give identical times.
 """
 
 from __future__ import annotations
