@@ -19,4 +19,5 @@ imported by the CLI commands; `scaled`, `fit`, `fit_terms` and `calibrate` are t
     validate.py       serve a trace, replay it in the simulator, compare per request
     pipeline.py       the jobs behind `servesim calibrate` and `servesim validate`
     gpu_lease.sh      one short GPU lease: calibrate + validate Llama-3.1-8B and Gemma-3n-E2B on CUDA
+    lease_wheels.sh   fetch the wheels a lent GPU machine lacks (simpy, pydantic, plotly) into .whl/
 """

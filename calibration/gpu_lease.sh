@@ -1,28 +1,64 @@
 #!/usr/bin/env bash
-# One short GPU lease (about 10 minutes): calibrate full-size Llama-3.1-8B shapes in bf16 and a
-# Gemma-3n-E2B shape (YOCO fast prefill on and off) on the CUDA device, validate both fitted profiles
-# against a served trace, and leave every CSV, profile and report in one folder: $OUT (default
-# ./lease_out). Run from anywhere:  OUT=/tmp/lease GPU=h200 bash calibration/gpu_lease.sh
+# One short GPU lease: calibrate full-size Llama-3.1-8B shapes in bf16 and a Gemma-3n-E2B shape (YOCO fast
+# prefill on and off) on the CUDA device, validate both fitted profiles against a served trace, and leave
+# every CSV, profile and report in one folder, $OUT (default ./lease_out). Run from anywhere:
+#   OUT=/tmp/lease GPU=h200 bash calibration/gpu_lease.sh
 #
 #   --dry-run   the same steps on the CPU with tiny scaled models and a short trace (a minute or two),
 #               so the script itself is tested where there is no GPU.
-#   llama|gemma only that model's calibrate + validate (default: both). A lease runs one command for at
-#               most 10 minutes, so run `... gpu_lease.sh llama` and `... gpu_lease.sh gemma` as two calls
-#               into the same $OUT if both together would not fit.
+#   --pack      write the results to a scratch folder and leave one archive, $OUT/lease-<phase>.tar.gz, also
+#               when a step fails: a lent machine sends back at most 8 files from $OUT, and empties $OUT
+#               before each command, so each call's results must come back whole in one file.
+#   llama|gemma only that model's calibrate + validate (default: both).
 #
-# Files: environment.txt; <model>.calibrate.txt and <model>.validate.txt (the printed tables); and
-# <model>/{profile.yaml, grid.csv, calibration.json, model_config.json, requests_measured.csv,
-# requests_simulated.csv, steps_measured.csv, validation.csv, validation.html} (+ device.yaml on CPU).
-# A failing step stops the script (set -e); what finished so far stays in $OUT.
+# On a lent GPU machine (Python 3.12, torch, no package registry) first run, here,
+# `bash calibration/lease_wheels.sh`, and carry `.whl`: the packages the image lacks are installed from
+# those wheels when $PYTHON (default python3) cannot import them. The lease call, with its 15 minutes of
+# device time in mind (both phases take a few minutes on an H200; a command runs at most 10):
+#   run(command="bash calibration/gpu_lease.sh --pack", carry=[".whl"], timeout_s=540)
+#
+# Files: environment.txt; gpu_tests.txt (the executor's CUDA tests); <model>.calibrate.txt and
+# <model>.validate.txt (the printed tables); and <model>/{profile.yaml, grid.csv, calibration.json,
+# model_config.json, requests_measured.csv, requests_simulated.csv, steps_measured.csv, validation.csv,
+# validation.html} (+ device.yaml on CPU).
+# A failing step stops the script (set -e); what finished so far stays (and, with --pack, is archived).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-lease_out}"
+PY="${PYTHON:-python3}"
 mkdir -p "$OUT"
 
-DRY=""
-if [[ "${1:-}" == "--dry-run" ]]; then DRY=1; shift; fi
-ONLY="${1:-all}"
-case "$ONLY" in all|llama|gemma) ;; *) echo "usage: gpu_lease.sh [--dry-run] [llama|gemma]" >&2; exit 2;; esac
+DRY="" PACK="" ONLY=all
+for arg in "$@"; do
+    case "$arg" in
+        --dry-run) DRY=1;;
+        --pack) PACK=1;;
+        all|llama|gemma) ONLY="$arg";;
+        *) echo "usage: gpu_lease.sh [--dry-run] [--pack] [llama|gemma]" >&2; exit 2;;
+    esac
+done
+
+RESULTS="$OUT"
+checkpoint() { :; }
+if [[ -n "$PACK" ]]; then
+    RESULTS="$(mktemp -d)"
+    ARCHIVE="$(cd "$OUT" && pwd)/lease-$ONLY.tar.gz"
+    # after every step, not only at exit: a command killed at its time limit runs no exit trap
+    checkpoint() { tar czf "$ARCHIVE.part" -C "$RESULTS" . && mv -f "$ARCHIVE.part" "$ARCHIVE"; }
+    trap 'checkpoint && echo "archived: $ARCHIVE"' EXIT
+fi
+
+# A lent machine's image lacks some dependencies: install the carried wheels (calibration/lease_wheels.sh).
+NEEDED="import simpy, pydantic, plotly, typer, pandas, yaml, scipy, torch"
+if ! "$PY" -c "$NEEDED" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
+    SITE="$(mktemp -d)"
+    "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+if ! "$PY" -c "$NEEDED"; then
+    echo "missing Python packages for $PY: on a lent GPU machine, run calibration/lease_wheels.sh here and carry .whl" >&2
+    exit 3
+fi
 
 if [[ -n "$DRY" ]]; then
     DEVICE=(--device cpu --threads 1 --quick)
@@ -37,20 +73,30 @@ else
            --num-blocks 16384)
 fi
 
-servesim() { python -c 'from simulator.cli import app; app()' "$@"; }
+servesim() { "$PY" -c 'from simulator.cli import app; app()' "$@"; }
 
 { date -u; git rev-parse HEAD 2>/dev/null || true; nvidia-smi 2>/dev/null || echo "no nvidia-smi";
-  python -c 'import torch; print("torch", torch.__version__, "cuda", torch.cuda.is_available())'; } \
-    >> "$OUT/environment.txt" 2>&1  # appended: the two phases of a split lease land in one folder
+  "$PY" -c 'import sys, torch, numpy, pandas, pydantic, scipy
+print("python", sys.version.split()[0], "numpy", numpy.__version__, "pandas", pandas.__version__, "pydantic",
+      pydantic.VERSION, "scipy", scipy.__version__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'; } \
+    >> "$RESULTS/environment.txt" 2>&1  # appended: the two phases of a split lease land in one folder
+
+# The executor's CUDA forwards against the reference (skipped without a GPU); a failure is recorded, and the
+# timings still follow: they measure the same kernels either way.
+"$PY" -m pytest -q -rfEs -p no:cacheprovider tests/calibration/test_gpu.py 2>&1 | tee "$RESULTS/gpu_tests.txt" || true
+checkpoint
 
 if [[ "$ONLY" != gemma ]]; then
-    servesim calibrate "${DEVICE[@]}" --model llama-3.1-8b --scale "$LLAMA_SCALE" --out "$OUT/llama-3.1-8b" \
-        | tee "$OUT/llama-3.1-8b.calibrate.txt"
-    servesim validate "$OUT/llama-3.1-8b" "${TRACE[@]}" | tee "$OUT/llama-3.1-8b.validate.txt"
+    servesim calibrate "${DEVICE[@]}" --model llama-3.1-8b --scale "$LLAMA_SCALE" --out "$RESULTS/llama-3.1-8b" \
+        | tee "$RESULTS/llama-3.1-8b.calibrate.txt"
+    checkpoint
+    servesim validate "$RESULTS/llama-3.1-8b" "${TRACE[@]}" | tee "$RESULTS/llama-3.1-8b.validate.txt"
+    checkpoint
 fi
 if [[ "$ONLY" != llama ]]; then
-    servesim calibrate "${DEVICE[@]}" --model gemma-3n-e2b --scale "$GEMMA_SCALE" --out "$OUT/gemma-3n-e2b" \
-        | tee "$OUT/gemma-3n-e2b.calibrate.txt"
-    servesim validate "$OUT/gemma-3n-e2b" "${TRACE[@]}" --fast-prefill | tee "$OUT/gemma-3n-e2b.validate.txt"
+    servesim calibrate "${DEVICE[@]}" --model gemma-3n-e2b --scale "$GEMMA_SCALE" --out "$RESULTS/gemma-3n-e2b" \
+        | tee "$RESULTS/gemma-3n-e2b.calibrate.txt"
+    checkpoint
+    servesim validate "$RESULTS/gemma-3n-e2b" "${TRACE[@]}" --fast-prefill | tee "$RESULTS/gemma-3n-e2b.validate.txt"
 fi
-echo "lease done ($ONLY): results in $OUT"
+echo "lease done ($ONLY): results in $RESULTS"

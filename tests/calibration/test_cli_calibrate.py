@@ -6,6 +6,7 @@ import io
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pandas as pd
@@ -87,23 +88,41 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
 
 
 def test_gpu_lease_script_dry_run_writes_everything_in_two_calls(tmp_path):
-    """A lease command runs at most 10 minutes: the script's two phases fill one folder from two calls."""
-    # the script runs `python` from PATH: make it this interpreter
-    env = os.environ | {"OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    """A lease command runs at most 10 minutes: the script's phases run as separate calls, into one folder or,
+    with --pack (a lent machine sends back at most 8 files), each into one archive; both hold every result."""
+    env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
     script = str(ROOT / "calibration" / "gpu_lease.sh")
     bad = subprocess.run(["bash", script, "--dry-run", "mistral"], env=env, cwd=tmp_path, capture_output=True, text=True)
     assert bad.returncode == 2 and "llama|gemma" in bad.stderr
-    for phase in ("llama", "gemma"):
-        done = subprocess.run(["bash", script, "--dry-run", phase], env=env, cwd=tmp_path,
+    for args in (["llama"], ["--pack", "gemma"]):
+        done = subprocess.run(["bash", script, "--dry-run", *args], env=env, cwd=tmp_path,
                               capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert f"lease done ({phase})" in done.stdout
-    assert (tmp_path / "environment.txt").read_text().count("torch") == 2
-    for model in ("llama-3.1-8b", "gemma-3n-e2b"):
-        folder = tmp_path / model
+        assert f"lease done ({args[-1]})" in done.stdout
+    archive = tmp_path / "lease-gemma.tar.gz"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
+        "environment.txt", "gpu_tests.txt", archive.name, "llama-3.1-8b.calibrate.txt", "llama-3.1-8b.validate.txt"]
+    packed = tmp_path / "packed"
+    with tarfile.open(archive) as tar:
+        tar.extractall(packed, filter="data")
+    for folder, model in ((tmp_path, "llama-3.1-8b"), (packed, "gemma-3n-e2b")):
+        assert (folder / "environment.txt").read_text().count("torch") == 1
+        assert "needs a CUDA device" in (folder / "gpu_tests.txt").read_text()  # skipped here
         for name in ("profile.yaml", "grid.csv", "validation.csv", "validation.html", "requests_measured.csv"):
-            assert (folder / name).exists(), folder / name
-        assert (tmp_path / f"{model}.validate.txt").read_text().count("ttft") == 1
-    gemma = pd.read_csv(tmp_path / "gemma-3n-e2b" / "grid.csv")
+            assert (folder / model / name).exists(), folder / model / name
+        assert (folder / f"{model}.validate.txt").read_text().count("ttft") == 1
+    gemma = pd.read_csv(packed / "gemma-3n-e2b" / "grid.csv")
     assert set(gemma["fast_prefill"]) == {True, False}  # YOCO on and off were both timed
-    assert yaml.safe_load((tmp_path / "gemma-3n-e2b" / "profile.yaml").read_text())["fit_mape"] is not None
+    assert yaml.safe_load((packed / "gemma-3n-e2b" / "profile.yaml").read_text())["fit_mape"] is not None
+
+
+def test_gpu_lease_script_archives_what_finished_when_a_step_fails(tmp_path):
+    """A failing step keeps its exit status, and --pack still sends back what ran (here: the environment)."""
+    env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable, "GPU": "no-such-gpu"}
+    script = str(ROOT / "calibration" / "gpu_lease.sh")
+    failed = subprocess.run(["bash", script, "--pack", "llama"], env=env, cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert failed.returncode != 0 and "lease done" not in failed.stdout
+    with tarfile.open(tmp_path / "lease-llama.tar.gz") as tar:
+        names = tar.getnames()
+    assert "./environment.txt" in names
