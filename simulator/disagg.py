@@ -3,14 +3,16 @@ move the KV, and admit the request there.
 
 TTFT counts all of it: the first token is the one the decode replica samples once it holds the KV
 (policies/disagg.py). Per request the run records the wait for decode blocks (backpressure), the
-decode side's own prefix hit (not sent), and the transfer time and bytes. Sliding-window layers send only the blocks still in their window
-(vLLM's NixlConnector with the hybrid KV cache manager, on by default since it supports it), unless
-`disable_hybrid_kv_cache_manager` keeps every layer whole.
+decode side's own prefix hit (not sent), and the transfer time and the bytes the decode GPUs receive.
+Sliding-window layers send only the blocks still in their window (vLLM's NixlConnector with the hybrid KV
+cache manager, on by default since it supports it), unless `disable_hybrid_kv_cache_manager` keeps every
+layer whole.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import simpy
 
@@ -20,6 +22,7 @@ from policies.config import EngineConfig
 from policies.disagg import DecodeScheduler, PrefillScheduler
 from simulator.disagg_config import TransferConfig
 from simulator.engine import Replica
+from simulator.scenario import ParallelismConfig
 from workloads.request import Request
 
 
@@ -35,17 +38,38 @@ def streamed_transfer_s(total_s: float, compute_s: float, num_layers: int) -> fl
     return max(finish - compute_s, 0.0)
 
 
+@dataclass(frozen=True)
+class KVPlacement:
+    """Where a request's KV lies in one replica: `share` of its distinct bytes on each of `gpus` GPUs.
+
+    TP ranks split the KV heads (each keeps one duplicated head when TP exceeds them) and every rank keeps
+    MLA's whole latent, so shares can sum to more than 1; pipeline stages split the layers. Under DP
+    attention a request lives on one attention rank per stage, with all of its heads there."""
+
+    share: float
+    gpus: int
+
+    @classmethod
+    def of(cls, model: ModelSpec, par: ParallelismConfig) -> KVPlacement:
+        if par.dp_attention:
+            return cls(1 / par.pp, par.pp)
+        per_rank = model.kv_bytes_per_token("bf16", par.tp) / model.kv_bytes_per_token("bf16")
+        return cls(per_rank / par.pp, par.tp * par.pp)
+
+
 class Handoff:
     """Moves prefilled requests from `prefill` replicas to `decode` replicas."""
 
     def __init__(self, env: simpy.Environment, model: ModelSpec, engine: EngineConfig, cfg: TransferConfig,
                  link_bytes_per_s: float, link_latency_s: float, prefill: list[Replica], decode: list[Replica],
-                 route_decode: Callable[[Request], Replica], prefill_tp: int):
+                 route_decode: Callable[[Request], Replica], prefill_par: ParallelismConfig,
+                 decode_par: ParallelismConfig):
         """`engine`: the prefill pool's settings (KV dtype, block size, hybrid KV cache manager on or off): its
-        block tables are what the connector sends."""
+        block tables are what the connector sends. `link_bytes_per_s`: one GPU's."""
         self.env, self.cfg, self.model, self.engine = env, cfg, model, engine
         self.groups = kv_groups(model, engine.disable_hybrid_kv_cache_manager)
-        self.link_bytes_per_s = (cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s) * prefill_tp
+        self.sender, self.receiver = KVPlacement.of(model, prefill_par), KVPlacement.of(model, decode_par)
+        self.link_bytes_per_s = cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s
         self.latency_s = cfg.store_latency_s if cfg.kind == "store" else link_latency_s
         self.links = {r.index: simpy.Resource(env, capacity=1) for r in prefill}
         self.store = simpy.Resource(env, capacity=cfg.store_channels)
@@ -62,14 +86,16 @@ class Handoff:
     def _move(self, req: Request, source: Replica, target: Replica):
         reserved = self.env.now
         req.extra["decode_wait_s"] = reserved - req.extra["prefill_end_s"]
-        nbytes = live_kv_bytes(self.model, self.groups, req.num_computed_tokens, self.engine.block_size,
-                               self.engine.kv_dtype, req.extra["decode_hit_tokens"])
-        wire_s = nbytes / self.link_bytes_per_s
+        distinct = live_kv_bytes(self.model, self.groups, req.num_computed_tokens, self.engine.block_size,
+                                 self.engine.kv_dtype, req.extra["decode_hit_tokens"])
+        received = distinct * self.receiver.share  # by each decode GPU
+        nbytes = received * self.receiver.gpus
+        wire_s = max(received, nbytes / self.sender.gpus) / self.link_bytes_per_s
         link = self.links[min(r.index for r in (source, *source.siblings))]  # one per replica, whatever its pp
         with (self.store if self.cfg.kind == "store" else link).request() as turn:
             yield turn
-            if self.cfg.kind == "store":  # written to the store, then read from it
-                duration = 2 * wire_s + self.latency_s
+            if self.cfg.kind == "store":  # written once, split over the prefill GPUs; then each decode GPU reads
+                duration = (distinct / self.sender.gpus + received) / self.link_bytes_per_s + self.latency_s
             elif self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
                 # blocks were ready and the link free as the prefill ended: the layers streamed alongside it
                 compute = req.extra["prefill_end_s"] - req.extra["prefill_start_s"]

@@ -189,7 +189,7 @@ class World:
             link = get_interconnect(d.transfer.link)
             self.handoff = Handoff(self.env, get_model(s.model), prefill.scenario.engine, d.transfer,
                                    link.bytes_per_s, link.latency_s, prefill.replicas, decode.replicas,
-                                   decode_router.route, d.prefill.tp)
+                                   decode_router.route, prefill.scenario.parallelism, decode.scenario.parallelism)
             self.scenario = _with_pool_limits(s, prefill.scenario.engine, decode.scenario.engine)
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
         self.app_cache = AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" \

@@ -6,7 +6,8 @@ from hypothesis import strategies as st
 
 from hardware.gpu import get_interconnect
 from hardware.model import get_model
-from simulator.disagg import streamed_transfer_s
+from simulator.disagg import KVPlacement, streamed_transfer_s
+from simulator.scenario import ParallelismConfig
 from tests.simulator.conftest import run, scenario
 
 PREFILL_HEAVY = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 2000, "high": 6000},
@@ -124,6 +125,43 @@ def test_sliding_layers_send_only_their_window_unless_the_hybrid_manager_is_off(
     assert (hybrid.requests["kv_transfer_bytes"] == per_layer * 18 * (prompt + in_window)).all()
     assert (whole.requests["kv_transfer_bytes"] == per_layer * 36 * whole.requests["prompt_tokens"]).all()
     assert hybrid.summary["mean_kv_transfer_ms"] < 0.6 * whole.summary["mean_kv_transfer_ms"]
+
+
+@pytest.mark.parametrize("model,tp,pp,dp_attention,share,gpus", [
+    ("llama-3.1-8b", 4, 1, False, 1 / 4, 4),  # 8 KV heads: 2 per rank
+    ("llama-3.1-8b", 16, 1, False, 1 / 8, 16),  # TP above the 8 heads: each rank keeps one, duplicated
+    ("llama-3.1-8b", 2, 2, False, 1 / 4, 4),  # stages split the layers
+    ("deepseek-v3", 8, 1, False, 1.0, 8),  # MLA: every rank keeps the whole latent
+    ("deepseek-v3", 8, 1, True, 1.0, 1),  # DP attention: the request lives on one rank
+])
+def test_kv_placement_of_a_request_on_a_replica(model, tp, pp, dp_attention, share, gpus):
+    placed = KVPlacement.of(get_model(model), ParallelismConfig(tp=tp, pp=pp, dp_attention=dp_attention))
+    assert placed.share == pytest.approx(share) and placed.gpus == gpus
+
+
+@pytest.mark.parametrize("model,gpu,prefill_tp,decode_tp,received_share", [
+    ("llama-3.1-8b", "h100-sxm", 2, 2, 1 / 2),  # each decode GPU pulls its 4 heads from its twin
+    ("llama-3.1-8b", "h100-sxm", 2, 1, 1.0),  # one decode GPU receives every head: twice as long
+    ("llama-3.1-8b", "h100-sxm", 1, 2, 1.0),  # one prefill GPU sends both halves
+    ("deepseek-v3", "h200", 8, 8, 1.0),  # every decode rank pulls the whole latent (8 copies on the wire)
+])
+def test_a_transfer_lasts_as_long_as_its_busiest_gpu(tmp_path, model, gpu, prefill_tp, decode_tp, received_share):
+    """One 4096-token prompt, NixlConnector-style pull over 400G per GPU: the time is the busier end's bytes
+    over one GPU's link; the recorded bytes are what all decode GPUs receive."""
+    from simulator.run import simulate
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0.0,4096,4,,\n")
+    result = simulate(scenario(model=model, hardware={"gpu": gpu}, engine={"max_model_len": 8192},
+                               disaggregation={"prefill": {"replicas": 1, "tp": prefill_tp},
+                                               "decode": {"replicas": 1, "tp": decode_tp},
+                                               "transfer": {"link": "ib-ndr-400"}},
+                               workload={"trace": {"format": "servesim", "path": "trace.csv"},
+                                         "arrivals": {"kind": "trace"}, "num_requests": 1}), tmp_path)
+    req = result.requests.iloc[0]
+    per_token = {"llama-3.1-8b": 32 * 2 * 8 * 128 * 2, "deepseek-v3": 61 * (512 + 64) * 2}[model]  # bf16 KV
+    link = get_interconnect("ib-ndr-400")
+    assert req["kv_transfer_s"] == pytest.approx(4096 * per_token * received_share / link.bytes_per_s + link.latency_s)
+    copies = decode_tp if model == "deepseek-v3" else 1
+    assert req["kv_transfer_bytes"] == pytest.approx(4096 * per_token * copies)
 
 
 def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
