@@ -42,9 +42,10 @@ def _code(segment: int) -> int:
 
 def block_hashes(req: Request, num_tokens: int, block_size: int) -> list[int]:
     """Chained hashes of (at least) the full blocks among the request's first `num_tokens` tokens (vLLM's
-    scheme: each block hashes its parent's hash with its own tokens). The memo on the request is returned
-    itself, not copied: read only its first `num_tokens // block_size` entries."""
-    cached = req.extra.setdefault("block_hashes", [])
+    scheme: each block hashes its parent's hash with its own tokens). The memo on the request, one per block size
+    (the prefill and decode pools of a P/D run may differ), is returned itself, not copied: read only its first
+    `num_tokens // block_size` entries."""
+    cached = req.extra.setdefault(("block_hashes", block_size), [])
     full = num_tokens // block_size
     if len(cached) < full:
         _extend_hashes(cached, request_runs(req), full, block_size)

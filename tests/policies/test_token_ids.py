@@ -33,3 +33,14 @@ def test_generated_tokens_follow_the_prompt_runs():
 def test_segment_codes_are_distinct_and_never_minus_one():
     codes = [_code(s) for s in range(-1000, 1000)]
     assert len(set(codes)) == len(codes) and min(codes) >= 0
+
+
+@given(first=st.sampled_from([16, 32, 64]), second=st.sampled_from([16, 32, 64]))
+def test_hashes_at_another_block_size_are_those_of_a_fresh_request(first, second):
+    """A P/D request is hashed by both pools, whose block sizes may differ (FlashMLA's 64 beside 16): the memo of
+    one size must not pass for the other's."""
+    def request():
+        return Request(0, 0.0, 200, 10, ((7, 48), (-1, 152)))
+    r = request()
+    block_hashes(r, 199, first)
+    assert block_hashes(r, 199, second)[: 199 // second] == block_hashes(request(), 199, second)[: 199 // second]

@@ -91,6 +91,12 @@ def test_the_decode_side_hits_its_own_prefix_cache_and_is_sent_only_the_rest(tmp
     assert (df["output_tokens"] == 20).all()
 
 
+def test_a_decode_pool_with_larger_blocks_hits_only_what_the_prompts_share(tmp_path):
+    """The same prompts on a 32-token-block decode pool: 93 full blocks (2976 tokens) of the 3000 shared."""
+    result = _one_by_one(tmp_path, "0.0,3500,20,7,3000\n2.0,4000,20,7,3000\n", decode={"block_size": 32})
+    assert result.requests["decode_hit_tokens"].tolist() == [0, 2976]
+
+
 def test_the_prefill_pool_needs_room_for_the_prompt_only(tmp_path):
     """A prefill engine serves max_tokens=1: 69 usable blocks (1104 tokens) take a 1000-token prompt whose 500
     outputs only the decode pool holds."""
