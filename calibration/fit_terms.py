@@ -61,5 +61,5 @@ def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.C
     return StepTerms(np.array([KIND_CODES[t.kind] for t in terms], np.int64), np.array([t.compute_s for t in terms]),
                      np.array([t.memory_s for t in terms]), np.array([t.layers for t in terms], float),
                      np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests,
-                     batch.num_tokens, cost.mixed_attention_layers(batch, model, options.kv_sharing_fast_prefill))
+                     batch.num_tokens, cost.mixed_attention_layers(batch, model, options))
 

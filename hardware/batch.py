@@ -53,10 +53,10 @@ class StepBatch:
     def max_query_len(self) -> int:
         return int(self.num_new.max()) if len(self.num_new) else 0
 
-    @property
-    def is_mixed(self) -> bool:
-        """One-token queries (decodes) beside longer ones (prefill chunks): attention runs both paths."""
-        return bool(len(self.num_new)) and int(self.num_new.min()) == 1 and int(self.num_new.max()) > 1
+    def is_mixed(self, decode_query_len: int = 1) -> bool:
+        """Decode queries (up to `decode_query_len` tokens) beside longer ones (prefill chunks): attention runs
+        both paths."""
+        return bool(len(self.num_new)) and int(self.num_new.min()) <= decode_query_len < int(self.num_new.max())
 
     def last_token_only(self) -> StepBatch:
         """Each request reduced to its last new token (YOCO fast prefill for KV-sharing layers)."""

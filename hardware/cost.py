@@ -67,11 +67,16 @@ class CostOptions:
     weight_dtype: str = "auto"  # the checkpoint's own (hardware.model.resolve_weight_dtype), or a dtype
     kv_dtype: str = "bf16"
     kv_sharing_fast_prefill: bool = False
+    # Queries of up to this many tokens take attention's decode path (for MLA: absorbed, over the latent): vLLM's
+    # reorder_batch_threshold, 1 + the draft tokens when speculating, so verify queries are decodes (FlashMLA).
+    decode_query_len: int = 1
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_DTYPE_CHOICES:
             raise SpecError(f"unknown weight dtype {self.weight_dtype!r}; allowed: {', '.join(WEIGHT_DTYPE_CHOICES)}")
         dtype_bytes(KV_DTYPE_BYTES, self.kv_dtype, "KV")
+        if self.decode_query_len < 1:
+            raise SpecError(f"decode_query_len must be >= 1, got {self.decode_query_len}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,19 +180,21 @@ class _AttnStats:
     expand_tokens: int  # MLA prefill: latents expanded to K/V (context + new of prefill requests)
 
 
-def _attn_stats(batch: StepBatch, window: int | None, decode: bool) -> _AttnStats:
+def _attn_stats(batch: StepBatch, window: int | None, decode: bool, decode_query_len: int) -> _AttnStats:
+    """Sums over the requests whose queries take the decode path (up to `decode_query_len` tokens), or the others."""
     if batch.num_requests <= 64:  # plain Python beats numpy on small batches; integer sums are identical
-        return _attn_stats_small(batch.num_new.tolist(), batch.num_context.tolist(), window, decode)
-    mask = batch.num_new == 1 if decode else batch.num_new > 1
+        return _attn_stats_small(batch.num_new.tolist(), batch.num_context.tolist(), window, decode, decode_query_len)
+    mask = batch.num_new <= decode_query_len if decode else batch.num_new > decode_query_len
     n, c = batch.num_new[mask], batch.num_context[mask]
     return _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
                       int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
 
 
-def _attn_stats_small(num_new: list[int], num_context: list[int], window: int | None, decode: bool) -> _AttnStats:
+def _attn_stats_small(num_new: list[int], num_context: list[int], window: int | None, decode: bool,
+                      decode_query_len: int) -> _AttnStats:
     tokens = requests = keys = kv_read = expand = 0
     for n, c in zip(num_new, num_context):
-        if (n == 1) != decode:
+        if (n <= decode_query_len) != decode:
             continue
         tokens += n
         requests += 1
@@ -244,14 +251,14 @@ def fast_prefill_layers(model: ModelSpec) -> int:
     return sum(_trailing_shared(model, layer.index) for layer in model.layers if not layer.owns_kv)
 
 
-def mixed_attention_layers(batch: StepBatch, model: ModelSpec, fast_prefill: bool = False) -> int:
+def mixed_attention_layers(batch: StepBatch, model: ModelSpec, options: CostOptions = CostOptions()) -> int:
     """Layers whose attention runs decodes beside prefill chunks in this step (so both attention paths):
     every layer of a mixed batch, but YOCO's fast-prefill layers, which see one query per request. Queries are
-    told apart by length alone: a speculative verify query (1 + k tokens) counts as a prefill chunk, where
-    backends that send short queries down the decode path (vLLM's reorder_batch_threshold) would not."""
-    if not batch.is_mixed:
+    told apart by length (`options.decode_query_len`), as vLLM's reorder_batch_threshold does."""
+    if not batch.is_mixed(options.decode_query_len):
         return 0
-    return sum(layers for group, layers in _layer_groups(model, fast_prefill) if not group.last_token_only)
+    return sum(layers for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill)
+               if not group.last_token_only)
 
 
 # ---- pricing ------------------------------------------------------------------------------------
@@ -401,7 +408,7 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
 def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     m = ctx.model
     for decode in (True, False):
-        s = _attn_stats(batch, group.window, decode)
+        s = _attn_stats(batch, group.window, decode, ctx.opts.decode_query_len)
         if not s.requests:
             continue
         flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
@@ -571,7 +578,7 @@ def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallel
             key = (id(seen), group.window, decode)
             stats = memo.get(key)
             if stats is None:
-                stats = memo[key] = _attn_stats(seen, group.window, decode)
+                stats = memo[key] = _attn_stats(seen, group.window, decode, options.decode_query_len)
             if not stats.requests:
                 continue
             _, _, compute_s, memory_s = attention_terms(ctx.with_tokens(seen.num_tokens), group.owns_kv, decode,
@@ -635,7 +642,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     if batch.num_requests:
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
                  + profile.request_overhead_s * batch.num_requests + profile.token_overhead_s * batch.num_tokens
-                 + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options.kv_sharing_fast_prefill)
+                 + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options)
                  + profile.host_step_s + profile.host_request_s * batch.num_requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     dtype = resolve_weight_dtype(model, options.weight_dtype)

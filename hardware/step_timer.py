@@ -27,9 +27,11 @@ class StepTimer:
 
     def _shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts)."""
-        key = (batch.num_tokens, batch.num_requests, batch.num_logits, batch.max_query_len > 1, batch.is_mixed)
+        decode_query_len = self.args[4].decode_query_len
+        key = (batch.num_tokens, batch.num_requests, batch.num_logits, batch.max_query_len > 1,
+               batch.is_mixed(decode_query_len))
         if self.args[0].mla is not None:
-            prefill = batch.num_new > 1
+            prefill = batch.num_new > decode_query_len
             key += (int((batch.num_new[prefill] + batch.num_context[prefill]).sum()), int((~prefill).sum()))
         return key
 

@@ -66,7 +66,9 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
 
 def build_timer(s: Scenario) -> StepTimer:
     """The cost model for the scenario's model, GPU, parallelism, profile and dtypes."""
-    options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill)
+    spec = s.engine.speculative  # verify queries (1 + k tokens) take attention's decode path
+    options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill,
+                          1 + spec.k if spec is not None else 1)
     return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)),
                      s.parallelism.spec(), load_profile(s.hardware.profile), options)
 

@@ -1,5 +1,7 @@
 """Roofline cost model: the seed's H200 arithmetic, FLOP accounting, TP, MoE, windows, MLA, fast prefill."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -165,8 +167,10 @@ def test_a_mixed_step_pays_a_second_attention_path_in_every_layer_that_attends_b
     query per request, so only the layers before them do."""
     model, profile = get_model("gemma-3n-e2b"), Profile(mixed_layer_overhead_s=1e-4)
     mixed, prefill, decode = StepBatch.of([1, 1, 200], [300, 50, 0]), StepBatch.of([200], [0]), StepBatch.uniform(2, 300)
-    assert mixed.is_mixed and not prefill.is_mixed and not decode.is_mixed
-    assert not StepBatch.of([1], [0]).is_mixed and not StepBatch.of([], []).is_mixed
+    assert mixed.is_mixed() and not prefill.is_mixed() and not decode.is_mixed()
+    assert not StepBatch.of([1], [0]).is_mixed() and not StepBatch.of([], []).is_mixed()
+    verify = StepBatch.of([3, 3, 200], [300, 50, 0])  # two verify queries of 1 + 2 drafts beside a chunk
+    assert not verify.is_mixed() and verify.is_mixed(decode_query_len=3) and not verify.is_mixed(200)
 
     def extra(batch, fast):
         options = CostOptions(kv_sharing_fast_prefill=fast)
@@ -210,16 +214,16 @@ def test_efficiency_curve_interpolates_in_log_tokens():
 
 
 @given(reqs=st.lists(st.tuples(st.integers(1, 400), st.integers(0, 5000)), min_size=1, max_size=150),
-       window=st.one_of(st.none(), st.integers(1, 3000)), decode=st.booleans())
-def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode):
+       window=st.one_of(st.none(), st.integers(1, 3000)), decode=st.booleans(), decode_query_len=st.integers(1, 5))
+def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_query_len):
     """Batches up to 64 requests take a plain-Python path for speed; it must count exactly what numpy does."""
     from hardware.cost import _AttnStats, _attn_stats_small, causal_keys, kv_read_tokens
     new, ctx = np.array([n for n, _ in reqs]), np.array([c for _, c in reqs])
-    mask = new == 1 if decode else new > 1
+    mask = new <= decode_query_len if decode else new > decode_query_len
     n, c = new[mask], ctx[mask]
     numpy_stats = _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
                              int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
-    assert _attn_stats_small(new.tolist(), ctx.tolist(), window, decode) == numpy_stats
+    assert _attn_stats_small(new.tolist(), ctx.tolist(), window, decode, decode_query_len) == numpy_stats
 
 
 def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones():
@@ -240,3 +244,28 @@ def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones
     assert default.time_s == pytest.approx(moe.time_s * 0.70 / 0.167, rel=1e-9)
     assert step_cost(batch, LLAMA_8B, H200, profile=Profile(moe_compute=0.1)).total_s == \
         step_cost(batch, LLAMA_8B, H200).total_s
+
+
+def test_mla_verify_queries_take_the_absorbed_decode_path_when_speculating():
+    """DeepSeek-V3 TP8, 32 verify queries of 1 + 1 draft over 4096 cached tokens. With decode_query_len 2 (vLLM's
+    reorder_batch_threshold under MTP, FlashMLA) they attend over the latent, and the K/V up-projection runs on the
+    64 query rows only: 2 x 64 x (512 x 128 heads x (128 + 128) / 8) FLOPs in each of the 61 layers. As prefill
+    chunks they would expand all 32 x 4098 latents to K/V."""
+    model, par = get_model("deepseek-v3"), Parallelism(tp=8)
+    verify = StepBatch.of([2] * 32, [4096] * 32)
+    spec = step_cost(verify, model, H200, par, options=CostOptions(decode_query_len=2))
+    assert spec.by_name("mla_kv_up").flops == 2 * 64 * (512 * 128 * 256 // 8) * 61
+    assert spec.by_name("attention_decode").layers == 61
+    assert "attention_prefill" not in {op.name for op in spec.operators}
+    chunks = step_cost(verify, model, H200, par)
+    assert chunks.by_name("mla_kv_up").flops == 2 * 32 * 4098 * (512 * 128 * 256 // 8) * 61
+    assert spec.total_s < 0.8 * chunks.total_s
+
+
+def test_a_speculating_scenario_prices_verify_queries_as_decodes():
+    from simulator.run import build_timer
+    from simulator.scenario import load_scenario
+    s, _ = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "speculative_70b.yaml")
+    assert build_timer(s).args[4].decode_query_len == 1 + s.engine.speculative.k
+    assert build_timer(s.model_copy(update={"engine": s.engine.model_copy(update={"speculative": None})})
+                       ).args[4].decode_query_len == 1
