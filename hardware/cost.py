@@ -451,9 +451,14 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
 
 
 def _group_link(ctx: _Ctx, gpus: int):
-    """The link a group of `gpus` GPUs talks over: NVLink/xGMI inside a node, the node's NICs across nodes."""
-    name = ctx.gpu.intra_node_link if gpus <= ctx.gpu.gpus_per_node else ctx.par.inter_node_link
-    return get_interconnect(name)
+    """The link a group of `gpus` GPUs talks over: NVLink/xGMI inside a node (PCIe for more cards than a bridge
+    joins: a ring over 4 bridged PCIe cards crosses PCIe between the pairs), the node's NICs across nodes."""
+    if gpus > ctx.gpu.gpus_per_node:
+        return get_interconnect(ctx.par.inter_node_link)
+    link = get_interconnect(ctx.gpu.intra_node_link)
+    if link.max_gpus is not None and gpus > link.max_gpus:
+        return get_interconnect(f"pcie{ctx.gpu.pcie_gen}")
+    return link
 
 
 #: Collectives below ~64 MB do not reach a link's rate: launch, synchronisation and few active channels

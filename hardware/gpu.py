@@ -32,6 +32,8 @@ class InterconnectSpec(BaseModel):
     kind: str = Field(description="nvlink, xgmi, pcie, infiniband or roce")
     bytes_per_s: float = Field(gt=0, description="Usable bandwidth per direction per GPU, bytes/s")
     latency_s: float = Field(ge=0, description="Per-message latency, seconds")
+    max_gpus: int | None = Field(None, ge=2, description=(
+        "Most GPUs the link joins (a 2-card NVLink bridge: 2); a larger group in the node talks over PCIe"))
     source: str = Field(min_length=1, description="Where the numbers come from")
 
 

@@ -269,3 +269,14 @@ def test_a_speculating_scenario_prices_verify_queries_as_decodes():
     assert build_timer(s).args[4].decode_query_len == 1 + s.engine.speculative.k
     assert build_timer(s.model_copy(update={"engine": s.engine.model_copy(update={"speculative": None})})
                        ).args[4].decode_query_len == 1
+
+
+def test_bridged_pcie_cards_all_reduce_over_pcie_beyond_a_pair():
+    """H100 PCIe: a 2-card NVLink bridge (300 GB/s) joins pairs only, so a TP4 ring crosses PCIe Gen5 (64 GB/s)."""
+    model, batch, gpu = get_model("llama-3.1-70b"), StepBatch.of([4096], [0]), get_gpu("h100-pcie")
+
+    def all_reduce_s(spec, tp):
+        return step_cost(batch, model, spec, Parallelism(tp=tp)).by_name("all_reduce").time_s
+    over_pcie = gpu.model_copy(update={"intra_node_link": "pcie5"})
+    assert all_reduce_s(gpu, 4) == all_reduce_s(over_pcie, 4)
+    assert all_reduce_s(gpu, 2) < all_reduce_s(over_pcie, 2) / 4  # the pair itself is bridged
