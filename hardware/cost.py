@@ -22,7 +22,7 @@ import numpy as np
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
-from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, dtype_bytes,
+from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, check_sharding, dtype_bytes,
                             kv_heads_per_rank, resolve_weight_dtype, weight_bytes)
 from hardware.profile import Profile
 
@@ -556,8 +556,7 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
 
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
              options: CostOptions) -> _Ctx:
-    if model.num_layers % parallelism.pp:
-        raise SpecError(f"pipeline parallel size {parallelism.pp} must divide the {model.num_layers} layers")
+    check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)), dtype,
                 *weight_bytes(model, dtype))

@@ -10,7 +10,8 @@ then counts each group's blocks at `max_model_len` as vLLM does (a sliding group
 chunk).
 
 The activation peak is estimated for a forward pass of `max_num_batched_tokens` tokens (the
-MLP's gate/up outputs dominate) plus the sampler's fp32 logits for `max_num_seqs` sequences.
+MLP's gate/up outputs dominate; in a fused MoE, its per-expert buffers, whose down output is not split by TP)
+plus the sampler's fp32 logits for `max_num_seqs` sequences.
 The runtime reserve covers what vLLM counts besides weights and activations: non-torch allocations (cuBLAS and
 NCCL workspaces; 0.07 GiB on one H100, 0.21 GiB per GPU of a TP/EP MoE, in vLLM 0.10.2's start-up logs) and
 the CUDA-graph pool estimate that recent vLLM (0.19 logs it: 0.84 GiB for Llama-3.1-8B, 0.58 GiB for a small
@@ -30,7 +31,7 @@ from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
 from hardware.kv_groups import kv_groups
-from hardware.model import LayerSpec, ModelSpec, resolve_weight_dtype, weight_bytes
+from hardware.model import LayerSpec, ModelSpec, check_sharding, resolve_weight_dtype, weight_bytes
 
 GIB = 1 << 30
 DEFAULT_RUNTIME_RESERVE_BYTES = 1 * GIB
@@ -112,19 +113,36 @@ def _layer_bytes(model: ModelSpec, layer: LayerSpec, wbytes: float, expert_wbyte
 
 
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
-    """Weights on the fullest GPU: layers split over stages and TP ranks; embeddings, LM head and a vision tower
-    stay bf16 (the tower on the first stage).
+    """Weights on the fullest GPU: each stage's layers split over its TP ranks but for what every rank keeps
+    whole (`_replicated_bytes`); embeddings, LM head and a vision tower stay bf16 (the embedding and the tower on
+    the first stage, the LM head on the last). Stages differ where layers do (DeepSeek's first dense layers).
     `auto`: the checkpoint's dtype."""
     wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
-    stage_layers = model.layers[: model.num_layers // par.pp]  # stages are equal but for the ends
-    layers = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage_layers)
-    if par.dp_attention:  # every GPU keeps the whole attention: (tp - 1) more copies of it per group
-        layers += len(stage_layers) * model.attention_params() * wbytes * (par.tp - 1)
-    embed = (model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES \
-        + model.extra_linear_params * wbytes
-    head = 0.0 if model.tie_embeddings else model.lm_head_params * ACT_BYTES
-    ends = embed + head if par.pp == 1 else max(embed, head)
-    return (layers + ends) / par.tp
+    per_stage = model.num_layers // par.pp
+    stages = []
+    for first in range(0, model.num_layers, per_stage):
+        stage = model.layers[first:first + per_stage]
+        whole = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage)
+        kept = sum(_replicated_bytes(model, layer, par, wbytes) for layer in stage)
+        stages.append((whole - kept) / par.tp + kept)
+    stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
+                  + model.extra_linear_params * wbytes) / par.tp
+    if not model.tie_embeddings:
+        stages[-1] += model.lm_head_params * ACT_BYTES / par.tp
+    return max(stages)
+
+
+def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float) -> float:
+    """Bytes of `layer` every TP rank holds whole: under DP attention all its attention; else MLA's down-projections
+    to the latents (vLLM's ReplicatedLinear q_a_proj / kv_a_proj_with_mqa, as the cost model reads them). The MoE
+    router is replicated too, but small and stored at the layer's dtype here."""
+    h = model.hidden_size
+    if par.dp_attention:
+        return model.attention_params() * wbytes
+    if model.mla is None:
+        return 0.0
+    q_a = h * model.mla.q_lora_rank if model.mla.q_lora_rank is not None else 0
+    return (q_a + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)) * wbytes
 
 
 def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
@@ -140,12 +158,13 @@ def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:
     """Peak activations of a `max_num_batched_tokens` forward pass plus the sampler's logits, per GPU."""
     h, tp = model.hidden_size, par.tp
-    if model.moe:
-        widest = model.moe.experts_per_token * model.moe.expert_intermediate
-    else:
-        widest = max(layer.mlp_intermediate for layer in model.layers)
+    widest = max(layer.mlp_intermediate for layer in model.layers)
+    mlp = 3 * widest / tp  # gate/up output + activation output
+    if model.moe:  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
+        inner = model.moe.expert_intermediate / tp
+        mlp = max(mlp, model.moe.experts_per_token * (max(2 * inner, h) + inner))
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-    per_token = (2 * h + max(qkv, 3 * widest) / tp) * ACT_BYTES  # residual + normed input, gate/up + activation out
+    per_token = (2 * h + max(qkv / tp, mlp)) * ACT_BYTES  # residual + normed input, the widest intermediate
     sampler = 2 * cfg.max_num_seqs * model.vocab_size * LOGIT_BYTES  # logits and probabilities in fp32
     return cfg.max_num_batched_tokens * per_token + sampler
 
@@ -166,8 +185,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     """The KV budget of one replica, or a SpecError saying why the model cannot be served."""
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
-    if model.num_layers % par.pp:
-        raise SpecError(f"pipeline parallel size {par.pp} must divide the {model.num_layers} layers")
+    check_sharding(model, par.tp, par.pp, par.dp_attention)
     max_len = cfg.max_model_len or model.max_position_embeddings
     if max_len > model.max_position_embeddings and not cfg.allow_long_max_model_len:
         raise SpecError(

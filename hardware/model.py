@@ -189,6 +189,15 @@ class ModelSpec:
         return layers + self.embedding_params + head + final_norm + self.lookup_params + self.extra_linear_params
 
 
+def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = False) -> None:
+    """Refuse what vLLM refuses at start-up: pipeline stages that do not divide the layers (evenly, here), or a TP
+    size that does not divide the attention heads (unless attention runs data parallel, unsplit)."""
+    if model.num_layers % pp:
+        raise SpecError(f"pipeline parallel size {pp} must divide the {model.num_layers} layers")
+    if not dp_attention and model.num_heads % tp:
+        raise SpecError(f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads")
+
+
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """KV heads each TP rank stores: split evenly, or one duplicated head per rank when TP > KV heads."""
     if tp <= num_kv_heads:
@@ -380,12 +389,27 @@ def _vision_params(raw: dict[str, Any]) -> int:
     return embeddings + f.get("num_hidden_layers") * layer + 2 * h + h * text.get("hidden_size", 0) + h
 
 
+#: Architectures whose MLP is up -> activation -> down whatever their activation (transformers' modeling files),
+#: and those gated whatever it is (Gemma 1: GeGLU under hidden_act "gelu"). Others: gated unless plain GeLU/ReLU.
+PLAIN_MLP_TYPES = frozenset({"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "gptj", "phi", "falcon", "opt", "bloom",
+                             "mpt"})
+GATED_MLP_TYPES = frozenset({"gemma"})
+
+
+def _gated_mlp(raw: dict[str, Any]) -> bool:
+    model_type = str(raw.get("model_type", ""))
+    if model_type in PLAIN_MLP_TYPES or model_type in GATED_MLP_TYPES:
+        return model_type in GATED_MLP_TYPES
+    return raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new")
+
+
 def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`, plus the vision
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
     vision = _vision_params(raw)
-    if isinstance(raw.get("text_config"), dict):
-        raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type"))}
+    if isinstance(raw.get("text_config"), dict):  # the checkpoint's quantization is the whole model's, at the top
+        top = {key: raw[key] for key in ("quantization_config",) if key in raw}
+        raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type")), **top}
     raw = {**CLASS_DEFAULTS.get(str(raw.get("model_type", "")), {}), **raw}
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
@@ -409,7 +433,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         head_dim=f.get("head_dim", int, hidden // num_heads),
         vocab_size=f.get("vocab_size"), tie_embeddings=_tied(raw),
         layers=layers, max_position_embeddings=f.get("max_position_embeddings"),
-        gated_mlp=raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new"),
+        gated_mlp=_gated_mlp(raw),
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
         o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not
         mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear,

@@ -86,3 +86,35 @@ def test_max_model_len_beyond_the_model_needs_an_explicit_override():
     plan = plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000,
                                                                          allow_long_max_model_len=True))
     assert plan.max_model_len == 200_000
+
+
+def test_the_fullest_pipeline_stage_sets_the_weights_per_gpu():
+    """DeepSeek-V2 PP2: the first stage holds the one dense layer and the embedding, the second 30 MoE layers and the
+    LM head (bf16), the heavier one."""
+    from hardware.memory import layer_weight_bytes, weight_bytes_per_gpu
+    model = get_model("deepseek-v2")
+    second = sum(layer_weight_bytes(model, layer, "auto") for layer in model.layers[30:])
+    assert not model.tie_embeddings and not model.layers[0].is_moe
+    assert weight_bytes_per_gpu(model, Parallelism(pp=2), "auto") == pytest.approx(second + model.lm_head_params * 2)
+
+
+def test_mla_down_projections_are_whole_on_every_tp_rank():
+    """DeepSeek-V3 TP8: q_a_proj (7168 x 1536) and kv_a_proj_with_mqa (7168 x 576), fp8 as the checkpoint, are
+    ReplicatedLinear in vLLM: each rank holds them whole, 7/8 of them beyond an even split, in all 61 layers."""
+    from hardware.memory import weight_bytes_per_gpu
+    model = get_model("deepseek-v3")
+    kept = 61 * 7168 * (1536 + 576) * 1  # fp8: one byte per weight
+    split = weight_bytes_per_gpu(model, Parallelism(tp=1), "auto") / 8
+    assert weight_bytes_per_gpu(model, Parallelism(tp=8), "auto") == pytest.approx(split + kept * 7 / 8)
+
+
+def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
+    """DeepSeek-V3 TP8, 8192 batched tokens: vLLM's fused MoE holds, per token and each of its 8 experts, the
+    gate/up output (2 x 2048 / 8) sharing a buffer with the down output (7168, unsplit), beside the activation
+    (2048 / 8); with the residual and normed input (2 x 7168) that is the widest point, in bf16."""
+    from hardware.memory import LOGIT_BYTES, activation_bytes
+    cfg = EngineMemoryConfig(max_num_batched_tokens=8192, max_num_seqs=256)
+    model = get_model("deepseek-v3")
+    sampler = 2 * 256 * model.vocab_size * LOGIT_BYTES
+    per_token = (2 * 7168 + 8 * (7168 + 256)) * 2
+    assert activation_bytes(model, Parallelism(tp=8), cfg) == pytest.approx(8192 * per_token + sampler)

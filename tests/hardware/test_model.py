@@ -81,6 +81,18 @@ def test_kv_heads_indivisible_tp_is_an_error():
         kv_heads_per_rank(8, 3)
 
 
+def test_tp_must_divide_the_attention_heads_unless_attention_is_data_parallel():
+    """Qwen2.5-7B has 28 query heads (4 KV heads): vLLM refuses TP8, takes TP4; SGLang's DP attention splits no head."""
+    from hardware.cost import Parallelism
+    from hardware.gpu import get_gpu
+    from hardware.memory import plan_memory
+    model, h100 = get_model("qwen2.5-7b"), get_gpu("h100-sxm")
+    with pytest.raises(SpecError, match="tensor parallel size 8 must divide qwen2.5-7b's 28 attention heads"):
+        plan_memory(model, h100, Parallelism(tp=8))
+    assert plan_memory(model, h100, Parallelism(tp=4)).num_blocks > 0
+    assert plan_memory(model, h100, Parallelism(tp=8, dp_attention=True)).num_blocks > 0
+
+
 def test_tp_duplicates_kv_heads_beyond_their_count():
     model = get_model("llama-3.1-8b")  # 8 KV heads
     assert model.kv_bytes_per_token(tp=2) == 131072 / 2
@@ -163,3 +175,27 @@ def test_gemma_3_text_model_plus_vision_tower_is_the_published_count(name, publi
     kinds = [layer.attention for layer in model.layers]
     assert kinds[:6] == ["sliding"] * 5 + ["full"] and kinds.count("full") == model.num_layers // 6
     assert {layer.window for layer in model.layers if layer.attention == "sliding"} == {1024}
+
+
+def test_gemma_1_is_geglu_and_starcoder2_a_plain_mlp_whatever_their_activation():
+    """google/gemma-7b's config.json: hidden_act "gelu" but GeGLU (8.54B parameters: 28 layers of 4 x 3072 x 4096
+    attention and 3 x 3072 x 24576 MLP, a tied 256000 x 3072 embedding, two norms per layer and a final one);
+    StarCoder2's gelu_pytorch_tanh MLP is c_fc -> act -> c_proj."""
+    gemma = model_from_config({"model_type": "gemma", "hidden_size": 3072, "num_attention_heads": 16,
+                               "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576,
+                               "num_hidden_layers": 28, "vocab_size": 256000, "max_position_embeddings": 8192,
+                               "hidden_act": "gelu"}, "gemma-7b")
+    assert gemma.gated_mlp
+    assert gemma.total_params() == 28 * (4 * 3072 * 4096 + 3 * 3072 * 24576 + 2 * 3072) + 256000 * 3072 + 3072
+    starcoder2 = model_from_config({"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4,
+                                    "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 100,
+                                    "max_position_embeddings": 1024, "hidden_act": "gelu_pytorch_tanh"}, "sc2")
+    assert not starcoder2.gated_mlp
+
+
+def test_a_multimodal_checkpoints_quantization_at_the_top_is_the_text_models():
+    raw = {"model_type": "gemma3", "quantization_config": {"quant_method": "fp8"},
+           "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
+                           "intermediate_size": 128, "max_position_embeddings": 1024}}
+    assert model_from_config(raw, "g3-fp8").quantization == "fp8"
+    assert model_from_config({**raw, "quantization_config": None}, "g3").quantization == "bf16"
