@@ -1,4 +1,4 @@
-"""vLLM's BlockPool for the prefix caches: reference-counted blocks and one queue of free ones.
+"""vLLM's BlockPool for the prefix caches: reference-counted blocks, one queue of free ones, the hash map.
 
 Allocation takes from the front; a block whose last user lets go joins the back *with its contents
 and hash*, so it can still be hit until it is taken again (least recently freed first). A
@@ -10,6 +10,54 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import OrderedDict
+from collections.abc import Iterator
+
+
+class BlockHashMap:
+    """Block hash -> the blocks holding it (vLLM's BlockHashToBlockMap). A lookup gets the first registered; a
+    block filled again under a hash already held (two requests computing one prefix side by side, a preempted
+    request recomputed) is kept too, so evicting one copy leaves the content findable."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, int] = {}
+        self._more: dict[int, list[int]] = {}  # later blocks of the same hash (rare)
+
+    def __contains__(self, block_hash: int) -> bool:
+        return block_hash in self._first
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, BlockHashMap) and (self._first, self._more) == (other._first, other._more)
+
+    def __len__(self) -> int:
+        """Blocks registered (copies counted)."""
+        return len(self._first) + sum(map(len, self._more.values()))
+
+    def get(self, block_hash: int) -> int | None:
+        return self._first.get(block_hash)
+
+    def add(self, block_hash: int, block: int) -> None:
+        if block_hash in self._first:
+            self._more.setdefault(block_hash, []).append(block)
+        else:
+            self._first[block_hash] = block
+
+    def remove(self, block_hash: int, block: int) -> None:
+        more = self._more.get(block_hash)
+        if self._first[block_hash] != block:
+            more.remove(block)
+        elif more:
+            self._first[block_hash] = more.pop(0)
+        else:
+            del self._first[block_hash]
+        if more is not None and not more:
+            del self._more[block_hash]
+
+    def items(self) -> Iterator[tuple[int, int]]:
+        """(hash, block) of every registered block."""
+        yield from self._first.items()
+        for block_hash, blocks in self._more.items():
+            for block in blocks:
+                yield block_hash, block
 
 
 class RefCountedPool(ABC):

@@ -13,15 +13,15 @@ their hash until evicted (least recently freed first, a request's tail before it
 and a new request's hit is, as vLLM's HybridKVCacheCoordinator finds it: the longest run of leading
 blocks cached in every full-attention group, then cut back to the last position where every sliding
 group of a window w has the cdiv(w - 1, block_size) blocks before it cached (scanning right to left;
-short of such a run, the cached run from block 0). A hash already registered in a group is not
-registered again for a second block (vLLM keeps both; only eviction order differs).
+short of such a run, the cached run from block 0). A block filled again under a hash its group already holds
+is registered too (`BlockHashMap`), as vLLM keeps both.
 """
 
 from __future__ import annotations
 
 from hardware.errors import SpecError
 from hardware.kv_groups import cdiv, skipped_blocks
-from policies.block_pool import RefCountedPool
+from policies.block_pool import BlockHashMap, RefCountedPool
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.spec_decode import EAGLE_METHODS
@@ -187,7 +187,7 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         self._init_pool(num_blocks)
         self._hash_of: list[int | None] = [None] * num_blocks
         self._group_of = [0] * num_blocks
-        self._cached: list[dict[int, int]] = [{} for _ in self.windows]  # per group: block hash -> block
+        self._cached = [BlockHashMap() for _ in self.windows]  # per group
         self._registered: dict[int, int] = {}  # request id -> leading token blocks registered (all groups)
 
     # ---- lookup ---------------------------------------------------------------------------------
@@ -240,7 +240,7 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         out = {}
         for g, w in enumerate(self.windows):
             start = self._start(w, req.num_computed_tokens)
-            out[g] = [None] * start + [self._cached[g][h] for h in hashes[start:hit]]
+            out[g] = [None] * start + [self._cached[g].get(h) for h in hashes[start:hit]]
         self._registered[req.id] = hit
         return out
 
@@ -262,15 +262,15 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
             cached = self._cached[g]
             for index in range(done, min(full, len(blocks))):
                 block = blocks[index]
-                if block is not None and self._hash_of[block] is None and hashes[index] not in cached:
+                if block is not None and self._hash_of[block] is None:
                     self._hash_of[block], self._group_of[block] = hashes[index], g
-                    cached[hashes[index]] = block
+                    cached.add(hashes[index], block)
         self._registered[req.id] = full
 
     def _forget(self, block: int) -> None:
         block_hash = self._hash_of[block]
         if block_hash is not None:
-            del self._cached[self._group_of[block]][block_hash]
+            self._cached[self._group_of[block]].remove(block_hash, block)
             self._hash_of[block] = None
 
     def free(self, req: Request, keep_uncached: bool = True) -> None:

@@ -18,7 +18,7 @@
 
 from __future__ import annotations
 
-from policies.block_pool import RefCountedPool
+from policies.block_pool import BlockHashMap, RefCountedPool
 from policies.kv_blocks import BlockManager
 from policies.token_ids import block_hashes
 from workloads.request import Request
@@ -29,8 +29,7 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         super().__init__(num_blocks, block_size, watermark)
         self._init_pool(num_blocks)
         self._hash_of: list[int | None] = [None] * num_blocks
-        self._cached: dict[int, int] = {}  # block hash -> the first-registered block holding it
-        self._duplicates: dict[int, list[int]] = {}  # block hash -> later blocks holding it too (rare)
+        self._cached = BlockHashMap()
         self._num_cached: dict[int, int] = {}  # request id -> how many of its leading blocks are registered
 
     # ---- lookup and registration --------------------------------------------------------------
@@ -82,10 +81,7 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
             block, block_hash = table[index], hashes[index]
             if hash_of[block] is None:
                 hash_of[block] = block_hash
-                if block_hash in cached:
-                    self._duplicates.setdefault(block_hash, []).append(block)
-                else:
-                    cached[block_hash] = block
+                cached.add(block_hash, block)
         self._num_cached[req.id] = full
 
     # ---- pool ---------------------------------------------------------------------------------
@@ -95,15 +91,7 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         if block_hash is None:
             return
         self._hash_of[block] = None
-        dupes = self._duplicates.get(block_hash)
-        if self._cached[block_hash] != block:
-            dupes.remove(block)
-        elif dupes:
-            self._cached[block_hash] = dupes.pop(0)
-        else:
-            del self._cached[block_hash]
-        if dupes is not None and not dupes:
-            del self._duplicates[block_hash]
+        self._cached.remove(block_hash, block)
 
     def free(self, req: Request, keep_uncached: bool = True) -> None:
         table = self._tables.pop(req.id, [])
@@ -118,7 +106,4 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         self._check_refs([block for table in self._tables.values() for block in table])
         for block_hash, block in self._cached.items():
             assert self._hash_of[block] == block_hash, "stale cache entry"
-        for block_hash, blocks in self._duplicates.items():
-            assert blocks and block_hash in self._cached and all(self._hash_of[b] == block_hash for b in blocks)
-        hashed = sum(h is not None for h in self._hash_of)
-        assert hashed == len(self._cached) + sum(map(len, self._duplicates.values())), "hashed block not findable"
+        assert sum(h is not None for h in self._hash_of) == len(self._cached), "hashed block not findable"

@@ -140,3 +140,20 @@ def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(window,
     apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire)
     assert _state(fused) == _state(stepped)
     fused.kv.check_invariants()
+
+
+def test_a_prefix_computed_twice_stays_findable_when_one_copy_is_evicted():
+    """A and B compute the same 960-token prefix side by side (128-token chunks), so its blocks are registered
+    twice; a 2176-token request then evicts the copies freed first. vLLM keeps every copy under its hash, so C
+    still finds the whole prefix, with or without a sliding group (a window longer than any prompt)."""
+    from tests.policies.helpers import drive
+    for windows in [(None,), (None, 10**6)]:
+        cfg = EngineConfig(block_size=16, prefix_caching="vllm", max_num_seqs=8, max_num_batched_tokens=256,
+                           async_scheduling=False, long_prefill_token_threshold=128)
+        kv = make_kv_manager(cfg, 200 * len(windows), 16, windows)
+        sched = schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog(), 0)
+        a, b = Request(0, 0.0, 1000, 2, ((5, 960), (-1, 40))), Request(1, 0.0, 980, 2, ((5, 960), (-2, 20)))
+        drive(sched, [a, b], arrivals=[0.0, 0.5])
+        drive(sched, [Request(3, 0.0, 136 * 16, 2)])
+        kv.check_invariants()
+        assert kv.lookup(Request(2, 0.0, 980, 2, ((5, 960), (-3, 20)))) == 960, windows
