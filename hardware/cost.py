@@ -1,7 +1,7 @@
 """Roofline cost model: one engine step's batch -> predicted step time, with a per-operator breakdown.
 
 Every operator (per layer group: QKV/O projections, attention, MLP or MoE experts, TP all-reduce;
-per model: embedding, LM head, pipeline sends) counts the FLOPs and HBM bytes one GPU of the
+per model: embedding and its all-reduce under TP, LM head and its logits gather, pipeline sends) counts the FLOPs and HBM bytes one GPU of the
 replica moves, and takes `max(flops / (peak * eff_c), bytes / (bandwidth * eff_m))` with the
 efficiencies of a calibration `Profile`. The step adds fixed overheads. Pure functions only.
 
@@ -417,8 +417,8 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = _attention_rows(ctx, s.tokens if decode else s.expand_tokens)
-            acc.add(ctx, "mla_kv_up", "gemm", 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES,
-                    ctx.gemm_s(2 * rows * up, up * ctx.wbytes), layers)
+            flops, nbytes = 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES
+            acc.add(ctx, "mla_kv_up", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
 
 
 def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
@@ -537,6 +537,9 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     m, tp, tokens = ctx.model, ctx.par.tp, float(batch.num_tokens)
     acc.add(ctx, "embedding", "gemm", 0.0, tokens * m.hidden_size * ACT_BYTES * 2, ctx.gemm_s(0.0, tokens * m.hidden_size * 4), 1)
+    if tp > 1:  # each rank looks up its slice of the vocabulary; the partial embeddings are summed
+        msg = tokens * m.hidden_size * ACT_BYTES
+        acc.add_link(ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1)
     if m.extra_linear_params:
         params = m.extra_linear_params / tp
         acc.add(ctx, "model_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
@@ -547,6 +550,9 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         flops, nbytes = 2 * logits * params, params * ACT_BYTES + logits * m.vocab_size / tp * LOGIT_BYTES
         head = ctx.with_tokens(logits)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
         acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
+        if tp > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
+            bus = (tp - 1) / tp * logits * m.vocab_size * ACT_BYTES
+            acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, tp - 1), 1)
     if ctx.par.pp > 1:
         link = _group_link(ctx, ctx.par.num_gpus)
         msg = tokens * m.hidden_size * ACT_BYTES

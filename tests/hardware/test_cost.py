@@ -280,3 +280,15 @@ def test_bridged_pcie_cards_all_reduce_over_pcie_beyond_a_pair():
     over_pcie = gpu.model_copy(update={"intra_node_link": "pcie5"})
     assert all_reduce_s(gpu, 4) == all_reduce_s(over_pcie, 4)
     assert all_reduce_s(gpu, 2) < all_reduce_s(over_pcie, 2) / 4  # the pair itself is bridged
+
+
+def test_tp_sums_the_vocab_parallel_embedding_and_gathers_the_logits():
+    """Llama-3.1-8B TP2, 256 decodes: the embedding all-reduce moves the step's hidden states (256 x 4096 bf16) once;
+    the LM head's vocab slices (256 x 128256 / 2 bf16 each) are gathered to the sampling rank: half of 256 x 128256
+    x 2 bytes crosses its link. Neither exists at TP1."""
+    model, batch = get_model("llama-3.1-8b"), StepBatch.uniform(256, 1000)
+    tp2, tp1 = step_cost(batch, model, H200, Parallelism(tp=2)), step_cost(batch, model, H200)
+    assert tp2.by_name("embedding_all_reduce").bytes == 256 * 4096 * 2
+    assert tp2.by_name("logits_gather").bytes == 256 * 128256 * 2 / 2
+    assert tp2.by_name("logits_gather").time_s > 0
+    assert not {"embedding_all_reduce", "logits_gather"} & {op.name for op in tp1.operators}
