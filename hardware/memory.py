@@ -31,7 +31,8 @@ from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
 from hardware.kv_groups import kv_groups
-from hardware.model import LayerSpec, ModelSpec, check_sharding, resolve_weight_dtype, weight_bytes
+from hardware.model import (LayerSpec, ModelSpec, check_sharding, pipeline_stages, resolve_weight_dtype,
+                            weight_bytes)
 
 GIB = 1 << 30
 DEFAULT_RUNTIME_RESERVE_BYTES = 1 * GIB
@@ -115,13 +116,13 @@ def _layer_bytes(model: ModelSpec, layer: LayerSpec, wbytes: float, expert_wbyte
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
     """Weights on the fullest GPU: each stage's layers split over its TP ranks but for what every rank keeps
     whole (`_replicated_bytes`); embeddings, LM head and a vision tower stay bf16 (the embedding and the tower on
-    the first stage, the LM head on the last). Stages differ where layers do (DeepSeek's first dense layers).
+    the first stage, the LM head on the last). Stages differ where layers do (DeepSeek's first dense layers) and
+    where they do not split evenly (`pipeline_stages`).
     `auto`: the checkpoint's dtype."""
     wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
-    per_stage = model.num_layers // par.pp
-    stages = []
-    for first in range(0, model.num_layers, per_stage):
-        stage = model.layers[first:first + per_stage]
+    stages, first = [], 0
+    for count in pipeline_stages(model.num_layers, par.pp):
+        stage, first = model.layers[first:first + count], first + count
         whole = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage)
         kept = sum(_replicated_bytes(model, layer, par, wbytes) for layer in stage)
         stages.append((whole - kept) / par.tp + kept)
@@ -146,13 +147,13 @@ def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbyt
 
 
 def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
-    """KV bytes one token of the replica costs one GPU: its stage's layers, its share of the heads (or, under
-    DP attention, the whole KV of 1/tp of the tokens, so no head or latent is stored twice)."""
+    """KV bytes one token of the replica costs one GPU: the fullest stage's layers, its share of the heads (or,
+    under DP attention, the whole KV of 1/tp of the tokens, so no head or latent is stored twice)."""
     if par.dp_attention:
         per_gpu = model.kv_bytes_per_token(kv_dtype, 1) / par.tp
     else:
         per_gpu = model.kv_bytes_per_token(kv_dtype, par.tp)
-    return per_gpu * (model.num_layers // par.pp) / model.num_layers
+    return per_gpu * max(pipeline_stages(model.num_layers, par.pp)) / model.num_layers
 
 
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:

@@ -189,11 +189,20 @@ class ModelSpec:
         return layers + self.embedding_params + head + final_norm + self.lookup_params + self.extra_linear_params
 
 
+def pipeline_stages(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers per pipeline stage as vLLM's get_pp_indices splits them: equal shares, the remainder one each to
+    the stages before the last (DeepSeek-V3's 61 layers at PP4: 15, 15, 16, 15)."""
+    stages = [num_layers // pp] * pp
+    for i in range(2, num_layers % pp + 2):
+        stages[-i] += 1
+    return tuple(stages)
+
+
 def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = False) -> None:
-    """Refuse what vLLM refuses at start-up: pipeline stages that do not divide the layers (evenly, here), or a TP
-    size that does not divide the attention heads (unless attention runs data parallel, unsplit)."""
-    if model.num_layers % pp:
-        raise SpecError(f"pipeline parallel size {pp} must divide the {model.num_layers} layers")
+    """Refuse what vLLM refuses at start-up: more pipeline stages than layers, or a TP size that does not divide
+    the attention heads (unless attention runs data parallel, unsplit)."""
+    if pp > model.num_layers:
+        raise SpecError(f"pipeline parallel size {pp} exceeds the {model.num_layers} layers")
     if not dp_attention and model.num_heads % tp:
         raise SpecError(f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads")
 

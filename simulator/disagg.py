@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import simpy
 
 from hardware.kv_groups import kv_groups, live_kv_bytes
-from hardware.model import ModelSpec
+from hardware.model import ModelSpec, pipeline_stages
 from policies.config import EngineConfig
 from policies.disagg import DecodeScheduler, PrefillScheduler
 from simulator.disagg_config import TransferConfig
@@ -51,10 +51,11 @@ class KVPlacement:
 
     @classmethod
     def of(cls, model: ModelSpec, par: ParallelismConfig) -> KVPlacement:
+        stage = max(pipeline_stages(model.num_layers, par.pp)) / model.num_layers  # the fullest stage's layers
         if par.dp_attention:
-            return cls(1 / par.pp, par.pp)
+            return cls(stage, par.pp)
         per_rank = model.kv_bytes_per_token("bf16", par.tp) / model.kv_bytes_per_token("bf16")
-        return cls(per_rank / par.pp, par.tp * par.pp)
+        return cls(per_rank * stage, par.tp * par.pp)
 
 
 class Handoff:

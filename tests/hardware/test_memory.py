@@ -118,3 +118,18 @@ def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
     sampler = 2 * 256 * model.vocab_size * LOGIT_BYTES
     per_token = (2 * 7168 + 8 * (7168 + 256)) * 2
     assert activation_bytes(model, Parallelism(tp=8), cfg) == pytest.approx(8192 * per_token + sampler)
+
+
+def test_uneven_pipeline_stages_split_as_vllm_does_and_the_fullest_sets_the_kv_per_gpu():
+    """vLLM's get_pp_indices: equal shares, the remainder one each to the stages before the last. DeepSeek-V3's 61
+    layers at PP2: 31 then 30, so a GPU of the first stage holds 31 layers' latents (576 values, bf16)."""
+    from hardware.memory import kv_bytes_per_replica_token
+    from hardware.model import pipeline_stages
+    assert pipeline_stages(61, 2) == (31, 30) and pipeline_stages(61, 4) == (15, 15, 16, 15)
+    assert pipeline_stages(62, 4) == (15, 16, 16, 15) and pipeline_stages(32, 4) == (8, 8, 8, 8)
+    model = get_model("deepseek-v3")
+    assert kv_bytes_per_replica_token(model, "bf16", Parallelism(tp=8, pp=2)) == 31 * 576 * 2
+    plan = plan_memory(model, get_gpu("h200"), Parallelism(tp=8, pp=2))
+    assert plan.num_blocks > 0
+    with pytest.raises(SpecError, match="exceeds the 61 layers"):
+        plan_memory(model, get_gpu("h200"), Parallelism(tp=1, pp=62))
