@@ -56,7 +56,8 @@ if ! "$PY" -c "$NEEDED" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if ! "$PY" -c "$NEEDED"; then
-    echo "missing Python packages for $PY: on a lent GPU machine, run calibration/lease_wheels.sh here and carry .whl" >&2
+    echo "missing Python packages for $PY: on a lent GPU machine, run calibration/lease_wheels.sh here" \
+         "and carry .whl" >&2
     exit 3
 fi
 

@@ -1,9 +1,10 @@
 """Roofline cost model: one engine step's batch -> predicted step time, with a per-operator breakdown.
 
 Every operator (per layer group: QKV/O projections, attention, MLP or MoE experts, TP all-reduce;
-per model: embedding and its all-reduce under TP, LM head and its logits gather, pipeline sends) counts the FLOPs and HBM bytes one GPU of the
-replica moves, and takes `max(flops / (peak * eff_c), bytes / (bandwidth * eff_m))` with the
-efficiencies of a calibration `Profile`. The step adds fixed overheads. Pure functions only.
+per model: embedding and its all-reduce under TP, LM head and its logits gather, pipeline sends)
+counts the FLOPs and HBM bytes one GPU of the replica moves, and takes
+`max(flops / (peak * eff_c), bytes / (bandwidth * eff_m))` with the efficiencies of a calibration `Profile`.
+The step adds fixed overheads. Pure functions only.
 
 Conventions (per GPU of a TP group): weights and query heads split by TP, KV heads split or
 duplicated (see `kv_heads_per_rank`); MLA keeps its latent on every rank, expands K/V in prefill
