@@ -407,8 +407,10 @@ GATED_MLP_TYPES = frozenset({"gemma"})
 
 def _gated_mlp(raw: dict[str, Any]) -> bool:
     model_type = str(raw.get("model_type", ""))
-    if model_type in PLAIN_MLP_TYPES or model_type in GATED_MLP_TYPES:
-        return model_type in GATED_MLP_TYPES
+    if model_type in GATED_MLP_TYPES:
+        return True
+    if model_type in PLAIN_MLP_TYPES:
+        return False
     return raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new")
 
 
@@ -417,7 +419,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
     vision = _vision_params(raw)
     if isinstance(raw.get("text_config"), dict):  # the checkpoint's quantization is the whole model's, at the top
-        top = {key: raw[key] for key in ("quantization_config",) if key in raw}
+        top = {"quantization_config": raw["quantization_config"]} if "quantization_config" in raw else {}
         raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type")), **top}
     raw = {**CLASS_DEFAULTS.get(str(raw.get("model_type", "")), {}), **raw}
     f = _Fields(raw, source)

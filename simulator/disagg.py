@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import simpy
 
 from hardware.kv_groups import kv_groups, live_kv_bytes
-from hardware.model import ModelSpec, pipeline_stages
+from hardware.memory import kv_bytes_per_replica_token
+from hardware.model import ModelSpec
 from policies.config import EngineConfig
 from policies.disagg import DecodeScheduler, PrefillScheduler
 from simulator.disagg_config import TransferConfig
@@ -51,11 +52,12 @@ class KVPlacement:
 
     @classmethod
     def of(cls, model: ModelSpec, par: ParallelismConfig) -> KVPlacement:
-        stage = max(pipeline_stages(model.num_layers, par.pp)) / model.num_layers  # the fullest stage's layers
+        """The fullest GPU's share, as the memory plan stores a token (which under DP attention averages the
+        whole KV of 1/tp of the tokens over the group: one request's is whole on its rank)."""
+        per_gpu = kv_bytes_per_replica_token(model, "bf16", par.spec()) / model.kv_bytes_per_token("bf16")
         if par.dp_attention:
-            return cls(stage, par.pp)
-        per_rank = model.kv_bytes_per_token("bf16", par.tp) / model.kv_bytes_per_token("bf16")
-        return cls(per_rank * stage, par.tp * par.pp)
+            return cls(per_gpu * par.tp, par.pp)
+        return cls(per_gpu, par.tp * par.pp)
 
 
 class Handoff:
