@@ -80,6 +80,25 @@ class CostOptions:
             raise SpecError(f"decode_query_len must be >= 1, got {self.decode_query_len}")
 
 
+#: Model-level operators of a pipeline's first stage (it embeds the tokens) and of its last (it computes the logits).
+FIRST_STAGE_OPERATORS = frozenset({"embedding", "embedding_all_reduce", "model_extras"})
+LAST_STAGE_OPERATORS = frozenset({"lm_head", "logits_gather"})
+
+
+def split_stages(total_s: float, edges_s: tuple[float, float, float], stage_layers: tuple[int, ...]) -> list[float]:
+    """One step's seconds on each pipeline stage (they sum to `total_s`): the first stage's and last stage's own
+    operators (`StepCost.stage_edges_s`) there, each boundary's send on the stage before it, and the rest (the
+    layers, with attention, the fixed overheads and any swap or draft time) split by the layers each stage holds."""
+    first_s, last_s, send_s = edges_s
+    per_layer_s = (total_s - first_s - last_s - send_s) / sum(stage_layers)
+    stages = [per_layer_s * layers for layers in stage_layers]
+    for boundary in range(len(stages) - 1):
+        stages[boundary] += send_s / (len(stages) - 1)
+    stages[0] += first_s
+    stages[-1] += last_s
+    return stages
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorCost:
     """One operator class summed over the layers it runs in. FLOPs and bytes are per GPU."""
@@ -144,6 +163,14 @@ class StepCost:
 
     def by_name(self, name: str) -> OperatorCost:
         return next(op for op in self.operators if op.name == name)
+
+    @property
+    def stage_edges_s(self) -> tuple[float, float, float]:
+        """Seconds of the operators pipeline parallelism places on its first stage only, on its last stage only,
+        and on the sends between stages (see `split_stages`)."""
+        first = sum(op.time_s for op in self.operators if op.name in FIRST_STAGE_OPERATORS)
+        last = sum(op.time_s for op in self.operators if op.name in LAST_STAGE_OPERATORS)
+        return first, last, sum(op.time_s for op in self.operators if op.name == "pp_send")
 
     def as_dict(self) -> dict:
         return {"step_time_s": self.total_s, "floor_s": self.floor_s, "bound": self.bound,
@@ -644,8 +671,9 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
               profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepCost:
     """Predicted time of one engine step of `batch` on one replica, split by operator.
 
-    Pipeline stages run the batch one after another (no micro-batching here), so layer costs add up
-    across stages and `pp_send` adds the activations crossing each stage boundary.
+    Pipeline stages run the batch one after another, so layer costs add up across stages and `pp_send` adds
+    the activations crossing each stage boundary: this is one micro-batch's time through the whole pipeline
+    (the simulator runs pp of them in flight, each stage busy with one at a time: `split_stages`).
     """
     acc = _Acc()
     for term in operator_terms(batch, model, gpu, parallelism, profile, options):

@@ -13,9 +13,10 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, step_cost
+from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, split_stages,
+                           step_cost)
 from hardware.gpu import GpuSpec
-from hardware.model import ModelSpec
+from hardware.model import ModelSpec, pipeline_stages
 from hardware.profile import Profile
 
 
@@ -24,6 +25,8 @@ class StepTimer:
                  profile: Profile = Profile(), options: CostOptions = CostOptions()):
         self.args = (model, gpu, parallelism, profile, options)
         self._fixed_s: dict[tuple, float] = {}
+        self._edges_s: dict[tuple, tuple[float, float, float]] = {}  # by the same shape: see `stage_s`
+        self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
     def _shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts)."""
@@ -39,7 +42,9 @@ class StepTimer:
         key = self._shape(batch)
         fixed = self._fixed_s.get(key)
         if fixed is None:
-            fixed = self._fixed_s[key] = step_cost(batch, *self.args).fixed_s
+            cost = step_cost(batch, *self.args)
+            fixed = self._fixed_s[key] = cost.fixed_s
+            self._edges_s[key] = cost.stage_edges_s
         return fixed
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
@@ -55,6 +60,12 @@ class StepTimer:
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`."""
         return self.fixed_s(batch) + attention_seconds(batch, *self.args)
+
+    def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
+        """Seconds of one step of `batch` on each pipeline stage, with `extra_s` (swaps, drafts) spread over the
+        stages by their layers; they sum to the step's time plus `extra_s`."""
+        total_s = self(batch) + extra_s  # fills the shape's cache entries
+        return split_stages(total_s, self._edges_s[self._shape(batch)], self.stage_layers)
 
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at

@@ -17,6 +17,7 @@ from hardware.step_timer import StepTimer
 from policies.step import Scheduler, StepPlan, TokenLog
 from simulator.fast_forward import Stretch, apply_stretch, exact_delay, plan_stretch
 from simulator.metrics import StepLog
+from simulator.pipeline_stages import StagePipeline
 from workloads.request import Request
 
 StepTime = Callable[[StepPlan], float]
@@ -51,9 +52,11 @@ class Replica:
     """An engine replica: its scheduler (with KV manager), its step-time model and its step log."""
 
     def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, step_time: StepTime,
-                 steps: StepLog, on_finish: Callable[[Request], None], fast_forward: FastForward | None = None):
+                 steps: StepLog, on_finish: Callable[[Request], None], fast_forward: FastForward | None = None,
+                 pipeline: StagePipeline | None = None):
         self.env, self.index, self.scheduler, self.step_time = env, index, scheduler, step_time
         self.steps, self.on_finish, self.fast_forward = steps, on_finish, fast_forward
+        self.pipeline = pipeline  # pipeline parallel: the stages this engine's micro-batches share with its siblings
         self.wake = Wakeup(env)
         self.siblings: list[Replica] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
         self.process = env.process(self._run())
@@ -93,9 +96,12 @@ class Replica:
                 # the last fused step may span an arrival: log it live, as a stepped run would
                 self._record(float(stretch.durations_s[-1]), last_batch, 0, last_batch, 0)
                 continue
-            duration = self.step_time(plan)
             decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
-            yield self.env.timeout(duration)
+            if self.pipeline is None:
+                duration = self.step_time(plan)
+                yield self.env.timeout(duration)
+            else:  # a pipeline stage busy with a sibling's micro-batch holds this one up
+                duration = yield from self.pipeline.run(plan)
             finished = self.scheduler.commit(plan, self.env.now)
             self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens,
                          len(plan.preempted))

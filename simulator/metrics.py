@@ -37,7 +37,9 @@ STEP_COLUMNS = ("time_s", "duration_s", "replica", "num_requests", "prefill_toke
 
 @dataclass
 class StepLog:
-    """One row per engine step (the time is the step's end). Columnar arrays keep 1M steps cheap."""
+    """One row per engine step (the time is the step's end; the duration is its busy time: a pipeline-parallel
+    micro-batch's stage times, without its waits for stages busy with others). Columnar arrays keep 1M steps
+    cheap."""
 
     columns: dict[str, array] = field(default_factory=lambda: {
         name: array("d" if name in ("time_s", "duration_s", "kv_usage") else "q") for name in STEP_COLUMNS})

@@ -135,7 +135,7 @@ class Pipeline:
                       usable_pages(e, num_blocks * e.block_size // page_size),
                       page_size, tensors, pcie.bytes_per_s, pcie.latency_s)
         timer = build_timer(s)
-        step_time = build_step_time(s, memory, timer)
+        step_time, _ = build_step_time(s, memory, timer)  # a stage's engines run at pp 1
         stop_s = self.scenario.stop.max_sim_time_s or math.inf
         fast = FastForward(timer, stage.tokens, self.env.peek, stop_s, False) if s.simulation.fast_forward else None
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)

@@ -31,6 +31,7 @@ from policies.step import StepPlan, TokenLog
 from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
 from simulator.engine import FastForward, Replica, StepTime
+from simulator.pipeline_stages import StagePipeline, StageTimes
 from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
 from simulator.scenario import Scenario, first_error
 from simulator.traffic import Traffic
@@ -73,21 +74,27 @@ def build_timer(s: Scenario) -> StepTimer:
                      s.parallelism.spec(), load_profile(s.hardware.profile), options)
 
 
-def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> StepTime:
-    """The scenario's step-time function: the cost model's prediction plus PCIe time of swapped KV blocks."""
+def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:
+    """The scenario's step-time function (the cost model's prediction plus PCIe time of swapped KV blocks and the
+    draft model's passes) and the same time split over the pipeline stages."""
     block_bytes = memory.block_bytes
     pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
     drafting_s = draft_time(s.engine.speculative, timer)  # speculative decoding hook (policies/spec_cost.py)
 
-    def step_time(plan: StepPlan) -> float:
-        time_s = timer(plan.batch())
+    def plus_extras(time_s: float, plan: StepPlan) -> float:
         if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
             time_s += drafting_s(plan)
         swapped = plan.swap_in_blocks + plan.swap_out_blocks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
         return time_s
-    return step_time
+
+    def step_time(plan: StepPlan) -> float:
+        return plus_extras(timer(plan.batch()), plan)
+
+    def stage_times(plan: StepPlan) -> list[float]:
+        return timer.stage_s(plan.batch(), plus_extras(0.0, plan))
+    return step_time, stage_times
 
 
 def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
@@ -215,14 +222,14 @@ class World:
                 f"({memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
                 "enable chunked prefill, raise the budget or lower max_model_len")
         timer = build_timer(s)
-        step_time = build_step_time(s, memory, timer)
+        step_time, stage_times = build_step_time(s, memory, timer)
         stop_s = self.scenario.stop.max_sim_time_s or math.inf
         open_loop = s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
             else None
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
-        # pipeline parallel: pp micro-batches in flight, simulated as pp engines, each step one full pass through
-        # every stage. As in vLLM V1 (one scheduler, one KV cache manager), a replica's engines share its whole KV
+        # pipeline parallel: pp micro-batches in flight, simulated as pp engines, each step one pass through the
+        # replica's stages, which run one micro-batch at a time (simulator/pipeline_stages.py). As in vLLM V1 (one scheduler, one KV cache manager), a replica's engines share its whole KV
         # pool and prefix cache and split max_num_seqs; a finish in one wakes the others (the blocks it freed may
         # admit their waiting requests). Unlike vLLM's one scheduler, each engine preempts, keeps the watermark
         # and blocks its queue's head on its own requests only. Shared blocks change under a fused stretch:
@@ -235,14 +242,15 @@ class World:
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
             seqs = max_running_requests(e, kv) if e.scheduler == "sglang" else e.max_num_seqs
             slots = [max(1, seqs // pp + (v < seqs % pp)) for v in range(pp)]  # sum: max_num_seqs
-            engines = []
+            engines, stages = [], StagePipeline(self.env, pp, stage_times) if pp > 1 else None
             for i, engine_seqs in zip(range(first, first + pp), slots):
                 cfg = e.model_copy(update={"max_num_seqs": engine_seqs})
                 scheduler = schedulers.get(e.scheduler)(kv, cfg, orderings.get(e.queue_order), self.tokens,
                                                         host_blocks // pp)  # the replica's swap space, shared
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                     scheduler.speculator = Speculator(e.speculative, s.seed)
-                engines.append(Replica(self.env, i, scheduler, step_time, self.steps, None, fast if pp == 1 else None))
+                engines.append(Replica(self.env, i, scheduler, step_time, self.steps, None, fast if pp == 1 else None,
+                                       stages))
             for replica in engines:
                 replica.siblings = [r for r in engines if r is not replica]
                 replica.on_finish = _waking(on_finish(replica), replica) if pp > 1 else on_finish(replica)

@@ -7,6 +7,7 @@ from hardware.cost import Parallelism, step_cost
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import get_model
+from hardware.step_timer import StepTimer
 
 H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
 
@@ -72,6 +73,28 @@ def test_pipeline_stages_add_up_with_their_sends():
     two = step_cost(batch, llama, H100, Parallelism(tp=4, pp=2))
     assert two.by_name("pp_send").time_s > 0
     assert two.total_s == pytest.approx(one.total_s + two.by_name("pp_send").time_s, rel=1e-9)
+
+
+def test_a_step_splits_over_uneven_pipeline_stages_by_their_layers_with_the_embedding_first_and_lm_head_last():
+    """Llama 3.1 70B's 80 layers at PP3 are 27, 27, 26 (vLLM's get_pp_indices). The stages share the step's
+    per-layer time (layer operators and the fixed overheads) by their layers; the first also embeds, the last
+    computes the logits, and each of the two boundaries' sends is paid by the stage before it."""
+    llama, batch = get_model("llama-3.1-70b"), StepBatch.of([1] * 31 + [512], [900] * 31 + [0])
+    par = Parallelism(tp=4, pp=3)
+    cost, timer = step_cost(batch, llama, H100, par), StepTimer(llama, H100, par)
+    first, second, third = timer.stage_s(batch)
+    assert first + second + third == pytest.approx(cost.total_s, rel=1e-12)
+    embed = cost.by_name("embedding").time_s + cost.by_name("embedding_all_reduce").time_s
+    head = cost.by_name("lm_head").time_s + cost.by_name("logits_gather").time_s
+    send = cost.by_name("pp_send").time_s
+    model_level = {"embedding", "embedding_all_reduce", "lm_head", "logits_gather", "pp_send"}
+    per_layer = sum(op.time_s for op in cost.operators if op.name not in model_level) / 80
+    assert first == pytest.approx(27 * per_layer + send / 2 + embed, rel=1e-12)
+    assert second == pytest.approx(27 * per_layer + send / 2, rel=1e-12)
+    assert third == pytest.approx(26 * per_layer + head, rel=1e-12)
+    extra = 0.003  # a swap's PCIe time, say: each stage moves its layers' share of the blocks
+    assert [b - a for a, b in zip((first, second, third), timer.stage_s(batch, extra))] == pytest.approx(
+        [27 / 80 * extra, 27 / 80 * extra, 26 / 80 * extra], rel=1e-9)
 
 
 #: vLLM's custom all-reduce on 8x H100 SXM, microseconds per call (sgl-project/sglang PR #2904, "custom

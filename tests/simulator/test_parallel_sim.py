@@ -26,6 +26,23 @@ def test_pipeline_stages_run_as_many_micro_batches_over_one_shared_kv_pool():
     assert result.summary["output_throughput"] > single.summary["output_throughput"]
 
 
+def test_a_decoding_micro_batch_waits_for_the_stages_a_long_prefill_holds():
+    """PP2: request 0 decodes on engine 0 when request 1's 6,000-token prefill (P = P0 + P1 seconds over the two
+    stages) starts on engine 1. The prefill takes stage 0 when engine 0's micro-batch leaves it; engine 0's next
+    step waits for stage 0 (P0) and then behind the prefill for stage 1 (P1): one decode gap of at least P minus
+    a decode stage, where micro-batches running beside each other without sharing the stages would not stall."""
+    s = scenario(parallelism={"pp": 2}, workload={
+        "trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 6000}, "output": {"kind": "fixed", "value": 300}},
+        "arrivals": {"kind": "constant", "rate_per_s": 4}, "num_requests": 2})
+    steps = run(s).steps
+    prefill = steps[(steps["replica"] == 1) & (steps["prefill_tokens"] == 6000)]["duration_s"].item()
+    decodes = steps[(steps["replica"] == 0) & (steps["prefill_tokens"] == 0)]
+    decode_s = decodes["duration_s"].median()
+    gaps = decodes["time_s"].diff().dropna()
+    assert gaps.max() >= prefill - decode_s / 2 and decode_s < 0.1 * prefill
+    assert (gaps >= decode_s * 0.99).all()  # and each micro-batch's steps never overlap one another
+
+
 def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
     s = scenario(model="deepseek-v3", hardware={"gpu": "h200"},
                  parallelism={"tp": 8, "ep": True, "dp_attention": True},
@@ -76,16 +93,21 @@ def test_pipeline_engines_split_an_odd_max_num_seqs_exactly_and_the_swap_space()
 
 
 def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
-    """Two prompts end their prefill together on the two micro-batch engines of one prefill replica: they
-    share its NICs, so the second transfer waits for the first instead of getting a link of its own."""
-    s = scenario(disaggregation={"prefill": {"replicas": 1, "pp": 2}, "decode": {"replicas": 1},
-                                 "transfer": {"link": "ib-ndr-400"}},
-                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 4000},
+    """Two prompts prefill on the two micro-batch engines of one prefill replica, the second one stage behind
+    the first (the stages run one micro-batch at a time). Llama 2's 512 KiB per token take longer on the wire
+    than a stage's prefill, so the second transfer starts while the first is still sending: they share the
+    replica's NICs, so it waits for the first to end instead of getting a link of its own."""
+    s = scenario(model="llama-2-7b", engine={"max_model_len": 4096},
+                 disaggregation={"prefill": {"replicas": 1, "pp": 2}, "decode": {"replicas": 1},
+                                 "transfer": {"link": "ib-hdr-200"}},
+                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 3000},
                                                       "output": {"kind": "fixed", "value": 4}},
                            "arrivals": {"kind": "all_at_once"}, "num_requests": 2})
     result = run(s)
-    first, second = sorted(result.requests["kv_transfer_s"])
-    assert second > 1.5 * first
+    first_end, second_end = result.steps.loc[result.steps["prefill_tokens"] == 3000, "time_s"]
+    first, second = result.requests.sort_values("kv_transfer_s")["kv_transfer_s"]
+    assert first_end < second_end < first_end + first  # the second prefill ends while the first KV is on the wire
+    assert second == pytest.approx(first + (first_end + first - second_end), rel=1e-9)
 
 
 def test_sglang_plans_memory_by_its_mem_fraction_static():
