@@ -29,6 +29,7 @@ from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
+FP8_WITH_SCALE_BYTES = 1.0 + 4.0 / 128  # fp8 activations with an fp32 scale per 128-value group (DeepEP, DeepGEMM)
 #: The tensor-core dtype a weight dtype's GEMMs run in (weight-only w8a16, int4 and mxfp4 dequantize to bf16 in the
 #: kernel).
 GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "w8a16": "bf16", "int4": "bf16",
@@ -543,20 +544,27 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
             ctx.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, group, layers)
     if ctx.par.tp > 1:
-        _layer_comm(ctx, acc, tokens, group, layers)
+        _layer_comm(ctx, acc, tokens, group, layers, batch.max_query_len > 1)
 
 
-def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> None:
+def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int, extend: bool) -> None:
     """Per layer over the TP group: an all-reduce after attention (an all-gather of the hidden states under DP
     attention, the same bytes as SGLang sends it) and one after the MLP. Expert parallel without DP attention
     changes nothing here: every GPU holds every token, runs its own whole experts on those routed to them,
     and the all-reduce sums their outputs (vLLM's EP at DP size 1). Under DP attention an expert-parallel MoE
-    layer keeps each GPU's own 1/tp of the tokens there and sends each to its k experts and back instead
-    (DeepEP's dispatch and combine, bf16 both ways here)."""
+    layer keeps each GPU's own 1/tp of the tokens there and sends them to their experts and back instead:
+    DeepEP's dispatch and combine as SGLang's `auto` mode picks them. A step that extends (prefills) runs the
+    normal kernels, which send a token once to each rank holding any of its experts (`MoeSpec.ranks_per_token`),
+    in fp8 when the experts are fp8 (DeepGEMM); a decode step runs the low-latency ones, which send it to each
+    of its k experts, in fp8. Combine returns bf16 the same way. fp8 carries a 4-byte scale per 128 values."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
     if group.is_moe and ctx.par.ep and ctx.par.dp_attention:
-        routed = msg / ctx.par.tp * ctx.model.moe.experts_per_token
-        acc.add_link(ctx, "all_to_all", 2 * routed, 2 * _all_to_all_s(ctx, routed), layers)
+        moe, local = ctx.model.moe, tokens / ctx.par.tp * ctx.model.hidden_size
+        copies = moe.ranks_per_token(ctx.par.tp) if extend else moe.experts_per_token
+        dispatch_bytes = FP8_WITH_SCALE_BYTES if ctx.weight_dtype == "fp8" or not extend else ACT_BYTES
+        dispatch, combine = local * copies * dispatch_bytes, local * copies * ACT_BYTES
+        acc.add_link(ctx, "all_to_all", dispatch + combine,
+                     _all_to_all_s(ctx, dispatch) + _all_to_all_s(ctx, combine), layers)
         return
     for _ in range(2):
         acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)

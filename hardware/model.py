@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cache
+from math import comb
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +75,31 @@ class MoeSpec:
     expert_intermediate: int
     num_shared_experts: int = 0
     biased: bool = False  # gpt-oss: a router bias and gate/up and down biases in every expert
+    # group-limited routing (DeepSeek's n_group, topk_group): a token's experts come from its best
+    # `groups_per_token` of `num_groups` equal groups of consecutive experts
+    num_groups: int = 1
+    groups_per_token: int = 1
+
+    def ranks_per_token(self, ranks: int) -> float:
+        """Expected number of expert-parallel ranks one token's experts live on, each rank holding
+        num_experts / ranks consecutive experts (vLLM's and SGLang's placement): what DeepEP's normal dispatch
+        sends a token to, once per rank. The experts are taken as uniform draws within the chosen groups (a
+        balanced router). DeepSeek-V3 on 8 ranks: a rank is one group, 4 chosen, so at most 4 of 8 ranks
+        (3.62 on average), where 8 experts over 8 ranks without groups would reach 5.28."""
+        e, k = self.num_experts, self.experts_per_token
+        if e % ranks:  # uneven placement: draws with replacement over equal shares
+            return ranks * (1 - (1 - 1 / ranks) ** k)
+        per_rank, g, chosen = e // ranks, self.num_groups, self.groups_per_token
+        if g == 1 or e % g or (ranks % g and g % ranks):
+            return ranks * (1 - comb(e - per_rank, k) / comb(e, k))
+        per_group = e // g
+        pool = chosen * per_group  # the experts of a token's chosen groups
+        if ranks >= g:  # a rank is part of one group: reached if its group is chosen and one of its experts drawn
+            return ranks * chosen / g * (1 - comb(pool - per_rank, k) / comb(pool, k))
+        held = g // ranks  # a rank holds whole groups, j of them chosen (hypergeometric)
+        reached = sum(comb(held, j) * comb(g - held, chosen - j) / comb(g, chosen)
+                      * (1 - comb(pool - j * per_group, k) / comb(pool, k)) for j in range(1, min(held, chosen) + 1))
+        return ranks * reached
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,10 +328,18 @@ def _intermediates(f: _Fields, num_layers: int) -> list[int]:
     return [f.get("intermediate_size")] * num_layers
 
 
+#: DeepSeek's routers that pick experts only from a token's best `topk_group` of `n_group` groups (V2, V3); V2-Lite's
+#: "greedy" takes the top experts overall.
+GROUP_LIMITED_TOPK = ("group_limited_greedy", "noaux_tc")
+
+
 def _moe(f: _Fields) -> MoeSpec | None:
     if f.raw.get("n_routed_experts"):  # DeepSeek
+        grouped = f.raw.get("topk_method") in GROUP_LIMITED_TOPK
         return MoeSpec(f.get("n_routed_experts"), f.get("num_experts_per_tok"),
-                       f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0))
+                       f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0),
+                       num_groups=f.get("n_group", int, 1) if grouped else 1,
+                       groups_per_token=f.get("topk_group", int, 1) if grouped else 1)
     if f.raw.get("num_local_experts"):  # Mixtral, gpt-oss: experts as wide as intermediate_size
         return MoeSpec(f.get("num_local_experts"), f.get("num_experts_per_tok"), f.get("intermediate_size"),
                        biased=f.raw.get("model_type") == "gpt_oss")

@@ -1,5 +1,8 @@
 """Parallelism beyond plain TP: expert parallel MoE, DP attention for MLA, multi-node TP, pipeline stages."""
 
+import dataclasses
+import math
+
 import pytest
 
 from hardware.batch import StepBatch
@@ -14,8 +17,9 @@ H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
 
 def test_expert_parallel_sends_tokens_all_to_all_only_under_dp_attention():
     """vLLM's EP at DP size 1 has every token on every GPU: each runs its own experts and the all-reduce sums
-    them, as TP does. Under DP attention each GPU keeps its 1/8 of the tokens and sends each to its top-2
-    experts and back (DeepEP) instead of both all-reduces."""
+    them, as TP does. Under DP attention each GPU keeps its 1/8 of the tokens and, in a decode step, sends each
+    to its top-2 experts (DeepEP's low-latency dispatch, fp8 with a 4-byte scale per 128 values) and back
+    (combine, bf16) instead of both all-reduces."""
     mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(64, 1000)
     tp = step_cost(batch, mixtral, H100, Parallelism(tp=8))
     ep = step_cost(batch, mixtral, H100, Parallelism(tp=8, ep=True))
@@ -23,10 +27,27 @@ def test_expert_parallel_sends_tokens_all_to_all_only_under_dp_attention():
     assert ep.by_name("all_reduce").bytes == tp.by_name("all_reduce").bytes == 32 * 2 * 64 * 4096 * 2
     assert ep.by_name("moe").flops == tp.by_name("moe").flops  # the same work, spread by expert
     dp_ep = step_cost(batch, mixtral, H100, Parallelism(tp=8, ep=True, dp_attention=True))
-    routed = 64 / 8 * 4096 * 2 * 2  # each GPU's 8 tokens x hidden x bf16 x top-2, each way
-    assert dp_ep.by_name("all_to_all").bytes == 32 * 2 * routed
+    tokens = 64 / 8 * 4096 * 2  # each GPU's 8 tokens x hidden x top-2
+    assert dp_ep.by_name("all_to_all").bytes == pytest.approx(32 * (tokens * (1 + 4 / 128) + tokens * 2))
     assert "all_reduce" not in [op.name for op in dp_ep.operators]  # every mixtral layer is MoE
     assert dp_ep.by_name("moe").flops == tp.by_name("moe").flops
+
+
+def test_a_prefill_sends_each_token_once_to_each_rank_holding_its_experts():
+    """DeepSeek-V3 at EP8 under DP attention: each rank holds 32 experts, one of the 8 routing groups, and a token
+    takes its 8 experts from its best 4 groups. DeepEP's normal dispatch (a prefill step) sends a token once per
+    rank it needs: its group's rank with probability 4/8 times 1 - C(96, 8)/C(128, 8) that one of the 8 experts
+    drawn from the chosen groups' 128 is among that rank's 32, so 3.63 ranks, not 8 copies. The experts are FP8,
+    so the dispatch is too (DeepGEMM); the combine comes back in bf16."""
+    v3 = get_model("deepseek-v3")
+    ranks = 8 * 4 / 8 * (1 - math.comb(96, 8) / math.comb(128, 8))
+    assert v3.moe.ranks_per_token(8) == pytest.approx(ranks) and 3.62 < ranks < 3.64
+    prefill = StepBatch.uniform(2, 0, new_tokens=4096)
+    cost = step_cost(prefill, v3, H200, Parallelism(tp=8, ep=True, dp_attention=True))
+    local = 8192 / 8 * 7168  # each GPU's tokens x hidden
+    assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * ranks * (1 + 4 / 128 + 2))  # 58 MoE layers
+    ungrouped = dataclasses.replace(v3.moe, num_groups=1, groups_per_token=1)
+    assert ungrouped.ranks_per_token(8) == pytest.approx(8 * (1 - math.comb(224, 8) / math.comb(256, 8)))
 
 
 def test_dp_attention_projects_each_gpus_share_of_the_tokens_with_whole_weights():
