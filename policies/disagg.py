@@ -32,18 +32,21 @@ class PrefillScheduler(TokenBudgetScheduler):
         return plan
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
+        """Requests whose prompt is now computed leave: a one-token request with its answer, the others to be
+        handed off (they keep their blocks until the decode side has the KV; the token sampled here is dropped,
+        so none is counted)."""
         done = []
         for req, n in zip(plan.requests, plan.num_new):
-            sampled = self.log.feed(req, n, now)
+            req.num_computed_tokens += n
             self.kv.cache(req)
-            if sampled:
+            if req.num_computed_tokens == req.num_tokens:  # not a prefill chunk before the last
                 done.append(req)
         for req in done:
-            if req.is_done:
+            if req.num_output_tokens == 1:
+                self.log.sample(req, now)
                 self.retire(req, now)
-            else:  # leaves the batch, keeps its blocks until the decode side has the KV; its token is dropped
+            else:
                 req.extra["prefill_end_s"] = now
-                req.num_generated, req.first_token_s, req.last_token_s = 0, None, None
                 self.running.remove(req)
         return done
 
