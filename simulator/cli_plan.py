@@ -86,6 +86,8 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
 def plan(scenario: Path,
          gpus: str | None = typer.Option(None, "--gpus", help="GPU names, comma-separated (default: plan.gpus)"),
          tp: str | None = typer.Option(None, "--tp", help="TP sizes, comma-separated (default: plan.tp or 1,2,4,8)"),
+         pp: str | None = typer.Option(None, "--pp", help="Pipeline-parallel sizes, comma-separated "
+                                                          "(default: plan.pp or the scenario's parallelism.pp)"),
          knob: list[str] = typer.Option([], "--knob", help="Engine knob values: max_num_seqs=128,256; repeatable"),
          max_replicas: int | None = typer.Option(None, "--max-replicas", min=1),
          target_rate: float | None = typer.Option(None, "--target-rate", min=0.0,
@@ -94,7 +96,7 @@ def plan(scenario: Path,
          out: Path | None = typer.Option(None, "--out", help="Folder for plan.json (default runs/<name>-plan)"),
          workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel candidates (default: all cores)"),
          set_: list[str] = SetOption) -> None:
-    """Find the cheapest deployment (GPU x TP x replicas x knobs) that sustains the load within the SLOs."""
+    """Find the cheapest deployment (GPU x TP x PP x replicas x knobs) that sustains the load within the SLOs."""
     from simulator.atomic import write_text_atomic
     from simulator.executors import default_workers
     from simulator.output import json_text
@@ -107,7 +109,7 @@ def plan(scenario: Path,
     spec, base_dir = load_scenario(scenario, set_)
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob).items()} or None
     result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
-                       workers=workers or default_workers())
+                       workers=workers or default_workers(), pps=_csv(pp, int))
     path = (out or Path("runs") / f"{spec.name}-plan") / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)

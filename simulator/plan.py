@@ -1,8 +1,9 @@
 """The planner: the cheapest deployment that sustains a target load within the scenario's SLOs.
 
-1. Candidates: every GPU type x TP size x combination of engine knobs (one replica configuration each).
+1. Candidates: every GPU type x TP size x pipeline depth x combination of engine knobs (one replica
+   configuration each).
 2. Prune without simulating what cannot start: plan_memory refuses it ("does not fit"), TP larger than
-   a node, or knobs that contradict each other ("invalid").
+   a node (pipeline stages may span nodes), or knobs that contradict each other ("invalid").
 3. Size: the per-replica maximum sustainable rate (simulator/capacity.py, one replica simulated)
    gives replicas = ceil(target / rate_per_replica), within max_replicas.
 4. Verify: each sized deployment is simulated whole at the target rate (round-robin router). One that
@@ -50,12 +51,14 @@ class Candidate:
     knobs: tuple[tuple[str, Any], ...] = ()  # engine field -> value
     kind: str = "colocated"
     ratio: tuple[int, int] = (1, 1)
+    pp: int = 1
 
     @property
     def label(self) -> str:
         knobs = "".join(f" {k}={v}" for k, v in self.knobs)
         pd = f" {self.ratio[0]}P{self.ratio[1]}D" if self.kind == "pd" else ""
-        return f"{self.gpu} tp={self.tp}{pd}{knobs}"
+        pp = f" pp={self.pp}" if self.pp > 1 else ""
+        return f"{self.gpu} tp={self.tp}{pp}{pd}{knobs}"
 
     @property
     def replicas_per_unit(self) -> int:
@@ -63,12 +66,13 @@ class Candidate:
 
     def scenario(self, base: Scenario, replicas: int = 1) -> Scenario:
         """`base` deployed as `replicas` of this candidate (round-robin, or least-outstanding P/D pools)."""
-        overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp} | {f"engine.{k}": v for k, v in self.knobs}
+        overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "parallelism.pp": self.pp} | {
+            f"engine.{k}": v for k, v in self.knobs}
         if self.kind == "pd":
             prefill, decode = self.ratio
             overrides |= {"cluster.replicas": 1, "disaggregation": {
-                "prefill": {"replicas": prefill * replicas, "tp": self.tp},
-                "decode": {"replicas": decode * replicas, "tp": self.tp}}}
+                "prefill": {"replicas": prefill * replicas, "tp": self.tp, "pp": self.pp},
+                "decode": {"replicas": decode * replicas, "tp": self.tp, "pp": self.pp}}}
         else:
             overrides |= {"cluster.replicas": replicas, "cluster.router": "round_robin"}
         return with_overrides(base.run_settings(), overrides)
@@ -98,7 +102,7 @@ class Evaluation:
 
     def as_dict(self) -> dict:
         return {"candidate": self.candidate.label, "kind": self.candidate.kind, "gpu": self.candidate.gpu,
-                "tp": self.candidate.tp, "knobs": dict(self.candidate.knobs),
+                "tp": self.candidate.tp, "pp": self.candidate.pp, "knobs": dict(self.candidate.knobs),
                 "gpus_per_replica": self.gpus_per_replica,
                 "price_per_replica_hour_usd": self.price_per_replica_hour_usd,
                 "rejected": self.rejection, "detail": self.detail, "rate_per_replica": self.rate_per_replica,
@@ -186,17 +190,19 @@ class PlanResult:
                 "candidates": [e.as_dict() for e in self.evaluations]}
 
 
-def colocated_candidates(s: Scenario, gpus: list[str], tps: list[int], knobs: dict[str, list]) -> Iterator[Candidate]:
-    """GPU x TP x every combination of engine knob values, in the order given."""
-    for gpu, tp, values in itertools.product(gpus, tps, itertools.product(*knobs.values())):
-        yield Candidate(gpu, tp, tuple(zip(knobs, values)))
+def colocated_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int]],
+                         knobs: dict[str, list]) -> Iterator[Candidate]:
+    """GPU x (TP, PP) x every combination of engine knob values, in the order given."""
+    for gpu, (tp, pp), values in itertools.product(gpus, shapes, itertools.product(*knobs.values())):
+        yield Candidate(gpu, tp, tuple(zip(knobs, values)), pp=pp)
 
 
-def pd_candidates(s: Scenario, gpus: list[str], tps: list[int], knobs: dict[str, list]) -> Iterator[Candidate]:
-    """Prefill/decode disaggregated units, GPU x TP x xPyD ratio (the `plan.pd_ratios`) x knobs."""
+def pd_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int]],
+                  knobs: dict[str, list]) -> Iterator[Candidate]:
+    """Prefill/decode disaggregated units, GPU x (TP, PP) x xPyD ratio (the `plan.pd_ratios`) x knobs."""
     ratios = s.plan.pd_ratios if s.plan else []
-    for gpu, tp, ratio, values in itertools.product(gpus, tps, ratios, itertools.product(*knobs.values())):
-        yield Candidate(gpu, tp, tuple(zip(knobs, values)), kind="pd", ratio=(int(ratio[0]), int(ratio[1])))
+    for gpu, (tp, pp), ratio, values in itertools.product(gpus, shapes, ratios, itertools.product(*knobs.values())):
+        yield Candidate(gpu, tp, tuple(zip(knobs, values)), kind="pd", ratio=(int(ratio[0]), int(ratio[1])), pp=pp)
 
 
 # Each builder yields the candidates of one deployment kind.
@@ -249,20 +255,23 @@ def verify(base: Scenario, base_dir: Path, ev: Evaluation, replicas: int, target
 
 def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: list[int] | None = None,
          knobs: dict[str, list] | None = None, max_replicas: int | None = None, target_rate: float | None = None,
-         rel_tol: float = 0.05, workers: int = 1) -> PlanResult:
+         rel_tol: float = 0.05, workers: int = 1, pps: list[int] | None = None) -> PlanResult:
     """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
 
     Unset arguments come from the scenario's `plan:` section, then from defaults (the scenario's GPU,
-    TP 1/2/4/8, 16 replicas, the workload's own rate). Candidate sizing runs on `workers` processes.
+    TP 1/2/4/8, the scenario's pipeline depth, 16 replicas, the workload's own rate). Candidate sizing runs
+    on `workers` processes.
     """
     cfg = base.plan
     gpus = gpus or (cfg.gpus if cfg and cfg.gpus else [base.hardware.gpu])
     tps = tps or (cfg.tp if cfg else [1, 2, 4, 8])
+    pps = pps or (cfg.pp if cfg and cfg.pp else [base.parallelism.pp])
     knobs = knobs if knobs is not None else (cfg.engine if cfg else {})
     max_replicas = max_replicas or (cfg.max_replicas if cfg else 16)
     target = target_rate or (cfg.target_rate_per_s if cfg else None) or offered_rate(base, base_dir)
-    _check_choices(base, gpus, tps, knobs)
-    candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, tps, knobs)]
+    _check_choices(base, gpus, tps, pps, knobs)
+    shapes = list(itertools.product(tps, pps))
+    candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, shapes, knobs)]
     jobs = [(base, base_dir, c, target, max_replicas, rel_tol) for c in candidates]
     evaluations = [ev for _, ev in sorted(run_jobs(evaluate, jobs, "local", workers), key=lambda pair: pair[0])]
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
@@ -278,9 +287,9 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     return result
 
 
-def _check_choices(base: Scenario, gpus: list[str], tps: list[int], knobs: dict[str, list]) -> None:
-    """Typos in GPU names, TP sizes, knob fields or values stop the plan with one line instead of rejecting every
-    candidate."""
+def _check_choices(base: Scenario, gpus: list[str], tps: list[int], pps: list[int], knobs: dict[str, list]) -> None:
+    """Typos in GPU names, TP or PP sizes, knob fields or values stop the plan with one line instead of rejecting
+    every candidate."""
     for gpu in gpus:
         try:
             get_gpu(gpu, tuple(base.hardware.gpu_files))
@@ -299,9 +308,11 @@ def _check_choices(base: Scenario, gpus: list[str], tps: list[int], knobs: dict[
                     break
             if problem is not None:
                 raise problem
-    bad_tp = [tp for tp in tps if tp < 1]
-    if bad_tp:
-        raise SpecError(f"plan TP sizes (--tp or plan.tp): {bad_tp[0]} is not a GPU count (1 or more)")
+    for name, sizes in (("TP", tps), ("PP", pps)):
+        bad = [size for size in sizes if size < 1]
+        if bad:
+            raise SpecError(f"plan {name} sizes (--{name.lower()} or plan.{name.lower()}): {bad[0]} is not a GPU "
+                            "count (1 or more)")
 
 
 def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) -> SpecError | None:

@@ -106,11 +106,13 @@ class SweepConfig(BaseModel):
 
 
 class PlanConfig(BaseModel):
-    """The deployments `servesim plan` compares: GPU type x TP x engine knobs, sized in replicas."""
+    """The deployments `servesim plan` compares: GPU type x TP x PP x engine knobs, sized in replicas."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     gpus: list[str] | None = Field(None, description="GPU names to consider; default: the scenario's GPU")
     tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
+    pp: list[int] | None = Field(None, min_length=1, description=(
+        "Pipeline-parallel sizes to consider (stages of tp GPUs each); default: the scenario's parallelism.pp"))
     max_replicas: int = Field(16, ge=1, description="Largest replica count of a recommendation")
     engine: dict[str, GridValues] = Field(default_factory=dict, description=(
         "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"))

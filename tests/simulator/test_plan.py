@@ -79,6 +79,23 @@ def test_what_cannot_fit_is_pruned_without_simulating():
     assert wide.rejection == "does not fit" and "GPUs per l4 node" in wide.detail
 
 
+def test_pipeline_stages_let_a_model_too_big_for_one_tp_group_start():
+    """Llama 3.1 70B in bf16 (141 GB) does not fit four 24 GB L4s; two stages of four hold half its layers each.
+    The PP2 replica is priced as its 8 GPUs and sized by simulation (here too slow for the SLOs: rejected for
+    them, not pruned), and P/D units stage both pools."""
+    base = chat(model="llama-3.1-70b")
+    flat = evaluate(base, SCENARIOS, Candidate("l4", 4), TARGET, 16, 0.05)
+    assert flat.rejection == "does not fit" and "tp=4 pp=1" in flat.detail
+    staged = evaluate(base, SCENARIOS, Candidate("l4", 4, pp=2), TARGET, 16, 0.05)
+    assert staged.can_start and staged.capacity is not None and staged.gpus_per_replica == 8
+    assert staged.candidate.label == "l4 tp=4 pp=2" and staged.as_dict()["pp"] == 2
+    unit = Candidate("l4", 4, kind="pd", ratio=(1, 2), pp=2).scenario(base, replicas=2)
+    assert (unit.disaggregation.prefill.pp, unit.disaggregation.decode.pp) == (2, 2)
+    assert (unit.disaggregation.prefill.replicas, unit.disaggregation.decode.replicas) == (2, 4)
+    with pytest.raises(SpecError, match=r"plan PP sizes \(--pp or plan.pp\): 0 is not a GPU count"):
+        plan(base, SCENARIOS, gpus=["l4"], tps=[4], pps=[0], target_rate=TARGET)
+
+
 def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
     with pytest.raises(SpecError, match="unknown GPU 'h100'"):
         plan(chat(), SCENARIOS, gpus=["h100"], tps=[1], target_rate=TARGET)
@@ -89,7 +106,7 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
     with pytest.raises(SpecError, match="knob max_num_seqs='abc': engine.max_num_seqs: Input should be a valid"):
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_num_seqs": ["abc"]}, target_rate=TARGET)
     from simulator.plan import _check_choices  # a value that runs in some combination passes: orca needs none
-    _check_choices(chat(), ["h100-sxm"], [1], {"scheduler": ["vllm", "orca"], "prefix_caching": ["vllm", "none"]})
+    _check_choices(chat(), ["h100-sxm"], [1], [1], {"scheduler": ["vllm", "orca"], "prefix_caching": ["vllm", "none"]})
     with pytest.raises(SpecError, match="0 is not a GPU count"):
         plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[0, 1], target_rate=TARGET)
 
