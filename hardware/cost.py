@@ -544,7 +544,7 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
             ctx.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, group, layers)
     if ctx.par.tp > 1:
-        _layer_comm(ctx, acc, tokens, group, layers, batch.max_query_len > 1)
+        _layer_comm(ctx, acc, tokens, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
 
 
 def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int, extend: bool) -> None:
@@ -553,10 +553,12 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
     changes nothing here: every GPU holds every token, runs its own whole experts on those routed to them,
     and the all-reduce sums their outputs (vLLM's EP at DP size 1). Under DP attention an expert-parallel MoE
     layer keeps each GPU's own 1/tp of the tokens there and sends them to their experts and back instead:
-    DeepEP's dispatch and combine as SGLang's `auto` mode picks them. A step that extends (prefills) runs the
-    normal kernels, which send a token once to each rank holding any of its experts (`MoeSpec.ranks_per_token`),
-    in fp8 when the experts are fp8 (DeepGEMM); a decode step runs the low-latency ones, which send it to each
-    of its k experts, in fp8. Combine returns bf16 the same way. fp8 carries a 4-byte scale per 128 values."""
+    DeepEP's dispatch and combine as SGLang's `auto` mode picks them. A step that extends (prefill chunks) runs
+    the normal kernels, which send a token once to each rank holding any of its experts
+    (`MoeSpec.ranks_per_token`), in fp8 when the experts are fp8 (DeepGEMM, Hopper and newer); a decode step runs
+    the low-latency ones, which send it to each of its k experts, in fp8. So does a speculative verify step (SGLang
+    picks the mode from the scheduler's batch, a decode batch while the worker verifies). Combine returns bf16
+    the same way. fp8 carries a 4-byte scale per 128 values."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
     if group.is_moe and ctx.par.ep and ctx.par.dp_attention:
         moe, local = ctx.model.moe, tokens / ctx.par.tp * ctx.model.hidden_size
@@ -598,7 +600,7 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
 
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
              options: CostOptions) -> _Ctx:
-    check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention)
+    check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention, parallelism.ep)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)), dtype,
                 *weight_bytes(model, dtype))

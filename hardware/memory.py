@@ -186,7 +186,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     """The KV budget of one replica, or a SpecError saying why the model cannot be served."""
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
-    check_sharding(model, par.tp, par.pp, par.dp_attention)
+    check_sharding(model, par.tp, par.pp, par.dp_attention, par.ep)
     max_len = cfg.max_model_len or model.max_position_embeddings
     if max_len > model.max_position_embeddings and not cfg.allow_long_max_model_len:
         raise SpecError(

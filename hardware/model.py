@@ -83,23 +83,26 @@ class MoeSpec:
     def ranks_per_token(self, ranks: int) -> float:
         """Expected number of expert-parallel ranks one token's experts live on, each rank holding
         num_experts / ranks consecutive experts (vLLM's and SGLang's placement): what DeepEP's normal dispatch
-        sends a token to, once per rank. The experts are taken as uniform draws within the chosen groups (a
-        balanced router). DeepSeek-V3 on 8 ranks: a rank is one group, 4 chosen, so at most 4 of 8 ranks
-        (3.62 on average), where 8 experts over 8 ranks without groups would reach 5.28."""
-        e, k = self.num_experts, self.experts_per_token
-        if e % ranks:  # uneven placement: draws with replacement over equal shares
-            return ranks * (1 - (1 - 1 / ranks) ** k)
-        per_rank, g, chosen = e // ranks, self.num_groups, self.groups_per_token
-        if g == 1 or e % g or (ranks % g and g % ranks):
+        sends a token to, once per rank. The router is taken as balanced: experts drawn uniformly, and under
+        group-limited routing uniformly from the chosen groups with each of them given at least one (a group
+        is chosen for its best experts' scores). DeepSeek-V3 on 8 ranks: a rank is a group, so exactly the 4
+        chosen ranks; 8 experts over 8 ranks without groups would reach 5.28."""
+        e, k, g, chosen = self.num_experts, self.experts_per_token, self.num_groups, self.groups_per_token
+        if e % ranks:
+            raise SpecError(f"{e} experts do not divide over {ranks} expert-parallel ranks (see check_sharding)")
+        per_rank = e // ranks
+        if g == 1 or k < chosen or (ranks % g and g % ranks):
             return ranks * (1 - comb(e - per_rank, k) / comb(e, k))
+        if ranks <= g:  # a rank holds whole groups and is reached when one of them is chosen
+            return ranks * (1 - comb(g - g // ranks, chosen) / comb(g, chosen))
+        # a group spans several ranks: one is missed when the draws give every chosen group one of its experts
+        # but none of that rank's (inclusion-exclusion over the groups left empty)
         per_group = e // g
-        pool = chosen * per_group  # the experts of a token's chosen groups
-        if ranks >= g:  # a rank is part of one group: reached if its group is chosen and one of its experts drawn
-            return ranks * chosen / g * (1 - comb(pool - per_rank, k) / comb(pool, k))
-        held = g // ranks  # a rank holds whole groups, j of them chosen (hypergeometric)
-        reached = sum(comb(held, j) * comb(g - held, chosen - j) / comb(g, chosen)
-                      * (1 - comb(pool - j * per_group, k) / comb(pool, k)) for j in range(1, min(held, chosen) + 1))
-        return ranks * reached
+        every_group = sum((-1) ** j * comb(chosen, j) * comb((chosen - j) * per_group, k) for j in range(chosen + 1))
+        missing = sum((-1) ** j * comb(chosen - 1, j) * (comb((chosen - 1 - j) * per_group + per_group - per_rank, k)
+                                                         - comb((chosen - 1 - j) * per_group, k))
+                      for j in range(chosen))
+        return ranks * chosen / g * (1 - missing / every_group)
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,13 +227,17 @@ def pipeline_stages(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(stages)
 
 
-def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = False) -> None:
-    """Refuse what vLLM refuses at start-up: more pipeline stages than layers, or a TP size that does not divide
-    the attention heads (unless attention runs data parallel, unsplit)."""
+def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = False, ep: bool = False) -> None:
+    """Refuse what the engines refuse at start-up: more pipeline stages than layers, a TP size that does not
+    divide the attention heads (unless attention runs data parallel, unsplit), or DeepEP's expert parallel
+    (under DP attention) over ranks the experts do not divide over."""
     if pp > model.num_layers:
         raise SpecError(f"pipeline parallel size {pp} exceeds the {model.num_layers} layers")
     if not dp_attention and model.num_heads % tp:
         raise SpecError(f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads")
+    if ep and dp_attention and model.moe is not None and model.moe.num_experts % tp:
+        raise SpecError(f"expert parallel over DP attention (DeepEP) needs {model.name}'s {model.moe.num_experts} "
+                        f"experts to divide over the {tp} ranks")
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
@@ -335,11 +342,14 @@ GROUP_LIMITED_TOPK = ("group_limited_greedy", "noaux_tc")
 
 def _moe(f: _Fields) -> MoeSpec | None:
     if f.raw.get("n_routed_experts"):  # DeepSeek
-        grouped = f.raw.get("topk_method") in GROUP_LIMITED_TOPK
-        return MoeSpec(f.get("n_routed_experts"), f.get("num_experts_per_tok"),
-                       f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0),
-                       num_groups=f.get("n_group", int, 1) if grouped else 1,
-                       groups_per_token=f.get("topk_group", int, 1) if grouped else 1)
+        experts, k = f.get("n_routed_experts"), f.get("num_experts_per_tok")
+        groups, chosen = (f.get("n_group", int, 1), f.get("topk_group", int, 1)) \
+            if f.raw.get("topk_method") in GROUP_LIMITED_TOPK else (1, 1)
+        if experts % groups or not 1 <= chosen <= groups or chosen * (experts // groups) < k:
+            raise SpecError(f"{f.source}: n_group {groups} / topk_group {chosen} must split the {experts} experts "
+                            f"evenly and choose groups holding at least num_experts_per_tok ({k}) of them")
+        return MoeSpec(experts, k, f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0),
+                       num_groups=groups, groups_per_token=chosen)
     if f.raw.get("num_local_experts"):  # Mixtral, gpt-oss: experts as wide as intermediate_size
         return MoeSpec(f.get("num_local_experts"), f.get("num_experts_per_tok"), f.get("intermediate_size"),
                        biased=f.raw.get("model_type") == "gpt_oss")

@@ -3,10 +3,12 @@
 import dataclasses
 import math
 
+import numpy as np
 import pytest
 
 from hardware.batch import StepBatch
-from hardware.cost import Parallelism, step_cost
+from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import get_model
@@ -33,21 +35,55 @@ def test_expert_parallel_sends_tokens_all_to_all_only_under_dp_attention():
     assert dp_ep.by_name("moe").flops == tp.by_name("moe").flops
 
 
+def _routed_ranks(moe, ranks: int, tokens: int = 20000, seed: int = 0) -> float:
+    """Monte Carlo of DeepSeek-V3's router (noaux_tc) on random scores: groups ranked by their two best experts'
+    sum, the best `groups_per_token` kept, the top k experts among them; distinct ranks reached per token."""
+    scores = np.random.default_rng(seed).random((tokens, moe.num_experts))
+    grouped = scores.reshape(tokens, moe.num_groups, -1)
+    group_score = np.sort(grouped, axis=2)[:, :, -2:].sum(axis=2)
+    dropped = np.argsort(group_score, axis=1)[:, :moe.num_groups - moe.groups_per_token]
+    np.put_along_axis(grouped, dropped[:, :, None], -1.0, axis=1)
+    experts = np.argsort(grouped.reshape(tokens, -1), axis=1)[:, -moe.experts_per_token:]
+    rank = np.sort(experts // (moe.num_experts // ranks), axis=1)
+    return float((1 + (np.diff(rank, axis=1) > 0).sum(axis=1)).mean())
+
+
 def test_a_prefill_sends_each_token_once_to_each_rank_holding_its_experts():
-    """DeepSeek-V3 at EP8 under DP attention: each rank holds 32 experts, one of the 8 routing groups, and a token
-    takes its 8 experts from its best 4 groups. DeepEP's normal dispatch (a prefill step) sends a token once per
-    rank it needs: its group's rank with probability 4/8 times 1 - C(96, 8)/C(128, 8) that one of the 8 experts
-    drawn from the chosen groups' 128 is among that rank's 32, so 3.63 ranks, not 8 copies. The experts are FP8,
-    so the dispatch is too (DeepGEMM); the combine comes back in bf16."""
-    v3 = get_model("deepseek-v3")
-    ranks = 8 * 4 / 8 * (1 - math.comb(96, 8) / math.comb(128, 8))
-    assert v3.moe.ranks_per_token(8) == pytest.approx(ranks) and 3.62 < ranks < 3.64
-    prefill = StepBatch.uniform(2, 0, new_tokens=4096)
-    cost = step_cost(prefill, v3, H200, Parallelism(tp=8, ep=True, dp_attention=True))
-    local = 8192 / 8 * 7168  # each GPU's tokens x hidden
-    assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * ranks * (1 + 4 / 128 + 2))  # 58 MoE layers
-    ungrouped = dataclasses.replace(v3.moe, num_groups=1, groups_per_token=1)
+    """DeepSeek-V3 under DP attention: a token's 8 experts come from its best 4 of 8 groups of 32. At EP8 a rank
+    holds one group, so DeepEP's normal dispatch (a prefill step) sends a token to exactly the 4 chosen ranks,
+    not 8 copies; at EP4 a rank holds two groups and is reached unless both are left out: 4 x (1 - C(6,4)/C(8,4)).
+    At EP16 and for DeepSeek-V2 (6 experts from 3 groups) the count is checked against the router itself on
+    random scores. The experts are FP8, so the dispatch is too (DeepGEMM); the combine comes back in bf16."""
+    v3, v2 = get_model("deepseek-v3").moe, get_model("deepseek-v2").moe
+    assert v3.ranks_per_token(8) == pytest.approx(4.0)
+    assert v3.ranks_per_token(4) == pytest.approx(4 * (1 - math.comb(6, 4) / math.comb(8, 4)))
+    for moe, ranks in ((v3, 4), (v3, 8), (v3, 16), (v3, 32), (v2, 8), (v2, 16)):
+        assert moe.ranks_per_token(ranks) == pytest.approx(_routed_ranks(moe, ranks), rel=0.03), (moe, ranks)
+    ungrouped = dataclasses.replace(v3, num_groups=1, groups_per_token=1)
     assert ungrouped.ranks_per_token(8) == pytest.approx(8 * (1 - math.comb(224, 8) / math.comb(256, 8)))
+    prefill = StepBatch.uniform(2, 0, new_tokens=4096)
+    cost = step_cost(prefill, get_model("deepseek-v3"), H200, Parallelism(tp=8, ep=True, dp_attention=True))
+    local = 8192 / 8 * 7168  # each GPU's tokens x hidden
+    assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * 4 * (1 + 4 / 128 + 2))  # 58 MoE layers
+
+
+def test_decode_and_verify_steps_send_a_token_to_each_of_its_experts():
+    """DeepEP's low-latency kernels (SGLang's auto mode outside prefill, speculative verify included) send each
+    token to each of its 8 experts in fp8 and take the results back in bf16: 256 verify queries of 1 + 3 tokens
+    move 8 copies of each token, where a prefill of as many tokens moves 4."""
+    v3, par = get_model("deepseek-v3"), Parallelism(tp=8, ep=True, dp_attention=True)
+    verify = StepBatch.uniform(256, 2000, new_tokens=4)
+    cost = step_cost(verify, v3, H200, par, options=CostOptions(decode_query_len=4))
+    local = 1024 / 8 * 7168
+    assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * 8 * (1 + 4 / 128 + 2))
+    as_prefill = step_cost(verify, v3, H200, par).by_name("all_to_all")  # the same queries as prefill chunks
+    assert as_prefill.bytes == pytest.approx(cost.by_name("all_to_all").bytes / 2)
+
+
+def test_deepep_refuses_experts_that_do_not_divide_over_the_ranks():
+    v3 = get_model("deepseek-v3")
+    with pytest.raises(SpecError, match="256 experts to divide over the 6 ranks"):
+        step_cost(StepBatch.uniform(6, 100), v3, H200, Parallelism(tp=6, ep=True, dp_attention=True))
 
 
 def test_dp_attention_projects_each_gpus_share_of_the_tokens_with_whole_weights():
