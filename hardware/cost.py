@@ -24,7 +24,7 @@ from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
 from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, check_sharding, dtype_bytes,
-                            kv_heads_per_rank, resolve_weight_dtype, weight_bytes)
+                            kv_heads_per_rank, pipeline_stages, resolve_weight_dtype, weight_bytes)
 from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
@@ -84,20 +84,6 @@ class CostOptions:
 #: Model-level operators of a pipeline's first stage (it embeds the tokens) and of its last (it computes the logits).
 FIRST_STAGE_OPERATORS = frozenset({"embedding", "embedding_all_reduce", "model_extras"})
 LAST_STAGE_OPERATORS = frozenset({"lm_head", "logits_gather"})
-
-
-def split_stages(total_s: float, edges_s: tuple[float, float, float], stage_layers: tuple[int, ...]) -> list[float]:
-    """One step's seconds on each pipeline stage (they sum to `total_s`): the first stage's and last stage's own
-    operators (`StepCost.stage_edges_s`) there, each boundary's send on the stage before it, and the rest (the
-    layers, with attention, the fixed overheads and any swap or draft time) split by the layers each stage holds."""
-    first_s, last_s, send_s = edges_s
-    per_layer_s = (total_s - first_s - last_s - send_s) / sum(stage_layers)
-    stages = [per_layer_s * layers for layers in stage_layers]
-    for boundary in range(len(stages) - 1):
-        stages[boundary] += send_s / (len(stages) - 1)
-    stages[0] += first_s
-    stages[-1] += last_s
-    return stages
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,14 +150,6 @@ class StepCost:
 
     def by_name(self, name: str) -> OperatorCost:
         return next(op for op in self.operators if op.name == name)
-
-    @property
-    def stage_edges_s(self) -> tuple[float, float, float]:
-        """Seconds of the operators pipeline parallelism places on its first stage only, on its last stage only,
-        and on the sends between stages (see `split_stages`)."""
-        first = sum(op.time_s for op in self.operators if op.name in FIRST_STAGE_OPERATORS)
-        last = sum(op.time_s for op in self.operators if op.name in LAST_STAGE_OPERATORS)
-        return first, last, sum(op.time_s for op in self.operators if op.name == "pp_send")
 
     def as_dict(self) -> dict:
         return {"step_time_s": self.total_s, "floor_s": self.floor_s, "bound": self.bound,
@@ -252,22 +230,28 @@ class _Group:
     extra_linear_params: int
 
 
-_GROUPS: dict[tuple[int, bool], tuple[ModelSpec, tuple[tuple[_Group, int], ...]]] = {}
+_GROUPS: dict[tuple[int, bool], tuple[ModelSpec, tuple[_Group, ...], tuple[tuple[_Group, int], ...]]] = {}
 
 
-def _layer_groups(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, int], ...]:
-    """Memoized by object identity: hashing a ModelSpec walks every layer, too slow for every step."""
+def _groups_of(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, ...], tuple[tuple[_Group, int], ...]]:
+    """Each layer's group, and each group with its number of layers. Memoized by object identity: hashing a
+    ModelSpec walks every layer, too slow for every step."""
     hit = _GROUPS.get((id(model), fast_prefill))
     if hit is not None and hit[0] is model:
-        return hit[1]
+        return hit[1], hit[2]
 
     def key(layer: LayerSpec) -> _Group:
         return _Group(layer.window if layer.attention == "sliding" else None, layer.owns_kv,
                       fast_prefill and not layer.owns_kv and _trailing_shared(model, layer.index),
                       layer.is_moe, layer.mlp_intermediate, layer.extra_linear_params)
-    groups = tuple(Counter(key(layer) for layer in model.layers).items())
-    _GROUPS[(id(model), fast_prefill)] = (model, groups)
-    return groups
+    by_layer = tuple(key(layer) for layer in model.layers)
+    groups = tuple(Counter(by_layer).items())
+    _GROUPS[(id(model), fast_prefill)] = (model, by_layer, groups)
+    return by_layer, groups
+
+
+def _layer_groups(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, int], ...]:
+    return _groups_of(model, fast_prefill)[1]
 
 
 def _trailing_shared(model: ModelSpec, index: int) -> bool:
@@ -682,8 +666,8 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     """Predicted time of one engine step of `batch` on one replica, split by operator.
 
     Pipeline stages run the batch one after another, so layer costs add up across stages and `pp_send` adds
-    the activations crossing each stage boundary: this is one micro-batch's time through the whole pipeline
-    (the simulator runs pp of them in flight, each stage busy with one at a time: `split_stages`).
+    the activations crossing each stage boundary, the fixed overheads counted once (the simulator runs pp
+    micro-batches in flight, each stage busy with one at a time, and prices them per stage: `stage_seconds`).
     """
     acc = _Acc()
     for term in operator_terms(batch, model, gpu, parallelism, profile, options):
@@ -696,3 +680,43 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[dtype]))
+
+
+def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                  profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
+    """One step's seconds on each pipeline stage, whose GPUs run only their layers (vLLM's get_pp_indices):
+    each layer group's operators times its layers there (DeepSeek's dense layers and Gemma 3n's fast-prefill
+    layers sit in the first and last stages), the embedding on the first stage, the LM head and its logits
+    gather on the last, each boundary's send on the stage before it. Every stage's workers prepare their own
+    inputs and launch their own kernels, so the per-step, per-request and per-token overheads repeat on each;
+    the engine core's host time comes once, before the first stage."""
+    pp = parallelism.pp
+    if not batch.num_requests:
+        return [0.0] * pp
+    ctx = _context(batch, model, gpu, parallelism, profile, options)
+    by_layer, groups = _groups_of(model, options.kv_sharing_fast_prefill)
+    per_layer = {}
+    for group, _ in groups:
+        terms = _Terms()
+        _layer_group(ctx, terms, batch, group, 1)
+        per_layer[group] = sum(term.time_s for term in terms.terms)
+    edges = _Terms()
+    _model_level(ctx, edges, batch)
+    first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
+                         for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
+    mixed = batch.is_mixed(options.decode_query_len)
+    every_stage = (profile.step_overhead_s + profile.request_overhead_s * batch.num_requests
+                   + profile.token_overhead_s * batch.num_tokens)
+    stages, start = [], 0
+    for count in pipeline_stages(model.num_layers, pp):
+        layers = by_layer[start:start + count]
+        start += count
+        time_s = sum(per_layer[group] for group in layers) + every_stage + profile.layer_overhead_s * count
+        if mixed:
+            time_s += profile.mixed_layer_overhead_s * sum(not group.last_token_only for group in layers)
+        stages.append(time_s)
+    for boundary in range(pp - 1):
+        stages[boundary] += send / (pp - 1)
+    stages[0] += first + profile.host_step_s + profile.host_request_s * batch.num_requests
+    stages[-1] += last
+    return stages

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.batch import StepBatch
-from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, split_stages,
+from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, stage_seconds,
                            step_cost)
 from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec, pipeline_stages
@@ -25,7 +25,6 @@ class StepTimer:
                  profile: Profile = Profile(), options: CostOptions = CostOptions()):
         self.args = (model, gpu, parallelism, profile, options)
         self._fixed_s: dict[tuple, float] = {}
-        self._edges_s: dict[tuple, tuple[float, float, float]] = {}  # by the same shape: see `stage_s`
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
     def _shape(self, batch: StepBatch) -> tuple:
@@ -42,9 +41,7 @@ class StepTimer:
         key = self._shape(batch)
         fixed = self._fixed_s.get(key)
         if fixed is None:
-            cost = step_cost(batch, *self.args)
-            fixed = self._fixed_s[key] = cost.fixed_s
-            self._edges_s[key] = cost.stage_edges_s
+            fixed = self._fixed_s[key] = step_cost(batch, *self.args).fixed_s
         return fixed
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
@@ -62,10 +59,11 @@ class StepTimer:
         return self.fixed_s(batch) + attention_seconds(batch, *self.args)
 
     def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
-        """Seconds of one step of `batch` on each pipeline stage, with `extra_s` (swaps, drafts) spread over the
-        stages by their layers; they sum to the step's time plus `extra_s`."""
-        total_s = self(batch) + extra_s  # fills the shape's cache entries
-        return split_stages(total_s, self._edges_s[self._shape(batch)], self.stage_layers)
+        """Seconds of one step of `batch` on each pipeline stage (`stage_seconds`, not cached: pipelined engines
+        step one by one anyway), with `extra_s` (swaps, drafts) spread over the stages by their layers."""
+        layers = sum(self.stage_layers)
+        return [time_s + extra_s * count / layers
+                for time_s, count in zip(stage_seconds(batch, *self.args), self.stage_layers)]
 
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at

