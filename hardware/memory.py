@@ -31,8 +31,8 @@ from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
 from hardware.kv_groups import kv_groups
-from hardware.model import (LayerSpec, ModelSpec, check_sharding, pipeline_stages, resolve_weight_dtype,
-                            weight_bytes)
+from hardware.model import (LayerSpec, ModelSpec, check_sharding, kv_heads_per_rank, pipeline_stages,
+                            resolve_weight_dtype, weight_bytes)
 
 GIB = 1 << 30
 DEFAULT_RUNTIME_RESERVE_BYTES = 1 * GIB
@@ -125,7 +125,7 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
         stage, first = model.layers[first:first + count], first + count
         whole = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage)
         kept = sum(_replicated_bytes(model, layer, par, wbytes) for layer in stage)
-        stages.append((whole - kept) / par.tp + kept)
+        stages.append((whole - kept) / par.tp + kept + count * _duplicated_kv_bytes(model, par, wbytes))
     stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
                   + model.extra_linear_params * wbytes) / par.tp
     if not model.tie_embeddings:
@@ -144,6 +144,16 @@ def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbyt
         return 0.0
     q_a = h * model.mla.q_lora_rank if model.mla.q_lora_rank is not None else 0
     return (q_a + h * (model.mla.kv_lora_rank + model.mla.qk_rope_head_dim)) * wbytes
+
+
+def _duplicated_kv_bytes(model: ModelSpec, par: Parallelism, wbytes: float) -> float:
+    """Per layer, the K/V projection bytes a TP rank holds beyond its 1/tp share when TP exceeds the KV heads: each
+    rank keeps whole the head it attends with (vLLM's QKVParallelLinear replicates KV heads), as the cost model
+    streams them."""
+    if par.dp_attention or model.mla is not None:
+        return 0.0
+    heads = model.num_kv_heads
+    return 2 * model.hidden_size * model.head_dim * (kv_heads_per_rank(heads, par.tp) - heads / par.tp) * wbytes
 
 
 def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:

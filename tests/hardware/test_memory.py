@@ -108,6 +108,16 @@ def test_mla_down_projections_are_whole_on_every_tp_rank():
     assert weight_bytes_per_gpu(model, Parallelism(tp=8), "auto") == pytest.approx(split + kept * 7 / 8)
 
 
+def test_kv_heads_duplicated_beyond_their_count_are_held_whole_by_every_rank():
+    """Llama 3.1 70B has 8 KV heads: at TP16 each rank keeps one whole head's K and V projections (8192 x 128 each,
+    bf16) where an even split would give it half a head, in all 80 layers: 168 MB more than half of TP8's share."""
+    from hardware.memory import weight_bytes_per_gpu
+    model = get_model("llama-3.1-70b")
+    extra = 80 * 2 * 8192 * 128 * (1 - 8 / 16) * 2
+    assert weight_bytes_per_gpu(model, Parallelism(tp=16), "bf16") == pytest.approx(
+        weight_bytes_per_gpu(model, Parallelism(tp=8), "bf16") / 2 + extra)
+
+
 def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
     """DeepSeek-V3 TP8, 8192 batched tokens: vLLM's fused MoE holds, per token and each of its 8 experts, the
     gate/up output (2 x 2048 / 8) sharing a buffer with the down output (7168, unsplit), beside the activation
