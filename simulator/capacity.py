@@ -1,9 +1,13 @@
 """Maximum sustainable rate: the highest arrival rate at which a scenario meets its SLOs with a stable queue.
 
-A rate *passes* when, over all requests of the run:
-- the `slo.percentile`-th TTFT, TPOT and E2EL are within `slo.ttft_ms`, `tpot_ms`, `e2el_ms` (those given);
-- at least `slo.goodput_fraction` of all requests (rejected ones included) meet every limit (if given);
-- the queue is stable (see `queue_growth`).
+A rate *passes* when, over the requests the run sent:
+- the `slo.percentile`-th TTFT, TPOT and E2EL are within `slo.ttft_ms`, `tpot_ms`, `e2el_ms` (those given). A run
+  cut off by `stop.max_sim_time_s` counts a request unfinished at the stop with the time it had waited by then
+  (for TTFT, its TTFT if it has its first token), a lower bound, so a backlog cannot hide behind the early
+  requests that completed;
+- at least `slo.goodput_fraction` of them (rejected ones included) meet every limit (if given), leaving out
+  requests unfinished at the stop that could still meet them;
+- the queue is stable (see `queue_growth`), and some request completed.
 
 A passing rate whose run's arrivals span under a minute gets a note (`CapacityResult.short_run`): too short a
 run to show a queue that grows slowly.
@@ -35,8 +39,8 @@ from workloads.arrivals import mean_rate_per_s
 # times larger AND larger by at least UNSTABLE_MIN_GROWTH_S (so that a few long prompts among
 # millisecond TTFTs are not mistaken for a growing queue). Requests still unfinished when the run
 # stops (stop.max_sim_time_s) after every scheduled arrival also make it unstable: the backlog did not drain. A
-# stop before the last scheduled arrival cuts requests off in flight by design; then only the TTFT growth judges
-# the queue, and the goodput share counts the requests sent before the stop.
+# stop before the last scheduled arrival cuts requests off in flight by design; then the TTFT growth (with the
+# waits of the requests cut off) and the TTFT and E2E percentiles over every request sent judge the backlog.
 UNSTABLE_TTFT_GROWTH = 2.0
 UNSTABLE_MIN_GROWTH_S = 0.25
 # A run whose arrivals span less than this cannot show a backlog that grows slowly: its verdict gets a note.
@@ -100,15 +104,27 @@ class CapacityResult:
                 "short_run": self.short_run, "points": [v.as_dict() for v in self.verdicts]}
 
 
-def queue_growth(requests: pd.DataFrame) -> tuple[float, float]:
-    """Mean TTFT (s) of the first and the last third of admitted requests, by arrival."""
-    admitted = requests[requests["reject_reason"].isna()].sort_values(["arrival_s", "request_id"])
-    ttft = admitted["ttft_s"].to_numpy()
-    k = len(ttft) // 3
+def queue_growth(requests: pd.DataFrame, stop_s: float | None = None) -> tuple[float, float]:
+    """Mean TTFT (s) of the first and the last third of admitted requests, by arrival; requests never sent (due
+    after the stop) are left out, and one still waiting for its first token at the stop counts its wait so far."""
+    admitted = requests[requests["reject_reason"].isna() & requests["arrival_s"].notna()]
+    if stop_s is not None:
+        admitted = admitted[~due_after_stop(admitted, stop_s)]
+    admitted = admitted.sort_values(["arrival_s", "request_id"])
+    k = len(admitted) // 3
     if k == 0:
         return 0.0, 0.0
-    mean = lambda x: float(np.nanmean(x)) if np.isfinite(x).any() else 0.0  # noqa: E731 (unfinished: NaN)
-    return mean(ttft[:k]), mean(ttft[-k:])
+    ttft = _censored_s(admitted, "ttft", stop_s)
+    return float(ttft[:k].mean()), float(ttft[-k:].mean())
+
+
+def _censored_s(sent: pd.DataFrame, metric: str, stop_s: float | None) -> np.ndarray:
+    """`metric` (ttft or e2el) of requests the run sent, in seconds; one unfinished at the stop (NaN) counts the
+    time it had waited by then, a lower bound of its own."""
+    values = sent[f"{metric}_s"].to_numpy(dtype=float)
+    if stop_s is None:
+        return values
+    return np.where(np.isnan(values), stop_s - sent["arrival_s"].to_numpy(dtype=float), values)
 
 
 def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) -> Verdict:
@@ -116,25 +132,36 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     s, requests = result.summary, result.requests
     pct = "median" if slo.percentile == 50 else f"p{slo.percentile}"
     reasons, details, metrics = [], [], {}
+    stop_s = result.scenario.stop.max_sim_time_s
+    cut = stop_s is not None and s["unfinished"] > 0  # some requests were in flight at the stop
+    sent = requests[requests["reject_reason"].isna() & (requests["finish_s"].notna() | cut)
+                    & requests["arrival_s"].notna()]
+    if cut:
+        sent = sent[~due_after_stop(sent, stop_s)]
     for metric, field_name, reason in _LIMITS:
         value = s.get(f"{pct}_{metric}_ms", float("nan"))
+        if cut and metric != "tpot":  # TTFT and E2E with the waits of the requests cut off
+            value = float(np.percentile(_censored_s(sent, metric, stop_s), slo.percentile)) * 1e3
         metrics[f"{pct}_{metric}_ms"] = value
         limit = getattr(slo, field_name)
         if limit is not None and value > limit:
             reasons.append(reason)
             details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms")
-    stop_s = result.scenario.stop.max_sim_time_s
-    # requests due at or after the stop were never sent: they count neither for goodput nor as a backlog
-    # (session turns never released do: a stuck queue holds them back)
-    due_after = int(due_after_stop(requests, stop_s).sum()) if stop_s is not None else 0
+    # never sent (due at or after the stop, or session turns not released by then): no part of the verdict;
+    # in flight at the stop and still able to meet every limit: undecided, left out of the goodput share
+    undecided = s.get("slo_undecided", s["unfinished"]) if stop_s is not None else 0
     met = s.get("slo_met", s["completed"] + s["rejected"])  # without per-request limits: every answer
-    share = met / (len(requests) - due_after) if s["completed"] else 0.0
+    judged = len(requests) - s["not_arrived"] - undecided
+    share = met / judged if s["completed"] and judged else 0.0
     metrics["goodput_share"] = share
     if slo.goodput_fraction is not None and share < slo.goodput_fraction:
         reasons.append("goodput")
         details.append(f"{share:.1%} of requests meet every SLO < {slo.goodput_fraction:.1%}")
-    first_s, last_s = queue_growth(requests)
-    unfinished = 0 if due_after else s["unfinished"]  # a stop before the last arrival leaves some in flight
+    first_s, last_s = queue_growth(requests, stop_s)
+    # after the last scheduled arrival (session turns held back by a stuck queue are not scheduled ones) a stop
+    # leaves a backlog that did not drain; before it, requests in flight by design
+    cut_early = stop_s is not None and bool(due_after_stop(requests, stop_s).any())
+    unfinished = 0 if cut_early else s["unfinished"]
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
@@ -146,6 +173,9 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         details.append(f"{unfinished} requests unfinished at the stop time" if unfinished else
                        f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
                        "(last third)")
+    if not s["completed"] and not s["rejected"] and "unstable queue" not in reasons:
+        reasons.append("unstable queue")
+        details.append("no request completed before the stop")
     if s["rejected"]:  # no rate fixes these: the engine refuses them at any load
         reasons.append("rejected")
         why = requests["reject_reason"].dropna().iloc[0]

@@ -193,3 +193,38 @@ def test_session_turns_a_stuck_queue_never_released_do_not_hide_its_backlog():
     assert requests["arrival_s"].isna().sum() > 0 and not (requests["arrival_s"] >= 25).any()
     assert result.summary["unfinished"] > 0
     assert "unstable queue" in judge(result, s.slo, 10.0).reasons
+
+
+def test_a_backlog_cut_off_by_the_stop_counts_its_waits():
+    """80 req/s for 5 s overloads one H100: only ~20 requests complete, the early fast ones, and ~350 wait. Their
+    waits at the stop are lower bounds of their TTFTs: counted, the p90 TTFT misses its 500 ms (judged on the
+    completed requests alone, the run used to pass at three times the sustainable rate)."""
+    s = chat(workload={"num_requests": 600}, stop={"max_sim_time_s": 5.0})
+    result = simulate(at_rate(s, 80.0), SCENARIOS)
+    assert result.summary["completed"] < 30 < 300 < result.summary["unfinished"]
+    assert result.summary["p90_ttft_ms"] < 500  # the completed ones
+    verdict = judge(result, s.slo, 80.0)
+    assert "TTFT SLO" in verdict.reasons and verdict.metrics["p90_ttft_ms"] > 1000
+
+
+def test_requests_a_stop_leaves_undecided_or_unsent_are_not_goodput_misses():
+    """At 10 req/s every completed request meets the SLOs; the two in flight at the 5 s stop could too, and turns
+    of sessions not begun by the stop were never sent: none of them makes the goodput share fall below 90%."""
+    s = chat(workload={"num_requests": 600}, stop={"max_sim_time_s": 5.0}, slo={"goodput_fraction": 0.9})
+    result = simulate(at_rate(s, 10.0), SCENARIOS)
+    assert result.summary["slo_undecided"] > 0 and result.summary["slo_attainment"] == 1.0
+    verdict = judge(result, s.slo, 10.0)
+    assert verdict.ok and verdict.metrics["goodput_share"] == 1.0
+    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
+                "new_message_tokens": {"kind": "fixed", "value": 50}}
+    s = chat(workload={"sessions": sessions, "num_requests": 300}, stop={"max_sim_time_s": 20.0},
+             slo={"goodput_fraction": 0.9})
+    result = simulate(at_rate(s, 2.0), SCENARIOS)
+    assert result.summary["not_arrived"] > 100 and result.requests["arrival_s"].isna().any()
+    assert judge(result, s.slo, 2.0).ok
+
+
+def test_a_run_that_completes_nothing_fails():
+    s = chat(stop={"max_sim_time_s": 0.05})
+    verdict = judge(simulate(at_rate(s, 10.0), SCENARIOS), s.slo, 10.0)
+    assert verdict.reasons == ("unstable queue",) and verdict.details == ("no request completed before the stop",)
