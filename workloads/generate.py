@@ -69,6 +69,10 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     table = add_shared_prefixes(table, cfg.shared_prefix, prefix_rng, base_dir)
     if cfg.sessions is not None:
         requests, followups = session_requests(table, cfg, request_rng, base_dir)
+        total = len(requests) + len(followups)
+        if cfg.trace is not None and cfg.num_requests is not None and total < cfg.num_requests:
+            notes += (f"{resolve_path(cfg.trace.path, base_dir)}: its {len(table)} usable rows ran out before "
+                      f"num_requests {cfg.num_requests}: the run has {total} requests in {len(requests)} sessions",)
     else:
         n = 1 if cfg.parallel_sampling is None else cfg.parallel_sampling.n
         extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), request_rng, base_dir)
@@ -130,7 +134,9 @@ def _shortfall(cfg: WorkloadConfig, num_rows: int, arrival_s: np.ndarray, path: 
     synthetic arrival process (one request per row: a rate sweep on a short trace would otherwise end early
     without a word). Trace-timed arrivals end with their trace."""
     per_arrival = cfg.parallel_sampling.n if cfg.parallel_sampling is not None else 1
-    short_of_count = cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows
+    # sessions' num_requests counts turns, not rows: `session_requests` tells whether the rows ran out
+    short_of_count = cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows \
+        and cfg.sessions is None
     if arrival_s.size < num_rows or not (short_of_count or cfg.num_requests is None):
         return ()
     wanted = [f"num_requests {cfg.num_requests}"] if short_of_count else []
@@ -189,10 +195,16 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame | None, rng: np.rando
 
 
 def _trace_times(cfg: WorkloadConfig, rows: pd.DataFrame, n_max: int) -> np.ndarray:
+    """The trace's times, stretched to `rate_per_s` (or by `time_scale`), within `duration_s`. With both a rate and
+    a duration the run keeps rate x duration rows and stretches those to the rate, so the arrivals that run hold
+    the rate asked for, not the whole trace's (a busy first hour would otherwise run fast)."""
+    rate = cfg.arrivals.rate_per_s
+    if rate is not None and cfg.duration_s is not None:
+        n_max = min(n_max, max(2, round(rate * cfg.duration_s)))
     times = rows["arrival_s"].to_numpy()[:n_max]
     if np.isnan(times).any():
         raise ValueError(f"{cfg.trace.path}: arrivals.kind 'trace' but the trace has no timestamps")
-    times = rescale_times(times, cfg.arrivals.rate_per_s, cfg.arrivals.time_scale)
+    times = rescale_times(times, rate, cfg.arrivals.time_scale)
     return times if cfg.duration_s is None else times[times < cfg.duration_s]
 
 

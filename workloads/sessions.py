@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from workloads.arrivals import rescale_times
 from workloads.config import WorkloadConfig
 from workloads.distributions import draw_outputs, sample_lengths, sample_values
 from workloads.prefixes import with_unique_rest
@@ -42,6 +43,7 @@ def session_requests(table: pd.DataFrame, cfg: WorkloadConfig, rng: np.random.Ge
     think_s = sample_values(sessions.think_time_s, num_draws, rng, base_dir)
     kept = _followups_kept(table, turns, first_draw, message, output, sessions.max_prompt_tokens,
                            cfg.num_requests)
+    table = _at_rate(table, len(kept), cfg)
     requests, followups = [], {}
     next_id = len(kept)
     for i, (row, num_followups) in enumerate(zip(table.itertuples(index=False), kept)):
@@ -79,6 +81,18 @@ def _followups_kept(table: pd.DataFrame, turns: np.ndarray, first_draw: np.ndarr
             budget -= 1
         kept.append(j)
     return kept
+
+
+def _at_rate(table: pd.DataFrame, num_sessions: int, cfg: WorkloadConfig) -> pd.DataFrame:
+    """A trace stretched to `rate_per_s` was stretched over all its rows; when `num_requests` (counting turns)
+    keeps fewer sessions, stretch the ones kept to that rate, so sessions start at the rate asked for."""
+    if cfg.arrivals.kind != "trace" or cfg.arrivals.rate_per_s is None or num_sessions >= len(table):
+        return table
+    times = table["arrival_s"].to_numpy()[:num_sessions]
+    if num_sessions < 2 or times[-1] <= times[0]:
+        return table
+    return table.assign(arrival_s=np.concatenate((rescale_times(times - times[0], cfg.arrivals.rate_per_s),
+                                                  table["arrival_s"].to_numpy()[num_sessions:])))
 
 
 def _first_turn(row, request_id: int) -> Request:

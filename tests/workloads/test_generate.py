@@ -48,6 +48,24 @@ def test_trace_rescaled_to_a_target_rate():
     assert mean_rate_per_s(arrivals(w)) == pytest.approx(20.0, rel=1e-9)
 
 
+def test_a_rescaled_trace_keeps_its_rate_within_a_duration_and_over_the_sessions_it_starts():
+    """The conversation trace's first 2,000 rows run at 4.71 req/s, its first 600 faster or slower: asked for
+    20 req/s over 30 s, the run keeps 600 rows at exactly 20/s (stretched over all 2,000, then cut at 30 s, the
+    rate would be the first rows' own). With 3-turn sessions num_requests counts turns: 900 of them start 300
+    sessions, which arrive at the rate asked for, and no note says rows ran out."""
+    w = build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 20.0}, duration_s=30.0)
+    assert len(w.requests) == 600 and mean_rate_per_s(arrivals(w)) == pytest.approx(20.0, rel=1e-9)
+    assert arrivals(w).max() < 30.0
+    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
+                "new_message_tokens": {"kind": "fixed", "value": 50}}
+    w = build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 5.0}, num_requests=900, sessions=sessions)
+    assert len(w.requests) == 300 and len(w.followups) == 600 and not w.notes
+    assert mean_rate_per_s(arrivals(w)) == pytest.approx(5.0, rel=1e-9)
+    short = build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 5.0}, num_requests=9000,
+                  sessions=sessions)
+    assert len(short.requests) == 2000 and "the run has 6000 requests in 2000 sessions" in short.notes[0]
+
+
 def test_trace_time_scale_duration_and_skip():
     base = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace"}))
     scaled = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace", "time_scale": 0.5}))
