@@ -108,3 +108,17 @@ def test_missing_folder_and_unknown_client(tmp_path):
     folder = write_model(tmp_path / "model")
     with pytest.raises(ValueError, match=r"clients \[9\]"):
         servegen_requests(folder, np.random.default_rng(0), duration_s=60, clients=[9])
+
+
+@pytest.mark.parametrize("kind,shape", [("Gamma", 0.05), ("Gamma", 4.0), ("Weibull", 0.4)])
+def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
+    """Each 600-s window starts its renewal process in its steady state (the first arrival a uniform share of a
+    length-biased gap in), so a window holds rate x 600 arrivals on average: starting one whole gap in, a
+    Gamma window of shape 0.05 (cv 4.5) at 0.1/s held ~70 instead of 60."""
+    from types import SimpleNamespace
+
+    from workloads.servegen import WINDOW_S, _Gaps, _window_arrivals
+    row = SimpleNamespace(p1=shape, rate_req_per_s=0.1, dist_name=kind, timestamp_s=0.0)
+    rng = np.random.default_rng(7)
+    counts = [len(_window_arrivals(0.0, _Gaps(row, rng), 0.1)) for _ in range(3000)]
+    assert np.mean(counts) == pytest.approx(0.1 * WINDOW_S, rel=0.05)
