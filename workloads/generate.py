@@ -163,6 +163,10 @@ def _trace_rows(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
     table, path = load_source(cfg.trace, base_dir, rng, cfg.duration_s), resolve_path(cfg.trace.path, base_dir)
     if cfg.skip_requests >= len(table):
         why = f" ({dropped_text(table)})" if table.attrs.get("dropped") else ""
+        if not len(table):
+            raise ValueError(f"{path}: no usable rows{why}" + (
+                ": its clients (trace.clients) send nothing in the first duration_s"
+                if cfg.trace.format == "servegen" else ""))
         raise ValueError(f"{path}: skip_requests ({cfg.skip_requests}) leaves none of its {len(table)} usable "
                          f"rows{why}")
     rows = table.iloc[cfg.skip_requests:].reset_index(drop=True)
@@ -204,7 +208,10 @@ def _trace_times(cfg: WorkloadConfig, rows: pd.DataFrame, n_max: int) -> np.ndar
     times = rows["arrival_s"].to_numpy()[:n_max]
     if np.isnan(times).any():
         raise ValueError(f"{cfg.trace.path}: arrivals.kind 'trace' but the trace has no timestamps")
-    times = rescale_times(times, rate, cfg.arrivals.time_scale)
+    try:
+        times = rescale_times(times, rate, cfg.arrivals.time_scale)
+    except ValueError as err:
+        raise ValueError(f"{cfg.trace.path}: arrivals.rate_per_s: {err}") from None
     return times if cfg.duration_s is None else times[times < cfg.duration_s]
 
 

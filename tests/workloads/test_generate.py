@@ -66,6 +66,11 @@ def test_a_rescaled_trace_keeps_its_rate_within_a_duration_and_over_the_sessions
     assert len(short.requests) == 2000 and "the run has 6000 requests in 2000 sessions" in short.notes[0]
 
 
+def test_a_rate_that_one_arrival_cannot_have_names_the_trace_and_field():
+    with pytest.raises(ValueError, match=r"azure_conv_1h_first2000.csv: arrivals.rate_per_s: mean rate needs >= 2"):
+        build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 5.0}, num_requests=1)
+
+
 def test_trace_time_scale_duration_and_skip():
     base = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace"}))
     scaled = arrivals(build(trace=QUICKSTART, arrivals={"kind": "trace", "time_scale": 0.5}))

@@ -122,3 +122,12 @@ def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
     rng = np.random.default_rng(7)
     counts = [len(_window_arrivals(0.0, _Gaps(row, rng), 0.1)) for _ in range(3000)]
     assert np.mean(counts) == pytest.approx(0.1 * WINDOW_S, rel=0.05)
+
+
+def test_clients_silent_in_the_window_are_named_as_such(traces_dir):
+    from workloads.config import WorkloadConfig
+    from workloads.generate import build_workload
+    cfg = WorkloadConfig.model_validate({"trace": {"path": "servegen/reason/deepseek-r1", "format": "servegen",
+                                                   "clients": [0]}, "arrivals": {"kind": "trace"}, "duration_s": 600})
+    with pytest.raises(ValueError, match=r"no usable rows: its clients \(trace.clients\) send nothing"):
+        build_workload(cfg, np.random.default_rng(0), traces_dir)
