@@ -8,8 +8,10 @@ from hardware.gpu import get_interconnect
 from hardware.model import get_model
 from simulator.disagg import KVPlacement, streamed_transfer_s
 from simulator.scenario import ParallelismConfig
+from policies.registry import routers as router_registry
 from tests.simulator.conftest import run, scenario
 
+ROUTERS = router_registry.names()
 PREFILL_HEAVY = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 2000, "high": 6000},
                                             "output": {"kind": "uniform", "low": 50, "high": 250}},
                  "arrivals": {"kind": "poisson", "rate_per_s": 2}, "num_requests": 300}
@@ -181,13 +183,16 @@ def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 1000), rate=st.floats(1, 30), decode_blocks=st.integers(700, 3000),
        prefill_blocks=st.integers(700, 3000), replicas=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       transfer=st.sampled_from(["direct", "store"]), preemption=st.sampled_from(["recompute", "swap"]))
+       transfer=st.sampled_from(["direct", "store"]), preemption=st.sampled_from(["recompute", "swap"]),
+       routers=st.tuples(st.sampled_from(ROUTERS), st.sampled_from(ROUTERS)))
 def test_no_request_is_lost_or_duplicated_across_the_handoff(seed, rate, decode_blocks, prefill_blocks, replicas,
-                                                             transfer, preemption):
+                                                             transfer, preemption, routers):
     s = scenario(seed=seed, model="llama-3.1-8b", hardware={"gpu": "h100-sxm"},
                  engine={"max_model_len": 8192, "preemption_mode": preemption},
-                 disaggregation={"prefill": {"replicas": replicas[0], "engine": {"num_gpu_blocks_override": prefill_blocks}},
-                                 "decode": {"replicas": replicas[1], "engine": {"num_gpu_blocks_override": decode_blocks}},
+                 disaggregation={"prefill": {"replicas": replicas[0], "router": routers[0],
+                                             "engine": {"num_gpu_blocks_override": prefill_blocks}},
+                                 "decode": {"replicas": replicas[1], "router": routers[1],
+                                            "engine": {"num_gpu_blocks_override": decode_blocks}},
                                  "transfer": {"kind": transfer}},
                  workload={"trace": None, "lengths": {"prompt": {"kind": "lognormal", "median": 1500, "sigma": 0.8},
                                                       "output": {"kind": "lognormal", "median": 80, "sigma": 1.0}},
@@ -200,6 +205,20 @@ def test_no_request_is_lost_or_duplicated_across_the_handoff(seed, rate, decode_
     handed = done[done["requested_output_tokens"] > 1]
     assert handed["kv_transfer_s"].notna().all() and handed["decode_wait_s"].ge(0).all()
     assert df["request_id"].is_unique
+    decode_engines = range(replicas[0], replicas[0] + replicas[1])  # numbered after the prefill pool's
+    assert handed["replica"].isin(decode_engines).all() and handed["prefill_replica"].isin(range(replicas[0])).all()
+
+
+def test_session_affinity_keeps_a_session_on_one_decode_replica():
+    """The decode pool's engines are numbered after the prefill pool's: the hash ring must map them by position
+    (numbers used as positions ran past the pool and crashed)."""
+    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 0.5},
+                "new_message_tokens": {"kind": "fixed", "value": 50}}
+    s = scenario(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 3, "router": "session_affinity"}},
+                 workload={"sessions": sessions, "num_requests": 60})
+    df = run(s).requests
+    assert df["finish_s"].notna().all() and set(df["replica"]) <= {1, 2, 3} and df["replica"].nunique() > 1
+    assert (df.groupby("session_id")["replica"].nunique() == 1).all()
 
 
 def _goodputs(disagg: bool, slo: dict) -> list[dict]:
