@@ -4,7 +4,8 @@ Step time: the target's verify pass is the step's own batch (a decoding request'
 priced as a small prefill over its context, reading the weights once). On top, in a step that
 drafts, the draft runs `max(k)` forward passes (`draft_batches`):
 - pass 0 brings the draft model's KV cache level with the target (the last sampled token; the whole
-  chunk for a request in prefill; everything it missed while drafting was off) and proposes guess 1;
+  chunk for a request in prefill) and proposes guess 1; a request that ran in a step without drafting
+  speculates no more (`Speculator.stop`), so nothing is caught up wholesale;
 - pass j (1 <= j < k) feeds guess j of every request guessing more than j, proposing guess j + 1.
 A `draft` model's passes are priced by the cost model for that model (same GPU, parallelism, profile
 and dtypes); an `eagle` / `mtp` head's pass costs `head_cost_fraction` of the target's over the same
@@ -49,7 +50,10 @@ def draft_batches(plan: StepPlan) -> list[StepBatch]:
     context = np.fromiter(plan.num_context, np.int64, n)
     target_new = np.fromiter(plan.num_new, np.int64, n) - drafts  # 1 for a guessing request
     draft_context = np.fromiter(plan.draft_context, np.int64, n)
-    batches = [StepBatch(context + target_new - draft_context, draft_context, drafts > 0)]
+    seen = draft_context >= 0  # requests that stopped speculating (-1) are not fed to the draft model
+    if not seen.any():
+        return []
+    batches = [StepBatch((context + target_new - draft_context)[seen], draft_context[seen], (drafts > 0)[seen])]
     for j in range(1, int(drafts.max(initial=0))):
         more = drafts > j
         batches.append(StepBatch.of(np.ones(int(more.sum()), np.int64), context[more] + j))

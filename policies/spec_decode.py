@@ -60,10 +60,11 @@ class SpeculativeConfig(BaseModel):
         "eagle / mtp: one head forward pass costs this fraction of the target's over the same tokens"))
     ngram_lookup_s: float = Field(1e-4, ge=0, description="ngram: CPU seconds of the lookup, per step that drafts")
     disable_above_batch: int | None = Field(None, ge=1, description=(
-        "Draft nothing in a step that starts with more running requests than this (None: never)"))
+        "Draft nothing in a step that starts with more running requests than this (None: never); the requests "
+        "of such a step speculate no more (vLLM v0's disable_by_batch_size: their draft KV fell behind)"))
     disable_above_tokens: int | None = Field(None, ge=1, description=(
         "Draft nothing in a step whose running requests have more pending tokens than this "
-        "(1 per decode, the rest of the prompt for one mid-prefill; None: never)"))
+        "(1 per decode, the rest of the prompt for one mid-prefill; None: never); its requests speculate no more"))
 
     @model_validator(mode="after")
     def _draft_model_iff_draft(self) -> SpeculativeConfig:
@@ -103,6 +104,7 @@ class Speculator:
         self.lookahead = cfg.k if self.runs_draft_model else 0
         self._rng: dict[int, tuple[np.random.Generator, float]] = {}  # request id -> (its draws, its alpha)
         self._draft_len: dict[int, int] = {}  # request id -> tokens in the draft model's KV cache
+        self._stopped: set[int] = set()  # requests that ran in a step without drafting: they draft no more
 
     def is_on(self, running: list[Request]) -> bool:
         """Does the step about to be scheduled draft? Decided on the running requests as it starts."""
@@ -115,8 +117,24 @@ class Speculator:
         return pending <= cfg.disable_above_tokens
 
     def num_drafts(self, req: Request) -> int:
-        """Guesses for a decoding request: k, fewer near its end (a round never yields past the last token)."""
+        """Guesses for a decoding request: k, fewer near its end (a round never yields past the last token); none
+        once it has stopped speculating."""
+        if req.id in self._stopped:
+            return 0
         return max(min(self.cfg.k, req.num_output_tokens - req.num_generated - 1), 0)
+
+    def speculates(self, req: Request) -> bool:
+        return req.id not in self._stopped
+
+    def stop(self, requests: tuple[Request, ...]) -> None:
+        """`requests` ran in a step that drafted nothing: the draft model did not see their tokens, so, as vLLM
+        v0 does once it skips the proposer, they speculate no more (catching the draft up later would cost a
+        pass over everything they computed meanwhile)."""
+        self._stopped.update(req.id for req in requests)
+
+    def restart(self, req: Request) -> None:
+        """A recompute preemption dropped `req`'s KV, the draft model's with it: it starts over."""
+        self._draft_len.pop(req.id, None)
 
     def accept(self, req: Request, num_drafts: int) -> int:
         """Guesses the target accepts this round: leading Bernoulli(alpha) successes, at most `num_drafts`.
@@ -164,3 +182,4 @@ class Speculator:
     def forget(self, req: Request) -> None:
         self._rng.pop(req.id, None)
         self._draft_len.pop(req.id, None)
+        self._stopped.discard(req.id)

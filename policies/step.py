@@ -98,7 +98,8 @@ class PlanBuilder:
         drafts = tuple(self.drafts.get(r, 0) for r in reqs)
         samples = tuple(c + n - d == r.num_prompt_tokens + r.num_generated
                         for r, n, c, d in zip(reqs, new, context, drafts))
-        draft_context = tuple(speculator.draft_context(r) for r in reqs)  # registers newcomers in any step
+        # registers newcomers in any step; -1: the request no longer speculates, the draft model skips it
+        draft_context = tuple(speculator.draft_context(r) if speculator.speculates(r) else -1 for r in reqs)
         return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in,
                         drafts if drafting else (),
                         draft_context if drafting and speculator.runs_draft_model else ())

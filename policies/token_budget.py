@@ -114,7 +114,10 @@ class TokenBudgetScheduler:
         if not step.preempted:
             self._resume_swapped(step)
             self._admit_waiting(step)
-        return step.plan(self.speculator, self._drafting)
+        plan = step.plan(self.speculator, self._drafting)
+        if self.speculator is not None and not self._drafting:
+            self.speculator.stop(plan.requests)
+        return plan
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
         if plan.num_draft or plan.draft_context:
@@ -132,7 +135,7 @@ class TokenBudgetScheduler:
             accepted = spec.accept(req, d) if d else 0
             if self.log.feed(req, n - d + accepted, now, 1 + accepted) and req.is_done:
                 finished.append(req)
-            if plan.draft_context:
+            if plan.draft_context and spec.speculates(req):
                 spec.record(req, c, n - d, d, accepted)
             self.kv.cache(req)
         for req in finished:
@@ -167,10 +170,10 @@ class TokenBudgetScheduler:
 
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: PlanBuilder) -> None:
-        running, i, drafting = self.running, 0, self._drafting
-        lookahead = self.speculator.lookahead if self.speculator is not None else 0
+        running, i, drafting, spec = self.running, 0, self._drafting, self.speculator
         while i < len(running) and step.budget > 0:
             req = running[i]
+            lookahead = spec.lookahead if spec is not None and spec.speculates(req) else 0
             pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
             want = pending + self.speculator.num_drafts(req) if drafting and pending == 1 and req.num_generated \
                 else self._capped(pending)
@@ -283,6 +286,8 @@ class TokenBudgetScheduler:
             self.swapped.append((victim, held))
             return
         victim.num_computed_tokens = 0  # recompute: prompt and outputs so far are prefilled again
+        if self.speculator is not None:
+            self.speculator.restart(victim)
         victim.phase = Phase.WAITING
         self._waiting.push(victim)
 

@@ -175,40 +175,45 @@ def test_the_budget_truncates_guesses():
     assert plan.samples == (True, True)
 
 
-def test_drafting_switches_off_above_a_batch_size():
+def test_drafting_switches_off_above_a_batch_size_and_its_requests_speculate_no_more():
+    """Three running > 2: no step drafts, and, as in vLLM v0, the requests of such a step never draft again (the
+    draft model did not see their tokens). A request arriving later drafts as usual."""
     sched, _ = spec_scheduler(k=2, acceptance=1.0, disable_above_batch=2, max_num_seqs=8)
-    requests = make_requests([4, 4, 4], [3, 9, 9])
-    steps = drive(sched, requests)
+    requests = make_requests([4, 4, 4, 4], [3, 5, 5, 9])
+    steps = drive(sched, requests, arrivals=[0.0, 0.0, 0.0, 10.0])
     assert steps[1].num_new == [1, 1, 1]  # 3 running > 2: plain decode
     assert steps[2].num_new == [1, 1, 1] and steps[2].batch == [0, 1, 2]  # r0 ends here
-    assert steps[3].batch == [1, 2] and steps[3].num_new == [3, 3]  # 2 running: drafting again
+    assert steps[3].batch == [1, 2] and steps[3].num_new == [1, 1]  # 2 running, but they no longer speculate
+    assert steps[5].batch == [3] and steps[6].num_new == [3]  # the newcomer's prefill, then a round of 2 guesses
     assert all(r.num_generated == r.num_output_tokens for r in requests)
 
 
 def test_drafting_switches_off_above_a_token_load():
     sched, _ = spec_scheduler(k=2, acceptance=1.0, disable_above_tokens=3, max_num_seqs=8,
                               max_num_batched_tokens=16)
-    requests = make_requests([4, 4, 40], [9, 9, 2])
-    steps = drive(sched, requests)
+    requests = make_requests([4, 4, 40, 4], [9, 9, 2, 5])
+    steps = drive(sched, requests, arrivals=[0.0, 0.0, 0.0, 4.0])
     assert steps[0].num_new == [4, 4, 8]
     # pending tokens of the running requests: 1 + 1 + 32, then 1 + 1 + 18, then 1 + 1 + 4: above 3, no guesses
     assert [s.num_new for s in steps[1:4]] == [[1, 1, 14], [1, 1, 14], [1, 1, 4]]
-    assert steps[4].num_new == [3, 3, 1]  # 1 + 1 + 1: on again (r2 needs one last token, so no guess)
+    # 1 + 1 + 1: on again, but the three ran without drafting; r3, admitted now, drafts from its next step on
+    assert steps[4].num_new == [1, 1, 1, 4] and steps[5].num_new == [1, 1, 3]
 
 
-def test_the_draft_model_catches_up_after_a_step_without_drafting():
+def test_the_draft_model_follows_the_target_and_starts_over_after_a_recompute():
     sp = Speculator(spec())
     req = Request(0, 0.0, 100, 50)
     req.num_computed_tokens, req.num_generated = 100, 1
     assert sp.draft_context(req) == 100  # first seen level with the target
-    req.num_computed_tokens, req.num_generated = 103, 4  # three plain decodes with drafting off
-    assert sp.draft_context(req) == 100
-    sp.record(req, 103, 1, 4, accepted=2)  # caught up, fed guesses 1-3, kept 2 of them
-    assert sp._draft_len[req.id] == 103 + 3
-    sp.record(req, 106, 1, 4, accepted=4)  # all accepted: guess 4 was never fed to the draft
-    assert sp._draft_len[req.id] == 106 + 4
-    req.num_computed_tokens = 0  # recompute after preemption: both start over
-    assert sp.draft_context(req) == 0
+    sp.record(req, 100, 1, 4, accepted=2)  # fed the last token and guesses 1-3, kept 2 of them
+    assert sp._draft_len[req.id] == 100 + 3
+    sp.record(req, 103, 1, 4, accepted=4)  # all accepted: guess 4 was never fed to the draft
+    assert sp._draft_len[req.id] == 103 + 4
+    sp.restart(req)  # a recompute preemption dropped both KV caches: re-prefilled, it is level again
+    req.num_computed_tokens = 60
+    assert sp.draft_context(req) == 60
+    sp.stop((req,))  # it ran in a step without drafting: no more guesses
+    assert not sp.speculates(req) and sp.num_drafts(req) == 0
 
 
 def test_draft_passes_of_a_mixed_step():
@@ -225,6 +230,9 @@ def test_draft_passes_of_a_mixed_step():
     assert plan.num_decode_tokens == 8 and plan.num_prefill_tokens == 64
     assert draft_batches(StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False),
                                   num_draft=(4, 2, 0))) == []  # ngram: no draft model
+    stopped = StepPlan(tuple(reqs), (5, 1, 64), (20, 30, 100), (True, True, False), num_draft=(4, 0, 0),
+                       draft_context=(20, -1, 100))  # r1 no longer speculates: the draft model skips it
+    assert [b.num_new.tolist() for b in draft_batches(stopped)] == [[1, 64], [1], [1], [1]]
 
 
 def test_draft_weights_and_kv_shrink_the_pool():
