@@ -4,6 +4,8 @@ move the KV, and admit the request there.
 TTFT counts all of it: the first token is the one the decode replica samples once it holds the KV
 (policies/disagg.py). Per request the run records the wait for decode blocks (backpressure), the
 decode side's own prefix hit (not sent), and the transfer time and the bytes the decode GPUs receive.
+A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
+one decode replica share its bandwidth.
 Sliding-window layers send only the blocks still in their window (vLLM's NixlConnector with the hybrid KV
 cache manager, on by default since it supports it), unless `disable_hybrid_kv_cache_manager` keeps every
 layer whole.
@@ -74,7 +76,9 @@ class Handoff:
         self.sender, self.receiver = KVPlacement.of(model, prefill_par), KVPlacement.of(model, decode_par)
         self.link_bytes_per_s = cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s
         self.latency_s = cfg.store_latency_s if cfg.kind == "store" else link_latency_s
+        # one sending and one receiving NIC set per replica (its micro-batch engines share them, keyed by the first)
         self.links = {r.index: simpy.Resource(env, capacity=1) for r in prefill}
+        self.inbound = {r.index: simpy.Resource(env, capacity=1) for r in decode}
         self.store = simpy.Resource(env, capacity=cfg.store_channels)
         self.route_decode = route_decode
 
@@ -94,18 +98,23 @@ class Handoff:
         received = distinct * self.receiver.share  # by each decode GPU
         nbytes = received * self.receiver.gpus
         wire_s = max(received, nbytes / self.sender.gpus) / self.link_bytes_per_s
-        link = self.links[min(r.index for r in (source, *source.siblings))]  # one per replica, whatever its pp
-        with (self.store if self.cfg.kind == "store" else link).request() as turn:
-            yield turn
-            if self.cfg.kind == "store":  # written once, split over the prefill GPUs; then each decode GPU reads
-                duration = (distinct / self.sender.gpus + received) / self.link_bytes_per_s + self.latency_s
-            elif self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
-                # blocks were ready and the link free as the prefill ended: the layers streamed alongside it
-                compute = req.extra["prefill_end_s"] - req.extra["prefill_start_s"]
-                duration = streamed_transfer_s(wire_s, compute, self.model.num_layers) + self.latency_s
-            else:
-                duration = wire_s + self.latency_s
-            yield self.env.timeout(duration)
+        if self.cfg.kind == "store":  # written once, split over the prefill GPUs; then each decode GPU reads
+            with self.store.request() as turn:
+                yield turn
+                yield self.env.timeout((distinct / self.sender.gpus + received) / self.link_bytes_per_s
+                                       + self.latency_s)
+        else:  # the sender's NICs, then the receiver's: taken in that order, so no two transfers wait on each other
+            with self.links[_first(source)].request() as send:
+                yield send
+                with self.inbound[_first(target)].request() as receive:
+                    yield receive
+                    if self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
+                        # blocks ready and both ends free as the prefill ended: the layers streamed alongside it
+                        compute = req.extra["prefill_end_s"] - req.extra["prefill_start_s"]
+                        duration = streamed_transfer_s(wire_s, compute, self.model.num_layers) + self.latency_s
+                    else:
+                        duration = wire_s + self.latency_s
+                    yield self.env.timeout(duration)
         req.extra["kv_transfer_s"] = self.env.now - reserved
         req.extra["kv_transfer_bytes"] = nbytes
         prefill_sched: PrefillScheduler = source.scheduler
@@ -113,3 +122,8 @@ class Handoff:
         source.wake_pool()
         target.scheduler.accept(req, self.env.now)
         target.wake.notify()
+
+
+def _first(replica: Replica) -> int:
+    """The number of a replica's first micro-batch engine: its NICs' key, whatever its pipeline depth."""
+    return min(r.index for r in (replica, *replica.siblings))

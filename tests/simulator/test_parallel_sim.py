@@ -129,6 +129,21 @@ def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
     assert second == pytest.approx(first + (first_end + first - second_end), rel=1e-9)
 
 
+def test_two_prefill_replicas_sending_to_one_decode_replica_share_its_nics():
+    """2P1D: two prompts end their prefills together on the two prefill replicas and both go to the one decode
+    replica, whose NICs take one transfer at a time: the second takes exactly twice the first (a link per
+    sender gave the decode GPU twice its bandwidth)."""
+    s = scenario(disaggregation={"prefill": {"replicas": 2}, "decode": {"replicas": 1},
+                                 "transfer": {"link": "ib-ndr-400"}},
+                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 4000},
+                                                      "output": {"kind": "fixed", "value": 4}},
+                           "arrivals": {"kind": "all_at_once"}, "num_requests": 2})
+    requests = run(s).requests
+    assert sorted(requests["prefill_replica"]) == [0, 1] and set(requests["replica"]) == {2}
+    first, second = sorted(requests["kv_transfer_s"])
+    assert second == pytest.approx(2 * first, rel=1e-9)
+
+
 def test_sglang_plans_memory_by_its_mem_fraction_static():
     """SGLang's default mem_fraction_static on an H100 (81,090 MiB) at TP1: 512 + 1.5 x 8192 + 2 x 256 (CUDA graphs
     up to batch 256) + 1/8 x 1024 = 13,440 MiB reserved, so 0.834 of the device holds weights and KV, activations
