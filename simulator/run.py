@@ -193,6 +193,11 @@ class World:
             decode = self._pool(_pool_settings(s, d.decode, "vllm_decode"), d.decode.replicas,
                                 len(prefill.replicas), lambda replica: self._finished)
             self.pools = [prefill, decode]
+            kv_dtypes = prefill.scenario.engine.kv_dtype, decode.scenario.engine.kv_dtype
+            if kv_dtypes[0] != kv_dtypes[1]:
+                raise SpecError(f"disaggregation: the prefill pool's engine.kv_dtype ({kv_dtypes[0]}) and the decode "
+                                f"pool's ({kv_dtypes[1]}) differ; the KV moves as it is stored (vLLM's NixlConnector "
+                                "refuses such a pair): set one kv_dtype for both")
             self.router = routers.get(d.prefill.router)(prefill.replicas, np.random.default_rng(seeds[1]))
             decode_router = routers.get(d.decode.router)(decode.replicas, np.random.default_rng(seeds[4]))
             link = get_interconnect(d.transfer.link)

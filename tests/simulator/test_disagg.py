@@ -209,6 +209,13 @@ def test_no_request_is_lost_or_duplicated_across_the_handoff(seed, rate, decode_
     assert handed["replica"].isin(decode_engines).all() and handed["prefill_replica"].isin(range(replicas[0])).all()
 
 
+def test_pools_storing_kv_in_different_dtypes_are_refused():
+    from hardware.errors import SpecError
+    s = scenario(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1, "engine": {"kv_dtype": "fp8"}}})
+    with pytest.raises(SpecError, match=r"prefill pool's engine.kv_dtype \(bf16\) and the decode pool's \(fp8\)"):
+        run(s)
+
+
 def test_session_affinity_keeps_a_session_on_one_decode_replica():
     """The decode pool's engines are numbered after the prefill pool's: the hash ring must map them by position
     (numbers used as positions ran past the pool and crashed)."""
