@@ -36,10 +36,11 @@ class PrefillScheduler(TokenBudgetScheduler):
         handed off (they keep their blocks until the decode side has the KV; the token sampled here is dropped,
         so none is counted)."""
         done = []
-        for req, n in zip(plan.requests, plan.num_new):
-            req.num_computed_tokens += n
+        for req, n, last_chunk in self._landed(plan):
+            if not self.pipelined:  # a pipelined step's tokens counted when it was scheduled
+                req.num_computed_tokens += n
             self.kv.cache(req)
-            if req.num_computed_tokens == req.num_tokens:  # not a prefill chunk before the last
+            if last_chunk:
                 done.append(req)
         for req in done:
             if req.num_output_tokens == 1:

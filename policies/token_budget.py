@@ -59,6 +59,16 @@ class TokenBudgetScheduler:
         self._drafting = False  # whether the step being scheduled drafts
         # async scheduling (vLLM's default; resolved by EngineConfig.with_vllm_defaults): plans one step ahead
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
+        # pipeline parallel (`pipeline()`): several steps in flight, tokens counted as computed when scheduled
+        self.pipelined = False
+        self._in_flight: dict[int, int] = {}  # request id -> tokens scheduled in steps not yet committed
+        self._stamps: dict[int, tuple[int, ...]] = {}  # id(plan) -> its requests' preemption counts when planned
+
+    def pipeline(self) -> None:
+        """Schedule for a pipeline-parallel replica, as vLLM V1 does with a batch queue of pp steps: a request's
+        tokens count as computed once scheduled, so its next prompt chunk can go into the next micro-batch while
+        this one is in flight, and a request whose sampled token is not back yet has nothing to schedule."""
+        self.pipelined = True
 
     @property
     def num_waiting(self) -> int:
@@ -117,12 +127,44 @@ class TokenBudgetScheduler:
         plan = step.plan(self.speculator, self._drafting)
         if self.speculator is not None and not self._drafting:
             self.speculator.stop(plan.requests)
+        if self.pipelined and plan.requests:
+            self._stamps[id(plan)] = tuple(req.num_preemptions for req in plan.requests)
+            for req, n in zip(plan.requests, plan.num_new):
+                req.num_computed_tokens += n
+                self._in_flight[req.id] = self._in_flight.get(req.id, 0) + n
         return plan
+
+    def _landed(self, plan: StepPlan) -> list[tuple[Request, int, bool]]:
+        """(request, tokens, samples) of a finished step whose tokens count now: all of them, except, when
+        pipelined, requests preempted while it was in flight (their tokens were dropped with their KV); a
+        pipelined step's tokens were counted when it was scheduled."""
+        if not self.pipelined:
+            return list(zip(plan.requests, plan.num_new, plan.samples))
+        stamps, landed = self._stamps.pop(id(plan)), []
+        for req, n, sample, stamp in zip(plan.requests, plan.num_new, plan.samples, stamps):
+            if req.num_preemptions != stamp or req.phase is not Phase.RUNNING:
+                continue
+            left = self._in_flight[req.id] - n
+            if left:
+                self._in_flight[req.id] = left
+            else:
+                del self._in_flight[req.id]
+            landed.append((req, n, sample))
+        return landed
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
         if plan.num_draft or plan.draft_context:
             return self._commit_speculative(plan, now)
-        finished = feed_plan(plan, self.log, self.kv, now)
+        if self.pipelined:
+            finished = []
+            for req, _, sample in self._landed(plan):
+                if sample:
+                    self.log.sample(req, now)
+                    if req.is_done:
+                        finished.append(req)
+                self.kv.cache(req)
+        else:
+            finished = feed_plan(plan, self.log, self.kv, now)
         for req in finished:
             self.retire(req, now)
         return finished
@@ -175,6 +217,9 @@ class TokenBudgetScheduler:
             req = running[i]
             lookahead = spec.lookahead if spec is not None and spec.speculates(req) else 0
             pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
+            if pending <= 0:  # pipelined: its last step is in flight, its token not back yet
+                i += 1
+                continue
             want = pending + self.speculator.num_drafts(req) if drafting and pending == 1 and req.num_generated \
                 else self._capped(pending)
             n = want if want < step.budget else step.budget
@@ -277,6 +322,7 @@ class TokenBudgetScheduler:
         step.drop(victim)
         step.preempted.append(victim)
         victim.num_preemptions += 1
+        victim.num_computed_tokens -= self._in_flight.pop(victim.id, 0)  # pipelined: steps in flight are lost
         held = len(self.kv.table(victim))
         self.kv.free(victim)
         if self.cfg.preemption_mode == "swap" and held <= self.host_blocks_free:

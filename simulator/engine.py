@@ -9,6 +9,7 @@ scheduled up front by the arrival process's single timeout chain).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 
 import simpy
@@ -56,10 +57,11 @@ class Replica:
                  pipeline: StagePipeline | None = None):
         self.env, self.index, self.scheduler, self.step_time = env, index, scheduler, step_time
         self.steps, self.on_finish, self.fast_forward = steps, on_finish, fast_forward
-        self.pipeline = pipeline  # pipeline parallel: the stages this engine's micro-batches share with its siblings
+        self.pipeline = pipeline  # pipeline parallel: the stages its micro-batches (or its siblings') pass through
         self.wake = Wakeup(env)
         self.siblings: list[Replica] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
-        self.process = env.process(self._run())
+        pipelined = pipeline is not None and getattr(scheduler, "pipelined", False)
+        self.process = env.process(self._run_pipelined() if pipelined else self._run())
 
     def wake_pool(self) -> None:
         """Blocks of the shared pool came back: wake this engine and its siblings, whose waiting requests
@@ -102,6 +104,30 @@ class Replica:
                 yield self.env.timeout(duration)
             else:  # a pipeline stage busy with a sibling's micro-batch holds this one up
                 duration = yield from self.pipeline.run(plan)
+            finished = self.scheduler.commit(plan, self.env.now)
+            self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens,
+                         len(plan.preempted))
+            for req in finished:
+                self.on_finish(req)
+
+    def _run_pipelined(self):
+        """vLLM V1's batch queue under pipeline parallelism: schedule while fewer than pp steps are in flight,
+        else (or when nothing can be scheduled) wait for the oldest to leave the last stage and commit it. A
+        request arriving meanwhile is seen at the next schedule, as vLLM's engine core blocks on that step."""
+        in_flight: deque[tuple[StepPlan, simpy.Process, int]] = deque()
+        while True:
+            if len(in_flight) < len(self.pipeline.stages):
+                plan = self.scheduler.schedule(self.env.now)
+                if plan.preempted and plan.is_empty:
+                    continue
+                if not plan.is_empty:
+                    in_flight.append((plan, self.env.process(self.pipeline.run(plan)), plan.num_decode_tokens))
+                    continue
+            if not in_flight:
+                yield self.wake.wait()
+                continue
+            plan, step, decode_tokens = in_flight.popleft()
+            duration = yield step
             finished = self.scheduler.commit(plan, self.env.now)
             self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens,
                          len(plan.preempted))

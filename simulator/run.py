@@ -233,32 +233,40 @@ class World:
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
             else None
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
-        # pipeline parallel: pp micro-batches in flight, simulated as pp engines, each step one pass through the
-        # replica's stages, which run one micro-batch at a time (simulator/pipeline_stages.py). As in vLLM V1 (one scheduler, one KV cache manager), a replica's engines share its whole KV
-        # pool and prefix cache and split max_num_seqs; a finish in one wakes the others (the blocks it freed may
-        # admit their waiting requests). Unlike vLLM's one scheduler, each engine preempts, keeps the watermark
-        # and blocks its queue's head on its own requests only. Shared blocks change under a fused stretch:
-        # pp > 1 steps one by one.
+        # pipeline parallel: pp micro-batches in flight through the replica's stages, which run one at a time
+        # (simulator/pipeline_stages.py). vLLM's schedulers run as vLLM V1 does, one scheduler with a batch queue
+        # of pp steps (TokenBudgetScheduler.pipeline). Other schedulers run as pp engines, one step in flight
+        # each, sharing the replica's whole KV pool and prefix cache and splitting max_num_seqs; a finish in one
+        # wakes the others (the blocks it freed may admit their waiting requests), but each preempts and blocks
+        # its queue's head on its own requests only. Shared blocks change under a fused stretch: pp > 1 steps
+        # one by one.
         pp = s.parallelism.pp
         e = e.model_copy(update={"max_model_len": memory.max_model_len})
         pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
-        for first in range(first_index, first_index + count * pp, pp):
+        scheduler_class = schedulers.get(e.scheduler)
+        batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
+        per_replica = 1 if batch_queue else pp  # engines per replica
+        index = first_index
+        for _ in range(count):
             kv = make_kv_manager(e, num_pages, page_size, memory.kv_windows)
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
             seqs = max_running_requests(e, kv) if e.scheduler == "sglang" else e.max_num_seqs
-            slots = [max(1, seqs // pp + (v < seqs % pp)) for v in range(pp)]  # sum: max_num_seqs
+            slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
             engines, stages = [], StagePipeline(self.env, pp, stage_times) if pp > 1 else None
-            for i, engine_seqs in zip(range(first, first + pp), slots):
+            for engine_seqs in slots:  # sum: max_num_seqs
                 cfg = e.model_copy(update={"max_num_seqs": engine_seqs})
-                scheduler = schedulers.get(e.scheduler)(kv, cfg, orderings.get(e.queue_order), self.tokens,
-                                                        host_blocks // pp)  # the replica's swap space, shared
+                scheduler = scheduler_class(kv, cfg, orderings.get(e.queue_order), self.tokens,
+                                            host_blocks // per_replica)  # the replica's swap space, shared
+                if batch_queue:
+                    scheduler.pipeline()
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                     scheduler.speculator = Speculator(e.speculative, s.seed)
-                engines.append(Replica(self.env, i, scheduler, step_time, self.steps, None, fast if pp == 1 else None,
-                                       stages))
+                engines.append(Replica(self.env, index, scheduler, step_time, self.steps, None,
+                                       fast if pp == 1 else None, stages))
+                index += 1
             for replica in engines:
                 replica.siblings = [r for r in engines if r is not replica]
-                replica.on_finish = _waking(on_finish(replica), replica) if pp > 1 else on_finish(replica)
+                replica.on_finish = _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
             pool.replicas.extend(engines)
         return pool
 
