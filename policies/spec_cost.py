@@ -90,10 +90,10 @@ def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) ->
 def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: ModelSpec, gpu: GpuSpec,
                       par: Parallelism, cfg: EngineMemoryConfig) -> MemoryPlan:
     """`plan` with the draft's weights and KV bytes per token added (unchanged without a draft or a head)."""
+    if spec is not None and par.pp > 1:
+        raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
     if spec is None or spec.method == "ngram":
         return plan
-    if par.pp > 1:
-        raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
     if spec.method == "draft":
         draft = get_model(spec.draft_model)
         extra_weights = weight_bytes_per_gpu(draft, par, draft_weight_dtype(draft, cfg.weight_dtype))

@@ -56,6 +56,21 @@ def test_a_long_prompts_chunks_pipeline_through_the_stages(pp):
     assert ttft < 0.6 * one_stage.requests["ttft_s"].item()
 
 
+def test_swapped_blocks_cross_pcie_on_every_stage_for_its_layers():
+    """Each stage's GPUs hold their layers' share of a swapped block, so a swap's PCIe time (blocks x block bytes
+    over the link, plus its latency) is spread over the stages by layers: 16 of Llama 3.1 8B's 32 layers each."""
+    s = scenario(parallelism={"pp": 2}, engine={"preemption_mode": "swap"}).with_engine_defaults()
+    memory, timer = _memory_plan(s), build_timer(s)
+    step_time, stage_times = build_step_time(s, memory, timer)
+    req = Request(0, 0.0, 100, 10)
+    plain = StepPlan((req,), (1,), (100,), (True,))
+    swapping = dataclasses.replace(plain, swap_in_blocks=50)
+    pcie = get_interconnect("pcie5")
+    swap_s = 50 * memory.block_bytes / pcie.bytes_per_s + pcie.latency_s
+    assert step_time(swapping) == pytest.approx(step_time(plain) + swap_s, rel=1e-12)
+    assert [b - a for a, b in zip(stage_times(plain), stage_times(swapping))] == pytest.approx([swap_s / 2] * 2)
+
+
 def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
     s = scenario(model="deepseek-v3", hardware={"gpu": "h200"},
                  parallelism={"tp": 8, "ep": True, "dp_attention": True},
@@ -84,8 +99,8 @@ def test_a_request_that_needs_more_than_half_the_pool_still_runs_under_two_stage
 
 
 def test_a_pipelined_prefill_pool_wakes_its_engines_when_a_transfer_frees_blocks():
-    """P/D: a prefill's blocks come back when its KV has moved, not when it finishes; both micro-batch engines
-    of the prefill replica must hear of it, or the one whose queue waited for blocks sleeps for good."""
+    """P/D: a prefill's blocks come back when its KV has moved, not when it finishes; the pipelined prefill
+    replica must hear of it, or its queue, waiting for blocks, sleeps for good."""
     s = scenario(engine={"max_model_len": 8192, "max_num_batched_tokens": 2048},
                  disaggregation={"prefill": {"replicas": 1, "pp": 2, "engine": {"num_gpu_blocks_override": 250}},
                                  "decode": {"replicas": 1, "engine": {"num_gpu_blocks_override": 400}},
@@ -163,14 +178,17 @@ def test_sglang_plans_memory_by_its_mem_fraction_static():
        rate=st.floats(2, 60))
 def test_a_pipelined_scheduler_finishes_every_request_and_gives_back_every_block(seed, pp, blocks, budget, preemption,
                                                                                   caching, rate):
-    """Steps in flight through the stages, tokens counted when scheduled, preemptions (of requests in flight too)
-    under a tight pool: every request ends with all its tokens and all blocks come back."""
+    """Steps in flight through the stages, tokens counted when scheduled, prefix hits on blocks registered while
+    in flight, preemptions (of requests in flight too) under a tight pool: every request ends with all its
+    tokens and all blocks come back. (`test_a_tight_pipelined_pool_preempts_steps_in_flight_and_hits_its_cache`
+    pins a draw where all of that happens.)"""
     s = scenario(seed=seed, parallelism={"pp": pp},
                  engine={"num_gpu_blocks_override": blocks, "max_num_batched_tokens": budget, "max_model_len": 1800,
                          "preemption_mode": preemption, "prefix_caching": caching, "max_num_seqs": 16},
                  workload={"trace": None, "lengths": {"prompt": {"kind": "lognormal", "median": 300, "sigma": 1.0},
                                                       "output": {"kind": "lognormal", "median": 60, "sigma": 1.0}},
-                           "shared_prefix": None, "arrivals": {"kind": "poisson", "rate_per_s": rate},
+                           "shared_prefix": {"num_prefixes": 3, "prefix_tokens": 128},
+                           "arrivals": {"kind": "poisson", "rate_per_s": rate},
                            "num_requests": 40})
     world = World(s, SCENARIOS)
     result = world.run()
@@ -182,4 +200,34 @@ def test_a_pipelined_scheduler_finishes_every_request_and_gives_back_every_block
     replica.scheduler.kv.check_invariants()
     assert replica.scheduler.kv.num_free_blocks == replica.scheduler.kv.num_blocks
     assert not replica.scheduler._in_flight and not replica.scheduler._stamps
-    assert result.steps["kv_blocks_used"].max() <= blocks
+    assert result.steps["kv_blocks_used"].max() <= blocks - 1  # vLLM's null block
+
+
+def test_a_tight_pipelined_pool_preempts_steps_in_flight_and_hits_its_cache():
+    """One draw of the property above where it all happens: PP3 over 150 blocks preempts, both ways, requests
+    whose steps are in flight, and later prompts hit the shared prefixes; nothing is lost or leaked."""
+    for mode in ("recompute", "swap"):
+        s = scenario(seed=3, parallelism={"pp": 3},
+                     engine={"num_gpu_blocks_override": 150, "max_num_batched_tokens": 512, "max_model_len": 1800,
+                             "preemption_mode": mode, "max_num_seqs": 16},
+                     workload={"trace": None, "lengths": {"prompt": {"kind": "lognormal", "median": 300, "sigma": 1.0},
+                                                          "output": {"kind": "lognormal", "median": 60, "sigma": 1.0}},
+                               "shared_prefix": {"num_prefixes": 3, "prefix_tokens": 128},
+                               "arrivals": {"kind": "poisson", "rate_per_s": 40}, "num_requests": 40})
+        world = World(s, SCENARIOS)
+        (replica,) = world.replicas
+        scheduler, preempted_in_flight = replica.scheduler, []
+        preempt = scheduler._preempt
+
+        def spy(victim, step):
+            preempted_in_flight.append(victim.id in scheduler._in_flight)
+            preempt(victim, step)
+        scheduler._preempt = spy
+        result = world.run()
+        assert any(preempted_in_flight), mode
+        assert result.summary["prefix_cache_hit_rate"] > 0
+        done = result.requests[result.requests["finish_s"].notna()]
+        assert len(done) + result.summary["rejected"] == 40
+        assert (done["output_tokens"] == done["requested_output_tokens"]).all()
+        scheduler.kv.check_invariants()
+        assert scheduler.kv.num_free_blocks == scheduler.kv.num_blocks and not scheduler._in_flight

@@ -160,3 +160,13 @@ def test_speculative_runs_finish_every_request_with_every_token(seed, rate, bloc
     assert (df["finish_s"].notna() ^ df["reject_reason"].notna()).all()
     assert (done["output_tokens"] == done["requested_output_tokens"]).all()
     assert result.steps["kv_usage"].max() <= 1.0
+
+
+@pytest.mark.parametrize("method", ["draft", "ngram"])
+def test_speculation_with_pipeline_stages_is_refused(method):
+    """Not modelled: a pipelined step's tokens count when scheduled, a verify's only when accepted. n-gram
+    lookup, with no draft memory to plan, slipped past the check and stalled its requests."""
+    from hardware.errors import SpecError
+    spec = draft(0.7) if method == "draft" else {"method": "ngram", "k": 3, "acceptance": 0.6}
+    with pytest.raises(SpecError, match="speculative decoding with pipeline parallelism is not modelled"):
+        run(scenario(parallelism={"pp": 2}, engine={"speculative": spec}))
