@@ -132,7 +132,7 @@ class EngineConfig(BaseModel):
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
         max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
         Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
-        without pipeline parallelism (micro-batch engines are simulated synchronously) and without draft-model or
+        without pipeline parallelism (its steps in flight are committed one by one) and without draft-model or
         n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ...").
         An unset block_size is 16, or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
         forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
@@ -159,7 +159,7 @@ class EngineConfig(BaseModel):
             update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1 and not plain_drafts
         elif self.async_scheduling and pp > 1:
             raise SpecError("engine.async_scheduling with pipeline parallelism (pp > 1) is not modelled: the "
-                            "micro-batch engines step synchronously; set it false or leave it unset")
+                            "pipelined steps are committed one by one; set it false or leave it unset")
         elif self.async_scheduling and plain_drafts:
             raise SpecError(f"engine.async_scheduling with speculative method {self.speculative.method!r}: vLLM "
                             f"schedules ahead only with {' or '.join(EAGLE_METHODS)} drafts; set it false "

@@ -43,7 +43,7 @@ def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
 
 @pytest.mark.parametrize("scheduler, pp, stated, resolved", [
     ("vllm", 1, None, True),  # vLLM's default since 0.14
-    ("vllm", 2, None, False),  # pipeline micro-batch engines step synchronously
+    ("vllm", 2, None, False),  # pipelined steps are committed one by one
     ("vllm", 1, False, False), ("sarathi", 1, None, False), ("sglang", 1, None, True),  # its overlap scheduler
     ("sglang", 2, None, False), ("orca", 1, None, False)])
 def test_async_scheduling_defaults_to_vllms_for_a_colocated_replica(scheduler, pp, stated, resolved):
