@@ -104,11 +104,7 @@ class Replica:
                 yield self.env.timeout(duration)
             else:  # a pipeline stage busy with a sibling's micro-batch holds this one up
                 duration = yield from self.pipeline.run(plan)
-            finished = self.scheduler.commit(plan, self.env.now)
-            self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens,
-                         len(plan.preempted))
-            for req in finished:
-                self.on_finish(req)
+            self._commit(plan, duration, decode_tokens)
 
     def _run_pipelined(self):
         """vLLM V1's batch queue under pipeline parallelism: schedule while fewer than pp steps are in flight,
@@ -128,11 +124,14 @@ class Replica:
                 continue
             plan, step, decode_tokens = in_flight.popleft()
             duration = yield step
-            finished = self.scheduler.commit(plan, self.env.now)
-            self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens,
-                         len(plan.preempted))
-            for req in finished:
-                self.on_finish(req)
+            self._commit(plan, duration, decode_tokens)
+
+    def _commit(self, plan: StepPlan, duration: float, decode_tokens: int) -> None:
+        """Apply a step that has just ended, log it, and hand on the requests it finished."""
+        finished = self.scheduler.commit(plan, self.env.now)
+        self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens, len(plan.preempted))
+        for req in finished:
+            self.on_finish(req)
 
     def _stretch(self, plan: StepPlan) -> tuple[Stretch, int] | None:
         """Fuse the decode steps from here to the next event, if this step starts such a stretch.
