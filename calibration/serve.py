@@ -179,6 +179,7 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
                 time.sleep(max(0.0, pending[0].arrival_s - (time.perf_counter() - start)))
                 idle = True
                 continue
+            plan.mark_scheduled(now)
             _run_step(ex, plan, tokens, kv, sched, steps, start, now, idle)
             idle = False
     finally:

@@ -57,6 +57,12 @@ class StepPlan:
     def num_prefill_tokens(self) -> int:
         return self.num_tokens - self.num_decode_tokens
 
+    def mark_scheduled(self, now: float) -> None:
+        """Stamp the requests this step is the first to schedule: their queue wait ends at `now`."""
+        for req in self.requests:
+            if req.scheduled_s is None:
+                req.scheduled_s = now
+
     def batch(self) -> StepBatch:
         """The target model's batch. A verify pass needs logits at every position it checks, so when the step
         drafts, `needs_logits` holds logit counts (1 + guesses) instead of flags; the cost model only sums it."""

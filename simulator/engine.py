@@ -91,6 +91,7 @@ class Replica:
                 if not plan.preempted:  # a step that only preempted is followed at once by one that admits
                     yield self.wake.wait()
                 continue
+            plan.mark_scheduled(self.env.now)
             fused = self._stretch(plan)
             if fused is not None:
                 stretch, last_batch = fused
@@ -117,6 +118,7 @@ class Replica:
                 if plan.preempted and plan.is_empty:
                     continue
                 if not plan.is_empty:
+                    plan.mark_scheduled(self.env.now)
                     in_flight.append((plan, self.env.process(self.pipeline.run(plan)), plan.num_decode_tokens))
                     continue
             if not in_flight:

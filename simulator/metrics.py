@@ -9,6 +9,8 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
   together (a speculative round's accepted guesses + 1) count as one streamed chunk, one gap, as in vLLM's
   benchmark; so with speculative decoding mean ITL exceeds mean TPOT, which still counts every token.
 - E2EL: finish time - arrival (`e2el`).
+- queue: the wait from arrival until a step first schedules the request (vLLM's `request_queue_time_seconds`);
+  TTFT less it is the prefill, with any preemption and requeue after admission.
 - duration: first arrival to last finish. Throughputs divide by it.
 - goodput: completed requests meeting every given SLO (`slo_met`), per second of duration.
 - slo_attainment: the share of judged requests meeting every SLO. Judged: completed, rejected (too long for
@@ -85,6 +87,7 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "cached_tokens": [r.num_cached_tokens for r in requests],
         "preemptions": [r.num_preemptions for r in requests],
         "replica": [r.replica for r in requests],
+        "scheduled_s": [r.scheduled_s for r in requests],
         "session_id": [r.session_id for r in requests],
         "reject_reason": [r.reject_reason for r in requests],
         "served_by": [r.served_by for r in requests],
@@ -95,8 +98,9 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "kv_transfer_bytes": [r.extra.get("kv_transfer_bytes") for r in requests],
         "decode_hit_tokens": [r.extra.get("decode_hit_tokens") for r in requests],
     }
-    df = pd.DataFrame(rows).astype({"first_token_s": float, "finish_s": float, "decode_wait_s": float,
+    df = pd.DataFrame(rows).astype({"scheduled_s": float, "first_token_s": float, "finish_s": float, "decode_wait_s": float,
                                     "kv_transfer_s": float, "kv_transfer_bytes": float, "decode_hit_tokens": float})
+    df["queue_s"] = df["scheduled_s"] - df["arrival_s"]
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2el_s"] = df["finish_s"] - df["arrival_s"]
     multi = df["output_tokens"] > 1
@@ -136,7 +140,7 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
         "request_throughput": per_s(len(done)), "output_throughput": per_s(out_tokens),
         "total_token_throughput": per_s(in_tokens + out_tokens),
         **_stats("ttft", done["ttft_s"]), **_stats("tpot", done["tpot_s"]), **_stats("itl", itl_s),
-        **_stats("e2el", done["e2el_s"]),
+        **_stats("e2el", done["e2el_s"]), **_stats("queue", done["queue_s"]),
         "preemptions": int(requests["preemptions"].sum()),
         "num_steps": len(steps),
     }
@@ -184,21 +188,24 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas
                            gpus_of_replica: dict[int, int]) -> dict:
     """Prefix-cache, response-cache and per-replica load figures.
 
-    - prefix_cache_hit_rate: prompt tokens served from the KV prefix cache at admission / prompt tokens of
-      requests that reached an engine (`prefill_tokens_saved` is the numerator).
+    - prefix_cache_hit_rate: prompt tokens served from the KV prefix cache at first admission / prompt tokens
+      of the requests an engine scheduled (as vLLM counts lookups; one still queued at a stop was never looked
+      up). `prefill_tokens_saved` is the numerator.
     - response_cache_hit_rate: requests answered by an application cache / all requests; false hits are
-      semantic answers to another question. `gpu_time_saved_s`: their tokens times the run's GPU-seconds
-      per processed token.
+      semantic answers to another question. `gpu_time_saved_s`: the forward positions they would have needed
+      (prompt + output - 1) times the run's GPU-seconds per forward position of a token kept: prefill tokens
+      (recomputes included) and emitted decode tokens, not rejected draft guesses.
     - replica_requests / load_imbalance: requests each of `replicas` served (the engines requests finish on:
       under P/D, the decode pool's); busiest / mean.
     """
     engine = requests[requests["served_by"] == "engine"]
-    prompt = int(engine["prompt_tokens"].sum())
-    cached = int(engine["cached_tokens"].sum())
+    looked_up = engine[engine["scheduled_s"].notna()]
+    prompt = int(looked_up["prompt_tokens"].sum())
+    cached = int(looked_up["cached_tokens"].sum())
     cache_hits = requests[requests["served_by"].fillna("engine").str.endswith("_cache")]
-    tokens = int((steps["prefill_tokens"] + steps["decode_tokens"]).sum())
+    positions = int(steps["prefill_tokens"].sum()) + int((engine["output_tokens"] - 1).clip(lower=0).sum())
     gpu_s = float((steps["duration_s"] * steps["replica"].map(gpus_of_replica)).sum())
-    gpu_s_per_token = gpu_s / tokens if tokens else 0.0
+    gpu_s_per_position = gpu_s / positions if positions else 0.0
     per_replica = engine["replica"].value_counts().reindex(replicas, fill_value=0)
     return {
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,
@@ -206,8 +213,8 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas
         "response_cache_hits": len(cache_hits),
         "response_cache_hit_rate": len(cache_hits) / len(requests) if len(requests) else 0.0,
         "response_cache_false_hits": int(cache_hits["false_hit"].sum()),
-        "gpu_time_saved_s": float((cache_hits["prompt_tokens"] + cache_hits["requested_output_tokens"]).sum())
-        * gpu_s_per_token,
+        "gpu_time_saved_s": float((cache_hits["prompt_tokens"] + cache_hits["requested_output_tokens"] - 1).sum())
+        * gpu_s_per_position,
         "replica_requests": [int(n) for n in per_replica],
         "load_imbalance": float(per_replica.max() / per_replica.mean()) if per_replica.mean() > 0 else 0.0,
     }

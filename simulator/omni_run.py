@@ -213,6 +213,7 @@ class Pipeline:
             if out is not None and out.reject_reason is None:
                 req.first_token_s, req.finish_s, req.num_generated = out.first_token_s, out.finish_s, out.num_generated
                 req.replica, req.served_by = out.replica, "engine"
+                req.scheduled_s = origin.scheduled_s  # the first stage's queue
             view.append(req)
         return view
 

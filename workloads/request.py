@@ -64,6 +64,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served from a prefix cache at (last) admission
     num_preemptions: int = 0
     replica: int | None = None
+    scheduled_s: float | None = None  # when a step first scheduled it: its queue wait ends
     first_token_s: float | None = None
     last_token_s: float | None = None
     finish_s: float | None = None

@@ -1,9 +1,12 @@
-"""SLO judgement of requests a run's stop time cut off: a miss only when no future can save it."""
+"""Summary metrics: SLO judgement of requests a stop cut off (a miss only when no future can save it), queue
+time, prefix-cache hit rate and the GPU time a response cache saved."""
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from simulator.metrics import known_misses
+from simulator.metrics import cache_and_load_summary, known_misses
+from tests.simulator.conftest import run, scenario
 
 SLO = {"ttft": 500.0, "tpot": 50.0, "e2el": 9000.0}
 
@@ -28,3 +31,50 @@ def test_unfinished_requests_miss_only_what_they_can_no_longer_meet():
     assert known_misses(rows, SLO, stop_s).tolist() == [False, True, False, True, True, True]
     assert known_misses(rows, {"ttft": 500.0}, stop_s).tolist() == [False, True, False, False, False, False]
     assert known_misses(rows, {"tpot": 50.0}, stop_s).tolist() == [False, False, False, True, False, True]
+
+
+def _fixed_trace(tmp_path, rows: int, prompt: int, output: int, prefix_tokens: int = 0) -> dict:
+    """All requests at t=0, each `prompt` tokens (the first `prefix_tokens` shared) and `output` tokens."""
+    trace = tmp_path / "fixed.csv"
+    prefix = ",prefix_id,prefix_tokens" if prefix_tokens else ""
+    trace.write_text(f"arrival_s,prompt_tokens,output_tokens{prefix}\n" + "".join(
+        f"0,{prompt},{output}" + (f",0,{prefix_tokens}" if prefix_tokens else "") + "\n" for _ in range(rows)))
+    return {"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"}, "num_requests": rows}
+
+
+def test_queue_time_is_the_wait_for_a_running_request_to_finish(tmp_path):
+    """One sequence at a time: each request is scheduled in the step after the one before it finishes, so its
+    queue time is that request's E2E, and TTFT less queue time is its own (one-step) prefill."""
+    result = run(scenario(workload=_fixed_trace(tmp_path, 3, 512, 20),
+                          engine={"max_num_seqs": 1, "async_scheduling": False}))
+    df = result.requests.sort_values("request_id")
+    assert df["queue_s"].iloc[0] == 0
+    assert df["queue_s"].iloc[1:].tolist() == pytest.approx(df["finish_s"].iloc[:-1].tolist())
+    prefill = df["ttft_s"] - df["queue_s"]
+    assert prefill.tolist() == pytest.approx([prefill.iloc[0]] * 3) and prefill.iloc[0] > 0
+    assert result.summary["median_queue_ms"] == pytest.approx(df["queue_s"].median() * 1e3)
+
+
+def test_prefix_hit_rate_counts_only_requests_an_engine_looked_up(tmp_path):
+    """20 identical-prefix requests at once, one at a time, stopped early: of the k scheduled, all but the first
+    hit the 19 shared blocks (304 tokens) of their 320; the ones still queued at the stop were never looked up."""
+    result = run(scenario(workload=_fixed_trace(tmp_path, 20, 320, 50, prefix_tokens=304),
+                          engine={"max_num_seqs": 1}, stop={"max_sim_time_s": 1.0}))
+    k = int(result.requests["scheduled_s"].notna().sum())
+    assert 1 < k < 20
+    assert result.summary["prefix_cache_hit_rate"] == pytest.approx((k - 1) * 304 / (k * 320))
+
+
+def test_gpu_time_saved_prices_kept_tokens_not_rejected_drafts():
+    """4 GPU-seconds (2 steps of 1 s at TP2) bought 100 prefilled positions and 2 emitted decode tokens (the
+    decode step verified 7 drafts and kept 1, plus its bonus token): 102 positions. A cached answer of 50 + 2 tokens would have
+    needed 51 of them: 51 * 4 / 102 = 2 s."""
+    requests = pd.DataFrame({
+        "served_by": ["engine", "exact_cache"], "scheduled_s": [0.0, np.nan], "prompt_tokens": [100, 50],
+        "cached_tokens": [0, 0], "output_tokens": [3, 2], "requested_output_tokens": [3, 2], "false_hit": [False, False],
+        "replica": [0, np.nan]})
+    steps = pd.DataFrame({"duration_s": [1.0, 1.0], "replica": [0, 0], "prefill_tokens": [100, 0],
+                          "decode_tokens": [0, 8]})
+    summary = cache_and_load_summary(requests, steps, [0], {0: 2})
+    assert summary["gpu_time_saved_s"] == pytest.approx(2.0)
+    assert summary["response_cache_hit_rate"] == 0.5
