@@ -82,6 +82,7 @@ class CostOptions:
 
 
 #: Model-level operators of a pipeline's first stage (it embeds the tokens) and of its last (it computes the logits).
+ATTENTION_OPERATORS = frozenset({"attention_decode", "attention_prefill"})
 FIRST_STAGE_OPERATORS = frozenset({"embedding", "embedding_all_reduce", "model_extras"})
 LAST_STAGE_OPERATORS = frozenset({"lm_head", "logits_gather"})
 
@@ -595,15 +596,14 @@ def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
     return batch.last_token_only() if group.last_token_only and batch.max_query_len > 1 else batch
 
 
-def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                      profile: Profile = Profile(), options: CostOptions = CostOptions()) -> float:
-    """`step_cost(...).attention_s` for the simulator's hot path: the same terms, summed in the same order
-    (per operator name across groups, then over names in first-seen order), without the other operators."""
-    ctx, memo, totals = _context(batch, model, gpu, parallelism, profile, options), {}, {}
-    reduced = None
+def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism,
+                         profile: Profile, options: CostOptions):
+    """Yield (group, its layers, decode?, seconds per layer) of every layer group's attention: the terms `step_cost`
+    prices, without the other operators. One reduced batch for all fast-prefill groups, so their stats are shared."""
+    ctx, memo, reduced = _context(batch, model, gpu, parallelism, profile, options), {}, None
     for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
         seen = _group_batch(batch, group)
-        if seen is not batch:  # one reduced batch for all fast-prefill groups, so their stats are shared
+        if seen is not batch:
             reduced = reduced or seen
             seen = reduced
         for decode in (True, False):
@@ -615,8 +615,17 @@ def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallel
                 continue
             _, _, compute_s, memory_s = attention_terms(ctx.with_tokens(seen.num_tokens), group.owns_kv, decode,
                                                         stats.keys, stats.kv_read, stats.tokens)
-            name = "attention_decode" if decode else "attention_prefill"
-            totals[name] = totals.get(name, 0.0) + (compute_s if compute_s > memory_s else memory_s) * layers
+            yield group, layers, decode, compute_s if compute_s > memory_s else memory_s
+
+
+def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                      profile: Profile = Profile(), options: CostOptions = CostOptions()) -> float:
+    """`step_cost(...).attention_s` for the simulator's hot path: the same terms, summed in the same order
+    (per operator name across groups, then over names in first-seen order), without the other operators."""
+    totals = {}
+    for _, layers, decode, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options):
+        name = "attention_decode" if decode else "attention_prefill"
+        totals[name] = totals.get(name, 0.0) + time_s * layers
     return sum(totals.values())
 
 
@@ -682,6 +691,68 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[dtype]))
 
 
+_STAGE_GROUPS: dict[tuple[int, int, bool], tuple[ModelSpec, tuple[tuple[tuple[_Group, int], ...], ...]]] = {}
+
+
+def _stage_groups(model: ModelSpec, pp: int, fast_prefill: bool) -> tuple[tuple[tuple[_Group, int], ...], ...]:
+    """Each pipeline stage's layer groups with their layer counts there (vLLM's get_pp_indices split).
+    Memoized by object identity, as `_groups_of` is."""
+    hit = _STAGE_GROUPS.get((id(model), pp, fast_prefill))
+    if hit is not None and hit[0] is model:
+        return hit[1]
+    by_layer, stages, start = _groups_of(model, fast_prefill)[0], [], 0
+    for count in pipeline_stages(model.num_layers, pp):
+        stages.append(tuple(Counter(by_layer[start:start + count]).items()))
+        start += count
+    _STAGE_GROUPS[(id(model), pp, fast_prefill)] = (model, tuple(stages))
+    return tuple(stages)
+
+
+def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                        profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
+    """`stage_seconds` less attention: what depends only on the step's shape, which `StepTimer` caches."""
+    pp = parallelism.pp
+    if not batch.num_requests:
+        return [0.0] * pp
+    ctx = _context(batch, model, gpu, parallelism, profile, options)
+    per_layer = {}
+    for group, _ in _layer_groups(model, options.kv_sharing_fast_prefill):
+        terms = _Terms()
+        _layer_group(ctx, terms, batch, group, 1)
+        per_layer[group] = sum(term.time_s for term in terms.terms if term.name not in ATTENTION_OPERATORS)
+    edges = _Terms()
+    _model_level(ctx, edges, batch)
+    first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
+                         for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
+    mixed = batch.is_mixed(options.decode_query_len)
+    every_stage = (profile.step_overhead_s + profile.request_overhead_s * batch.num_requests
+                   + profile.token_overhead_s * batch.num_tokens)
+    stages = []
+    for groups in _stage_groups(model, pp, options.kv_sharing_fast_prefill):
+        time_s = every_stage + sum((per_layer[group] + profile.layer_overhead_s) * count for group, count in groups)
+        if mixed:
+            time_s += profile.mixed_layer_overhead_s * sum(count for group, count in groups
+                                                          if not group.last_token_only)
+        stages.append(time_s)
+    for boundary in range(pp - 1):
+        stages[boundary] += send / (pp - 1)
+    stages[0] += first + profile.host_step_s + profile.host_request_s * batch.num_requests
+    stages[-1] += last
+    return stages
+
+
+def stage_attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                            profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
+    """Each pipeline stage's attention seconds: the part of `stage_seconds` that depends on every context."""
+    if not batch.num_requests:
+        return [0.0] * parallelism.pp
+    per_layer: dict[_Group, float] = {}
+    for group, _, _, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options):
+        per_layer[group] = per_layer.get(group, 0.0) + time_s
+    return [sum(per_layer.get(group, 0.0) * count for group, count in groups)
+            for groups in _stage_groups(model, parallelism.pp, options.kv_sharing_fast_prefill)]
+
+
 def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
                   profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
     """One step's seconds on each pipeline stage, whose GPUs run only their layers (vLLM's get_pp_indices):
@@ -690,33 +761,5 @@ def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism:
     gather on the last, each boundary's send on the stage before it. Every stage's workers prepare their own
     inputs and launch their own kernels, so the per-step, per-request and per-token overheads repeat on each;
     the engine core's host time comes once, before the first stage."""
-    pp = parallelism.pp
-    if not batch.num_requests:
-        return [0.0] * pp
-    ctx = _context(batch, model, gpu, parallelism, profile, options)
-    by_layer, groups = _groups_of(model, options.kv_sharing_fast_prefill)
-    per_layer = {}
-    for group, _ in groups:
-        terms = _Terms()
-        _layer_group(ctx, terms, batch, group, 1)
-        per_layer[group] = sum(term.time_s for term in terms.terms)
-    edges = _Terms()
-    _model_level(ctx, edges, batch)
-    first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
-                         for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
-    mixed = batch.is_mixed(options.decode_query_len)
-    every_stage = (profile.step_overhead_s + profile.request_overhead_s * batch.num_requests
-                   + profile.token_overhead_s * batch.num_tokens)
-    stages, start = [], 0
-    for count in pipeline_stages(model.num_layers, pp):
-        layers = by_layer[start:start + count]
-        start += count
-        time_s = sum(per_layer[group] for group in layers) + every_stage + profile.layer_overhead_s * count
-        if mixed:
-            time_s += profile.mixed_layer_overhead_s * sum(not group.last_token_only for group in layers)
-        stages.append(time_s)
-    for boundary in range(pp - 1):
-        stages[boundary] += send / (pp - 1)
-    stages[0] += first + profile.host_step_s + profile.host_request_s * batch.num_requests
-    stages[-1] += last
-    return stages
+    args = (batch, model, gpu, parallelism, profile, options)
+    return [fixed + attention for fixed, attention in zip(stage_fixed_seconds(*args), stage_attention_seconds(*args))]

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.batch import StepBatch
-from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, stage_seconds,
-                           step_cost)
+from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s,
+                           stage_attention_seconds, stage_fixed_seconds, step_cost)
 from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec, pipeline_stages
 from hardware.profile import Profile
@@ -25,6 +25,7 @@ class StepTimer:
                  profile: Profile = Profile(), options: CostOptions = CostOptions()):
         self.args = (model, gpu, parallelism, profile, options)
         self._fixed_s: dict[tuple, float] = {}
+        self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
     def _shape(self, batch: StepBatch) -> tuple:
@@ -59,11 +60,15 @@ class StepTimer:
         return self.fixed_s(batch) + attention_seconds(batch, *self.args)
 
     def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
-        """Seconds of one step of `batch` on each pipeline stage (`stage_seconds`, not cached: pipelined engines
-        step one by one anyway), with `extra_s` (swaps, drafts) spread over the stages by their layers."""
+        """Seconds of one step of `batch` on each pipeline stage (`stage_seconds`, its non-attention part cached
+        by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers."""
+        key = self._shape(batch)
+        fixed = self._stage_fixed_s.get(key)
+        if fixed is None:
+            fixed = self._stage_fixed_s[key] = stage_fixed_seconds(batch, *self.args)
         layers = sum(self.stage_layers)
-        return [time_s + extra_s * count / layers
-                for time_s, count in zip(stage_seconds(batch, *self.args), self.stage_layers)]
+        return [fixed_s + attention_s + extra_s * count / layers for fixed_s, attention_s, count
+                in zip(fixed, stage_attention_seconds(batch, *self.args), self.stage_layers)]
 
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at

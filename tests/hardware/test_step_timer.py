@@ -1,11 +1,12 @@
 """The simulator's step timer must agree exactly with the cost model, stepped or fast-forwarded."""
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, step_cost
+from hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from hardware.profile import Profile
@@ -54,3 +55,22 @@ def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():
     for batch in (prefills, mixed, prefills):
         assert timer(batch) == step_cost(batch, model, H100, profile=profile).total_s
     assert timer.fixed_s(mixed) - timer.fixed_s(prefills) > 32 * 1e-4 * 0.999  # every layer's second path
+
+
+@settings(max_examples=40, deadline=None)
+@given(name=st.sampled_from(MODELS), pp=st.sampled_from([2, 3]), fast_prefill=st.booleans(),
+       reqs=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 5000), st.integers(0, 5000), st.booleans()),
+                     min_size=1, max_size=20))
+def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs):
+    """Two batches of one shape (tokens, requests, logits) but other contexts: the second reuses the first's
+    cached non-attention stage times and must still get its own attention."""
+    model = get_model(name)
+    par = Parallelism(tp=2 if name == "deepseek-v2" else 1, pp=pp)
+    options = CostOptions(kv_sharing_fast_prefill=fast_prefill)
+    profile = Profile(layer_overhead_s=3e-5, request_overhead_s=4e-6, token_overhead_s=5e-8, host_step_s=1e-5,
+                      mixed_layer_overhead_s=7e-6)
+    timer = StepTimer(model, H100, par, profile, options)
+    for contexts in ([c for _, c, _, _ in reqs], [c for _, _, c, _ in reqs]):
+        batch = StepBatch.of([n for n, _, _, _ in reqs], contexts, [lg for _, _, _, lg in reqs])
+        expected = stage_seconds(batch, model, H100, par, profile, options)
+        assert timer.stage_s(batch) == pytest.approx(expected, rel=1e-12)
