@@ -65,14 +65,15 @@ class Candidate:
         return sum(self.ratio) if self.kind == "pd" else 1
 
     def scenario(self, base: Scenario, replicas: int = 1) -> Scenario:
-        """`base` deployed as `replicas` of this candidate (round-robin, or least-outstanding P/D pools)."""
+        """`base` deployed as `replicas` of this candidate (round-robin, or P/D pools with the scenario's transfer,
+        routers and pool engine knobs: least-outstanding and the defaults when it has none)."""
         overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "parallelism.pp": self.pp} | {
             f"engine.{k}": v for k, v in self.knobs}
-        if self.kind == "pd":
-            prefill, decode = self.ratio
-            overrides |= {"cluster.replicas": 1, "disaggregation": {
-                "prefill": {"replicas": prefill * replicas, "tp": self.tp, "pp": self.pp},
-                "decode": {"replicas": decode * replicas, "tp": self.tp, "pp": self.pp}}}
+        if self.kind == "pd":  # the scenario's transfer and pools' engine knobs and routers kept, its GPU now ours
+            d = base.disaggregation.model_dump() if base.disaggregation is not None else {}
+            for pool, count in zip(("prefill", "decode"), self.ratio):
+                d[pool] = d.get(pool, {}) | {"replicas": count * replicas, "gpu": None, "tp": self.tp, "pp": self.pp}
+            overrides |= {"cluster.replicas": 1, "disaggregation": d}
         else:
             overrides |= {"cluster.replicas": replicas, "cluster.router": "round_robin"}
         return with_overrides(base.run_settings(), overrides)

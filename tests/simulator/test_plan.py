@@ -234,3 +234,17 @@ def test_a_deployment_whose_replicas_carry_a_failed_rate_is_flagged():
         in at_40.thin_margin
     assert Deployment(ev, 2, Verdict(38.0, (), ())).thin_margin is None
     assert Deployment(ev, 2, Verdict(40.0, ("TTFT SLO",), ("slow",))).thin_margin is None  # failing: nothing to add
+
+
+def test_pd_candidates_keep_the_scenarios_transfer_and_pool_settings():
+    """A P/D candidate resizes the scenario's pools onto its GPU and parallelism; the link, layer-wise streaming,
+    routers and pool engine knobs the scenario chose stay."""
+    base = chat(disaggregation={
+        "prefill": {"replicas": 1, "gpu": "h200", "tp": 4, "engine": {"max_num_batched_tokens": 4096}},
+        "decode": {"replicas": 1, "tp": 4, "router": "round_robin"},
+        "transfer": {"kind": "direct", "link": "ib-ndr-400", "streaming": True}})
+    unit = Candidate("h100-sxm", 2, kind="pd", ratio=(2, 1)).scenario(base, replicas=3).disaggregation
+    assert unit.transfer == base.disaggregation.transfer
+    assert (unit.prefill.replicas, unit.prefill.tp, unit.prefill.gpu, unit.prefill.engine) == \
+        (6, 2, None, {"max_num_batched_tokens": 4096})
+    assert (unit.decode.replicas, unit.decode.tp, unit.decode.router) == (3, 2, "round_robin")
