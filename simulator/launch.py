@@ -6,6 +6,8 @@ import json
 import shlex
 
 from hardware.model import get_model, resolve_weight_dtype
+from hardware.gpu import get_gpu
+from policies.config import EngineConfig, vllm_batch_defaults
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
 
@@ -55,6 +57,7 @@ def hf_model_id(model: str) -> str:
 
 
 # engine.speculative.method -> vLLM's speculative_config method (vllm/config/speculative.py SpeculativeMethod)
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py BlockSize
 VLLM_SPEC_METHODS = {"draft": "draft_model", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 # -> SGLang's --speculative-algorithm; its NGRAM drafts a tree from generated tokens, not prompt lookup: none
 SGLANG_SPEC_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "mtp": "EAGLE"}
@@ -96,10 +99,32 @@ def _sglang_speculative(spec: SpeculativeConfig) -> list[str]:
                     f"--speculative-num-draft-tokens {spec.k + 1}"]
 
 
+def _vllm_engine(s: Scenario) -> EngineConfig:
+    """The engine `vllm serve` should run. A scenario simulated with SGLang's scheduler keeps the limits it sets
+    (its slots at most the step's tokens, as vLLM requires), but SGLang's default slot cap and mem_fraction_static
+    (weights and KV only) are not vLLM's: vLLM's defaults stand for them."""
+    e = s.engine
+    if e.scheduler != "sglang":
+        return s.with_engine_defaults().engine
+    vllm = {"scheduler": "vllm", "gpu_memory_utilization": None}
+    if e.max_num_seqs is not None:
+        gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
+        tokens = e.max_num_batched_tokens or vllm_batch_defaults(gpu)[0]
+        vllm["max_num_seqs"] = min(e.max_num_seqs, tokens)
+    return s.model_copy(update={"engine": e.model_copy(update=vllm)}).with_engine_defaults().engine
+
+
+def _long_context(s: Scenario, max_model_len: int) -> bool:
+    """Whether the context runs past the model's own, which both engines refuse without an environment variable."""
+    return max_model_len > get_model(s.model).max_position_embeddings
+
+
 def vllm_command(s: Scenario, max_model_len: int) -> str:
     """`vllm serve` for one replica of `s` (one command per replica; replicas sit behind a load balancer)."""
-    e, par, dp = s.with_engine_defaults().engine, s.parallelism, _vllm_dp(s)
+    e, par, dp = _vllm_engine(s), s.parallelism, _vllm_dp(s)
     parts = [f"vllm serve {hf_model_id(s.model)}", f"--tensor-parallel-size {par.tp // dp}"]
+    if _long_context(s, max_model_len):
+        parts.insert(0, "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1")
     if dp > 1:
         parts.append(f"--data-parallel-size {dp}")
     if par.pp > 1:
@@ -138,6 +163,8 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     """SGLang's `launch_server` with the equivalent knobs (chunked-prefill-size -1 = chunking off)."""
     e, par = s.with_engine_defaults().engine, s.parallelism
     parts = [f"python -m sglang.launch_server --model-path {hf_model_id(s.model)}", f"--tp {par.tp}"]
+    if _long_context(s, max_model_len):
+        parts.insert(0, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
     if par.pp > 1:
         parts.append(f"--pp-size {par.pp}")
     if _dp_attention(s):
@@ -145,8 +172,9 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     if _moe_ep(s):  # all-reduce of the experts' outputs by default; under DP attention DeepEP's all-to-all
         parts.append(f"--ep-size {par.tp}" + (" --moe-a2a-backend deepep" if _dp_attention(s) else ""))
     # totals over the group: SGLang divides them among DP attention ranks itself
-    parts += [f"--max-running-requests {e.max_num_seqs}",
-              f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}"]
+    if e.scheduler != "sglang" or s.engine.max_num_seqs is not None:  # else SGLang's own cap, simulated as such
+        parts.append(f"--max-running-requests {e.max_num_seqs}")
+    parts.append(f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}")
     if e.scheduler == "sglang":  # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
         parts.append(f"--mem-fraction-static {e.gpu_memory_utilization}")
     parts.append(f"--context-length {max_model_len}")
@@ -190,13 +218,17 @@ def launch_notes(s: Scenario) -> list[str]:
                  f"{s.cluster.router} load balancer"]
     if s.engine.scheduler == "sglang":
         notes.append("simulated with SGLang's scheduler (prefill first): the SGLang command runs it; vLLM mixes "
-                     "prefill chunks into decode steps instead")
+                     "prefill chunks into decode steps instead, and takes its own default max_num_seqs and memory "
+                     "share")
     elif s.engine.scheduler != "vllm":
         notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
                      "the commands run the engines' default scheduler")
     if (dtype := _quantized_away(s)) not in (None, "fp16") and not _online_fp8(s):
         notes.append(f"weights {dtype} (the checkpoint ships {get_model(s.model).quantization}): serve a checkpoint "
                      "converted to it (e.g. AWQ/GPTQ for int4/w8a16)")
+    if s.engine.block_size not in VLLM_BLOCK_SIZES:
+        notes.append(f"block_size {s.engine.block_size}: vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+                     "and refuses the vLLM command as printed")
     if s.model not in HF_MODEL_IDS:
         notes.append(f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights")
     notes += _parallel_notes(s)

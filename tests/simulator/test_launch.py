@@ -100,3 +100,31 @@ def test_heads_and_ngram_map_where_the_engines_have_the_method():
     vllm, sglang = commands(chat())
     assert "speculative" not in vllm and "speculative" not in sglang
     assert not any("specul" in n for n in launch_notes(chat()))
+
+
+def test_sglang_keeps_its_own_slot_cap_and_vllm_its_own_defaults_for_an_sglang_scenario():
+    """Unset, SGLang's max_running_requests is what SGLang derives (capped by the pool; an explicit 4096 would
+    skip that cap); vLLM's command for the same scenario takes vLLM's max_num_seqs and memory share, not
+    SGLang's 4096 slots and mem_fraction_static, and a set slot count no larger than a step's tokens."""
+    s = chat(engine={"scheduler": "sglang", "prefix_caching": "radix"})
+    vllm, sglang = commands(s)
+    assert "--max-running-requests" not in sglang and "--mem-fraction-static 0.8" in sglang
+    assert "--max-num-seqs 1024 " in vllm and "--gpu-memory-utilization 0.9 " in vllm
+    vllm, sglang = commands(chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "max_num_seqs": 256}))
+    assert "--max-running-requests 256" in sglang and "--max-num-seqs 256 " in vllm
+    vllm, sglang = commands(chat(engine={"scheduler": "sglang", "max_num_seqs": 4096, "max_num_batched_tokens": 2048}))
+    assert "--max-running-requests 4096" in sglang and "--max-num-seqs 2048 " in vllm  # vLLM: slots <= tokens
+    assert "--max-running-requests 1024" in commands(chat())[1]  # vLLM's simulated slots, spelled for SGLang
+
+
+def test_a_context_past_the_models_own_carries_the_engines_environment_variables():
+    s = chat(engine={"max_model_len": 200000, "allow_long_max_model_len": True})
+    vllm, sglang = vllm_command(s, 200000), sglang_command(s, 200000)
+    assert vllm.startswith("VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 vllm serve ")
+    assert sglang.startswith("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 python -m sglang.launch_server ")
+    assert not any("ALLOW" in command for command in commands(chat()))
+
+
+def test_a_block_size_vllm_refuses_is_noted():
+    assert any("block_size 48: vLLM accepts 1, 8, 16" in note for note in launch_notes(chat(engine={"block_size": 48})))
+    assert not any("block_size" in note for note in launch_notes(chat(engine={"block_size": 32})))
