@@ -126,6 +126,7 @@ class ModelSpec:
     vector_params_per_layer: int = 0  # QK norms, attention sinks: stored, not GEMMs
     vision_params: int = 0  # an image encoder and its projector (Gemma 3's SigLIP): stored; images are not modelled
     quantization: str = "bf16"  # the checkpoint's weight dtype (what `weight_dtype: auto` serves), see checkpoint_dtype
+    architecture: str = ""  # the checkpoint's class (config.json `architectures`), for engines' per-class settings
 
     @property
     def num_layers(self) -> int:
@@ -462,6 +463,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`, plus the vision
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
     vision = _vision_params(raw)
+    architecture = str((raw.get("architectures") or [""])[0])
     if isinstance(raw.get("text_config"), dict):  # the checkpoint's quantization is the whole model's, at the top
         top = {"quantization_config": raw["quantization_config"]} if "quantization_config" in raw else {}
         raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type")), **top}
@@ -492,7 +494,8 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
         o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not
         mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear,
-        vector_params_per_layer=_vector_params(f), vision_params=vision, quantization=checkpoint_dtype(raw))
+        vector_params_per_layer=_vector_params(f), vision_params=vision, quantization=checkpoint_dtype(raw),
+        architecture=architecture)
 
 
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:

@@ -22,6 +22,10 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
     return (8192, 1024) if large else (2048, 256)
 
 
+# SGLang turns its hybrid SWA memory off for these (server_args: "Disable hybrid SWA memory for ... as it is not
+# yet supported"): every layer keeps every token, as vLLM's --disable-hybrid-kv-cache-manager does
+SGLANG_FULL_KV_ARCHITECTURES = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
+                                          "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration"})
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
@@ -94,7 +98,8 @@ class EngineConfig(BaseModel):
         "Allow max_model_len beyond the model's max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)"))
     num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the KV pool size (as vLLM's flag)")
     disable_hybrid_kv_cache_manager: bool = Field(False, description=(
-        "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks"))
+        "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks; "
+        "unset under sglang: on for Gemma 2/3/3n, which SGLang runs so"))
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
     scheduler_reserve_full_isl: bool = Field(True, description=(
         "Admit a waiting request only if the free pool holds its whole prompt (and outputs so far, less prefix "
@@ -126,7 +131,7 @@ class EngineConfig(BaseModel):
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
     def with_vllm_defaults(self, gpu: GpuSpec, max_model_len: int, tp: int = 1, pp: int = 1,
-                           dp_attention: bool = False, mla: bool = False) -> EngineConfig:
+                           dp_attention: bool = False, mla: bool = False, architecture: str = "") -> EngineConfig:
         """This config with unset batch limits and memory share filled as `vllm serve` fills them
         (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
@@ -137,7 +142,8 @@ class EngineConfig(BaseModel):
         An unset block_size is 16, or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
         forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
         picked CUTLASS MLA and 128); a set size that is not a multiple of 64 is an error there, since vLLM would
-        not run it."""
+        not run it. Under sglang, a model of SGLANG_FULL_KV_ARCHITECTURES keeps every token in every layer, as SGLang
+        runs it, unless disable_hybrid_kv_cache_manager is set (false: a what-if of SGLang sliding its windows)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -146,6 +152,9 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
+        if sglang and architecture in SGLANG_FULL_KV_ARCHITECTURES \
+                and "disable_hybrid_kv_cache_manager" not in self.model_fields_set:
+            update["disable_hybrid_kv_cache_manager"] = True
         if mla and not sglang and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
             if "block_size" not in self.model_fields_set:
                 update["block_size"] = FLASHMLA_BLOCK_SIZE

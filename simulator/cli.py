@@ -145,7 +145,8 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
            max_num_seqs: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
            gpu_file: list[Path] = GpuFiles,
            disable_hybrid_kv_cache_manager: bool = typer.Option(
-               False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag)"),
+               False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag; always so for Gemma 2/3/3n "
+                           "under --engine sglang, as SGLang runs them)"),
            as_json: bool = typer.Option(False, "--json")) -> None:
     """Plan GPU memory like vLLM (or SGLang) at start-up: weights, activations, KV blocks, max concurrency."""
     if engine not in ("vllm", "sglang"):
@@ -159,12 +160,14 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     batch = EngineConfig(scheduler=engine, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                          gpu_memory_utilization=gpu_memory_utilization,
-                         **({} if block_size is None else {"block_size": block_size})).with_vllm_defaults(
-        gpu_spec, max_model_len or spec.max_position_embeddings, tp, pp, mla=spec.mla is not None)
+                         **({} if block_size is None else {"block_size": block_size}),
+                         **({"disable_hybrid_kv_cache_manager": True} if disable_hybrid_kv_cache_manager else {})
+                         ).with_vllm_defaults(gpu_spec, max_model_len or spec.max_position_embeddings, tp, pp,
+                                              mla=spec.mla is not None, architecture=spec.architecture)
     cfg = EngineMemoryConfig(gpu_memory_utilization=batch.gpu_memory_utilization, block_size=batch.block_size,
                              max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
                              max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
-                             disable_hybrid_kv_cache_manager=disable_hybrid_kv_cache_manager,
+                             disable_hybrid_kv_cache_manager=batch.disable_hybrid_kv_cache_manager,
                              activations_outside=engine == "sglang")
     plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:

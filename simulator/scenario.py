@@ -213,7 +213,8 @@ class Scenario(BaseModel):
         model = get_model(self.model)
         max_len = self.engine.max_model_len or model.max_position_embeddings
         par = self.parallelism
-        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention, model.mla is not None)
+        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention, model.mla is not None,
+                                                model.architecture)
         return self if engine is self.engine else self.model_copy(update={"engine": engine})
 
     def run_settings(self) -> Scenario:

@@ -73,3 +73,34 @@ def test_fused_decode_stretches_free_window_blocks_as_stepping_does(overrides, m
     stepped = run(scenario(model="gpt-oss-20b", **overrides, simulation={"fast_forward": False}))
     assert_same_run(fused, stepped)
     assert fused.memory.kv_windows == (None, 128)
+
+
+def test_sglang_keeps_every_token_of_gemmas_sliding_layers():
+    """SGLang turns its hybrid SWA memory off for Gemma 2/3/3n: under the sglang scheduler Gemma 3's KV is one
+    full group of every layer, as vLLM's with --disable-hybrid-kv-cache-manager, and the radix cache runs on it.
+    Set false explicitly, the flag wins (a what-if of SGLang sliding the windows); vLLM keeps its hybrid groups."""
+    engine = {"scheduler": "sglang", "prefix_caching": "radix", "max_model_len": 32768}
+    sglang = run(scenario(model="gemma-3-12b", engine=engine, workload={"num_requests": 40}))
+    whole = run(scenario(model="gemma-3-12b", workload={"num_requests": 40},
+                         engine={"max_model_len": 32768, "disable_hybrid_kv_cache_manager": True}))
+    assert sglang.memory.kv_windows == whole.memory.kv_windows == (None,)
+    assert sglang.memory.block_bytes == whole.memory.block_bytes  # every layer's KV in each block
+    assert sglang.summary["completed"] == 40
+    resolved = lambda **e: scenario(model="gemma-3-12b", engine=e).with_engine_defaults().engine  # noqa: E731
+    assert resolved(scheduler="sglang").disable_hybrid_kv_cache_manager
+    assert not resolved(scheduler="sglang", disable_hybrid_kv_cache_manager=False).disable_hybrid_kv_cache_manager
+    assert not resolved().disable_hybrid_kv_cache_manager
+    assert set(run(scenario(model="gemma-3-12b", engine={"max_model_len": 32768}, workload={"num_requests": 5}))
+               .memory.kv_windows) == {None, 1024}  # vLLM: full and sliding groups
+
+
+def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
+    import json
+
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+    args = ["memory", "gemma-3-12b", "--gpu", "h100-sxm", "--max-model-len", "32768", "--json"]
+    sglang, vllm = (json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in (["--engine", "sglang"], []))
+    assert sglang["kv_windows"] == [None] and set(vllm["kv_windows"]) == {None, 1024}
+    assert sglang["max_concurrency"] < vllm["max_concurrency"] / 2  # every layer holds all 32K tokens
