@@ -220,9 +220,19 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     if groups.layers_per_group != model.num_kv_layers:
         block_bytes *= groups.layers_per_group / model.num_kv_layers
     num_blocks = int(kv_cache // block_bytes)
-    per_request = groups.peak_blocks(max_len, cfg.block_size, cfg.max_num_batched_tokens) * block_bytes
-    if par.dp_attention:  # one request's KV sits whole on one GPU
-        per_request *= par.tp
+    ranks = par.tp if par.dp_attention else 1  # under DP attention one request's KV sits whole on one GPU
+
+    def request_bytes(length: int) -> float:
+        return groups.peak_blocks(length, cfg.block_size, cfg.max_num_batched_tokens) * block_bytes * ranks
+    per_request = request_bytes(max_len)
+    if per_request > num_blocks * block_bytes and cfg.activations_outside and request_bytes(2) <= num_blocks * block_bytes:
+        # SGLang starts anyway: its longest request (max_req_len) is the pool's tokens less one
+        fits, over = 1, max_len
+        while over - fits > 1:
+            mid = (fits + over) // 2
+            fits, over = (mid, over) if request_bytes(mid) <= num_blocks * block_bytes else (fits, mid)
+        max_len = fits - 1
+        per_request = request_bytes(max_len)
     if per_request > num_blocks * block_bytes:
         raise SpecError(
             f"one request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "

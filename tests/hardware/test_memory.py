@@ -75,6 +75,16 @@ def test_max_model_len_request_that_cannot_fit_fails_fast():
     assert plan_memory(LLAMA_8B, get_gpu("l4"), cfg=EngineMemoryConfig(max_model_len=8192)).max_concurrency > 1
 
 
+def test_sglang_starts_with_a_context_longer_than_its_pool_and_caps_requests_at_the_pool():
+    """vLLM refuses to start; SGLang sets max_req_len = min(context_len, max_total_num_tokens) - 1."""
+    sglang = EngineMemoryConfig(gpu_memory_utilization=0.9, activations_outside=True)
+    plan = plan_memory(LLAMA_8B, get_gpu("l4"), cfg=sglang)
+    assert plan.max_model_len == plan.kv_cache_tokens - 1 < 131072
+    assert plan.max_concurrency == pytest.approx(1.0)  # the one request of the pool's length fills it
+    assert plan_memory(LLAMA_8B, get_gpu("l4"), cfg=EngineMemoryConfig(
+        gpu_memory_utilization=0.9, activations_outside=True, max_model_len=8192)).max_model_len == 8192
+
+
 def test_bad_utilization_is_rejected():
     with pytest.raises(SpecError, match="gpu_memory_utilization"):
         plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(gpu_memory_utilization=1.5))
