@@ -148,6 +148,7 @@ class PrefillFirstScheduler:
         self._back = itertools.count()
         # SGLang's overlap scheduler (its default since 0.4; async_scheduling): batch N+1 is formed while N runs
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
+        self._unprocessed: list[Request] = []  # prompts prefilled in the step that ended, not yet in the cache
 
     @property
     def new_token_ratio(self) -> float:
@@ -201,6 +202,9 @@ class PrefillFirstScheduler:
     def _free(self, finished: list[Request]) -> None:
         """SGLang processed the finished requests' last outputs: their KV joins the cache and their slots free,
         noticed by the next decode step (filter_batch) as without overlap."""
+        for req in self._unprocessed:
+            self.kv.cache(req)
+        self._unprocessed = []
         for req in finished:
             release_finished(req, self.kv, req.finish_s)
         if finished and self._prefilling and self._mixing:  # they decoded in the prefill batch just formed, which
@@ -228,12 +232,22 @@ class PrefillFirstScheduler:
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
-        finished = feed_plan(plan, self.log, self.kv, now)  # (a ghost decode computes a token nobody gets)
+        # (a ghost decode computes a token nobody gets)
+        finished = feed_plan(plan, self.log, self.kv, now, self._cache if self.ahead is not None else None)
         for req in finished:
             self.retire(req, now)
         if finished and self._prefilling and self.ahead is None:  # SGLang filters a finished prefill batch
             self._filter_batch()                                   # before its next try
         return finished
+
+    def _cache(self, req: Request) -> None:
+        """Overlapped, SGLang inserts a prompt it has just prefilled into the tree as it processes the step's
+        results, after the next batch is formed (`_free` does it then): that batch cannot hit it yet. Only the
+        chunked request's chunk is inserted as the next batch is formed, so it can."""
+        if req.num_computed_tokens == req.num_prompt_tokens:
+            self._unprocessed.append(req)
+        else:
+            self.kv.cache(req)
 
     def retire(self, req: Request, now: float) -> None:
         """A request produced its last token: its KV joins the cache and its slot frees. SGLang notices at the next

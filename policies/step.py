@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -177,15 +178,18 @@ class TokenLog:
         req.last_token_s = now
 
 
-def feed_plan(plan: StepPlan, log: TokenLog, kv: BlockManager, now: float) -> list[Request]:
-    """Apply a finished step without drafts: every request's tokens counted and cached; returns those done."""
+def feed_plan(plan: StepPlan, log: TokenLog, kv: BlockManager, now: float,
+              cache: Callable[[Request], None] | None = None) -> list[Request]:
+    """Apply a finished step without drafts: every request's tokens counted and cached (by `cache`, default
+    `kv.cache`); returns those done."""
+    cache = cache or kv.cache
     finished = []
     for req, n in zip(plan.requests, plan.num_new):
         if req.phase is Phase.FINISHED:  # SGLang's overlap scheduling decoded it once more, for nothing
             continue
         if log.feed(req, n, now) and req.is_done:
             finished.append(req)
-        kv.cache(req)
+        cache(req)
     return finished
 
 

@@ -370,3 +370,23 @@ def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_b
     # every step and that every page came back
     assert_every_token_served(requests, log)
     assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_overlapped_batches_cannot_hit_a_prompt_the_step_in_flight_prefills(overlap):
+    """Three prompts share 2,000 tokens; a prefill batch takes 2,100 (the first request is exempt). Without
+    overlap, r0's prompt is in the tree when the next batch forms, so r1 and r2 both hit it. Overlapped, SGLang
+    inserts r0's prompt as it processes r0's results, after the next batch is formed: r1 prefills all 2,050
+    tokens, and only r2, formed after that, hits the shared 2,000."""
+    sched, _ = make_scheduler("sglang", num_blocks=100_000, block_size=1, prefix_caching="radix", queue_order="lpm",
+                              async_scheduling=overlap, enable_chunked_prefill=False, max_prefill_tokens=2100)
+    requests = [Request(i, 0.0, 2050, 8, ((7, 2000), (-(i + 1), 50))) for i in range(3)]
+    for req in requests:
+        sched.add(req, 0.0)
+    batches = [[(r.id, n) for r, n in zip(plan.requests, plan.num_new)] for plan in
+               (step(sched, float(t)) for t in range(3))]
+    if overlap:
+        assert batches == [[(0, 2050)], [(1, 2050)], [(2, 50)]]
+    else:
+        assert batches[:2] == [[(0, 2050)], [(1, 50), (2, 50)]]
+    assert [r.num_cached_tokens for r in requests] == ([0, 0, 2000] if overlap else [0, 2000, 2000])
