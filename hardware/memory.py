@@ -54,6 +54,8 @@ class EngineMemoryConfig:
     disable_hybrid_kv_cache_manager: bool = False  # vLLM's flag: one group, sliding layers kept whole
     # SGLang: gpu_memory_utilization is mem_fraction_static, weights + KV only; activations live in the rest
     activations_outside: bool = False
+    # steps in flight, each up to max_num_batched_tokens, whose tokens a sliding window keeps (EngineConfig.in_flight_batches)
+    in_flight_batches: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,7 +225,8 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     ranks = par.tp if par.dp_attention else 1  # under DP attention one request's KV sits whole on one GPU
 
     def request_bytes(length: int) -> float:
-        return groups.peak_blocks(length, cfg.block_size, cfg.max_num_batched_tokens) * block_bytes * ranks
+        in_flight = cfg.max_num_batched_tokens * cfg.in_flight_batches
+        return groups.peak_blocks(length, cfg.block_size, in_flight) * block_bytes * ranks
     per_request = request_bytes(max_len)
     if per_request > num_blocks * block_bytes and cfg.activations_outside and request_bytes(2) <= num_blocks * block_bytes:
         # SGLang starts anyway: its longest request (max_req_len) is the pool's tokens less one

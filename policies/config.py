@@ -103,7 +103,8 @@ class EngineConfig(BaseModel):
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
     scheduler_reserve_full_isl: bool = Field(True, description=(
         "Admit a waiting request only if the free pool holds its whole prompt (and outputs so far, less prefix "
-        "hits; a sliding window's share capped at window + one step's tokens), not just its first chunk: vLLM's "
+        "hits; a sliding window's share capped at window + the tokens of the steps in flight), not just its first "
+        "chunk: vLLM's "
         "default since 0.19 (off before); vllm and sarathi schedulers (chunked prefill)"))
     async_scheduling: bool | None = Field(None, description=(
         "Plan each step while the one before runs, as vLLM does by default since 0.14 (--async-scheduling) and "
@@ -186,6 +187,15 @@ class EngineConfig(BaseModel):
             filled = ", ".join(f"{k}={v}" for k, v in update.items()
                                if k not in ("gpu_memory_utilization", "async_scheduling"))
             raise SpecError(f"engine: with vLLM's default {filled} for this GPU: {err.errors()[0]['msg']}") from None
+
+    def in_flight_batches(self, pp: int = 1) -> int:
+        """vLLM's max_concurrent_batches: steps scheduled whose tokens are not yet processed, 2 under async
+        scheduling, pp with a pipeline's batch queue. A sliding window keeps its blocks for all of their tokens
+        (VllmConfig.max_in_flight_tokens = this x max_num_batched_tokens), so vLLM sizes and admits by it. SGLang
+        sizes its pools otherwise: 1."""
+        if self.scheduler == "sglang":
+            return 1
+        return 2 if self.async_scheduling else pp
 
     def batch_limits(self) -> tuple[int, int]:
         """(max_num_batched_tokens, max_num_seqs) for a scheduler; an error while vLLM's defaults are unset."""

@@ -47,6 +47,7 @@ class TokenBudgetScheduler:
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self.budget, self.max_num_seqs = cfg.batch_limits()
+        self.in_flight_tokens = self.budget * cfg.in_flight_batches()  # bounds a sliding window's admission
         self.chunked = cfg.enable_chunked_prefill
         self.reserve_output = False
         self.host_blocks_free = host_blocks
@@ -59,16 +60,18 @@ class TokenBudgetScheduler:
         self._drafting = False  # whether the step being scheduled drafts
         # async scheduling (vLLM's default; resolved by EngineConfig.with_vllm_defaults): plans one step ahead
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
-        # pipeline parallel (`pipeline()`): several steps in flight, tokens counted as computed when scheduled
+        # pipeline parallel (`pipeline(pp)`): several steps in flight, tokens counted as computed when scheduled
         self.pipelined = False
         self._in_flight: dict[int, int] = {}  # request id -> tokens scheduled in steps not yet committed
         self._stamps: dict[int, tuple[int, ...]] = {}  # id(plan) -> its requests' preemption counts when planned
 
-    def pipeline(self) -> None:
-        """Schedule for a pipeline-parallel replica, as vLLM V1 does with a batch queue of pp steps: a request's
-        tokens count as computed once scheduled, so its next prompt chunk can go into the next micro-batch while
-        this one is in flight, and a request whose sampled token is not back yet has nothing to schedule."""
+    def pipeline(self, depth: int) -> None:
+        """Schedule for a pipeline-parallel replica, as vLLM V1 does with a batch queue of `depth` (pp) steps: a
+        request's tokens count as computed once scheduled, so its next prompt chunk can go into the next
+        micro-batch while this one is in flight, and a request whose sampled token is not back yet has nothing to
+        schedule."""
         self.pipelined = True
+        self.in_flight_tokens = self.budget * self.cfg.in_flight_batches(depth)
 
     @property
     def num_waiting(self) -> int:
@@ -285,7 +288,7 @@ class TokenBudgetScheduler:
             if self.reserve_output:
                 room = self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
             elif self.chunked and self.cfg.scheduler_reserve_full_isl and not self.kv.fits_whole(
-                    req, req.num_tokens, self._capped(self.budget), mark):  # unchunked: whole anyway
+                    req, req.num_tokens, self.in_flight_tokens, mark):  # unchunked: whole anyway
                 room = None
             else:
                 room = self.kv.allocate(req, n, admitting=True, watermark=mark)

@@ -168,7 +168,7 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
                              max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
                              max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
                              disable_hybrid_kv_cache_manager=batch.disable_hybrid_kv_cache_manager,
-                             activations_outside=engine == "sglang")
+                             activations_outside=engine == "sglang", in_flight_batches=batch.in_flight_batches(pp))
     plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:
         print_json(plan.as_dict())

@@ -59,7 +59,8 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
                              max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
                              allow_long_max_model_len=e.allow_long_max_model_len,
                              disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
-                             activations_outside=e.scheduler == "sglang")
+                             activations_outside=e.scheduler == "sglang", in_flight_batches=e.in_flight_batches(
+                                 s.parallelism.pp))
     par, model = s.parallelism.spec(), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
     return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
@@ -258,7 +259,7 @@ class World:
                 scheduler = scheduler_class(kv, cfg, orderings.get(e.queue_order), self.tokens,
                                             host_blocks // per_replica)  # the replica's swap space, shared
                 if batch_queue:
-                    scheduler.pipeline()
+                    scheduler.pipeline(pp)
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                     scheduler.speculator = Speculator(e.speculative, s.seed)
                 engines.append(Replica(self.env, index, scheduler, step_time, self.steps, None,

@@ -153,3 +153,13 @@ def test_uneven_pipeline_stages_split_as_vllm_does_and_the_fullest_sets_the_kv_p
     assert plan.num_blocks > 0
     with pytest.raises(SpecError, match="exceeds the 61 layers"):
         plan_memory(model, get_gpu("h200"), Parallelism(tp=1, pp=62))
+
+
+@pytest.mark.parametrize("in_flight, blocks", [(1, 2569), (2, 3081)])
+def test_a_sliding_window_keeps_blocks_for_every_step_in_flight(in_flight, blocks):
+    """gpt-oss-120b at 32K: its full group holds 2048 blocks of 16 tokens; its 128-token sliding group holds
+    cdiv(127 + in-flight tokens, 16) + 1: 521 with one 8192-token step in flight, 1033 with two (vLLM's
+    max_in_flight_tokens under async scheduling)."""
+    cfg = EngineMemoryConfig(max_model_len=32768, max_num_batched_tokens=8192, in_flight_batches=in_flight)
+    plan = plan_memory(get_model("gpt-oss-120b"), get_gpu("h100-sxm"), cfg=cfg)
+    assert plan.request_bytes_at_max_len / plan.block_bytes == blocks

@@ -157,3 +157,16 @@ def test_a_prefix_computed_twice_stays_findable_when_one_copy_is_evicted():
         drive(sched, [Request(3, 0.0, 136 * 16, 2)])
         kv.check_invariants()
         assert kv.lookup(Request(2, 0.0, 980, 2, ((5, 960), (-3, 20)))) == 960, windows
+
+
+def test_admission_bounds_a_window_by_the_tokens_in_flight_not_the_prefill_threshold():
+    """vLLM's SlidingWindowSpec admits by max_in_flight_tokens: the step budget times the steps in flight (2 under
+    async scheduling, pp with a pipeline's batch queue); long_prefill_token_threshold plays no part."""
+    for ahead, pp, expected in ((False, 1, 8192), (True, 1, 16384), (False, 4, 4 * 8192)):
+        cfg = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192, async_scheduling=ahead,
+                           long_prefill_token_threshold=512)
+        sched = schedulers.get("vllm")(make_kv_manager(cfg, 100, 16, (None, 128)), cfg, orderings.get("fcfs"),
+                                       TokenLog())
+        if pp > 1:
+            sched.pipeline(pp)
+        assert sched.in_flight_tokens == expected

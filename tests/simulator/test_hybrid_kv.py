@@ -103,4 +103,5 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
     args = ["memory", "gemma-3-12b", "--gpu", "h100-sxm", "--max-model-len", "32768", "--json"]
     sglang, vllm = (json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in (["--engine", "sglang"], []))
     assert sglang["kv_windows"] == [None] and set(vllm["kv_windows"]) == {None, 1024}
-    assert sglang["max_concurrency"] < vllm["max_concurrency"] / 2  # every layer holds all 32K tokens
+    assert sglang["max_concurrency"] == pytest.approx(sglang["kv_cache_tokens"] / 32768)  # every layer: all 32K
+    assert sglang["max_concurrency"] < vllm["max_concurrency"]
