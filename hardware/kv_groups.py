@@ -78,11 +78,11 @@ def _kind(layer: LayerSpec) -> int | None:
 def kv_groups(model: ModelSpec, disable_hybrid: bool = False) -> KVGroups:
     """The model's KV cache groups (see the module docstring)."""
     owning = [layer for layer in model.layers if layer.owns_kv]
+    kinds = Counter(_kind(layer) for layer in owning)
+    if len(kinds) == 1:  # one kind of layer: vLLM's flag has nothing to unify (every layer may slide its window)
+        return KVGroups(tuple(kinds), len(owning))
     if disable_hybrid:
         return KVGroups((None,), len(owning))
-    kinds = Counter(_kind(layer) for layer in owning)
-    if len(kinds) == 1:
-        return KVGroups(tuple(kinds), len(owning))
     smallest, largest = min(kinds.values()), max(kinds.values())
     size = largest if largest < 1.5 * smallest else smallest
     order = sorted(kinds, key=lambda w: (w is not None, w or 0))  # full attention first, then by window

@@ -159,13 +159,18 @@ def _duplicated_kv_bytes(model: ModelSpec, par: Parallelism, wbytes: float) -> f
 
 
 def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
-    """KV bytes one token of the replica costs one GPU: the fullest stage's layers, its share of the heads (or,
-    under DP attention, the whole KV of 1/tp of the tokens, so no head or latent is stored twice)."""
+    """KV bytes one token of the replica costs one GPU: the KV-owning layers of the stage with the most of them
+    (KV-sharing layers store none), its share of the heads (or, under DP attention, the whole KV of 1/tp of the
+    tokens, so no head or latent is stored twice)."""
     if par.dp_attention:
         per_gpu = model.kv_bytes_per_token(kv_dtype, 1) / par.tp
     else:
         per_gpu = model.kv_bytes_per_token(kv_dtype, par.tp)
-    return per_gpu * max(pipeline_stages(model.num_layers, par.pp)) / model.num_layers
+    owning, first = [], 0
+    for count in pipeline_stages(model.num_layers, par.pp):
+        owning.append(sum(layer.owns_kv for layer in model.layers[first:first + count]))
+        first += count
+    return per_gpu * max(owning) / model.num_kv_layers
 
 
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:

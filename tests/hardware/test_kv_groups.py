@@ -90,3 +90,21 @@ def test_live_kv_is_every_token_of_full_layers_and_the_window_of_sliding_ones():
     assert live_kv_bytes(gpt_oss, hybrid, 100, 16, "bf16") == per_layer * 36 * 100  # nothing out of reach yet
     llama = get_model("llama-3.1-8b")
     assert live_kv_bytes(llama, kv_groups(llama), 4096, 16, "fp8") == 4096 * llama.kv_bytes_per_token("fp8")
+
+
+def test_disabling_the_hybrid_manager_unifies_only_mixed_kinds():
+    """vLLM's --disable-hybrid-kv-cache-manager turns sliding layers full only to unify them with full ones; a model
+    whose every layer slides the same window keeps it (unify_hybrid_kv_cache_specs has nothing to unify)."""
+    mistral = get_model("mistral-7b")
+    assert kv_groups(mistral, disable_hybrid=True) == kv_groups(mistral) == KVGroups((4096,), 32)
+    assert kv_groups(get_model("gemma-2-9b"), disable_hybrid=True) == KVGroups((None,), 42)
+
+
+def test_a_pipeline_stage_stores_kv_for_its_kv_owning_layers_only():
+    """Gemma 3n E2B: 30 layers, the first 20 own KV, 2,048 bytes per token each in bf16. At pp=2 the first stage
+    (layers 0-14) owns 15 of them, the second 5: a GPU of the first stores 30,720 bytes per token."""
+    from hardware.cost import Parallelism
+    from hardware.memory import kv_bytes_per_replica_token
+    model = get_model("gemma-3n-e2b")
+    assert model.kv_bytes_per_token("bf16", 1) == 20 * 2048
+    assert kv_bytes_per_replica_token(model, "bf16", Parallelism(pp=2)) == 15 * 2048

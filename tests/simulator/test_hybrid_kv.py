@@ -1,23 +1,32 @@
 """Sliding-window models end to end: the hybrid KV pool holds more long requests than keeping every layer whole."""
 
+import json
+from pathlib import Path
+
 import pytest
 
+import hardware
 from policies.hybrid_blocks import HybridBlockManager
 from tests.simulator.conftest import run, scenario
 from tests.simulator.test_simulate import assert_same_run
 
 
-def long_context(**engine):
+def long_context(model="mistral-7b", **engine):
     """Mistral-7B (every layer slides over 4096 tokens): 40 requests of 12K + 400 tokens at once on one L40S."""
-    return scenario(model="mistral-7b", hardware={"gpu": "l40s"},
+    return scenario(model=model, hardware={"gpu": "l40s"},
                     engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
                     workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 12000},
                                           "output": {"kind": "fixed", "value": 400}},
                               "arrivals": {"kind": "all_at_once"}, "num_requests": 40})
 
 
-def test_sliding_windows_hold_more_long_requests_and_finish_sooner():
-    hybrid, whole = run(long_context()), run(long_context(disable_hybrid_kv_cache_manager=True))
+def test_sliding_windows_hold_more_long_requests_and_finish_sooner(tmp_path):
+    """Mistral-7B against the same model without its window (vLLM's --disable-hybrid-kv-cache-manager keeps an
+    all-sliding model's window: nothing to unify)."""
+    config = json.loads((Path(hardware.__file__).parent / "model_configs" / "mistral-7b.json").read_text())
+    unwindowed = tmp_path / "config.json"
+    unwindowed.write_text(json.dumps({**config, "sliding_window": None}))
+    hybrid, whole = run(long_context()), run(long_context(str(unwindowed)))
     assert hybrid.memory.kv_windows == (4096,) and whole.memory.kv_windows == (None,)
     assert hybrid.num_blocks == whole.num_blocks  # one group either way: the same pool
     for result in (hybrid, whole):
@@ -28,7 +37,7 @@ def test_sliding_windows_hold_more_long_requests_and_finish_sooner():
     # (its 4096-token window), so all 40 (11,280 blocks) run at once
     assert hybrid.num_blocks == 12_768
     assert whole.steps["num_running"].max() == 16 and hybrid.steps["num_running"].max() == 40
-    ungated = run(long_context(disable_hybrid_kv_cache_manager=True, scheduler_reserve_full_isl=False))
+    ungated = run(long_context(str(unwindowed), scheduler_reserve_full_isl=False))
     assert ungated.steps["num_running"].max() == 17
     blocks_per_request = (hybrid.steps["kv_blocks_used"] / hybrid.steps["num_running"])[hybrid.steps["num_running"] == 40]
     assert blocks_per_request.max() <= -(-(4096 + 400) // 16) + 1
