@@ -26,6 +26,7 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
 # yet supported"): every layer keeps every token, as vLLM's --disable-hybrid-kv-cache-manager does
 SGLANG_FULL_KV_ARCHITECTURES = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration",
                                           "Gemma3nForCausalLM", "Gemma3nForConditionalGeneration"})
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3  # SGLang scales --schedule-conservativeness by it under DP attention
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
@@ -124,7 +125,7 @@ class EngineConfig(BaseModel):
         "exempt)"))
     schedule_conservativeness: float = Field(1.0, gt=0, description=(
         "sglang only: scales the share of running requests' remaining output tokens held back when admitting "
-        "(SGLang's --schedule-conservativeness)"))
+        "(the value SGLang runs: its --schedule-conservativeness, times 0.3 under DP attention, where unset is 0.3)"))
     enable_mixed_chunk: bool = Field(False, description=(
         "sglang only: running requests decode in prefill steps (SGLang's --enable-mixed-chunk); off, a prefill "
         "step stalls every decode"))
@@ -144,7 +145,8 @@ class EngineConfig(BaseModel):
         forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
         picked CUTLASS MLA and 128); a set size that is not a multiple of 64 is an error there, since vLLM would
         not run it. Under sglang, a model of SGLANG_FULL_KV_ARCHITECTURES keeps every token in every layer, as SGLang
-        runs it, unless disable_hybrid_kv_cache_manager is set (false: a what-if of SGLang sliding its windows)."""
+        runs it, unless disable_hybrid_kv_cache_manager is set (false: a what-if of SGLang sliding its windows); under DP
+        attention an unset schedule_conservativeness is SGLang's 0.3 (its default 1.0 scaled by 0.3)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
@@ -153,6 +155,8 @@ class EngineConfig(BaseModel):
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)
             update["max_num_seqs"] = min(seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens))
+        if sglang and dp_attention and tp > 1 and "schedule_conservativeness" not in self.model_fields_set:
+            update["schedule_conservativeness"] = SGLANG_DP_ATTENTION_CONSERVATIVENESS  # what SGLang runs by default
         if sglang and architecture in SGLANG_FULL_KV_ARCHITECTURES \
                 and "disable_hybrid_kv_cache_manager" not in self.model_fields_set:
             update["disable_hybrid_kv_cache_manager"] = True

@@ -7,7 +7,7 @@ import shlex
 
 from hardware.model import get_model, resolve_weight_dtype
 from hardware.gpu import get_gpu
-from policies.config import EngineConfig, vllm_batch_defaults
+from policies.config import SGLANG_DP_ATTENTION_CONSERVATIVENESS, EngineConfig, vllm_batch_defaults
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
 
@@ -61,7 +61,6 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)  # vllm/config/cache.py BlockSiz
 VLLM_SPEC_METHODS = {"draft": "draft_model", "eagle": "eagle", "mtp": "mtp", "ngram": "ngram"}
 # -> SGLang's --speculative-algorithm; its NGRAM drafts a tree from generated tokens, not prompt lookup: none
 SGLANG_SPEC_ALGORITHMS = {"draft": "STANDALONE", "eagle": "EAGLE", "mtp": "EAGLE"}
-SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3  # SGLang scales --schedule-conservativeness by it under DP attention
 
 
 def _moe_ep(s: Scenario) -> bool:

@@ -71,6 +71,10 @@ def test_sglang_under_dp_attention_is_given_the_conservativeness_it_scales_back_
                               LEN)
     assert "--schedule-conservativeness 3.333" in flags(1.0)  # SGLang runs 0.3 x the flag under DP attention
     assert "--schedule-conservativeness" not in flags(0.3)
+    unset = chat(model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True}, engine={"scheduler": "sglang"})
+    assert unset.with_engine_defaults().engine.schedule_conservativeness == 0.3  # simulated as SGLang runs it
+    assert "--schedule-conservativeness" not in sglang_command(unset, LEN)
+    assert chat(engine={"scheduler": "sglang"}).with_engine_defaults().engine.schedule_conservativeness == 1.0
 
 
 def test_a_draft_model_runs_as_the_speculative_config_and_sglang_standalone():
