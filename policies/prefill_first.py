@@ -312,7 +312,10 @@ class PrefillFirstScheduler:
     def _continue_chunk(self, step: PlanBuilder, budget: _PrefillBudget) -> None:
         """The prompt being prefilled in chunks takes what the batch allows first (SGLang's add_chunked_req)."""
         req = self.chunked
-        limit = min(budget.chunk if budget.chunk is not None else req.num_pending_tokens, int(budget.total))
+        chunk = budget.chunk if budget.chunk is not None else req.num_pending_tokens
+        limit = min(chunk, int(budget.total))
+        if limit <= 0:  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak
+            limit = chunk
         n = min(req.num_pending_tokens, limit)
         if n <= 0 or self.kv.allocate(req, n) is None:
             return  # no room for it now: decodes run, and their finishes make some

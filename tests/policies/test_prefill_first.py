@@ -9,7 +9,7 @@ from hardware.gpu import get_gpu
 from policies.config import EngineConfig, sglang_batch_defaults, sglang_mem_fraction_static
 from policies.catalog import kv_managers
 from policies.ordering import by_arrival
-from policies.prefill_first import PrefillFirstScheduler, default_max_running
+from policies.prefill_first import PrefillFirstScheduler, default_max_running, kv_tokens
 from policies.step import TokenLog
 from policies.token_budget import max_blocks_of
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
@@ -390,3 +390,24 @@ def test_overlapped_batches_cannot_hit_a_prompt_the_step_in_flight_prefills(over
     else:
         assert batches[:2] == [[(0, 2050)], [(1, 50), (2, 50)]]
     assert [r.num_cached_tokens for r in requests] == ([0, 0, 2000] if overlap else [0, 2000, 2000])
+
+
+def test_a_chunked_prompt_goes_on_when_the_reserve_leaves_no_room():
+    """SGLang's add_chunked_req takes a full chunk when rem_total_tokens is not positive ("otherwise, it will
+    cause a memory leak"). A (4,000 outputs to come) runs while B's 2,000-token prompt is prefilled 500 at a time
+    in a 5,000-token pool. With the ratio back at 1 (as after a retraction), after B's second chunk the reserve
+    (4,000) exceeds the free tokens (3,990); B's third chunk still takes 500."""
+    sched, _ = make_scheduler("sglang", num_blocks=5000, block_size=1, max_num_batched_tokens=500,
+                              async_scheduling=False)
+    a, b = Request(0, 0.0, 10, 4001), Request(1, 0.0, 2000, 10)
+    sched.add(a, 0.0)
+    step(sched)  # A's prefill samples its first token
+    sched.add(b, 1.0)
+    batches = []
+    for t in (1.0, 2.0, 3.0):
+        if t == 3.0:
+            sched.new_token_ratio = 1.0
+            assert kv_tokens(sched.kv, sched.kv.num_free_blocks) - 4000 < 0
+        plan = step(sched, t)
+        batches.append([(r.id, n) for r, n in zip(plan.requests, plan.num_new)])
+    assert batches == [[(1, 500)]] * 3
