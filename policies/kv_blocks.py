@@ -103,7 +103,7 @@ class BlockManager:
         if hit:
             self._touch(hit)
             table.extend(hit)
-        new = [self._pop_free() for _ in range(need)]
+        new = self._pop_free_many(need)
         table.extend(new)
         return new
 
@@ -126,7 +126,7 @@ class BlockManager:
         need = blocks_for(num_tokens, self.block_size) - len(self._tables.get(req.id, ()))
         if need > self.num_free_blocks:
             return None
-        new = [self._pop_free() for _ in range(max(need, 0))]
+        new = self._pop_free_many(max(need, 0))
         self._tables.setdefault(req.id, []).extend(new)
         return new
 
@@ -156,6 +156,9 @@ class BlockManager:
 
     def _pop_free(self) -> int:
         return self._free.popleft()
+
+    def _pop_free_many(self, count: int) -> list[int]:
+        return [self._pop_free() for _ in range(count)]
 
     def _release(self, blocks: list[int]) -> None:
         self._free.extend(blocks)

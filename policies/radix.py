@@ -249,7 +249,17 @@ class RadixCache(BlockManager):
             self._evict_one()
         return self._free.popleft()
 
-    def _evict_one(self) -> None:
+    def _pop_free_many(self, count: int) -> list[int]:
+        """SGLang's evict_from_tree_cache: short of `count` free pages, it evicts LRU leaves until it has freed
+        `count` pages (or nothing is left to evict), not just the shortfall."""
+        if len(self._free) < count:
+            evicted = 0
+            while evicted < count and self._evictable_pages:
+                evicted += self._evict_one()
+        return [self._free.popleft() for _ in range(count)]
+
+    def _evict_one(self) -> int:
+        """Evict the least recently used unlocked leaf; returns its pages."""
         while self._heap:
             entry = heapq.heappop(self._heap)
             if self._live(entry):
@@ -261,7 +271,7 @@ class RadixCache(BlockManager):
                 leaf.parent = None
                 if parent is not self.root and parent.lock_ref == 0 and not parent.children:
                     self._push(parent)
-                return
+                return len(leaf.pages)
         raise RuntimeError("radix cache: nothing left to evict")  # callers check num_free_blocks first
 
     def check_invariants(self) -> None:

@@ -5,6 +5,7 @@ from policies.ordering import by_arrival
 from policies.waiting import LPM_MAX_WAITING, WaitingQueue
 from tests.policies.helpers import make_scheduler
 from tests.policies.test_prefix_caching import req, serve
+from workloads.request import Request
 
 
 def test_vllm_evicts_the_least_recently_used_cached_blocks_first():
@@ -145,3 +146,19 @@ def test_above_128_waiting_lpm_keeps_its_last_order_and_newcomers_queue_behind()
     queue.prepare()
     order = [queue.pop().id for _ in range(LPM_MAX_WAITING + 1)]
     assert order == [LPM_MAX_WAITING - 1, *range(LPM_MAX_WAITING - 1), LPM_MAX_WAITING]
+
+
+def test_the_radix_cache_evicts_a_whole_allocation_when_short_as_sglang_does():
+    """SGLang's evict_from_tree_cache: with 100 pages free and 300 wanted, it evicts LRU leaves until 300 pages are
+    freed, not the 200 short: of nine cached 100-page prompts three go, and 100 pages stay free."""
+    from policies.radix import RadixCache
+    kv = RadixCache(num_blocks=1000, block_size=1)
+    for i in range(9):
+        req = Request(i, 0.0, 100, 1, ((100 + i, 100),))
+        kv.allocate(req, 100, admitting=True)
+        req.num_computed_tokens = 100
+        kv.free(req)
+    assert (len(kv._free), kv._evictable_pages) == (100, 900)
+    kv.allocate(Request(99, 0.0, 300, 1, ((999, 300),)), 300, admitting=True)
+    assert (len(kv._free), kv._evictable_pages) == (100, 600)
+    kv.check_invariants()
