@@ -199,7 +199,10 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
 
     def _match(self, req: Request) -> int:
         """Token blocks of the longest hit (never the last token), full-attention groups first; with `eagle_hits`,
-        one block fewer (a sliding group's run one block longer first, as vLLM's use_eagle)."""
+        one block fewer (a sliding group's run one block longer first, as vLLM's use_eagle); none for a request
+        wanting prompt logprobs (vLLM skips reading the cache for it)."""
+        if req.prompt_logprobs:
+            return 0
         limit = (req.num_tokens - 1) // self.block_size
         hashes = block_hashes(req, limit * self.block_size, self.block_size)
         full = [g for g, w in enumerate(self.windows) if w is None]

@@ -37,8 +37,11 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         return len(self._match(req)) * self.block_size
 
     def _match(self, req: Request) -> list[int]:
-        """Cached blocks for the longest run of leading full-block hash hits (never the last token)."""
+        """Cached blocks for the longest run of leading full-block hash hits (never the last token); none for a
+        request wanting prompt logprobs, which must compute every prompt token (vLLM skips reading the cache)."""
         blocks = []
+        if req.prompt_logprobs:
+            return blocks
         hashes = block_hashes(req, req.num_tokens - 1, self.block_size)
         cached = self._cached
         for block_hash in hashes[: (req.num_tokens - 1) // self.block_size]:

@@ -4,8 +4,12 @@ a brute-force longest-cached-prefix reference (hypothesis)."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from policies.catalog import orderings, schedulers
+from policies.config import EngineConfig
+from policies.hybrid_blocks import make_kv_manager
 from policies.prefix_blocks import PrefixCachingBlockManager
 from policies.radix import RadixCache
+from policies.step import TokenLog
 from policies.token_ids import request_runs
 from tests.policies.helpers import make_scheduler
 from workloads.request import Request
@@ -230,3 +234,16 @@ def test_eagle_and_mtp_prefix_hits_give_up_their_last_block():
     # hybrid groups: a sliding group needs one more block of its window run first, then the last goes too
     assert _second_request_prefill("ngram", (None, 32)) == 16
     assert _second_request_prefill("eagle", (None, 32)) == 32
+
+
+def test_a_request_wanting_prompt_logprobs_reads_nothing_from_the_cache():
+    """vLLM skips reading the prefix cache for a request with prompt logprobs (every prompt token's logits are
+    needed): it prefills all 12 tokens of A B C though all but its last block are cached; it still registers."""
+    for windows in ((None,), (None, 8)):
+        cfg = EngineConfig(prefix_caching="vllm", max_num_seqs=8, max_num_batched_tokens=64)
+        sched = schedulers.get("vllm")(make_kv_manager(cfg, 64, 4, windows), cfg, orderings.get("fcfs"), TokenLog())
+        a, b, c = ((s, 4) for s in range(3))
+        serve(sched, [req(0, [a, b, c])])
+        wants = Request(1, 1.0, 12, 1, (a, b, c), prompt_logprobs=True)
+        assert serve(sched, [wants]) == {1: 12} and wants.num_cached_tokens == 0
+        assert serve(sched, [req(2, [a, b, c])]) == {2: 4}
