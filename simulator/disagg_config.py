@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class PoolConfig(BaseModel):
@@ -42,6 +42,13 @@ class TransferConfig(BaseModel):
     store_bytes_per_s: float = Field(25e9, gt=0, description="store: write and read bandwidth per GPU, bytes/s")
     store_latency_s: float = Field(50e-6, ge=0, description="store: per-transfer latency, s")
     store_channels: int = Field(8, ge=1, description="store: transfers it serves at once")
+
+    @model_validator(mode="after")
+    def _streaming_is_direct(self) -> TransferConfig:
+        if self.kind == "store" and self.streaming:
+            raise ValueError("streaming: layer-wise streaming is modelled for kind 'direct' only; the store tier "
+                             "moves the whole KV after the prefill: set streaming false or kind 'direct'")
+        return self
 
 
 class DisaggregationConfig(BaseModel):

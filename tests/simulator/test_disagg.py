@@ -9,7 +9,7 @@ from hardware.model import get_model
 from simulator.disagg import KVPlacement, streamed_transfer_s
 from simulator.scenario import ParallelismConfig
 from policies.registry import routers as router_registry
-from tests.simulator.conftest import run, scenario
+from tests.simulator.conftest import SCENARIOS as SCENARIOS_DIR, run, scenario
 
 ROUTERS = router_registry.names()
 PREFILL_HEAVY = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 2000, "high": 6000},
@@ -261,3 +261,13 @@ def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_rerun
     assert (d.decode.engine["max_num_seqs"], d.decode.engine["max_num_batched_tokens"]) == (256, 2048)  # L40S
     again = run(type(s).model_validate(first.scenario.model_dump(mode="json")))
     assert again.requests.equals(first.requests)
+
+
+def test_streaming_through_the_store_tier_is_refused_by_name():
+    from hardware.errors import SpecError
+    from simulator.scenario import load_scenario
+    path = SCENARIOS_DIR / "pd_disaggregated_70b.yaml"
+    with pytest.raises(SpecError, match=r"pd_disaggregated_70b.yaml: disaggregation.transfer: streaming: .*kind 'direct'"):
+        load_scenario(path, ["disaggregation.transfer.kind=store"])
+    assert load_scenario(path, ["disaggregation.transfer.kind=store",
+                                "disaggregation.transfer.streaming=false"])[0].disaggregation.transfer.kind == "store"
