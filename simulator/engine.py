@@ -88,7 +88,9 @@ class Replica:
             if plan.preempted and self.siblings:  # the blocks it gave back may admit a sibling's waiting request
                 self.wake_pool()
             if plan.is_empty:
-                if not plan.preempted:  # a step that only preempted is followed at once by one that admits
+                if plan.preempted:  # a step that only preempted is followed at once by one that admits
+                    yield from self._only_preempted(plan)
+                else:
                     yield self.wake.wait()
                 continue
             plan.mark_scheduled(self.env.now)
@@ -116,6 +118,7 @@ class Replica:
             if len(in_flight) < len(self.pipeline.stages):
                 plan = self.scheduler.schedule(self.env.now)
                 if plan.preempted and plan.is_empty:
+                    yield from self._only_preempted(plan)
                     continue
                 if not plan.is_empty:
                     plan.mark_scheduled(self.env.now)
@@ -127,6 +130,14 @@ class Replica:
             plan, step, decode_tokens = in_flight.popleft()
             duration = yield step
             self._commit(plan, duration, decode_tokens)
+
+    def _only_preempted(self, plan: StepPlan):
+        """A schedule that ran nothing but preempted: its swap-out over PCIe (if any) takes its time, and the step
+        log keeps the preemptions."""
+        duration = self.step_time(plan)
+        if duration:
+            yield self.env.timeout(duration)
+        self._record(duration, 0, 0, 0, len(plan.preempted))
 
     def _commit(self, plan: StepPlan, duration: float, decode_tokens: int) -> None:
         """Apply a step that has just ended, log it, and hand on the requests it finished."""
