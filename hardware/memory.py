@@ -174,17 +174,19 @@ def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism
 
 
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:
-    """Peak activations of a `max_num_batched_tokens` forward pass plus the sampler's logits, per GPU."""
+    """Peak activations of a `max_num_batched_tokens` forward pass plus the sampler's logits, per GPU; under DP
+    attention each rank profiles its share of the group's limits."""
     h, tp = model.hidden_size, par.tp
+    ranks = tp if par.dp_attention else 1
     widest = max(layer.mlp_intermediate for layer in model.layers)
     mlp = 3 * widest / tp  # gate/up output + activation output
     if model.moe:  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
         inner = model.moe.expert_intermediate / tp
         mlp = max(mlp, model.moe.experts_per_token * (max(2 * inner, h) + inner))
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-    per_token = (2 * h + max(qkv / tp, mlp)) * ACT_BYTES  # residual + normed input, the widest intermediate
-    sampler = 2 * cfg.max_num_seqs * model.vocab_size * LOGIT_BYTES  # logits and probabilities in fp32
-    return cfg.max_num_batched_tokens * per_token + sampler
+    per_token = (2 * h + max(qkv * ranks / tp, mlp)) * ACT_BYTES  # residual + normed input, the widest intermediate
+    sampler = 2 * cfg.max_num_seqs / ranks * model.vocab_size * LOGIT_BYTES  # logits and probabilities in fp32
+    return cfg.max_num_batched_tokens / ranks * per_token + sampler
 
 
 def request_kv_bytes(model: ModelSpec, num_tokens: int, kv_dtype: str, tp: int, block_size: int) -> float:

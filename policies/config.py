@@ -137,7 +137,8 @@ class EngineConfig(BaseModel):
         """This config with unset batch limits and memory share filled as `vllm serve` fills them
         (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
         takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
-        max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp).
+        max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp). Under DP
+        attention vLLM's are per data-parallel rank, so the group's are tp times them.
         Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
         without pipeline parallelism (its steps in flight are committed one by one) and without draft-model or
         n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ...").
@@ -149,6 +150,8 @@ class EngineConfig(BaseModel):
         attention an unset schedule_conservativeness is SGLang's 0.3 (its default 1.0 scaled by 0.3)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
+        if dp_attention and tp > 1 and not sglang:  # vLLM runs DP attention as tp engines, each with its defaults;
+            tokens, seqs = tokens * tp, seqs * tp     # SGLang divides its own among its ranks
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)
         update = {k: v for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))

@@ -260,6 +260,8 @@ class World:
                                             host_blocks // per_replica)  # the replica's swap space, shared
                 if batch_queue:
                     scheduler.pipeline(pp)
+                if s.parallelism.dp_attention and s.parallelism.tp > 1 and hasattr(scheduler, "data_parallel"):
+                    scheduler.data_parallel(s.parallelism.tp)
                 if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                     scheduler.speculator = Speculator(e.speculative, s.seed)
                 engines.append(Replica(self.env, index, scheduler, step_time, self.steps, None,

@@ -44,9 +44,11 @@ def test_dp_attention_with_expert_parallel_runs_data_parallel_ranks_and_deepep()
     s, _ = load_scenario(SCENARIOS / "deepseek_v3_8xh200.yaml")
     vllm, sglang = commands(s)
     assert "--tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel" in vllm
-    assert "--max-num-seqs 128 --max-num-batched-tokens 1024" in vllm  # per rank: the group's 1024 and 8192 / 8
+    assert "--max-num-seqs 1024 --max-num-batched-tokens 8192" in vllm  # vLLM's defaults, per rank as it runs them
+    assert (s.with_engine_defaults().engine.max_num_seqs, s.with_engine_defaults().engine.max_num_batched_tokens) \
+        == (8 * 1024, 8 * 8192)  # the simulated group's: every rank's
     assert "--tp 8 --enable-dp-attention --dp 8 --ep-size 8 --moe-a2a-backend deepep" in sglang
-    assert "--max-running-requests 1024 --chunked-prefill-size 8192" in sglang  # SGLang divides the totals itself
+    assert "--max-running-requests 8192 --chunked-prefill-size 65536" in sglang  # SGLang divides the totals itself
     notes = launch_notes(s)
     assert any(n.startswith("vLLM runs DP attention as 8 data-parallel ranks") and "dense MLP" in n for n in notes)
     assert any("--all2all-backend" in n for n in notes)

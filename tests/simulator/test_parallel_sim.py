@@ -231,3 +231,16 @@ def test_a_tight_pipelined_pool_preempts_steps_in_flight_and_hits_its_cache():
         assert (done["output_tokens"] == done["requested_output_tokens"]).all()
         scheduler.kv.check_invariants()
         assert scheduler.kv.num_free_blocks == scheduler.kv.num_blocks and not scheduler._in_flight
+
+
+def test_dp_attention_gives_each_vllm_rank_its_own_defaults_and_a_request_one_ranks_share():
+    """vLLM runs DP attention as tp engines, each with its own 8,192-token budget on an H100: the group of 4 steps
+    up to 32,768 tokens, but a 20,000-token prompt lives on one rank, so it is prefilled 8,192 tokens a step."""
+    s = scenario(model="qwen3-30b-a3b", parallelism={"tp": 4, "ep": True, "dp_attention": True},
+                 engine={"max_model_len": 32768},
+                 workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 20000},
+                                                      "output": {"kind": "fixed", "value": 4}},
+                           "arrivals": {"kind": "all_at_once"}, "num_requests": 1})
+    assert s.with_engine_defaults().engine.max_num_batched_tokens == 4 * 8192
+    result = run(s)
+    assert result.steps["prefill_tokens"].tolist()[:3] == [8192, 8192, 20000 - 2 * 8192]
