@@ -576,11 +576,12 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         if tp > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
             bus = (tp - 1) / tp * logits * m.vocab_size * ACT_BYTES
             acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, tp - 1), 1)
-    if ctx.par.pp > 1:
-        link = _group_link(ctx, ctx.par.num_gpus)
-        msg = tokens * m.hidden_size * ACT_BYTES
-        time_s = (ctx.par.pp - 1) * (msg / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s)
-        acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * msg, time_s, 1)
+    if ctx.par.pp > 1:  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
+        link, sent = _group_link(ctx, ctx.par.num_gpus), 2 * tokens * m.hidden_size * ACT_BYTES
+        boundary_s = sent / tp / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s
+        if tp > 1:
+            boundary_s += _collective_s(ctx, (tp - 1) / tp * sent, tp - 1)
+        acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * sent / tp, (ctx.par.pp - 1) * boundary_s, 1)
 
 
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,

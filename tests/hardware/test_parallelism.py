@@ -131,6 +131,8 @@ def test_pipeline_stages_add_up_with_their_sends():
     two = step_cost(batch, llama, H100, Parallelism(tp=4, pp=2))
     assert two.by_name("pp_send").time_s > 0
     assert two.total_s == pytest.approx(one.total_s + two.by_name("pp_send").time_s, rel=1e-9)
+    # 16 tokens x 8192 x 2 bytes of hidden states and as much residual, a quarter from each TP rank
+    assert two.by_name("pp_send").bytes == 2 * 16 * 8192 * 2 / 4
 
 
 def test_a_step_splits_over_uneven_pipeline_stages_by_their_layers_with_the_embedding_first_and_lm_head_last():
