@@ -84,6 +84,7 @@ class RadixCache(BlockManager):
         self._clock = itertools.count(1)
         self._locked: dict[int, Node] = {}  # request id -> deepest node it locks
         self._in_tree: dict[int, int] = {}  # request id -> its leading tokens owned by the tree
+        self._extend_end: dict[int, int] = {}  # request id -> its tokens when admitted: what its prefill extends to
         self._evictable_pages = 0
         self._heap: list[tuple[int, int, Node]] = []  # (last_access, tiebreak, leaf) candidates, lazily pruned
         self._tiebreak = itertools.count()
@@ -156,10 +157,18 @@ class RadixCache(BlockManager):
         self._set_lock(req, path[-1], matched)
         self._pending = None
 
+    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
+                 watermark: bool = True) -> list[int] | None:
+        new = super().allocate(req, num_new_tokens, admitting, watermark)
+        if admitting and new is not None:  # what it extends to: its prompt, and its outputs after a retraction
+            self._extend_end[req.id] = req.num_tokens
+        return new
+
     def cache(self, req: Request) -> None:
-        """While a prompt is prefilled in chunks, insert what is done (SGLang's cache_unfinished_req) so
-        others can match it; the whole request is inserted when it is freed."""
-        if req.id in self._tables and req.num_computed_tokens <= req.num_prompt_tokens:
+        """While a request extends (its prompt, or prompt and outputs again after a retraction), insert what is
+        done (SGLang's cache_unfinished_req) so others can match it; the whole request is inserted when it is
+        freed."""
+        if req.id in self._tables and req.num_computed_tokens <= self._extend_end.get(req.id, req.num_prompt_tokens):
             self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
 
     def _insert(self, req: Request, num_tokens: int) -> None:
@@ -237,6 +246,7 @@ class RadixCache(BlockManager):
         if keep_uncached:
             self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
         in_tree = self._in_tree.pop(req.id, 0)
+        self._extend_end.pop(req.id, None)
         self._release(table[in_tree // self.block_size:])
         del self._tables[req.id]
         node = self._locked.pop(req.id, None)

@@ -411,3 +411,22 @@ def test_a_chunked_prompt_goes_on_when_the_reserve_leaves_no_room():
         plan = step(sched, t)
         batches.append([(r.id, n) for r, n in zip(plan.requests, plan.num_new)])
     assert batches == [[(1, 500)]] * 3
+
+
+def test_a_retracted_request_caches_its_outputs_again_as_it_reprefills():
+    """SGLang's cache_unfinished_req inserts everything an extend computed: after a retraction that is the prompt
+    and the outputs so far, so a second retraction finds them all in the tree (page 1: every token)."""
+    sched, _ = make_scheduler("sglang", num_blocks=100, block_size=1, prefix_caching="radix")
+    requests = [Request(i, 0.0, 16, 40) for i in range(3)]
+    for req in requests:
+        sched.add(req, 0.0)
+    checked, now = 0, 0.0
+    while not all(r.is_done for r in requests):
+        sched.new_token_ratio = sched.min_ratio  # admit greedily, so decodes run out of pages and retract
+        plan = step(sched, now)
+        now += 1.0
+        for req, n in zip(plan.requests, plan.num_new):
+            if req.num_preemptions and n > 1 and req.num_computed_tokens > req.num_prompt_tokens and not req.is_done:
+                assert sched.kv.lookup(req) == req.num_computed_tokens
+                checked += 1
+    assert checked > 0
