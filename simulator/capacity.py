@@ -118,6 +118,19 @@ def queue_growth(requests: pd.DataFrame, stop_s: float | None = None) -> tuple[f
     return float(ttft[:k].mean()), float(ttft[-k:].mean())
 
 
+def backlog(requests: pd.DataFrame, stop_s: float) -> pd.DataFrame:
+    """Requests a stop after the last arrival leaves in a queue that did not drain: sent, never scheduled, and
+    waiting longer than any completed request waited for its first token (all unfinished ones if none completed).
+    Requests merely in flight at the stop, or queued for a moment behind a step, are not."""
+    open_ = requests[requests["finish_s"].isna() & requests["reject_reason"].isna() & requests["arrival_s"].notna()]
+    open_ = open_[~due_after_stop(open_, stop_s)]
+    done = requests["ttft_s"][requests["finish_s"].notna()]
+    if done.empty:
+        return open_
+    queued = open_[open_["scheduled_s"].isna()]
+    return queued[stop_s - queued["arrival_s"] > done.max()]
+
+
 def _censored_s(sent: pd.DataFrame, metric: str, stop_s: float | None) -> np.ndarray:
     """`metric` (ttft or e2el) of requests the run sent, in seconds; one unfinished at the stop (NaN) counts the
     time it had waited by then, a lower bound of its own."""
@@ -161,7 +174,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     # after the last scheduled arrival (session turns held back by a stuck queue are not scheduled ones) a stop
     # leaves a backlog that did not drain; before it, requests in flight by design
     cut_early = stop_s is not None and bool(due_after_stop(requests, stop_s).any())
-    unfinished = 0 if cut_early else s["unfinished"]
+    unfinished = 0 if cut_early or stop_s is None else len(backlog(requests, stop_s))
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
@@ -170,7 +183,8 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
                 "output_tokens_per_request": s["total_output_tokens"] / s["completed"] if s["completed"] else 0.0}
     if unfinished or (last_s > UNSTABLE_TTFT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
         reasons.append("unstable queue")
-        details.append(f"{unfinished} requests unfinished at the stop time" if unfinished else
+        details.append(f"{unfinished} requests still queued at the stop time, each for longer than any answered "
+                       "request waited for its first token" if unfinished else
                        f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
                        "(last third)")
     if not s["completed"] and not s["rejected"] and "unstable queue" not in reasons:

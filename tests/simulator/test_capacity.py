@@ -228,3 +228,17 @@ def test_a_run_that_completes_nothing_fails():
     s = chat(stop={"max_sim_time_s": 0.05})
     verdict = judge(simulate(at_rate(s, 10.0), SCENARIOS), s.slo, 10.0)
     assert verdict.reasons == ("unstable queue",) and verdict.details == ("no request completed before the stop",)
+
+
+@pytest.mark.parametrize("stop_s", [20.0, 21.0])
+def test_a_stop_just_after_the_last_arrival_leaves_requests_in_flight_not_a_backlog(stop_s):
+    """Arrivals over 20 s and a stop at 20 or 21 s: the last few requests are still running (each takes over a
+    second), which is no queue that failed to drain, so a light load passes; an overload's queued requests,
+    waiting longer than any answered one waited for its first token, still fail it."""
+    s = chat(workload={"duration_s": 20.0, "num_requests": None}, stop={"max_sim_time_s": stop_s})
+    result = simulate(at_rate(s, 4.0), SCENARIOS)
+    assert result.summary["unfinished"] > 0 and result.summary["not_arrived"] == 0
+    verdict = judge(result, s.slo, 4.0)
+    assert verdict.ok, verdict.details
+    overloaded = simulate(at_rate(s, 60.0), SCENARIOS)
+    assert "unstable queue" in judge(overloaded, s.slo, 60.0).reasons
