@@ -16,7 +16,7 @@ import simpy
 
 from hardware.step_timer import StepTimer
 from policies.step import Scheduler, StepPlan, TokenLog
-from simulator.fast_forward import Stretch, apply_stretch, exact_delay, plan_stretch
+from simulator.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
 from simulator.metrics import StepLog
 from simulator.pipeline_stages import StagePipeline
 from workloads.request import Request
@@ -97,7 +97,7 @@ class Replica:
             fused = self._stretch(plan)
             if fused is not None:
                 stretch, last_batch = fused
-                yield self.env.timeout(exact_delay(self.env.now, float(stretch.ends_s[-1])))
+                yield from wait_until(self.env, float(stretch.ends_s[-1]))
                 # the last fused step may span an arrival: log it live, as a stepped run would
                 self._record(float(stretch.durations_s[-1]), last_batch, 0, last_batch, 0)
                 continue

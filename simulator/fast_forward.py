@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+import simpy
 
 from hardware.step_timer import StepTimer
 from policies.kv_blocks import BlockManager, blocks_for
@@ -40,14 +41,19 @@ class Stretch:
     finish_step: np.ndarray
 
 
-def exact_delay(now: float, target: float) -> float:
-    """A delay d with now + d == target exactly (SimPy adds delays to `now`; plain subtraction may round)."""
-    delay = target - now
+def wait_until(env: simpy.Environment, target: float):
+    """Wait until `target` exactly, where stepping lands (SimPy adds a delay to `now`, and plain subtraction may
+    round). Some targets no delay reaches from `now`; then wait until the last float below it first, whence
+    `target - now` is exact (the two are within a factor of two) and so is the sum."""
+    now, delay = env.now, target - env.now
     while now + delay < target:
         delay = math.nextafter(delay, math.inf)
     while now + delay > target:
         delay = math.nextafter(delay, -math.inf)
-    return delay
+    if now + delay < target:
+        yield env.timeout(delay)
+        delay = target - env.now
+    yield env.timeout(delay)
 
 
 def _window_free_steps(context: np.ndarray, window: int, block_size: int) -> np.ndarray:

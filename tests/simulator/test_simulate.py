@@ -10,8 +10,8 @@ from tests.simulator.conftest import run, scenario
 
 
 def assert_same_run(a, b):
-    pd.testing.assert_frame_equal(a.requests, b.requests)
-    pd.testing.assert_frame_equal(a.steps, b.steps)
+    pd.testing.assert_frame_equal(a.requests, b.requests, check_exact=True)
+    pd.testing.assert_frame_equal(a.steps, b.steps, check_exact=True)
     assert a.summary == b.summary or pd.Series(a.summary).equals(pd.Series(b.summary))
 
 
@@ -161,3 +161,25 @@ def test_sglang_fast_forward_notices_a_finish_inside_a_stretch(tmp_path):
                                         "arrivals": {"kind": "trace"}, "num_requests": 3},
                               simulation={"fast_forward": fast}), tmp_path) for fast in (True, False)]
     assert_same_run(*runs)
+
+
+def test_a_fused_stretch_ends_exactly_where_stepping_would_even_where_no_delay_reaches():
+    """From 0.4337101143344169 no float delay d gives now + d == 0.9742684086894654 (the nearest sums miss by one
+    unit in the last place); the stretch's end must still land on it, as the stepped steps' sums do."""
+    import math
+
+    import simpy
+
+    from simulator.fast_forward import wait_until
+    start, target = 0.4337101143344169, 0.9742684086894654
+    delay = target - start
+    assert all(start + d != target for d in (math.nextafter(delay, -1), delay, math.nextafter(delay, 2)))
+    env, ends = simpy.Environment(), []
+
+    def process():
+        yield env.timeout(start)
+        yield from wait_until(env, target)
+        ends.append(env.now)
+    env.process(process())
+    env.run()
+    assert ends == [target]
