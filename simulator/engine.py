@@ -96,9 +96,10 @@ class Replica:
             plan.mark_scheduled(self.env.now)
             fused = self._stretch(plan)
             if fused is not None:
-                stretch, last_batch = fused
+                stretch, last_batch, end_last_step = fused
                 yield from wait_until(self.env, float(stretch.ends_s[-1]))
-                # the last fused step may span an arrival: log it live, as a stepped run would
+                # the last fused step may span an arrival: it ends now, and is logged live, as a stepped run would
+                end_last_step()
                 self._record(float(stretch.durations_s[-1]), last_batch, 0, last_batch, 0)
                 continue
             decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
@@ -143,12 +144,12 @@ class Replica:
         """Apply a step that has just ended, log it, and hand on the requests it finished."""
         finished = self.scheduler.commit(plan, self.env.now)
         self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens, len(plan.preempted))
-        for req in finished:
-            self.on_finish(req)
+        self._hand_on(finished)
 
-    def _stretch(self, plan: StepPlan) -> tuple[Stretch, int] | None:
+    def _stretch(self, plan: StepPlan) -> tuple[Stretch, int, Callable[[], None]] | None:
         """Fuse the decode steps from here to the next event, if this step starts such a stretch.
-        Logs all but the last fused step, which the caller logs when it ends; returns its batch size too."""
+        Logs all but the last fused step, which the caller ends (its window frees and finishes) and logs when its
+        time comes; returns its batch size and its end too."""
         ff = self.fast_forward
         decoding = getattr(self.scheduler, "decode_stretch", None)
         usable = ff is not None and decoding is not None and self.scheduler.kv.supports_fast_forward
@@ -169,7 +170,7 @@ class Replica:
             self.scheduler.retire(req, now)
             finished.append(req)
         late = self.scheduler.release_retired if getattr(self.scheduler, "holds_finished", False) else None
-        active, used = apply_stretch(requests, stretch, kv, ff.log, retire, late)  # late: async scheduling
+        active, used, end_last = apply_stretch(requests, stretch, kv, ff.log, retire, late)  # late: async scheduling
         fused = getattr(self.scheduler, "fused_decode_steps", None)  # a scheduler whose state moves per decode step
         if fused is not None:
             fused(len(stretch.ends_s) - 1)
@@ -177,11 +178,20 @@ class Replica:
         self.steps.record_many(
             time_s=stretch.ends_s[:-1].tolist(), duration_s=stretch.durations_s[:-1].tolist(),
             replica=[self.index] * n, num_requests=active[:-1], prefill_tokens=[0] * n, decode_tokens=active[:-1],
-            num_running=active[1:], num_waiting=[self.scheduler.num_waiting] * n, kv_blocks_used=used[:-1],
-            kv_usage=[u / kv.num_blocks for u in used[:-1]], num_preempted=[0] * n)
+            num_running=active[1:], num_waiting=[self.scheduler.num_waiting] * n, kv_blocks_used=used,
+            kv_usage=[u / kv.num_blocks for u in used], num_preempted=[0] * n)
+        self._hand_on(finished)
+
+        def end_last_step() -> None:
+            end_last()
+            self._hand_on(finished)
+        return stretch, active[-1], end_last_step
+
+    def _hand_on(self, finished: list[Request]) -> None:
+        """Hand on the finished requests (and forget them)."""
         for req in finished:
             self.on_finish(req)
-        return stretch, active[-1]
+        finished.clear()
 
     def _record(self, duration: float, num_requests: int, prefill_tokens: int, decode_tokens: int,
                 num_preempted: int) -> None:

@@ -161,13 +161,16 @@ def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: in
 
 def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
                   retire: Callable[[Request, float], None],
-                  release: Callable[[Request], None] | None = None) -> tuple[list[int], list[int]]:
+                  release: Callable[[Request], None] | None = None
+                  ) -> tuple[list[int], list[int], Callable[[], None]]:
     """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
     order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
     theirs (when it ends). With `release` (async scheduling), a finished request keeps its blocks until the next
     step is planned: `retire` marks it done as it ends, `release` gives its blocks back then.
 
-    Returns, per step, the requests decoding in it and the KV blocks in use after it (what the step log shows).
+    Returns, per step, the requests decoding in it; per step but the last, the KV blocks in use after it (what
+    the step log shows); and what the last step does as it ends (its window frees and finishes), for the caller
+    to run then: that step may span an arrival, whose router must see the pool as it is while the step runs.
     """
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
@@ -184,8 +187,9 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
         req.last_token_s = float(ends[k - 1])
     delta = np.zeros(steps, np.int64)
     used_before = kv.num_used_blocks
-    for i, kind, j, sub in events:
-        tokens, before = int(context[j]) + i + 1, kv.num_used_blocks  # shared blocks free only with their last user
+
+    def run(i: int, kind: int, j: int, sub: int) -> None:
+        tokens = int(context[j]) + i + 1
         if kind == 0 and sub == 0:
             kv.open_decode_blocks(requests[j], tokens)
         elif kind == 0:
@@ -196,8 +200,17 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
             kv.end_decode_step(requests[j], tokens)
         else:
             retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
-        delta[i] += kv.num_used_blocks - before
-    for req, finish in zip(requests, stretch.finish_step.tolist()):
-        if finish >= steps:  # blocks filled with generated tokens are unique to their request, so registering
-            kv.cache(req)    # them now rather than step by step changes nothing
-    return active.tolist(), (used_before + np.cumsum(delta)).tolist()
+    ending = [event for event in events if event[0] == steps - 1 and event[1] >= 2]
+    for event in events:
+        if event[0] < steps - 1 or event[1] < 2:
+            before = kv.num_used_blocks  # shared blocks free only with their last user
+            run(*event)
+            delta[event[0]] += kv.num_used_blocks - before
+
+    def end_last_step() -> None:
+        for event in ending:
+            run(*event)
+        for req, finish in zip(requests, stretch.finish_step.tolist()):
+            if finish >= steps:  # blocks filled with generated tokens are unique to their request, so registering
+                kv.cache(req)    # them at the end rather than step by step changes nothing (a window's are freed)
+    return active.tolist(), (used_before + np.cumsum(delta)).tolist()[:-1], end_last_step

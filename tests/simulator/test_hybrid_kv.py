@@ -114,3 +114,19 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
     assert sglang["kv_windows"] == [None] and set(vllm["kv_windows"]) == {None, 1024}
     assert sglang["max_concurrency"] == pytest.approx(sglang["kv_cache_tokens"] / 32768)  # every layer: all 32K
     assert sglang["max_concurrency"] < vllm["max_concurrency"]
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_router_reading_kv_mid_stretch_sees_what_stepping_shows(tmp_path, async_scheduling):
+    """Two gpt-oss-20b replicas behind least_kv: the third request arrives while both decode. A fused stretch's
+    last step spans that arrival, so the window frees it makes as it ends must not show before: the router
+    would see one block fewer on replica 1 and send the request there instead of replica 0."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2074,100,5\n")
+    runs = [run(scenario(model="gpt-oss-20b", cluster={"replicas": 2, "router": "least_kv"},
+                         engine={"max_model_len": 4096, "async_scheduling": async_scheduling},
+                         workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
+                                   "num_requests": 3},
+                         simulation={"fast_forward": fast})) for fast in (True, False)]
+    assert runs[1].requests["replica"].tolist() == [0, 1, 0]
+    assert_same_run(*runs)
