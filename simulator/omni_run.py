@@ -155,7 +155,8 @@ class Pipeline:
         stage = self.stages[index]
         stage.requests.append(req)
         self.origin[index][req.id] = origin
-        reason = rejection(req, stage.scenario.engine, stage.memory.plan.max_model_len, stage.num_pages, stage.page_size)
+        reason = rejection(req, stage.scenario.engine, stage.memory.plan.max_model_len, stage.num_pages, stage.page_size,
+                           stage.memory.plan.kv_windows)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             origin.phase, origin.reject_reason = Phase.REJECTED, f"stage {stage.cfg.name}: {reason}"

@@ -132,3 +132,16 @@ def test_stage_output_cache_is_refused_where_vllm_omni_refuses_it(stage, reason)
         run(pipeline(num_requests=2, stages=[{"name": "thinker"}, stage]))
     allowed = {k: v for k, v in stage.items() if k != "cache_outputs"}
     assert run(pipeline(num_requests=2, stages=[{"name": "thinker"}, allowed])).summary["completed"] == 2
+
+
+def test_a_stage_rejects_what_its_sliding_window_pool_can_never_hold(tmp_path):
+    """gpt-oss-20b in 69 usable blocks: a 1,000 + 50-token request needs 132 blocks over its full and sliding
+    groups, so the stage rejects it at once, as a plain run does, and the next request is served."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1000,50\n0.5,100,10\n")
+    s = scenario(model="gpt-oss-20b", engine={"max_model_len": 4096, "num_gpu_blocks_override": 70},
+                 workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
+                           "num_requests": 2}, stop={"max_sim_time_s": 30}, stages=[{"name": "only"}])
+    requests = run(s).requests
+    assert requests["reject_reason"].tolist()[0] == "stage only: needs 132 KV blocks at full length; the pool has 69"
+    assert requests["finish_s"].notna().tolist() == [False, True]
