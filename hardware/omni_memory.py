@@ -50,11 +50,13 @@ class StageMemory:
     plan: MemoryPlan
     num_blocks: int  # the KV blocks the engine runs with (the plan's, or the override)
     cached: tuple[StageTensor, ...]
+    replicas: int = 1  # each engine of the stage pins its own buffers
 
     @property
     def host_cache_bytes(self) -> int:
-        return sum(stage_output_cache_bytes(self.num_blocks, self.plan.block_size, t.dims, t.dtype)
-                   for t in self.cached)
+        """Pinned host bytes of the stage's output caches, over all its replicas."""
+        return self.replicas * sum(stage_output_cache_bytes(self.num_blocks, self.plan.block_size, t.dims, t.dtype)
+                                   for t in self.cached)
 
     def as_dict(self) -> dict:
         cache = [{"name": t.name, "shape": [self.num_blocks, self.plan.block_size, t.dims], "dtype": t.dtype,

@@ -107,6 +107,12 @@ class Pipeline:
         if s.disaggregation is not None or s.cluster.replicas != 1:
             raise SpecError("stages: set replicas per stage (stages[i].replicas); disaggregation and "
                             "cluster.replicas do not combine with a pipeline")
+        if s.parallelism != ParallelismConfig():
+            raise SpecError("stages: set tensor parallelism per stage (stages[i].tp); the parallelism section does "
+                            "not apply to a pipeline's stages, which run at pp 1 without ep or dp_attention")
+        if s.app_cache.kind != "none":
+            raise SpecError(f"stages: app_cache kind {s.app_cache.kind!r} in front of a pipeline is not modelled; "
+                            "set app_cache.kind: none")
         seeds = np.random.SeedSequence(s.seed).spawn(2 + len(s.stages))
         self.scenario, self.on_progress, self.completed = s, on_progress, 0
         self.workload = _workload(s, np.random.default_rng(seeds[0]), base_dir)
@@ -131,7 +137,7 @@ class Pipeline:
             _check_stage_cache(cfg.name, e, memory)
             cached = tensors
         pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
-        stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached),
+        stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached, cfg.replicas),
                       usable_pages(e, num_blocks * e.block_size // page_size),
                       page_size, tensors, pcie.bytes_per_s, pcie.latency_s)
         timer = build_timer(s)

@@ -145,3 +145,19 @@ def test_a_stage_rejects_what_its_sliding_window_pool_can_never_hold(tmp_path):
     requests = run(s).requests
     assert requests["reject_reason"].tolist()[0] == "stage only: needs 132 KV blocks at full length; the pool has 69"
     assert requests["finish_s"].notna().tolist() == [False, True]
+
+
+def test_each_replica_of_a_stage_pins_its_own_output_cache():
+    one = run(pipeline(num_requests=2)).memory.as_dict()["stages"][1]
+    stages = [STAGES[0], {**STAGES[1], "replicas": 2}, STAGES[2]]
+    two = run(pipeline(num_requests=2, stages=stages)).memory.as_dict()["stages"][1]
+    assert two["stage_output_cache_host_bytes"] == 2 * one["stage_output_cache_host_bytes"] == 2 * (
+        one["num_blocks"] * 16 * 16 * 8)
+
+
+@pytest.mark.parametrize("section, value, field", [
+    ("parallelism", {"tp": 2}, "stages[i].tp"), ("app_cache", {"kind": "exact"}, "app_cache.kind: none")])
+def test_settings_a_pipeline_cannot_honour_are_refused_not_dropped(section, value, field):
+    from hardware.errors import SpecError
+    with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        run(pipeline(num_requests=2).model_copy(update={section: type(getattr(pipeline(), section))(**value)}))
