@@ -36,9 +36,11 @@ def write_text_atomic(path: Path, text: str) -> None:
 
 
 MARKER = ".servesim"  # in every folder atomic_dir writes: only such a folder (or an empty one) is replaced
-# what run and fit folders held before the marker existed: a folder of only these is an earlier output too
+# what run and fit folders held before the marker existed: a folder of only these, with a table only servesim
+# writes among them (a scenario or a profile alone may well be the user's own), is an earlier output too
 EARLIER_OUTPUTS = frozenset({"requests.csv", "steps.csv", "summary.json", "memory.json", "scenario.yaml",
                              "profile.yaml", "figures.csv"})
+OUTPUT_TABLES = frozenset({"summary.json", "figures.csv"})
 
 
 def check_replaceable(path: Path) -> None:
@@ -51,7 +53,8 @@ def check_replaceable(path: Path) -> None:
     if target == here or target in here.parents:
         raise SpecError(f"{path}: is the current folder or one above it; give the output a folder of its own")
     if path.is_dir() and not (path / MARKER).exists():
-        foreign = sorted(p.name for p in path.iterdir() if p.name not in EARLIER_OUTPUTS)
+        names = {p.name for p in path.iterdir()}
+        foreign = sorted(names - EARLIER_OUTPUTS) if names & OUTPUT_TABLES else sorted(names)
         if foreign:
             raise SpecError(f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}), which replacing "
                             "it would delete; give a new or empty folder")

@@ -56,6 +56,12 @@ def test_an_output_folder_is_replaced_only_when_servesim_wrote_it(tmp_path, monk
     result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=20")
     assert result.exit_code == 2 and "holds files servesim did not write" in result.output
     assert (out / "sub" / "data.txt").read_text() == "mine" and not (out / "summary.json").exists()
+    own = tmp_path / "experiment"  # the user's scenario alone is no earlier output, though a run writes that name
+    own.mkdir()
+    (own / "scenario.yaml").write_text(QUICKSTART.read_text())
+    result = simulate(str(own / "scenario.yaml"), "--out", str(own), "--set", "workload.num_requests=20")
+    assert result.exit_code == 2 and "holds files servesim did not write (scenario.yaml)" in result.output
+    assert (own / "scenario.yaml").read_text() == QUICKSTART.read_text()
     again = tmp_path / "again"
     for _ in range(2):  # an earlier run's folder is replaced whole
         assert simulate(str(QUICKSTART), "--out", str(again), "--set", "workload.num_requests=20").exit_code == 0
