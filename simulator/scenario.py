@@ -6,6 +6,8 @@ and, for choices, the allowed values. `--set a.b=c` overrides are applied before
 
 from __future__ import annotations
 
+import copy
+
 import difflib
 import json
 from pathlib import Path
@@ -342,18 +344,35 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
     raw = read_yaml(path, "scenario file")
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: a scenario is a mapping of sections (model, hardware, engine, workload, ...)")
-    raw = apply_overrides(raw, list(overrides))
+    raw = apply_overrides(_files_beside(raw, path.parent), list(overrides))
     if seed is not None:
         raw["seed"] = seed
     try:
         scenario = Scenario.model_validate(raw)
     except ValidationError as err:
         raise first_error(err, str(path), Scenario, list(overrides)) from None
-    hardware = scenario.hardware
-    if hardware.gpu_files:  # user GPU files are relative to the scenario file, like traces
-        files = [f if f.is_absolute() else path.parent / f for f in hardware.gpu_files]
-        scenario = scenario.model_copy(update={"hardware": hardware.model_copy(update={"gpu_files": files})})
     return scenario, path.parent
+
+
+def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """`raw` (a scenario file as read) with its relative GPU files, profile and model config.json paths made
+    relative to `folder`, the file's own, as its traces are; `--set` values, applied after, stay relative to the
+    working folder."""
+    def beside(section: Any, key: str, is_path) -> None:
+        value = section.get(key) if isinstance(section, dict) else None
+        if isinstance(value, str) and is_path(value) and not Path(value).is_absolute():
+            section[key] = str(folder / value)
+    raw = copy.deepcopy(raw)
+    hardware, engine = raw.get("hardware"), raw.get("engine")
+    if isinstance(hardware, dict) and isinstance(hardware.get("gpu_files"), list):
+        hardware["gpu_files"] = [str(folder / f) if isinstance(f, str) and not Path(f).is_absolute() else f
+                                 for f in hardware["gpu_files"]]
+    beside(hardware, "profile", lambda value: bool(Path(value).suffix))  # a YAML path, not a bundled name
+    beside(raw, "model", is_config_path)
+    beside(engine.get("speculative") if isinstance(engine, dict) else None, "draft_model", is_config_path)
+    for stage in raw.get("stages") or ():
+        beside(stage, "model", is_config_path)
+    return raw
 
 
 def with_absolute_paths(model: Any, base_dir: Path) -> Any:

@@ -244,3 +244,30 @@ def test_the_run_line_names_what_serves_it():
     omni = label("omni_thinker_talker")
     assert omni.startswith("stages thinker (qwen2.5-7b, 1 x 1 h100-sxm) -> talker (llama-3.2-1b,")
     assert omni.endswith("latencies are the last stage's tokens")
+
+
+def test_a_scenarios_relative_model_profile_and_gpu_files_sit_beside_it(tmp_path, monkeypatch):
+    """Like its traces, a scenario's own config.json, profile and GPU file paths are relative to its folder, run
+    from anywhere; a --set path stays relative to the working folder."""
+    root = Path(__file__).resolve().parents[2]
+    folder = tmp_path / "exp"
+    folder.mkdir()
+    shutil.copy(root / "hardware" / "model_configs" / "llama-3.1-8b.json", folder / "mymodel.json")
+    shutil.copy(root / "calibration" / "profiles" / "vllm-published.yaml", folder / "myprof.yaml")
+    (folder / "mygpu.yaml").write_text(yaml.safe_dump({"gpus": [{
+        **yaml.safe_load((root / "hardware" / "catalog" / "gpus.yaml").read_text())["gpus"][0], "name": "my-gpu"}]}))
+    raw = yaml.safe_load(QUICKSTART.read_text())
+    raw["workload"]["trace"]["path"] = str(root / "scenarios" / raw["workload"]["trace"]["path"])
+    raw |= {"model": "mymodel.json", "hardware": {"gpu": "my-gpu", "gpu_files": ["mygpu.yaml"], "profile": "myprof.yaml"}}
+    (folder / "s.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.chdir(tmp_path)
+    result = simulate("exp/s.yaml", "--out", "run", "--set", "workload.num_requests=20")
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load((tmp_path / "run" / "scenario.yaml").read_text())
+    assert resolved["model"] == str(folder / "mymodel.json")
+    assert resolved["hardware"]["profile"] == str(folder / "myprof.yaml")
+    assert resolved["hardware"]["gpu_files"] == [str(folder / "mygpu.yaml")]
+    shutil.copy(folder / "myprof.yaml", tmp_path / "here.yaml")
+    result = simulate("exp/s.yaml", "--out", "run2", "--set", "workload.num_requests=20",
+                      "--set", "hardware.profile=here.yaml")
+    assert result.exit_code == 0, result.output
