@@ -31,13 +31,26 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep)
 
 
+def read_text(path: Path, what: str = "file") -> str:
+    """`path`'s text (UTF-8), or one line saying why it cannot be read: missing, a folder, unreadable, not text."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(f"{path}: {what} not found") from None
+    except IsADirectoryError:
+        raise SpecError(f"{path}: is a folder; give the {what} itself") from None
+    except UnicodeDecodeError as err:
+        raise SpecError(f"{path}: {what} is not UTF-8 text (byte {err.start})") from None
+    except OSError as err:
+        raise SpecError(f"{path}: cannot read the {what} ({err.strerror})") from None
+
+
 def read_yaml(path: Path, what: str = "file") -> Any:
     """The safe loader's reading of `path` (never the unsafe one: these files come from users), with a key given
     twice refused; an error is one line with the line and column."""
+    text = read_text(path, what)
     try:
-        return yaml.load(Path(path).read_text(), Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
-    except FileNotFoundError:
-        raise SpecError(f"{path}: {what} not found") from None
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -47,9 +60,8 @@ def read_yaml(path: Path, what: str = "file") -> Any:
 
 
 def read_json(path: Path, what: str = "file") -> Any:
+    text = read_text(path, what)
     try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise SpecError(f"{path}: {what} not found") from None
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise SpecError(f"{path}: not valid JSON: {err}") from None

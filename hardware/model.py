@@ -471,6 +471,12 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
     num_layers = f.get("num_hidden_layers")
+    for key, value in (("hidden_size", hidden), ("num_attention_heads", num_heads), ("num_hidden_layers", num_layers)):
+        if not value > 0:
+            raise SpecError(f"{source}: {key} must be a positive integer, not {value}")
+    kv_heads = f.get("num_key_value_heads", int, num_heads)
+    if not 0 < kv_heads <= num_heads or num_heads % kv_heads:
+        raise SpecError(f"{source}: num_key_value_heads ({kv_heads}) must divide num_attention_heads ({num_heads})")
     kinds = _layer_kinds(f, num_layers)
     try:
         sources = _kv_sources(kinds, f.get("num_kv_shared_layers", int, 0))
@@ -486,7 +492,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         for i, (kind, window) in enumerate(kinds))
     return ModelSpec(
         name=name, hidden_size=hidden, num_heads=num_heads,
-        num_kv_heads=f.get("num_key_value_heads", int, num_heads),
+        num_kv_heads=kv_heads,
         head_dim=f.get("head_dim", int, hidden // num_heads),
         vocab_size=f.get("vocab_size"), tie_embeddings=_tied(raw),
         layers=layers, max_position_embeddings=f.get("max_position_embeddings"),
@@ -530,5 +536,6 @@ def get_model(name_or_path: str) -> ModelSpec:
     if path.exists():
         return load_model_file(path, name_or_path)
     if name_or_path.endswith(".json") or "/" in name_or_path:
-        return load_model_file(Path(name_or_path))
+        path = Path(name_or_path)
+        return load_model_file(path / "config.json" if path.is_dir() else path)  # a Hugging Face model folder
     raise SpecError(f"unknown model {name_or_path!r}; presets: {', '.join(preset_names())} (or a path to a config.json)")

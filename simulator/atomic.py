@@ -43,21 +43,42 @@ EARLIER_OUTPUTS = frozenset({"requests.csv", "steps.csv", "summary.json", "memor
 OUTPUT_TABLES = frozenset({"summary.json", "figures.csv"})
 
 
-def check_replaceable(path: Path) -> None:
-    """Refuse, before any work, an output folder whose replacement would delete what servesim did not write: a
-    file, the current folder or one above it, or a folder holding anything but an earlier servesim output."""
-    path = Path(path)
+def _check_folder_of_its_own(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise SpecError(f"{path}: is a file; the output is a folder (give a new or empty folder's path)")
     here, target = Path.cwd().resolve(), path.resolve()
     if target == here or target in here.parents:
         raise SpecError(f"{path}: is the current folder or one above it; give the output a folder of its own")
+
+
+def check_replaceable(path: Path) -> None:
+    """Refuse, before any work, an output folder whose replacement would delete what servesim did not write: a
+    file, the current folder or one above it, or a folder holding anything but an earlier servesim output."""
+    path = Path(path)
+    _check_folder_of_its_own(path)
     if path.is_dir() and not (path / MARKER).exists():
         names = {p.name for p in path.iterdir()}
         foreign = sorted(names - EARLIER_OUTPUTS) if names & OUTPUT_TABLES else sorted(names)
         if foreign:
             raise SpecError(f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}), which replacing "
                             "it would delete; give a new or empty folder")
+
+
+def check_output_folder(path: Path, own: frozenset[str]) -> None:
+    """Refuse, before any work, an output folder servesim adds files to (a sweep's, a plan's) that is a file, the
+    current folder or one above it, or holds anything but the names in `own`."""
+    path = Path(path)
+    _check_folder_of_its_own(path)
+    foreign = sorted(p.name for p in path.iterdir() if p.name not in own and not _temporary(p.name)) \
+        if path.is_dir() else []
+    if foreign:
+        raise SpecError(f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}); give a new or "
+                        "empty folder")
+
+
+def _temporary(name: str) -> bool:
+    """A temp file or folder of an interrupted atomic write (`.NAME.*.tmp`)."""
+    return name.startswith(".") and name.endswith(".tmp")
 
 
 @contextmanager

@@ -13,6 +13,7 @@ import typer
 from rich.markup import escape
 
 from hardware.errors import SpecError
+from hardware.model import get_model
 from hardware.profile import FIXED_COSTS, Profile
 from simulator.cli import app, clean_errors, console, print_table
 
@@ -46,7 +47,8 @@ def calibrate(device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
               out: Path = typer.Option(Path("calibration_out"), "--out",
                                        help="Output folder, or the profile's .yaml path inside it"),
               quick: bool = typer.Option(False, "--quick", help="Smaller grid, 3 repeats"),
-              threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's own)"),
+              threads: int | None = typer.Option(None, "--threads", min=1,
+                                                 help="torch CPU threads (default: torch's own)"),
               seed: int = typer.Option(0, "--seed")) -> None:
     """Time the executor on a grid of batch shapes, fit a profile, write it with grid.csv (and device.yaml)."""
     from calibration.pipeline import Setup, run_calibration
@@ -54,6 +56,9 @@ def calibrate(device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
     if device not in ("cpu", "cuda"):
         raise SpecError(f"--device {device!r}: choose cpu or cuda")
     folder, name = (out.parent, out.name) if out.suffix in (".yaml", ".yml") else (out, "profile.yaml")
+    if folder.exists() and not folder.is_dir():
+        raise SpecError(f"--out {folder}: is a file; the output is a folder")
+    get_model(model)  # an unknown preset fails here, before the output folder is made
     setup = Setup(model, parse_scale(scale), device, "", (), seed=seed, threads=threads)
     report, setup = run_calibration(setup, folder, gpu, quick, profile_name=name, console=console)
     print_table(escape(f"profile for {model} [{scale or 'full size'}] on {setup.gpu}"),
@@ -115,7 +120,8 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
              only: str | None = typer.Option(None, "--only", help=(
                  "Fit just these parameters, comma-separated (e.g. moe_compute,moe_memory); the others keep "
                  "their defaults")),
-             workers: int | None = typer.Option(None, "--workers", help="Processes (default: all cores)")) -> None:
+             workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)")
+             ) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report default and fitted errors on the runs fitted and the runs held out."""
     import pandas as pd

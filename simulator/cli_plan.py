@@ -42,13 +42,15 @@ def sweep(scenario: Path,
     """Run a scenario over a grid of field values (resumable) into one results.csv table."""
     from simulator.progress import progress_bar
     from simulator.scenario import load_scenario
-    from simulator.sweep import parse_grid, run_sweep
+    from simulator.atomic import check_output_folder
+    from simulator.sweep import SWEEP_FILES, parse_grid, run_sweep
 
     spec, base_dir = load_scenario(scenario, set_)
     full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)
     if not full_grid:
         raise SpecError(f"{scenario}: nothing to sweep: add a `sweep: {{grid: ...}}` section or --grid key=v1,v2")
     folder = out or Path("runs") / f"{spec.name}-sweep"
+    check_output_folder(folder, SWEEP_FILES)
     with progress_bar("sweep points", console, every=1) as advance:
         advance.total(math.prod(len(values) for values in full_grid.values()))
         result = run_sweep(spec, base_dir, full_grid, folder, engine, workers, dask_address, on_point=advance)
@@ -97,7 +99,7 @@ def plan(scenario: Path,
          workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel candidates (default: all cores)"),
          set_: list[str] = SetOption) -> None:
     """Find the cheapest deployment (GPU x TP x PP x replicas x knobs) that sustains the load within the SLOs."""
-    from simulator.atomic import write_text_atomic
+    from simulator.atomic import check_output_folder, write_text_atomic
     from simulator.executors import default_workers
     from simulator.output import json_text
     from simulator.plan import plan as make_plan
@@ -107,10 +109,12 @@ def plan(scenario: Path,
     if target_rate is not None and target_rate <= 0:
         raise SpecError(f"--target-rate: a load of more than 0, not {target_rate}")
     spec, base_dir = load_scenario(scenario, set_)
-    knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob).items()} or None
+    knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob, "--knob").items()} or None
+    folder = out or Path("runs") / f"{spec.name}-plan"
+    check_output_folder(folder, frozenset({"plan.json"}))
     result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
                        workers=workers or default_workers(), pps=_csv(pp, int))
-    path = (out or Path("runs") / f"{spec.name}-plan") / "plan.json"
+    path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)
     console.print(f"{result.num_simulations} simulations; plan in {path}")

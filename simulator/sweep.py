@@ -35,6 +35,7 @@ from simulator.scenario import Scenario, check_grid_keys, first_error, with_over
 
 POINTS = "points"
 RESULTS = "results.csv"
+SWEEP_FILES = frozenset({POINTS, RESULTS, "sweep.yaml"})  # all a sweep folder holds
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,21 @@ class SweepResult:
     num_reused: int  # points whose run folder was already complete
 
 
-def parse_grid(items: list[str]) -> dict[str, list[Any]]:
-    """`--grid key=v1,v2,...` options to a grid; values are YAML scalars (`a=1,2` -> [1, 2])."""
+def parse_grid(items: list[str], option: str = "--grid") -> dict[str, list[Any]]:
+    """`--grid key=v1,v2,...` options (or plan's `--knob`) to a grid; values are YAML scalars (`a=1,2` -> [1, 2])."""
     grid = {}
     for item in items:
         key, sep, text = item.partition("=")
-        values = yaml.safe_load(f"[{text}]") if sep and key and text else None
+        try:
+            values = yaml.safe_load(f"[{text}]") if sep and key and text else None
+        except yaml.YAMLError:
+            values = None
         if not values:
-            raise SpecError(f"--grid {item!r}: expected dotted.key=value1,value2,...")
+            raise SpecError(f"{option} {item!r}: expected dotted.key=value1,value2,... (YAML values)")
+        if key in grid:
+            raise SpecError(f"{option} {key}: given twice; list all its values in one option")
+        if len({json.dumps(v, sort_keys=True) for v in values}) < len(values):
+            raise SpecError(f"{option} {item!r}: a value is given twice")
         grid[key] = values
     return grid
 

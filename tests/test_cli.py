@@ -85,3 +85,42 @@ def test_the_cli_runs_as_a_module_with_every_command():
         out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True,
                              env={"COLUMNS": "120", "PATH": ""}).stdout
         assert all(command in out for command in ("simulate", "plan", "compare", "calibrate"))
+
+
+def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, monkeypatch):
+    """Each of these used to end in a traceback (or a silently dropped value); now one line names what is wrong."""
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    quickstart = str(root / "scenarios" / "quickstart.yaml")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe")
+    config = json.loads((root / "hardware" / "model_configs" / "llama-3.1-8b.json").read_text())
+    (tmp_path / "heads.json").write_text(json.dumps({**config, "num_key_value_heads": 5}))
+    cases = [
+        (("sweep", quickstart, "--grid", "engine.max_num_seqs=[64"), "--grid 'engine.max_num_seqs=[64': expected"),
+        (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--grid", "engine.max_num_seqs=128"),
+         "--grid engine.max_num_seqs: given twice"),
+        (("sweep", quickstart, "--grid", "engine.max_num_seqs=64,64"), "a value is given twice"),
+        (("plan", quickstart, "--knob", "max_num_seqs=[64"), "--knob 'max_num_seqs=[64': expected"),
+        (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--out", "afile"), "afile: is a file"),
+        (("plan", quickstart, "--out", "afile"), "afile: is a file"),
+        (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--out", "."), "is the current folder"),
+        (("simulate", str(root / "scenarios")), "is a folder; give the scenario file itself"),
+        (("simulate", "binary.yaml"), "binary.yaml: scenario file is not UTF-8 text"),
+        (("memory", "heads.json", "--gpu", "h100-sxm"), "num_key_value_heads (5) must divide num_attention_heads"),
+        (("calibrate", "--model", "llama-9", "--out", "cal"), "unknown model 'llama-9'"),
+    ]
+    for args, message in cases:
+        result = run(*args)
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output, (args, result.output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "binary.yaml", "heads.json"]
+
+
+def test_a_hugging_face_model_folder_is_read_by_its_config_json(tmp_path):
+    from pathlib import Path
+    config = Path(__file__).resolve().parents[1] / "hardware" / "model_configs" / "llama-3.1-8b.json"
+    (tmp_path / "Llama-3.1-8B").mkdir()
+    (tmp_path / "Llama-3.1-8B" / "config.json").write_text(config.read_text())
+    data = json.loads(run("memory", str(tmp_path / "Llama-3.1-8B"), "--gpu", "h200", "--json").stdout)
+    assert data["kv_bytes_per_token"] == 131072
