@@ -99,9 +99,15 @@ class CapacityResult:
         return (f"at {best.rate_per_s:.3g} {self.unit} the run's arrivals span only {span:.0f} s, too short for a slowly "
                 "growing queue to show: more requests (workload.num_requests) give a firmer answer")
 
+    @property
+    def search_limit_reached(self) -> bool:
+        """Every rate tried passed: the answer is the search's ceiling, a lower bound of the capacity."""
+        return self.rate_per_s > 0 and self.limit is None
+
     def as_dict(self) -> dict:
         return {"max_rate_per_s": self.rate_per_s, "rate_unit": self.unit, "num_simulations": self.num_simulations,
-                "short_run": self.short_run, "points": [v.as_dict() for v in self.verdicts]}
+                "search_limit_reached": self.search_limit_reached, "short_run": self.short_run,
+                "points": [v.as_dict() for v in self.verdicts]}
 
 
 def queue_growth(requests: pd.DataFrame, stop_s: float | None = None) -> tuple[float, float]:

@@ -70,6 +70,9 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
     from simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_)
+    if not as_json and not spec.slo.as_ms() and spec.slo.goodput_fraction is None:
+        console.print(f"[yellow]note:[/] {scenario} sets no SLO (slo.ttft_ms, tpot_ms, e2el_ms): only a growing queue "
+                      "limits the rate")
     result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol)
     if as_json:
         print_json(result.as_dict())
@@ -78,6 +81,8 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
                 [[f"{v.rate_per_s:.3f}", "ok" if v.ok else ", ".join(v.reasons), "; ".join(v.details)]
                  for v in result.verdicts])
     rate = f"{result.rate_per_s:.3f} {result.unit}" if result.rate_per_s else "none (no rate tried passes)"
+    if result.search_limit_reached:
+        rate = f"at least {rate} (the search's ceiling: every rate tried passed)"
     console.print(f"max sustainable rate {rate} ({result.num_simulations} simulations)")
     if result.short_run:
         console.print(f"[yellow]note:[/] {result.short_run}")

@@ -242,3 +242,18 @@ def test_a_stop_just_after_the_last_arrival_leaves_requests_in_flight_not_a_back
     assert verdict.ok, verdict.details
     overloaded = simulate(at_rate(s, 60.0), SCENARIOS)
     assert "unstable queue" in judge(overloaded, s.slo, 60.0).reasons
+
+
+def test_a_search_that_never_fails_says_its_answer_is_a_lower_bound():
+    """With generous SLOs and a ceiling of 2x the start, every rate tried passes: the result is the ceiling, and
+    says so; the CLI prints it as "at least"."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+    result = max_sustainable_rate(chat(slo={"ttft_ms": 1e9, "tpot_ms": 1e9}, workload={"num_requests": 60}),
+                                  SCENARIOS, start_rate_per_s=0.5, max_factor=2.0)
+    assert result.rate_per_s == 1.0 and result.search_limit_reached and result.as_dict()["search_limit_reached"]
+    assert not max_sustainable_rate(chat(), SCENARIOS, rel_tol=0.2).search_limit_reached
+    out = CliRunner().invoke(app, ["capacity", str(SCENARIOS / "quickstart.yaml"), "--set", "slo={}",
+                                   "--set", "workload.num_requests=30", "--rel-tol", "0.5"]).output
+    assert "sets no SLO" in out
