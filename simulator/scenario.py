@@ -10,6 +10,7 @@ import copy
 
 import difflib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -137,7 +138,8 @@ class Scenario(BaseModel):
     """A whole run. `model` is a preset name or a path to a Hugging Face config.json."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    name: str = "scenario"
+    name: str = Field("scenario", description=(
+        "Names the default output folder runs/<name>: letters, digits, _ . + - (no path separators)"))
     seed: int = Field(0, ge=0, description="Seeds every random choice of the run")
     model: str
     hardware: HardwareConfig
@@ -178,6 +180,14 @@ class Scenario(BaseModel):
                 where = ".".join(str(p) for p in first["loc"])
                 raise ValueError(f"disaggregation.{name}.engine.{where}: {first['msg']}") from None
         return self
+
+    @field_validator("name")
+    @classmethod
+    def _folder_name(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", value):
+            raise ValueError(f"{value!r} names the output folder runs/<name>: use letters, digits and _ . + - "
+                             "(starting with a letter, digit or _; at most 128)")
+        return value
 
     @field_validator("model")
     @classmethod

@@ -271,3 +271,13 @@ def test_a_scenarios_relative_model_profile_and_gpu_files_sit_beside_it(tmp_path
     result = simulate("exp/s.yaml", "--out", "run2", "--set", "workload.num_requests=20",
                       "--set", "hardware.profile=here.yaml")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "/abs", "x" * 129])
+def test_a_name_that_is_no_folder_name_is_refused(tmp_path, name):
+    """`name` makes runs/<name>: an empty one, `.`, a path or an absolute one would write elsewhere (or into runs/
+    itself, whose later runs a rerun would replace)."""
+    raw = yaml.safe_load(QUICKSTART.read_text()) | {"name": name}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    result = simulate(str(tmp_path / "s.yaml"))
+    assert result.exit_code == 2 and "names the output folder runs/<name>" in result.output
