@@ -14,6 +14,7 @@ it again finishes only what is missing. Adding values to a grid reuses every poi
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -27,6 +28,7 @@ import yaml
 from pydantic import ValidationError
 
 from hardware.errors import SpecError
+from hardware.model import is_config_path
 from simulator.atomic import write_text_atomic
 from simulator.executors import Engine, check_engine, run_jobs
 from simulator.output import write_run
@@ -73,14 +75,39 @@ def parse_grid(items: list[str], option: str = "--grid") -> dict[str, list[Any]]
     return grid
 
 
-def scenario_hash(s: Scenario) -> str:
-    """First 16 hex digits of the sha256 of the scenario's JSON form (sorted keys)."""
-    text = json.dumps(s.model_dump(mode="json"), sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+def scenario_hash(s: Scenario, base_dir: Path | None = None) -> str:
+    """First 16 hex digits of the sha256 of the scenario's JSON form (sorted keys) and, given the folder its
+    relative traces sit in, of the contents of the files it reads (traces, GPU files, a profile YAML, config.json
+    files): a point whose trace was edited is run again, not reused."""
+    digest = hashlib.sha256(json.dumps(s.model_dump(mode="json"), sort_keys=True).encode())
+    if base_dir is not None:
+        for path in input_files(s, base_dir):
+            stat = path.stat()
+            digest.update(_file_digest(path.resolve(), stat.st_mtime_ns, stat.st_size))
+    return digest.hexdigest()[:16]
 
 
-def expand(base: Scenario, grid: dict[str, list[Any]]) -> list[Point]:
-    """Every combination of the grid's values, the last key varying fastest; study sections dropped."""
+def input_files(s: Scenario, base_dir: Path) -> list[Path]:
+    """The files a run of `s` reads, besides the bundled catalogs and presets."""
+    files = [base_dir / s.workload.trace.path] if s.workload.trace is not None else []
+    files += list(s.hardware.gpu_files)
+    if s.hardware.profile is not None and Path(s.hardware.profile).suffix:
+        files.append(Path(s.hardware.profile))
+    spec = s.engine.speculative
+    models = [s.model, spec.draft_model if spec is not None else None, *(stage.model for stage in s.stages or ())]
+    files += [Path(m) for m in models if isinstance(m, str) and is_config_path(m)]
+    return [path for path in files if path.is_file()]
+
+
+@functools.cache
+def _file_digest(path: Path, mtime_ns: int, size: int) -> bytes:
+    """The file's sha256, read once per version of it (its modification time and size are part of the key)."""
+    return hashlib.sha256(path.read_bytes()).digest()
+
+
+def expand(base: Scenario, grid: dict[str, list[Any]], base_dir: Path | None = None) -> list[Point]:
+    """Every combination of the grid's values, the last key varying fastest; study sections dropped. With
+    `base_dir`, point hashes cover the contents of the files each point reads (`scenario_hash`)."""
     try:
         check_grid_keys(base, grid)
     except ValueError as err:
@@ -94,7 +121,7 @@ def expand(base: Scenario, grid: dict[str, list[Any]]) -> list[Point]:
         except ValidationError as err:
             label = ", ".join(f"{k}={v}" for k, v in overrides.items())
             raise first_error(err, f"sweep point {label}", Scenario) from None
-        points.append(Point(overrides, s, scenario_hash(s)))
+        points.append(Point(overrides, s, scenario_hash(s, base_dir)))
     return points
 
 
@@ -117,7 +144,7 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
     """Run every grid point not already in `out`, then write `out/results.csv`. `on_point(n_done)` after each."""
     check_engine(engine)
     out = Path(out)
-    points = expand(base, grid)
+    points = expand(base, grid, base_dir)
     folders = [out / POINTS / p.hash for p in points]
     first_of = {folder: i for i, folder in reversed(list(enumerate(folders)))}  # equal scenarios run once
     todo = [i for i in sorted(first_of.values()) if not is_done(folders[i])]

@@ -147,3 +147,17 @@ def test_sweep_command_uses_the_scenario_grid_and_the_option(tmp_path):
     assert list(table.columns[:3]) == ["engine.max_num_seqs", "workload.arrivals.rate_per_s", "point"]
     assert len(table) == 4 and "4 point(s) run, 0 reused" in result.stdout
     assert load_scenario(path)[0].sweep.grid == {"engine.max_num_seqs": [64, 256]}
+
+
+def test_a_point_whose_trace_was_edited_is_run_again(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n")
+    s = chat(workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
+                       "num_requests": None, "lengths": None})
+    grid = {"engine.max_num_seqs": [8]}
+    first = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
+    assert (first.num_run, first.table["completed"].tolist()) == (1, [1])
+    assert run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1).num_reused == 1  # unchanged: reused
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5,200,20\n")
+    again = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
+    assert (again.num_run, again.table["completed"].tolist()) == (1, [2])
