@@ -58,6 +58,9 @@ def sweep(scenario: Path,
     print_table(f"{spec.name}: {len(result.table)} points", columns,
                 [[_cell(row.get(c)) for c in columns] for row in result.table.to_dict("records")])
     console.print(f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}")
+    errors = result.table["error"].dropna()
+    if len(errors) == len(result.table):
+        raise SpecError(f"every point failed, e.g. {errors.iloc[0]}")
 
 
 @app.command()

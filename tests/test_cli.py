@@ -124,3 +124,12 @@ def test_a_hugging_face_model_folder_is_read_by_its_config_json(tmp_path):
     (tmp_path / "Llama-3.1-8B" / "config.json").write_text(config.read_text())
     data = json.loads(run("memory", str(tmp_path / "Llama-3.1-8B"), "--gpu", "h200", "--json").stdout)
     assert data["kv_bytes_per_token"] == 131072
+
+
+def test_a_sweep_whose_every_point_fails_exits_with_an_error(tmp_path):
+    from pathlib import Path
+    quickstart = str(Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml")
+    result = run("sweep", quickstart, "--grid", "model=llama-3.1-405b", "--set", "workload.num_requests=10",
+                 "--out", str(tmp_path / "sweep"), "--workers", "1")
+    assert result.exit_code == 2 and "every point failed, e.g." in result.output and "does not fit" in result.output
+    assert (tmp_path / "sweep" / "results.csv").exists()  # the table still tells each point's reason
