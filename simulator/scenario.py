@@ -21,7 +21,7 @@ from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationI
 from hardware.cost import Parallelism
 from hardware.errors import SpecError
 from hardware.files import read_yaml
-from hardware.gpu import get_gpu
+from hardware.gpu import get_gpu, get_interconnect
 from hardware.model import check_model_name, get_model, is_config_path
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
@@ -52,6 +52,15 @@ class ParallelismConfig(BaseModel):
     ep: bool = Field(False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all")
     dp_attention: bool = Field(False, description="Attention data-parallel in the TP group (SGLang, for MLA)")
     inter_node_link: str = Field("ib-ndr-400", description="Link between nodes when tp x pp exceeds a node")
+
+    @field_validator("inter_node_link")
+    @classmethod
+    def _known_link(cls, value: str) -> str:
+        try:
+            get_interconnect(value)
+        except SpecError as err:
+            raise ValueError(str(err)) from None
+        return value
 
     def spec(self) -> Parallelism:
         return Parallelism(self.tp, self.pp, self.ep, self.dp_attention, self.inter_node_link)

@@ -170,6 +170,8 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     (lambda r: r.update(workloads=r.pop("workload")),  # not only "workload: Field required"
      "workloads: unknown field; did you mean 'workload'?"),
     (lambda r: r["hardware"].update(gpu="h300"), "hardware.gpu: unknown GPU 'h300'"),
+    (lambda r: r.update(parallelism={"inter_node_link": "bogus"}),  # checked even where no replica spans nodes
+     "parallelism.inter_node_link: unknown interconnect 'bogus'; known: ib-hdr-200"),
     (lambda r: r["hardware"].update(gpu="h100sxm"), "unknown GPU 'h100sxm'; did you mean 'h100-sxm'?"),
     (lambda r: r.update(engine={**r["engine"], "scheduler": "sglang"}, disaggregation={
         "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "transfer": {"link": "ib-ndr-400"}}),
