@@ -207,7 +207,8 @@ def at_rate(s: Scenario, rate_per_s: float) -> Scenario:
     """`s` with its arrivals at `rate_per_s` (a trace is rescaled to that mean rate)."""
     kind = s.workload.arrivals.kind
     if kind not in ("poisson", "gamma", "constant", "trace"):
-        raise SpecError(f"arrivals {kind!r} have no rate; capacity search needs poisson, gamma, constant or trace")
+        raise SpecError(f"workload.arrivals.kind: arrivals {kind!r} have no rate; capacity search needs poisson, "
+                        "gamma, constant or trace")
     if s.workload.closed_loop is not None:
         raise SpecError("closed_loop clients set their own pace; capacity search needs open-loop arrivals")
     overrides = {"workload.arrivals.rate_per_s": rate_per_s}

@@ -76,7 +76,8 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
     if not as_json and not spec.slo.as_ms() and spec.slo.goodput_fraction is None:
         console.print(f"[yellow]note:[/] {scenario} sets no SLO (slo.ttft_ms, tpot_ms, e2el_ms): only a growing queue "
                       "limits the rate")
-    result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol)
+    with console.status(f"searching {spec.name}'s highest sustainable rate"):
+        result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol)
     if as_json:
         print_json(result.as_dict())
         return
@@ -120,8 +121,9 @@ def plan(scenario: Path,
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob, "--knob").items()} or None
     folder = out or Path("runs") / f"{spec.name}-plan"
     check_output_folder(folder, frozenset({"plan.json"}))
-    result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
-                       workers=workers or default_workers(), pps=_csv(pp, int))
+    with console.status(f"planning {spec.name}: sizing and verifying candidates"):
+        result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
+                           workers=workers or default_workers(), pps=_csv(pp, int))
     path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)
