@@ -127,8 +127,9 @@ class Pipeline:
 
     def _stage(self, cfg: StageConfig, index: int, rng: np.random.Generator) -> Stage:
         s = stage_scenario(self.scenario, cfg)
-        e, model = s.engine, get_model(s.model)
-        memory = _memory_plan(s)
+        model, memory = get_model(s.model), _memory_plan(s)
+        # as a plain run's pool: the resolved context (SGLang's default slot count depends on it)
+        e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
         tensors = tuple(StageTensor(t.name, t.dims or model.hidden_size, t.dtype) for t in cfg.outputs)

@@ -161,3 +161,14 @@ def test_settings_a_pipeline_cannot_honour_are_refused_not_dropped(section, valu
     from hardware.errors import SpecError
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
         run(pipeline(num_requests=2).model_copy(update={section: type(getattr(pipeline(), section))(**value)}))
+
+
+def test_an_sglang_stage_sizes_its_slots_by_the_resolved_context_as_a_plain_run_does():
+    """SGLang's default max_running_requests depends on the context length: unset, a stage takes the memory
+    plan's (the model's own), as a plain run's pool does, not the pool size."""
+    from simulator.run import make_world
+    plain = scenario(model="llama-3.1-8b", hardware={"gpu": "h200"}, engine={"scheduler": "sglang", "max_model_len": None,
+                                                                            "prefix_caching": "radix"})
+    world = make_world(plain, SCENARIOS)
+    staged = make_world(plain.model_copy(update={"stages": pipeline(stages=[{"name": "only"}]).stages}), SCENARIOS)
+    assert staged.stages[0].replicas[0].scheduler.max_running == world.pools[0].replicas[0].scheduler.max_running
