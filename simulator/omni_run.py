@@ -187,7 +187,8 @@ class Pipeline:
         src.transfer_bytes += nbytes
         yield self.env.timeout(delay)
         prompt, output = stage_lengths(dst.cfg, req.num_generated)
-        self._enter(index + 1, Request(req.id, self.env.now, prompt, output), origin)
+        self._enter(index + 1, Request(req.id, self.env.now, prompt, output, session_id=origin.session_id,
+                                       priority=origin.priority, turn=origin.turn), origin)
 
     def _done(self, origin: Request) -> None:
         self.completed += 1

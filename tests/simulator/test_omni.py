@@ -172,3 +172,22 @@ def test_an_sglang_stage_sizes_its_slots_by_the_resolved_context_as_a_plain_run_
     world = make_world(plain, SCENARIOS)
     staged = make_world(plain.model_copy(update={"stages": pipeline(stages=[{"name": "only"}]).stages}), SCENARIOS)
     assert staged.stages[0].replicas[0].scheduler.max_running == world.pools[0].replicas[0].scheduler.max_running
+
+
+def test_later_stages_see_each_requests_session_and_priority():
+    """A later stage's request carries its client request's session and priority, so session_affinity keeps a
+    conversation's turns on one replica there and the priority order holds."""
+    from simulator.run import make_world
+    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 0.5},
+                "new_message_tokens": {"kind": "fixed", "value": 50}}
+    s = pipeline(num_requests=24, stages=[{"name": "a"}, {"name": "b", "replicas": 3, "router": "session_affinity"}])
+    raw = s.model_dump(mode="json")
+    s = type(s).model_validate({**raw, "workload": {**raw["workload"], "sessions": sessions}})
+    world = make_world(s, SCENARIOS)
+    world.run()
+    later = world.stages[1].requests
+    assert later and all(r.session_id is not None for r in later)
+    replicas_of = {}
+    for r in later:
+        replicas_of.setdefault(r.session_id, set()).add(r.replica)
+    assert all(len(replicas) == 1 for replicas in replicas_of.values()) and len(replicas_of) > 1
