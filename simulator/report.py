@@ -38,13 +38,19 @@ TABLE_METRICS = ("completed", "request_throughput", "output_throughput", "p90_tt
 def write_report(folder: Path, out: Path | None = None) -> Path:
     """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path."""
     folder = Path(folder)
-    if (folder / RESULTS).is_file():
-        title, figures, tables = sweep_report(folder)
-    elif (folder / "summary.json").is_file():
-        title, figures, tables = run_report(folder)
-    else:
-        raise SpecError(f"{folder}: neither a run folder (summary.json) nor a sweep folder ({RESULTS})")
     out = Path(out) if out else folder / "report.html"
+    if out.is_dir():
+        raise SpecError(f"--out {out}: is a folder; give the report's file name (e.g. report.html)")
+    try:
+        if (folder / RESULTS).is_file():
+            title, figures, tables = sweep_report(folder)
+        elif (folder / "summary.json").is_file():
+            title, figures, tables = run_report(folder)
+        else:
+            raise SpecError(f"{folder}: neither a run folder (summary.json) nor a sweep folder ({RESULTS})")
+    except (FileNotFoundError, json.JSONDecodeError, yaml.YAMLError, pd.errors.EmptyDataError,
+            pd.errors.ParserError) as err:
+        raise SpecError(f"{folder}: an incomplete or damaged output folder ({type(err).__name__}: {err})") from None
     write_text_atomic(out, page(title, figures, tables))
     return out
 

@@ -114,3 +114,15 @@ def test_a_sweep_of_sessions_plots_its_load_in_sessions_per_second(sweep_folder,
                                                 "new_message_tokens": {"kind": "fixed", "value": 20}}
     assert _rate_unit(meta) == "sessions/s"
     assert "offered rate (req\\u002fs)" in write_report(sweep_folder, tmp_path / "s.html").read_text()  # JSON
+
+
+def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "summary.json").write_text("{")
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "half")])
+    assert result.exit_code == 2 and "an incomplete or damaged output folder" in result.output
+    result = CliRunner().invoke(app, ["report", str(tmp_path / "half"), "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "is a folder; give the report's file name" in result.output
