@@ -24,7 +24,7 @@ from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
 from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, check_sharding, dtype_bytes,
-                            kv_heads_per_rank, pipeline_stages, resolve_weight_dtype, weight_bytes)
+                            kv_heads_per_rank, resolve_weight_dtype, stage_layer_specs, weight_bytes)
 from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
@@ -701,12 +701,11 @@ def _stage_groups(model: ModelSpec, pp: int, fast_prefill: bool) -> tuple[tuple[
     hit = _STAGE_GROUPS.get((id(model), pp, fast_prefill))
     if hit is not None and hit[0] is model:
         return hit[1]
-    by_layer, stages, start = _groups_of(model, fast_prefill)[0], [], 0
-    for count in pipeline_stages(model.num_layers, pp):
-        stages.append(tuple(Counter(by_layer[start:start + count]).items()))
-        start += count
-    _STAGE_GROUPS[(id(model), pp, fast_prefill)] = (model, tuple(stages))
-    return tuple(stages)
+    by_layer = _groups_of(model, fast_prefill)[0]
+    stages = tuple(tuple(Counter(by_layer[layer.index] for layer in stage).items())
+                   for stage in stage_layer_specs(model, pp))
+    _STAGE_GROUPS[(id(model), pp, fast_prefill)] = (model, stages)
+    return stages
 
 
 def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),

@@ -31,8 +31,8 @@ from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
 from hardware.kv_groups import kv_groups
-from hardware.model import (LayerSpec, ModelSpec, check_sharding, kv_heads_per_rank, pipeline_stages,
-                            resolve_weight_dtype, weight_bytes)
+from hardware.model import (LayerSpec, ModelSpec, check_sharding, kv_heads_per_rank, resolve_weight_dtype,
+                            stage_layer_specs, weight_bytes)
 
 GIB = 1 << 30
 DEFAULT_RUNTIME_RESERVE_BYTES = 1 * GIB
@@ -122,12 +122,11 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     where they do not split evenly (`pipeline_stages`).
     `auto`: the checkpoint's dtype."""
     wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
-    stages, first = [], 0
-    for count in pipeline_stages(model.num_layers, par.pp):
-        stage, first = model.layers[first:first + count], first + count
+    stages = []
+    for stage in stage_layer_specs(model, par.pp):
         whole = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage)
         kept = sum(_replicated_bytes(model, layer, par, wbytes) for layer in stage)
-        stages.append((whole - kept) / par.tp + kept + count * _duplicated_kv_bytes(model, par, wbytes))
+        stages.append((whole - kept) / par.tp + kept + len(stage) * _duplicated_kv_bytes(model, par, wbytes))
     stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
                   + model.extra_linear_params * wbytes) / par.tp
     if not model.tie_embeddings:
@@ -166,11 +165,8 @@ def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism
         per_gpu = model.kv_bytes_per_token(kv_dtype, 1) / par.tp
     else:
         per_gpu = model.kv_bytes_per_token(kv_dtype, par.tp)
-    owning, first = [], 0
-    for count in pipeline_stages(model.num_layers, par.pp):
-        owning.append(sum(layer.owns_kv for layer in model.layers[first:first + count]))
-        first += count
-    return per_gpu * max(owning) / model.num_kv_layers
+    owning = max(sum(layer.owns_kv for layer in stage) for stage in stage_layer_specs(model, par.pp))
+    return per_gpu * owning / model.num_kv_layers
 
 
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:
@@ -230,9 +226,9 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         block_bytes *= groups.layers_per_group / model.num_kv_layers
     num_blocks = int(kv_cache // block_bytes)
     ranks = par.tp if par.dp_attention else 1  # under DP attention one request's KV sits whole on one GPU
+    in_flight = cfg.max_num_batched_tokens * cfg.in_flight_batches
 
     def request_bytes(length: int) -> float:
-        in_flight = cfg.max_num_batched_tokens * cfg.in_flight_batches
         return groups.peak_blocks(length, cfg.block_size, in_flight) * block_bytes * ranks
     per_request = request_bytes(max_len)
     if per_request > num_blocks * block_bytes and cfg.activations_outside and request_bytes(2) <= num_blocks * block_bytes:

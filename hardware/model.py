@@ -228,6 +228,15 @@ def pipeline_stages(num_layers: int, pp: int) -> tuple[int, ...]:
     return tuple(stages)
 
 
+def stage_layer_specs(model: ModelSpec, pp: int) -> list[tuple[LayerSpec, ...]]:
+    """Each pipeline stage's layers, split as `pipeline_stages` splits them."""
+    stages, first = [], 0
+    for count in pipeline_stages(model.num_layers, pp):
+        stages.append(model.layers[first:first + count])
+        first += count
+    return stages
+
+
 def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = False, ep: bool = False) -> None:
     """Refuse what the engines refuse at start-up: more pipeline stages than layers, a TP size that does not
     divide the attention heads (unless attention runs data parallel, unsplit), or DeepEP's expert parallel
