@@ -43,7 +43,7 @@ def sweep(scenario: Path,
     from simulator.progress import progress_bar
     from simulator.scenario import load_scenario
     from simulator.atomic import check_output_folder
-    from simulator.sweep import SWEEP_FILES, parse_grid, run_sweep
+    from simulator.sweep import INTERNAL_ERROR, SWEEP_FILES, parse_grid, run_sweep
 
     spec, base_dir = load_scenario(scenario, set_)
     full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)
@@ -61,6 +61,10 @@ def sweep(scenario: Path,
     errors = result.table["error"].dropna()
     if len(errors) == len(result.table):
         raise SpecError(f"every point failed, e.g. {errors.iloc[0]}")
+    crashed = errors[errors.str.startswith(INTERNAL_ERROR)]
+    if len(crashed):
+        console.print(f"[red]{len(crashed)} point(s) hit a servesim bug[/] (the others ran), e.g. {crashed.iloc[0]}")
+        raise typer.Exit(1)
 
 
 @app.command()

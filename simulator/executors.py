@@ -19,6 +19,7 @@ from typing import Any, Literal
 from hardware.errors import SpecError
 
 Engine = Literal["local", "dask"]
+DASK_CONNECT_TIMEOUT_S = 10
 ENGINES = ("local", "dask")
 
 
@@ -74,7 +75,11 @@ def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
         raise SpecError("engine 'dask' needs the distributed extra: pip install 'servesim[distributed]'") from None
     cluster = None if address else LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)
     try:
-        with Client(address or cluster) as client:
+        try:
+            client = Client(address or cluster, timeout=DASK_CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError) as err:
+            raise SpecError(f"--dask-address {address}: no Dask scheduler answered ({err})") from None
+        with client:
             futures = {client.submit(fn, *job, pure=False): i for i, job in enumerate(jobs)}
             for future in as_completed(futures):
                 yield futures[future], future.result()

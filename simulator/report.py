@@ -102,7 +102,7 @@ def sweep_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, st
     cost = np.array([point_cost_per_hour(folder / POINTS / p) for p in done["point"]])
     if np.isfinite(cost).all() and len(np.unique(cost)) > 1:
         figures.append(charts.cost_pareto(cost, done["p90_ttft_ms"].to_numpy(), labels))
-    columns = grid_keys + [c for c in TABLE_METRICS if c in table] + ["error"] * ("error" in table)
+    columns = grid_keys + [c for c in TABLE_METRICS if c in table] + [c for c in ("status", "error") if c in table]
     rows = [[_fmt(row[c]) for c in columns] for _, row in table.iterrows()]
     base = meta.get("scenario") or {}
     tables = [("Points", table_html(columns, rows)),

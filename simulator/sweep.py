@@ -2,11 +2,13 @@
 
 Layout of a sweep folder:
 
-    OUT/results.csv          one row per grid point, in grid order: the grid keys, `point`, `error`,
-                             then every summary key (written atomically after each sweep)
+    OUT/results.csv          one row per grid point, in grid order: the grid keys, `point`, `status` (done,
+                             failed, pending), `error`, then every summary key (written atomically as points
+                             finish, so an interrupted sweep leaves a table of what it had done)
     OUT/sweep.yaml           the base scenario and the grid
     OUT/points/<hash>/       each point's run folder (write_run), named by the hash of its resolved
-                             scenario, so a point that already has summary.json is not run again
+                             scenario, the files it reads and servesim's own code and bundled data, so a point
+                             that already has summary.json is not run again unless something it depends on changed
 
 Run folders are written atomically, so an interrupted sweep leaves whole points or none; running
 it again finishes only what is missing. Adding values to a grid reuses every point already run.
@@ -18,6 +20,8 @@ import functools
 import hashlib
 import itertools
 import json
+import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +39,7 @@ from simulator.output import write_run
 from simulator.run import simulate
 from simulator.scenario import Scenario, check_grid_keys, first_error, with_overrides
 
+PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
 POINTS = "points"
 RESULTS = "results.csv"
 SWEEP_FILES = frozenset({POINTS, RESULTS, "sweep.yaml"})  # all a sweep folder holds
@@ -76,10 +81,12 @@ def parse_grid(items: list[str], option: str = "--grid") -> dict[str, list[Any]]
 
 
 def scenario_hash(s: Scenario, base_dir: Path | None = None) -> str:
-    """First 16 hex digits of the sha256 of the scenario's JSON form (sorted keys) and, given the folder its
-    relative traces sit in, of the contents of the files it reads (traces, GPU files, a profile YAML, config.json
-    files): a point whose trace was edited is run again, not reused."""
-    digest = hashlib.sha256(json.dumps(s.model_dump(mode="json"), sort_keys=True).encode())
+    """First 16 hex digits of the sha256 of servesim's code fingerprint, the scenario's JSON form (sorted keys)
+    and, given the folder its relative traces sit in, of the contents of the files it reads (traces, GPU files, a
+    profile YAML, config.json files): a point whose trace was edited, or that an upgraded servesim would simulate
+    differently, is run again, not reused."""
+    digest = hashlib.sha256(code_fingerprint())
+    digest.update(json.dumps(s.model_dump(mode="json"), sort_keys=True).encode())
     if base_dir is not None:
         for path in input_files(s, base_dir):
             stat = path.stat()
@@ -97,6 +104,18 @@ def input_files(s: Scenario, base_dir: Path) -> list[Path]:
     models = [s.model, spec.draft_model if spec is not None else None, *(stage.model for stage in s.stages or ())]
     files += [Path(m) for m in models if isinstance(m, str) and is_config_path(m)]
     return [path for path in files if path.is_file()]
+
+
+@functools.cache
+def code_fingerprint(root: Path = Path(__file__).resolve().parent.parent) -> bytes:
+    """sha256 of servesim's source and bundled data (catalogs, model presets, profiles) under `root`: results
+    depend on them as much as on the scenario. Read once per process."""
+    digest = hashlib.sha256()
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*")):
+            if path.suffix in (".py", ".yaml", ".json") and "__pycache__" not in path.parts and path.is_file():
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.digest()
 
 
 @functools.cache
@@ -129,19 +148,29 @@ def is_done(folder: Path) -> bool:
     return (folder / "summary.json").is_file()
 
 
+INTERNAL_ERROR = "internal error"
+
+
 def run_point(s: Scenario, base_dir: Path, folder: Path) -> str | None:
-    """Simulate one point into `folder`; returns the reason when the scenario cannot run (e.g. does not fit)."""
+    """Simulate one point into `folder`; returns the reason when the scenario cannot run (e.g. does not fit), or,
+    for a servesim bug, the exception and where it was raised, so that one point's crash does not end the sweep."""
     try:
         write_run(simulate(s, base_dir), folder, base_dir)
     except SpecError as err:
         return str(err)
+    except Exception as err:  # noqa: BLE001 (recorded in results.csv; the other points go on)
+        frame = traceback.extract_tb(err.__traceback__)[-1]
+        return (f"{INTERNAL_ERROR} (a servesim bug; `servesim simulate` on this point shows the traceback): "
+                f"{type(err).__name__}: {err} at {Path(frame.filename).name}:{frame.lineno} in {frame.name}")
     return None
 
 
 def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: Path, engine: Engine = "local",
               workers: int | None = None, dask_address: str | None = None,
               on_point: Callable[[int], None] | None = None) -> SweepResult:
-    """Run every grid point not already in `out`, then write `out/results.csv`. `on_point(n_done)` after each."""
+    """Run every grid point not already in `out`, keeping `out/results.csv` current as they finish (rewritten at
+    most every `RESULTS_EVERY_S` seconds, and when the sweep ends or is interrupted). `on_point(n_done)` after
+    each."""
     check_engine(engine)
     out = Path(out)
     points = expand(base, grid, base_dir)
@@ -150,26 +179,49 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
     todo = [i for i in sorted(first_of.values()) if not is_done(folders[i])]
     write_text_atomic(out / "sweep.yaml", yaml.safe_dump(
         {"grid": grid, "scenario": base.run_settings().model_dump(mode="json")}, sort_keys=False))
-    errors: dict[Path, str] = {}
+    outcomes: dict[Path, str | None] = {}  # finished folder -> its error (None: it ran)
     jobs = [(points[i].scenario, base_dir, folders[i]) for i in todo]
     done = len(points) - len(todo)
-    for job_index, error in run_jobs(run_point, jobs, engine, workers, dask_address):
-        if error:
-            errors[folders[todo[job_index]]] = error
-        done += 1
-        if on_point:
-            on_point(done)
-    table = results_table(points, folders, errors)
-    write_text_atomic(out / RESULTS, table.to_csv(index=False))
+    write_results(out, results_table(points, folders, outcomes))
+    last_written = time.monotonic()
+    try:
+        for job_index, error in run_jobs(run_point, jobs, engine, workers, dask_address):
+            outcomes[folders[todo[job_index]]] = error
+            done += 1
+            if time.monotonic() - last_written >= RESULTS_EVERY_S:
+                write_results(out, results_table(points, folders, outcomes))
+                last_written = time.monotonic()
+            if on_point:
+                on_point(done)
+    finally:  # finished, interrupted or broken off: the table shows every point's state
+        table = results_table(points, folders, outcomes)
+        write_results(out, table)
     return SweepResult(table, len(todo), len(points) - len(todo))
 
 
-def results_table(points: list[Point], folders: list[Path], errors: dict[Path, str]) -> pd.DataFrame:
-    """One row per point in grid order, read back from the run folders (so every row has the same origin)."""
+RESULTS_EVERY_S = 2.0  # a long sweep's table stays current without being rewritten after every short point
+
+
+def write_results(out: Path, table: pd.DataFrame) -> None:
+    write_text_atomic(out / RESULTS, table.to_csv(index=False))
+
+
+@functools.lru_cache(maxsize=4096)
+def _summary(path: Path, mtime_ns: int) -> dict[str, Any]:
+    """A point's summary.json, parsed once per version of it (a table is rebuilt as points finish)."""
+    return json.loads(path.read_text())
+
+
+def results_table(points: list[Point], folders: list[Path], outcomes: dict[Path, str | None]) -> pd.DataFrame:
+    """One row per point in grid order, read back from the run folders (so every row has the same origin). A
+    point not run by this call and without a run folder is pending (still to run, or cut off)."""
     rows = []
     for point, folder in zip(points, folders):
-        summary = json.loads((folder / "summary.json").read_text()) if is_done(folder) else {}
-        rows.append({**point.overrides, "point": point.hash, "error": errors.get(folder), **summary})
+        error = outcomes.get(folder)
+        summary = _summary(folder / "summary.json", (folder / "summary.json").stat().st_mtime_ns) \
+            if is_done(folder) else {}
+        status = "done" if summary else "failed" if error else "pending"
+        rows.append({**point.overrides, "point": point.hash, "status": status, "error": error, **summary})
     table = pd.DataFrame(rows)
     for column in table.columns:  # a count stays a whole number where a failed point left it empty
         given = [row[column] for row in rows if row.get(column) is not None]

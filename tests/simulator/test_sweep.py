@@ -13,7 +13,7 @@ import simulator.sweep as sweep_module
 from hardware.errors import SpecError
 from simulator.cli import app
 from simulator.scenario import load_scenario
-from simulator.sweep import expand, parse_grid, run_sweep, scenario_hash
+from simulator.sweep import code_fingerprint, expand, parse_grid, run_sweep, scenario_hash
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 GRID = {"workload.arrivals.rate_per_s": [5, 20], "engine.max_num_seqs": [32, 256]}
@@ -53,7 +53,10 @@ def test_interrupted_sweep_restarts_without_rerunning_finished_points(tmp_path, 
         run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
     points = tmp_path / "points"
     finished = {p.name: (p / "summary.json").stat().st_mtime_ns for p in points.iterdir()}
-    assert len(finished) == 2 and not (tmp_path / "results.csv").exists()
+    assert len(finished) == 2
+    cut_off = pd.read_csv(tmp_path / "results.csv")  # the table tells what was done when the sweep stopped
+    assert cut_off["status"].tolist() == ["done", "done", "pending", "pending"]
+    assert cut_off["completed"].tolist()[:2] == [200, 200] and cut_off["completed"][2:].isna().all()
     assert not [p for p in points.iterdir() if p.name.startswith(".")]  # no half-written point folder
 
     calls.clear()
@@ -83,7 +86,7 @@ def test_parallel_and_serial_sweeps_write_identical_tables(tmp_path):
     assert (tmp_path / "serial" / "results.csv").read_bytes() == (tmp_path / "parallel" / "results.csv").read_bytes()
     table = serial.table
     summary = json.loads((tmp_path / "serial" / "points" / table["point"][0] / "summary.json").read_text())
-    assert list(table.columns) == [*GRID, "point", "error", *summary]
+    assert list(table.columns) == [*GRID, "point", "status", "error", *summary]
     assert table["p90_ttft_ms"][2] > table["p90_ttft_ms"][0]  # more load, longer waits: the rows are the points
 
 
@@ -105,6 +108,54 @@ def test_a_point_that_cannot_start_is_reported_in_the_table(tmp_path):
     assert "does not fit on h100-sxm" in result.table["error"][1] and pd.isna(result.table["completed"][1])
     header, first = (tmp_path / "results.csv").read_text().splitlines()[:2]
     assert first.split(",")[header.split(",").index("completed")] == "200"  # a count, not 200.0
+
+
+def test_a_point_that_crashes_is_recorded_and_the_others_run(tmp_path, monkeypatch):
+    real_simulate = sweep_module.simulate
+
+    def crash_at_rate_20(s, base_dir):
+        if s.workload.arrivals.rate_per_s == 20:
+            raise ZeroDivisionError("boom")
+        return real_simulate(s, base_dir)
+
+    monkeypatch.setattr(sweep_module, "simulate", crash_at_rate_20)
+    result = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
+    assert result.table["status"].tolist() == ["done", "done", "failed", "failed"]
+    error = result.table["error"][2]
+    assert error.startswith("internal error") and "ZeroDivisionError: boom" in error
+    assert "test_sweep.py" in error and "crash_at_rate_20" in error  # where it was raised
+    monkeypatch.setattr(sweep_module, "simulate", real_simulate)
+    again = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)  # a crashed point is not done: it runs again
+    assert (again.num_run, again.num_reused) == (2, 2) and again.table["status"].tolist() == ["done"] * 4
+
+
+def test_a_point_run_by_other_code_is_run_again(tmp_path, monkeypatch):
+    grid = {"workload.arrivals.rate_per_s": [5]}
+    assert run_sweep(chat(), SCENARIOS, grid, tmp_path, workers=1).num_run == 1
+    assert run_sweep(chat(), SCENARIOS, grid, tmp_path, workers=1).num_reused == 1
+    monkeypatch.setattr(sweep_module, "code_fingerprint", lambda: b"an upgraded servesim")
+    assert run_sweep(chat(), SCENARIOS, grid, tmp_path, workers=1).num_run == 1
+
+
+def test_the_code_fingerprint_covers_source_and_bundled_data(tmp_path):
+    (tmp_path / "hardware" / "catalog").mkdir(parents=True)
+    (tmp_path / "simulator").mkdir()
+    source, catalog = tmp_path / "simulator" / "run.py", tmp_path / "hardware" / "catalog" / "gpus.yaml"
+    source.write_text("x = 1\n")
+    catalog.write_text("gpus: []\n")
+    prints = [code_fingerprint(tmp_path)]
+    source.write_text("x = 2\n")
+    code_fingerprint.cache_clear()
+    prints.append(code_fingerprint(tmp_path))
+    catalog.write_text("gpus: [a]\n")
+    (tmp_path / "simulator" / "notes.txt").write_text("not code")  # neither code nor data: ignored
+    code_fingerprint.cache_clear()
+    prints.append(code_fingerprint(tmp_path))
+    (tmp_path / "simulator" / "notes.txt").write_text("edited")
+    code_fingerprint.cache_clear()
+    prints.append(code_fingerprint(tmp_path))
+    code_fingerprint.cache_clear()
+    assert len(set(prints[:3])) == 3 and prints[3] == prints[2]
 
 
 runner = CliRunner()
@@ -161,3 +212,30 @@ def test_a_point_whose_trace_was_edited_is_run_again(tmp_path):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5,200,20\n")
     again = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
     assert (again.num_run, again.table["completed"].tolist()) == (1, [2])
+
+
+def test_the_sweep_command_exits_1_when_a_point_crashed(tmp_path, monkeypatch):
+    real_simulate = sweep_module.simulate
+
+    def crash_at_64(s, base_dir):
+        if s.engine.max_num_seqs == 64:
+            raise KeyError("boom")
+        return real_simulate(s, base_dir)
+
+    monkeypatch.setattr(sweep_module, "simulate", crash_at_64)
+    result = runner.invoke(app, ["sweep", _scenario_file(tmp_path), "--grid", "engine.max_num_seqs=64,128",
+                                 "--out", str(tmp_path / "out"), "--workers", "1"])
+    assert result.exit_code == 1, result.output
+    assert "1 point(s) hit a servesim bug (the others ran)" in result.stdout and "KeyError" in result.stdout
+    assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == ["failed", "done"]
+
+
+def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
+    pytest.importorskip("dask.distributed")
+    monkeypatch.setattr("simulator.executors.DASK_CONNECT_TIMEOUT_S", 1)
+    result = runner.invoke(app, ["sweep", _scenario_file(tmp_path), "--grid", "engine.max_num_seqs=64",
+                                 "--out", str(tmp_path / "out"), "--engine", "dask", "--dask-address",
+                                 "tcp://127.0.0.1:9"])
+    assert result.exit_code == 2, result.output
+    assert "--dask-address tcp://127.0.0.1:9: no Dask scheduler answered" in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
