@@ -64,6 +64,16 @@ def check_replaceable(path: Path) -> None:
                             "it would delete; give a new or empty folder")
 
 
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse, before any work, an output file path (`--html`, `--out`) that names a folder or sits in a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise SpecError(f"{option} {path}: is a folder; give a file name (e.g. {path / 'report.html'})")
+    parent = next((p for p in path.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise SpecError(f"{option} {path}: {parent} is a file, not a folder")
+
+
 def check_output_folder(path: Path, own: frozenset[str]) -> None:
     """Refuse, before any work, an output folder servesim adds files to (a sweep's, a plan's) that is a file, the
     current folder or one above it, or holds anything but the names in `own`."""

@@ -197,6 +197,9 @@ def roofline(model: str, gpu: str = typer.Option(..., "--gpu"), batch: int = typ
              as_json: bool = typer.Option(False, "--json"), html: Path | None = None) -> None:
     """Predict one step's time for `batch` sequences at `context` tokens, with a per-operator breakdown."""
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
+    if html:
+        from simulator.atomic import check_output_file
+        check_output_file(html, "--html")
     cost = step_cost(StepBatch.uniform(batch, context, prefill), spec, gpu_spec, Parallelism(tp, pp),
                      load_profile(profile), CostOptions(weight_dtype, kv_dtype, fast_prefill))
     title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"

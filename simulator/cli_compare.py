@@ -37,7 +37,10 @@ def compare(runs_file: Path,
     from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
                                            write_html)
     from simulator.progress import progress_bar
+    from simulator.atomic import check_output_file
 
+    if html is not None:
+        check_output_file(html, "--html")
     if runs_file.suffix == ".json":
         if model is None or gpu is None:
             raise SpecError(f"{runs_file}: a vllm bench result does not say what served it: give --model and --gpu")

@@ -24,7 +24,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from simulator import report_charts as charts
-from simulator.atomic import write_text_atomic
+from simulator.atomic import check_output_file, write_text_atomic
 from simulator.sweep import POINTS, RESULTS
 from workloads.config import WorkloadConfig
 
@@ -39,8 +39,7 @@ def write_report(folder: Path, out: Path | None = None) -> Path:
     """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path."""
     folder = Path(folder)
     out = Path(out) if out else folder / "report.html"
-    if out.is_dir():
-        raise SpecError(f"--out {out}: is a folder; give the report's file name (e.g. report.html)")
+    check_output_file(out, "--out")
     try:
         if (folder / RESULTS).is_file():
             title, figures, tables = sweep_report(folder)

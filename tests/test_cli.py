@@ -110,6 +110,9 @@ def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, mo
         (("simulate", "binary.yaml"), "binary.yaml: scenario file is not UTF-8 text"),
         (("memory", "heads.json", "--gpu", "h100-sxm"), "num_key_value_heads (5) must divide num_attention_heads"),
         (("calibrate", "--model", "llama-9", "--out", "cal"), "unknown model 'llama-9'"),
+        (("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--html", "."), "--html .: is a folder; give a file name"),
+        (("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--html", "afile/r.html"), "afile is a file, not a folder"),
+        (("compare", str(root / "benchmarks" / "published_runs.yaml"), "--html", "."), "--html .: is a folder"),
     ]
     for args, message in cases:
         result = run(*args)

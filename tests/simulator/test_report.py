@@ -125,4 +125,4 @@ def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
     result = CliRunner().invoke(app, ["report", str(tmp_path / "half")])
     assert result.exit_code == 2 and "an incomplete or damaged output folder" in result.output
     result = CliRunner().invoke(app, ["report", str(tmp_path / "half"), "--out", str(tmp_path)])
-    assert result.exit_code == 2 and "is a folder; give the report's file name" in result.output
+    assert result.exit_code == 2 and "is a folder; give a file name" in result.output
