@@ -7,8 +7,8 @@ grid, serve a short calibration trace with it, refit on the grid's train split p
 (the shapes and order a serving loop really runs), fit the loop's host overhead on the same served
 steps, and write profile.yaml, grid.csv (grid and served rows with default and fitted predictions) and
 calibration.json (what validate needs to rebuild the same setup). Until the last phase ends, the run's files
-live in a calibrate-in-progress-*/ folder of the run's own, so a run killed halfway leaves nothing that looks
-finished and two runs into one folder do not share their work.
+live in a calibrate-in-progress-<host>-<pid>-*/ folder of the run's own, so a run killed halfway leaves nothing
+that looks finished (the next run removes its folder) and two runs into one folder do not share their work.
 
 validate: read calibration.json, pick an arrival rate at `load` x the saturation throughput the
 fitted simulator predicts, serve the trace for real, replay it in the simulator, and write
@@ -22,6 +22,7 @@ import datetime as dt
 import json
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -157,12 +158,33 @@ def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: b
     folder's earlier calibration whole; the finished files are written there only once every phase is done."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{IN_PROGRESS}-", dir=folder))
+    remove_abandoned_work(folder)
+    work = Path(tempfile.mkdtemp(prefix=f"{IN_PROGRESS}-{socket.gethostname()}-{os.getpid()}-", dir=folder))
     try:
         report, setup, header = _calibrate(setup, work, gpu, quick, repeats, test_fraction, Phases(console))
         return report, _publish(report, setup, header, folder, profile_name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def remove_abandoned_work(folder: Path) -> None:
+    """Remove the work folders of runs on this host whose process is gone (killed, so their `finally` never ran);
+    a live run's, or another host's, is left alone."""
+    prefix = f"{IN_PROGRESS}-{socket.gethostname()}-"
+    for work in folder.iterdir():
+        pid = work.name.removeprefix(prefix).partition("-")[0]
+        if work.name.startswith(prefix) and work.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
 
 
 def _calibrate(setup: Setup, work: Path, gpu: str | None, quick: bool, repeats: int | None, test_fraction: float,

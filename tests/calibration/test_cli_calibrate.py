@@ -126,3 +126,22 @@ def test_gpu_lease_script_archives_what_finished_when_a_step_fails(tmp_path):
     with tarfile.open(tmp_path / "lease-llama.tar.gz") as tar:
         names = tar.getnames()
     assert "./environment.txt" in names
+
+
+def test_a_killed_runs_work_folder_is_removed_by_the_next_run(tmp_path):
+    """A run killed outright never reaches its `finally`; the next run into the folder removes that run's work
+    folder when its process is gone, and leaves a live run's and another host's alone."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    names = {"killed": f"{IN_PROGRESS}-{host}-{gone.stdout.strip()}-abc", "live": f"{IN_PROGRESS}-{host}-{os.getpid()}-x",
+             "elsewhere": f"{IN_PROGRESS}-not-{host}-{gone.stdout.strip()}-y"}
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "device.yaml").write_text("half written")
+    pipeline.remove_abandoned_work(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["live"], names["elsewhere"]])
