@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from hardware.errors import SpecError
-from simulator.metrics import due_after_stop
+from simulator.metrics import sent_mask, unfinished_requests
 from simulator.run import RunResult, _workload, simulate
 from simulator.scenario import Scenario, SloConfig, with_overrides
 from workloads.arrivals import mean_rate_per_s
@@ -113,9 +113,7 @@ class CapacityResult:
 def queue_growth(requests: pd.DataFrame, stop_s: float | None = None) -> tuple[float, float]:
     """Mean TTFT (s) of the first and the last third of admitted requests, by arrival; requests never sent (due
     after the stop) are left out, and one still waiting for its first token at the stop counts its wait so far."""
-    admitted = requests[requests["reject_reason"].isna() & requests["arrival_s"].notna()]
-    if stop_s is not None:
-        admitted = admitted[~due_after_stop(admitted, stop_s)]
+    admitted = requests[requests["reject_reason"].isna() & sent_mask(requests, stop_s)]
     admitted = admitted.sort_values(["arrival_s", "request_id"])
     k = len(admitted) // 3
     if k == 0:
@@ -128,8 +126,7 @@ def backlog(requests: pd.DataFrame, stop_s: float) -> pd.DataFrame:
     """Requests a stop after the last arrival leaves in a queue that did not drain: sent, never scheduled, and
     waiting longer than any completed request waited for its first token (all unfinished ones if none completed).
     Requests merely in flight at the stop, or queued for a moment behind a step, are not."""
-    open_ = requests[requests["finish_s"].isna() & requests["reject_reason"].isna() & requests["arrival_s"].notna()]
-    open_ = open_[~due_after_stop(open_, stop_s)]
+    open_ = unfinished_requests(requests, stop_s)
     done = requests["ttft_s"][requests["finish_s"].notna()]
     if done.empty:
         return open_
@@ -154,9 +151,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     stop_s = result.scenario.stop.max_sim_time_s
     cut = stop_s is not None and s["unfinished"] > 0  # some requests were in flight at the stop
     sent = requests[requests["reject_reason"].isna() & (requests["finish_s"].notna() | cut)
-                    & requests["arrival_s"].notna()]
-    if cut:
-        sent = sent[~due_after_stop(sent, stop_s)]
+                    & sent_mask(requests, stop_s if cut else None)]
     for metric, field_name, reason in _LIMITS:
         value = s.get(f"{pct}_{metric}_ms", float("nan"))
         if cut and metric != "tpot":  # TTFT and E2E with the waits of the requests cut off
@@ -179,7 +174,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     first_s, last_s = queue_growth(requests, stop_s)
     # after the last scheduled arrival (session turns held back by a stuck queue are not scheduled ones) a stop
     # leaves a backlog that did not drain; before it, requests in flight by design
-    cut_early = stop_s is not None and bool(due_after_stop(requests, stop_s).any())
+    cut_early = stop_s is not None and bool((requests["arrival_s"] >= stop_s).any())
     unfinished = 0 if cut_early or stop_s is None else len(backlog(requests, stop_s))
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]

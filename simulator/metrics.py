@@ -125,10 +125,8 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
     open_ = requests["finish_s"].isna() & requests["reject_reason"].isna()
-    arrived = requests["arrival_s"].notna()
-    if stop_s is not None:
-        arrived &= ~due_after_stop(requests, stop_s)
-    unfinished = requests[open_ & arrived]
+    arrived = sent_mask(requests, stop_s)
+    unfinished = unfinished_requests(requests, stop_s)
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))  # none: 0/s
     out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())
@@ -162,10 +160,16 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     return summary
 
 
-def due_after_stop(requests: pd.DataFrame, stop_s: float) -> pd.Series:
-    """Requests due at or after `stop_s`, which the run never sent: simpy's run(until=stop) runs no event at the
-    stop itself."""
-    return requests["arrival_s"] >= stop_s
+def sent_mask(requests: pd.DataFrame, stop_s: float | None) -> pd.Series:
+    """Requests the run sent: those with an arrival time (closed-loop ones never sent have none) that is, for a run
+    cut off at `stop_s`, before it: simpy's run(until=stop) runs no event at the stop itself."""
+    sent = requests["arrival_s"].notna()
+    return sent & (requests["arrival_s"] < stop_s) if stop_s is not None else sent
+
+
+def unfinished_requests(requests: pd.DataFrame, stop_s: float | None) -> pd.DataFrame:
+    """Requests sent but neither completed nor rejected when the run stopped (the summary's `unfinished`)."""
+    return requests[requests["finish_s"].isna() & requests["reject_reason"].isna() & sent_mask(requests, stop_s)]
 
 
 def known_misses(unfinished: pd.DataFrame, slo_ms: dict[str, float], stop_s: float) -> np.ndarray:
