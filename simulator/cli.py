@@ -240,7 +240,7 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     from simulator.atomic import check_replaceable
     from simulator.output import write_run
     from simulator.progress import progress_bar
-    from simulator.run import make_world
+    from simulator.run import make_world, setting_notes
     from simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_, seed)
@@ -264,7 +264,7 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
     if not summary["completed"] and summary["rejected"]:
         reason = result.requests["reject_reason"].dropna().iloc[0]
         print(f"warning: every request was rejected ({reason})", file=sys.stderr)
-    for note in world.workload.notes:
+    for note in (*setting_notes(spec), *world.workload.notes):
         print(f"note: {note}", file=sys.stderr)
     console.print(f"results in {folder}/")
 

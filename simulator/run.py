@@ -334,6 +334,18 @@ class World:
         return RunResult(self.scenario, main.memory, main.num_blocks, requests, steps, summary)
 
 
+def setting_notes(s: Scenario) -> list[str]:
+    """Settings the scenario's model gives nothing to act on: accepted, as vLLM accepts them, but worth a word,
+    since a user who set them expects them to change the run."""
+    model, notes = get_model(s.model), []
+    if s.parallelism.ep and model.moe is None:
+        notes.append(f"parallelism.ep: {model.name} has no routed experts; expert parallelism changes nothing")
+    if s.engine.kv_sharing_fast_prefill and all(layer.owns_kv for layer in model.layers):
+        notes.append(f"engine.kv_sharing_fast_prefill: no layer of {model.name} reads another's KV (YOCO / Gemma 3n "
+                     "KV sharing); fast prefill changes nothing")
+    return notes
+
+
 def make_world(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
     """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/omni_run.py) when
     it chains `stages`. Both have `workload`, `on_progress` and `run() -> RunResult`."""

@@ -283,3 +283,21 @@ def test_a_name_that_is_no_folder_name_is_refused(tmp_path, name):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
     result = simulate(str(tmp_path / "s.yaml"))
     assert result.exit_code == 2 and "names the output folder runs/<name>" in result.output
+
+
+@pytest.mark.parametrize("model,settings,notes", [
+    ("llama-3.1-8b", ["parallelism.ep=true", "engine.kv_sharing_fast_prefill=true"],
+     ["parallelism.ep: llama-3.1-8b has no routed experts",
+      "engine.kv_sharing_fast_prefill: no layer of llama-3.1-8b reads another's KV"]),
+    ("gpt-oss-20b", ["parallelism.ep=true"], []),  # experts to spread: nothing to say
+    ("gemma-3n-e2b", ["engine.kv_sharing_fast_prefill=true"], []),  # KV-sharing layers: fast prefill acts
+])
+def test_settings_the_model_gives_nothing_to_act_on_are_noted(tmp_path, model, settings, notes):
+    args = [str(QUICKSTART), "--out", str(tmp_path / "run"), "--set", f"model={model}",
+            "--set", "workload.num_requests=20", "--set", "engine.max_model_len=4096"]
+    for setting in settings:
+        args += ["--set", setting]
+    result = simulate(*args)
+    assert result.exit_code == 0, result.output
+    shown = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
+    assert len(shown) == len(notes) and all(note in line for note, line in zip(notes, shown)), shown
