@@ -13,10 +13,11 @@ import difflib
 from functools import cache
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from hardware.errors import SpecError
 from hardware.files import read_yaml
+from hardware.spec_model import SpecModel
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 
@@ -24,10 +25,9 @@ CATALOG_DIR = Path(__file__).parent / "catalog"
 COMPUTE_DTYPES = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8", "fp4")
 
 
-class InterconnectSpec(BaseModel):
+class InterconnectSpec(SpecModel):
     """A link between GPUs or nodes. Bandwidth per direction, latency per message."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     kind: str = Field(description="nvlink, xgmi, pcie, infiniband or roce")
     bytes_per_s: float = Field(gt=0, description="Usable bandwidth per direction per GPU, bytes/s")
@@ -37,10 +37,9 @@ class InterconnectSpec(BaseModel):
     source: str = Field(min_length=1, description="Where the numbers come from")
 
 
-class GpuSpec(BaseModel):
+class GpuSpec(SpecModel):
     """One accelerator model. Units are in the field names."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str
     vendor: str
     memory_bytes: float = Field(gt=0, description="HBM/GDDR capacity as the datasheet prints it")

@@ -15,10 +15,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator
 
 from hardware.errors import SpecError
 from hardware.files import read_yaml
+from hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 #: A profile's fixed costs of a step's forward pass, seconds: per step, per layer, per request, per token of the step,
@@ -26,14 +27,13 @@ PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 FIXED_COSTS = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s", "mixed_layer_overhead_s")
 
 
-class EfficiencyCurve(BaseModel):
+class EfficiencyCurve(SpecModel):
     """Fraction of a roofline peak reached, as a function of tokens in the step.
 
     Points are (tokens, efficiency); between them efficiency is interpolated linearly in log(tokens)
     and held flat outside. A single number in YAML means a constant.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     points: tuple[tuple[float, float], ...]
 
     @field_validator("points")
@@ -64,10 +64,9 @@ def _curve(value: object) -> object:
     return {"points": [[1.0, value]]} if isinstance(value, (int, float)) else value
 
 
-class Profile(BaseModel):
+class Profile(SpecModel):
     """Per-operator-class efficiencies and fixed overheads of one device/engine, with provenance."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     name: str = "default"
     provenance: str = "servesim documented defaults (not fitted; routed experts fitted to published runs)"
     gemm_compute: EfficiencyCurve = EfficiencyCurve.constant(0.70)

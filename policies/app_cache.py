@@ -14,14 +14,15 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from hardware.spec_model import SpecModel
 
 from policies.token_ids import pieces
 from workloads.request import Request
 
 
-class AppCacheConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class AppCacheConfig(SpecModel):
     kind: Literal["none", "exact", "semantic"] = Field("none", description="Cache in front of the engines")
     lookup_latency_s: float = Field(0.002, ge=0, description="Seconds to look up (embed + search) a request")
     threshold: float = Field(0.85, gt=0, le=1, description="semantic: cosine similarity needed for a hit")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
+from hardware.spec_model import SpecModel
 from policies.spec_decode import EAGLE_METHODS, SpeculativeConfig
 
 
@@ -68,10 +69,9 @@ def sglang_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
     return _sglang_tier(gpu)[1], SGLANG_MAX_RUNNING
 
 
-class EngineConfig(BaseModel):
+class EngineConfig(SpecModel):
     """One engine (replica): batching limits, KV paging and preemption. Units in the names."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     scheduler: str = Field("vllm", description=(
         "Scheduler policy name: vllm, sglang, sarathi, orca, static (or pkg.mod:attr)"))
     queue_order: str = Field("fcfs", description="Waiting-queue order: fcfs, priority, sjf (or pkg.mod:attr)")

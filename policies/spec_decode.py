@@ -25,9 +25,10 @@ import math
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from hardware.model import check_model_name
+from hardware.spec_model import SpecModel
 from workloads.request import Request
 
 #: vLLM's use_eagle() methods: draft heads on the target's own hidden states. vLLM schedules ahead (async) only
@@ -37,19 +38,17 @@ EAGLE_METHODS = ("eagle", "mtp")
 _SALT = 0x5BEC  # keeps the acceptance streams apart from every other generator seeded by the run seed
 
 
-class BetaAcceptance(BaseModel):
+class BetaAcceptance(SpecModel):
     """Per-request acceptance rate drawn from Beta(a, b) (mean a / (a + b)) when the request first speculates."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["beta"]
     a: float = Field(gt=0, description="Beta shape alpha (dimensionless)")
     b: float = Field(gt=0, description="Beta shape beta (dimensionless)")
 
 
-class SpeculativeConfig(BaseModel):
+class SpeculativeConfig(SpecModel):
     """`engine.speculative`: how an engine drafts and verifies tokens. Units in the names."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     method: Literal["draft", "eagle", "mtp", "ngram"] = Field(
         "draft", description="draft: a smaller model; eagle / mtp: heads on the target; ngram: prompt lookup")
     k: int = Field(ge=1, description="Draft tokens proposed per round (vLLM's num_speculative_tokens)")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from hardware.spec_model import SpecModel
 
 
-class PoolConfig(BaseModel):
+class PoolConfig(SpecModel):
     """One pool of identical replicas. Unset fields take the scenario's values."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     replicas: int = Field(1, ge=1, description="Replicas in the pool")
     gpu: str | None = Field(None, description="GPU of this pool (default: hardware.gpu)")
     tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
@@ -19,7 +20,7 @@ class PoolConfig(BaseModel):
     router: str = Field("least_outstanding", description="How a request picks a replica of this pool")
 
 
-class TransferConfig(BaseModel):
+class TransferConfig(SpecModel):
     """KV hand-off from a prefill replica to a decode replica.
 
     `direct`: over `link` (an interconnect catalog name, per GPU: every GPU of both replicas has its own),
@@ -34,7 +35,6 @@ class TransferConfig(BaseModel):
     a time.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     kind: Literal["direct", "store"] = "direct"
     link: str = Field("ib-ndr-400", description="Interconnect name (`servesim hardware` lists links in the catalog)")
     streaming: bool = Field(False, description=(
@@ -51,10 +51,9 @@ class TransferConfig(BaseModel):
         return self
 
 
-class DisaggregationConfig(BaseModel):
+class DisaggregationConfig(SpecModel):
     """xPyD: `prefill.replicas` prefill replicas and `decode.replicas` decode replicas."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     prefill: PoolConfig
     decode: PoolConfig
     transfer: TransferConfig = TransferConfig()

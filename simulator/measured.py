@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hardware.errors import SpecError
 from hardware.files import read_json, read_yaml
 from hardware.gpu import get_gpu
 from hardware.model import get_model
+from hardware.spec_model import SpecModel
 from policies.config import vllm_batch_defaults
 from simulator.scenario import Scenario, first_error
 
@@ -45,10 +46,9 @@ LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what
                "serve": {"num_prompts", "max_concurrency", "request_rate"}}
 
 
-class EngineArgs(BaseModel):
+class EngineArgs(SpecModel):
     """The `vllm serve` flags a run states; unset ones take vLLM's defaults, as in the run."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
     max_model_len: int | None = Field(None, ge=1)
@@ -59,10 +59,9 @@ class EngineArgs(BaseModel):
     async_scheduling: bool | None = None
 
 
-class MeasuredRun(BaseModel):
+class MeasuredRun(SpecModel):
     """One measured benchmark point: its setup, its load and the figures it reported, with their source."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     source: str = Field(min_length=1, description="Where the figures were published (URL, repo@commit:path)")
     id: str | None = Field(None, description="A name that tells the run apart when its label alone would not")
     quote: str | None = Field(None, description="A line of the source holding some of the figures")

@@ -13,24 +13,23 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
 from hardware.model import check_model_name
+from hardware.spec_model import SpecModel
 
 
-class OutputTensorConfig(BaseModel):
+class OutputTensorConfig(SpecModel):
     """A per-token tensor a stage hands to the next one."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field("hidden_states", description="Name (vLLM-Omni's output key)")
     dims: int | None = Field(None, ge=1, description="Values per token (None: the stage model's hidden size)")
     dtype: Literal["bf16", "fp16", "fp32", "int32", "int64"] = Field("bf16", description="Element type")
 
 
-class StageConfig(BaseModel):
+class StageConfig(SpecModel):
     """One stage of a pipeline: an engine (or several replicas) serving its own model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field(description="Stage name, e.g. thinker, talker, codec")
     model: str | None = Field(None, description="Model preset or config.json path (None: the scenario's model)")
     gpu: str | None = Field(None, description="GPU name (None: the scenario's)")

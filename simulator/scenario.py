@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hardware.cost import Parallelism
 from hardware.errors import SpecError
 from hardware.files import read_yaml
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.model import check_model_name, get_model, is_config_path
+from hardware.spec_model import BOOL_FOR_NUMBER, SpecModel
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
@@ -31,8 +31,7 @@ from simulator.omni import StageConfig
 from workloads.config import TraceSource, WorkloadConfig
 
 
-class HardwareConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class HardwareConfig(SpecModel):
     gpu_files: list[Path] = Field(default_factory=list, description="Extra GPU catalog YAML files")
     gpu: str = Field(description="GPU name from the catalog (`servesim hardware list`) or a --gpu-file entry")
     profile: str | None = Field(None, description="Calibration profile name or YAML path; default: documented defaults")
@@ -45,8 +44,7 @@ class HardwareConfig(BaseModel):
         return gpu
 
 
-class ParallelismConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ParallelismConfig(SpecModel):
     tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
     pp: int = Field(1, ge=1, description="Pipeline stages per replica (as many micro-batches in flight)")
     ep: bool = Field(False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all")
@@ -66,13 +64,12 @@ class ParallelismConfig(BaseModel):
         return Parallelism(self.tp, self.pp, self.ep, self.dp_attention, self.inter_node_link)
 
 
-class ClusterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class ClusterConfig(SpecModel):
     replicas: int = Field(1, ge=1, description="Identical engine replicas (data parallel)")
     router: str = Field("round_robin", description="Routing policy across replicas")
 
 
-class SloConfig(BaseModel):
+class SloConfig(SpecModel):
     """Latency targets in milliseconds; a completed request meeting all of them counts toward goodput.
 
     Capacity search and the planner (simulator/capacity.py) read them as percentile targets: the
@@ -80,7 +77,6 @@ class SloConfig(BaseModel):
     `goodput_fraction` of all requests must meet every limit.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     ttft_ms: float | None = Field(None, gt=0, description="Time to first token limit, ms")
     tpot_ms: float | None = Field(None, gt=0, description="Time per output token limit (first token excluded), ms")
     e2el_ms: float | None = Field(None, gt=0, description="End-to-end latency limit, ms")
@@ -94,13 +90,11 @@ class SloConfig(BaseModel):
         return {k: v for k, v in limits.items() if v is not None}
 
 
-class StopConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class StopConfig(SpecModel):
     max_sim_time_s: float | None = Field(None, gt=0, description="Stop the simulation at this simulated time")
 
 
-class SimulationConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SimulationConfig(SpecModel):
     fast_forward: bool = Field(True, description="Fuse decode-only stretches (results identical to stepping)")
 
 
@@ -108,19 +102,17 @@ GridValues = Annotated[list[Any], Field(min_length=1)]
 STUDY_SECTIONS = ("sweep", "plan")  # sections that describe studies of a scenario, not the run itself
 
 
-class SweepConfig(BaseModel):
+class SweepConfig(SpecModel):
     """A grid of runs of this scenario: every combination of the values, one run each (`servesim sweep`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     grid: dict[str, GridValues] = Field(default_factory=dict, description=(
         "Dotted scenario field -> values, e.g. {engine.max_num_seqs: [64, 128], "
         "workload.arrivals.rate_per_s: [5, 10]}"))
 
 
-class PlanConfig(BaseModel):
+class PlanConfig(SpecModel):
     """The deployments `servesim plan` compares: GPU type x TP x PP x engine knobs, sized in replicas."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     gpus: list[str] | None = Field(None, description="GPU names to consider; default: the scenario's GPU")
     tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
     pp: list[int] | None = Field(None, min_length=1, description=(
@@ -143,10 +135,9 @@ class PlanConfig(BaseModel):
         return engine
 
 
-class Scenario(BaseModel):
+class Scenario(SpecModel):
     """A whole run. `model` is a preset name or a path to a Hugging Face config.json."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
     name: str = Field("scenario", description=(
         "Names the default output folder runs/<name>: letters, digits, _ . + - (no path separators)"))
     seed: int = Field(0, ge=0, description="Seeds every random choice of the run")
@@ -311,6 +302,9 @@ def first_error(err: ValidationError, source: str, model: type[BaseModel] | None
     first = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     loc = [str(p) for p in first["loc"]]
     message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == BOOL_FOR_NUMBER:  # raised by the model around the field: point at the field
+        loc.append(first["ctx"]["field"])
+        message = message.removeprefix(f"{first['ctx']['field']}: ")
     fields: list[str] | None = None
     if model is not None:
         loc, fields = _user_path(model, loc)

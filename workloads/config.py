@@ -13,7 +13,7 @@ from typing import Annotated, Literal, Self, Union
 from pydantic import Field, model_validator
 
 from workloads.dist_config import (MIN_NORMAL_MASS, UNTIMED_FORMATS, Dist, EmpiricalDist, FixedDist,
-                                   LognormalDist, NormalDist, TraceFormat, TraceSource, UniformDist, _Model,
+                                   LognormalDist, NormalDist, TraceFormat, TraceSource, UniformDist, SpecModel,
                                    seconds_problem, tokens_problem, upper_bound)
 from workloads.sharing_config import (ParallelSamplingConfig, SemanticClustersConfig, SessionsConfig,
                                       SharedPrefixConfig)
@@ -25,7 +25,7 @@ __all__ = ["MIN_NORMAL_MASS", "SYNTHETIC_KINDS", "UNTIMED_FORMATS", "AllAtOnceAr
            "TraceSource", "UniformDist", "WorkloadConfig", "seconds_problem", "tokens_problem", "upper_bound"]
 
 
-class LengthsConfig(_Model):
+class LengthsConfig(SpecModel):
     """Synthetic lengths. Samples are rounded to the nearest integer and raised to at least 1 token
     (a clip at 1: the only bound not named in the distribution itself)."""
 
@@ -45,7 +45,7 @@ Paced = Annotated[bool, Field(description=(
     "its own gap, as `vllm bench serve` does since v0.10.1. Needs num_requests and no duration_s."))]
 
 
-class PoissonArrivals(_Model):
+class PoissonArrivals(SpecModel):
     """Poisson process: exponential inter-arrival times (CV 1)."""
 
     kind: Literal["poisson"]
@@ -54,7 +54,7 @@ class PoissonArrivals(_Model):
     paced: Paced = False
 
 
-class GammaArrivals(_Model):
+class GammaArrivals(SpecModel):
     """Gamma renewal process: bursty (cv > 1) or smooth (cv < 1) traffic; cv = 1 is Poisson."""
 
     kind: Literal["gamma"]
@@ -64,7 +64,7 @@ class GammaArrivals(_Model):
     paced: Paced = False
 
 
-class ConstantArrivals(_Model):
+class ConstantArrivals(SpecModel):
     """Evenly spaced arrivals, 1/rate_per_s apart."""
 
     kind: Literal["constant"]
@@ -72,13 +72,13 @@ class ConstantArrivals(_Model):
         "Arrival rate (requests/s; with parallel_sampling prompts/s, with sessions sessions started/s)."))
 
 
-class AllAtOnceArrivals(_Model):
+class AllAtOnceArrivals(SpecModel):
     """Every request arrives at t = 0 (offline throughput runs)."""
 
     kind: Literal["all_at_once"]
 
 
-class TraceArrivals(_Model):
+class TraceArrivals(SpecModel):
     """The trace's own timestamps, shifted to start at 0 and optionally rescaled."""
 
     kind: Literal["trace"]
@@ -99,7 +99,7 @@ ArrivalConfig = Annotated[Union[PoissonArrivals, GammaArrivals, ConstantArrivals
 SYNTHETIC_KINDS = frozenset({"poisson", "gamma", "constant"})
 
 
-class ClosedLoopConfig(_Model):
+class ClosedLoopConfig(SpecModel):
     """A fixed number of clients that each wait for their previous request (plus a think time) before
     sending the next, like `vllm bench serve --max-concurrency`. The simulator runs the loop."""
 
@@ -114,7 +114,7 @@ class ClosedLoopConfig(_Model):
         return self
 
 
-class WorkloadConfig(_Model):
+class WorkloadConfig(SpecModel):
     """Where requests come from: a trace, synthetic lengths, or both (trace timestamps with synthetic
     lengths), and when they arrive."""
 

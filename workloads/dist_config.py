@@ -10,18 +10,16 @@ import math
 from pathlib import Path
 from typing import Annotated, Literal, Self, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from hardware.spec_model import SpecModel
 
 TraceFormat = Literal["azure", "mooncake", "sharegpt", "arxiv", "burstgpt", "servegen", "servesim"]
 UNTIMED_FORMATS = frozenset({"sharegpt", "arxiv"})  # length tables without arrival times
 MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TraceSource(_Model):
+class TraceSource(SpecModel):
     """A trace file (or ServeGen folder) and how to read it."""
 
     format: TraceFormat = Field(description="File format; see workloads/traces.py for the columns of each.")
@@ -47,14 +45,14 @@ class TraceSource(_Model):
         return self
 
 
-class FixedDist(_Model):
+class FixedDist(SpecModel):
     """Always `value`."""
 
     kind: Literal["fixed"]
     value: float = Field(ge=0, description="The value (tokens, or seconds for think times).")
 
 
-class UniformDist(_Model):
+class UniformDist(SpecModel):
     """Uniform on [low, high]."""
 
     kind: Literal["uniform"]
@@ -68,7 +66,7 @@ class UniformDist(_Model):
         return self
 
 
-class NormalDist(_Model):
+class NormalDist(SpecModel):
     """Normal(mean, std), truncated to [min, max] by *resampling* (an exact truncated normal, no pile-up
     at the bounds). Without min/max nothing is removed."""
 
@@ -95,7 +93,7 @@ class NormalDist(_Model):
         return cdf(_or_inf(self.max, 1)) - cdf(_or_inf(self.min, -1))
 
 
-class LognormalDist(_Model):
+class LognormalDist(SpecModel):
     """exp(Normal(ln(median), sigma)): `median` is the median, `sigma` the std of the log. Mean =
     median * exp(sigma**2 / 2)."""
 
@@ -104,7 +102,7 @@ class LognormalDist(_Model):
     sigma: float = Field(ge=0, description="Standard deviation of ln(x) (dimensionless); 0 = always median.")
 
 
-class EmpiricalDist(_Model):
+class EmpiricalDist(SpecModel):
     """Sampled with replacement from one length column of a trace."""
 
     kind: Literal["empirical"]

@@ -11,10 +11,10 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from workloads.dist_config import Dist, _Model, seconds_problem, tokens_problem
+from workloads.dist_config import Dist, SpecModel, seconds_problem, tokens_problem
 
 
-class SharedPrefixConfig(_Model):
+class SharedPrefixConfig(SpecModel):
     """Shared prefixes (system prompts, documents): a request that uses one gets the run
     (prefix index, prefix length) before its own part, so num_prompt_tokens = prefix + own part, and the
     own part keeps the length from `lengths`/the trace."""
@@ -37,7 +37,7 @@ class SharedPrefixConfig(_Model):
         return self
 
 
-class SessionsConfig(_Model):
+class SessionsConfig(SpecModel):
     """Multi-turn conversations. Every request drawn from `lengths`/the trace starts a session; turn k+1's
     prompt is turn k's prompt, then turn k's answer, then a new user message. Later turns are released
     by the simulator `think_time_s` after the previous turn finishes (`Workload.followups`)."""
@@ -60,14 +60,14 @@ class SessionsConfig(_Model):
         return self
 
 
-class ParallelSamplingConfig(_Model):
+class ParallelSamplingConfig(SpecModel):
     """n samples per prompt (best-of-n, GRPO rollouts): each drawn prompt becomes n requests with identical
     prompts, one arrival time, consecutive ids and independently drawn output lengths."""
 
     n: int = Field(ge=1, description="Requests per prompt (count); `num_requests` counts requests, not prompts.")
 
 
-class SemanticClustersConfig(_Model):
+class SemanticClustersConfig(SpecModel):
     """A semantic cluster per request (`Request.semantic_cluster`), for semantic response caches: requests
     with one cluster ask "the same thing". Requests with identical prompts share their cluster."""
 

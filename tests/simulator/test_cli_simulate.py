@@ -301,3 +301,22 @@ def test_settings_the_model_gives_nothing_to_act_on_are_noted(tmp_path, model, s
     assert result.exit_code == 0, result.output
     shown = [line for line in result.stderr.splitlines() if line.startswith("note: ")]
     assert len(shown) == len(notes) and all(note in line for note, line in zip(notes, shown)), shown
+
+
+@pytest.mark.parametrize("setting,expected", [
+    ("engine.max_num_seqs=true", "engine.max_num_seqs: expected a number, not true"),  # pydantic alone: 1 sequence
+    ("workload.arrivals.rate_per_s=no", "workload.arrivals.rate_per_s: expected a number, not false"),
+    ("parallelism.tp=yes", "parallelism.tp: expected a number, not true"),
+    ("engine.max_model_len=false", "engine.max_model_len: expected a number, not false"),  # an optional number
+])
+def test_a_true_or_false_where_a_number_belongs_is_refused(tmp_path, setting, expected):
+    result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", setting)
+    assert result.exit_code == 2, result.output
+    assert result.stderr == f"error: {QUICKSTART} (from --set): {expected}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_true_or_false_stays_valid_where_the_field_takes_one(tmp_path):
+    result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", "workload.num_requests=20",
+                      "--set", "engine.enable_chunked_prefill=true", "--set", "engine.async_scheduling=false")
+    assert result.exit_code == 0, result.output

@@ -99,8 +99,8 @@ def test_config_is_frozen():
 
 def test_every_field_documents_itself():
     from workloads import config
-    models = [m for m in vars(config).values() if isinstance(m, type) and issubclass(m, config._Model)
-              and m is not config._Model]
+    models = [m for m in vars(config).values() if isinstance(m, type) and issubclass(m, config.SpecModel)
+              and m is not config.SpecModel]
     for model in models:
         for name, field in model.model_fields.items():
             assert name == "kind" or field.description, f"{model.__name__}.{name} has no description"
