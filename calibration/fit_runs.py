@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, minimize
 
 from hardware.errors import SpecError
 from hardware.profile import EfficiencyCurve, Profile
@@ -156,24 +156,51 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
             raise _Budget
         logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base))]
         r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
-        cost = float(np.sum(np.sqrt(1 + (r / F_SCALE) ** 2) - 1))  # soft_l1, as least_squares scores it
+        cost = soft_l1(r)
         if cost < best[0]:
             best[:] = [cost, np.array(x)]
         return r
 
     try:
         try:
-            x = least_squares(residuals, best[1], bounds=_bounds(names), loss="soft_l1", f_scale=F_SCALE,
-                              diff_step=0.05, max_nfev=max_evaluations).x
+            least_squares(residuals, best[1], bounds=_bounds(names), loss="soft_l1", f_scale=F_SCALE,
+                          diff_step=0.05, max_nfev=max_evaluations)
         except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
-            x = best[1]
-        fitted, evaluations = profile_of(x, names, base, **fields), replayer.count
+            pass
+        _polish(residuals, best[1], names, max_evaluations - replayer.count)
+        fitted, evaluations = profile_of(best[1], names, base, **fields), replayer.count
         errors = {"default": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
         checked = errors["fitted"][len(train):] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
         return RunsFit(fitted.model_copy(update={"fit_mape": mape}), train, test, evaluations, errors)
     finally:
         replayer.close()
+
+
+def soft_l1(r: np.ndarray) -> float:
+    """The fit's cost of residuals `r`, as least_squares scores them with loss="soft_l1"."""
+    return float(np.sum(np.sqrt(1 + (r / F_SCALE) ** 2) - 1))
+
+
+POLISH_STEP = 0.1  # the polish's first simplex: each parameter ~10% off the least-squares answer
+
+
+def _polish(residuals, x: np.ndarray, names: list[str], budget: int) -> None:
+    """Nelder-Mead from the least-squares answer on the same soft-L1 cost, with what is left of the budget (the
+    best point either saw is kept by `residuals`). Replayed figures move in steps (a request crossing a step
+    boundary), so the finite-difference Jacobian can stall the trust region a few percent short; the simplex,
+    comparing whole costs ~10% apart, does not."""
+    if budget < len(names) + 2:
+        return
+    low, high = _bounds(names)
+    simplex = [x] + [np.clip(x + POLISH_STEP * np.eye(len(x))[i] * (1 if x[i] + POLISH_STEP < high[i] else -1),
+                             low, high) for i in range(len(x))]
+    try:
+        minimize(lambda point: soft_l1(residuals(np.clip(point, low, high))), x, method="Nelder-Mead",
+                 bounds=list(zip(low, high)),
+                 options={"initial_simplex": np.array(simplex), "maxfev": budget, "xatol": 0.01, "fatol": 1e-3})
+    except _Budget:
+        pass
 
 
 def figure_rows(runs: list[MeasuredRun], errors_by_profile: dict[str, list[list[MetricError]]], split_name: str

@@ -24,7 +24,7 @@ from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
 from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, check_sharding, dtype_bytes,
-                            kv_heads_per_rank, resolve_weight_dtype, stage_layer_specs, weight_bytes)
+                            expert_padding, kv_heads_per_rank, resolve_weight_dtype, stage_layer_specs, weight_bytes)
 from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
@@ -375,8 +375,7 @@ def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
         q = h * m.num_heads * qk / tp if a.q_lora_rank is None else h * a.q_lora_rank + a.q_lora_rank * m.num_heads * qk / tp
         kv_a = h * (a.kv_lora_rank + a.qk_rope_head_dim)  # replicated on every rank
-        up = a.kv_lora_rank * m.num_heads * (a.qk_nope_head_dim + a.v_head_dim) / tp
-        return q + kv_a, m.num_heads * a.v_head_dim * h / tp, up
+        return q + kv_a, m.num_heads * a.v_head_dim * h / tp, m.mla_up_params() / tp
     q_dim = m.num_heads * m.head_dim / tp
     kv_dim = kv_heads_per_rank(m.num_kv_heads, tp) * m.head_dim
     return h * (q_dim + 2 * kv_dim), q_dim * h, 0.0
@@ -431,8 +430,10 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = _attention_rows(ctx, s.tokens if decode else s.expand_tokens)
-            flops, nbytes = 2 * rows * up, up * ctx.wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES
-            acc.add(ctx, "mla_kv_up", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+            # absorbed, it runs as bf16 batched GEMMs on bf16 copies of the weights (memory.absorbed_copy_bytes)
+            wbytes, compute = (ACT_BYTES, "bf16") if decode else (ctx.wbytes, None)
+            flops, nbytes = 2 * rows * up, up * wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES
+            acc.add(ctx, "mla_kv_up", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes, compute), layers)
 
 
 def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
@@ -447,12 +448,15 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         expert = m.expert_params() / tp
         # routed experts: the fused-MoE kernel, priced with the moe curves (the GEMM ones unless a profile sets them)
         touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens)
-        flops = 2 * tokens * moe.experts_per_token * expert
+        flops = 2 * tokens * moe.experts_per_token * expert * expert_padding(m, ctx.weight_dtype)
         nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
         acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers)
-        # the router's logits and any shared experts are dense GEMMs beside it
-        flops = 2 * tokens * (moe.num_shared_experts * expert + h * moe.num_experts)
-        nbytes = moe.num_shared_experts * expert * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
+        # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
+        # DP attention) every GPU holds the shared experts whole and runs them on its own 1/tp of the tokens
+        deep_ep = ctx.par.ep and ctx.par.dp_attention
+        shared = moe.num_shared_experts * m.expert_params() / (1 if deep_ep else tp)
+        flops = 2 * (tokens / tp if deep_ep else tokens) * shared + 2 * tokens * h * moe.num_experts
+        nbytes = shared * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
         acc.add(ctx, "moe_router_shared", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     else:
         params = m.dense_mlp_params(group.mlp_intermediate) / tp

@@ -87,22 +87,9 @@ class MemoryPlan:
         return asdict(self)
 
 
-#: vLLM's mxfp4 fused-MoE kernels store the experts padded: Marlin and TRT-LLM round hidden_size up to a multiple
-#: of 256 (gpt-oss's 2880 becomes 3072, +6.7%), and the Hopper triton path's swizzled layout lands on the same
-#: total. vLLM logs 64.4 GiB of weights for gpt-oss-120b (issue #33155, triton kernels; 66.0 GiB with Marlin,
-#: which also pads the intermediate size, #23278), against 60.8 unpadded. The per-TP intermediate padding
-#: (720 -> 768 at TP4) is not modelled.
-MXFP4_HIDDEN_ALIGN = 256
-
-
 def _stored_weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
     """(bytes per dense weight, bytes of memory per routed-expert weight, padding included) as served."""
-    dtype = resolve_weight_dtype(model, weight_dtype)
-    wbytes, expert_wbytes = weight_bytes(model, dtype)
-    if dtype == "mxfp4":
-        h = model.hidden_size
-        expert_wbytes *= -(-h // MXFP4_HIDDEN_ALIGN) * MXFP4_HIDDEN_ALIGN / h
-    return wbytes, expert_wbytes
+    return weight_bytes(model, resolve_weight_dtype(model, weight_dtype))
 
 
 def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) -> float:
@@ -112,7 +99,15 @@ def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) ->
 
 def _layer_bytes(model: ModelSpec, layer: LayerSpec, wbytes: float, expert_wbytes: float) -> float:
     experts = model.layer_expert_params(layer)
-    return (model.layer_params(layer) - experts) * wbytes + experts * expert_wbytes
+    return (model.layer_params(layer) - experts) * wbytes + experts * expert_wbytes + absorbed_copy_bytes(model, wbytes)
+
+
+def absorbed_copy_bytes(model: ModelSpec, wbytes: float) -> float:
+    """One MLA layer's decode up-projections (vLLM's W_UK_T and W_UV, SGLang's w_kc and w_vc): views of kv_b_proj
+    in a bf16 checkpoint, but dequantized bf16 copies beside it in a quantized one, which prefill keeps using."""
+    if model.mla is None or wbytes == ACT_BYTES:
+        return 0.0
+    return model.mla_up_params() * ACT_BYTES
 
 
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
@@ -125,7 +120,7 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     stages = []
     for stage in stage_layer_specs(model, par.pp):
         whole = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage)
-        kept = sum(_replicated_bytes(model, layer, par, wbytes) for layer in stage)
+        kept = sum(_replicated_bytes(model, layer, par, wbytes, expert_wbytes) for layer in stage)
         stages.append((whole - kept) / par.tp + kept + len(stage) * _duplicated_kv_bytes(model, par, wbytes))
     stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
                   + model.extra_linear_params * wbytes) / par.tp
@@ -134,13 +129,16 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     return max(stages)
 
 
-def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float) -> float:
-    """Bytes of `layer` every TP rank holds whole: under DP attention all its attention; else MLA's down-projections
-    to the latents (vLLM's ReplicatedLinear q_a_proj / kv_a_proj_with_mqa, as the cost model reads them). The MoE
-    router is replicated too, but small and stored at the layer's dtype here."""
+def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float,
+                      expert_wbytes: float) -> float:
+    """Bytes of `layer` every TP rank holds whole: under DP attention all its attention, and under DeepEP (expert
+    parallel over DP attention) its shared experts (SGLang builds them at tp_size 1 there); else MLA's
+    down-projections to the latents (vLLM's ReplicatedLinear q_a_proj / kv_a_proj_with_mqa, as the cost model
+    reads them). The MoE router is replicated too, but small and stored at the layer's dtype here."""
     h = model.hidden_size
     if par.dp_attention:
-        return model.attention_params() * wbytes
+        shared = model.moe.num_shared_experts * model.expert_params() if layer.is_moe and par.ep else 0
+        return model.attention_params() * wbytes + absorbed_copy_bytes(model, wbytes) + shared * expert_wbytes
     if model.mla is None:
         return 0.0
     q_a = h * model.mla.q_lora_rank if model.mla.q_lora_rank is not None else 0

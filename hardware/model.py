@@ -153,6 +153,11 @@ class ModelSpec:
         return self.num_kv_layers * self.kv_values_per_token_per_layer(tp) * per_value
 
     # ---- parameters -----------------------------------------------------------------------------
+    def mla_up_params(self) -> int:
+        """MLA's K/V up-projection from the latent (kv_b_proj): the part decode absorbs into the queries/outputs."""
+        assert self.mla is not None
+        return self.mla.kv_lora_rank * self.num_heads * (self.mla.qk_nope_head_dim + self.mla.v_head_dim)
+
     def attention_params(self) -> int:
         h = self.hidden_size
         if self.mla:
@@ -160,8 +165,7 @@ class ModelSpec:
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
             q = h * self.num_heads * qk if m.q_lora_rank is None else (
                 h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.num_heads * qk)
-            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank \
-                + m.kv_lora_rank * self.num_heads * (m.qk_nope_head_dim + m.v_head_dim)
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + self.mla_up_params()
             return q + kv + self.num_heads * m.v_head_dim * h
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         bias = (q_dim + 2 * kv_dim if self.qkv_bias else 0) + (h if self.o_bias else 0)
@@ -273,10 +277,30 @@ def resolve_weight_dtype(model: ModelSpec, weight_dtype: str) -> str:
     return dtype
 
 
+#: vLLM's mxfp4 fused-MoE kernels store the experts padded: Marlin and TRT-LLM round hidden_size up to a multiple
+#: of 256 (gpt-oss's 2880 becomes 3072, +6.7%), and the Hopper triton path's swizzled layout lands on the same
+#: total. vLLM logs 64.4 GiB of weights for gpt-oss-120b (issue #33155, triton kernels; 66.0 GiB with Marlin,
+#: which also pads the intermediate size, #23278), against 60.8 unpadded. The per-TP intermediate padding
+#: (720 -> 768 at TP4) is not modelled.
+MXFP4_HIDDEN_ALIGN = 256
+
+
+def expert_padding(model: ModelSpec, weight_dtype: str) -> float:
+    """How much larger routed experts are as a resolved `weight_dtype`'s kernels store and run them than their
+    checkpoint shapes (mxfp4: hidden size padded to MXFP4_HIDDEN_ALIGN); 1 for every other dtype."""
+    if weight_dtype != "mxfp4":
+        return 1.0
+    h = model.hidden_size
+    return -(-h // MXFP4_HIDDEN_ALIGN) * MXFP4_HIDDEN_ALIGN / h
+
+
 def weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
-    """(bytes per dense-layer weight, bytes per routed-expert weight) for a resolved weight dtype."""
+    """(bytes per dense-layer weight, bytes per routed-expert weight, padding included) for a resolved weight
+    dtype: memory holds, and a step streams, the padded experts."""
     per_value = dtype_bytes(WEIGHT_DTYPE_BYTES, weight_dtype, "weight")
-    return (WEIGHT_DTYPE_BYTES["bf16"], per_value) if weight_dtype in EXPERT_ONLY_DTYPES else (per_value, per_value)
+    if weight_dtype in EXPERT_ONLY_DTYPES:
+        return WEIGHT_DTYPE_BYTES["bf16"], per_value * expert_padding(model, weight_dtype)
+    return per_value, per_value
 
 
 # ---- reading config.json ------------------------------------------------------------------------

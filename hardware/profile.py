@@ -76,9 +76,10 @@ class Profile(SpecModel):
     comm: EfficiencyCurve = EfficiencyCurve.constant(0.70)
     # Routed experts default to what 11 published MoE runs need, the other defaults held (servesim fit
     # benchmarks/published_runs.yaml --only moe_compute,moe_memory: gpt-oss on H100/A100, DeepSeek-R1 TP8 on H200,
-    # vLLM 0.8-0.11): fused-MoE kernels, with their routing, permutation and launches, reach a fraction of a dense
-    # GEMM's speed; the GEMM curves (0.70, 0.85) predicted these runs ~50% fast
-    moe_compute: EfficiencyCurve | None = Field(EfficiencyCurve.constant(0.167), description=(
+    # vLLM 0.8-0.11; gpt-oss's experts counted padded as its mxfp4 kernels run them): fused-MoE kernels, with their
+    # routing, permutation and launches, reach a fraction of a dense GEMM's speed; the GEMM curves (0.70, 0.85)
+    # predicted these runs ~50% fast
+    moe_compute: EfficiencyCurve | None = Field(EfficiencyCurve.constant(0.180), description=(
         "Routed-expert (fused-MoE) kernels' fraction of compute peak; None: the GEMM curve's (an executor fit, "
         "whose MoE runs on the same GEMMs)"))
     moe_memory: EfficiencyCurve | None = Field(EfficiencyCurve.constant(0.265), description=(

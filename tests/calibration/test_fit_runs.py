@@ -121,3 +121,25 @@ def test_only_the_named_parameters_move(tmp_path):
         fit_to_runs(runs[:2], [], only=["moe"])
     with pytest.raises(SpecError, match="cannot tell moe_compute apart"):
         fit_to_runs(runs[:2], [], only=["moe_compute"])  # dense runs say nothing of routed experts
+
+
+def test_the_polish_moves_where_stepped_figures_stall_least_squares():
+    """A replayed figure moves in steps (a request crossing a step boundary): here a residual flat over 10% of the
+    parameter. The least-squares Jacobian's finite step sees no slope and stops at its start; the Nelder-Mead
+    polish, whose simplex compares points ~10% apart, walks to the parameter that zeroes it."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from calibration.fit_runs import _bounds, _polish, soft_l1
+    target, best = math.log(0.3), [math.inf, None]
+
+    def residuals(x):
+        r = np.array([np.round((x[0] - target) / 0.1) * 0.1])
+        if soft_l1(r) < best[0]:
+            best[:] = [soft_l1(r), np.array(x)]
+        return r
+    start, names = np.array([math.log(0.9)]), ["gemm_memory"]
+    stalled = least_squares(residuals, start, bounds=_bounds(names), loss="soft_l1", f_scale=0.1, diff_step=0.05)
+    assert math.exp(stalled.x[0]) == pytest.approx(0.9)
+    _polish(residuals, best[1], names, budget=60)
+    assert best[0] == 0 and math.exp(best[1][0]) == pytest.approx(0.3, rel=0.11)

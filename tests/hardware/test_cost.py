@@ -228,7 +228,7 @@ def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_que
 
 def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones():
     """Fused-MoE kernels (routed experts) are priced with moe_compute/moe_memory (by default what published MoE
-    runs need: 0.167 and 0.265); unset (None, as executor fits write them) they read the GEMM curves. The router and
+    runs need: 0.180 and 0.265); unset (None, as executor fits write them) they read the GEMM curves. The router and
     shared experts, dense models too, never read them."""
     mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(1, 0, 4096)
     unset = Profile(moe_compute=None, moe_memory=None)
@@ -240,8 +240,8 @@ def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones
     assert moe.kind == "moe" and slow_moe.time_s == pytest.approx(2 * moe.time_s, rel=1e-9)  # 0.70 -> 0.35
     others = [(op.name, op.time_s) for op in base.operators if op.name != "moe"]
     assert others == [(op.name, op.time_s) for op in slow.operators if op.name != "moe"]
-    default = step_cost(batch, mixtral, H200).by_name("moe")  # compute-bound prefill: 0.70 / 0.167 as long
-    assert default.time_s == pytest.approx(moe.time_s * 0.70 / 0.167, rel=1e-9)
+    default = step_cost(batch, mixtral, H200).by_name("moe")  # compute-bound prefill: 0.70 / 0.180 as long
+    assert default.time_s == pytest.approx(moe.time_s * 0.70 / 0.180, rel=1e-9)
     assert step_cost(batch, LLAMA_8B, H200, profile=Profile(moe_compute=0.1)).total_s == \
         step_cost(batch, LLAMA_8B, H200).total_s
 
@@ -292,3 +292,28 @@ def test_tp_sums_the_vocab_parallel_embedding_and_gathers_the_logits():
     assert tp2.by_name("logits_gather").bytes == 256 * 128256 * 2 / 2
     assert tp2.by_name("logits_gather").time_s > 0
     assert not {"embedding_all_reduce", "logits_gather"} & {op.name for op in tp1.operators}
+
+
+def test_mla_decode_streams_the_bf16_copies_of_the_up_projection():
+    """vLLM and SGLang absorb MLA's K/V up-projection in decode as bf16 batched GEMMs over bf16 copies of kv_b_proj
+    (dequantized from DeepSeek-V3's fp8), while prefill expands the latents with kv_b_proj itself. At TP8 a decode
+    streams 512 x 128 x 256 / 8 bf16 values per layer, whatever the checkpoint; a prefill streams them at fp8."""
+    model, par, up = get_model("deepseek-v3"), Parallelism(tp=8), 512 * 128 * 256 // 8
+    decode, prefill = StepBatch.uniform(1, 4096), StepBatch.uniform(1, 0, 512)
+    for weights in ("fp8", "bf16"):
+        step = step_cost(decode, model, H200, par, options=CostOptions(weight_dtype=weights)).by_name("mla_kv_up")
+        assert step.bytes == pytest.approx(61 * (up * 2 + 1 * up / 512 * 2))  # weights, then the one query row
+    fp8 = step_cost(prefill, model, H200, par, options=CostOptions(weight_dtype="fp8")).by_name("mla_kv_up")
+    assert fp8.bytes == pytest.approx(61 * (up * 1 + 512 * up / 512 * 2))
+
+
+def test_deep_ep_runs_the_shared_experts_whole_on_each_gpus_own_tokens():
+    """SGLang builds DeepSeek's shared experts at tp_size 1 under DeepEP (expert parallel over DP attention): each of
+    the 8 GPUs streams the whole shared expert (3 x 7168 x 2048 fp8 weights) in each of the 58 MoE layers, and runs
+    it on its own 1/8 of the tokens: the same FLOPs per GPU as TP, 8x the bytes."""
+    model, batch = get_model("deepseek-v3"), StepBatch.uniform(64, 2048)
+    shared = 3 * 7168 * 2048
+    tp = step_cost(batch, model, H200, Parallelism(tp=8, dp_attention=True)).by_name("moe_router_shared")
+    deep_ep = step_cost(batch, model, H200, Parallelism(tp=8, ep=True, dp_attention=True)).by_name("moe_router_shared")
+    assert deep_ep.bytes - tp.bytes == pytest.approx(58 * shared * (1 - 1 / 8))
+    assert deep_ep.flops == pytest.approx(tp.flops)

@@ -163,3 +163,24 @@ def test_a_sliding_window_keeps_blocks_for_every_step_in_flight(in_flight, block
     cfg = EngineMemoryConfig(max_model_len=32768, max_num_batched_tokens=8192, in_flight_batches=in_flight)
     plan = plan_memory(get_model("gpt-oss-120b"), get_gpu("h100-sxm"), cfg=cfg)
     assert plan.request_bytes_at_max_len / plan.block_bytes == blocks
+
+
+def test_mla_decode_copies_are_counted_in_a_quantized_checkpoint_only():
+    """DeepSeek-V3's fp8 kv_b_proj stays for prefill and its decode up-projections are dequantized bf16 copies
+    beside it (512 x 128 x 256 values per layer); a bf16 checkpoint's are views of the same weights."""
+    from hardware.memory import layer_weight_bytes
+    model = get_model("deepseek-v3")
+    dense = model.layers[0]  # one of the first dense layers: fp8 throughout
+    assert not dense.is_moe
+    assert layer_weight_bytes(model, dense, "fp8") == model.layer_params(dense) + 512 * 128 * 256 * 2
+    assert layer_weight_bytes(model, dense, "bf16") == model.layer_params(dense) * 2
+
+
+def test_deep_ep_keeps_the_shared_experts_whole_on_every_gpu():
+    """Under expert parallel over DP attention (SGLang's DeepEP) each GPU holds DeepSeek-V3's shared expert whole in
+    each of its 58 MoE layers: 7/8 of 3 x 7168 x 2048 fp8 weights more than at DP attention alone."""
+    from hardware.memory import weight_bytes_per_gpu
+    model = get_model("deepseek-v3")
+    dp = weight_bytes_per_gpu(model, Parallelism(tp=8, dp_attention=True), "auto")
+    deep_ep = weight_bytes_per_gpu(model, Parallelism(tp=8, ep=True, dp_attention=True), "auto")
+    assert deep_ep - dp == pytest.approx(58 * 3 * 7168 * 2048 * (1 - 1 / 8))

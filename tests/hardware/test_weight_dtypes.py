@@ -66,14 +66,16 @@ def test_mxfp4_stores_experts_at_4_25_bits_padded_and_everything_else_in_bf16():
         2 * layer_weight_bytes(model, layer, "mxfp4") + ends)
 
 
-def test_mxfp4_moe_step_reads_expert_bytes_at_4_25_bits_and_attention_at_bf16():
+def test_mxfp4_moe_step_reads_padded_expert_bytes_at_4_25_bits_and_attention_at_bf16():
+    """A step streams (and multiplies) the experts as the kernels store them: hidden size 64 padded to 256."""
     model = model_from_config(tiny_moe(), "tiny")
     h200, batch = get_gpu("h200"), StepBatch.uniform(1, 16)  # one decode token: top-2 of 4 experts
     bf16 = step_cost(batch, model, h200, options=CostOptions(weight_dtype="bf16"))
     mxfp4 = step_cost(batch, model, h200, options=CostOptions(weight_dtype="mxfp4"))
     # one token touches exactly its top-2 experts, in each of the 2 layers
-    saved = 2 * 2 * (3 * 64 * 32) * (2 - MXFP4_BYTES)
+    saved = 2 * 2 * (3 * 64 * 32) * (2 - MXFP4_BYTES * 256 / 64)
     assert bf16.by_name("moe").bytes - mxfp4.by_name("moe").bytes == pytest.approx(saved)
+    assert mxfp4.by_name("moe").flops == pytest.approx(bf16.by_name("moe").flops * 256 / 64)
     assert bf16.by_name("qkv_proj").bytes == mxfp4.by_name("qkv_proj").bytes
 
 
