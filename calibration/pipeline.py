@@ -21,6 +21,7 @@ import dataclasses
 import datetime as dt
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -170,10 +171,11 @@ def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: b
 def remove_abandoned_work(folder: Path) -> None:
     """Remove the work folders of runs on this host whose process is gone (killed, so their `finally` never ran);
     a live run's, or another host's, is left alone."""
-    prefix = f"{IN_PROGRESS}-{socket.gethostname()}-"
+    # the whole name, mkdtemp's 8-character suffix included: host "gpu" must not take host "gpu-12"'s folders
+    ours = re.compile(rf"{re.escape(IN_PROGRESS)}-{re.escape(socket.gethostname())}-(\d+)-[a-z0-9_]{{8}}")
     for work in folder.iterdir():
-        pid = work.name.removeprefix(prefix).partition("-")[0]
-        if work.name.startswith(prefix) and work.is_dir() and pid.isdigit() and not _process_alive(int(pid)):
+        match = ours.fullmatch(work.name)
+        if match and work.is_dir() and not _process_alive(int(match.group(1))):
             shutil.rmtree(work, ignore_errors=True)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import types
 import typing
-from typing import Annotated, Any, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, model_validator
 from pydantic_core import PydanticCustomError
@@ -25,18 +25,48 @@ class SpecModel(BaseModel):
         if isinstance(data, dict):
             for name, value in data.items():
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
-                if isinstance(value, bool) and field is not None and numbers_only(field.annotation):
-                    raise PydanticCustomError(BOOL_FOR_NUMBER, "{field}: expected a number, not {given}",
-                                              {"field": name, "given": str(value).lower()})
+                if field is not None and bool_for_a_number(field.annotation, value):
+                    raise PydanticCustomError(BOOL_FOR_NUMBER, "{field}: expected a number, not a true/false",
+                                              {"field": name})
         return data
 
 
-def numbers_only(annotation: Any) -> bool:
-    """Whether a field's type admits numbers (int, float) and None but nothing else, so a bool is a mistake."""
+def bool_for_a_number(annotation: Any, value: Any) -> bool:
+    """Whether `value`, or an item of it, is a bool where `annotation` admits a number but no bool (a plain number
+    field, `float | SomeModel`, `list[int]`, `dict[str, float]`, `tuple[tuple[float, float], ...]`)."""
+    if isinstance(value, bool):
+        return _admits_number(annotation) and not _admits_bool(annotation)
+    if isinstance(value, (list, tuple, dict)):
+        return any(_item_bools(arg, value) for arg in _members(annotation))
+    return False
+
+
+def _item_bools(annotation: Any, value: list | tuple | dict) -> bool:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(value, dict):
+        return origin is dict and len(args) == 2 and any(bool_for_a_number(args[1], v) for v in value.values())
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return any(bool_for_a_number(args[0], item) for item in value)
+    if origin is tuple and len(args) == len(value):
+        return any(bool_for_a_number(arg, item) for arg, item in zip(args, value))
+    return False
+
+
+def _members(annotation: Any) -> list[Any]:
+    """The types a field's annotation admits: a union's members, Annotated and Optional unwrapped."""
     origin = typing.get_origin(annotation)
     if origin is Annotated:
-        return numbers_only(typing.get_args(annotation)[0])
+        return _members(typing.get_args(annotation)[0])
     if origin in (Union, types.UnionType):
-        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
-        return bool(args) and all(numbers_only(arg) for arg in args)
-    return annotation in NUMBER_TYPES
+        return [m for arg in typing.get_args(annotation) for m in _members(arg) if m is not type(None)]
+    return [annotation]
+
+
+def _admits_number(annotation: Any) -> bool:
+    return any(member in NUMBER_TYPES for member in _members(annotation))
+
+
+def _admits_bool(annotation: Any) -> bool:
+    return any(member in (bool, Any) or (typing.get_origin(member) is Literal
+                                         and any(isinstance(v, bool) for v in typing.get_args(member)))
+               for member in _members(annotation))

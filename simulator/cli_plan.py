@@ -59,12 +59,13 @@ def sweep(scenario: Path,
                 [[_cell(row.get(c)) for c in columns] for row in result.table.to_dict("records")])
     console.print(f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}")
     errors = result.table["error"].dropna()
-    if len(errors) == len(result.table):
-        raise SpecError(f"every point failed, e.g. {errors.iloc[0]}")
     crashed = errors[errors.str.startswith(INTERNAL_ERROR)]
     if len(crashed):
-        console.print(f"[red]{len(crashed)} point(s) hit a servesim bug[/] (the others ran), e.g. {crashed.iloc[0]}")
+        console.print(f"[red]{len(crashed)} point(s) hit a servesim bug[/] (the others ran), e.g. {crashed.iloc[0]}",
+                      soft_wrap=True)
         raise typer.Exit(1)
+    if len(errors) == len(result.table):
+        raise SpecError(f"every point failed, e.g. {errors.iloc[0]}")
 
 
 @app.command()

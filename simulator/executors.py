@@ -77,8 +77,9 @@ def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     try:
         try:
             client = Client(address or cluster, timeout=DASK_CONNECT_TIMEOUT_S)
-        except (OSError, TimeoutError) as err:
-            raise SpecError(f"--dask-address {address}: no Dask scheduler answered ({err})") from None
+        except (OSError, TimeoutError, ValueError) as err:  # ValueError: an address Dask cannot parse
+            where = f"--dask-address {address}" if address else "the local Dask cluster"
+            raise SpecError(f"{where}: no Dask scheduler answered ({err})") from None
         with client:
             futures = {client.submit(fn, *job, pure=False): i for i, job in enumerate(jobs)}
             for future in as_completed(futures):

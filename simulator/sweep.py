@@ -16,6 +16,7 @@ it again finishes only what is missing. Adding values to a grid reuses every poi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import itertools
@@ -39,6 +40,7 @@ from simulator.output import write_run
 from simulator.run import simulate
 from simulator.scenario import Scenario, check_grid_keys, first_error, with_overrides
 
+ROOT = Path(__file__).resolve().parent.parent  # the folder holding servesim's packages
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
 POINTS = "points"
 RESULTS = "results.csv"
@@ -107,7 +109,7 @@ def input_files(s: Scenario, base_dir: Path) -> list[Path]:
 
 
 @functools.cache
-def code_fingerprint(root: Path = Path(__file__).resolve().parent.parent) -> bytes:
+def code_fingerprint(root: Path = ROOT) -> bytes:
     """sha256 of servesim's source and bundled data (catalogs, model presets, profiles) under `root`: results
     depend on them as much as on the scenario. Read once per process."""
     digest = hashlib.sha256()
@@ -149,19 +151,27 @@ def is_done(folder: Path) -> bool:
 
 
 INTERNAL_ERROR = "internal error"
+TRACEBACK_SUFFIX = ".traceback.txt"  # beside a crashed point's folder name in OUT/points/
 
 
 def run_point(s: Scenario, base_dir: Path, folder: Path) -> str | None:
     """Simulate one point into `folder`; returns the reason when the scenario cannot run (e.g. does not fit), or,
-    for a servesim bug, the exception and where it was raised, so that one point's crash does not end the sweep."""
+    for a servesim bug, the exception and where in servesim it was raised, its traceback written beside the
+    folder, so that one point's crash does not end the sweep. OSError (a full disk, a permission) ends it."""
+    trace_file = folder.parent / f"{folder.name}{TRACEBACK_SUFFIX}"
+    trace_file.unlink(missing_ok=True)
     try:
         write_run(simulate(s, base_dir), folder, base_dir)
     except SpecError as err:
         return str(err)
+    except OSError:
+        raise
     except Exception as err:  # noqa: BLE001 (recorded in results.csv; the other points go on)
-        frame = traceback.extract_tb(err.__traceback__)[-1]
-        return (f"{INTERNAL_ERROR} (a servesim bug; `servesim simulate` on this point shows the traceback): "
-                f"{type(err).__name__}: {err} at {Path(frame.filename).name}:{frame.lineno} in {frame.name}")
+        write_text_atomic(trace_file, traceback.format_exc())
+        ours = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve().is_relative_to(ROOT)]
+        frame = (ours or traceback.extract_tb(err.__traceback__))[-1]
+        return (f"{INTERNAL_ERROR} (a servesim bug; traceback in {trace_file}): {type(err).__name__}: {err} at "
+                f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}")
     return None
 
 
@@ -193,9 +203,12 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
                 last_written = time.monotonic()
             if on_point:
                 on_point(done)
-    finally:  # finished, interrupted or broken off: the table shows every point's state
-        table = results_table(points, folders, outcomes)
-        write_results(out, table)
+    except BaseException:  # interrupted or broken off: the table shows every point's state, if it can be written
+        with contextlib.suppress(Exception):
+            write_results(out, results_table(points, folders, outcomes))
+        raise
+    table = results_table(points, folders, outcomes)
+    write_results(out, table)
     return SweepResult(table, len(todo), len(points) - len(todo))
 
 
@@ -206,8 +219,8 @@ def write_results(out: Path, table: pd.DataFrame) -> None:
     write_text_atomic(out / RESULTS, table.to_csv(index=False))
 
 
-@functools.lru_cache(maxsize=4096)
-def _summary(path: Path, mtime_ns: int) -> dict[str, Any]:
+@functools.cache
+def _summary(path: Path, mtime_ns: int, size: int) -> dict[str, Any]:
     """A point's summary.json, parsed once per version of it (a table is rebuilt as points finish)."""
     return json.loads(path.read_text())
 
@@ -218,8 +231,10 @@ def results_table(points: list[Point], folders: list[Path], outcomes: dict[Path,
     rows = []
     for point, folder in zip(points, folders):
         error = outcomes.get(folder)
-        summary = _summary(folder / "summary.json", (folder / "summary.json").stat().st_mtime_ns) \
-            if is_done(folder) else {}
+        stat = (folder / "summary.json").stat() if is_done(folder) else None
+        summary = _summary(folder / "summary.json", stat.st_mtime_ns, stat.st_size) if stat else {}
+        if not summary and folder in outcomes and error is None:  # ran, yet no folder here: a worker elsewhere
+            error = f"its run folder {folder} is missing (a Dask worker writing to another filesystem?)"
         status = "done" if summary else "failed" if error else "pending"
         rows.append({**point.overrides, "point": point.hash, "status": status, "error": error, **summary})
     table = pd.DataFrame(rows)

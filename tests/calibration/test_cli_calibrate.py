@@ -138,10 +138,12 @@ def test_a_killed_runs_work_folder_is_removed_by_the_next_run(tmp_path):
 
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     host = socket.gethostname()
-    names = {"killed": f"{IN_PROGRESS}-{host}-{gone.stdout.strip()}-abc", "live": f"{IN_PROGRESS}-{host}-{os.getpid()}-x",
-             "elsewhere": f"{IN_PROGRESS}-not-{host}-{gone.stdout.strip()}-y"}
+    dead = gone.stdout.strip()
+    names = {"killed": f"{IN_PROGRESS}-{host}-{dead}-abcd_123", "live": f"{IN_PROGRESS}-{host}-{os.getpid()}-x1234567",
+             "elsewhere": f"{IN_PROGRESS}-not-{host}-{dead}-y1234567",
+             "longer host": f"{IN_PROGRESS}-{host}-12-{dead}-z1234567"}  # host "gpu-12" seen from host "gpu"
     for name in names.values():
         (tmp_path / name).mkdir()
         (tmp_path / name / "device.yaml").write_text("half written")
     pipeline.remove_abandoned_work(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["live"], names["elsewhere"]])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for k, n in names.items() if k != "killed")

@@ -317,3 +317,13 @@ def test_deep_ep_runs_the_shared_experts_whole_on_each_gpus_own_tokens():
     deep_ep = step_cost(batch, model, H200, Parallelism(tp=8, ep=True, dp_attention=True)).by_name("moe_router_shared")
     assert deep_ep.bytes - tp.bytes == pytest.approx(58 * shared * (1 - 1 / 8))
     assert deep_ep.flops == pytest.approx(tp.flops)
+
+
+def test_a_true_or_false_in_a_profile_is_refused_not_read_as_full_efficiency(tmp_path):
+    """`gemm_compute: true` would otherwise be the number 1: a GEMM at 100% of peak."""
+    from hardware.errors import SpecError
+    from hardware.profile import load_profile
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\ngemm_compute: true\n")
+    with pytest.raises(SpecError, match=r"p.yaml: gemm_compute: .*expected a number, not a true/false"):
+        load_profile(str(path))

@@ -304,15 +304,17 @@ def test_settings_the_model_gives_nothing_to_act_on_are_noted(tmp_path, model, s
 
 
 @pytest.mark.parametrize("setting,expected", [
-    ("engine.max_num_seqs=true", "engine.max_num_seqs: expected a number, not true"),  # pydantic alone: 1 sequence
-    ("workload.arrivals.rate_per_s=no", "workload.arrivals.rate_per_s: expected a number, not false"),
-    ("parallelism.tp=yes", "parallelism.tp: expected a number, not true"),
-    ("engine.max_model_len=false", "engine.max_model_len: expected a number, not false"),  # an optional number
+    ("engine.max_num_seqs=true", "engine.max_num_seqs"),  # pydantic alone: 1 sequence
+    ("workload.arrivals.rate_per_s=no", "workload.arrivals.rate_per_s"),
+    ("parallelism.tp=yes", "parallelism.tp"),
+    ("engine.max_model_len=false", "engine.max_model_len"),  # an optional number
+    ("engine.speculative={method: ngram, k: 2, acceptance: true}", "engine.speculative.acceptance"),  # float | model
+    ("plan.tp=[2, true]", "plan.tp"),  # an item of a list of numbers
 ])
 def test_a_true_or_false_where_a_number_belongs_is_refused(tmp_path, setting, expected):
     result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", setting)
     assert result.exit_code == 2, result.output
-    assert result.stderr == f"error: {QUICKSTART} (from --set): {expected}\n"
+    assert result.stderr == f"error: {QUICKSTART} (from --set): {expected}: expected a number, not a true/false\n"
     assert not (tmp_path / "out").exists()
 
 

@@ -124,9 +124,23 @@ def test_a_point_that_crashes_is_recorded_and_the_others_run(tmp_path, monkeypat
     error = result.table["error"][2]
     assert error.startswith("internal error") and "ZeroDivisionError: boom" in error
     assert "test_sweep.py" in error and "crash_at_rate_20" in error  # where it was raised
+    tracebacks = sorted((tmp_path / "points").glob("*.traceback.txt"))
+    assert len(tracebacks) == 2 and "ZeroDivisionError: boom" in tracebacks[0].read_text()
+    assert str(tracebacks[0]) in " ".join(result.table["error"][2:])
     monkeypatch.setattr(sweep_module, "simulate", real_simulate)
     again = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)  # a crashed point is not done: it runs again
     assert (again.num_run, again.num_reused) == (2, 2) and again.table["status"].tolist() == ["done"] * 4
+    assert not list((tmp_path / "points").glob("*.traceback.txt"))  # gone with the crash
+
+
+def test_a_full_disk_ends_the_sweep_rather_than_passing_for_a_bug(tmp_path, monkeypatch):
+    def disk_full(s, base_dir):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sweep_module, "simulate", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
+    assert pd.read_csv(tmp_path / "results.csv")["status"].tolist() == ["pending"] * 4
 
 
 def test_a_point_run_by_other_code_is_run_again(tmp_path, monkeypatch):
