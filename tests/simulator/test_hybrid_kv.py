@@ -122,7 +122,7 @@ def test_a_router_reading_kv_mid_stretch_sees_what_stepping_shows(tmp_path, asyn
     last step spans that arrival, so the window frees it makes as it ends must not show before: the router
     would see one block fewer on replica 1 and send the request there instead of replica 0."""
     trace = tmp_path / "t.csv"
-    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2074,100,5\n")
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2160,100,5\n")
     runs = [run(scenario(model="gpt-oss-20b", cluster={"replicas": 2, "router": "least_kv"},
                          engine={"max_model_len": 4096, "async_scheduling": async_scheduling},
                          workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
