@@ -44,7 +44,10 @@ class Parallelism:
     sliced across it; under DP attention tokens reach them by all-to-all. `dp_attention`: attention runs data
     parallel inside the group (each GPU attends for 1/tp of the requests, with all heads and its own
     KV; SGLang's DP attention for MLA models), hidden states are gathered for the MLP. A TP group
-    larger than a node talks over `inter_node_link` (per-GPU NIC rate).
+    larger than a node talks over `inter_node_link` (per-GPU NIC rate). `dense_replicated` (with DP attention):
+    the group is vLLM's data-parallel ranks at TP 1, so every weight but the routed experts (dense MLP layers,
+    shared experts, embeddings, LM head) is whole on each GPU and runs on its own 1/tp of the tokens, with no
+    collective outside the MoE layers; without it, SGLang's layout slices them over the group.
     """
 
     tp: int = 1
@@ -52,10 +55,22 @@ class Parallelism:
     ep: bool = False
     dp_attention: bool = False
     inter_node_link: str = "ib-ndr-400"
+    dense_replicated: bool = False
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.pp < 1:
             raise SpecError(f"tp and pp must be >= 1, got tp={self.tp} pp={self.pp}")
+        if self.dense_replicated and not self.dp_attention:
+            raise SpecError("dense_replicated describes vLLM's data-parallel ranks: it needs dp_attention")
+
+    @property
+    def dense_ranks(self) -> int:
+        """GPUs a non-expert weight (dense MLP, shared experts, embeddings, LM head) is sliced over."""
+        return 1 if self.dense_replicated else self.tp
+
+    def dense_rows(self, rows: float) -> float:
+        """Rows one GPU runs those weights on: every row on its slice, or its own 1/tp of them whole."""
+        return rows / self.tp if self.dense_replicated else rows
 
     @property
     def num_gpus(self) -> int:
@@ -452,20 +467,23 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
         acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers)
         # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
-        # DP attention) every GPU holds the shared experts whole and runs them on its own 1/tp of the tokens
-        deep_ep = ctx.par.ep and ctx.par.dp_attention
-        shared = moe.num_shared_experts * m.expert_params() / (1 if deep_ep else tp)
-        flops = 2 * (tokens / tp if deep_ep else tokens) * shared + 2 * tokens * h * moe.num_experts
+        # DP attention) and on vLLM's DP ranks every GPU holds the shared experts whole and runs them on its own
+        # 1/tp of the tokens
+        whole = ctx.par.dp_attention and (ctx.par.ep or ctx.par.dense_replicated)
+        shared = moe.num_shared_experts * m.expert_params() / (1 if whole else tp)
+        flops = 2 * (tokens / tp if whole else tokens) * shared + 2 * ctx.par.dense_rows(tokens) * h * moe.num_experts
         nbytes = shared * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
         acc.add(ctx, "moe_router_shared", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     else:
-        params = m.dense_mlp_params(group.mlp_intermediate) / tp
-        flops, nbytes = 2 * tokens * params, params * ctx.wbytes + tokens * (2 * h + 3 * group.mlp_intermediate / tp) * ACT_BYTES
+        ranks, rows = ctx.par.dense_ranks, ctx.par.dense_rows(tokens)
+        params = m.dense_mlp_params(group.mlp_intermediate) / ranks
+        flops = 2 * rows * params
+        nbytes = params * ctx.wbytes + rows * (2 * h + 3 * group.mlp_intermediate / ranks) * ACT_BYTES
         acc.add(ctx, "mlp", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
     if group.extra_linear_params:
-        params = group.extra_linear_params / tp
-        acc.add(ctx, "layer_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
-                ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), layers)
+        params, rows = group.extra_linear_params / ctx.par.dense_ranks, ctx.par.dense_rows(tokens)
+        acc.add(ctx, "layer_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
+                ctx.gemm_s(2 * rows * params, params * ctx.wbytes), layers)
 
 
 def _group_link(ctx: _Ctx, gpus: int):
@@ -557,35 +575,41 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
         acc.add_link(ctx, "all_to_all", dispatch + combine,
                      _all_to_all_s(ctx, dispatch) + _all_to_all_s(ctx, combine), layers)
         return
+    if ctx.par.dense_replicated:  # vLLM's DP ranks: only the MoE layers talk, all-gathering the group's tokens
+        if group.is_moe:          # to the experts and reduce-scattering their outputs (its default all2all
+            acc.add_link(ctx, "all_gather_reduce_scatter", msg, _all_reduce_s(ctx, msg), layers)  # backend):
+        return                    # the bus bytes of one all-reduce
     for _ in range(2):
         acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
 
 
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
-    m, tp, tokens = ctx.model, ctx.par.tp, float(batch.num_tokens)
-    acc.add(ctx, "embedding", "gemm", 0.0, tokens * m.hidden_size * ACT_BYTES * 2, ctx.gemm_s(0.0, tokens * m.hidden_size * 4), 1)
-    if tp > 1:  # each rank looks up its slice of the vocabulary; the partial embeddings are summed
+    m, ranks, tokens = ctx.model, ctx.par.dense_ranks, float(batch.num_tokens)
+    looked_up = ctx.par.dense_rows(tokens) * m.hidden_size * ACT_BYTES * 2  # read from the table, written out
+    acc.add(ctx, "embedding", "gemm", 0.0, looked_up, ctx.gemm_s(0.0, looked_up), 1)
+    if ranks > 1:  # each rank looks up its slice of the vocabulary; the partial embeddings are summed
         msg = tokens * m.hidden_size * ACT_BYTES
         acc.add_link(ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1)
     if m.extra_linear_params:
-        params = m.extra_linear_params / tp
-        acc.add(ctx, "model_extras", "gemm", 2 * tokens * params, params * ctx.wbytes,
-                ctx.gemm_s(2 * tokens * params, params * ctx.wbytes), 1)
+        params, rows = m.extra_linear_params / ranks, ctx.par.dense_rows(tokens)
+        acc.add(ctx, "model_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
+                ctx.gemm_s(2 * rows * params, params * ctx.wbytes), 1)
     logits = float(batch.num_logits)
     if logits:
-        params = m.lm_head_params / tp
-        flops, nbytes = 2 * logits * params, params * ACT_BYTES + logits * m.vocab_size / tp * LOGIT_BYTES
+        params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits)
+        flops, nbytes = 2 * rows * params, params * ACT_BYTES + rows * m.vocab_size / ranks * LOGIT_BYTES
         head = ctx.with_tokens(logits)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
         acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
-        if tp > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
-            bus = (tp - 1) / tp * logits * m.vocab_size * ACT_BYTES
-            acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, tp - 1), 1)
+        if ranks > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
+            bus = (ranks - 1) / ranks * logits * m.vocab_size * ACT_BYTES
+            acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, ranks - 1), 1)
     if ctx.par.pp > 1:  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
         link, sent = _group_link(ctx, ctx.par.num_gpus), 2 * tokens * m.hidden_size * ACT_BYTES
-        boundary_s = sent / tp / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s
-        if tp > 1:
-            boundary_s += _collective_s(ctx, (tp - 1) / tp * sent, tp - 1)
-        acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * sent / tp, (ctx.par.pp - 1) * boundary_s, 1)
+        share = sent / ctx.par.tp  # vLLM's DP ranks each send their own tokens' whole states, gathering nothing
+        boundary_s = share / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s
+        if ranks > 1:
+            boundary_s += _collective_s(ctx, (ranks - 1) / ranks * sent, ranks - 1)
+        acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * share, (ctx.par.pp - 1) * boundary_s, 1)
 
 
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,

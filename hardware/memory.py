@@ -113,8 +113,9 @@ def absorbed_copy_bytes(model: ModelSpec, wbytes: float) -> float:
 def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
     """Weights on the fullest GPU: each stage's layers split over its TP ranks but for what every rank keeps
     whole (`_replicated_bytes`); embeddings, LM head and a vision tower stay bf16 (the embedding and the tower on
-    the first stage, the LM head on the last). Stages differ where layers do (DeepSeek's first dense layers) and
-    where they do not split evenly (`pipeline_stages`).
+    the first stage, the LM head on the last), sliced too but on vLLM's DP ranks (`Parallelism.dense_ranks`).
+    Stages differ where layers do (DeepSeek's first dense layers) and where they do not split evenly
+    (`pipeline_stages`).
     `auto`: the checkpoint's dtype."""
     wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
     stages = []
@@ -123,19 +124,27 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
         kept = sum(_replicated_bytes(model, layer, par, wbytes, expert_wbytes) for layer in stage)
         stages.append((whole - kept) / par.tp + kept + len(stage) * _duplicated_kv_bytes(model, par, wbytes))
     stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
-                  + model.extra_linear_params * wbytes) / par.tp
+                  + model.extra_linear_params * wbytes) / par.dense_ranks
     if not model.tie_embeddings:
-        stages[-1] += model.lm_head_params * ACT_BYTES / par.tp
+        stages[-1] += model.lm_head_params * ACT_BYTES / par.dense_ranks
     return max(stages)
 
 
 def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float,
                       expert_wbytes: float) -> float:
-    """Bytes of `layer` every TP rank holds whole: under DP attention all its attention, and under DeepEP (expert
-    parallel over DP attention) its shared experts (SGLang builds them at tp_size 1 there); else MLA's
-    down-projections to the latents (vLLM's ReplicatedLinear q_a_proj / kv_a_proj_with_mqa, as the cost model
-    reads them). The MoE router is replicated too, but small and stored at the layer's dtype here."""
+    """Bytes of `layer` every TP rank holds whole: on vLLM's DP ranks all but its routed experts; under DP
+    attention all its attention, and under DeepEP (expert parallel over DP attention) its shared experts (SGLang
+    builds them at tp_size 1 there); else MLA's down-projections to the latents (vLLM's ReplicatedLinear q_a_proj
+    / kv_a_proj_with_mqa, as the cost model reads them). The MoE router is replicated too, but small and stored at
+    the layer's dtype here."""
     h = model.hidden_size
+    if par.dense_replicated:
+        whole = _layer_bytes(model, layer, wbytes, expert_wbytes)
+        if not layer.is_moe:
+            return whole
+        matrices = model.dense_mlp_params(model.moe.expert_intermediate)  # at the experts' dtype, biases not
+        routed = matrices * expert_wbytes + (model.expert_params() - matrices) * wbytes
+        return whole - model.moe.num_experts * routed
     if par.dp_attention:
         shared = model.moe.num_shared_experts * model.expert_params() if layer.is_moe and par.ep else 0
         return model.attention_params() * wbytes + absorbed_copy_bytes(model, wbytes) + shared * expert_wbytes
@@ -173,7 +182,7 @@ def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig
     h, tp = model.hidden_size, par.tp
     ranks = tp if par.dp_attention else 1
     widest = max(layer.mlp_intermediate for layer in model.layers)
-    mlp = 3 * widest / tp  # gate/up output + activation output
+    mlp = 3 * widest / par.dense_ranks  # gate/up output + activation output
     if model.moe:  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
         inner = model.moe.expert_intermediate / tp
         mlp = max(mlp, model.moe.experts_per_token * (max(2 * inner, h) + inner))
@@ -216,7 +225,9 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"{model.name} does not fit on {gpu.name} with tp={par.tp} pp={par.pp}: weights {weights / 1e9:.1f} GB + "
             f"activations {act / 1e9:.1f} GB + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} GB exceed "
             f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.reported_memory_bytes / 1e9:.1f} GB); "
-            "raise tp/pp, quantize the weights or use a larger GPU")
+            + ("vLLM's data-parallel ranks (dp_attention) each hold all but the routed experts whole: raise pp, turn "
+               "dp_attention off, quantize the weights or use a larger GPU" if par.dense_replicated else
+               "raise tp/pp, quantize the weights or use a larger GPU"))
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
     groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)
     block_bytes = cfg.block_size * per_token

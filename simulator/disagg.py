@@ -56,7 +56,8 @@ class KVPlacement:
     def of(cls, model: ModelSpec, par: ParallelismConfig) -> KVPlacement:
         """The fullest GPU's share, as the memory plan stores a token (which under DP attention averages the
         whole KV of 1/tp of the tokens over the group: one request's is whole on its rank)."""
-        per_gpu = kv_bytes_per_replica_token(model, "bf16", par.spec()) / model.kv_bytes_per_token("bf16")
+        layout = par.spec("vllm")  # P/D pools run vLLM's schedulers
+        per_gpu = kv_bytes_per_replica_token(model, "bf16", layout) / model.kv_bytes_per_token("bf16")
         if par.dp_attention:
             return cls(per_gpu * par.tp, par.pp)
         return cls(per_gpu, par.tp * par.pp)

@@ -75,8 +75,8 @@ def _dp_attention(s: Scenario) -> bool:
 
 def _vllm_dp(s: Scenario) -> int:
     """vLLM's data-parallel ranks for the simulated DP attention: one per GPU of the group at TP 1, its MoE layers
-    spanning them all (expert parallel with `ep`, else TP over DP x TP); a dense model has no such layout (1)."""
-    return s.parallelism.tp if _dp_attention(s) and get_model(s.model).moe is not None else 1
+    spanning them all (expert parallel with `ep`, else TP over DP x TP)."""
+    return s.parallelism.tp if _dp_attention(s) else 1
 
 
 def _vllm_speculative(spec: SpeculativeConfig) -> str:
@@ -240,14 +240,18 @@ def _parallel_notes(s: Scenario) -> list[str]:
     """Where an engine cannot lay out DP attention and expert parallelism as simulated."""
     if not _dp_attention(s):
         return []
-    tp = s.parallelism.tp
-    if _vllm_dp(s) == 1:
-        return [f"DP attention of a dense model has no vLLM flag (its data parallel replicates the whole model): the "
-                f"vLLM command runs plain TP {tp}; the SGLang command runs the simulated layout"]
-    dense = " and dense MLP layers" if not all(layer.is_moe for layer in get_model(s.model).layers) else ""
+    tp, model = s.parallelism.tp, get_model(s.model)
+    dense = "" if all(layer.is_moe for layer in model.layers) else " and dense MLP layers"
+    shared = " shared experts," if model.moe is not None and model.moe.num_shared_experts and not _moe_ep(s) else ""
+    layout = (f"its embeddings,{shared} LM head{dense} stay whole on every rank (simulated sliced over the group, "
+              "as SGLang runs them)" if s.engine.scheduler == "sglang" else
+              f"SGLang slices the embeddings,{shared} LM head{dense} over the group (simulated whole on every rank, "
+              "as vLLM keeps them)")
     notes = [f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
-             f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); its "
-             f"embeddings, LM head{dense} stay whole on every rank (simulated sliced over the group)"]
+             f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); {layout}"]
+    if model.moe is None:
+        notes.append("vLLM's data-parallel ranks of a dense model are independent engines: simulated as one group "
+                     "that spreads its requests evenly over them")
     if _moe_ep(s):
         notes.append("the MoE all-to-all is priced as DeepEP's dispatch/combine: give vLLM a DeepEP "
                      "--all2all-backend (deepep_low_latency or deepep_high_throughput)")

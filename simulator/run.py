@@ -61,7 +61,7 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
                              disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
                              activations_outside=e.scheduler == "sglang", in_flight_batches=e.in_flight_batches(
                                  s.parallelism.pp))
-    par, model = s.parallelism.spec(), get_model(s.model)
+    par, model = s.parallelism.spec(e.scheduler), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
     return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
 
@@ -72,7 +72,7 @@ def build_timer(s: Scenario) -> StepTimer:
     options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill,
                           1 + spec.k if spec is not None else 1)
     return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)),
-                     s.parallelism.spec(), load_profile(s.hardware.profile), options)
+                     s.parallelism.spec(s.engine.scheduler), load_profile(s.hardware.profile), options)
 
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:

@@ -48,7 +48,9 @@ class ParallelismConfig(SpecModel):
     tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
     pp: int = Field(1, ge=1, description="Pipeline stages per replica (as many micro-batches in flight)")
     ep: bool = Field(False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all")
-    dp_attention: bool = Field(False, description="Attention data-parallel in the TP group (SGLang, for MLA)")
+    dp_attention: bool = Field(False, description=(
+        "Attention data-parallel in the TP group (for MLA): vLLM's data-parallel ranks at TP 1 (all but the routed "
+        "experts whole on each GPU), or under the sglang scheduler SGLang's DP attention (dense layers sliced)"))
     inter_node_link: str = Field("ib-ndr-400", description="Link between nodes when tp x pp exceeds a node")
 
     @field_validator("inter_node_link")
@@ -60,8 +62,10 @@ class ParallelismConfig(SpecModel):
             raise ValueError(str(err)) from None
         return value
 
-    def spec(self) -> Parallelism:
-        return Parallelism(self.tp, self.pp, self.ep, self.dp_attention, self.inter_node_link)
+    def spec(self, scheduler: str) -> Parallelism:
+        """The layout `scheduler`'s engine runs: DP attention is vLLM's data-parallel ranks but under SGLang's."""
+        return Parallelism(self.tp, self.pp, self.ep, self.dp_attention, self.inter_node_link,
+                           dense_replicated=self.dp_attention and self.tp > 1 and scheduler != "sglang")
 
 
 class ClusterConfig(SpecModel):

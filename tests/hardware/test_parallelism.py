@@ -10,7 +10,7 @@ from hardware.batch import StepBatch
 from hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
-from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
 from hardware.model import get_model
 from hardware.profile import Profile
 from hardware.step_timer import StepTimer
@@ -113,6 +113,60 @@ def test_dp_attention_stores_each_mla_latent_once_per_group():
     tp_attn = step_cost(decode, v3, H200, Parallelism(tp=8)).by_name("attention_decode")
     dp_attn = step_cost(decode, v3, H200, Parallelism(tp=8, dp_attention=True)).by_name("attention_decode")
     assert 7 < tp_attn.bytes / dp_attn.bytes < 8  # each GPU reads only its requests' KV (activations stay)
+
+
+VLLM_DP = Parallelism(tp=8, ep=True, dp_attention=True, dense_replicated=True)  # vLLM: --data-parallel-size 8
+
+
+def test_vllm_dp_ranks_hold_every_weight_but_the_routed_experts_whole():
+    """vLLM's data-parallel ranks are engines at TP 1: a GPU holds the whole model but 7/8 of the routed experts.
+    SGLang's DP attention slices over the group the embeddings and LM head (bf16, 129280 x 7168 each), the three
+    dense MLP layers (3 x 7168 x 18432 each), the 58 routers (7168 x 256) and every layer's two norms (stored at
+    one byte here, like the rest of a fp8 layer)."""
+    v3 = get_model("deepseek-v3")
+    routed = 58 * 256 * 3 * 7168 * 2048  # fp8: one byte each
+    whole = weight_bytes_per_gpu(v3, Parallelism(), "fp8")
+    assert weight_bytes_per_gpu(v3, VLLM_DP, "fp8") == pytest.approx(whole - routed * 7 / 8)
+    sglang = weight_bytes_per_gpu(v3, Parallelism(tp=8, ep=True, dp_attention=True), "fp8")
+    sliced = 2 * 129280 * 7168 * 2 + 3 * 3 * 7168 * 18432 + 58 * 7168 * 256 + 61 * 2 * 7168
+    assert weight_bytes_per_gpu(v3, VLLM_DP, "fp8") - sglang == pytest.approx(sliced * 7 / 8)
+    llama = get_model("llama-3.1-8b")  # a dense model's DP ranks are whole replicas
+    assert weight_bytes_per_gpu(llama, Parallelism(tp=4, dp_attention=True, dense_replicated=True), "auto") \
+        == weight_bytes_per_gpu(llama, Parallelism(), "auto")
+    with pytest.raises(SpecError, match="needs dp_attention"):
+        Parallelism(tp=8, dense_replicated=True)
+
+
+def test_a_dense_models_vllm_dp_ranks_each_run_a_tp1_step_on_their_share():
+    """Four DP ranks of Llama-3.1-8B stepping 4 x 16 requests: every GPU runs what a TP-1 engine runs on 16 of them
+    (same FLOPs and bytes per operator), and nothing crosses between GPUs."""
+    llama, profile = get_model("llama-3.1-8b"), Profile()
+    group = step_cost(StepBatch.uniform(64, 3000), llama, H100,
+                      Parallelism(tp=4, dp_attention=True, dense_replicated=True), profile)
+    alone = step_cost(StepBatch.uniform(16, 3000), llama, H100, Parallelism(), profile)
+    assert [op.name for op in group.operators] == [op.name for op in alone.operators]
+    for ours, theirs in zip(group.operators, alone.operators):
+        assert (ours.flops, ours.bytes) == pytest.approx((theirs.flops, theirs.bytes)), ours.name
+
+
+def test_vllm_dp_ranks_talk_only_in_the_moe_layers():
+    """On vLLM's DP ranks the dense MLP and the LM head run whole on each GPU's 1/8 of the tokens (the same FLOPs
+    as sliced, 8x the weight bytes); no all-reduce, embedding sum or logits gather is left. The MoE layers send
+    DeepEP's dispatch/combine with ep, and without it gather the group's tokens and reduce-scatter the outputs
+    (vLLM's allgather_reducescatter backend): one all-reduce's bytes of the group's tokens per MoE layer."""
+    v3, decode = get_model("deepseek-v3"), StepBatch.uniform(64, 1000)
+    options = CostOptions(weight_dtype="fp8")
+    sglang = step_cost(decode, v3, H200, Parallelism(tp=8, ep=True, dp_attention=True), options=options)
+    vllm = step_cost(decode, v3, H200, VLLM_DP, options=options)
+    assert vllm.by_name("mlp").flops == pytest.approx(sglang.by_name("mlp").flops)
+    assert vllm.by_name("mlp").bytes == pytest.approx(3 * (3 * 7168 * 18432 + 8 * (2 * 7168 + 3 * 18432) * 2))
+    assert vllm.by_name("lm_head").bytes == pytest.approx(129280 * 7168 * 2 + 8 * 129280 * 4)
+    assert vllm.by_name("all_to_all").bytes == sglang.by_name("all_to_all").bytes
+    names = {op.name for op in vllm.operators}
+    assert not names & {"all_reduce", "embedding_all_reduce", "logits_gather"}
+    no_ep = step_cost(decode, v3, H200, dataclasses.replace(VLLM_DP, ep=False), options=options)
+    assert no_ep.by_name("all_gather_reduce_scatter").bytes == 58 * 64 * 7168 * 2
+    assert no_ep.by_name("all_gather_reduce_scatter").layers == 58
 
 
 def test_tp_across_nodes_uses_the_inter_node_link():

@@ -50,19 +50,23 @@ def test_dp_attention_with_expert_parallel_runs_data_parallel_ranks_and_deepep()
     assert "--tp 8 --enable-dp-attention --dp 8 --ep-size 8 --moe-a2a-backend deepep" in sglang
     assert "--max-running-requests 8192 --chunked-prefill-size 65536" in sglang  # SGLang divides the totals itself
     notes = launch_notes(s)
-    assert any(n.startswith("vLLM runs DP attention as 8 data-parallel ranks") and "dense MLP" in n for n in notes)
+    ranks = next(n for n in notes if n.startswith("vLLM runs DP attention as 8 data-parallel ranks"))
+    assert "SGLang slices the embeddings, LM head and dense MLP layers over the group (simulated whole" in ranks
     assert any("--all2all-backend" in n for n in notes)
+    sglang_run = s.model_copy(update={"engine": s.engine.model_copy(update={"scheduler": "sglang"})})
+    ranks = next(n for n in launch_notes(sglang_run) if n.startswith("vLLM runs DP attention"))
+    assert "its embeddings, LM head and dense MLP layers stay whole on every rank (simulated sliced" in ranks
 
 
-def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_model_says_vllm_cannot():
+def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_model_runs_whole_replicas():
     vllm, sglang = commands(chat(model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True}))
     assert "--tensor-parallel-size 1 --data-parallel-size 4 --max-num-seqs" in vllm  # experts TP over DP x TP
     assert "--enable-dp-attention --dp 4 --max-running-requests" in sglang and "--ep-size" not in sglang
     dense = chat(parallelism={"tp": 4, "dp_attention": True})
     vllm, sglang = commands(dense)
-    assert "--tensor-parallel-size 4" in vllm and "--data-parallel-size" not in vllm
+    assert "--tensor-parallel-size 1 --data-parallel-size 4" in vllm  # as simulated: the whole model on each GPU
     assert "--enable-dp-attention --dp 4" in sglang
-    assert any(n.startswith("DP attention of a dense model has no vLLM flag") for n in launch_notes(dense))
+    assert any(n.startswith("vLLM's data-parallel ranks of a dense model are independent") for n in launch_notes(dense))
     assert not any("DP attention" in n for n in launch_notes(chat(parallelism={"tp": 4})))
 
 

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from hardware.batch import StepBatch
 from hardware.gpu import get_interconnect
+from hardware.memory import weight_bytes_per_gpu
+from hardware.model import get_model
 from policies.step import StepPlan
 from simulator.run import World, _memory_plan, build_step_time, build_timer
 from workloads.request import Request
@@ -81,6 +83,19 @@ def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
     plain = run(s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"dp_attention": False})}))
     assert result.memory.kv_cache_tokens > 7 * plain.memory.kv_cache_tokens * (
         result.memory.kv_cache_bytes / plain.memory.kv_cache_bytes)
+
+
+def test_dp_attention_runs_vllms_data_parallel_layout_unless_sglang_schedules():
+    """The scenario's layout follows its engine: vLLM's DP ranks keep their dense weights whole, SGLang slices them."""
+    s = scenario(model="deepseek-v3", hardware={"gpu": "h200"}, parallelism={"tp": 8, "ep": True, "dp_attention": True},
+                 engine={"max_model_len": 16384, "weight_dtype": "fp8"})
+    assert s.parallelism.spec("vllm").dense_replicated and s.parallelism.spec("vllm_decode").dense_replicated
+    assert not s.parallelism.spec("sglang").dense_replicated
+    single = scenario(parallelism={"tp": 1, "dp_attention": True})
+    assert not single.parallelism.spec("vllm").dense_replicated  # one GPU: nothing to replicate
+    weights = _memory_plan(s.with_engine_defaults()).weight_bytes
+    assert weights == weight_bytes_per_gpu(get_model("deepseek-v3"), s.parallelism.spec("vllm"), "fp8")
+    assert build_timer(s).args[2] == s.parallelism.spec("vllm")  # and the steps are priced so
 
 
 @pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
