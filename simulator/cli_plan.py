@@ -43,7 +43,7 @@ def sweep(scenario: Path,
     from simulator.progress import progress_bar
     from simulator.scenario import load_scenario
     from simulator.atomic import check_output_folder
-    from simulator.sweep import INTERNAL_ERROR, SWEEP_FILES, parse_grid, run_sweep
+    from simulator.sweep import INTERNAL_ERROR, SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
 
     spec, base_dir = load_scenario(scenario, set_)
     full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)
@@ -59,10 +59,14 @@ def sweep(scenario: Path,
                 [[_cell(row.get(c)) for c in columns] for row in result.table.to_dict("records")])
     console.print(f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}")
     errors = result.table["error"].dropna()
-    crashed = errors[errors.str.startswith(INTERNAL_ERROR)]
+    crashed, lost = errors[errors.str.startswith(INTERNAL_ERROR)], errors[errors.str.startswith(WORKER_DIED)]
     if len(crashed):
         console.print(f"[red]{len(crashed)} point(s) hit a servesim bug[/] (the others ran), e.g. {crashed.iloc[0]}",
                       soft_wrap=True)
+    if len(lost):
+        console.print(f"[red]{len(lost)} point(s) lost their worker process[/] (the others ran), e.g. {lost.iloc[0]}",
+                      soft_wrap=True)
+    if len(crashed) or len(lost):
         raise typer.Exit(1)
     if len(errors) == len(result.table):
         raise SpecError(f"every point failed, e.g. {errors.iloc[0]}")

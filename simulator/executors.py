@@ -11,9 +11,12 @@ real cluster needs.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
+import signal
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
 from hardware.errors import SpecError
@@ -23,27 +26,53 @@ DASK_CONNECT_TIMEOUT_S = 10
 ENGINES = ("local", "dask")
 
 
+class WorkerDied(SpecError):
+    """A job's worker process ended without a result: killed (most often by the out-of-memory killer) or crashed
+    in native code. A SpecError, so a command that cannot go on says so in one line."""
+
+    def __init__(self, index: int, exitcode: int | None):
+        self.index, self.exitcode = index, exitcode
+        if exitcode is None:  # Dask tells no exit code
+            how = "died on every Dask worker that ran it (most often the out-of-memory killer)"
+        elif exitcode < 0:
+            how = f"was killed by {signal.Signals(-exitcode).name}"
+            if -exitcode == signal.SIGKILL:
+                how += " (most often the out-of-memory killer: try fewer --workers)"
+        else:
+            how = f"exited with code {exitcode}"
+        self.how = how
+        super().__init__(f"the worker process running job {index} {how}")
+
+
 def default_workers() -> int:
     return os.cpu_count() or 1
 
 
 def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], engine: Engine = "local", workers: int | None = None,
-             dask_address: str | None = None) -> Iterator[tuple[int, Any]]:
+             dask_address: str | None = None,
+             on_died: Callable[[WorkerDied], Any] | None = None) -> Iterator[tuple[int, Any]]:
     """Call `fn(*job)` for every job; yield `(index, result)` as each finishes.
 
     local with one worker (or one job) runs in this process, which keeps tracebacks and test
     monkeypatches simple; otherwise a process pool of `workers` (default: all cores).
     dask submits to the scheduler at `dask_address`, or to a LocalCluster of `workers` processes.
+    A job whose worker process dies yields `on_died(WorkerDied)` as its result and the others go on; without
+    `on_died` the WorkerDied is raised.
     """
     check_engine(engine)
     workers = workers or default_workers()
     if not jobs:
         return iter(())
+    died = on_died or _raise
     if engine == "local":
         if workers == 1 or len(jobs) <= 1:
             return ((i, fn(*job)) for i, job in enumerate(jobs))
-        return _process_pool(fn, jobs, workers)
-    return _dask(fn, jobs, workers, dask_address)
+        return _process_pool(fn, jobs, workers, died)
+    return _dask(fn, jobs, workers, dask_address, died)
+
+
+def _raise(err: WorkerDied) -> Any:
+    raise err
 
 
 def check_engine(engine: str) -> None:
@@ -51,26 +80,76 @@ def check_engine(engine: str) -> None:
         raise SpecError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
 
 
-def _process_pool(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int) -> Iterator[tuple[int, Any]]:
+def _process_pool(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
+                  died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
+    """A pool of `workers` processes. A worker's death breaks the whole pool without saying whose job killed it:
+    the jobs left then run one process each (`_one_process_each`), which names the job that dies."""
     # forkserver: workers start from a clean process, not a fork of one that may hold threads
     # (a progress bar's refresher, a Dask client) mid-lock.
     context = multiprocessing.get_context("forkserver")
+    left = dict(enumerate(jobs))
     with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        pending = {pool.submit(fn, *job): i for i, job in enumerate(jobs)}
+        pending = {pool.submit(fn, *job): i for i, job in left.items()}
         try:
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
-                    yield pending.pop(future), future.result()
+                    index = pending.pop(future)
+                    if isinstance(future.exception(), BrokenProcessPool):
+                        continue  # as is every job unfinished when it broke: left for one process each
+                    del left[index]
+                    yield index, future.result()
         finally:  # interrupted (Ctrl-C, an error): drop the jobs that have not started
             for future in pending:
                 future.cancel()
+    if left:
+        yield from _one_process_each(fn, left, workers, context, died)
 
 
-def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
-          address: str | None) -> Iterator[tuple[int, Any]]:
+def _one_process_each(fn: Callable[..., Any], jobs: dict[int, tuple], workers: int, context: Any,
+                      died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
+    """Run each job in a process of its own, `workers` at a time, so a death is its job's alone."""
+    queue, running = list(jobs.items()), {}  # a result pipe -> (job index, its process)
     try:
-        from dask.distributed import Client, LocalCluster, as_completed
+        while queue or running:
+            while queue and len(running) < workers:
+                index, job = queue.pop(0)
+                receive, send = context.Pipe(duplex=False)
+                process = context.Process(target=_send_result, args=(send, fn, job), daemon=True)
+                process.start()
+                send.close()  # the child holds the only sending end: its death reads as end of file
+                running[receive] = index, process
+            for receive in multiprocessing.connection.wait(list(running)):
+                index, process = running.pop(receive)
+                try:
+                    ok, value = receive.recv()
+                except EOFError:
+                    process.join()
+                    yield index, died(WorkerDied(index, process.exitcode))
+                    continue
+                finally:
+                    receive.close()
+                process.join()
+                if not ok:
+                    raise value
+                yield index, value
+    finally:  # interrupted: stop the jobs still running
+        for _, process in running.values():
+            process.terminate()
+
+
+def _send_result(send: Any, fn: Callable[..., Any], job: tuple) -> None:
+    try:
+        outcome = True, fn(*job)
+    except Exception as err:  # noqa: BLE001 (raised again in the parent, as a pool's future.result() does)
+        outcome = False, err
+    send.send(outcome)
+
+
+def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int, address: str | None,
+          died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
+    try:
+        from dask.distributed import Client, KilledWorker, LocalCluster, as_completed
     except ImportError:
         raise SpecError("engine 'dask' needs the distributed extra: pip install 'servesim[distributed]'") from None
     cluster = None if address else LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)
@@ -83,7 +162,12 @@ def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
         with client:
             futures = {client.submit(fn, *job, pure=False): i for i, job in enumerate(jobs)}
             for future in as_completed(futures):
-                yield futures[future], future.result()
+                index = futures[future]
+                try:
+                    result = future.result()
+                except KilledWorker:  # Dask retried it on other workers and they died too
+                    result = died(WorkerDied(index, None))
+                yield index, result
     finally:
         if cluster is not None:
             cluster.close()

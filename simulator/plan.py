@@ -32,7 +32,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from policies.config import EngineConfig
 from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sustainable_rate, offered_rate
-from simulator.executors import run_jobs
+from simulator.executors import WorkerDied, run_jobs
 from simulator.launch import launch_notes, sglang_command, vllm_command
 from simulator.run import _memory_plan, simulate
 from simulator.scenario import Scenario, first_error, with_overrides
@@ -274,7 +274,11 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     shapes = list(itertools.product(tps, pps))
     candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, shapes, knobs)]
     jobs = [(base, base_dir, c, target, max_replicas, rel_tol) for c in candidates]
-    evaluations = [ev for _, ev in sorted(run_jobs(evaluate, jobs, "local", workers), key=lambda pair: pair[0])]
+
+    def died(err: WorkerDied) -> None:
+        raise SpecError(f"plan: the worker process sizing {candidates[err.index].label} {err.how}")
+    evaluations = [ev for _, ev in sorted(run_jobs(evaluate, jobs, "local", workers, on_died=died),
+                                          key=lambda pair: pair[0])]
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
     result = PlanResult(target, evaluations, [], None, None, pct=pct, unit=base.workload.rate_unit)
     _choose(result, base, base_dir, max_replicas)

@@ -35,7 +35,7 @@ from pydantic import ValidationError
 from hardware.errors import SpecError
 from hardware.model import is_config_path
 from simulator.atomic import write_text_atomic
-from simulator.executors import Engine, check_engine, run_jobs
+from simulator.executors import Engine, WorkerDied, check_engine, run_jobs
 from simulator.output import write_run
 from simulator.run import simulate
 from simulator.scenario import Scenario, check_grid_keys, first_error, with_overrides
@@ -151,6 +151,7 @@ def is_done(folder: Path) -> bool:
 
 
 INTERNAL_ERROR = "internal error"
+WORKER_DIED = "worker process died"
 TRACEBACK_SUFFIX = ".traceback.txt"  # beside a crashed point's folder name in OUT/points/
 
 
@@ -195,7 +196,7 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
     write_results(out, results_table(points, folders, outcomes))
     last_written = time.monotonic()
     try:
-        for job_index, error in run_jobs(run_point, jobs, engine, workers, dask_address):
+        for job_index, error in run_jobs(run_point, jobs, engine, workers, dask_address, on_died=_worker_died):
             outcomes[folders[todo[job_index]]] = error
             done += 1
             if time.monotonic() - last_written >= RESULTS_EVERY_S:
@@ -210,6 +211,11 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
     table = results_table(points, folders, outcomes)
     write_results(out, table)
     return SweepResult(table, len(todo), len(points) - len(todo))
+
+
+def _worker_died(err: WorkerDied) -> str:
+    """A point whose process died is failed, not done: the sweep goes on, and runs it again when resumed."""
+    return f"{WORKER_DIED}: it {err.how}; the sweep run again retries it"
 
 
 RESULTS_EVERY_S = 2.0  # a long sweep's table stays current without being rewritten after every short point

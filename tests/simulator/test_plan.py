@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pytest
 import yaml
@@ -11,6 +12,7 @@ from typer.testing import CliRunner
 from hardware.errors import SpecError
 from simulator.capacity import CapacityResult, Verdict
 from simulator.cli import app
+from simulator.executors import WorkerDied
 from simulator.launch import launch_notes, sglang_command, vllm_command
 from simulator.plan import Candidate, Deployment, Evaluation, PlanResult, _next_cheaper, evaluate, plan
 from tests.simulator.study_helpers import SCENARIOS, chat
@@ -94,6 +96,15 @@ def test_pipeline_stages_let_a_model_too_big_for_one_tp_group_start():
     assert (unit.disaggregation.prefill.replicas, unit.disaggregation.decode.replicas) == (2, 4)
     with pytest.raises(SpecError, match=r"plan PP sizes \(--pp or plan.pp\): 0 is not a GPU count"):
         plan(base, SCENARIOS, gpus=["l4"], tps=[4], pps=[0], target_rate=TARGET)
+
+
+def test_a_sizing_worker_that_dies_stops_the_plan_naming_its_candidate(monkeypatch):
+    def first_killed(fn, jobs, engine, workers, on_died):
+        yield 0, on_died(WorkerDied(0, -signal.SIGKILL))
+    monkeypatch.setattr("simulator.plan.run_jobs", first_killed)
+    with pytest.raises(SpecError, match=r"plan: the worker process sizing h100-sxm tp=1 was killed by SIGKILL "
+                                        r"\(most often the out-of-memory killer"):
+        plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2], target_rate=TARGET)
 
 
 def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():

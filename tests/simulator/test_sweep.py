@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import pandas as pd
 import pytest
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 import simulator.sweep as sweep_module
 from hardware.errors import SpecError
 from simulator.cli import app
+from simulator.executors import WorkerDied
 from simulator.scenario import load_scenario
 from simulator.sweep import code_fingerprint, expand, parse_grid, run_sweep, scenario_hash
 from tests.simulator.study_helpers import SCENARIOS, chat
@@ -242,6 +244,28 @@ def test_the_sweep_command_exits_1_when_a_point_crashed(tmp_path, monkeypatch):
     assert result.exit_code == 1, result.output
     assert "1 point(s) hit a servesim bug (the others ran)" in result.stdout and "KeyError" in result.stdout
     assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == ["failed", "done"]
+
+
+def _second_point_killed(fn, jobs, engine, workers, dask_address, on_died):
+    """run_jobs as it goes when the out-of-memory killer takes the worker running the second point."""
+    for index, job in enumerate(jobs):
+        yield index, on_died(WorkerDied(index, -signal.SIGKILL)) if index == 1 else fn(*job)
+
+
+def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed(tmp_path, monkeypatch):
+    monkeypatch.setattr(sweep_module, "run_jobs", _second_point_killed)
+    out, path = tmp_path / "out", _scenario_file(tmp_path)
+    args = ["sweep", path, "--grid", "engine.max_num_seqs=64,128,256", "--out", str(out), "--workers", "1"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 1, result.output
+    assert "1 point(s) lost their worker process (the others ran)" in result.stdout
+    table = pd.read_csv(out / "results.csv")
+    assert table["status"].tolist() == ["done", "failed", "done"]
+    assert table["error"][1] == ("worker process died: it was killed by SIGKILL (most often the out-of-memory "
+                                 "killer: try fewer --workers); the sweep run again retries it")
+    monkeypatch.undo()
+    again = runner.invoke(app, args)
+    assert again.exit_code == 0 and "1 point(s) run, 2 reused" in again.stdout, again.output
 
 
 def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
