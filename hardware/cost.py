@@ -43,7 +43,7 @@ class Parallelism:
     `ep`: MoE experts are spread whole over the TP group (expert parallel) instead of every expert being
     sliced across it; under DP attention tokens reach them by all-to-all. `dp_attention`: attention runs data
     parallel inside the group (each GPU attends for 1/tp of the requests, with all heads and its own
-    KV; SGLang's DP attention for MLA models), hidden states are gathered for the MLP. A TP group
+    KV; SGLang's DP attention for MLA models), hidden states are gathered for SGLang's sliced MLP. A TP group
     larger than a node talks over `inter_node_link` (per-GPU NIC rate). `dense_replicated` (with DP attention):
     the group is vLLM's data-parallel ranks at TP 1, so every weight but the routed experts (dense MLP layers,
     shared experts, embeddings, LM head) is whole on each GPU and runs on its own 1/tp of the tokens, with no
@@ -71,6 +71,11 @@ class Parallelism:
     def dense_rows(self, rows: float) -> float:
         """Rows one GPU runs those weights on: every row on its slice, or its own 1/tp of them whole."""
         return rows / self.tp if self.dense_replicated else rows
+
+    def rank_share(self, count: float) -> float:
+        """The requests or tokens whose per-step host work one engine does: under DP attention each rank's
+        engine (vLLM) or scheduler (SGLang) handles its own 1/tp of them, in parallel with the others."""
+        return count / self.tp if self.dp_attention else count
 
     @property
     def num_gpus(self) -> int:
@@ -533,7 +538,8 @@ def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
 
 
 def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
-    """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU."""
+    """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU (the bus bytes of a ring all-gather or
+    reduce-scatter of `nbytes` too)."""
     tp = ctx.par.tp
     return _collective_s(ctx, (tp - 1) / tp * nbytes, tp - 1)
 
@@ -556,11 +562,15 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
 
 def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int, extend: bool) -> None:
     """Per layer over the TP group: an all-reduce after attention (an all-gather of the hidden states under DP
-    attention, the same bytes as SGLang sends it) and one after the MLP. Expert parallel without DP attention
+    attention, the same bytes as SGLang sends it) and one after the MLP. On vLLM's data-parallel ranks only the
+    MoE layers talk: without expert parallel they all-gather the group's hidden states and router logits and
+    reduce-scatter the experts' outputs (vLLM's default allgather_reducescatter backend; ring collectives, each
+    (tp-1)/tp of its bytes over each GPU's link). Expert parallel without DP attention
     changes nothing here: every GPU holds every token, runs its own whole experts on those routed to them,
     and the all-reduce sums their outputs (vLLM's EP at DP size 1). Under DP attention an expert-parallel MoE
     layer keeps each GPU's own 1/tp of the tokens there and sends them to their experts and back instead:
-    DeepEP's dispatch and combine as SGLang's `auto` mode picks them. A step that extends (prefill chunks) runs
+    DeepEP's dispatch and combine as SGLang's `auto` mode picks them (vLLM's DP ranks too: its launch command
+    is told to pick a DeepEP all2all backend). A step that extends (prefill chunks) runs
     the normal kernels, which send a token once to each rank holding any of its experts
     (`MoeSpec.ranks_per_token`), in fp8 when the experts are fp8 (DeepGEMM, Hopper and newer); a decode step runs
     the low-latency ones, which send it to each of its k experts, in fp8. So does a speculative verify step (SGLang
@@ -575,10 +585,12 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
         acc.add_link(ctx, "all_to_all", dispatch + combine,
                      _all_to_all_s(ctx, dispatch) + _all_to_all_s(ctx, combine), layers)
         return
-    if ctx.par.dense_replicated:  # vLLM's DP ranks: only the MoE layers talk, all-gathering the group's tokens
-        if group.is_moe:          # to the experts and reduce-scattering their outputs (its default all2all
-            acc.add_link(ctx, "all_gather_reduce_scatter", msg, _all_reduce_s(ctx, msg), layers)  # backend):
-        return                    # the bus bytes of one all-reduce
+    if ctx.par.dense_replicated:
+        if group.is_moe:  # the group's hidden states and router logits gathered, the experts' outputs scattered
+            gathered = tokens * (ctx.model.hidden_size + ctx.model.moe.num_experts) * ACT_BYTES
+            acc.add_link(ctx, "all_gather_reduce_scatter", gathered + msg,
+                         _all_to_all_s(ctx, gathered) + _all_to_all_s(ctx, msg), layers)
+        return
     for _ in range(2):
         acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
 
@@ -711,10 +723,11 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     for term in operator_terms(batch, model, gpu, parallelism, profile, options):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
+        requests, tokens = parallelism.rank_share(batch.num_requests), parallelism.rank_share(batch.num_tokens)
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
-                 + profile.request_overhead_s * batch.num_requests + profile.token_overhead_s * batch.num_tokens
+                 + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
                  + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options)
-                 + profile.host_step_s + profile.host_request_s * batch.num_requests)
+                 + profile.host_step_s + profile.host_request_s * requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[dtype]))
@@ -753,8 +766,8 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
     first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
                          for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
     mixed = batch.is_mixed(options.decode_query_len)
-    every_stage = (profile.step_overhead_s + profile.request_overhead_s * batch.num_requests
-                   + profile.token_overhead_s * batch.num_tokens)
+    requests, tokens = parallelism.rank_share(batch.num_requests), parallelism.rank_share(batch.num_tokens)
+    every_stage = profile.step_overhead_s + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
     stages = []
     for groups in _stage_groups(model, pp, options.kv_sharing_fast_prefill):
         time_s = every_stage + sum((per_layer[group] + profile.layer_overhead_s) * count for group, count in groups)
@@ -764,7 +777,7 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
         stages.append(time_s)
     for boundary in range(pp - 1):
         stages[boundary] += send / (pp - 1)
-    stages[0] += first + profile.host_step_s + profile.host_request_s * batch.num_requests
+    stages[0] += first + profile.host_step_s + profile.host_request_s * requests
     stages[-1] += last
     return stages
 

@@ -118,16 +118,25 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     (`pipeline_stages`).
     `auto`: the checkpoint's dtype."""
     wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
-    stages = []
-    for stage in stage_layer_specs(model, par.pp):
-        whole = sum(_layer_bytes(model, layer, wbytes, expert_wbytes) for layer in stage)
-        kept = sum(_replicated_bytes(model, layer, par, wbytes, expert_wbytes) for layer in stage)
-        stages.append((whole - kept) / par.tp + kept + len(stage) * _duplicated_kv_bytes(model, par, wbytes))
+    stages = [sum(_layer_bytes_per_gpu(model, layer, par, wbytes, expert_wbytes) for layer in stage)
+              for stage in stage_layer_specs(model, par.pp)]
     stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
                   + model.extra_linear_params * wbytes) / par.dense_ranks
     if not model.tie_embeddings:
         stages[-1] += model.lm_head_params * ACT_BYTES / par.dense_ranks
     return max(stages)
+
+
+def layer_bytes_per_gpu(model: ModelSpec, layer: LayerSpec, par: Parallelism, weight_dtype: str) -> float:
+    """One layer's weights on each GPU of its stage (an MTP / EAGLE head is sized as one)."""
+    return _layer_bytes_per_gpu(model, layer, par, *_stored_weight_bytes(model, weight_dtype))
+
+
+def _layer_bytes_per_gpu(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float,
+                         expert_wbytes: float) -> float:
+    whole = _layer_bytes(model, layer, wbytes, expert_wbytes)
+    kept = _replicated_bytes(model, layer, par, wbytes, expert_wbytes)
+    return (whole - kept) / par.tp + kept + _duplicated_kv_bytes(model, par, wbytes)
 
 
 def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float,
@@ -168,12 +177,17 @@ def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism
     """KV bytes one token of the replica costs one GPU: the KV-owning layers of the stage with the most of them
     (KV-sharing layers store none), its share of the heads (or, under DP attention, the whole KV of 1/tp of the
     tokens, so no head or latent is stored twice)."""
-    if par.dp_attention:
-        per_gpu = model.kv_bytes_per_token(kv_dtype, 1) / par.tp
-    else:
-        per_gpu = model.kv_bytes_per_token(kv_dtype, par.tp)
     owning = max(sum(layer.owns_kv for layer in stage) for stage in stage_layer_specs(model, par.pp))
-    return per_gpu * owning / model.num_kv_layers
+    return kv_bytes_per_gpu_token(model, kv_dtype, par) * owning / model.num_kv_layers
+
+
+def kv_bytes_per_gpu_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
+    """KV bytes of one token over all of the model's KV-owning layers on one GPU, as the memory plan averages it:
+    the rank's share of the heads (or latent) under TP; under DP attention a token's whole KV sits on one rank,
+    1/tp of it per GPU on average."""
+    if par.dp_attention:
+        return model.kv_bytes_per_token(kv_dtype, 1) / par.tp
+    return model.kv_bytes_per_token(kv_dtype, par.tp)
 
 
 def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> float:
@@ -225,8 +239,9 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
             f"{model.name} does not fit on {gpu.name} with tp={par.tp} pp={par.pp}: weights {weights / 1e9:.1f} GB + "
             f"activations {act / 1e9:.1f} GB + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} GB exceed "
             f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.reported_memory_bytes / 1e9:.1f} GB); "
-            + ("vLLM's data-parallel ranks (dp_attention) each hold all but the routed experts whole: raise pp, turn "
-               "dp_attention off, quantize the weights or use a larger GPU" if par.dense_replicated else
+            + ("vLLM's data-parallel ranks (dp_attention) each hold all but the routed experts whole: raise tp (more "
+               "ranks over the experts) or pp, turn dp_attention off, quantize the weights or use a larger GPU"
+               if par.dense_replicated else
                "raise tp/pp, quantize the weights or use a larger GPU"))
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
     groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)

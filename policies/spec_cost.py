@@ -31,7 +31,8 @@ from hardware.gpu import GpuSpec
 from hardware.memory import (
     EngineMemoryConfig,
     MemoryPlan,
-    layer_weight_bytes,
+    kv_bytes_per_gpu_token,
+    layer_bytes_per_gpu,
     request_kv_bytes,
     weight_bytes_per_gpu,
 )
@@ -83,8 +84,9 @@ def draft_weight_dtype(draft: ModelSpec, target_dtype: str) -> str:
 
 
 def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
-    """An EAGLE / MTP head: about one decoder layer of the target (it shares the embedding and LM head)."""
-    return layer_weight_bytes(model, model.layers[-1], weight_dtype) / par.tp
+    """An EAGLE / MTP head: about one decoder layer of the target (it shares the embedding and LM head), laid out
+    over the GPUs as the target's layers are."""
+    return layer_bytes_per_gpu(model, model.layers[-1], par, weight_dtype)
 
 
 def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: ModelSpec, gpu: GpuSpec,
@@ -94,16 +96,17 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
         raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
     if spec is None or spec.method == "ngram":
         return plan
+    ranks = par.tp if par.dp_attention else 1  # under DP attention a request's KV sits whole on one GPU
     if spec.method == "draft":
         draft = get_model(spec.draft_model)
         extra_weights = weight_bytes_per_gpu(draft, par, draft_weight_dtype(draft, cfg.weight_dtype))
-        extra_kv = draft.kv_bytes_per_token(cfg.kv_dtype, par.tp)
-        extra_request = request_kv_bytes(draft, plan.max_model_len, cfg.kv_dtype, par.tp, plan.block_size)
+        extra_kv = kv_bytes_per_gpu_token(draft, cfg.kv_dtype, par)
+        extra_request = request_kv_bytes(draft, plan.max_model_len, cfg.kv_dtype, par.tp // ranks, plan.block_size)
         name = draft.name
     else:
         extra_weights = _head_weight_bytes(model, par, cfg.weight_dtype)
-        extra_kv = model.kv_bytes_per_token(cfg.kv_dtype, par.tp) / model.num_kv_layers  # one layer's KV
-        extra_request = -(-plan.max_model_len // plan.block_size) * plan.block_size * extra_kv
+        extra_kv = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers  # one layer's KV
+        extra_request = -(-plan.max_model_len // plan.block_size) * plan.block_size * extra_kv * ranks
         name = f"{spec.method} head"
     kv_cache = plan.kv_cache_bytes - extra_weights
     per_token = plan.kv_bytes_per_token + extra_kv
@@ -119,4 +122,4 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
     return replace(plan, weight_bytes=plan.weight_bytes + extra_weights, kv_cache_bytes=kv_cache,
                    kv_bytes_per_token=per_token, num_blocks=num_blocks,
                    kv_cache_tokens=num_blocks // groups * plan.block_size, request_bytes_at_max_len=per_request,
-                   max_concurrency=num_blocks * block_bytes / per_request, block_bytes=block_bytes)
+                   max_concurrency=num_blocks * block_bytes / per_request * ranks, block_bytes=block_bytes)

@@ -139,14 +139,19 @@ def test_vllm_dp_ranks_hold_every_weight_but_the_routed_experts_whole():
 
 def test_a_dense_models_vllm_dp_ranks_each_run_a_tp1_step_on_their_share():
     """Four DP ranks of Llama-3.1-8B stepping 4 x 16 requests: every GPU runs what a TP-1 engine runs on 16 of them
-    (same FLOPs and bytes per operator), and nothing crosses between GPUs."""
-    llama, profile = get_model("llama-3.1-8b"), Profile()
+    (same FLOPs and bytes per operator, the same host work per request), and nothing crosses between GPUs."""
+    llama = get_model("llama-3.1-8b")
+    profile = Profile(request_overhead_s=1e-4, token_overhead_s=1e-5, host_request_s=2e-5)
     group = step_cost(StepBatch.uniform(64, 3000), llama, H100,
                       Parallelism(tp=4, dp_attention=True, dense_replicated=True), profile)
     alone = step_cost(StepBatch.uniform(16, 3000), llama, H100, Parallelism(), profile)
     assert [op.name for op in group.operators] == [op.name for op in alone.operators]
     for ours, theirs in zip(group.operators, alone.operators):
         assert (ours.flops, ours.bytes) == pytest.approx((theirs.flops, theirs.bytes)), ours.name
+    assert group.total_s == pytest.approx(alone.total_s)
+    stages = stage_seconds(StepBatch.uniform(64, 3000), llama, H100,
+                           Parallelism(tp=4, pp=2, dp_attention=True, dense_replicated=True), profile)
+    assert stages == pytest.approx(stage_seconds(StepBatch.uniform(16, 3000), llama, H100, Parallelism(pp=2), profile))
 
 
 def test_vllm_dp_ranks_talk_only_in_the_moe_layers():
@@ -165,7 +170,8 @@ def test_vllm_dp_ranks_talk_only_in_the_moe_layers():
     names = {op.name for op in vllm.operators}
     assert not names & {"all_reduce", "embedding_all_reduce", "logits_gather"}
     no_ep = step_cost(decode, v3, H200, dataclasses.replace(VLLM_DP, ep=False), options=options)
-    assert no_ep.by_name("all_gather_reduce_scatter").bytes == 58 * 64 * 7168 * 2
+    gathered, scattered = 64 * (7168 + 256) * 2, 64 * 7168 * 2  # hidden states and router logits; outputs
+    assert no_ep.by_name("all_gather_reduce_scatter").bytes == 58 * (gathered + scattered)
     assert no_ep.by_name("all_gather_reduce_scatter").layers == 58
 
 

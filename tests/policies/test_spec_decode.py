@@ -1,6 +1,7 @@
 """Speculative decoding: the seed's formula and table, acceptance draws, the scheduler's rounds, rollback,
 switching off under load, draft passes and the memory plan."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from hardware.cost import Parallelism
 from hardware.gpu import get_gpu
-from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
 from hardware.model import get_model
 from policies.config import EngineConfig
 from policies.spec_cost import draft_batches, with_draft_memory
@@ -250,6 +251,27 @@ def test_draft_weights_and_kv_shrink_the_pool():
     assert eagle.kv_bytes_per_token == 131072 + 131072 / 32  # one layer's KV
     assert with_draft_memory(alone, SpeculativeConfig(method="ngram", k=4, acceptance=0.7), model, gpu, par,
                              cfg) is alone
+
+
+def test_an_mtp_head_under_dp_attention_is_laid_out_as_the_targets_layers():
+    """DeepSeek-V3's MTP head on 8 H200s with DP attention: one more layer's latent per token, stored once in the
+    group as the target's are (576 values of 2 bytes over 8 GPUs); its weights one MoE layer's as the target holds
+    them per GPU (attention whole, routed experts over the 8); a request's KV whole on one rank."""
+    v3, gpu, cfg = get_model("deepseek-v3"), get_gpu("h200"), EngineMemoryConfig(max_model_len=16384,
+                                                                                  block_size=64, weight_dtype="fp8")
+    mtp = SpeculativeConfig(method="mtp", k=1, acceptance=0.8)
+    for par in (Parallelism(tp=8, ep=True, dp_attention=True),
+                Parallelism(tp=8, ep=True, dp_attention=True, dense_replicated=True)):
+        alone = plan_memory(v3, gpu, par, cfg)
+        both = with_draft_memory(alone, mtp, v3, gpu, par, cfg)
+        assert both.kv_bytes_per_token == pytest.approx(alone.kv_bytes_per_token * 62 / 61)
+        assert alone.kv_bytes_per_token == pytest.approx(61 * 576 * 2 / 8)
+        one_more = dataclasses.replace(v3, layers=(*v3.layers, v3.layers[-1]))
+        moe_layer = weight_bytes_per_gpu(one_more, par, "fp8") - weight_bytes_per_gpu(v3, par, "fp8")
+        assert both.weight_bytes - alone.weight_bytes == pytest.approx(moe_layer)
+        assert both.request_bytes_at_max_len == pytest.approx(alone.request_bytes_at_max_len * 62 / 61)
+        assert both.max_concurrency == pytest.approx(
+            both.num_blocks * both.block_bytes / both.request_bytes_at_max_len * 8)  # a request on one of 8 ranks
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

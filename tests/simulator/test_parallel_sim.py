@@ -93,9 +93,12 @@ def test_dp_attention_runs_vllms_data_parallel_layout_unless_sglang_schedules():
     assert not s.parallelism.spec("sglang").dense_replicated
     single = scenario(parallelism={"tp": 1, "dp_attention": True})
     assert not single.parallelism.spec("vllm").dense_replicated  # one GPU: nothing to replicate
-    weights = _memory_plan(s.with_engine_defaults()).weight_bytes
-    assert weights == weight_bytes_per_gpu(get_model("deepseek-v3"), s.parallelism.spec("vllm"), "fp8")
-    assert build_timer(s).args[2] == s.parallelism.spec("vllm")  # and the steps are priced so
+    v3 = get_model("deepseek-v3")
+    for scheduler in ("vllm", "sglang"):
+        run_by = s.model_copy(update={"engine": s.engine.model_copy(update={"scheduler": scheduler})})
+        weights = _memory_plan(run_by.with_engine_defaults()).weight_bytes
+        assert weights == weight_bytes_per_gpu(v3, s.parallelism.spec(scheduler), "fp8")
+        assert build_timer(run_by).args[2] == s.parallelism.spec(scheduler)  # and the steps are priced so
 
 
 @pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
