@@ -23,6 +23,14 @@ def _csv(text: str | None, kind: type = str) -> list | None:
         raise SpecError(f"{text!r}: expected a comma-separated list of {kind.__name__}") from None
 
 
+def _bools(text: str, option: str) -> list[bool]:
+    """'false,true' -> [False, True]."""
+    values = [part.strip().lower() for part in text.split(",") if part.strip()]
+    if not values or any(value not in ("true", "false") for value in values):
+        raise SpecError(f"{option} {text!r}: expected true and/or false, comma-separated")
+    return [value == "true" for value in values]
+
+
 def _cell(value: object) -> str:
     if isinstance(value, float):
         return "" if math.isnan(value) else f"{value:,.3f}"
@@ -109,6 +117,10 @@ def plan(scenario: Path,
          pp: str | None = typer.Option(None, "--pp", help="Pipeline-parallel sizes, comma-separated "
                                                           "(default: plan.pp or the scenario's parallelism.pp)"),
          knob: list[str] = typer.Option([], "--knob", help="Engine knob values: max_num_seqs=128,256; repeatable"),
+         ep: str | None = typer.Option(None, "--ep", help="Expert parallel off and/or on: false,true "
+                                                          "(default: plan.ep or the scenario's)"),
+         dp_attention: str | None = typer.Option(None, "--dp-attention", help="DP attention off and/or on: false,true "
+                                                 "(default: plan.dp_attention or the scenario's)"),
          max_replicas: int | None = typer.Option(None, "--max-replicas", min=1),
          target_rate: float | None = typer.Option(None, "--target-rate", min=0.0,
                                                   help="Load to sustain, in arrivals.rate_per_s's unit "
@@ -116,7 +128,8 @@ def plan(scenario: Path,
          out: Path | None = typer.Option(None, "--out", help="Folder for plan.json (default runs/<name>-plan)"),
          workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel candidates (default: all cores)"),
          set_: list[str] = SetOption) -> None:
-    """Find the cheapest deployment (GPU x TP x PP x replicas x knobs) that sustains the load within the SLOs."""
+    """Find the cheapest deployment (GPU x TP x PP x layout x replicas x knobs) that sustains the load within the
+    SLOs."""
     from simulator.atomic import check_output_folder, write_text_atomic
     from simulator.executors import default_workers
     from simulator.output import json_text
@@ -128,11 +141,13 @@ def plan(scenario: Path,
         raise SpecError(f"--target-rate: a load of more than 0, not {target_rate}")
     spec, base_dir = load_scenario(scenario, set_)
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob, "--knob").items()} or None
+    layouts = {name: _bools(values, option) for name, option, values in
+               (("ep", "--ep", ep), ("dp_attention", "--dp-attention", dp_attention)) if values is not None} or None
     folder = out or Path("runs") / f"{spec.name}-plan"
     check_output_folder(folder, frozenset({"plan.json"}))
     with console.status(f"planning {spec.name}: sizing and verifying candidates"):
         result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
-                           workers=workers or default_workers(), pps=_csv(pp, int))
+                           workers=workers or default_workers(), pps=_csv(pp, int), layouts=layouts)
     path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)

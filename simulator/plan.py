@@ -1,7 +1,7 @@
 """The planner: the cheapest deployment that sustains a target load within the scenario's SLOs.
 
-1. Candidates: every GPU type x TP size x pipeline depth x combination of engine knobs (one replica
-   configuration each).
+1. Candidates: every GPU type x TP size x pipeline depth x MoE/MLA layout (expert parallel, DP attention)
+   x combination of engine knobs (one replica configuration each).
 2. Prune without simulating what cannot start: plan_memory refuses it ("does not fit"), TP larger than
    a node (pipeline stages may span nodes), or knobs that contradict each other ("invalid").
 3. Size: the per-replica maximum sustainable rate (simulator/capacity.py, one replica simulated)
@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
+from hardware.model import get_model
 from policies.config import EngineConfig
 from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sustainable_rate, offered_rate
 from simulator.executors import WorkerDied, run_jobs
@@ -52,13 +53,15 @@ class Candidate:
     kind: str = "colocated"
     ratio: tuple[int, int] = (1, 1)
     pp: int = 1
+    layout: tuple[tuple[str, bool], ...] = ()  # parallelism.ep / dp_attention -> on or off, where the plan varies it
 
     @property
     def label(self) -> str:
         knobs = "".join(f" {k}={v}" for k, v in self.knobs)
         pd = f" {self.ratio[0]}P{self.ratio[1]}D" if self.kind == "pd" else ""
         pp = f" pp={self.pp}" if self.pp > 1 else ""
-        return f"{self.gpu} tp={self.tp}{pp}{pd}{knobs}"
+        layout = "".join(f" {name}" for name, on in self.layout if on)
+        return f"{self.gpu} tp={self.tp}{pp}{layout}{pd}{knobs}"
 
     @property
     def replicas_per_unit(self) -> int:
@@ -68,7 +71,7 @@ class Candidate:
         """`base` deployed as `replicas` of this candidate (round-robin, or P/D pools with the scenario's transfer,
         routers and pool engine knobs: least-outstanding and the defaults when it has none)."""
         overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "parallelism.pp": self.pp} | {
-            f"engine.{k}": v for k, v in self.knobs}
+            f"engine.{k}": v for k, v in self.knobs} | {f"parallelism.{name}": on for name, on in self.layout}
         if self.kind == "pd":  # the scenario's transfer and pools' engine knobs and routers kept, its GPU now ours
             d = base.disaggregation.model_dump() if base.disaggregation is not None else {}
             for pool, count in zip(("prefill", "decode"), self.ratio):
@@ -104,6 +107,7 @@ class Evaluation:
     def as_dict(self) -> dict:
         return {"candidate": self.candidate.label, "kind": self.candidate.kind, "gpu": self.candidate.gpu,
                 "tp": self.candidate.tp, "pp": self.candidate.pp, "knobs": dict(self.candidate.knobs),
+                **dict(self.candidate.layout),
                 "gpus_per_replica": self.gpus_per_replica,
                 "price_per_replica_hour_usd": self.price_per_replica_hour_usd,
                 "rejected": self.rejection, "detail": self.detail, "rate_per_replica": self.rate_per_replica,
@@ -191,19 +195,34 @@ class PlanResult:
                 "candidates": [e.as_dict() for e in self.evaluations]}
 
 
-def colocated_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int]],
+def colocated_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int, tuple]],
                          knobs: dict[str, list]) -> Iterator[Candidate]:
-    """GPU x (TP, PP) x every combination of engine knob values, in the order given."""
-    for gpu, (tp, pp), values in itertools.product(gpus, shapes, itertools.product(*knobs.values())):
-        yield Candidate(gpu, tp, tuple(zip(knobs, values)), pp=pp)
+    """GPU x (TP, PP, layout) x every combination of engine knob values, in the order given."""
+    for gpu, (tp, pp, layout), values in itertools.product(gpus, shapes, itertools.product(*knobs.values())):
+        yield Candidate(gpu, tp, tuple(zip(knobs, values)), pp=pp, layout=layout)
 
 
-def pd_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int]],
+def pd_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int, tuple]],
                   knobs: dict[str, list]) -> Iterator[Candidate]:
-    """Prefill/decode disaggregated units, GPU x (TP, PP) x xPyD ratio (the `plan.pd_ratios`) x knobs."""
+    """Prefill/decode disaggregated units, GPU x (TP, PP, layout) x xPyD ratio (the `plan.pd_ratios`) x knobs."""
     ratios = s.plan.pd_ratios if s.plan else []
-    for gpu, (tp, pp), ratio, values in itertools.product(gpus, shapes, ratios, itertools.product(*knobs.values())):
-        yield Candidate(gpu, tp, tuple(zip(knobs, values)), kind="pd", ratio=(int(ratio[0]), int(ratio[1])), pp=pp)
+    for gpu, (tp, pp, layout), ratio, values in itertools.product(gpus, shapes, ratios,
+                                                                   itertools.product(*knobs.values())):
+        yield Candidate(gpu, tp, tuple(zip(knobs, values)), kind="pd", ratio=(int(ratio[0]), int(ratio[1])), pp=pp,
+                        layout=layout)
+
+
+def shapes_of(base: Scenario, tps: list[int], pps: list[int],
+              layouts: dict[str, list[bool]]) -> list[tuple[int, int, tuple[tuple[str, bool], ...]]]:
+    """(TP, PP, layout) of every candidate, in the order given, each once: a layout that changes nothing at a
+    size (DP attention or expert parallel on one GPU, expert parallel on a dense model) is the plain one."""
+    moe = get_model(base.model).moe is not None
+    shapes = []
+    for tp, pp, values in itertools.product(tps, pps, itertools.product(*layouts.values())):
+        layout = tuple((name, on and tp > 1 and (moe or name != "ep")) for name, on in zip(layouts, values))
+        if (tp, pp, layout) not in shapes:
+            shapes.append((tp, pp, layout))
+    return shapes
 
 
 # Each builder yields the candidates of one deployment kind.
@@ -256,11 +275,13 @@ def verify(base: Scenario, base_dir: Path, ev: Evaluation, replicas: int, target
 
 def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: list[int] | None = None,
          knobs: dict[str, list] | None = None, max_replicas: int | None = None, target_rate: float | None = None,
-         rel_tol: float = 0.05, workers: int = 1, pps: list[int] | None = None) -> PlanResult:
+         rel_tol: float = 0.05, workers: int = 1, pps: list[int] | None = None,
+         layouts: dict[str, list[bool]] | None = None) -> PlanResult:
     """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
 
     Unset arguments come from the scenario's `plan:` section, then from defaults (the scenario's GPU,
-    TP 1/2/4/8, the scenario's pipeline depth, 16 replicas, the workload's own rate). Candidate sizing runs
+    TP 1/2/4/8, the scenario's pipeline depth and layout, 16 replicas, the workload's own rate). `layouts`:
+    parallelism.ep and/or dp_attention -> the values to try. Candidate sizing runs
     on `workers` processes.
     """
     cfg = base.plan
@@ -268,10 +289,11 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     tps = tps or (cfg.tp if cfg else [1, 2, 4, 8])
     pps = pps or (cfg.pp if cfg and cfg.pp else [base.parallelism.pp])
     knobs = knobs if knobs is not None else (cfg.engine if cfg else {})
+    layouts = layouts if layouts is not None else (cfg.layouts() if cfg else {})
     max_replicas = max_replicas or (cfg.max_replicas if cfg else 16)
     target = target_rate or (cfg.target_rate_per_s if cfg else None) or offered_rate(base, base_dir)
     _check_choices(base, gpus, tps, pps, knobs)
-    shapes = list(itertools.product(tps, pps))
+    shapes = shapes_of(base, tps, pps, layouts)
     candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, shapes, knobs)]
     jobs = [(base, base_dir, c, target, max_replicas, rel_tol) for c in candidates]
 

@@ -115,7 +115,7 @@ class SweepConfig(SpecModel):
 
 
 class PlanConfig(SpecModel):
-    """The deployments `servesim plan` compares: GPU type x TP x PP x engine knobs, sized in replicas."""
+    """The deployments `servesim plan` compares: GPU type x TP x PP x layout x engine knobs, sized in replicas."""
 
     gpus: list[str] | None = Field(None, description="GPU names to consider; default: the scenario's GPU")
     tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
@@ -126,6 +126,10 @@ class PlanConfig(SpecModel):
         "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"))
     target_rate_per_s: float | None = Field(None, gt=0, description=(
         "Load to sustain, requests/s; default: the workload's arrival rate"))
+    ep: list[bool] | None = Field(None, min_length=1, description=(
+        "Expert parallel off and/or on, e.g. [false, true]; default: the scenario's parallelism.ep"))
+    dp_attention: list[bool] | None = Field(None, min_length=1, description=(
+        "DP attention off and/or on, e.g. [false, true]; default: the scenario's parallelism.dp_attention"))
     pd_ratios: list[tuple[int, int]] = Field(default_factory=list, description=(
         "Prefill/decode disaggregated units to consider as [prefill, decode] replica counts (xPyD), "
         "e.g. [[1, 1], [1, 2]]; empty: colocated deployments only"))
@@ -137,6 +141,11 @@ class PlanConfig(SpecModel):
         if unknown:
             raise ValueError(f"unknown engine field {unknown[0]!r}; fields: {', '.join(EngineConfig.model_fields)}")
         return engine
+
+    def layouts(self) -> dict[str, list[bool]]:
+        """The parallelism layouts to try: field -> values, for those the section sets."""
+        return {name: values for name, values in (("ep", self.ep), ("dp_attention", self.dp_attention))
+                if values is not None}
 
 
 class Scenario(SpecModel):

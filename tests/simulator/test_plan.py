@@ -215,6 +215,37 @@ def test_the_plan_section_supplies_the_choices():
     assert result.commands["notes"][0] == "one replica of 2 GPU(s): no load balancer needed"
 
 
+def test_layouts_that_change_nothing_are_planned_once_as_the_plain_one():
+    """DP attention or expert parallel on one GPU, or expert parallel on a dense model, is the plain layout."""
+    from simulator.plan import shapes_of
+    both = {"ep": [False, True], "dp_attention": [False, True]}
+    plain, dp = (("ep", False), ("dp_attention", False)), (("ep", False), ("dp_attention", True))
+    assert shapes_of(chat(), [1, 2], [1], both) == [(1, 1, plain), (2, 1, plain), (2, 1, dp)]
+    moe = shapes_of(chat(model="qwen3-30b-a3b"), [1, 2], [1], both)
+    assert [layout for tp, _, layout in moe] == [plain, plain, dp, (("ep", True), ("dp_attention", False)),
+                                                 (("ep", True), ("dp_attention", True))]
+    assert shapes_of(chat(), [1, 2], [1, 2], {}) == [(1, 1, ()), (1, 2, ()), (2, 1, ()), (2, 2, ())]
+
+
+def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
+    """Qwen3-30B-A3B on two H100s, plain TP against vLLM's DP ranks (both expert parallel): both sized and
+    verified, each priced as two GPUs; the recommendation's commands run its layout."""
+    s = chat(model="qwen3-30b-a3b", plan={"gpus": ["h100-sxm"], "tp": [2], "max_replicas": 2,
+                                          "target_rate_per_s": 20, "ep": [True], "dp_attention": [False, True]})
+    result = plan(s, SCENARIOS)
+    labels = [e.candidate.label for e in result.evaluations]
+    assert labels == ["h100-sxm tp=2 ep", "h100-sxm tp=2 ep dp_attention"]
+    assert [e.gpus_per_replica for e in result.evaluations] == [2, 2]
+    assert [e.as_dict()["dp_attention"] for e in result.evaluations] == [False, True]
+    assert {d.evaluation.candidate.label for d in result.deployments} == set(labels)
+    dp = "--data-parallel-size 2" in result.commands["vllm"]
+    assert dp == result.recommendation.label.endswith("dp_attention")
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump({**s.model_dump(mode="json", exclude_none=True), "plan": None}))
+    cli = CliRunner().invoke(app, ["plan", str(path), "--gpus", "h100-sxm", "--tp", "2", "--dp-attention", "maybe"])
+    assert cli.exit_code == 2 and "--dp-attention 'maybe': expected true and/or false" in cli.stderr
+
+
 def test_pd_disaggregated_units_are_searched_and_sized_as_wholes():
     from simulator.plan import plan
     from tests.simulator.study_helpers import SCENARIOS, chat
