@@ -433,8 +433,9 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     flops = 2 * heads * (qk_dim + v_dim) * keys
     written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
     nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
-    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(ctx.tokens))
-    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(ctx.tokens))
+    step_tokens = ctx.par.rank_share(ctx.tokens)  # the kernel's own: under DP attention this GPU's share
+    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(step_tokens))
+    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(step_tokens))
     return flops, nbytes, compute_s, memory_s
 
 
@@ -453,7 +454,8 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
             # absorbed, it runs as bf16 batched GEMMs on bf16 copies of the weights (memory.absorbed_copy_bytes)
             wbytes, compute = (ACT_BYTES, "bf16") if decode else (ctx.wbytes, None)
             flops, nbytes = 2 * rows * up, up * wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES
-            acc.add(ctx, "mla_kv_up", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes, compute), layers)
+            local = ctx.with_tokens(ctx.par.rank_share(ctx.tokens))
+            acc.add(local, "mla_kv_up", "gemm", flops, nbytes, local.gemm_s(flops, nbytes, compute), layers)
 
 
 def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
@@ -478,17 +480,20 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         shared = moe.num_shared_experts * m.expert_params() / (1 if whole else tp)
         flops = 2 * (tokens / tp if whole else tokens) * shared + 2 * ctx.par.dense_rows(tokens) * h * moe.num_experts
         nbytes = shared * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
-        acc.add(ctx, "moe_router_shared", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
-    else:
-        ranks, rows = ctx.par.dense_ranks, ctx.par.dense_rows(tokens)
+        gemm = ctx.with_tokens(tokens / tp if whole else tokens)
+        acc.add(gemm, "moe_router_shared", "gemm", flops, nbytes, gemm.gemm_s(flops, nbytes), layers)
+    # dense weights run on every row, or on vLLM's DP ranks whole on each GPU's own rows: the curves read there
+    ranks, rows = ctx.par.dense_ranks, ctx.par.dense_rows(tokens)
+    dense = ctx.with_tokens(rows)
+    if not group.is_moe:
         params = m.dense_mlp_params(group.mlp_intermediate) / ranks
         flops = 2 * rows * params
         nbytes = params * ctx.wbytes + rows * (2 * h + 3 * group.mlp_intermediate / ranks) * ACT_BYTES
-        acc.add(ctx, "mlp", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes), layers)
+        acc.add(dense, "mlp", "gemm", flops, nbytes, dense.gemm_s(flops, nbytes), layers)
     if group.extra_linear_params:
-        params, rows = group.extra_linear_params / ctx.par.dense_ranks, ctx.par.dense_rows(tokens)
-        acc.add(ctx, "layer_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
-                ctx.gemm_s(2 * rows * params, params * ctx.wbytes), layers)
+        params = group.extra_linear_params / ranks
+        acc.add(dense, "layer_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
+                dense.gemm_s(2 * rows * params, params * ctx.wbytes), layers)
 
 
 def _group_link(ctx: _Ctx, gpus: int):
@@ -550,11 +555,12 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
     tokens, h = float(batch.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim, rows = qkv / h, _attention_rows(ctx, tokens)
-    acc.add(ctx, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
-            ctx.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers)
+    local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
+    acc.add(local, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
+            local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers)
     _attention(ctx, acc, batch, group, layers)
-    acc.add(ctx, "o_proj", "gemm", 2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
-            ctx.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
+    acc.add(local, "o_proj", "gemm", 2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
+            local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, group, layers)
     if ctx.par.tp > 1:
         _layer_comm(ctx, acc, tokens, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
@@ -597,20 +603,22 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
 
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     m, ranks, tokens = ctx.model, ctx.par.dense_ranks, float(batch.num_tokens)
-    looked_up = ctx.par.dense_rows(tokens) * m.hidden_size * ACT_BYTES * 2  # read from the table, written out
-    acc.add(ctx, "embedding", "gemm", 0.0, looked_up, ctx.gemm_s(0.0, looked_up), 1)
+    rows = ctx.par.dense_rows(tokens)
+    local = ctx.with_tokens(rows)
+    looked_up = rows * m.hidden_size * ACT_BYTES * 2  # read from the table, written out
+    acc.add(local, "embedding", "gemm", 0.0, looked_up, local.gemm_s(0.0, looked_up), 1)
     if ranks > 1:  # each rank looks up its slice of the vocabulary; the partial embeddings are summed
         msg = tokens * m.hidden_size * ACT_BYTES
         acc.add_link(ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1)
     if m.extra_linear_params:
-        params, rows = m.extra_linear_params / ranks, ctx.par.dense_rows(tokens)
-        acc.add(ctx, "model_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
-                ctx.gemm_s(2 * rows * params, params * ctx.wbytes), 1)
+        params = m.extra_linear_params / ranks
+        acc.add(local, "model_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
+                local.gemm_s(2 * rows * params, params * ctx.wbytes), 1)
     logits = float(batch.num_logits)
     if logits:
         params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits)
         flops, nbytes = 2 * rows * params, params * ACT_BYTES + rows * m.vocab_size / ranks * LOGIT_BYTES
-        head = ctx.with_tokens(logits)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
+        head = ctx.with_tokens(rows)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
         acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
         if ranks > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
             bus = (ranks - 1) / ranks * logits * m.vocab_size * ACT_BYTES

@@ -12,7 +12,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
 from hardware.model import get_model
-from hardware.profile import Profile
+from hardware.profile import EfficiencyCurve, Profile
 from hardware.step_timer import StepTimer
 
 H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
@@ -139,9 +139,12 @@ def test_vllm_dp_ranks_hold_every_weight_but_the_routed_experts_whole():
 
 def test_a_dense_models_vllm_dp_ranks_each_run_a_tp1_step_on_their_share():
     """Four DP ranks of Llama-3.1-8B stepping 4 x 16 requests: every GPU runs what a TP-1 engine runs on 16 of them
-    (same FLOPs and bytes per operator, the same host work per request), and nothing crosses between GPUs."""
+    (same FLOPs and bytes per operator, the same host work per request, its kernels as efficient as at their own
+    sizes), and nothing crosses between GPUs."""
     llama = get_model("llama-3.1-8b")
-    profile = Profile(request_overhead_s=1e-4, token_overhead_s=1e-5, host_request_s=2e-5)
+    rising = EfficiencyCurve(points=((1, 0.2), (64, 0.5), (4096, 0.9)))  # efficiencies that depend on the rows
+    profile = Profile(request_overhead_s=1e-4, token_overhead_s=1e-5, host_request_s=2e-5, gemm_compute=rising,
+                      gemm_memory=rising, attn_compute=rising, attn_memory=rising)
     group = step_cost(StepBatch.uniform(64, 3000), llama, H100,
                       Parallelism(tp=4, dp_attention=True, dense_replicated=True), profile)
     alone = step_cost(StepBatch.uniform(16, 3000), llama, H100, Parallelism(), profile)
