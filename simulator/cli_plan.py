@@ -68,12 +68,10 @@ def sweep(scenario: Path,
     console.print(f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}")
     errors = result.table["error"].dropna()
     crashed, lost = errors[errors.str.startswith(INTERNAL_ERROR)], errors[errors.str.startswith(WORKER_DIED)]
-    if len(crashed):
-        console.print(f"[red]{len(crashed)} point(s) hit a servesim bug[/] (the others ran), e.g. {crashed.iloc[0]}",
-                      soft_wrap=True)
-    if len(lost):
-        console.print(f"[red]{len(lost)} point(s) lost their worker process[/] (the others ran), e.g. {lost.iloc[0]}",
-                      soft_wrap=True)
+    for failed, what in ((crashed, "hit a servesim bug"), (lost, "lost their worker process")):
+        if len(failed):
+            others = " (the others ran)" if len(failed) < len(result.table) else ""
+            console.print(f"[red]{len(failed)} point(s) {what}[/]{others}, e.g. {failed.iloc[0]}", soft_wrap=True)
     if len(crashed) or len(lost):
         raise typer.Exit(1)
     if len(errors) == len(result.table):

@@ -14,6 +14,7 @@ import multiprocessing
 import multiprocessing.connection
 import os
 import signal
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -35,13 +36,20 @@ class WorkerDied(SpecError):
         if exitcode is None:  # Dask tells no exit code
             how = "died on every Dask worker that ran it (most often the out-of-memory killer)"
         elif exitcode < 0:
-            how = f"was killed by {signal.Signals(-exitcode).name}"
+            try:
+                name = signal.Signals(-exitcode).name
+            except ValueError:  # a real-time signal has no name
+                name = f"signal {-exitcode}"
+            how = f"was killed by {name}"
             if -exitcode == signal.SIGKILL:
                 how += " (most often the out-of-memory killer: try fewer --workers)"
         else:
             how = f"exited with code {exitcode}"
         self.how = how
         super().__init__(f"the worker process running job {index} {how}")
+
+    def __reduce__(self) -> tuple:
+        return WorkerDied, (self.index, self.exitcode)
 
 
 def default_workers() -> int:
@@ -82,28 +90,48 @@ def check_engine(engine: str) -> None:
 
 def _process_pool(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
                   died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
-    """A pool of `workers` processes. A worker's death breaks the whole pool without saying whose job killed it:
-    the jobs left then run one process each (`_one_process_each`), which names the job that dies."""
+    """A pool of `workers` processes. A worker's death breaks the whole pool without saying whose job killed it.
+    A pool starts its jobs in order, so the suspects are the first unfinished ones, as many as it may have started
+    (each worker's own and a call queue of workers + 1): they then run one process each (`_one_process_each`),
+    which names the job that dies, and a fresh pool runs the rest."""
     # forkserver: workers start from a clean process, not a fork of one that may hold threads
     # (a progress bar's refresher, a Dask client) mid-lock.
     context = multiprocessing.get_context("forkserver")
     left = dict(enumerate(jobs))
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=context) as pool:
-        pending = {pool.submit(fn, *job): i for i, job in left.items()}
+    while left:
+        yield from _pool_round(fn, left, workers, context)
+        suspects = dict(sorted(left.items())[:2 * workers + 1])
+        yield from _one_process_each(fn, suspects, workers, context, died)
+        for index in suspects:
+            del left[index]
+
+
+def _pool_round(fn: Callable[..., Any], left: dict[int, tuple], workers: int,
+                context: Any) -> Iterator[tuple[int, Any]]:
+    """Run `left` (job index -> job) on one pool until it is done or breaks, deleting each job as it finishes."""
+    with ProcessPoolExecutor(max_workers=min(workers, len(left)), mp_context=context) as pool:
+        pending = {}
         try:
+            try:
+                for index, job in left.items():
+                    pending[pool.submit(fn, *job)] = index
+            except BrokenProcessPool:  # broke while the jobs went in: the rest were never submitted
+                pass
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
                 for future in done:
                     index = pending.pop(future)
                     if isinstance(future.exception(), BrokenProcessPool):
-                        continue  # as is every job unfinished when it broke: left for one process each
+                        continue  # as is every job unfinished when it broke
                     del left[index]
                     yield index, future.result()
         finally:  # interrupted (Ctrl-C, an error): drop the jobs that have not started
             for future in pending:
                 future.cancel()
-    if left:
-        yield from _one_process_each(fn, left, workers, context, died)
+
+
+class _RemoteTraceback(Exception):
+    """The traceback of an exception raised in a job's own process, shown as its cause."""
 
 
 def _one_process_each(fn: Callable[..., Any], jobs: dict[int, tuple], workers: int, context: Any,
@@ -122,16 +150,20 @@ def _one_process_each(fn: Callable[..., Any], jobs: dict[int, tuple], workers: i
             for receive in multiprocessing.connection.wait(list(running)):
                 index, process = running.pop(receive)
                 try:
-                    ok, value = receive.recv()
-                except EOFError:
+                    ok, value, remote = receive.recv()
+                except (EOFError, OSError):  # ended before, or while, sending its result
                     process.join()
                     yield index, died(WorkerDied(index, process.exitcode))
                     continue
+                except Exception as err:  # pickled in the child, but not to be rebuilt here
+                    process.join()
+                    raise RuntimeError(f"job {index}'s outcome cannot be read back: {type(err).__name__}: "
+                                       f"{err}") from err
                 finally:
                     receive.close()
                 process.join()
                 if not ok:
-                    raise value
+                    raise value from _RemoteTraceback(remote)
                 yield index, value
     finally:  # interrupted: stop the jobs still running
         for _, process in running.values():
@@ -139,11 +171,18 @@ def _one_process_each(fn: Callable[..., Any], jobs: dict[int, tuple], workers: i
 
 
 def _send_result(send: Any, fn: Callable[..., Any], job: tuple) -> None:
+    """(ok, result or exception, traceback text) back to the parent; what cannot be pickled comes back as a
+    RuntimeError saying so, a bug of the job's, not a death."""
     try:
-        outcome = True, fn(*job)
+        outcome = True, fn(*job), ""
     except Exception as err:  # noqa: BLE001 (raised again in the parent, as a pool's future.result() does)
-        outcome = False, err
-    send.send(outcome)
+        outcome = False, err, traceback.format_exc()
+    try:
+        send.send(outcome)
+    except Exception as err:  # noqa: BLE001
+        what = "result" if outcome[0] else f"exception ({type(outcome[1]).__name__}: {outcome[1]})"
+        send.send((False, RuntimeError(f"the job's {what} cannot be sent back: {type(err).__name__}: {err}"),
+                   outcome[2] or traceback.format_exc()))
 
 
 def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int, address: str | None,

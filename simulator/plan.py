@@ -36,7 +36,7 @@ from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sust
 from simulator.executors import WorkerDied, run_jobs
 from simulator.launch import launch_notes, sglang_command, vllm_command
 from simulator.run import _memory_plan, simulate
-from simulator.scenario import Scenario, first_error, with_overrides
+from simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
 
 MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most
 MAX_DOWNGRADES = 8  # next-cheaper checks that may replace the recommendation
@@ -153,6 +153,7 @@ class Deployment:
 
     def as_dict(self) -> dict:
         return {"deployment": self.label, "candidate": self.evaluation.candidate.label, "replicas": self.replicas,
+                **dict(self.evaluation.candidate.layout),
                 "gpus": self.replicas * self.evaluation.gpus_per_replica, "cost_per_hour_usd": self.cost_per_hour_usd,
                 "cost_per_million_output_tokens_usd": self.cost_per_million_output_tokens_usd,
                 "thin_margin": self.thin_margin, "verdict": self.verdict.as_dict()}
@@ -289,7 +290,8 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     tps = tps or (cfg.tp if cfg else [1, 2, 4, 8])
     pps = pps or (cfg.pp if cfg and cfg.pp else [base.parallelism.pp])
     knobs = knobs if knobs is not None else (cfg.engine if cfg else {})
-    layouts = layouts if layouts is not None else (cfg.layouts() if cfg else {})
+    chosen = (cfg.layouts() if cfg else {}) | (layouts or {})  # an option replaces only its own field
+    layouts = {name: chosen[name] for name in LAYOUT_FIELDS if name in chosen}
     max_replicas = max_replicas or (cfg.max_replicas if cfg else 16)
     target = target_rate or (cfg.target_rate_per_s if cfg else None) or offered_rate(base, base_dir)
     _check_choices(base, gpus, tps, pps, knobs)

@@ -114,6 +114,9 @@ class SweepConfig(SpecModel):
         "workload.arrivals.rate_per_s: [5, 10]}"))
 
 
+LAYOUT_FIELDS = ("ep", "dp_attention")  # parallelism fields `servesim plan` may vary, in the candidates' order
+
+
 class PlanConfig(SpecModel):
     """The deployments `servesim plan` compares: GPU type x TP x PP x layout x engine knobs, sized in replicas."""
 
@@ -144,8 +147,7 @@ class PlanConfig(SpecModel):
 
     def layouts(self) -> dict[str, list[bool]]:
         """The parallelism layouts to try: field -> values, for those the section sets."""
-        return {name: values for name, values in (("ep", self.ep), ("dp_attention", self.dp_attention))
-                if values is not None}
+        return {name: getattr(self, name) for name in LAYOUT_FIELDS if getattr(self, name) is not None}
 
 
 class Scenario(SpecModel):

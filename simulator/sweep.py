@@ -215,7 +215,7 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
 
 def _worker_died(err: WorkerDied) -> str:
     """A point whose process died is failed, not done: the sweep goes on, and runs it again when resumed."""
-    return f"{WORKER_DIED}: it {err.how}; the sweep run again retries it"
+    return f"{WORKER_DIED}: it {err.how}; running the sweep again retries it"
 
 
 RESULTS_EVERY_S = 2.0  # a long sweep's table stays current without being rewritten after every short point

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
+import pickle
 import signal
+import threading
 import time
 
 import pytest
@@ -12,6 +15,7 @@ import simulator.executors as executors
 from simulator.executors import WorkerDied, run_jobs
 
 JOBS = [(x,) for x in range(6)]
+CONTEXT = multiprocessing.get_context("forkserver")
 
 
 def square_or_die(x: int) -> int:
@@ -21,8 +25,19 @@ def square_or_die(x: int) -> int:
     return x * x
 
 
-def test_a_killed_worker_costs_only_its_job_and_is_named():
-    """The pool breaks for every job in flight; those left run one process each, so only job 3 is lost."""
+def test_a_killed_worker_costs_only_its_job_and_is_named(monkeypatch):
+    """The pool breaks for every job in flight. The suspects (the first unfinished jobs, as many as the pool may
+    have started: 2 x 2 + 1) run one process each, so only job 3 is lost, and a fresh pool runs the rest."""
+    alone = []
+    one_each = executors._one_process_each
+    monkeypatch.setattr(executors, "_one_process_each", lambda fn, jobs, *args: alone.extend(jobs) or
+                        one_each(fn, jobs, *args))
+    many = [(x,) for x in range(40)]
+    results = dict(run_jobs(square_or_die, many, workers=2, on_died=lambda err: err))
+    assert 3 in alone and len(alone) <= 5
+    assert {i: r for i, r in results.items() if i != 3} == {x: x * x for x in range(40) if x != 3}
+    assert isinstance(results[3], WorkerDied) and results[3].exitcode == -signal.SIGKILL
+    monkeypatch.undo()
     results = dict(run_jobs(square_or_die, JOBS, workers=2, on_died=lambda err: err))
     assert {i: r for i, r in results.items() if i != 3} == {x: x * x for x in range(6) if x != 3}
     assert isinstance(results[3], WorkerDied) and results[3].exitcode == -signal.SIGKILL
@@ -50,6 +65,32 @@ def test_after_a_death_a_jobs_own_exception_still_reaches_the_caller(monkeypatch
     with pytest.raises(ValueError, match="a bug in job 4"):
         list(run_jobs(die_on_zero_raise_on_four, JOBS, workers=2, on_died=lambda err: err))
     assert 0 in alone and 4 in alone
+
+
+def unsendable_on_one(x: int) -> object:
+    if x == 1:
+        return threading.Lock()  # cannot be pickled back
+    if x == 2:
+        raise KeyError("a bug in job 2")
+    return x
+
+
+def test_a_job_run_on_its_own_returns_what_it_can_and_says_what_it_cannot():
+    """A result that cannot be sent back is the job's bug, not a death; a job's exception keeps its traceback."""
+    with pytest.raises(RuntimeError, match="the job's result cannot be sent back: TypeError"):
+        list(executors._one_process_each(unsendable_on_one, {0: (0,), 1: (1,)}, 1, CONTEXT, lambda err: err))
+    with pytest.raises(KeyError, match="a bug in job 2") as raised:
+        list(executors._one_process_each(unsendable_on_one, {2: (2,)}, 1, CONTEXT, lambda err: err))
+    assert "in unsendable_on_one" in str(raised.value.__cause__)  # the child's traceback
+    assert list(executors._one_process_each(unsendable_on_one, {0: (0,), 3: (3,)}, 2, CONTEXT, None)) in (
+        [(0, 0), (3, 3)], [(3, 3), (0, 0)])
+
+
+def test_a_death_says_how_and_survives_pickling():
+    assert WorkerDied(0, -40).how == "was killed by signal 40"  # a real-time signal has no name
+    assert WorkerDied(1, 3).how == "exited with code 3"
+    copy = pickle.loads(pickle.dumps(WorkerDied(2, -signal.SIGKILL)))
+    assert (copy.index, copy.exitcode, str(copy)) == (2, -9, str(WorkerDied(2, -9)))
 
 
 def test_dask_gives_up_on_a_job_that_kills_its_workers():

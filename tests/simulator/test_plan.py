@@ -228,11 +228,12 @@ def test_layouts_that_change_nothing_are_planned_once_as_the_plain_one():
 
 
 def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
-    """Qwen3-30B-A3B on two H100s, plain TP against vLLM's DP ranks (both expert parallel): both sized and
-    verified, each priced as two GPUs; the recommendation's commands run its layout."""
+    """Qwen3-30B-A3B on two H100s, plain TP against vLLM's DP ranks (both expert parallel, the one from the plan
+    section, the other as --ep gives it): both sized and verified, each priced as two GPUs; the recommendation's
+    commands run its layout."""
     s = chat(model="qwen3-30b-a3b", plan={"gpus": ["h100-sxm"], "tp": [2], "max_replicas": 2,
-                                          "target_rate_per_s": 20, "ep": [True], "dp_attention": [False, True]})
-    result = plan(s, SCENARIOS)
+                                          "target_rate_per_s": 20, "dp_attention": [False, True]})
+    result = plan(s, SCENARIOS, layouts={"ep": [True]})
     labels = [e.candidate.label for e in result.evaluations]
     assert labels == ["h100-sxm tp=2 ep", "h100-sxm tp=2 ep dp_attention"]
     assert [e.gpus_per_replica for e in result.evaluations] == [2, 2]
@@ -240,6 +241,8 @@ def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
     assert {d.evaluation.candidate.label for d in result.deployments} == set(labels)
     dp = "--data-parallel-size 2" in result.commands["vllm"]
     assert dp == result.recommendation.label.endswith("dp_attention")
+    assert "--enable-expert-parallel" in result.commands["vllm"]  # the layout is what runs, not only its label
+    assert result.as_dict()["recommendation"]["dp_attention"] == dp
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump({**s.model_dump(mode="json", exclude_none=True), "plan": None}))
     cli = CliRunner().invoke(app, ["plan", str(path), "--gpus", "h100-sxm", "--tp", "2", "--dp-attention", "maybe"])

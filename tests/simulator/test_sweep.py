@@ -262,7 +262,7 @@ def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed
     table = pd.read_csv(out / "results.csv")
     assert table["status"].tolist() == ["done", "failed", "done"]
     assert table["error"][1] == ("worker process died: it was killed by SIGKILL (most often the out-of-memory "
-                                 "killer: try fewer --workers); the sweep run again retries it")
+                                 "killer: try fewer --workers); running the sweep again retries it")
     monkeypatch.undo()
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "1 point(s) run, 2 reused" in again.stdout, again.output
