@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -89,6 +91,18 @@ def check_output_folder(path: Path, own: frozenset[str]) -> None:
 def _temporary(name: str) -> bool:
     """A temp file or folder of an interrupted atomic write (`.NAME.*.tmp`)."""
     return name.startswith(".") and name.endswith(".tmp")
+
+
+def remove_abandoned_writes(folder: Path, older_than_s: float = 600.0) -> None:
+    """Remove from `folder` the temp files and folders of atomic writes whose process died mid-write (a killed
+    sweep worker's); a write lasts seconds, so one older than `older_than_s` is nobody's."""
+    if not folder.is_dir():
+        return
+    cutoff = time.time() - older_than_s
+    for entry in folder.iterdir():
+        with contextlib.suppress(OSError):  # gone meanwhile, or not ours to remove: left as it is
+            if _temporary(entry.name) and entry.lstat().st_mtime < cutoff:
+                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
 
 
 @contextmanager

@@ -34,7 +34,7 @@ from pydantic import ValidationError
 
 from hardware.errors import SpecError
 from hardware.model import is_config_path
-from simulator.atomic import write_text_atomic
+from simulator.atomic import remove_abandoned_writes, write_text_atomic
 from simulator.executors import Engine, WorkerDied, check_engine, run_jobs
 from simulator.output import write_run
 from simulator.run import simulate
@@ -188,6 +188,7 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
     folders = [out / POINTS / p.hash for p in points]
     first_of = {folder: i for i, folder in reversed(list(enumerate(folders)))}  # equal scenarios run once
     todo = [i for i in sorted(first_of.values()) if not is_done(folders[i])]
+    remove_abandoned_writes(out / POINTS)  # a killed worker's half-written point
     write_text_atomic(out / "sweep.yaml", yaml.safe_dump(
         {"grid": grid, "scenario": base.run_settings().model_dump(mode="json")}, sort_keys=False))
     outcomes: dict[Path, str | None] = {}  # finished folder -> its error (None: it ran)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 
 import pandas as pd
 import pytest
@@ -264,8 +266,13 @@ def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed
     assert table["error"][1] == ("worker process died: it was killed by SIGKILL (most often the out-of-memory "
                                  "killer: try fewer --workers); running the sweep again retries it")
     monkeypatch.undo()
+    abandoned, writing = out / "points" / ".f00d.x1.tmp", out / "points" / ".beef.x2.tmp"  # the killed worker's
+    for folder in (abandoned, writing):                                                    # write, another's
+        folder.mkdir()
+    os.utime(abandoned, (time.time() - 3600, time.time() - 3600))
     again = runner.invoke(app, args)
     assert again.exit_code == 0 and "1 point(s) run, 2 reused" in again.stdout, again.output
+    assert not abandoned.exists() and writing.exists()  # an hour old is nobody's; a fresh one may be in use
 
 
 def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
