@@ -74,7 +74,8 @@ class Parallelism:
 
     def rank_share(self, count: float) -> float:
         """The requests or tokens whose per-step host work one engine does: under DP attention each rank's
-        engine (vLLM) or scheduler (SGLang) handles its own 1/tp of them, in parallel with the others."""
+        engine (vLLM) or scheduler (SGLang) handles its own 1/tp of them, in parallel with the others (and its
+        attention-side GEMMs run on its own rows, balanced, with the whole weights)."""
         return count / self.tp if self.dp_attention else count
 
     @property
@@ -401,12 +402,6 @@ def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
     return h * (q_dim + 2 * kv_dim), q_dim * h, 0.0
 
 
-def _attention_rows(ctx: _Ctx, rows: float) -> float:
-    """Rows one GPU's attention-side GEMMs run on: all of them under TP, its 1/tp share of the requests (balanced,
-    as attention itself assumes) under DP attention, where it holds the whole weights."""
-    return rows / ctx.par.tp if ctx.par.dp_attention else rows
-
-
 def _attention_dims(model: ModelSpec, decode: bool) -> tuple[int, int]:
     """(query-key dim, value dim) per head: MLA absorbs in decode (every head attends over the shared
     latent, "MQA with a wide head") and expands K/V from the latent in prefill."""
@@ -450,7 +445,7 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
                 (compute_s, memory_s), layers)
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
-            rows = _attention_rows(ctx, s.tokens if decode else s.expand_tokens)
+            rows = ctx.par.rank_share(s.tokens if decode else s.expand_tokens)
             # absorbed, it runs as bf16 batched GEMMs on bf16 copies of the weights (memory.absorbed_copy_bytes)
             wbytes, compute = (ACT_BYTES, "bf16") if decode else (ctx.wbytes, None)
             flops, nbytes = 2 * rows * up, up * wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES
@@ -554,7 +549,7 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
     ctx = ctx.with_tokens(batch.num_tokens)
     tokens, h = float(batch.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
-    out_dim, rows = qkv / h, _attention_rows(ctx, tokens)
+    out_dim, rows = qkv / h, ctx.par.rank_share(tokens)  # under DP attention, its share with whole weights
     local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
     acc.add(local, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
             local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers)
