@@ -72,6 +72,12 @@ class Parallelism:
         """Rows one GPU runs those weights on: every row on its slice, or its own 1/tp of them whole."""
         return rows / self.tp if self.dense_replicated else rows
 
+    @property
+    def attention_ranks(self) -> int:
+        """GPUs attention is data parallel over, each with its own requests, their whole KV and every head: tp under
+        DP attention, else 1 (every GPU attends for every request over its slice of the heads)."""
+        return self.tp if self.dp_attention else 1
+
     def rank_share(self, count: float) -> float:
         """The requests or tokens whose per-step host work one engine does: under DP attention each rank's
         engine (vLLM) or scheduler (SGLang) handles its own 1/tp of them, in parallel with the others (and its
@@ -473,9 +479,10 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         # 1/tp of the tokens
         whole = ctx.par.dp_attention and (ctx.par.ep or ctx.par.dense_replicated)
         shared = moe.num_shared_experts * m.expert_params() / (1 if whole else tp)
-        flops = 2 * (tokens / tp if whole else tokens) * shared + 2 * ctx.par.dense_rows(tokens) * h * moe.num_experts
+        shared_rows = tokens / tp if whole else tokens
+        flops = 2 * shared_rows * shared + 2 * ctx.par.dense_rows(tokens) * h * moe.num_experts
         nbytes = shared * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
-        gemm = ctx.with_tokens(tokens / tp if whole else tokens)
+        gemm = ctx.with_tokens(shared_rows)
         acc.add(gemm, "moe_router_shared", "gemm", flops, nbytes, gemm.gemm_s(flops, nbytes), layers)
     # dense weights run on every row, or on vLLM's DP ranks whole on each GPU's own rows: the curves read there
     ranks, rows = ctx.par.dense_ranks, ctx.par.dense_rows(tokens)

@@ -194,7 +194,7 @@ def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig
     """Peak activations of a `max_num_batched_tokens` forward pass plus the sampler's logits, per GPU; under DP
     attention each rank profiles its share of the group's limits."""
     h, tp = model.hidden_size, par.tp
-    ranks = tp if par.dp_attention else 1
+    ranks = par.attention_ranks
     widest = max(layer.mlp_intermediate for layer in model.layers)
     mlp = 3 * widest / par.dense_ranks  # gate/up output + activation output
     if model.moe:  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
@@ -249,7 +249,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     if groups.layers_per_group != model.num_kv_layers:
         block_bytes *= groups.layers_per_group / model.num_kv_layers
     num_blocks = int(kv_cache // block_bytes)
-    ranks = par.tp if par.dp_attention else 1  # under DP attention one request's KV sits whole on one GPU
+    ranks = par.attention_ranks
     in_flight = cfg.max_num_batched_tokens * cfg.in_flight_batches
 
     def request_bytes(length: int) -> float:
@@ -274,5 +274,5 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         kv_bytes_per_token=per_token, block_size=cfg.block_size, num_blocks=num_blocks,
         kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size, max_model_len=max_len,
         request_bytes_at_max_len=per_request,
-        max_concurrency=num_blocks * block_bytes / per_request * (par.tp if par.dp_attention else 1),
+        max_concurrency=num_blocks * block_bytes / per_request * ranks,
         block_bytes=block_bytes, kv_windows=groups.windows, weight_dtype=weight_dtype)

@@ -96,7 +96,7 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
         raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
     if spec is None or spec.method == "ngram":
         return plan
-    ranks = par.tp if par.dp_attention else 1  # under DP attention a request's KV sits whole on one GPU
+    ranks = par.attention_ranks
     if spec.method == "draft":
         draft = get_model(spec.draft_model)
         extra_weights = weight_bytes_per_gpu(draft, par, draft_weight_dtype(draft, cfg.weight_dtype))
