@@ -5,7 +5,9 @@ step times, only each run's TTFT, TPOT, ITL, E2E and throughput figures. The fit
 efficiencies (constant in tokens; routed experts apart from dense GEMMs) and overheads for the values whose full replays (`simulator.measured.replay`)
 come closest to those figures: robust least squares on log(predicted / measured), each run weighted equally
 however many figures it quotes, with the simulation as a black box differentiated by finite steps in log
-space. Runs held out of the fit measure how well the fitted profile predicts runs it has not seen.
+space. Runs held out of the fit measure how well the fitted profile predicts runs it has not seen. A fit for one GPU
+(`gpu=`) starts from a base profile and writes what it finds into the base's section for that GPU, the shared
+values untouched: the same kernels reach different fractions of different GPUs' peaks.
 """
 
 from __future__ import annotations
@@ -50,10 +52,13 @@ def fitted_names(runs: list[MeasuredRun]) -> list[str]:
     return [n for n in EFFICIENCIES if n not in skip] + list(OVERHEADS)
 
 
-def profile_of(x: np.ndarray, names: list[str], base: Profile, **fields) -> Profile:
-    """`base` with the fitted parameters (log values `x`, in `names` order) and `fields`."""
-    update = {n: EfficiencyCurve.constant(min(v, 1.0)) if n in EFFICIENCIES else v
-              for n, v in zip(names, np.exp(x).tolist())}
+def profile_of(x: np.ndarray, names: list[str], base: Profile, gpu: str | None = None, **fields) -> Profile:
+    """`base` with the fitted parameters (log values `x`, in `names` order), in `gpu`'s section when given, and
+    `fields`."""
+    values = {n: min(v, 1.0) if n in EFFICIENCIES else v for n, v in zip(names, np.exp(x).tolist())}
+    if gpu is not None:
+        return base.with_gpu_section(gpu, values).model_copy(update=fields)
+    update = {n: EfficiencyCurve.constant(v) if n in EFFICIENCIES else v for n, v in values.items()}
     return base.model_copy(update=update | fields)
 
 
@@ -106,8 +111,9 @@ class RunsFit:
     train: list[MeasuredRun]
     test: list[MeasuredRun]
     evaluations: int  # the search's replays of the train runs
-    # "default" (the base profile) and "fitted" -> per run of train + test, its figures' errors
+    # "base" (where the fit started) and "fitted" -> per run of train + test, its figures' errors
     errors: dict[str, list[list[MetricError]]]
+    mape: float  # the held-out runs' figures' mean absolute % error (the train runs' when none is held out)
 
     def split_errors(self, profile: str) -> tuple[list[list[MetricError]], list[list[MetricError]]]:
         """`profile`'s errors on the train runs and on the test runs."""
@@ -127,7 +133,8 @@ def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun
 
 
 def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile = Profile(), workers: int = 1,
-                max_evaluations: int = 200, prior: float = 0.0, only: list[str] | None = None, **fields) -> RunsFit:
+                max_evaluations: int = 200, prior: float = 0.0, only: list[str] | None = None,
+                gpu: str | None = None, **fields) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
 
     `max_evaluations` bounds the replays of the train runs, the Jacobian's finite steps included (the best
@@ -135,9 +142,14 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
     the residuals: a pull toward `base` that keeps parameters the runs cannot tell apart from trading against
     each other to their bounds. `only` restricts the fit to those of its parameters (`base` keeps the others).
     `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out runs' figures' MAPE (the train
-    runs' when nothing is held out)."""
+    runs' when nothing is held out). With `gpu`, every run must be on that GPU; the fit starts from `base` as it
+    prices that GPU and writes its parameters into `base`'s section for it, keeping `base`'s own `fit_mape`
+    (RunsFit.mape is the section's)."""
     if not train:
         raise ValueError("no runs to fit")
+    elsewhere = sorted({run.gpu for run in train + test} - {gpu}) if gpu is not None else []
+    if elsewhere:
+        raise ValueError(f"a fit for {gpu} was given runs on {', '.join(elsewhere)}")
     names = fitted_names(train)
     if only is not None:
         unknown = sorted(set(only) - set(EFFICIENCIES) - set(OVERHEADS))
@@ -148,13 +160,13 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
             raise SpecError(f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})")
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
-    start = _start(base, names)
+    start = _start(base.for_gpu(gpu) if gpu is not None else base, names)
     best: list = [math.inf, start]  # the lowest cost seen, and where
 
     def residuals(x: np.ndarray) -> np.ndarray:
         if replayer.count >= max_evaluations:
             raise _Budget
-        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base))]
+        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base, gpu))]
         r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
         cost = soft_l1(r)
         if cost < best[0]:
@@ -168,11 +180,13 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
         except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
             pass
         _polish(residuals, best[1], names, max_evaluations - replayer.count)
-        fitted, evaluations = profile_of(best[1], names, base, **fields), replayer.count
-        errors = {"default": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
+        fitted, evaluations = profile_of(best[1], names, base, gpu, **fields), replayer.count
+        errors = {"base": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
         checked = errors["fitted"][len(train):] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
-        return RunsFit(fitted.model_copy(update={"fit_mape": mape}), train, test, evaluations, errors)
+        if gpu is None:
+            fitted = fitted.model_copy(update={"fit_mape": mape})
+        return RunsFit(fitted, train, test, evaluations, errors, mape)
     finally:
         replayer.close()
 

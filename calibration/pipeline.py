@@ -333,8 +333,9 @@ def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = Fal
     shows the machine itself changing speed (other processes sharing caches or cores)."""
     setup, profile = load_setup(folder)
     rows = steps.assign(model=setup.model, scale=setup.scale_json, fast_prefill=fast_prefill)
-    gpu = get_gpu(setup.gpu, tuple(Path(p) for p in setup.gpu_files))
-    return predict_table(terms_of_rows(rows, gpu), load_profile(profile))
+    gpu_files = tuple(Path(p) for p in setup.gpu_files)
+    gpu = get_gpu(setup.gpu, gpu_files)
+    return predict_table(terms_of_rows(rows, gpu), load_profile(profile, gpu_files).for_gpu(gpu.name))
 
 
 def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | None = None) -> Validation:

@@ -638,7 +638,7 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
              options: CostOptions) -> _Ctx:
     check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention, parallelism.ep)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
-    return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)), dtype,
+    return _Ctx(model, gpu, parallelism, options, profile.for_gpu(gpu.name), float(max(batch.num_tokens, 1)), dtype,
                 *weight_bytes(model, dtype))
 
 
@@ -729,7 +729,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     the activations crossing each stage boundary, the fixed overheads counted once (the simulator runs pp
     micro-batches in flight, each stage busy with one at a time, and prices them per stage: `stage_seconds`).
     """
-    acc = _Acc()
+    acc, profile = _Acc(), profile.for_gpu(gpu.name)
     for term in operator_terms(batch, model, gpu, parallelism, profile, options):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
@@ -762,7 +762,7 @@ def _stage_groups(model: ModelSpec, pp: int, fast_prefill: bool) -> tuple[tuple[
 def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
                         profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
     """`stage_seconds` less attention: what depends only on the step's shape, which `StepTimer` caches."""
-    pp = parallelism.pp
+    pp, profile = parallelism.pp, profile.for_gpu(gpu.name)
     if not batch.num_requests:
         return [0.0] * pp
     ctx = _context(batch, model, gpu, parallelism, profile, options)

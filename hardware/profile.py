@@ -6,6 +6,9 @@ FlashAttention ~55% of peak in prefill and ~80% of bandwidth in decode, NCCL ~70
 ~0.25 ms per step for scheduling, launch and sampling). `calibration/` fits these per device from the
 executor's step times (`servesim calibrate`) or from measured benchmark runs' figures (`servesim fit`);
 `servesim compare benchmarks/published_runs.yaml` shows how far a profile is from published measurements.
+One profile may differ per GPU (`gpus:` sections, which `servesim fit --gpu` fits): the same kernels reach
+different fractions of each GPU's peaks (a fused-MoE kernel on an A100 and on an H100), and a plan weighs GPUs
+against each other with one profile.
 Bundled in calibration/profiles/: `vllm-published` (the defaults plus the per-layer gaps small-batch decodes
 measure) and `published-fit` (fitted to the published runs, routed experts apart).
 """
@@ -15,10 +18,13 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator
+from typing import Any
+
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 
 from hardware.errors import SpecError
 from hardware.files import read_yaml
+from hardware.gpu import gpu_catalog
 from hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
@@ -99,12 +105,45 @@ class Profile(SpecModel):
         "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))
     host_request_s: float = Field(0.0, ge=0, description="The same, per scheduled request per step")
     fit_mape: float | None = Field(None, description="Mean absolute % error on held-out shapes, when fitted")
+    gpus: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
+        "Per-GPU sections: a GPU's catalog name -> the efficiencies and overheads that differ on it (the rest "
+        "are the profile's); the cost model reads a GPU's section wherever it prices that GPU"))
 
     @field_validator("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm", "moe_compute",
                      "moe_memory", mode="before")
     @classmethod
     def _number_is_constant(cls, value: object) -> object:
         return _curve(value)
+
+    @field_validator("gpus")
+    @classmethod
+    def _sections_resolve(cls, gpus: dict[str, dict[str, Any]], info: ValidationInfo) -> dict[str, dict[str, Any]]:
+        for gpu, section in gpus.items():
+            unknown = sorted(set(section) - set(GPU_FIELDS))
+            if unknown:
+                raise ValueError(f"{gpu}: {', '.join(map(str, unknown))} cannot differ per GPU; allowed: "
+                                 f"{', '.join(GPU_FIELDS)}")
+            try:
+                cls.model_validate({k: v for k, v in info.data.items() if k in GPU_FIELDS} | section)
+            except ValidationError as err:
+                first = err.errors()[0]
+                raise ValueError(f"{'.'.join([gpu, *map(str, first['loc'])])}: {first['msg']}") from None
+        return gpus
+
+    def for_gpu(self, gpu: str) -> Profile:
+        """The profile as it prices `gpu`: its section (if any) over the shared values, with no sections left, so
+        a resolved profile passes through again for free."""
+        if not self.gpus:
+            return self
+        section = self.gpus.get(gpu)
+        if section is None:
+            return self.model_copy(update={"gpus": {}})
+        return Profile.model_validate(self.model_dump(exclude={"gpus"}) | section)
+
+    def with_gpu_section(self, gpu: str, values: dict[str, Any]) -> Profile:
+        """This profile with `values` set in `gpu`'s section (over what the section already held)."""
+        return Profile.model_validate(self.model_dump() | {
+            "gpus": self.model_dump()["gpus"] | {gpu: self.gpus.get(gpu, {}) | values}})
 
     def curves(self, kind: str) -> tuple[EfficiencyCurve, EfficiencyCurve]:
         """(compute, memory) efficiency curves of an operator kind: gemm, attention or moe (GEMM's unless set)."""
@@ -115,8 +154,13 @@ class Profile(SpecModel):
         return self.gemm_compute, self.gemm_memory
 
 
-def load_profile(name_or_path: str | Path | None) -> Profile:
-    """`None` -> defaults; a name -> calibration/profiles/<name>.yaml; otherwise a YAML path."""
+#: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance or fit error.
+GPU_FIELDS = tuple(name for name in Profile.model_fields if name not in ("name", "provenance", "fit_mape", "gpus"))
+
+
+def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:
+    """`None` -> defaults; a name -> calibration/profiles/<name>.yaml; otherwise a YAML path. Its `gpus:` sections
+    must name GPUs of the catalog (with `gpu_files`): a misspelt one would silently price nothing."""
     if name_or_path is None or name_or_path == "default":
         return Profile()
     path = Path(name_or_path)
@@ -126,7 +170,13 @@ def load_profile(name_or_path: str | Path | None) -> Profile:
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) if PROFILE_DIR.exists() else []
         raise SpecError(f"profile {str(name_or_path)!r} not found (looked for {path}); bundled: {known or 'none'}")
     try:
-        return Profile.model_validate(read_yaml(path, "profile"))
+        profile = Profile.model_validate(read_yaml(path, "profile"))
     except ValidationError as err:
         first = err.errors()[0]
         raise SpecError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    catalog = gpu_catalog(gpu_files) if profile.gpus else {}
+    unknown = sorted(set(profile.gpus) - set(catalog))
+    if unknown:
+        raise SpecError(f"{path}: gpus: {', '.join(unknown)} is not a GPU of the catalog; allowed: "
+                        f"{', '.join(sorted(catalog))}")
+    return profile

@@ -23,7 +23,7 @@ from hardware.profile import Profile
 class StepTimer:
     def __init__(self, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
                  profile: Profile = Profile(), options: CostOptions = CostOptions()):
-        self.args = (model, gpu, parallelism, profile, options)
+        self.args = (model, gpu, parallelism, profile.for_gpu(gpu.name), options)
         self._fixed_s: dict[tuple, float] = {}
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)

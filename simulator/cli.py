@@ -201,7 +201,7 @@ def roofline(model: str, gpu: str = typer.Option(..., "--gpu"), batch: int = typ
         from simulator.atomic import check_output_file
         check_output_file(html, "--html")
     cost = step_cost(StepBatch.uniform(batch, context, prefill), spec, gpu_spec, Parallelism(tp, pp),
-                     load_profile(profile), CostOptions(weight_dtype, kv_dtype, fast_prefill))
+                     load_profile(profile, tuple(gpu_file)), CostOptions(weight_dtype, kv_dtype, fast_prefill))
     title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"
     if html:
         from simulator.atomic import write_text_atomic

@@ -13,8 +13,9 @@ import typer
 from rich.markup import escape
 
 from hardware.errors import SpecError
+from hardware.gpu import get_gpu
 from hardware.model import get_model
-from hardware.profile import FIXED_COSTS, Profile
+from hardware.profile import FIXED_COSTS, Profile, load_profile
 from simulator.cli import app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
@@ -25,9 +26,9 @@ def _curve_text(profile: Profile, name: str) -> str:
     return " ".join(f"{tokens:g}:{eff:.3f}" for tokens, eff in getattr(profile, name).points)
 
 
-def profile_rows(fitted: Profile) -> list[list[str]]:
-    """[parameter, fitted, default] rows: curves as tokens:efficiency pairs, overheads in microseconds."""
-    default = Profile()
+def profile_rows(fitted: Profile, default: Profile = Profile()) -> list[list[str]]:
+    """[parameter, fitted, default] rows (default: what the fit started from): curves as tokens:efficiency pairs,
+    overheads in microseconds."""
     rows = [[name, _curve_text(fitted, name), _curve_text(default, name)] for name in CURVES]
     for name in ("moe_compute", "moe_memory"):  # None: as the GEMM curves (executor fits)
         rows.append([name, *(_curve_text(p, name) if getattr(p, name) is not None else "as gemm"
@@ -115,15 +116,22 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
              max_evaluations: int = typer.Option(200, "--max-evaluations", min=1,
                                                  help="Replays of all train runs the search may spend"),
              prior: float = typer.Option(0.0, "--prior", min=0.0, help=(
-                 "Pull toward the defaults: residual prior * log(value / default) per parameter (0: none; "
-                 "~0.05 keeps parameters the runs cannot tell apart near the defaults)")),
+                 "Pull toward the base profile: residual prior * log(value / base value) per parameter (0: none; "
+                 "~0.05 keeps parameters the runs cannot tell apart near the base)")),
              only: str | None = typer.Option(None, "--only", help=(
                  "Fit just these parameters, comma-separated (e.g. moe_compute,moe_memory); the others keep "
-                 "their defaults")),
+                 "the base profile's values")),
+             base: str | None = typer.Option(None, "--base", help=(
+                 "Start from this profile (name or YAML path; default: the documented defaults): it keeps what the "
+                 "fit does not move, and its errors are the ones the fit is compared with")),
+             gpu: str | None = typer.Option(None, "--gpu", help=(
+                 "Fit only the runs on this GPU (catalog name) into the base profile's `gpus.<GPU>` section: the "
+                 "shared values, and every other GPU's, stay as they are")),
              workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)")
              ) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
-    report default and fitted errors on the runs fitted and the runs held out."""
+    report the base profile's and the fitted one's errors on the runs fitted and the runs held out; --gpu fits one
+    GPU's section of a profile."""
     import pandas as pd
 
     try:
@@ -137,28 +145,40 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     from simulator.measured_report import FAMILY_COLUMNS, family_rows
 
     check_replaceable(out)  # before the fit, not after it
-    runs = select(load_measured_runs(runs_file), match)
+    start = load_profile(base)
+    if gpu is not None:
+        get_gpu(gpu)  # a misspelt name fails here, with the catalog's names
+    runs = [run for run in select(load_measured_runs(runs_file), match) if gpu is None or run.gpu == gpu]
     if len(runs) < 2:
-        raise SpecError(f"{runs_file}: {len(runs)} run(s) match; a fit needs at least 2")
+        raise SpecError(f"{runs_file}: {len(runs)} run(s) match" + (f" on {gpu}" if gpu else "")
+                        + "; a fit needs at least 2")
     train, test = split(runs, holdout_every)
+    what = f"{len(train)} runs of {runs_file.name}" + (f" matching {match!r}" if match else "") + \
+        (f" on {gpu}" if gpu else "") + f", {len(test)} held out"
     with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
-        result = fit_to_runs(train, test, workers=workers or default_workers(), max_evaluations=max_evaluations,
-                             prior=prior, only=[p.strip() for p in only.split(",")] if only else None, name=name,
-                             provenance=f"servesim fit: {len(train)} runs of {runs_file.name}"
-                             + (f" matching {match!r}" if match else "") + f", {len(test)} held out")
+        result = fit_to_runs(train, test, start, workers=workers or default_workers(),
+                             max_evaluations=max_evaluations, prior=prior,
+                             only=[p.strip() for p in only.split(",")] if only else None, gpu=gpu, name=name)
+    provenance = f"servesim fit: {what}" if base is None and gpu is None else (
+        f"{start.provenance}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
+        f"--base {start.name}: {what} ({fit_score(result.mape, len(test))})")
+    fitted = result.profile.model_copy(update={"provenance": provenance})
     rows = []
+    labels = {"base": "default" if base is None else f"base ({start.name})", "fitted": "fitted"}
     with atomic_dir(out) as folder:
-        save_profile(result.profile, folder / "profile.yaml", {"runs": runs_file, "evaluations": result.evaluations})
+        save_profile(fitted, folder / "profile.yaml", {"runs": runs_file, "evaluations": result.evaluations})
         for i, (part, members) in enumerate((("train", train), ("test", test))):
-            by_profile = {label: result.split_errors(label)[i] for label in ("default", "fitted")}
+            by_profile = {key: result.split_errors(key)[i] for key in labels}
             rows += figure_rows(members, by_profile, part)
-            for label, errors in by_profile.items():
+            for key, errors in by_profile.items():
                 if members:
-                    print_table(f"{part} runs ({len(members)}), {label} profile", FAMILY_COLUMNS,
+                    print_table(f"{part} runs ({len(members)}), {labels[key]} profile", FAMILY_COLUMNS,
                                 family_rows(list(zip(members, errors))))
         pd.DataFrame(rows).to_csv(folder / "figures.csv", index=False)
-    print_table("fitted profile", ["parameter", "fitted", "default"], profile_rows(result.profile))
-    console.print(escape(f"profile in {out / 'profile.yaml'} ({fit_score(result.profile.fit_mape, len(test))}); "
+    shown = (fitted.for_gpu(gpu), start.for_gpu(gpu)) if gpu else (fitted, start)
+    print_table("fitted profile" + (f" on {gpu}" if gpu else ""), ["parameter", "fitted", labels["base"]],
+                profile_rows(*shown))
+    console.print(escape(f"profile in {out / 'profile.yaml'} ({fit_score(result.mape, len(test))}); "
                          f"every figure in {out / 'figures.csv'}"))
 
 

@@ -71,8 +71,9 @@ def build_timer(s: Scenario) -> StepTimer:
     spec = s.engine.speculative  # verify queries (1 + k tokens) take attention's decode path
     options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill,
                           1 + spec.k if spec is not None else 1)
-    return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)),
-                     s.parallelism.spec(s.engine.scheduler), load_profile(s.hardware.profile), options)
+    gpu_files = tuple(s.hardware.gpu_files)
+    return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, gpu_files), s.parallelism.spec(s.engine.scheduler),
+                     load_profile(s.hardware.profile, gpu_files), options)
 
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:

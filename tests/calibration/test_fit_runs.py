@@ -17,7 +17,7 @@ TRUTH = Profile(gemm_compute=EfficiencyCurve.constant(0.45), gemm_memory=Efficie
                 step_overhead_s=6e-4, layer_overhead_s=3e-5)
 
 
-def runs_measured_under(profile_path: str) -> list[MeasuredRun]:
+def runs_measured_under(profile_path: str, gpu: str = "h100-sxm") -> list[MeasuredRun]:
     """Small runs of two models whose figures a known profile made: decode-bound latency runs, a prefill-bound
     burst, a closed loop. (Overheads and efficiencies trade off against each other on so few runs: only the
     figures, and the weight-streaming efficiency that decode-bound figures pin, are recoverable.)"""
@@ -31,7 +31,7 @@ def runs_measured_under(profile_path: str) -> list[MeasuredRun]:
     figures = {"latency": ["latency_s"], "serve": ["mean_ttft_ms", "mean_tpot_ms", "duration_s"]}
     runs = []
     for shape in shapes:
-        template = MeasuredRun.model_validate({"source": "synthetic", "gpu": "h100-sxm", **shape,
+        template = MeasuredRun.model_validate({"source": "synthetic", "gpu": gpu, **shape,
                                                   "engine_args": {"max_model_len": 4096},
                                                   "measured": {f: 1.0 for f in figures[shape["benchmark"]]}})
         made = {e.metric: e.predicted for e in replay(template, profile_path)}
@@ -70,7 +70,7 @@ def test_every_nth_run_is_held_out_and_measures_the_fit(truth_path, tmp_path):
     held_out = [abs(e.predicted / e.measured - 1) * 100 for run in replayed for e in run]
     assert result.profile.fit_mape == pytest.approx(sum(held_out) / len(held_out), rel=1e-6)
     assert result.split_errors("fitted")[1] == replayed  # the errors it reports are the saved profile's
-    assert result.split_errors("default")[0] == [replay(run) for run in train]
+    assert result.split_errors("base")[0] == [replay(run) for run in train]
 
 
 def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path):
@@ -85,7 +85,7 @@ def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path
     assert profile.name == "mine" and math.isfinite(profile.fit_mape)
     figures = pd.read_csv(out / "figures.csv")
     assert sorted(figures["split"].unique()) == ["test", "train"] and len(figures) == 8
-    assert {"measured", "predicted_default", "predicted_fitted"} <= set(figures.columns)
+    assert {"measured", "predicted_base", "predicted_fitted"} <= set(figures.columns)
     assert "held-out MAPE" in result.output and "over 2 runs" in result.output
     too_few = CliRunner().invoke(app, ["fit", str(runs_file), "--match", "latency 32/64"])
     assert too_few.exit_code == 2 and "a fit needs at least 2" in too_few.output
@@ -143,3 +143,46 @@ def test_the_polish_moves_where_stepped_figures_stall_least_squares():
     assert math.exp(stalled.x[0]) == pytest.approx(0.9)
     _polish(residuals, best[1], names, budget=60)
     assert best[0] == 0 and math.exp(best[1][0]) == pytest.approx(0.3, rel=0.11)
+
+
+def test_a_gpu_fit_writes_that_gpus_section_and_leaves_the_shared_values(tmp_path):
+    """Runs on an A100 made by the defaults but for a weight-streaming efficiency of 0.6 there: `fit --gpu` from
+    the defaults finds 0.6 in the A100's section; the shared 0.85, and so every H100 prediction, stay."""
+    slow_a100 = tmp_path / "slow.yaml"
+    slow_a100.write_text(yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json")))
+    runs = runs_measured_under(str(slow_a100), gpu="a100-80gb")[:2]
+    result = fit_to_runs(runs, [], max_evaluations=12, only=["gemm_memory"], gpu="a100-80gb")
+    assert result.profile.gpus["a100-80gb"]["gemm_memory"] == pytest.approx(0.6, rel=0.02)
+    assert result.profile.model_dump(exclude={"gpus"}) == Profile().model_dump(exclude={"gpus"})
+    assert result.mape < 1.0 and result.profile.fit_mape is None  # the section's error is not the profile's
+    with pytest.raises(ValueError, match="a fit for h100-sxm was given runs on a100-80gb"):
+        fit_to_runs(runs, [], gpu="h100-sxm")
+
+
+def test_fit_cli_fits_one_gpus_section_of_a_base_profile(tmp_path):
+    """`servesim fit --base P --gpu a100-80gb` fits only the A100 runs of a file that also holds H100 runs, into
+    P's section for the A100; P's name, shared values and provenance stay, the section's fit is appended."""
+    slow_a100 = tmp_path / "slow.yaml"
+    slow_a100.write_text(yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json")))
+    runs = runs_measured_under(str(slow_a100), gpu="a100-80gb")[:2] + runs_measured_under(str(slow_a100))[:1]
+    runs_file = tmp_path / "runs.yaml"
+    runs_file.write_text(yaml.safe_dump([run.model_dump(mode="json", exclude_none=True) for run in runs]))
+    base = tmp_path / "base.yaml"
+    base.write_text(yaml.safe_dump(Profile(name="mine", provenance="hand-made", comm=0.5).model_dump(mode="json")))
+    out = tmp_path / "fit"
+    result = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(base), "--gpu", "a100-80gb", "--out",
+                                      str(out), "--only", "gemm_memory", "--holdout-every", "0", "--name", "mine",
+                                      "--max-evaluations", "12", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    fitted = load_profile(out / "profile.yaml")
+    assert set(fitted.gpus) == {"a100-80gb"} and fitted.gpus["a100-80gb"]["gemm_memory"] == pytest.approx(0.6, rel=0.02)
+    assert fitted.comm.at(1) == 0.5 and fitted.gemm_memory.at(1) == 0.85 and fitted.name == "mine"
+    assert fitted.provenance.startswith("hand-made; then gpus.a100-80gb fitted from it by servesim fit --base mine: "
+                                        "2 runs of runs.yaml on a100-80gb, 0 held out (training MAPE")
+    figures = pd.read_csv(out / "figures.csv")
+    assert len(figures) == 2 and {"predicted_base", "predicted_fitted"} <= set(figures.columns)  # A100 runs only
+    assert "base (mine) profile" in result.output and "fitted profile on a100-80gb" in result.output
+    bad = CliRunner().invoke(app, ["fit", str(runs_file), "--gpu", "a100", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "a100-80gb" in bad.output and not (tmp_path / "bad").exists()
+    none = CliRunner().invoke(app, ["fit", str(runs_file), "--gpu", "h200", "--out", str(tmp_path / "none")])
+    assert none.exit_code == 2 and "0 run(s) match on h200; a fit needs at least 2" in none.output
