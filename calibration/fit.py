@@ -94,8 +94,10 @@ def default_knots(tokens: np.ndarray, count: int = 4) -> np.ndarray:
 
 
 def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
-    """Predicted seconds per row under `profile`, resolved for the rows' GPU (`Profile.for_gpu`): equals
-    `step_cost(...).total_s` row by row."""
+    """Predicted seconds per row under `profile`, which the caller resolves for the rows' GPU (`Profile.for_gpu`):
+    equals `step_cost(...).total_s` row by row."""
+    if profile.gpus:
+        raise ValueError("predict_table takes a profile resolved for one GPU (Profile.for_gpu), not its sections")
     eff_c, eff_m = np.empty(len(tt.kind)), np.empty(len(tt.kind))
     for code, kind in KIND_NAMES.items():
         entries = tt.kind == code

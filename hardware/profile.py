@@ -124,11 +124,13 @@ class Profile(SpecModel):
                 raise ValueError(f"{gpu}: {', '.join(map(str, unknown))} cannot differ per GPU; allowed: "
                                  f"{', '.join(GPU_FIELDS)}")
             try:
-                cls.model_validate({k: v for k, v in info.data.items() if k in GPU_FIELDS} | section)
+                resolved = cls.model_validate({k: v for k, v in info.data.items() if k in GPU_FIELDS} | section)
             except ValidationError as err:
                 first = err.errors()[0]
-                raise ValueError(f"{'.'.join([gpu, *map(str, first['loc'])])}: {first['msg']}") from None
-        return gpus
+                where = ".".join([gpu, *map(str, first["loc"])])
+                raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
+            gpus[gpu] = {key: value for key, value in resolved.model_dump(mode="json").items() if key in section}
+        return gpus  # each section as its fields dump, so a YAML round trip compares equal
 
     def for_gpu(self, gpu: str) -> Profile:
         """The profile as it prices `gpu`: its section (if any) over the shared values, with no sections left, so

@@ -112,7 +112,8 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
                                                help="Hold every n-th run (n >= 2) out of the fit to test it "
                                                     "(0: none)"),
              out: Path = typer.Option(Path("fit_out"), "--out", help="Folder for profile.yaml and figures.csv"),
-             name: str = typer.Option("fitted-runs", "--name", help="The profile's name"),
+             name: str | None = typer.Option(None, "--name", help=(
+                 "The profile's name (default: the base's with --base, else fitted-runs)")),
              max_evaluations: int = typer.Option(200, "--max-evaluations", min=1,
                                                  help="Replays of all train runs the search may spend"),
              prior: float = typer.Option(0.0, "--prior", min=0.0, help=(
@@ -158,10 +159,11 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
         result = fit_to_runs(train, test, start, workers=workers or default_workers(),
                              max_evaluations=max_evaluations, prior=prior,
-                             only=[p.strip() for p in only.split(",")] if only else None, gpu=gpu, name=name)
+                             only=[p.strip() for p in only.split(",")] if only else None, gpu=gpu,
+                             name=name or (start.name if base is not None else "fitted-runs"))
     provenance = f"servesim fit: {what}" if base is None and gpu is None else (
         f"{start.provenance}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
-        f"--base {start.name}: {what} ({fit_score(result.mape, len(test))})")
+        f"--base {base or 'default'}: {what} ({fit_score(result.mape, len(test))})")
     fitted = result.profile.model_copy(update={"provenance": provenance})
     rows = []
     labels = {"base": "default" if base is None else f"base ({start.name})", "fitted": "fitted"}

@@ -152,7 +152,8 @@ def test_a_gpu_fit_writes_that_gpus_section_and_leaves_the_shared_values(tmp_pat
     slow_a100.write_text(yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json")))
     runs = runs_measured_under(str(slow_a100), gpu="a100-80gb")[:2]
     result = fit_to_runs(runs, [], max_evaluations=12, only=["gemm_memory"], gpu="a100-80gb")
-    assert result.profile.gpus["a100-80gb"]["gemm_memory"] == pytest.approx(0.6, rel=0.02)
+    assert result.profile.for_gpu("a100-80gb").gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
+    assert set(result.profile.gpus["a100-80gb"]) == {"gemm_memory"}
     assert result.profile.model_dump(exclude={"gpus"}) == Profile().model_dump(exclude={"gpus"})
     assert result.mape < 1.0 and result.profile.fit_mape is None  # the section's error is not the profile's
     with pytest.raises(ValueError, match="a fit for h100-sxm was given runs on a100-80gb"):
@@ -171,13 +172,14 @@ def test_fit_cli_fits_one_gpus_section_of_a_base_profile(tmp_path):
     base.write_text(yaml.safe_dump(Profile(name="mine", provenance="hand-made", comm=0.5).model_dump(mode="json")))
     out = tmp_path / "fit"
     result = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(base), "--gpu", "a100-80gb", "--out",
-                                      str(out), "--only", "gemm_memory", "--holdout-every", "0", "--name", "mine",
+                                      str(out), "--only", "gemm_memory", "--holdout-every", "0",
                                       "--max-evaluations", "12", "--workers", "1"])
     assert result.exit_code == 0, result.output
     fitted = load_profile(out / "profile.yaml")
-    assert set(fitted.gpus) == {"a100-80gb"} and fitted.gpus["a100-80gb"]["gemm_memory"] == pytest.approx(0.6, rel=0.02)
+    assert set(fitted.gpus) == {"a100-80gb"}
+    assert fitted.for_gpu("a100-80gb").gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     assert fitted.comm.at(1) == 0.5 and fitted.gemm_memory.at(1) == 0.85 and fitted.name == "mine"
-    assert fitted.provenance.startswith("hand-made; then gpus.a100-80gb fitted from it by servesim fit --base mine: "
+    assert fitted.provenance.startswith(f"hand-made; then gpus.a100-80gb fitted from it by servesim fit --base {base}: "
                                         "2 runs of runs.yaml on a100-80gb, 0 held out (training MAPE")
     figures = pd.read_csv(out / "figures.csv")
     assert len(figures) == 2 and {"predicted_base", "predicted_fitted"} <= set(figures.columns)  # A100 runs only

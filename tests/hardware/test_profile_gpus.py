@@ -53,7 +53,15 @@ def test_for_gpu_overlays_the_section_and_leaves_no_sections():
     assert resolved.moe_memory == profile.moe_memory and resolved.gpus == {}
     assert resolved.for_gpu("a100-80gb") is resolved  # resolving again is free
     assert profile.for_gpu("h100-sxm") == profile.model_copy(update={"gpus": {}})
-    assert profile.with_gpu_section("a100-80gb", {"moe_memory": 0.5}).gpus == {"a100-80gb": SECTION | {"moe_memory": 0.5}}
+    widened = profile.with_gpu_section("a100-80gb", {"moe_memory": 0.5}).for_gpu("a100-80gb")
+    assert widened.moe_memory.at(1) == 0.5 and widened.moe_compute.at(1) == 0.36
+
+
+def test_a_section_is_kept_as_its_fields_dump_so_equal_sections_compare_equal():
+    """0.5 and its one-point curve are the same efficiency: the sections compare equal, as the shared fields do."""
+    as_number = Profile(gpus={"a100-80gb": {"comm": 0.5}})
+    assert as_number == Profile(gpus={"a100-80gb": {"comm": {"points": [[1.0, 0.5]]}}})
+    assert as_number.gpus == {"a100-80gb": {"comm": {"points": [[1.0, 0.5]]}}}
 
 
 def test_a_scenario_on_the_sectioned_gpu_runs_as_with_the_flat_profile(tmp_path):
@@ -78,7 +86,7 @@ def test_a_profile_with_sections_round_trips_through_yaml(tmp_path):
 @pytest.mark.parametrize("section,message", [
     ({"name": "x"}, r"gpus: .*a100-80gb: name cannot differ per GPU; allowed: gemm_compute, .*host_request_s"),
     ({"gpus": {}}, r"gpus: .*a100-80gb: gpus cannot differ per GPU"),
-    ({"moe_compute": 1.5}, r"gpus: .*a100-80gb\.moe_compute\.points: .*efficiencies must lie in \(0, 1\]"),
+    ({"moe_compute": 1.5}, r"gpus: Value error, a100-80gb\.moe_compute\.points: efficiencies must lie in \(0, 1\]"),
     ({"step_overhead_s": True}, r"gpus: .*a100-80gb: step_overhead_s: expected a number, not a true/false"),
     ({"layer_overhead_s": -1}, r"gpus: .*a100-80gb\.layer_overhead_s: .*greater than or equal to 0"),
 ])
