@@ -58,6 +58,16 @@ class StepBatch:
         both paths."""
         return bool(len(self.num_new)) and int(self.num_new.min()) <= decode_query_len < int(self.num_new.max())
 
+    def busiest_rank(self, ranks: int) -> StepBatch:
+        """The requests of the busiest of `ranks` data-parallel attention ranks, each request whole on one of
+        them: dealt round-robin largest first (by new tokens, then context), the first rank holds the largest
+        request and, place by place, none smaller than another rank's. The least imbalance a step can have: a
+        lone prompt runs on one GPU, not 1/ranks of it on each."""
+        if ranks == 1 or self.num_requests <= 1:
+            return self
+        picked = np.lexsort((-self.num_context, -self.num_new))[::ranks]
+        return StepBatch(self.num_new[picked], self.num_context[picked], self.needs_logits[picked])
+
     def last_token_only(self) -> StepBatch:
         """Each request reduced to its last new token (YOCO fast prefill for KV-sharing layers)."""
         return StepBatch(np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits)

@@ -42,12 +42,13 @@ class Parallelism:
 
     `ep`: MoE experts are spread whole over the TP group (expert parallel) instead of every expert being
     sliced across it; under DP attention tokens reach them by all-to-all. `dp_attention`: attention runs data
-    parallel inside the group (each GPU attends for 1/tp of the requests, with all heads and its own
-    KV; SGLang's DP attention for MLA models), hidden states are gathered for SGLang's sliced MLP. A TP group
-    larger than a node talks over `inter_node_link` (per-GPU NIC rate). `dense_replicated` (with DP attention):
-    the group is vLLM's data-parallel ranks at TP 1, so every weight but the routed experts (dense MLP layers,
-    shared experts, embeddings, LM head) is whole on each GPU and runs on its own 1/tp of the tokens, with no
-    collective outside the MoE layers; without it, SGLang's layout slices them over the group.
+    parallel inside the group (each GPU attends for its own requests, with all heads and their KV, and the step
+    lasts as long as the busiest GPU's: `rank_batch`; SGLang's DP attention for MLA models), hidden states are
+    gathered for SGLang's sliced MLP. A TP group larger than a node talks over `inter_node_link` (per-GPU NIC
+    rate). `dense_replicated` (with DP attention): the group is vLLM's data-parallel ranks at TP 1, so every weight
+    but the routed experts (dense MLP layers, shared experts, embeddings, LM head) is whole on each GPU and runs on
+    its own requests' tokens, with no collective outside the MoE layers; without it, SGLang's layout slices them
+    over the group.
     """
 
     tp: int = 1
@@ -68,9 +69,10 @@ class Parallelism:
         """GPUs a non-expert weight (dense MLP, shared experts, embeddings, LM head) is sliced over."""
         return 1 if self.dense_replicated else self.tp
 
-    def dense_rows(self, rows: float) -> float:
-        """Rows one GPU runs those weights on: every row on its slice, or its own 1/tp of them whole."""
-        return rows / self.tp if self.dense_replicated else rows
+    def dense_rows(self, rows: float, rank_rows: float) -> float:
+        """Rows one GPU runs those weights on: every row of the step on its slice, or (vLLM's DP ranks) the busiest
+        rank's own rows (`rank_batch`) whole."""
+        return rank_rows if self.dense_replicated else rows
 
     @property
     def attention_ranks(self) -> int:
@@ -78,11 +80,12 @@ class Parallelism:
         DP attention, else 1 (every GPU attends for every request over its slice of the heads)."""
         return self.tp if self.dp_attention else 1
 
-    def rank_share(self, count: float) -> float:
-        """The requests or tokens whose per-step host work one engine does: under DP attention each rank's
-        engine (vLLM) or scheduler (SGLang) handles its own 1/tp of them, in parallel with the others (and its
-        attention-side GEMMs run on its own rows, balanced, with the whole weights)."""
-        return count / self.tp if self.dp_attention else count
+    def rank_batch(self, batch: StepBatch) -> StepBatch:
+        """The requests whose attention-side work (attention, its projections, the per-step host work) one GPU
+        does: under DP attention each rank's engine (vLLM) or scheduler (SGLang) runs its own requests whole, in
+        step with the others, so the step lasts as long as its busiest rank's (`StepBatch.busiest_rank`); else
+        every GPU works on every request."""
+        return batch.busiest_rank(self.tp) if self.dp_attention else batch
 
     @property
     def num_gpus(self) -> int:
@@ -315,6 +318,7 @@ class _Ctx:
     weight_dtype: str  # resolved (never "auto")
     wbytes: float  # bytes per weight of attention, dense MLP and extras
     expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
+    rank: StepBatch  # the requests one GPU attends for (`Parallelism.rank_batch`): the step's, or its busiest rank's
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
@@ -426,22 +430,21 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     """
     m = ctx.model
     qk_dim, v_dim = _attention_dims(m, decode)
-    if ctx.par.dp_attention:  # all heads, 1/tp of the requests (balanced) and their whole KV on each GPU
+    if ctx.par.dp_attention:  # all heads over the busiest rank's requests (the stats given) and their whole KV
         heads, kv_values = m.num_heads, m.kv_values_per_token_per_layer(1)
-        keys, kv_read, tokens = keys / ctx.par.tp, kv_read / ctx.par.tp, tokens / ctx.par.tp
     else:
         heads, kv_values = m.num_heads / ctx.par.tp, m.kv_values_per_token_per_layer(ctx.par.tp)
     flops = 2 * heads * (qk_dim + v_dim) * keys
     written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
     nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
-    step_tokens = ctx.par.rank_share(ctx.tokens)  # the kernel's own: under DP attention this GPU's share
-    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(step_tokens))
-    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(step_tokens))
+    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(ctx.tokens))
+    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(ctx.tokens))
     return flops, nbytes, compute_s, memory_s
 
 
 def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
-    m = ctx.model
+    """`batch`: the requests one GPU attends for (`Parallelism.rank_batch`), as the layer group sees them."""
+    m, ctx = ctx.model, ctx.with_tokens(batch.num_tokens)
     for decode in (True, False):
         s = _attn_stats(batch, group.window, decode, ctx.opts.decode_query_len)
         if not s.requests:
@@ -451,12 +454,11 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
                 (compute_s, memory_s), layers)
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
-            rows = ctx.par.rank_share(s.tokens if decode else s.expand_tokens)
+            rows = s.tokens if decode else s.expand_tokens
             # absorbed, it runs as bf16 batched GEMMs on bf16 copies of the weights (memory.absorbed_copy_bytes)
             wbytes, compute = (ACT_BYTES, "bf16") if decode else (ctx.wbytes, None)
             flops, nbytes = 2 * rows * up, up * wbytes + rows * up / m.mla.kv_lora_rank * ACT_BYTES
-            local = ctx.with_tokens(ctx.par.rank_share(ctx.tokens))
-            acc.add(local, "mla_kv_up", "gemm", flops, nbytes, local.gemm_s(flops, nbytes, compute), layers)
+            acc.add(ctx, "mla_kv_up", "gemm", flops, nbytes, ctx.gemm_s(flops, nbytes, compute), layers)
 
 
 def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
@@ -464,7 +466,8 @@ def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> None:
+def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Group, layers: int) -> None:
+    """`tokens`: the step's; `rank_tokens`: the busiest DP-attention rank's (`Parallelism.rank_batch`)."""
     m, tp, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
     if group.is_moe:
         moe = m.moe
@@ -476,16 +479,16 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int) -> N
         acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers)
         # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
         # DP attention) and on vLLM's DP ranks every GPU holds the shared experts whole and runs them on its own
-        # 1/tp of the tokens
+        # rank's tokens
         whole = ctx.par.dp_attention and (ctx.par.ep or ctx.par.dense_replicated)
         shared = moe.num_shared_experts * m.expert_params() / (1 if whole else tp)
-        shared_rows = tokens / tp if whole else tokens
-        flops = 2 * shared_rows * shared + 2 * ctx.par.dense_rows(tokens) * h * moe.num_experts
+        shared_rows = rank_tokens if whole else tokens
+        flops = 2 * shared_rows * shared + 2 * ctx.par.dense_rows(tokens, rank_tokens) * h * moe.num_experts
         nbytes = shared * ctx.expert_wbytes + h * moe.num_experts * ACT_BYTES
         gemm = ctx.with_tokens(shared_rows)
         acc.add(gemm, "moe_router_shared", "gemm", flops, nbytes, gemm.gemm_s(flops, nbytes), layers)
     # dense weights run on every row, or on vLLM's DP ranks whole on each GPU's own rows: the curves read there
-    ranks, rows = ctx.par.dense_ranks, ctx.par.dense_rows(tokens)
+    ranks, rows = ctx.par.dense_ranks, ctx.par.dense_rows(tokens, rank_tokens)
     dense = ctx.with_tokens(rows)
     if not group.is_moe:
         params = m.dense_mlp_params(group.mlp_intermediate) / ranks
@@ -552,23 +555,24 @@ def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
 
 
 def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
-    batch = _group_batch(batch, group)
+    batch, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
     ctx = ctx.with_tokens(batch.num_tokens)
-    tokens, h = float(batch.num_tokens), ctx.model.hidden_size
+    tokens, rows, h = float(batch.num_tokens), float(rank.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
-    out_dim, rows = qkv / h, ctx.par.rank_share(tokens)  # under DP attention, its share with whole weights
+    out_dim = qkv / h  # under DP attention the busiest rank's rows with whole weights
     local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
     acc.add(local, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
             local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers)
-    _attention(ctx, acc, batch, group, layers)
+    _attention(ctx, acc, rank, group, layers)
     acc.add(local, "o_proj", "gemm", 2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
             local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
-    _mlp(ctx, acc, tokens, group, layers)
+    _mlp(ctx, acc, tokens, rows, group, layers)
     if ctx.par.tp > 1:
-        _layer_comm(ctx, acc, tokens, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
+        _layer_comm(ctx, acc, tokens, rows, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
 
 
-def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: int, extend: bool) -> None:
+def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Group, layers: int,
+                extend: bool) -> None:
     """Per layer over the TP group: an all-reduce after attention (an all-gather of the hidden states under DP
     attention, the same bytes as SGLang sends it) and one after the MLP. On vLLM's data-parallel ranks only the
     MoE layers talk: without expert parallel they all-gather the group's hidden states and router logits and
@@ -576,7 +580,8 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
     (tp-1)/tp of its bytes over each GPU's link). Expert parallel without DP attention
     changes nothing here: every GPU holds every token, runs its own whole experts on those routed to them,
     and the all-reduce sums their outputs (vLLM's EP at DP size 1). Under DP attention an expert-parallel MoE
-    layer keeps each GPU's own 1/tp of the tokens there and sends them to their experts and back instead:
+    layer keeps each GPU's own tokens there and sends them to their experts and back instead (the busiest rank's
+    `rank_tokens` bound the exchange):
     DeepEP's dispatch and combine as SGLang's `auto` mode picks them (vLLM's DP ranks too: its launch command
     is told to pick a DeepEP all2all backend). A step that extends (prefill chunks) runs
     the normal kernels, which send a token once to each rank holding any of its experts
@@ -586,7 +591,7 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
     the same way. fp8 carries a 4-byte scale per 128 values."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
     if group.is_moe and ctx.par.ep and ctx.par.dp_attention:
-        moe, local = ctx.model.moe, tokens / ctx.par.tp * ctx.model.hidden_size
+        moe, local = ctx.model.moe, rank_tokens * ctx.model.hidden_size
         copies = moe.ranks_per_token(ctx.par.tp) if extend else moe.experts_per_token
         dispatch_bytes = FP8_WITH_SCALE_BYTES if ctx.weight_dtype == "fp8" or not extend else ACT_BYTES
         dispatch, combine = local * copies * dispatch_bytes, local * copies * ACT_BYTES
@@ -605,7 +610,7 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, group: _Group, layers: in
 
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     m, ranks, tokens = ctx.model, ctx.par.dense_ranks, float(batch.num_tokens)
-    rows = ctx.par.dense_rows(tokens)
+    rows = ctx.par.dense_rows(tokens, ctx.rank.num_tokens)
     local = ctx.with_tokens(rows)
     looked_up = rows * m.hidden_size * ACT_BYTES * 2  # read from the table, written out
     acc.add(local, "embedding", "gemm", 0.0, looked_up, local.gemm_s(0.0, looked_up), 1)
@@ -618,7 +623,7 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
                 local.gemm_s(2 * rows * params, params * ctx.wbytes), 1)
     logits = float(batch.num_logits)
     if logits:
-        params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits)
+        params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits, ctx.rank.num_logits)
         flops, nbytes = 2 * rows * params, params * ACT_BYTES + rows * m.vocab_size / ranks * LOGIT_BYTES
         head = ctx.with_tokens(rows)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
         acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
@@ -639,7 +644,7 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
     check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention, parallelism.ep)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     return _Ctx(model, gpu, parallelism, options, profile.for_gpu(gpu.name), float(max(batch.num_tokens, 1)), dtype,
-                *weight_bytes(model, dtype))
+                *weight_bytes(model, dtype), parallelism.rank_batch(batch))
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
@@ -652,6 +657,7 @@ def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, paral
     """Yield (group, its layers, decode?, seconds per layer) of every layer group's attention: the terms `step_cost`
     prices, without the other operators. One reduced batch for all fast-prefill groups, so their stats are shared."""
     ctx, memo, reduced = _context(batch, model, gpu, parallelism, profile, options), {}, None
+    batch = ctx.rank  # attention runs on the requests one GPU attends for
     for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
         seen = _group_batch(batch, group)
         if seen is not batch:
@@ -688,11 +694,13 @@ def decode_stretch_attention_s(num_context: np.ndarray, num_steps: int, model: M
     elementwise over the steps, so a fast-forwarded stretch costs bit-for-bit what stepping it does."""
     batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
     ctx = _context(batch, model, gpu, parallelism, profile, options)
+    rank = ctx.rank  # its contexts all grow by one a step, so the busiest rank keeps its requests
+    ctx = ctx.with_tokens(rank.num_tokens)
     steps = np.arange(num_steps, dtype=np.int64)
     attention = np.zeros(num_steps)
     for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
-        keys = _decode_keys(num_context, steps, group.window)
-        _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, batch.num_tokens)
+        keys = _decode_keys(rank.num_context, steps, group.window)
+        _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, rank.num_tokens)
         attention += np.maximum(compute_s, memory_s) * layers
     return attention
 
@@ -733,7 +741,8 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     for term in operator_terms(batch, model, gpu, parallelism, profile, options):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
-        requests, tokens = parallelism.rank_share(batch.num_requests), parallelism.rank_share(batch.num_tokens)
+        rank = parallelism.rank_batch(batch)  # each DP-attention rank's engine does its own host work
+        requests, tokens = rank.num_requests, rank.num_tokens
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
                  + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
                  + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options)
@@ -776,7 +785,7 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
     first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
                          for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
     mixed = batch.is_mixed(options.decode_query_len)
-    requests, tokens = parallelism.rank_share(batch.num_requests), parallelism.rank_share(batch.num_tokens)
+    requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens
     every_stage = profile.step_overhead_s + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
     stages = []
     for groups in _stage_groups(model, pp, options.kv_sharing_fast_prefill):

@@ -29,7 +29,14 @@ class StepTimer:
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
     def _shape(self, batch: StepBatch) -> tuple:
-        """What the non-attention operators depend on (MLA's expansion also on prefill contexts)."""
+        """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's shape,
+        and under DP attention its busiest rank's too (the attention side runs there)."""
+        key = self._own_shape(batch)
+        if self.args[2].dp_attention:
+            key += self._own_shape(self.args[2].rank_batch(batch))
+        return key
+
+    def _own_shape(self, batch: StepBatch) -> tuple:
         decode_query_len = self.args[4].decode_query_len
         key = (batch.num_tokens, batch.num_requests, batch.num_logits, batch.max_query_len > 1,
                batch.is_mixed(decode_query_len))
@@ -37,6 +44,15 @@ class StepTimer:
             prefill = batch.num_new > decode_query_len
             key += (int((batch.num_new[prefill] + batch.num_context[prefill]).sum()), int((~prefill).sum()))
         return key
+
+    def _decode_shape(self, num_requests: int) -> tuple:
+        """`_shape` of a decode step of `num_requests` requests, without building the batch (its busiest DP rank
+        holds ceil(n / tp) of them)."""
+        def own(n: int) -> tuple:
+            return (n, n, n, False, False) + ((0, n) if self.args[0].mla is not None else ())
+        if self.args[2].dp_attention:
+            return own(num_requests) + own(-(-num_requests // self.args[2].tp))
+        return own(num_requests)
 
     def fixed_s(self, batch: StepBatch) -> float:
         key = self._shape(batch)
@@ -47,10 +63,7 @@ class StepTimer:
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
         """`fixed_s` of a decode step of `num_requests` requests (the key needs no batch, only a miss does)."""
-        key = (num_requests, num_requests, num_requests, False, False)
-        if self.args[0].mla is not None:
-            key += (0, num_requests)
-        fixed = self._fixed_s.get(key)
+        fixed = self._fixed_s.get(self._decode_shape(num_requests))
         if fixed is None:
             fixed = self.fixed_s(StepBatch.of(np.ones(num_requests, np.int64), num_context))
         return fixed

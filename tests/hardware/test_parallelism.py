@@ -5,6 +5,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hardware.batch import StepBatch
 from hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
@@ -62,7 +64,7 @@ def test_a_prefill_sends_each_token_once_to_each_rank_holding_its_experts():
         assert moe.ranks_per_token(ranks) == pytest.approx(_routed_ranks(moe, ranks), rel=0.03), (moe, ranks)
     ungrouped = dataclasses.replace(v3, num_groups=1, groups_per_token=1)
     assert ungrouped.ranks_per_token(8) == pytest.approx(8 * (1 - math.comb(224, 8) / math.comb(256, 8)))
-    prefill = StepBatch.uniform(2, 0, new_tokens=4096)
+    prefill = StepBatch.uniform(8, 0, new_tokens=1024)  # one prompt per rank
     cost = step_cost(prefill, get_model("deepseek-v3"), H200, Parallelism(tp=8, ep=True, dp_attention=True))
     local = 8192 / 8 * 7168  # each GPU's tokens x hidden
     assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * 4 * (1 + 4 / 128 + 2))  # 58 MoE layers
@@ -276,3 +278,51 @@ def test_small_collectives_pay_one_latency_in_a_node_and_one_per_ring_step_acros
         bus_bytes = 2 * (tp - 1) / tp * llama.hidden_size * 2  # one token's activations, ring bus bytes
         wire = bus_bytes / (link.bytes_per_s * 0.70 * 0.19)  # default comm efficiency x small-collective factor
         assert per_call == pytest.approx(steps * link.latency_s + wire, rel=1e-9)
+
+
+def test_a_lone_prompt_under_dp_attention_runs_whole_on_one_gpu():
+    """A DP-attention rank attends for its own requests whole: an 8,192-token prompt alone in the step runs its
+    attention and projections on one GPU, as a TP-1 engine would (the same FLOPs), not an eighth of it on each;
+    eight 1,024-token prompts, one per rank, cost each GPU what one of them costs a TP-1 engine."""
+    v3, tp1, dp8 = get_model("deepseek-v3"), Parallelism(), Parallelism(tp=8, ep=True, dp_attention=True)
+    lone = StepBatch.uniform(1, 0, new_tokens=8192)
+    for name in ("attention_prefill", "qkv_proj", "o_proj", "mla_kv_up"):
+        assert step_cost(lone, v3, H200, dp8).by_name(name).flops == \
+            pytest.approx(step_cost(lone, v3, H200, tp1).by_name(name).flops), name
+    spread, one = StepBatch.uniform(8, 0, new_tokens=1024), StepBatch.uniform(1, 0, new_tokens=1024)
+    assert step_cost(spread, v3, H200, dp8).by_name("attention_prefill").flops == \
+        pytest.approx(step_cost(one, v3, H200, tp1).by_name("attention_prefill").flops)
+    assert step_cost(lone, v3, H200, dp8).total_s > 1.5 * step_cost(spread, v3, H200, dp8).total_s
+
+
+def test_the_busiest_rank_holds_the_largest_request_and_its_share_of_the_rest():
+    """Dealt round-robin largest first: nine decodes on eight ranks put the longest context and the shortest on
+    one rank; a prefill chunk goes before every decode, whatever their contexts."""
+    decodes = StepBatch.of([1] * 9, [900, 100, 500, 800, 300, 700, 200, 600, 400])
+    rank = decodes.busiest_rank(8)
+    assert sorted(rank.num_context.tolist()) == [100, 900]
+    mixed = StepBatch.of([1, 1, 512, 1], [5000, 4000, 0, 3000], [True, True, False, True])
+    rank = mixed.busiest_rank(2)
+    assert (rank.num_new.tolist(), rank.num_context.tolist(), rank.needs_logits.tolist()) == \
+        ([512, 1], [0, 4000], [False, True])
+    assert mixed.busiest_rank(1) is mixed
+
+
+@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), min_size=1, max_size=40),
+       st.integers(1, 16))
+def test_the_busiest_rank_is_at_least_as_loaded_as_a_balanced_share_and_the_largest_request(requests, ranks):
+    batch = StepBatch.of([n for n, _ in requests], [c for _, c in requests])
+    rank = batch.busiest_rank(ranks)
+    assert rank.num_requests == -(-batch.num_requests // ranks)
+    assert rank.num_tokens >= max(batch.num_tokens / ranks, batch.max_query_len)
+    assert set(zip(rank.num_new.tolist(), rank.num_context.tolist())) <= set(requests)
+
+
+def test_dp_attention_decode_stretches_cost_what_their_steps_do():
+    """A fused decode stretch picks the busiest rank once: every context grows by one a step, so it holds the same
+    requests throughout, and each step of the stretch costs bit-for-bit what stepping it costs."""
+    timer = StepTimer(get_model("deepseek-v3"), H200, Parallelism(tp=8, ep=True, dp_attention=True))
+    contexts = np.array([4000, 120, 9000, 30, 2500, 700, 60, 8000, 1500, 3300, 5])
+    fused = timer.decode_stretch_s(contexts, 40)
+    stepped = [timer(StepBatch.of(np.ones(len(contexts), np.int64), contexts + step)) for step in range(40)]
+    assert fused.tolist() == stepped
