@@ -61,8 +61,9 @@ class StepBatch:
     def busiest_rank(self, ranks: int) -> StepBatch:
         """The requests of the busiest of `ranks` data-parallel attention ranks, each request whole on one of
         them: dealt round-robin largest first (by new tokens, then context), the first rank holds the largest
-        request and, place by place, none smaller than another rank's. The least imbalance a step can have: a
-        lone prompt runs on one GPU, not 1/ranks of it on each."""
+        request and, place by place, none smaller than another rank's, so at least 1/ranks of the step's tokens
+        and its largest request: a lone prompt runs on one GPU, not 1/ranks of it on each. A simple deal, not
+        the engines' own (they keep a request on its rank for life) nor the most even one."""
         if ranks == 1 or self.num_requests <= 1:
             return self
         picked = np.lexsort((-self.num_context, -self.num_new))[::ranks]

@@ -623,7 +623,10 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
                 local.gemm_s(2 * rows * params, params * ctx.wbytes), 1)
     logits = float(batch.num_logits)
     if logits:
-        params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits, ctx.rank.num_logits)
+        # on vLLM's DP ranks the rank with most logits rows: at least an even share (the busiest rank's
+        # requests are the longest, often prompt chunks short of their last token)
+        most = max(ctx.rank.num_logits, -(-batch.num_logits // ctx.par.tp))
+        params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits, most)
         flops, nbytes = 2 * rows * params, params * ACT_BYTES + rows * m.vocab_size / ranks * LOGIT_BYTES
         head = ctx.with_tokens(rows)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
         acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
@@ -632,7 +635,8 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
             acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, ranks - 1), 1)
     if ctx.par.pp > 1:  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
         link, sent = _group_link(ctx, ctx.par.num_gpus), 2 * tokens * m.hidden_size * ACT_BYTES
-        share = sent / ctx.par.tp  # vLLM's DP ranks each send their own tokens' whole states, gathering nothing
+        # vLLM's DP ranks each send their own tokens' whole states, gathering nothing: the busiest rank's bound it
+        share = 2 * ctx.rank.num_tokens * m.hidden_size * ACT_BYTES if ctx.par.dense_replicated else sent / ctx.par.tp
         boundary_s = share / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s
         if ranks > 1:
             boundary_s += _collective_s(ctx, (ranks - 1) / ranks * sent, ranks - 1)

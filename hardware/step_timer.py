@@ -42,14 +42,15 @@ class StepTimer:
                batch.is_mixed(decode_query_len))
         if self.args[0].mla is not None:
             prefill = batch.num_new > decode_query_len
-            key += (int((batch.num_new[prefill] + batch.num_context[prefill]).sum()), int((~prefill).sum()))
+            key += (int((batch.num_new[prefill] + batch.num_context[prefill]).sum()), int((~prefill).sum()),
+                    int(batch.num_new[~prefill].sum()))  # decode queries' tokens: 1 + k each when verifying
         return key
 
     def _decode_shape(self, num_requests: int) -> tuple:
         """`_shape` of a decode step of `num_requests` requests, without building the batch (its busiest DP rank
         holds ceil(n / tp) of them)."""
         def own(n: int) -> tuple:
-            return (n, n, n, False, False) + ((0, n) if self.args[0].mla is not None else ())
+            return (n, n, n, False, False) + ((0, n, n) if self.args[0].mla is not None else ())
         if self.args[2].dp_attention:
             return own(num_requests) + own(-(-num_requests // self.args[2].tp))
         return own(num_requests)

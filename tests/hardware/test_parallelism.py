@@ -326,3 +326,26 @@ def test_dp_attention_decode_stretches_cost_what_their_steps_do():
     fused = timer.decode_stretch_s(contexts, 40)
     stepped = [timer(StepBatch.of(np.ones(len(contexts), np.int64), contexts + step)) for step in range(40)]
     assert fused.tolist() == stepped
+
+
+def test_vllm_dp_ranks_send_and_sample_what_their_own_requests_need():
+    """A lone 4,096-token prompt on Llama-3.1-8B's vLLM DP ranks over two stages: its rank sends the prompt's whole
+    hidden states and residual (2 x 4096 x 4096 bf16) to the next stage. Its LM head runs on the rank with the most
+    logits rows: a 512-token chunk short of its end and a decode on one rank, two decodes on the other, so 2."""
+    llama, dp = get_model("llama-3.1-8b"), Parallelism(tp=4, pp=2, dp_attention=True, dense_replicated=True)
+    lone = step_cost(StepBatch.uniform(1, 0, new_tokens=4096), llama, H100, dp)
+    assert lone.by_name("pp_send").bytes == pytest.approx(2 * 4096 * 4096 * 2)
+    mixed = StepBatch.of([512, 1, 1, 1], [0, 900, 800, 700], [False, True, True, True])
+    head = step_cost(mixed, llama, H100, Parallelism(tp=2, dp_attention=True, dense_replicated=True)).by_name("lm_head")
+    assert head.flops == pytest.approx(2 * 2 * 128256 * 4096)
+
+
+def test_the_step_timer_keys_mla_steps_by_their_verify_tokens():
+    """With MTP verify queries (decode path up to 3 tokens), two MLA steps of the same tokens, requests and prompt
+    latents but differently split decode queries run the absorbed up-projection on different rows: the timer's
+    cache tells them apart and matches step_cost."""
+    v3, options = get_model("deepseek-v3"), CostOptions(decode_query_len=3)
+    timer = StepTimer(v3, H200, Parallelism(tp=8), Profile(), options)
+    first, second = StepBatch.of([4, 2], [3, 5]), StepBatch.of([5, 1], [2, 2])
+    for batch in (first, second):
+        assert timer.fixed_s(batch) == step_cost(batch, v3, H200, Parallelism(tp=8), Profile(), options).fixed_s
