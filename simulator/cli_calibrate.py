@@ -16,7 +16,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from hardware.profile import FIXED_COSTS, Profile, load_profile
-from simulator.cli import app, clean_errors, console, print_table
+from simulator.cli import GpuFiles, app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")
@@ -128,8 +128,8 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
              gpu: str | None = typer.Option(None, "--gpu", help=(
                  "Fit only the runs on this GPU (catalog name) into the base profile's `gpus.<GPU>` section: the "
                  "shared values, and every other GPU's, stay as they are")),
-             workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)")
-             ) -> None:
+             workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
+             gpu_file: list[Path] = GpuFiles) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report the base profile's and the fitted one's errors on the runs fitted and the runs held out; --gpu fits one
     GPU's section of a profile."""
@@ -142,14 +142,16 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     from calibration.calibrate import save_profile
     from simulator.atomic import atomic_dir, check_replaceable
     from simulator.executors import default_workers
-    from simulator.measured import load_measured_runs, select
+    from simulator.measured import load_measured_runs, select, with_gpu_files
     from simulator.measured_report import FAMILY_COLUMNS, family_rows
 
     check_replaceable(out)  # before the fit, not after it
-    start = load_profile(base)
+    runs = with_gpu_files(select(load_measured_runs(runs_file), match), gpu_file)
+    files = tuple({Path(f).resolve(): f for run in runs for f in run.gpu_files}.values()) or tuple(gpu_file)
+    start = load_profile(base, files)
     if gpu is not None:
-        get_gpu(gpu)  # a misspelt name fails here, with the catalog's names
-    runs = [run for run in select(load_measured_runs(runs_file), match) if gpu is None or run.gpu == gpu]
+        get_gpu(gpu, files)  # a misspelt name fails here, with the catalog's names
+        runs = [run for run in runs if run.gpu == gpu]
     if len(runs) < 2:
         raise SpecError(f"{runs_file}: {len(runs)} run(s) match" + (f" on {gpu}" if gpu else "")
                         + "; a fit needs at least 2")

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from hardware.errors import SpecError
-from simulator.cli import app, clean_errors, console, print_json, print_table
+from simulator.cli import GpuFiles, app, clean_errors, console, print_json, print_table
 
 
 GROUPS = {"model": lambda run: run.model, "gpu": lambda run: run.gpu, "engine": lambda run: run.engine,
@@ -29,10 +29,11 @@ def compare(runs_file: Path,
             by: str | None = typer.Option(None, "--by", help="Also one error table per model, gpu, engine or "
                                           "moe (MoE vs dense models)"),
             html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
+            gpu_file: list[Path] = GpuFiles,
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
     benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
-    from simulator.measured import load_measured_runs, replay_run, run_from_vllm_result, select
+    from simulator.measured import load_measured_runs, replay_run, run_from_vllm_result, select, with_gpu_files
     from simulator.scenario import apply_overrides
     from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
                                            write_html)
@@ -50,7 +51,7 @@ def compare(runs_file: Path,
                         "names each run's setup itself")
     else:
         runs = load_measured_runs(runs_file)
-    runs = select(runs, match)
+    runs = with_gpu_files(select(runs, match), gpu_file)
     if by is not None and by not in GROUPS:
         raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")
     if not runs:

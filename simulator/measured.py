@@ -72,6 +72,9 @@ class MeasuredRun(SpecModel):
         "The engine's release (0.11.0, 0.6.7.dev121 ...); None: a recent one. It decides how a rate's arrivals "
         "are paced"))
     gpu: str
+    gpu_files: list[Path] = Field(default_factory=list, description=(
+        "GPU catalog YAML files (`gpus:` lists) that define `gpu` when the bundled catalog does not; relative "
+        "paths resolve against the runs file's folder"))
     tp: int = Field(1, ge=1)
     model: str
     weight_dtype: str = "auto"
@@ -198,7 +201,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
     if run.benchmark != "serve" and run.engine == "vllm":  # the offline LLM class's larger budget, unless stated
-        tokens, seqs = vllm_batch_defaults(get_gpu(run.gpu), offline=True)
+        tokens, seqs = vllm_batch_defaults(get_gpu(run.gpu, tuple(run.gpu_files)), offline=True)
         engine.setdefault("max_num_batched_tokens", tokens)
         engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
     caching = "radix" if run.engine == "sglang" else "vllm"
@@ -215,7 +218,9 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             "rate_per_s": run.request_rate, "paced": run.paced_arrivals}
     else:
         workload["arrivals"] = {"kind": "all_at_once"}
-    hardware = {"gpu": run.gpu} | ({"profile": profile} if profile else {})
+    hardware = {"gpu": run.gpu, "gpu_files": [str(f) for f in run.gpu_files]}
+    if profile:
+        hardware["profile"] = profile
     raw = {"name": "measured", "seed": seed, "model": run.model, "hardware": hardware,
            "parallelism": {"tp": run.tp}, "engine": engine, "workload": workload}
     try:
@@ -330,12 +335,22 @@ def load_measured_runs(path: Path) -> list[MeasuredRun]:
             run = MeasuredRun.model_validate(entry)
         except ValidationError as err:
             raise first_error(err, f"{path}: entry {i}", MeasuredRun) from None
+        run = run.model_copy(update={"gpu_files": [path.parent / f for f in run.gpu_files]})  # beside the file
         if run.label() in seen:
             raise SpecError(f"{path}: entries {seen[run.label()]} and {i} are both {run.label()!r}; "
                             "give one an id")
         seen[run.label()] = i
         runs.append(run)
     return runs
+
+
+def with_gpu_files(runs: list[MeasuredRun], gpu_files: list[Path]) -> list[MeasuredRun]:
+    """`runs`, each also reading `gpu_files` (a CLI's --gpu-file) for its GPU; a file a run names already is
+    read once (twice, its GPUs would clash with themselves)."""
+    if not gpu_files:
+        return runs
+    return [run.model_copy(update={"gpu_files": [*run.gpu_files, *(f for f in gpu_files if Path(f).resolve() not in {
+        Path(g).resolve() for g in run.gpu_files})]}) for run in runs]
 
 
 def select(runs: list[MeasuredRun], match: str | None) -> list[MeasuredRun]:

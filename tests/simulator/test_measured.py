@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
-from hardware.profile import Profile
+from hardware.profile import Profile, load_profile
 from simulator.cli import app
 from simulator.measured import (MeasuredRun, MetricError, compare, load_measured_runs, replay, run_from_vllm_result,
                                 scenario_for)
@@ -358,3 +358,35 @@ def test_compare_cli_names_the_runs_whose_twin_preempted(tmp_path):
     assert result.exit_code == 0, result.output
     assert "runs whose simulated engine preempted" in result.output
     assert "llama-3.1-8b l4 serve 3000/1500 all at once x16" in result.output.split("preempted")[1]
+
+
+def test_runs_on_a_gpu_of_the_users_own_file_replay_with_it(tmp_path):
+    """A run may name a GPU the catalog lacks: its `gpu_files` (beside the runs file) or `--gpu-file` define it,
+    both replay it the same, and without either the GPU is refused with the catalog's names. `fit --gpu` fits
+    that GPU's section with the same file."""
+    from tests.hardware.test_gpu_catalog import NEW_GPU_YAML
+    (tmp_path / "gpus").mkdir()
+    (tmp_path / "gpus" / "mine.yaml").write_text(NEW_GPU_YAML)
+    latency = {"source": "test", "gpu": "test-accel", "model": "llama-3.2-1b", "benchmark": "latency",
+               "batch_size": 1, "input_len": 32, "output_len": 64, "engine_args": {"max_model_len": 4096}}
+    beside = tmp_path / "beside.yaml"
+    beside.write_text(yaml.safe_dump([latency | {"gpu_files": ["gpus/mine.yaml"], "measured": {"latency_s": 1.0}},
+                                      latency | {"gpu_files": ["gpus/mine.yaml"], "batch_size": 2,
+                                                 "measured": {"latency_s": 1.2}}]))
+    bare = tmp_path / "bare.yaml"
+    bare.write_text(yaml.safe_dump([latency | {"measured": {"latency_s": 1.0}}]))
+    own = runner.invoke(app, ["compare", str(beside), "--json"])
+    given = runner.invoke(app, ["compare", str(bare), "--json", "--gpu-file", str(tmp_path / "gpus" / "mine.yaml")])
+    assert own.exit_code == 0 and given.exit_code == 0, own.output + given.output
+    predicted = [json.loads(r.stdout)[0]["figures"][0]["predicted"] for r in (own, given)]
+    assert predicted[0] == predicted[1] != replay(MeasuredRun.model_validate(latency | {
+        "gpu": "h100-sxm", "measured": {"latency_s": 1.0}}))[0].predicted
+    unknown = runner.invoke(app, ["compare", str(bare)])
+    assert unknown.exit_code == 2 and "test-accel" in unknown.output and "h100-sxm" in unknown.output
+    out = tmp_path / "fit"
+    fitted = runner.invoke(app, ["fit", str(beside), "--gpu", "test-accel", "--only", "gemm_memory", "--out", str(out),
+                                 "--holdout-every", "0", "--max-evaluations", "6", "--workers", "1"])
+    assert fitted.exit_code == 0, fitted.output
+    with pytest.raises(SpecError, match="test-accel is not a GPU of the catalog"):
+        load_profile(out / "profile.yaml")
+    assert set(load_profile(out / "profile.yaml", (tmp_path / "gpus" / "mine.yaml",)).gpus) == {"test-accel"}
