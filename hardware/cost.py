@@ -85,7 +85,7 @@ class Parallelism:
         does: under DP attention each rank's engine (vLLM) or scheduler (SGLang) runs its own requests whole, in
         step with the others, so the step lasts as long as its busiest rank's (`StepBatch.busiest_rank`); else
         every GPU works on every request."""
-        return batch.busiest_rank(self.tp) if self.dp_attention else batch
+        return batch.busiest_rank(self.attention_ranks)
 
     @property
     def num_gpus(self) -> int:

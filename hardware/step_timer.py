@@ -52,7 +52,7 @@ class StepTimer:
         def own(n: int) -> tuple:
             return (n, n, n, False, False) + ((0, n, n) if self.args[0].mla is not None else ())
         if self.args[2].dp_attention:
-            return own(num_requests) + own(-(-num_requests // self.args[2].tp))
+            return own(num_requests) + own(-(-num_requests // self.args[2].attention_ranks))
         return own(num_requests)
 
     def fixed_s(self, batch: StepBatch) -> float:

@@ -152,6 +152,10 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     if gpu is not None:
         get_gpu(gpu, files)  # a misspelt name fails here, with the catalog's names
         runs = [run for run in runs if run.gpu == gpu]
+    shadowed = sorted({run.gpu for run in runs} & set(start.gpus)) if gpu is None else []
+    if shadowed:
+        raise SpecError(f"--base {base}: its gpus sections for {', '.join(shadowed)} override the shared values "
+                        f"on those runs, so a shared fit cannot move them; fit a section with --gpu NAME")
     if len(runs) < 2:
         raise SpecError(f"{runs_file}: {len(runs)} run(s) match" + (f" on {gpu}" if gpu else "")
                         + "; a fit needs at least 2")
@@ -162,9 +166,11 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
         result = fit_to_runs(train, test, start, workers=workers or default_workers(),
                              max_evaluations=max_evaluations, prior=prior,
                              only=[p.strip() for p in only.split(",")] if only else None, gpu=gpu,
-                             name=name or (start.name if base is not None else "fitted-runs"))
+                             name=name or (start.name if base not in (None, "default") else "fitted-runs"))
+    stated = start.provenance.rstrip(". ") if "provenance" in start.model_fields_set or base in (None, "default") \
+        else f"profile {base}"
     provenance = f"servesim fit: {what}" if base is None and gpu is None else (
-        f"{start.provenance}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
+        f"{stated}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
         f"--base {base or 'default'}: {what} ({fit_score(result.mape, len(test))})")
     fitted = result.profile.model_copy(update={"provenance": provenance})
     rows = []

@@ -200,8 +200,13 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         engine["async_scheduling"] = run.schedules_ahead
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
+    try:
+        gpu = get_gpu(run.gpu, tuple(run.gpu_files))
+    except SpecError as err:
+        raise SpecError(f"{run.source} ({run.label()}): {err}; a GPU of your own: the run's gpu_files or "
+                        "--gpu-file") from None
     if run.benchmark != "serve" and run.engine == "vllm":  # the offline LLM class's larger budget, unless stated
-        tokens, seqs = vllm_batch_defaults(get_gpu(run.gpu, tuple(run.gpu_files)), offline=True)
+        tokens, seqs = vllm_batch_defaults(gpu, offline=True)
         engine.setdefault("max_num_batched_tokens", tokens)
         engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
     caching = "radix" if run.engine == "sglang" else "vllm"
@@ -349,8 +354,8 @@ def with_gpu_files(runs: list[MeasuredRun], gpu_files: list[Path]) -> list[Measu
     read once (twice, its GPUs would clash with themselves)."""
     if not gpu_files:
         return runs
-    return [run.model_copy(update={"gpu_files": [*run.gpu_files, *(f for f in gpu_files if Path(f).resolve() not in {
-        Path(g).resolve() for g in run.gpu_files})]}) for run in runs]
+    return [run.model_copy(update={"gpu_files": list({Path(f).resolve(): f for f in [*gpu_files, *run.gpu_files]}
+                                                     .values())}) for run in runs]
 
 
 def select(runs: list[MeasuredRun], match: str | None) -> list[MeasuredRun]:

@@ -188,3 +188,29 @@ def test_fit_cli_fits_one_gpus_section_of_a_base_profile(tmp_path):
     assert bad.exit_code == 2 and "a100-80gb" in bad.output and not (tmp_path / "bad").exists()
     none = CliRunner().invoke(app, ["fit", str(runs_file), "--gpu", "h200", "--out", str(tmp_path / "none")])
     assert none.exit_code == 2 and "0 run(s) match on h200; a fit needs at least 2" in none.output
+
+
+def test_a_shared_fit_from_a_base_whose_sections_hide_the_runs_gpus_is_refused(tmp_path):
+    """A base with an h100-sxm section prices H100 runs by it: a shared fit would move nothing those runs see, so
+    it is refused and pointed at --gpu. A base without provenance of its own is named by its path in the fit's."""
+    runs_file = tmp_path / "runs.yaml"
+    runs = runs_measured_under(str(_write_profile(tmp_path, Profile(), "truth.yaml")))[:2]
+    runs_file.write_text(yaml.safe_dump([run.model_dump(mode="json", exclude_none=True) for run in runs]))
+    sectioned = _write_profile(tmp_path, Profile(gpus={"h100-sxm": {"gemm_memory": 0.5}}), "sectioned.yaml")
+    refused = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(sectioned), "--out", str(tmp_path / "x")])
+    assert refused.exit_code == 2 and "sections for h100-sxm override the shared values" in refused.output
+    assert "--gpu NAME" in refused.output and not (tmp_path / "x").exists()
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("name: bare\ncomm: 0.5\n")
+    out = tmp_path / "fit"
+    fitted = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(bare), "--out", str(out), "--only",
+                                      "gemm_memory", "--holdout-every", "0", "--max-evaluations", "4", "--workers", "1"])
+    assert fitted.exit_code == 0, fitted.output
+    profile = load_profile(out / "profile.yaml")
+    assert profile.name == "bare" and profile.provenance.startswith(f"profile {bare}; then fitted from it")
+
+
+def _write_profile(folder, profile: Profile, name: str):
+    path = folder / name
+    path.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+    return path

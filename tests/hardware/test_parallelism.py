@@ -349,3 +349,15 @@ def test_the_step_timer_keys_mla_steps_by_their_verify_tokens():
     first, second = StepBatch.of([4, 2], [3, 5]), StepBatch.of([5, 1], [2, 2])
     for batch in (first, second):
         assert timer.fixed_s(batch) == step_cost(batch, v3, H200, Parallelism(tp=8), Profile(), options).fixed_s
+
+
+@pytest.mark.parametrize("par", [Parallelism(tp=8), Parallelism(tp=8, ep=True, dp_attention=True),
+                                 Parallelism(tp=8, dp_attention=True, dense_replicated=True)])
+@pytest.mark.parametrize("decode_query_len", [1, 3])
+def test_a_decode_steps_cache_key_is_the_one_its_batch_has(par, decode_query_len):
+    """The timer looks decode steps up without building their batch: the key it derives (the busiest DP rank holds
+    ceil(n / tp) of them) must be the batch's own, or every fused stretch would miss the cache."""
+    timer = StepTimer(get_model("deepseek-v3"), H200, par, Profile(), CostOptions(decode_query_len=decode_query_len))
+    for n in (1, 3, 8, 9, 17, 64):
+        batch = StepBatch.of(np.ones(n, np.int64), np.arange(n) * 100)
+        assert timer._decode_shape(n) == timer._shape(batch), n

@@ -382,7 +382,12 @@ def test_runs_on_a_gpu_of_the_users_own_file_replay_with_it(tmp_path):
     assert predicted[0] == predicted[1] != replay(MeasuredRun.model_validate(latency | {
         "gpu": "h100-sxm", "measured": {"latency_s": 1.0}}))[0].predicted
     unknown = runner.invoke(app, ["compare", str(bare)])
-    assert unknown.exit_code == 2 and "test-accel" in unknown.output and "h100-sxm" in unknown.output
+    assert unknown.exit_code == 2 and "h100-sxm" in unknown.output
+    assert "test (llama-3.2-1b test-accel latency 32/64 batch 1): unknown GPU 'test-accel'" in unknown.output
+    assert "gpu_files or --gpu-file" in unknown.output
+    twice = runner.invoke(app, ["compare", str(beside), "--json", "--gpu-file", str(tmp_path / "gpus" / "mine.yaml"),
+                                "--gpu-file", str(tmp_path / "gpus" / ".." / "gpus" / "mine.yaml")])
+    assert twice.exit_code == 0, twice.output  # one file named three ways is read once
     out = tmp_path / "fit"
     fitted = runner.invoke(app, ["fit", str(beside), "--gpu", "test-accel", "--only", "gemm_memory", "--out", str(out),
                                  "--holdout-every", "0", "--max-evaluations", "6", "--workers", "1"])
