@@ -38,8 +38,10 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
 
     shapes = [(f"prefill {n}", StepBatch.uniform(1, 0, n)) for n in PROMPTS]
     ex = make_executor(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
-    rows = profile_grid(ex, shapes, setup.model, setup.scale, repeats=41, warmup=3)  # on/off interleaved
-    measured = _reductions(rows)
+    # on/off interleaved, 41 times a round; a shared machine's other work can slow a whole round, so the median of
+    # three rounds' reductions is the measurement
+    rounds = [_reductions(profile_grid(ex, shapes, setup.model, setup.scale, repeats=41, warmup=3)) for _ in range(3)]
+    measured = pd.concat(rounds, axis=1).median(axis=1)
 
     def predicted(n: int) -> float:
         batch = StepBatch.uniform(1, 0, n)
@@ -49,7 +51,8 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
 
     table = pd.DataFrame({"measured": measured, "predicted": [predicted(n) for n in measured.index]})
     table["rel_err"] = (table["predicted"] - table["measured"]).abs() / table["measured"]
-    summary = f"fit MAPE {report.mape}\n{table.round(3).to_string()}"
+    summary = (f"fit MAPE {report.mape}\n{table.round(3).to_string()}\nmeasured per round:\n"
+               f"{pd.concat(rounds, axis=1).round(3).to_string()}")
     print(summary)
     assert (table["measured"] > 0).all(), summary
     assert (table["rel_err"] <= 0.15).all(), summary
