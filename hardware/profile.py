@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-
 from typing import Any
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator
