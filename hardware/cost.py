@@ -725,9 +725,13 @@ def operator_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism
     """Every operator of every layer group, then the model-level ones, one `OperatorTerm` each, in the
     order `step_cost` sums them (it is built on this; the profile's fixed overheads are not included).
     A calibration fit reads `compute_s`/`memory_s` from here, so fit and predictor cannot drift."""
-    ctx, terms = _context(batch, model, gpu, parallelism, profile, options), _Terms()
+    return _operator_terms(_context(batch, model, gpu, parallelism, profile, options), batch)
+
+
+def _operator_terms(ctx: _Ctx, batch: StepBatch) -> list[OperatorTerm]:
+    terms = _Terms()
     if batch.num_requests:
-        for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
+        for group, layers in _layer_groups(ctx.model, ctx.opts.kv_sharing_fast_prefill):
             _layer_group(ctx, terms, batch, group, layers)
         _model_level(ctx, terms, batch)
     return terms.terms
@@ -741,19 +745,18 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     the activations crossing each stage boundary, the fixed overheads counted once (the simulator runs pp
     micro-batches in flight, each stage busy with one at a time, and prices them per stage: `stage_seconds`).
     """
-    acc, profile = _Acc(), profile.for_gpu(gpu.name)
-    for term in operator_terms(batch, model, gpu, parallelism, profile, options):
+    acc, ctx = _Acc(), _context(batch, model, gpu, parallelism, profile, options)
+    profile = ctx.profile  # resolved for the GPU
+    for term in _operator_terms(ctx, batch):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
-        rank = parallelism.rank_batch(batch)  # each DP-attention rank's engine does its own host work
-        requests, tokens = rank.num_requests, rank.num_tokens
+        requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens  # each DP-attention rank's own host work
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
                  + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
                  + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options)
                  + profile.host_step_s + profile.host_request_s * requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
-    dtype = resolve_weight_dtype(model, options.weight_dtype)
-    return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[dtype]))
+    return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]))
 
 
 _STAGE_GROUPS: dict[tuple[int, int, bool], tuple[ModelSpec, tuple[tuple[tuple[_Group, int], ...], ...]]] = {}
@@ -775,10 +778,11 @@ def _stage_groups(model: ModelSpec, pp: int, fast_prefill: bool) -> tuple[tuple[
 def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
                         profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
     """`stage_seconds` less attention: what depends only on the step's shape, which `StepTimer` caches."""
-    pp, profile = parallelism.pp, profile.for_gpu(gpu.name)
+    pp = parallelism.pp
     if not batch.num_requests:
         return [0.0] * pp
     ctx = _context(batch, model, gpu, parallelism, profile, options)
+    profile = ctx.profile  # resolved for the GPU
     per_layer = {}
     for group, _ in _layer_groups(model, options.kv_sharing_fast_prefill):
         terms = _Terms()

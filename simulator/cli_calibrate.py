@@ -142,12 +142,12 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
     from calibration.calibrate import save_profile
     from simulator.atomic import atomic_dir, check_replaceable
     from simulator.executors import default_workers
-    from simulator.measured import load_measured_runs, select, with_gpu_files
+    from simulator.measured import distinct_files, load_measured_runs, select, with_gpu_files
     from simulator.measured_report import FAMILY_COLUMNS, family_rows
 
     check_replaceable(out)  # before the fit, not after it
     runs = with_gpu_files(select(load_measured_runs(runs_file), match), gpu_file)
-    files = tuple({Path(f).resolve(): f for run in runs for f in run.gpu_files}.values()) or tuple(gpu_file)
+    files = tuple(distinct_files([*gpu_file, *(f for run in runs for f in run.gpu_files)]))
     start = load_profile(base, files)
     if gpu is not None:
         get_gpu(gpu, files)  # a misspelt name fails here, with the catalog's names

@@ -349,13 +349,16 @@ def load_measured_runs(path: Path) -> list[MeasuredRun]:
     return runs
 
 
+def distinct_files(paths: list[Path]) -> list[Path]:
+    """`paths` without repeats of one file however it is named: a GPU file read twice clashes with itself."""
+    return list({Path(f).resolve(): f for f in paths}.values())
+
+
 def with_gpu_files(runs: list[MeasuredRun], gpu_files: list[Path]) -> list[MeasuredRun]:
-    """`runs`, each also reading `gpu_files` (a CLI's --gpu-file) for its GPU; a file a run names already is
-    read once (twice, its GPUs would clash with themselves)."""
+    """`runs`, each also reading `gpu_files` (a CLI's --gpu-file) for its GPU, every file once."""
     if not gpu_files:
         return runs
-    return [run.model_copy(update={"gpu_files": list({Path(f).resolve(): f for f in [*gpu_files, *run.gpu_files]}
-                                                     .values())}) for run in runs]
+    return [run.model_copy(update={"gpu_files": distinct_files([*gpu_files, *run.gpu_files])}) for run in runs]
 
 
 def select(runs: list[MeasuredRun], match: str | None) -> list[MeasuredRun]:
