@@ -13,15 +13,20 @@ class StepBatch:
 
     Decode is `num_new=1` over its context; a prefill chunk is `num_new=n` over the tokens before it
     (cached prefix or earlier chunks). The simulator and the calibration executor build the same value.
+    `rank` (DP attention, optional): the data-parallel attention rank each request lives on; without it the cost
+    model deals the requests over the ranks itself (`busiest_rank`).
     """
 
     num_new: np.ndarray
     num_context: np.ndarray
     needs_logits: np.ndarray
+    rank: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if not (len(self.num_new) == len(self.num_context) == len(self.needs_logits)):
             raise ValueError("num_new, num_context and needs_logits must have one entry per request")
+        if self.rank is not None and len(self.rank) != len(self.num_new):
+            raise ValueError("rank must have one entry per request")
         if len(self.num_new) and (self.num_new.min() < 1 or self.num_context.min() < 0):
             raise ValueError("every request needs >= 1 new token and >= 0 context tokens")
 
@@ -58,6 +63,15 @@ class StepBatch:
         both paths."""
         return bool(len(self.num_new)) and int(self.num_new.min()) <= decode_query_len < int(self.num_new.max())
 
+    def by_rank(self) -> list[StepBatch]:
+        """Each labelled rank's requests, by rank number (ranks with none left out); unlabelled: the batch."""
+        if self.rank is None:
+            return [self]
+        return [self._pick(self.rank == r) for r in np.unique(self.rank)]
+
+    def _pick(self, picked: np.ndarray) -> StepBatch:
+        return StepBatch(self.num_new[picked], self.num_context[picked], self.needs_logits[picked])
+
     def busiest_rank(self, ranks: int) -> StepBatch:
         """The requests of the busiest of `ranks` data-parallel attention ranks, each request whole on one of
         them: dealt round-robin largest first (by new tokens, then context), the first rank holds the largest
@@ -66,9 +80,8 @@ class StepBatch:
         the engines' own (they keep a request on its rank for life) nor the most even one."""
         if ranks == 1 or self.num_requests <= 1:
             return self
-        picked = np.lexsort((-self.num_context, -self.num_new))[::ranks]
-        return StepBatch(self.num_new[picked], self.num_context[picked], self.needs_logits[picked])
+        return self._pick(np.lexsort((-self.num_context, -self.num_new))[::ranks])
 
     def last_token_only(self) -> StepBatch:
         """Each request reduced to its last new token (YOCO fast prefill for KV-sharing layers)."""
-        return StepBatch(np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits)
+        return StepBatch(np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits, self.rank)

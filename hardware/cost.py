@@ -43,7 +43,7 @@ class Parallelism:
     `ep`: MoE experts are spread whole over the TP group (expert parallel) instead of every expert being
     sliced across it; under DP attention tokens reach them by all-to-all. `dp_attention`: attention runs data
     parallel inside the group (each GPU attends for its own requests, with all heads and their KV, and the step
-    lasts as long as the busiest GPU's: `rank_batch`; SGLang's DP attention for MLA models), hidden states are
+    lasts as long as the busiest GPU's: `rank_batches`; SGLang's DP attention for MLA models), hidden states are
     gathered for SGLang's sliced MLP. A TP group larger than a node talks over `inter_node_link` (per-GPU NIC
     rate). `dense_replicated` (with DP attention): the group is vLLM's data-parallel ranks at TP 1, so every weight
     but the routed experts (dense MLP layers, shared experts, embeddings, LM head) is whole on each GPU and runs on
@@ -71,7 +71,7 @@ class Parallelism:
 
     def dense_rows(self, rows: float, rank_rows: float) -> float:
         """Rows one GPU runs those weights on: every row of the step on its slice, or (vLLM's DP ranks) the busiest
-        rank's own rows (`rank_batch`) whole."""
+        rank's own rows (`busiest_rank`) whole."""
         return rank_rows if self.dense_replicated else rows
 
     @property
@@ -80,12 +80,18 @@ class Parallelism:
         DP attention, else 1 (every GPU attends for every request over its slice of the heads)."""
         return self.tp if self.dp_attention else 1
 
-    def rank_batch(self, batch: StepBatch) -> StepBatch:
-        """The requests whose attention-side work (attention, its projections, the per-step host work) one GPU
-        does: under DP attention each rank's engine (vLLM) or scheduler (SGLang) runs its own requests whole, in
-        step with the others, so the step lasts as long as its busiest rank's (`StepBatch.busiest_rank`); else
+    def rank_batches(self, batch: StepBatch) -> list[StepBatch]:
+        """The candidates for the requests whose attention-side work (attention, its projections, the per-step host
+        work) one GPU does. Under DP attention each rank's engine (vLLM) or scheduler (SGLang) runs its own
+        requests whole, in step with the others, so the step lasts as long as its busiest rank's: each labelled
+        rank's requests (`StepBatch.rank`, as the simulator's ranks scheduled them; `busiest_rank` prices them
+        and keeps the slowest), or for an unlabelled batch one rank of a deal (`StepBatch.busiest_rank`). Else
         every GPU works on every request."""
-        return batch.busiest_rank(self.attention_ranks)
+        if not self.dp_attention:
+            return [batch]
+        if batch.rank is not None:
+            return batch.by_rank()
+        return [batch.busiest_rank(self.attention_ranks)]
 
     @property
     def num_gpus(self) -> int:
@@ -318,7 +324,7 @@ class _Ctx:
     weight_dtype: str  # resolved (never "auto")
     wbytes: float  # bytes per weight of attention, dense MLP and extras
     expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
-    rank: StepBatch  # the requests one GPU attends for (`Parallelism.rank_batch`): the step's, or its busiest rank's
+    rank: StepBatch  # the requests one GPU attends for (`busiest_rank`): the step's, or its busiest rank's
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
@@ -443,7 +449,7 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
 
 
 def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
-    """`batch`: the requests one GPU attends for (`Parallelism.rank_batch`), as the layer group sees them."""
+    """`batch`: the requests one GPU attends for (`busiest_rank`), as the layer group sees them."""
     m, ctx = ctx.model, ctx.with_tokens(batch.num_tokens)
     for decode in (True, False):
         s = _attn_stats(batch, group.window, decode, ctx.opts.decode_query_len)
@@ -467,7 +473,7 @@ def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
 
 
 def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Group, layers: int) -> None:
-    """`tokens`: the step's; `rank_tokens`: the busiest DP-attention rank's (`Parallelism.rank_batch`)."""
+    """`tokens`: the step's; `rank_tokens`: the busiest DP-attention rank's (`busiest_rank`)."""
     m, tp, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
     if group.is_moe:
         moe = m.moe
@@ -643,12 +649,26 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * share, (ctx.par.pp - 1) * boundary_s, 1)
 
 
+def busiest_rank(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
+                 profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepBatch:
+    """The requests one GPU attends for in the step that lasts longest (`Parallelism.rank_batches`): of several
+    labelled DP-attention ranks, the one whose step `step_cost` prices longest (the first of equals)."""
+    candidates = parallelism.rank_batches(batch)
+    if len(candidates) == 1:
+        return candidates[0]
+    totals = [step_cost(batch, model, gpu, parallelism, profile, options, rank).total_s for rank in candidates]
+    return candidates[totals.index(max(totals))]
+
+
 def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
-             options: CostOptions) -> _Ctx:
+             options: CostOptions, rank: StepBatch | None = None) -> _Ctx:
+    """`rank`: the requests one GPU attends for; None: `busiest_rank`."""
     check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention, parallelism.ep)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
+    if rank is None:
+        rank = busiest_rank(batch, model, gpu, parallelism, profile, options)
     return _Ctx(model, gpu, parallelism, options, profile.for_gpu(gpu.name), float(max(batch.num_tokens, 1)), dtype,
-                *weight_bytes(model, dtype), parallelism.rank_batch(batch))
+                *weight_bytes(model, dtype), rank)
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
@@ -657,10 +677,10 @@ def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
 
 
 def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism,
-                         profile: Profile, options: CostOptions):
+                         profile: Profile, options: CostOptions, rank: StepBatch | None):
     """Yield (group, its layers, decode?, seconds per layer) of every layer group's attention: the terms `step_cost`
     prices, without the other operators. One reduced batch for all fast-prefill groups, so their stats are shared."""
-    ctx, memo, reduced = _context(batch, model, gpu, parallelism, profile, options), {}, None
+    ctx, memo, reduced = _context(batch, model, gpu, parallelism, profile, options, rank), {}, None
     batch = ctx.rank  # attention runs on the requests one GPU attends for
     for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
         seen = _group_batch(batch, group)
@@ -680,11 +700,13 @@ def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, paral
 
 
 def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                      profile: Profile = Profile(), options: CostOptions = CostOptions()) -> float:
+                      profile: Profile = Profile(), options: CostOptions = CostOptions(),
+                      rank: StepBatch | None = None) -> float:
     """`step_cost(...).attention_s` for the simulator's hot path: the same terms, summed in the same order
-    (per operator name across groups, then over names in first-seen order), without the other operators."""
+    (per operator name across groups, then over names in first-seen order), without the other operators.
+    `rank`: as `step_cost`'s."""
     totals = {}
-    for _, layers, decode, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options):
+    for _, layers, decode, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options, rank):
         name = "attention_decode" if decode else "attention_prefill"
         totals[name] = totals.get(name, 0.0) + time_s * layers
     return sum(totals.values())
@@ -698,7 +720,7 @@ def decode_stretch_attention_s(num_context: np.ndarray, num_steps: int, model: M
     elementwise over the steps, so a fast-forwarded stretch costs bit-for-bit what stepping it does."""
     batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
     ctx = _context(batch, model, gpu, parallelism, profile, options)
-    rank = ctx.rank  # its contexts all grow by one a step, so the busiest rank keeps its requests
+    rank = ctx.rank  # unlabelled: its contexts all grow by one a step, so the dealt busiest rank keeps its requests
     ctx = ctx.with_tokens(rank.num_tokens)
     steps = np.arange(num_steps, dtype=np.int64)
     attention = np.zeros(num_steps)
@@ -721,11 +743,12 @@ def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None)
 
 
 def operator_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                   profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[OperatorTerm]:
+                   profile: Profile = Profile(), options: CostOptions = CostOptions(),
+                   rank: StepBatch | None = None) -> list[OperatorTerm]:
     """Every operator of every layer group, then the model-level ones, one `OperatorTerm` each, in the
     order `step_cost` sums them (it is built on this; the profile's fixed overheads are not included).
     A calibration fit reads `compute_s`/`memory_s` from here, so fit and predictor cannot drift."""
-    return _operator_terms(_context(batch, model, gpu, parallelism, profile, options), batch)
+    return _operator_terms(_context(batch, model, gpu, parallelism, profile, options, rank), batch)
 
 
 def _operator_terms(ctx: _Ctx, batch: StepBatch) -> list[OperatorTerm]:
@@ -738,14 +761,16 @@ def _operator_terms(ctx: _Ctx, batch: StepBatch) -> list[OperatorTerm]:
 
 
 def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-              profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepCost:
-    """Predicted time of one engine step of `batch` on one replica, split by operator.
+              profile: Profile = Profile(), options: CostOptions = CostOptions(),
+              rank: StepBatch | None = None) -> StepCost:
+    """Predicted time of one engine step of `batch` on one replica, split by operator. `rank`: the requests one GPU
+    attends for (one of `Parallelism.rank_batches`); None: the busiest (`busiest_rank`).
 
     Pipeline stages run the batch one after another, so layer costs add up across stages and `pp_send` adds
     the activations crossing each stage boundary, the fixed overheads counted once (the simulator runs pp
     micro-batches in flight, each stage busy with one at a time, and prices them per stage: `stage_seconds`).
     """
-    acc, ctx = _Acc(), _context(batch, model, gpu, parallelism, profile, options)
+    acc, ctx = _Acc(), _context(batch, model, gpu, parallelism, profile, options, rank)
     profile = ctx.profile  # resolved for the GPU
     for term in _operator_terms(ctx, batch):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
@@ -753,7 +778,7 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
         requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens  # each DP-attention rank's own host work
         fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
                  + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
-                 + profile.mixed_layer_overhead_s * mixed_attention_layers(batch, model, options)
+                 + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, options)
                  + profile.host_step_s + profile.host_request_s * requests)
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]))
@@ -776,12 +801,13 @@ def _stage_groups(model: ModelSpec, pp: int, fast_prefill: bool) -> tuple[tuple[
 
 
 def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                        profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
+                        profile: Profile = Profile(), options: CostOptions = CostOptions(),
+                        rank: StepBatch | None = None) -> list[float]:
     """`stage_seconds` less attention: what depends only on the step's shape, which `StepTimer` caches."""
     pp = parallelism.pp
     if not batch.num_requests:
         return [0.0] * pp
-    ctx = _context(batch, model, gpu, parallelism, profile, options)
+    ctx = _context(batch, model, gpu, parallelism, profile, options, rank)
     profile = ctx.profile  # resolved for the GPU
     per_layer = {}
     for group, _ in _layer_groups(model, options.kv_sharing_fast_prefill):
@@ -792,7 +818,7 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
     _model_level(ctx, edges, batch)
     first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
                          for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
-    mixed = batch.is_mixed(options.decode_query_len)
+    mixed = ctx.rank.is_mixed(options.decode_query_len)  # on the GPU attending for its rank
     requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens
     every_stage = profile.step_overhead_s + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
     stages = []
@@ -810,24 +836,27 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
 
 
 def stage_attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                            profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
+                            profile: Profile = Profile(), options: CostOptions = CostOptions(),
+                            rank: StepBatch | None = None) -> list[float]:
     """Each pipeline stage's attention seconds: the part of `stage_seconds` that depends on every context."""
     if not batch.num_requests:
         return [0.0] * parallelism.pp
     per_layer: dict[_Group, float] = {}
-    for group, _, _, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options):
+    for group, _, _, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options, rank):
         per_layer[group] = per_layer.get(group, 0.0) + time_s
     return [sum(per_layer.get(group, 0.0) * count for group, count in groups)
             for groups in _stage_groups(model, parallelism.pp, options.kv_sharing_fast_prefill)]
 
 
 def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                  profile: Profile = Profile(), options: CostOptions = CostOptions()) -> list[float]:
+                  profile: Profile = Profile(), options: CostOptions = CostOptions(),
+                  rank: StepBatch | None = None) -> list[float]:
     """One step's seconds on each pipeline stage, whose GPUs run only their layers (vLLM's get_pp_indices):
     each layer group's operators times its layers there (DeepSeek's dense layers and Gemma 3n's fast-prefill
     layers sit in the first and last stages), the embedding on the first stage, the LM head and its logits
     gather on the last, each boundary's send on the stage before it. Every stage's workers prepare their own
     inputs and launch their own kernels, so the per-step, per-request and per-token overheads repeat on each;
-    the engine core's host time comes once, before the first stage."""
-    args = (batch, model, gpu, parallelism, profile, options)
+    the engine core's host time comes once, before the first stage. `rank`: as `step_cost`'s (None: its busiest)."""
+    args = (batch, model, gpu, parallelism, profile, options,
+            rank or busiest_rank(batch, model, gpu, parallelism, profile, options))
     return [fixed + attention for fixed, attention in zip(stage_fixed_seconds(*args), stage_attention_seconds(*args))]

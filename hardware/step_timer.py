@@ -28,12 +28,12 @@ class StepTimer:
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
-    def _shape(self, batch: StepBatch) -> tuple:
+    def _shape(self, batch: StepBatch, rank: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's shape,
-        and under DP attention its busiest rank's too (the attention side runs there)."""
+        and under DP attention the shape of `rank`, the requests one GPU attends for."""
         key = self._own_shape(batch)
         if self.args[2].dp_attention:
-            key += self._own_shape(self.args[2].rank_batch(batch))
+            key += self._own_shape(rank)
         return key
 
     def _own_shape(self, batch: StepBatch) -> tuple:
@@ -55,11 +55,14 @@ class StepTimer:
             return own(num_requests) + own(-(-num_requests // self.args[2].attention_ranks))
         return own(num_requests)
 
-    def fixed_s(self, batch: StepBatch) -> float:
-        key = self._shape(batch)
+    def fixed_s(self, batch: StepBatch, rank: StepBatch | None = None) -> float:
+        """`step_cost(batch, rank=rank).fixed_s`; `rank` None: an unlabelled batch's one candidate."""
+        if rank is None:
+            rank, = self.args[2].rank_batches(batch)
+        key = self._shape(batch, rank)
         fixed = self._fixed_s.get(key)
         if fixed is None:
-            fixed = self._fixed_s[key] = step_cost(batch, *self.args).fixed_s
+            fixed = self._fixed_s[key] = step_cost(batch, *self.args, rank).fixed_s
         return fixed
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
@@ -70,19 +73,31 @@ class StepTimer:
         return fixed
 
     def __call__(self, batch: StepBatch) -> float:
-        """Seconds of one step of `batch`."""
-        return self.fixed_s(batch) + attention_seconds(batch, *self.args)
+        """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""
+        return max(self._rank_s(batch, rank) for rank in self.args[2].rank_batches(batch))
+
+    def _rank_s(self, batch: StepBatch, rank: StepBatch) -> float:
+        return self.fixed_s(batch, rank) + attention_seconds(batch, *self.args, rank)
+
+    def _busiest(self, batch: StepBatch) -> StepBatch:
+        """`busiest_rank` from the cached fixed parts: the candidate whose step lasts longest (the first of equals)."""
+        candidates = self.args[2].rank_batches(batch)
+        if len(candidates) == 1:
+            return candidates[0]
+        totals = [self._rank_s(batch, rank) for rank in candidates]
+        return candidates[totals.index(max(totals))]
 
     def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
         """Seconds of one step of `batch` on each pipeline stage (`stage_seconds`, its non-attention part cached
         by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers."""
-        key = self._shape(batch)
+        rank = self._busiest(batch)
+        key = self._shape(batch, rank)
         fixed = self._stage_fixed_s.get(key)
         if fixed is None:
-            fixed = self._stage_fixed_s[key] = stage_fixed_seconds(batch, *self.args)
+            fixed = self._stage_fixed_s[key] = stage_fixed_seconds(batch, *self.args, rank)
         layers = sum(self.stage_layers)
         return [fixed_s + attention_s + extra_s * count / layers for fixed_s, attention_s, count
-                in zip(fixed, stage_attention_seconds(batch, *self.args), self.stage_layers)]
+                in zip(fixed, stage_attention_seconds(batch, *self.args, rank), self.stage_layers)]
 
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at

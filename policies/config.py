@@ -150,10 +150,10 @@ class EngineConfig(SpecModel):
         attention an unset schedule_conservativeness is SGLang's 0.3 (its default 1.0 scaled by 0.3)."""
         sglang = self.scheduler == "sglang"
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
-        if dp_attention and tp > 1 and not sglang:  # vLLM runs DP attention as tp engines, each with its defaults;
-            tokens, seqs = tokens * tp, seqs * tp     # SGLang divides its own among its ranks
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)
+        if dp_attention and tp > 1 and not sglang:  # vLLM runs DP attention as tp engines, each with its defaults;
+            tokens, seqs = tokens * tp, seqs * tp     # SGLang divides its own among its ranks
         update = {k: v for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
                   if getattr(self, k) is None}
         if "max_num_seqs" in update and not sglang:  # never more slots than tokens in a step (vLLM caps it so)

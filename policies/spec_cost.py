@@ -43,7 +43,8 @@ from policies.step import StepPlan
 
 
 def draft_batches(plan: StepPlan) -> list[StepBatch]:
-    """The draft model's forward passes in `plan` (none when no draft model runs in it)."""
+    """The draft model's forward passes in `plan` (none when no draft model runs in it), each request on its DP
+    rank."""
     if not plan.draft_context:
         return []
     n = len(plan.requests)
@@ -54,10 +55,13 @@ def draft_batches(plan: StepPlan) -> list[StepBatch]:
     seen = draft_context >= 0  # requests that stopped speculating (-1) are not fed to the draft model
     if not seen.any():
         return []
-    batches = [StepBatch((context + target_new - draft_context)[seen], draft_context[seen], (drafts > 0)[seen])]
+    rank = np.fromiter(plan.rank, np.int64, n) if plan.rank else None  # DP attention: each request's rank
+    batches = [StepBatch((context + target_new - draft_context)[seen], draft_context[seen], (drafts > 0)[seen],
+                         None if rank is None else rank[seen])]
     for j in range(1, int(drafts.max(initial=0))):
         more = drafts > j
-        batches.append(StepBatch.of(np.ones(int(more.sum()), np.int64), context[more] + j))
+        batches.append(StepBatch(np.ones(int(more.sum()), np.int64), context[more] + j, np.ones(int(more.sum()), bool),
+                                 None if rank is None else rank[more]))
     return batches
 
 

@@ -26,6 +26,8 @@ class StepPlan:
     Speculative decoding (policies/spec_decode.py): `num_draft[i]` of request i's `num_new[i]` tokens are
     draft guesses the target verifies (empty: the step drafts nothing); `draft_context[i]` is request i's
     tokens in the draft model's KV cache before the step (empty: no draft model runs in this step).
+
+    `rank[i]` (DP attention, policies/data_parallel.py): the attention rank request i lives on (empty: one rank).
     """
 
     requests: tuple[Request, ...]
@@ -37,6 +39,7 @@ class StepPlan:
     swap_in_blocks: int = 0
     num_draft: tuple[int, ...] = ()
     draft_context: tuple[int, ...] = ()
+    rank: tuple[int, ...] = ()
 
     @property
     def is_empty(self) -> bool:
@@ -71,7 +74,8 @@ class StepPlan:
         logits = np.fromiter(self.samples, bool, n)
         if self.num_draft:
             logits = logits + np.fromiter(self.num_draft, np.int64, n)
-        return StepBatch(np.fromiter(self.num_new, np.int64, n), np.fromiter(self.num_context, np.int64, n), logits)
+        return StepBatch(np.fromiter(self.num_new, np.int64, n), np.fromiter(self.num_context, np.int64, n), logits,
+                         np.fromiter(self.rank, np.int64, n) if self.rank else None)
 
 
 class PlanBuilder:

@@ -48,7 +48,6 @@ class TokenBudgetScheduler:
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self.budget, self.max_num_seqs = cfg.batch_limits()
         self.in_flight_tokens = self.budget * cfg.in_flight_batches()  # bounds a sliding window's admission
-        self.rank_tokens = sys.maxsize  # a request's most tokens in one step (`data_parallel`)
         self.chunked = cfg.enable_chunked_prefill
         self.reserve_output = False
         self.host_blocks_free = host_blocks
@@ -73,11 +72,6 @@ class TokenBudgetScheduler:
         schedule."""
         self.pipelined = True
         self.in_flight_tokens = self.budget * self.cfg.in_flight_batches(depth)
-
-    def data_parallel(self, ranks: int) -> None:
-        """Schedule a DP-attention group, whose `ranks` engines each take their share of the step's budget: a request
-        lives on one rank, so it gets at most that share in a step (a long prompt is chunked by it)."""
-        self.rank_tokens = max(self.budget // ranks, 1)
 
     @property
     def num_waiting(self) -> int:
@@ -251,12 +245,11 @@ class TokenBudgetScheduler:
 
     def _capped(self, pending: int) -> int:
         """A long prefill's tokens this step: at most `long_prefill_token_threshold` (vLLM V1; 0: no cap) when
-        prompts are chunked, so several long prompts advance side by side instead of one taking the budget, and at
-        most its DP rank's share of the budget."""
+        prompts are chunked, so several long prompts advance side by side instead of one taking the budget."""
         if not self.chunked:
             return pending
         limit = self.cfg.long_prefill_token_threshold
-        return min(limit if 0 < limit < pending else pending, self.rank_tokens)
+        return limit if 0 < limit < pending else pending
 
     def _make_room(self, req: Request, n: int, step: PlanBuilder) -> bool:
         """Allocate KV for `n` more tokens of `req`, preempting others; False if `req` itself had to go."""

@@ -23,6 +23,7 @@ from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
 from policies.config import EngineConfig
+from policies.data_parallel import DataParallelRanks, data_parallel_share, least_loaded, round_robin
 from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
@@ -221,11 +222,15 @@ class World:
         e = s.engine
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
-        num_pages = usable_pages(e, num_blocks * e.block_size // page_size)
-        if not e.enable_chunked_prefill and e.max_num_batched_tokens < memory.max_model_len \
+        ranks = s.parallelism.spec(e.scheduler).attention_ranks  # DP attention: a scheduler and KV pool per rank
+        rank_engine = data_parallel_share(e, ranks)
+        num_pages = usable_pages(e, num_blocks * e.block_size // page_size // ranks)  # one rank's
+        if not e.enable_chunked_prefill and rank_engine.max_num_batched_tokens < memory.max_model_len \
                 and e.scheduler.startswith("vllm"):
+            share = f" (its {ranks} DP-attention ranks' share: {rank_engine.max_num_batched_tokens} each)" \
+                if ranks > 1 else ""
             raise SpecError(
-                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}) < max_model_len "
+                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}){share} < max_model_len "
                 f"({memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
                 "enable chunked prefill, raise the budget or lower max_model_len")
         timer = build_timer(s)
@@ -244,27 +249,32 @@ class World:
         # one by one.
         pp = s.parallelism.pp
         e = e.model_copy(update={"max_model_len": memory.max_model_len})
+        rank_engine = data_parallel_share(e, ranks)
         pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
         scheduler_class = schedulers.get(e.scheduler)
         batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
         per_replica = 1 if batch_queue else pp  # engines per replica
         index = first_index
+        pick = round_robin if e.scheduler == "sglang" else least_loaded
         for _ in range(count):
-            kv = make_kv_manager(e, num_pages, page_size, memory.kv_windows)
+            kvs = [make_kv_manager(rank_engine, num_pages, page_size, memory.kv_windows) for _ in range(ranks)]
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
-            seqs = max_running_requests(e, kv) if e.scheduler == "sglang" else e.max_num_seqs
+            seqs = max_running_requests(rank_engine, kvs[0]) if e.scheduler == "sglang" \
+                else rank_engine.max_num_seqs
             slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
             engines, stages = [], StagePipeline(self.env, pp, stage_times) if pp > 1 else None
             for engine_seqs in slots:  # sum: max_num_seqs
-                cfg = e.model_copy(update={"max_num_seqs": engine_seqs})
-                scheduler = scheduler_class(kv, cfg, orderings.get(e.queue_order), self.tokens,
-                                            host_blocks // per_replica)  # the replica's swap space, shared
-                if batch_queue:
-                    scheduler.pipeline(pp)
-                if s.parallelism.dp_attention and s.parallelism.tp > 1 and hasattr(scheduler, "data_parallel"):
-                    scheduler.data_parallel(s.parallelism.tp)
-                if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
-                    scheduler.speculator = Speculator(e.speculative, s.seed)
+                cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
+                group = []
+                for kv in kvs:
+                    scheduler = scheduler_class(kv, cfg, orderings.get(e.queue_order), self.tokens,
+                                                host_blocks // per_replica // ranks)  # the replica's swap space, shared
+                    if batch_queue:
+                        scheduler.pipeline(pp)
+                    if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
+                        scheduler.speculator = Speculator(e.speculative, s.seed)
+                    group.append(scheduler)
+                scheduler = group[0] if ranks == 1 else DataParallelRanks(group, pick)
                 engines.append(Replica(self.env, index, scheduler, step_time, self.steps, None,
                                        fast if pp == 1 else None, stages))
                 index += 1

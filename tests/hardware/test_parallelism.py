@@ -318,6 +318,63 @@ def test_the_busiest_rank_is_at_least_as_loaded_as_a_balanced_share_and_the_larg
     assert set(zip(rank.num_new.tolist(), rank.num_context.tolist())) <= set(requests)
 
 
+def _labelled(num_new: list[int], num_context: list[int], rank: list[int]) -> StepBatch:
+    return StepBatch(np.array(num_new), np.array(num_context), np.ones(len(num_new), bool), np.array(rank))
+
+
+@pytest.mark.parametrize("par", [Parallelism(tp=8, ep=True, dp_attention=True),
+                                 Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True)])
+def test_a_step_of_labelled_ranks_lasts_as_long_as_its_slowest_rank(par):
+    """The simulator's ranks label each request with the rank it lives on: the step is priced with each rank's
+    requests on the attention side and lasts as long as the slowest of them, wherever that one is. The timer,
+    step_cost and the stage split agree on it."""
+    v3 = get_model("deepseek-v3")
+    batch = _labelled([1] * 4 + [2048] + [1], [8000] * 4 + [0] + [100], [0] * 4 + [1] + [2])
+    per_rank = [step_cost(batch, v3, H200, par, rank=rank).total_s for rank in batch.by_rank()]
+    assert len(set(per_rank)) == 3
+    assert step_cost(batch, v3, H200, par).total_s == max(per_rank)
+    timer = StepTimer(v3, H200, par)
+    assert timer(batch) == pytest.approx(max(per_rank), rel=1e-12)
+    assert sum(timer.stage_s(batch)) == pytest.approx(sum(stage_seconds(batch, v3, H200, par)), rel=1e-12)
+    relabelled = _labelled(batch.num_new.tolist(), batch.num_context.tolist(), [3] * 4 + [0] + [5])
+    assert timer(relabelled) == pytest.approx(timer(batch), rel=1e-12)  # which GPU it is does not matter
+
+
+def test_requests_piled_on_one_rank_cost_more_than_the_same_requests_spread():
+    """Eight 4K-context decodes on one of eight ranks: that GPU attends for all of them, as it would in an engine
+    whose balancer sent them there; one per rank, each attends for one. Unlabelled, the cost model deals them
+    evenly. A lone prompt costs the same labelled or dealt: its rank is the step's."""
+    v3, dp8 = get_model("deepseek-v3"), Parallelism(tp=8, ep=True, dp_attention=True)
+    timer = StepTimer(v3, H200, dp8)
+    piled, spread = _labelled([1] * 8, [4096] * 8, [0] * 8), _labelled([1] * 8, [4096] * 8, list(range(8)))
+    dealt = StepBatch.of([1] * 8, [4096] * 8)
+    assert timer(spread) == pytest.approx(timer(dealt), rel=1e-12)
+    assert attention_of(piled, v3, dp8) == pytest.approx(8 * attention_of(spread, v3, dp8), rel=1e-9)
+    assert timer(piled) > timer(spread)
+    lone = _labelled([6000], [0], [5])
+    assert timer(lone) == pytest.approx(timer(StepBatch.of([6000], [0])), rel=1e-12)
+
+
+def test_only_a_rank_attending_decodes_beside_a_prefill_runs_both_attention_paths():
+    """The mixed-batch overhead is the attending GPU's: a prompt on one rank and a decode on another run one path
+    each; on one rank, that rank runs both."""
+    v3, dp8 = get_model("deepseek-v3"), Parallelism(tp=8, ep=True, dp_attention=True)
+    profile = Profile(mixed_layer_overhead_s=1e-3)
+    apart, together = _labelled([512, 1], [0, 4000], [0, 1]), _labelled([512, 1], [0, 4000], [0, 0])
+    overhead = [step_cost(b, v3, H200, dp8, profile).by_name("overhead").time_s for b in (apart, together)]
+    plain = step_cost(apart, v3, H200, dp8, Profile()).by_name("overhead").time_s
+    assert overhead[0] == pytest.approx(plain)
+    assert overhead[1] == pytest.approx(step_cost(together, v3, H200, dp8, Profile()).by_name("overhead").time_s
+                                        + 1e-3 * v3.num_layers)
+    timer = StepTimer(v3, H200, dp8, profile)
+    assert [timer(b) for b in (apart, together)] == pytest.approx(
+        [step_cost(b, v3, H200, dp8, profile).total_s for b in (apart, together)], rel=1e-12)
+
+
+def attention_of(batch: StepBatch, model, par: Parallelism) -> float:
+    return step_cost(batch, model, H200, par).by_name("attention_decode").flops
+
+
 def test_dp_attention_decode_stretches_cost_what_their_steps_do():
     """A fused decode stretch picks the busiest rank once: every context grows by one a step, so it holds the same
     requests throughout, and each step of the stretch costs bit-for-bit what stepping it costs."""
@@ -360,4 +417,4 @@ def test_a_decode_steps_cache_key_is_the_one_its_batch_has(par, decode_query_len
     timer = StepTimer(get_model("deepseek-v3"), H200, par, Profile(), CostOptions(decode_query_len=decode_query_len))
     for n in (1, 3, 8, 9, 17, 64):
         batch = StepBatch.of(np.ones(n, np.int64), np.arange(n) * 100)
-        assert timer._decode_shape(n) == timer._shape(batch), n
+        assert timer._decode_shape(n) == timer._shape(batch, *par.rank_batches(batch)), n

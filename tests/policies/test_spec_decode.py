@@ -234,6 +234,9 @@ def test_draft_passes_of_a_mixed_step():
     stopped = StepPlan(tuple(reqs), (5, 1, 64), (20, 30, 100), (True, True, False), num_draft=(4, 0, 0),
                        draft_context=(20, -1, 100))  # r1 no longer speculates: the draft model skips it
     assert [b.num_new.tolist() for b in draft_batches(stopped)] == [[1, 64], [1], [1], [1]]
+    ranked = dataclasses.replace(plan, rank=(1, 0, 1))  # DP attention: each pass keeps its requests' ranks
+    assert [b.rank.tolist() for b in draft_batches(ranked)] == [[1, 0, 1], [1, 0], [1], [1]]
+    assert all(b.rank is None for b in passes)
 
 
 def test_draft_weights_and_kv_shrink_the_pool():

@@ -10,6 +10,7 @@ from hardware.batch import StepBatch
 from hardware.gpu import get_interconnect
 from hardware.memory import weight_bytes_per_gpu
 from hardware.model import get_model
+from policies.hybrid_blocks import usable_pages
 from policies.step import StepPlan
 from simulator.run import World, _memory_plan, build_step_time, build_timer
 from workloads.request import Request
@@ -73,13 +74,28 @@ def test_swapped_blocks_cross_pcie_on_every_stage_for_its_layers():
     assert [b - a for a, b in zip(stage_times(plain), stage_times(swapping))] == pytest.approx([swap_s / 2] * 2)
 
 
-def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200():
+@pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
+def test_deepseek_v3_with_dp_attention_and_expert_parallel_on_8_h200(scheduler):
+    """Eight ranks, each with its own scheduler, eighth of the group's budget and slots, and KV pool: every request
+    runs on the one rank it was sent to (SGLang's in turn), and every rank's blocks come back."""
     s = scenario(model="deepseek-v3", hardware={"gpu": "h200"},
                  parallelism={"tp": 8, "ep": True, "dp_attention": True},
-                 engine={"max_model_len": 16384, "weight_dtype": "fp8"},
+                 engine={"max_model_len": 16384, "weight_dtype": "fp8", "scheduler": scheduler},
                  workload={"arrivals": {"kind": "trace", "rate_per_s": 10}, "num_requests": 100})
-    result = run(s)
+    world = World(s, SCENARIOS)
+    pool, (replica,) = world.pools[0], world.replicas
+    group = pool.scenario.engine
+    assert len(replica.scheduler.ranks) == 8
+    for rank in replica.scheduler.ranks:
+        assert rank.kv.num_blocks == pool.num_pages == usable_pages(group, pool.num_blocks // 8)
+        assert rank.cfg.max_num_batched_tokens == group.max_num_batched_tokens // 8
+    result = world.run()
     assert result.summary["completed"] == 100
+    ranks = result.requests.sort_values("arrival_s", kind="stable")["dp_rank"].tolist()
+    assert set(ranks) == set(range(8))
+    if scheduler == "sglang":
+        assert ranks == [i % 8 for i in range(100)]
+    assert all(rank.kv.num_free_blocks == rank.kv.num_blocks for rank in replica.scheduler.ranks)
     plain = run(s.model_copy(update={"parallelism": s.parallelism.model_copy(update={"dp_attention": False})}))
     assert result.memory.kv_cache_tokens > 7 * plain.memory.kv_cache_tokens * (
         result.memory.kv_cache_bytes / plain.memory.kv_cache_bytes)
@@ -262,3 +278,20 @@ def test_dp_attention_gives_each_vllm_rank_its_own_defaults_and_a_request_one_ra
     assert s.with_engine_defaults().engine.max_num_batched_tokens == 4 * 8192
     result = run(s)
     assert result.steps["prefill_tokens"].tolist()[:3] == [8192, 8192, 20000 - 2 * 8192]
+
+
+def test_pd_pools_with_dp_attention_hand_each_request_from_its_prefill_rank_to_a_decode_rank():
+    """A request is prefilled on one rank of the prefill group, its blocks there freed once its KV has moved, and
+    decoded on one rank of the decode group: every request completes and every rank of both gets its blocks back."""
+    s = scenario(model="deepseek-v3", hardware={"gpu": "h200"},
+                 parallelism={"tp": 8, "ep": True, "dp_attention": True},
+                 engine={"max_model_len": 16384, "weight_dtype": "fp8"},
+                 disaggregation={"prefill": {"replicas": 1, "tp": 8}, "decode": {"replicas": 1, "tp": 8},
+                                 "transfer": {"link": "ib-ndr-400"}},
+                 workload={"arrivals": {"kind": "trace", "rate_per_s": 10}, "num_requests": 60})
+    world = World(s, SCENARIOS)
+    result = world.run()
+    assert result.summary["completed"] == 60
+    assert set(result.requests["dp_rank"]) == set(range(8))
+    for replica in world.replicas:
+        assert all(rank.kv.num_free_blocks == rank.kv.num_blocks for rank in replica.scheduler.ranks)

@@ -1,0 +1,170 @@
+"""A DP-attention group as its engines run it: one scheduler and one KV pool per attention rank, stepping together.
+
+vLLM runs data-parallel attention as one engine core per rank, SGLang as one scheduler per rank under its data
+parallel controller. Either way a request is sent to one rank when it arrives and stays there for life: that
+rank's token budget, batch slots, KV pool and prefix cache are the only ones it uses. The MoE layers' all-to-all
+(or SGLang's gathered MLP) keeps the ranks in lock step, so a rank with nothing to run runs an empty (dummy) batch
+beside the others, a request sent to it is first scheduled when the step in flight ends, and the step lasts as
+long as its busiest rank's (the cost model prices each rank's requests: `StepBatch.rank`).
+
+Where a request goes (`pick`):
+- vLLM (its DP load balancer, `DPLBAsyncMPClient`): the rank with the lowest 4 x waiting + running, the first
+  of equals. It reads counts the coordinator publishes every 100 ms; here they are read live.
+- SGLang (`--load-balance-method round_robin`, its default): the next rank in turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import chain
+
+from policies.config import SGLANG_MAX_RUNNING, EngineConfig
+from policies.step import Scheduler, StepPlan
+from workloads.request import Phase, Request
+
+WAITING_WEIGHT = 4  # vLLM's DP load balancer: score = waiting * 4 + running
+
+
+def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
+    """One rank's engine settings: the group's token budget and batch slots (as a scenario states them, vLLM's
+    defaults being tp times a rank's) split evenly. SGLang's default max_running_requests stays its default, so
+    each rank derives it from its own pool."""
+    if ranks == 1:
+        return engine
+    update = {"max_num_batched_tokens": max(engine.max_num_batched_tokens // ranks, 1)}
+    if not (engine.scheduler == "sglang" and engine.max_num_seqs == SGLANG_MAX_RUNNING):
+        update["max_num_seqs"] = max(engine.max_num_seqs // ranks, 1)
+    return engine.model_copy(update=update)
+
+
+class RanksKV:
+    """The ranks' KV pools read as one for the step log and routers: blocks summed, usage of the sum; a request's
+    blocks are its rank's."""
+
+    supports_fast_forward = False  # the group steps one step at a time
+
+    def __init__(self, ranks: list[Scheduler]):
+        self.pools = [rank.kv for rank in ranks]
+
+    @property
+    def num_blocks(self) -> int:
+        return sum(pool.num_blocks for pool in self.pools)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return sum(pool.num_free_blocks for pool in self.pools)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return sum(pool.num_used_blocks for pool in self.pools)
+
+    def table(self, req: Request) -> list[int]:
+        return self.pools[req.extra["dp_rank"]].table(req)
+
+    def check_invariants(self) -> None:
+        for pool in self.pools:
+            pool.check_invariants()
+
+    @property
+    def usage(self) -> float:
+        return self.num_used_blocks / max(self.num_blocks, 1)
+
+
+def least_loaded(ranks: list[Scheduler], turn: int) -> int:
+    """vLLM's choice: the lowest 4 x waiting + running, the first of equals."""
+    scores = [WAITING_WEIGHT * rank.num_waiting + rank.num_running for rank in ranks]
+    return scores.index(min(scores))
+
+
+def round_robin(ranks: list[Scheduler], turn: int) -> int:
+    """SGLang's default choice: the ranks in turn."""
+    return turn % len(ranks)
+
+
+class DataParallelRanks:
+    """The schedulers of one DP-attention group's ranks behind the one-scheduler interface the engine drives: a
+    step is every rank's plan at once (each request labelled with its rank), committed rank by rank. A request's
+    rank is noted in its `extra["dp_rank"]` for the per-request table (under P/D, the decode pool's)."""
+
+    def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int], int]):
+        self.ranks, self.pick = ranks, pick
+        self._home: dict[int, int] = {}  # request id -> its rank, until it is done here
+        self.kv = RanksKV(ranks)
+        self._turn = 0  # requests sent so far (round robin's position)
+        self._parts: dict[int, list[StepPlan]] = {}  # id(merged plan) -> each rank's plan
+
+    @property
+    def num_waiting(self) -> int:
+        return sum(rank.num_waiting for rank in self.ranks)
+
+    @property
+    def num_running(self) -> int:
+        return sum(rank.num_running for rank in self.ranks)
+
+    def _send(self, req: Request) -> Scheduler:
+        """The rank `req` lives on from now: chosen by `pick`."""
+        index = self._home[req.id] = req.extra["dp_rank"] = self.pick(self.ranks, self._turn)
+        self._turn += 1
+        return self.ranks[index]
+
+    def _rank_of(self, req: Request) -> Scheduler:
+        return self.ranks[self._home[req.id]]
+
+    def add(self, req: Request, now: float) -> None:
+        self._send(req).add(req, now)
+
+    def offer(self, req: Request, on_reserved: Callable[[Request], None]) -> None:
+        """P/D decode pool: a prefilled request goes to a rank, which reserves its blocks."""
+        self._send(req).offer(req, on_reserved)
+
+    def accept(self, req: Request, now: float) -> None:
+        self._rank_of(req).accept(req, now)
+
+    def release(self, req: Request) -> None:
+        """P/D prefill pool: the decode side holds the request's KV, its rank frees it."""
+        self.ranks[self._home.pop(req.id)].release(req)
+
+    def pipeline(self, depth: int) -> None:
+        for rank in self.ranks:
+            rank.pipeline(depth)
+
+    @property
+    def pipelined(self) -> bool:
+        return all(getattr(rank, "pipelined", False) for rank in self.ranks)
+
+    def schedule(self, now: float) -> StepPlan:
+        parts = [rank.schedule(now) for rank in self.ranks]
+        plan = merge(parts)
+        if not plan.is_empty:
+            self._parts[id(plan)] = parts
+        return plan
+
+    def commit(self, plan: StepPlan, now: float) -> list[Request]:
+        """Each rank commits its own plan (a rank that planned nothing ran an empty batch: nothing to commit).
+        Requests done here are forgotten; a P/D prefill pool's handed-off ones hold their blocks until `release`."""
+        parts = self._parts.pop(id(plan))
+        done = list(chain.from_iterable(rank.commit(part, now) for rank, part in zip(self.ranks, parts)
+                                        if not part.is_empty))
+        for req in done:
+            if req.phase is Phase.FINISHED:
+                self._home.pop(req.id, None)
+        return done
+
+
+def merge(parts: list[StepPlan]) -> StepPlan:
+    """One step of every rank's plan: requests in rank order, each labelled with its rank. Draft guesses (and draft
+    contexts) are kept where any rank drafts: a rank that does not draft this step has none (and -1, skipped)."""
+    def joined(field: str, filler) -> tuple:
+        if not any(getattr(part, field) for part in parts):
+            return ()
+        return tuple(chain.from_iterable(getattr(part, field) or (filler,) * len(part.requests) for part in parts))
+    return StepPlan(
+        requests=tuple(chain.from_iterable(part.requests for part in parts)),
+        num_new=tuple(chain.from_iterable(part.num_new for part in parts)),
+        num_context=tuple(chain.from_iterable(part.num_context for part in parts)),
+        samples=tuple(chain.from_iterable(part.samples for part in parts)),
+        preempted=tuple(chain.from_iterable(part.preempted for part in parts)),
+        swap_out_blocks=sum(part.swap_out_blocks for part in parts),
+        swap_in_blocks=sum(part.swap_in_blocks for part in parts),
+        num_draft=joined("num_draft", 0), draft_context=joined("draft_context", -1),
+        rank=tuple(chain.from_iterable((index,) * len(part.requests) for index, part in enumerate(parts))))
