@@ -65,7 +65,7 @@ class StepBatch:
 
     def by_rank(self) -> list[StepBatch]:
         """Each labelled rank's requests, by rank number (ranks with none left out); unlabelled: the batch."""
-        if self.rank is None:
+        if self.rank is None or not self.num_requests:
             return [self]
         return [self._pick(self.rank == r) for r in np.unique(self.rank)]
 

@@ -250,7 +250,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         block_bytes *= groups.layers_per_group / model.num_kv_layers
     num_blocks = int(kv_cache // block_bytes)
     ranks = par.attention_ranks
-    in_flight = cfg.max_num_batched_tokens * cfg.in_flight_batches
+    in_flight = -(-cfg.max_num_batched_tokens // ranks) * cfg.in_flight_batches  # a rank's chunks
 
     def request_bytes(length: int) -> float:
         return groups.peak_blocks(length, cfg.block_size, in_flight) * block_bytes * ranks

@@ -56,9 +56,9 @@ class StepTimer:
         return own(num_requests)
 
     def fixed_s(self, batch: StepBatch, rank: StepBatch | None = None) -> float:
-        """`step_cost(batch, rank=rank).fixed_s`; `rank` None: an unlabelled batch's one candidate."""
+        """`step_cost(batch, rank=rank).fixed_s`; `rank` None: its busiest."""
         if rank is None:
-            rank, = self.args[2].rank_batches(batch)
+            rank = self._busiest(batch)
         key = self._shape(batch, rank)
         fixed = self._fixed_s.get(key)
         if fixed is None:
@@ -89,7 +89,8 @@ class StepTimer:
 
     def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
         """Seconds of one step of `batch` on each pipeline stage (`stage_seconds`, its non-attention part cached
-        by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers."""
+        by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers. Under DP attention every
+        stage is priced with the rank slowest over the whole step, not each stage's slowest."""
         rank = self._busiest(batch)
         key = self._shape(batch, rank)
         fixed = self._stage_fixed_s.get(key)

@@ -97,7 +97,8 @@ class EngineConfig(SpecModel):
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output; default: the model's limit")
     allow_long_max_model_len: bool = Field(False, description=(
         "Allow max_model_len beyond the model's max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)"))
-    num_gpu_blocks_override: int | None = Field(None, ge=1, description="Force the KV pool size (as vLLM's flag)")
+    num_gpu_blocks_override: int | None = Field(None, ge=1, description=(
+        "Force the KV pool size (as vLLM's flag); under DP attention the group's, split evenly over its ranks"))
     disable_hybrid_kv_cache_manager: bool = Field(False, description=(
         "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks; "
         "unset under sglang: on for Gemma 2/3/3n, which SGLang runs so"))

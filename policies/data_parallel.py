@@ -27,13 +27,13 @@ WAITING_WEIGHT = 4  # vLLM's DP load balancer: score = waiting * 4 + running
 
 def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
     """One rank's engine settings: the group's token budget and batch slots (as a scenario states them, vLLM's
-    defaults being tp times a rank's) split evenly. SGLang's default max_running_requests stays its default, so
-    each rank derives it from its own pool."""
+    defaults being tp times a rank's) split evenly, rounded up as the launch command sets them. SGLang's default
+    max_running_requests stays its default, so each rank derives it from its own pool."""
     if ranks == 1:
         return engine
-    update = {"max_num_batched_tokens": max(engine.max_num_batched_tokens // ranks, 1)}
+    update = {"max_num_batched_tokens": -(-engine.max_num_batched_tokens // ranks)}
     if not (engine.scheduler == "sglang" and engine.max_num_seqs == SGLANG_MAX_RUNNING):
-        update["max_num_seqs"] = max(engine.max_num_seqs // ranks, 1)
+        update["max_num_seqs"] = -(-engine.max_num_seqs // ranks)
     return engine.model_copy(update=update)
 
 
@@ -43,8 +43,8 @@ class RanksKV:
 
     supports_fast_forward = False  # the group steps one step at a time
 
-    def __init__(self, ranks: list[Scheduler]):
-        self.pools = [rank.kv for rank in ranks]
+    def __init__(self, ranks: list[Scheduler], home: dict[int, int]):
+        self.pools, self.home = [rank.kv for rank in ranks], home
 
     @property
     def num_blocks(self) -> int:
@@ -59,7 +59,7 @@ class RanksKV:
         return sum(pool.num_used_blocks for pool in self.pools)
 
     def table(self, req: Request) -> list[int]:
-        return self.pools[req.extra["dp_rank"]].table(req)
+        return self.pools[self.home.get(req.id, req.extra["dp_rank"])].table(req)  # done here: where it ran
 
     def check_invariants(self) -> None:
         for pool in self.pools:
@@ -89,7 +89,7 @@ class DataParallelRanks:
     def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int], int]):
         self.ranks, self.pick = ranks, pick
         self._home: dict[int, int] = {}  # request id -> its rank, until it is done here
-        self.kv = RanksKV(ranks)
+        self.kv = RanksKV(ranks, self._home)
         self._turn = 0  # requests sent so far (round robin's position)
         self._parts: dict[int, list[StepPlan]] = {}  # id(merged plan) -> each rank's plan
 
@@ -142,7 +142,9 @@ class DataParallelRanks:
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
         """Each rank commits its own plan (a rank that planned nothing ran an empty batch: nothing to commit).
         Requests done here are forgotten; a P/D prefill pool's handed-off ones hold their blocks until `release`."""
-        parts = self._parts.pop(id(plan))
+        parts = self._parts.pop(id(plan), None)
+        if parts is None:  # a plan that only preempted: nothing ran
+            return []
         done = list(chain.from_iterable(rank.commit(part, now) for rank, part in zip(self.ranks, parts)
                                         if not part.is_empty))
         for req in done:
@@ -166,5 +168,6 @@ def merge(parts: list[StepPlan]) -> StepPlan:
         preempted=tuple(chain.from_iterable(part.preempted for part in parts)),
         swap_out_blocks=sum(part.swap_out_blocks for part in parts),
         swap_in_blocks=sum(part.swap_in_blocks for part in parts),
+        rank_swap_blocks=max(part.swap_in_blocks + part.swap_out_blocks for part in parts) if parts else 0,
         num_draft=joined("num_draft", 0), draft_context=joined("draft_context", -1),
         rank=tuple(chain.from_iterable((index,) * len(part.requests) for index, part in enumerate(parts))))

@@ -27,7 +27,8 @@ class StepPlan:
     draft guesses the target verifies (empty: the step drafts nothing); `draft_context[i]` is request i's
     tokens in the draft model's KV cache before the step (empty: no draft model runs in this step).
 
-    `rank[i]` (DP attention, policies/data_parallel.py): the attention rank request i lives on (empty: one rank).
+    `rank[i]` (DP attention, policies/data_parallel.py): the attention rank request i lives on (empty: one rank);
+    `rank_swap_blocks`: the most blocks one rank swaps (each over its own GPU's PCIe link, its blocks whole there).
     """
 
     requests: tuple[Request, ...]
@@ -40,6 +41,7 @@ class StepPlan:
     num_draft: tuple[int, ...] = ()
     draft_context: tuple[int, ...] = ()
     rank: tuple[int, ...] = ()
+    rank_swap_blocks: int = 0
 
     @property
     def is_empty(self) -> bool:

@@ -8,6 +8,7 @@ import shlex
 from hardware.model import get_model, resolve_weight_dtype
 from hardware.gpu import get_gpu
 from policies.config import SGLANG_DP_ATTENTION_CONSERVATIVENESS, EngineConfig, vllm_batch_defaults
+from policies.data_parallel import data_parallel_share
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
 
@@ -130,11 +131,11 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--pipeline-parallel-size {par.pp}")
     if _moe_ep(s):
         parts.append("--enable-expert-parallel")
-    # vLLM's limits are per data-parallel rank: each takes its share of the simulated group's step
-    tokens = -(-e.max_num_batched_tokens // dp)
+    rank = data_parallel_share(e, dp)  # vLLM's limits are per data-parallel rank, as the simulated ranks ran them
+    tokens = rank.max_num_batched_tokens
     if not e.enable_chunked_prefill:  # a whole prompt still fits one rank's step
         tokens = max(tokens, max_model_len)
-    parts += [f"--max-num-seqs {-(-e.max_num_seqs // dp)}", f"--max-num-batched-tokens {tokens}",
+    parts += [f"--max-num-seqs {rank.max_num_seqs}", f"--max-num-batched-tokens {tokens}",
               f"--gpu-memory-utilization {e.gpu_memory_utilization}", f"--max-model-len {max_model_len}",
               "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill"]
     if e.prefix_caching == "none":  # vLLM V1 caches prefixes by default

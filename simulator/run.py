@@ -79,15 +79,17 @@ def build_timer(s: Scenario) -> StepTimer:
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:
     """The scenario's step-time function (the cost model's prediction plus PCIe time of swapped KV blocks and the
-    draft model's passes) and the same time split over the pipeline stages."""
+    draft model's passes) and the same time split over the pipeline stages. Under DP attention the ranks swap in
+    parallel, each block whole on its rank's GPU (the memory plan's block bytes average a block over the group)."""
     block_bytes = memory.block_bytes
+    ranks = timer.args[2].attention_ranks
     pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
     drafting_s = draft_time(s.engine.speculative, timer)  # speculative decoding hook (policies/spec_cost.py)
 
     def plus_extras(time_s: float, plan: StepPlan) -> float:
         if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
             time_s += drafting_s(plan)
-        swapped = plan.swap_in_blocks + plan.swap_out_blocks
+        swapped = plan.rank_swap_blocks * ranks if ranks > 1 else plan.swap_in_blocks + plan.swap_out_blocks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
         return time_s
@@ -140,7 +142,8 @@ class Pool:
     memory: MemoryPlan
     num_blocks: int
     page_size: int  # tokens per KV page: block_size, or radix_page_size for the radix cache
-    num_pages: int
+    num_pages: int  # one scheduler's (under DP attention, one rank's)
+    engine: EngineConfig  # one scheduler's settings (under DP attention, one rank's share of the group's)
     timer: StepTimer
     replicas: list[Replica]
 
@@ -250,7 +253,7 @@ class World:
         pp = s.parallelism.pp
         e = e.model_copy(update={"max_model_len": memory.max_model_len})
         rank_engine = data_parallel_share(e, ranks)
-        pool = Pool(s, memory, num_blocks, page_size, num_pages, timer, [])
+        pool = Pool(s, memory, num_blocks, page_size, num_pages, rank_engine, timer, [])
         scheduler_class = schedulers.get(e.scheduler)
         batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
         per_replica = 1 if batch_queue else pp  # engines per replica
@@ -296,7 +299,7 @@ class World:
             self.env.process(self._answer_from_cache(req))
             return
         reason = next((why for pool in self.pools if (why := rejection(
-            req, pool.scenario.engine, pool.memory.max_model_len, pool.num_pages, pool.page_size,
+            req, pool.engine, pool.memory.max_model_len, pool.num_pages, pool.page_size,
             pool.memory.kv_windows))), None)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason

@@ -334,10 +334,10 @@ def test_a_step_of_labelled_ranks_lasts_as_long_as_its_slowest_rank(par):
     assert len(set(per_rank)) == 3
     assert step_cost(batch, v3, H200, par).total_s == max(per_rank)
     timer = StepTimer(v3, H200, par)
-    assert timer(batch) == pytest.approx(max(per_rank), rel=1e-12)
-    assert sum(timer.stage_s(batch)) == pytest.approx(sum(stage_seconds(batch, v3, H200, par)), rel=1e-12)
+    assert timer(batch) == max(per_rank)
+    assert timer.stage_s(batch) == stage_seconds(batch, v3, H200, par)
     relabelled = _labelled(batch.num_new.tolist(), batch.num_context.tolist(), [3] * 4 + [0] + [5])
-    assert timer(relabelled) == pytest.approx(timer(batch), rel=1e-12)  # which GPU it is does not matter
+    assert timer(relabelled) == timer(batch)  # which GPU it is does not matter
 
 
 def test_requests_piled_on_one_rank_cost_more_than_the_same_requests_spread():
@@ -348,11 +348,11 @@ def test_requests_piled_on_one_rank_cost_more_than_the_same_requests_spread():
     timer = StepTimer(v3, H200, dp8)
     piled, spread = _labelled([1] * 8, [4096] * 8, [0] * 8), _labelled([1] * 8, [4096] * 8, list(range(8)))
     dealt = StepBatch.of([1] * 8, [4096] * 8)
-    assert timer(spread) == pytest.approx(timer(dealt), rel=1e-12)
+    assert timer(spread) == timer(dealt)
     assert attention_of(piled, v3, dp8) == pytest.approx(8 * attention_of(spread, v3, dp8), rel=1e-9)
     assert timer(piled) > timer(spread)
     lone = _labelled([6000], [0], [5])
-    assert timer(lone) == pytest.approx(timer(StepBatch.of([6000], [0])), rel=1e-12)
+    assert timer(lone) == timer(StepBatch.of([6000], [0]))
 
 
 def test_only_a_rank_attending_decodes_beside_a_prefill_runs_both_attention_paths():
@@ -367,8 +367,8 @@ def test_only_a_rank_attending_decodes_beside_a_prefill_runs_both_attention_path
     assert overhead[1] == pytest.approx(step_cost(together, v3, H200, dp8, Profile()).by_name("overhead").time_s
                                         + 1e-3 * v3.num_layers)
     timer = StepTimer(v3, H200, dp8, profile)
-    assert [timer(b) for b in (apart, together)] == pytest.approx(
-        [step_cost(b, v3, H200, dp8, profile).total_s for b in (apart, together)], rel=1e-12)
+    assert [timer(b) for b in (apart, together)] == [step_cost(b, v3, H200, dp8, profile).total_s
+                                                     for b in (apart, together)]
 
 
 def attention_of(batch: StepBatch, model, par: Parallelism) -> float:

@@ -59,7 +59,15 @@ def test_one_step_is_every_ranks_plan_each_request_labelled_with_its_rank():
     assert plan.num_draft == (0, 0, 0)  # a rank that does not draft this step guesses nothing
     assert plan.draft_context == ()  # no rank runs a draft model
     assert list(plan.batch().rank) == [0, 0, 2]
+    assert plan.rank_swap_blocks == 2  # the most one rank moves over its own PCIe link
     assert merge([idle, idle]).is_empty
+
+
+def test_a_plan_that_only_preempted_commits_nothing():
+    group, _ = _group("vllm", 2, least_loaded, num_blocks=100, block_size=4)
+    a, = make_requests([5], [2])
+    only_preempted = merge([StepPlan((), (), (), (), preempted=(a,)), StepPlan((), (), (), ())])
+    assert group.schedule(0.0).is_empty and group.commit(only_preempted, 1.0) == []
 
 
 def test_a_ranks_share_of_the_groups_limits():

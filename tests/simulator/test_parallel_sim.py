@@ -295,3 +295,39 @@ def test_pd_pools_with_dp_attention_hand_each_request_from_its_prefill_rank_to_a
     assert set(result.requests["dp_rank"]) == set(range(8))
     for replica in world.replicas:
         assert all(rank.kv.num_free_blocks == rank.kv.num_blocks for rank in replica.scheduler.ranks)
+
+
+def test_under_dp_attention_the_rank_swapping_most_sets_the_pcie_time():
+    """A rank's blocks sit whole on its GPU (tp times the memory plan's per-GPU average of a block) and the ranks
+    swap over their own links at once: 30 blocks on one rank beside 10 on another take as long as those 30."""
+    s = scenario(model="deepseek-v3", hardware={"gpu": "h200"},
+                 parallelism={"tp": 8, "ep": True, "dp_attention": True},
+                 engine={"max_model_len": 16384, "weight_dtype": "fp8", "preemption_mode": "swap"}).with_engine_defaults()
+    memory, timer = _memory_plan(s), build_timer(s)
+    step_time, _ = build_step_time(s, memory, timer)
+    a, b = Request(0, 0.0, 100, 10), Request(1, 0.0, 100, 10)
+    plain = StepPlan((a, b), (1, 1), (100, 100), (True, True), rank=(0, 1))
+    swapping = dataclasses.replace(plain, swap_in_blocks=40, rank_swap_blocks=30)
+    pcie = get_interconnect("pcie5")
+    assert step_time(swapping) == pytest.approx(
+        step_time(plain) + 30 * 8 * memory.block_bytes / pcie.bytes_per_s + pcie.latency_s, rel=1e-12)
+
+
+@pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
+def test_dp_attention_ranks_over_two_pipeline_stages(scheduler):
+    """vLLM's ranks each keep a batch queue of pp steps; SGLang runs pp engines whose ranks share each rank's pool.
+    Every request completes on its rank and every rank's blocks come back."""
+    s = scenario(model="deepseek-v3", hardware={"gpu": "h200"},
+                 parallelism={"tp": 4, "pp": 2, "ep": True, "dp_attention": True},
+                 engine={"max_model_len": 16384, "weight_dtype": "fp8", "scheduler": scheduler},
+                 workload={"arrivals": {"kind": "trace", "rate_per_s": 10}, "num_requests": 60})
+    world = World(s, SCENARIOS)
+    assert len(world.replicas) == (1 if scheduler == "vllm" else 2)
+    assert all(len(replica.scheduler.ranks) == 4 for replica in world.replicas)
+    if scheduler == "vllm":
+        assert world.replicas[0].scheduler.pipelined
+    result = world.run()
+    assert result.summary["completed"] == 60
+    assert set(result.requests["dp_rank"]) == set(range(4))
+    for replica in world.replicas:
+        assert all(rank.kv.num_free_blocks == rank.kv.num_blocks for rank in replica.scheduler.ranks)
