@@ -38,8 +38,8 @@ def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
 
 
 class RanksKV:
-    """The ranks' KV pools read as one for the step log and routers: blocks summed, usage of the sum; a request's
-    blocks are its rank's."""
+    """The ranks' KV pools read as one for the step log and routers: blocks summed, usage the fullest rank's (a
+    rank preempts when its own pool runs dry, whatever the others hold); a request's blocks are its rank's."""
 
     supports_fast_forward = False  # the group steps one step at a time
 
@@ -67,7 +67,7 @@ class RanksKV:
 
     @property
     def usage(self) -> float:
-        return self.num_used_blocks / max(self.num_blocks, 1)
+        return max(pool.usage for pool in self.pools)
 
 
 def least_loaded(ranks: list[Scheduler], turn: int) -> int:

@@ -63,6 +63,16 @@ def test_one_step_is_every_ranks_plan_each_request_labelled_with_its_rank():
     assert merge([idle, idle]).is_empty
 
 
+def test_the_groups_kv_usage_is_its_fullest_ranks():
+    """A rank preempts when its own pool runs dry: the group reads as full as its fullest rank, its blocks summed."""
+    group, _ = _group("vllm", 2, least_loaded, num_blocks=10, block_size=4, async_scheduling=False)
+    req, = make_requests([24], [4])
+    group.add(req, 0.0)
+    group.schedule(0.0)  # 6 of rank 0's 10 blocks; rank 1 holds none
+    assert group.kv.num_used_blocks == 6 and group.kv.num_blocks == 20
+    assert group.kv.usage == 0.6
+
+
 def test_a_plan_that_only_preempted_commits_nothing():
     group, _ = _group("vllm", 2, least_loaded, num_blocks=100, block_size=4)
     a, = make_requests([5], [2])
