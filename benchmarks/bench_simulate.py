@@ -1,9 +1,11 @@
 """Simulator speed: requests and engine steps simulated per second of wall time.
 
 Workload: the Azure LLM inference 2023 conversation trace (19,366 requests), tiled end to end in
-time as often as needed, at its own arrival rate; Llama-3.1-8B on one H100 SXM, vLLM scheduler.
+time as often as needed, at its own arrival rate; Llama-3.1-8B on one H100 SXM, vLLM scheduler
+(`scenarios/quickstart.yaml`), or the model, GPU, parallelism and engine of another scenario (`--scenario`, e.g.
+scenarios/deepseek_v3_8xh200.yaml, whose DP-attention ranks step one step at a time).
 Run: python benchmarks/bench_simulate.py [--requests 10000 100000] [--no-fast-forward] [--prefix-caching vllm none]
-[--async-scheduling on off]
+[--async-scheduling on off] [--scenario PATH]
 (prefix caching is on by default, as in vLLM; its block hashing and eviction bookkeeping cost time per block
 even when, as here, no prompt is shared: `none` shows the engine alone. Async scheduling, vLLM's default too,
 fuses fewer decode steps: a finish must be stepped, since its slot frees a step late)
@@ -39,16 +41,16 @@ def tiled_azure_conv(num_requests: int) -> Workload:
     return Workload(requests)
 
 
-def bench(num_requests: int, fast_forward: bool, prefix_caching: str, ahead: str) -> None:
+def bench(num_requests: int, fast_forward: bool, prefix_caching: str, ahead: str, path: Path) -> None:
     overrides = [f"simulation.fast_forward={str(fast_forward).lower()}", f"engine.prefix_caching={prefix_caching}",
                  f"engine.async_scheduling={str(ahead == 'on').lower()}"]
-    scenario, base = load_scenario(ROOT / "scenarios" / "quickstart.yaml", overrides)
+    scenario, base = load_scenario(path, overrides)
     workload = tiled_azure_conv(num_requests)
     start = time.perf_counter()
     result = World(scenario, base, workload=workload).run()
     wall = time.perf_counter() - start
     steps = result.summary["num_steps"]
-    print(f"{num_requests:>7} requests  fast_forward={fast_forward!s:5}  prefix_caching={prefix_caching:5} "
+    print(f"{path.stem}  {num_requests:>7} requests  fast_forward={fast_forward!s:5}  prefix_caching={prefix_caching:5} "
           f"async={ahead:3} "
           f"wall {wall:7.2f} s  "
           f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  "
@@ -61,12 +63,14 @@ def main() -> None:
     parser.add_argument("--no-fast-forward", action="store_true")
     parser.add_argument("--prefix-caching", nargs="+", default=["none", "vllm"])
     parser.add_argument("--async-scheduling", nargs="+", choices=["on", "off"], default=["on"])
+    parser.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "quickstart.yaml",
+                        help="model, GPU, parallelism and engine to run the tiled trace on")
     args = parser.parse_args()
     np.seterr(all="raise")
     for n in args.requests:
         for caching in args.prefix_caching:
             for ahead in args.async_scheduling:
-                bench(n, not args.no_fast_forward, caching, ahead)
+                bench(n, not args.no_fast_forward, caching, ahead, args.scenario)
 
 
 if __name__ == "__main__":

@@ -59,7 +59,11 @@ class StepTimer:
         """`step_cost(batch, rank=rank).fixed_s`; `rank` None: its busiest."""
         if rank is None:
             rank = self._busiest(batch)
-        key = self._shape(batch, rank)
+        return self._fixed(self._own_shape(batch), batch, rank)
+
+    def _fixed(self, own: tuple, batch: StepBatch, rank: StepBatch) -> float:
+        """`fixed_s` given the step's own shape (`_own_shape(batch)`), which a DP step's ranks share."""
+        key = own + self._own_shape(rank) if self.args[2].dp_attention else own
         fixed = self._fixed_s.get(key)
         if fixed is None:
             fixed = self._fixed_s[key] = step_cost(batch, *self.args, rank).fixed_s
@@ -74,17 +78,19 @@ class StepTimer:
 
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""
-        return max(self._rank_s(batch, rank) for rank in self.args[2].rank_batches(batch))
+        return max(self._rank_steps(batch, self.args[2].rank_batches(batch)))
 
-    def _rank_s(self, batch: StepBatch, rank: StepBatch) -> float:
-        return self.fixed_s(batch, rank) + attention_seconds(batch, *self.args, rank)
+    def _rank_steps(self, batch: StepBatch, candidates: list[StepBatch]) -> list[float]:
+        """Seconds of the step with each of `candidates` as the requests one GPU attends for."""
+        own = self._own_shape(batch)
+        return [self._fixed(own, batch, rank) + attention_seconds(batch, *self.args, rank) for rank in candidates]
 
     def _busiest(self, batch: StepBatch) -> StepBatch:
         """`busiest_rank` from the cached fixed parts: the candidate whose step lasts longest (the first of equals)."""
         candidates = self.args[2].rank_batches(batch)
         if len(candidates) == 1:
             return candidates[0]
-        totals = [self._rank_s(batch, rank) for rank in candidates]
+        totals = self._rank_steps(batch, candidates)
         return candidates[totals.index(max(totals))]
 
     def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
