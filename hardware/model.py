@@ -13,7 +13,7 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from hardware.errors import SpecError
+from hardware.errors import ShardingError, SpecError
 from hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
@@ -89,7 +89,7 @@ class MoeSpec:
         chosen ranks; 8 experts over 8 ranks without groups would reach 5.28."""
         e, k, g, chosen = self.num_experts, self.experts_per_token, self.num_groups, self.groups_per_token
         if e % ranks:
-            raise SpecError(f"{e} experts do not divide over {ranks} expert-parallel ranks (see check_sharding)")
+            raise ShardingError(f"{e} experts do not divide over {ranks} expert-parallel ranks (see check_sharding)")
         per_rank = e // ranks
         if g == 1 or k < chosen or (ranks % g and g % ranks):
             return ranks * (1 - comb(e - per_rank, k) / comb(e, k))
@@ -246,11 +246,11 @@ def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = Fals
     divide the attention heads (unless attention runs data parallel, unsplit), or DeepEP's expert parallel
     (under DP attention) over ranks the experts do not divide over."""
     if pp > model.num_layers:
-        raise SpecError(f"pipeline parallel size {pp} exceeds the {model.num_layers} layers")
+        raise ShardingError(f"pipeline parallel size {pp} exceeds the {model.num_layers} layers")
     if not dp_attention and model.num_heads % tp:
-        raise SpecError(f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads")
+        raise ShardingError(f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads")
     if ep and dp_attention and model.moe is not None and model.moe.num_experts % tp:
-        raise SpecError(f"expert parallel over DP attention (DeepEP) needs {model.name}'s {model.moe.num_experts} "
+        raise ShardingError(f"expert parallel over DP attention (DeepEP) needs {model.name}'s {model.moe.num_experts} "
                         f"experts to divide over the {tp} ranks")
 
 
@@ -258,10 +258,10 @@ def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
     """KV heads each TP rank stores: split evenly, or one duplicated head per rank when TP > KV heads."""
     if tp <= num_kv_heads:
         if num_kv_heads % tp:
-            raise SpecError(f"tensor parallel size {tp} must divide the {num_kv_heads} KV heads")
+            raise ShardingError(f"tensor parallel size {tp} must divide the {num_kv_heads} KV heads")
         return num_kv_heads // tp
     if tp % num_kv_heads:
-        raise SpecError(f"tensor parallel size {tp} must be a multiple of the {num_kv_heads} KV heads")
+        raise ShardingError(f"tensor parallel size {tp} must be a multiple of the {num_kv_heads} KV heads")
     return 1
 
 

@@ -2,8 +2,10 @@
 
 1. Candidates: every GPU type x TP size x pipeline depth x MoE/MLA layout (expert parallel, DP attention)
    x combination of engine knobs (one replica configuration each).
-2. Prune without simulating what cannot start: plan_memory refuses it ("does not fit"), TP larger than
-   a node (pipeline stages may span nodes), or knobs that contradict each other ("invalid").
+2. Prune without simulating what cannot start: the engines would refuse its sharding ("cannot shard": TP that
+   does not divide the heads, DeepEP over ranks the experts do not divide over), plan_memory refuses it ("does
+   not fit"), TP larger than a node (pipeline stages may span nodes), or knobs that contradict each other
+   ("invalid").
 3. Size: the per-replica maximum sustainable rate (simulator/capacity.py, one replica simulated)
    gives replicas = ceil(target / rate_per_replica), within max_replicas.
 4. Verify: each sized deployment is simulated whole at the target rate (round-robin router). One that
@@ -28,7 +30,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hardware.errors import SpecError
+from hardware.errors import ShardingError, SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from policies.config import EngineConfig
@@ -90,7 +92,7 @@ class Evaluation:
     gpus_per_replica: int = 0
     price_per_replica_hour_usd: float = 0.0
     max_model_len: int = 0
-    rejection: str | None = None  # a reason code: does not fit, invalid, TTFT SLO, ..., too many replicas
+    rejection: str | None = None  # a reason code: cannot shard, does not fit, invalid, TTFT SLO, ..., too many replicas
     detail: str = ""
     capacity: CapacityResult | None = None
     replicas: int | None = None
@@ -98,7 +100,7 @@ class Evaluation:
     @property
     def can_start(self) -> bool:
         """It fits in memory with valid knobs (it may still miss the SLOs)."""
-        return self.rejection not in ("does not fit", "invalid")
+        return self.rejection not in ("cannot shard", "does not fit", "invalid")
 
     @property
     def rate_per_replica(self) -> float:
@@ -242,6 +244,8 @@ def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: 
         if s.parallelism.tp > gpu.gpus_per_node:
             return _reject(ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node")
         ev.max_model_len = _memory_plan(s).max_model_len
+    except ShardingError as err:
+        return _reject(ev, "cannot shard", str(err))
     except SpecError as err:
         return _reject(ev, "does not fit", str(err))
     except ValidationError as err:

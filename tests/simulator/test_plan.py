@@ -81,6 +81,13 @@ def test_what_cannot_fit_is_pruned_without_simulating():
     assert wide.rejection == "does not fit" and "GPUs per l4 node" in wide.detail
 
 
+def test_a_sharding_the_engines_refuse_is_pruned_as_such_not_as_memory():
+    """Qwen2.5-7B's 28 attention heads do not divide over 8 GPUs: vLLM refuses to start, whatever the memory."""
+    ev = evaluate(chat(model="qwen2.5-7b"), SCENARIOS, Candidate("h100-sxm", 8), TARGET, 16, 0.05)
+    assert ev.rejection == "cannot shard" and "must divide qwen2.5-7b's 28 attention heads" in ev.detail
+    assert ev.capacity is None and not ev.can_start
+
+
 def test_pipeline_stages_let_a_model_too_big_for_one_tp_group_start():
     """Llama 3.1 70B in bf16 (141 GB) does not fit four 24 GB L4s; two stages of four hold half its layers each.
     The PP2 replica is priced as its 8 GPUs and sized by simulation (here too slow for the SLOs: rejected for
