@@ -325,6 +325,7 @@ class _Ctx:
     wbytes: float  # bytes per weight of attention, dense MLP and extras
     expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
     rank: StepBatch  # the requests one GPU attends for (`busiest_rank`): the step's, or its busiest rank's
+    peak: tuple[int, int]  # the most tokens and requests one rank exchanges (`rank_peaks`)
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
@@ -561,7 +562,9 @@ def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
 
 
 def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
-    batch, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
+    seen, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
+    peak = ctx.peak[1] if seen is not batch else ctx.peak[0]  # the fullest rank's rows: one a request if reduced
+    batch = seen
     ctx = ctx.with_tokens(batch.num_tokens)
     tokens, rows, h = float(batch.num_tokens), float(rank.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
@@ -574,10 +577,10 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
             local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
     _mlp(ctx, acc, tokens, rows, group, layers)
     if ctx.par.tp > 1:
-        _layer_comm(ctx, acc, tokens, rows, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
+        _layer_comm(ctx, acc, tokens, peak, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
 
 
-def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Group, layers: int,
+def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, peak_tokens: float, group: _Group, layers: int,
                 extend: bool) -> None:
     """Per layer over the TP group: an all-reduce after attention (an all-gather of the hidden states under DP
     attention, the same bytes as SGLang sends it) and one after the MLP. On vLLM's data-parallel ranks only the
@@ -586,8 +589,8 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group
     (tp-1)/tp of its bytes over each GPU's link). Expert parallel without DP attention
     changes nothing here: every GPU holds every token, runs its own whole experts on those routed to them,
     and the all-reduce sums their outputs (vLLM's EP at DP size 1). Under DP attention an expert-parallel MoE
-    layer keeps each GPU's own tokens there and sends them to their experts and back instead (the busiest rank's
-    `rank_tokens` bound the exchange):
+    layer keeps each GPU's own tokens there and sends them to their experts and back instead (the fullest rank's
+    `peak_tokens` bound the exchange, whichever rank attends longest):
     DeepEP's dispatch and combine as SGLang's `auto` mode picks them (vLLM's DP ranks too: its launch command
     is told to pick a DeepEP all2all backend). A step that extends (prefill chunks) runs
     the normal kernels, which send a token once to each rank holding any of its experts
@@ -597,7 +600,7 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group
     the same way. fp8 carries a 4-byte scale per 128 values."""
     msg = tokens * ctx.model.hidden_size * ACT_BYTES
     if group.is_moe and ctx.par.ep and ctx.par.dp_attention:
-        moe, local = ctx.model.moe, rank_tokens * ctx.model.hidden_size
+        moe, local = ctx.model.moe, peak_tokens * ctx.model.hidden_size
         copies = moe.ranks_per_token(ctx.par.tp) if extend else moe.experts_per_token
         dispatch_bytes = FP8_WITH_SCALE_BYTES if ctx.weight_dtype == "fp8" or not extend else ACT_BYTES
         dispatch, combine = local * copies * dispatch_bytes, local * copies * ACT_BYTES
@@ -641,12 +644,22 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
             acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, ranks - 1), 1)
     if ctx.par.pp > 1:  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
         link, sent = _group_link(ctx, ctx.par.num_gpus), 2 * tokens * m.hidden_size * ACT_BYTES
-        # vLLM's DP ranks each send their own tokens' whole states, gathering nothing: the busiest rank's bound it
-        share = 2 * ctx.rank.num_tokens * m.hidden_size * ACT_BYTES if ctx.par.dense_replicated else sent / ctx.par.tp
+        # vLLM's DP ranks each send their own tokens' whole states, gathering nothing: the fullest rank's bound it
+        share = 2 * ctx.peak[0] * m.hidden_size * ACT_BYTES if ctx.par.dense_replicated else sent / ctx.par.tp
         boundary_s = share / (link.bytes_per_s * ctx.profile.comm.at(tokens)) + link.latency_s
         if ranks > 1:
             boundary_s += _collective_s(ctx, (ranks - 1) / ranks * sent, ranks - 1)
         acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * share, (ctx.par.pp - 1) * boundary_s, 1)
+
+
+def rank_peaks(batch: StepBatch, parallelism: Parallelism) -> tuple[int, int]:
+    """The most tokens and the most requests one DP-attention rank holds: the MoE layers' all-to-all (and a pipeline
+    boundary between vLLM's ranks) waits for the fullest sender, whichever rank is slowest at attention. Unlabelled:
+    the dealt busiest rank's, which holds the most of both; without DP attention, the step's."""
+    if batch.rank is None or not batch.num_requests:
+        rank = parallelism.rank_batches(batch)[0]
+        return rank.num_tokens, rank.num_requests
+    return int(np.bincount(batch.rank, weights=batch.num_new).max()), int(np.bincount(batch.rank).max())
 
 
 def busiest_rank(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
@@ -668,7 +681,7 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
     if rank is None:
         rank = busiest_rank(batch, model, gpu, parallelism, profile, options)
     return _Ctx(model, gpu, parallelism, options, profile.for_gpu(gpu.name), float(max(batch.num_tokens, 1)), dtype,
-                *weight_bytes(model, dtype), rank)
+                *weight_bytes(model, dtype), rank, rank_peaks(batch, parallelism))
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:

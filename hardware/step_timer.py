@@ -13,11 +13,14 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.batch import StepBatch
-from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s,
+from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, rank_peaks,
                            stage_attention_seconds, stage_fixed_seconds, step_cost)
 from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec, pipeline_stages
 from hardware.profile import Profile
+
+
+CACHE_ENTRIES = 1 << 17  # shapes kept per cache before it starts over: MLA prefill keys (per DP rank) rarely repeat
 
 
 class StepTimer:
@@ -30,10 +33,17 @@ class StepTimer:
 
     def _shape(self, batch: StepBatch, rank: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's shape,
-        and under DP attention the shape of `rank`, the requests one GPU attends for."""
-        key = self._own_shape(batch)
+        and under DP attention the fullest rank's tokens and requests and the shape of `rank`, the requests one GPU
+        attends for."""
+        key = self._step_shape(batch)
         if self.args[2].dp_attention:
             key += self._own_shape(rank)
+        return key
+
+    def _step_shape(self, batch: StepBatch) -> tuple:
+        key = self._own_shape(batch)
+        if self.args[2].dp_attention:
+            key += rank_peaks(batch, self.args[2])
         return key
 
     def _own_shape(self, batch: StepBatch) -> tuple:
@@ -52,20 +62,23 @@ class StepTimer:
         def own(n: int) -> tuple:
             return (n, n, n, False, False) + ((0, n, n) if self.args[0].mla is not None else ())
         if self.args[2].dp_attention:
-            return own(num_requests) + own(-(-num_requests // self.args[2].attention_ranks))
+            most = -(-num_requests // self.args[2].attention_ranks)
+            return own(num_requests) + (most, most) + own(most)
         return own(num_requests)
 
     def fixed_s(self, batch: StepBatch, rank: StepBatch | None = None) -> float:
         """`step_cost(batch, rank=rank).fixed_s`; `rank` None: its busiest."""
         if rank is None:
             rank = self._busiest(batch)
-        return self._fixed(self._own_shape(batch), batch, rank)
+        return self._fixed(self._step_shape(batch), batch, rank)
 
-    def _fixed(self, own: tuple, batch: StepBatch, rank: StepBatch) -> float:
-        """`fixed_s` given the step's own shape (`_own_shape(batch)`), which a DP step's ranks share."""
-        key = own + self._own_shape(rank) if self.args[2].dp_attention else own
+    def _fixed(self, step: tuple, batch: StepBatch, rank: StepBatch) -> float:
+        """`fixed_s` given the step's shape (`_step_shape(batch)`), which a DP step's ranks share."""
+        key = step + self._own_shape(rank) if self.args[2].dp_attention else step
         fixed = self._fixed_s.get(key)
         if fixed is None:
+            if len(self._fixed_s) >= CACHE_ENTRIES:
+                self._fixed_s.clear()
             fixed = self._fixed_s[key] = step_cost(batch, *self.args, rank).fixed_s
         return fixed
 
@@ -82,8 +95,8 @@ class StepTimer:
 
     def _rank_steps(self, batch: StepBatch, candidates: list[StepBatch]) -> list[float]:
         """Seconds of the step with each of `candidates` as the requests one GPU attends for."""
-        own = self._own_shape(batch)
-        return [self._fixed(own, batch, rank) + attention_seconds(batch, *self.args, rank) for rank in candidates]
+        step = self._step_shape(batch)
+        return [self._fixed(step, batch, rank) + attention_seconds(batch, *self.args, rank) for rank in candidates]
 
     def _busiest(self, batch: StepBatch) -> StepBatch:
         """`busiest_rank` from the cached fixed parts: the candidate whose step lasts longest (the first of equals)."""
@@ -101,6 +114,8 @@ class StepTimer:
         key = self._shape(batch, rank)
         fixed = self._stage_fixed_s.get(key)
         if fixed is None:
+            if len(self._stage_fixed_s) >= CACHE_ENTRIES:
+                self._stage_fixed_s.clear()
             fixed = self._stage_fixed_s[key] = stage_fixed_seconds(batch, *self.args, rank)
         layers = sum(self.stage_layers)
         return [fixed_s + attention_s + extra_s * count / layers for fixed_s, attention_s, count

@@ -15,8 +15,8 @@ Where a request goes (`pick`):
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from itertools import chain
+from collections.abc import Callable, Iterator
+from itertools import chain, count
 
 from policies.config import SGLANG_MAX_RUNNING, EngineConfig
 from policies.step import Scheduler, StepPlan
@@ -27,13 +27,18 @@ WAITING_WEIGHT = 4  # vLLM's DP load balancer: score = waiting * 4 + running
 
 def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
     """One rank's engine settings: the group's token budget and batch slots (as a scenario states them, vLLM's
-    defaults being tp times a rank's) split evenly, rounded up as the launch command sets them. SGLang's default
-    max_running_requests stays its default, so each rank derives it from its own pool."""
+    defaults being tp times a rank's) split evenly: rounded up for vLLM, as its launch command sets each rank's;
+    rounded down for SGLang, which divides the group's itself (server_args: chunked_prefill_size // dp_size).
+    SGLang's default max_running_requests stays its default, so each rank derives it from its own pool."""
     if ranks == 1:
         return engine
-    update = {"max_num_batched_tokens": -(-engine.max_num_batched_tokens // ranks)}
-    if not (engine.scheduler == "sglang" and engine.max_num_seqs == SGLANG_MAX_RUNNING):
-        update["max_num_seqs"] = -(-engine.max_num_seqs // ranks)
+    sglang = engine.scheduler == "sglang"
+
+    def share(value: int) -> int:
+        return max(value // ranks, 1) if sglang else -(-value // ranks)
+    update = {"max_num_batched_tokens": share(engine.max_num_batched_tokens)}
+    if not (sglang and engine.max_num_seqs == SGLANG_MAX_RUNNING):
+        update["max_num_seqs"] = share(engine.max_num_seqs)
     return engine.model_copy(update=update)
 
 
@@ -86,11 +91,13 @@ class DataParallelRanks:
     step is every rank's plan at once (each request labelled with its rank), committed rank by rank. A request's
     rank is noted in its `extra["dp_rank"]` for the per-request table (under P/D, the decode pool's)."""
 
-    def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int], int]):
+    def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int], int],
+                 turns: Iterator[int] | None = None):
+        """`turns`: requests sent so far, counted by a replica's engines together (SGLang's one controller)."""
         self.ranks, self.pick = ranks, pick
+        self._turns = turns if turns is not None else count()
         self._home: dict[int, int] = {}  # request id -> its rank, until it is done here
         self.kv = RanksKV(ranks, self._home)
-        self._turn = 0  # requests sent so far (round robin's position)
         self._parts: dict[int, list[StepPlan]] = {}  # id(merged plan) -> each rank's plan
 
     @property
@@ -103,8 +110,7 @@ class DataParallelRanks:
 
     def _send(self, req: Request) -> Scheduler:
         """The rank `req` lives on from now: chosen by `pick`."""
-        index = self._home[req.id] = req.extra["dp_rank"] = self.pick(self.ranks, self._turn)
-        self._turn += 1
+        index = self._home[req.id] = req.extra["dp_rank"] = self.pick(self.ranks, next(self._turns))
         return self.ranks[index]
 
     def _rank_of(self, req: Request) -> Scheduler:

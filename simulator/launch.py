@@ -251,8 +251,8 @@ def _parallel_notes(s: Scenario) -> list[str]:
     notes = [f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
              f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); {layout}"]
     if model.moe is None:
-        notes.append("vLLM's data-parallel ranks of a dense model are independent engines: simulated as one group "
-                     "that spreads its requests evenly over them")
+        notes.append("vLLM's data-parallel ranks of a dense model are independent engines: simulated stepping "
+                     "together, as a MoE model's ranks do (pessimistic)")
     if _moe_ep(s):
         notes.append("the MoE all-to-all is priced as DeepEP's dispatch/combine: give vLLM a DeepEP "
                      "--all2all-backend (deepep_low_latency or deepep_high_throughput)")

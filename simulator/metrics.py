@@ -87,7 +87,8 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "cached_tokens": [r.num_cached_tokens for r in requests],
         "preemptions": [r.num_preemptions for r in requests],
         "replica": [r.replica for r in requests],
-        "dp_rank": [r.extra.get("dp_rank") for r in requests],  # DP attention: the rank it ran on (P/D: decoded on)
+        "dp_rank": pd.array([r.extra.get("dp_rank") for r in requests], dtype="Int64"),  # DP attention: its rank
+        # (P/D: the decode rank); missing where it never reached one
         "scheduled_s": [r.scheduled_s for r in requests],
         "session_id": [r.session_id for r in requests],
         "reject_reason": [r.reject_reason for r in requests],

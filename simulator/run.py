@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,7 +90,9 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
     def plus_extras(time_s: float, plan: StepPlan) -> float:
         if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
             time_s += drafting_s(plan)
-        swapped = plan.rank_swap_blocks * ranks if ranks > 1 else plan.swap_in_blocks + plan.swap_out_blocks
+        swapped = plan.swap_in_blocks + plan.swap_out_blocks
+        if ranks > 1 and (plan.rank or plan.rank_swap_blocks):  # a DP step: its busiest rank's swap, blocks whole
+            swapped = plan.rank_swap_blocks * ranks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
         return time_s
@@ -261,6 +264,7 @@ class World:
         pick = round_robin if e.scheduler == "sglang" else least_loaded
         for _ in range(count):
             kvs = [make_kv_manager(rank_engine, num_pages, page_size, memory.kv_windows) for _ in range(ranks)]
+            turns = itertools.count()  # the replica's requests sent to its ranks, whichever engine takes them
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
             seqs = max_running_requests(rank_engine, kvs[0]) if e.scheduler == "sglang" \
                 else rank_engine.max_num_seqs
@@ -277,7 +281,7 @@ class World:
                     if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                         scheduler.speculator = Speculator(e.speculative, s.seed)
                     group.append(scheduler)
-                scheduler = group[0] if ranks == 1 else DataParallelRanks(group, pick)
+                scheduler = group[0] if ranks == 1 else DataParallelRanks(group, pick, turns)
                 engines.append(Replica(self.env, index, scheduler, step_time, self.steps, None,
                                        fast if pp == 1 else None, stages))
                 index += 1

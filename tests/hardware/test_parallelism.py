@@ -340,6 +340,21 @@ def test_a_step_of_labelled_ranks_lasts_as_long_as_its_slowest_rank(par):
     assert timer(relabelled) == timer(batch)  # which GPU it is does not matter
 
 
+@pytest.mark.parametrize("par,name", [(Parallelism(tp=8, ep=True, dp_attention=True), "all_to_all"),
+                                      (Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True),
+                                       "pp_send")])
+def test_the_fullest_rank_bounds_the_exchange_whichever_rank_attends_longest(par, name):
+    """Four 30K-context decodes on one rank, a 1,024-token chunk on another: the ranks wait for each other at
+    every MoE layer's all-to-all (and, on vLLM's ranks, at a stage boundary), so the chunk's 1,024 tokens bound
+    the exchange even when the decodes' rank sets the attention side."""
+    v3 = get_model("deepseek-v3")
+    batch = _labelled([1] * 4 + [1024], [30000] * 4 + [0], [0] * 4 + [1])
+    sent = {step_cost(batch, v3, H200, par, rank=rank).by_name(name).bytes for rank in batch.by_rank()}
+    chunk_alone = step_cost(_labelled([1024], [0], [1]), v3, H200, par).by_name(name).bytes
+    assert sent == {chunk_alone}
+    assert StepTimer(v3, H200, par)(batch) == step_cost(batch, v3, H200, par).total_s
+
+
 def test_requests_piled_on_one_rank_cost_more_than_the_same_requests_spread():
     """Eight 4K-context decodes on one of eight ranks: that GPU attends for all of them, as it would in an engine
     whose balancer sent them there; one per rank, each attends for one. Unlabelled, the cost model deals them

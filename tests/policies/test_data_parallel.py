@@ -89,6 +89,12 @@ def test_a_ranks_share_of_the_groups_limits():
     share = data_parallel_share(sglang, 4)
     assert share.max_num_batched_tokens == 4096
     assert share.max_num_seqs == SGLANG_MAX_RUNNING  # each rank derives its default from its own pool
+    # vLLM's launch command gives each rank the share rounded up; SGLang divides the group's itself, rounding down
+    odd = {"max_num_batched_tokens": 16385, "max_num_seqs": 102}
+    assert data_parallel_share(EngineConfig(**odd), 4).max_num_batched_tokens == 4097
+    assert data_parallel_share(EngineConfig(**odd), 4).max_num_seqs == 26
+    assert data_parallel_share(EngineConfig(scheduler="sglang", **odd), 4).max_num_batched_tokens == 4096
+    assert data_parallel_share(EngineConfig(scheduler="sglang", **odd), 4).max_num_seqs == 25
 
 
 @given(
