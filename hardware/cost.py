@@ -652,13 +652,12 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         acc.add_link(ctx, "pp_send", (ctx.par.pp - 1) * share, (ctx.par.pp - 1) * boundary_s, 1)
 
 
-def rank_peaks(batch: StepBatch, parallelism: Parallelism) -> tuple[int, int]:
-    """The most tokens and the most requests one DP-attention rank holds: the MoE layers' all-to-all (and a pipeline
-    boundary between vLLM's ranks) waits for the fullest sender, whichever rank is slowest at attention. Unlabelled:
-    the dealt busiest rank's, which holds the most of both; without DP attention, the step's."""
+def rank_peaks(batch: StepBatch) -> tuple[int, int] | None:
+    """The most tokens and the most requests one labelled DP-attention rank holds: the MoE layers' all-to-all (and a
+    pipeline boundary between vLLM's ranks) waits for the fullest sender, whichever rank is slowest at attention.
+    None for an unlabelled batch, whose dealt busiest rank holds the most of both."""
     if batch.rank is None or not batch.num_requests:
-        rank = parallelism.rank_batches(batch)[0]
-        return rank.num_tokens, rank.num_requests
+        return None
     return int(np.bincount(batch.rank, weights=batch.num_new).max()), int(np.bincount(batch.rank).max())
 
 
@@ -681,7 +680,7 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
     if rank is None:
         rank = busiest_rank(batch, model, gpu, parallelism, profile, options)
     return _Ctx(model, gpu, parallelism, options, profile.for_gpu(gpu.name), float(max(batch.num_tokens, 1)), dtype,
-                *weight_bytes(model, dtype), rank, rank_peaks(batch, parallelism))
+                *weight_bytes(model, dtype), rank, rank_peaks(batch) or (rank.num_tokens, rank.num_requests))
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:

@@ -35,16 +35,16 @@ class StepTimer:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's shape,
         and under DP attention the fullest rank's tokens and requests and the shape of `rank`, the requests one GPU
         attends for."""
-        key = self._step_shape(batch)
-        if self.args[2].dp_attention:
-            key += self._own_shape(rank)
-        return key
+        return self._rank_key(self._step_shape(batch), rank)
 
     def _step_shape(self, batch: StepBatch) -> tuple:
-        key = self._own_shape(batch)
-        if self.args[2].dp_attention:
-            key += rank_peaks(batch, self.args[2])
-        return key
+        """The step's own shape, and for labelled DP ranks their peaks (an unlabelled deal's are its rank's)."""
+        peaks = rank_peaks(batch) if self.args[2].dp_attention else None
+        return self._own_shape(batch) + peaks if peaks else self._own_shape(batch)
+
+    def _rank_key(self, step: tuple, rank: StepBatch) -> tuple:
+        """`step` (`_step_shape`) with, under DP attention, the shape of `rank`, the requests one GPU attends for."""
+        return step + self._own_shape(rank) if self.args[2].dp_attention else step
 
     def _own_shape(self, batch: StepBatch) -> tuple:
         decode_query_len = self.args[4].decode_query_len
@@ -62,8 +62,7 @@ class StepTimer:
         def own(n: int) -> tuple:
             return (n, n, n, False, False) + ((0, n, n) if self.args[0].mla is not None else ())
         if self.args[2].dp_attention:
-            most = -(-num_requests // self.args[2].attention_ranks)
-            return own(num_requests) + (most, most) + own(most)
+            return own(num_requests) + own(-(-num_requests // self.args[2].attention_ranks))
         return own(num_requests)
 
     def fixed_s(self, batch: StepBatch, rank: StepBatch | None = None) -> float:
@@ -74,7 +73,7 @@ class StepTimer:
 
     def _fixed(self, step: tuple, batch: StepBatch, rank: StepBatch) -> float:
         """`fixed_s` given the step's shape (`_step_shape(batch)`), which a DP step's ranks share."""
-        key = step + self._own_shape(rank) if self.args[2].dp_attention else step
+        key = self._rank_key(step, rank)
         fixed = self._fixed_s.get(key)
         if fixed is None:
             if len(self._fixed_s) >= CACHE_ENTRIES:

@@ -225,7 +225,7 @@ class World:
     def _pool(self, s: Scenario, count: int, first_index: int, on_finish) -> Pool:
         s = s.with_engine_defaults()
         memory = _memory_plan(s)
-        e = s.engine
+        e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
         ranks = s.parallelism.spec(e.scheduler).attention_ranks  # DP attention: a scheduler and KV pool per rank
@@ -254,8 +254,6 @@ class World:
         # its queue's head on its own requests only. Shared blocks change under a fused stretch: pp > 1 steps
         # one by one.
         pp = s.parallelism.pp
-        e = e.model_copy(update={"max_model_len": memory.max_model_len})
-        rank_engine = data_parallel_share(e, ranks)
         pool = Pool(s, memory, num_blocks, page_size, num_pages, rank_engine, timer, [])
         scheduler_class = schedulers.get(e.scheduler)
         batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
