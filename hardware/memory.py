@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
-from hardware.kv_groups import kv_groups
+from hardware.kv_groups import KVGroups, kv_groups
 from hardware.model import (LayerSpec, ModelSpec, check_sharding, kv_heads_per_rank, resolve_weight_dtype,
                             stage_layer_specs, weight_bytes)
 
@@ -56,6 +56,9 @@ class EngineMemoryConfig:
     activations_outside: bool = False
     # steps in flight, each up to max_num_batched_tokens, whose tokens a sliding window keeps (EngineConfig.in_flight_batches)
     in_flight_batches: int = 1
+    # SGLang's hybrid SWA memory (its swa_full_tokens_ratio): a model mixing sliding and full layers gets two pools,
+    # the sliding layers' holding this share of the full layers' tokens; None: vLLM's one pool of KV cache groups
+    swa_full_tokens_ratio: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,9 +85,21 @@ class MemoryPlan:
     block_bytes: float = 0.0  # one block on one GPU: block_size tokens of the layers it spans
     kv_windows: tuple[int | None, ...] = (None,)  # per KV cache group: its sliding window, None = full
     weight_dtype: str = "bf16"  # the weights as served (`auto` resolved to the checkpoint's dtype)
+    # SGLang's hybrid SWA memory: the blocks above are the full-attention layers' pool (`kv_windows` one full group);
+    # the sliding layers' pool holds `swa_tokens` tokens of `swa_token_bytes` each (per GPU), `swa_ratio` of the
+    # full pool's; a None window: no such pool
+    swa_window: int | None = None
+    swa_tokens: int = 0
+    swa_token_bytes: float = 0.0
+    swa_ratio: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def swa_pool(self, page_size: int, ranks: int = 1) -> tuple[int, int] | None:
+        """(window, pages of `page_size` tokens on each of `ranks` DP-attention ranks) of SGLang's sliding-window
+        pool, or None without one."""
+        return None if self.swa_window is None else (self.swa_window, self.swa_tokens // page_size // ranks)
 
 
 def _stored_weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
@@ -217,6 +232,29 @@ def request_kv_bytes(model: ModelSpec, num_tokens: int, kv_dtype: str, tp: int, 
     return blocks * block_size * per_layer
 
 
+def swa_pool_tokens(kv_cache: float, full_token_bytes: float, swa_token_bytes: float, ratio: float,
+                    block_size: int) -> tuple[int, int]:
+    """SGLang's split of the KV memory between its full-attention and sliding-window pools (its hybrid SWA
+    memory): every token takes a slot in both, and the sliding pool holds `ratio` (swa_full_tokens_ratio) of the
+    full pool's tokens, so full = memory / (full bytes + ratio x sliding bytes) per token, both whole blocks."""
+    full = int(kv_cache // (full_token_bytes + ratio * swa_token_bytes)) // block_size * block_size
+    return full, int(full * ratio) // block_size * block_size
+
+
+def _swa_layers(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> tuple[int, int, int] | None:
+    """(full-attention layers, sliding layers, window) of the KV-owning layers on the fullest stage when SGLang
+    keeps them in two pools (hybrid SWA memory on, both kinds present), else None."""
+    if cfg.swa_full_tokens_ratio is None or cfg.disable_hybrid_kv_cache_manager:
+        return None
+    stages = [[layer for layer in stage if layer.owns_kv] for stage in stage_layer_specs(model, par.pp)]
+    windows = {layer.window for stage in stages for layer in stage if layer.attention == "sliding"}
+    if not windows or all(layer.attention == "sliding" for stage in stages for layer in stage):
+        return None
+    fullest = max(stages, key=len)
+    sliding = sum(layer.attention == "sliding" for layer in fullest)
+    return len(fullest) - sliding, sliding, max(windows)
+
+
 def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism(),
                 cfg: EngineMemoryConfig = EngineMemoryConfig()) -> MemoryPlan:
     """The KV budget of one replica, or a SpecError saying why the model cannot be served."""
@@ -249,6 +287,27 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     if groups.layers_per_group != model.num_kv_layers:
         block_bytes *= groups.layers_per_group / model.num_kv_layers
     num_blocks = int(kv_cache // block_bytes)
+    swa = _swa_layers(model, par, cfg)
+    swa_fields = {}
+    if swa is not None:  # SGLang's two pools: the blocks are the full layers' pool, one group of all of them
+        n_full, n_swa, window = swa
+        layer_bytes = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers
+        groups, block_bytes = KVGroups((None,), n_full), cfg.block_size * n_full * layer_bytes
+        full_tokens, swa_tokens = swa_pool_tokens(kv_cache, n_full * layer_bytes, n_swa * layer_bytes,
+                                                  cfg.swa_full_tokens_ratio, cfg.block_size)
+        # a request holds the sliding slots of the tree nodes its window reaches (a hit's or its own last chunk, or
+        # whole unchunked prompt, and a window above a shorter one), of the chunk it adds, and of its own decode
+        # tokens (up to two windows): short of that SGLang would stall a lone request
+        newest = min(-(-cfg.max_num_batched_tokens // par.attention_ranks), max_len)
+        if swa_tokens // par.attention_ranks < 2 * newest + 3 * window + 2 * cfg.block_size:
+            raise SpecError(
+                f"SGLang's sliding-window pool ({swa_tokens // par.attention_ranks} tokens per rank: "
+                f"swa_full_tokens_ratio {cfg.swa_full_tokens_ratio} of {full_tokens}) cannot hold two of one "
+                f"request's chunks ({newest} tokens), three {window}-token windows and two pages; raise "
+                "gpu_memory_utilization or engine.swa_full_tokens_ratio, or lower max_num_batched_tokens")
+        num_blocks = full_tokens // cfg.block_size
+        swa_fields = {"swa_window": window, "swa_tokens": swa_tokens, "swa_token_bytes": n_swa * layer_bytes,
+                      "swa_ratio": cfg.swa_full_tokens_ratio}
     ranks = par.attention_ranks
     in_flight = -(-cfg.max_num_batched_tokens // ranks) * cfg.in_flight_batches  # a rank's chunks
 
@@ -275,4 +334,4 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size, max_model_len=max_len,
         request_bytes_at_max_len=per_request,
         max_concurrency=num_blocks * block_bytes / per_request * ranks,
-        block_bytes=block_bytes, kv_windows=groups.windows, weight_dtype=weight_dtype)
+        block_bytes=block_bytes, kv_windows=groups.windows, weight_dtype=weight_dtype, **swa_fields)

@@ -130,6 +130,10 @@ class EngineConfig(SpecModel):
     enable_mixed_chunk: bool = Field(False, description=(
         "sglang only: running requests decode in prefill steps (SGLang's --enable-mixed-chunk); off, a prefill "
         "step stalls every decode"))
+    swa_full_tokens_ratio: float = Field(0.8, gt=0, le=1, description=(
+        "sglang only: a model mixing sliding-window and full-attention layers (gpt-oss) keeps them in two pools, "
+        "the sliding one holding this share of the full one's tokens (SGLang's --swa-full-tokens-ratio; off with "
+        "disable_hybrid_kv_cache_manager, SGLang's --disable-hybrid-swa-memory)"))
     kv_sharing_fast_prefill: bool = Field(False, description="YOCO: KV-sharing layers run on logits tokens only")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 

@@ -25,6 +25,7 @@ from policies.block_pool import BlockHashMap, RefCountedPool
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.spec_decode import EAGLE_METHODS
+from policies.swa_radix import SWARadixCache
 from policies.token_ids import block_hashes
 from workloads.request import Request
 
@@ -301,17 +302,25 @@ def usable_pages(engine: EngineConfig, num_pages: int) -> int:
 
 
 def make_kv_manager(engine: EngineConfig, num_blocks: int, block_size: int,
-                    windows: tuple[int | None, ...] = (None,)) -> BlockManager:
+                    windows: tuple[int | None, ...] = (None,), swa: tuple[int, int] | None = None) -> BlockManager:
     """`engine`'s KV manager over `num_blocks` usable blocks (`usable_pages`) of `block_size` tokens (its page size):
     the registered one by `prefix_caching`, or over hybrid KV cache groups when any group slides (the memory plan's
-    `kv_windows`). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
+    `kv_windows`), or SGLang's two pools when `swa` (window, sliding-window pages) is given (the memory plan's
+    hybrid SWA memory). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
     from policies.catalog import kv_managers
     prefix_caching, watermark = engine.prefix_caching, engine.watermark
-    if all(w is None for w in windows):
+    if swa is not None:
+        if prefix_caching == "vllm":
+            raise SpecError("engine.prefix_caching: vllm under the sglang scheduler with SGLang's sliding-window pool "
+                            "(hybrid SWA memory): use radix (SGLang's cache) or none, or set "
+                            "engine.disable_hybrid_kv_cache_manager: true")
+        kv = SWARadixCache(num_blocks, block_size, watermark, *swa, caching=prefix_caching == "radix")
+    elif all(w is None for w in windows):
         kv = kv_managers.get(prefix_caching)(num_blocks, block_size, watermark)
     elif prefix_caching == "radix":
-        raise SpecError("engine.prefix_caching: radix with sliding-window layers: SGLang's sliding-window radix "
-                        "cache is not modelled; use vllm or none, or set engine.disable_hybrid_kv_cache_manager: true")
+        raise SpecError("engine.prefix_caching: radix with sliding-window layers is SGLang's sliding-window radix "
+                        "cache, modelled over SGLang's two pools (the sglang scheduler's memory plan), not over vLLM's "
+                        "KV cache groups; use vllm or none, or set engine.disable_hybrid_kv_cache_manager: true")
     else:
         cls = HybridPrefixCachingBlockManager if prefix_caching == "vllm" else HybridBlockManager
         kv = cls(num_blocks, block_size, watermark, windows)

@@ -29,6 +29,7 @@ class BlockManager:
 
     supports_fast_forward = True  # decode steps open blocks in a pattern simulator/fast_forward.py replays
     windows: tuple[int | None, ...] = (None,)  # KV cache groups' sliding windows: one full-attention group
+    swa_window: int | None = None  # SGLang's separate sliding-window pool (policies/swa_radix.py): its window
     # EAGLE/MTP drafting reads the target's hidden states at the last cached token, which a hit does not have:
     # vLLM gives up the last hit block (find_longest_cache_hit's use_eagle), so that block is computed again
     eagle_hits = False
@@ -97,7 +98,7 @@ class BlockManager:
         hit = self._hit_blocks(req) if admitting else []
         need = self.blocks_needed(req, num_new_tokens) - len(hit)
         reserve = self.watermark_blocks if admitting and watermark else 0
-        if need + reserve + self._evictable_among(hit) > self.num_free_blocks:
+        if not self._fits(need, reserve, hit):
             return None
         table = self._tables.setdefault(req.id, [])
         if hit:
@@ -145,6 +146,10 @@ class BlockManager:
         self._release(self._tables.pop(req.id, []))
 
     # ---- pool internals, overridden by prefix caching --------------------------------------------
+    def _fits(self, need: int, reserve: int, hit: list[int]) -> bool:
+        """Whether `need` more blocks and `reserve` spare remain once the `hit` blocks are taken out of the pool."""
+        return need + reserve + self._evictable_among(hit) <= self.num_free_blocks
+
     def _hit_blocks(self, req: Request) -> list[int]:
         return []
 

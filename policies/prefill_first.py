@@ -20,7 +20,8 @@ A prefill that finds no memory marks the batch full (SGLang's `batch_is_full`): 
 until the batch shrinks, in the decode step after a finish, at a retraction, or when it empties. The pool is
 read live while a batch forms, so a prefix hit's lock counts at once. `max_new_tokens` is the request's own
 output length (the oracle length of an ignore-eos benchmark), and KV is counted in the KV manager's pages (in a
-hybrid pool, blocks over its groups). With prefix caching off, SGLang admits such ignore-eos requests its own way
+hybrid pool, blocks over its groups; with SGLang's separate sliding-window pool, policies/swa_radix.py, a prompt's
+chunk must also leave its window a page of room there, or is cut to what does). With prefix caching off, SGLang admits such ignore-eos requests its own way
 (add_one_req_ignore_eos): the batch is played out to the end, every request to its full output, and must never
 run out; no new_token_ratio, no max_prefill_tokens. Departures that keep the simulation from hanging where
 SGLang would: an idle engine admits its head request without the estimate (one whose prompt and output fill the
@@ -86,28 +87,53 @@ def kv_tokens(kv: BlockManager, blocks: int) -> int:
 class _PrefillBudget:
     """What one prefill batch may still take (SGLang's PrefillAdder). The pool is read live: an admission's
     allocation, and the lock on its prefix hit, count at once (SGLang offsets the first and re-checks the second).
-    `reserved`: the running requests' expected outputs (x new_token_ratio) and the admitted ones' (whole)."""
+    `reserved`: the running requests' expected outputs (x new_token_ratio) and the admitted ones' (whole); with a
+    separate sliding-window pool, `swa_reserved`: what the admitted ones' windows take beyond their allocation."""
 
     def __init__(self, kv: BlockManager, reserved: float, mixed: int, max_prefill: int, chunk: int | None):
         self.kv, self.page, self.mixed = kv, kv.block_size, mixed
         self.reserved = reserved + mixed
+        self.swa_reserved = 0
         self.input = max_prefill - mixed
         self.chunk = None if chunk is None else chunk - mixed
+
+    def _free_tokens(self) -> int:
+        """Free and evictable KV: of the full-attention pool when the sliding layers have their own."""
+        return kv_tokens(self.kv, self.kv.full_free_blocks if self.kv.swa_window else self.kv.num_free_blocks)
 
     @property
     def total(self) -> float:
         """SGLang's rem_total_tokens: free and evictable KV less what running and admitted requests will need."""
-        return kv_tokens(self.kv, self.kv.num_free_blocks) - self.reserved
+        return self._free_tokens() - self.reserved
 
     @property
     def current(self) -> int:
         """SGLang's cur_rem_tokens: free and evictable KV less this batch's decodes (its prompts are allocated)."""
-        return kv_tokens(self.kv, self.kv.num_free_blocks) - self.mixed
+        return self._free_tokens() - self.mixed
+
+    @property
+    def swa(self) -> float:
+        """SGLang's rem_swa_tokens: free and evictable sliding-window slots less the admitted requests' windows
+        (unbounded without a separate pool)."""
+        if not self.kv.swa_window:
+            return math.inf
+        return self.kv.swa_free_blocks * self.page - self.swa_reserved
+
+    def swa_limit(self, tokens: int) -> int:
+        """SGLang's sliding-window check of a prompt's next `tokens`: they fit if the larger of them and a window,
+        and a page, fit the sliding pool; else, chunked prefill on, the tokens that leave room for a window and a
+        page (0: none)."""
+        window = self.kv.swa_window
+        if not window or max(self.paged(tokens), window) + self.page < self.swa:
+            return tokens
+        if self.chunk is None:
+            return 0
+        return max(int(self.swa - window - self.page) // self.page * self.page, 0)
 
     @property
     def exhausted(self) -> str | None:
         """SGLang's budget_state: 'memory' (NO_TOKEN), 'batch' (OTHER) or None (room left)."""
-        if self.total <= 0 or self.current <= 0:
+        if self.total <= 0 or self.current <= 0 or self.swa <= 0:
             return "memory"
         if self.input <= 0 or (self.chunk is not None and self.chunk <= 0):
             return "batch"
@@ -120,6 +146,8 @@ class _PrefillBudget:
         """A request's `tokens` of prompt join the batch, expecting `outputs` more (0 for a cut chunk)."""
         tokens = self.paged(tokens)
         self.reserved += outputs
+        if self.kv.swa_window:  # SGLang sets aside a window and a page of sliding slots (the tokens are allocated)
+            self.swa_reserved += max(tokens, self.kv.swa_window) + self.page - tokens
         self.input -= tokens
         if self.chunk is not None:
             self.chunk -= tokens
@@ -313,7 +341,7 @@ class PrefillFirstScheduler:
         """The prompt being prefilled in chunks takes what the batch allows first (SGLang's add_chunked_req)."""
         req = self.chunked
         chunk = budget.chunk if budget.chunk is not None else req.num_pending_tokens
-        limit = min(chunk, int(budget.total))
+        limit = min(chunk, int(budget.total), budget.swa - budget.page)
         if limit <= 0:  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak
             limit = chunk
         n = min(req.num_pending_tokens, limit)
@@ -350,6 +378,11 @@ class PrefillFirstScheduler:
             n = extend if whole else budget.chunk // budget.page * budget.page
         if n <= 0:
             return False
+        if (room := budget.swa_limit(n)) < n:  # the sliding-window pool is short: a smaller chunk, or none
+            if room <= 0:
+                self.batch_is_full = True
+                return False
+            n, whole = room, False
         req.num_computed_tokens = hit
         room = self.kv.allocate(req, n, admitting=True)
         if room is None:
@@ -385,7 +418,7 @@ class PrefillFirstScheduler:
         current = budget.current
         if budget.paged(extend) > min(current, budget.total):
             return False
-        if len(self.kv.windows) > 1:
+        if len(self.kv.windows) > 1 or self.kv.swa_window:
             return True
         states = sorted([(r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
                          for r in (*self.running, req) if r.num_output_tokens > r.num_generated]

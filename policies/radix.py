@@ -31,6 +31,8 @@ class Node:
     children: dict[tuple, Node] = field(default_factory=dict)  # by first page of tokens
     lock_ref: int = 0
     last_access: int = 0
+    swa_lock_ref: int = 0  # policies/swa_radix.py: requests whose sliding window reaches into the node
+    tombstone: bool = False  # policies/swa_radix.py: its sliding-window KV was freed, its full-attention KV kept
 
     @property
     def num_tokens(self) -> int:
@@ -128,7 +130,7 @@ class RadixCache(BlockManager):
         """Cut `node`'s edge after `at` tokens; returns the new upper node."""
         head_key, tail_key = _split_pieces(node.key, at)
         upper = Node(head_key, node.pages[: at // self.block_size], node.parent, lock_ref=node.lock_ref,
-                     last_access=node.last_access)
+                     last_access=node.last_access, swa_lock_ref=node.swa_lock_ref, tombstone=node.tombstone)
         node.parent.children[self._key(head_key)] = upper
         node.key, node.pages, node.parent = tail_key, node.pages[at // self.block_size:], upper
         upper.children[self._key(tail_key)] = node
@@ -183,11 +185,7 @@ class RadixCache(BlockManager):
             common = _common_tokens(child.key, rest) if child else 0
             common -= common % self.block_size
             if not common:
-                leaf = Node(rest, table[position // self.block_size: num_tokens // self.block_size], node,
-                            last_access=next(self._clock))
-                node.children[self._key(rest)] = leaf
-                self._evictable_pages += len(leaf.pages)  # unlocked until `_set_lock` below
-                node = leaf
+                node = self._add_leaf(node, rest, table[position // self.block_size: num_tokens // self.block_size])
                 break
             if common < child.num_tokens:
                 child = self._split(child, common)
@@ -195,29 +193,53 @@ class RadixCache(BlockManager):
             if position + common > done:  # the tree already has tokens we computed ourselves: use its copy
                 own = table[max(first, done // self.block_size): last]
                 table[max(first, done // self.block_size): last] = child.pages[max(0, done - position) // self.block_size:]
-                self._release(own)
+                self._adopt(child, own, whole=done <= position)
             self._stamp(child, next(self._clock))
             node, position, rest = child, position + common, _split_pieces(rest, common)[1]
         self._set_lock(req, node, num_tokens)
+
+    def _add_leaf(self, parent: Node, key: tuple[Piece, ...], pages: list[int]) -> Node:
+        """A new leaf under `parent` holding a request's `pages` of `key` (unlocked until the request locks it)."""
+        leaf = Node(key, pages, parent, last_access=next(self._clock))
+        parent.children[self._key(key)] = leaf
+        self._evictable_pages += len(pages)
+        return leaf
+
+    def _adopt(self, node: Node, own: list[int], whole: bool) -> None:
+        """A request's `own` pages duplicate part of `node` (all of it if `whole`), which it now uses: free them."""
+        self._release(own)
 
     def _set_lock(self, req: Request, node: Node, num_tokens: int) -> None:
         """Lock the path to `node` for `req` (and unlock its previous path)."""
         self._lock_path(node, +1)
         old = self._locked.get(req.id)
         if old is not None:
-            self._lock_path(old, -1)
+            self._unlock(req, old)
         self._locked[req.id], self._in_tree[req.id] = node, num_tokens
 
+    def _unlock(self, req: Request, node: Node) -> None:
+        """`req` no longer locks the path to `node`."""
+        self._lock_path(node, -1)
+
     def _lock_path(self, node: Node, delta: int) -> None:
+        """Lock (+1) or unlock (-1) the path from the root to `node`, all of it used now (stamped from the root
+        down: among equal stamps a parent counts as used before its children)."""
         clock = next(self._clock)
-        while node is not self.root:
+        for node in reversed(self._path_to(node)):
             if node.lock_ref == 0 and delta > 0:
                 self._evictable_pages -= len(node.pages)
             node.lock_ref += delta
             if node.lock_ref == 0:
                 self._evictable_pages += len(node.pages)
             self._stamp(node, clock)
+
+    def _path_to(self, node: Node) -> list[Node]:
+        """`node` and its ancestors below the root, deepest first."""
+        path = []
+        while node is not self.root:
+            path.append(node)
             node = node.parent
+        return path
 
     def _stamp(self, node: Node, stamp: int) -> None:
         """`node` is used at `stamp`; an evictable leaf gets a heap entry at its new stamp (the old one goes stale)."""
@@ -251,14 +273,9 @@ class RadixCache(BlockManager):
         del self._tables[req.id]
         node = self._locked.pop(req.id, None)
         if node is not None:
-            self._lock_path(node, -1)
+            self._unlock(req, node)
 
     # ---- pool -------------------------------------------------------------------------------------
-    def _pop_free(self) -> int:
-        if not self._free:
-            self._evict_one()
-        return self._free.popleft()
-
     def _pop_free_many(self, count: int) -> list[int]:
         """SGLang's evict_from_tree_cache: short of `count` free pages, it evicts LRU leaves until it has freed
         `count` pages (or nothing is left to evict), not just the shortfall."""
@@ -273,16 +290,19 @@ class RadixCache(BlockManager):
         while self._heap:
             entry = heapq.heappop(self._heap)
             if self._live(entry):
-                leaf = entry[2]
-                del leaf.parent.children[self._key(leaf.key)]
-                self._evictable_pages -= len(leaf.pages)
-                self._free.extend(leaf.pages)
-                parent = leaf.parent
-                leaf.parent = None
-                if parent is not self.root and parent.lock_ref == 0 and not parent.children:
-                    self._push(parent)
-                return len(leaf.pages)
+                return self._delete(entry[2])
         raise RuntimeError("radix cache: nothing left to evict")  # callers check num_free_blocks first
+
+    def _delete(self, leaf: Node) -> int:
+        """Evict an unlocked leaf: its pages go back to the pool (returns how many); its parent may be next."""
+        del leaf.parent.children[self._key(leaf.key)]
+        self._evictable_pages -= len(leaf.pages)
+        self._release(leaf.pages)
+        parent = leaf.parent
+        leaf.parent = None
+        if parent is not self.root and parent.lock_ref == 0 and not parent.children:
+            self._push(parent)
+        return len(leaf.pages)
 
     def check_invariants(self) -> None:
         """Pages are owned exactly once (pool, tree or a request's own tail); locks match the requests."""

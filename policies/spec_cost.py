@@ -34,6 +34,7 @@ from hardware.memory import (
     kv_bytes_per_gpu_token,
     layer_bytes_per_gpu,
     request_kv_bytes,
+    swa_pool_tokens,
     weight_bytes_per_gpu,
 )
 from hardware.model import EXPERT_ONLY_DTYPES, ModelSpec, get_model
@@ -117,6 +118,11 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
     groups = len(plan.kv_windows)  # the draft's KV of a block's tokens, spread over the target's groups
     block_bytes = plan.block_bytes + plan.block_size * extra_kv / groups
     num_blocks = int(kv_cache // block_bytes) if kv_cache > 0 else 0
+    swa = {}
+    if plan.swa_window is not None and kv_cache > 0:  # SGLang's two pools: the draft's KV sits with the full layers'
+        full, swa_tokens = swa_pool_tokens(kv_cache, block_bytes / plan.block_size, plan.swa_token_bytes,
+                                           plan.swa_ratio, plan.block_size)
+        num_blocks, swa = full // plan.block_size, {"swa_tokens": swa_tokens}
     per_request = plan.request_bytes_at_max_len + extra_request
     if per_request > num_blocks * block_bytes:
         raise SpecError(
@@ -126,4 +132,4 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
     return replace(plan, weight_bytes=plan.weight_bytes + extra_weights, kv_cache_bytes=kv_cache,
                    kv_bytes_per_token=per_token, num_blocks=num_blocks,
                    kv_cache_tokens=num_blocks // groups * plan.block_size, request_bytes_at_max_len=per_request,
-                   max_concurrency=num_blocks * block_bytes / per_request * ranks, block_bytes=block_bytes)
+                   max_concurrency=num_blocks * block_bytes / per_request * ranks, block_bytes=block_bytes, **swa)

@@ -168,7 +168,8 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
                              max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
                              max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
                              disable_hybrid_kv_cache_manager=batch.disable_hybrid_kv_cache_manager,
-                             activations_outside=engine == "sglang", in_flight_batches=batch.in_flight_batches(pp))
+                             activations_outside=engine == "sglang", in_flight_batches=batch.in_flight_batches(pp),
+                             swa_full_tokens_ratio=batch.swa_full_tokens_ratio if engine == "sglang" else None)
     plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:
         print_json(plan.as_dict())
@@ -183,6 +184,8 @@ def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Op
         ["KV cache groups", _groups_text(plan.kv_windows)],
         ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens of one group"],
         ["KV tokens", f"{plan.kv_cache_tokens:,}"],
+        *([["sliding-window pool (SGLang)", f"{plan.swa_tokens:,} tokens ({plan.swa_ratio} of the full layers'), "
+            f"{plan.swa_window}-token windows"]] if plan.swa_window is not None else []),
         [f"max concurrency at {plan.max_model_len:,} tokens", f"{plan.max_concurrency:.2f}"]])
 
 

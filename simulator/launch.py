@@ -7,7 +7,9 @@ import shlex
 
 from hardware.model import get_model, resolve_weight_dtype
 from hardware.gpu import get_gpu
-from policies.config import SGLANG_DP_ATTENTION_CONSERVATIVENESS, EngineConfig, vllm_batch_defaults
+from hardware.kv_groups import kv_groups
+from policies.config import (SGLANG_DP_ATTENTION_CONSERVATIVENESS, SGLANG_FULL_KV_ARCHITECTURES, EngineConfig,
+                             vllm_batch_defaults)
 from policies.data_parallel import data_parallel_share
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
@@ -188,6 +190,7 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--page-size {e.radix_page_size}")
     if e.queue_order == "lpm":
         parts.append("--schedule-policy lpm")
+    parts += _sglang_swa_memory(s, e)
     if e.scheduler == "sglang":  # knobs only SGLang's scheduler reads
         if e.max_prefill_tokens != 16384:
             parts.append(f"--max-prefill-tokens {e.max_prefill_tokens}")
@@ -201,6 +204,20 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     if e.speculative is not None:
         parts += _sglang_speculative(e.speculative)
     return " ".join(parts)
+
+
+def _sglang_swa_memory(s: Scenario, e: EngineConfig) -> list[str]:
+    """SGLang's flags for a model mixing sliding-window and full layers: its two pools off (kept on but for the
+    models SGLang itself runs whole), or their ratio when not SGLang's default."""
+    model = get_model(s.model)
+    windows = kv_groups(model).windows
+    if None not in windows or len(windows) == 1:
+        return []
+    if e.disable_hybrid_kv_cache_manager:
+        return [] if model.architecture in SGLANG_FULL_KV_ARCHITECTURES else ["--disable-hybrid-swa-memory"]
+    if e.swa_full_tokens_ratio != EngineConfig.model_fields["swa_full_tokens_ratio"].default:
+        return [f"--swa-full-tokens-ratio {e.swa_full_tokens_ratio}"]
+    return []
 
 
 def launch_notes(s: Scenario) -> list[str]:

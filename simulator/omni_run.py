@@ -80,7 +80,7 @@ def _check_stage_cache(stage: str, e: EngineConfig, memory: MemoryPlan) -> None:
     """vLLM-Omni refuses its stage-output cache, at KV-cache init, where it could not mirror one full-attention
     block table of whole blocks: sliding-window (hybrid) KV, sub-block prefix matches, speculative stages."""
     why = None
-    if any(w is not None for w in memory.kv_windows):
+    if any(w is not None for w in memory.kv_windows) or memory.swa_window is not None:
         why = "the stage's model has sliding-window layers (hybrid KV cache groups)"
     elif e.prefix_caching == "radix" and e.radix_page_size < e.block_size:
         why = f"radix pages of {e.radix_page_size} tokens match prefixes smaller than a block ({e.block_size})"
@@ -148,7 +148,7 @@ class Pipeline:
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
         for number in range(first, first + cfg.replicas):
-            kv = make_kv_manager(e, stage.num_pages, page_size, memory.kv_windows)
+            kv = make_kv_manager(e, stage.num_pages, page_size, memory.kv_windows, memory.swa_pool(page_size))
             scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks)
             if e.speculative is not None:
                 scheduler.speculator = Speculator(e.speculative, s.seed)

@@ -184,3 +184,35 @@ def test_deep_ep_keeps_the_shared_experts_whole_on_every_gpu():
     dp = weight_bytes_per_gpu(model, Parallelism(tp=8, dp_attention=True), "auto")
     deep_ep = weight_bytes_per_gpu(model, Parallelism(tp=8, ep=True, dp_attention=True), "auto")
     assert deep_ep - dp == pytest.approx(58 * 3 * 7168 * 2048 * (1 - 1 / 8))
+
+
+def test_sglang_splits_a_sliding_model_s_kv_into_two_pools_by_its_swa_full_tokens_ratio():
+    """gpt-oss-120b on an H200 under SGLang (hybrid SWA memory): 18 full and 18 sliding layers, 8 KV heads of 64 in
+    bf16, 2048 bytes per layer per token. Each token takes a slot in both pools, the sliding one holding 0.8 of
+    the full one's: full tokens = KV memory / (18 x 2048 + 0.8 x 18 x 2048), in whole blocks. A 32K request then
+    needs its 32K tokens of the full pool only. vLLM's hybrid manager shares one pool of 16-token blocks of 18
+    layers between both groups, where a 32K request holds 2048 full blocks and 521 sliding ones (a window and an
+    8192-token step in flight): 32.4 x 32768 / (18 x 16 x 2569) = 1.43x the requests SGLang's pools hold."""
+    sglang = EngineMemoryConfig(max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8)
+    plan = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), cfg=sglang)
+    full = int(plan.kv_cache_bytes // (18 * 2048 + 0.8 * 18 * 2048)) // 16 * 16
+    assert plan.kv_cache_tokens == full and plan.num_blocks == full // 16 and plan.kv_windows == (None,)
+    assert plan.swa_tokens == int(full * 0.8) // 16 * 16 and plan.swa_window == 128
+    assert plan.block_bytes == 16 * 18 * 2048 and plan.max_concurrency == pytest.approx(full / 32768)
+    vllm = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), cfg=EngineMemoryConfig(
+        max_model_len=32768, activations_outside=True))
+    assert vllm.swa_window is None and vllm.kv_windows == (None, 128)
+    assert vllm.kv_cache_bytes == plan.kv_cache_bytes
+    assert vllm.max_concurrency / plan.max_concurrency == pytest.approx(32.4 * 32768 / (18 * 16 * 2569), rel=1e-4)
+    whole = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), cfg=EngineMemoryConfig(
+        max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8,
+        disable_hybrid_kv_cache_manager=True))  # SGLang's --disable-hybrid-swa-memory: one pool, every layer
+    assert whole.swa_window is None and whole.kv_cache_tokens == int(whole.kv_cache_bytes // (36 * 2048)) // 16 * 16
+
+
+def test_sglang_refuses_a_sliding_pool_too_small_for_one_request():
+    """A sliding pool that cannot hold two chunks, three windows and two pages would stall a lone request."""
+    tiny = EngineMemoryConfig(max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.01,
+                              max_num_batched_tokens=8192)
+    with pytest.raises(SpecError, match="swa_full_tokens_ratio"):
+        plan_memory(get_model("gpt-oss-20b"), get_gpu("l4"), cfg=tiny)

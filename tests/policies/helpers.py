@@ -27,11 +27,12 @@ def make_requests(prompts: list[int], outputs: list[int]) -> list[Request]:
 def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     """A scheduler over a fresh KV manager (`prefix_caching` knob: none by default here, to test paging alone)."""
     host_blocks = knobs.pop("host_blocks", 0)
+    swa = knobs.pop("swa", None)  # (window, pages): SGLang's separate sliding-window pool
     knobs.setdefault("prefix_caching", "none")
     knobs.setdefault("max_num_seqs", 256)  # batch limits a scenario would take from vLLM's defaults for its GPU
     knobs.setdefault("max_num_batched_tokens", 8192)
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
-    kv = make_kv_manager(cfg, num_blocks, block_size)
+    kv = make_kv_manager(cfg, num_blocks, block_size, swa=swa)
     log = TokenLog()
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 
@@ -69,7 +70,9 @@ def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float
         now += step_s
         sched.commit(plan, now)
     assert plan.is_empty
-    assert sched.kv.num_free_blocks == sched.kv.num_blocks, "blocks still held after every request finished"
+    assert sched.kv.num_used_blocks == 0, "blocks still held after every request finished"
+    if getattr(sched.kv, "swa_window", None):  # (not on DP ranks' pools)
+        assert sched.kv.swa_free_blocks == sched.kv.swa_blocks, "sliding-window slots still held"
     return records
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import hardware
+from hardware.errors import SpecError
 from policies.hybrid_blocks import HybridBlockManager
 from tests.simulator.conftest import run, scenario
 from tests.simulator.test_simulate import assert_same_run
@@ -130,3 +131,33 @@ def test_a_router_reading_kv_mid_stretch_sees_what_stepping_shows(tmp_path, asyn
                          simulation={"fast_forward": fast})) for fast in (True, False)]
     assert runs[1].requests["replica"].tolist() == [0, 1, 0]
     assert_same_run(*runs)
+
+
+def test_sglang_serves_gpt_oss_from_its_full_and_sliding_window_pools():
+    """gpt-oss-20b under SGLang with its radix cache, as SGLang runs it by default: the memory plan's two pools
+    (the sliding one 0.8 of the full one's tokens) back a sliding-window radix cache. 40 prompts of 12K tokens
+    arrive at once: every token of a request takes a full-pool slot, so at most 294,640 // 12,000 = 24 prompts
+    fit at once (SGLang's admission, which also sets aside their outputs, lets 23 in), and none is lost. vLLM's
+    hybrid manager, whose sliding group keeps a window, runs all 40 at once in the same memory."""
+    lengths = {"prompt": {"kind": "fixed", "value": 12000}, "output": {"kind": "fixed", "value": 400}}
+
+    def long_prompts(scheduler: str):
+        return scenario(model="gpt-oss-20b", hardware={"gpu": "l40s"},
+                        engine={"scheduler": scheduler, "prefix_caching": "radix" if scheduler == "sglang" else "vllm",
+                                "max_model_len": 16384, "gpu_memory_utilization": 0.6},
+                        workload={"trace": None, "lengths": lengths, "arrivals": {"kind": "all_at_once"},
+                                  "num_requests": 40})
+    sglang = run(long_prompts("sglang"))
+    memory = sglang.memory
+    assert memory.swa_window == 128 and memory.kv_cache_tokens == 294_640
+    assert memory.swa_tokens == int(294_640 * 0.8) // 16 * 16
+    assert sglang.summary["completed"] == 40 and sglang.summary["rejected"] == 0
+    assert sglang.steps["num_running"].max() == 23 and sglang.steps["kv_usage"].max() <= 1
+    vllm = run(long_prompts("vllm"))
+    assert vllm.memory.swa_window is None and vllm.steps["num_running"].max() == 40
+
+
+def test_sglang_with_a_sliding_model_refuses_vllms_prefix_cache():
+    engine = {"scheduler": "sglang", "prefix_caching": "vllm", "max_model_len": 16384}
+    with pytest.raises(SpecError, match="use radix"):
+        run(scenario(model="gpt-oss-20b", engine=engine, workload={"num_requests": 5}))

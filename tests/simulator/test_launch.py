@@ -138,3 +138,15 @@ def test_a_context_past_the_models_own_carries_the_engines_environment_variables
 def test_a_block_size_vllm_refuses_is_noted():
     assert any("block_size 48: vLLM accepts 1, 8, 16" in note for note in launch_notes(chat(engine={"block_size": 48})))
     assert not any("block_size" in note for note in launch_notes(chat(engine={"block_size": 32})))
+
+
+def test_sglang_is_told_the_sliding_window_pool_it_was_simulated_with():
+    """gpt-oss mixes sliding and full layers: SGLang's two pools are its default (no flag), a changed ratio is
+    passed, and one pool of every layer is its --disable-hybrid-swa-memory; Gemma, which SGLang runs whole anyway,
+    and a model without sliding layers get neither flag."""
+    def sglang(model, **engine):
+        return commands(chat(model=model, engine={"scheduler": "sglang", "prefix_caching": "radix", **engine}))[1]
+    assert "swa" not in sglang("gpt-oss-20b")
+    assert "--swa-full-tokens-ratio 0.5" in sglang("gpt-oss-20b", swa_full_tokens_ratio=0.5)
+    assert "--disable-hybrid-swa-memory" in sglang("gpt-oss-20b", disable_hybrid_kv_cache_manager=True)
+    assert "swa" not in sglang("gemma-3-12b") and "swa" not in sglang("llama-3.1-8b", swa_full_tokens_ratio=0.5)
