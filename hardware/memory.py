@@ -59,6 +59,7 @@ class EngineMemoryConfig:
     # SGLang's hybrid SWA memory (its swa_full_tokens_ratio): a model mixing sliding and full layers gets two pools,
     # the sliding layers' holding this share of the full layers' tokens; None: vLLM's one pool of KV cache groups
     swa_full_tokens_ratio: float | None = None
+    chunked_prefill: bool = True  # off, a prompt is prefilled whole (SGLang's chunked_prefill_size -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,10 +97,14 @@ class MemoryPlan:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def swa_pool(self, page_size: int, ranks: int = 1) -> tuple[int, int] | None:
+    def swa_pool(self, page_size: int, ranks: int = 1, num_blocks: int | None = None) -> tuple[int, int] | None:
         """(window, pages of `page_size` tokens on each of `ranks` DP-attention ranks) of SGLang's sliding-window
-        pool, or None without one."""
-        return None if self.swa_window is None else (self.swa_window, self.swa_tokens // page_size // ranks)
+        pool, or None without one; for a full pool of `num_blocks` (an override), `swa_ratio` of its tokens."""
+        if self.swa_window is None:
+            return None
+        tokens = self.swa_tokens if num_blocks in (None, self.num_blocks) else \
+            int(num_blocks * self.block_size * self.swa_ratio) // self.block_size * self.block_size
+        return self.swa_window, tokens // page_size // ranks
 
 
 def _stored_weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
@@ -250,9 +255,28 @@ def _swa_layers(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> 
     windows = {layer.window for stage in stages for layer in stage if layer.attention == "sliding"}
     if not windows or all(layer.attention == "sliding" for stage in stages for layer in stage):
         return None
-    fullest = max(stages, key=len)
-    sliding = sum(layer.attention == "sliding" for layer in fullest)
-    return len(fullest) - sliding, sliding, max(windows)
+    ratio = cfg.swa_full_tokens_ratio
+    kinds = [(sum(layer.attention != "sliding" for layer in stage), sum(layer.attention == "sliding" for layer in stage))
+             for stage in stages]
+    n_full, n_swa = max(kinds, key=lambda k: k[0] + ratio * k[1])  # the stage whose token costs the most
+    return n_full, n_swa, max(windows)
+
+
+def check_swa_pool(swa_tokens: int, full_tokens: int, window: int, par: Parallelism, cfg: EngineMemoryConfig,
+                   max_len: int) -> None:
+    """Refuse a sliding-window pool in which a lone request could stall: a request holds the sliding slots of the
+    tree nodes its window reaches (a hit's or its own last chunk, or whole unchunked prompt, and a window above a
+    shorter one), of the chunk it adds, and of its own decode tokens (up to two windows)."""
+    chunk = -(-cfg.max_num_batched_tokens // par.attention_ranks) if cfg.chunked_prefill else max_len
+    per_rank = swa_tokens // par.attention_ranks
+    newest = min(chunk, max_len, full_tokens // par.attention_ranks - 1)  # SGLang's longest request: the pool less one
+    if per_rank < 2 * newest + 3 * window + 2 * cfg.block_size:
+        raise SpecError(
+            f"SGLang's sliding-window pool ({per_rank} tokens per rank: swa_full_tokens_ratio "
+            f"{cfg.swa_full_tokens_ratio} of {full_tokens}) cannot hold two of one request's chunks ({newest} tokens), "
+            f"three {window}-token windows and two pages: SGLang starts, but a long request can stall it (its window "
+            "locks a chunk's slots); lower max_num_batched_tokens (chunked_prefill_size), or raise "
+            "gpu_memory_utilization or engine.swa_full_tokens_ratio")
 
 
 def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism(),
@@ -295,16 +319,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         groups, block_bytes = KVGroups((None,), n_full), cfg.block_size * n_full * layer_bytes
         full_tokens, swa_tokens = swa_pool_tokens(kv_cache, n_full * layer_bytes, n_swa * layer_bytes,
                                                   cfg.swa_full_tokens_ratio, cfg.block_size)
-        # a request holds the sliding slots of the tree nodes its window reaches (a hit's or its own last chunk, or
-        # whole unchunked prompt, and a window above a shorter one), of the chunk it adds, and of its own decode
-        # tokens (up to two windows): short of that SGLang would stall a lone request
-        newest = min(-(-cfg.max_num_batched_tokens // par.attention_ranks), max_len)
-        if swa_tokens // par.attention_ranks < 2 * newest + 3 * window + 2 * cfg.block_size:
-            raise SpecError(
-                f"SGLang's sliding-window pool ({swa_tokens // par.attention_ranks} tokens per rank: "
-                f"swa_full_tokens_ratio {cfg.swa_full_tokens_ratio} of {full_tokens}) cannot hold two of one "
-                f"request's chunks ({newest} tokens), three {window}-token windows and two pages; raise "
-                "gpu_memory_utilization or engine.swa_full_tokens_ratio, or lower max_num_batched_tokens")
+        check_swa_pool(swa_tokens, full_tokens, window, par, cfg, max_len)
         num_blocks = full_tokens // cfg.block_size
         swa_fields = {"swa_window": window, "swa_tokens": swa_tokens, "swa_token_bytes": n_swa * layer_bytes,
                       "swa_ratio": cfg.swa_full_tokens_ratio}

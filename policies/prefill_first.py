@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
 
 from policies.config import SGLANG_MAX_RUNNING, EngineConfig
 from policies.kv_blocks import BlockManager, fits_in_last_block
@@ -119,16 +120,16 @@ class _PrefillBudget:
             return math.inf
         return self.kv.swa_free_blocks * self.page - self.swa_reserved
 
-    def swa_limit(self, tokens: int) -> int:
-        """SGLang's sliding-window check of a prompt's next `tokens`: they fit if the larger of them and a window,
-        and a page, fit the sliding pool; else, chunked prefill on, the tokens that leave room for a window and a
-        page (0: none)."""
-        window = self.kv.swa_window
-        if not window or max(self.paged(tokens), window) + self.page < self.swa:
+    def swa_limit(self, tokens: int, locked: int = 0) -> int:
+        """SGLang's sliding-window check of a prompt's next `tokens`, its hit's window having locked `locked` more
+        slots: they fit if the larger of them and a window, and a page, fit the sliding pool; else, chunked prefill
+        on, the tokens that leave room for a window and a page (0: none)."""
+        window, room = self.kv.swa_window, self.swa - locked
+        if not window or max(self.paged(tokens), window) + self.page < room:
             return tokens
         if self.chunk is None:
             return 0
-        return max(int(self.swa - window - self.page) // self.page * self.page, 0)
+        return max(int(room - window - self.page) // self.page * self.page, 0)
 
     @property
     def exhausted(self) -> str | None:
@@ -342,7 +343,9 @@ class PrefillFirstScheduler:
         req = self.chunked
         chunk = budget.chunk if budget.chunk is not None else req.num_pending_tokens
         limit = min(chunk, int(budget.total), budget.swa - budget.page)
-        if limit <= 0:  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak
+        if limit <= 0:  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak (with a
+            if self.kv.swa_window:  # sliding-window pool it leaves the request for a later batch)
+                return
             limit = chunk
         n = min(req.num_pending_tokens, limit)
         if n <= 0 or self.kv.allocate(req, n) is None:
@@ -378,7 +381,8 @@ class PrefillFirstScheduler:
             n = extend if whole else budget.chunk // budget.page * budget.page
         if n <= 0:
             return False
-        if (room := budget.swa_limit(n)) < n:  # the sliding-window pool is short: a smaller chunk, or none
+        swa_locked = self._locked_by(req, hit, self.kv.swa_evictable_hit) if self.kv.swa_window and hit else 0
+        if (room := budget.swa_limit(n, swa_locked)) < n:  # the sliding-window pool is short: a smaller chunk, or none
             if room <= 0:
                 self.batch_is_full = True
                 return False
@@ -402,11 +406,12 @@ class PrefillFirstScheduler:
             self.chunked = req
         return True
 
-    def _locked_by(self, req: Request, hit: int) -> int:
-        """Tokens of free-and-evictable KV that admitting `req` with its `hit` would lock (its matched prefix)."""
+    def _locked_by(self, req: Request, hit: int, evictable_hit: Callable[[Request], int] | None = None) -> int:
+        """Tokens of free-and-evictable KV that admitting `req` with its `hit` would lock (its matched prefix; of the
+        sliding-window pool with `evictable_hit` its window's)."""
         req.num_computed_tokens = hit
         try:
-            return kv_tokens(self.kv, self.kv.evictable_hit(req))
+            return kv_tokens(self.kv, (evictable_hit or self.kv.evictable_hit)(req))
         finally:
             req.num_computed_tokens = 0
 

@@ -19,7 +19,8 @@ slots freed, the full KV kept):
   tokens a request computed again with live slots takes them over (it is live again).
 
 `caching=False` is SGLang's SWAChunkCache (--disable-radix-cache): nothing is shared, and a request frees its
-out-of-window sliding slots as each prompt chunk is allocated too.
+out-of-window sliding slots as each prompt chunk is allocated too (under overlap scheduling SGLang frees only up
+to a chunk more behind, the chunk before still running: there a prompt holds up to a chunk more than here).
 """
 
 from __future__ import annotations
@@ -130,18 +131,28 @@ class SWARadixCache(RadixCache):
 
     # ---- a request's own pages -------------------------------------------------------------------
     def _fits(self, need: int, reserve: int, hit: list[int]) -> bool:
-        """Both pools hold `need` more pages once the matched path is locked (its full pages, and its last
-        window's sliding slots, stop being evictable)."""
+        """Both pools hold `need` more pages (and the full one `reserve` spare) once the matched path is locked (its
+        full pages, and its last window's sliding slots, stop being evictable)."""
         path = self._pending[1] if self._pending is not None and hit else []
         full_locked = sum(len(node.pages) for node in path if node.lock_ref == 0)
-        swa_locked, covered = 0, 0
-        for node in reversed(path):
-            if covered >= self.swa_window:
-                break
-            swa_locked += len(node.pages) if node.swa_lock_ref == 0 else 0
-            covered += node.num_tokens
         return need + reserve + full_locked <= self.full_free_blocks \
-            and need + reserve + swa_locked <= self.swa_free_blocks
+            and need + self._window_locked(path) <= self.swa_free_blocks
+
+    def _window_locked(self, path: list[Node]) -> int:
+        """Sliding pages of a matched path that are evictable now and that locking its last window takes out."""
+        taken, covered = 0, 0
+        for node in reversed(path):
+            if covered >= self.swa_window or node.tombstone:
+                break
+            taken += len(node.pages) if node.swa_lock_ref == 0 else 0
+            covered += node.num_tokens
+        return taken
+
+    def swa_evictable_hit(self, req: Request) -> int:
+        """Sliding pages that admitting `req` with its prefix hit (the caller has set `req.num_computed_tokens` to
+        it) takes out of the evictable ones: its window's lock (SGLang checks the sliding room again once locked)."""
+        self._hit_blocks(req)
+        return self._window_locked(self._pending[1]) if self._pending is not None else 0
 
     def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
                  watermark: bool = True) -> list[int] | None:

@@ -63,7 +63,8 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
                              disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
                              activations_outside=e.scheduler == "sglang", in_flight_batches=e.in_flight_batches(
                                  s.parallelism.pp),
-                             swa_full_tokens_ratio=e.swa_full_tokens_ratio if e.scheduler == "sglang" else None)
+                             swa_full_tokens_ratio=e.swa_full_tokens_ratio if e.scheduler == "sglang" else None,
+                             chunked_prefill=e.enable_chunked_prefill)
     par, model = s.parallelism.spec(e.scheduler), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
     return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
@@ -263,7 +264,7 @@ class World:
         pick = round_robin if e.scheduler == "sglang" else least_loaded
         for _ in range(count):
             kvs = [make_kv_manager(rank_engine, num_pages, page_size, memory.kv_windows,
-                                   memory.swa_pool(page_size, ranks)) for _ in range(ranks)]
+                                   memory.swa_pool(page_size, ranks, num_blocks)) for _ in range(ranks)]
             turns = itertools.count()  # the replica's requests sent to its ranks, whichever engine takes them
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
             seqs = max_running_requests(rank_engine, kvs[0]) if e.scheduler == "sglang" \

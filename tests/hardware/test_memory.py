@@ -211,8 +211,32 @@ def test_sglang_splits_a_sliding_model_s_kv_into_two_pools_by_its_swa_full_token
 
 
 def test_sglang_refuses_a_sliding_pool_too_small_for_one_request():
-    """A sliding pool that cannot hold two chunks, three windows and two pages would stall a lone request."""
-    tiny = EngineMemoryConfig(max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.01,
-                              max_num_batched_tokens=8192)
+    """A sliding pool that cannot hold two chunks (whole prompts when unchunked), three windows and two pages would
+    stall a lone request. gpt-oss-20b on an H100 at 32K: the 0.8 pool holds ~1.7M tokens, 0.02 of the full pool
+    (~43K) holds two 8192-token chunks but not two 32K prompts."""
+    def plan(ratio: float, chunked: bool = True):
+        return plan_memory(get_model("gpt-oss-20b"), get_gpu("h100-sxm"), cfg=EngineMemoryConfig(
+            max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=ratio, max_num_batched_tokens=8192,
+            chunked_prefill=chunked))
+    assert plan(0.02).swa_tokens >= 2 * 8192 + 3 * 128 + 32
+    with pytest.raises(SpecError, match="two of one request's chunks \\(32768 tokens\\)"):
+        plan(0.02, chunked=False)
     with pytest.raises(SpecError, match="swa_full_tokens_ratio"):
-        plan_memory(get_model("gpt-oss-20b"), get_gpu("l4"), cfg=tiny)
+        plan(0.005)
+
+
+def test_sglang_sizes_its_pools_by_the_pipeline_stage_whose_token_costs_most():
+    """gpt-oss-120b over 4 stages of 9 layers alternating sliding and full: stages of 5 sliding + 4 full and of 4
+    sliding + 5 full. At a 0.8 ratio a token costs 4 + 0.8 x 5 = 8 layers on the first, 5 + 0.8 x 4 = 8.2 on the
+    second: the second sets the pools."""
+    plan = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), Parallelism(pp=4), cfg=EngineMemoryConfig(
+        max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8))
+    assert plan.kv_cache_tokens == int(plan.kv_cache_bytes // (8.2 * 2048)) // 16 * 16
+    assert plan.block_bytes == 16 * 5 * 2048 and plan.swa_token_bytes == 4 * 2048
+
+
+def test_an_overridden_full_pool_takes_its_sliding_pool_at_the_ratio():
+    plan = plan_memory(get_model("gpt-oss-20b"), get_gpu("h200"), cfg=EngineMemoryConfig(
+        max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8))
+    assert plan.swa_pool(1) == (128, plan.swa_tokens)
+    assert plan.swa_pool(1, ranks=2, num_blocks=1000) == (128, 16000 * 8 // 10 // 2)

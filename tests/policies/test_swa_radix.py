@@ -126,6 +126,19 @@ def test_an_admission_counts_the_sliding_slots_its_hit_locks():
     assert kv.swa_free_blocks == 0
 
 
+def test_admission_counts_the_window_its_hit_locks_before_sizing_the_chunk():
+    """Window 8, 60 sliding slots, a cached 30-token node (evictable). A request hitting it with 40 new tokens:
+    before its hit is locked the pool has 60 slots of room (max(40, 8) + 1 = 41 fits), but the hit's window locks
+    the whole 30-token node, leaving 30: SGLang checks again and cuts the chunk to 30 - 8 - 1 = 21."""
+    sched, _ = make_scheduler("sglang", num_blocks=200, block_size=1, prefix_caching="radix", swa=(8, 60),
+                              max_num_batched_tokens=64, enable_chunked_prefill=True)
+    serve_prompt(sched.kv, req(0, [(1, 30)]))
+    r = req(1, [(1, 30), (2, 40)])
+    sched.add(r, 0.0)
+    plan = sched.schedule(0.0)
+    assert r.num_cached_tokens == 30 and dict(zip(plan.requests, plan.num_new))[r] == 21
+
+
 def test_a_sliding_pool_needs_the_radix_or_no_cache():
     with pytest.raises(SpecError, match="use radix"):
         make_kv_manager(EngineConfig(scheduler="sglang", prefix_caching="vllm"), 64, 1, swa=(8, 32))
