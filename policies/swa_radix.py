@@ -35,7 +35,6 @@ from workloads.request import Request
 
 
 class SWARadixCache(RadixCache):
-    supports_fast_forward = False  # decode steps free sliding slots the fused stretches do not count
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float, window: int, swa_blocks: int,
                  caching: bool = True):
@@ -157,14 +156,21 @@ class SWARadixCache(RadixCache):
     def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
                  watermark: bool = True) -> list[int] | None:
         if not admitting and req.id in self._tables:
-            self._free_out_of_window(req)
+            self._free_out_of_window(req, req.num_computed_tokens)
         return super().allocate(req, num_new_tokens, admitting, watermark)
 
-    def _free_out_of_window(self, req: Request) -> None:
+    def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
+        """A fused decode step (simulator/fast_forward.py) brings `req` to `num_tokens`: as `allocate` would, free
+        its out-of-window slots first. Those frees only add room, which the stretch does not count (the safe side),
+        and the SGLang scheduler fuses only while no admission is tried."""
+        self._free_out_of_window(req, num_tokens - 1)
+        return self.reserve(req, num_tokens)
+
+    def _free_out_of_window(self, req: Request, computed: int) -> None:
         """Free the sliding slots of `req`'s own tokens before its window: in decode once a window of them has
         gathered (SGLang frees every window's decode steps, from the second: under overlap the prompt joins the
         tree after the first), and without a tree (SWAChunkCache) at each prompt chunk too."""
-        computed, end = req.num_computed_tokens, self._extend_end.get(req.id, req.num_prompt_tokens)
+        end = self._extend_end.get(req.id, req.num_prompt_tokens)
         if computed == end or (computed < end and self.caching):  # a first decode; a chunk the tree holds
             return
         start = max(self._swa_done.get(req.id, 0), self._in_tree.get(req.id, 0))

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import simpy
 
 from hardware.step_timer import StepTimer
+from policies.data_parallel import least_loaded
 from policies.step import Scheduler, StepPlan, TokenLog
 from simulator.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
 from simulator.metrics import StepLog
@@ -47,6 +48,27 @@ class Wakeup:
         if not self._event.triggered:
             self._event.succeed()
             self._event = self.env.event()
+
+
+class DataParallelGroup:
+    """vLLM's data-parallel ranks of a dense model, seen by the cluster's router as one replica: each rank is an
+    engine of its own (no MoE collective keeps them in step), and vLLM's DP load balancer sends a request to the
+    rank with the lowest 4 x waiting + running (`policies.data_parallel.least_loaded`), noted as its `dp_rank`."""
+
+    def __init__(self, index: int, ranks: list[Replica]):
+        self.index, self.ranks = index, ranks
+
+    @property
+    def num_outstanding(self) -> int:
+        return sum(rank.num_outstanding for rank in self.ranks)
+
+    @property
+    def kv_usage(self) -> float:
+        return sum(rank.kv_usage for rank in self.ranks) / len(self.ranks)
+
+    def submit(self, req: Request) -> None:
+        k = req.extra["dp_rank"] = least_loaded([rank.scheduler for rank in self.ranks], 0)
+        self.ranks[k].submit(req)
 
 
 class Replica:
@@ -170,7 +192,7 @@ class Replica:
             self.scheduler.retire(req, now)
             finished.append(req)
         late = self.scheduler.release_retired if getattr(self.scheduler, "holds_finished", False) else None
-        active, used, end_last = apply_stretch(requests, stretch, kv, ff.log, retire, late)  # late: async scheduling
+        active, used, usage, end_last = apply_stretch(requests, stretch, kv, ff.log, retire, late)  # late: async
         fused = getattr(self.scheduler, "fused_decode_steps", None)  # a scheduler whose state moves per decode step
         if fused is not None:
             fused(len(stretch.ends_s) - 1)
@@ -179,7 +201,7 @@ class Replica:
             time_s=stretch.ends_s[:-1].tolist(), duration_s=stretch.durations_s[:-1].tolist(),
             replica=[self.index] * n, num_requests=active[:-1], prefill_tokens=[0] * n, decode_tokens=active[:-1],
             num_running=active[1:], num_waiting=[self.scheduler.num_waiting] * n, kv_blocks_used=used,
-            kv_usage=[u / kv.num_blocks for u in used], num_preempted=[0] * n)
+            kv_usage=usage, num_preempted=[0] * n)
         self._hand_on(finished)
 
         def end_last_step() -> None:

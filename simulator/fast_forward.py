@@ -162,15 +162,16 @@ def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: in
 def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
                   retire: Callable[[Request, float], None],
                   release: Callable[[Request], None] | None = None
-                  ) -> tuple[list[int], list[int], Callable[[], None]]:
+                  ) -> tuple[list[int], list[int], list[float], Callable[[], None]]:
     """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
     order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
     theirs (when it ends). With `release` (async scheduling), a finished request keeps its blocks until the next
     step is planned: `retire` marks it done as it ends, `release` gives its blocks back then.
 
-    Returns, per step, the requests decoding in it; per step but the last, the KV blocks in use after it (what
-    the step log shows); and what the last step does as it ends (its window frees and finishes), for the caller
-    to run then: that step may span an arrival, whose router must see the pool as it is while the step runs.
+    Returns, per step, the requests decoding in it; per step but the last, the KV blocks in use after it and the
+    pool's usage (what the step log shows); and what the last step does as it ends (its window frees and
+    finishes), for the caller to run then: that step may span an arrival, whose router must see the pool as it is
+    while the step runs.
     """
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
@@ -187,6 +188,8 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
         req.last_token_s = float(ends[k - 1])
     delta = np.zeros(steps, np.int64)
     used_before = kv.num_used_blocks
+    usage = [math.nan] * steps  # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
+    usage_before = kv.usage
 
     def run(i: int, kind: int, j: int, sub: int) -> None:
         tokens = int(context[j]) + i + 1
@@ -206,6 +209,10 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
             before = kv.num_used_blocks  # shared blocks free only with their last user
             run(*event)
             delta[event[0]] += kv.num_used_blocks - before
+            usage[event[0]] = kv.usage
+    for i in range(steps):  # a step without events leaves the pool as it was
+        if math.isnan(usage[i]):
+            usage[i] = usage[i - 1] if i else usage_before
 
     def end_last_step() -> None:
         for event in ending:
@@ -213,4 +220,4 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
         for req, finish in zip(requests, stretch.finish_step.tolist()):
             if finish >= steps:  # blocks filled with generated tokens are unique to their request, so registering
                 kv.cache(req)    # them at the end rather than step by step changes nothing (a window's are freed)
-    return active.tolist(), (used_before + np.cumsum(delta)).tolist()[:-1], end_last_step
+    return active.tolist(), (used_before + np.cumsum(delta)).tolist()[:-1], usage[:-1], end_last_step

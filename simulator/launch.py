@@ -267,9 +267,9 @@ def _parallel_notes(s: Scenario) -> list[str]:
               "as vLLM keeps them)")
     notes = [f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
              f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); {layout}"]
-    if model.moe is None:
-        notes.append("vLLM's data-parallel ranks of a dense model are independent engines: simulated stepping "
-                     "together, as a MoE model's ranks do (pessimistic)")
+    if model.moe is None and s.disaggregation is not None and s.engine.scheduler != "sglang":
+        notes.append("vLLM's data-parallel ranks of a dense model are independent engines: in a P/D pool simulated "
+                     "stepping together, as a MoE model's ranks do (pessimistic)")
     if _moe_ep(s):
         notes.append("the MoE all-to-all is priced as DeepEP's dispatch/combine: give vLLM a DeepEP "
                      "--all2all-backend (deepep_low_latency or deepep_high_throughput)")

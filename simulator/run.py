@@ -32,7 +32,7 @@ from policies.spec_decode import Speculator
 from policies.step import StepPlan, TokenLog
 from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
-from simulator.engine import FastForward, Replica, StepTime
+from simulator.engine import DataParallelGroup, FastForward, Replica, StepTime
 from simulator.pipeline_stages import StagePipeline, StageTimes
 from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
 from simulator.scenario import Scenario, first_error
@@ -105,6 +105,23 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
     def stage_times(plan: StepPlan) -> list[float]:
         return timer.stage_s(plan.batch(), plus_extras(0.0, plan))
     return step_time, stage_times
+
+
+def independent_ranks(s: Scenario) -> bool:
+    """Whether the scenario's DP-attention ranks are vLLM's data-parallel engines of a dense model, which run
+    independently: nothing (no MoE all-to-all) keeps them in step."""
+    return s.parallelism.spec(s.engine.scheduler).dense_replicated and get_model(s.model).moe is None
+
+
+def rank_scenario(s: Scenario) -> Scenario:
+    """One of those ranks as a scenario of its own (engine defaults resolved): one GPU of the group (per pipeline
+    stage) with its share of the group's limits and, with `num_gpu_blocks_override`, of its blocks."""
+    ranks = s.parallelism.tp
+    engine = data_parallel_share(s.engine, ranks)
+    if engine.num_gpu_blocks_override:
+        engine = engine.model_copy(update={"num_gpu_blocks_override": max(engine.num_gpu_blocks_override // ranks, 1)})
+    parallelism = s.parallelism.model_copy(update={"tp": 1, "dp_attention": False})
+    return s.model_copy(update={"engine": engine, "parallelism": parallelism})
 
 
 def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
@@ -195,7 +212,13 @@ class World:
         self.on_progress = on_progress
         self.handoff: Handoff | None = None
         d = s.disaggregation
-        if d is None:
+        if d is None and independent_ranks(s):  # vLLM's DP ranks of a dense model: engines of their own
+            ranks, replicas = s.parallelism.tp, s.cluster.replicas
+            pool = self._pool(rank_scenario(s), replicas * ranks, 0, lambda replica: self._finished)
+            self.pools, size = [pool], len(pool.replicas) // replicas
+            groups = [DataParallelGroup(i, pool.replicas[i * size:(i + 1) * size]) for i in range(replicas)]
+            self.router = routers.get(s.cluster.router)(groups, np.random.default_rng(seeds[1]))
+        elif d is None:
             self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished)]
             self.router = routers.get(s.cluster.router)(self.pools[0].replicas, np.random.default_rng(seeds[1]))
         else:

@@ -137,7 +137,7 @@ def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(window,
     requests = list(fused.decode_stretch(plan))
     finish = np.array([r.num_output_tokens - r.num_generated - 1 for r in requests])
     ends = now + 1 + np.arange(steps, dtype=float)
-    apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire)[2]()
+    apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire)[3]()
     assert _state(fused) == _state(stepped)
     fused.kv.check_invariants()
 

@@ -8,6 +8,7 @@ import pytest
 import hardware
 from hardware.errors import SpecError
 from policies.hybrid_blocks import HybridBlockManager
+from policies.swa_radix import SWARadixCache
 from tests.simulator.conftest import run, scenario
 from tests.simulator.test_simulate import assert_same_run
 
@@ -161,3 +162,33 @@ def test_sglang_with_a_sliding_model_refuses_vllms_prefix_cache():
     engine = {"scheduler": "sglang", "prefix_caching": "vllm", "max_model_len": 16384}
     with pytest.raises(SpecError, match="use radix"):
         run(scenario(model="gpt-oss-20b", engine=engine, workload={"num_requests": 5}))
+
+
+SGLANG = {"scheduler": "sglang", "prefix_caching": "radix", "max_model_len": 16384}
+
+
+@pytest.mark.parametrize("overrides", [
+    {"engine": SGLANG},  # the Azure chat slice
+    {"engine": {**SGLANG, "num_gpu_blocks_override": 2000, "max_num_batched_tokens": 2048}},  # retracting
+    {"engine": {**SGLANG, "max_num_seqs": 8}},  # waiting for slots
+    {"engine": {**SGLANG, "prefix_caching": "none"}},
+    {"engine": SGLANG, "workload": SHARED_PROMPTS},  # hits over tombstones
+    {"engine": {**SGLANG, "async_scheduling": False}, "workload": SHARED_PROMPTS},
+], ids=["azure", "tight", "slots", "no-caching", "shared", "shared-sync"])
+def test_fused_decode_stretches_free_sglangs_sliding_slots_as_stepping_does(overrides, monkeypatch):
+    """Under SGLang's two pools a decoding request frees its out-of-window sliding slots every 128 steps: fused
+    stretches free them as they open each step's page, so every table (KV usage: the fuller pool's) matches a
+    stepped run's."""
+    fused_trims = []
+    open_blocks = SWARadixCache.open_decode_blocks
+
+    def counting(self, req, num_tokens):
+        before = self._swa_done.get(req.id, 0)
+        opened = open_blocks(self, req, num_tokens)
+        fused_trims.append(self._swa_done.get(req.id, 0) != before)
+        return opened
+    monkeypatch.setattr(SWARadixCache, "open_decode_blocks", counting)
+    fused = run(scenario(model="gpt-oss-20b", **overrides))
+    assert len(fused_trims) > 1000 and sum(fused_trims) > 10  # the fused path ran, and freed sliding slots
+    stepped = run(scenario(model="gpt-oss-20b", **overrides, simulation={"fast_forward": False}))
+    assert_same_run(fused, stepped)

@@ -66,7 +66,7 @@ def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_mod
     vllm, sglang = commands(dense)
     assert "--tensor-parallel-size 1 --data-parallel-size 4" in vllm  # as simulated: the whole model on each GPU
     assert "--enable-dp-attention --dp 4" in sglang
-    assert any(n.startswith("vLLM's data-parallel ranks of a dense model are independent") for n in launch_notes(dense))
+    assert not any("independent engines" in n for n in launch_notes(dense))  # simulated as vLLM runs them
     assert not any("DP attention" in n for n in launch_notes(chat(parallelism={"tp": 4})))
 
 
@@ -150,3 +150,10 @@ def test_sglang_is_told_the_sliding_window_pool_it_was_simulated_with():
     assert "--swa-full-tokens-ratio 0.5" in sglang("gpt-oss-20b", swa_full_tokens_ratio=0.5)
     assert "--disable-hybrid-swa-memory" in sglang("gpt-oss-20b", disable_hybrid_kv_cache_manager=True)
     assert "swa" not in sglang("gemma-3-12b") and "swa" not in sglang("llama-3.1-8b", swa_full_tokens_ratio=0.5)
+
+
+def test_a_dense_models_dp_ranks_are_noted_only_where_they_still_step_together():
+    dense_dp = {"parallelism": {"tp": 2, "dp_attention": True}}
+    pd = chat(**dense_dp, disaggregation={"prefill": {"replicas": 1, "tp": 2}, "decode": {"replicas": 1, "tp": 2},
+                                          "transfer": {"link": "ib-ndr-400"}})
+    assert any("independent engines" in note for note in launch_notes(pd))

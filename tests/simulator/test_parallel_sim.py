@@ -335,3 +335,27 @@ def test_dp_attention_ranks_over_two_pipeline_stages(scheduler):
         assert ranks == [i % 4 for i in range(60)]
     for replica in world.replicas:
         assert all(rank.kv.num_free_blocks == rank.kv.num_blocks for rank in replica.scheduler.ranks)
+
+
+def test_a_dense_models_vllm_dp_ranks_run_as_engines_of_their_own(tmp_path):
+    """Llama-3.1-8B under vLLM at DP 2 (dp_attention at tp 2): no MoE layer keeps its ranks in step, so each is an
+    engine of its own behind vLLM's DP load balancer. A 6,000-token prompt and a 100-token one arrive together:
+    the first goes to rank 0, the second to rank 1 (rank 0's score is then 4 x 1 waiting). Each is served exactly
+    as alone on one GPU: the short one does not wait for the long one's prefill steps, as ranks stepping together
+    would make it."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,6000,30\n0.0,100,30\n")
+    workload = {"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"}, "num_requests": 2}
+    world = World(scenario(parallelism={"tp": 2, "dp_attention": True}, workload=workload), SCENARIOS)
+    assert len(world.replicas) == 2 and world.replicas[0].scheduler.kv.num_blocks == \
+        usable_pages(world.pools[0].engine, _memory_plan(scenario().with_engine_defaults()).num_blocks)
+    dp = world.run()
+    assert dp.requests["dp_rank"].tolist() == [0, 1] and dp.requests["replica"].tolist() == [0, 1]
+    assert dp.summary["replica_requests"] == [1, 1]  # the ranks are the engines requests finish on
+    for i, (prompt, output) in enumerate(((6000, 30), (100, 30))):
+        alone_trace = tmp_path / f"alone{i}.csv"
+        alone_trace.write_text(f"arrival_s,prompt_tokens,output_tokens\n0.0,{prompt},{output}\n")
+        alone = run(scenario(workload={**workload, "trace": {"format": "servesim", "path": str(alone_trace)},
+                                       "num_requests": 1}))
+        for column in ("first_token_s", "finish_s"):
+            assert dp.requests[column].iloc[i] == alone.requests[column].iloc[0]
