@@ -256,8 +256,8 @@ def _swa_layers(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> 
     if not windows or all(layer.attention == "sliding" for stage in stages for layer in stage):
         return None
     ratio = cfg.swa_full_tokens_ratio
-    kinds = [(sum(layer.attention != "sliding" for layer in stage), sum(layer.attention == "sliding" for layer in stage))
-             for stage in stages]
+    kinds = [(sum(layer.attention != "sliding" for layer in stage),
+              sum(layer.attention == "sliding" for layer in stage)) for stage in stages]
     n_full, n_swa = max(kinds, key=lambda k: k[0] + ratio * k[1])  # the stage whose token costs the most
     return n_full, n_swa, max(windows)
 

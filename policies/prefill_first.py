@@ -21,12 +21,13 @@ until the batch shrinks, in the decode step after a finish, at a retraction, or 
 read live while a batch forms, so a prefix hit's lock counts at once. `max_new_tokens` is the request's own
 output length (the oracle length of an ignore-eos benchmark), and KV is counted in the KV manager's pages (in a
 hybrid pool, blocks over its groups; with SGLang's separate sliding-window pool, policies/swa_radix.py, a prompt's
-chunk must also leave its window a page of room there, or is cut to what does). With prefix caching off, SGLang admits such ignore-eos requests its own way
-(add_one_req_ignore_eos): the batch is played out to the end, every request to its full output, and must never
-run out; no new_token_ratio, no max_prefill_tokens. Departures that keep the simulation from hanging where
-SGLang would: an idle engine admits its head request without the estimate (one whose prompt and output fill the
-pool would wait forever); a prompt whose chunks stalled, or a lone request, may be retracted (pipeline
-micro-batches share a pool, so the pages a request waits for may be a sibling's).
+chunk must also leave its window a page of room there, or is cut to what does). With prefix caching off, SGLang
+admits such ignore-eos requests its own way (add_one_req_ignore_eos): the batch is played out to the end, every
+request to its full output, and must never run out; no new_token_ratio, no max_prefill_tokens. Departures that
+keep the simulation from hanging where SGLang would: an idle engine admits its head request without the estimate
+(one whose prompt and output fill the pool would wait forever); a prompt whose chunks stalled, or a lone
+request, may be retracted (pipeline micro-batches share a pool, so the pages a request waits for may be a
+sibling's).
 """
 
 from __future__ import annotations

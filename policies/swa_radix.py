@@ -14,9 +14,10 @@ slots freed, the full KV kept):
   childless goes with its child), then, short of sliding slots, tombstones the least recently used live nodes
   outside every window (an unlocked leaf is evicted whole instead);
 - a running request frees the sliding slots of its own tokens (those past what the tree holds) once a window of
-  them lies out of its window: SGLang does so every window's worth of decode steps, keeping the last window; when
-  the request ends, those tokens join the tree as a tombstone and the rest as a live leaf. A tombstone whose
-  tokens a request computed again with live slots takes them over (it is live again).
+  them lies out of its window: SGLang does so every window's worth of decode steps, keeping the last window (fused
+  decode stretches do it as each step opens its page, as a stepped decode's allocation does); when the request
+  ends, those tokens join the tree as a tombstone and the rest as a live leaf. A tombstone whose tokens a request
+  computed again with live slots takes them over (it is live again).
 
 `caching=False` is SGLang's SWAChunkCache (--disable-radix-cache): nothing is shared, and a request frees its
 out-of-window sliding slots as each prompt chunk is allocated too (under overlap scheduling SGLang frees only up
@@ -35,7 +36,6 @@ from workloads.request import Request
 
 
 class SWARadixCache(RadixCache):
-
     def __init__(self, num_blocks: int, block_size: int, watermark: float, window: int, swa_blocks: int,
                  caching: bool = True):
         super().__init__(num_blocks, block_size, watermark)

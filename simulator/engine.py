@@ -64,7 +64,8 @@ class DataParallelGroup:
 
     @property
     def kv_usage(self) -> float:
-        return sum(rank.kv_usage for rank in self.ranks) / len(self.ranks)
+        """The fullest rank's, as a MoE model's ranks report it (`policies.data_parallel.RanksKV`)."""
+        return max(rank.kv_usage for rank in self.ranks)
 
     def submit(self, req: Request) -> None:
         k = req.extra["dp_rank"] = least_loaded([rank.scheduler for rank in self.ranks], 0)

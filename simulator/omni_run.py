@@ -148,7 +148,8 @@ class Pipeline:
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
         for number in range(first, first + cfg.replicas):
-            kv = make_kv_manager(e, stage.num_pages, page_size, memory.kv_windows, memory.swa_pool(page_size, num_blocks=num_blocks))
+            kv = make_kv_manager(e, stage.num_pages, page_size, memory.kv_windows,
+                                 memory.swa_pool(page_size, num_blocks=num_blocks))
             scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks)
             if e.speculative is not None:
                 scheduler.speculator = Speculator(e.speculative, s.seed)

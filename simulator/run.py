@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,7 @@ from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
 from policies.spec_decode import Speculator
-from policies.step import StepPlan, TokenLog
+from policies.step import Scheduler, StepPlan, TokenLog
 from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
 from simulator.engine import DataParallelGroup, FastForward, Replica, StepTime
@@ -109,19 +109,10 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
 
 def independent_ranks(s: Scenario) -> bool:
     """Whether the scenario's DP-attention ranks are vLLM's data-parallel engines of a dense model, which run
-    independently: nothing (no MoE all-to-all) keeps them in step."""
-    return s.parallelism.spec(s.engine.scheduler).dense_replicated and get_model(s.model).moe is None
-
-
-def rank_scenario(s: Scenario) -> Scenario:
-    """One of those ranks as a scenario of its own (engine defaults resolved): one GPU of the group (per pipeline
-    stage) with its share of the group's limits and, with `num_gpu_blocks_override`, of its blocks."""
-    ranks = s.parallelism.tp
-    engine = data_parallel_share(s.engine, ranks)
-    if engine.num_gpu_blocks_override:
-        engine = engine.model_copy(update={"num_gpu_blocks_override": max(engine.num_gpu_blocks_override // ranks, 1)})
-    parallelism = s.parallelism.model_copy(update={"tp": 1, "dp_attention": False})
-    return s.model_copy(update={"engine": engine, "parallelism": parallelism})
+    independently (nothing, no MoE all-to-all, keeps them in step), in a colocated pool (P/D pools step them
+    together)."""
+    return s.parallelism.spec(s.engine.scheduler).dense_replicated and get_model(s.model).moe is None \
+        and s.disaggregation is None
 
 
 def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
@@ -168,6 +159,12 @@ class Pool:
     engine: EngineConfig  # one scheduler's settings (under DP attention, one rank's share of the group's)
     timer: StepTimer
     replicas: list[Replica]
+    groups: list[DataParallelGroup] = field(default_factory=list)  # a dense model's vLLM DP ranks, by replica
+
+    @property
+    def targets(self) -> list[Replica] | list[DataParallelGroup]:
+        """What the pool's router chooses among: its replicas, or the DP groups their ranks form."""
+        return self.groups or self.replicas
 
 
 def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
@@ -212,15 +209,9 @@ class World:
         self.on_progress = on_progress
         self.handoff: Handoff | None = None
         d = s.disaggregation
-        if d is None and independent_ranks(s):  # vLLM's DP ranks of a dense model: engines of their own
-            ranks, replicas = s.parallelism.tp, s.cluster.replicas
-            pool = self._pool(rank_scenario(s), replicas * ranks, 0, lambda replica: self._finished)
-            self.pools, size = [pool], len(pool.replicas) // replicas
-            groups = [DataParallelGroup(i, pool.replicas[i * size:(i + 1) * size]) for i in range(replicas)]
-            self.router = routers.get(s.cluster.router)(groups, np.random.default_rng(seeds[1]))
-        elif d is None:
+        if d is None:
             self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished)]
-            self.router = routers.get(s.cluster.router)(self.pools[0].replicas, np.random.default_rng(seeds[1]))
+            self.router = routers.get(s.cluster.router)(self.pools[0].targets, np.random.default_rng(seeds[1]))
         else:
             prefill = self._pool(_pool_settings(s, d.prefill, "vllm_prefill"), d.prefill.replicas, 0,
                                  lambda replica: lambda req: self._prefilled(req, replica))
@@ -264,8 +255,18 @@ class World:
                 f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}){share} < max_model_len "
                 f"({memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
                 "enable chunked prefill, raise the budget or lower max_model_len")
-        timer = build_timer(s)
-        step_time, stage_times = build_step_time(s, memory, timer)
+        pp = s.parallelism.pp
+        scheduler_class = schedulers.get(e.scheduler)
+        batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
+        per_replica = 1 if batch_queue else pp  # engines per replica
+        # a dense model's ranks under vLLM: engines of their own, each priced as one GPU (per stage) whose blocks
+        # are whole on it (the plan's block is the group's per-GPU average)
+        independent = ranks > 1 and per_replica == 1 and independent_ranks(s)
+        rank_par = s.parallelism.model_copy(update={"tp": 1, "dp_attention": False})
+        timed = s.model_copy(update={"parallelism": rank_par}) if independent else s
+        timer = build_timer(timed)
+        step_time, stage_times = build_step_time(
+            timed, replace(memory, block_bytes=memory.block_bytes * ranks) if independent else memory, timer)
         stop_s = self.scenario.stop.max_sim_time_s or math.inf
         open_loop = s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
         fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
@@ -278,14 +279,20 @@ class World:
         # wakes the others (the blocks it freed may admit their waiting requests), but each preempts and blocks
         # its queue's head on its own requests only. Shared blocks change under a fused stretch: pp > 1 steps
         # one by one.
-        pp = s.parallelism.pp
         pool = Pool(s, memory, num_blocks, page_size, num_pages, rank_engine, timer, [])
-        scheduler_class = schedulers.get(e.scheduler)
-        batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
-        per_replica = 1 if batch_queue else pp  # engines per replica
         index = first_index
         pick = round_robin if e.scheduler == "sglang" else least_loaded
-        for _ in range(count):
+
+        def engine(scheduler: Scheduler, stages: StagePipeline | None) -> Replica:
+            nonlocal index
+            index += 1
+            return Replica(self.env, index - 1, scheduler, step_time, self.steps, None, fast if pp == 1 else None,
+                           stages)
+
+        def pipeline() -> StagePipeline | None:
+            """The stages of one replica's (or one independent rank's) GPUs."""
+            return StagePipeline(self.env, pp, stage_times) if pp > 1 else None
+        for number in range(count):
             kvs = [make_kv_manager(rank_engine, num_pages, page_size, memory.kv_windows,
                                    memory.swa_pool(page_size, ranks, num_blocks)) for _ in range(ranks)]
             turns = itertools.count()  # the replica's requests sent to its ranks, whichever engine takes them
@@ -293,7 +300,7 @@ class World:
             seqs = max_running_requests(rank_engine, kvs[0]) if e.scheduler == "sglang" \
                 else rank_engine.max_num_seqs
             slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
-            engines, stages = [], StagePipeline(self.env, pp, stage_times) if pp > 1 else None
+            engines, stages = [], pipeline()
             for engine_seqs in slots:  # sum: max_num_seqs
                 cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
                 group = []
@@ -305,12 +312,13 @@ class World:
                     if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
                         scheduler.speculator = Speculator(e.speculative, s.seed)
                     group.append(scheduler)
-                scheduler = group[0] if ranks == 1 else DataParallelRanks(group, pick, turns)
-                engines.append(Replica(self.env, index, scheduler, step_time, self.steps, None,
-                                       fast if pp == 1 else None, stages))
-                index += 1
+                if independent:
+                    engines += [engine(scheduler, pipeline()) for scheduler in group]
+                    pool.groups.append(DataParallelGroup(number, engines))
+                else:
+                    engines.append(engine(group[0] if ranks == 1 else DataParallelRanks(group, pick, turns), stages))
             for replica in engines:
-                replica.siblings = [r for r in engines if r is not replica]
+                replica.siblings = [] if independent else [r for r in engines if r is not replica]
                 replica.on_finish = _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
             pool.replicas.extend(engines)
         return pool

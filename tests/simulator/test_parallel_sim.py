@@ -7,6 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hardware.batch import StepBatch
+from hardware.errors import SpecError
 from hardware.gpu import get_interconnect
 from hardware.memory import weight_bytes_per_gpu
 from hardware.model import get_model
@@ -351,6 +352,7 @@ def test_a_dense_models_vllm_dp_ranks_run_as_engines_of_their_own(tmp_path):
         usable_pages(world.pools[0].engine, _memory_plan(scenario().with_engine_defaults()).num_blocks)
     dp = world.run()
     assert dp.requests["dp_rank"].tolist() == [0, 1] and dp.requests["replica"].tolist() == [0, 1]
+    assert dp.memory.num_blocks == 2 * _memory_plan(scenario().with_engine_defaults()).num_blocks  # the group's
     assert dp.summary["replica_requests"] == [1, 1]  # the ranks are the engines requests finish on
     for i, (prompt, output) in enumerate(((6000, 30), (100, 30))):
         alone_trace = tmp_path / f"alone{i}.csv"
@@ -359,3 +361,15 @@ def test_a_dense_models_vllm_dp_ranks_run_as_engines_of_their_own(tmp_path):
                                        "num_requests": 1}))
         for column in ("first_token_s", "finish_s"):
             assert dp.requests[column].iloc[i] == alone.requests[column].iloc[0]
+
+
+def test_a_dense_models_dp_group_is_still_planned_and_refused_as_a_group():
+    """Errors name the group's layout (each of vLLM's ranks holds the whole model: more tp cannot help), and
+    schedulers that run a pipelined replica as several engines over one pool keep their ranks stepping together."""
+    with pytest.raises(SpecError, match="data-parallel ranks"):
+        run(scenario(model="llama-3.1-70b", parallelism={"tp": 2, "dp_attention": True}))
+    static = World(scenario(parallelism={"tp": 2, "pp": 2, "dp_attention": True},
+                            engine={"scheduler": "static", "prefix_caching": "none"},
+                            workload={"num_requests": 20}), SCENARIOS)
+    assert len(static.replicas) == 2 and all(len(r.scheduler.ranks) == 2 for r in static.replicas)
+    assert set(static.run().requests["dp_rank"]) == {0, 1}
