@@ -868,7 +868,9 @@ def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism:
     layers sit in the first and last stages), the embedding on the first stage, the LM head and its logits
     gather on the last, each boundary's send on the stage before it. Every stage's workers prepare their own
     inputs and launch their own kernels, so the per-step, per-request and per-token overheads repeat on each;
-    the engine core's host time comes once, before the first stage. `rank`: as `step_cost`'s (None: its busiest)."""
-    args = (batch, model, gpu, parallelism, profile, options,
-            rank or busiest_rank(batch, model, gpu, parallelism, profile, options))
-    return [fixed + attention for fixed, attention in zip(stage_fixed_seconds(*args), stage_attention_seconds(*args))]
+    the engine core's host time comes once, before the first stage. `rank`: as `step_cost`'s; None: under DP
+    attention each stage lasts as long as its slowest rank there (`Parallelism.rank_batches`)."""
+    ranks = [rank] if rank is not None else parallelism.rank_batches(batch)
+    times = [[fixed + attention for fixed, attention in zip(stage_fixed_seconds(*args), stage_attention_seconds(*args))]
+             for args in ((batch, model, gpu, parallelism, profile, options, r) for r in ranks)]
+    return [max(stage) for stage in zip(*times)]

@@ -31,14 +31,9 @@ class StepTimer:
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
-    def _shape(self, batch: StepBatch, rank: StepBatch) -> tuple:
-        """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's shape,
-        and under DP attention the fullest rank's tokens and requests and the shape of `rank`, the requests one GPU
-        attends for."""
-        return self._rank_key(self._step_shape(batch), rank)
-
     def _step_shape(self, batch: StepBatch) -> tuple:
-        """The step's own shape, and for labelled DP ranks their peaks (an unlabelled deal's are its rank's)."""
+        """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
+        shape, and for labelled DP ranks their peaks (an unlabelled deal's are its rank's)."""
         peaks = rank_peaks(batch) if self.args[2].dp_attention else None
         return self._own_shape(batch) + peaks if peaks else self._own_shape(batch)
 
@@ -107,18 +102,22 @@ class StepTimer:
 
     def stage_s(self, batch: StepBatch, extra_s: float = 0.0) -> list[float]:
         """Seconds of one step of `batch` on each pipeline stage (`stage_seconds`, its non-attention part cached
-        by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers. Under DP attention every
-        stage is priced with the rank slowest over the whole step, not each stage's slowest."""
-        rank = self._busiest(batch)
-        key = self._shape(batch, rank)
+        by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers. Under DP attention each
+        stage lasts as long as its slowest rank there."""
+        step, layers = self._step_shape(batch), sum(self.stage_layers)
+        ranks = [self._rank_stage_s(batch, step, rank) for rank in self.args[2].rank_batches(batch)]
+        return [max(times) + extra_s * count / layers for times, count in zip(zip(*ranks), self.stage_layers)]
+
+    def _rank_stage_s(self, batch: StepBatch, step: tuple, rank: StepBatch) -> list[float]:
+        """Each stage's seconds with `rank` as the requests one GPU attends for (`step`: `_step_shape(batch)`)."""
+        key = self._rank_key(step, rank)
         fixed = self._stage_fixed_s.get(key)
         if fixed is None:
             if len(self._stage_fixed_s) >= CACHE_ENTRIES:
                 self._stage_fixed_s.clear()
             fixed = self._stage_fixed_s[key] = stage_fixed_seconds(batch, *self.args, rank)
-        layers = sum(self.stage_layers)
-        return [fixed_s + attention_s + extra_s * count / layers for fixed_s, attention_s, count
-                in zip(fixed, stage_attention_seconds(batch, *self.args, rank), self.stage_layers)]
+        return [fixed_s + attention_s for fixed_s, attention_s
+                in zip(fixed, stage_attention_seconds(batch, *self.args, rank))]
 
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at
