@@ -11,12 +11,14 @@ under vLLM have no such collective: outside P/D pools they run as engines of the
 
 Where a request goes (`pick`):
 - vLLM (its DP load balancer, `DPLBAsyncMPClient`): the rank with the lowest 4 x waiting + running, the first
-  of equals. It reads counts the coordinator publishes every 100 ms; here they are read live.
+  of equals, from the counts its coordinator published last (every 100 ms) plus one waiting for each request it
+  sent since (`VllmBalancer`).
 - SGLang (`--load-balance-method round_robin`, its default): the next rank in turn.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator
 from itertools import chain, count
 
@@ -25,6 +27,7 @@ from policies.step import Scheduler, StepPlan
 from workloads.request import Phase, Request
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: score = waiting * 4 + running
+STATS_PERIOD_S = 0.1  # vLLM's DP coordinator publishes the ranks' request counts every 100 ms
 
 
 def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
@@ -77,13 +80,26 @@ class RanksKV:
         return max(pool.usage for pool in self.pools)
 
 
-def least_loaded(ranks: list[Scheduler], turn: int) -> int:
-    """vLLM's choice: the lowest 4 x waiting + running, the first of equals."""
-    scores = [WAITING_WEIGHT * rank.num_waiting + rank.num_running for rank in ranks]
-    return scores.index(min(scores))
+class VllmBalancer:
+    """vLLM's choice (one per API server): the lowest 4 x waiting + running, the first of equals, over the counts
+    the coordinator published last, each request sent since counted as one more waiting on its rank. The counts
+    are read as they stand at the first request of each 100 ms period (the coordinator's, a little earlier)."""
+
+    def __init__(self) -> None:
+        self._counts: list[list[int]] = []  # per rank: [waiting, running]
+        self._fresh_until = -math.inf
+
+    def __call__(self, ranks: list[Scheduler], turn: int, now: float) -> int:
+        if now >= self._fresh_until:
+            self._counts = [[rank.num_waiting, rank.num_running] for rank in ranks]
+            self._fresh_until = (math.floor(now / STATS_PERIOD_S) + 1) * STATS_PERIOD_S
+        scores = [WAITING_WEIGHT * waiting + running for waiting, running in self._counts]
+        choice = scores.index(min(scores))
+        self._counts[choice][0] += 1
+        return choice
 
 
-def round_robin(ranks: list[Scheduler], turn: int) -> int:
+def round_robin(ranks: list[Scheduler], turn: int, now: float) -> int:
     """SGLang's default choice: the ranks in turn."""
     return turn % len(ranks)
 
@@ -93,7 +109,7 @@ class DataParallelRanks:
     step is every rank's plan at once (each request labelled with its rank), committed rank by rank. A request's
     rank is noted in its `extra["dp_rank"]` for the per-request table (under P/D, the decode pool's)."""
 
-    def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int], int],
+    def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int, float], int],
                  turns: Iterator[int] | None = None):
         """`turns`: requests sent so far, counted by a replica's engines together (SGLang's one controller)."""
         self.ranks, self.pick = ranks, pick
@@ -101,6 +117,7 @@ class DataParallelRanks:
         self._home: dict[int, int] = {}  # request id -> its rank, until it is done here
         self.kv = RanksKV(ranks, self._home)
         self._parts: dict[int, list[StepPlan]] = {}  # id(merged plan) -> each rank's plan
+        self._now = 0.0  # when the group last planned: a P/D hand-off's time
 
     @property
     def num_waiting(self) -> int:
@@ -110,20 +127,21 @@ class DataParallelRanks:
     def num_running(self) -> int:
         return sum(rank.num_running for rank in self.ranks)
 
-    def _send(self, req: Request) -> Scheduler:
+    def _send(self, req: Request, now: float) -> Scheduler:
         """The rank `req` lives on from now: chosen by `pick`."""
-        index = self._home[req.id] = req.extra["dp_rank"] = self.pick(self.ranks, next(self._turns))
+        index = self._home[req.id] = req.extra["dp_rank"] = self.pick(self.ranks, next(self._turns), now)
         return self.ranks[index]
 
     def _rank_of(self, req: Request) -> Scheduler:
         return self.ranks[self._home[req.id]]
 
     def add(self, req: Request, now: float) -> None:
-        self._send(req).add(req, now)
+        self._send(req, now).add(req, now)
 
     def offer(self, req: Request, on_reserved: Callable[[Request], None]) -> None:
-        """P/D decode pool: a prefilled request goes to a rank, which reserves its blocks."""
-        self._send(req).offer(req, on_reserved)
+        """P/D decode pool: a prefilled request goes to a rank, which reserves its blocks (the balancer's clock:
+        the group's last planning, at most a step before)."""
+        self._send(req, self._now).offer(req, on_reserved)
 
     def accept(self, req: Request, now: float) -> None:
         self._rank_of(req).accept(req, now)
@@ -141,6 +159,7 @@ class DataParallelRanks:
         return all(getattr(rank, "pipelined", False) for rank in self.ranks)
 
     def schedule(self, now: float) -> StepPlan:
+        self._now = now
         parts = [rank.schedule(now) for rank in self.ranks]
         plan = merge(parts)
         if not plan.is_empty:

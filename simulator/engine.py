@@ -15,7 +15,7 @@ from collections.abc import Callable
 import simpy
 
 from hardware.step_timer import StepTimer
-from policies.data_parallel import least_loaded
+from policies.data_parallel import VllmBalancer
 from policies.step import Scheduler, StepPlan, TokenLog
 from simulator.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
 from simulator.metrics import StepLog
@@ -53,10 +53,10 @@ class Wakeup:
 class DataParallelGroup:
     """vLLM's data-parallel ranks of a dense model, seen by the cluster's router as one replica: each rank is an
     engine of its own (no MoE collective keeps them in step), and vLLM's DP load balancer sends a request to the
-    rank with the lowest 4 x waiting + running (`policies.data_parallel.least_loaded`), noted as its `dp_rank`."""
+    rank with the lowest 4 x waiting + running (`policies.data_parallel.VllmBalancer`), noted as its `dp_rank`."""
 
     def __init__(self, index: int, ranks: list[Replica]):
-        self.index, self.ranks = index, ranks
+        self.index, self.ranks, self.balance = index, ranks, VllmBalancer()
 
     @property
     def num_outstanding(self) -> int:
@@ -68,7 +68,7 @@ class DataParallelGroup:
         return max(rank.kv_usage for rank in self.ranks)
 
     def submit(self, req: Request) -> None:
-        k = req.extra["dp_rank"] = least_loaded([rank.scheduler for rank in self.ranks], 0)
+        k = req.extra["dp_rank"] = self.balance([rank.scheduler for rank in self.ranks], 0, self.ranks[0].env.now)
         self.ranks[k].submit(req)
 
 

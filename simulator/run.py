@@ -24,7 +24,7 @@ from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
 from policies.config import EngineConfig
-from policies.data_parallel import DataParallelRanks, data_parallel_share, least_loaded, round_robin
+from policies.data_parallel import DataParallelRanks, VllmBalancer, data_parallel_share, round_robin
 from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
@@ -281,7 +281,6 @@ class World:
         # one by one.
         pool = Pool(s, memory, num_blocks, page_size, num_pages, rank_engine, timer, [])
         index = first_index
-        pick = round_robin if e.scheduler == "sglang" else least_loaded
 
         def engine(scheduler: Scheduler, stages: StagePipeline | None) -> Replica:
             nonlocal index
@@ -316,6 +315,7 @@ class World:
                     engines += [engine(scheduler, pipeline()) for scheduler in group]
                     pool.groups.append(DataParallelGroup(number, engines))
                 else:
+                    pick = round_robin if e.scheduler == "sglang" else VllmBalancer()  # one API server's
                     engines.append(engine(group[0] if ranks == 1 else DataParallelRanks(group, pick, turns), stages))
             for replica in engines:
                 replica.siblings = [] if independent else [r for r in engines if r is not replica]

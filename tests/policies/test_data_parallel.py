@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.config import SGLANG_MAX_RUNNING, EngineConfig
-from policies.data_parallel import DataParallelRanks, data_parallel_share, least_loaded, merge, round_robin
+from policies.data_parallel import DataParallelRanks, VllmBalancer, data_parallel_share, merge, round_robin
 from policies.step import StepPlan
 from policies.token_budget import max_blocks_of
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
@@ -25,7 +25,7 @@ def _group(name: str, ranks: int, pick, **knobs):
 
 def test_vllm_sends_a_request_to_the_rank_with_the_lowest_four_times_waiting_plus_running():
     """vLLM's DP load balancer scores a rank 4 x waiting + running and takes the lowest, the first of equals."""
-    group, _ = _group("vllm", 3, least_loaded, num_blocks=100, block_size=4, async_scheduling=False)
+    group, _ = _group("vllm", 3, VllmBalancer(), num_blocks=100, block_size=4, async_scheduling=False)
     requests = make_requests([8] * 6, [4] * 6)
     for req in requests[:3]:
         group.add(req, 0.0)
@@ -37,6 +37,19 @@ def test_vllm_sends_a_request_to_the_rank_with_the_lowest_four_times_waiting_plu
     group.commit(group.schedule(1.0), 2.0)  # ranks 0 and 1 run 2 each, rank 2 runs 1
     group.add(requests[5], 2.0)
     assert requests[5].extra["dp_rank"] == 2
+
+
+def test_vllms_balancer_sees_the_counts_of_the_last_100_ms_tick_and_its_own_sends():
+    """The coordinator publishes the ranks' counts every 100 ms; between two, the balancer counts each request it
+    sent as one more waiting. A one-token request on rank 0 finishes at 0.05 s: a request at 0.06 s still sees rank
+    0 with one waiting (score 4) and goes to rank 1; one at 0.1 s sees the new counts (both ranks idle): rank 0."""
+    group, _ = _group("vllm", 2, VllmBalancer(), num_blocks=100, block_size=4, async_scheduling=False)
+    first, second, third = make_requests([8] * 3, [1, 4, 4])
+    group.add(first, 0.0)
+    assert group.commit(group.schedule(0.0), 0.05) == [first]  # rank 0 is idle again
+    group.add(second, 0.06)
+    group.add(third, 0.1)
+    assert [r.extra["dp_rank"] for r in (first, second, third)] == [0, 1, 0]
 
 
 def test_sglang_sends_requests_to_its_ranks_in_turn():
@@ -65,7 +78,7 @@ def test_one_step_is_every_ranks_plan_each_request_labelled_with_its_rank():
 
 def test_the_groups_kv_usage_is_its_fullest_ranks():
     """A rank preempts when its own pool runs dry: the group reads as full as its fullest rank, its blocks summed."""
-    group, _ = _group("vllm", 2, least_loaded, num_blocks=10, block_size=4, async_scheduling=False)
+    group, _ = _group("vllm", 2, VllmBalancer(), num_blocks=10, block_size=4, async_scheduling=False)
     req, = make_requests([24], [4])
     group.add(req, 0.0)
     group.schedule(0.0)  # 6 of rank 0's 10 blocks; rank 1 holds none
@@ -74,7 +87,7 @@ def test_the_groups_kv_usage_is_its_fullest_ranks():
 
 
 def test_a_plan_that_only_preempted_commits_nothing():
-    group, _ = _group("vllm", 2, least_loaded, num_blocks=100, block_size=4)
+    group, _ = _group("vllm", 2, VllmBalancer(), num_blocks=100, block_size=4)
     a, = make_requests([5], [2])
     only_preempted = merge([StepPlan((), (), (), (), preempted=(a,)), StepPlan((), (), (), ())])
     assert group.schedule(0.0).is_empty and group.commit(only_preempted, 1.0) == []
@@ -115,7 +128,7 @@ def test_every_request_finishes_on_the_rank_it_was_sent_to_within_that_ranks_lim
     limits, a request never moves, no rank's pool runs over, and every block comes back."""
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     biggest = max(max_blocks_of(r, block_size) for r in requests)
-    pick = round_robin if scheduler == "sglang" else least_loaded
+    pick = round_robin if scheduler == "sglang" else VllmBalancer()
     knobs = {"async_scheduling": ahead} if scheduler == "vllm" else {}
     group, log = _group(scheduler, ranks, pick, num_blocks=biggest + spare_blocks + 1, block_size=block_size,
                         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, **knobs)
