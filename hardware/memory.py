@@ -237,13 +237,18 @@ def request_kv_bytes(model: ModelSpec, num_tokens: int, kv_dtype: str, tp: int, 
     return blocks * block_size * per_layer
 
 
-def swa_pool_tokens(kv_cache: float, full_token_bytes: float, swa_token_bytes: float, ratio: float,
-                    block_size: int) -> tuple[int, int]:
+def swa_pools(kv_cache: float, full_token_bytes: float, swa_token_bytes: float, window: int, par: Parallelism,
+              cfg: EngineMemoryConfig, max_len: int) -> tuple[int, int]:
     """SGLang's split of the KV memory between its full-attention and sliding-window pools (its hybrid SWA
-    memory): every token takes a slot in both, and the sliding pool holds `ratio` (swa_full_tokens_ratio) of the
-    full pool's tokens, so full = memory / (full bytes + ratio x sliding bytes) per token, both whole blocks."""
-    full = int(kv_cache // (full_token_bytes + ratio * swa_token_bytes)) // block_size * block_size
-    return full, int(full * ratio) // block_size * block_size
+    memory): every token takes a slot in both, and the sliding pool holds swa_full_tokens_ratio of the full pool's
+    tokens, so full = memory / (full bytes + ratio x sliding bytes) per token, both whole blocks. Returns (full
+    pool blocks, sliding pool tokens), refusing a sliding pool in which a lone request could stall
+    (`_check_swa_pool`)."""
+    ratio, block = cfg.swa_full_tokens_ratio, cfg.block_size
+    full = int(kv_cache // (full_token_bytes + ratio * swa_token_bytes)) // block * block
+    swa = int(full * ratio) // block * block
+    _check_swa_pool(swa, full, window, par, cfg, max_len)
+    return full // block, swa
 
 
 def _swa_layers(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> tuple[int, int, int] | None:
@@ -262,7 +267,7 @@ def _swa_layers(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> 
     return n_full, n_swa, max(windows)
 
 
-def check_swa_pool(swa_tokens: int, full_tokens: int, window: int, par: Parallelism, cfg: EngineMemoryConfig,
+def _check_swa_pool(swa_tokens: int, full_tokens: int, window: int, par: Parallelism, cfg: EngineMemoryConfig,
                    max_len: int) -> None:
     """Refuse a sliding-window pool in which a lone request could stall: a request holds the sliding slots of the
     tree nodes its window reaches (a hit's or its own last chunk, or whole unchunked prompt, and a window above a
@@ -306,21 +311,19 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
                if par.dense_replicated else
                "raise tp/pp, quantize the weights or use a larger GPU"))
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
-    groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)
-    block_bytes = cfg.block_size * per_token
-    if groups.layers_per_group != model.num_kv_layers:
-        block_bytes *= groups.layers_per_group / model.num_kv_layers
-    num_blocks = int(kv_cache // block_bytes)
-    swa = _swa_layers(model, par, cfg)
-    swa_fields = {}
-    if swa is not None:  # SGLang's two pools: the blocks are the full layers' pool, one group of all of them
+    swa, swa_fields = _swa_layers(model, par, cfg), {}
+    if swa is None:
+        groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)
+        block_bytes = cfg.block_size * per_token
+        if groups.layers_per_group != model.num_kv_layers:
+            block_bytes *= groups.layers_per_group / model.num_kv_layers
+        num_blocks = int(kv_cache // block_bytes)
+    else:  # SGLang's two pools: the blocks are the full layers' pool, one group of all of them
         n_full, n_swa, window = swa
         layer_bytes = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers
         groups, block_bytes = KVGroups((None,), n_full), cfg.block_size * n_full * layer_bytes
-        full_tokens, swa_tokens = swa_pool_tokens(kv_cache, n_full * layer_bytes, n_swa * layer_bytes,
-                                                  cfg.swa_full_tokens_ratio, cfg.block_size)
-        check_swa_pool(swa_tokens, full_tokens, window, par, cfg, max_len)
-        num_blocks = full_tokens // cfg.block_size
+        num_blocks, swa_tokens = swa_pools(kv_cache, n_full * layer_bytes, n_swa * layer_bytes, window, par, cfg,
+                                           max_len)
         swa_fields = {"swa_window": window, "swa_tokens": swa_tokens, "swa_token_bytes": n_swa * layer_bytes,
                       "swa_ratio": cfg.swa_full_tokens_ratio}
     ranks = par.attention_ranks

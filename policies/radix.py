@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from policies.kv_blocks import BlockManager
@@ -248,16 +249,25 @@ class RadixCache(BlockManager):
             self._push(node)
 
     def _push(self, leaf: Node) -> None:
-        heapq.heappush(self._heap, (leaf.last_access, next(self._tiebreak), leaf))
-        if len(self._heap) > 2 * self._evictable_pages + 1024:  # mostly stale: keep the live entries only
-            self._heap = [entry for entry in self._heap if self._live(entry)]
-            heapq.heapify(self._heap)
+        self._lazy_push(self._heap, leaf, self._evictable_pages, self._live)
+
+    def _lazy_push(self, heap: list[tuple[int, int, Node]], node: Node, evictable: int,
+                   live: Callable[[tuple[int, int, Node]], bool]) -> None:
+        """Push `node` at its stamp onto a lazily pruned eviction heap; once the heap is mostly stale (past twice
+        the `evictable` pages, and a margin), keep only the entries `live` accepts."""
+        heapq.heappush(heap, (node.last_access, next(self._tiebreak), node))
+        if len(heap) > 2 * evictable + 1024:
+            heap[:] = [entry for entry in heap if live(entry)]
+            heapq.heapify(heap)
 
     def _live(self, entry: tuple[int, int, Node]) -> bool:
         """Whether a heap entry is its leaf's current stamp and the leaf can be evicted."""
         stamp, _, leaf = entry
-        return stamp == leaf.last_access and leaf.lock_ref == 0 and not leaf.children and leaf.parent is not None \
-            and leaf.parent.children.get(self._key(leaf.key)) is leaf
+        return stamp == leaf.last_access and leaf.lock_ref == 0 and not leaf.children and self._attached(leaf)
+
+    def _attached(self, node: Node) -> bool:
+        """Whether `node` is still in the tree (an evicted or replaced node's heap entries outlive it)."""
+        return node.parent is not None and node.parent.children.get(self._key(node.key)) is node
 
     def free(self, req: Request, keep_uncached: bool = True) -> None:
         """The request ends (or is preempted): its computed pages join the tree (unless `keep_uncached` is False:

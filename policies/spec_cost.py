@@ -31,11 +31,10 @@ from hardware.gpu import GpuSpec
 from hardware.memory import (
     EngineMemoryConfig,
     MemoryPlan,
-    check_swa_pool,
     kv_bytes_per_gpu_token,
     layer_bytes_per_gpu,
     request_kv_bytes,
-    swa_pool_tokens,
+    swa_pools,
     weight_bytes_per_gpu,
 )
 from hardware.model import EXPERT_ONLY_DTYPES, ModelSpec, get_model
@@ -121,10 +120,9 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
     num_blocks = int(kv_cache // block_bytes) if kv_cache > 0 else 0
     swa = {}
     if plan.swa_window is not None and kv_cache > 0:  # SGLang's two pools: the draft's KV sits with the full layers'
-        full, swa_tokens = swa_pool_tokens(kv_cache, block_bytes / plan.block_size, plan.swa_token_bytes,
-                                           plan.swa_ratio, plan.block_size)
-        check_swa_pool(swa_tokens, full, plan.swa_window, par, cfg, plan.max_model_len)
-        num_blocks, swa = full // plan.block_size, {"swa_tokens": swa_tokens}
+        num_blocks, swa_tokens = swa_pools(kv_cache, block_bytes / plan.block_size, plan.swa_token_bytes,
+                                           plan.swa_window, par, cfg, plan.max_model_len)
+        swa = {"swa_tokens": swa_tokens}
     per_request = plan.request_bytes_at_max_len + extra_request
     if per_request > num_blocks * block_bytes:
         raise SpecError(

@@ -1,7 +1,7 @@
 """SGLang's hybrid sliding-window KV cache (gpt-oss under `sglang`): two token pools under one radix tree.
 
 SGLang (0.5.x: SWATokenToKVPoolAllocator, SWARadixCache) keeps the full-attention layers' KV and the sliding
-layers' KV in two pools (hardware.memory.swa_pool_tokens sizes them). Every token takes a page in both; a page's
+layers' KV in two pools (hardware.memory.swa_pools sizes them). Every token takes a page in both; a page's
 sliding-window slot is found through the full page (SGLang's full_to_swa_index_mapping) and can be freed first.
 
 Tree nodes own full pages and are either live (every page still has its sliding slot) or tombstones (the sliding
@@ -118,15 +118,12 @@ class SWARadixCache(RadixCache):
             self._push_swa(node)
 
     def _push_swa(self, node: Node) -> None:
-        heapq.heappush(self._swa_heap, (node.last_access, next(self._tiebreak), node))
-        if len(self._swa_heap) > 2 * self._swa_evictable + 1024:  # mostly stale: keep the live entries only
-            self._swa_heap = [entry for entry in self._swa_heap if self._swa_candidate(entry)]
-            heapq.heapify(self._swa_heap)
+        self._lazy_push(self._swa_heap, node, self._swa_evictable, self._swa_candidate)
 
     def _swa_candidate(self, entry: tuple[int, int, Node]) -> bool:
+        """Whether a heap entry is its node's current stamp and the node's sliding slots can be freed."""
         stamp, _, node = entry
-        return stamp == node.last_access and not node.tombstone and node.swa_lock_ref == 0 \
-            and node.parent is not None and node.parent.children.get(self._key(node.key)) is node
+        return stamp == node.last_access and not node.tombstone and node.swa_lock_ref == 0 and self._attached(node)
 
     # ---- a request's own pages -------------------------------------------------------------------
     def _fits(self, need: int, reserve: int, hit: list[int]) -> bool:

@@ -261,7 +261,7 @@ class World:
         per_replica = 1 if batch_queue else pp  # engines per replica
         # a dense model's ranks under vLLM: engines of their own, each priced as one GPU (per stage) whose blocks
         # are whole on it (the plan's block is the group's per-GPU average)
-        independent = ranks > 1 and per_replica == 1 and independent_ranks(s)
+        independent = per_replica == 1 and independent_ranks(s)
         rank_par = s.parallelism.model_copy(update={"tp": 1, "dp_attention": False})
         timed = s.model_copy(update={"parallelism": rank_par}) if independent else s
         timer = build_timer(timed)
@@ -299,7 +299,7 @@ class World:
             seqs = max_running_requests(rank_engine, kvs[0]) if e.scheduler == "sglang" \
                 else rank_engine.max_num_seqs
             slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
-            engines, stages = [], pipeline()
+            engines, stages = [], None if independent else pipeline()  # independent ranks: each its own
             for engine_seqs in slots:  # sum: max_num_seqs
                 cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
                 group = []
