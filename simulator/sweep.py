@@ -16,6 +16,7 @@ it again finishes only what is missing. Adding values to a grid reuses every poi
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import hashlib
@@ -110,14 +111,38 @@ def input_files(s: Scenario, base_dir: Path) -> list[Path]:
 
 @functools.cache
 def code_fingerprint(root: Path = ROOT) -> bytes:
-    """sha256 of servesim's source and bundled data (catalogs, model presets, profiles) under `root`: results
-    depend on them as much as on the scenario. Read once per process."""
+    """sha256 of what servesim's source and bundled data (catalogs, model presets, profiles) under `root` mean:
+    results depend on them as much as on the scenario. Comments, docstrings, layout and YAML/JSON formatting are
+    left out, so an upgrade that only rewords them keeps a sweep's points. Read once per process."""
     digest = hashlib.sha256()
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*")):
             if path.suffix in (".py", ".yaml", ".json") and "__pycache__" not in path.parts and path.is_file():
-                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0" + _meaning(path) + b"\0")
     return digest.digest()
+
+
+def _meaning(path: Path) -> bytes:
+    """A source file's syntax tree without docstrings, or a data file's values in canonical JSON; the bytes
+    themselves where the file does not parse (it still counts, and any edit to it too)."""
+    text = path.read_bytes()
+    try:
+        if path.suffix == ".py":
+            return ast.dump(_without_docstrings(ast.parse(text))).encode()
+        data = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
+        return json.dumps(data, sort_keys=True, default=str).encode()
+    except (SyntaxError, ValueError, yaml.YAMLError):
+        return text
+
+
+def _without_docstrings(tree: ast.Module) -> ast.Module:
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return tree
 
 
 @functools.cache

@@ -159,21 +159,24 @@ def test_the_code_fingerprint_covers_source_and_bundled_data(tmp_path):
     (tmp_path / "hardware" / "catalog").mkdir(parents=True)
     (tmp_path / "simulator").mkdir()
     source, catalog = tmp_path / "simulator" / "run.py", tmp_path / "hardware" / "catalog" / "gpus.yaml"
-    source.write_text("x = 1\n")
+
+    def fingerprint_after(path, text: str) -> bytes:
+        path.write_text(text)
+        code_fingerprint.cache_clear()
+        return code_fingerprint(tmp_path)
     catalog.write_text("gpus: []\n")
-    prints = [code_fingerprint(tmp_path)]
-    source.write_text("x = 2\n")
+    prints = [fingerprint_after(source, 'def f():\n    """Why."""\n    return 1\n')]
+    prints.append(fingerprint_after(source, "def f():\n    return 2\n"))
+    prints.append(fingerprint_after(catalog, "gpus: [a]\n"))
+    prints.append(fingerprint_after(tmp_path / "simulator" / "notes.txt", "neither code nor data: ignored"))
+    # what only rewords or reformats: a docstring, a comment, layout, YAML style
+    prints.append(fingerprint_after(source, '"""A module."""\ndef f():  # two\n\n    """Why not."""\n    return (2)\n'))
+    prints.append(fingerprint_after(catalog, "# the catalog\ngpus:\n  - a\n"))
+    prints.append(fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:\n"))  # unparsable: its bytes
+    prints.append(fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:  \n"))
     code_fingerprint.cache_clear()
-    prints.append(code_fingerprint(tmp_path))
-    catalog.write_text("gpus: [a]\n")
-    (tmp_path / "simulator" / "notes.txt").write_text("not code")  # neither code nor data: ignored
-    code_fingerprint.cache_clear()
-    prints.append(code_fingerprint(tmp_path))
-    (tmp_path / "simulator" / "notes.txt").write_text("edited")
-    code_fingerprint.cache_clear()
-    prints.append(code_fingerprint(tmp_path))
-    code_fingerprint.cache_clear()
-    assert len(set(prints[:3])) == 3 and prints[3] == prints[2]
+    assert len(set(prints[:3])) == 3 and prints[2] == prints[3] == prints[4] == prints[5]
+    assert len({prints[5], prints[6], prints[7]}) == 3
 
 
 runner = CliRunner()
