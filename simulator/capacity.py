@@ -31,6 +31,7 @@ from hardware.errors import SpecError
 from simulator.metrics import sent_mask, unfinished_requests
 from simulator.run import RunResult, _workload, simulate
 from simulator.scenario import Scenario, SloConfig, with_overrides
+from workloads.config import WorkloadConfig
 from workloads.arrivals import mean_rate_per_s
 
 # "Unstable queue": arrivals outpace service during the arrival window, so the backlog, and with it the
@@ -181,7 +182,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
     metrics |= {"ttft_first_third_ms": first_s * 1e3, "ttft_last_third_ms": last_s * 1e3,
                 "output_throughput": s["output_throughput"],
-                "output_tokens_per_request": s["total_output_tokens"] / s["completed"] if s["completed"] else 0.0}
+                "output_tokens_per_arrival": output_tokens_per_arrival(requests, result.scenario.workload)}
     if unfinished or (last_s > UNSTABLE_TTFT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
         reasons.append("unstable queue")
         details.append(f"{unfinished} requests still queued at the stop time, each for longer than any answered "
@@ -196,6 +197,19 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         why = requests["reject_reason"].dropna().iloc[0]
         details.append(f"{s['rejected']} of {len(requests)} requests rejected at any rate, e.g. {why}")
     return Verdict(rate_per_s, tuple(reasons), tuple(details), metrics)
+
+
+def output_tokens_per_arrival(requests: pd.DataFrame, workload: WorkloadConfig) -> float:
+    """Output tokens the workload asks for per unit of its rate (a request, a prompt of n samples, a session of
+    several turns), over every request it holds: the steady-state figure, which neither a stop that leaves the
+    longest answers in flight nor turns not yet released can bias."""
+    if workload.sessions is not None:
+        arrivals = requests["session_id"].nunique()
+    elif workload.parallel_sampling is not None:
+        arrivals = len(requests) / workload.parallel_sampling.n
+    else:
+        arrivals = len(requests)
+    return float(requests["requested_output_tokens"].sum()) / arrivals if arrivals else 0.0
 
 
 def at_rate(s: Scenario, rate_per_s: float) -> Scenario:

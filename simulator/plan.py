@@ -130,9 +130,10 @@ class Deployment:
 
     @property
     def cost_per_million_output_tokens_usd(self) -> float:
-        """At the target rate in steady state: rate x output tokens per request, not the finite run's
-        throughput, whose drain tail after the last arrival would overstate the cost."""
-        tokens_per_hour = self.verdict.rate_per_s * self.verdict.metrics["output_tokens_per_request"] * 3600
+        """At the target rate in steady state: rate x output tokens per arrival (a request, a prompt of n
+        samples, a session), not the finite run's throughput, whose drain tail after the last arrival would
+        overstate the cost."""
+        tokens_per_hour = self.verdict.rate_per_s * self.verdict.metrics["output_tokens_per_arrival"] * 3600
         return self.cost_per_hour_usd / tokens_per_hour * 1e6 if tokens_per_hour > 0 else math.inf
 
     @property

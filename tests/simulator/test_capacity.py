@@ -73,14 +73,15 @@ def _requests(ttft_s: list[float]) -> pd.DataFrame:
     n = len(ttft_s)
     arrival = np.arange(n, dtype=float)
     return pd.DataFrame({"request_id": range(n), "arrival_s": arrival, "ttft_s": ttft_s,
-                         "finish_s": arrival + np.array(ttft_s) + 1, "reject_reason": [None] * n})
+                         "finish_s": arrival + np.array(ttft_s) + 1, "reject_reason": [None] * n,
+                         "requested_output_tokens": [10] * n})
 
 
 def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
     assert queue_growth(_requests([0.1, 0.2, 0.3, 0.5, 0.5, 0.5, 0.9, 1.0, 1.1])) == pytest.approx((0.2, 1.0))
     stable = _requests([0.05, 0.01, 0.03, 0.2, 0.01, 0.02, 0.08, 0.1, 0.09])  # 3x, but by 60 ms only: noise
     growing = _requests([0.05, 0.01, 0.03, 0.2, 0.5, 0.6, 0.8, 1.0, 1.2])
-    summary = {"completed": 9, "rejected": 0, "unfinished": 0, "not_arrived": 0, "output_throughput": 1.0, "total_output_tokens": 90}
+    summary = {"completed": 9, "rejected": 0, "unfinished": 0, "not_arrived": 0, "output_throughput": 1.0}
     assert judge(_result(stable, summary), SloConfig()).ok
     assert judge(_result(growing, summary), SloConfig()).reasons == ("unstable queue",)
 
@@ -257,3 +258,22 @@ def test_a_search_that_never_fails_says_its_answer_is_a_lower_bound():
     out = CliRunner().invoke(app, ["capacity", str(SCENARIOS / "quickstart.yaml"), "--set", "slo={}",
                                    "--set", "workload.num_requests=30", "--rel-tol", "0.5"]).output
     assert "sets no SLO" in out
+
+
+def test_output_tokens_are_counted_per_arrival_of_the_rate_unit():
+    """A plan prices its rate x output tokens per arrival: a prompt of n samples asks for n answers and a session
+    for every turn's; a stop that leaves the longest answers in flight does not lower the figure (the mean over
+    completed requests did, and overstated the cost per token)."""
+    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
+                "new_message_tokens": {"kind": "fixed", "value": 50}}
+    cases = [(chat(), 1), (chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}), 4),
+             (chat(workload={"sessions": sessions, "num_requests": 300}), 3)]
+    for s, answers_per_arrival in cases:
+        result = simulate(at_rate(s, 5.0), SCENARIOS)
+        requests = result.requests
+        per_arrival = judge(result, s.slo, 5.0).metrics["output_tokens_per_arrival"]
+        assert per_arrival == pytest.approx(answers_per_arrival * requests["requested_output_tokens"].mean())
+        cut = simulate(at_rate(s.model_copy(update={"stop": s.stop.model_copy(update={"max_sim_time_s": 15.0})}),
+                               5.0), SCENARIOS)
+        assert cut.summary["unfinished"] + cut.summary["not_arrived"] > 0
+        assert judge(cut, s.slo, 5.0).metrics["output_tokens_per_arrival"] == per_arrival

@@ -35,7 +35,7 @@ def test_recommendation_passes_its_verification_and_the_next_cheaper_fails(chat_
     assert rec in chat_plan.deployments and cheaper in chat_plan.deployments
     assert all(d.cost_per_hour_usd >= rec.cost_per_hour_usd for d in chat_plan.deployments if d.verdict.ok)
     # priced at the target rate's steady output, not the run's throughput with its drain tail
-    per_request = rec.verdict.metrics["output_tokens_per_request"]
+    per_request = rec.verdict.metrics["output_tokens_per_arrival"]
     assert per_request > 1
     tokens_per_hour = TARGET * per_request * 3600
     assert rec.cost_per_million_output_tokens_usd == pytest.approx(rec.cost_per_hour_usd / tokens_per_hour * 1e6)
