@@ -4,7 +4,7 @@ Open loop: each request enters at its `arrival_s`. Multi-turn sessions: the next
 (`Workload.followups`) is sent `think_time_s` after the previous turn finishes. Closed loop (how `vllm bench serve
 --max-concurrency` and most published benchmarks measure): `clients` users start at t=0, and
 each sends its next request, in workload order, when its previous one finishes (or is rejected)
-plus a think time; the request's `arrival_s` is rewritten to the moment it is sent.
+plus a think time; the request's `arrival_s` is NaN until it is sent, then the moment it was sent.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ class Traffic:
         if self.closed is None:
             env.process(self._open_loop())
         else:
+            for req in workload.requests:  # unsent until a client sends it, which sets its time
+                req.arrival_s = math.nan
             for _ in range(min(self.closed.clients, len(workload.requests))):
                 self._send_next(0.0)
 

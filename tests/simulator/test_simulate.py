@@ -111,6 +111,22 @@ def test_closed_loop_never_exceeds_its_clients():
     assert in_flight.max() == 5
 
 
+def test_a_closed_loop_cut_by_the_stop_never_sent_the_rest():
+    """Five clients stopped at 3 s: the requests they had not sent by then are not arrived, not a backlog, and no
+    SLO misses (they used to count as unfinished since t=0, each a TTFT miss)."""
+    result = run(scenario(workload={"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+                                    "arrivals": {"kind": "all_at_once"}, "num_requests": 120,
+                                    "closed_loop": {"clients": 5}},
+                          stop={"max_sim_time_s": 3.0}, slo={"ttft_ms": 2000}))
+    df, summary = result.requests, result.summary
+    sent = df["arrival_s"].notna()
+    assert df.loc[~sent, "finish_s"].isna().all() and 0 < (~sent).sum() < 120 - summary["completed"]
+    in_flight = sent & df["finish_s"].isna() & df["reject_reason"].isna()
+    assert summary["unfinished"] == in_flight.sum() <= 5
+    assert summary["not_arrived"] == (~sent).sum()
+    assert summary["slo_attainment"] == 1.0
+
+
 def test_goodput_counts_requests_within_slos():
     result = run(scenario(slo={"ttft_ms": 60, "tpot_ms": 7}))
     df = result.requests
