@@ -403,6 +403,20 @@ def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     return raw
 
 
+def trace_sources(model: Any) -> list[TraceSource]:
+    """Every trace `model` (a scenario or a part of one) reads: the workload's, an empirical length
+    distribution's, a stage's."""
+    if isinstance(model, TraceSource):
+        return [model]
+    if isinstance(model, (list, tuple)):
+        return [src for item in model for src in trace_sources(item)]
+    if isinstance(model, dict):
+        return trace_sources(list(model.values()))
+    if isinstance(model, BaseModel):
+        return trace_sources([getattr(model, name) for name in type(model).model_fields])
+    return []
+
+
 def with_absolute_paths(model: Any, base_dir: Path) -> Any:
     """`model` with its relative paths made absolute: traces against `base_dir` (the scenario file's folder);
     GPU files, profiles and model config.json files against the working folder (where they were read), so the

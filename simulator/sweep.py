@@ -39,7 +39,8 @@ from simulator.atomic import remove_abandoned_writes, write_text_atomic
 from simulator.executors import Engine, WorkerDied, check_engine, run_jobs
 from simulator.output import write_run
 from simulator.run import simulate
-from simulator.scenario import Scenario, check_grid_keys, first_error, with_overrides
+from simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
+from workloads.traces import resolve_path
 
 ROOT = Path(__file__).resolve().parent.parent  # the folder holding servesim's packages
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
@@ -98,8 +99,12 @@ def scenario_hash(s: Scenario, base_dir: Path | None = None) -> str:
 
 
 def input_files(s: Scenario, base_dir: Path) -> list[Path]:
-    """The files a run of `s` reads, besides the bundled catalogs and presets."""
-    files = [base_dir / s.workload.trace.path] if s.workload.trace is not None else []
+    """The files a run of `s` reads, besides the bundled catalogs and presets: a ServeGen trace folder's every
+    file."""
+    files = []
+    for source in trace_sources(s):
+        path = resolve_path(source.path, base_dir)
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     files += list(s.hardware.gpu_files)
     if s.hardware.profile is not None and Path(s.hardware.profile).suffix:
         files.append(Path(s.hardware.profile))

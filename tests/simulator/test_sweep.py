@@ -17,7 +17,7 @@ from hardware.errors import SpecError
 from simulator.cli import app
 from simulator.executors import WorkerDied
 from simulator.scenario import load_scenario
-from simulator.sweep import code_fingerprint, expand, parse_grid, run_sweep, scenario_hash
+from simulator.sweep import code_fingerprint, expand, input_files, parse_grid, run_sweep, scenario_hash
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 GRID = {"workload.arrivals.rate_per_s": [5, 20], "engine.max_num_seqs": [32, 256]}
@@ -233,6 +233,31 @@ def test_a_point_whose_trace_was_edited_is_run_again(tmp_path):
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5,200,20\n")
     again = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
     assert (again.num_run, again.table["completed"].tolist()) == (1, [2])
+
+
+def test_a_point_whose_length_distribution_file_was_edited_is_run_again(tmp_path):
+    lengths = tmp_path / "lengths.csv"
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n100,10\n")
+    empirical = {"kind": "empirical", "trace": {"format": "arxiv", "path": str(lengths)}, "column": "prompt"}
+    s = chat(workload={"trace": None, "arrivals": {"kind": "poisson", "rate_per_s": 5}, "num_requests": 5,
+                       "lengths": {"prompt": empirical, "output": {"kind": "fixed", "value": 10}}})
+    grid = {"engine.max_num_seqs": [8]}
+    first = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
+    assert (first.num_run, first.table["total_input_tokens"].tolist()) == (1, [500])
+    assert run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1).num_reused == 1
+    lengths.write_text("num_prefill_tokens,num_decode_tokens\n200,10\n")
+    again = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
+    assert (again.num_run, again.table["total_input_tokens"].tolist()) == (1, [1000])
+
+
+def test_a_servegen_folder_counts_every_file_in_it(tmp_path):
+    folder = tmp_path / "servegen"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("chunk-0-trace.csv", "chunk-0-dataset.json", "sub/chunk-1-trace.csv"):
+        (folder / name).write_text("x")
+    s = chat(workload={"trace": {"format": "servegen", "path": "servegen"}, "arrivals": {"kind": "trace"},
+                       "duration_s": 10, "num_requests": None, "lengths": None})
+    assert input_files(s, tmp_path) == sorted(folder.rglob("*.*"))
 
 
 def test_the_sweep_command_exits_1_when_a_point_crashed(tmp_path, monkeypatch):
