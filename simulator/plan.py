@@ -38,6 +38,7 @@ from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sust
 from simulator.executors import WorkerDied, run_jobs
 from simulator.launch import launch_notes, sglang_command, vllm_command
 from simulator.run import _memory_plan, simulate
+from simulator.pricing import cost_per_hour_usd, gpu_counts
 from simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
 
 MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most
@@ -64,10 +65,6 @@ class Candidate:
         pp = f" pp={self.pp}" if self.pp > 1 else ""
         layout = "".join(f" {name}" for name, on in self.layout if on)
         return f"{self.gpu} tp={self.tp}{pp}{layout}{pd}{knobs}"
-
-    @property
-    def replicas_per_unit(self) -> int:
-        return sum(self.ratio) if self.kind == "pd" else 1
 
     def scenario(self, base: Scenario, replicas: int = 1) -> Scenario:
         """`base` deployed as `replicas` of this candidate (round-robin, or P/D pools with the scenario's transfer,
@@ -240,8 +237,8 @@ def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: 
     try:
         s = candidate.scenario(base)
         gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-        ev.gpus_per_replica = s.parallelism.tp * s.parallelism.pp * candidate.replicas_per_unit
-        ev.price_per_replica_hour_usd = ev.gpus_per_replica * gpu.price_per_gpu_hour_usd
+        ev.gpus_per_replica = sum(gpu_counts(s).values())
+        ev.price_per_replica_hour_usd = cost_per_hour_usd(s)
         if s.parallelism.tp > gpu.gpus_per_node:
             return _reject(ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node")
         ev.max_model_len = _memory_plan(s).max_model_len

@@ -25,6 +25,8 @@ from hardware.gpu import get_gpu
 from hardware.model import get_model
 from simulator import report_charts as charts
 from simulator.atomic import check_output_file, write_text_atomic
+from simulator.pricing import cost_per_hour_usd
+from simulator.scenario import Scenario
 from simulator.sweep import POINTS, RESULTS
 from workloads.config import WorkloadConfig
 
@@ -120,14 +122,12 @@ def _rate_unit(meta: dict) -> str:
 
 
 def point_cost_per_hour(point: Path) -> float:
-    """replicas x tp x pp x the GPU's price, USD/h, from a point's resolved scenario (NaN if unknown)."""
+    """The GPUs of a point's resolved scenario (replicas, prefill/decode pools or stages) at their prices,
+    USD/h (NaN if unknown)."""
     try:
-        s = yaml.safe_load((point / "scenario.yaml").read_text())
-        hw, par, cluster = s["hardware"], s["parallelism"], s["cluster"]
-        price = get_gpu(hw["gpu"], tuple(Path(p) for p in hw.get("gpu_files") or ())).price_per_gpu_hour_usd
-    except (OSError, KeyError, SpecError):
+        return cost_per_hour_usd(Scenario.model_validate(yaml.safe_load((point / "scenario.yaml").read_text())))
+    except (OSError, yaml.YAMLError, ValidationError, SpecError):
         return float("nan")
-    return cluster["replicas"] * par["tp"] * par["pp"] * price
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
