@@ -23,10 +23,12 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
 
 
 def latency_cdfs(requests: pd.DataFrame) -> go.Figure:
-    """Empirical CDFs of TTFT, TPOT and E2E latency (ms) over completed requests."""
+    """Empirical CDFs of TTFT, TPOT and E2E latency (ms) over completed requests, as the summary's percentiles
+    (one cut off by a stop after its first token has a TTFT, but is not one of them)."""
     fig = make_subplots(rows=1, cols=3, subplot_titles=[name for _, name in LATENCIES])
+    done = requests[requests["finish_s"].notna()]
     for col, (column, name) in enumerate(LATENCIES, start=1):
-        values = np.sort(requests[column].dropna().to_numpy() * 1e3)
+        values = np.sort(done[column].dropna().to_numpy() * 1e3)
         if len(values) > MAX_POINTS:  # evenly spaced quantiles keep the curve's shape
             values = np.quantile(values, np.linspace(0, 1, MAX_POINTS))
         share = np.arange(1, len(values) + 1) / max(len(values), 1)

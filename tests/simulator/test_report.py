@@ -7,6 +7,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -15,6 +17,7 @@ from hardware.errors import SpecError
 from simulator.cli import app
 from simulator.output import write_run
 from simulator.report import _rate_unit, page, write_report
+from simulator.report_charts import latency_cdfs
 from simulator.run import simulate
 from simulator.sweep import run_sweep
 from tests.simulator.study_helpers import SCENARIOS, chat
@@ -126,3 +129,13 @@ def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
     assert result.exit_code == 2 and "an incomplete or damaged output folder" in result.output
     result = CliRunner().invoke(app, ["report", str(tmp_path / "half"), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "is a folder; give a file name" in result.output
+
+
+def test_latency_cdfs_are_over_completed_requests_as_the_summary_percentiles():
+    """A request cut off by the stop after its first token has a TTFT, but the summary's TTFT percentiles leave it
+    out: so does the chart."""
+    requests = pd.DataFrame({"ttft_s": [0.1, 0.2, 5.0], "tpot_s": [0.01, 0.02, np.nan],
+                             "e2el_s": [1.0, 2.0, np.nan], "finish_s": [1.0, 2.1, np.nan]})
+    ttft, tpot, e2el = latency_cdfs(requests).data
+    assert list(ttft.x) == [100.0, 200.0] and list(ttft.y) == [0.5, 1.0]
+    assert list(tpot.x) == [10.0, 20.0] and list(e2el.x) == [1000.0, 2000.0]
