@@ -23,8 +23,11 @@ def _umask() -> int:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it, then rename it over `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise SpecError(f"{path}: cannot write there ({err.strerror})") from None
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -53,11 +56,26 @@ def _check_folder_of_its_own(path: Path) -> None:
         raise SpecError(f"{path}: is the current folder or one above it; give the output a folder of its own")
 
 
+def _check_can_write_in(folder: Path, label: str) -> None:
+    """Refuse, before any work, an output whose folder (or the nearest one above it that exists) is a file or
+    cannot be written: found only after the work, its results would be lost."""
+    folder = Path(folder).absolute()
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise SpecError(f"{label}: {existing} is a file, not a folder")
+    try:
+        tempfile.TemporaryFile(dir=existing).close()
+    except OSError as err:
+        raise SpecError(f"{label}: cannot write in {existing} ({err.strerror})") from None
+
+
 def check_replaceable(path: Path) -> None:
     """Refuse, before any work, an output folder whose replacement would delete what servesim did not write: a
-    file, the current folder or one above it, or a folder holding anything but an earlier servesim output."""
+    file, the current folder or one above it, or a folder holding anything but an earlier servesim output; or one
+    that cannot be written."""
     path = Path(path)
     _check_folder_of_its_own(path)
+    _check_can_write_in(path.parent, str(path))
     if path.is_dir() and not (path / MARKER).exists():
         names = {p.name for p in path.iterdir()}
         foreign = sorted(names - EARLIER_OUTPUTS) if names & OUTPUT_TABLES else sorted(names)
@@ -67,20 +85,20 @@ def check_replaceable(path: Path) -> None:
 
 
 def check_output_file(path: Path, option: str) -> None:
-    """Refuse, before any work, an output file path (`--html`, `--out`) that names a folder or sits in a file."""
+    """Refuse, before any work, an output file path (`--html`, `--out`) that names a folder, sits in a file or
+    cannot be written."""
     path = Path(path)
     if path.is_dir():
         raise SpecError(f"{option} {path}: is a folder; give a file name (e.g. {path / 'report.html'})")
-    parent = next((p for p in path.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise SpecError(f"{option} {path}: {parent} is a file, not a folder")
+    _check_can_write_in(path.parent, f"{option} {path}")
 
 
 def check_output_folder(path: Path, own: frozenset[str]) -> None:
     """Refuse, before any work, an output folder servesim adds files to (a sweep's, a plan's) that is a file, the
-    current folder or one above it, or holds anything but the names in `own`."""
+    current folder or one above it, holds anything but the names in `own`, or cannot be written."""
     path = Path(path)
     _check_folder_of_its_own(path)
+    _check_can_write_in(path, str(path))
     foreign = sorted(p.name for p in path.iterdir() if p.name not in own and not _temporary(p.name)) \
         if path.is_dir() else []
     if foreign:

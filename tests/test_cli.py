@@ -113,6 +113,13 @@ def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, mo
         (("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--html", "."), "--html .: is a folder; give a file name"),
         (("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--html", "afile/r.html"), "afile is a file, not a folder"),
         (("compare", str(root / "benchmarks" / "published_runs.yaml"), "--html", "."), "--html .: is a folder"),
+        # outputs that could not be written are refused before the work, not found after it
+        (("simulate", quickstart, "--out", "afile/run"), "afile is a file, not a folder"),
+        (("plan", quickstart, "--out", "afile/plan"), "afile is a file, not a folder"),
+        (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--out", "afile/sweep"), "afile is a file, not"),
+        (("plan", quickstart, "--out", "/proc/plan"), "/proc/plan: cannot write in /proc"),
+        (("simulate", quickstart, "--out", "/proc/run"), "/proc/run: cannot write in /proc"),
+        (("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--html", "/proc/r.html"), "cannot write in /proc"),
     ]
     for args, message in cases:
         result = run(*args)
