@@ -27,7 +27,7 @@ from simulator import report_charts as charts
 from simulator.atomic import check_output_file, write_text_atomic
 from simulator.pricing import cost_per_hour_usd
 from simulator.scenario import Scenario
-from simulator.sweep import POINTS, RESULTS
+from simulator.sweep import POINTS, REPORT, RESULTS
 from workloads.config import WorkloadConfig
 
 SUMMARY_KEYS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput", "p90_ttft_ms",
@@ -40,7 +40,7 @@ TABLE_METRICS = ("completed", "request_throughput", "output_throughput", "p90_tt
 def write_report(folder: Path, out: Path | None = None) -> Path:
     """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path."""
     folder = Path(folder)
-    out = Path(out) if out else folder / "report.html"
+    out = Path(out) if out else folder / REPORT
     check_output_file(out, "--out")
     try:
         if (folder / RESULTS).is_file():

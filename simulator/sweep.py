@@ -46,7 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent  # the folder holding servesim's p
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
 POINTS = "points"
 RESULTS = "results.csv"
-SWEEP_FILES = frozenset({POINTS, RESULTS, "sweep.yaml"})  # all a sweep folder holds
+REPORT = "report.html"  # `servesim report` writes it into the folder by default
+SWEEP_FILES = frozenset({POINTS, RESULTS, "sweep.yaml", REPORT})  # all a sweep folder holds
 
 
 @dataclass(frozen=True)

@@ -219,6 +219,10 @@ def test_sweep_command_uses_the_scenario_grid_and_the_option(tmp_path):
     assert list(table.columns[:3]) == ["engine.max_num_seqs", "workload.arrivals.rate_per_s", "point"]
     assert len(table) == 4 and "4 point(s) run, 0 reused" in result.stdout
     assert load_scenario(path)[0].sweep.grid == {"engine.max_num_seqs": [64, 256]}
+    assert runner.invoke(app, ["report", str(out)]).exit_code == 0  # its report.html in the folder...
+    wider = runner.invoke(app, ["sweep", path, "--grid", "workload.arrivals.rate_per_s=8,16,24", "--out", str(out),
+                                "--workers", "1"])  # ...does not stop the sweep from going on
+    assert wider.exit_code == 0 and "2 point(s) run, 4 reused" in wider.stdout, wider.output
 
 
 def test_a_point_whose_trace_was_edited_is_run_again(tmp_path):
