@@ -293,7 +293,7 @@ def _fixed_length(lengths: list[int] | None, given: int | None, what: str, sourc
         return given
     if not lengths:
         raise SpecError(f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
-                        f"so give --{what}-len")
+                        f"so give it: --set {what}_len=N")
     mean = sum(lengths) / len(lengths)
     if max(lengths) - min(lengths) > max(LENGTH_SPREAD * mean, LENGTH_SLACK):
         raise SpecError(f"{source}: {what} lengths vary from {min(lengths)} to {max(lengths)}; only fixed-length "

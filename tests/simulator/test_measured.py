@@ -244,7 +244,7 @@ def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
         run_from_vllm_result(varied, setup)
     assert run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450  # the user says what it was
     bare = vllm_result(tmp_path, input_lens=None, output_lens=None)
-    with pytest.raises(SpecError, match="give --input-len"):
+    with pytest.raises(SpecError, match="give it: --set input_len=N"):
         run_from_vllm_result(bare, setup)
 
 
