@@ -199,7 +199,7 @@ def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, groups: KVG
             now: float,
             seed: int) -> None:
     reason = rejection(req, engine, engine.max_model_len or math.inf, sched.kv.num_blocks, engine.block_size,
-                       groups.windows)
+                       groups.windows, sched)
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return

@@ -65,6 +65,14 @@ class KVGroups:
                    for w in self.windows)
 
 
+def admission_blocks(window: int | None, num_tokens: int, block_size: int, in_flight_tokens: int) -> int:
+    """Blocks vLLM's admission gate (`scheduler_reserve_full_isl`) wants free in one group for a request of
+    `num_tokens` tokens: all of them for full attention; a sliding window's and the steps in flight's, +1, at
+    most (get_num_blocks_to_allocate with apply_admission_cap)."""
+    blocks = cdiv(num_tokens, block_size)
+    return blocks if window is None else min(blocks, cdiv(window - 1 + in_flight_tokens, block_size) + 1)
+
+
 def skipped_blocks(computed: int, window: int, block_size: int) -> int:
     """Leading blocks of a sliding group no query of the next step can see (vLLM's get_num_skipped_tokens)."""
     return max(0, computed - window + 1) // block_size

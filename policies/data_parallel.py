@@ -158,6 +158,10 @@ class DataParallelRanks:
     def pipelined(self) -> bool:
         return all(getattr(rank, "pipelined", False) for rank in self.ranks)
 
+    @property
+    def admission_window_tokens(self) -> int | None:
+        return getattr(self.ranks[0], "admission_window_tokens", None)
+
     def schedule(self, now: float) -> StepPlan:
         self._now = now
         parts = [rank.schedule(now) for rank in self.ranks]

@@ -20,7 +20,7 @@ is registered too (`BlockHashMap`), as vLLM keeps both.
 from __future__ import annotations
 
 from hardware.errors import SpecError
-from hardware.kv_groups import cdiv, skipped_blocks
+from hardware.kv_groups import admission_blocks, cdiv, skipped_blocks
 from policies.block_pool import BlockHashMap, RefCountedPool
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
@@ -81,9 +81,7 @@ class HybridBlockManager(BlockManager):
         computed, groups, hit = req.num_computed_tokens, self._groups.get(req.id), self._hit_blocks(req)
         need = 0
         for g, w in enumerate(self.windows):
-            required = blocks_for(num_tokens, self.block_size)
-            if w is not None:
-                required = min(required, cdiv(w - 1 + step_tokens, self.block_size) + 1)
+            required = admission_blocks(w, num_tokens, self.block_size, step_tokens)
             have = (len(groups[g]) if groups else 0) + len(hit.get(g, ()))
             need += max(required - max(have, self._start(w, computed)), 0)
         return need + self._evictable_among(_ids(hit)) + self.watermark_blocks * watermark <= self.num_free_blocks

@@ -78,6 +78,14 @@ class TokenBudgetScheduler:
         return len(self._waiting) + len(self.swapped) + (len(self.ahead.inbox) if self.ahead else 0)
 
     @property
+    def admission_window_tokens(self) -> int | None:
+        """With vLLM's admission gate (`scheduler_reserve_full_isl`, chunked prompts; unchunked ones are admitted
+        whole anyway, Orca's reserved): the tokens in flight a sliding window's blocks are counted for
+        (`kv_groups.admission_blocks`); None without it."""
+        gated = self.chunked and self.cfg.scheduler_reserve_full_isl and not self.reserve_output
+        return self.in_flight_tokens if gated else None
+
+    @property
     def holds_finished(self) -> bool:
         """Whether a finished request keeps its slot and blocks until the next step is planned (async
         scheduling): a fused decode stretch then frees them a step after the finish (`release_retired`)."""
@@ -289,8 +297,8 @@ class TokenBudgetScheduler:
             mark = bool(self.running)  # vLLM keeps the watermark free only while another request runs
             if self.reserve_output:
                 room = self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
-            elif self.chunked and self.cfg.scheduler_reserve_full_isl and not self.kv.fits_whole(
-                    req, req.num_tokens, self.in_flight_tokens, mark):  # unchunked: whole anyway
+            elif self.admission_window_tokens is not None and not self.kv.fits_whole(
+                    req, req.num_tokens, self.admission_window_tokens, mark):
                 room = None
             else:
                 room = self.kv.allocate(req, n, admitting=True, watermark=mark)

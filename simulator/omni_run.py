@@ -164,7 +164,7 @@ class Pipeline:
         stage.requests.append(req)
         self.origin[index][req.id] = origin
         reason = rejection(req, stage.scenario.engine, stage.memory.plan.max_model_len, stage.num_pages, stage.page_size,
-                           stage.memory.plan.kv_windows)
+                           stage.memory.plan.kv_windows, stage.replicas[0].scheduler)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             origin.phase, origin.reject_reason = Phase.REJECTED, f"stage {stage.cfg.name}: {reason}"

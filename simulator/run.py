@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from hardware.cost import CostOptions
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, get_interconnect
-from hardware.kv_groups import KVGroups
+from hardware.kv_groups import KVGroups, admission_blocks
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
 from hardware.model import get_model
 from hardware.profile import load_profile
@@ -116,16 +116,21 @@ def independent_ranks(s: Scenario) -> bool:
 
 
 def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
-              windows: tuple[int | None, ...] = (None,)) -> str | None:
-    """Why an engine would refuse this request at arrival (as vLLM's API server does), or None. A P/D prefill
-    engine serves it with max_tokens=1."""
+              windows: tuple[int | None, ...] = (None,), scheduler: Scheduler | None = None) -> str | None:
+    """Why an engine would refuse this request at arrival (as vLLM's API server does), or None: too long, or
+    needing more blocks than the pool holds at some step or, where `scheduler` admits only what fits whole
+    (vLLM's admission gate), at its admission, even after a preemption (a request that could never run would
+    otherwise stall the queue behind it). A P/D prefill engine serves it with max_tokens=1."""
     output = 1 if engine.scheduler == "vllm_prefill" else req.num_output_tokens
     if req.num_prompt_tokens + output > max_model_len:
         return f"prompt ({req.num_prompt_tokens}) + output ({output}) tokens exceed max_model_len ({max_model_len})"
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
-    need = KVGroups(windows, 0).most_blocks(req.num_prompt_tokens + output - 1, block_size,
-                                            engine.max_num_batched_tokens)
+    total = req.num_prompt_tokens + output - 1
+    need = KVGroups(windows, 0).most_blocks(total, block_size, engine.max_num_batched_tokens)
+    gate = getattr(scheduler, "admission_window_tokens", None)
+    if gate is not None:
+        need = max(need, sum(admission_blocks(w, total, block_size, gate) for w in windows))
     if need > num_blocks:
         return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
     return None
@@ -247,6 +252,12 @@ class World:
         ranks = s.parallelism.spec(e.scheduler).attention_ranks  # DP attention: a scheduler and KV pool per rank
         rank_engine = data_parallel_share(e, ranks)
         num_pages = usable_pages(e, num_blocks * e.block_size // page_size // ranks)  # one rank's
+        if num_pages < 1:  # only an override is this small: the memory plan refuses a pool too small for one request
+            least = next(n for n in itertools.count(1) if usable_pages(e, n * e.block_size // page_size // ranks) >= 1)
+            ranks_note = f" over {ranks} DP-attention ranks" if ranks > 1 else ""
+            null_note = " (vLLM keeps one as its null block)" if usable_pages(e, 1) < 1 else ""
+            raise SpecError(f"engine.num_gpu_blocks_override ({num_blocks}) leaves no usable KV block{ranks_note}"
+                            f"{null_note}; give at least {least}")
         if not e.enable_chunked_prefill and rank_engine.max_num_batched_tokens < memory.max_model_len \
                 and e.scheduler.startswith("vllm"):
             share = f" (its {ranks} DP-attention ranks' share: {rank_engine.max_num_batched_tokens} each)" \
@@ -336,7 +347,7 @@ class World:
             return
         reason = next((why for pool in self.pools if (why := rejection(
             req, pool.engine, pool.memory.max_model_len, pool.num_pages, pool.page_size,
-            pool.memory.kv_windows))), None)
+            pool.memory.kv_windows, pool.replicas[0].scheduler))), None)
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             self._finished(req)

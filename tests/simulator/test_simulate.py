@@ -6,7 +6,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.simulator.conftest import run, scenario
+from hardware.errors import SpecError
+from simulator.run import simulate
+from simulator.scenario import load_scenario
+from tests.simulator.conftest import SCENARIOS, run, scenario
 
 
 def assert_same_run(a, b):
@@ -82,6 +85,33 @@ def test_requests_longer_than_max_model_len_are_rejected_with_a_reason():
     assert (rejected["output_tokens"] == 0).all()
     assert rejected["reject_reason"].str.contains("exceed max_model_len \\(2048\\)").all()
     assert rejected["finish_s"].isna().all()
+
+
+@pytest.mark.parametrize("async_scheduling, completed, rejected", [(True, 0, 5), (False, 5, 0)])
+def test_a_request_the_admission_gate_could_never_let_in_is_rejected(async_scheduling, completed, rejected):
+    """gpt-oss-20b (full attention and a 128-token window, 16-token blocks), 16,000 + 10 tokens, 1,600 blocks (1,599
+    usable). The admission gate wants the full group's cdiv(16009, 16) = 1,001 blocks and the window's
+    min(1,001, cdiv(127 + in-flight tokens, 16) + 1): 8,192 x 2 in flight under async scheduling, 1,001 (2,002 in
+    all, more than the pool: rejected, where it used to wait at the queue's head forever); synchronously 8,192,
+    521 (1,522: all run)."""
+    result = run(scenario(model="gpt-oss-20b", engine={"num_gpu_blocks_override": 1600, "max_model_len": 32768,
+                                                       "max_num_batched_tokens": 8192,
+                                                       "async_scheduling": async_scheduling},
+                          workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 16000},
+                                                "output": {"kind": "fixed", "value": 10}},
+                                    "arrivals": {"kind": "all_at_once"}, "num_requests": 5}))
+    assert (result.summary["completed"], result.summary["rejected"]) == (completed, rejected)
+    if rejected:
+        assert (result.requests["reject_reason"] == "needs 2002 KV blocks at full length; the pool has 1599").all()
+
+
+@pytest.mark.parametrize("file, blocks, least", [("quickstart.yaml", 1, 2), ("deepseek_v3_8xh200.yaml", 15, 16)])
+def test_a_pool_override_too_small_for_one_usable_block_is_refused(file, blocks, least):
+    """vLLM keeps one block as its null block, on each of DeepSeek-V3's 8 DP-attention ranks: 2 and 8 x 2 blocks
+    are the least that leave one usable (too few used to end in a traceback)."""
+    s, base = load_scenario(SCENARIOS / file, [f"engine.num_gpu_blocks_override={blocks}"])
+    with pytest.raises(SpecError, match=f"override \\({blocks}\\) leaves no usable KV block.*give at least {least}$"):
+        simulate(s, base)
 
 
 @pytest.mark.parametrize("scheduler, usable", [("vllm", 7), ("sglang", 8)])
