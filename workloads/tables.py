@@ -72,11 +72,20 @@ def _numeric(values: pd.Series | np.ndarray) -> np.ndarray:
     return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=np.float64)
 
 
+MAX_TOKENS = 1 << 40  # far beyond any context, and within int64 however it is summed
+
+
 def _require_integral(values: pd.Series, path: Path, name: str) -> None:
-    frac = values.to_numpy() % 1 != 0
+    numbers = values.to_numpy()
+    frac = ~np.isfinite(numbers)
+    frac[~frac] = numbers[~frac] % 1 != 0
     if frac.any():
         raise ValueError(f"{path}: {name} must be whole token counts; rows {np.flatnonzero(frac)[:5].tolist()} "
                          f"are not (e.g. {values[frac].iloc[0]})")
+    huge = numbers > MAX_TOKENS
+    if huge.any():
+        raise ValueError(f"{path}: {name} must be at most 2^40 tokens; rows {np.flatnonzero(huge)[:5].tolist()} "
+                         f"are not (e.g. {values[huge].iloc[0]:g})")
 
 
 def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -86,5 +95,9 @@ def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     if times.isna().any():
         raise ValueError(f"{path}: arrival times must be given for all rows or none; "
                          f"{int(times.isna().sum())} of {len(df)} are missing")
+    infinite = np.isinf(times.to_numpy())
+    if infinite.any():
+        raise ValueError(f"{path}: arrival times must be finite; rows {np.flatnonzero(infinite)[:5].tolist()} are "
+                         f"not (e.g. {times[infinite].iloc[0]})")
     df["arrival_s"] = times - times.min()
     return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)

@@ -58,9 +58,10 @@ def load_azure(path: Path) -> pd.DataFrame:
     """Azure LLM inference trace 2023 (code or conv) CSV."""
     df = _read(path, "azure", AZURE_COLUMNS)
     try:
-        stamps = pd.to_datetime(df["TIMESTAMP"], format="%Y-%m-%d %H:%M:%S.%f")
+        stamps = pd.to_datetime(df["TIMESTAMP"], format="ISO8601")  # fractional seconds or none
     except (ValueError, TypeError) as err:
-        raise ValueError(f"{path}: azure TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS.fffffff': {err}") from err
+        why = str(err).splitlines()[0].removesuffix(" You might want to try:")
+        raise ValueError(f"{path}: azure TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS[.fffffff]': {why}") from None
     seconds = (stamps - stamps.min()).dt.total_seconds()
     return finish_table(path, seconds, df["ContextTokens"], df["GeneratedTokens"])
 

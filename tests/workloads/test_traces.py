@@ -2,6 +2,7 @@
 small files written here (BurstGPT, servesim, error cases)."""
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,30 @@ def test_servesim_inconsistent_prefix_is_an_error(tmp_path):
     pd.DataFrame(rows).to_csv(path, index=False)
     with pytest.raises(ValueError, match="same prefix_tokens"):
         load_servesim(path)
+
+
+@pytest.mark.parametrize("row, message", [
+    ("inf,100,10", "arrival times must be finite; rows [1] are not (e.g. inf)"),
+    ("1.0,1e30,10", "num_prompt_tokens must be at most 2^40 tokens; rows [1] are not (e.g. 1e+30)"),
+    ("1.0,100,inf", "num_output_tokens must be whole token counts; rows [1] are not (e.g. inf)"),
+])
+def test_a_value_no_request_could_have_is_named_with_its_file_and_row(tmp_path, row, message):
+    """Such a value used to pass (a request finishing at infinity) or overflow int64 into a confusing message."""
+    path = tmp_path / "mine.csv"
+    path.write_text(f"arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n{row}\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}: {message}")):
+        load_servesim(path)
+
+
+def test_azure_timestamps_may_have_no_fraction_and_a_bad_one_is_named_in_one_line(tmp_path):
+    path = tmp_path / "azure.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,3,4\n2023-11-16 18:15:48,5,6\n")
+    assert load_azure(path)["arrival_s"].tolist() == [0.0, 1.5]
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,3,4\nyesterday,5,6\n")
+    with pytest.raises(ValueError) as err:
+        load_azure(path)
+    assert str(err.value).startswith(f"{path}: azure TIMESTAMP is not 'YYYY-MM-DD HH:MM:SS[.fffffff]': ")
+    assert "\n" not in str(err.value) and "yesterday" in str(err.value)
 
 
 @pytest.mark.parametrize("loader, expected", [
