@@ -53,15 +53,16 @@ class KVGroups:
         return sum(full if w is None else min(full, cdiv(min(w - 1 + max_chunk, total), block_size) + 1)
                    for w in self.windows)
 
-    def most_blocks(self, total: int, block_size: int, max_chunk: int) -> int:
+    def most_blocks(self, total: int, block_size: int, max_chunk: int, in_flight: int = 0) -> int:
         """The most blocks a request of `total` tokens can need at once, whatever its chunks (each at most
-        `max_chunk` tokens): a sliding group at a step from c tokens holds cdiv(min(c + chunk, total)) -
-        skipped(c) blocks, maximised over every c. Tighter than `peak_blocks` (vLLM's start-up bound);
-        a request needing more than the pool could stall, so engines reject it."""
+        `max_chunk` tokens, with up to `in_flight` tokens of earlier steps in flight when one is planned): a
+        sliding group at a step from c tokens holds cdiv(min(c + chunk, total)) - skipped(c - in flight) blocks,
+        maximised over every c. Tighter than `peak_blocks` (vLLM's start-up bound); a request needing more than
+        the pool could stall, so engines reject it."""
         full = cdiv(total, block_size)
         c = np.arange(max(total, 1))
         reach = -(-np.minimum(c + max_chunk, total) // block_size)
-        return sum(full if w is None else int((reach - np.maximum(0, c - w + 1) // block_size).max())
+        return sum(full if w is None else int((reach - np.maximum(0, c - in_flight - w + 1) // block_size).max())
                    for w in self.windows)
 
 

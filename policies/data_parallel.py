@@ -162,6 +162,10 @@ class DataParallelRanks:
     def admission_window_tokens(self) -> int | None:
         return getattr(self.ranks[0], "admission_window_tokens", None)
 
+    @property
+    def earlier_tokens_in_flight(self) -> int:
+        return getattr(self.ranks[0], "earlier_tokens_in_flight", 0)
+
     def schedule(self, now: float) -> StepPlan:
         self._now = now
         parts = [rank.schedule(now) for rank in self.ranks]

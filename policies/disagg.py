@@ -36,7 +36,9 @@ class PrefillScheduler(TokenBudgetScheduler):
         handed off (they keep their blocks until the decode side has the KV; the token sampled here is dropped,
         so none is counted)."""
         done = []
-        for req, n, last_chunk in self._landed(plan):
+        landed = self._landed(plan)
+        self._note_in_flight((req, n) for req, n, _ in landed)
+        for req, n, last_chunk in landed:
             if not self.pipelined:  # a pipelined step's tokens counted when it was scheduled
                 req.num_computed_tokens += n
             self.kv.cache(req)

@@ -3,7 +3,9 @@
 The groups come from `hardware.kv_groups` (full-attention groups first). A request holds, per group, a
 table indexed by token block: a full-attention group every block of its tokens; a sliding group only
 the blocks its next queries can see. Before each allocation, and after each step, a sliding group's
-blocks wholly before `computed - window + 1` go back to the pool (vLLM's `remove_skipped_blocks`); their
+blocks wholly before `processed - window + 1` go back to the pool (vLLM's `remove_skipped_blocks`), where
+`processed` leaves out the tokens of steps still in flight when vLLM plans the next (async scheduling: the
+step just run; pipeline parallel: every step not yet landed), whose queries still read blocks below; their
 table entries become None (vLLM's null block). One allocation takes, for every group, the blocks up to
 the step's last token, so a long prefill chunk needs its whole chunk even in a sliding group.
 
@@ -28,6 +30,12 @@ from policies.spec_decode import EAGLE_METHODS
 from policies.swa_radix import SWARadixCache
 from policies.token_ids import block_hashes
 from workloads.request import Request
+
+
+def _processed(req: Request) -> int:
+    """The tokens below which a sliding window may free blocks: those whose step's outputs vLLM has processed
+    (the steps in flight still read the blocks below their own window)."""
+    return req.num_computed_tokens - req.num_in_flight_tokens
 
 
 def _ids(hit: dict[int, list[int | None]]) -> list[int]:
@@ -70,7 +78,7 @@ class HybridBlockManager(BlockManager):
     def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
                  watermark: bool = True) -> list[int] | None:
         computed = req.num_computed_tokens
-        self._free_skipped(req, computed)
+        self._free_skipped(req, _processed(req))
         hit = self._hit_blocks(req) if admitting else {}
         reserve = self.watermark_blocks if admitting and watermark else 0
         return self._grow(req, computed, computed + num_new_tokens, reserve, hit)
@@ -90,7 +98,7 @@ class HybridBlockManager(BlockManager):
         return self._evictable_among(_ids(self._hit_blocks(req)))
 
     def reserve(self, req: Request, num_tokens: int) -> list[int] | None:
-        self._free_skipped(req, req.num_computed_tokens)
+        self._free_skipped(req, _processed(req))
         return self._grow(req, req.num_computed_tokens, num_tokens, 0, {})
 
     def reserve_received(self, req: Request, num_tokens: int) -> int | None:
@@ -127,7 +135,7 @@ class HybridBlockManager(BlockManager):
 
     def cache(self, req: Request) -> None:
         """After a step: free what fell out of every window (vLLM frees it before the next allocation)."""
-        self._free_skipped(req, req.num_computed_tokens)
+        self._free_skipped(req, _processed(req))
 
     def decode_table_len(self, req: Request) -> int:
         groups = self._groups.get(req.id)
@@ -137,7 +145,7 @@ class HybridBlockManager(BlockManager):
         return self._grow(req, num_tokens - 1, num_tokens, 0, {})
 
     def end_decode_step(self, req: Request, computed: int) -> int:
-        return self._free_skipped(req, computed)
+        return self._free_skipped(req, computed - req.num_in_flight_tokens)
 
     def _free_skipped(self, req: Request, computed: int) -> int:
         """Free the blocks before each sliding window's first visible token; returns how many."""
@@ -249,7 +257,7 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
     # ---- registration ---------------------------------------------------------------------------
     def cache(self, req: Request) -> None:
         self._register(req, req.num_computed_tokens)
-        self._free_skipped(req, req.num_computed_tokens)
+        self._free_skipped(req, _processed(req))
 
     def cache_scheduled(self, req: Request, num_tokens: int) -> None:
         self._register(req, min(num_tokens, req.num_tokens))

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import sys
 from collections import deque
+from collections.abc import Iterable
 
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
@@ -62,7 +63,6 @@ class TokenBudgetScheduler:
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
         # pipeline parallel (`pipeline(pp)`): several steps in flight, tokens counted as computed when scheduled
         self.pipelined = False
-        self._in_flight: dict[int, int] = {}  # request id -> tokens scheduled in steps not yet committed
         self._stamps: dict[int, tuple[int, ...]] = {}  # id(plan) -> its requests' preemption counts when planned
 
     def pipeline(self, depth: int) -> None:
@@ -129,6 +129,8 @@ class TokenBudgetScheduler:
             release_finished(req, self.kv, req.finish_s)
 
     def _plan(self) -> StepPlan:
+        if self.ahead is not None and self.ahead.in_flight_since is None:  # the engine waited: nothing in flight
+            self._note_in_flight(())
         step = PlanBuilder(self.budget)
         self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
         self._schedule_running(step)
@@ -142,7 +144,7 @@ class TokenBudgetScheduler:
             self._stamps[id(plan)] = tuple(req.num_preemptions for req in plan.requests)
             for req, n in zip(plan.requests, plan.num_new):
                 req.num_computed_tokens += n
-                self._in_flight[req.id] = self._in_flight.get(req.id, 0) + n
+                req.num_in_flight_tokens += n
         return plan
 
     def _landed(self, plan: StepPlan) -> list[tuple[Request, int, bool]]:
@@ -155,11 +157,7 @@ class TokenBudgetScheduler:
         for req, n, sample, stamp in zip(plan.requests, plan.num_new, plan.samples, stamps):
             if req.num_preemptions != stamp or req.phase is not Phase.RUNNING:
                 continue
-            left = self._in_flight[req.id] - n
-            if left:
-                self._in_flight[req.id] = left
-            else:
-                del self._in_flight[req.id]
+            req.num_in_flight_tokens -= n
             landed.append((req, n, sample))
         return landed
 
@@ -175,17 +173,44 @@ class TokenBudgetScheduler:
                         finished.append(req)
                 self.kv.cache(req)
         else:
+            self._note_in_flight(zip(plan.requests, plan.num_new))
             finished = feed_plan(plan, self.log, self.kv, now)
         for req in finished:
             self.retire(req, now)
         return finished
 
+    def _note_in_flight(self, advanced: Iterable[tuple[Request, int]]) -> None:
+        """Under async scheduling vLLM plans the next step before it has processed this one's outputs: the tokens
+        each request advanced here are in flight for that plan (`num_in_flight_tokens`), so its sliding windows
+        free blocks only below them (vLLM's allocate_slots frees on the processed-token basis); requests not in
+        this step have none. Synchronously, and pipelined (counted as scheduled), nothing to note."""
+        if self.ahead is None:
+            return
+        for req in self.running:
+            req.num_in_flight_tokens = 0
+        for req, n in advanced:
+            req.num_in_flight_tokens = n
+
+    @property
+    def earlier_tokens_in_flight(self) -> int:
+        """The most tokens of earlier steps a request can have in flight when a step is planned (one budget under
+        async scheduling, pp - 1 pipelined): its sliding windows keep their blocks."""
+        return self.in_flight_tokens - self.budget
+
+    @property
+    def decode_tokens_in_flight(self) -> int:
+        """What a fused decode step leaves in flight for each request when the next is planned."""
+        return 1 if self.ahead is not None else 0
+
     def _commit_speculative(self, plan: StepPlan, now: float) -> list[Request]:
         """Verify: each guessing request gains accepted + 1 tokens; the draft model's KV follows the target's."""
         finished, spec = [], self.speculator
         drafts = plan.num_draft or (0,) * len(plan.requests)
+        self._note_in_flight(())
         for req, n, c, d in zip(plan.requests, plan.num_new, plan.num_context, drafts):
             accepted = spec.accept(req, d) if d else 0
+            if self.ahead is not None:  # rejected guesses roll back: what counts is what it gained
+                req.num_in_flight_tokens = n - d + accepted
             if self.log.feed(req, n - d + accepted, now, 1 + accepted) and req.is_done:
                 finished.append(req)
             if plan.draft_context and spec.speculates(req):
@@ -335,7 +360,9 @@ class TokenBudgetScheduler:
         step.drop(victim)
         step.preempted.append(victim)
         victim.num_preemptions += 1
-        victim.num_computed_tokens -= self._in_flight.pop(victim.id, 0)  # pipelined: steps in flight are lost
+        if self.pipelined:  # its steps in flight are lost
+            victim.num_computed_tokens -= victim.num_in_flight_tokens
+        victim.num_in_flight_tokens = 0
         held = len(self.kv.table(victim))
         self.kv.free(victim)
         if self.cfg.preemption_mode == "swap" and held <= self.host_blocks_free:

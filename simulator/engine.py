@@ -182,9 +182,10 @@ class Replica:
         requests, kv = list(requests), self.scheduler.kv
         finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0 \
             and getattr(self.scheduler, "finishes_fuse", True)
+        in_flight = getattr(self.scheduler, "decode_tokens_in_flight", 0)
         stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed,
                                waiting=getattr(self.scheduler, "admission_waits_for_blocks",
-                                               self.scheduler.num_waiting > 0))
+                                               self.scheduler.num_waiting > 0), in_flight=in_flight)
         if stretch is None:
             return None
         finished: list[Request] = []
@@ -193,7 +194,8 @@ class Replica:
             self.scheduler.retire(req, now)
             finished.append(req)
         late = self.scheduler.release_retired if getattr(self.scheduler, "holds_finished", False) else None
-        active, used, usage, end_last = apply_stretch(requests, stretch, kv, ff.log, retire, late)  # late: async
+        active, used, usage, end_last = apply_stretch(requests, stretch, kv, ff.log, retire, late,  # late: async
+                                                      in_flight)
         fused = getattr(self.scheduler, "fused_decode_steps", None)  # a scheduler whose state moves per decode step
         if fused is not None:
             fused(len(stretch.ends_s) - 1)

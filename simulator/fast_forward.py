@@ -95,12 +95,14 @@ def _durations(timer: StepTimer, context: np.ndarray, finish: np.ndarray, steps:
 
 def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, now: float, next_event_s: float,
                  stop_s: float = math.inf, finishes_allowed: bool = False, max_steps: int = 4096,
-                 waiting: bool = False) -> Stretch | None:
+                 waiting: bool = False, in_flight: int = 0) -> Stretch | None:
     """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2.
 
     `finishes_allowed`: nobody waits for a freed slot and no client reacts to a finish, so requests may
     finish inside the stretch (never in its last step, which may span an outside event). `waiting`: a
     request waits for admission that a free block could let in, so blocks a sliding window frees end it.
+    `in_flight`: the tokens each decode step leaves in flight when the next is planned (1 under async
+    scheduling), below which windows free blocks (a request with more in flight now frees them as step 0 ends).
     """
     finish = np.fromiter((r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests))
     upper = min(int(finish.max()) + 1 if finishes_allowed else int(finish.min()), max_steps)
@@ -109,7 +111,10 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     sliding = {w for w in kv.windows if w is not None}
     if waiting and sliding:
-        upper = min(upper, min(int(_window_free_steps(context, w, kv.block_size).min()) for w in sliding) + 1)
+        if any(r.num_in_flight_tokens > in_flight for r in requests):  # step 0 frees what a prefill chunk held
+            return None
+        upper = min(upper, min(int(_window_free_steps(context, w + in_flight, kv.block_size).min())
+                               for w in sliding) + 1)
         if upper < 2:
             return None
     shortest_s = timer.decode_fixed_s(1, context[:1])  # no step of the stretch is shorter
@@ -136,7 +141,8 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
 
 
 def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: int, size: int,
-            windows: tuple[int | None, ...], late_release: bool = False) -> list[tuple[int, int, int, int]]:
+            windows: tuple[int | None, ...], late_release: bool = False,
+            in_flight: int = 0) -> list[tuple[int, int, int, int]]:
     """(step, kind, request, sub) in stepping order. Kind 0 when the step is scheduled: open a block (sub 0),
     register the block it fills (sub 1; only in pools whose windows free blocks, which must be findable
     by then). Kind 1 once it is planned: with `late_release` (async scheduling), the blocks of requests that
@@ -153,20 +159,22 @@ def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: in
         fills = (-(context + 1)) % size  # step i fills a block when context_j + i + 1 is a multiple of size
         events += [(i, 0, j, 1) for j in range(len(context)) for i in range(int(fills[j]), int(last[j]) + 1, size)]
         frees = {(i, 2, j, 0) for w in sliding
-                 for j, start in enumerate(_window_free_steps(context, w, size).tolist())
+                 for j, start in enumerate(_window_free_steps(context, w + in_flight, size).tolist())
                  for i in range(start, int(last[j]) + 1, size)}
+        frees |= {(0, 2, j, 0) for j in range(len(context))}  # what a previous step's larger in-flight part held
         events += frees
     return sorted(events)
 
 
 def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
                   retire: Callable[[Request, float], None],
-                  release: Callable[[Request], None] | None = None
+                  release: Callable[[Request], None] | None = None, in_flight: int = 0
                   ) -> tuple[list[int], list[int], list[float], Callable[[], None]]:
     """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
     order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
     theirs (when it ends). With `release` (async scheduling), a finished request keeps its blocks until the next
-    step is planned: `retire` marks it done as it ends, `release` gives its blocks back then.
+    step is planned: `retire` marks it done as it ends, `release` gives its blocks back then; each step leaves
+    `in_flight` tokens of every request in flight (`plan_stretch`).
 
     Returns, per step, the requests decoding in it; per step but the last, the KV blocks in use after it and the
     pool's usage (what the step log shows); and what the last step does as it ends (its window frees and
@@ -176,7 +184,9 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     last = np.minimum(stretch.finish_step, steps - 1)
-    events = _events(context, last, stretch.finish_step, steps, size, kv.windows, release is not None)
+    events = _events(context, last, stretch.finish_step, steps, size, kv.windows, release is not None, in_flight)
+    for req in requests:  # as each step's commit leaves it
+        req.num_in_flight_tokens = in_flight
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
     active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
     first_gaps = (ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist()

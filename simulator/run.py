@@ -127,7 +127,8 @@ def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_bloc
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     total = req.num_prompt_tokens + output - 1
-    need = KVGroups(windows, 0).most_blocks(total, block_size, engine.max_num_batched_tokens)
+    need = KVGroups(windows, 0).most_blocks(total, block_size, engine.max_num_batched_tokens,
+                                            getattr(scheduler, "earlier_tokens_in_flight", 0))
     gate = getattr(scheduler, "admission_window_tokens", None)
     if gate is not None:
         need = max(need, sum(admission_blocks(w, total, block_size, gate) for w in windows))

@@ -1,6 +1,9 @@
 """vLLM's hybrid KV cache manager: sliding groups free what no query can see, hits need the window cached."""
 
+from collections import deque
+
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -16,8 +19,10 @@ WINDOWS = (None, 8)  # one full-attention group, one sliding group of 8 tokens
 BS = 4
 
 
-def scheduler(kind: str, num_blocks: int, budget: int = 64, max_num_seqs: int = 8, windows=WINDOWS):
-    cfg = EngineConfig(block_size=BS, prefix_caching=kind, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs)
+def scheduler(kind: str, num_blocks: int, budget: int = 64, max_num_seqs: int = 8, windows=WINDOWS,
+              async_scheduling: bool = False):
+    cfg = EngineConfig(block_size=BS, prefix_caching=kind, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
+                       async_scheduling=async_scheduling)
     kv = make_kv_manager(cfg, num_blocks, BS, windows)
     return schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog())
 
@@ -45,6 +50,37 @@ def test_a_prefill_chunk_needs_all_its_blocks_then_the_window_is_kept():
     assert sched.kv.num_free_blocks == 32
 
 
+
+
+@pytest.mark.parametrize("async_scheduling, pp, peak", [(False, 1, 520), (True, 1, 1032), (False, 4, 2048)])
+def test_a_window_keeps_the_blocks_the_steps_in_flight_read(async_scheduling, pp, peak):
+    """A 40,000-token prompt in 8,192-token chunks, 16-token blocks, a 128-token window. vLLM frees a sliding
+    group's blocks below the processed tokens only (allocate_slots: computed - num_in_flight_tokens). Planning the
+    chunk from c tokens, the group holds (c + 8192) / 16 blocks less the skipped ones: synchronously
+    skipped(c) = (c - 127) // 16, so 1024 - 504 = 520 at c = 8192; under async scheduling the chunk before is in
+    flight, skipped(c - 8192): 1536 - 504 = 1032 at c = 16384; with 4 pipeline stages 3 chunks are, and the
+    fourth's plan holds all 32768 / 16 = 2048."""
+    cfg = EngineConfig(block_size=16, max_num_batched_tokens=8192, max_num_seqs=8, async_scheduling=async_scheduling,
+                       scheduler_reserve_full_isl=False)
+    sched = schedulers.get("vllm")(make_kv_manager(cfg, 20000, 16, (None, 128)), cfg, orderings.get("fcfs"),
+                                   TokenLog())
+    if pp > 1:
+        sched.pipeline(pp)
+    r = Request(0, 0.0, 40000, 5)
+    sched.add(r, 0.0)
+    flight, most, now = deque(), 0, 0.0
+    while True:
+        plan = sched.schedule(now) if len(flight) < pp and not r.is_done else None
+        if plan is not None and not plan.is_empty:
+            flight.append(plan)
+            most = max(most, sum(b is not None for b in sched.kv._groups[r.id][1]))
+            continue
+        if not flight:
+            break
+        now += 1.0
+        sched.commit(flight.popleft(), now)
+        sched.kv.check_invariants()
+    assert r.is_done and most == peak
 
 
 def test_a_hit_needs_the_blocks_before_it_cached_in_the_sliding_group():
@@ -98,9 +134,9 @@ def test_every_request_finishes_and_holds_exactly_its_window(prompts, kind, wind
     assert sched.kv.num_free_blocks == sched.kv.num_blocks
 
 
-def _decoding(windows, prompts, outputs, num_blocks=400):
+def _decoding(windows, prompts, outputs, num_blocks=400, async_scheduling=False):
     """A vLLM scheduler over a hybrid prefix-caching pool with every request prefilled and decoding."""
-    sched = scheduler("vllm", num_blocks, budget=512, windows=windows)
+    sched = scheduler("vllm", num_blocks, budget=512, windows=windows, async_scheduling=async_scheduling)
     reqs = [Request(i, 0.0, p, o) for i, (p, o) in enumerate(zip(prompts, outputs))]
     for r in reqs:
         sched.add(r, 0.0)
@@ -115,29 +151,36 @@ def _decoding(windows, prompts, outputs, num_blocks=400):
 def _state(sched):
     kv = sched.kv
     return (kv._groups, kv._hash_of, list(kv._free_queue), kv._cached, kv._registered, kv._refs,
-            [(r.num_computed_tokens, r.num_generated, r.is_done) for r in sched.running])
+            [(r.num_computed_tokens, r.num_in_flight_tokens, r.num_generated, r.is_done) for r in sched.running])
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(window=st.sampled_from([5, 8, 13]), steps=st.integers(2, 40),
-       prompts=st.lists(st.integers(1, 30), min_size=1, max_size=5), seed_out=st.integers(0, 3))
-def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(window, steps, prompts, seed_out):
+       prompts=st.lists(st.integers(1, 30), min_size=1, max_size=5), seed_out=st.integers(0, 3),
+       async_scheduling=st.booleans())
+def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(window, steps, prompts, seed_out,
+                                                                          async_scheduling):
     """simulator/fast_forward.apply_stretch against scheduler steps: the same blocks opened, registered, freed by
-    the window and retired, in the same order (free queue, hashes, tables and reference counts all equal)."""
+    the window and retired, in the same order (free queue, hashes, tables and reference counts all equal); under
+    async scheduling each step's token stays in flight, and the first decode frees what the prompt's held."""
     from simulator.fast_forward import Stretch, apply_stretch
     outputs = [max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))]  # some finish inside it
     outputs = [o + 1 if o == steps + 1 else o for o in outputs]  # a stretch's last step finishes nobody (plan_stretch)
     windows = (None, window)
-    stepped, _, now = _decoding(windows, prompts, outputs)
+    stepped, _, now = _decoding(windows, prompts, outputs, async_scheduling=async_scheduling)
     for k in range(steps):
         plan = stepped.schedule(now + k)
         stepped.commit(plan, now + k + 1)
-    fused, _, now = _decoding(windows, prompts, outputs)
+    stepped.schedule(now + steps)  # under async scheduling, what finished last goes back as the next step is planned
+    fused, _, now = _decoding(windows, prompts, outputs, async_scheduling=async_scheduling)
     plan = fused.schedule(now)  # step 0 is scheduled and allocated, as the engine hands it over
     requests = list(fused.decode_stretch(plan))
     finish = np.array([r.num_output_tokens - r.num_generated - 1 for r in requests])
     ends = now + 1 + np.arange(steps, dtype=float)
-    apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire)[3]()
+    late = fused.release_retired if fused.holds_finished else None
+    apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire, late,
+                  fused.decode_tokens_in_flight)[3]()
+    fused.schedule(now + steps)
     assert _state(fused) == _state(stepped)
     fused.kv.check_invariants()
 

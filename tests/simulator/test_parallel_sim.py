@@ -235,7 +235,7 @@ def test_a_pipelined_scheduler_finishes_every_request_and_gives_back_every_block
     (replica,) = world.replicas
     replica.scheduler.kv.check_invariants()
     assert replica.scheduler.kv.num_free_blocks == replica.scheduler.kv.num_blocks
-    assert not replica.scheduler._in_flight and not replica.scheduler._stamps
+    assert not any(r.num_in_flight_tokens for r in world.workload.requests) and not replica.scheduler._stamps
     assert result.steps["kv_blocks_used"].max() <= blocks - 1  # vLLM's null block
 
 
@@ -256,7 +256,7 @@ def test_a_tight_pipelined_pool_preempts_steps_in_flight_and_hits_its_cache():
         preempt = scheduler._preempt
 
         def spy(victim, step):
-            preempted_in_flight.append(victim.id in scheduler._in_flight)
+            preempted_in_flight.append(victim.num_in_flight_tokens > 0)
             preempt(victim, step)
         scheduler._preempt = spy
         result = world.run()
@@ -266,7 +266,8 @@ def test_a_tight_pipelined_pool_preempts_steps_in_flight_and_hits_its_cache():
         assert len(done) + result.summary["rejected"] == 40
         assert (done["output_tokens"] == done["requested_output_tokens"]).all()
         scheduler.kv.check_invariants()
-        assert scheduler.kv.num_free_blocks == scheduler.kv.num_blocks and not scheduler._in_flight
+        assert scheduler.kv.num_free_blocks == scheduler.kv.num_blocks
+        assert not any(r.num_in_flight_tokens for r in world.workload.requests)
 
 
 def test_dp_attention_gives_each_vllm_rank_its_own_defaults_and_a_request_one_ranks_share():
