@@ -102,9 +102,9 @@ def _parse(path: Path, key: str, cls: type[BaseModel]) -> dict[str, BaseModel]:
             spec = cls.model_validate(raw)
         except ValidationError as err:
             first = err.errors()[0]
-            field = ".".join(str(p) for p in first["loc"])
+            field = "".join(f".{p}" for p in first["loc"])  # none for a check of the whole entry
             name = raw.get("name", f"#{i}") if isinstance(raw, dict) else f"#{i}"
-            raise SpecError(f"{path}: {key}[{name}].{field}: {first['msg']}") from None
+            raise SpecError(f"{path}: {key}[{name}]{field}: {first['msg'].removeprefix('Value error, ')}") from None
         if spec.name in specs:
             raise SpecError(f"{path}: {key} {spec.name!r} is defined twice")
         specs[spec.name] = spec

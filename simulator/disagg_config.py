@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from hardware.errors import SpecError
+from hardware.gpu import get_interconnect
 from hardware.spec_model import SpecModel
+
+
+def known_link(name: str) -> str:
+    """`name` if the catalog has such an interconnect; else a validation error listing those it has."""
+    try:
+        get_interconnect(name)
+    except SpecError as err:
+        raise ValueError(str(err)) from None
+    return name
 
 
 class PoolConfig(SpecModel):
@@ -42,6 +53,11 @@ class TransferConfig(SpecModel):
     store_bytes_per_s: float = Field(25e9, gt=0, description="store: write and read bandwidth per GPU, bytes/s")
     store_latency_s: float = Field(50e-6, ge=0, description="store: per-transfer latency, s")
     store_channels: int = Field(8, ge=1, description="store: transfers it serves at once")
+
+    @field_validator("link")
+    @classmethod
+    def _known_link(cls, value: str) -> str:
+        return known_link(value)
 
     @model_validator(mode="after")
     def _streaming_is_direct(self) -> TransferConfig:

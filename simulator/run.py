@@ -14,7 +14,7 @@ import simpy
 from pydantic import ValidationError
 
 from hardware.cost import CostOptions
-from hardware.errors import SpecError
+from hardware.errors import ShardingError, SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.kv_groups import KVGroups, admission_blocks
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
@@ -216,13 +216,13 @@ class World:
         self.handoff: Handoff | None = None
         d = s.disaggregation
         if d is None:
-            self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished)]
+            self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished, "parallelism")]
             self.router = routers.get(s.cluster.router)(self.pools[0].targets, np.random.default_rng(seeds[1]))
         else:
             prefill = self._pool(_pool_settings(s, d.prefill, "vllm_prefill"), d.prefill.replicas, 0,
-                                 lambda replica: lambda req: self._prefilled(req, replica))
+                                 lambda replica: lambda req: self._prefilled(req, replica), "disaggregation.prefill")
             decode = self._pool(_pool_settings(s, d.decode, "vllm_decode"), d.decode.replicas,
-                                len(prefill.replicas), lambda replica: self._finished)
+                                len(prefill.replicas), lambda replica: self._finished, "disaggregation.decode")
             self.pools = [prefill, decode]
             kv_dtypes = prefill.scenario.engine.kv_dtype, decode.scenario.engine.kv_dtype
             if kv_dtypes[0] != kv_dtypes[1]:
@@ -244,9 +244,13 @@ class World:
     def replicas(self) -> list[Replica]:
         return [r for pool in self.pools for r in pool.replicas]
 
-    def _pool(self, s: Scenario, count: int, first_index: int, on_finish) -> Pool:
+    def _pool(self, s: Scenario, count: int, first_index: int, on_finish, section: str) -> Pool:
+        """`count` replicas of `s`'s engine; `section` names where the scenario sets their parallelism."""
         s = s.with_engine_defaults()
-        memory = _memory_plan(s)
+        try:
+            memory = _memory_plan(s)
+        except ShardingError as err:
+            raise ShardingError(f"{section}: {err}") from None
         e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size

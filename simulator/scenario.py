@@ -20,13 +20,13 @@ from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_va
 from hardware.cost import Parallelism
 from hardware.errors import SpecError
 from hardware.files import read_yaml
-from hardware.gpu import get_gpu, get_interconnect
+from hardware.gpu import get_gpu
 from hardware.model import check_model_name, get_model, is_config_path
 from hardware.spec_model import BOOL_FOR_NUMBER, SpecModel
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
-from simulator.disagg_config import DisaggregationConfig
+from simulator.disagg_config import DisaggregationConfig, known_link
 from simulator.omni import StageConfig
 from workloads.config import TraceSource, WorkloadConfig
 
@@ -56,11 +56,7 @@ class ParallelismConfig(SpecModel):
     @field_validator("inter_node_link")
     @classmethod
     def _known_link(cls, value: str) -> str:
-        try:
-            get_interconnect(value)
-        except SpecError as err:
-            raise ValueError(str(err)) from None
-        return value
+        return known_link(value)
 
     def spec(self, scheduler: str) -> Parallelism:
         """The layout `scheduler`'s engine runs: DP attention is vLLM's data-parallel ranks but under SGLang's."""
@@ -183,11 +179,18 @@ class Scenario(SpecModel):
         for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
             scheduler = pool.engine.get("scheduler", self.engine.scheduler)
             if scheduler != "vllm":
-                raise ValueError(f"engine.scheduler {scheduler!r}: prefill and decode pools run vLLM's P/D "
+                where = f"disaggregation.{name}.engine" if "scheduler" in pool.engine else "engine"
+                raise ValueError(f"{where}.scheduler {scheduler!r}: prefill and decode pools run vLLM's P/D "
                                  "schedulers (allowed with disaggregation: vllm)")
-            routers.get(pool.router)
-            if pool.gpu is not None:
-                get_gpu(pool.gpu, tuple(self.hardware.gpu_files)) if not self.hardware.gpu_files else None
+            try:
+                routers.get(pool.router)
+            except SpecError as err:
+                raise ValueError(f"disaggregation.{name}.router: {err}") from None
+            if pool.gpu is not None and not self.hardware.gpu_files:  # with user files: once paths are resolved
+                try:
+                    get_gpu(pool.gpu)
+                except SpecError as err:
+                    raise ValueError(f"disaggregation.{name}.gpu: {err}") from None
             try:
                 EngineConfig.model_validate({**self.engine.model_dump(exclude_unset=True), **pool.engine})
             except ValidationError as err:

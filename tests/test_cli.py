@@ -91,7 +91,7 @@ def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, mo
     """Each of these used to end in a traceback (or a silently dropped value); now one line names what is wrong."""
     from pathlib import Path
     root = Path(__file__).resolve().parents[1]
-    quickstart = str(root / "scenarios" / "quickstart.yaml")
+    quickstart, pd = (str(root / "scenarios" / name) for name in ("quickstart.yaml", "pd_disaggregated_70b.yaml"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("")
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe")
@@ -120,6 +120,17 @@ def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, mo
         (("plan", quickstart, "--out", "/proc/plan"), "/proc/plan: cannot write in /proc"),
         (("simulate", quickstart, "--out", "/proc/run"), "/proc/run: cannot write in /proc"),
         (("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--html", "/proc/r.html"), "cannot write in /proc"),
+        # what is wrong names the field it is in
+        (("simulate", quickstart, "--set", "parallelism.tp=3"), "parallelism: tensor parallel size 3 must divide"),
+        (("simulate", pd, "--set", "disaggregation.decode.tp=3"),
+         "disaggregation.decode: tensor parallel size 3 must divide"),
+        (("simulate", pd, "--set", "disaggregation.decode.gpu=h1000"), "disaggregation.decode.gpu: unknown GPU 'h1000'"),
+        (("simulate", pd, "--set", "disaggregation.prefill.router=fastest"),
+         "disaggregation.prefill.router: unknown router 'fastest'"),
+        (("simulate", pd, "--set", "disaggregation.transfer.link=foo"),
+         "disaggregation.transfer.link: unknown interconnect 'foo'"),
+        (("simulate", pd, "--set", "disaggregation.prefill.engine.scheduler=sglang"),
+         "disaggregation.prefill.engine.scheduler 'sglang': prefill and decode pools run vLLM's"),
     ]
     for args, message in cases:
         result = run(*args)

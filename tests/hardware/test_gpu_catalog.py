@@ -136,6 +136,21 @@ def test_user_file_missing_field_names_file_and_field(tmp_path):
     assert "memory_bytes_per_s" in message
 
 
+def test_a_check_of_a_whole_user_gpu_names_the_gpu_without_a_dangling_field(tmp_path):
+    path = _write(tmp_path, "nofp32.yaml", NEW_GPU_YAML.replace("      fp32: 50.0e+12\n", ""))
+    with pytest.raises(SpecError) as err:
+        gpu_catalog((path,))
+    assert str(err.value).startswith(f"{path}: gpus[test-accel]: peak_flop_per_s must list 'fp32'"), str(err.value)
+    assert "missing.yaml: gpus[test-accel].memory_bytes_per_s: " in _missing_field_message(tmp_path)
+
+
+def _missing_field_message(tmp_path: Path) -> str:
+    path = _write(tmp_path, "missing.yaml", NEW_GPU_YAML.replace("    memory_bytes_per_s: 2.0e+12\n", ""))
+    with pytest.raises(SpecError) as err:
+        gpu_catalog((path,))
+    return str(err.value)
+
+
 def test_user_file_unknown_field_is_rejected(tmp_path):
     path = _write(tmp_path, "extra.yaml", NEW_GPU_YAML + "    tdp_watts: 700\n")
     with pytest.raises(SpecError) as err:
