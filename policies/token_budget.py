@@ -48,7 +48,7 @@ class TokenBudgetScheduler:
     def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self.budget, self.max_num_seqs = cfg.batch_limits()
-        self.in_flight_tokens = self.budget * cfg.in_flight_batches()  # bounds a sliding window's admission
+        self.steps_in_flight = cfg.in_flight_batches()  # steps planned before the last one's outputs are in
         self.chunked = cfg.enable_chunked_prefill
         self.reserve_output = False
         self.host_blocks_free = host_blocks
@@ -71,7 +71,7 @@ class TokenBudgetScheduler:
         micro-batch while this one is in flight, and a request whose sampled token is not back yet has nothing to
         schedule."""
         self.pipelined = True
-        self.in_flight_tokens = self.budget * self.cfg.in_flight_batches(depth)
+        self.steps_in_flight = self.cfg.in_flight_batches(depth)
 
     @property
     def num_waiting(self) -> int:
@@ -83,7 +83,7 @@ class TokenBudgetScheduler:
         whole anyway, Orca's reserved): the tokens in flight a sliding window's blocks are counted for
         (`kv_groups.admission_blocks`); None without it."""
         gated = self.chunked and self.cfg.scheduler_reserve_full_isl and not self.reserve_output
-        return self.in_flight_tokens if gated else None
+        return self.budget * self.steps_in_flight if gated else None
 
     @property
     def holds_finished(self) -> bool:
@@ -194,8 +194,9 @@ class TokenBudgetScheduler:
     @property
     def earlier_tokens_in_flight(self) -> int:
         """The most tokens of earlier steps a request can have in flight when a step is planned (one budget under
-        async scheduling, pp - 1 pipelined): its sliding windows keep their blocks."""
-        return self.in_flight_tokens - self.budget
+        async scheduling, pp - 1 pipelined): its sliding windows keep their blocks. Orca reserves every block of
+        a request at admission: none to count."""
+        return 0 if self.reserve_output else self.budget * (self.steps_in_flight - 1)
 
     @property
     def decode_tokens_in_flight(self) -> int:

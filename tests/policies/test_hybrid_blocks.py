@@ -212,4 +212,19 @@ def test_admission_bounds_a_window_by_the_tokens_in_flight_not_the_prefill_thres
                                        TokenLog())
         if pp > 1:
             sched.pipeline(pp)
-        assert sched.in_flight_tokens == expected
+        assert sched.admission_window_tokens == expected and sched.earlier_tokens_in_flight == expected - 8192
+
+
+def test_sarathi_and_orca_count_the_steps_in_flight_by_their_own_budget():
+    """Sarathi's step is its chunk (512 here, not max_num_batched_tokens); Orca reserves a request's every block at
+    admission, so nothing is counted for it (its unbounded budget used to leak into the arrival check: a
+    negative bound that admitted requests which could never run, or an int64 overflow)."""
+    for ahead, pp, steps in ((False, 1, 1), (True, 1, 2), (False, 3, 3)):
+        cfg = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192, chunk_size=512, async_scheduling=ahead)
+        sarathi, orca = (schedulers.get(name)(make_kv_manager(cfg, 100, 16, (None, 128)), cfg, orderings.get("fcfs"),
+                                              TokenLog()) for name in ("sarathi", "orca"))
+        if pp > 1:
+            sarathi.pipeline(pp)
+            orca.pipeline(pp)
+        assert (sarathi.admission_window_tokens, sarathi.earlier_tokens_in_flight) == (512 * steps, 512 * (steps - 1))
+        assert (orca.admission_window_tokens, orca.earlier_tokens_in_flight) == (None, 0)
