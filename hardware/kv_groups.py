@@ -49,9 +49,7 @@ class KVGroups:
     def peak_blocks(self, total: int, block_size: int, max_chunk: int) -> int:
         """The most blocks a request of `total` tokens can hold at once when steps add at most `max_chunk`
         tokens (vLLM's max_memory_usage_bytes per group: a sliding one holds its window plus a chunk, +1)."""
-        full = cdiv(total, block_size)
-        return sum(full if w is None else min(full, cdiv(min(w - 1 + max_chunk, total), block_size) + 1)
-                   for w in self.windows)
+        return sum(admission_blocks(w, total, block_size, max_chunk) for w in self.windows)
 
     def most_blocks(self, total: int, block_size: int, max_chunk: int, in_flight: int = 0) -> int:
         """The most blocks a request of `total` tokens can need at once, whatever its chunks (each at most

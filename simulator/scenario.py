@@ -11,6 +11,7 @@ import copy
 import difflib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -409,15 +410,9 @@ def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 def trace_sources(model: Any) -> list[TraceSource]:
     """Every trace `model` (a scenario or a part of one) reads: the workload's, an empirical length
     distribution's, a stage's."""
-    if isinstance(model, TraceSource):
-        return [model]
-    if isinstance(model, (list, tuple)):
-        return [src for item in model for src in trace_sources(item)]
-    if isinstance(model, dict):
-        return trace_sources(list(model.values()))
-    if isinstance(model, BaseModel):
-        return trace_sources([getattr(model, name) for name in type(model).model_fields])
-    return []
+    found: list[TraceSource] = []
+    _rebuilt(model, lambda part: found.append(part) or part if isinstance(part, TraceSource) else part)
+    return found
 
 
 def with_absolute_paths(model: Any, base_dir: Path) -> Any:
@@ -425,23 +420,33 @@ def with_absolute_paths(model: Any, base_dir: Path) -> Any:
     GPU files, profiles and model config.json files against the working folder (where they were read), so the
     resolved scenario a run writes into its own folder reruns from there. Runs themselves keep the paths as
     given: a sweep point's hash does not depend on where the project sits."""
-    if isinstance(model, TraceSource):
-        return model if model.path.is_absolute() else model.model_copy(
-            update={"path": (base_dir / model.path).absolute()})
+    def absolute(part: BaseModel) -> BaseModel:
+        if isinstance(part, TraceSource):
+            return part if part.path.is_absolute() else part.model_copy(
+                update={"path": (base_dir / part.path).absolute()})
+        update = {}
+        if isinstance(part, HardwareConfig):
+            update["gpu_files"] = [f.absolute() for f in part.gpu_files]
+            if part.profile is not None and Path(part.profile).suffix:  # a YAML path, not a bundled name
+                update["profile"] = str(Path(part.profile).absolute())
+        for name in ("model", "draft_model"):  # a config.json path, not a preset
+            value = getattr(part, name) if name in type(part).model_fields else None
+            if isinstance(value, str) and is_config_path(value):
+                update[name] = str(Path(value).absolute())
+        changed = {name: value for name, value in update.items() if value != getattr(part, name)}
+        return part.model_copy(update=changed) if changed else part
+    return _rebuilt(model, absolute)
+
+
+def _rebuilt(model: Any, fix: Callable[[BaseModel], BaseModel]) -> Any:
+    """`model` (a pydantic model, or lists and dicts of them) with `fix` applied to every pydantic model in it,
+    innermost first; what `fix` leaves as it is stays the same object."""
     if isinstance(model, (list, tuple)):
-        return type(model)(with_absolute_paths(item, base_dir) for item in model)
+        return type(model)(_rebuilt(item, fix) for item in model)
     if isinstance(model, dict):
-        return {key: with_absolute_paths(value, base_dir) for key, value in model.items()}
+        return {key: _rebuilt(value, fix) for key, value in model.items()}
     if not isinstance(model, BaseModel):
         return model
-    update = {name: with_absolute_paths(getattr(model, name), base_dir) for name in type(model).model_fields}
-    if isinstance(model, HardwareConfig):
-        update["gpu_files"] = [f.absolute() for f in model.gpu_files]
-        if model.profile is not None and Path(model.profile).suffix:  # a YAML path, not a bundled name
-            update["profile"] = str(Path(model.profile).absolute())
-    for name in ("model", "draft_model"):  # a config.json path, not a preset
-        value = update.get(name)
-        if isinstance(value, str) and is_config_path(value):
-            update[name] = str(Path(value).absolute())
-    changed = {name: value for name, value in update.items() if value != getattr(model, name)}
-    return model.model_copy(update=changed) if changed else model
+    update = {name: _rebuilt(getattr(model, name), fix) for name in type(model).model_fields}
+    changed = {name: value for name, value in update.items() if value is not getattr(model, name)}
+    return fix(model.model_copy(update=changed) if changed else model)

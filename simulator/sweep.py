@@ -130,14 +130,15 @@ def code_fingerprint(root: Path = ROOT) -> bytes:
 
 def _meaning(path: Path) -> bytes:
     """A source file's syntax tree without docstrings, or a data file's values in canonical JSON; the bytes
-    themselves where the file does not parse (it still counts, and any edit to it too)."""
+    themselves where the file does not parse or its keys do not sort (it still counts, and any edit to it too).
+    Syntax trees print differently across Python versions: a sweep resumed under another one runs again."""
     text = path.read_bytes()
     try:
         if path.suffix == ".py":
             return ast.dump(_without_docstrings(ast.parse(text))).encode()
         data = yaml.safe_load(text) if path.suffix == ".yaml" else json.loads(text)
         return json.dumps(data, sort_keys=True, default=str).encode()
-    except (SyntaxError, ValueError, yaml.YAMLError):
+    except (SyntaxError, ValueError, TypeError, yaml.YAMLError):
         return text
 
 

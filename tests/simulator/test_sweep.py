@@ -316,3 +316,10 @@ def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     assert "--dask-address tcp://127.0.0.1:9: no Dask scheduler answered" in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_a_data_file_whose_keys_do_not_sort_counts_by_its_bytes(tmp_path):
+    (tmp_path / "hardware").mkdir()
+    (tmp_path / "hardware" / "mixed.yaml").write_text("1: a\nb: 2\n")  # canonical JSON cannot sort 1 and 'b'
+    assert code_fingerprint(tmp_path)
+    code_fingerprint.cache_clear()
