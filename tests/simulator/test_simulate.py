@@ -87,22 +87,26 @@ def test_requests_longer_than_max_model_len_are_rejected_with_a_reason():
     assert rejected["finish_s"].isna().all()
 
 
-@pytest.mark.parametrize("async_scheduling, completed, rejected", [(True, 0, 5), (False, 5, 0)])
-def test_a_request_the_admission_gate_could_never_let_in_is_rejected(async_scheduling, completed, rejected):
+@pytest.mark.parametrize("scheduler, async_scheduling, completed, rejected",
+                         [("vllm", True, 0, 5), ("vllm", False, 5, 0), ("orca", False, 0, 5)])
+def test_a_request_the_admission_gate_could_never_let_in_is_rejected(scheduler, async_scheduling, completed,
+                                                                      rejected):
     """gpt-oss-20b (full attention and a 128-token window, 16-token blocks), 16,000 + 10 tokens, 1,600 blocks (1,599
     usable). The admission gate wants the full group's cdiv(16009, 16) = 1,001 blocks and the window's
     min(1,001, cdiv(127 + in-flight tokens, 16) + 1): 8,192 x 2 in flight under async scheduling, 1,001 (2,002 in
     all, more than the pool: rejected, where it used to wait at the queue's head forever); synchronously 8,192,
-    521 (1,522: all run)."""
+    521 (1,522: all run). Orca reserves every block of both groups at admission: 2 x 1,001, rejected too."""
     result = run(scenario(model="gpt-oss-20b", engine={"num_gpu_blocks_override": 1600, "max_model_len": 32768,
-                                                       "max_num_batched_tokens": 8192,
+                                                       "max_num_batched_tokens": 8192, "scheduler": scheduler,
+                                                       "prefix_caching": "none" if scheduler == "orca" else "vllm",
                                                        "async_scheduling": async_scheduling},
                           workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 16000},
                                                 "output": {"kind": "fixed", "value": 10}},
                                     "arrivals": {"kind": "all_at_once"}, "num_requests": 5}))
     assert (result.summary["completed"], result.summary["rejected"]) == (completed, rejected)
     if rejected:
-        assert (result.requests["reject_reason"] == "needs 2002 KV blocks at full length; the pool has 1599").all()
+        usable = 1599 if scheduler == "vllm" else 1600  # vLLM's null block
+        assert (result.requests["reject_reason"] == f"needs 2002 KV blocks at full length; the pool has {usable}").all()
 
 
 @pytest.mark.parametrize("file, blocks, least", [("quickstart.yaml", 1, 2), ("deepseek_v3_8xh200.yaml", 15, 16)])
