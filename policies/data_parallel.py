@@ -159,12 +159,9 @@ class DataParallelRanks:
         return all(getattr(rank, "pipelined", False) for rank in self.ranks)
 
     @property
-    def admission_window_tokens(self) -> int | None:
-        return getattr(self.ranks[0], "admission_window_tokens", None)
-
-    @property
-    def earlier_tokens_in_flight(self) -> int:
-        return getattr(self.ranks[0], "earlier_tokens_in_flight", 0)
+    def blocks_to_run(self) -> Callable[[int, tuple[int | None, ...], int], int] | None:
+        """The ranks' bound on a request's blocks (`TokenBudgetScheduler.blocks_to_run`), where they have one."""
+        return getattr(self.ranks[0], "blocks_to_run", None)
 
     def schedule(self, now: float) -> StepPlan:
         self._now = now

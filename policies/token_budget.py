@@ -31,6 +31,7 @@ import sys
 from collections import deque
 from collections.abc import Iterable
 
+from hardware.kv_groups import KVGroups, admission_blocks
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
 from policies.one_step_ahead import OneStepAhead
@@ -197,6 +198,17 @@ class TokenBudgetScheduler:
         async scheduling, pp - 1 pipelined): its sliding windows keep their blocks. Orca reserves every block of
         a request at admission: none to count."""
         return 0 if self.reserve_output else self.budget * (self.steps_in_flight - 1)
+
+    def blocks_to_run(self, total: int, windows: tuple[int | None, ...], block_size: int) -> int:
+        """The most KV blocks a request of `total` tokens needs at once here: at any step (chunks of the budget, the
+        earlier steps' tokens in flight), at its admission through vLLM's gate (even after a preemption), or, for
+        Orca, reserved whole in every group at admission. A smaller pool could never run it."""
+        if self.reserve_output:
+            return len(windows) * blocks_for(total, block_size)
+        need = KVGroups(windows, 0).most_blocks(total, block_size, self.cfg.max_num_batched_tokens,
+                                                self.earlier_tokens_in_flight)
+        gate = self.admission_window_tokens
+        return need if gate is None else max(need, sum(admission_blocks(w, total, block_size, gate) for w in windows))
 
     @property
     def decode_tokens_in_flight(self) -> int:

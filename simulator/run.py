@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from hardware.cost import CostOptions
 from hardware.errors import ShardingError, SpecError
 from hardware.gpu import get_gpu, get_interconnect
-from hardware.kv_groups import KVGroups, admission_blocks, cdiv
+from hardware.kv_groups import KVGroups
 from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
 from hardware.model import get_model
 from hardware.profile import load_profile
@@ -118,22 +118,18 @@ def independent_ranks(s: Scenario) -> bool:
 def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
               windows: tuple[int | None, ...] = (None,), scheduler: Scheduler | None = None) -> str | None:
     """Why an engine would refuse this request at arrival (as vLLM's API server does), or None: too long, or
-    needing more blocks than the pool holds at some step or, where `scheduler` admits only what fits whole
-    (vLLM's admission gate, Orca's reservation), at its admission, even after a preemption (a request that could
-    never run would otherwise stall the queue behind it). A P/D prefill engine serves it with max_tokens=1."""
+    needing more blocks than the pool holds at some step or at its admission, as `scheduler` admits and steps it
+    (`blocks_to_run`: vLLM's gate, Orca's reservation), even after a preemption (a request that could never run
+    would otherwise stall the queue behind it). A P/D prefill engine serves it with max_tokens=1."""
     output = 1 if engine.scheduler == "vllm_prefill" else req.num_output_tokens
     if req.num_prompt_tokens + output > max_model_len:
         return f"prompt ({req.num_prompt_tokens}) + output ({output}) tokens exceed max_model_len ({max_model_len})"
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     total = req.num_prompt_tokens + output - 1
-    need = KVGroups(windows, 0).most_blocks(total, block_size, engine.max_num_batched_tokens,
-                                            getattr(scheduler, "earlier_tokens_in_flight", 0))
-    gate = getattr(scheduler, "admission_window_tokens", None)
-    if gate is not None:
-        need = max(need, sum(admission_blocks(w, total, block_size, gate) for w in windows))
-    if getattr(scheduler, "reserve_output", False):  # Orca reserves every block of every group at admission
-        need = max(need, len(windows) * cdiv(total, block_size))
+    blocks_to_run = getattr(scheduler, "blocks_to_run", None)  # one that knows how it admits and steps
+    need = blocks_to_run(total, windows, block_size) if blocks_to_run is not None \
+        else KVGroups(windows, 0).most_blocks(total, block_size, engine.max_num_batched_tokens)
     if need > num_blocks:
         return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
     return None
