@@ -4,7 +4,9 @@ Every operator (per layer group: QKV/O projections, attention, MLP or MoE expert
 per model: embedding and its all-reduce under TP, LM head and its logits gather, pipeline sends)
 counts the FLOPs and HBM bytes one GPU of the replica moves, and takes
 `max(flops / (peak * eff_c), bytes / (bandwidth * eff_m))` with the efficiencies of a calibration `Profile`.
-The step adds fixed overheads. Pure functions only.
+The step adds fixed overheads. Pure functions only. A profile with measured kernel tables (`Profile.kernels`,
+`hardware.kernel_tables`) prices the GEMMs, attention and all-reduces those tables hold from them instead (bound
+"measured" in the breakdown), and everything else with the roofline.
 
 Conventions (per GPU of a TP group): weights and query heads split by TP, KV heads split or
 duplicated (see `kv_heads_per_rank`); MLA keeps its latent on every rank, expands K/V in prefill
@@ -23,6 +25,7 @@ import numpy as np
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
+from hardware.kernel_tables import AttentionTable, KernelTables, kernel_tables
 from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, check_sharding, dtype_bytes,
                             expert_padding, kv_heads_per_rank, resolve_weight_dtype, stage_layer_specs, weight_bytes)
 from hardware.profile import Profile
@@ -326,6 +329,7 @@ class _Ctx:
     expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
     rank: StepBatch  # the requests one GPU attends for (`busiest_rank`): the step's, or its busiest rank's
     peak: tuple[int, int]  # the most tokens and requests one rank exchanges (`rank_peaks`)
+    kernels: KernelTables | None  # measured kernel latencies for this GPU and engine, if the profile names them
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
@@ -342,6 +346,20 @@ class _Ctx:
         compute, memory = self.profile.curves(kind)
         return (flops / (peak * compute.at(self.tokens)),
                 nbytes / (self.gpu.memory_bytes_per_s * memory.at(self.tokens)))
+
+    def measured_gemms(self, rows: float, shapes: tuple[tuple[float, float], ...], dtype: str | None = None
+                       ) -> float | None:
+        """Seconds of the measured GEMMs of `rows` rows, one per (out, in) shape, run one after another; None
+        unless the tables hold every one."""
+        if self.kernels is None:
+            return None
+        total = 0.0
+        for n, k in shapes:
+            time_s = self.kernels.gemm_s(dtype or self.weight_dtype, rows, n, k)
+            if time_s is None:
+                return None
+            total += time_s
+        return total
 
 
 @dataclass(frozen=True, slots=True)
@@ -360,7 +378,7 @@ class OperatorTerm:
     compute_s: float
     memory_s: float
     time_s: float
-    bound: str  # compute | memory | link
+    bound: str  # compute | memory | link | measured (a kernel table's latency, not the roofline's)
     layers: int
     tokens: float
 
@@ -372,14 +390,21 @@ class _Terms:
         self.terms: list[OperatorTerm] = []
 
     def add(self, ctx: _Ctx, name: str, kind: str, flops: float, nbytes: float, roof: tuple[float, float],
-            layers: int) -> None:
+            layers: int, measured: float | None = None) -> None:
+        """`measured`: the kernel tables' seconds, which price the term when given (the roofline's stay beside)."""
         compute_s, memory_s = roof
-        time_s, bound = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
+        if measured is not None:
+            time_s, bound = measured, "measured"
+        else:
+            time_s, bound = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
         self.terms.append(OperatorTerm(name, kind, flops, nbytes, compute_s, memory_s, time_s, bound, layers,
                                        ctx.tokens))
 
-    def add_link(self, ctx: _Ctx, name: str, nbytes: float, time_s: float, layers: int) -> None:
-        self.terms.append(OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, "link", layers, ctx.tokens))
+    def add_link(self, ctx: _Ctx, name: str, nbytes: float, time_s: float, layers: int,
+                 measured: float | None = None) -> None:
+        bound = "link" if measured is None else "measured"
+        time_s = time_s if measured is None else measured
+        self.terms.append(OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, bound, layers, ctx.tokens))
 
 
 class _Acc:
@@ -449,6 +474,40 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     return flops, nbytes, compute_s, memory_s
 
 
+def _attention_table(ctx: _Ctx, window: int | None, decode: bool) -> AttentionTable | None:
+    """The kernel tables' attention of this model's layers on one GPU, or None (MLA's latent attention is left to
+    the roofline)."""
+    m = ctx.model
+    if ctx.kernels is None or m.mla is not None:
+        return None
+    if ctx.par.dp_attention:
+        heads, kv_heads = m.num_heads, m.num_kv_heads
+    else:
+        heads, kv_heads = m.num_heads / ctx.par.tp, kv_heads_per_rank(m.num_kv_heads, ctx.par.tp)
+    return ctx.kernels.attention(decode, ctx.opts.kv_dtype, heads, kv_heads, m.head_dim, window)
+
+
+def _table_length(window: int | None, decode: bool, requests: int, kv_read: int, keys: int) -> float:
+    """The tables time `requests` alike requests, so a step's are taken as that many of their mean: decodes over the
+    mean KV tokens read, prefills of the causal length whose keys (as `causal_keys` counts them, window-capped) are
+    the mean, which keeps a chunk's attention over its cached context."""
+    if decode:
+        return kv_read / requests
+    mean = keys / requests
+    if window is None or mean <= window * (window + 1) / 2:
+        return (math.sqrt(1 + 8 * mean) - 1) / 2
+    return window + (mean - window * (window + 1) / 2) / window
+
+
+def measured_attention(ctx: _Ctx, window: int | None, decode: bool, requests: int, kv_read: int, keys: int
+                       ) -> float | None:
+    """One layer's attention from the kernel tables, or None."""
+    table = _attention_table(ctx, window, decode)
+    if table is None:
+        return None
+    return table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
+
+
 def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     """`batch`: the requests one GPU attends for (`busiest_rank`), as the layer group sees them."""
     m, ctx = ctx.model, ctx.with_tokens(batch.num_tokens)
@@ -458,7 +517,8 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
             continue
         flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
         acc.add(ctx, "attention_decode" if decode else "attention_prefill", "attention", flops, nbytes,
-                (compute_s, memory_s), layers)
+                (compute_s, memory_s), layers, measured_attention(ctx, group.window, decode, s.requests, s.kv_read,
+                                                                  s.keys))
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = s.tokens if decode else s.expand_tokens
@@ -501,7 +561,9 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Grou
         params = m.dense_mlp_params(group.mlp_intermediate) / ranks
         flops = 2 * rows * params
         nbytes = params * ctx.wbytes + rows * (2 * h + 3 * group.mlp_intermediate / ranks) * ACT_BYTES
-        acc.add(dense, "mlp", "gemm", flops, nbytes, dense.gemm_s(flops, nbytes), layers)
+        width = group.mlp_intermediate / ranks  # up (with its gate, fused) then down
+        measured = dense.measured_gemms(rows, (((2 if m.gated_mlp else 1) * width, h), (h, width)))
+        acc.add(dense, "mlp", "gemm", flops, nbytes, dense.gemm_s(flops, nbytes), layers, measured)
     if group.extra_linear_params:
         params = group.extra_linear_params / ranks
         acc.add(dense, "layer_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
@@ -554,6 +616,13 @@ def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
     return _collective_s(ctx, 2 * (tp - 1) / tp * nbytes, 2 * (tp - 1))
 
 
+def _measured_all_reduce(ctx: _Ctx, nbytes: float) -> float | None:
+    """The engine's own all-reduce of `nbytes` over the TP group, as the kernel tables measured it inside a node."""
+    if ctx.kernels is None or ctx.par.tp > ctx.gpu.gpus_per_node:
+        return None
+    return ctx.kernels.all_reduce_s(ctx.par.tp, nbytes)
+
+
 def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
     """All-to-all of `nbytes` per GPU: (TP-1)/TP of it leaves each GPU (the bus bytes of a ring all-gather or
     reduce-scatter of `nbytes` too)."""
@@ -570,11 +639,14 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim = qkv / h  # under DP attention the busiest rank's rows with whole weights
     local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
+    plain = ctx.model.mla is None  # MLA's projections are low-rank pairs the GEMM tables are not looked up for
     acc.add(local, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
-            local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers)
+            local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers,
+            local.measured_gemms(rows, ((out_dim, h),)) if plain else None)
     _attention(ctx, acc, rank, group, layers)
     acc.add(local, "o_proj", "gemm", 2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
-            local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers)
+            local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers,
+            local.measured_gemms(rows, ((h, o / h),)) if plain else None)
     _mlp(ctx, acc, tokens, rows, group, layers)
     if ctx.par.tp > 1:
         _layer_comm(ctx, acc, tokens, peak, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
@@ -614,7 +686,7 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, peak_tokens: float, group
                          _all_to_all_s(ctx, gathered) + _all_to_all_s(ctx, msg), layers)
         return
     for _ in range(2):
-        acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers)
+        acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers, _measured_all_reduce(ctx, msg))
 
 
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
@@ -625,7 +697,7 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     acc.add(local, "embedding", "gemm", 0.0, looked_up, local.gemm_s(0.0, looked_up), 1)
     if ranks > 1:  # each rank looks up its slice of the vocabulary; the partial embeddings are summed
         msg = tokens * m.hidden_size * ACT_BYTES
-        acc.add_link(ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1)
+        acc.add_link(ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1, _measured_all_reduce(ctx, msg))
     if m.extra_linear_params:
         params = m.extra_linear_params / ranks
         acc.add(local, "model_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
@@ -638,7 +710,8 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits, most)
         flops, nbytes = 2 * rows * params, params * ACT_BYTES + rows * m.vocab_size / ranks * LOGIT_BYTES
         head = ctx.with_tokens(rows)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
-        acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1)
+        acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1,
+                head.measured_gemms(rows, ((m.vocab_size / ranks, m.hidden_size),), "bf16"))
         if ranks > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
             bus = (ranks - 1) / ranks * logits * m.vocab_size * ACT_BYTES
             acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, ranks - 1), 1)
@@ -679,8 +752,10 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     if rank is None:
         rank = busiest_rank(batch, model, gpu, parallelism, profile, options)
-    return _Ctx(model, gpu, parallelism, options, profile.for_gpu(gpu.name), float(max(batch.num_tokens, 1)), dtype,
-                *weight_bytes(model, dtype), rank, rank_peaks(batch) or (rank.num_tokens, rank.num_requests))
+    profile = profile.for_gpu(gpu.name)
+    kernels = kernel_tables(profile.kernels, gpu.name) if profile.kernels else None
+    return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)), dtype,
+                *weight_bytes(model, dtype), rank, rank_peaks(batch) or (rank.num_tokens, rank.num_requests), kernels)
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
@@ -705,6 +780,10 @@ def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, paral
             if stats is None:
                 stats = memo[key] = _attn_stats(seen, group.window, decode, options.decode_query_len)
             if not stats.requests:
+                continue
+            measured = measured_attention(ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys)
+            if measured is not None:
+                yield group, layers, decode, measured
                 continue
             _, _, compute_s, memory_s = attention_terms(ctx.with_tokens(seen.num_tokens), group.owns_kv, decode,
                                                         stats.keys, stats.kv_read, stats.tokens)
@@ -739,7 +818,15 @@ def decode_stretch_attention_s(num_context: np.ndarray, num_steps: int, model: M
     for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
         keys = _decode_keys(rank.num_context, steps, group.window)
         _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, rank.num_tokens)
-        attention += np.maximum(compute_s, memory_s) * layers
+        per_layer = np.maximum(compute_s, memory_s)
+        table = _attention_table(ctx, group.window, True)
+        if table is not None:  # looked up one step at a time, with a stepped step's very numbers
+            requests = rank.num_requests
+            for step, read in enumerate(keys.tolist()):
+                measured = table.seconds(requests, _table_length(group.window, True, requests, read, read))
+                if measured is not None:
+                    per_layer[step] = measured
+        attention += per_layer * layers
     return attention
 
 

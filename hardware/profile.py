@@ -24,6 +24,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from hardware.errors import SpecError
 from hardware.files import read_yaml
 from hardware.gpu import gpu_catalog
+from hardware.kernel_tables import ENGINE, framework_for
 from hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
@@ -103,6 +104,10 @@ class Profile(SpecModel):
         "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
         "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))
     host_request_s: float = Field(0.0, ge=0, description="The same, per scheduled request per step")
+    kernels: str | None = Field(None, description=(
+        "Measured kernel tables that price GEMMs, attention and all-reduces instead of the roofline "
+        "(hardware.kernel_tables, aiconfigurator-core's): engine (the scenario's scheduler's), vllm, sglang or "
+        "trtllm, optionally @version; the other fields price what the tables lack"))
     fit_mape: float | None = Field(None, description="Mean absolute % error on held-out shapes, when fitted")
     gpus: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "Per-GPU sections: a GPU's catalog name -> the efficiencies and overheads that differ on it (the rest "
@@ -113,6 +118,13 @@ class Profile(SpecModel):
     @classmethod
     def _number_is_constant(cls, value: object) -> object:
         return _curve(value)
+
+    @field_validator("kernels")
+    @classmethod
+    def _known_tables(cls, kernels: str | None) -> str | None:
+        if kernels is not None:
+            framework_for(kernels)
+        return kernels
 
     @field_validator("gpus")
     @classmethod
@@ -141,6 +153,14 @@ class Profile(SpecModel):
             return self.model_copy(update={"gpus": {}})
         return Profile.model_validate(self.model_dump(exclude={"gpus"}) | section)
 
+    def for_engine(self, scheduler: str) -> Profile:
+        """The profile as `scheduler`'s engine runs: `kernels: engine` names that engine's tables."""
+        if self.kernels is None or not self.kernels.startswith(ENGINE):
+            return self
+        version = self.kernels.partition("@")[2]
+        return self.model_copy(update={"kernels": framework_for(self.kernels, scheduler) + (f"@{version}" if version
+                                                                                              else "")})
+
     def with_gpu_section(self, gpu: str, values: dict[str, Any]) -> Profile:
         """This profile with `values` set in `gpu`'s section (over what the section already held)."""
         return Profile.model_validate(self.model_dump() | {
@@ -155,8 +175,9 @@ class Profile(SpecModel):
         return self.gemm_compute, self.gemm_memory
 
 
-#: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance or fit error.
-GPU_FIELDS = tuple(name for name in Profile.model_fields if name not in ("name", "provenance", "fit_mape", "gpus"))
+#: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit error.
+GPU_FIELDS = tuple(name for name in Profile.model_fields
+                   if name not in ("name", "provenance", "kernels", "fit_mape", "gpus"))
 
 
 def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:
@@ -174,7 +195,8 @@ def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = 
         profile = Profile.model_validate(read_yaml(path, "profile"))
     except ValidationError as err:
         first = err.errors()[0]
-        raise SpecError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+        raise SpecError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
+                        ) from None
     catalog = gpu_catalog(gpu_files) if profile.gpus else {}
     unknown = sorted(set(profile.gpus) - set(catalog))
     if unknown:

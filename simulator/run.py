@@ -77,7 +77,7 @@ def build_timer(s: Scenario) -> StepTimer:
                           1 + spec.k if spec is not None else 1)
     gpu_files = tuple(s.hardware.gpu_files)
     return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, gpu_files), s.parallelism.spec(s.engine.scheduler),
-                     load_profile(s.hardware.profile, gpu_files), options)
+                     load_profile(s.hardware.profile, gpu_files).for_engine(s.engine.scheduler), options)
 
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:

@@ -322,3 +322,24 @@ def test_a_true_or_false_stays_valid_where_the_field_takes_one(tmp_path):
     result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", "workload.num_requests=20",
                       "--set", "engine.enable_chunked_prefill=true", "--set", "engine.async_scheduling=false")
     assert result.exit_code == 0, result.output
+
+
+def test_a_measured_kernel_profile_prices_each_engine_from_its_own_tables(tmp_path):
+    """`hardware.profile: measured` end to end: the run's steps come from the kernel tables (not the defaults'
+    roofline), vLLM's and SGLang's from their own, and the same scenario reruns to the same numbers."""
+    def run(name: str, *sets: str) -> dict:
+        result = simulate(str(QUICKSTART), "--out", str(tmp_path / name), "--set", "workload.num_requests=150",
+                          *(arg for value in sets for arg in ("--set", value)))
+        assert result.exit_code == 0, result.output
+        return json.loads((tmp_path / name / "summary.json").read_text())
+
+    default = run("default")
+    measured = run("measured", "hardware.profile=measured")
+    again = run("again", "hardware.profile=measured")
+    sglang = run("sglang", "hardware.profile=measured", "engine.scheduler=sglang", "engine.prefix_caching=radix")
+    sglang_default = run("sglang_default", "engine.scheduler=sglang", "engine.prefix_caching=radix")
+    assert measured == again
+    assert measured["completed"] == default["completed"] == 150
+    assert measured["mean_tpot_ms"] != default["mean_tpot_ms"]
+    # SGLang's kernels price its steps: the change from the defaults is not vLLM's
+    assert sglang["mean_tpot_ms"] / sglang_default["mean_tpot_ms"] != measured["mean_tpot_ms"] / default["mean_tpot_ms"]

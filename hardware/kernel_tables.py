@@ -1,0 +1,304 @@
+"""Measured kernel latencies: one operator on one GPU, as an engine's own kernels run it, from aiconfigurator-core.
+
+NVIDIA's `aiconfigurator-core` package (Apache-2.0; `pip install -e ".[kernels]"`) ships, per GPU and engine build,
+tables of measured latencies: GEMMs by (m, n, k, dtype), prefill ("context") attention by (batch, prompt length,
+heads, KV heads, head dim, window, KV dtype), decode ("generation") attention by (batch, KV length, ...) and the
+engine's custom all-reduce by (GPUs, message bytes), collected with the engines' kernels (its `collector/`). servesim
+reads the tables, never the package's code. A shape is looked up by interpolating log latency linearly in the log of
+each coordinate between the grid points around it, as the tables are spaced geometrically. Below a grid the time is
+held at its smallest entry (launch-bound); past a GEMM's or all-reduce's largest size, or an attention table's
+largest batch at a length, the work is split into pieces that fit (rows, columns, message bytes, requests add up);
+anywhere else outside a grid, or for a dtype or layout the tables
+lack, a lookup returns None and the cost model prices that operator with its roofline.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import importlib.util
+import itertools
+import math
+from pathlib import Path
+
+import numpy as np
+
+from hardware.errors import SpecError
+
+#: servesim's GPU catalog names -> aiconfigurator-core's system folders (GPUs it measured).
+SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "a100-80gb": "a100_sxm", "l40s": "l40s"}
+#: Engine families with tables of their own; `kernels: engine` takes the scenario's scheduler's, vLLM's for the
+#: schedulers that imitate no engine of their own (Orca, Sarathi, static).
+FRAMEWORKS = ("vllm", "sglang", "trtllm")
+ENGINE = "engine"
+#: servesim's dtype names -> the tables' (bf16 GEMMs; fp8 per-tensor scaled; KV caches in bf16 or fp8).
+GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+MS = 1e-3
+INSTALL_HINT = 'pip install -e ".[kernels]"'
+
+
+def framework_for(kernels: str, scheduler: str | None = None) -> str:
+    """The engine family whose tables `kernels` names: itself, or under `engine` the scheduler's (vLLM's for
+    schedulers without tables of their own)."""
+    name = kernels.split("@")[0]
+    if name == ENGINE:
+        return scheduler if scheduler in FRAMEWORKS else "vllm"
+    if name not in FRAMEWORKS:
+        raise SpecError(f"{kernels!r} names no engine's kernel tables; allowed: {', '.join((ENGINE, *FRAMEWORKS))}, "
+                        "each optionally @version")
+    return name
+
+
+def data_root() -> Path:
+    """aiconfigurator-core's table folder, found without importing the package (it loads a compiled engine)."""
+    spec = importlib.util.find_spec("aiconfigurator_core")
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecError(f"measured kernel tables need the aiconfigurator-core package: {INSTALL_HINT}")
+    return Path(next(iter(spec.submodule_search_locations))) / "systems" / "data"
+
+
+def _version_key(version: str) -> tuple:
+    return tuple(int(part) if part.isdigit() else -1 for part in
+                 version.replace("rc", ".").replace(".post", ".").replace(".dev", ".").split("."))
+
+
+def _table_path(system: str, family: str, framework: str, version: str | None, filename: str) -> Path | None:
+    """The table `filename` of the newest build of `framework` that has it (or of `version`)."""
+    folder = data_root() / system / family / framework
+    if not folder.is_dir():
+        return None
+    versions = [version] if version else sorted((p.name for p in folder.iterdir() if p.is_dir()), key=_version_key)
+    for name in reversed(versions):
+        path = folder / name / filename
+        if path.is_file():
+            return path
+    return None
+
+
+def _read(path: Path | None, columns: list[str]):
+    if path is None:
+        return None
+    import pandas as pd  # heavy; only when a table is read
+    return pd.read_parquet(path, columns=columns)
+
+
+def _main_source(frame):
+    """Rows of the kernel the engine runs by default: the one its collector measured over most of the grid (others
+    are fallbacks for layouts it lacks, such as FA4 for 512-wide heads)."""
+    counts = frame["kernel_source"].value_counts()
+    return frame[frame["kernel_source"] == counts.index[0]]
+
+
+def _bracket(log_axis: list[float], x: float) -> tuple[int, int, float] | None:
+    """(low index, high index, weight of high) of `x` on a log axis; held at the first point below it, None above."""
+    lx = math.log(x) if x > 0 else -math.inf
+    if lx <= log_axis[0]:
+        return 0, 0, 0.0
+    if lx > log_axis[-1]:
+        return None
+    hi = bisect.bisect_left(log_axis, lx)
+    if log_axis[hi] == lx:
+        return hi, hi, 0.0
+    return hi - 1, hi, (lx - log_axis[hi - 1]) / (log_axis[hi] - log_axis[hi - 1])
+
+
+class Grid:
+    """Log latency (seconds) on a grid whose axes are spaced geometrically; NaN where nothing was measured."""
+
+    def __init__(self, axes: list[np.ndarray], log_t: np.ndarray):
+        self.axes = [np.asarray(axis, dtype=float) for axis in axes]
+        self.log_axes = [[math.log(x) for x in axis] for axis in self.axes]
+        self.log_t = log_t
+        self._rows = log_t.tolist()  # nested lists: indexing them is much faster than numpy's scalar access
+
+    @classmethod
+    def of(cls, frame, axes: list[str]) -> Grid:
+        """The grid of `frame`'s `latency` (ms) over the `axes` columns (duplicates averaged)."""
+        values = [np.sort(frame[a].unique()) for a in axes]
+        index = tuple(np.searchsorted(v, frame[a].to_numpy()) for v, a in zip(values, axes))
+        sums, counts = np.zeros([len(v) for v in values]), np.zeros([len(v) for v in values])
+        np.add.at(sums, index, np.log(frame["latency"].to_numpy() * MS))
+        np.add.at(counts, index, 1)
+        with np.errstate(invalid="ignore"):
+            return cls(values, sums / counts)
+
+    def at(self, *point: float) -> float | None:
+        """Seconds at `point`: multilinear in log space over the cell around it, held flat below the grid; None
+        above it or where a corner the point depends on was not measured."""
+        if len(point) == 2:
+            return self._at2(*point)
+        cell = []
+        for x, log_axis in zip(point, self.log_axes):
+            bracket = _bracket(log_axis, x)
+            if bracket is None:
+                return None
+            lo, hi, w = bracket
+            cell.append(((lo, 1.0 - w), (hi, w)) if w else ((lo, 1.0),))
+        total = 0.0
+        for corner in itertools.product(*cell):
+            weight, value = 1.0, self._rows
+            for i, w in corner:
+                weight *= w
+                value = value[i]
+            if weight == 0.0:
+                continue
+            if value != value:  # NaN: not measured
+                return None
+            total += weight * value
+        return math.exp(total)
+
+    def _at2(self, x: float, y: float) -> float | None:
+        """`at` unrolled for two axes: the simulator's per-step attention lookup."""
+        first, second = _bracket(self.log_axes[0], x), _bracket(self.log_axes[1], y)
+        if first is None or second is None:
+            return None
+        total = 0.0
+        for i, wi in ((first[0], 1.0 - first[2]), (first[1], first[2])):
+            if wi == 0.0:
+                continue
+            row = self._rows[i]
+            for j, wj in ((second[0], 1.0 - second[2]), (second[1], second[2])):
+                if wj == 0.0:
+                    continue
+                value = row[j]
+                if value != value:  # NaN: not measured
+                    return None
+                total += wi * wj * value
+        return math.exp(total)
+
+    def sliced(self, x: float) -> Grid | None:
+        """The grid of the other axes at `x` on the first (log-linear between the values around it), None outside."""
+        bracket = _bracket(self.log_axes[0], x)
+        if bracket is None or math.log(x) < self.log_axes[0][0]:
+            return None
+        lo, hi, w = bracket
+        return Grid(self.axes[1:], self.log_t[lo] if not w else (1.0 - w) * self.log_t[lo] + w * self.log_t[hi])
+
+    def top(self, axis: int) -> float:
+        return float(self.axes[axis][-1])
+
+
+class AttentionTable:
+    """One layer layout's attention over (batch, length): decode queries over `length` KV tokens each, or causal
+    prefills of `length` tokens each."""
+
+    def __init__(self, grid: Grid):
+        self.grid = grid
+
+    def seconds(self, batch: float, length: float) -> float | None:
+        """The tables stop where batch x length grows large; past that the batch is priced as halves (quarters, ...)
+        run one after another, which is how a bandwidth- or compute-bound kernel scales there."""
+        pieces = 1
+        while pieces <= batch:
+            time_s = self.grid.at(batch / pieces, length)
+            if time_s is not None:
+                return time_s * pieces
+            pieces *= 2
+        return None
+
+
+class KernelTables:
+    """The measured tables of one GPU and one engine build, loaded lazily per operator family."""
+
+    def __init__(self, system: str, framework: str, version: str | None = None):
+        self.system, self.framework, self.version = system, framework, version
+
+    def _path(self, family: str, filename: str) -> Path | None:
+        return _table_path(self.system, family, self.framework, self.version, filename)
+
+    # ---- GEMMs ----------------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _gemm_frames(self) -> dict:
+        frame = _read(self._path("gemm", "gemm_perf.parquet"), ["kernel_source", "gemm_dtype", "m", "n", "k", "latency"])
+        if frame is None:
+            return {}
+        return {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
+
+    @functools.lru_cache(maxsize=None)
+    def _gemm_grid(self, dtype: str) -> Grid | None:
+        rows = self._gemm_frames.get(dtype)
+        return None if rows is None else Grid.of(rows, ["n", "k", "m"])
+
+    def gemm_s(self, dtype: str, m: float, n: float, k: float) -> float | None:
+        """One GEMM of `m` rows x `k` in -> `n` out on this GPU in servesim's weight `dtype`. Columns or inputs past
+        the grid are split into equal pieces (split-K's reduction not counted), rows past it too."""
+        grid = self._gemm_grid(GEMM_DTYPES[dtype]) if dtype in GEMM_DTYPES else None
+        if grid is None or m < 1:
+            return None
+        pieces = [max(1, math.ceil(size / grid.top(axis))) for axis, size in enumerate((n, k, m))]
+        time_s = grid.at(n / pieces[0], k / pieces[1], m / pieces[2])
+        return None if time_s is None else time_s * math.prod(pieces)
+
+    # ---- attention ------------------------------------------------------------------------------
+
+    @functools.lru_cache(maxsize=4)
+    def _attention_frame(self, decode: bool):
+        name = "generation_attention_perf.parquet" if decode else "context_attention_perf.parquet"
+        return _read(self._path("attention", name), ["kernel_source", "batch_size", "isl", "step", "num_heads",
+                                                      "num_key_value_heads", "head_dim", "kv_cache_dtype",
+                                                      "window_size", "latency"])
+
+    @functools.lru_cache(maxsize=None)
+    def _attention_table(self, decode: bool, kv_dtype: str, heads: float, kv_heads: int, head_dim: int, window: int
+                         ) -> AttentionTable | None:
+        """(batch, length) grid at `heads` query heads: decode's length is the KV length (the table's prompt +
+        steps), prefill's the prompt length."""
+        frame = self._attention_frame(decode)
+        if frame is None:
+            return None
+        rows = frame[(frame["kv_cache_dtype"] == kv_dtype) & (frame["num_key_value_heads"] == kv_heads)
+                     & (frame["head_dim"] == head_dim) & (frame["window_size"] == window)]
+        if rows.empty:
+            return None
+        rows = _main_source(rows).assign(length=lambda f: f["isl"] + f["step"])
+        grid = Grid.of(rows, ["num_heads", "batch_size", "length"]).sliced(heads)
+        return None if grid is None else AttentionTable(grid)
+
+    def attention(self, decode: bool, kv_dtype: str, heads: float, kv_heads: float, head_dim: int,
+                  window: int | None) -> AttentionTable | None:
+        """One layer's decode or prefill attention with `heads`/`kv_heads` on this GPU, `window` None for full
+        layers; None where the tables lack that layout."""
+        if kv_dtype not in KV_DTYPES or kv_heads != int(kv_heads) or heads != int(heads):
+            return None
+        return self._attention_table(decode, KV_DTYPES[kv_dtype], heads, int(kv_heads), head_dim, window or 0)
+
+    def attention_s(self, decode: bool, kv_dtype: str, heads: float, kv_heads: float, head_dim: int,
+                    window: int | None, batch: float, length: float) -> float | None:
+        """`attention(...)` for `batch` requests of `length` tokens (`AttentionTable.seconds`)."""
+        table = self.attention(decode, kv_dtype, heads, kv_heads, head_dim, window)
+        return None if table is None else table.seconds(batch, length)
+
+    # ---- all-reduce -----------------------------------------------------------------------------
+
+    @functools.lru_cache(maxsize=None)
+    def _all_reduce_grid(self, gpus: int) -> Grid | None:
+        frame = _read(self._path("comm", "custom_allreduce_perf.parquet"),
+                      ["kernel_source", "backend", "num_gpus", "message_size", "latency"])
+        if frame is None:
+            return None
+        # CUDA-graph captured, as the engines run their forward passes
+        rows = frame[(frame["num_gpus"] == gpus) & frame["backend"].str.endswith("graph")]
+        return None if rows.empty else Grid.of(_main_source(rows), ["message_size"])
+
+    def all_reduce_s(self, gpus: int, nbytes: float) -> float | None:
+        """The engine's all-reduce of an `nbytes` bf16 message over `gpus` GPUs of one node."""
+        grid = self._all_reduce_grid(gpus)
+        if grid is None:
+            return None
+        pieces = max(1, math.ceil(nbytes / grid.top(0)))
+        time_s = grid.at(nbytes / pieces)
+        return None if time_s is None else time_s * pieces
+
+
+@functools.lru_cache(maxsize=None)
+def kernel_tables(kernels: str, gpu: str, scheduler: str | None = None) -> KernelTables | None:
+    """The tables `kernels` (`engine`, `vllm`, `sglang` or `trtllm`, optionally `@version`) names for catalog GPU
+    `gpu`; None for a GPU the package did not measure (its operators keep the roofline)."""
+    framework = framework_for(kernels, scheduler)
+    version = kernels.split("@", 1)[1] if "@" in kernels else None
+    system = SYSTEMS.get(gpu)
+    if system is None or not (data_root() / system).is_dir():
+        return None
+    return KernelTables(system, framework, version)
