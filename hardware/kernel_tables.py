@@ -76,11 +76,15 @@ def _table_path(system: str, family: str, framework: str, version: str | None, f
     return None
 
 
-def _read(path: Path | None, columns: list[str]):
+def _read(path: Path | None, columns: list[str], missing: dict | None = None):
+    """`columns` of a table; older builds' tables lack some, which take their `missing` value (no sliding window
+    measured, no graph/eager split)."""
     if path is None:
         return None
-    import pandas as pd  # heavy; only when a table is read
-    return pd.read_parquet(path, columns=columns)
+    import pyarrow.parquet as pq  # heavy; only when a table is read
+    names = set(pq.read_schema(path).names)
+    frame = pq.read_table(path, columns=[c for c in columns if c in names]).to_pandas()
+    return frame.assign(**{c: value for c, value in (missing or {}).items() if c not in names})
 
 
 def _main_source(frame):
@@ -238,7 +242,7 @@ class KernelTables:
         name = "generation_attention_perf.parquet" if decode else "context_attention_perf.parquet"
         return _read(self._path("attention", name), ["kernel_source", "batch_size", "isl", "step", "num_heads",
                                                       "num_key_value_heads", "head_dim", "kv_cache_dtype",
-                                                      "window_size", "latency"])
+                                                      "window_size", "latency"], {"window_size": 0})
 
     @functools.lru_cache(maxsize=None)
     def _attention_table(self, decode: bool, kv_dtype: str, heads: float, kv_heads: int, head_dim: int, window: int
@@ -275,7 +279,7 @@ class KernelTables:
     @functools.lru_cache(maxsize=None)
     def _all_reduce_grid(self, gpus: int) -> Grid | None:
         frame = _read(self._path("comm", "custom_allreduce_perf.parquet"),
-                      ["kernel_source", "backend", "num_gpus", "message_size", "latency"])
+                      ["kernel_source", "backend", "num_gpus", "message_size", "latency"], {"backend": "graph"})
         if frame is None:
             return None
         # CUDA-graph captured, as the engines run their forward passes

@@ -14,7 +14,7 @@ from hardware.batch import StepBatch
 from hardware.cost import Parallelism, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
-from hardware.kernel_tables import KernelTables, kernel_tables
+from hardware.kernel_tables import SYSTEMS, KernelTables, kernel_tables
 from hardware.model import get_model
 from hardware.profile import Profile, load_profile
 from hardware.step_timer import StepTimer
@@ -117,3 +117,14 @@ def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, st
     stepped = [step_cost(StepBatch.of(np.ones(len(c), int), c + i), model, h100, par, MEASURED).total_s
                for i in range(steps)]
     assert timer.decode_stretch_s(c, steps).tolist() == stepped
+
+
+@pytest.mark.parametrize("framework", ["vllm", "sglang", "trtllm"])
+@pytest.mark.parametrize("gpu", sorted(SYSTEMS))
+def test_every_gpu_and_engines_tables_answer(gpu, framework):
+    """Older builds' tables lack columns (no sliding-window or graph/eager split): they still load and answer."""
+    tables = kernel_tables(framework, gpu)
+    assert 0 < tables.gemm_s("bf16", 64, 6144, 4096) < 1e-3
+    assert 0 < tables.attention_s(True, "bf16", 32, 8, 128, None, 64, 1024) < 1e-2
+    assert 0 < tables.attention_s(False, "bf16", 32, 8, 128, None, 1, 2048) < 1e-2
+    assert 0 < tables.all_reduce_s(2, 65536) < 1e-3
