@@ -24,7 +24,7 @@ import yaml
 from scipy.optimize import least_squares, minimize
 
 from hardware.errors import SpecError
-from hardware.profile import EfficiencyCurve, Profile
+from hardware.profile import EfficiencyCurve, FitRecord, Profile
 from simulator.measured import MeasuredRun, MetricError, replay
 
 EFFICIENCIES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "moe_compute", "moe_memory", "comm")
@@ -184,6 +184,8 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
         errors = {"base": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
         checked = errors["fitted"][len(train):] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
+        record = FitRecord(fields=tuple(names), runs=tuple(run.label() for run in train))
+        fitted = fitted.model_copy(update={"fits": (*base.fits, record)})  # compare --split holds these runs out
         if gpu is None:
             fitted = fitted.model_copy(update={"fit_mape": mape})
         return RunsFit(fitted, train, test, evaluations, errors, mape)

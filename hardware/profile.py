@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hardware.errors import SpecError
 from hardware.files import read_yaml
@@ -66,6 +66,29 @@ class EfficiencyCurve(SpecModel):
         return pts[-1][1]
 
 
+class FitRecord(SpecModel):
+    """What some of a profile's numbers were fitted to: `fields`, from the figures of `runs` (labels of a measured-runs
+    file, as `servesim compare` prints them). `servesim compare --split` counts a run as held out from a profile only
+    where none of its records that price the run (MoE fields price MoE models only) drew on a run of the same
+    source or GPU."""
+
+    fields: tuple[str, ...] = Field(min_length=1)
+    runs: tuple[str, ...] = Field(min_length=1)
+
+
+#: The default routed-expert efficiencies were fitted (`servesim fit --only moe_compute,moe_memory`) to the MoE runs
+#: among the two thirds of benchmarks/published_runs.yaml that fit held in (every third run held out).
+DEFAULT_MOE_FIT = FitRecord(fields=("moe_compute", "moe_memory"), runs=(
+    "gpt-oss-20b h100-sxm mxfp4 serve 128/4 all at once x1000", "gpt-oss-20b h100-sxm mxfp4 serve 2000/100 all at once x500",
+    "gpt-oss-20b a100-80gb mxfp4 serve 128/4 all at once x1000",
+    "gpt-oss-20b a100-80gb mxfp4 serve 2000/100 all at once x500", "gpt-oss-120b h100-sxm mxfp4 serve 229/217 c=4 x100",
+    "gpt-oss-120b h100-sxm mxfp4 serve 128/4 all at once x1000", "deepseek-v3 h200 TP8 fp8 serve 4000/200 all at once x500",
+    "deepseek-v3 h200 TP8 fp8 serve 32000/100 all at once x100", "deepseek-v3 h200 TP8 fp8 serve 1000/2000 10 req/s x50",
+    "deepseek-v3 h200 TP8 fp8 serve 10000/500 10 req/s x50", "deepseek-v3 h200 TP8 fp8 serve 30000/100 10 req/s x50",
+    "deepseek-v3 h200 TP8 fp8 serve 2000/100 all at once x500"))
+MOE_FIELDS = frozenset({"moe_compute", "moe_memory"})
+
+
 def _curve(value: object) -> object:
     return {"points": [[1.0, value]]} if isinstance(value, (int, float)) else value
 
@@ -108,6 +131,9 @@ class Profile(SpecModel):
         "Measured kernel tables that price GEMMs, attention and all-reduces instead of the roofline "
         "(hardware.kernel_tables, aiconfigurator-core's): engine (the scenario's scheduler's), vllm, sglang or "
         "trtllm, optionally @version; the other fields price what the tables lack"))
+    fits: tuple[FitRecord, ...] = Field((DEFAULT_MOE_FIT,), description=(
+        "The measured runs its numbers were fitted to (`servesim fit` records them), so compare can hold them out; "
+        "unset: the default routed-expert fit while moe_compute/moe_memory keep their defaults"))
     fit_mape: float | None = Field(None, description="Mean absolute % error on held-out shapes, when fitted")
     gpus: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
         "Per-GPU sections: a GPU's catalog name -> the efficiencies and overheads that differ on it (the rest "
@@ -118,6 +144,15 @@ class Profile(SpecModel):
     @classmethod
     def _number_is_constant(cls, value: object) -> object:
         return _curve(value)
+
+    @model_validator(mode="after")
+    def _own_moe_numbers_own_record(self) -> Profile:
+        """A profile with routed-expert numbers of its own and no stated `fits` was not fitted as the defaults were."""
+        defaults = type(self).model_fields
+        if "fits" not in self.model_fields_set and any(
+                getattr(self, name) != defaults[name].default for name in MOE_FIELDS):
+            object.__setattr__(self, "fits", ())
+        return self
 
     @field_validator("kernels")
     @classmethod
@@ -175,9 +210,9 @@ class Profile(SpecModel):
         return self.gemm_compute, self.gemm_memory
 
 
-#: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit error.
+#: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit records.
 GPU_FIELDS = tuple(name for name in Profile.model_fields
-                   if name not in ("name", "provenance", "kernels", "fit_mape", "gpus"))
+                   if name not in ("name", "provenance", "kernels", "fits", "fit_mape", "gpus"))
 
 
 def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:

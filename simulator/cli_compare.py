@@ -23,8 +23,12 @@ def compare(runs_file: Path,
             tp: int = typer.Option(1, "--tp", min=1, help="A vllm bench JSON's tensor-parallel size"),
             set_: list[str] = typer.Option([], "--set", help="A vllm bench JSON's other setup: field=value "
                                            "(weight_dtype=fp8, engine_args.max_model_len=4096, input_len=1024...)"),
-            profile: str | None = typer.Option(None, "--profile", help="Calibration profile name or YAML path "
-                                               "(default: the cost model's documented defaults)"),
+            profile: list[str] = typer.Option([], "--profile", help="Calibration profile name or YAML path "
+                                              "(default: the cost model's documented defaults); repeat it to set "
+                                              "profiles side by side"),
+            split: list[str] = typer.Option([], "--split", help="Also each profile's error on the runs its fitted "
+                                            "numbers never saw: leave one source out (source) or one GPU out (gpu); "
+                                            "repeatable"),
             match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
             by: str | None = typer.Option(None, "--by", help="Also one error table per model, gpu, engine or "
                                           "moe (MoE vs dense models)"),
@@ -33,10 +37,12 @@ def compare(runs_file: Path,
             as_json: bool = typer.Option(False, "--json")) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
     benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
-    from simulator.measured import load_measured_runs, replay_run, run_from_vllm_result, select, with_gpu_files
+    from hardware.profile import load_profile
+    from simulator.holdout import SPLITS, holdout_rows
+    from simulator.measured import (distinct_files, load_measured_runs, replay_run, run_from_vllm_result, select,
+                                    with_gpu_files)
     from simulator.scenario import apply_overrides
-    from simulator.measured_report import (ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows,
-                                           write_html)
+    from simulator.measured_report import write_html
     from simulator.progress import progress_bar
     from simulator.atomic import check_output_file
 
@@ -56,34 +62,59 @@ def compare(runs_file: Path,
         raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")
     if not runs:
         raise SpecError(f"{runs_file}: no run's label contains {match!r}")
-    results, preempted = [], {}
+    unknown = sorted(set(split) - set(SPLITS))
+    if unknown:
+        raise SpecError(f"--split {unknown[0]!r}: choose from {', '.join(SPLITS)}")
+    files = tuple(distinct_files([f for run in runs for f in run.gpu_files]))
+    names = list(dict.fromkeys(profile)) or ["default"]
+    profiles = {name: load_profile(None if name == "default" else name, files) for name in names}
+    by_profile: dict[str, list] = {name: [] for name in names}
+    preempted: dict[str, dict[str, int]] = {name: {} for name in names}
     with progress_bar("simulating runs", console, every=1) as advance:
-        advance.total(len(runs))
-        for i, run in enumerate(runs, 1):
-            replayed = replay_run(run, profile)
-            results.append((run, replayed.errors))
-            preempted[run.label()] = replayed.preemptions
+        advance.total(len(runs) * len(names))
+        for i, (name, run) in enumerate(((name, run) for name in names for run in runs), 1):
+            replayed = replay_run(run, None if name == "default" else name)
+            by_profile[name].append((run, replayed.errors))
+            preempted[name][run.label()] = replayed.preemptions
             advance(i)
     if as_json:
-        print_json([{"run": run.label(), "source": run.source, "simulated_preemptions": preempted[run.label()],
+        print_json([{"run": run.label(), "source": run.source, "profile": name,
+                     "simulated_preemptions": preempted[name][run.label()],
                      "figures": [{"metric": e.metric, "measured": e.measured, "predicted": e.predicted,
-                                  "error_pct": e.error_pct} for e in errors]} for run, errors in results])
+                                  "error_pct": e.error_pct} for e in errors]}
+                    for name, results in by_profile.items() for run, errors in results])
     else:
-        print_table(f"{runs_file}: every figure", ERROR_COLUMNS, error_rows(results))
-        print_table(f"error per family ({profile or 'default profile'})", FAMILY_COLUMNS, family_rows(results))
-        if any(preempted.values()):
-            print_table("runs whose simulated engine preempted (its KV ran out)", ["run", "preemptions"],
-                        [[label, n] for label, n in preempted.items() if n])
-        if by is not None:
-            groups: dict[str, list] = {}
-            for run, errors in results:
-                groups.setdefault(GROUPS[by](run), []).append((run, errors))
-            for key, members in groups.items():
-                title = key if by == "moe" else f"{by} = {key}"
-                print_table(f"{title}: {len(members)} run(s)", FAMILY_COLUMNS, family_rows(members))
+        for name, results in by_profile.items():
+            _print_profile(runs_file, name, results, preempted[name], by, len(names) > 1)
+        for way in split:
+            print_table(f"held out by {way} (leave one {way} out): median (p90) |error| over the figures of runs "
+                        "no fitted number of the profile saw", ["family", *names],
+                        holdout_rows(by_profile, profiles, way))
+    results = by_profile[names[0]]
     if html is not None:
         written = f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}"
         if as_json:  # stdout holds the JSON alone
             print(written, file=sys.stderr)
         else:
             console.print(written)
+
+
+def _print_profile(runs_file: Path, name: str, results: list, preempted: dict[str, int], by: str | None,
+                   several: bool) -> None:
+    """One profile's every-figure and per-family tables, its preempting twins and its `--by` tables."""
+    from simulator.measured_report import ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows
+
+    label = "default profile" if name == "default" else name
+    suffix = f" ({label})" if several else ""
+    print_table(f"{runs_file}: every figure{suffix}", ERROR_COLUMNS, error_rows(results))
+    print_table(f"error per family ({label})", FAMILY_COLUMNS, family_rows(results))
+    if any(preempted.values()):
+        print_table(f"runs whose simulated engine preempted (its KV ran out){suffix}", ["run", "preemptions"],
+                    [[run, n] for run, n in preempted.items() if n])
+    if by is not None:
+        groups: dict[str, list] = {}
+        for run, errors in results:
+            groups.setdefault(GROUPS[by](run), []).append((run, errors))
+        for key, members in groups.items():
+            title = key if by == "moe" else f"{by} = {key}"
+            print_table(f"{title}: {len(members)} run(s){suffix}", FAMILY_COLUMNS, family_rows(members))

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from calibration.fit_runs import fit_to_runs, split
 from hardware.errors import SpecError
-from hardware.profile import EfficiencyCurve, Profile, load_profile
+from hardware.profile import EfficiencyCurve, FitRecord, Profile, load_profile
 from simulator.cli import app
 from simulator.measured import MeasuredRun, replay
 
@@ -115,8 +115,11 @@ def test_only_the_named_parameters_move(tmp_path):
     result = fit_to_runs(runs[:2], [], max_evaluations=12, only=["gemm_memory"])
     assert result.profile.gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     default = Profile()
-    assert result.profile.model_dump(exclude={"gemm_memory", "fit_mape"}) == \
-        default.model_dump(exclude={"gemm_memory", "fit_mape"})
+    assert result.profile.model_dump(exclude={"gemm_memory", "fit_mape", "fits"}) == \
+        default.model_dump(exclude={"gemm_memory", "fit_mape", "fits"})
+    # the fit is recorded beside the defaults' own, so compare --split holds its runs' sources out
+    assert result.profile.fits == (*default.fits, FitRecord(fields=("gemm_memory",),
+                                                            runs=tuple(run.label() for run in runs[:2])))
     with pytest.raises(SpecError, match="--only moe: not a parameter; choose from gemm_compute"):
         fit_to_runs(runs[:2], [], only=["moe"])
     with pytest.raises(SpecError, match="cannot tell moe_compute apart"):
@@ -154,7 +157,8 @@ def test_a_gpu_fit_writes_that_gpus_section_and_leaves_the_shared_values(tmp_pat
     result = fit_to_runs(runs, [], max_evaluations=12, only=["gemm_memory"], gpu="a100-80gb")
     assert result.profile.for_gpu("a100-80gb").gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     assert set(result.profile.gpus["a100-80gb"]) == {"gemm_memory"}
-    assert result.profile.model_dump(exclude={"gpus"}) == Profile().model_dump(exclude={"gpus"})
+    assert result.profile.model_dump(exclude={"gpus", "fits"}) == Profile().model_dump(exclude={"gpus", "fits"})
+    assert result.profile.fits[-1].runs == tuple(run.label() for run in runs)
     assert result.mape < 1.0 and result.profile.fit_mape is None  # the section's error is not the profile's
     with pytest.raises(ValueError, match="a fit for h100-sxm was given runs on a100-80gb"):
         fit_to_runs(runs, [], gpu="h100-sxm")

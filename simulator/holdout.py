@@ -1,0 +1,73 @@
+"""Out-of-sample accuracy: each profile judged only on the measured runs its fitted numbers never saw.
+
+A profile's `fits` records name the runs each of its fitted numbers came from. Split by source (who published the
+runs) or by GPU, a run is held out from a profile when no record that prices it (routed-expert numbers price MoE
+models only) drew on a run of the same source (or GPU): leave one source out, leave one GPU out. A profile fitted to
+no run (the roofline defaults' dense numbers, measured kernel tables) is held out from every run its records do not
+reach, so the figures say how it extrapolates, not how well it was fitted.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+
+import numpy as np
+
+from hardware.profile import MOE_FIELDS, Profile
+from simulator.measured import MeasuredRun, MetricError
+from simulator.measured_report import FAMILIES, family
+
+Results = list[tuple[MeasuredRun, list[MetricError]]]
+
+
+def source_group(source: str) -> str:
+    """Who published a run: a GitHub repository's owner, else the site's name (docs.gpustack.ai and
+    github.com/gpustack are both `gpustack`)."""
+    url = re.search(r"https?://([^/\s]+)/?([^/\s]*)", source)
+    if url is None:
+        return source.split()[0].lower() if source.split() else source
+    host, first = url.group(1).lower(), url.group(2).lower()
+    if host == "github.com" and first:
+        return first
+    parts = host.split(".")
+    return parts[-2] if len(parts) >= 2 else host
+
+
+SPLITS: dict[str, Callable[[MeasuredRun], str]] = {"source": lambda run: source_group(run.source),
+                                                   "gpu": lambda run: run.gpu}
+
+
+def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun], split: str) -> bool:
+    """Whether `run` is out of `profile`'s sample under `split`. Fitted runs missing from `by_label` (another file's)
+    cannot be placed and are not counted."""
+    group = SPLITS[split](run)
+    for record in profile.fits:
+        if set(record.fields) <= MOE_FIELDS and not run.is_moe:
+            continue
+        if any(SPLITS[split](by_label[label]) == group for label in record.runs if label in by_label):
+            return False
+    return True
+
+
+def _cell(errors: list[float]) -> str:
+    if not errors:
+        return "-"
+    errs = np.abs(errors)
+    return f"{np.median(errs):.0f}% ({np.percentile(errs, 90):.0f}%) n={len(errs)}"
+
+
+def holdout_rows(results: dict[str, Results], profiles: dict[str, Profile], split: str) -> list[list[str]]:
+    """Per family, each profile's median (p90) absolute % error over its held-out figures under `split`, with their
+    count; "-" where every figure of that family is in its sample."""
+    by_label = {run.label(): run for members in results.values() for run, _ in members}
+    rows = []
+    for name in FAMILIES:
+        cells = []
+        for key, members in results.items():
+            cells.append(_cell([e.error_pct for run, errors in members
+                                if held_out(profiles[key], run, by_label, split)
+                                for e in errors if family(e.metric) == name]))
+        if any(cell != "-" for cell in cells):
+            rows.append([name, *cells])
+    return rows
