@@ -2,7 +2,8 @@
 
 For Llama-3.1-8B and Llama-3.1-70B at TP 1, 2 and 4 on an H100 SXM and an H200 under vLLM: decode steps of 1, 64
 and 256 requests over 1K and 8K cached tokens and one 4,096-token prefill, each as
-- `measured`: the kernels of `hardware.profile: measured` (what it prices from the tables; no fixed overheads),
+- `measured`: the kernels of `hardware.profile: measured` (what it prices from the tables, with the elementwise
+  kernels it adds; no fixed overheads),
 - `tables`: the same kernels summed by hand from the raw parquet files (`table_sums.py`, an independent oracle),
 - `defaults`: the roofline at the documented default efficiencies (its kernels, no fixed overheads).
 Run: python benchmarks/kernel_tables_vs_roofline.py [--markdown]
@@ -35,8 +36,10 @@ def main() -> None:
         sums = TableSums(gpu)
         for model, tp, (batch, context, new), step in cases(gpu):
             costs = [step_cost(step, model, get_gpu(gpu), Parallelism(tp=tp), p) for p in (measured, defaults)]
-            # the oracle sums the kernels the tables hold; the embedding gather and logits gather are roofline
-            extra = sum(op.time_s for op in costs[0].operators if op.name in ("embedding", "logits_gather"))
+            # the oracle sums the kernels the tables hold; the embedding and logits gathers and the elementwise
+            # kernels are the roofline's
+            extra = sum(op.time_s for op in costs[0].operators
+                        if op.name in ("embedding", "logits_gather", "elementwise"))
             table = 1e3 * (sums.step_s(model, tp, batch, context, new) + extra)
             mine, roof = kernels_ms(costs[0]), kernels_ms(costs[1])
             shape = f"prefill {new}" if new > 1 else f"decode {batch} x {context // 1024}K"

@@ -131,7 +131,7 @@ class OperatorCost:
     """One operator class summed over the layers it runs in. FLOPs and bytes are per GPU."""
 
     name: str
-    kind: str  # gemm | moe (routed experts) | attention | comm | overhead
+    kind: str  # gemm | moe (routed experts) | attention | elementwise | comm | overhead
     flops: float
     bytes: float
     time_s: float
@@ -172,7 +172,7 @@ class StepCost:
 
     @property
     def hbm_bytes(self) -> float:
-        return sum(op.bytes for op in self.operators if op.kind in ("gemm", "moe", "attention"))
+        return sum(op.bytes for op in self.operators if op.kind in ("gemm", "moe", "attention", "elementwise"))
 
     @property
     def flops(self) -> float:
@@ -372,7 +372,7 @@ class OperatorTerm:
     `time_s * layers` of these per operator name."""
 
     name: str
-    kind: str  # gemm | moe (routed experts) | attention | comm
+    kind: str  # gemm | moe (routed experts) | attention | elementwise | comm
     flops: float
     bytes: float
     compute_s: float
@@ -648,8 +648,23 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
             local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers,
             local.measured_gemms(rows, ((h, o / h),)) if plain else None)
     _mlp(ctx, acc, tokens, rows, group, layers)
+    if ctx.profile.elementwise_kernels:
+        _elementwise(local, acc, rows, out_dim, group, layers)
     if ctx.par.tp > 1:
         _layer_comm(ctx, acc, tokens, peak, group, layers, batch.max_query_len > ctx.opts.decode_query_len)
+
+
+def _elementwise(ctx: _Ctx, acc: _Terms, rows: float, qkv_dim: float, group: _Group, layers: int) -> None:
+    """A layer's memory-bound elementwise kernels on this GPU's rows (`Profile.elementwise_kernels`): two residual
+    adds fused with RMSNorm (each reads the hidden state and residual and writes both), the rotary embedding over
+    the projected heads (in and out) and, in dense layers, the gated activation (2 x width in, width out; a MoE
+    layer's is inside its fused kernel)."""
+    h, profile = ctx.model.hidden_size, ctx.profile
+    width = 0.0 if group.is_moe else group.mlp_intermediate / ctx.par.dense_ranks
+    nbytes = rows * ACT_BYTES * (2 * 4 * h + 2 * qkv_dim + 3 * width)
+    memory_s = (nbytes / (ctx.gpu.memory_bytes_per_s * profile.gemm_memory.at(ctx.tokens))
+                + profile.elementwise_kernels * profile.elementwise_latency_s)
+    acc.add(ctx, "elementwise", "elementwise", 0.0, nbytes, (0.0, memory_s), layers)
 
 
 def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, peak_tokens: float, group: _Group, layers: int,

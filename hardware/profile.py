@@ -123,6 +123,14 @@ class Profile(SpecModel):
         "Per layer that attends decodes beside prefill chunks in one step: the second attention path's launches "
         "(backends that split prefill and decode kernels, and the calibration executor); `servesim calibrate` "
         "fits it"))
+    elementwise_kernels: float = Field(0.0, ge=0, description=(
+        "Memory-bound elementwise kernels per layer outside the GEMMs and attention (residual add + RMSNorm twice, "
+        "rotary embedding, the gated activation): priced as the hidden states, rotated heads and activations they "
+        "move at the GEMM streaming efficiency plus `elementwise_latency_s` each; 0 leaves them out (the defaults' "
+        "fixed overheads hold them)"))
+    elementwise_latency_s: float = Field(3e-6, ge=0, description=(
+        "Constant latency of one elementwise kernel: aiconfigurator's mem_empirical_constant_latency (3 us on "
+        "A100/H100/H200/B200/L40S)"))
     host_step_s: float = Field(0.0, ge=0, description=(
         "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
         "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))
