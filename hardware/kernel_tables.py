@@ -8,8 +8,8 @@ reads the tables, never the package's code. A shape is looked up by interpolatin
 each coordinate between the grid points around it, as the tables are spaced geometrically. Below a grid the time is
 held at its smallest entry (launch-bound); past a GEMM's or all-reduce's largest size, or an attention table's
 largest batch at a length, the work is split into pieces that fit (rows, columns, message bytes, requests add up);
-anywhere else outside a grid, or for a dtype or layout the tables
-lack, a lookup returns None and the cost model prices that operator with its roofline.
+anywhere else outside a grid, or for a dtype or layout the tables lack, a lookup returns None and the cost model
+prices that operator with its roofline.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import functools
 import importlib.util
 import itertools
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -59,8 +60,19 @@ def data_root() -> Path:
 
 
 def _version_key(version: str) -> tuple:
-    return tuple(int(part) if part.isdigit() else -1 for part in
-                 version.replace("rc", ".").replace(".post", ".").replace(".dev", ".").split("."))
+    """Release order of an engine build's folder name: 0.5.6 < 0.5.6.post2, 1.3.0rc20 < 1.3.0, 0.1.dev19262 < 0.1."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)*)(?:(rc|\.dev|\.post)(\d+))?", version)
+    if match is None:
+        return (), 0, 0
+    stage = {"rc": -1, ".dev": -2, ".post": 1}.get(match.group(2), 0)
+    return tuple(int(part) for part in match.group(1).split(".")), stage, int(match.group(3) or 0)
+
+
+def builds(system: str, framework: str) -> list[str]:
+    """The engine builds the package holds GEMM, attention or all-reduce tables of for a system, oldest first."""
+    folders = [data_root() / system / family / framework for family in ("gemm", "attention", "comm")]
+    names = {p.name for folder in folders if folder.is_dir() for p in folder.iterdir() if p.is_dir()}
+    return sorted(names, key=_version_key)
 
 
 def _table_path(system: str, family: str, framework: str, version: str | None, filename: str) -> Path | None:
@@ -305,4 +317,7 @@ def kernel_tables(kernels: str, gpu: str, scheduler: str | None = None) -> Kerne
     system = SYSTEMS.get(gpu)
     if system is None or not (data_root() / system).is_dir():
         return None
+    if version is not None and version not in builds(system, framework):
+        raise SpecError(f"kernels {kernels!r}: no {framework} {version} tables for {gpu}; builds there: "
+                        f"{', '.join(builds(system, framework)) or 'none'}")
     return KernelTables(system, framework, version)

@@ -14,7 +14,7 @@ from hardware.batch import StepBatch
 from hardware.cost import Parallelism, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
-from hardware.kernel_tables import SYSTEMS, KernelTables, kernel_tables
+from hardware.kernel_tables import SYSTEMS, kernel_tables
 from hardware.model import get_model
 from hardware.profile import Profile, load_profile
 from hardware.step_timer import StepTimer
@@ -102,9 +102,12 @@ def test_engine_tables_follow_the_scheduler(tmp_path):
 
 
 def test_a_pinned_build_reads_that_builds_tables():
-    old = KernelTables("b200_sxm", "vllm", "0.22.0").attention_s(True, "bf16", 32, 8, 128, None, 16, 2048)
+    old = kernel_tables("vllm@0.22.0", "b200").attention_s(True, "bf16", 32, 8, 128, None, 16, 2048)
     new = kernel_tables("vllm", "b200").attention_s(True, "bf16", 32, 8, 128, None, 16, 2048)
     assert old is not None and new is not None and old != new
+    with pytest.raises(SpecError, match=r"kernels 'vllm@9.9': no vllm 9.9 tables for b200; builds there: 0.19.0, "
+                                        r"0.22.0, 0.24.0"):
+        kernel_tables("vllm@9.9", "b200")
 
 
 @settings(max_examples=25, deadline=None)
@@ -142,3 +145,16 @@ def test_elementwise_kernels_move_the_hidden_states_and_wait_their_launch():
     assert op.bytes == pytest.approx(32 * nbytes)
     assert op.time_s == pytest.approx(32 * (nbytes / (3.35e12 * 0.85) + 4 * 3e-6))
     assert "elementwise" not in {o.name for o in step_cost(step, model, h100, Parallelism()).operators}
+
+
+def test_without_the_package_the_profile_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    kernel_tables.cache_clear()
+    try:
+        with pytest.raises(SpecError, match=r'need the aiconfigurator-core package: pip install -e "\.\[kernels\]"'):
+            step_cost(StepBatch.of(np.ones(2, int), np.full(2, 100)), get_model("llama-3.1-8b"), get_gpu("h100-sxm"),
+                      Parallelism(), MEASURED)
+    finally:
+        kernel_tables.cache_clear()
