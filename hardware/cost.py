@@ -34,9 +34,9 @@ ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
 FP8_WITH_SCALE_BYTES = 1.0 + 4.0 / 128  # fp8 activations with an fp32 scale per 128-value group (DeepEP, DeepGEMM)
 #: The tensor-core dtype a weight dtype's GEMMs run in (weight-only w8a16, int4 and mxfp4 dequantize to bf16 in the
-#: kernel).
+#: kernel; nvfp4 and mxfp8 run on FP4/FP8 tensor cores where the GPU has them, `GpuSpec.peak_for`).
 GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "w8a16": "bf16", "int4": "bf16",
-                      "mxfp4": "bf16"}
+                      "mxfp4": "bf16", "nvfp4": "fp4", "mxfp8": "fp8"}
 
 
 @dataclass(frozen=True, slots=True)

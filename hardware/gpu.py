@@ -75,8 +75,9 @@ class GpuSpec(SpecModel):
         return self.device_memory_bytes or self.memory_bytes
 
     def peak_for(self, dtype: str) -> float:
-        """Dense peak FLOP/s for a compute dtype; fp16 falls back to bf16, missing low precisions to the next wider one."""
-        fallbacks = {"fp16": "bf16", "fp4": "fp8", "fp8": "bf16", "int8": "bf16", "tf32": "fp32"}
+        """Dense peak FLOP/s for a compute dtype; fp16 falls back to bf16, missing low precisions to bf16 (a GPU
+        without FP4 tensor cores runs FP4 weights dequantized, as vLLM's Marlin W4A16 kernels do on Hopper)."""
+        fallbacks = {"fp16": "bf16", "fp4": "bf16", "fp8": "bf16", "int8": "bf16", "tf32": "fp32"}
         while dtype not in self.peak_flop_per_s:
             if dtype not in fallbacks:
                 raise SpecError(f"GPU {self.name!r} has no peak for dtype {dtype!r}; allowed: {list(COMPUTE_DTYPES)}")

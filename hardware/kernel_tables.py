@@ -32,8 +32,9 @@ SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "a100
 #: schedulers that imitate no engine of their own (Orca, Sarathi, static).
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 ENGINE = "engine"
-#: servesim's dtype names -> the tables' (bf16 GEMMs; fp8 per-tensor scaled; KV caches in bf16 or fp8).
-GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+#: servesim's dtype names -> the tables' (bf16 GEMMs; fp8 per-tensor scaled; NVFP4, measured on Blackwell; KV caches
+#: in bf16 or fp8).
+GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 MS = 1e-3
 INSTALL_HINT = 'pip install -e ".[kernels]"'

@@ -20,10 +20,12 @@ PRESET_DIR = Path(__file__).parent / "model_configs"
 
 #: Bytes per stored value for KV-cache and weight dtypes. int8 is W8A8 (int8 GEMMs); w8a16 and int4 are
 #: weight-only (AWQ/GPTQ: bf16 GEMMs) with one fp16 scale per 128 weights;
-#: mxfp4 (OCP microscaling) is a 4-bit E2M1 value with one 8-bit E8M0 scale per 32 values.
+#: mxfp4 and mxfp8 (OCP microscaling) are 4-bit E2M1 / 8-bit E4M3 values with one 8-bit E8M0 scale per 32 values;
+#: nvfp4 (NVIDIA) is E2M1 with one FP8 E4M3 scale per 16 values (and one FP32 scale per tensor, negligible).
 KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
 WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "w8a16": 1.0 + 2.0 / 128,
-                      "int4": 0.5 + 2.0 / 128, "mxfp4": 0.5 + 1.0 / 32}
+                      "int4": 0.5 + 2.0 / 128, "mxfp4": 0.5 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16,
+                      "mxfp8": 1.0 + 1.0 / 32}
 #: Weight dtypes that quantize only the routed experts (the rest of the model stays bf16), as gpt-oss ships.
 EXPERT_ONLY_DTYPES = ("mxfp4",)
 #: `weight_dtype: auto` takes the checkpoint's own quantization, as vLLM serves it.
@@ -406,13 +408,19 @@ def _moe_layers(f: _Fields, num_layers: int) -> list[bool]:
 
 def checkpoint_dtype(raw: dict[str, Any]) -> str:
     """The weight dtype a checkpoint ships, from its `quantization_config`: fp8, mxfp4 (gpt-oss: experts only),
-    AWQ/GPTQ at 4 or 8 bits; "bf16" without one. Other methods are kept by name (refused if served as `auto`)."""
+    NVIDIA ModelOpt's FP8 and NVFP4 and llm-compressor's NVFP4, AWQ/GPTQ at 4 or 8 bits; "bf16" without one. Other
+    methods are kept by name (refused if served as `auto`)."""
     q = raw.get("quantization_config")
     if not isinstance(q, dict):
         return "bf16"
     method = str(q.get("quant_method", "")).lower()
     if method in ("fp8", "mxfp4"):
         return method
+    algo = str(q.get("quant_algo", "")).lower()
+    if method == "modelopt" and algo in ("fp8", "nvfp4"):
+        return algo
+    if method == "compressed-tensors" and q.get("format") == "nvfp4-pack-quantized":
+        return "nvfp4"
     if method in ("awq", "gptq") and q.get("bits") in (4, 8):  # weight-only: activations stay bf16
         return "int4" if q["bits"] == 4 else "w8a16"
     return method or "unnamed quantization"

@@ -118,9 +118,11 @@ class EngineConfig(SpecModel):
         "What happens to a preempted request: recompute (vLLM v1's only mode) or swap (vLLM v0's, a what-if today)"))
     swap_space_gib: float = Field(4.0, ge=0, description="Host memory per GPU for swapped-out KV blocks, GiB")
     kv_dtype: Literal["bf16", "fp16", "fp8"] = Field("bf16", description="KV cache dtype")
-    weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "w8a16", "int4", "mxfp4"] = Field("auto", description=(
-        "Weight dtype; auto: the checkpoint's (its quantization_config: DeepSeek-V3 fp8, gpt-oss mxfp4, AWQ/GPTQ "
-        "w8a16 or int4, else bf16); int8 is W8A8, w8a16 and int4 are weight-only; mxfp4 quantizes MoE experts only"))
+    weight_dtype: Literal["auto", "bf16", "fp16", "fp8", "int8", "w8a16", "int4", "mxfp4", "nvfp4", "mxfp8"] = Field(
+        "auto", description=(
+            "Weight dtype; auto: the checkpoint's (its quantization_config: DeepSeek-V3 fp8, gpt-oss mxfp4, ModelOpt "
+            "fp8/nvfp4, AWQ/GPTQ w8a16 or int4, else bf16); int8 is W8A8, w8a16 and int4 are weight-only; mxfp4 "
+            "quantizes MoE experts only; nvfp4 and mxfp8 run on FP4/FP8 tensor cores where the GPU has them"))
     max_prefill_tokens: int = Field(16384, ge=1, description=(
         "sglang only: prompt tokens one prefill batch takes (SGLang's --max-prefill-tokens; its first request is "
         "exempt)"))

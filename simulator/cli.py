@@ -33,7 +33,7 @@ if not console.is_terminal:  # piped or captured: never truncate names to fit 80
 
 GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
 WeightDtype = typer.Option("auto", help=f"Weights: {', '.join(WEIGHT_DTYPE_CHOICES)} (auto: the checkpoint's own; "
-                           "mxfp4: MoE experts only)")
+                           "mxfp4: MoE experts only; nvfp4/mxfp8 on FP4/FP8 tensor cores where the GPU has them)")
 
 
 def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:

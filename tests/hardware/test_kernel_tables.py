@@ -158,3 +158,9 @@ def test_without_the_package_the_profile_says_how_to_install_it(monkeypatch):
                       Parallelism(), MEASURED)
     finally:
         kernel_tables.cache_clear()
+
+
+def test_nvfp4_gemms_are_measured_on_blackwell_only():
+    assert 0 < kernel_tables("vllm", "b200").gemm_s("nvfp4", 64, 6144, 4096) < kernel_tables("vllm", "b200").gemm_s(
+        "bf16", 64, 6144, 4096)  # a quarter of the weight bytes to stream
+    assert kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None  # roofline (dequantized) there

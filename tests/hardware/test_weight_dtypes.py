@@ -47,7 +47,7 @@ def test_an_unmodelled_checkpoint_quantization_is_refused_only_when_served_as_au
 
 
 def test_mxfp4_on_a_dense_model_is_refused_naming_the_allowed_dtypes():
-    with pytest.raises(SpecError, match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, w8a16, int4$"):
+    with pytest.raises(SpecError, match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, w8a16, int4, nvfp4, mxfp8$"):
         resolve_weight_dtype(get_model("llama-3.1-8b"), "mxfp4")
 
 
@@ -123,3 +123,24 @@ def test_an_mxfp4_target_keeps_a_dense_draft_in_its_own_checkpoint_dtype():
     s = scenario(model="gpt-oss-120b", engine={"max_model_len": 8192, "weight_dtype": "mxfp4", "speculative": {
         "method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"}}, workload={"num_requests": 30})
     assert run(s).summary["completed"] == 30
+
+
+def test_nvfp4_weights_stream_at_4_5_bits_and_run_on_fp4_tensor_cores_where_there_are_some():
+    """NVFP4: a 4-bit value and one FP8 scale per 16 (0.5625 bytes a weight); its GEMMs on a B200's FP4 tensor cores
+    (9 PFLOP/s), on an H100 dequantized to bf16; ModelOpt and llm-compressor checkpoints are recognised."""
+    from hardware.batch import StepBatch
+    from hardware.cost import CostOptions, Parallelism, step_cost
+    from hardware.model import checkpoint_dtype, weight_bytes
+
+    model = get_model("llama-3.1-8b")
+    assert weight_bytes(model, "nvfp4") == (0.5625, 0.5625)
+    assert checkpoint_dtype({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}) == "nvfp4"
+    assert checkpoint_dtype({"quantization_config": {"quant_method": "compressed-tensors",
+                                                     "format": "nvfp4-pack-quantized"}}) == "nvfp4"
+    assert checkpoint_dtype({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}}) == "fp8"
+    prefill = StepBatch.of([8192], [0])
+    mlp = {gpu: step_cost(prefill, model, get_gpu(gpu), Parallelism(), options=CostOptions("nvfp4")).by_name("mlp")
+           for gpu in ("b200", "h100-sxm")}
+    flops = 2 * 8192 * 3 * 4096 * 14336 * 32
+    assert mlp["b200"].time_s == pytest.approx(flops / (9e15 * 0.70))  # compute-bound at the GEMM efficiency
+    assert mlp["h100-sxm"].time_s == pytest.approx(flops / (get_gpu("h100-sxm").peak_for("bf16") * 0.70))
