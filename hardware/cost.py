@@ -347,15 +347,21 @@ class _Ctx:
         return (flops / (peak * compute.at(self.tokens)),
                 nbytes / (self.gpu.memory_bytes_per_s * memory.at(self.tokens)))
 
+    @property
+    def table_dtype(self) -> str:
+        """The weight dtype as the kernel tables tell kernels apart: a block-quantized checkpoint's fp8 is `fp8_block`."""
+        m = self.model
+        return "fp8_block" if self.weight_dtype == "fp8" == m.quantization and m.block_quantized else self.weight_dtype
+
     def measured_gemms(self, rows: float, shapes: tuple[tuple[float, float], ...], dtype: str | None = None
                        ) -> float | None:
         """Seconds of the measured GEMMs of `rows` rows, one per (out, in) shape, run one after another; None
         unless the tables hold every one."""
-        if self.kernels is None:
+        if self.kernels is None or "gemm" not in self.profile.kernel_ops:
             return None
         total = 0.0
         for n, k in shapes:
-            time_s = self.kernels.gemm_s(dtype or self.weight_dtype, rows, n, k)
+            time_s = self.kernels.gemm_s(dtype or self.table_dtype, rows, n, k)
             if time_s is None:
                 return None
             total += time_s
@@ -478,7 +484,7 @@ def _attention_table(ctx: _Ctx, window: int | None, decode: bool) -> AttentionTa
     """The kernel tables' attention of this model's layers on one GPU, or None (MLA's latent attention is left to
     the roofline)."""
     m = ctx.model
-    if ctx.kernels is None or m.mla is not None:
+    if ctx.kernels is None or m.mla is not None or "attention" not in ctx.profile.kernel_ops:
         return None
     if ctx.par.dp_attention:
         heads, kv_heads = m.num_heads, m.num_kv_heads
@@ -543,7 +549,12 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Grou
         touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens)
         flops = 2 * tokens * moe.experts_per_token * expert * expert_padding(m, ctx.weight_dtype)
         nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
-        acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers)
+        measured = None
+        if ctx.kernels is not None and "moe" in ctx.profile.kernel_ops:  # every token: sliced over TP or on EP ranks
+            moe_tp, moe_ep = (1, tp) if ctx.par.ep else (tp, 1)
+            measured = ctx.kernels.moe_s(ctx.table_dtype, tokens, h, moe.expert_intermediate, moe.experts_per_token,
+                                         moe.num_experts, moe_tp, moe_ep)
+        acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers, measured)
         # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
         # DP attention) and on vLLM's DP ranks every GPU holds the shared experts whole and runs them on its own
         # rank's tokens
@@ -618,7 +629,7 @@ def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
 
 def _measured_all_reduce(ctx: _Ctx, nbytes: float) -> float | None:
     """The engine's own all-reduce of `nbytes` over the TP group, as the kernel tables measured it inside a node."""
-    if ctx.kernels is None or ctx.par.tp > ctx.gpu.gpus_per_node:
+    if ctx.kernels is None or ctx.par.tp > ctx.gpu.gpus_per_node or "all_reduce" not in ctx.profile.kernel_ops:
         return None
     return ctx.kernels.all_reduce_s(ctx.par.tp, nbytes)
 

@@ -34,8 +34,11 @@ FRAMEWORKS = ("vllm", "sglang", "trtllm")
 ENGINE = "engine"
 #: servesim's dtype names -> the tables' (bf16 GEMMs; fp8 per-tensor scaled; NVFP4, measured on Blackwell; KV caches
 #: in bf16 or fp8).
-GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "nvfp4": "nvfp4"}
+GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
+#: ... and of routed experts' fused-MoE kernels (mxfp4 and int4 are weight-only there: W4A16).
+MOE_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4",
+              "int4": "int4_wo", "nvfp4": "nvfp4"}
 MS = 1e-3
 INSTALL_HINT = 'pip install -e ".[kernels]"'
 
@@ -286,6 +289,38 @@ class KernelTables:
         """`attention(...)` for `batch` requests of `length` tokens (`AttentionTable.seconds`)."""
         table = self.attention(decode, kv_dtype, heads, kv_heads, head_dim, window)
         return None if table is None else table.seconds(batch, length)
+
+    # ---- routed experts -------------------------------------------------------------------------
+
+    @functools.cached_property
+    def _moe_frame(self):
+        frame = _read(self._path("moe", "moe_perf.parquet"),
+                      ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
+                       "moe_tp_size", "moe_ep_size", "distribution", "latency"], {"distribution": "balanced"})
+        return None if frame is None else frame[frame["distribution"] == "balanced"]
+
+    @functools.lru_cache(maxsize=None)
+    def _moe_grid(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int) -> Grid | None:
+        frame = self._moe_frame
+        if frame is None:
+            return None
+        rows = frame[(frame["moe_dtype"] == dtype) & (frame["hidden_size"] == hidden) & (frame["inter_size"] == inter)
+                     & (frame["topk"] == topk) & (frame["num_experts"] == experts) & (frame["moe_tp_size"] == tp)
+                     & (frame["moe_ep_size"] == ep)]
+        return None if rows.empty else Grid.of(_main_source(rows), ["num_tokens"])
+
+    def moe_s(self, dtype: str, tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int
+              ) -> float | None:
+        """One MoE layer's routed experts (the fused kernel: routing, both GEMMs, activation) on one GPU for `tokens`
+        tokens routed evenly over `experts` experts of width `inter`, sliced over `tp` GPUs or spread whole over `ep`
+        (each GPU computing its own experts' share of every token); only the model shapes the tables were collected
+        for (exact), more tokens than measured run as equal chunks."""
+        grid = self._moe_grid(MOE_DTYPES[dtype], hidden, inter, topk, experts, tp, ep) if dtype in MOE_DTYPES else None
+        if grid is None or tokens < 1:
+            return None
+        pieces = max(1, math.ceil(tokens / grid.top(0)))
+        time_s = grid.at(tokens / pieces)
+        return None if time_s is None else time_s * pieces
 
     # ---- all-reduce -----------------------------------------------------------------------------
 

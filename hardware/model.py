@@ -128,6 +128,9 @@ class ModelSpec:
     vector_params_per_layer: int = 0  # QK norms, attention sinks: stored, not GEMMs
     vision_params: int = 0  # an image encoder and its projector (Gemma 3's SigLIP): stored; images are not modelled
     quantization: str = "bf16"  # the checkpoint's weight dtype (what `weight_dtype: auto` serves), see checkpoint_dtype
+    # the checkpoint's weights carry a scale per 128x128 block (DeepSeek-V3's fp8): block-scaled kernels (DeepGEMM) run
+    # them, where weights quantized at load (`--quantization fp8`) take per-tensor scaled ones
+    block_quantized: bool = False
     architecture: str = ""  # the checkpoint's class (config.json `architectures`), for engines' per-class settings
 
     @property
@@ -542,6 +545,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not
         mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear,
         vector_params_per_layer=_vector_params(f), vision_params=vision, quantization=checkpoint_dtype(raw),
+        block_quantized=bool((raw.get("quantization_config") or {}).get("weight_block_size")),
         architecture=architecture)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -139,6 +139,11 @@ class Profile(SpecModel):
         "Measured kernel tables that price GEMMs, attention and all-reduces instead of the roofline "
         "(hardware.kernel_tables, aiconfigurator-core's): engine (the scenario's scheduler's), vllm, sglang or "
         "trtllm, optionally @version; the other fields price what the tables lack"))
+    kernel_ops: tuple[Literal["gemm", "attention", "all_reduce", "moe"], ...] = Field(
+        ("gemm", "attention", "all_reduce"), description=(
+            "Which operators `kernels` prices from the tables; moe (routed experts' fused kernels) is not by default: "
+            "the tables' recent kernels predict the published vLLM 0.8-0.11 MoE runs 40-70% fast, where the fitted "
+            "routed-expert efficiencies come within ~20%"))
     fits: tuple[FitRecord, ...] = Field((DEFAULT_MOE_FIT,), description=(
         "The measured runs its numbers were fitted to (`servesim fit` records them), so compare can hold them out; "
         "unset: the default routed-expert fit while moe_compute/moe_memory keep their defaults"))
@@ -220,7 +225,7 @@ class Profile(SpecModel):
 
 #: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit records.
 GPU_FIELDS = tuple(name for name in Profile.model_fields
-                   if name not in ("name", "provenance", "kernels", "fits", "fit_mape", "gpus"))
+                   if name not in ("name", "provenance", "kernels", "kernel_ops", "fits", "fit_mape", "gpus"))
 
 
 def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:

@@ -164,3 +164,26 @@ def test_nvfp4_gemms_are_measured_on_blackwell_only():
     assert 0 < kernel_tables("vllm", "b200").gemm_s("nvfp4", 64, 6144, 4096) < kernel_tables("vllm", "b200").gemm_s(
         "bf16", 64, 6144, 4096)  # a quarter of the weight bytes to stream
     assert kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None  # roofline (dequantized) there
+
+
+def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
+    """With `kernel_ops` naming moe, gpt-oss-20b's 24 MoE layers at 64 decodes on one H100: the mxfp4 (W4A16) fused-MoE row of 64 tokens, 32
+    experts of width 2,880, top 4, balanced routing; DeepSeek-V3's block-fp8 checkpoint looks up block-scaled
+    kernels, and a model shape the tables were not collected for keeps the routed-expert roofline."""
+    frame = vllm_table("h100-sxm", "moe", "moe_perf.parquet")
+    row = frame[(frame.moe_dtype == "w4a16_mxfp4") & (frame.hidden_size == 2880) & (frame.num_experts == 32)
+                & (frame.topk == 4) & (frame.moe_tp_size == 1) & (frame.moe_ep_size == 1) & (frame.num_tokens == 64)
+                & (frame.distribution == "balanced")]
+    step = StepBatch.of(np.ones(64, int), np.full(64, 1000))
+    with_moe = MEASURED.model_copy(update={"kernel_ops": ("gemm", "attention", "all_reduce", "moe")})
+    moe = step_cost(step, get_model("gpt-oss-20b"), get_gpu("h100-sxm"), Parallelism(), with_moe).by_name("moe")
+    assert moe.bound == "measured" and moe.time_s == pytest.approx(24 * row.latency.iloc[0] * 1e-3, rel=1e-12)
+    tables, deepseek = kernel_tables("vllm", "h200"), get_model("deepseek-v3")
+    assert deepseek.block_quantized and not get_model("qwen3-30b-a3b").block_quantized
+    assert tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1) != tables.moe_s("fp8", 64, 7168, 2048, 8, 256, 8, 1)
+    assert tables.moe_s("bf16", 64, 7168, 2048, 8, 100, 8, 1) is None  # no such model collected
+    v3 = step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), with_moe)
+    assert v3.by_name("moe").time_s == pytest.approx(
+        58 * tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1), rel=1e-12)  # its 58 MoE layers
+    # the bundled profile leaves routed experts to their fitted efficiencies
+    assert step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), MEASURED).by_name("moe").bound != "measured"
