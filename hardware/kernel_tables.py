@@ -43,10 +43,16 @@ MS = 1e-3
 INSTALL_HINT = 'pip install -e ".[kernels]"'
 
 
+def split_kernels(kernels: str) -> tuple[str, str | None]:
+    """A `kernels` setting's (tables, pinned build): `vllm@0.24.0` -> ("vllm", "0.24.0"), `engine` -> ("engine", None)."""
+    name, _, version = kernels.partition("@")
+    return name, version or None
+
+
 def framework_for(kernels: str, scheduler: str | None = None) -> str:
     """The engine family whose tables `kernels` names: itself, or under `engine` the scheduler's (vLLM's for
     schedulers without tables of their own)."""
-    name = kernels.split("@")[0]
+    name = split_kernels(kernels)[0]
     if name == ENGINE:
         return scheduler if scheduler in FRAMEWORKS else "vllm"
     if name not in FRAMEWORKS:
@@ -72,20 +78,21 @@ def _version_key(version: str) -> tuple:
     return tuple(int(part) for part in match.group(1).split(".")), stage, int(match.group(3) or 0)
 
 
-def builds(system: str, framework: str) -> list[str]:
-    """The engine builds the package holds GEMM, attention or all-reduce tables of for a system, oldest first."""
-    folders = [data_root() / system / family / framework for family in ("gemm", "attention", "comm")]
+def _builds_in(*folders: Path) -> list[str]:
+    """The engine builds (subfolders) of `folders`, oldest first."""
     names = {p.name for folder in folders if folder.is_dir() for p in folder.iterdir() if p.is_dir()}
     return sorted(names, key=_version_key)
+
+
+def builds(system: str, framework: str) -> list[str]:
+    """The engine builds the package holds GEMM, attention or all-reduce tables of for a system, oldest first."""
+    return _builds_in(*(data_root() / system / family / framework for family in ("gemm", "attention", "comm")))
 
 
 def _table_path(system: str, family: str, framework: str, version: str | None, filename: str) -> Path | None:
     """The table `filename` of the newest build of `framework` that has it (or of `version`)."""
     folder = data_root() / system / family / framework
-    if not folder.is_dir():
-        return None
-    versions = [version] if version else sorted((p.name for p in folder.iterdir() if p.is_dir()), key=_version_key)
-    for name in reversed(versions):
+    for name in reversed([version] if version else _builds_in(folder)):
         path = folder / name / filename
         if path.is_file():
             return path
@@ -187,6 +194,13 @@ class Grid:
                 total += wi * wj * value
         return math.exp(total)
 
+    def split_at(self, *point: float) -> float | None:
+        """`at`, a coordinate past the grid's largest value split into equal pieces run one after another (rows,
+        columns, tokens, message bytes add up)."""
+        pieces = [max(1, math.ceil(x / axis[-1])) for x, axis in zip(point, self.axes)]
+        time_s = self.at(*(x / p for x, p in zip(point, pieces)))
+        return None if time_s is None else time_s * math.prod(pieces)
+
     def sliced(self, x: float) -> Grid | None:
         """The grid of the other axes at `x` on the first (log-linear between the values around it), None outside."""
         bracket = _bracket(self.log_axes[0], x)
@@ -194,9 +208,6 @@ class Grid:
             return None
         lo, hi, w = bracket
         return Grid(self.axes[1:], self.log_t[lo] if not w else (1.0 - w) * self.log_t[lo] + w * self.log_t[hi])
-
-    def top(self, axis: int) -> float:
-        return float(self.axes[axis][-1])
 
 
 class AttentionTable:
@@ -245,11 +256,7 @@ class KernelTables:
         """One GEMM of `m` rows x `k` in -> `n` out on this GPU in servesim's weight `dtype`. Columns or inputs past
         the grid are split into equal pieces (split-K's reduction not counted), rows past it too."""
         grid = self._gemm_grid(GEMM_DTYPES[dtype]) if dtype in GEMM_DTYPES else None
-        if grid is None or m < 1:
-            return None
-        pieces = [max(1, math.ceil(size / grid.top(axis))) for axis, size in enumerate((n, k, m))]
-        time_s = grid.at(n / pieces[0], k / pieces[1], m / pieces[2])
-        return None if time_s is None else time_s * math.prod(pieces)
+        return None if grid is None or m < 1 else grid.split_at(n, k, m)
 
     # ---- attention ------------------------------------------------------------------------------
 
@@ -316,11 +323,7 @@ class KernelTables:
         (each GPU computing its own experts' share of every token); only the model shapes the tables were collected
         for (exact), more tokens than measured run as equal chunks."""
         grid = self._moe_grid(MOE_DTYPES[dtype], hidden, inter, topk, experts, tp, ep) if dtype in MOE_DTYPES else None
-        if grid is None or tokens < 1:
-            return None
-        pieces = max(1, math.ceil(tokens / grid.top(0)))
-        time_s = grid.at(tokens / pieces)
-        return None if time_s is None else time_s * pieces
+        return None if grid is None or tokens < 1 else grid.split_at(tokens)
 
     # ---- all-reduce -----------------------------------------------------------------------------
 
@@ -337,19 +340,14 @@ class KernelTables:
     def all_reduce_s(self, gpus: int, nbytes: float) -> float | None:
         """The engine's all-reduce of an `nbytes` bf16 message over `gpus` GPUs of one node."""
         grid = self._all_reduce_grid(gpus)
-        if grid is None:
-            return None
-        pieces = max(1, math.ceil(nbytes / grid.top(0)))
-        time_s = grid.at(nbytes / pieces)
-        return None if time_s is None else time_s * pieces
+        return None if grid is None else grid.split_at(nbytes)
 
 
 @functools.lru_cache(maxsize=None)
 def kernel_tables(kernels: str, gpu: str, scheduler: str | None = None) -> KernelTables | None:
     """The tables `kernels` (`engine`, `vllm`, `sglang` or `trtllm`, optionally `@version`) names for catalog GPU
     `gpu`; None for a GPU the package did not measure (its operators keep the roofline)."""
-    framework = framework_for(kernels, scheduler)
-    version = kernels.split("@", 1)[1] if "@" in kernels else None
+    framework, version = framework_for(kernels, scheduler), split_kernels(kernels)[1]
     system = SYSTEMS.get(gpu)
     if system is None or not (data_root() / system).is_dir():
         return None

@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from hardware.errors import SpecError
 from hardware.files import read_yaml
 from hardware.gpu import gpu_catalog
-from hardware.kernel_tables import ENGINE, framework_for
+from hardware.kernel_tables import ENGINE, framework_for, split_kernels
 from hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
@@ -203,11 +203,10 @@ class Profile(SpecModel):
 
     def for_engine(self, scheduler: str) -> Profile:
         """The profile as `scheduler`'s engine runs: `kernels: engine` names that engine's tables."""
-        if self.kernels is None or not self.kernels.startswith(ENGINE):
+        if self.kernels is None or split_kernels(self.kernels)[0] != ENGINE:
             return self
-        version = self.kernels.partition("@")[2]
-        return self.model_copy(update={"kernels": framework_for(self.kernels, scheduler) + (f"@{version}" if version
-                                                                                              else "")})
+        version = split_kernels(self.kernels)[1]
+        return self.model_copy(update={"kernels": framework_for(ENGINE, scheduler) + (f"@{version}" if version else "")})
 
     def with_gpu_section(self, gpu: str, values: dict[str, Any]) -> Profile:
         """This profile with `values` set in `gpu`'s section (over what the section already held)."""
