@@ -69,8 +69,7 @@ def compare(measured: pd.DataFrame, simulated: pd.DataFrame, measured_summary: d
             steps: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per metric: per-request median / p90 absolute % error, medians (ms) and the error of the median;
     then output throughput (tokens/s), and with `steps` (columns execute_s, predicted_s) the per-step error."""
-    both = measured.set_index("request_id").join(simulated.set_index("request_id"), how="inner",
-                                                 suffixes=("", "_sim"))
+    both = measured.merge(simulated, on="request_id", how="inner", suffixes=("", "_sim")).set_index("request_id")
     rows = []
     for name, column in METRICS:
         err = _abs_pct(both[f"{column}_sim"], both[column])
@@ -109,7 +108,7 @@ def report_html(v: Validation, path: Path, title: str) -> Path:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    both = v.measured.set_index("request_id").join(v.simulated.set_index("request_id"), suffixes=("", "_sim"))
+    both = v.measured.merge(v.simulated, on="request_id", how="left", suffixes=("", "_sim")).set_index("request_id")
     fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{m.upper()} (ms)" for m, _ in METRICS])
     for i, (name, column) in enumerate(METRICS, start=1):
         x, y = both[column] * 1e3, both[f"{column}_sim"] * 1e3

@@ -38,8 +38,8 @@ def test_cuda_profile_rows_and_a_served_trace():
     rows = profile_grid(ex, shapes, "gemma-3n-e2b", {"layers": 6}, repeats=3)
     assert (rows["device"] == "cuda").all() and (rows["dtype"] == "bfloat16").all() and (rows["time_s"] > 0).all()
     reqs = [Request(id=i, arrival_s=0.01 * i, num_prompt_tokens=20 + i, num_output_tokens=5) for i in range(8)]
-    cfg = {"block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 32, "max_model_len": 64}
-    if "prefix_caching" in EngineConfig.model_fields:
-        cfg["prefix_caching"] = "none"
+    # one block table per request: the executor was built without kv_windows
+    cfg = {"block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 32, "max_model_len": 64,
+           "prefix_caching": "none", "disable_hybrid_kv_cache_manager": True}
     result = serve(ex, reqs, EngineConfig(**cfg))
     assert result.summary["completed"] == 8
