@@ -19,7 +19,7 @@ from hardware.profile import load_profile
 
 #: Gemma 3n's pattern (sliding + full layers, trailing KV-sharing layers) at a CPU-friendly width; half the
 #: layers share KV, so fast prefill runs them on one token per request.
-SCALE = dict(layers=6, kv_shared=3, hidden=256, heads=4, kv_heads=2, intermediate=768, vocab=2048)
+SCALE = dict(layers=6, kv_shared=3, hidden=128, heads=4, kv_heads=2, intermediate=384, vocab=1024)
 PROMPTS = (256, 512, 1024)
 
 
@@ -32,15 +32,16 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
     setup = Setup("gemma-3n-e2b", SCALE, "cpu", "", (), threads=1)
     spec = row_model(setup.model, setup.scale_json)
     assert fast_prefill_layers(spec) == 3
-    report, setup = run_calibration(setup, tmp_path)  # its grid times every shape with fast prefill off and on
+    # the quick grid times every shape with fast prefill off and on
+    report, setup = run_calibration(setup, tmp_path, quick=True)
     profile = load_profile(tmp_path / "profile.yaml")
     gpu = get_gpu(setup.gpu, tuple(setup.gpu_files))
 
     shapes = [(f"prefill {n}", StepBatch.uniform(1, 0, n)) for n in PROMPTS]
     ex = make_executor(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
-    # on/off interleaved, 41 times a round; a shared machine's other work can slow a whole round, so the median of
+    # on/off interleaved, 15 times a round; a shared machine's other work can slow a whole round, so the median of
     # three rounds' reductions is the measurement
-    rounds = [_reductions(profile_grid(ex, shapes, setup.model, setup.scale, repeats=41, warmup=3)) for _ in range(3)]
+    rounds = [_reductions(profile_grid(ex, shapes, setup.model, setup.scale, repeats=15, warmup=3)) for _ in range(3)]
     measured = pd.concat(rounds, axis=1).median(axis=1)
 
     def predicted(n: int) -> float:
