@@ -58,9 +58,9 @@ def _machine_drift(folder, steps: pd.DataFrame, probes_s: list[float]) -> float:
     return max(stolen, max(probes_s) / min(probes_s) - 1.0)
 
 
-#: 300 requests, a third of them behind one of 4 shared prefixes of 128 tokens (8 blocks), served with
+#: 150 requests, a third of them behind one of 4 shared prefixes of 128 tokens (8 blocks), served with
 #: chunked prefill and vLLM's automatic prefix caching.
-TRACE = TraceSpec(num_requests=300, max_num_batched_tokens=256, prompt_median=120, prefix_caching="vllm",
+TRACE = TraceSpec(num_requests=150, max_num_batched_tokens=256, prompt_median=120, prefix_caching="vllm",
                   num_prefixes=4, prefix_tokens=128, prefix_share=0.5)
 
 
@@ -68,10 +68,11 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     """Issue 7's target: on a few hundred requests with chunked prefill and prefix reuse, the simulator with
     the fitted profile gets median per-request TPOT within 10% and TTFT within 15% of the measured run.
 
-    Wall-clock timing on a CPU shared with other jobs can fail for reasons outside the code; then (and
-    only then: the machine measurably changed speed) the test skips instead of failing."""
+    Wall-clock timing on a CPU shared with other jobs can miss for reasons outside the code; then (and
+    only then: the machine measurably changed speed) the bounds double, so a clear regression still fails."""
     probes_s = [_probe_s()]
-    report, setup = run_calibration(Setup("llama-3.1-8b", DEFAULT_SCALE, "cpu", "", (), threads=1), tmp_path)
+    setup = Setup("llama-3.1-8b", DEFAULT_SCALE, "cpu", "", (), threads=1)
+    report, setup = run_calibration(setup, tmp_path, repeats=3)  # the full grid, each shape timed 3 times
     probes_s.append(_probe_s())
     assert load_profile(tmp_path / "profile.yaml").fit_mape == pytest.approx(report.mape["test_fitted"], abs=1e-3)
     assert load_setup(tmp_path)[0] == setup
@@ -92,12 +93,15 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
         assert steps["prefix_hit_tokens"].sum() == cached.sum()
         fed_back = (v.measured["output_tokens"] - 1).sum()  # every output but the last runs as a decode
         assert steps["num_tokens"].sum() == v.measured["prompt_tokens"].sum() - cached.sum() + fed_back
-    checks = {"fit MAPE on held-out shapes < 15%": report.mape["test_fitted"] < 15.0 < report.mape["test_default"],
-              "median TPOT error <= 10%": table.loc["tpot", "median_abs_pct_err"] <= 10.0,
-              "median TTFT error <= 15%": table.loc["ttft", "median_abs_pct_err"] <= 15.0,
-              "throughput error <= 5%": table.loc["output_throughput", "median_pct_err"] <= 5.0}
-    failed = [name for name, ok in checks.items() if not ok]
-    summary = f"{failed}; fit MAPE {report.mape}; prefix hit rate {hit_rate:.3f}\n{table.round(1).to_string()}"
-    if failed and _machine_drift(tmp_path, steps, probes_s) > 0.03:
-        pytest.skip(f"the machine changed speed while timing (shared CPU): {summary}")
+    drift = _machine_drift(tmp_path, steps, probes_s)
+    slack = 2.0 if drift > 0.03 else 1.0
+    assert report.mape["test_fitted"] < 15.0 * slack < report.mape["test_default"] * slack, report.mape
+    checks = {"median TPOT error": ("tpot", "median_abs_pct_err", 10.0),
+              "median TTFT error": ("ttft", "median_abs_pct_err", 15.0),
+              "throughput error": ("output_throughput", "median_pct_err", 5.0)}
+    failed = [f"{name} > {bound * slack:g}%" for name, (metric, column, bound) in checks.items()
+              if not table.loc[metric, column] <= bound * slack]
+    summary = (f"{failed}; machine drift {drift:.1%}; fit MAPE {report.mape}; prefix hit rate {hit_rate:.3f}\n"
+               f"{table.round(1).to_string()}")
+    print(summary)
     assert not failed, summary
