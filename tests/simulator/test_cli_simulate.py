@@ -203,12 +203,14 @@ def test_trace_rows_dropped_in_cleaning_are_told_with_their_reason(tmp_path):
 @pytest.mark.parametrize("text,expected", [
     ("name: a\nmodel: llama-3.1-8b\nmodel: qwen3-8b\n", "line 3, column 1: key 'model' is given twice"),
     ("name: a\nmodel: [llama\n  hardware: x\n", "line 3, column 11: expected ',' or ']', but got ':'"),
+    ("name: a\nworkload: " + "[" * 5000 + "]" * 5000 + "\n", "line 2, column 74: nested deeper than 64 levels"),
+    ("name: a\n1: b\n", "line 2, column 1: key 1 is not text (quote it if it is a name)"),
 ])
 def test_a_file_that_is_not_a_clean_yaml_mapping_is_one_line_with_its_place(tmp_path, text, expected):
     path = tmp_path / "s.yaml"
     path.write_text(text)
     result = simulate(str(path), "--out", str(tmp_path / "out"))
-    assert result.exit_code == 2
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert result.stderr == f"error: {path}: not valid YAML: {expected}\n"
 
 
