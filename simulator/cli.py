@@ -31,6 +31,16 @@ console = Console()
 if not console.is_terminal:  # piped or captured: never truncate names to fit 80 columns
     console = Console(width=200)
 
+
+
+@app.callback()
+def _output_any_terminal_can_show() -> None:
+    # Paths and names come from users: a character the terminal's encoding lacks is escaped, not a crash.
+    for stream in (sys.stdout, sys.stderr):
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
+
+
 GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
 WeightDtype = typer.Option("auto", help=f"Weights: {', '.join(WEIGHT_DTYPE_CHOICES)} (auto: the checkpoint's own; "
                            "mxfp4: MoE experts only; nvfp4/mxfp8 on FP4/FP8 tensor cores where the GPU has them)")

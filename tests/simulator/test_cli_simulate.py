@@ -1,7 +1,10 @@
 """`servesim simulate` end to end on the bundled quickstart, and one clear line for each kind of bad scenario."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -345,3 +348,13 @@ def test_a_measured_kernel_profile_prices_each_engine_from_its_own_tables(tmp_pa
     assert measured["mean_tpot_ms"] != default["mean_tpot_ms"]
     # SGLang's kernels price its steps: the change from the defaults is not vLLM's
     assert sglang["mean_tpot_ms"] / sglang_default["mean_tpot_ms"] != measured["mean_tpot_ms"] / default["mean_tpot_ms"]
+
+
+def test_a_path_the_terminal_cannot_encode_is_escaped_not_a_crash(tmp_path):
+    out = tmp_path / "r\u00e9sultats"
+    env = os.environ | {"PYTHONIOENCODING": "ascii"}
+    done = subprocess.run([sys.executable, "-m", "simulator", "simulate", str(QUICKSTART), "--out", str(out),
+                           "--set", "workload.num_requests=10"],
+                          cwd=QUICKSTART.parents[1], env=env, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert b"r\\xe9sultats" in done.stdout and (out / "summary.json").exists()
