@@ -503,6 +503,11 @@ def _gated_mlp(raw: dict[str, Any]) -> bool:
     return raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new")
 
 
+def _require_positive(source: str, key: str, value: int) -> None:
+    if not value > 0:  # a zero width or count divides by zero, or prices a model with nothing in it
+        raise SpecError(f"{source}: {key} must be a positive integer, not {value}")
+
+
 def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`, plus the vision
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
@@ -516,11 +521,15 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
     num_layers = f.get("num_hidden_layers")
     for key, value in (("hidden_size", hidden), ("num_attention_heads", num_heads), ("num_hidden_layers", num_layers)):
-        if not value > 0:
-            raise SpecError(f"{source}: {key} must be a positive integer, not {value}")
+        _require_positive(source, key, value)
     kv_heads = f.get("num_key_value_heads", int, num_heads)
-    if not 0 < kv_heads <= num_heads or num_heads % kv_heads:
+    _require_positive(source, "num_key_value_heads", kv_heads)
+    if kv_heads > num_heads or num_heads % kv_heads:
         raise SpecError(f"{source}: num_key_value_heads ({kv_heads}) must divide num_attention_heads ({num_heads})")
+    head_dim, vocab, max_len = (f.get("head_dim", int, hidden // num_heads), f.get("vocab_size"),
+                                f.get("max_position_embeddings"))
+    for key, value in (("head_dim", head_dim), ("vocab_size", vocab), ("max_position_embeddings", max_len)):
+        _require_positive(source, key, value)
     kinds = _layer_kinds(f, num_layers)
     try:
         sources = _kv_sources(kinds, f.get("num_kv_shared_layers", int, 0))
@@ -529,6 +538,9 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     moe = _moe(f)
     routed = _moe_layers(f, num_layers) if moe is not None else [False] * num_layers
     widths = _intermediates(f, num_layers)
+    for width, is_routed in zip(widths, routed):
+        if not is_routed:
+            _require_positive(source, "intermediate_size", width)
     extra_linear, lookup, model_linear = _gemma3n_extras(f, num_layers)
     layers = tuple(
         LayerSpec(index=i, attention=kind, window=window, kv_source=sources[i], is_moe=routed[i],
@@ -537,9 +549,8 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     return ModelSpec(
         name=name, hidden_size=hidden, num_heads=num_heads,
         num_kv_heads=kv_heads,
-        head_dim=f.get("head_dim", int, hidden // num_heads),
-        vocab_size=f.get("vocab_size"), tie_embeddings=_tied(raw),
-        layers=layers, max_position_embeddings=f.get("max_position_embeddings"),
+        head_dim=head_dim, vocab_size=vocab, tie_embeddings=_tied(raw),
+        layers=layers, max_position_embeddings=max_len,
         gated_mlp=_gated_mlp(raw),
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
         o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not

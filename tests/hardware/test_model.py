@@ -124,6 +124,21 @@ def test_mistyped_field_and_bad_json_are_clear(tmp_path):
         model_from_config({"hidden_size": "4096"}, "x")
 
 
+@pytest.mark.parametrize("key,value", [("head_dim", 0), ("vocab_size", 0), ("intermediate_size", 0),
+                                       ("max_position_embeddings", 0), ("num_key_value_heads", -8),
+                                       ("num_hidden_layers", 0)])
+def test_a_zero_or_negative_dimension_is_refused_by_name(key, value):
+    """A zero head_dim divided by zero (a traceback); a zero vocabulary or MLP priced a model with nothing in it."""
+    raw = _LLAMA | {key: value}
+    with pytest.raises(SpecError, match=f"cfg.json: {key} must be a positive integer, not {value}$"):
+        model_from_config(raw, "x", "cfg.json")
+
+
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
+          "num_key_value_heads": 8, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
+          "max_position_embeddings": 131072, "head_dim": 128}
+
+
 @pytest.mark.parametrize("name,total,active", [("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)])
 def test_gpt_oss_counts_match_the_model_card_to_its_last_digit(name, total, active):
     """The gpt-oss model card (arXiv 2508.10925, Table 1) counts biases and attention sinks, and leaves the input
