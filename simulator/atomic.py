@@ -20,9 +20,16 @@ def _umask() -> int:
     return mask
 
 
+def _collapsed(path: Path) -> Path:
+    """`path` with its folder resolved: `a/b/../../x` must not make `a/b` on the way to `x`. Parts that exist keep
+    the OS's meaning (symlinks followed); the rest cannot be links, so collapsing them is what the OS would do."""
+    path = Path(path)
+    return path.resolve() if path.name in ("", ".", "..") else path.parent.resolve() / path.name
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write `text` to a temp file beside `path`, fsync it, then rename it over `path`."""
-    path = Path(path)
+    path = _collapsed(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -127,7 +134,7 @@ def remove_abandoned_writes(folder: Path, older_than_s: float = 600.0) -> None:
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temp folder beside `path`; on success it replaces `path`, on error it is removed. `path` must be
     absent, empty or an earlier output (`check_replaceable`)."""
-    path = Path(path)
+    path = _collapsed(path)
     check_replaceable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

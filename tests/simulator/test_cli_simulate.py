@@ -358,3 +358,10 @@ def test_a_path_the_terminal_cannot_encode_is_escaped_not_a_crash(tmp_path):
                           cwd=QUICKSTART.parents[1], env=env, capture_output=True, timeout=300)
     assert done.returncode == 0, done.stderr.decode()[-2000:]
     assert b"r\\xe9sultats" in done.stdout and (out / "summary.json").exists()
+
+
+def test_an_out_path_through_dot_dot_makes_no_folders_on_the_way(tmp_path):
+    result = simulate(str(QUICKSTART), "--out", str(tmp_path / "a" / "b" / ".." / ".." / "x"),
+                      "--set", "workload.num_requests=10")
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "x" / "summary.json").exists() and not (tmp_path / "a").exists()
