@@ -16,7 +16,7 @@ BOOL_FOR_NUMBER = "bool_for_number"  # the error type; its `field` context names
 
 
 class SpecModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # no NaN or inf reaches numpy
 
     @model_validator(mode="before")
     @classmethod

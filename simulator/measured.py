@@ -88,7 +88,7 @@ class MeasuredRun(SpecModel):
     output_len: int = Field(ge=1)
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
-    request_rate: float = Field(math.inf, gt=0, description=(
+    request_rate: float = Field(math.inf, gt=0, allow_inf_nan=True, description=(
         "Requests/s; inf: all at once. vLLM since 0.10.1 paces the arrivals so the last request leaves at "
         "num_prompts / rate; SGLang and older vLLM send a renewal process from t = 0"))
     burstiness: float = Field(1.0, gt=0, description=(

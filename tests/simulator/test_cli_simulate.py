@@ -365,3 +365,13 @@ def test_an_out_path_through_dot_dot_makes_no_folders_on_the_way(tmp_path):
                       "--set", "workload.num_requests=10")
     assert result.exit_code == 0, result.output
     assert (tmp_path / "x" / "summary.json").exists() and not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("override", ["slo.ttft_ms=.inf", "slo.tpot_ms=.nan", "engine.gpu_memory_utilization=.nan",
+                                      "workload.arrivals={kind: poisson, rate_per_s: .inf}"])
+def test_a_non_finite_number_is_refused_by_name(tmp_path, override):
+    """An infinite SLO or rate was accepted and used: no NaN or inf gets past the scenario's models."""
+    result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", override)
+    field = override.split("=")[0] + (".rate_per_s" if "rate_per_s" in override else "")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.endswith(f"{field}: Input should be a finite number\n") and result.stderr.count("\n") == 1
