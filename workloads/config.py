@@ -97,6 +97,9 @@ class TraceArrivals(SpecModel):
 ArrivalConfig = Annotated[Union[PoissonArrivals, GammaArrivals, ConstantArrivals, AllAtOnceArrivals,
                                 TraceArrivals], Field(discriminator="kind")]
 SYNTHETIC_KINDS = frozenset({"poisson", "gamma", "constant"})
+#: The most requests one run takes (parallel samples and session turns included), checked before anything is
+#: drawn: a count past it is a typo or a fuzz, and would be allocated as arrays of that length.
+MAX_REQUESTS = 100_000_000
 
 
 class ClosedLoopConfig(SpecModel):
@@ -125,8 +128,8 @@ class WorkloadConfig(SpecModel):
     arrivals: ArrivalConfig = Field(description="Arrival process.")
     closed_loop: ClosedLoopConfig | None = Field(None, description="Closed-loop clients; the simulator then "
                                                                    "sends requests in order as clients free up.")
-    num_requests: int | None = Field(None, ge=1, description="Take at most this many requests (count; "
-                                                             "parallel samples and session turns included).")
+    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description=(
+        "Take at most this many requests (count; parallel samples and session turns included)."))
     duration_s: float | None = Field(None, gt=0, description="Synthetic arrivals stop at this time (s); "
                                                              "trace rows arriving at or after it are dropped.")
     skip_requests: int = Field(0, ge=0, description="Skip this many leading trace rows (start later in a trace).")
@@ -185,6 +188,11 @@ class WorkloadConfig(SpecModel):
             return "trace format 'servegen' generates arrivals and needs duration_s"
         if self.trace is None and self.skip_requests:
             return "skip_requests skips trace rows, but there is no trace"
+        rate = getattr(self.arrivals, "rate_per_s", None)
+        if kind in SYNTHETIC_KINDS and not has_count and rate * self.duration_s > MAX_REQUESTS:
+            return (f"arrivals at {rate:g} {self.rate_unit} for duration_s {self.duration_s:g} make "
+                    f"~{rate * self.duration_s:.3g} of them, more than the {MAX_REQUESTS:,} requests a run takes; "
+                    "lower the rate or duration_s")
         return None
 
     def _sharing_problem(self) -> str | None:

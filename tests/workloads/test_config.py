@@ -59,6 +59,13 @@ def test_yaml_round_trip_of_every_kind():
     ({"trace": dict(AZURE, clients=[1]), "arrivals": {"kind": "trace"}}, "servegen option"),
     ({"trace": dict(AZURE, drop_failed=False), "arrivals": {"kind": "trace"}}, "burstgpt option"),
     ({"trace": dict(AZURE, format="csv"), "arrivals": {"kind": "trace"}}, "format"),
+    # sizes past what a run takes are refused before anything is drawn (a 7 TiB array before)
+    ({"lengths": LENGTHS, "arrivals": {"kind": "poisson", "rate_per_s": 1}, "num_requests": 10**12},
+     "less than or equal to 100000000"),
+    ({"lengths": LENGTHS, "arrivals": {"kind": "constant", "rate_per_s": 3}, "duration_s": 1e12},
+     r"~3e\+12 of them, more than the 100,000,000 requests a run takes"),
+    ({"lengths": LENGTHS, "arrivals": {"kind": "poisson", "rate_per_s": float("inf")}, "duration_s": 10},
+     "finite number"),
 ])
 def test_invalid_workloads(fields, message):
     with pytest.raises(ValidationError, match=message):
