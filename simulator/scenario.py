@@ -192,13 +192,23 @@ class Scenario(SpecModel):
                     get_gpu(pool.gpu)
                 except SpecError as err:
                     raise ValueError(f"disaggregation.{name}.gpu: {err}") from None
-            try:
-                EngineConfig.model_validate({**self.engine.model_dump(exclude_unset=True), **pool.engine})
-            except ValidationError as err:
-                first = err.errors()[0]
-                where = ".".join(str(p) for p in first["loc"])
-                raise ValueError(f"disaggregation.{name}.engine.{where}: {first['msg']}") from None
+            self._check_engine_overrides(pool.engine, f"disaggregation.{name}.engine")
         return self
+
+    @model_validator(mode="after")
+    def _stage_engines_valid(self) -> Scenario:
+        for i, stage in enumerate(self.stages or ()):
+            self._check_engine_overrides(stage.engine, f"stages.{i}.engine")
+        return self
+
+    def _check_engine_overrides(self, overrides: dict[str, Any], where: str) -> None:
+        """A pool's or stage's engine is the scenario's with `overrides`: checked here, at load, with its place."""
+        try:
+            EngineConfig.model_validate({**self.engine.model_dump(exclude_unset=True), **overrides})
+        except ValidationError as err:
+            first = err.errors()[0]
+            field = ".".join([where, *(str(p) for p in first["loc"])])
+            raise ValueError(f"{field}: {first['msg'].removeprefix('Value error, ')}") from None
 
     @field_validator("name")
     @classmethod

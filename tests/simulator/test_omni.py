@@ -191,3 +191,19 @@ def test_later_stages_see_each_requests_session_and_priority():
     for r in later:
         replicas_of.setdefault(r.session_id, set()).add(r.replica)
     assert all(len(replicas) == 1 for replicas in replicas_of.values()) and len(replicas_of) > 1
+
+
+@pytest.mark.parametrize("engine,expected", [
+    ({"max_num_seqs": 0}, "stages.0.engine.max_num_seqs: Input should be greater than or equal to 1"),
+    ({"max_num_seqs": 300, "max_num_batched_tokens": 100}, "stages.0.engine: max_num_batched_tokens (100) <"),
+])
+def test_a_stage_engine_is_checked_when_the_scenario_loads(tmp_path, engine, expected):
+    """It was validated only when the stage was built: a ValidationError traceback, not a line."""
+    from typer.testing import CliRunner
+
+    from simulator.cli import app
+    stages = [{"name": "a", "model": "qwen2.5-7b", "engine": engine}, {"name": "b", "model": "llama-3.2-1b"}]
+    result = CliRunner().invoke(app, ["simulate", str(SCENARIOS / "omni_thinker_talker.yaml"), "--out", str(tmp_path / "out"),
+                                      "--set", f"stages={json.dumps(stages)}"])
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert expected in result.stderr and result.stderr.count("\n") == 1
