@@ -203,7 +203,7 @@ def test_a_stage_engine_is_checked_when_the_scenario_loads(tmp_path, engine, exp
 
     from simulator.cli import app
     stages = [{"name": "a", "model": "qwen2.5-7b", "engine": engine}, {"name": "b", "model": "llama-3.2-1b"}]
-    result = CliRunner().invoke(app, ["simulate", str(SCENARIOS / "omni_thinker_talker.yaml"), "--out", str(tmp_path / "out"),
-                                      "--set", f"stages={json.dumps(stages)}"])
+    result = CliRunner().invoke(app, ["simulate", str(SCENARIOS / "omni_thinker_talker.yaml"),
+                                      "--out", str(tmp_path / "out"), "--set", f"stages={json.dumps(stages)}"])
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert expected in result.stderr and result.stderr.count("\n") == 1
