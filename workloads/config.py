@@ -60,7 +60,7 @@ class GammaArrivals(SpecModel):
     kind: Literal["gamma"]
     rate_per_s: float = Field(gt=0, description=(
         "Mean arrival rate (requests/s; with parallel_sampling prompts/s, with sessions sessions started/s)."))
-    cv: float = Field(gt=0, description="Coefficient of variation of inter-arrival times (dimensionless).")
+    cv: float = Field(gt=0, le=100, description="Coefficient of variation of inter-arrival times (dimensionless).")
     paced: Paced = False
 
 

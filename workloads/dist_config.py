@@ -17,6 +17,10 @@ from hardware.spec_model import SpecModel
 TraceFormat = Literal["azure", "mooncake", "sharegpt", "arxiv", "burstgpt", "servegen", "servesim"]
 UNTIMED_FORMATS = frozenset({"sharegpt", "arxiv"})  # length tables without arrival times
 MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
+#: The largest value a length or time distribution may name or draw (2^40 tokens or seconds): past it a count
+#: overflows int64 on its way to numpy, and no model or trace comes near it.
+MAX_VALUE = float(2**40)
+MAX_LOG_SIGMA = 10.0  # a lognormal's sigma: e^10 between a median and one sigma above is already absurd
 
 
 class TraceSource(SpecModel):
@@ -49,15 +53,15 @@ class FixedDist(SpecModel):
     """Always `value`."""
 
     kind: Literal["fixed"]
-    value: float = Field(ge=0, description="The value (tokens, or seconds for think times).")
+    value: float = Field(ge=0, le=MAX_VALUE, description="The value (tokens, or seconds for think times).")
 
 
 class UniformDist(SpecModel):
     """Uniform on [low, high]."""
 
     kind: Literal["uniform"]
-    low: float = Field(ge=0, description="Lower bound, inclusive (tokens or seconds).")
-    high: float = Field(ge=0, description="Upper bound (tokens or seconds); >= low.")
+    low: float = Field(ge=0, le=MAX_VALUE, description="Lower bound, inclusive (tokens or seconds).")
+    high: float = Field(ge=0, le=MAX_VALUE, description="Upper bound (tokens or seconds); >= low.")
 
     @model_validator(mode="after")
     def _ordered(self) -> Self:
@@ -71,10 +75,12 @@ class NormalDist(SpecModel):
     at the bounds). Without min/max nothing is removed."""
 
     kind: Literal["normal"]
-    mean: float = Field(description="Mean before truncation (tokens or seconds).")
-    std: float = Field(gt=0, description="Standard deviation before truncation (tokens or seconds).")
-    min: float | None = Field(None, description="Lower truncation bound, inclusive (None = no bound).")
-    max: float | None = Field(None, description="Upper truncation bound, inclusive (None = no bound).")
+    mean: float = Field(ge=-MAX_VALUE, le=MAX_VALUE, description="Mean before truncation (tokens or seconds).")
+    std: float = Field(gt=0, le=MAX_VALUE, description="Standard deviation before truncation (tokens or seconds).")
+    min: float | None = Field(None, ge=-MAX_VALUE, le=MAX_VALUE, description=(
+        "Lower truncation bound, inclusive (None = no bound)."))
+    max: float | None = Field(None, ge=-MAX_VALUE, le=MAX_VALUE, description=(
+        "Upper truncation bound, inclusive (None = no bound)."))
 
     @model_validator(mode="after")
     def _bounds_hold_mass(self) -> Self:
@@ -98,8 +104,9 @@ class LognormalDist(SpecModel):
     median * exp(sigma**2 / 2)."""
 
     kind: Literal["lognormal"]
-    median: float = Field(gt=0, description="Median (tokens or seconds).")
-    sigma: float = Field(ge=0, description="Standard deviation of ln(x) (dimensionless); 0 = always median.")
+    median: float = Field(gt=0, le=MAX_VALUE, description="Median (tokens or seconds).")
+    sigma: float = Field(ge=0, le=MAX_LOG_SIGMA, description=(
+        "Standard deviation of ln(x) (dimensionless); 0 = always median."))
 
 
 class EmpiricalDist(SpecModel):

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from workloads.config import Dist, EmpiricalDist, FixedDist, LognormalDist, NormalDist, UniformDist, WorkloadConfig
+from workloads.dist_config import MAX_VALUE
 from workloads.traces import load_source
 
 
@@ -43,7 +44,7 @@ def sample_lengths(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path 
         values = rng.integers(low, math.floor(dist.high), size=n, endpoint=True)
     else:
         values = np.rint(sample_values(dist, n, rng, base_dir))
-    return np.maximum(values, 1).astype(np.int64)
+    return np.clip(values, 1, MAX_VALUE).astype(np.int64)  # a far tail stays a count int64 holds
 
 
 def draw_outputs(cfg: WorkloadConfig, table: pd.DataFrame, n: int, rng: np.random.Generator,

@@ -66,6 +66,8 @@ def test_yaml_round_trip_of_every_kind():
      r"~3e\+12 of them, more than the 100,000,000 requests a run takes"),
     ({"lengths": LENGTHS, "arrivals": {"kind": "poisson", "rate_per_s": float("inf")}, "duration_s": 10},
      "finite number"),
+    ({"lengths": LENGTHS, "arrivals": {"kind": "gamma", "rate_per_s": 1, "cv": 1e300}, "num_requests": 5},
+     "less than or equal to 100"),  # an OverflowError traceback when drawn
 ])
 def test_invalid_workloads(fields, message):
     with pytest.raises(ValidationError, match=message):
@@ -81,6 +83,12 @@ def test_invalid_workloads(fields, message):
     ({"kind": "fixed", "value": 0.2}, "below 1 token"),
     ({"kind": "empirical", "trace": {"format": "servegen", "path": "x"}, "column": "prompt"}, "workload model"),
     ({"kind": "empirical", "trace": SHAREGPT, "column": "input"}, "column"),
+    # past 2^40 a length wrapped around int64 (a fixed 1e20 became -2^63 tokens) or numpy refused it
+    ({"kind": "fixed", "value": 1e20}, "less than or equal to 1099511627776"),
+    ({"kind": "uniform", "low": 1, "high": 1e30}, "less than or equal to 1099511627776"),
+    ({"kind": "lognormal", "median": 1e300, "sigma": 1}, "less than or equal to 1099511627776"),
+    ({"kind": "lognormal", "median": 100, "sigma": 11}, "less than or equal to 10"),
+    ({"kind": "fixed", "value": float("inf")}, "finite number"),
 ])
 def test_invalid_length_distributions(dist, message):
     with pytest.raises(ValidationError, match=message):

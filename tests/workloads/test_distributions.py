@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from workloads.config import FixedDist, LognormalDist, NormalDist, UniformDist
+from workloads.dist_config import MAX_VALUE
 from workloads.distributions import sample_lengths, sample_values
 
 sizes = st.floats(0, 1e5)
@@ -79,3 +80,10 @@ def test_a_uniform_count_takes_every_integer_equally_often():
     assert counts == pytest.approx([1 / 6] * 6, abs=0.01)
     ones = sample_lengths(UniformDist(kind="uniform", low=0, high=3), 60_000, np.random.default_rng(0))
     assert np.bincount(ones, minlength=4)[1:] / ones.size == pytest.approx([1 / 3] * 3, abs=0.01)  # 0 is no length
+
+
+def test_a_far_tail_is_clipped_to_a_count_int64_holds():
+    """sigma 10 around a median of 2^39 draws values past 2^63; every count stays within [1, 2^40]."""
+    values = sample_lengths(LognormalDist(kind="lognormal", median=2.0**39, sigma=10), 1000,
+                            np.random.default_rng(0))
+    assert values.dtype == np.int64 and values.min() >= 1 and values.max() == MAX_VALUE
