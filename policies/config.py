@@ -30,6 +30,7 @@ SGLANG_FULL_KV_ARCHITECTURES = frozenset({"Gemma2ForCausalLM", "Gemma3ForCausalL
 SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3  # SGLang scales --schedule-conservativeness by it under DP attention
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
+MAX_KV_BLOCKS = 2**26  # blocks the simulator keeps a record of: its free list alone is 2.7 GB at 2^26 (10^20 crashed)
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
 
 
@@ -97,8 +98,9 @@ class EngineConfig(SpecModel):
     max_model_len: int | None = Field(None, ge=1, description="Longest prompt+output; default: the model's limit")
     allow_long_max_model_len: bool = Field(False, description=(
         "Allow max_model_len beyond the model's max_position_embeddings (vLLM's VLLM_ALLOW_LONG_MAX_MODEL_LEN)"))
-    num_gpu_blocks_override: int | None = Field(None, ge=1, description=(
-        "Force the KV pool size (as vLLM's flag); under DP attention the group's, split evenly over its ranks"))
+    num_gpu_blocks_override: int | None = Field(None, ge=1, le=MAX_KV_BLOCKS, description=(
+        "Force the KV pool size (as vLLM's flag); under DP attention the group's, split evenly over its ranks. "
+        "It may exceed the GPU's memory (an unbounded cache), up to the blocks the simulator can keep a record of"))
     disable_hybrid_kv_cache_manager: bool = Field(False, description=(
         "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks; "
         "unset under sglang: on for Gemma 2/3/3n, which SGLang runs so"))

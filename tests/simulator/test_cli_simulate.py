@@ -375,3 +375,14 @@ def test_a_non_finite_number_is_refused_by_name(tmp_path, override):
     field = override.split("=")[0] + (".rate_per_s" if "rate_per_s" in override else "")
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert result.stderr.endswith(f"{field}: Input should be a finite number\n") and result.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("engine.num_gpu_blocks_override=100000000000000000000", "Input should be less than or equal to 67108864"),
+    ("workload.num_requests=1000000000000", "Input should be less than or equal to 100000000"),
+])
+def test_an_absurd_size_is_refused_before_anything_is_allocated(tmp_path, override, expected):
+    """A 10^20-block pool crashed in deque (SystemError) or hung; 10^12 requests asked numpy for 7 TiB."""
+    result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", override)
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert result.stderr.endswith(f"{override.split('=')[0]}: {expected}\n")
