@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -44,6 +45,26 @@ def _output_any_terminal_can_show() -> None:
 GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
 WeightDtype = typer.Option("auto", help=f"Weights: {', '.join(WEIGHT_DTYPE_CHOICES)} (auto: the checkpoint's own; "
                            "mxfp4: MoE experts only; nvfp4/mxfp8 on FP4/FP8 tensor cores where the GPU has them)")
+
+
+def main() -> None:
+    """The console script. Typer draws a usage error (an unknown option, a value out of range) as a box of many
+    lines; here it is one line and a hint, as every other error is."""
+    # click's base error, wherever this typer takes click from (its own copy since 0.2x, click before)
+    click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+    try:
+        code = app(standalone_mode=False)
+    except click_error as err:
+        command = err.ctx.command_path if getattr(err, "ctx", None) is not None else "servesim"
+        print(f"error: {err.format_message()}\n(see {command} --help)", file=sys.stderr)
+        sys.exit(err.exit_code)
+    except typer.Abort:
+        print("aborted", file=sys.stderr)
+        sys.exit(1)
+    except BrokenPipeError:  # `servesim ... | head`: the reader left; say nothing more
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (replaces the closed pipe until exit)
+        sys.exit(1)
+    sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
 def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -304,5 +325,5 @@ from simulator import cli_compare  # noqa: E402,F401  (registers compare)
 
 
 if __name__ == "__main__":  # python -m simulator.cli: run the app its sibling modules registered commands on
-    from simulator.cli import app as registered
+    from simulator.cli import main as registered
     registered()

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from simulator.cli import app
@@ -85,6 +87,25 @@ def test_the_cli_runs_as_a_module_with_every_command():
         out = subprocess.run([sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True,
                              env={"COLUMNS": "120", "PATH": ""}).stdout
         assert all(command in out for command in ("simulate", "plan", "compare", "calibrate"))
+
+
+@pytest.mark.parametrize("args,line", [
+    (["memory", "llama-3.1-8b", "--gpu", "h200", "--tp", "0"], "error: Invalid value for '--tp': Input should be "
+                                                                "greater than or equal to 1"),
+    (["roofline", "llama-3.1-8b", "--nope"], "error: No such option: --nope"),
+    (["nope"], "error: No such command 'nope'."),
+])
+def test_a_usage_error_is_one_line_and_a_hint_not_a_box(args, line):
+    """Typer draws click's usage errors as a box of many lines; the console script (and python -m simulator) print
+    one line, as for every other error, and a second naming the help to read."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "simulator", *args], capture_output=True, text=True,
+                          env={"COLUMNS": "120", "PATH": ""})
+    first, hint = done.stderr.splitlines()
+    assert done.returncode == 2 and first.startswith(line) and hint.startswith("(see python -m simulator")
+    assert done.stderr.count("\n") == 2
 
 
 def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, monkeypatch):
