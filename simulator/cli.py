@@ -33,7 +33,6 @@ if not console.is_terminal:  # piped or captured: never truncate names to fit 80
     console = Console(width=200)
 
 
-
 @app.callback()
 def _output_any_terminal_can_show() -> None:
     # Paths and names come from users: a character the terminal's encoding lacks is escaped, not a crash.

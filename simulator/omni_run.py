@@ -93,7 +93,7 @@ def _check_stage_cache(stage: str, e: EngineConfig, memory: MemoryPlan) -> None:
 
 def stage_scenario(s: Scenario, cfg: StageConfig) -> Scenario:
     """The scenario as one stage sees it: its model, GPU, parallelism and engine."""
-    engine = EngineConfig.model_validate({**s.engine.model_dump(exclude_unset=True), **cfg.engine})
+    engine = s.engine_with(cfg.engine)
     return s.model_copy(update={
         "model": cfg.model or s.model, "engine": engine, "stages": None,
         "hardware": s.hardware.model_copy(update={"gpu": cfg.gpu or s.hardware.gpu}),

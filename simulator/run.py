@@ -173,9 +173,7 @@ class Pool:
 
 def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
     try:
-        # unset fields stay unset, so the pool resolves them for its own GPU and model (block_size, batch limits)
-        engine = EngineConfig.model_validate({**s.engine.model_dump(exclude_unset=True), **pool.engine,
-                                              "scheduler": scheduler})
+        engine = s.engine_with({**pool.engine, "scheduler": scheduler})
     except ValidationError as err:
         raise first_error(err, f"disaggregation {scheduler.removeprefix('vllm_')} pool", EngineConfig) from None
     hardware = s.hardware.model_copy(update={"gpu": pool.gpu or s.hardware.gpu})

@@ -201,10 +201,15 @@ class Scenario(SpecModel):
             self._check_engine_overrides(stage.engine, f"stages.{i}.engine")
         return self
 
+    def engine_with(self, overrides: dict[str, Any]) -> EngineConfig:
+        """The scenario's engine with a pool's or stage's `overrides`; fields unset in both stay unset, so the pool
+        or stage resolves them for its own GPU and model. Raises pydantic's ValidationError."""
+        return EngineConfig.model_validate({**self.engine.model_dump(exclude_unset=True), **overrides})
+
     def _check_engine_overrides(self, overrides: dict[str, Any], where: str) -> None:
-        """A pool's or stage's engine is the scenario's with `overrides`: checked here, at load, with its place."""
+        """A pool's or stage's engine, checked here, at load, with its place."""
         try:
-            EngineConfig.model_validate({**self.engine.model_dump(exclude_unset=True), **overrides})
+            self.engine_with(overrides)
         except ValidationError as err:
             first = err.errors()[0]
             field = ".".join([where, *(str(p) for p in first["loc"])])
