@@ -150,6 +150,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     pct = "median" if slo.percentile == 50 else f"p{slo.percentile}"
     reasons, details, metrics = [], [], {}
     stop_s = result.scenario.stop.max_sim_time_s
+    lost_at_s = s.get("slo_lost_at_s")  # stopped there once an SLO was lost (simulator/slo_watch.py)
     cut = stop_s is not None and s["unfinished"] > 0  # some requests were in flight at the stop
     sent = requests[requests["reject_reason"].isna() & (requests["finish_s"].notna() | cut)
                     & sent_mask(requests, stop_s if cut else None)]
@@ -161,7 +162,8 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         limit = getattr(slo, field_name)
         if limit is not None and value > limit:
             reasons.append(reason)
-            details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms")
+            stopped = f" (run stopped at {lost_at_s:,.1f} s, once certain)" if lost_at_s is not None else ""
+            details.append(f"{pct} {metric.upper()} {value:,.1f} ms > {limit:,.0f} ms{stopped}")
     # never sent (due at or after the stop, or session turns not released by then): no part of the verdict;
     # in flight at the stop and still able to meet every limit: undecided, left out of the goodput share
     undecided = s.get("slo_undecided", s["unfinished"]) if stop_s is not None else 0
@@ -174,9 +176,9 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
         details.append(f"{share:.1%} of requests meet every SLO < {slo.goodput_fraction:.1%}")
     first_s, last_s = queue_growth(requests, stop_s)
     # after the last scheduled arrival (session turns held back by a stuck queue are not scheduled ones) a stop
-    # leaves a backlog that did not drain; before it, requests in flight by design
+    # leaves a backlog that did not drain; before it, requests in flight by design; a stop at a lost SLO, neither
     cut_early = stop_s is not None and bool((requests["arrival_s"] >= stop_s).any())
-    unfinished = 0 if cut_early or stop_s is None else len(backlog(requests, stop_s))
+    unfinished = 0 if cut_early or stop_s is None or lost_at_s is not None else len(backlog(requests, stop_s))
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
@@ -241,7 +243,7 @@ def offered_rate(s: Scenario, base_dir: Path) -> float:
 
 def check_rate(s: Scenario, base_dir: Path, rate_per_s: float) -> Verdict:
     """Simulate `s` at `rate_per_s` and judge it against its own SLOs."""
-    return judge(simulate(at_rate(s, rate_per_s), base_dir), s.slo, rate_per_s)
+    return judge(simulate(at_rate(s, rate_per_s), base_dir, stop_when_slo_lost=True), s.slo, rate_per_s)
 
 
 def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | None = None,

@@ -273,7 +273,7 @@ def _reject(ev: Evaluation, reason: str, detail: str) -> Evaluation:
 def verify(base: Scenario, base_dir: Path, ev: Evaluation, replicas: int, target_rate: float) -> Deployment:
     """Simulate the whole deployment at the target rate and judge it against the SLOs."""
     s = at_rate(ev.candidate.scenario(base, replicas), target_rate)
-    return Deployment(ev, replicas, judge(simulate(s, base_dir), base.slo, target_rate))
+    return Deployment(ev, replicas, judge(simulate(s, base_dir, stop_when_slo_lost=True), base.slo, target_rate))
 
 
 def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: list[int] | None = None,

@@ -36,6 +36,7 @@ from simulator.engine import DataParallelGroup, FastForward, Replica, StepTime
 from simulator.pipeline_stages import StagePipeline, StageTimes
 from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
 from simulator.scenario import Scenario, first_error
+from simulator.slo_watch import SloWatch
 from simulator.traffic import Traffic
 from workloads.generate import Workload, build_workload
 from workloads.request import Phase, Request
@@ -196,7 +197,7 @@ class World:
     """The simulated cluster: replicas behind a router (or a prefill and a decode pool), fed by the traffic."""
 
     def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
-                 workload: Workload | None = None):
+                 workload: Workload | None = None, stop_when_slo_lost: bool = False):
         if s.stages:  # multi-stage pipeline hook: those run in simulator/omni_run.py (simulate() dispatches)
             raise SpecError("a scenario with stages runs as a pipeline: use simulate() or simulator.omni_run.Pipeline")
         seeds = np.random.SeedSequence(s.seed).spawn(5)
@@ -235,6 +236,8 @@ class World:
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
         self.app_cache = AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" \
             else None
+        self.watch = _slo_watch(s, self.workload) if stop_when_slo_lost else None
+        self.lost_at_s: float | None = None
 
     @property
     def replicas(self) -> list[Replica]:
@@ -343,6 +346,7 @@ class World:
         return self.traffic.next_arrival_s()
 
     def _arrive(self, req: Request) -> None:
+        self._check_slo()
         if self.app_cache is not None and self.app_cache.lookup(req):
             self.env.process(self._answer_from_cache(req))
             return
@@ -378,10 +382,25 @@ class World:
         if self.on_progress:
             self.on_progress(self.completed)
         self.traffic.on_done(req)
+        if self.watch is not None:
+            self.watch.finished(req)
+            self._check_slo()
+
+    def _check_slo(self) -> None:
+        """Stop the run here once a watched SLO is certainly lost."""
+        if self.watch is not None and self.lost_at_s is None and self.watch.lost(self.env.now):
+            self.lost_at_s = self.env.now
+            stop = self.env.event()
+            stop.callbacks.append(simpy.core.StopSimulation.callback)
+            stop.succeed()
 
     def run(self) -> RunResult:
         until = self.scenario.stop.max_sim_time_s
         self.env.run(until=until)
+        scenario = self.scenario
+        if self.lost_at_s is not None:  # judged as a run stopped here (simulator/slo_watch.py)
+            until = self.lost_at_s
+            scenario = scenario.model_copy(update={"stop": scenario.stop.model_copy(update={"max_sim_time_s": until})})
         requests = request_frame(sorted([*self.workload.requests, *self.workload.followups.values()],
                                         key=lambda r: r.id))
         steps = self.steps.frame()
@@ -392,8 +411,21 @@ class World:
         summary |= cache_and_load_summary(requests, steps, finishing, gpus)
         if self.handoff is not None:
             summary |= transfer_summary(requests)
+        if self.lost_at_s is not None:
+            summary["slo_lost_at_s"] = self.lost_at_s
         main = self.pools[-1]
-        return RunResult(self.scenario, main.memory, main.num_blocks, requests, steps, summary)
+        return RunResult(scenario, main.memory, main.num_blocks, requests, steps, summary)
+
+
+def _slo_watch(s: Scenario, workload: Workload) -> SloWatch | None:
+    """A watch over the TTFT and TPOT SLOs where arrival times are fixed in advance (open loop, no sessions, no stop
+    time)."""
+    slo = s.slo
+    if (slo.ttft_ms is None and slo.tpot_ms is None) or s.stop.max_sim_time_s is not None \
+            or workload.closed_loop is not None or workload.followups:
+        return None
+    return SloWatch(workload.requests, slo.ttft_ms / 1e3 if slo.ttft_ms is not None else None,
+                    slo.tpot_ms / 1e3 if slo.tpot_ms is not None else None, slo.percentile)
 
 
 def setting_notes(s: Scenario) -> list[str]:
@@ -408,15 +440,18 @@ def setting_notes(s: Scenario) -> list[str]:
     return notes
 
 
-def make_world(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
+def make_world(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
+               stop_when_slo_lost: bool = False):
     """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/omni_run.py) when
     it chains `stages`. Both have `workload`, `on_progress` and `run() -> RunResult`."""
     if s.stages:
         from simulator.omni_run import Pipeline
         return Pipeline(s, base_dir, on_progress)
-    return World(s, base_dir, on_progress)
+    return World(s, base_dir, on_progress, stop_when_slo_lost=stop_when_slo_lost)
 
 
-def simulate(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None) -> RunResult:
-    """Run one scenario to completion (or its stop time). Deterministic in (scenario, seed)."""
-    return make_world(s, base_dir, on_progress).run()
+def simulate(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
+             stop_when_slo_lost: bool = False) -> RunResult:
+    """Run one scenario to completion (or its stop time). Deterministic in (scenario, seed).
+    `stop_when_slo_lost`: stop as soon as the TTFT SLO is certainly missed (a verdict needs no more)."""
+    return make_world(s, base_dir, on_progress, stop_when_slo_lost).run()
