@@ -64,10 +64,13 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         return blocks
 
     def cache(self, req: Request) -> None:
-        self._register(req, req.num_computed_tokens)
+        if req.num_computed_tokens // self.block_size > self._num_cached.get(req.id, 0):  # else nothing new is full
+            self._register(req, req.num_computed_tokens)
 
     def cache_scheduled(self, req: Request, num_tokens: int) -> None:
-        self._register(req, min(num_tokens, req.num_tokens))  # draft guesses are not the request's tokens yet
+        num_tokens = min(num_tokens, req.num_prompt_tokens + req.num_generated)  # draft guesses are not its tokens yet
+        if num_tokens // self.block_size > self._num_cached.get(req.id, 0):
+            self._register(req, num_tokens)
 
     def _register(self, req: Request, num_tokens: int) -> None:
         """Make the full blocks among `req`'s first `num_tokens` tokens findable by their hashes."""

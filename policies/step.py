@@ -190,11 +190,15 @@ def feed_plan(plan: StepPlan, log: TokenLog, kv: BlockManager, now: float,
     `kv.cache`); returns those done."""
     cache = cache or kv.cache
     finished = []
+    finished_phase, sample = Phase.FINISHED, log.sample
     for req, n in zip(plan.requests, plan.num_new):
-        if req.phase is Phase.FINISHED:  # SGLang's overlap scheduling decoded it once more, for nothing
+        if req.phase is finished_phase:  # SGLang's overlap scheduling decoded it once more, for nothing
             continue
-        if log.feed(req, n, now) and req.is_done:
-            finished.append(req)
+        req.num_computed_tokens += n  # TokenLog.feed, inlined: this loop runs once per request and step
+        if req.num_computed_tokens >= req.num_prompt_tokens + req.num_generated:
+            sample(req, now)
+            if req.num_generated >= req.num_output_tokens:
+                finished.append(req)
         cache(req)
     return finished
 

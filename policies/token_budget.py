@@ -262,10 +262,21 @@ class TokenBudgetScheduler:
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: PlanBuilder) -> None:
         running, i, drafting, spec = self.running, 0, self._drafting, self.speculator
+        kv = self.kv
+        block_size = kv.block_size
         while i < len(running) and step.budget > 0:
             req = running[i]
             lookahead = spec.lookahead if spec is not None and spec.speculates(req) else 0
-            pending = req.num_prompt_tokens + req.num_generated - req.num_computed_tokens
+            computed = req.num_computed_tokens
+            pending = req.num_prompt_tokens + req.num_generated - computed
+            if pending == 1 and not lookahead and not drafting:  # a plain decode, the hot path: what the general
+                self._cursor = i  # case below does for one token (no cap, no guesses, a new block only at a boundary)
+                if computed % block_size == 0 and not self._make_room(req, 1, step):
+                    return
+                kv.cache_scheduled(req, computed + 1)
+                step.add(req, 1)
+                i = self._cursor + 1
+                continue
             if pending <= 0:  # pipelined: its last step is in flight, its token not back yet
                 i += 1
                 continue
