@@ -307,7 +307,7 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
                                           key=lambda pair: pair[0])]
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
     result = PlanResult(target, evaluations, [], None, None, pct=pct, unit=base.workload.rate_unit)
-    _choose(result, base, base_dir, max_replicas)
+    _choose(result, base, base_dir, max_replicas, workers)
     result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in evaluations
                                                            if e.capacity)
     if result.recommendation:
@@ -357,13 +357,15 @@ def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) 
     return None
 
 
-def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int) -> None:
+def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int = 1) -> None:
     """Verify every sized candidate, pick the cheapest that passes, then confirm the next cheaper fails."""
     tried: dict[tuple[int, int], Deployment] = {}
+    ready = _verify_all(result, base, base_dir, max_replicas, workers)
 
     def check(i: int, replicas: int) -> Deployment:
         if (i, replicas) not in tried:
-            tried[(i, replicas)] = verify(base, base_dir, result.evaluations[i], replicas, result.target_rate_per_s)
+            tried[(i, replicas)] = ready.pop((i, replicas), None) or verify(
+                base, base_dir, result.evaluations[i], replicas, result.target_rate_per_s)
             result.deployments.append(tried[(i, replicas)])
         return tried[(i, replicas)]
 
@@ -385,6 +387,24 @@ def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: in
             break
         rec, result.next_cheaper = nxt, None
     result.recommendation = rec
+
+
+def _verify_all(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int,
+                workers: int) -> dict[tuple[int, int], Deployment]:
+    """The verifications `_choose` starts with, run on `workers` processes in rounds (each sized candidate at its
+    size, then one more replica for those that failed), by (candidate index, replicas); `_choose` then takes them
+    in its own order, so the plan is the same as one verified in a single process."""
+    done: dict[tuple[int, int], Deployment] = {}
+    if workers <= 1:
+        return done
+    pending = [(i, ev.replicas) for i, ev in enumerate(result.evaluations) if ev.rejection is None]
+    for _ in range(MAX_EXTRA_REPLICAS + 1):
+        jobs = [(base, base_dir, result.evaluations[i], n, result.target_rate_per_s) for i, n in pending]
+        for k, deployment in run_jobs(verify, jobs, "local", workers):
+            done[pending[k]] = deployment
+        pending = [(i, n + 1) for i, n in pending if not done[(i, n)].verdict.ok
+                   and n + 1 <= min(max_replicas, result.evaluations[i].replicas + MAX_EXTRA_REPLICAS)]
+    return done
 
 
 def _rank(d: Deployment, pct: str) -> tuple:

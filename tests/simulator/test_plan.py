@@ -42,6 +42,13 @@ def test_recommendation_passes_its_verification_and_the_next_cheaper_fails(chat_
     assert TARGET * per_request > rec.verdict.metrics["output_throughput"]
 
 
+def test_verifying_on_two_processes_gives_the_same_plan(chat_plan):
+    parallel = plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2], max_replicas=4, target_rate=TARGET, workers=2)
+    assert [d.as_dict() for d in parallel.deployments] == [d.as_dict() for d in chat_plan.deployments]
+    assert parallel.recommendation.label == chat_plan.recommendation.label
+    assert parallel.next_cheaper.label == chat_plan.next_cheaper.label
+
+
 def test_sizing_comes_from_the_per_replica_rate(chat_plan):
     tp1, tp2 = chat_plan.evaluations
     assert tp1.rejection is None and tp1.replicas == 2 and TARGET / 2 <= tp1.rate_per_replica < TARGET
