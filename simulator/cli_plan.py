@@ -132,6 +132,7 @@ def plan(scenario: Path,
     from simulator.executors import default_workers
     from simulator.output import json_text
     from simulator.plan import plan as make_plan
+    from simulator.progress import plan_progress
     from simulator.scenario import load_scenario
     from simulator.sweep import parse_grid
 
@@ -143,9 +144,10 @@ def plan(scenario: Path,
                (("ep", "--ep", ep), ("dp_attention", "--dp-attention", dp_attention)) if values is not None} or None
     folder = out or Path("runs") / f"{spec.name}-plan"
     check_output_folder(folder, frozenset({"plan.json"}))
-    with console.status(f"planning {spec.name}: sizing and verifying candidates"):
+    with plan_progress(console) as on_progress:
         result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
-                           workers=workers or default_workers(), pps=_csv(pp, int), layouts=layouts)
+                           workers=workers or default_workers(), pps=_csv(pp, int), layouts=layouts,
+                           on_progress=on_progress)
     path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)

@@ -103,6 +103,15 @@ class Evaluation:
     def rate_per_replica(self) -> float:
         return self.capacity.rate_per_s if self.capacity else 0.0
 
+    @property
+    def summary(self) -> str:
+        """One line: what sizing made of the candidate."""
+        if self.rejection is not None:
+            return f"{self.candidate.label}: {self.rejection}"
+        unit = self.capacity.unit if self.capacity else "req/s"
+        return (f"{self.candidate.label}: {self.rate_per_replica:.3g} {unit} per replica, {self.replicas} replica(s) "
+                f"({self.capacity.num_simulations if self.capacity else 0} simulations)")
+
     def as_dict(self) -> dict:
         return {"candidate": self.candidate.label, "kind": self.candidate.kind, "gpu": self.candidate.gpu,
                 "tp": self.candidate.tp, "pp": self.candidate.pp, "knobs": dict(self.candidate.knobs),
@@ -150,6 +159,12 @@ class Deployment:
     @property
     def label(self) -> str:
         return f"{self.replicas} x {self.evaluation.candidate.label}"
+
+    @property
+    def summary(self) -> str:
+        """One line: the verdict of the whole deployment and its price."""
+        verdict = "ok" if self.verdict.ok else ", ".join(self.verdict.reasons)
+        return f"{self.label} (${self.cost_per_hour_usd:.2f}/h): {verdict}"
 
     def as_dict(self) -> dict:
         return {"deployment": self.label, "candidate": self.evaluation.candidate.label, "replicas": self.replicas,
@@ -279,13 +294,15 @@ def verify(base: Scenario, base_dir: Path, ev: Evaluation, replicas: int, target
 def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: list[int] | None = None,
          knobs: dict[str, list] | None = None, max_replicas: int | None = None, target_rate: float | None = None,
          rel_tol: float = 0.05, workers: int = 1, pps: list[int] | None = None,
-         layouts: dict[str, list[bool]] | None = None) -> PlanResult:
+         layouts: dict[str, list[bool]] | None = None,
+         on_progress: Callable[[str, int, int | None, str], None] | None = None) -> PlanResult:
     """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
 
     Unset arguments come from the scenario's `plan:` section, then from defaults (the scenario's GPU,
     TP 1/2/4/8, the scenario's pipeline depth and layout, 16 replicas, the workload's own rate). `layouts`:
-    parallelism.ep and/or dp_attention -> the values to try. Candidate sizing runs
-    on `workers` processes.
+    parallelism.ep and/or dp_attention -> the values to try. Candidate sizing and verification run on `workers`
+    processes. `on_progress(stage, done, total, line)` hears of each candidate sized ("sized", of `total`) and each
+    deployment verified ("verified", total None), with a line saying what came of it.
     """
     cfg = base.plan
     gpus = gpus or (cfg.gpus if cfg and cfg.gpus else [base.hardware.gpu])
@@ -303,11 +320,14 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
 
     def died(err: WorkerDied) -> None:
         raise SpecError(f"plan: the worker process sizing {candidates[err.index].label} {err.how}")
-    evaluations = [ev for _, ev in sorted(run_jobs(evaluate, jobs, "local", workers, on_died=died),
-                                          key=lambda pair: pair[0])]
+    evaluations: list[Evaluation] = [None] * len(jobs)  # type: ignore[list-item]
+    for done, (index, ev) in enumerate(run_jobs(evaluate, jobs, "local", workers, on_died=died), 1):
+        evaluations[index] = ev
+        if on_progress:
+            on_progress("sized", done, len(jobs), ev.summary)
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
     result = PlanResult(target, evaluations, [], None, None, pct=pct, unit=base.workload.rate_unit)
-    _choose(result, base, base_dir, max_replicas, workers)
+    _choose(result, base, base_dir, max_replicas, workers, on_progress)
     result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in evaluations
                                                            if e.capacity)
     if result.recommendation:
@@ -357,7 +377,8 @@ def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) 
     return None
 
 
-def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int = 1) -> None:
+def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int = 1,
+            on_progress: Callable[[str, int, int | None, str], None] | None = None) -> None:
     """Verify every sized candidate, pick the cheapest that passes, then confirm the next cheaper fails."""
     tried: dict[tuple[int, int], Deployment] = {}
     ready = _verify_all(result, base, base_dir, max_replicas, workers)
@@ -367,6 +388,8 @@ def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: in
             tried[(i, replicas)] = ready.pop((i, replicas), None) or verify(
                 base, base_dir, result.evaluations[i], replicas, result.target_rate_per_s)
             result.deployments.append(tried[(i, replicas)])
+            if on_progress:
+                on_progress("verified", len(result.deployments), None, tried[(i, replicas)].summary)
         return tried[(i, replicas)]
 
     for i, ev in enumerate(result.evaluations):

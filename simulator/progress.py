@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
 class _Advance:
@@ -33,3 +33,30 @@ def progress_bar(label: str, console: Console, every: int = 64) -> Iterator[_Adv
     with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as progress:
         yield _Advance(progress, every)
+
+
+@contextmanager
+def plan_progress(console: Console) -> Iterator[Callable[[str, int, int | None, str], None]]:
+    """The planner's `on_progress`: on a terminal, a bar of candidates sized (done / total, elapsed, ETA) whose label
+    then follows the verifications; elsewhere one line per verdict on stderr, so a piped plan shows it is alive."""
+    if not console.is_terminal:
+        err = Console(stderr=True, soft_wrap=True)
+
+        def line(stage: str, done: int, total: int | None, text: str) -> None:
+            err.print(f"{stage} {done}/{total}: {text}" if total else f"{stage} {done}: {text}", markup=False,
+                      highlight=False)
+        yield line
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = None
+
+        def update(stage: str, done: int, total: int | None, text: str) -> None:
+            nonlocal task
+            if task is None:
+                task = bar.add_task("sizing candidates", total=total)
+            if stage == "sized":
+                bar.update(task, completed=done, description=f"sizing candidates ({text})"[:100])
+            else:
+                bar.update(task, description=f"verifying deployment {done}: {text}"[:100])
+        yield update

@@ -70,6 +70,12 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
     assert data["next_cheaper"]["deployment"] == "1 x h100-sxm tp=1" and not data["next_cheaper"]["verdict"]["ok"]
     assert data["pareto_ttft"] and data["pareto_tpot"]
     assert "recommendation: 2 x h100-sxm tp=1" in result.stdout and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
+    # not on a terminal: a line per candidate sized and per deployment verified, on stderr
+    progress = result.stderr.splitlines()
+    assert [line.split(":")[0] for line in progress] == ["sized 1/2", "sized 2/2", *(
+        f"verified {i}" for i in range(1, len(data["deployments"]) + 1))]
+    assert "h100-sxm tp=1: " in result.stderr and "2 x h100-sxm tp=1 ($5.98/h): ok" in result.stderr
+    assert "sized 1/2" not in result.stdout
     # the batch limits the run used, written out: vLLM's defaults on an H100 (>= 70 GiB) are 1024 seqs, 8192 tokens
     assert data["commands"]["vllm"] == (
         "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-seqs 1024 --max-num-batched-tokens 8192 "
@@ -307,3 +313,17 @@ def test_pd_candidates_keep_the_scenarios_transfer_and_pool_settings():
     assert (unit.prefill.replicas, unit.prefill.tp, unit.prefill.gpu, unit.prefill.engine) == \
         (6, 2, None, {"max_num_batched_tokens": 4096})
     assert (unit.decode.replicas, unit.decode.tp, unit.decode.router) == (3, 2, "round_robin")
+
+
+def test_on_a_terminal_the_plan_shows_a_bar_of_candidates_with_an_eta():
+    import io
+
+    from rich.console import Console
+
+    from simulator.progress import plan_progress
+    screen = io.StringIO()
+    with plan_progress(Console(file=screen, force_terminal=True, width=160)) as on_progress:
+        on_progress("sized", 1, 4, "h100-sxm tp=1: 23.8 req/s per replica")
+        on_progress("verified", 1, None, "2 x h100-sxm tp=1 ($5.98/h): ok")
+    shown = screen.getvalue()
+    assert "1/4" in shown and "sizing candidates" in shown and "verifying deployment 1" in shown
