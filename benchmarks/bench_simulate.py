@@ -10,11 +10,16 @@ Run: python benchmarks/bench_simulate.py [--requests 10000 100000] [--no-fast-fo
 even when, as here, no prompt is shared: `none` shows the engine alone. Async scheduling, vLLM's default too,
 fuses fewer decode steps: a finish must be stepped, since its slot frees a step late; `--profile measured` prices
 steps from the measured kernel tables, whose attention lookups cost time per step: compare it with `scenario`)
+`--own-workload` runs the scenario's own workload (its first N requests) instead of the tiled Azure trace, e.g.
+`--scenario benchmarks/vidur_llama2_70b_a100.yaml --own-workload --requests 10000` for Vidur's workload.
+Each run is a fresh process, so its peak RSS is its own; the time per request shows how cost grows with N.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
 import time
 from pathlib import Path
 
@@ -42,22 +47,32 @@ def tiled_azure_conv(num_requests: int) -> Workload:
     return Workload(requests)
 
 
-def bench(num_requests: int, fast_forward: bool, prefix_caching: str, ahead: str, path: Path, profile: str) -> None:
+def bench(num_requests: int, fast_forward: bool, prefix_caching: str, ahead: str, path: Path, profile: str,
+          own_workload: bool = False) -> None:
     overrides = [f"simulation.fast_forward={str(fast_forward).lower()}", f"engine.prefix_caching={prefix_caching}",
                  f"engine.async_scheduling={str(ahead == 'on').lower()}"]
     if profile != "scenario":
         overrides.append(f"hardware.profile={profile}")
+    if own_workload:
+        overrides.append(f"workload.num_requests={num_requests}")
     scenario, base = load_scenario(path, overrides)
-    workload = tiled_azure_conv(num_requests)
+    workload = None if own_workload else tiled_azure_conv(num_requests)
     start = time.perf_counter()
-    result = World(scenario, base, workload=workload).run()
+    result = World(scenario, base, workload=workload).run()  # the simulation and its tables, as `simulate` does
     wall = time.perf_counter() - start
     steps = result.summary["num_steps"]
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
     print(f"{path.stem}  {num_requests:>7} requests  fast_forward={fast_forward!s:5}  prefix_caching={prefix_caching:5} "
           f"async={ahead:3} profile={profile:9} "
-          f"wall {wall:7.2f} s  "
-          f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  "
-          f"simulated {result.summary['duration_s']:,.0f} s, mean TTFT {result.summary['mean_ttft_ms']:.1f} ms")
+          f"wall {wall:7.2f} s  {wall / num_requests * 1e6:6.0f} us/req  "
+          f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  peak RSS {peak_mib:6,.0f} MiB  "
+          f"simulated {result.summary['duration_s']:,.0f} s, mean TTFT {result.summary['mean_ttft_ms']:.1f} ms",
+          flush=True)
+
+
+def _bench_in_child(*args) -> None:
+    np.seterr(all="raise")
+    bench(*args)
 
 
 def main() -> None:
@@ -70,13 +85,18 @@ def main() -> None:
                         help="model, GPU, parallelism and engine to run the tiled trace on")
     parser.add_argument("--profile", nargs="+", default=["scenario"],
                         help="calibration profiles to time (scenario: the scenario's own)")
+    parser.add_argument("--own-workload", action="store_true",
+                        help="the scenario's own workload (first N requests) instead of the tiled Azure trace")
     args = parser.parse_args()
-    np.seterr(all="raise")
+    spawn = multiprocessing.get_context("spawn")  # a fresh process per run: its peak RSS is that run's
     for n in args.requests:
         for caching in args.prefix_caching:
             for ahead in args.async_scheduling:
                 for profile in args.profile:
-                    bench(n, not args.no_fast_forward, caching, ahead, args.scenario, profile)
+                    child = spawn.Process(target=_bench_in_child, args=(
+                        n, not args.no_fast_forward, caching, ahead, args.scenario, profile, args.own_workload))
+                    child.start()
+                    child.join()
 
 
 if __name__ == "__main__":

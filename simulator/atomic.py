@@ -50,8 +50,8 @@ def write_text_atomic(path: Path, text: str) -> None:
 MARKER = ".servesim"  # in every folder atomic_dir writes: only such a folder (or an empty one) is replaced
 # what run and fit folders held before the marker existed: a folder of only these, with a table only servesim
 # writes among them (a scenario or a profile alone may well be the user's own), is an earlier output too
-EARLIER_OUTPUTS = frozenset({"requests.csv", "steps.csv", "summary.json", "memory.json", "scenario.yaml",
-                             "profile.yaml", "figures.csv"})
+EARLIER_OUTPUTS = frozenset({"requests.csv", "steps.csv", "requests.parquet", "steps.parquet", "summary.json",
+                             "memory.json", "scenario.yaml", "profile.yaml", "figures.csv"})
 OUTPUT_TABLES = frozenset({"summary.json", "figures.csv"})
 
 

@@ -268,14 +268,18 @@ SUMMARY_ROWS = ("completed", "rejected", "unfinished", "not_arrived", "duration_
 @clean_errors
 def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/<name>)"),
              set_: list[str] = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable"),
-             seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed")) -> None:
+             seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed"),
+             tables: str = typer.Option("auto", "--tables", help="requests/steps tables as csv, parquet, or auto "
+                                        "(Parquet above 100,000 rows)")) -> None:
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
     from simulator.atomic import check_replaceable
-    from simulator.output import write_run
+    from simulator.output import TABLE_FORMATS, write_run
     from simulator.progress import progress_bar
     from simulator.run import make_world, setting_notes
     from simulator.scenario import load_scenario
 
+    if tables not in TABLE_FORMATS:
+        raise SpecError(f"--tables {tables!r}: choose one of {', '.join(TABLE_FORMATS)}")
     spec, base_dir = load_scenario(scenario, set_, seed)
     out = out or Path("runs") / spec.name
     check_replaceable(out)  # before the run, not after it
@@ -288,7 +292,7 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
         advance.total(len(world.workload.requests))
         world.on_progress = advance
         result = world.run()
-    folder = write_run(result, out, base_dir)
+    folder = write_run(result, out, base_dir, tables)
     summary = result.summary
     rows = [[key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
             for key in SUMMARY_ROWS if key in summary and (key not in ("unfinished", "not_arrived") or summary[key])]

@@ -7,8 +7,10 @@ import math
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import yaml
 
+from hardware.errors import SpecError
 from simulator.atomic import atomic_dir
 from simulator.run import RunResult
 from simulator.scenario import with_absolute_paths
@@ -29,12 +31,40 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def write_run(result: RunResult, out: Path, base_dir: Path) -> Path:
-    """requests.csv, steps.csv, summary.json, memory.json and the resolved scenario.yaml under `out`; `base_dir`
-    (the scenario file's folder) makes the scenario's relative paths absolute, so it reruns from `out`."""
+TABLE_FORMATS = ("auto", "csv", "parquet")
+# auto: a table longer than this is written as Parquet (columnar, compressed, typed: ~10x smaller and faster to
+# write and read than CSV at a million steps); shorter ones stay CSV, which anything opens
+PARQUET_ABOVE_ROWS = 100_000
+
+
+def table_path(folder: Path, name: str) -> Path:
+    """Where a run folder keeps table `name` (requests, steps): its .parquet if written so, else its .csv."""
+    parquet = Path(folder) / f"{name}.parquet"
+    return parquet if parquet.is_file() else Path(folder) / f"{name}.csv"
+
+
+def read_table(folder: Path, name: str) -> pd.DataFrame:
+    """A run folder's table `name`, whichever format it was written in."""
+    path = table_path(folder, name)
+    return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+
+
+def _write_table(df: pd.DataFrame, folder: Path, name: str, table_format: str) -> None:
+    if table_format not in TABLE_FORMATS:
+        raise SpecError(f"table format {table_format!r}: choose one of {', '.join(TABLE_FORMATS)}")
+    if table_format == "parquet" or (table_format == "auto" and len(df) > PARQUET_ABOVE_ROWS):
+        df.to_parquet(folder / f"{name}.parquet", index=False)
+    else:
+        df.to_csv(folder / f"{name}.csv", index=False)
+
+
+def write_run(result: RunResult, out: Path, base_dir: Path, table_format: str = "auto") -> Path:
+    """The requests and steps tables (CSV, or Parquet: `table_format`, auto = Parquet above PARQUET_ABOVE_ROWS
+    rows), summary.json, memory.json and the resolved scenario.yaml under `out`; `base_dir` (the scenario file's
+    folder) makes the scenario's relative paths absolute, so it reruns from `out`."""
     with atomic_dir(out) as tmp:
-        result.requests.to_csv(tmp / "requests.csv", index=False)
-        result.steps.to_csv(tmp / "steps.csv", index=False)
+        _write_table(result.requests, tmp, "requests", table_format)
+        _write_table(result.steps, tmp, "steps", table_format)
         (tmp / "summary.json").write_text(json_text(result.summary, indent=2, sort_keys=True))
         memory = result.memory.as_dict() | {"num_blocks_used_by_engine": result.num_blocks}
         (tmp / "memory.json").write_text(json_text(memory, indent=2))

@@ -25,6 +25,7 @@ from hardware.gpu import get_gpu
 from hardware.model import get_model
 from simulator import report_charts as charts
 from simulator.atomic import check_output_file, write_text_atomic
+from simulator.output import read_table
 from simulator.pricing import cost_per_hour_usd
 from simulator.scenario import Scenario
 from simulator.sweep import POINTS, REPORT, RESULTS
@@ -57,8 +58,7 @@ def write_report(folder: Path, out: Path | None = None) -> Path:
 
 
 def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]]]:
-    requests = pd.read_csv(folder / "requests.csv")
-    steps = pd.read_csv(folder / "steps.csv")
+    requests, steps = read_table(folder, "requests"), read_table(folder, "steps")
     summary = json.loads((folder / "summary.json").read_text())
     scenario = yaml.safe_load((folder / "scenario.yaml").read_text())
     memory = json.loads((folder / "memory.json").read_text()) if (folder / "memory.json").is_file() else {}

@@ -41,6 +41,35 @@ def test_quickstart_writes_a_complete_run_folder(tmp_path):
     assert "mean_ttft_ms" in result.stdout
 
 
+def _as_read(df: pd.DataFrame) -> pd.DataFrame:
+    """Values as read back, whatever the format typed them: missing ones as None."""
+    return df.astype(object).where(df.notna(), None)
+
+
+def test_tables_as_parquet_hold_what_the_csv_tables_hold_and_report(tmp_path, monkeypatch):
+    from simulator import output
+    from simulator.output import read_table
+    runs = {}
+    for tables in ("csv", "parquet"):
+        runs[tables] = tmp_path / tables
+        result = simulate(str(QUICKSTART), "--out", str(runs[tables]), "--set", "workload.num_requests=200",
+                          "--tables", tables)
+        assert result.exit_code == 0, result.output
+    assert {p.name for p in runs["parquet"].iterdir()} >= {"requests.parquet", "steps.parquet", "summary.json"}
+    assert not (runs["parquet"] / "requests.csv").exists()
+    for name in ("requests", "steps"):
+        pd.testing.assert_frame_equal(_as_read(read_table(runs["parquet"], name)),
+                                      _as_read(read_table(runs["csv"], name)), check_dtype=False)
+    assert runner.invoke(app, ["report", str(runs["parquet"])]).exit_code == 0
+    # auto: a table longer than the threshold goes to Parquet, a shorter one stays CSV
+    monkeypatch.setattr(output, "PARQUET_ABOVE_ROWS", 500)
+    auto = tmp_path / "auto"
+    assert simulate(str(QUICKSTART), "--out", str(auto), "--set", "workload.num_requests=200").exit_code == 0
+    assert (auto / "requests.csv").exists() and (auto / "steps.parquet").exists()
+    assert "--tables 'xml': choose one of auto, csv, parquet" in simulate(
+        str(QUICKSTART), "--out", str(tmp_path / "x"), "--tables", "xml").output
+
+
 def test_the_resolved_scenario_of_a_run_reruns_to_the_same_summary(tmp_path):
     first, second = tmp_path / "first", tmp_path / "second"
     assert simulate(str(QUICKSTART), "--out", str(first), "--set", "workload.num_requests=50").exit_code == 0
