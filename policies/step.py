@@ -12,6 +12,7 @@ import numpy as np
 from hardware.batch import StepBatch
 from policies.kv_blocks import BlockManager
 from policies.spec_decode import Speculator
+from policies.token_ids import forget_block_hashes
 from workloads.request import Phase, Request
 
 
@@ -208,3 +209,4 @@ def release_finished(req: Request, kv: BlockManager, now: float) -> None:
     req.phase, req.finish_s = Phase.FINISHED, now
     kv.cache(req)
     kv.free(req)
+    forget_block_hashes(req)  # ~3 KB a request that a long run would otherwise hold to its end

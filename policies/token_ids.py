@@ -52,6 +52,12 @@ def block_hashes(req: Request, num_tokens: int, block_size: int) -> list[int]:
     return cached
 
 
+def forget_block_hashes(req: Request) -> None:
+    """Drop `req`'s hash memos (a finished request's blocks keep theirs in the pool); recomputed alike if needed."""
+    for key in [k for k in req.extra if isinstance(k, tuple) and k[0] == "block_hashes"]:
+        del req.extra[key]
+
+
 def _extend_hashes(cached: list[int], runs: list[tuple[int, int]], full: int, block_size: int) -> None:
     """Append hashes until `full` blocks are hashed, walking the runs once. A block inside one run (the common
     case) hashes the flat tuple (parent, segment code, offset, size); a block spanning runs hashes
