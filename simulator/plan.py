@@ -7,7 +7,9 @@
    not fit"), TP larger than a node (pipeline stages may span nodes), or knobs that contradict each other
    ("invalid").
 3. Size: the per-replica maximum sustainable rate (simulator/capacity.py, one replica simulated)
-   gives replicas = ceil(target / rate_per_replica), within max_replicas.
+   gives replicas = ceil(target / rate_per_replica), within max_replicas. Candidates are sized cheapest replica
+   first, and each wave's sized deployments verified (step 4) before the next: a candidate whose one replica
+   costs more than a deployment verified to pass is not sized ("costlier"), as it could not be chosen.
 4. Verify: each sized deployment is simulated whole at the target rate (round-robin router). One that
    fails is retried with one more replica.
 5. The recommendation is the cheapest verified deployment. The next-cheaper deployment of any
@@ -89,7 +91,8 @@ class Evaluation:
     gpus_per_replica: int = 0
     price_per_replica_hour_usd: float = 0.0
     max_model_len: int = 0
-    rejection: str | None = None  # a reason code: cannot shard, does not fit, invalid, TTFT SLO, ..., too many replicas
+    rejection: str | None = None  # a reason code: cannot shard, does not fit, invalid, TTFT SLO, ..., too many
+    # replicas, costlier
     detail: str = ""
     capacity: CapacityResult | None = None
     replicas: int | None = None
@@ -248,6 +251,12 @@ CANDIDATE_BUILDERS: tuple[Callable[..., Iterator[Candidate]], ...] = (colocated_
 def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: float, max_replicas: int,
              rel_tol: float) -> Evaluation:
     """Prune, then size one candidate by its per-replica maximum sustainable rate."""
+    ev = screen(base, candidate)
+    return size(base, base_dir, ev, target_rate, max_replicas, rel_tol) if ev.rejection is None else ev
+
+
+def screen(base: Scenario, candidate: Candidate) -> Evaluation:
+    """Price one candidate and prune it if it cannot start (sharding, memory, knobs), without simulating."""
     ev = Evaluation(candidate)
     try:
         s = candidate.scenario(base)
@@ -263,6 +272,13 @@ def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: 
         return _reject(ev, "does not fit", str(err))
     except ValidationError as err:
         return _reject(ev, "invalid", err.errors()[0]["msg"].removeprefix("Value error, "))
+    return ev
+
+
+def size(base: Scenario, base_dir: Path, ev: Evaluation, target_rate: float, max_replicas: int,
+         rel_tol: float) -> Evaluation:
+    """Size a screened candidate by its per-replica maximum sustainable rate."""
+    s = ev.candidate.scenario(base)
     try:  # a replica slower than target / max_replicas is of no use: search no lower (nor higher x that)
         ev.capacity = max_sustainable_rate(s, base_dir, target_rate, rel_tol, max_factor=max_replicas)
     except SpecError as err:
@@ -295,14 +311,16 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
          knobs: dict[str, list] | None = None, max_replicas: int | None = None, target_rate: float | None = None,
          rel_tol: float = 0.05, workers: int = 1, pps: list[int] | None = None,
          layouts: dict[str, list[bool]] | None = None,
-         on_progress: Callable[[str, int, int | None, str], None] | None = None) -> PlanResult:
+         on_progress: Callable[[str, int, int | None, str], None] | None = None,
+         exhaustive: bool = False) -> PlanResult:
     """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
 
     Unset arguments come from the scenario's `plan:` section, then from defaults (the scenario's GPU,
     TP 1/2/4/8, the scenario's pipeline depth and layout, 16 replicas, the workload's own rate). `layouts`:
     parallelism.ep and/or dp_attention -> the values to try. Candidate sizing and verification run on `workers`
     processes. `on_progress(stage, done, total, line)` hears of each candidate sized ("sized", of `total`) and each
-    deployment verified ("verified", total None), with a line saying what came of it.
+    deployment verified ("verified", total None), with a line saying what came of it. `exhaustive` sizes even the
+    candidates too costly to be chosen (the same recommendation, more simulations: for checking the pruning).
     """
     cfg = base.plan
     gpus = gpus or (cfg.gpus if cfg and cfg.gpus else [base.hardware.gpu])
@@ -316,19 +334,12 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     _check_choices(base, gpus, tps, pps, knobs)
     shapes = shapes_of(base, tps, pps, layouts)
     candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, shapes, knobs)]
-    jobs = [(base, base_dir, c, target, max_replicas, rel_tol) for c in candidates]
-
-    def died(err: WorkerDied) -> None:
-        raise SpecError(f"plan: the worker process sizing {candidates[err.index].label} {err.how}")
-    evaluations: list[Evaluation] = [None] * len(jobs)  # type: ignore[list-item]
-    for done, (index, ev) in enumerate(run_jobs(evaluate, jobs, "local", workers, on_died=died), 1):
-        evaluations[index] = ev
-        if on_progress:
-            on_progress("sized", done, len(jobs), ev.summary)
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
-    result = PlanResult(target, evaluations, [], None, None, pct=pct, unit=base.workload.rate_unit)
-    _choose(result, base, base_dir, max_replicas, workers, on_progress)
-    result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in evaluations
+    result = PlanResult(target, [screen(base, c) for c in candidates], [], None, None, pct=pct,
+                        unit=base.workload.rate_unit)
+    ready = _size_cheapest_first(result, base, base_dir, max_replicas, rel_tol, workers, on_progress, exhaustive)
+    _choose(result, base, base_dir, max_replicas, ready, on_progress)
+    result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in result.evaluations
                                                            if e.capacity)
     if result.recommendation:
         s = result.recommendation.evaluation.candidate.scenario(base, result.recommendation.replicas)
@@ -377,11 +388,53 @@ def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) 
     return None
 
 
-def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int = 1,
+def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, rel_tol: float,
+                         workers: int, on_progress: Callable[[str, int, int | None, str], None] | None,
+                         exhaustive: bool = False) -> dict[tuple[int, int], Deployment]:
+    """Size the candidates that can start, cheapest replica first, `workers` at a time, verifying each wave's sized
+    deployments as it goes; a candidate whose single replica costs more than a deployment already verified to pass
+    cannot be (or undercut) the recommendation, so it is not sized ("costlier"). Returns the verifications made,
+    by (candidate index, replicas), for `_choose`, which makes the same choice an exhaustive search makes."""
+    evaluations, ready = result.evaluations, {}
+    order = sorted((i for i, ev in enumerate(evaluations) if ev.rejection is None),
+                   key=lambda i: evaluations[i].price_per_replica_hour_usd)
+    total, done, bound = len(evaluations), sum(ev.rejection is not None for ev in evaluations), math.inf
+    while order:
+        wave = []
+        while order and len(wave) < workers:
+            i = order.pop(0)
+            ev = evaluations[i]
+            if ev.price_per_replica_hour_usd > bound and not exhaustive:
+                _reject(ev, "costlier", f"one replica costs ${ev.price_per_replica_hour_usd:.2f}/h, more than a "
+                                        f"deployment that passes (${bound:.2f}/h)")
+                done += 1
+                if on_progress:
+                    on_progress("sized", done, total, ev.summary)
+            else:
+                wave.append(i)
+        jobs = [(base, base_dir, evaluations[i], result.target_rate_per_s, max_replicas, rel_tol) for i in wave]
+
+        def died(err: WorkerDied) -> None:
+            raise SpecError(f"plan: the worker process sizing {evaluations[wave[err.index]].candidate.label} {err.how}")
+        for k, ev in run_jobs(size, jobs, "local", workers, on_died=died):
+            evaluations[wave[k]] = ev
+            done += 1
+            if on_progress:
+                on_progress("sized", done, total, ev.summary)
+        verified = _verify_all(result, base, base_dir, max_replicas, workers, [i for i in wave
+                                                                                if evaluations[i].rejection is None])
+        ready |= verified
+        bound = min([bound, *(d.cost_per_hour_usd for d in verified.values() if d.verdict.ok)])
+    return ready
+
+
+def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int,
+            ready: dict[tuple[int, int], Deployment] | None = None,
             on_progress: Callable[[str, int, int | None, str], None] | None = None) -> None:
-    """Verify every sized candidate, pick the cheapest that passes, then confirm the next cheaper fails."""
+    """Verify every sized candidate (taking the verifications `ready`), pick the cheapest that passes, then confirm
+    the next cheaper fails."""
     tried: dict[tuple[int, int], Deployment] = {}
-    ready = _verify_all(result, base, base_dir, max_replicas, workers)
+    ready = dict(ready or {})
 
     def check(i: int, replicas: int) -> Deployment:
         if (i, replicas) not in tried:
@@ -412,18 +465,16 @@ def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: in
     result.recommendation = rec
 
 
-def _verify_all(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int,
-                workers: int) -> dict[tuple[int, int], Deployment]:
-    """The verifications `_choose` starts with, run on `workers` processes in rounds (each sized candidate at its
-    size, then one more replica for those that failed), by (candidate index, replicas); `_choose` then takes them
-    in its own order, so the plan is the same as one verified in a single process."""
+def _verify_all(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int,
+                indices: list[int]) -> dict[tuple[int, int], Deployment]:
+    """The verifications `_choose` starts with for the sized candidates `indices`, run on `workers` processes in
+    rounds (each at its size, then one more replica for those that failed), by (candidate index, replicas);
+    `_choose` takes them in its own order, so the plan is the same as one verified in a single process."""
     done: dict[tuple[int, int], Deployment] = {}
-    if workers <= 1:
-        return done
-    pending = [(i, ev.replicas) for i, ev in enumerate(result.evaluations) if ev.rejection is None]
+    pending = [(i, result.evaluations[i].replicas) for i in indices]
     for _ in range(MAX_EXTRA_REPLICAS + 1):
         jobs = [(base, base_dir, result.evaluations[i], n, result.target_rate_per_s) for i, n in pending]
-        for k, deployment in run_jobs(verify, jobs, "local", workers):
+        for k, deployment in run_jobs(verify, jobs, "local", max(workers, 1)):
             done[pending[k]] = deployment
         pending = [(i, n + 1) for i, n in pending if not done[(i, n)].verdict.ok
                    and n + 1 <= min(max_replicas, result.evaluations[i].replicas + MAX_EXTRA_REPLICAS)]

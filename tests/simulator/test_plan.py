@@ -49,6 +49,23 @@ def test_verifying_on_two_processes_gives_the_same_plan(chat_plan):
     assert parallel.next_cheaper.label == chat_plan.next_cheaper.label
 
 
+def test_candidates_too_costly_to_win_are_not_sized_and_the_choice_is_the_exhaustive_one():
+    args = dict(gpus=["h100-sxm"], tps=[1, 2, 4], max_replicas=4, target_rate=TARGET)
+    pruned = plan(chat(), SCENARIOS, **args)
+    full = plan(chat(), SCENARIOS, **args, exhaustive=True)
+    assert pruned.recommendation.label == full.recommendation.label == "2 x h100-sxm tp=1"
+    assert pruned.next_cheaper.label == full.next_cheaper.label
+    costlier = [e for e in pruned.evaluations if e.rejection == "costlier"]
+    assert [e.candidate.label for e in costlier] == ["h100-sxm tp=4"]  # $11.96/h a replica > 2 x tp=1's $5.98/h
+    assert costlier[0].capacity is None and "$11.96/h" in costlier[0].detail
+    assert pruned.num_simulations < full.num_simulations
+    # the exhaustive search sized it, and its deployments all cost more than the recommendation
+    sized = next(e for e in full.evaluations if e.candidate.label == "h100-sxm tp=4")
+    assert sized.rejection is None and sized.replicas * sized.price_per_replica_hour_usd > 5.98
+    shown = [d.as_dict() for d in full.deployments if d.evaluation.candidate.label != "h100-sxm tp=4"]
+    assert [d.as_dict() for d in pruned.deployments] == shown
+
+
 def test_sizing_comes_from_the_per_replica_rate(chat_plan):
     tp1, tp2 = chat_plan.evaluations
     assert tp1.rejection is None and tp1.replicas == 2 and TARGET / 2 <= tp1.rate_per_replica < TARGET
