@@ -399,6 +399,7 @@ def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max
     order = sorted((i for i, ev in enumerate(evaluations) if ev.rejection is None),
                    key=lambda i: evaluations[i].price_per_replica_hour_usd)
     total, done, bound = len(evaluations), sum(ev.rejection is not None for ev in evaluations), math.inf
+    shown = 0  # verifications reported
     while order:
         wave = []
         while order and len(wave) < workers:
@@ -421,8 +422,11 @@ def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max
             done += 1
             if on_progress:
                 on_progress("sized", done, total, ev.summary)
-        verified = _verify_all(result, base, base_dir, max_replicas, workers, [i for i in wave
-                                                                                if evaluations[i].rejection is None])
+        verified = _verify_all(result, base, base_dir, max_replicas, workers,
+                               [i for i in wave if evaluations[i].rejection is None])
+        for deployment in verified.values() if on_progress else ():
+            shown += 1
+            on_progress("verified", shown, None, deployment.summary)
         ready |= verified
         bound = min([bound, *(d.cost_per_hour_usd for d in verified.values() if d.verdict.ok)])
     return ready
@@ -435,14 +439,19 @@ def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: in
     the next cheaper fails."""
     tried: dict[tuple[int, int], Deployment] = {}
     ready = dict(ready or {})
+    shown = len(ready)  # verifications reported as they were made
 
     def check(i: int, replicas: int) -> Deployment:
+        nonlocal shown
         if (i, replicas) not in tried:
-            tried[(i, replicas)] = ready.pop((i, replicas), None) or verify(
-                base, base_dir, result.evaluations[i], replicas, result.target_rate_per_s)
-            result.deployments.append(tried[(i, replicas)])
-            if on_progress:
-                on_progress("verified", len(result.deployments), None, tried[(i, replicas)].summary)
+            done = ready.pop((i, replicas), None)
+            if done is None:
+                done = verify(base, base_dir, result.evaluations[i], replicas, result.target_rate_per_s)
+                shown += 1
+                if on_progress:
+                    on_progress("verified", shown, None, done.summary)
+            tried[(i, replicas)] = done
+            result.deployments.append(done)
         return tried[(i, replicas)]
 
     for i, ev in enumerate(result.evaluations):
