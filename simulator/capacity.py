@@ -21,6 +21,7 @@ the answer by doubling or halving from the scenario's own rate, then bisects the
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -247,11 +248,14 @@ def check_rate(s: Scenario, base_dir: Path, rate_per_s: float) -> Verdict:
 
 
 def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | None = None,
-                         rel_tol: float = 0.02, max_factor: float = 1024.0) -> CapacityResult:
+                         rel_tol: float = 0.02, max_factor: float = 1024.0,
+                         decided: Callable[[float, float], bool] | None = None) -> CapacityResult:
     """Bisect the arrival rate for the highest one that passes, to within `rel_tol` of the failing bound.
 
     Starts at `start_rate_per_s` (default: the scenario's rate), doubles while passing or halves while
     failing (at most `max_factor` either way), then bisects. Returns 0.0 when even the lowest rate fails.
+    `decided(passing, failing)`: the caller needs no finer bracket (a planner sizing replicas stops once every
+    rate in it gives the same count).
     """
     start = start_rate_per_s or offered_rate(s, base_dir)
     verdicts: dict[float, Verdict] = {}
@@ -263,7 +267,7 @@ def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | 
     if not passes(start) and "rejected" in verdicts[start].reasons:
         return CapacityResult(0.0, 1, [verdicts[start]], s.workload.rate_unit)  # refused whatever the rate
     lo, hi = _bracket(passes, start, max_factor, verdicts[start].ok)
-    while lo is not None and hi is not None and hi - lo > rel_tol * hi:
+    while lo is not None and hi is not None and hi - lo > rel_tol * hi and not (decided and decided(lo, hi)):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     ordered = [verdicts[r] for r in sorted(verdicts)]

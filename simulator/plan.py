@@ -276,11 +276,16 @@ def screen(base: Scenario, candidate: Candidate) -> Evaluation:
 
 
 def size(base: Scenario, base_dir: Path, ev: Evaluation, target_rate: float, max_replicas: int,
-         rel_tol: float) -> Evaluation:
-    """Size a screened candidate by its per-replica maximum sustainable rate."""
+         rel_tol: float, settle: bool = True) -> Evaluation:
+    """Size a screened candidate by its per-replica maximum sustainable rate (`settle`: bisected only until the
+    replica count is settled)."""
     s = ev.candidate.scenario(base)
+
+    def same_count(passing: float, failing: float) -> bool:  # every rate between gives the same replica count
+        return replicas_for(target_rate, passing) == replicas_for(target_rate, failing)
     try:  # a replica slower than target / max_replicas is of no use: search no lower (nor higher x that)
-        ev.capacity = max_sustainable_rate(s, base_dir, target_rate, rel_tol, max_factor=max_replicas)
+        ev.capacity = max_sustainable_rate(s, base_dir, target_rate, rel_tol, max_factor=max_replicas,
+                                           decided=same_count if settle else None)
     except SpecError as err:
         return _reject(ev, "invalid", str(err))
     if ev.capacity.rate_per_s == 0.0:
@@ -289,11 +294,16 @@ def size(base: Scenario, base_dir: Path, ev: Evaluation, target_rate: float, max
         lowest = " (target / max_replicas)" if math.isclose(limit.rate_per_s, target_rate / max_replicas) else ""
         return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} {ev.capacity.unit} per replica{lowest}: "
                                  f"{'; '.join(limit.details)}")
-    ev.replicas = math.ceil(target_rate / ev.capacity.rate_per_s - 1e-9)
+    ev.replicas = replicas_for(target_rate, ev.capacity.rate_per_s)
     if ev.replicas > max_replicas:
         return _reject(ev, "too many replicas", f"needs {ev.replicas} replicas at {ev.capacity.rate_per_s:.3g} "
                                                 f"{ev.capacity.unit} each > max_replicas {max_replicas}")
     return ev
+
+
+def replicas_for(target_rate: float, rate_per_replica: float) -> int:
+    """Replicas that carry `target_rate` at `rate_per_replica` each (non-increasing in the rate)."""
+    return math.ceil(target_rate / rate_per_replica - 1e-9)
 
 
 def _reject(ev: Evaluation, reason: str, detail: str) -> Evaluation:
@@ -320,7 +330,8 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     parallelism.ep and/or dp_attention -> the values to try. Candidate sizing and verification run on `workers`
     processes. `on_progress(stage, done, total, line)` hears of each candidate sized ("sized", of `total`) and each
     deployment verified ("verified", total None), with a line saying what came of it. `exhaustive` sizes even the
-    candidates too costly to be chosen (the same recommendation, more simulations: for checking the pruning).
+    candidates too costly to be chosen, each bisected to `rel_tol` though its replica count is settled sooner (the
+    same recommendation, more simulations: for checking the shortcuts).
     """
     cfg = base.plan
     gpus = gpus or (cfg.gpus if cfg and cfg.gpus else [base.hardware.gpu])
@@ -413,7 +424,8 @@ def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max
                     on_progress("sized", done, total, ev.summary)
             else:
                 wave.append(i)
-        jobs = [(base, base_dir, evaluations[i], result.target_rate_per_s, max_replicas, rel_tol) for i in wave]
+        jobs = [(base, base_dir, evaluations[i], result.target_rate_per_s, max_replicas, rel_tol, not exhaustive)
+                for i in wave]
 
         def died(err: WorkerDied) -> None:
             raise SpecError(f"plan: the worker process sizing {evaluations[wave[err.index]].candidate.label} {err.how}")

@@ -59,6 +59,11 @@ def test_candidates_too_costly_to_win_are_not_sized_and_the_choice_is_the_exhaus
     assert [e.candidate.label for e in costlier] == ["h100-sxm tp=4"]  # $11.96/h a replica > 2 x tp=1's $5.98/h
     assert costlier[0].capacity is None and "$11.96/h" in costlier[0].detail
     assert pruned.num_simulations < full.num_simulations
+    # each candidate's bisection stopped once its replica count was settled: the same count as bisecting to rel_tol
+    for short, whole in zip(pruned.evaluations, full.evaluations):
+        if short.rejection is None:
+            assert short.replicas == whole.replicas
+            assert short.capacity.num_simulations <= whole.capacity.num_simulations
     # the exhaustive search sized it, and its deployments all cost more than the recommendation
     sized = next(e for e in full.evaluations if e.candidate.label == "h100-sxm tp=4")
     assert sized.rejection is None and sized.replicas * sized.price_per_replica_hour_usd > 5.98
