@@ -68,10 +68,12 @@ class StepLog:
             self.columns[name].extend(values)
 
     def frame(self) -> pd.DataFrame:
-        """Rows by end time, then replica: the order does not depend on how the run was stepped."""
-        df = pd.DataFrame({name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
-                           for name, col in self.columns.items()})
-        return df.sort_values(["time_s", "replica"], kind="stable").reset_index(drop=True)
+        """Rows by end time, then replica: the order does not depend on how the run was stepped. Each column is
+        copied once, in that order, and not again by pandas: a million-step log is held twice at most, not thrice."""
+        views = {name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
+                 for name, col in self.columns.items()}
+        order = np.lexsort((views["replica"], views["time_s"]))  # stable: ties keep the order they were logged in
+        return pd.DataFrame({name: values[order] for name, values in views.items()}, copy=False)
 
 
 def request_frame(requests: list[Request]) -> pd.DataFrame:
