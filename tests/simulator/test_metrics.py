@@ -78,3 +78,13 @@ def test_gpu_time_saved_prices_kept_tokens_not_rejected_drafts():
     summary = cache_and_load_summary(requests, steps, [0], {0: 2})
     assert summary["gpu_time_saved_s"] == pytest.approx(2.0)
     assert summary["response_cache_hit_rate"] == 0.5
+
+
+def test_the_step_table_is_by_end_time_then_replica_with_ties_in_logged_order():
+    from simulator.metrics import StepLog
+    log = StepLog()
+    for n, (time_s, replica) in enumerate([(2.0, 1), (1.0, 0), (2.0, 0), (1.0, 0), (2.0, 1), (0.5, 3)]):
+        log.record(time_s, 0.1, replica, n, 0, 1, 1, 0, 1, 0.1, 0)
+    frame = log.frame()
+    assert frame["num_requests"].tolist() == [5, 1, 3, 2, 0, 4]  # the row each came from
+    assert list(frame.index) == list(range(6))
