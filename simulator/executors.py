@@ -97,6 +97,9 @@ def _process_pool(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     # forkserver: workers start from a clean process, not a fork of one that may hold threads
     # (a progress bar's refresher, a Dask client) mid-lock.
     context = multiprocessing.get_context("forkserver")
+    # the server imports the job's module once (before it first starts), so each pool's workers fork with it loaded
+    # instead of importing numpy, pandas and the simulator anew: a plan starts a pool per wave of candidates
+    context.set_forkserver_preload([fn.__module__])
     left = dict(enumerate(jobs))
     while left:
         yield from _pool_round(fn, left, workers, context)
