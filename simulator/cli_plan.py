@@ -136,8 +136,8 @@ def plan(scenario: Path,
     from simulator.scenario import load_scenario
     from simulator.sweep import parse_grid
 
-    if target_rate is not None and target_rate <= 0:
-        raise SpecError(f"--target-rate: a load of more than 0, not {target_rate}")
+    if target_rate is not None and not 0 < target_rate < math.inf:
+        raise SpecError(f"--target-rate: a finite load of more than 0, not {target_rate}")
     spec, base_dir = load_scenario(scenario, set_)
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob, "--knob").items()} or None
     layouts = {name: _bools(values, option) for name, option, values in

@@ -351,3 +351,13 @@ def test_on_a_terminal_the_plan_shows_a_bar_of_candidates_with_an_eta():
         on_progress("verified", 1, None, "2 x h100-sxm tp=1 ($5.98/h): ok")
     shown = screen.getvalue()
     assert "1/4" in shown and "sizing candidates" in shown and "verifying deployment 1" in shown
+
+
+@pytest.mark.parametrize("rate", ["inf", "0"])  # below 0: a usage error of typer's own
+def test_a_target_rate_that_is_no_finite_load_is_one_line(tmp_path, rate):
+    out = tmp_path / "plan"
+    result = CliRunner().invoke(app, ["plan", str(SCENARIOS / "quickstart.yaml"), "--target-rate", rate, "--out",
+                                      str(out), "--workers", "1"])
+    assert result.exit_code != 0 and "Traceback" not in result.output and not out.exists()
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) <= 2 and "--target-rate" in lines[0]
