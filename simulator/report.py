@@ -41,15 +41,13 @@ TABLE_METRICS = ("completed", "request_throughput", "output_throughput", "p90_tt
 def write_report(folder: Path, out: Path | None = None) -> Path:
     """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path."""
     folder = Path(folder)
+    kind = "sweep" if (folder / RESULTS).is_file() else "run" if (folder / "summary.json").is_file() else None
+    if kind is None:  # before the output's checks: a file given as FOLDER is no place to write one either
+        raise SpecError(f"{folder}: neither a run folder (summary.json) nor a sweep folder ({RESULTS})")
     out = Path(out) if out else folder / REPORT
     check_output_file(out, "--out")
     try:
-        if (folder / RESULTS).is_file():
-            title, figures, tables = sweep_report(folder)
-        elif (folder / "summary.json").is_file():
-            title, figures, tables = run_report(folder)
-        else:
-            raise SpecError(f"{folder}: neither a run folder (summary.json) nor a sweep folder ({RESULTS})")
+        title, figures, tables = sweep_report(folder) if kind == "sweep" else run_report(folder)
     except (FileNotFoundError, json.JSONDecodeError, yaml.YAMLError, pd.errors.EmptyDataError,
             pd.errors.ParserError) as err:
         raise SpecError(f"{folder}: an incomplete or damaged output folder ({type(err).__name__}: {err})") from None
