@@ -468,7 +468,7 @@ def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: in
 
     for i, ev in enumerate(result.evaluations):
         if ev.rejection is None:  # sized: verify, and if it fails try a replica or two more
-            for n in range(ev.replicas, min(max_replicas, ev.replicas + MAX_EXTRA_REPLICAS) + 1):
+            for n in range(ev.replicas, _most_tried(ev, max_replicas) + 1):
                 if check(i, n).verdict.ok:
                     break
     passing = [d for d in tried.values() if d.verdict.ok]
@@ -498,8 +498,13 @@ def _verify_all(result: PlanResult, base: Scenario, base_dir: Path, max_replicas
         for k, deployment in run_jobs(verify, jobs, "local", max(workers, 1)):
             done[pending[k]] = deployment
         pending = [(i, n + 1) for i, n in pending if not done[(i, n)].verdict.ok
-                   and n + 1 <= min(max_replicas, result.evaluations[i].replicas + MAX_EXTRA_REPLICAS)]
+                   and n + 1 <= _most_tried(result.evaluations[i], max_replicas)]
     return done
+
+
+def _most_tried(ev: Evaluation, max_replicas: int) -> int:
+    """The most replicas a sized candidate is verified with: its size, then one more while it fails, twice at most."""
+    return min(max_replicas, ev.replicas + MAX_EXTRA_REPLICAS)
 
 
 def _rank(d: Deployment, pct: str) -> tuple:
