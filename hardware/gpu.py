@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from hardware.errors import SpecError
+from hardware.errors import SpecError, choices
 from hardware.files import read_yaml
 from hardware.spec_model import SpecModel
 
@@ -155,4 +155,4 @@ def get_interconnect(name: str) -> InterconnectSpec:
     try:
         return interconnects()[name]
     except KeyError:
-        raise SpecError(f"unknown interconnect {name!r}; known: {', '.join(sorted(interconnects()))}") from None
+        raise SpecError(f"unknown interconnect {name!r}; known: {choices(sorted(interconnects()), name)}") from None

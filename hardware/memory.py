@@ -293,9 +293,8 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     max_len = cfg.max_model_len or model.max_position_embeddings
     if max_len > model.max_position_embeddings and not cfg.allow_long_max_model_len:
         raise SpecError(
-            f"max_model_len={max_len} exceeds {model.name}'s max_position_embeddings "
-            f"({model.max_position_embeddings}); vLLM refuses it unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: "
-            "lower it, or set engine.allow_long_max_model_len: true")
+            f"max_model_len={max_len} exceeds {model.name}'s {model.max_position_embeddings} positions: lower it or "
+            "set engine.allow_long_max_model_len (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
     usable = cfg.gpu_memory_utilization * gpu.reported_memory_bytes
     weight_dtype = resolve_weight_dtype(model, cfg.weight_dtype)
     weights = weight_bytes_per_gpu(model, par, weight_dtype)
@@ -303,13 +302,11 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     kv_cache = usable - weights - act - cfg.runtime_reserve_bytes
     if kv_cache <= 0:
         raise SpecError(
-            f"{model.name} does not fit on {gpu.name} with tp={par.tp} pp={par.pp}: weights {weights / 1e9:.1f} GB + "
-            f"activations {act / 1e9:.1f} GB + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} GB exceed "
-            f"{usable / 1e9:.1f} GB usable ({cfg.gpu_memory_utilization} x {gpu.reported_memory_bytes / 1e9:.1f} GB); "
-            + ("vLLM's data-parallel ranks (dp_attention) each hold all but the routed experts whole: raise tp (more "
-               "ranks over the experts) or pp, turn dp_attention off, quantize the weights or use a larger GPU"
-               if par.dense_replicated else
-               "raise tp/pp, quantize the weights or use a larger GPU"))
+            f"{model.name} does not fit on {gpu.name} at tp={par.tp}{f' pp={par.pp}' if par.pp > 1 else ''}: weights "
+            f"{weights / 1e9:.1f} + activations {act / 1e9:.1f} + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} > "
+            f"{usable / 1e9:.1f} GB usable; " + ("dp_attention ranks hold dense weights whole: drop it, raise tp/pp or "
+                                                 "quantize" if par.dense_replicated else
+                           "raise tp/pp, quantize or take a larger GPU"))
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
     swa, swa_fields = _swa_layers(model, par, cfg), {}
     if swa is None:
@@ -342,9 +339,9 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         per_request = request_bytes(max_len)
     if per_request > num_blocks * block_bytes:
         raise SpecError(
-            f"one request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "
-            f"the {kv_cache / GIB:.2f} GiB available on {gpu.name}; raise gpu_memory_utilization or tp, "
-            f"or lower max_model_len (at most ~{int(num_blocks * block_bytes / per_request * max_len)})")
+            f"a request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "
+            f"{gpu.name}'s {kv_cache / GIB:.2f} GiB; raise gpu_memory_utilization or tp, or lower max_model_len "
+            f"(to ~{int(num_blocks * block_bytes / per_request * max_len)} at most)")
     return MemoryPlan(
         model=model.name, gpu=gpu.name, tp=par.tp, pp=par.pp, capacity_bytes=gpu.reported_memory_bytes, usable_bytes=usable,
         weight_bytes=weights, activation_bytes=act, reserve_bytes=cfg.runtime_reserve_bytes, kv_cache_bytes=kv_cache,

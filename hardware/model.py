@@ -13,7 +13,7 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from hardware.errors import ShardingError, SpecError
+from hardware.errors import ShardingError, SpecError, choices
 from hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
@@ -581,7 +581,7 @@ def is_config_path(value: str) -> bool:
 def check_model_name(value: str, what: str = "model") -> str:
     """`value` if it is a preset or a config.json path; else ValueError listing the presets (for validators)."""
     if value not in preset_names() and not is_config_path(value):
-        raise ValueError(f"unknown {what} {value!r}; presets: {', '.join(preset_names())} (or a config.json path)")
+        raise ValueError(f"unknown {what} {value!r}; presets: {choices(preset_names(), value, 'servesim models list')} (or a config.json path)")
     return value
 
 
@@ -594,4 +594,4 @@ def get_model(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json") or "/" in name_or_path:
         path = Path(name_or_path)
         return load_model_file(path / "config.json" if path.is_dir() else path)  # a Hugging Face model folder
-    raise SpecError(f"unknown model {name_or_path!r}; presets: {', '.join(preset_names())} (or a path to a config.json)")
+    raise SpecError(f"unknown model {name_or_path!r}; presets: {choices(preset_names(), name_or_path, 'servesim models list')} (or a config.json path)")

@@ -13,6 +13,8 @@ from pydantic_core import PydanticCustomError
 
 NUMBER_TYPES = (int, float)
 BOOL_FOR_NUMBER = "bool_for_number"  # the error type; its `field` context names the field inside the model
+MAX_REPLICAS = 4096  # each simulated replica keeps its KV pool's bookkeeping in memory: a million would not fit
+MAX_PARALLEL = 1024  # GPUs in one tensor- or pipeline-parallel group: past any NVLink domain built or announced
 
 
 class SpecModel(BaseModel):

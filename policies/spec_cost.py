@@ -126,9 +126,9 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
     per_request = plan.request_bytes_at_max_len + extra_request
     if per_request > num_blocks * block_bytes:
         raise SpecError(
-            f"with the {name} ({extra_weights / 1e9:.2f} GB of weights, {extra_kv:.0f} KV bytes per token per GPU) "
-            f"one request of max_model_len={plan.max_model_len} no longer fits in the KV cache of {gpu.name}; "
-            "raise gpu_memory_utilization or tp, or lower max_model_len")
+            f"with the {name} ({extra_weights / 1e9:.2f} GB, {extra_kv:.0f} KV B/token/GPU) a request of "
+            f"max_model_len={plan.max_model_len} no longer fits {gpu.name}'s KV cache; raise gpu_memory_utilization "
+            "or tp, or lower max_model_len")
     return replace(plan, weight_bytes=plan.weight_bytes + extra_weights, kv_cache_bytes=kv_cache,
                    kv_bytes_per_token=per_token, num_blocks=num_blocks,
                    kv_cache_tokens=num_blocks // groups * plan.block_size, request_bytes_at_max_len=per_request,

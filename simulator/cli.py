@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Callable
 from functools import wraps
@@ -57,12 +58,16 @@ def main() -> None:
         command = err.ctx.command_path if getattr(err, "ctx", None) is not None else "servesim"
         print(f"error: {err.format_message()}\n(see {command} --help)", file=sys.stderr)
         sys.exit(err.exit_code)
-    except typer.Abort:
-        print("aborted", file=sys.stderr)
-        sys.exit(1)
+    except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort; results are written atomically
+        print("aborted: nothing is left half-written", file=sys.stderr)
+        sys.exit(130)
     except BrokenPipeError:  # `servesim ... | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (replaces the closed pipe until exit)
         sys.exit(1)
+    except Exception as err:  # noqa: BLE001 (bad input is a SpecError, caught per command: this is a bug)
+        from simulator.crash import report_bug
+        print(f"error: {report_bug(err)}", file=sys.stderr)
+        sys.exit(70)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
@@ -73,9 +78,20 @@ def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return command(*args, **kwargs)
         except SpecError as err:
-            print(f"error: {err}", file=sys.stderr)
+            print(f"error: {short_values(str(err))}", file=sys.stderr)
             raise typer.Exit(2) from None
     return run
+
+
+LONG_QUOTE = re.compile(r"""(?<![^\s(=:\[,])(['"])([^'"\n]{60,})\1(?![^\s),;:\]])""")  # a quoted value, whole
+LONG_WORD = re.compile(r"[^\s'\"]{121,}")  # a path, mostly
+
+
+def short_values(message: str) -> str:
+    """`message` with each quoted value of 60 or more characters cut to its first 20, and any other word (a path)
+    past 120 to its ends: errors echo what the user gave, and a 3,000-character name would make such a line."""
+    message = LONG_QUOTE.sub(lambda m: f"{m[1]}{m[2][:20]}...{m[1]} ({len(m[2]):,} characters)", message)
+    return LONG_WORD.sub(lambda m: f"{m[0][:40]}...{m[0][-40:]}", message)
 
 
 def print_json(data: Any) -> None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from hardware.errors import SpecError
+from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
 from simulator.cli import app, clean_errors, console, print_json, print_table
 
 SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
@@ -21,6 +22,14 @@ def _csv(text: str | None, kind: type = str) -> list | None:
         return [kind(part.strip()) for part in text.split(",") if part.strip()]
     except ValueError:
         raise SpecError(f"{text!r}: expected a comma-separated list of {kind.__name__}") from None
+
+
+def _sizes(text: str | None, option: str) -> list[int] | None:
+    """'1,2,4' -> [1, 2, 4], each a parallel group's GPU count, checked here as the plan section checks its own."""
+    sizes = _csv(text, int)
+    if sizes is not None and (not sizes or any(not 1 <= size <= MAX_PARALLEL for size in sizes)):
+        raise SpecError(f"{option} {text!r}: GPU counts from 1 to {MAX_PARALLEL:,}, comma-separated")
+    return sizes
 
 
 def _bools(text: str, option: str) -> list[bool]:
@@ -119,7 +128,7 @@ def plan(scenario: Path,
                                                           "(default: plan.ep or the scenario's)"),
          dp_attention: str | None = typer.Option(None, "--dp-attention", help="DP attention off and/or on: false,true "
                                                  "(default: plan.dp_attention or the scenario's)"),
-         max_replicas: int | None = typer.Option(None, "--max-replicas", min=1),
+         max_replicas: int | None = typer.Option(None, "--max-replicas", min=1, max=MAX_REPLICAS),
          target_rate: float | None = typer.Option(None, "--target-rate", min=0.0,
                                                   help="Load to sustain, in arrivals.rate_per_s's unit "
                                                        "(default: the scenario's)"),
@@ -142,11 +151,12 @@ def plan(scenario: Path,
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob, "--knob").items()} or None
     layouts = {name: _bools(values, option) for name, option, values in
                (("ep", "--ep", ep), ("dp_attention", "--dp-attention", dp_attention)) if values is not None} or None
+    tps, pps = _sizes(tp, "--tp"), _sizes(pp, "--pp")
     folder = out or Path("runs") / f"{spec.name}-plan"
     check_output_folder(folder, frozenset({"plan.json"}))
     with plan_progress(console) as on_progress:
-        result = make_plan(spec, base_dir, _csv(gpus), _csv(tp, int), knobs, max_replicas, target_rate,
-                           workers=workers or default_workers(), pps=_csv(pp, int), layouts=layouts,
+        result = make_plan(spec, base_dir, _csv(gpus), tps, knobs, max_replicas, target_rate,
+                           workers=workers or default_workers(), pps=pps, layouts=layouts,
                            on_progress=on_progress)
     path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))

@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 
 from hardware.errors import SpecError
 from hardware.gpu import get_interconnect
-from hardware.spec_model import SpecModel
+from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS, SpecModel
 
 
 def known_link(name: str) -> str:
@@ -23,10 +23,10 @@ def known_link(name: str) -> str:
 class PoolConfig(SpecModel):
     """One pool of identical replicas. Unset fields take the scenario's values."""
 
-    replicas: int = Field(1, ge=1, description="Replicas in the pool")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="Replicas in the pool")
     gpu: str | None = Field(None, description="GPU of this pool (default: hardware.gpu)")
-    tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
-    pp: int = Field(1, ge=1, description="Pipeline stages per replica")
+    tp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Tensor-parallel GPUs per replica")
+    pp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Pipeline stages per replica")
     engine: dict[str, Any] = Field(default_factory=dict, description="Engine knobs overriding the scenario's engine")
     router: str = Field("least_outstanding", description="How a request picks a replica of this pool")
 

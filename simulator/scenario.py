@@ -19,11 +19,11 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from hardware.cost import Parallelism
-from hardware.errors import SpecError
+from hardware.errors import SpecError, choices
 from hardware.files import read_yaml
 from hardware.gpu import get_gpu
 from hardware.model import check_model_name, get_model, is_config_path
-from hardware.spec_model import BOOL_FOR_NUMBER, SpecModel
+from hardware.spec_model import BOOL_FOR_NUMBER, MAX_PARALLEL, MAX_REPLICAS, SpecModel
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
@@ -46,8 +46,9 @@ class HardwareConfig(SpecModel):
 
 
 class ParallelismConfig(SpecModel):
-    tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
-    pp: int = Field(1, ge=1, description="Pipeline stages per replica (as many micro-batches in flight)")
+    tp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Tensor-parallel GPUs per replica")
+    pp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Pipeline stages per replica (as many micro-batches "
+                                                          "in flight)")
     ep: bool = Field(False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all")
     dp_attention: bool = Field(False, description=(
         "Attention data-parallel in the TP group (for MLA): vLLM's data-parallel ranks at TP 1 (all but the routed "
@@ -66,7 +67,7 @@ class ParallelismConfig(SpecModel):
 
 
 class ClusterConfig(SpecModel):
-    replicas: int = Field(1, ge=1, description="Identical engine replicas (data parallel)")
+    replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="Identical engine replicas (data parallel)")
     router: str = Field("round_robin", description="Routing policy across replicas")
 
 
@@ -111,6 +112,8 @@ class SweepConfig(SpecModel):
         "workload.arrivals.rate_per_s: [5, 10]}"))
 
 
+ParallelSize = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
+ReplicaCount = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
 LAYOUT_FIELDS = ("ep", "dp_attention")  # parallelism fields `servesim plan` may vary, in the candidates' order
 
 
@@ -118,10 +121,10 @@ class PlanConfig(SpecModel):
     """The deployments `servesim plan` compares: GPU type x TP x PP x layout x engine knobs, sized in replicas."""
 
     gpus: list[str] | None = Field(None, description="GPU names to consider; default: the scenario's GPU")
-    tp: list[int] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
-    pp: list[int] | None = Field(None, min_length=1, description=(
+    tp: list[ParallelSize] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
+    pp: list[ParallelSize] | None = Field(None, min_length=1, description=(
         "Pipeline-parallel sizes to consider (stages of tp GPUs each); default: the scenario's parallelism.pp"))
-    max_replicas: int = Field(16, ge=1, description="Largest replica count of a recommendation")
+    max_replicas: int = Field(16, ge=1, le=MAX_REPLICAS, description="Largest replica count of a recommendation")
     engine: dict[str, GridValues] = Field(default_factory=dict, description=(
         "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"))
     target_rate_per_s: float | None = Field(None, gt=0, description=(
@@ -130,7 +133,7 @@ class PlanConfig(SpecModel):
         "Expert parallel off and/or on, e.g. [false, true]; default: the scenario's parallelism.ep"))
     dp_attention: list[bool] | None = Field(None, min_length=1, description=(
         "DP attention off and/or on, e.g. [false, true]; default: the scenario's parallelism.dp_attention"))
-    pd_ratios: list[tuple[int, int]] = Field(default_factory=list, description=(
+    pd_ratios: list[tuple[ReplicaCount, ReplicaCount]] = Field(default_factory=list, description=(
         "Prefill/decode disaggregated units to consider as [prefill, decode] replica counts (xPyD), "
         "e.g. [[1, 1], [1, 2]]; empty: colocated deployments only"))
 
@@ -348,7 +351,15 @@ def first_error(err: ValidationError, source: str, model: type[BaseModel] | None
         message = "unknown field"
         if fields:
             close = difflib.get_close_matches(loc[-1], fields, n=1)
-            message += (f"; did you mean {close[0]!r}?" if close else "") + f" (fields here: {', '.join(fields)})"
+            listed = ", ".join(fields)
+            if close and len(listed) > 80:  # the nearest is named: say where the rest are
+                message += f"; did you mean {close[0]!r}? ({len(fields)} fields here: servesim schema)"
+            else:
+                message += (f"; did you mean {close[0]!r}?" if close else "") + \
+                    f" (fields here: {choices(fields, loc[-1], 'servesim schema', width=80)})"
+    elif first["type"] == "union_tag_invalid":  # pydantic's sentence quotes every tag and the key's name too
+        tags = first["ctx"]["expected_tags"].replace("'", "")
+        message = f"unknown {first['ctx']['discriminator'].strip(chr(39))} {first['ctx']['tag']!r}; choose from {tags}"
     elif first["type"] == "literal_error":
         message = f"{message} (got {first['input']!r})"
     path = ".".join(loc)

@@ -23,7 +23,6 @@ import hashlib
 import itertools
 import json
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,13 +35,13 @@ from pydantic import ValidationError
 from hardware.errors import SpecError
 from hardware.model import is_config_path
 from simulator.atomic import remove_abandoned_writes, write_text_atomic
+from simulator.crash import INTERNAL_ERROR, ROOT, report_bug
 from simulator.executors import Engine, WorkerDied, check_engine, run_jobs
 from simulator.output import write_run
 from simulator.run import simulate
 from simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
 from workloads.traces import resolve_path
 
-ROOT = Path(__file__).resolve().parent.parent  # the folder holding servesim's packages
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
 POINTS = "points"
 RESULTS = "results.csv"
@@ -182,7 +181,6 @@ def is_done(folder: Path) -> bool:
     return (folder / "summary.json").is_file()
 
 
-INTERNAL_ERROR = "internal error"
 WORKER_DIED = "worker process died"
 TRACEBACK_SUFFIX = ".traceback.txt"  # beside a crashed point's folder name in OUT/points/
 
@@ -200,11 +198,7 @@ def run_point(s: Scenario, base_dir: Path, folder: Path) -> str | None:
     except OSError:
         raise
     except Exception as err:  # noqa: BLE001 (recorded in results.csv; the other points go on)
-        write_text_atomic(trace_file, traceback.format_exc())
-        ours = [f for f in traceback.extract_tb(err.__traceback__) if Path(f.filename).resolve().is_relative_to(ROOT)]
-        frame = (ours or traceback.extract_tb(err.__traceback__))[-1]
-        return (f"{INTERNAL_ERROR} (a servesim bug; traceback in {trace_file}): {type(err).__name__}: {err} at "
-                f"{Path(frame.filename).name}:{frame.lineno} in {frame.name}")
+        return report_bug(err, trace_file)
     return None
 
 

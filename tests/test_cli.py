@@ -126,6 +126,9 @@ def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, mo
         (("plan", quickstart, "--knob", "max_num_seqs=[64"), "--knob 'max_num_seqs=[64': expected"),
         (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--out", "afile"), "afile: is a file"),
         (("plan", quickstart, "--out", "afile"), "afile: is a file"),
+        (("plan", quickstart, "--tp", "99999999999999999999"), "--tp '99999999999999999999': GPU counts from 1 to "
+                                                               "1,024"),  # every candidate was tried and pruned
+        (("plan", quickstart, "--pp", "0"), "--pp '0': GPU counts from 1 to 1,024"),
         (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--out", "."), "is the current folder"),
         (("simulate", str(root / "scenarios")), "is a folder; give the scenario file itself"),
         (("simulate", "binary.yaml"), "binary.yaml: scenario file is not UTF-8 text"),
@@ -175,3 +178,40 @@ def test_a_sweep_whose_every_point_fails_exits_with_an_error(tmp_path):
                  "--out", str(tmp_path / "sweep"), "--workers", "1")
     assert result.exit_code == 2 and "every point failed, e.g." in result.output and "does not fit" in result.output
     assert (tmp_path / "sweep" / "results.csv").exists()  # the table still tells each point's reason
+
+
+@pytest.mark.parametrize("raised, code, line", [
+    (ZeroDivisionError("float division by zero"), 70, "error: internal error (a servesim bug; traceback in "),
+    (KeyboardInterrupt(), 130, "aborted: nothing is left half-written"),
+])
+def test_a_bug_or_ctrl_c_is_one_line_not_a_traceback(monkeypatch, tmp_path, capsys, raised, code, line):
+    """A servesim bug says so in one line and names the file keeping its traceback; Ctrl-C says nothing is half
+    written (results are written atomically)."""
+    import simulator.cli as cli
+
+    def fail(**_):
+        raise raised
+
+    monkeypatch.setattr(cli, "app", fail)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    with pytest.raises(SystemExit) as stop:
+        cli.main()
+    err = capsys.readouterr().err
+    assert stop.value.code == code and err.startswith(line) and len(err.strip().splitlines()) == 1
+    if code == 70:
+        assert "ZeroDivisionError: float division by zero at test_cli.py:" in err
+        (saved,) = tmp_path.glob("servesim-*.traceback.txt")
+        assert str(saved) in err and "raise raised" in saved.read_text()
+
+
+def test_long_quoted_values_are_cut_and_only_whole_quoted_values():
+    from simulator.cli import short_values
+    assert short_values(f"name: '{'x' * 3000}' names the folder") == \
+        "name: 'xxxxxxxxxxxxxxxxxxxx...' (3,000 characters) names the folder"
+    between_two_values = ("grid key 'engine.max_num_seq' is not a scenario field (engine.max_num_seq: unknown field; "
+                          "did you mean 'max_num_seqs'?)")
+    assert short_values(between_two_values) == between_two_values
+    assert short_values("gpt-oss-120b's 131072 positions: set 'x'") == "gpt-oss-120b's 131072 positions: set 'x'"
+    path = "/data/" + "d" * 200 + "/trace.csv"
+    assert short_values(f"{path}: not found") == f"/data/{'d' * 34}...{'d' * 29}/trace.csv: not found"

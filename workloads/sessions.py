@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from workloads.arrivals import rescale_times
-from workloads.config import WorkloadConfig
+from workloads.config import MAX_REQUESTS, WorkloadConfig
 from workloads.distributions import draw_outputs, sample_lengths, sample_values
 from workloads.prefixes import with_unique_rest
 from workloads.request import Request, output_segment_id
@@ -38,6 +38,9 @@ def session_requests(table: pd.DataFrame, cfg: WorkloadConfig, rng: np.random.Ge
     turns = sample_lengths(sessions.turns, len(table), rng, base_dir)
     first_draw = np.concatenate(([0], np.cumsum(turns - 1)))
     num_draws = int(first_draw[-1])
+    if num_draws > MAX_REQUESTS:  # each possible follow-up is drawn up front, before num_requests cuts them
+        raise ValueError(f"sessions.turns gives {len(table):,} sessions {num_draws:,} follow-up turns, more than "
+                         f"the {MAX_REQUESTS:,} requests a run takes; lower sessions.turns")
     message = sample_lengths(sessions.new_message_tokens, num_draws, rng, base_dir)
     output = draw_outputs(cfg, table, num_draws, rng, base_dir)
     think_s = sample_values(sessions.think_time_s, num_draws, rng, base_dir)

@@ -11,7 +11,11 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from workloads.dist_config import Dist, SpecModel, seconds_problem, tokens_problem
+from workloads.dist_config import MAX_VALUE, Dist, SpecModel, seconds_problem, tokens_problem
+
+
+MAX_POPULATION = 10_000_000  # prefixes or clusters: a popularity table this long is allocated up front
+MAX_ZIPF_S = 100.0  # far past where every draw is the first item already
 
 
 class SharedPrefixConfig(SpecModel):
@@ -19,19 +23,20 @@ class SharedPrefixConfig(SpecModel):
     (prefix index, prefix length) before its own part, so num_prompt_tokens = prefix + own part, and the
     own part keeps the length from `lengths`/the trace."""
 
-    num_prefixes: int = Field(ge=1, description="Distinct prefixes; their segment ids are 0..num_prefixes-1.")
+    num_prefixes: int = Field(ge=1, le=MAX_POPULATION, description="Distinct prefixes; their segment ids are "
+                                                                     "0..num_prefixes-1.")
     prefix_tokens: int | Dist = Field(description="Length of each prefix (tokens): a fixed count, or a "
                                                   "distribution drawn once per prefix.")
-    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of prefix popularity (dimensionless; "
-                                                 "0 = every prefix equally likely).")
+    zipf_s: float = Field(1.0, ge=0, le=MAX_ZIPF_S, description="Zipf exponent of prefix popularity "
+                                                                "(dimensionless; 0 = every prefix equally likely).")
     share: float = Field(1.0, ge=0, le=1, description="Probability that a request uses a prefix "
                                                       "(fraction of prompts, drawn independently).")
 
     @model_validator(mode="after")
     def _prefix_can_be_one_token(self) -> Self:
         if isinstance(self.prefix_tokens, int):
-            if self.prefix_tokens < 1:
-                raise ValueError(f"shared_prefix.prefix_tokens ({self.prefix_tokens}) must be >= 1")
+            if not 1 <= self.prefix_tokens <= MAX_VALUE:
+                raise ValueError(f"shared_prefix.prefix_tokens ({self.prefix_tokens}) must be 1 to 2^40")
         elif problem := tokens_problem(self.prefix_tokens, "shared_prefix.prefix_tokens"):
             raise ValueError(problem)
         return self
@@ -71,6 +76,6 @@ class SemanticClustersConfig(SpecModel):
     """A semantic cluster per request (`Request.semantic_cluster`), for semantic response caches: requests
     with one cluster ask "the same thing". Requests with identical prompts share their cluster."""
 
-    num_clusters: int = Field(ge=1, description="Distinct clusters; ids 0..num_clusters-1.")
-    zipf_s: float = Field(1.0, ge=0, description="Zipf exponent of cluster popularity (dimensionless; "
-                                                 "0 = uniform).")
+    num_clusters: int = Field(ge=1, le=MAX_POPULATION, description="Distinct clusters; ids 0..num_clusters-1.")
+    zipf_s: float = Field(1.0, ge=0, le=MAX_ZIPF_S, description="Zipf exponent of cluster popularity "
+                                                                "(dimensionless; 0 = uniform).")

@@ -15,13 +15,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from hardware.errors import choices
+
 LENGTH_COLUMNS = ("num_prompt_tokens", "num_output_tokens")
 
 
 def require_file(path: Path, fmt: str, expected: Sequence[str]) -> None:
     """Raise ValueError naming `path` and the expected columns when the file does not exist."""
-    if not path.is_file():
-        raise ValueError(f"{path}: {fmt} trace file not found (format {fmt!r} expects columns {list(expected)})")
+    try:
+        found = path.is_file()
+    except OSError as err:  # a name too long for the file system, say
+        raise ValueError(f"{path}: {fmt} trace file cannot be looked up ({err.strerror})") from None
+    if not found:
+        raise ValueError(f"{path}: {fmt} trace file not found (its columns: {choices(list(expected), width=80)})")
 
 
 def require_columns(df: pd.DataFrame, path: Path, fmt: str, required: Sequence[str],
@@ -29,8 +35,10 @@ def require_columns(df: pd.DataFrame, path: Path, fmt: str, required: Sequence[s
     """Raise ValueError naming `path`, the missing columns and the expected ones."""
     missing = [c for c in required if c not in df.columns]
     if missing:
-        raise ValueError(f"{path}: {fmt} trace is missing columns {missing}; expected columns "
-                         f"{list(expected or required)}, found {list(df.columns)}")
+        found = choices([str(c) for c in df.columns], missing[0], width=50) or "none"
+        expected = list(expected or required)
+        raise ValueError(f"{path}: {fmt} trace lacks {', '.join(missing)}"
+                         + (f" (of {choices(expected, width=70)})" if expected != missing else "") + f"; found {found}")
 
 
 def finish_table(path: Path, arrival_s: pd.Series | np.ndarray, prompt: pd.Series | np.ndarray,

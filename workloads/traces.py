@@ -176,6 +176,8 @@ def _read(path: Path, fmt: str, required: tuple[str, ...], expected: tuple[str, 
             df = pd.read_csv(path)
     except (pd.errors.EmptyDataError, pd.errors.ParserError, ValueError) as err:
         raise ValueError(f"{path}: not a readable {fmt} trace ({str(err).splitlines()[0]})") from None
+    except OSError as err:  # a device or a special file: /proc/self/mem gives EIO
+        raise ValueError(f"{path}: {fmt} trace cannot be read ({err.strerror or err})") from None
     require_columns(df, path, fmt, required, expected)
     return df
 

@@ -91,7 +91,7 @@ def test_bad_utilization_is_rejected():
 
 
 def test_max_model_len_beyond_the_model_needs_an_explicit_override():
-    with pytest.raises(SpecError, match="exceeds llama-3.1-8b's max_position_embeddings \\(131072\\)"):
+    with pytest.raises(SpecError, match="exceeds llama-3.1-8b's 131072 positions: lower it or set engine.allow_long"):
         plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000))
     plan = plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000,
                                                                          allow_long_max_model_len=True))

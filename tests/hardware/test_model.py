@@ -5,7 +5,7 @@ import json
 import pytest
 
 from hardware.errors import SpecError
-from hardware.model import get_model, kv_heads_per_rank, load_model_file, model_from_config
+from hardware.model import get_model, kv_heads_per_rank, load_model_file, model_from_config, preset_names
 
 GIB = 1 << 30
 
@@ -99,10 +99,12 @@ def test_tp_duplicates_kv_heads_beyond_their_count():
     assert model.kv_bytes_per_token(tp=16) == model.kv_bytes_per_token(tp=8) == 131072 / 8
 
 
-def test_unknown_model_lists_presets():
+def test_unknown_model_names_the_nearest_presets_and_where_to_see_all():
     with pytest.raises(SpecError) as err:
-        get_model("llama-9")
-    assert "llama-3.1-8b" in str(err.value) and "deepseek-v3" in str(err.value)
+        get_model("LLAMA-3.1-8B")
+    message = str(err.value)
+    assert message.startswith("unknown model 'LLAMA-3.1-8B'; presets: llama-3.1-8b, ")
+    assert f"({len(preset_names()) - 3} more: servesim models list)" in message and len(message) < 160
 
 
 def test_malformed_config_names_the_missing_field(tmp_path):

@@ -198,7 +198,7 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     (lambda r: r["engine"].update(preemption_mode="drop"), "engine.preemption_mode"),
     (lambda r: r.update(gpu_count=3), "gpu_count: unknown field"),
     (lambda r: r["engine"].update(max_num_seq=8),
-     "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (fields here: allow_long_max_model_len,"),
+     "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (28 fields here: servesim schema)"),
     (lambda r: r.update(workloads=r.pop("workload")),  # not only "workload: Field required"
      "workloads: unknown field; did you mean 'workload'?"),
     (lambda r: r["hardware"].update(gpu="h300"), "hardware.gpu: unknown GPU 'h300'"),
@@ -209,6 +209,15 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
         "prefill": {"replicas": 1}, "decode": {"replicas": 1}, "transfer": {"link": "ib-ndr-400"}}),
      "engine.scheduler 'sglang': prefill and decode pools run vLLM's P/D schedulers (allowed with "
      "disaggregation: vllm)"),
+    # found by the fuzzer: a MemoryError traceback, and a line of 3,000 characters echoing the name given
+    (lambda r: r.update(cluster={"replicas": 10**6}), "cluster.replicas: Input should be less than or equal to 4096"),
+    (lambda r: r["workload"].update(arrivals={"kind": "x" * 3000}),
+     "workload.arrivals: unknown kind 'xxxxxxxxxxxxxxxxxxxx...' (3,000 characters); choose from poisson, "
+     "gamma, constant, all_at_once, trace"),
+    (lambda r: r["workload"]["trace"].update(path="x" * 3000),  # an OSError traceback (file name too long)
+     "trace file cannot be looked up (File name too long)"),
+    (lambda r: r.update(name="x" * 3000), "name: 'xxxxxxxxxxxxxxxxxxxx...' (3,000 characters) "
+                                          "names the output folder"),
 ])
 def test_bad_scenarios_give_one_clear_line_and_no_run_folder(tmp_path, edit, expected):
     result, out = _bad(tmp_path, edit)

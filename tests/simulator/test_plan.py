@@ -131,7 +131,7 @@ def test_pipeline_stages_let_a_model_too_big_for_one_tp_group_start():
     them, not pruned), and P/D units stage both pools."""
     base = chat(model="llama-3.1-70b")
     flat = evaluate(base, SCENARIOS, Candidate("l4", 4), TARGET, 16, 0.05)
-    assert flat.rejection == "does not fit" and "tp=4 pp=1" in flat.detail
+    assert flat.rejection == "does not fit" and "at tp=4:" in flat.detail
     staged = evaluate(base, SCENARIOS, Candidate("l4", 4, pp=2), TARGET, 16, 0.05)
     assert staged.can_start and staged.capacity is not None and staged.gpus_per_replica == 8
     assert staged.candidate.label == "l4 tp=4 pp=2" and staged.as_dict()["pp"] == 2

@@ -68,6 +68,13 @@ def test_yaml_round_trip_of_every_kind():
      "finite number"),
     ({"lengths": LENGTHS, "arrivals": {"kind": "gamma", "rate_per_s": 1, "cv": 1e300}, "num_requests": 5},
      "less than or equal to 100"),  # an OverflowError traceback when drawn
+    # popularity tables are allocated up front: a billion prefixes or clusters was a MemoryError traceback
+    ({"lengths": LENGTHS, "arrivals": {"kind": "all_at_once"}, "num_requests": 5,
+      "shared_prefix": {"num_prefixes": 10**9, "prefix_tokens": 10}}, "less than or equal to 10000000"),
+    ({"lengths": LENGTHS, "arrivals": {"kind": "all_at_once"}, "num_requests": 5,
+      "semantic_clusters": {"num_clusters": 10**9}}, "less than or equal to 10000000"),
+    ({"lengths": LENGTHS, "arrivals": {"kind": "all_at_once"}, "num_requests": 5,
+      "semantic_clusters": {"num_clusters": 10, "zipf_s": 1e30}}, "less than or equal to 100"),
 ])
 def test_invalid_workloads(fields, message):
     with pytest.raises(ValidationError, match=message):

@@ -136,6 +136,14 @@ def test_max_prompt_tokens_ends_sessions_early():
     assert len(capped.requests) > len(synthetic(num_requests=600, sessions=SESSIONS).requests)
 
 
+def test_session_turns_past_what_a_run_takes_are_refused_before_they_are_drawn():
+    """Every possible follow-up is drawn up front: a billion turns a session was a 90 GB allocation."""
+    turns = dict(SESSIONS, turns={"kind": "fixed", "value": 10**9})
+    with pytest.raises(ValueError, match="gives 12 sessions 11,999,999,988 follow-up turns, more than the "
+                                         "100,000,000 requests a run takes"):
+        synthetic(num_requests=12, sessions=turns)
+
+
 def test_sessions_over_a_trace_resample_its_outputs():
     w = build(trace=QUICKSTART, arrivals={"kind": "trace"}, num_requests=300, sessions=SESSIONS)
     trace_outputs = {r.num_output_tokens for r in build(trace=QUICKSTART, arrivals={"kind": "trace"}).requests}
@@ -231,7 +239,8 @@ BASE = {"lengths": LENGTHS, "arrivals": {"kind": "all_at_once"}, "num_requests":
     ({"shared_prefix": dict(PREFIX, share=1.5)}, "less than or equal to 1"),
     ({"shared_prefix": dict(PREFIX, zipf_s=-1)}, "greater than or equal to 0"),
     ({"shared_prefix": dict(PREFIX, num_prefixes=0)}, "greater than or equal to 1"),
-    ({"shared_prefix": dict(PREFIX, prefix_tokens=0)}, "must be >= 1"),
+    ({"shared_prefix": dict(PREFIX, prefix_tokens=0)}, "must be 1 to 2"),
+    ({"shared_prefix": dict(PREFIX, prefix_tokens=10**20)}, "must be 1 to 2"),  # an OverflowError when drawn
     ({"shared_prefix": dict(PREFIX, prefix_tokens={"kind": "fixed", "value": 0.3})}, "below 1 token"),
     ({"shared_prefix": dict(PREFIX, prefixes=3)}, "Extra inputs are not permitted"),
     ({"sessions": dict(SESSIONS, max_turns=3)}, "Extra inputs are not permitted"),

@@ -184,7 +184,7 @@ def test_missing_file_names_the_file_and_columns(tmp_path, loader, expected):
     with pytest.raises(ValueError) as err:
         loader(path)
     assert str(path) in str(err.value) and "not found" in str(err.value)
-    assert all(repr(c) in str(err.value) for c in expected)
+    assert "(its columns: " in str(err.value) and all(c in str(err.value) for c in expected)
 
 
 def test_missing_column_names_the_file_the_missing_and_the_expected(tmp_path):
@@ -194,14 +194,14 @@ def test_missing_column_names_the_file_the_missing_and_the_expected(tmp_path):
         load_azure(path)
     message = str(err.value)
     assert str(path) in message
-    assert "missing columns ['ContextTokens', 'GeneratedTokens']" in message
-    assert "expected columns ['TIMESTAMP', 'ContextTokens', 'GeneratedTokens']" in message
+    assert ("azure trace lacks ContextTokens, GeneratedTokens (of TIMESTAMP, ContextTokens, GeneratedTokens); "
+            "found TIMESTAMP, Context") in message
 
 
 def test_mooncake_missing_hash_ids_column(tmp_path):
     path = tmp_path / "m.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2}\n')
-    with pytest.raises(ValueError, match=r"m\.jsonl.*missing columns \['hash_ids'\]"):
+    with pytest.raises(ValueError, match=r"m\.jsonl.*trace lacks hash_ids"):
         load_mooncake(path)
 
 
