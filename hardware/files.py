@@ -105,6 +105,8 @@ def read_text(path: Path, what: str = "file") -> str:
         raise SpecError(f"{path}: {what} is not UTF-8 text (byte {err.start})") from None
     except OSError as err:
         raise SpecError(f"{path}: cannot read the {what} ({err.strerror})") from None
+    except ValueError:  # the only one open() raises: a NUL character, which no path may hold
+        raise SpecError(f"{str(path)!r}: a {what} path cannot hold a NUL character") from None
 
 
 def read_yaml(path: Path, what: str = "file") -> Any:

@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hardware.errors import ShardingError, SpecError
+from hardware.errors import ShardingError, SpecError, choices
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from policies.config import EngineConfig
@@ -45,6 +45,7 @@ from simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overri
 
 MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most
 MAX_DOWNGRADES = 8  # next-cheaper checks that may replace the recommendation
+MAX_CANDIDATES = 10_000  # GPU x TP x PP x knob combinations; each is screened, most are simulated
 
 
 @dataclass(frozen=True)
@@ -370,7 +371,12 @@ def _check_choices(base: Scenario, gpus: list[str], tps: list[int], pps: list[in
             raise SpecError(f"plan GPUs (--gpus or plan.gpus): {err}") from None
     unknown = sorted(set(knobs) - set(EngineConfig.model_fields))
     if unknown:
-        raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: {', '.join(EngineConfig.model_fields)}")
+        raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: "
+                        f"{choices(list(EngineConfig.model_fields), unknown[0], 'servesim schema')}")
+    sizes = [len(gpus), len(tps), len(pps), *(len(values) for values in knobs.values())]
+    if math.prod(sizes) > MAX_CANDIDATES:  # each combination of knobs is checked, each candidate screened
+        raise SpecError(f"plan: {' x '.join(map(str, sizes))} = {math.prod(sizes):,} GPU x TP x PP x knob "
+                        f"choices, more than the {MAX_CANDIDATES:,} a plan takes; try fewer values")
     names, combos = list(knobs), list(itertools.product(*knobs.values()))
     for i, knob in enumerate(names):  # a value no combination can run stops the plan, instead of every candidate
         for value in knobs[knob]:       # with it dropping out unseen (a combination that cannot run is pruned)

@@ -22,6 +22,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ from workloads.traces import resolve_path
 
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
 POINTS = "points"
+MAX_POINTS = 100_000
 RESULTS = "results.csv"
 REPORT = "report.html"  # `servesim report` writes it into the folder by default
 SWEEP_FILES = frozenset({POINTS, RESULTS, "sweep.yaml", REPORT})  # all a sweep folder holds
@@ -164,6 +166,10 @@ def expand(base: Scenario, grid: dict[str, list[Any]], base_dir: Path | None = N
         check_grid_keys(base, grid)
     except ValueError as err:
         raise SpecError(str(err)) from None
+    size = math.prod(len(values) for values in grid.values())
+    if size > MAX_POINTS:  # each point is validated and hashed before the first runs
+        raise SpecError(f"sweep grid: {' x '.join(str(len(v)) for v in grid.values())} = {size:,} points, more "
+                        f"than the {MAX_POINTS:,} a sweep takes; split it into sweeps over fewer values")
     base = base.run_settings()
     points = []
     for values in itertools.product(*grid.values()):

@@ -129,6 +129,13 @@ def test_bad_paths_and_options_give_one_line_each_and_write_nothing(tmp_path, mo
         (("plan", quickstart, "--tp", "99999999999999999999"), "--tp '99999999999999999999': GPU counts from 1 to "
                                                                "1,024"),  # every candidate was tried and pruned
         (("plan", quickstart, "--pp", "0"), "--pp '0': GPU counts from 1 to 1,024"),
+        # each combination was checked one by one before anything ran: minutes of silence, then a hang
+        (("plan", quickstart, "--knob", f"max_num_seqs={','.join(map(str, range(1, 201)))}", "--knob",
+          f"block_size={','.join(str(16 * i) for i in range(1, 101))}"),
+         "plan: 1 x 4 x 1 x 200 x 100 = 80,000 GPU x TP x PP x knob choices, more than the 10,000 a plan takes"),
+        (("sweep", quickstart, "--grid", f"seed={','.join(map(str, range(1000)))}", "--grid",
+          f"engine.max_num_seqs={','.join(map(str, range(1, 1001)))}"),
+         "sweep grid: 1000 x 1000 = 1,000,000 points, more than the 100,000 a sweep takes"),
         (("sweep", quickstart, "--grid", "engine.max_num_seqs=64", "--out", "."), "is the current folder"),
         (("simulate", str(root / "scenarios")), "is a folder; give the scenario file itself"),
         (("simulate", "binary.yaml"), "binary.yaml: scenario file is not UTF-8 text"),

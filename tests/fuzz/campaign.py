@@ -16,14 +16,16 @@ from collections import Counter
 from pathlib import Path
 
 from tests.fuzz.bases import bundled_bases, write_case
-from tests.fuzz.mutations import Case, mutate
+from tests.fuzz.mutations import Case, command_case, mutate
+
+COMMAND_SHARE = 0.1  # cases that are a `memory` or `roofline` command line rather than a scenario
 from tests.fuzz.verdict import OK_VERDICTS, Verdict, judge, start, wait
 
 
 def case_for(index: int, seed: int, bases: list) -> Case:
     """Case `index` of campaign `seed`: the same mutations on every run."""
     rng = random.Random(f"{seed}:{index}")
-    return mutate(rng.choice(bases), bases, rng)
+    return command_case(rng) if rng.random() < COMMAND_SHARE else mutate(rng.choice(bases), bases, rng)
 
 
 def run_campaign(cases: int, seed: int, workers: int, timeout_s: float, folder: Path,
@@ -40,19 +42,19 @@ def run_campaign(cases: int, seed: int, workers: int, timeout_s: float, folder: 
             case = case_for(next_index, seed, bases)
             case_folder = folder / f"case{next_index:05d}"
             write_case(case_folder, case.text, case.files)
-            running[start(case_folder)] = (next_index, case, case_folder)
+            running[start(case_folder, case.argv)] = (next_index, case, case_folder)
             next_index += 1
         pid = next(iter(running))
         index, case, case_folder = running.pop(pid)
         code, seconds = wait(pid, timeout_s)
-        verdict = judge(case_folder, code, seconds, case.non_finite, case.trace_non_finite)
+        verdict = judge(case_folder, code, seconds, case.non_finite, case.trace_non_finite, case.argv is None)
         counts[verdict.kind] += 1
         if verdict.kind in OK_VERDICTS:
             shutil.rmtree(case_folder, ignore_errors=True)
         else:
             findings.append((index, case, verdict))
             (case_folder / "case.json").write_text(json.dumps(
-                {"index": index, "seed": seed, "base": case.base, "changes": case.changes,
+                {"index": index, "seed": seed, "base": case.base, "changes": case.changes, "argv": case.argv,
                  "non_finite": case.non_finite, "trace_non_finite": case.trace_non_finite,
                  "verdict": verdict.kind, "detail": verdict.detail}, indent=1))
         if progress:

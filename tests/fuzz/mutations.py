@@ -31,6 +31,7 @@ class Case:
     changes: list[str] = field(default_factory=list)
     non_finite: bool = False  # in the scenario, model config or GPU file: must be refused
     trace_non_finite: bool = False  # in a trace: must be refused, or its row dropped with a note
+    argv: list[str] | None = None  # a command line of its own (memory, roofline); None: simulate the scenario
 
 
 def mutate(base: Base, donors: list[Base], rng: random.Random) -> Case:
@@ -61,6 +62,34 @@ def mutate(base: Base, donors: list[Base], rng: random.Random) -> Case:
     case.text = text
     case.non_finite |= _has_non_finite(_safe_parse(text))
     return case
+
+
+OPTION_VALUES = ("0", "-1", "1", "2", "3", "8", "0.5", "1e30", "99999999999999999999", "nan", "inf", "-inf", "",
+                 "abc", "ñ", "bf16", "fp8", "fp4", "auto", "vllm", "sglang", "h100-sxm", "b200", "default")
+VALID = {"--tp": ("1", "2", "4", "8"), "--pp": ("1", "2"), "--engine": ("vllm", "sglang"),
+         "--gpu-memory-utilization": ("0.9", "0.5"), "--kv-dtype": ("bf16", "fp8"),
+         "--weight-dtype": ("auto", "bf16", "fp8", "mxfp4", "nvfp4"), "--max-model-len": ("4096", "131072"),
+         "--block-size": ("16", "32", "64"), "--max-num-batched-tokens": ("2048", "8192"),
+         "--max-num-seqs": ("64", "256"), "--batch": ("1", "64", "1024"), "--context": ("0", "1024", "100000"),
+         "--prefill": ("1", "512", "8192"), "--profile": ("measured", "published-fit", "vllm-published")}
+COMMAND_OPTIONS = {
+    "memory": ("--tp", "--pp", "--engine", "--gpu-memory-utilization", "--kv-dtype", "--weight-dtype",
+               "--max-model-len", "--block-size", "--max-num-batched-tokens", "--max-num-seqs"),
+    "roofline": ("--batch", "--context", "--prefill", "--tp", "--pp", "--kv-dtype", "--weight-dtype", "--profile"),
+}
+MODELS = ("llama-3.1-8b", "llama-3.1-70b", "deepseek-v3", "gpt-oss-120b", "gemma-3n-e2b", "qwen3-30b-a3b",
+          "llama-9", "", "/dev/null")
+
+
+def command_case(rng: random.Random) -> Case:
+    """`memory` or `roofline` with a model, a GPU and up to four options, each value valid or not."""
+    command = rng.choice(sorted(COMMAND_OPTIONS))
+    argv = [command, rng.choice(MODELS), "--gpu", rng.choice(("h100-sxm", "h200", "l4", "b200", "bogus"))]
+    options = rng.sample(COMMAND_OPTIONS[command], rng.randint(1, 4))
+    for option in options:
+        argv += [option, rng.choice(OPTION_VALUES if rng.random() < 0.25 else VALID[option])]
+    non_finite = any(value.lower() in ("nan", "inf", "-inf") for value in argv)
+    return Case(command, "", {}, [" ".join(argv)], non_finite=non_finite, argv=argv)
 
 
 def _paths(node: object, prefix: tuple = ()) -> list[tuple]:

@@ -37,8 +37,8 @@ def test_a_case_a_campaign_found_stays_fixed(tmp_path, case):
     folder = tmp_path / case
     shutil.copytree(FOUND / case, folder)
     meta = json.loads((folder / "case.json").read_text())
-    code, seconds = wait(start(folder), timeout_s=60)
-    verdict = judge(folder, code, seconds, meta["non_finite"], meta["trace_non_finite"])
+    code, seconds = wait(start(folder, meta.get("argv")), timeout_s=60)
+    verdict = judge(folder, code, seconds, meta["non_finite"], meta["trace_non_finite"], not meta.get("argv"))
     assert verdict.kind in OK_VERDICTS, f"{case} ({'; '.join(meta['changes'])}): {verdict.kind}: {verdict.detail}"
     if "expect" in meta:
         assert verdict.kind == meta["expect"], verdict.detail

@@ -78,8 +78,8 @@ def wait(pid: int, timeout_s: float) -> tuple[int | None, float]:
 
 
 def judge(folder: Path, code: int | None, seconds: float, non_finite: bool = False,
-          trace_non_finite: bool = False) -> Verdict:
-    """What the run did, by its exit status, its stderr and its output folder."""
+          trace_non_finite: bool = False, writes_run: bool = True) -> Verdict:
+    """What the run did, by its exit status, its stderr and (`writes_run`: a simulate) its output folder."""
     err = (folder / "stderr").read_text(errors="replace") if (folder / "stderr").exists() else ""
     if code is None:
         return Verdict("hang", f"still running after {seconds:.0f} s", seconds)
@@ -93,7 +93,7 @@ def judge(folder: Path, code: int | None, seconds: float, non_finite: bool = Fal
             return Verdict("long_message", f"{len(lines)} lines, {max(map(len, lines), default=0)} chars: "
                            f"{err.strip()[:300]!r}", seconds)
         return Verdict("refused", lines[0], seconds)
-    broken = output_problems(folder / OUT)
+    broken = output_problems(folder / OUT) if writes_run else ""
     if broken:
         return Verdict("misled", broken, seconds)
     if non_finite:

@@ -4,7 +4,7 @@ are one-line errors; merge keys still work."""
 import pytest
 
 from hardware.errors import SpecError
-from hardware.files import read_yaml
+from hardware.files import read_text, read_yaml
 
 
 def test_a_merge_key_brings_keys_the_mapping_may_override(tmp_path):
@@ -39,3 +39,9 @@ def test_an_alias_bomb_is_refused_before_it_expands(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(SpecError, match=r"line 7, column \d+: expands to more than 1,000,000 values"):
         read_yaml(path)
+
+
+def test_a_path_with_a_nul_character_is_one_line_not_a_value_error(tmp_path):
+    """Found by the fuzzer: open() raises ValueError (not OSError) for a NUL in a GPU file's path."""
+    with pytest.raises(SpecError, match="a GPU file path cannot hold a NUL character"):
+        read_text(tmp_path / "gpus\x00.yaml", "GPU file")
