@@ -123,9 +123,17 @@ def read_yaml(path: Path, what: str = "file") -> Any:
         raise SpecError(f"{path}: not valid YAML: {err}") from None
 
 
-def read_json(path: Path, what: str = "file") -> Any:
+def read_json(path: Path, what: str = "file", finite: bool = False) -> Any:
+    """`path`'s JSON. `finite`: NaN and Infinity, which Python's json reads though JSON has no such values, are
+    refused (a model config; a benchmark's result file may hold a NaN statistic that servesim does not read)."""
     text = read_text(path, what)
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_no_constant if finite else None)
     except json.JSONDecodeError as err:
         raise SpecError(f"{path}: not valid JSON: {err}") from None
+    except ValueError as err:
+        raise SpecError(f"{path}: {err}") from None
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is no JSON number; give a finite one")

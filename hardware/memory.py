@@ -304,7 +304,7 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         raise SpecError(
             f"{model.name} does not fit on {gpu.name} at tp={par.tp}{f' pp={par.pp}' if par.pp > 1 else ''}: weights "
             f"{weights / 1e9:.1f} + activations {act / 1e9:.1f} + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} > "
-            f"{usable / 1e9:.1f} GB usable; " + ("dp_attention ranks hold dense weights whole: drop it, raise tp/pp or "
+            f"{usable / 1e9:.1f} GB usable; " + ("dp_attention ranks hold the dense weights: drop it, raise tp/pp or "
                                                  "quantize" if par.dense_replicated else
                            "raise tp/pp, quantize or take a larger GPU"))
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)

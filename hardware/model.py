@@ -563,7 +563,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:
     """Read a local HF config.json; errors name the file and the field."""
     path = Path(path)
-    raw = read_json(path)
+    raw = read_json(path, "model config", finite=True)
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a JSON object")
     return model_from_config(raw, name or path.stem, str(path))

@@ -1,11 +1,13 @@
 """Model presets: parameter counts against published totals, KV bytes per token, layer kinds, bad input."""
 
 import json
+import math
 
 import pytest
 
 from hardware.errors import SpecError
-from hardware.model import get_model, kv_heads_per_rank, load_model_file, model_from_config, preset_names
+from hardware.model import (PRESET_DIR, get_model, kv_heads_per_rank, load_model_file, model_from_config,
+                            preset_names)
 
 GIB = 1 << 30
 
@@ -216,3 +218,11 @@ def test_a_multimodal_checkpoints_quantization_at_the_top_is_the_text_models():
                            "intermediate_size": 128, "max_position_embeddings": 1024}}
     assert model_from_config(raw, "g3-fp8").quantization == "fp8"
     assert model_from_config({**raw, "quantization_config": None}, "g3").quantization == "bf16"
+
+
+def test_a_model_config_with_infinity_or_nan_is_refused(tmp_path):
+    """Found by the fuzzer: Python's json reads Infinity, so `bos_token_id: -Infinity` ran silently."""
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(json.loads((PRESET_DIR / "llama-3.1-8b.json").read_text()) | {"bos_token_id": -math.inf}))
+    with pytest.raises(SpecError, match="config.json: -Infinity is no JSON number; give a finite one"):
+        load_model_file(path)
