@@ -64,6 +64,9 @@ def main() -> None:
     except BrokenPipeError:  # `servesim ... | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (replaces the closed pipe until exit)
         sys.exit(1)
+    except OSError as err:  # the machine's: a full disk, a permission taken away mid-run
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(1)
     except Exception as err:  # noqa: BLE001 (bad input is a SpecError, caught per command: this is a bug)
         from simulator.crash import report_bug
         print(f"error: {report_bug(err)}", file=sys.stderr)

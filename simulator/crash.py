@@ -19,7 +19,8 @@ def report_bug(err: BaseException, trace_file: Path | None = None) -> str:
     """Write `err`'s traceback to `trace_file` (default: a new file in the temporary folder) and return one line
     naming the exception, the innermost servesim frame and that file."""
     if trace_file is None:
-        trace_file = Path(tempfile.gettempdir()) / f"servesim-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.traceback.txt"
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        trace_file = Path(tempfile.gettempdir()) / f"servesim-{stamp}-{os.getpid()}.traceback.txt"
     write_text_atomic(trace_file, "".join(traceback.format_exception(err)))
     frames = traceback.extract_tb(err.__traceback__)
     frame = ([f for f in frames if Path(f.filename).resolve().is_relative_to(ROOT)] or frames or [None])[-1]

@@ -190,10 +190,11 @@ def test_a_sweep_whose_every_point_fails_exits_with_an_error(tmp_path):
 @pytest.mark.parametrize("raised, code, line", [
     (ZeroDivisionError("float division by zero"), 70, "error: internal error (a servesim bug; traceback in "),
     (KeyboardInterrupt(), 130, "aborted: nothing is left half-written"),
+    (OSError(28, "No space left on device"), 1, "error: [Errno 28] No space left on device"),
 ])
-def test_a_bug_or_ctrl_c_is_one_line_not_a_traceback(monkeypatch, tmp_path, capsys, raised, code, line):
+def test_a_bug_ctrl_c_or_a_full_disk_is_one_line_not_a_traceback(monkeypatch, tmp_path, capsys, raised, code, line):
     """A servesim bug says so in one line and names the file keeping its traceback; Ctrl-C says nothing is half
-    written (results are written atomically)."""
+    written (results are written atomically); the machine's own errors are one line."""
     import simulator.cli as cli
 
     def fail(**_):

@@ -259,29 +259,34 @@ def _mutate_trace(name: str, data: bytes, rng: random.Random) -> tuple[bytes, st
     if kind == "empty":
         return b"", "emptied", False
     if kind == "header_only":
-        return (lines[0] + "\n").encode(errors="surrogateescape"), "header only", False
+        return _joined(lines[:1]), "header only", False
     if kind == "junk":
         return bytes(rng.randrange(256) for _ in range(200)), "random bytes", False
     if kind == "cut":
         text = "\n".join(lines)
-        return text[:rng.randrange(len(text))].encode(errors="surrogateescape"), "cut mid-file", False
+        return _joined([text[:rng.randrange(len(text))]])[:-1], "cut mid-file", False
     if kind == "shuffle":
         body = lines[1:] if not name.endswith(".jsonl") else lines
         rng.shuffle(body)
-        return ("\n".join(([lines[0]] if not name.endswith(".jsonl") else []) + body) + "\n").encode(errors="surrogateescape"), "rows shuffled", False
+        return _joined(([lines[0]] if not name.endswith(".jsonl") else []) + body), "rows shuffled", False
     if name.endswith(".jsonl"):
         return _mutate_jsonl(lines, kind, rng)
     rows = [line.split(",") for line in lines]
     column = rng.randrange(len(rows[0]))
     if kind == "drop_column":
         rows = [row[:column] + row[column + 1:] for row in rows]
-        return ("\n".join(",".join(row) for row in rows) + "\n").encode(errors="surrogateescape"), f"column {column} dropped", False
+        return _joined(",".join(row) for row in rows), f"column {column} dropped", False
     row = rng.randrange(1, len(rows)) if len(rows) > 1 else 0
     value = rng.choice(("-5", "0", "nan", "inf", "-inf", "1e30", "", "abc", str(2**64), "3.5", "1e400", "NaT"))
     if column < len(rows[row]):
         rows[row][column] = value
     non_finite = value.lower() in ("nan", "inf", "-inf", "1e400")
-    return ("\n".join(",".join(r) for r in rows) + "\n").encode(errors="surrogateescape"), f"row {row} column {column} = {value!r}", non_finite
+    return _joined(",".join(r) for r in rows), f"row {row} column {column} = {value!r}", non_finite
+
+
+def _joined(lines) -> bytes:
+    """Lines back to a file's bytes, undecodable bytes kept as they were read."""
+    return ("\n".join(lines) + "\n").encode(errors="surrogateescape")
 
 
 def _mutate_jsonl(lines: list[str], kind: str, rng: random.Random) -> tuple[bytes, str, bool]:
