@@ -29,7 +29,7 @@ def kernels_ms(cost) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="a Markdown table (as the README shows)")
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table (as docs/measured-kernels.md shows)")
     parser.add_argument("--gpu", action="append", choices=["h100-sxm", "h200"], help="only these GPUs")
     parser.add_argument("--vs", action="append", default=[], help="another profile (name or YAML) to set beside")
     args = parser.parse_args()
