@@ -34,8 +34,28 @@ if not console.is_terminal:  # piped or captured: never truncate names to fit 80
     console = Console(width=200)
 
 
+def version() -> str:
+    """servesim's version: the installed distribution's, else the source tree's pyproject.toml."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+    try:
+        return installed("servesim")
+    except PackageNotFoundError:
+        import tomllib
+        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        return tomllib.loads(pyproject.read_text())["project"]["version"]
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        print(f"servesim {version()}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _output_any_terminal_can_show() -> None:
+def _output_any_terminal_can_show(
+        _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                      help="Print servesim's version and exit.")) -> None:
     # Paths and names come from users: a character the terminal's encoding lacks is escaped, not a crash.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):

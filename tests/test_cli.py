@@ -223,3 +223,13 @@ def test_long_quoted_values_are_cut_and_only_whole_quoted_values():
     assert short_values("gpt-oss-120b's 131072 positions: set 'x'") == "gpt-oss-120b's 131072 positions: set 'x'"
     path = "/data/" + "d" * 200 + "/trace.csv"
     assert short_values(f"{path}: not found") == f"/data/{'d' * 34}...{'d' * 29}/trace.csv: not found"
+
+
+def test_version_is_the_projects():
+    import tomllib
+    from pathlib import Path
+
+    expected = tomllib.loads((Path(__file__).parent.parent / "pyproject.toml").read_text())["project"]["version"]
+    result = run("--version")
+    assert result.exit_code == 0 and result.stdout == f"servesim {expected}\n"
+    assert f"## {expected.removesuffix('.dev0')}" in (Path(__file__).parent.parent / "CHANGELOG.md").read_text()
