@@ -174,9 +174,11 @@ def models_list() -> None:
 def models_show(name: str, as_json: bool = typer.Option(False, "--json")) -> None:
     """Show one model: shapes, parameter counts and each layer's attention kind and KV bytes."""
     m = get_model(name)
-    layers = [{"index": l.index, "attention": l.attention, "window": l.window, "kv_source": l.kv_source,
-               "moe": l.is_moe, "kv_bytes_per_token_bf16": m.kv_values_per_token_per_layer() * 2 if l.owns_kv else 0,
-               "kv_bytes_per_token_fp8": m.kv_values_per_token_per_layer() if l.owns_kv else 0} for l in m.layers]
+    per_layer = m.kv_values_per_token_per_layer()
+    layers = [{"index": layer.index, "attention": layer.attention, "window": layer.window,
+               "kv_source": layer.kv_source, "moe": layer.is_moe,
+               "kv_bytes_per_token_bf16": per_layer * 2 if layer.owns_kv else 0,
+               "kv_bytes_per_token_fp8": per_layer if layer.owns_kv else 0} for layer in m.layers]
     data = {"name": m.name, "total_params": m.total_params(), "active_params": m.active_params(),
             "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_kv_layers": m.num_kv_layers,
             "checkpoint_weight_dtype": m.quantization, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,

@@ -60,7 +60,8 @@ def sweep(scenario: Path,
     from simulator.progress import progress_bar
     from simulator.scenario import load_scenario
     from simulator.atomic import check_output_folder
-    from simulator.sweep import INTERNAL_ERROR, SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
+    from simulator.crash import INTERNAL_ERROR
+    from simulator.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
 
     spec, base_dir = load_scenario(scenario, set_)
     full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)

@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from hardware.errors import SpecError
 from hardware.model import is_config_path
 from simulator.atomic import remove_abandoned_writes, write_text_atomic
-from simulator.crash import INTERNAL_ERROR, ROOT, report_bug
+from simulator.crash import ROOT, report_bug
 from simulator.executors import Engine, WorkerDied, check_engine, run_jobs
 from simulator.output import write_run
 from simulator.run import simulate

@@ -17,9 +17,9 @@ from pathlib import Path
 
 from tests.fuzz.bases import bundled_bases, write_case
 from tests.fuzz.mutations import Case, command_case, mutate
+from tests.fuzz.verdict import OK_VERDICTS, Verdict, judge, start, wait
 
 COMMAND_SHARE = 0.1  # cases that are a `memory` or `roofline` command line rather than a scenario
-from tests.fuzz.verdict import OK_VERDICTS, Verdict, judge, start, wait
 
 
 def case_for(index: int, seed: int, bases: list) -> Case:

@@ -155,7 +155,7 @@ def test_gpt_oss_counts_match_the_model_card_to_its_last_digit(name, total, acti
 def test_gpt_oss_alternates_128_token_windows_with_full_layers_over_routed_experts():
     model = get_model("gpt-oss-120b")
     assert [(layer.attention, layer.window) for layer in model.layers[:2]] == [("sliding", 128), ("full", None)]
-    assert sum(layer.attention == "sliding" for layer in model.layers) == 18 and all(l.is_moe for l in model.layers)
+    assert sum(layer.attention == "sliding" for layer in model.layers) == 18 and all(layer.is_moe for layer in model.layers)
     assert (model.moe.num_experts, model.moe.experts_per_token, model.moe.expert_intermediate) == (128, 4, 2880)
     assert model.kv_bytes_per_token("bf16") == 36 * 2 * 8 * 64 * 2  # 72 KiB: every layer owns its KV
     assert model.quantization == "mxfp4"

@@ -8,7 +8,6 @@ from policies.data_parallel import DataParallelRanks, VllmBalancer, data_paralle
 from policies.step import StepPlan
 from policies.token_budget import max_blocks_of
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
-from workloads.request import Request
 
 
 def _group(name: str, ranks: int, pick, **knobs):
