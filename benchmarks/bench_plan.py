@@ -20,16 +20,24 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def bench(num_requests: int, target_rate: float, gpus: list[str], tps: list[int], workers: int) -> None:
-    scenario, base = load_scenario(ROOT / "scenarios" / "quickstart.yaml", [f"workload.num_requests={num_requests}"])
+    scenario, base = load_scenario(
+        ROOT / "scenarios" / "quickstart.yaml", [f"workload.num_requests={num_requests}"]
+    )
     start = time.perf_counter()
-    result = plan(scenario, base, gpus=gpus, tps=tps, max_replicas=16, target_rate=target_rate, workers=workers)
+    result = plan(
+        scenario, base, gpus=gpus, tps=tps, max_replicas=16, target_rate=target_rate, workers=workers
+    )
     wall = time.perf_counter() - start
     rec = result.recommendation
-    print(f"{len(result.evaluations)} candidates, {num_requests} requests each run, target {target_rate} req/s, "
-          f"{workers} worker(s): {result.num_simulations} simulations in {wall:.1f} s "
-          f"({wall / result.num_simulations * 1e3:.0f} ms each)")
-    print(f"recommendation: {rec.label if rec else None}"
-          + (f" at ${rec.cost_per_hour_usd:.2f}/h" if rec else ""))
+    print(
+        f"{len(result.evaluations)} candidates, {num_requests} requests each run, target {target_rate} req/s, "
+        f"{workers} worker(s): {result.num_simulations} simulations in {wall:.1f} s "
+        f"({wall / result.num_simulations * 1e3:.0f} ms each)"
+    )
+    print(
+        f"recommendation: {rec.label if rec else None}"
+        + (f" at ${rec.cost_per_hour_usd:.2f}/h" if rec else "")
+    )
 
 
 def main() -> None:
@@ -40,7 +48,13 @@ def main() -> None:
     parser.add_argument("--tp", default="1,2,4")
     parser.add_argument("--workers", type=int, default=default_workers())
     args = parser.parse_args()
-    bench(args.requests, args.target_rate, args.gpus.split(","), [int(t) for t in args.tp.split(",")], args.workers)
+    bench(
+        args.requests,
+        args.target_rate,
+        args.gpus.split(","),
+        [int(t) for t in args.tp.split(",")],
+        args.workers,
+    )
 
 
 if __name__ == "__main__":

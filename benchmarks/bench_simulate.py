@@ -38,7 +38,9 @@ TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023" / "AzureLL
 def tiled_azure_conv(num_requests: int) -> Workload:
     """The conversation trace repeated back to back (each copy starts one mean gap after the last ends)."""
     table = load_azure(TRACE)
-    arrival, prompt, output = (table[c].to_numpy() for c in ("arrival_s", "num_prompt_tokens", "num_output_tokens"))
+    arrival, prompt, output = (
+        table[c].to_numpy() for c in ("arrival_s", "num_prompt_tokens", "num_output_tokens")
+    )
     span = arrival[-1] + (arrival[-1] - arrival[0]) / (len(arrival) - 1)
     requests = []
     for i in range(num_requests):
@@ -47,10 +49,20 @@ def tiled_azure_conv(num_requests: int) -> Workload:
     return Workload(requests)
 
 
-def bench(num_requests: int, fast_forward: bool, prefix_caching: str, ahead: str, path: Path, profile: str,
-          own_workload: bool = False) -> None:
-    overrides = [f"simulation.fast_forward={str(fast_forward).lower()}", f"engine.prefix_caching={prefix_caching}",
-                 f"engine.async_scheduling={str(ahead == 'on').lower()}"]
+def bench(
+    num_requests: int,
+    fast_forward: bool,
+    prefix_caching: str,
+    ahead: str,
+    path: Path,
+    profile: str,
+    own_workload: bool = False,
+) -> None:
+    overrides = [
+        f"simulation.fast_forward={str(fast_forward).lower()}",
+        f"engine.prefix_caching={prefix_caching}",
+        f"engine.async_scheduling={str(ahead == 'on').lower()}",
+    ]
     if profile != "scenario":
         overrides.append(f"hardware.profile={profile}")
     if own_workload:
@@ -58,16 +70,20 @@ def bench(num_requests: int, fast_forward: bool, prefix_caching: str, ahead: str
     scenario, base = load_scenario(path, overrides)
     workload = None if own_workload else tiled_azure_conv(num_requests)
     start = time.perf_counter()
-    result = World(scenario, base, workload=workload).run()  # the simulation and its tables, as `simulate` does
+    result = World(
+        scenario, base, workload=workload
+    ).run()  # the simulation and its tables, as `simulate` does
     wall = time.perf_counter() - start
     steps = result.summary["num_steps"]
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    print(f"{path.stem}  {num_requests:>7} requests  fast_forward={fast_forward!s:5}  prefix_caching={prefix_caching:5} "
-          f"async={ahead:3} profile={profile:9} "
-          f"wall {wall:7.2f} s  {wall / num_requests * 1e6:6.0f} us/req  "
-          f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  peak RSS {peak_mib:6,.0f} MiB  "
-          f"simulated {result.summary['duration_s']:,.0f} s, mean TTFT {result.summary['mean_ttft_ms']:.1f} ms",
-          flush=True)
+    print(
+        f"{path.stem}  {num_requests:>7} requests  fast_forward={fast_forward!s:5}  prefix_caching={prefix_caching:5} "
+        f"async={ahead:3} profile={profile:9} "
+        f"wall {wall:7.2f} s  {wall / num_requests * 1e6:6.0f} us/req  "
+        f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  peak RSS {peak_mib:6,.0f} MiB  "
+        f"simulated {result.summary['duration_s']:,.0f} s, mean TTFT {result.summary['mean_ttft_ms']:.1f} ms",
+        flush=True,
+    )
 
 
 def _bench_in_child(*args) -> None:
@@ -81,20 +97,41 @@ def main() -> None:
     parser.add_argument("--no-fast-forward", action="store_true")
     parser.add_argument("--prefix-caching", nargs="+", default=["none", "vllm"])
     parser.add_argument("--async-scheduling", nargs="+", choices=["on", "off"], default=["on"])
-    parser.add_argument("--scenario", type=Path, default=ROOT / "scenarios" / "quickstart.yaml",
-                        help="model, GPU, parallelism and engine to run the tiled trace on")
-    parser.add_argument("--profile", nargs="+", default=["scenario"],
-                        help="calibration profiles to time (scenario: the scenario's own)")
-    parser.add_argument("--own-workload", action="store_true",
-                        help="the scenario's own workload (first N requests) instead of the tiled Azure trace")
+    parser.add_argument(
+        "--scenario",
+        type=Path,
+        default=ROOT / "scenarios" / "quickstart.yaml",
+        help="model, GPU, parallelism and engine to run the tiled trace on",
+    )
+    parser.add_argument(
+        "--profile",
+        nargs="+",
+        default=["scenario"],
+        help="calibration profiles to time (scenario: the scenario's own)",
+    )
+    parser.add_argument(
+        "--own-workload",
+        action="store_true",
+        help="the scenario's own workload (first N requests) instead of the tiled Azure trace",
+    )
     args = parser.parse_args()
     spawn = multiprocessing.get_context("spawn")  # a fresh process per run: its peak RSS is that run's
     for n in args.requests:
         for caching in args.prefix_caching:
             for ahead in args.async_scheduling:
                 for profile in args.profile:
-                    child = spawn.Process(target=_bench_in_child, args=(
-                        n, not args.no_fast_forward, caching, ahead, args.scenario, profile, args.own_workload))
+                    child = spawn.Process(
+                        target=_bench_in_child,
+                        args=(
+                            n,
+                            not args.no_fast_forward,
+                            caching,
+                            ahead,
+                            args.scenario,
+                            profile,
+                            args.own_workload,
+                        ),
+                    )
                     child.start()
                     child.join()
 

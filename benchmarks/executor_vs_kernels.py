@@ -40,9 +40,16 @@ def shape_table(folder: Path, gpu: str) -> pd.DataFrame:
     rows = []
     for row in grid.itertuples(index=False):
         cost = step_cost(row_batch(row), row_model(row.model, row.scale), spec, profile=kernels)
-        rows.append({"shape": row.shape, "kind": row.kind, "requests": row.num_requests,
-                     "executor_ms": 1e3 * row.time_s, "floor_ms": 1e3 * row.roofline_s,
-                     "kernels_ms": 1e3 * kernels_s(cost)})
+        rows.append(
+            {
+                "shape": row.shape,
+                "kind": row.kind,
+                "requests": row.num_requests,
+                "executor_ms": 1e3 * row.time_s,
+                "floor_ms": 1e3 * row.roofline_s,
+                "kernels_ms": 1e3 * kernels_s(cost),
+            }
+        )
     out = pd.DataFrame(rows)
     return out.assign(ratio=out["executor_ms"] / out["kernels_ms"])
 
@@ -51,12 +58,16 @@ def decode_fit(folder: Path) -> tuple[float, float, int]:
     """(a, b) in seconds of time = a + b x requests over the served decode-only steps, and how many there were."""
     steps = pd.read_csv(folder / "steps_measured.csv")
     decode = steps[steps["prefill_tokens"] == 0]
-    (a, b), *_ = np.linalg.lstsq(np.c_[np.ones(len(decode)), decode["num_requests"]], decode["execute_s"], rcond=None)
+    (a, b), *_ = np.linalg.lstsq(
+        np.c_[np.ones(len(decode)), decode["num_requests"]], decode["execute_s"], rcond=None
+    )
     return float(a), float(b), len(decode)
 
 
 def markdown(table: pd.DataFrame) -> str:
-    cells = [[f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in table.itertuples(index=False)]
+    cells = [
+        [f"{v:.2f}" if isinstance(v, float) else str(v) for v in row] for row in table.itertuples(index=False)
+    ]
     lines = [list(table.columns), ["---"] * len(table.columns), *cells]
     return "\n".join("| " + " | ".join(line) + " |" for line in lines)
 
@@ -71,12 +82,18 @@ def main() -> None:
         gpu = json.loads((model_dir / "calibration.json").read_text())["gpu"]
         table = shape_table(model_dir, gpu)
         a, b, n = decode_fit(model_dir)
-        print(f"\n{model_dir.name} on {gpu}: served decode-only steps ({n}) = {1e3 * a:.1f} ms "
-              f"+ {1e3 * b:.3f} ms x requests")
+        print(
+            f"\n{model_dir.name} on {gpu}: served decode-only steps ({n}) = {1e3 * a:.1f} ms "
+            f"+ {1e3 * b:.3f} ms x requests"
+        )
         shown = table if args.rows else table.groupby("kind", as_index=False).median(numeric_only=True)
         columns = ["shape", "kind"] if args.rows else ["kind"]
         shown = shown[[*columns, "requests", "executor_ms", "floor_ms", "kernels_ms", "ratio"]]
-        print(markdown(shown) if args.markdown else shown.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        print(
+            markdown(shown)
+            if args.markdown
+            else shown.to_string(index=False, float_format=lambda v: f"{v:.2f}")
+        )
 
 
 if __name__ == "__main__":

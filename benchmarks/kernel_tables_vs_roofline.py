@@ -29,28 +29,59 @@ def kernels_ms(cost) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--markdown", action="store_true", help="a Markdown table (as docs/measured-kernels.md shows)")
+    parser.add_argument(
+        "--markdown", action="store_true", help="a Markdown table (as docs/measured-kernels.md shows)"
+    )
     parser.add_argument("--gpu", action="append", choices=["h100-sxm", "h200"], help="only these GPUs")
-    parser.add_argument("--vs", action="append", default=[], help="another profile (name or YAML) to set beside")
+    parser.add_argument(
+        "--vs", action="append", default=[], help="another profile (name or YAML) to set beside"
+    )
     args = parser.parse_args()
     measured, defaults, others = load_profile("measured"), Profile(), [load_profile(p) for p in args.vs]
-    header = ("gpu", "model", "tp", "step", "measured ms", "tables ms", "diff", "defaults ms", "defaults/measured",
-              *(f"{p.name} ms" for p in others))
-    print(("| " + " | ".join(header) + " |\n|" + "---|" * len(header)) if args.markdown else "  ".join(header))
+    header = (
+        "gpu",
+        "model",
+        "tp",
+        "step",
+        "measured ms",
+        "tables ms",
+        "diff",
+        "defaults ms",
+        "defaults/measured",
+        *(f"{p.name} ms" for p in others),
+    )
+    print(
+        ("| " + " | ".join(header) + " |\n|" + "---|" * len(header)) if args.markdown else "  ".join(header)
+    )
     for gpu in args.gpu or ["h100-sxm", "h200"]:
         sums = TableSums(gpu)
         for model, tp, (batch, context, new), step in cases(gpu):
-            costs = [step_cost(step, model, get_gpu(gpu), Parallelism(tp=tp), p)
-                     for p in (measured, defaults, *others)]
+            costs = [
+                step_cost(step, model, get_gpu(gpu), Parallelism(tp=tp), p)
+                for p in (measured, defaults, *others)
+            ]
             # the oracle sums the kernels the tables hold; the embedding and logits gathers and the elementwise
             # kernels are the roofline's
-            extra = sum(op.time_s for op in costs[0].operators
-                        if op.name in ("embedding", "logits_gather", "elementwise"))
+            extra = sum(
+                op.time_s
+                for op in costs[0].operators
+                if op.name in ("embedding", "logits_gather", "elementwise")
+            )
             table = 1e3 * (sums.step_s(model, tp, batch, context, new) + extra)
             mine, roof = kernels_ms(costs[0]), kernels_ms(costs[1])
             shape = f"prefill {new}" if new > 1 else f"decode {batch} x {context // 1024}K"
-            row = (gpu, model.name, str(tp), shape, f"{mine:.3f}", f"{table:.3f}", f"{mine / table - 1:+.1%}",
-                   f"{roof:.3f}", f"{roof / mine:.2f}", *(f"{kernels_ms(cost):.3f}" for cost in costs[2:]))
+            row = (
+                gpu,
+                model.name,
+                str(tp),
+                shape,
+                f"{mine:.3f}",
+                f"{table:.3f}",
+                f"{mine / table - 1:+.1%}",
+                f"{roof:.3f}",
+                f"{roof / mine:.2f}",
+                *(f"{kernels_ms(cost):.3f}" for cost in costs[2:]),
+            )
             print(("| " + " | ".join(row) + " |") if args.markdown else "  ".join(row))
 
 

@@ -17,7 +17,15 @@ VLLM = {"h100-sxm": "0.24.0", "h200": "0.24.0"}  # the builds whose tables the o
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 TPS = (1, 2, 4)
 #: (batch, cached tokens, new tokens): decodes at 1, 64 and 256 requests over 1K and 8K, and one 4K-token prefill.
-SHAPES = [(1, 1024, 1), (64, 1024, 1), (256, 1024, 1), (1, 8192, 1), (64, 8192, 1), (256, 8192, 1), (1, 0, 4096)]
+SHAPES = [
+    (1, 1024, 1),
+    (64, 1024, 1),
+    (256, 1024, 1),
+    (1, 8192, 1),
+    (64, 8192, 1),
+    (256, 8192, 1),
+    (1, 0, 4096),
+]
 
 
 def cases(gpu: str):
@@ -49,17 +57,29 @@ class TableSums:
         gemm = vllm_table(gpu, "gemm", "gemm_perf.parquet")
         self.gemm = log_interpolator(gemm[gemm.gemm_dtype == "bfloat16"], ["m", "n", "k"])
         self.attention = {}
-        for decode, name in ((True, "generation_attention_perf.parquet"), (False, "context_attention_perf.parquet")):
+        for decode, name in (
+            (True, "generation_attention_perf.parquet"),
+            (False, "context_attention_perf.parquet"),
+        ):
             frame = vllm_table(gpu, "attention", name)
-            frame = frame[(frame.kv_cache_dtype == "bfloat16") & (frame.window_size == 0) & (frame.head_dim == 128)
-                          & (frame.kernel_source == frame.kernel_source.mode()[0])]
+            frame = frame[
+                (frame.kv_cache_dtype == "bfloat16")
+                & (frame.window_size == 0)
+                & (frame.head_dim == 128)
+                & (frame.kernel_source == frame.kernel_source.mode()[0])
+            ]
             self.attention[decode] = {
-                (heads, kv): rows.assign(length=rows.isl + rows.step).pivot(index="batch_size", columns="length",
-                                                                            values="latency") * 1e-3
-                for (heads, kv), rows in frame.groupby(["num_heads", "num_key_value_heads"])}
+                (heads, kv): rows.assign(length=rows.isl + rows.step).pivot(
+                    index="batch_size", columns="length", values="latency"
+                )
+                * 1e-3
+                for (heads, kv), rows in frame.groupby(["num_heads", "num_key_value_heads"])
+            }
         comm = vllm_table(gpu, "comm", "custom_allreduce_perf.parquet")
-        self.comm = {gpus: log_interpolator(rows, ["message_size"])
-                     for gpus, rows in comm[comm.backend == "vllm_graph"].groupby("num_gpus")}
+        self.comm = {
+            gpus: log_interpolator(rows, ["message_size"])
+            for gpus, rows in comm[comm.backend == "vllm_graph"].groupby("num_gpus")
+        }
 
     def gemm_s(self, m, n, k):
         pieces = math.ceil(n / 65536)
@@ -73,15 +93,21 @@ class TableSums:
         while True:
             row = table.loc[batch // pieces].dropna()
             if row.index[0] <= length <= row.index[-1]:
-                return pieces * math.exp(np.interp(math.log(length), np.log(row.index), np.log(row.to_numpy())))
+                return pieces * math.exp(
+                    np.interp(math.log(length), np.log(row.index), np.log(row.to_numpy()))
+                )
             pieces *= 2
 
     def step_s(self, model, tp, batch, context, new):
         """Kernel seconds of `batch` requests each adding `new` tokens to `context` cached ones (one logit each)."""
         h, heads, kv, hd = model.hidden_size, model.num_heads // tp, model.num_kv_heads // tp, model.head_dim
         rows, inter = batch * new, model.layers[0].mlp_intermediate // tp
-        layer = (self.gemm_s(rows, (heads + 2 * kv) * hd, h) + self.gemm_s(rows, h, heads * hd)
-                 + self.gemm_s(rows, 2 * inter, h) + self.gemm_s(rows, h, inter))
+        layer = (
+            self.gemm_s(rows, (heads + 2 * kv) * hd, h)
+            + self.gemm_s(rows, h, heads * hd)
+            + self.gemm_s(rows, 2 * inter, h)
+            + self.gemm_s(rows, h, inter)
+        )
         if new == 1:
             layer += self.attention_s(True, heads, kv, batch, context + 1)
         else:

@@ -38,11 +38,14 @@ def _block_diagonal(q: torch.Tensor, kv_heads: int) -> torch.Tensor:
     """q [R, H, d] -> [R, H, kv_heads * d], head h's vector in the slot of its KV head h // (H / kv_heads)."""
     r, heads, d = q.shape
     eye = torch.eye(kv_heads, device=q.device, dtype=q.dtype)
-    return torch.einsum("rkgd,kj->rkgjd", q.view(r, kv_heads, heads // kv_heads, d), eye).reshape(r, heads, -1)
+    return torch.einsum("rkgd,kj->rkgjd", q.view(r, kv_heads, heads // kv_heads, d), eye).reshape(
+        r, heads, -1
+    )
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: DecodeChunk,
-            scale: float) -> torch.Tensor:
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: DecodeChunk, scale: float
+) -> torch.Tensor:
     """One query per request, q [R, H, d] -> [R, H, d], over the chunk's ragged blocks."""
     r, heads, d = q.shape
     kv_heads = k_cache.shape[-2]
@@ -50,9 +53,12 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: De
     q_blocks = _block_diagonal(q, kv_heads).index_select(0, c.block_req)  # [N, H, KVH * d]
     scores = torch.bmm(q_blocks, k.transpose(1, 2)).float().mul_(scale).masked_fill_(~c.mask, float("-inf"))
     req = c.block_req[:, None].expand(-1, heads)
-    top = torch.full((r, heads), float("-inf"), device=q.device).scatter_reduce_(0, req, scores.amax(-1), "amax",
-                                                                                include_self=False)
-    weights = torch.exp(scores - top.index_select(0, c.block_req)[:, :, None])  # [N, H, bs]; masked slots -> 0
+    top = torch.full((r, heads), float("-inf"), device=q.device).scatter_reduce_(
+        0, req, scores.amax(-1), "amax", include_self=False
+    )
+    weights = torch.exp(
+        scores - top.index_select(0, c.block_req)[:, :, None]
+    )  # [N, H, bs]; masked slots -> 0
     total = torch.zeros(r, heads, device=q.device).index_add_(0, c.block_req, weights.sum(-1))
     partial = torch.bmm(weights.to(v.dtype), v).float()  # [N, H, KVH * d]
     out = torch.zeros(r, heads, kv_heads * d, device=q.device).index_add_(0, c.block_req, partial)
@@ -74,7 +80,14 @@ def paged_attention(q: torch.Tensor, kv_cache: torch.Tensor, plan: Plan, scale: 
         if not gqa:
             group = q.shape[1] // kv_heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        o = F.scaled_dot_product_attention(q[b.q_index].transpose(1, 2), k, v, attn_mask=b.mask, scale=scale,
-                                           is_causal=b.mask is None, enable_gqa=gqa)
+        o = F.scaled_dot_product_attention(
+            q[b.q_index].transpose(1, 2),
+            k,
+            v,
+            attn_mask=b.mask,
+            scale=scale,
+            is_causal=b.mask is None,
+            enable_gqa=gqa,
+        )
         out[b.q_index.reshape(-1)] = o.transpose(1, 2).reshape(n * q_len, *q.shape[1:])
     return out

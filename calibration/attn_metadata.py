@@ -94,8 +94,14 @@ def make_kv_sharing_fast_prefill_metadata(meta: AttnMetadata, logits_indices: to
     decode_query_start_loc = torch.empty(meta.num_reqs + 1, dtype=query_start_loc.dtype)
     decode_query_start_loc[0] = 0
     decode_query_start_loc[1:] = torch.cumsum(num_decode_tokens, dim=0)  # [0, 1, 3, 4]
-    return AttnMetadata(decode_query_start_loc, meta.seq_lens, meta.block_table, meta.block_size, meta.device,
-                        meta.max_gather_tokens)
+    return AttnMetadata(
+        decode_query_start_loc,
+        meta.seq_lens,
+        meta.block_table,
+        meta.block_size,
+        meta.device,
+        meta.max_gather_tokens,
+    )
 
 
 def _visible(meta: AttnMetadata, window: int | None) -> list[tuple[int, int, int, int]]:
@@ -135,32 +141,47 @@ def _key_mask(key_pos: np.ndarray, q_pos: np.ndarray, seq_len: np.ndarray, windo
     return mask & (key_pos > q_pos - window) if window is not None else mask
 
 
-def _prefill_bucket(meta: AttnMetadata, members: list[tuple[int, int, int, int]], window: int | None) -> PrefillBucket:
+def _prefill_bucket(
+    meta: AttnMetadata, members: list[tuple[int, int, int, int]], window: int | None
+) -> PrefillBucket:
     bs, qsl, seq = meta.block_size, meta.query_start_loc.numpy(), meta.seq_lens.numpy()
     q_len, n_blocks = members[0][1], members[0][3]
     rows = [r for r, _, _, _ in members]
     q_index = qsl[rows][:, None] + np.arange(q_len)[None, :]
     q_pos = (seq[rows] - q_len)[:, None] + np.arange(q_len)[None, :]  # [B, Q]
-    block_ids = np.stack([meta.block_table[r, first:first + n_blocks] for r, _, first, _ in members])
-    key_pos = np.array([first * bs for _, _, first, _ in members])[:, None] + np.arange(n_blocks * bs)[None, :]
+    block_ids = np.stack([meta.block_table[r, first : first + n_blocks] for r, _, first, _ in members])
+    key_pos = (
+        np.array([first * bs for _, _, first, _ in members])[:, None] + np.arange(n_blocks * bs)[None, :]
+    )
     dev = meta.device
     # whole prompts without a window: SDPA's own causal mask skips the upper triangle's work
     fresh = (q_pos[:, 0] == 0).all() and (window is None or window >= q_len)
-    mask = None if fresh else torch.from_numpy(
-        _key_mask(key_pos[:, None, :], q_pos[:, :, None], seq[rows][:, None, None], window)[:, None]).to(dev)
+    mask = (
+        None
+        if fresh
+        else torch.from_numpy(
+            _key_mask(key_pos[:, None, :], q_pos[:, :, None], seq[rows][:, None, None], window)[:, None]
+        ).to(dev)
+    )
     return PrefillBucket(torch.from_numpy(q_index).to(dev), torch.from_numpy(block_ids.ravel()).to(dev), mask)
 
 
-def _decode_chunk(meta: AttnMetadata, members: list[tuple[int, int, int, int]], window: int | None) -> DecodeChunk:
+def _decode_chunk(
+    meta: AttnMetadata, members: list[tuple[int, int, int, int]], window: int | None
+) -> DecodeChunk:
     bs, qsl, seq = meta.block_size, meta.query_start_loc.numpy(), meta.seq_lens.numpy()
     rows = np.array([r for r, _, _, _ in members])
     counts = np.array([n for _, _, _, n in members])
     block_req = np.repeat(np.arange(len(members)), counts)
-    block_ids = np.concatenate([meta.block_table[r, first:first + n] for r, _, first, n in members])
+    block_ids = np.concatenate([meta.block_table[r, first : first + n] for r, _, first, n in members])
     first_pos = np.concatenate([(first + np.arange(n)) * bs for _, _, first, n in members])
     key_pos = first_pos[:, None] + np.arange(bs)[None, :]  # [N, bs]
     seq_len = seq[rows][block_req][:, None]
     mask = _key_mask(key_pos, seq_len - 1, seq_len, window)
     dev = meta.device
-    return DecodeChunk(torch.from_numpy(qsl[rows]).to(dev), torch.from_numpy(block_ids).to(dev),
-                       torch.from_numpy(block_req).to(dev), torch.from_numpy(mask[:, None, :]).to(dev))
+    return DecodeChunk(
+        torch.from_numpy(qsl[rows]).to(dev),
+        torch.from_numpy(block_ids).to(dev),
+        torch.from_numpy(block_req).to(dev),
+        torch.from_numpy(mask[:, None, :]).to(dev),
+    )

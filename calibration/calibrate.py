@@ -39,11 +39,21 @@ def row_batch(row) -> StepBatch:
     return StepBatch.of(json.loads(row.num_new), json.loads(row.num_context), json.loads(row.needs_logits))
 
 
-def terms_of_rows(rows: pd.DataFrame, gpu: GpuSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> TermTable:
+def terms_of_rows(
+    rows: pd.DataFrame, gpu: GpuSpec, weight_dtype: str = "bf16", kv_dtype: str = "bf16"
+) -> TermTable:
     """The cost model's efficiency-free terms of every row (see calibration.fit_terms)."""
-    return stack_terms([step_terms(row_batch(row), row_model(row.model, row.scale), gpu,
-                                   CostOptions(weight_dtype, kv_dtype, bool(row.fast_prefill)))
-                        for row in rows.itertuples(index=False)])
+    return stack_terms(
+        [
+            step_terms(
+                row_batch(row),
+                row_model(row.model, row.scale),
+                gpu,
+                CostOptions(weight_dtype, kv_dtype, bool(row.fast_prefill)),
+            )
+            for row in rows.itertuples(index=False)
+        ]
+    )
 
 
 def fast_prefill_pairs(rows: pd.DataFrame) -> np.ndarray:
@@ -51,7 +61,9 @@ def fast_prefill_pairs(rows: pd.DataFrame) -> np.ndarray:
     Raises ValueError when a shape timed both ways is timed more than once in one mode (which time would pair is
     ambiguous); the same step served again and again, never with fast prefill, pairs with nothing."""
     columns = ["model", "scale", "shape", "num_new", "num_context", "needs_logits"]
-    frame = rows[columns].assign(position=np.arange(len(rows)), fast=rows["fast_prefill"].astype(bool).to_numpy())
+    frame = rows[columns].assign(
+        position=np.arange(len(rows)), fast=rows["fast_prefill"].astype(bool).to_numpy()
+    )
     both = frame[frame["fast"]].merge(frame[~frame["fast"]], on=columns, suffixes=("_on", "_off"))
     if both["position_on"].duplicated().any() or both["position_off"].duplicated().any():
         raise ValueError("a shape is timed more than once with fast prefill on or off: one row each")
@@ -68,8 +80,17 @@ def held_out_shapes(rows: pd.DataFrame, test_fraction: float = 0.25, seed: int =
 
 
 #: Every operator at the device's peaks and no overheads: the physics floor a measured step cannot beat.
-ROOFLINE = Profile(name="roofline", gemm_compute=1.0, gemm_memory=1.0, attn_compute=1.0, attn_memory=1.0,
-                   moe_compute=None, moe_memory=None, step_overhead_s=0.0, request_overhead_s=0.0)
+ROOFLINE = Profile(
+    name="roofline",
+    gemm_compute=1.0,
+    gemm_memory=1.0,
+    attn_compute=1.0,
+    attn_memory=1.0,
+    moe_compute=None,
+    moe_memory=None,
+    step_overhead_s=0.0,
+    request_overhead_s=0.0,
+)
 
 
 @dataclass(frozen=True)
@@ -91,13 +112,27 @@ class FitReport:
         for split in ("train", "test", "served"):
             if f"{split}_default" in self.mape:
                 n = int((self.rows["split"] == split).sum())
-                out.append([split, str(n), f"{self.mape[f'{split}_default']:.1f}",
-                            f"{self.mape[f'{split}_fitted']:.1f}"])
+                out.append(
+                    [
+                        split,
+                        str(n),
+                        f"{self.mape[f'{split}_default']:.1f}",
+                        f"{self.mape[f'{split}_fitted']:.1f}",
+                    ]
+                )
         return out
 
 
-def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str, test_fraction: float = 0.25,
-                   seed: int = 0, knots: np.ndarray | None = None, served: pd.DataFrame | None = None) -> FitReport:
+def calibrate_rows(
+    rows: pd.DataFrame,
+    gpu: GpuSpec,
+    name: str,
+    provenance: str,
+    test_fraction: float = 0.25,
+    seed: int = 0,
+    knots: np.ndarray | None = None,
+    served: pd.DataFrame | None = None,
+) -> FitReport:
     """Fit a profile on the train shapes of `rows` and report default-vs-fitted MAPE on both splits.
     Train shapes timed with fast prefill on and off also have their time ratio fitted (`fit_profile`'s pairs):
     the saving is a prediction of its own, and interleaved rounds measure it more precisely than either time.
@@ -112,8 +147,14 @@ def calibrate_rows(rows: pd.DataFrame, gpu: GpuSpec, name: str, provenance: str,
     tt = terms_of_rows(rows, gpu)
     measured = rows["time_s"].to_numpy(float)
     fitted_on = split != "test"
-    profile = fit_profile(tt.subset(fitted_on), measured[fitted_on], knots, name=name, provenance=provenance,
-                          pairs=fast_prefill_pairs(rows[fitted_on]))
+    profile = fit_profile(
+        tt.subset(fitted_on),
+        measured[fitted_on],
+        knots,
+        name=name,
+        provenance=provenance,
+        pairs=fast_prefill_pairs(rows[fitted_on]),
+    )
     default_s, fitted_s = predict_table(tt, Profile()), predict_table(tt, profile)
     roofline_s = predict_table(tt, ROOFLINE)
     scores = {}
@@ -133,7 +174,8 @@ def profile_yaml(profile: Profile, header: dict[str, object]) -> str:
     """The profile as YAML (loadable by hardware.profile.load_profile) after a commented header."""
     lines = [f"# {key}: {value}" for key, value in header.items()]
     return "\n".join(["# servesim calibration profile", *lines, ""]) + yaml.safe_dump(
-        profile.model_dump(mode="json"), sort_keys=False)
+        profile.model_dump(mode="json"), sort_keys=False
+    )
 
 
 def save_profile(profile: Profile, path: Path, header: dict[str, object]) -> Path:

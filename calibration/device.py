@@ -45,6 +45,7 @@ def synchronize(device: str) -> None:
     """Wait for queued work on `device` (no-op on CPU, no CUDA call there)."""
     if str(device).startswith("cuda"):
         import torch
+
         torch.cuda.synchronize()
 
 
@@ -66,6 +67,7 @@ def device_name(device: str) -> str:
     """'NVIDIA H200' / the CPU model string, for provenance."""
     if str(device).startswith("cuda"):
         import torch
+
         return torch.cuda.get_device_name()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -79,13 +81,16 @@ def device_name(device: str) -> str:
 def measure_cpu_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: int = 5) -> dict[str, float]:
     """{'fp32': FLOP/s, 'bf16': FLOP/s, 'bytes_per_s': copy bandwidth} of this CPU (medians)."""
     import torch
+
     peaks = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-        peaks[name] = 2 * size ** 3 / float(np.median(time_call_s(lambda: a @ b, "cpu", 2, repeats)))
+        peaks[name] = 2 * size**3 / float(np.median(time_call_s(lambda: a @ b, "cpu", 2, repeats)))
     src = torch.empty(copy_bytes // 4, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
-    peaks["bytes_per_s"] = 2 * copy_bytes / float(np.median(time_call_s(lambda: dst.copy_(src), "cpu", 1, repeats)))
+    peaks["bytes_per_s"] = (
+        2 * copy_bytes / float(np.median(time_call_s(lambda: dst.copy_(src), "cpu", 1, repeats)))
+    )
     return peaks
 
 
@@ -96,27 +101,41 @@ def _total_memory_bytes() -> float:
         return 16e9
 
 
-def cpu_gpu_entry(peaks: dict[str, float], compute_dtype: str = "fp32", name: str = "cpu-local",
-                  today: dt.date | None = None) -> dict:
+def cpu_gpu_entry(
+    peaks: dict[str, float],
+    compute_dtype: str = "fp32",
+    name: str = "cpu-local",
+    today: dt.date | None = None,
+) -> dict:
     """A `hardware.gpu.GpuSpec`-shaped dict for this CPU from `measure_cpu_peaks` output."""
     today = today or dt.date.today()
     bf16 = max(peaks["bf16"], peaks[compute_dtype]) if compute_dtype in peaks else peaks["bf16"]
     return {
-        "name": name, "vendor": "cpu", "memory_bytes": _total_memory_bytes(),
+        "name": name,
+        "vendor": "cpu",
+        "memory_bytes": _total_memory_bytes(),
         "memory_bytes_per_s": float(peaks["bytes_per_s"]),
         "peak_flop_per_s": {"fp32": float(peaks["fp32"]), "bf16": float(bf16)},
-        "intra_node_link": "pcie4", "pcie_gen": 4, "gpus_per_node": 1, "price_per_gpu_hour_usd": 0.05,
+        "intra_node_link": "pcie4",
+        "pcie_gen": 4,
+        "gpus_per_node": 1,
+        "price_per_gpu_hour_usd": 0.05,
         "sources": [f"measured by servesim calibrate on {today.isoformat()}"],
-        "notes": (f"{device_name('cpu')}: {peaks['fp32'] / 1e9:.1f} GFLOP/s fp32 and {peaks['bf16'] / 1e9:.1f} "
-                  f"GFLOP/s bf16 ({peaks.get('size', 1024)}^3 matmul), {peaks['bytes_per_s'] / 1e9:.1f} GB/s copy "
-                  f"(read + write). bf16 lists max(bf16, {compute_dtype}) because the executor computes in "
-                  f"{compute_dtype} and the cost model prices GEMMs at the bf16 peak. "
-                  "Not measured: the link (a single CPU has no peer) and the price (a nominal figure)."),
+        "notes": (
+            f"{device_name('cpu')}: {peaks['fp32'] / 1e9:.1f} GFLOP/s fp32 and {peaks['bf16'] / 1e9:.1f} "
+            f"GFLOP/s bf16 ({peaks.get('size', 1024)}^3 matmul), {peaks['bytes_per_s'] / 1e9:.1f} GB/s copy "
+            f"(read + write). bf16 lists max(bf16, {compute_dtype}) because the executor computes in "
+            f"{compute_dtype} and the cost model prices GEMMs at the bf16 peak. "
+            "Not measured: the link (a single CPU has no peer) and the price (a nominal figure)."
+        ),
     }
 
 
 def write_gpu_yaml(entry: dict, path: Path) -> Path:
     """Write one entry as a GPU catalog file (`gpus:` list) that `hardware.gpu.gpu_catalog((path,))` loads."""
-    write_text_atomic(path, "# A CPU measured as a servesim device (schema: hardware.gpu.GpuSpec).\n"
-                      + yaml.safe_dump({"gpus": [entry]}, sort_keys=False))
+    write_text_atomic(
+        path,
+        "# A CPU measured as a servesim device (schema: hardware.gpu.GpuSpec).\n"
+        + yaml.safe_dump({"gpus": [entry]}, sort_keys=False),
+    )
     return Path(path)

@@ -58,8 +58,14 @@ class StepInput:
         return [len(t) for t in self.token_ids]
 
     @classmethod
-    def from_batch(cls, batch: StepBatch, block_tables: list[list[int]], vocab: int,
-                   rng: np.random.Generator, num_groups: int = 0) -> StepInput:
+    def from_batch(
+        cls,
+        batch: StepBatch,
+        block_tables: list[list[int]],
+        vocab: int,
+        rng: np.random.Generator,
+        num_groups: int = 0,
+    ) -> StepInput:
         """Random token ids for `batch`'s shape (timing does not depend on the ids). `num_groups` > 0: a
         hybrid-KV executor's input, each request's table given to every one of its KV cache groups."""
         ids = tuple(tuple(rng.integers(0, vocab, int(n)).tolist()) for n in batch.num_new)
@@ -88,13 +94,24 @@ class _Prepared:
 class Executor:
     """Model, KV pools and the forward pass. Not thread-safe; one step at a time."""
 
-    def __init__(self, spec: ModelSpec, num_blocks: int, block_size: int = 16, device: str = "cpu",
-                 dtype: torch.dtype | None = None, seed: int = 0, kv_sharing_fast_prefill: bool = False,
-                 rope_theta: float = 10000.0, max_gather_bytes: int | None = None,
-                 kv_windows: tuple[int | None, ...] | None = None):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        num_blocks: int,
+        block_size: int = 16,
+        device: str = "cpu",
+        dtype: torch.dtype | None = None,
+        seed: int = 0,
+        kv_sharing_fast_prefill: bool = False,
+        rope_theta: float = 10000.0,
+        max_gather_bytes: int | None = None,
+        kv_windows: tuple[int | None, ...] | None = None,
+    ):
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.hybrid = kv_windows is not None
-        self.num_kv_groups = len(kv_windows) if self.hybrid else 0  # block tables per request (0: one, not grouped)
+        self.num_kv_groups = (
+            len(kv_windows) if self.hybrid else 0
+        )  # block tables per request (0: one, not grouped)
         self.group_of = group_of_layers(spec, KVGroups(kv_windows or (None,), 0))
         self.device = torch.device(device)
         if self.device.type == "cpu":
@@ -102,11 +119,21 @@ class Executor:
         self.dtype = dtype or (torch.bfloat16 if self.device.type == "cuda" else torch.float32)
         self.fast_prefill, self.rope_theta = kv_sharing_fast_prefill, rope_theta
         self.weights = init_weights(spec, self.device, self.dtype, seed)
-        self.kv = {layer.index: torch.zeros(2, num_blocks, block_size, spec.num_kv_heads, spec.head_dim,
-                                            device=self.device, dtype=self.dtype)
-                   for layer in spec.layers if layer.owns_kv}
+        self.kv = {
+            layer.index: torch.zeros(
+                2,
+                num_blocks,
+                block_size,
+                spec.num_kv_heads,
+                spec.head_dim,
+                device=self.device,
+                dtype=self.dtype,
+            )
+            for layer in spec.layers
+            if layer.owns_kv
+        }
         self.num_self_layers = spec.num_layers - fast_prefill_layers(spec)
-        self.scale = spec.head_dim ** -0.5
+        self.scale = spec.head_dim**-0.5
         if max_gather_bytes is None:
             max_gather_bytes = CPU_GATHER_BYTES if self.device.type == "cpu" else CUDA_GATHER_BYTES
         token_bytes = spec.num_kv_heads * spec.head_dim * torch.empty((), dtype=self.dtype).element_size()
@@ -128,19 +155,43 @@ class Executor:
             width = max(max((len(t) for t in tables), default=1), 1)
             table = np.zeros((len(num_new), width), np.int64)
             for r, blocks in enumerate(tables):
-                table[r, :len(blocks)] = blocks
-            slots = table[req_of_token, positions // self.block_size] * self.block_size + positions % self.block_size
+                table[r, : len(blocks)] = blocks
+            slots = (
+                table[req_of_token, positions // self.block_size] * self.block_size
+                + positions % self.block_size
+            )
             slot_mappings.append(torch.from_numpy(slots).to(dev))
-            metas.append(AttnMetadata(torch.from_numpy(qsl), torch.from_numpy(context + num_new), table,
-                                      self.block_size, dev, self.max_gather_tokens))
+            metas.append(
+                AttnMetadata(
+                    torch.from_numpy(qsl),
+                    torch.from_numpy(context + num_new),
+                    table,
+                    self.block_size,
+                    dev,
+                    self.max_gather_tokens,
+                )
+            )
         sample = (qsl[1:] - 1)[np.array(inp.needs_logits, bool)]
         ids = torch.tensor([t for chunk in inp.token_ids for t in chunk], dtype=torch.int64)
-        return _Prepared(ids.to(dev), torch.from_numpy(positions).to(dev), slot_mappings, metas,
-                         torch.from_numpy(qsl[1:] - 1), torch.from_numpy(sample).to(dev))
+        return _Prepared(
+            ids.to(dev),
+            torch.from_numpy(positions).to(dev),
+            slot_mappings,
+            metas,
+            torch.from_numpy(qsl[1:] - 1),
+            torch.from_numpy(sample).to(dev),
+        )
 
     # ---- forward -------------------------------------------------------------------------------
-    def _layer(self, i: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, metas: list[AttnMetadata],
-               slot_mappings: list[torch.Tensor] | None) -> torch.Tensor:
+    def _layer(
+        self,
+        i: int,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        metas: list[AttnMetadata],
+        slot_mappings: list[torch.Tensor] | None,
+    ) -> torch.Tensor:
         spec, layer, w = self.spec, self.spec.layers[i], self.weights.layers[i]
         group = self.group_of[layer.kv_source]
         meta, slots = metas[group], slot_mappings[group] if slot_mappings else None
@@ -149,8 +200,12 @@ class Executor:
         qkv = h @ w.qkv if w.qkv_bias is None else torch.addmm(w.qkv_bias, h, w.qkv)
         q = apply_rope(qkv[:, :q_dim].view(-1, spec.num_heads, spec.head_dim), cos, sin)
         if layer.owns_kv:
-            k = apply_rope(qkv[:, q_dim:q_dim + kv_dim].view(-1, spec.num_kv_heads, spec.head_dim), cos, sin)
-            write_kv(self.kv[i], slots, k, qkv[:, q_dim + kv_dim:].view(-1, spec.num_kv_heads, spec.head_dim))
+            k = apply_rope(
+                qkv[:, q_dim : q_dim + kv_dim].view(-1, spec.num_kv_heads, spec.head_dim), cos, sin
+            )
+            write_kv(
+                self.kv[i], slots, k, qkv[:, q_dim + kv_dim :].view(-1, spec.num_kv_heads, spec.head_dim)
+            )
         window = layer.window if layer.attention == "sliding" else None
         attn = paged_attention(q, self.kv[layer.kv_source], meta.plan(window), self.scale)
         x = x + attn.view(-1, q_dim) @ w.o
@@ -182,4 +237,3 @@ class Executor:
         with torch.inference_mode():
             logits = self.forward(self.prepare(inp))
             return logits.argmax(dim=-1).tolist()  # .tolist() waits for the device
-

@@ -56,19 +56,34 @@ class TermTable:
         """The rows selected by boolean mask `rows`, renumbered from 0."""
         new_index = np.cumsum(rows) - 1
         keep = rows[self.row]
-        return TermTable(new_index[self.row[keep]], self.kind[keep], self.compute_s[keep], self.memory_s[keep],
-                         self.layers[keep], self.tokens[keep], self.num_layers[rows], self.num_requests[rows],
-                         self.num_tokens[rows], self.mixed_layers[rows])
+        return TermTable(
+            new_index[self.row[keep]],
+            self.kind[keep],
+            self.compute_s[keep],
+            self.memory_s[keep],
+            self.layers[keep],
+            self.tokens[keep],
+            self.num_layers[rows],
+            self.num_requests[rows],
+            self.num_tokens[rows],
+            self.mixed_layers[rows],
+        )
 
 
 def stack_terms(terms: list[StepTerms]) -> TermTable:
     cat = np.concatenate
-    return TermTable(cat([np.full(len(t.kind), i) for i, t in enumerate(terms)]), cat([t.kind for t in terms]),
-                     cat([t.compute_s for t in terms]), cat([t.memory_s for t in terms]),
-                     cat([t.layers for t in terms]), cat([t.tokens for t in terms]),
-                     np.array([t.num_layers for t in terms], float),
-                     np.array([t.num_requests for t in terms], float), np.array([t.num_tokens for t in terms], float),
-                     np.array([t.mixed_layers for t in terms], float))
+    return TermTable(
+        cat([np.full(len(t.kind), i) for i, t in enumerate(terms)]),
+        cat([t.kind for t in terms]),
+        cat([t.compute_s for t in terms]),
+        cat([t.memory_s for t in terms]),
+        cat([t.layers for t in terms]),
+        cat([t.tokens for t in terms]),
+        np.array([t.num_layers for t in terms], float),
+        np.array([t.num_requests for t in terms], float),
+        np.array([t.num_tokens for t in terms], float),
+        np.array([t.mixed_layers for t in terms], float),
+    )
 
 
 def curve_weights(tokens: np.ndarray, knots: np.ndarray) -> np.ndarray:
@@ -97,7 +112,9 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
     """Predicted seconds per row under `profile`, which the caller resolves for the rows' GPU (`Profile.for_gpu`):
     equals `step_cost(...).total_s` row by row."""
     if profile.gpus:
-        raise ValueError("predict_table takes a profile resolved for one GPU (Profile.for_gpu), not its sections")
+        raise ValueError(
+            "predict_table takes a profile resolved for one GPU (Profile.for_gpu), not its sections"
+        )
     eff_c, eff_m = np.empty(len(tt.kind)), np.empty(len(tt.kind))
     for code, kind in KIND_NAMES.items():
         entries = tt.kind == code
@@ -111,9 +128,14 @@ def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: dict[str
     """`eff_c`, `eff_m`: each entry's compute and memory efficiency; `over`: the OVERHEADS' values."""
     per_entry = np.maximum(tt.compute_s / eff_c, tt.memory_s / eff_m) * tt.layers
     ops = np.bincount(tt.row, weights=per_entry, minlength=tt.num_rows)
-    return ops + over["step_overhead_s"] + over["layer_overhead_s"] * tt.num_layers \
-        + over["request_overhead_s"] * tt.num_requests + over["token_overhead_s"] * tt.num_tokens \
+    return (
+        ops
+        + over["step_overhead_s"]
+        + over["layer_overhead_s"] * tt.num_layers
+        + over["request_overhead_s"] * tt.num_requests
+        + over["token_overhead_s"] * tt.num_tokens
         + over["mixed_layer_overhead_s"] * tt.mixed_layers
+    )
 
 
 def mape(predicted_s: np.ndarray, measured_s: np.ndarray) -> float:
@@ -142,27 +164,41 @@ class _Params:
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         n_over = len(self.overheads)
-        return (np.r_[np.full(4 * self.k, EFF_BOUNDS[0]), np.zeros(n_over)],
-                np.r_[np.full(4 * self.k, EFF_BOUNDS[1]), np.full(n_over, np.inf)])
+        return (
+            np.r_[np.full(4 * self.k, EFF_BOUNDS[0]), np.zeros(n_over)],
+            np.r_[np.full(4 * self.k, EFF_BOUNDS[1]), np.full(n_over, np.inf)],
+        )
 
     def unpack(self, x: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, float]]:
         """The curves' knot values and every one of OVERHEADS (those not fitted at 0)."""
-        effs = {c: x[i * self.k:(i + 1) * self.k] for i, c in enumerate(CURVES)}
+        effs = {c: x[i * self.k : (i + 1) * self.k] for i, c in enumerate(CURVES)}
         over = dict.fromkeys(OVERHEADS, 0.0)
-        over |= {name: float(value) * unit for (name, unit), value in zip(self.overheads.items(), x[4 * self.k:])}
+        over |= {
+            name: float(value) * unit for (name, unit), value in zip(self.overheads.items(), x[4 * self.k :])
+        }
         return effs, over
 
     def profile(self, x: np.ndarray, **fields) -> Profile:
         effs, over = self.unpack(x)
-        curves = {c: EfficiencyCurve(points=tuple((float(k), float(v)) for k, v in zip(self.knots, effs[c])))
-                  for c in CURVES}
+        curves = {
+            c: EfficiencyCurve(points=tuple((float(k), float(v)) for k, v in zip(self.knots, effs[c])))
+            for c in CURVES
+        }
         # routed experts ran on the executor's own GEMMs: they read the fitted GEMM curves (moe_* None)
         return Profile(**curves, moe_compute=None, moe_memory=None, **over, **fields)
 
 
-def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None = None, init: Profile = Profile(),
-                loss: str = "soft_l1", f_scale: float = 0.05, smooth: float = 0.02,
-                pairs: np.ndarray | None = None, **fields) -> Profile:
+def fit_profile(
+    tt: TermTable,
+    measured_s: np.ndarray,
+    knots: np.ndarray | None = None,
+    init: Profile = Profile(),
+    loss: str = "soft_l1",
+    f_scale: float = 0.05,
+    smooth: float = 0.02,
+    pairs: np.ndarray | None = None,
+    **fields,
+) -> Profile:
     """The profile whose predictions best match `measured_s` (seconds per row of `tt`) in relative terms.
 
     `loss`/`f_scale` are scipy's (soft_l1 with 5%: relative errors beyond ~5% count linearly, not squared).
@@ -177,7 +213,9 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
     measured_ratio = measured_s[a] / measured_s[b]
     knots = default_knots(tt.tokens) if knots is None else np.asarray(knots, float)
     mixed = tt.mixed_layers > 0
-    params = _Params(knots, two_depths=len(np.unique(tt.num_layers)) > 1, mixed=bool(mixed.any() and not mixed.all()))
+    params = _Params(
+        knots, two_depths=len(np.unique(tt.num_layers)) > 1, mixed=bool(mixed.any() and not mixed.all())
+    )
     w = curve_weights(tt.tokens, knots)
 
     def residuals(x: np.ndarray) -> np.ndarray:
@@ -185,12 +223,19 @@ def fit_profile(tt: TermTable, measured_s: np.ndarray, knots: np.ndarray | None 
         at = {c: w @ v for c, v in effs.items()}
         # routed experts (kind 2) read the GEMM curves, as Profile.curves does for the moe-less profile fitted here
         attention = tt.kind == KIND_CODES["attention"]
-        pred = _predict(tt, np.where(attention, at["attn_compute"], at["gemm_compute"]),
-                        np.where(attention, at["attn_memory"], at["gemm_memory"]), over)
+        pred = _predict(
+            tt,
+            np.where(attention, at["attn_compute"], at["gemm_compute"]),
+            np.where(attention, at["attn_memory"], at["gemm_memory"]),
+            over,
+        )
         rough = [np.diff(np.log(v)) * smooth for v in effs.values()]
-        return np.concatenate([(pred - measured_s) / measured_s, pred[a] / pred[b] / measured_ratio - 1, *rough])
+        return np.concatenate(
+            [(pred - measured_s) / measured_s, pred[a] / pred[b] / measured_ratio - 1, *rough]
+        )
 
     x0 = np.clip(params.initial(init), *params.bounds())
-    result = least_squares(residuals, x0, bounds=params.bounds(), loss=loss, f_scale=f_scale, x_scale="jac",
-                           max_nfev=2000)
+    result = least_squares(
+        residuals, x0, bounds=params.bounds(), loss=loss, f_scale=f_scale, x_scale="jac", max_nfev=2000
+    )
     return params.profile(result.x, **fields)

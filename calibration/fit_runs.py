@@ -27,7 +27,15 @@ from hardware.errors import SpecError
 from hardware.profile import EfficiencyCurve, FitRecord, Profile
 from simulator.measured import MeasuredRun, MetricError, replay
 
-EFFICIENCIES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "moe_compute", "moe_memory", "comm")
+EFFICIENCIES = (
+    "gemm_compute",
+    "gemm_memory",
+    "attn_compute",
+    "attn_memory",
+    "moe_compute",
+    "moe_memory",
+    "comm",
+)
 OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)}  # bounds, seconds
 START_LAYER_OVERHEAD_S = 1e-5  # where a zero default starts: at its lower bound no finite step would move it
 EFF_BOUNDS = (0.05, 1.0)
@@ -71,9 +79,17 @@ def _bounds(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _start(base: Profile, names: list[str]) -> np.ndarray:
     low, high = _bounds(names)
     moe_curves = dict(zip(("moe_compute", "moe_memory"), base.curves("moe")))
-    values = [moe_curves[n].at(1.0) if n in moe_curves else getattr(base, n).at(1.0) if n in EFFICIENCIES
-              else getattr(base, n) for n in names]
-    values = [START_LAYER_OVERHEAD_S if n == "layer_overhead_s" and v == 0 else v for n, v in zip(names, values)]
+    values = [
+        moe_curves[n].at(1.0)
+        if n in moe_curves
+        else getattr(base, n).at(1.0)
+        if n in EFFICIENCIES
+        else getattr(base, n)
+        for n in names
+    ]
+    values = [
+        START_LAYER_OVERHEAD_S if n == "layer_overhead_s" and v == 0 else v for n, v in zip(names, values)
+    ]
     return np.clip(np.log(np.maximum(values, 1e-12)), low + 1e-9, high - 1e-9)
 
 
@@ -87,8 +103,11 @@ class _Replayer:
 
     def __init__(self, workers: int):
         self.folder = tempfile.TemporaryDirectory(prefix="servesim-fit-")
-        self.pool = (ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
-                     if workers > 1 else None)
+        self.pool = (
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("forkserver"))
+            if workers > 1
+            else None
+        )
         self.count = 0
 
     def __call__(self, runs: list[MeasuredRun], profile: Profile) -> list[list[MetricError]]:
@@ -118,7 +137,7 @@ class RunsFit:
     def split_errors(self, profile: str) -> tuple[list[list[MetricError]], list[list[MetricError]]]:
         """`profile`'s errors on the train runs and on the test runs."""
         errors = self.errors[profile]
-        return errors[:len(self.train)], errors[len(self.train):]
+        return errors[: len(self.train)], errors[len(self.train) :]
 
 
 def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun], list[MeasuredRun]]:
@@ -127,14 +146,24 @@ def split(runs: list[MeasuredRun], holdout_every: int) -> tuple[list[MeasuredRun
     if holdout_every == 0:
         return list(runs), []
     if holdout_every < 2:
-        raise SpecError(f"--holdout-every {holdout_every}: give 0 (hold no run out) or n >= 2 (every n-th run)")
+        raise SpecError(
+            f"--holdout-every {holdout_every}: give 0 (hold no run out) or n >= 2 (every n-th run)"
+        )
     held = [i % holdout_every == holdout_every - 1 for i in range(len(runs))]
     return [r for r, h in zip(runs, held) if not h], [r for r, h in zip(runs, held) if h]
 
 
-def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile = Profile(), workers: int = 1,
-                max_evaluations: int = 200, prior: float = 0.0, only: list[str] | None = None,
-                gpu: str | None = None, **fields) -> RunsFit:
+def fit_to_runs(
+    train: list[MeasuredRun],
+    test: list[MeasuredRun],
+    base: Profile = Profile(),
+    workers: int = 1,
+    max_evaluations: int = 200,
+    prior: float = 0.0,
+    only: list[str] | None = None,
+    gpu: str | None = None,
+    **fields,
+) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
 
     `max_evaluations` bounds the replays of the train runs, the Jacobian's finite steps included (the best
@@ -154,10 +183,14 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
     if only is not None:
         unknown = sorted(set(only) - set(EFFICIENCIES) - set(OVERHEADS))
         if unknown:
-            raise SpecError(f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join([*EFFICIENCIES, *OVERHEADS])}")
+            raise SpecError(
+                f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join([*EFFICIENCIES, *OVERHEADS])}"
+            )
         names = [n for n in names if n in only]
         if not names:
-            raise SpecError(f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})")
+            raise SpecError(
+                f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})"
+            )
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
     start = _start(base.for_gpu(gpu) if gpu is not None else base, names)
@@ -175,17 +208,26 @@ def fit_to_runs(train: list[MeasuredRun], test: list[MeasuredRun], base: Profile
 
     try:
         try:
-            least_squares(residuals, best[1], bounds=_bounds(names), loss="soft_l1", f_scale=F_SCALE,
-                          diff_step=0.05, max_nfev=max_evaluations)
+            least_squares(
+                residuals,
+                best[1],
+                bounds=_bounds(names),
+                loss="soft_l1",
+                f_scale=F_SCALE,
+                diff_step=0.05,
+                max_nfev=max_evaluations,
+            )
         except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
             pass
         _polish(residuals, best[1], names, max_evaluations - replayer.count)
         fitted, evaluations = profile_of(best[1], names, base, gpu, **fields), replayer.count
         errors = {"base": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
-        checked = errors["fitted"][len(train):] if test else errors["fitted"]
+        checked = errors["fitted"][len(train) :] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
         record = FitRecord(fields=tuple(names), runs=tuple(run.label() for run in train))
-        fitted = fitted.model_copy(update={"fits": (*base.fits, record)})  # compare --split holds these runs out
+        fitted = fitted.model_copy(
+            update={"fits": (*base.fits, record)}
+        )  # compare --split holds these runs out
         if gpu is None:
             fitted = fitted.model_copy(update={"fit_mape": mape})
         return RunsFit(fitted, train, test, evaluations, errors, mape)
@@ -209,23 +251,35 @@ def _polish(residuals, x: np.ndarray, names: list[str], budget: int) -> None:
     if budget < len(names) + 2:
         return
     low, high = _bounds(names)
-    simplex = [x] + [np.clip(x + POLISH_STEP * np.eye(len(x))[i] * (1 if x[i] + POLISH_STEP < high[i] else -1),
-                             low, high) for i in range(len(x))]
+    simplex = [x] + [
+        np.clip(x + POLISH_STEP * np.eye(len(x))[i] * (1 if x[i] + POLISH_STEP < high[i] else -1), low, high)
+        for i in range(len(x))
+    ]
     try:
-        minimize(lambda point: soft_l1(residuals(np.clip(point, low, high))), x, method="Nelder-Mead",
-                 bounds=list(zip(low, high)),
-                 options={"initial_simplex": np.array(simplex), "maxfev": budget, "xatol": 0.01, "fatol": 1e-3})
+        minimize(
+            lambda point: soft_l1(residuals(np.clip(point, low, high))),
+            x,
+            method="Nelder-Mead",
+            bounds=list(zip(low, high)),
+            options={"initial_simplex": np.array(simplex), "maxfev": budget, "xatol": 0.01, "fatol": 1e-3},
+        )
     except _Budget:
         pass
 
 
-def figure_rows(runs: list[MeasuredRun], errors_by_profile: dict[str, list[list[MetricError]]], split_name: str
-                ) -> list[dict]:
+def figure_rows(
+    runs: list[MeasuredRun], errors_by_profile: dict[str, list[list[MetricError]]], split_name: str
+) -> list[dict]:
     """One row per figure: run, split, metric, measured, and each profile's prediction."""
     rows = []
     for i, run in enumerate(runs):
         for j, metric in enumerate(run.measured):
-            row = {"run": run.label(), "split": split_name, "metric": metric, "measured": run.measured[metric]}
+            row = {
+                "run": run.label(),
+                "split": split_name,
+                "metric": metric,
+                "measured": run.measured[metric],
+            }
             row |= {f"predicted_{name}": errors[i][j].predicted for name, errors in errors_by_profile.items()}
             rows.append(row)
     return rows

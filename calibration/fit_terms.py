@@ -46,20 +46,34 @@ class StepTerms:
     mixed_layers: int
 
 
-_UNIT = Profile(gemm_compute=EfficiencyCurve.constant(1.0), attn_compute=EfficiencyCurve.constant(1.0),
-                gemm_memory=EfficiencyCurve.constant(1.0), attn_memory=EfficiencyCurve.constant(1.0),
-                moe_compute=None, moe_memory=None)  # peak seconds for routed experts too
+_UNIT = Profile(
+    gemm_compute=EfficiencyCurve.constant(1.0),
+    attn_compute=EfficiencyCurve.constant(1.0),
+    gemm_memory=EfficiencyCurve.constant(1.0),
+    attn_memory=EfficiencyCurve.constant(1.0),
+    moe_compute=None,
+    moe_memory=None,
+)  # peak seconds for routed experts too
 
 
-def step_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.CostOptions = cost.CostOptions()
-               ) -> StepTerms:
+def step_terms(
+    batch: StepBatch, model: ModelSpec, gpu: GpuSpec, options: cost.CostOptions = cost.CostOptions()
+) -> StepTerms:
     """The profile-independent terms of one step of `batch` (see the module docstring)."""
     terms = cost.operator_terms(batch, model, gpu, cost.Parallelism(), _UNIT, options)
     for term in terms:
         if term.kind not in KIND_CODES:
-            raise ValueError(f"operator {term.name!r} of kind {term.kind!r}: only single-device steps can be fitted")
-    return StepTerms(np.array([KIND_CODES[t.kind] for t in terms], np.int64), np.array([t.compute_s for t in terms]),
-                     np.array([t.memory_s for t in terms]), np.array([t.layers for t in terms], float),
-                     np.array([t.tokens for t in terms]), model.num_layers, batch.num_requests,
-                     batch.num_tokens, cost.mixed_attention_layers(batch, model, options))
-
+            raise ValueError(
+                f"operator {term.name!r} of kind {term.kind!r}: only single-device steps can be fitted"
+            )
+    return StepTerms(
+        np.array([KIND_CODES[t.kind] for t in terms], np.int64),
+        np.array([t.compute_s for t in terms]),
+        np.array([t.memory_s for t in terms]),
+        np.array([t.layers for t in terms], float),
+        np.array([t.tokens for t in terms]),
+        model.num_layers,
+        batch.num_requests,
+        batch.num_tokens,
+        cost.mixed_attention_layers(batch, model, options),
+    )

@@ -27,6 +27,11 @@ def host_overhead(steps: pd.DataFrame) -> tuple[float, float]:
     requests = rows.loc[host.index, "num_requests"].to_numpy(float)
     measured = host.to_numpy()
     scale = float(np.median(np.abs(measured))) or 1e-6
-    fit = least_squares(lambda x: (x[0] + x[1] * requests - measured) / scale, x0=[scale, 0.0],
-                        bounds=([0.0, 0.0], [np.inf, np.inf]), loss="soft_l1", f_scale=0.1)
+    fit = least_squares(
+        lambda x: (x[0] + x[1] * requests - measured) / scale,
+        x0=[scale, 0.0],
+        bounds=([0.0, 0.0], [np.inf, np.inf]),
+        loss="soft_l1",
+        f_scale=0.1,
+    )
     return float(fit.x[0]), float(fit.x[1])

@@ -39,7 +39,14 @@ from calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, wr
 from calibration.fit import predict_table
 from calibration.host_overhead import host_overhead
 from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
-from calibration.validate import Validation, build_requests, compare, report_html, simulate_requests, trace_config
+from calibration.validate import (
+    Validation,
+    build_requests,
+    compare,
+    report_html,
+    simulate_requests,
+    trace_config,
+)
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.kv_groups import kv_groups
@@ -72,6 +79,7 @@ class Setup:
 
 def _torch_setup(setup: Setup):
     import torch
+
     if setup.device.startswith("cuda") and not torch.cuda.is_available():
         raise SpecError("--device cuda: no CUDA device is visible to torch")
     if setup.threads:
@@ -84,10 +92,18 @@ def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
     KV cache group (vLLM's hybrid KV cache manager), so grid shapes pay the same per-group metadata as served
     steps."""
     from calibration.executor import Executor
+
     spec = row_model(setup.model, setup.scale_json)
     groups = kv_groups(spec)
-    return Executor(spec, num_blocks, setup.block_size, setup.device, seed=setup.seed,
-                    kv_sharing_fast_prefill=fast_prefill, kv_windows=groups.windows if groups.sliding else None)
+    return Executor(
+        spec,
+        num_blocks,
+        setup.block_size,
+        setup.device,
+        seed=setup.seed,
+        kv_sharing_fast_prefill=fast_prefill,
+        kv_windows=groups.windows if groups.sliding else None,
+    )
 
 
 def half_depth(setup: Setup) -> Setup | None:
@@ -103,9 +119,13 @@ def half_depth(setup: Setup) -> Setup | None:
 
 
 def _measure(setup: Setup, shapes: list, repeats: int, phase: Phases, label: str = "timing the grid"):
-    ex = make_executor(setup, _pool_blocks(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes)))
+    ex = make_executor(
+        setup, _pool_blocks(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
+    )
     with phase(f"{label} ({len(shapes)} shapes), rounds", 1 + repeats) as done:
-        return profile_grid(ex, shapes, setup.model, setup.scale, repeats, warmup=1, seed=setup.seed, progress=done)
+        return profile_grid(
+            ex, shapes, setup.model, setup.scale, repeats, warmup=1, seed=setup.seed, progress=done
+        )
 
 
 def _pool_blocks(setup: Setup, need: int) -> int:
@@ -149,9 +169,16 @@ class Phases:
             advance(total)
 
 
-def run_calibration(setup: Setup, folder: Path, gpu: str | None = None, quick: bool = False,
-                    repeats: int | None = None, test_fraction: float = 0.25, profile_name: str = "profile.yaml",
-                    console: Console | None = None) -> tuple[FitReport, Setup]:
+def run_calibration(
+    setup: Setup,
+    folder: Path,
+    gpu: str | None = None,
+    quick: bool = False,
+    repeats: int | None = None,
+    test_fraction: float = 0.25,
+    profile_name: str = "profile.yaml",
+    console: Console | None = None,
+) -> tuple[FitReport, Setup]:
     """Measure, fit and write the profile, grid.csv, calibration.json (and device.yaml on CPU) in `folder`.
 
     The run works in its own `folder`/calibrate-in-progress-* (the device's peaks, the grid-only profile that sizes
@@ -189,8 +216,15 @@ def _process_alive(pid: int) -> bool:
     return True
 
 
-def _calibrate(setup: Setup, work: Path, gpu: str | None, quick: bool, repeats: int | None, test_fraction: float,
-               phase: Phases) -> tuple[FitReport, Setup, dict]:
+def _calibrate(
+    setup: Setup,
+    work: Path,
+    gpu: str | None,
+    quick: bool,
+    repeats: int | None,
+    test_fraction: float,
+    phase: Phases,
+) -> tuple[FitReport, Setup, dict]:
     """Every phase of a calibration in `work`: the fitted report, the setup (its device file in `work`), the
     profile's header."""
     torch = _torch_setup(setup)
@@ -201,30 +235,52 @@ def _calibrate(setup: Setup, work: Path, gpu: str | None, quick: bool, repeats: 
     shallow = None if quick else half_depth(setup)
     if shallow is not None:  # the quick grid again at half depth: separates layer from step overhead
         shapes = grid_shapes(GridSpec.for_device(setup.device, quick=True), setup.seed)
-        rows = pd.concat([rows, _measure(shallow, shapes, repeats, phase, "timing the half-depth grid")],
-                         ignore_index=True)
+        rows = pd.concat(
+            [rows, _measure(shallow, shapes, repeats, phase, "timing the half-depth grid")], ignore_index=True
+        )
     today = dt.date.today().isoformat()
-    provenance = (f"fitted by servesim calibrate on {today}: {setup.device} ({device_name(setup.device)}) as "
-                  f"{setup.gpu!r}, {rows['dtype'][0]}, torch {torch.__version__}, {rows['threads'][0]} threads, "
-                  f"model {setup.model} scale {setup.scale_json}, {len(rows)} measured shapes")
+    provenance = (
+        f"fitted by servesim calibrate on {today}: {setup.device} ({device_name(setup.device)}) as "
+        f"{setup.gpu!r}, {rows['dtype'][0]}, torch {torch.__version__}, {rows['threads'][0]} threads, "
+        f"model {setup.model} scale {setup.scale_json}, {len(rows)} measured shapes"
+    )
     gpu_spec = get_gpu(setup.gpu, tuple(Path(p) for p in setup.gpu_files))
     name = f"{setup.gpu}-{setup.model}"
     with phase("fitting the grid"):
         report = calibrate_rows(rows, gpu_spec, name, provenance, test_fraction, setup.seed)
-    header = {"device": f"{setup.device} ({device_name(setup.device)})", "gpu_spec": setup.gpu,
-              "torch": torch.__version__, "date": today, "model": setup.model, "scale": setup.scale_json,
-              "dtype": rows["dtype"][0], "rows": len(rows)}
-    grid_only = save_profile(report.profile, work / "grid-only-profile.yaml", header)  # sizes the calibration trace
+    header = {
+        "device": f"{setup.device} ({device_name(setup.device)})",
+        "gpu_spec": setup.gpu,
+        "torch": torch.__version__,
+        "date": today,
+        "model": setup.model,
+        "scale": setup.scale_json,
+        "dtype": rows["dtype"][0],
+        "rows": len(rows),
+    }
+    grid_only = save_profile(
+        report.profile, work / "grid-only-profile.yaml", header
+    )  # sizes the calibration trace
     with phase("serving the calibration trace, requests arrived", CALIBRATION_TRACE.num_requests) as done:
         served = serve_calibration_trace(setup, grid_only, work, done)
     with phase("refitting with the served steps"):
-        report = calibrate_rows(rows, gpu_spec, name, provenance + f" and {len(served)} served steps", test_fraction,
-                                setup.seed, served=served_rows(served, setup))
+        report = calibrate_rows(
+            rows,
+            gpu_spec,
+            name,
+            provenance + f" and {len(served)} served steps",
+            test_fraction,
+            setup.seed,
+            served=served_rows(served, setup),
+        )
     with phase("fitting the host overhead"):
         host_step, host_request = host_overhead(served)
     profile = report.profile.model_copy(update={"host_step_s": host_step, "host_request_s": host_request})
-    header |= {"served_steps": len(served), **{f"{key}_mape_pct": round(value, 2) for key, value in report.mape.items()},
-               "host_overhead": "fitted on a served calibration trace"}
+    header |= {
+        "served_steps": len(served),
+        **{f"{key}_mape_pct": round(value, 2) for key, value in report.mape.items()},
+        "host_overhead": "fitted on a served calibration trace",
+    }
     return dataclasses.replace(report, profile=profile), setup, header
 
 
@@ -237,8 +293,10 @@ def _publish(report: FitReport, setup: Setup, header: dict, folder: Path, profil
         setup = dataclasses.replace(setup, gpu_files=(str(device.resolve()),))
     write_text_atomic(folder / "grid.csv", report.rows.to_csv(index=False))
     files = [os.path.relpath(p, folder.resolve()) for p in setup.gpu_files]  # the folder may move as a whole
-    write_text_atomic(folder / "calibration.json",
-                      json.dumps(dataclasses.asdict(setup) | {"gpu_files": files, "profile": profile_name}, indent=2))
+    write_text_atomic(
+        folder / "calibration.json",
+        json.dumps(dataclasses.asdict(setup) | {"gpu_files": files, "profile": profile_name}, indent=2),
+    )
     save_profile(report.profile, folder / profile_name, header)
     return setup
 
@@ -273,9 +331,16 @@ class TraceSpec:
     prefix_share: float = 1.0  # fraction of prompts that start with a shared prefix
 
     def workload(self, rate_per_s: float):
-        return trace_config(self.num_requests, rate_per_s, self.prompt_median, self.output_low, self.output_high,
-                            num_prefixes=self.num_prefixes, prefix_tokens=self.prefix_tokens,
-                            prefix_share=self.prefix_share)
+        return trace_config(
+            self.num_requests,
+            rate_per_s,
+            self.prompt_median,
+            self.output_low,
+            self.output_high,
+            num_prefixes=self.num_prefixes,
+            prefix_tokens=self.prefix_tokens,
+            prefix_share=self.prefix_share,
+        )
 
 
 def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
@@ -283,19 +348,32 @@ def _engine(setup: Setup, trace: TraceSpec) -> EngineConfig:
     pool; the served run and the simulated one use the same settings, sliding-window layers included (vLLM's
     hybrid KV cache manager). The executor's serving loop plans a step when the one before has ended, so the
     replay does too (no async scheduling)."""
-    return EngineConfig(max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
-                        async_scheduling=False,
-                        enable_chunked_prefill=True, block_size=setup.block_size, max_model_len=4096,
-                        num_gpu_blocks_override=trace.num_blocks, kv_sharing_fast_prefill=trace.fast_prefill,
-                        prefix_caching=trace.prefix_caching)
+    return EngineConfig(
+        max_num_seqs=trace.max_num_seqs,
+        max_num_batched_tokens=trace.max_num_batched_tokens,
+        async_scheduling=False,
+        enable_chunked_prefill=True,
+        block_size=setup.block_size,
+        max_model_len=4096,
+        num_gpu_blocks_override=trace.num_blocks,
+        kv_sharing_fast_prefill=trace.fast_prefill,
+        prefix_caching=trace.prefix_caching,
+    )
 
 
 def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path) -> float:
     """Requests/s the fitted simulator completes when the whole trace arrives at once."""
     burst = trace.workload(1e6)
-    result = simulate_requests(row_model(setup.model, setup.scale_json), build_requests(burst, setup.seed),
-                               _engine(setup, trace), burst, setup.gpu, [Path(p) for p in setup.gpu_files],
-                               profile, Path(folder))
+    result = simulate_requests(
+        row_model(setup.model, setup.scale_json),
+        build_requests(burst, setup.seed),
+        _engine(setup, trace),
+        burst,
+        setup.gpu,
+        [Path(p) for p in setup.gpu_files],
+        profile,
+        Path(folder),
+    )
     return result.summary["request_throughput"]
 
 
@@ -304,26 +382,44 @@ def saturation_rate(setup: Setup, trace: TraceSpec, profile: Path, folder: Path)
 CALIBRATION_TRACE = TraceSpec(num_requests=80, prompt_median=120, output_low=8, output_high=48, load=0.6)
 
 
-def serve_calibration_trace(setup: Setup, profile: Path, folder: Path,
-                            progress: Callable[[int], None] | None = None) -> pd.DataFrame:
+def serve_calibration_trace(
+    setup: Setup, profile: Path, folder: Path, progress: Callable[[int], None] | None = None
+) -> pd.DataFrame:
     """Serve CALIBRATION_TRACE on the executor at 0.6x the saturation `profile` predicts; its step rows.
     `progress(arrived)`: as in `serve`."""
     from calibration.serve import serve
+
     rate = CALIBRATION_TRACE.load * saturation_rate(setup, CALIBRATION_TRACE, profile, folder)
     workload = CALIBRATION_TRACE.workload(rate)
     ex = make_executor(setup, CALIBRATION_TRACE.num_blocks)
-    served = serve(ex, build_requests(workload, setup.seed + 7919), _engine(setup, CALIBRATION_TRACE), setup.seed,
-                   progress)
+    served = serve(
+        ex,
+        build_requests(workload, setup.seed + 7919),
+        _engine(setup, CALIBRATION_TRACE),
+        setup.seed,
+        progress,
+    )
     return served.steps
 
 
 def served_rows(steps: pd.DataFrame, setup: Setup) -> pd.DataFrame:
     """Served step rows (`serve`'s columns) as fit rows: the batch, its measured forward time, the model."""
-    return pd.DataFrame({
-        "shape": "served", "kind": np.where(steps["prefill_tokens"] == 0, "decode", "mixed"), "fast_prefill": False,
-        "num_requests": steps["num_requests"], "num_tokens": steps["num_tokens"], "num_new": steps["num_new"],
-        "num_context": steps["num_context"], "needs_logits": steps["needs_logits"], "time_s": steps["execute_s"],
-        "cpu_time_s": steps["execute_cpu_s"], "model": setup.model, "scale": setup.scale_json})
+    return pd.DataFrame(
+        {
+            "shape": "served",
+            "kind": np.where(steps["prefill_tokens"] == 0, "decode", "mixed"),
+            "fast_prefill": False,
+            "num_requests": steps["num_requests"],
+            "num_tokens": steps["num_tokens"],
+            "num_new": steps["num_new"],
+            "num_context": steps["num_context"],
+            "needs_logits": steps["needs_logits"],
+            "time_s": steps["execute_s"],
+            "cpu_time_s": steps["execute_cpu_s"],
+            "model": setup.model,
+            "scale": setup.scale_json,
+        }
+    )
 
 
 def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = False) -> np.ndarray:
@@ -341,6 +437,7 @@ def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = Fal
 def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | None = None) -> Validation:
     """Serve a trace on the executor and in the simulator; write tables and validation.html to `out`."""
     from calibration.serve import serve
+
     folder = Path(folder)
     out = Path(out or folder)
     setup, profile = load_setup(folder)
@@ -351,14 +448,30 @@ def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | Non
     engine = _engine(setup, trace)
     ex = make_executor(setup, trace.num_blocks, trace.fast_prefill)
     measured = serve(ex, build_requests(workload, setup.seed), engine, setup.seed)
-    simulated = simulate_requests(ex.spec, build_requests(workload, setup.seed), engine, workload, setup.gpu,
-                                  [Path(p) for p in setup.gpu_files], profile, out)
+    simulated = simulate_requests(
+        ex.spec,
+        build_requests(workload, setup.seed),
+        engine,
+        workload,
+        setup.gpu,
+        [Path(p) for p in setup.gpu_files],
+        profile,
+        out,
+    )
     steps = measured.steps.assign(predicted_s=predicted_step_s(folder, measured.steps, trace.fast_prefill))
     table = compare(measured.requests, simulated.requests, measured.summary, simulated.summary, steps)
     v = Validation(measured.requests, simulated.requests, table, steps, measured.summary, simulated.summary)
-    for name, frame in (("requests_measured", v.measured), ("requests_simulated", v.simulated),
-                        ("steps_measured", v.measured_steps), ("validation", v.table)):
+    for name, frame in (
+        ("requests_measured", v.measured),
+        ("requests_simulated", v.simulated),
+        ("steps_measured", v.measured_steps),
+        ("validation", v.table),
+    ):
         write_text_atomic(out / f"{name}.csv", frame.to_csv(index=False))
-    report_html(v, out / "validation.html", f"{setup.model} {setup.scale_json} on {setup.gpu}: "
-                f"{trace.num_requests} requests at {rate:.2f}/s (measured vs simulated)")
+    report_html(
+        v,
+        out / "validation.html",
+        f"{setup.model} {setup.scale_json} on {setup.gpu}: "
+        f"{trace.num_requests} requests at {rate:.2f}/s (measured vs simulated)",
+    )
     return v

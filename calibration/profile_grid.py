@@ -55,19 +55,39 @@ class GridSpec:
 
     @classmethod
     def quick(cls) -> GridSpec:
-        return cls(prefill_tokens=(16, 128, 512, 1024), decode_batches=(1, 8, 32), decode_contexts=(64, 1024),
-                   chunk_contexts=(512,), mixed_decodes=(1, 8, 32), mixed_chunks=(128,))
+        return cls(
+            prefill_tokens=(16, 128, 512, 1024),
+            decode_batches=(1, 8, 32),
+            decode_contexts=(64, 1024),
+            chunk_contexts=(512,),
+            mixed_decodes=(1, 8, 32),
+            mixed_chunks=(128,),
+        )
 
     @classmethod
     def gpu(cls, quick: bool = False) -> GridSpec:
         """Shapes a GPU engine runs (budget 2048 tokens, up to 128 decodes); `quick` keeps a third of them."""
         if quick:
-            return cls(prefill_tokens=(128, 2048), decode_batches=(8, 128), decode_contexts=(256, 4096),
-                       chunk_tokens=2048, chunk_contexts=(4096,), mixed_decodes=(1, 64), mixed_chunks=(512,),
-                       mixed_context=1024)
-        return cls(prefill_tokens=(32, 128, 512, 2048, 8192), decode_batches=(1, 8, 32, 128),
-                   decode_contexts=(256, 1024, 4096), chunk_tokens=2048, chunk_contexts=(2048, 8192),
-                   mixed_decodes=(1, 16, 64, 128), mixed_chunks=(256, 2048), mixed_context=1024)
+            return cls(
+                prefill_tokens=(128, 2048),
+                decode_batches=(8, 128),
+                decode_contexts=(256, 4096),
+                chunk_tokens=2048,
+                chunk_contexts=(4096,),
+                mixed_decodes=(1, 64),
+                mixed_chunks=(512,),
+                mixed_context=1024,
+            )
+        return cls(
+            prefill_tokens=(32, 128, 512, 2048, 8192),
+            decode_batches=(1, 8, 32, 128),
+            decode_contexts=(256, 1024, 4096),
+            chunk_tokens=2048,
+            chunk_contexts=(2048, 8192),
+            mixed_decodes=(1, 16, 64, 128),
+            mixed_chunks=(256, 2048),
+            mixed_context=1024,
+        )
 
     @classmethod
     def for_device(cls, device: str, quick: bool = False) -> GridSpec:
@@ -81,17 +101,35 @@ def grid_shapes(grid: GridSpec, seed: int = 0) -> list[tuple[str, StepBatch]]:
     rng = np.random.default_rng(seed)
     shapes = [(f"prefill {n}", StepBatch.uniform(1, 0, n)) for n in grid.prefill_tokens]
     shapes.append(("prefill 4x128", StepBatch.uniform(4, 0, 128)))
-    shapes += [(f"chunk {grid.chunk_tokens}@{c}", StepBatch.of([grid.chunk_tokens], [c], [i % 2 == 0]))
-               for i, c in enumerate(grid.chunk_contexts)]
-    shapes += [(f"decode {b}x{c}", StepBatch.uniform(b, c)) for b in grid.decode_batches for c in grid.decode_contexts]
+    shapes += [
+        (f"chunk {grid.chunk_tokens}@{c}", StepBatch.of([grid.chunk_tokens], [c], [i % 2 == 0]))
+        for i, c in enumerate(grid.chunk_contexts)
+    ]
+    shapes += [
+        (f"decode {b}x{c}", StepBatch.uniform(b, c))
+        for b in grid.decode_batches
+        for c in grid.decode_contexts
+    ]
     spread = max(grid.decode_contexts)
-    shapes += [(f"decode {b} spread", StepBatch.of([1] * b, np.sort(rng.integers(16, spread, b))))
-               for b in grid.decode_batches if b > 1]
-    shapes += [(f"mixed {b}+{n}", StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [0]))
-               for b in grid.mixed_decodes for n in grid.mixed_chunks]
+    shapes += [
+        (f"decode {b} spread", StepBatch.of([1] * b, np.sort(rng.integers(16, spread, b))))
+        for b in grid.decode_batches
+        if b > 1
+    ]
+    shapes += [
+        (f"mixed {b}+{n}", StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [0]))
+        for b in grid.mixed_decodes
+        for n in grid.mixed_chunks
+    ]
     # what chunked prefill serves most: decodes riding along with the next chunk of a prompt already begun
-    shapes += [(f"mixed {b}+{n}@{n}", StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [n], [True] * b + [False]))
-               for b in grid.mixed_decodes for n in grid.mixed_chunks]
+    shapes += [
+        (
+            f"mixed {b}+{n}@{n}",
+            StepBatch.of([1] * b + [n], [grid.mixed_context] * b + [n], [True] * b + [False]),
+        )
+        for b in grid.mixed_decodes
+        for n in grid.mixed_chunks
+    ]
     return shapes
 
 
@@ -109,20 +147,38 @@ def _tables(batch: StepBatch, block_size: int, num_blocks: int) -> list[list[int
     return tables
 
 
-def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dict, repeats: int = 5,
-                 warmup: int = 1, seed: int = 0, warm: int | None = None,
-                 progress: Callable[[int], None] | None = None) -> pd.DataFrame:
+def profile_grid(
+    ex,
+    shapes: list[tuple[str, StepBatch]],
+    model: str,
+    scale: dict,
+    repeats: int = 5,
+    warmup: int = 1,
+    seed: int = 0,
+    warm: int | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> pd.DataFrame:
     """Median step time of `ex` (a calibration Executor) for every shape; one DataFrame row per
     (shape, fast prefill on/off). `model` and `scale` are recorded to rebuild the ModelSpec.
     `progress(rounds_done)` runs after each of the `warmup + repeats` rounds, outside the timed calls."""
     import torch
 
     from calibration.executor import StepInput
+
     rng = np.random.default_rng(seed)
     modes = (False, True) if fast_prefill_layers(ex.spec) else (False,)
-    cases = [(label, batch, fast, StepInput.from_batch(batch, _tables(batch, ex.block_size, ex.num_blocks),
-                                                       ex.spec.vocab_size, rng, ex.num_kv_groups))
-             for label, batch in shapes for fast in modes]
+    cases = [
+        (
+            label,
+            batch,
+            fast,
+            StepInput.from_batch(
+                batch, _tables(batch, ex.block_size, ex.num_blocks), ex.spec.vocab_size, rng, ex.num_kv_groups
+            ),
+        )
+        for label, batch in shapes
+        for fast in modes
+    ]
     device = str(ex.device)
     warm = warm_calls(device) if warm is None else warm
     progress = progress or (lambda done: None)
@@ -143,13 +199,22 @@ def profile_grid(ex, shapes: list[tuple[str, StepBatch]], model: str, scale: dic
             synchronize(device)
             times[r, i], cpu_times[r, i] = time.perf_counter() - start, time.thread_time() - cpu_start
         progress(warmup + r + 1)
-    rows = [_row(label, batch, fast, times[:, i]) | {"cpu_time_s": float(np.median(cpu_times[:, i]))}
-            for i, (label, batch, fast, _) in enumerate(cases)]
+    rows = [
+        _row(label, batch, fast, times[:, i]) | {"cpu_time_s": float(np.median(cpu_times[:, i]))}
+        for i, (label, batch, fast, _) in enumerate(cases)
+    ]
     df = pd.DataFrame(rows)
-    meta = {"model": model, "scale": json.dumps(scale, sort_keys=True), "num_layers": ex.spec.num_layers,
-            "block_size": ex.block_size, "device": device, "device_name": device_name(device),
-            "dtype": str(ex.dtype).removeprefix("torch."), "torch_version": torch.__version__,
-            "threads": torch.get_num_threads()}
+    meta = {
+        "model": model,
+        "scale": json.dumps(scale, sort_keys=True),
+        "num_layers": ex.spec.num_layers,
+        "block_size": ex.block_size,
+        "device": device,
+        "device_name": device_name(device),
+        "dtype": str(ex.dtype).removeprefix("torch."),
+        "torch_version": torch.__version__,
+        "threads": torch.get_num_threads(),
+    }
     return df.assign(**meta)
 
 
@@ -159,9 +224,20 @@ def warm_calls(device: str) -> int:
 
 
 def _row(label: str, batch: StepBatch, fast: bool, times: np.ndarray) -> dict:
-    return {"shape": label, "kind": label.split()[0], "fast_prefill": fast, "num_requests": batch.num_requests,
-            "num_tokens": batch.num_tokens, "num_logits": batch.num_logits, "max_query_len": batch.max_query_len,
-            "sum_context": int(batch.num_context.sum()), "num_new": json.dumps(batch.num_new.tolist()),
-            "num_context": json.dumps(batch.num_context.tolist()),
-            "needs_logits": json.dumps(batch.needs_logits.tolist()), "time_s": float(np.median(times)),
-            "time_min_s": float(times.min()), "time_max_s": float(times.max()), "repeats": len(times)}
+    return {
+        "shape": label,
+        "kind": label.split()[0],
+        "fast_prefill": fast,
+        "num_requests": batch.num_requests,
+        "num_tokens": batch.num_tokens,
+        "num_logits": batch.num_logits,
+        "max_query_len": batch.max_query_len,
+        "sum_context": int(batch.num_context.sum()),
+        "num_new": json.dumps(batch.num_new.tolist()),
+        "num_context": json.dumps(batch.num_context.tolist()),
+        "needs_logits": json.dumps(batch.needs_logits.tolist()),
+        "time_s": float(np.median(times)),
+        "time_min_s": float(times.min()),
+        "time_max_s": float(times.max()),
+        "repeats": len(times),
+    }

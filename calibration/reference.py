@@ -14,8 +14,9 @@ from calibration.executor import Executor
 from calibration.weights import LayerWeights, apply_rope, mlp, rms_norm, rope_cos_sin
 
 
-def _dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None,
-                     scale: float) -> torch.Tensor:
+def _dense_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, scale: float
+) -> torch.Tensor:
     """q [L, H, d], k/v [L, KVH, d] -> [L, H, d] with causal (and sliding window) masking, in float32."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -32,7 +33,9 @@ def _dense_moe(x: torch.Tensor, w: LayerWeights, top_k: int, gated: bool) -> tor
     logits = x @ w.router
     top_logits, top_experts = logits.topk(top_k, dim=-1)
     gates = torch.zeros_like(logits).scatter(1, top_experts, torch.softmax(top_logits, dim=-1))
-    every = torch.stack([mlp(x, w.expert_up[e], w.expert_down[e], gated) for e in range(logits.shape[1])], dim=1)
+    every = torch.stack(
+        [mlp(x, w.expert_up[e], w.expert_down[e], gated) for e in range(logits.shape[1])], dim=1
+    )
     return (every * gates[:, :, None]).sum(dim=1)
 
 
@@ -50,13 +53,15 @@ def reference_logits(ex: Executor, token_ids: list[int]) -> torch.Tensor:
             qkv = h @ w.qkv + (0 if w.qkv_bias is None else w.qkv_bias)
             q = apply_rope(qkv[:, :q_dim].view(-1, spec.num_heads, d), cos, sin)
             if layer.owns_kv:
-                k = apply_rope(qkv[:, q_dim:q_dim + kv_dim].view(-1, spec.num_kv_heads, d), cos, sin)
-                keys[layer.index] = (k, qkv[:, q_dim + kv_dim:].view(-1, spec.num_kv_heads, d))
+                k = apply_rope(qkv[:, q_dim : q_dim + kv_dim].view(-1, spec.num_kv_heads, d), cos, sin)
+                keys[layer.index] = (k, qkv[:, q_dim + kv_dim :].view(-1, spec.num_kv_heads, d))
             k, v = keys[layer.kv_source]
             window = layer.window if layer.attention == "sliding" else None
             x = x + _dense_attention(q, k, v, window, ex.scale).reshape(-1, q_dim) @ w.o
             h = rms_norm(x, w.norm_mlp)
-            x = x + (_dense_moe(h, w, spec.moe.experts_per_token, spec.gated_mlp) if layer.is_moe
-                     else mlp(h, w.up, w.down, spec.gated_mlp))
+            x = x + (
+                _dense_moe(h, w, spec.moe.experts_per_token, spec.gated_mlp)
+                if layer.is_moe
+                else mlp(h, w.up, w.down, spec.gated_mlp)
+            )
         return (rms_norm(x, weights.norm_final) @ weights.lm_head).float()
-

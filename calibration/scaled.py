@@ -18,8 +18,18 @@ from hardware.errors import SpecError
 from hardware.model import LayerSpec, ModelSpec, model_from_config
 
 #: The keyword arguments `scale_model` accepts, as the CLI's `--scale k=v,...` spells them.
-SCALE_KEYS = ("layers", "kv_shared", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab",
-              "experts", "window")
+SCALE_KEYS = (
+    "layers",
+    "kv_shared",
+    "hidden",
+    "heads",
+    "kv_heads",
+    "head_dim",
+    "intermediate",
+    "vocab",
+    "experts",
+    "window",
+)
 
 
 def parse_scale(text: str | None) -> dict[str, int]:
@@ -54,17 +64,38 @@ def _layer_plan(spec: ModelSpec, layers: int | None, kv_shared: int | None) -> t
     return _pick(own, total - kv_shared) + _pick(shared, kv_shared), kv_shared
 
 
-def _config(spec: ModelSpec, chosen: list[LayerSpec], kv_shared: int, hidden: int, heads: int, kv_heads: int,
-            head_dim: int, widths: list[int], vocab: int, experts: int | None, window: int | None) -> dict[str, Any]:
+def _config(
+    spec: ModelSpec,
+    chosen: list[LayerSpec],
+    kv_shared: int,
+    hidden: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    widths: list[int],
+    vocab: int,
+    experts: int | None,
+    window: int | None,
+) -> dict[str, Any]:
     sliding = any(layer.attention == "sliding" for layer in chosen)
     raw: dict[str, Any] = {
-        "model_type": "servesim_scaled", "hidden_size": hidden, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": head_dim, "vocab_size": vocab,
-        "num_hidden_layers": len(chosen), "intermediate_size": widths,
-        "layer_types": ["sliding_attention" if layer.attention == "sliding" else "full_attention" for layer in chosen],
-        "sliding_window": window if sliding else None, "num_kv_shared_layers": kv_shared,
-        "max_position_embeddings": spec.max_position_embeddings, "tie_word_embeddings": spec.tie_embeddings,
-        "hidden_act": "silu" if spec.gated_mlp else "gelu", "attention_bias": spec.qkv_bias,
+        "model_type": "servesim_scaled",
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": vocab,
+        "num_hidden_layers": len(chosen),
+        "intermediate_size": widths,
+        "layer_types": [
+            "sliding_attention" if layer.attention == "sliding" else "full_attention" for layer in chosen
+        ],
+        "sliding_window": window if sliding else None,
+        "num_kv_shared_layers": kv_shared,
+        "max_position_embeddings": spec.max_position_embeddings,
+        "tie_word_embeddings": spec.tie_embeddings,
+        "hidden_act": "silu" if spec.gated_mlp else "gelu",
+        "attention_bias": spec.qkv_bias,
     }
     if spec.moe is not None:
         raw["num_local_experts"] = experts
@@ -72,10 +103,20 @@ def _config(spec: ModelSpec, chosen: list[LayerSpec], kv_shared: int, hidden: in
     return raw
 
 
-def scale_model(spec: ModelSpec, *, layers: int | None = None, kv_shared: int | None = None,
-                hidden: int | None = None, heads: int | None = None, kv_heads: int | None = None,
-                head_dim: int | None = None, intermediate: int | None = None, vocab: int | None = None,
-                experts: int | None = None, window: int | None = None) -> ModelSpec:
+def scale_model(
+    spec: ModelSpec,
+    *,
+    layers: int | None = None,
+    kv_shared: int | None = None,
+    hidden: int | None = None,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    intermediate: int | None = None,
+    vocab: int | None = None,
+    experts: int | None = None,
+    window: int | None = None,
+) -> ModelSpec:
     """A smaller `spec` with the same layer pattern. Unset widths keep the original's; `heads` defaults
     to the original head count, `kv_heads` to the original q/kv ratio, `head_dim` to hidden // heads when
     hidden or heads change. `kv_shared` defaults to the original share of KV-sharing layers."""
@@ -95,11 +136,35 @@ def scale_model(spec: ModelSpec, *, layers: int | None = None, kv_shared: int | 
     else:
         widths = [intermediate or layer.mlp_intermediate for layer in chosen]
     win = window or next((layer.window for layer in chosen if layer.window), None)
-    raw = _config(spec, chosen, n_shared, hidden_size, num_heads, num_kv, dim, widths, vocab or spec.vocab_size,
-                  experts or (spec.moe.num_experts if spec.moe else None), win)
-    given = {k: v for k, v in dict(layers=layers, kv_shared=kv_shared, hidden=hidden, heads=heads,
-                                   kv_heads=kv_heads, head_dim=head_dim, intermediate=intermediate, vocab=vocab,
-                                   experts=experts, window=window).items() if v is not None}
+    raw = _config(
+        spec,
+        chosen,
+        n_shared,
+        hidden_size,
+        num_heads,
+        num_kv,
+        dim,
+        widths,
+        vocab or spec.vocab_size,
+        experts or (spec.moe.num_experts if spec.moe else None),
+        win,
+    )
+    given = {
+        k: v
+        for k, v in dict(
+            layers=layers,
+            kv_shared=kv_shared,
+            hidden=hidden,
+            heads=heads,
+            kv_heads=kv_heads,
+            head_dim=head_dim,
+            intermediate=intermediate,
+            vocab=vocab,
+            experts=experts,
+            window=window,
+        ).items()
+        if v is not None
+    }
     name = f"{spec.name}@" + (",".join(f"{k}={v}" for k, v in given.items()) or "executor")
     return model_from_config(raw, name, f"scale_model({spec.name})")
 
@@ -107,12 +172,27 @@ def scale_model(spec: ModelSpec, *, layers: int | None = None, kv_shared: int | 
 def spec_to_config(spec: ModelSpec) -> dict[str, Any]:
     """An HF-style config dict that `model_from_config` reads back into `spec` (checked; raises if not)."""
     if spec.mla is not None or spec.extra_linear_params or spec.lookup_params:
-        raise SpecError(f"{spec.name}: only scale_model() outputs (no MLA, no Gemma 3n extras) can be written")
+        raise SpecError(
+            f"{spec.name}: only scale_model() outputs (no MLA, no Gemma 3n extras) can be written"
+        )
     kv_shared = sum(not layer.owns_kv for layer in spec.layers)
-    widths: Any = spec.moe.expert_intermediate if spec.moe else [layer.mlp_intermediate for layer in spec.layers]
+    widths: Any = (
+        spec.moe.expert_intermediate if spec.moe else [layer.mlp_intermediate for layer in spec.layers]
+    )
     window = next((layer.window for layer in spec.layers if layer.window), None)
-    raw = _config(spec, list(spec.layers), kv_shared, spec.hidden_size, spec.num_heads, spec.num_kv_heads,
-                  spec.head_dim, widths, spec.vocab_size, spec.moe.num_experts if spec.moe else None, window)
+    raw = _config(
+        spec,
+        list(spec.layers),
+        kv_shared,
+        spec.hidden_size,
+        spec.num_heads,
+        spec.num_kv_heads,
+        spec.head_dim,
+        widths,
+        spec.vocab_size,
+        spec.moe.num_experts if spec.moe else None,
+        window,
+    )
     if spec.moe is not None:
         raw["num_experts_per_tok"] = spec.moe.experts_per_token
     if model_from_config(raw, spec.name) != spec:

@@ -65,7 +65,9 @@ class ServeResult:
     steps: pd.DataFrame
     summary: dict
     tokens: dict[int, list[int]]
-    prefix_hits: dict[int, int]  # request id -> prompt tokens the executor reused from the cache at first admission
+    prefix_hits: dict[
+        int, int
+    ]  # request id -> prompt tokens the executor reused from the cache at first admission
 
 
 _MASK = (1 << 64) - 1
@@ -104,16 +106,22 @@ def prompt_token_ids(req: Request, vocab: int, seed: int = 0) -> list[int]:
 
 
 def _step_input(plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager) -> StepInput:
-    ids = tuple(tuple(tokens[r.id][c:c + n]) for r, n, c in zip(plan.requests, plan.num_new, plan.num_context))
+    ids = tuple(
+        tuple(tokens[r.id][c : c + n]) for r, n, c in zip(plan.requests, plan.num_new, plan.num_context)
+    )
     if isinstance(kv, HybridBlockManager):
-        return StepInput(ids, plan.num_context, (), plan.samples, tuple(kv.group_tables(r) for r in plan.requests))
+        return StepInput(
+            ids, plan.num_context, (), plan.samples, tuple(kv.group_tables(r) for r in plan.requests)
+        )
     return StepInput(ids, plan.num_context, tuple(tuple(kv.table(r)) for r in plan.requests), plan.samples)
 
 
 class _StepRecorder:
     def __init__(self) -> None:
         self.rows: list[dict] = []
-        self.held: dict[int, int] = {}  # request id -> tokens it has run on the executor since its (re)admission
+        self.held: dict[
+            int, int
+        ] = {}  # request id -> tokens it has run on the executor since its (re)admission
         self.first_hits: dict[int, int] = {}  # request id -> prefix-hit tokens at its first admission
 
     def _hits(self, plan: StepPlan) -> int:
@@ -128,31 +136,63 @@ class _StepRecorder:
             hits += hit
         return hits
 
-    def record(self, plan: StepPlan, start_s: float, run_s: float, cpu_s: float, end_s: float, sched,
-               kv: BlockManager, after_idle: bool = False) -> None:
+    def record(
+        self,
+        plan: StepPlan,
+        start_s: float,
+        run_s: float,
+        cpu_s: float,
+        end_s: float,
+        sched,
+        kv: BlockManager,
+        after_idle: bool = False,
+    ) -> None:
         decode = plan.num_decode_tokens
         hits = self._hits(plan)
-        self.rows.append({
-            "start_s": start_s, "end_s": end_s, "execute_s": run_s, "execute_cpu_s": cpu_s, "after_idle": after_idle,
-            "num_requests": len(plan.requests),
-            "num_tokens": plan.num_tokens, "prefill_tokens": plan.num_tokens - decode, "decode_tokens": decode,
-            "num_running": sched.num_running, "num_waiting": sched.num_waiting, "kv_blocks_used": kv.num_used_blocks,
-            "num_preempted": len(plan.preempted), "prefix_hit_tokens": hits, "num_new": json.dumps(list(plan.num_new)),
-            "num_context": json.dumps(list(plan.num_context)), "needs_logits": json.dumps(list(plan.samples))})
+        self.rows.append(
+            {
+                "start_s": start_s,
+                "end_s": end_s,
+                "execute_s": run_s,
+                "execute_cpu_s": cpu_s,
+                "after_idle": after_idle,
+                "num_requests": len(plan.requests),
+                "num_tokens": plan.num_tokens,
+                "prefill_tokens": plan.num_tokens - decode,
+                "decode_tokens": decode,
+                "num_running": sched.num_running,
+                "num_waiting": sched.num_waiting,
+                "kv_blocks_used": kv.num_used_blocks,
+                "num_preempted": len(plan.preempted),
+                "prefix_hit_tokens": hits,
+                "num_new": json.dumps(list(plan.num_new)),
+                "num_context": json.dumps(list(plan.num_context)),
+                "needs_logits": json.dumps(list(plan.samples)),
+            }
+        )
 
 
-def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int = 0,
-          progress: Callable[[int], None] | None = None) -> ServeResult:
+def serve(
+    ex: Executor,
+    requests: list[Request],
+    engine: EngineConfig,
+    seed: int = 0,
+    progress: Callable[[int], None] | None = None,
+) -> ServeResult:
     """Serve `requests` (mutated: counters and times, as the simulator does) on `ex` until all finish.
     `progress(arrived)` runs as requests arrive (they arrive in real time, so it tracks the run's clock)."""
     if engine.block_size != ex.block_size:
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
     if engine.prefix_caching == "radix":
-        raise ValueError("serve() runs on the paged block pool: engine.prefix_caching must be 'none' or 'vllm'")
+        raise ValueError(
+            "serve() runs on the paged block pool: engine.prefix_caching must be 'none' or 'vllm'"
+        )
     groups = kv_groups(ex.spec, engine.disable_hybrid_kv_cache_manager)
     if groups.sliding != ex.hybrid:
-        raise ValueError(f"engine.disable_hybrid_kv_cache_manager={engine.disable_hybrid_kv_cache_manager} needs an "
-                         f"executor {'with' if groups.sliding else 'without'} kv_windows for {ex.spec.name}")
+        raise ValueError(
+            f"engine.disable_hybrid_kv_cache_manager={engine.disable_hybrid_kv_cache_manager} needs an "
+            f"executor {'with' if groups.sliding else 'without'} kv_windows for {ex.spec.name}"
+        )
     kv = make_kv_manager(engine, usable_pages(engine, ex.num_blocks), engine.block_size, groups.windows)
     log = TokenLog()
     sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
@@ -187,19 +227,39 @@ def serve(ex: Executor, requests: list[Request], engine: EngineConfig, seed: int
     frame = request_frame(requests)
     step_frame = pd.DataFrame(steps.rows)
     itl = np.frombuffer(log.itl_s, dtype=float) if log.itl_s else np.array([])
-    summary = summarize(frame, step_frame.assign(duration_s=step_frame["end_s"] - step_frame["start_s"],
-                                                 kv_usage=step_frame["kv_blocks_used"] / kv.num_blocks), itl)
+    summary = summarize(
+        frame,
+        step_frame.assign(
+            duration_s=step_frame["end_s"] - step_frame["start_s"],
+            kv_usage=step_frame["kv_blocks_used"] / kv.num_blocks,
+        ),
+        itl,
+    )
     served = frame[frame["reject_reason"].isna()]
     cached, prompt = int(served["cached_tokens"].sum()), int(served["prompt_tokens"].sum())
     summary |= {"prefix_cache_hit_rate": cached / prompt if prompt else 0.0, "prefill_tokens_saved": cached}
     return ServeResult(frame, step_frame, summary, tokens, steps.first_hits)
 
 
-def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, groups: KVGroups, tokens: dict[int, list[int]],
-            now: float,
-            seed: int) -> None:
-    reason = rejection(req, engine, engine.max_model_len or math.inf, sched.kv.num_blocks, engine.block_size,
-                       groups.windows, sched)
+def _arrive(
+    req: Request,
+    sched,
+    engine: EngineConfig,
+    ex: Executor,
+    groups: KVGroups,
+    tokens: dict[int, list[int]],
+    now: float,
+    seed: int,
+) -> None:
+    reason = rejection(
+        req,
+        engine,
+        engine.max_model_len or math.inf,
+        sched.kv.num_blocks,
+        engine.block_size,
+        groups.windows,
+        sched,
+    )
     if reason:
         req.phase, req.reject_reason = Phase.REJECTED, reason
         return
@@ -207,8 +267,17 @@ def _arrive(req: Request, sched, engine: EngineConfig, ex: Executor, groups: KVG
     sched.add(req, now)
 
 
-def _run_step(ex: Executor, plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager, sched,
-              steps: _StepRecorder, start: float, step_start_s: float, after_idle: bool) -> None:
+def _run_step(
+    ex: Executor,
+    plan: StepPlan,
+    tokens: dict[int, list[int]],
+    kv: BlockManager,
+    sched,
+    steps: _StepRecorder,
+    start: float,
+    step_start_s: float,
+    after_idle: bool,
+) -> None:
     run_start, cpu_start = time.perf_counter(), time.thread_time()
     sampled = iter(ex.execute(_step_input(plan, tokens, kv)))
     end, cpu_s = time.perf_counter(), time.thread_time() - cpu_start

@@ -31,16 +31,33 @@ from workloads.request import Request
 METRICS = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2el", "e2el_s"))
 
 
-def trace_config(num_requests: int, rate_per_s: float, prompt_median: float, output_low: int, output_high: int,
-                 prompt_sigma: float = 0.6, num_prefixes: int = 0, prefix_tokens: int = 0,
-                 prefix_share: float = 1.0) -> WorkloadConfig:
+def trace_config(
+    num_requests: int,
+    rate_per_s: float,
+    prompt_median: float,
+    output_low: int,
+    output_high: int,
+    prompt_sigma: float = 0.6,
+    num_prefixes: int = 0,
+    prefix_tokens: int = 0,
+    prefix_share: float = 1.0,
+) -> WorkloadConfig:
     """Poisson arrivals, lognormal prompts, uniform outputs: a small chat-like trace. With `num_prefixes` and
     `prefix_tokens` > 0, a `prefix_share` of the prompts start with one of that many shared prefixes (Zipf)."""
-    raw = {"lengths": {"prompt": {"kind": "lognormal", "median": prompt_median, "sigma": prompt_sigma},
-                       "output": {"kind": "uniform", "low": output_low, "high": output_high}},
-           "arrivals": {"kind": "poisson", "rate_per_s": rate_per_s}, "num_requests": num_requests}
+    raw = {
+        "lengths": {
+            "prompt": {"kind": "lognormal", "median": prompt_median, "sigma": prompt_sigma},
+            "output": {"kind": "uniform", "low": output_low, "high": output_high},
+        },
+        "arrivals": {"kind": "poisson", "rate_per_s": rate_per_s},
+        "num_requests": num_requests,
+    }
     if num_prefixes and prefix_tokens:
-        raw["shared_prefix"] = {"num_prefixes": num_prefixes, "prefix_tokens": prefix_tokens, "share": prefix_share}
+        raw["shared_prefix"] = {
+            "num_prefixes": num_prefixes,
+            "prefix_tokens": prefix_tokens,
+            "share": prefix_share,
+        }
     return WorkloadConfig.model_validate(raw)
 
 
@@ -49,15 +66,28 @@ def build_requests(cfg: WorkloadConfig, seed: int) -> list[Request]:
     return build_workload(cfg, np.random.default_rng(seed), Path(".")).requests
 
 
-def simulate_requests(spec: ModelSpec, requests: list[Request], engine: EngineConfig, workload: WorkloadConfig,
-                      gpu: str, gpu_files: list[Path], profile: Path, folder: Path) -> RunResult:
+def simulate_requests(
+    spec: ModelSpec,
+    requests: list[Request],
+    engine: EngineConfig,
+    workload: WorkloadConfig,
+    gpu: str,
+    gpu_files: list[Path],
+    profile: Path,
+    folder: Path,
+) -> RunResult:
     """Replay `requests` in the simulator with the fitted profile; writes the model config into `folder`."""
     config = Path(folder) / "model_config.json"
     write_text_atomic(config, json.dumps(spec_to_config(spec), indent=2))
-    scenario = Scenario.model_validate({
-        "name": "validate", "model": str(config),
-        "hardware": {"gpu": gpu, "gpu_files": [str(p) for p in gpu_files], "profile": str(profile)},
-        "engine": engine.model_dump(), "workload": workload.model_dump(exclude_none=True)})
+    scenario = Scenario.model_validate(
+        {
+            "name": "validate",
+            "model": str(config),
+            "hardware": {"gpu": gpu, "gpu_files": [str(p) for p in gpu_files], "profile": str(profile)},
+            "engine": engine.model_dump(),
+            "workload": workload.model_dump(exclude_none=True),
+        }
+    )
     return World(scenario, Path(folder), workload=Workload(requests)).run()
 
 
@@ -65,29 +95,59 @@ def _abs_pct(sim: pd.Series, meas: pd.Series) -> pd.Series:
     return ((sim - meas).abs() / meas * 100.0).dropna()
 
 
-def compare(measured: pd.DataFrame, simulated: pd.DataFrame, measured_summary: dict, simulated_summary: dict,
-            steps: pd.DataFrame | None = None) -> pd.DataFrame:
+def compare(
+    measured: pd.DataFrame,
+    simulated: pd.DataFrame,
+    measured_summary: dict,
+    simulated_summary: dict,
+    steps: pd.DataFrame | None = None,
+) -> pd.DataFrame:
     """One row per metric: per-request median / p90 absolute % error, medians (ms) and the error of the median;
     then output throughput (tokens/s), and with `steps` (columns execute_s, predicted_s) the per-step error."""
-    both = measured.merge(simulated, on="request_id", how="inner", suffixes=("", "_sim")).set_index("request_id")
+    both = measured.merge(simulated, on="request_id", how="inner", suffixes=("", "_sim")).set_index(
+        "request_id"
+    )
     rows = []
     for name, column in METRICS:
         err = _abs_pct(both[f"{column}_sim"], both[column])
         meas_ms, sim_ms = both[column].median() * 1e3, both[f"{column}_sim"].median() * 1e3
-        rows.append({"metric": name, "requests": len(err), "median_abs_pct_err": float(err.median()),
-                     "p90_abs_pct_err": float(np.percentile(err, 90)) if len(err) else float("nan"),
-                     "measured_median_ms": meas_ms, "simulated_median_ms": sim_ms,
-                     "median_pct_err": abs(sim_ms - meas_ms) / meas_ms * 100.0})
+        rows.append(
+            {
+                "metric": name,
+                "requests": len(err),
+                "median_abs_pct_err": float(err.median()),
+                "p90_abs_pct_err": float(np.percentile(err, 90)) if len(err) else float("nan"),
+                "measured_median_ms": meas_ms,
+                "simulated_median_ms": sim_ms,
+                "median_pct_err": abs(sim_ms - meas_ms) / meas_ms * 100.0,
+            }
+        )
     tput_m, tput_s = measured_summary["output_throughput"], simulated_summary["output_throughput"]
-    rows.append({"metric": "output_throughput", "requests": len(both), "median_abs_pct_err": float("nan"),
-                 "p90_abs_pct_err": float("nan"), "measured_median_ms": tput_m, "simulated_median_ms": tput_s,
-                 "median_pct_err": abs(tput_s - tput_m) / tput_m * 100.0})
+    rows.append(
+        {
+            "metric": "output_throughput",
+            "requests": len(both),
+            "median_abs_pct_err": float("nan"),
+            "p90_abs_pct_err": float("nan"),
+            "measured_median_ms": tput_m,
+            "simulated_median_ms": tput_s,
+            "median_pct_err": abs(tput_s - tput_m) / tput_m * 100.0,
+        }
+    )
     if steps is not None:
         err = _abs_pct(steps["predicted_s"], steps["execute_s"])
         meas_ms, pred_ms = steps["execute_s"].median() * 1e3, steps["predicted_s"].median() * 1e3
-        rows.append({"metric": "step_time", "requests": len(steps), "median_abs_pct_err": float(err.median()),
-                     "p90_abs_pct_err": float(np.percentile(err, 90)), "measured_median_ms": meas_ms,
-                     "simulated_median_ms": pred_ms, "median_pct_err": abs(pred_ms - meas_ms) / meas_ms * 100.0})
+        rows.append(
+            {
+                "metric": "step_time",
+                "requests": len(steps),
+                "median_abs_pct_err": float(err.median()),
+                "p90_abs_pct_err": float(np.percentile(err, 90)),
+                "measured_median_ms": meas_ms,
+                "simulated_median_ms": pred_ms,
+                "median_pct_err": abs(pred_ms - meas_ms) / meas_ms * 100.0,
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -108,14 +168,21 @@ def report_html(v: Validation, path: Path, title: str) -> Path:
     import plotly.graph_objects as go
     from plotly.subplots import make_subplots
 
-    both = v.measured.merge(v.simulated, on="request_id", how="left", suffixes=("", "_sim")).set_index("request_id")
+    both = v.measured.merge(v.simulated, on="request_id", how="left", suffixes=("", "_sim")).set_index(
+        "request_id"
+    )
     fig = make_subplots(rows=1, cols=3, subplot_titles=[f"{m.upper()} (ms)" for m, _ in METRICS])
     for i, (name, column) in enumerate(METRICS, start=1):
         x, y = both[column] * 1e3, both[f"{column}_sim"] * 1e3
         fig.add_trace(go.Scatter(x=x, y=y, mode="markers", name=name, marker={"size": 4}), row=1, col=i)
         top = float(np.nanmax([x.max(), y.max()])) if len(x) else 1.0
-        fig.add_trace(go.Scatter(x=[0, top], y=[0, top], mode="lines", line={"dash": "dot", "color": "grey"},
-                                 showlegend=False), row=1, col=i)
+        fig.add_trace(
+            go.Scatter(
+                x=[0, top], y=[0, top], mode="lines", line={"dash": "dot", "color": "grey"}, showlegend=False
+            ),
+            row=1,
+            col=i,
+        )
         fig.update_xaxes(title_text="measured", row=1, col=i)
         fig.update_yaxes(title_text="simulated", row=1, col=i)
     fig.update_layout(title=title, height=450)

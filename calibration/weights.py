@@ -56,8 +56,15 @@ def init_weights(spec: ModelSpec, device: torch.device, dtype: torch.dtype, seed
     gate = 2 if spec.gated_mlp else 1
     layers = []
     for layer in spec.layers:
-        w = LayerWeights(ones(), mat(h, q_dim + 2 * kv_dim),
-                         mat(1, q_dim + 2 * kv_dim)[0] if spec.qkv_bias else None, mat(q_dim, h), ones(), None, None)
+        w = LayerWeights(
+            ones(),
+            mat(h, q_dim + 2 * kv_dim),
+            mat(1, q_dim + 2 * kv_dim)[0] if spec.qkv_bias else None,
+            mat(q_dim, h),
+            ones(),
+            None,
+            None,
+        )
         if layer.is_moe:
             moe = spec.moe
             w.router = mat(h, moe.num_experts)
@@ -77,9 +84,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + RMS_EPS)).to(x.dtype) * weight
 
 
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+def rope_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, ...]:
     """cos and sin of shape [tokens, 1, head_dim // 2] for absolute token positions."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    inv_freq = theta ** (
+        -torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim
+    )
     angles = positions.float()[:, None] * inv_freq[None, :]
     return angles.cos()[:, None, :].to(dtype), angles.sin()[:, None, :].to(dtype)
 

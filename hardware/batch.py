@@ -31,8 +31,12 @@ class StepBatch:
             raise ValueError("every request needs >= 1 new token and >= 0 context tokens")
 
     @classmethod
-    def of(cls, num_new: list[int] | np.ndarray, num_context: list[int] | np.ndarray,
-           needs_logits: list[bool] | np.ndarray | None = None) -> StepBatch:
+    def of(
+        cls,
+        num_new: list[int] | np.ndarray,
+        num_context: list[int] | np.ndarray,
+        needs_logits: list[bool] | np.ndarray | None = None,
+    ) -> StepBatch:
         new = np.asarray(num_new, dtype=np.int64)
         logits = np.ones(len(new), bool) if needs_logits is None else np.asarray(needs_logits, dtype=bool)
         return cls(new, np.asarray(num_context, dtype=np.int64), logits)
@@ -61,7 +65,9 @@ class StepBatch:
     def is_mixed(self, decode_query_len: int = 1) -> bool:
         """Decode queries (up to `decode_query_len` tokens) beside longer ones (prefill chunks): attention runs
         both paths."""
-        return bool(len(self.num_new)) and int(self.num_new.min()) <= decode_query_len < int(self.num_new.max())
+        return bool(len(self.num_new)) and int(self.num_new.min()) <= decode_query_len < int(
+            self.num_new.max()
+        )
 
     def by_rank(self) -> list[StepBatch]:
         """Each labelled rank's requests, by rank number (ranks with none left out); unlabelled: the batch."""
@@ -84,4 +90,6 @@ class StepBatch:
 
     def last_token_only(self) -> StepBatch:
         """Each request reduced to its last new token (YOCO fast prefill for KV-sharing layers)."""
-        return StepBatch(np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits, self.rank)
+        return StepBatch(
+            np.ones_like(self.num_new), self.num_context + self.num_new - 1, self.needs_logits, self.rank
+        )

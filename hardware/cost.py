@@ -26,17 +26,39 @@ from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec, get_interconnect
 from hardware.kernel_tables import AttentionTable, KernelTables, kernel_tables
-from hardware.model import (KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, LayerSpec, ModelSpec, check_sharding, dtype_bytes,
-                            expert_padding, kv_heads_per_rank, resolve_weight_dtype, stage_layer_specs, weight_bytes)
+from hardware.model import (
+    KV_DTYPE_BYTES,
+    WEIGHT_DTYPE_CHOICES,
+    LayerSpec,
+    ModelSpec,
+    check_sharding,
+    dtype_bytes,
+    expert_padding,
+    kv_heads_per_rank,
+    resolve_weight_dtype,
+    stage_layer_specs,
+    weight_bytes,
+)
 from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
-FP8_WITH_SCALE_BYTES = 1.0 + 4.0 / 128  # fp8 activations with an fp32 scale per 128-value group (DeepEP, DeepGEMM)
+FP8_WITH_SCALE_BYTES = (
+    1.0 + 4.0 / 128
+)  # fp8 activations with an fp32 scale per 128-value group (DeepEP, DeepGEMM)
 #: The tensor-core dtype a weight dtype's GEMMs run in (weight-only w8a16, int4 and mxfp4 dequantize to bf16 in the
 #: kernel; nvfp4 and mxfp8 run on FP4/FP8 tensor cores where the GPU has them, `GpuSpec.peak_for`).
-GEMM_COMPUTE_DTYPE = {"bf16": "bf16", "fp16": "bf16", "fp8": "fp8", "int8": "int8", "w8a16": "bf16", "int4": "bf16",
-                      "mxfp4": "bf16", "nvfp4": "fp4", "mxfp8": "fp8"}
+GEMM_COMPUTE_DTYPE = {
+    "bf16": "bf16",
+    "fp16": "bf16",
+    "fp8": "fp8",
+    "int8": "int8",
+    "w8a16": "bf16",
+    "int4": "bf16",
+    "mxfp4": "bf16",
+    "nvfp4": "fp4",
+    "mxfp8": "fp8",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +136,9 @@ class CostOptions:
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_DTYPE_CHOICES:
-            raise SpecError(f"unknown weight dtype {self.weight_dtype!r}; allowed: {', '.join(WEIGHT_DTYPE_CHOICES)}")
+            raise SpecError(
+                f"unknown weight dtype {self.weight_dtype!r}; allowed: {', '.join(WEIGHT_DTYPE_CHOICES)}"
+            )
         dtype_bytes(KV_DTYPE_BYTES, self.kv_dtype, "KV")
         if self.decode_query_len < 1:
             raise SpecError(f"decode_query_len must be >= 1, got {self.decode_query_len}")
@@ -144,8 +168,16 @@ class OperatorCost:
         return self.flops / self.bytes if self.bytes else 0.0
 
     def as_dict(self) -> dict:
-        return {"name": self.name, "kind": self.kind, "flops": self.flops, "bytes": self.bytes,
-                "time_s": self.time_s, "bound": self.bound, "layers": self.layers, "intensity": self.intensity}
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "flops": self.flops,
+            "bytes": self.bytes,
+            "time_s": self.time_s,
+            "bound": self.bound,
+            "layers": self.layers,
+            "intensity": self.intensity,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +204,9 @@ class StepCost:
 
     @property
     def hbm_bytes(self) -> float:
-        return sum(op.bytes for op in self.operators if op.kind in ("gemm", "moe", "attention", "elementwise"))
+        return sum(
+            op.bytes for op in self.operators if op.kind in ("gemm", "moe", "attention", "elementwise")
+        )
 
     @property
     def flops(self) -> float:
@@ -192,12 +226,18 @@ class StepCost:
         return next(op for op in self.operators if op.name == name)
 
     def as_dict(self) -> dict:
-        return {"step_time_s": self.total_s, "floor_s": self.floor_s, "bound": self.bound,
-                "flops": self.flops, "hbm_bytes": self.hbm_bytes,
-                "operators": [op.as_dict() for op in self.operators]}
+        return {
+            "step_time_s": self.total_s,
+            "floor_s": self.floor_s,
+            "bound": self.bound,
+            "flops": self.flops,
+            "hbm_bytes": self.hbm_bytes,
+            "operators": [op.as_dict() for op in self.operators],
+        }
 
 
 # ---- batch statistics ---------------------------------------------------------------------------
+
 
 def causal_keys(num_new: np.ndarray, num_context: np.ndarray, window: int | None) -> np.ndarray:
     """Keys attended, summed over each request's new tokens (causal; a sliding window caps each at `window`).
@@ -230,15 +270,23 @@ class _AttnStats:
 def _attn_stats(batch: StepBatch, window: int | None, decode: bool, decode_query_len: int) -> _AttnStats:
     """Sums over the requests whose queries take the decode path (up to `decode_query_len` tokens), or the others."""
     if batch.num_requests <= 64:  # plain Python beats numpy on small batches; integer sums are identical
-        return _attn_stats_small(batch.num_new.tolist(), batch.num_context.tolist(), window, decode, decode_query_len)
+        return _attn_stats_small(
+            batch.num_new.tolist(), batch.num_context.tolist(), window, decode, decode_query_len
+        )
     mask = batch.num_new <= decode_query_len if decode else batch.num_new > decode_query_len
     n, c = batch.num_new[mask], batch.num_context[mask]
-    return _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
-                      int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
+    return _AttnStats(
+        int(n.sum()),
+        int(mask.sum()),
+        int(causal_keys(n, c, window).sum()),
+        int(kv_read_tokens(n, c, window).sum()),
+        int((n + c).sum()),
+    )
 
 
-def _attn_stats_small(num_new: list[int], num_context: list[int], window: int | None, decode: bool,
-                      decode_query_len: int) -> _AttnStats:
+def _attn_stats_small(
+    num_new: list[int], num_context: list[int], window: int | None, decode: bool, decode_query_len: int
+) -> _AttnStats:
     tokens = requests = keys = kv_read = expand = 0
     for n, c in zip(num_new, num_context):
         if (n <= decode_query_len) != decode:
@@ -258,6 +306,7 @@ def _attn_stats_small(num_new: list[int], num_context: list[int], window: int | 
 
 # ---- layer groups -------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True, slots=True)
 class _Group:
     """Layers that cost the same: same attention window, KV ownership, token reduction and MLP."""
@@ -273,7 +322,9 @@ class _Group:
 _GROUPS: dict[tuple[int, bool], tuple[ModelSpec, tuple[_Group, ...], tuple[tuple[_Group, int], ...]]] = {}
 
 
-def _groups_of(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, ...], tuple[tuple[_Group, int], ...]]:
+def _groups_of(
+    model: ModelSpec, fast_prefill: bool
+) -> tuple[tuple[_Group, ...], tuple[tuple[_Group, int], ...]]:
     """Each layer's group, and each group with its number of layers. Memoized by object identity: hashing a
     ModelSpec walks every layer, too slow for every step."""
     hit = _GROUPS.get((id(model), fast_prefill))
@@ -281,9 +332,15 @@ def _groups_of(model: ModelSpec, fast_prefill: bool) -> tuple[tuple[_Group, ...]
         return hit[1], hit[2]
 
     def key(layer: LayerSpec) -> _Group:
-        return _Group(layer.window if layer.attention == "sliding" else None, layer.owns_kv,
-                      fast_prefill and not layer.owns_kv and _trailing_shared(model, layer.index),
-                      layer.is_moe, layer.mlp_intermediate, layer.extra_linear_params)
+        return _Group(
+            layer.window if layer.attention == "sliding" else None,
+            layer.owns_kv,
+            fast_prefill and not layer.owns_kv and _trailing_shared(model, layer.index),
+            layer.is_moe,
+            layer.mlp_intermediate,
+            layer.extra_linear_params,
+        )
+
     by_layer = tuple(key(layer) for layer in model.layers)
     groups = tuple(Counter(by_layer).items())
     _GROUPS[(id(model), fast_prefill)] = (model, by_layer, groups)
@@ -310,11 +367,15 @@ def mixed_attention_layers(batch: StepBatch, model: ModelSpec, options: CostOpti
     told apart by length (`options.decode_query_len`), as vLLM's reorder_batch_threshold does."""
     if not batch.is_mixed(options.decode_query_len):
         return 0
-    return sum(layers for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill)
-               if not group.last_token_only)
+    return sum(
+        layers
+        for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill)
+        if not group.last_token_only
+    )
 
 
 # ---- pricing ------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True, slots=True)
 class _Ctx:
@@ -323,13 +384,17 @@ class _Ctx:
     par: Parallelism
     opts: CostOptions
     profile: Profile
-    tokens: float  # token rows the operators priced with this context process: the efficiency curves' argument
+    tokens: (
+        float  # token rows the operators priced with this context process: the efficiency curves' argument
+    )
     weight_dtype: str  # resolved (never "auto")
     wbytes: float  # bytes per weight of attention, dense MLP and extras
     expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
     rank: StepBatch  # the requests one GPU attends for (`busiest_rank`): the step's, or its busiest rank's
     peak: tuple[int, int]  # the most tokens and requests one rank exchanges (`rank_peaks`)
-    kernels: KernelTables | None  # measured kernel latencies for this GPU and engine, if the profile names them
+    kernels: (
+        KernelTables | None
+    )  # measured kernel latencies for this GPU and engine, if the profile names them
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
@@ -339,22 +404,31 @@ class _Ctx:
     def kvbytes(self) -> float:
         return KV_DTYPE_BYTES[self.opts.kv_dtype]
 
-    def gemm_s(self, flops: float, nbytes: float, dtype: str | None = None, kind: str = "gemm") -> tuple[float, float]:
+    def gemm_s(
+        self, flops: float, nbytes: float, dtype: str | None = None, kind: str = "gemm"
+    ) -> tuple[float, float]:
         """(compute seconds, memory seconds) of a GEMM (or, kind "moe", routed experts) at the profile's
         efficiencies."""
         peak = self.gpu.peak_for(dtype or GEMM_COMPUTE_DTYPE[self.weight_dtype])
         compute, memory = self.profile.curves(kind)
-        return (flops / (peak * compute.at(self.tokens)),
-                nbytes / (self.gpu.memory_bytes_per_s * memory.at(self.tokens)))
+        return (
+            flops / (peak * compute.at(self.tokens)),
+            nbytes / (self.gpu.memory_bytes_per_s * memory.at(self.tokens)),
+        )
 
     @property
     def table_dtype(self) -> str:
         """The weight dtype as the kernel tables tell kernels apart: a block-quantized checkpoint's fp8 is `fp8_block`."""
         m = self.model
-        return "fp8_block" if self.weight_dtype == "fp8" == m.quantization and m.block_quantized else self.weight_dtype
+        return (
+            "fp8_block"
+            if self.weight_dtype == "fp8" == m.quantization and m.block_quantized
+            else self.weight_dtype
+        )
 
-    def measured_gemms(self, rows: float, shapes: tuple[tuple[float, float], ...], dtype: str | None = None
-                       ) -> float | None:
+    def measured_gemms(
+        self, rows: float, shapes: tuple[tuple[float, float], ...], dtype: str | None = None
+    ) -> float | None:
         """Seconds of the measured GEMMs of `rows` rows, one per (out, in) shape, run one after another; None
         unless the tables hold every one."""
         if self.kernels is None or "gemm" not in self.profile.kernel_ops:
@@ -395,22 +469,35 @@ class _Terms:
     def __init__(self) -> None:
         self.terms: list[OperatorTerm] = []
 
-    def add(self, ctx: _Ctx, name: str, kind: str, flops: float, nbytes: float, roof: tuple[float, float],
-            layers: int, measured: float | None = None) -> None:
+    def add(
+        self,
+        ctx: _Ctx,
+        name: str,
+        kind: str,
+        flops: float,
+        nbytes: float,
+        roof: tuple[float, float],
+        layers: int,
+        measured: float | None = None,
+    ) -> None:
         """`measured`: the kernel tables' seconds, which price the term when given (the roofline's stay beside)."""
         compute_s, memory_s = roof
         if measured is not None:
             time_s, bound = measured, "measured"
         else:
             time_s, bound = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
-        self.terms.append(OperatorTerm(name, kind, flops, nbytes, compute_s, memory_s, time_s, bound, layers,
-                                       ctx.tokens))
+        self.terms.append(
+            OperatorTerm(name, kind, flops, nbytes, compute_s, memory_s, time_s, bound, layers, ctx.tokens)
+        )
 
-    def add_link(self, ctx: _Ctx, name: str, nbytes: float, time_s: float, layers: int,
-                 measured: float | None = None) -> None:
+    def add_link(
+        self, ctx: _Ctx, name: str, nbytes: float, time_s: float, layers: int, measured: float | None = None
+    ) -> None:
         bound = "link" if measured is None else "measured"
         time_s = time_s if measured is None else measured
-        self.terms.append(OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, bound, layers, ctx.tokens))
+        self.terms.append(
+            OperatorTerm(name, "comm", 0.0, nbytes, 0.0, 0.0, time_s, bound, layers, ctx.tokens)
+        )
 
 
 class _Acc:
@@ -419,7 +506,9 @@ class _Acc:
     def __init__(self) -> None:
         self.ops: dict[str, list] = {}
 
-    def add(self, name: str, kind: str, flops: float, nbytes: float, timed: tuple[float, str], layers: int) -> None:
+    def add(
+        self, name: str, kind: str, flops: float, nbytes: float, timed: tuple[float, str], layers: int
+    ) -> None:
         time_s, bound = timed
         entry = self.ops.setdefault(name, [kind, 0.0, 0.0, 0.0, Counter(), 0])
         entry[1] += flops * layers
@@ -429,9 +518,12 @@ class _Acc:
         entry[5] += layers
 
     def result(self) -> tuple[OperatorCost, ...]:
-        return tuple(OperatorCost(name, kind, flops, nbytes, time_s, bounds.most_common(1)[0][0] if bounds else "fixed",
-                                  layers)
-                     for name, (kind, flops, nbytes, time_s, bounds, layers) in self.ops.items())
+        return tuple(
+            OperatorCost(
+                name, kind, flops, nbytes, time_s, bounds.most_common(1)[0][0] if bounds else "fixed", layers
+            )
+            for name, (kind, flops, nbytes, time_s, bounds, layers) in self.ops.items()
+        )
 
 
 def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
@@ -442,7 +534,11 @@ def _qkv_o_params(ctx: _Ctx) -> tuple[float, float, float]:
     if m.mla:
         a = m.mla
         qk = a.qk_nope_head_dim + a.qk_rope_head_dim
-        q = h * m.num_heads * qk / tp if a.q_lora_rank is None else h * a.q_lora_rank + a.q_lora_rank * m.num_heads * qk / tp
+        q = (
+            h * m.num_heads * qk / tp
+            if a.q_lora_rank is None
+            else h * a.q_lora_rank + a.q_lora_rank * m.num_heads * qk / tp
+        )
         kv_a = h * (a.kv_lora_rank + a.qk_rope_head_dim)  # replicated on every rank
         return q + kv_a, m.num_heads * a.v_head_dim * h / tp, m.mla_up_params() / tp
     q_dim = m.num_heads * m.head_dim / tp
@@ -468,7 +564,9 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     """
     m = ctx.model
     qk_dim, v_dim = _attention_dims(m, decode)
-    if ctx.par.dp_attention:  # all heads over the busiest rank's requests (the stats given) and their whole KV
+    if (
+        ctx.par.dp_attention
+    ):  # all heads over the busiest rank's requests (the stats given) and their whole KV
         heads, kv_values = m.num_heads, m.kv_values_per_token_per_layer(1)
     else:
         heads, kv_values = m.num_heads / ctx.par.tp, m.kv_values_per_token_per_layer(ctx.par.tp)
@@ -505,8 +603,9 @@ def _table_length(window: int | None, decode: bool, requests: int, kv_read: int,
     return window + (mean - window * (window + 1) / 2) / window
 
 
-def measured_attention(ctx: _Ctx, window: int | None, decode: bool, requests: int, kv_read: int, keys: int
-                       ) -> float | None:
+def measured_attention(
+    ctx: _Ctx, window: int | None, decode: bool, requests: int, kv_read: int, keys: int
+) -> float | None:
     """One layer's attention from the kernel tables, or None."""
     table = _attention_table(ctx, window, decode)
     if table is None:
@@ -521,10 +620,19 @@ def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: 
         s = _attn_stats(batch, group.window, decode, ctx.opts.decode_query_len)
         if not s.requests:
             continue
-        flops, nbytes, compute_s, memory_s = attention_terms(ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens)
-        acc.add(ctx, "attention_decode" if decode else "attention_prefill", "attention", flops, nbytes,
-                (compute_s, memory_s), layers, measured_attention(ctx, group.window, decode, s.requests, s.kv_read,
-                                                                  s.keys))
+        flops, nbytes, compute_s, memory_s = attention_terms(
+            ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens
+        )
+        acc.add(
+            ctx,
+            "attention_decode" if decode else "attention_prefill",
+            "attention",
+            flops,
+            nbytes,
+            (compute_s, memory_s),
+            layers,
+            measured_attention(ctx, group.window, decode, s.requests, s.kv_read, s.keys),
+        )
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = s.tokens if decode else s.expand_tokens
@@ -550,10 +658,20 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Grou
         flops = 2 * tokens * moe.experts_per_token * expert * expert_padding(m, ctx.weight_dtype)
         nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
         measured = None
-        if ctx.kernels is not None and "moe" in ctx.profile.kernel_ops:  # every token: sliced over TP or on EP ranks
+        if (
+            ctx.kernels is not None and "moe" in ctx.profile.kernel_ops
+        ):  # every token: sliced over TP or on EP ranks
             moe_tp, moe_ep = (1, tp) if ctx.par.ep else (tp, 1)
-            measured = ctx.kernels.moe_s(ctx.table_dtype, tokens, h, moe.expert_intermediate, moe.experts_per_token,
-                                         moe.num_experts, moe_tp, moe_ep)
+            measured = ctx.kernels.moe_s(
+                ctx.table_dtype,
+                tokens,
+                h,
+                moe.expert_intermediate,
+                moe.experts_per_token,
+                moe.num_experts,
+                moe_tp,
+                moe_ep,
+            )
         acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers, measured)
         # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
         # DP attention) and on vLLM's DP ranks every GPU holds the shared experts whole and runs them on its own
@@ -577,8 +695,15 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Grou
         acc.add(dense, "mlp", "gemm", flops, nbytes, dense.gemm_s(flops, nbytes), layers, measured)
     if group.extra_linear_params:
         params = group.extra_linear_params / ranks
-        acc.add(dense, "layer_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
-                dense.gemm_s(2 * rows * params, params * ctx.wbytes), layers)
+        acc.add(
+            dense,
+            "layer_extras",
+            "gemm",
+            2 * rows * params,
+            params * ctx.wbytes,
+            dense.gemm_s(2 * rows * params, params * ctx.wbytes),
+            layers,
+        )
 
 
 def _group_link(ctx: _Ctx, gpus: int):
@@ -629,7 +754,11 @@ def _all_reduce_s(ctx: _Ctx, nbytes: float) -> float:
 
 def _measured_all_reduce(ctx: _Ctx, nbytes: float) -> float | None:
     """The engine's own all-reduce of `nbytes` over the TP group, as the kernel tables measured it inside a node."""
-    if ctx.kernels is None or ctx.par.tp > ctx.gpu.gpus_per_node or "all_reduce" not in ctx.profile.kernel_ops:
+    if (
+        ctx.kernels is None
+        or ctx.par.tp > ctx.gpu.gpus_per_node
+        or "all_reduce" not in ctx.profile.kernel_ops
+    ):
         return None
     return ctx.kernels.all_reduce_s(ctx.par.tp, nbytes)
 
@@ -643,21 +772,39 @@ def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
 
 def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     seen, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
-    peak = ctx.peak[1] if seen is not batch else ctx.peak[0]  # the fullest rank's rows: one a request if reduced
+    peak = (
+        ctx.peak[1] if seen is not batch else ctx.peak[0]
+    )  # the fullest rank's rows: one a request if reduced
     batch = seen
     ctx = ctx.with_tokens(batch.num_tokens)
     tokens, rows, h = float(batch.num_tokens), float(rank.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim = qkv / h  # under DP attention the busiest rank's rows with whole weights
     local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
-    plain = ctx.model.mla is None  # MLA's projections are low-rank pairs the GEMM tables are not looked up for
-    acc.add(local, "qkv_proj", "gemm", 2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
-            local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES), layers,
-            local.measured_gemms(rows, ((out_dim, h),)) if plain else None)
+    plain = (
+        ctx.model.mla is None
+    )  # MLA's projections are low-rank pairs the GEMM tables are not looked up for
+    acc.add(
+        local,
+        "qkv_proj",
+        "gemm",
+        2 * rows * qkv,
+        qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES,
+        local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES),
+        layers,
+        local.measured_gemms(rows, ((out_dim, h),)) if plain else None,
+    )
     _attention(ctx, acc, rank, group, layers)
-    acc.add(local, "o_proj", "gemm", 2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
-            local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES), layers,
-            local.measured_gemms(rows, ((h, o / h),)) if plain else None)
+    acc.add(
+        local,
+        "o_proj",
+        "gemm",
+        2 * rows * o,
+        o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
+        local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES),
+        layers,
+        local.measured_gemms(rows, ((h, o / h),)) if plain else None,
+    )
     _mlp(ctx, acc, tokens, rows, group, layers)
     if ctx.profile.elementwise_kernels:
         _elementwise(local, acc, rows, out_dim, group, layers)
@@ -673,13 +820,16 @@ def _elementwise(ctx: _Ctx, acc: _Terms, rows: float, qkv_dim: float, group: _Gr
     h, profile = ctx.model.hidden_size, ctx.profile
     width = 0.0 if group.is_moe else group.mlp_intermediate / ctx.par.dense_ranks
     nbytes = rows * ACT_BYTES * (2 * 4 * h + 2 * qkv_dim + 3 * width)
-    memory_s = (nbytes / (ctx.gpu.memory_bytes_per_s * profile.gemm_memory.at(ctx.tokens))
-                + profile.elementwise_kernels * profile.elementwise_latency_s)
+    memory_s = (
+        nbytes / (ctx.gpu.memory_bytes_per_s * profile.gemm_memory.at(ctx.tokens))
+        + profile.elementwise_kernels * profile.elementwise_latency_s
+    )
     acc.add(ctx, "elementwise", "elementwise", 0.0, nbytes, (0.0, memory_s), layers)
 
 
-def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, peak_tokens: float, group: _Group, layers: int,
-                extend: bool) -> None:
+def _layer_comm(
+    ctx: _Ctx, acc: _Terms, tokens: float, peak_tokens: float, group: _Group, layers: int, extend: bool
+) -> None:
     """Per layer over the TP group: an all-reduce after attention (an all-gather of the hidden states under DP
     attention, the same bytes as SGLang sends it) and one after the MLP. On vLLM's data-parallel ranks only the
     MoE layers talk: without expert parallel they all-gather the group's hidden states and router logits and
@@ -702,14 +852,26 @@ def _layer_comm(ctx: _Ctx, acc: _Terms, tokens: float, peak_tokens: float, group
         copies = moe.ranks_per_token(ctx.par.tp) if extend else moe.experts_per_token
         dispatch_bytes = FP8_WITH_SCALE_BYTES if ctx.weight_dtype == "fp8" or not extend else ACT_BYTES
         dispatch, combine = local * copies * dispatch_bytes, local * copies * ACT_BYTES
-        acc.add_link(ctx, "all_to_all", dispatch + combine,
-                     _all_to_all_s(ctx, dispatch) + _all_to_all_s(ctx, combine), layers)
+        acc.add_link(
+            ctx,
+            "all_to_all",
+            dispatch + combine,
+            _all_to_all_s(ctx, dispatch) + _all_to_all_s(ctx, combine),
+            layers,
+        )
         return
     if ctx.par.dense_replicated:
-        if group.is_moe:  # the group's hidden states and router logits gathered, the experts' outputs scattered
+        if (
+            group.is_moe
+        ):  # the group's hidden states and router logits gathered, the experts' outputs scattered
             gathered = tokens * (ctx.model.hidden_size + ctx.model.moe.num_experts) * ACT_BYTES
-            acc.add_link(ctx, "all_gather_reduce_scatter", gathered + msg,
-                         _all_to_all_s(ctx, gathered) + _all_to_all_s(ctx, msg), layers)
+            acc.add_link(
+                ctx,
+                "all_gather_reduce_scatter",
+                gathered + msg,
+                _all_to_all_s(ctx, gathered) + _all_to_all_s(ctx, msg),
+                layers,
+            )
         return
     for _ in range(2):
         acc.add_link(ctx, "all_reduce", msg, _all_reduce_s(ctx, msg), layers, _measured_all_reduce(ctx, msg))
@@ -723,11 +885,20 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
     acc.add(local, "embedding", "gemm", 0.0, looked_up, local.gemm_s(0.0, looked_up), 1)
     if ranks > 1:  # each rank looks up its slice of the vocabulary; the partial embeddings are summed
         msg = tokens * m.hidden_size * ACT_BYTES
-        acc.add_link(ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1, _measured_all_reduce(ctx, msg))
+        acc.add_link(
+            ctx, "embedding_all_reduce", msg, _all_reduce_s(ctx, msg), 1, _measured_all_reduce(ctx, msg)
+        )
     if m.extra_linear_params:
         params = m.extra_linear_params / ranks
-        acc.add(local, "model_extras", "gemm", 2 * rows * params, params * ctx.wbytes,
-                local.gemm_s(2 * rows * params, params * ctx.wbytes), 1)
+        acc.add(
+            local,
+            "model_extras",
+            "gemm",
+            2 * rows * params,
+            params * ctx.wbytes,
+            local.gemm_s(2 * rows * params, params * ctx.wbytes),
+            1,
+        )
     logits = float(batch.num_logits)
     if logits:
         # on vLLM's DP ranks the rank with most logits rows: at least an even share (the busiest rank's
@@ -736,12 +907,22 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         params, rows = m.lm_head_params / ranks, ctx.par.dense_rows(logits, most)
         flops, nbytes = 2 * rows * params, params * ACT_BYTES + rows * m.vocab_size / ranks * LOGIT_BYTES
         head = ctx.with_tokens(rows)  # a GEMM of the logits rows only: a prefill's LM head is a GEMV
-        acc.add(head, "lm_head", "gemm", flops, nbytes, head.gemm_s(flops, nbytes, "bf16"), 1,
-                head.measured_gemms(rows, ((m.vocab_size / ranks, m.hidden_size),), "bf16"))
+        acc.add(
+            head,
+            "lm_head",
+            "gemm",
+            flops,
+            nbytes,
+            head.gemm_s(flops, nbytes, "bf16"),
+            1,
+            head.measured_gemms(rows, ((m.vocab_size / ranks, m.hidden_size),), "bf16"),
+        )
         if ranks > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
             bus = (ranks - 1) / ranks * logits * m.vocab_size * ACT_BYTES
             acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, ranks - 1), 1)
-    if ctx.par.pp > 1:  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
+    if (
+        ctx.par.pp > 1
+    ):  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
         link, sent = _group_link(ctx, ctx.par.num_gpus), 2 * tokens * m.hidden_size * ACT_BYTES
         # vLLM's DP ranks each send their own tokens' whole states, gathering nothing: the fullest rank's bound it
         share = 2 * ctx.peak[0] * m.hidden_size * ACT_BYTES if ctx.par.dense_replicated else sent / ctx.par.tp
@@ -760,19 +941,34 @@ def rank_peaks(batch: StepBatch) -> tuple[int, int] | None:
     return int(np.bincount(batch.rank, weights=batch.num_new).max()), int(np.bincount(batch.rank).max())
 
 
-def busiest_rank(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                 profile: Profile = Profile(), options: CostOptions = CostOptions()) -> StepBatch:
+def busiest_rank(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+) -> StepBatch:
     """The requests one GPU attends for in the step that lasts longest (`Parallelism.rank_batches`): of several
     labelled DP-attention ranks, the one whose step `step_cost` prices longest (the first of equals)."""
     candidates = parallelism.rank_batches(batch)
     if len(candidates) == 1:
         return candidates[0]
-    totals = [step_cost(batch, model, gpu, parallelism, profile, options, rank).total_s for rank in candidates]
+    totals = [
+        step_cost(batch, model, gpu, parallelism, profile, options, rank).total_s for rank in candidates
+    ]
     return candidates[totals.index(max(totals))]
 
 
-def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile,
-             options: CostOptions, rank: StepBatch | None = None) -> _Ctx:
+def _context(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism,
+    profile: Profile,
+    options: CostOptions,
+    rank: StepBatch | None = None,
+) -> _Ctx:
     """`rank`: the requests one GPU attends for; None: `busiest_rank`."""
     check_sharding(model, parallelism.tp, parallelism.pp, parallelism.dp_attention, parallelism.ep)
     dtype = resolve_weight_dtype(model, options.weight_dtype)
@@ -780,8 +976,19 @@ def _context(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Para
         rank = busiest_rank(batch, model, gpu, parallelism, profile, options)
     profile = profile.for_gpu(gpu.name)
     kernels = kernel_tables(profile.kernels, gpu.name) if profile.kernels else None
-    return _Ctx(model, gpu, parallelism, options, profile, float(max(batch.num_tokens, 1)), dtype,
-                *weight_bytes(model, dtype), rank, rank_peaks(batch) or (rank.num_tokens, rank.num_requests), kernels)
+    return _Ctx(
+        model,
+        gpu,
+        parallelism,
+        options,
+        profile,
+        float(max(batch.num_tokens, 1)),
+        dtype,
+        *weight_bytes(model, dtype),
+        rank,
+        rank_peaks(batch) or (rank.num_tokens, rank.num_requests),
+        kernels,
+    )
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
@@ -789,8 +996,15 @@ def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:
     return batch.last_token_only() if group.last_token_only and batch.max_query_len > 1 else batch
 
 
-def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism,
-                         profile: Profile, options: CostOptions, rank: StepBatch | None):
+def _attention_per_layer(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism,
+    profile: Profile,
+    options: CostOptions,
+    rank: StepBatch | None,
+):
     """Yield (group, its layers, decode?, seconds per layer) of every layer group's attention: the terms `step_cost`
     prices, without the other operators. One reduced batch for all fast-prefill groups, so their stats are shared."""
     ctx, memo, reduced = _context(batch, model, gpu, parallelism, profile, options, rank), {}, None
@@ -807,37 +1021,61 @@ def _attention_per_layer(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, paral
                 stats = memo[key] = _attn_stats(seen, group.window, decode, options.decode_query_len)
             if not stats.requests:
                 continue
-            measured = measured_attention(ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys)
+            measured = measured_attention(
+                ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys
+            )
             if measured is not None:
                 yield group, layers, decode, measured
                 continue
-            _, _, compute_s, memory_s = attention_terms(ctx.with_tokens(seen.num_tokens), group.owns_kv, decode,
-                                                        stats.keys, stats.kv_read, stats.tokens)
+            _, _, compute_s, memory_s = attention_terms(
+                ctx.with_tokens(seen.num_tokens),
+                group.owns_kv,
+                decode,
+                stats.keys,
+                stats.kv_read,
+                stats.tokens,
+            )
             yield group, layers, decode, compute_s if compute_s > memory_s else memory_s
 
 
-def attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                      profile: Profile = Profile(), options: CostOptions = CostOptions(),
-                      rank: StepBatch | None = None) -> float:
+def attention_seconds(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> float:
     """`step_cost(...).attention_s` for the simulator's hot path: the same terms, summed in the same order
     (per operator name across groups, then over names in first-seen order), without the other operators.
     `rank`: as `step_cost`'s."""
     totals = {}
-    for _, layers, decode, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options, rank):
+    for _, layers, decode, time_s in _attention_per_layer(
+        batch, model, gpu, parallelism, profile, options, rank
+    ):
         name = "attention_decode" if decode else "attention_prefill"
         totals[name] = totals.get(name, 0.0) + time_s * layers
     return sum(totals.values())
 
 
-def decode_stretch_attention_s(num_context: np.ndarray, num_steps: int, model: ModelSpec, gpu: GpuSpec,
-                               parallelism: Parallelism = Parallelism(), profile: Profile = Profile(),
-                               options: CostOptions = CostOptions()) -> np.ndarray:
+def decode_stretch_attention_s(
+    num_context: np.ndarray,
+    num_steps: int,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+) -> np.ndarray:
     """`attention_seconds` of each of `num_steps` consecutive decode steps of the same requests, whose
     contexts start at `num_context` and grow by one token per step: the same terms in the same order,
     elementwise over the steps, so a fast-forwarded stretch costs bit-for-bit what stepping it does."""
     batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
     ctx = _context(batch, model, gpu, parallelism, profile, options)
-    rank = ctx.rank  # unlabelled: its contexts all grow by one a step, so the dealt busiest rank keeps its requests
+    rank = (
+        ctx.rank
+    )  # unlabelled: its contexts all grow by one a step, so the dealt busiest rank keeps its requests
     ctx = ctx.with_tokens(rank.num_tokens)
     steps = np.arange(num_steps, dtype=np.int64)
     attention = np.zeros(num_steps)
@@ -867,9 +1105,15 @@ def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None)
     return np.minimum(c[None, :] + 1 + steps[:, None], window).sum(axis=1)
 
 
-def operator_terms(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                   profile: Profile = Profile(), options: CostOptions = CostOptions(),
-                   rank: StepBatch | None = None) -> list[OperatorTerm]:
+def operator_terms(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> list[OperatorTerm]:
     """Every operator of every layer group, then the model-level ones, one `OperatorTerm` each, in the
     order `step_cost` sums them (it is built on this; the profile's fixed overheads are not included).
     A calibration fit reads `compute_s`/`memory_s` from here, so fit and predictor cannot drift."""
@@ -885,9 +1129,15 @@ def _operator_terms(ctx: _Ctx, batch: StepBatch) -> list[OperatorTerm]:
     return terms.terms
 
 
-def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-              profile: Profile = Profile(), options: CostOptions = CostOptions(),
-              rank: StepBatch | None = None) -> StepCost:
+def step_cost(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> StepCost:
     """Predicted time of one engine step of `batch` on one replica, split by operator. `rank`: the requests one GPU
     attends for (one of `Parallelism.rank_batches`); None: the busiest (`busiest_rank`).
 
@@ -900,11 +1150,19 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
     for term in _operator_terms(ctx, batch):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
-        requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens  # each DP-attention rank's own host work
-        fixed = (profile.step_overhead_s + profile.layer_overhead_s * model.num_layers
-                 + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
-                 + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, options)
-                 + profile.host_step_s + profile.host_request_s * requests)
+        requests, tokens = (
+            ctx.rank.num_requests,
+            ctx.rank.num_tokens,
+        )  # each DP-attention rank's own host work
+        fixed = (
+            profile.step_overhead_s
+            + profile.layer_overhead_s * model.num_layers
+            + profile.request_overhead_s * requests
+            + profile.token_overhead_s * tokens
+            + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, options)
+            + profile.host_step_s
+            + profile.host_request_s * requests
+        )
         acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]))
 
@@ -912,22 +1170,32 @@ def step_cost(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Par
 _STAGE_GROUPS: dict[tuple[int, int, bool], tuple[ModelSpec, tuple[tuple[tuple[_Group, int], ...], ...]]] = {}
 
 
-def _stage_groups(model: ModelSpec, pp: int, fast_prefill: bool) -> tuple[tuple[tuple[_Group, int], ...], ...]:
+def _stage_groups(
+    model: ModelSpec, pp: int, fast_prefill: bool
+) -> tuple[tuple[tuple[_Group, int], ...], ...]:
     """Each pipeline stage's layer groups with their layer counts there (vLLM's get_pp_indices split).
     Memoized by object identity, as `_groups_of` is."""
     hit = _STAGE_GROUPS.get((id(model), pp, fast_prefill))
     if hit is not None and hit[0] is model:
         return hit[1]
     by_layer = _groups_of(model, fast_prefill)[0]
-    stages = tuple(tuple(Counter(by_layer[layer.index] for layer in stage).items())
-                   for stage in stage_layer_specs(model, pp))
+    stages = tuple(
+        tuple(Counter(by_layer[layer.index] for layer in stage).items())
+        for stage in stage_layer_specs(model, pp)
+    )
     _STAGE_GROUPS[(id(model), pp, fast_prefill)] = (model, stages)
     return stages
 
 
-def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                        profile: Profile = Profile(), options: CostOptions = CostOptions(),
-                        rank: StepBatch | None = None) -> list[float]:
+def stage_fixed_seconds(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> list[float]:
     """`stage_seconds` less attention: what depends only on the step's shape, which `StepTimer` caches."""
     pp = parallelism.pp
     if not batch.num_requests:
@@ -941,17 +1209,24 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
         per_layer[group] = sum(term.time_s for term in terms.terms if term.name not in ATTENTION_OPERATORS)
     edges = _Terms()
     _model_level(ctx, edges, batch)
-    first, last, send = (sum(term.time_s for term in edges.terms if term.name in names)
-                         for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"}))
+    first, last, send = (
+        sum(term.time_s for term in edges.terms if term.name in names)
+        for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"})
+    )
     mixed = ctx.rank.is_mixed(options.decode_query_len)  # on the GPU attending for its rank
     requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens
-    every_stage = profile.step_overhead_s + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
+    every_stage = (
+        profile.step_overhead_s + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
+    )
     stages = []
     for groups in _stage_groups(model, pp, options.kv_sharing_fast_prefill):
-        time_s = every_stage + sum((per_layer[group] + profile.layer_overhead_s) * count for group, count in groups)
+        time_s = every_stage + sum(
+            (per_layer[group] + profile.layer_overhead_s) * count for group, count in groups
+        )
         if mixed:
-            time_s += profile.mixed_layer_overhead_s * sum(count for group, count in groups
-                                                          if not group.last_token_only)
+            time_s += profile.mixed_layer_overhead_s * sum(
+                count for group, count in groups if not group.last_token_only
+            )
         stages.append(time_s)
     for boundary in range(pp - 1):
         stages[boundary] += send / (pp - 1)
@@ -960,22 +1235,36 @@ def stage_fixed_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parall
     return stages
 
 
-def stage_attention_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                            profile: Profile = Profile(), options: CostOptions = CostOptions(),
-                            rank: StepBatch | None = None) -> list[float]:
+def stage_attention_seconds(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> list[float]:
     """Each pipeline stage's attention seconds: the part of `stage_seconds` that depends on every context."""
     if not batch.num_requests:
         return [0.0] * parallelism.pp
     per_layer: dict[_Group, float] = {}
     for group, _, _, time_s in _attention_per_layer(batch, model, gpu, parallelism, profile, options, rank):
         per_layer[group] = per_layer.get(group, 0.0) + time_s
-    return [sum(per_layer.get(group, 0.0) * count for group, count in groups)
-            for groups in _stage_groups(model, parallelism.pp, options.kv_sharing_fast_prefill)]
+    return [
+        sum(per_layer.get(group, 0.0) * count for group, count in groups)
+        for groups in _stage_groups(model, parallelism.pp, options.kv_sharing_fast_prefill)
+    ]
 
 
-def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                  profile: Profile = Profile(), options: CostOptions = CostOptions(),
-                  rank: StepBatch | None = None) -> list[float]:
+def stage_seconds(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> list[float]:
     """One step's seconds on each pipeline stage, whose GPUs run only their layers (vLLM's get_pp_indices):
     each layer group's operators times its layers there (DeepSeek's dense layers and Gemma 3n's fast-prefill
     layers sit in the first and last stages), the embedding on the first stage, the LM head and its logits
@@ -984,6 +1273,11 @@ def stage_seconds(batch: StepBatch, model: ModelSpec, gpu: GpuSpec, parallelism:
     the engine core's host time comes once, before the first stage. `rank`: as `step_cost`'s; None: under DP
     attention each stage lasts as long as its slowest rank there (`Parallelism.rank_batches`)."""
     ranks = [rank] if rank is not None else parallelism.rank_batches(batch)
-    times = [[fixed + attention for fixed, attention in zip(stage_fixed_seconds(*args), stage_attention_seconds(*args))]
-             for args in ((batch, model, gpu, parallelism, profile, options, r) for r in ranks)]
+    times = [
+        [
+            fixed + attention
+            for fixed, attention in zip(stage_fixed_seconds(*args), stage_attention_seconds(*args))
+        ]
+        for args in ((batch, model, gpu, parallelism, profile, options, r) for r in ranks)
+    ]
     return [max(stage) for stage in zip(*times)]

@@ -20,7 +20,11 @@ def choices(values: Sequence[str], given: object = None, listed_by: str = "", wi
     if len(text) <= width:
         return text
     lowered = {value.lower(): value for value in values}
-    near = difflib.get_close_matches(str(given).lower(), list(lowered), n=3, cutoff=0.5) if given is not None else []
+    near = (
+        difflib.get_close_matches(str(given).lower(), list(lowered), n=3, cutoff=0.5)
+        if given is not None
+        else []
+    )
     shown = [lowered[value] for value in near] or list(values[:3])
     rest = f"{len(values) - len(shown)} more" + (f": {listed_by}" if listed_by else "")
     return f"{', '.join(shown)}, ... ({rest})"

@@ -49,18 +49,32 @@ class _BoundedLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base` brings keys that the mapping may override
+            if (
+                key_node.tag == "tag:yaml.org,2002:merge"
+            ):  # `<<: *base` brings keys that the mapping may override
                 continue
-            key = self.construct_object(key_node, deep=deep) if isinstance(key_node, yaml.ScalarNode) else None
+            key = (
+                self.construct_object(key_node, deep=deep) if isinstance(key_node, yaml.ScalarNode) else None
+            )
             if not isinstance(key, str):
-                shown = repr(key) if key is not None else ("a list" if isinstance(key_node, yaml.SequenceNode)
-                                                          else "a mapping" if isinstance(key_node, yaml.MappingNode)
-                                                          else "null")
+                shown = (
+                    repr(key)
+                    if key is not None
+                    else (
+                        "a list"
+                        if isinstance(key_node, yaml.SequenceNode)
+                        else "a mapping"
+                        if isinstance(key_node, yaml.MappingNode)
+                        else "null"
+                    )
+                )
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {shown} is not text (quote it if it is a name)", key_node.start_mark)
+                    None, None, f"key {shown} is not text (quote it if it is a name)", key_node.start_mark
+                )
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} is given twice",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep)
 
@@ -75,19 +89,26 @@ def _check_expansion(root: yaml.Node) -> None:
         node, children_done = stack.pop()
         if id(node) in size:
             continue
-        children = [n for pair in node.value for n in pair] if isinstance(node, yaml.MappingNode) else (
-            node.value if isinstance(node, yaml.SequenceNode) else [])
+        children = (
+            [n for pair in node.value for n in pair]
+            if isinstance(node, yaml.MappingNode)
+            else (node.value if isinstance(node, yaml.SequenceNode) else [])
+        )
         if children_done:
             open_nodes.discard(id(node))
             size[id(node)] = 1 + sum(size[id(child)] for child in children)
             if size[id(node)] > MAX_EXPANDED_NODES:
                 raise yaml.composer.ComposerError(
-                    None, None, f"expands to more than {MAX_EXPANDED_NODES:,} values through its aliases",
-                    node.start_mark)
+                    None,
+                    None,
+                    f"expands to more than {MAX_EXPANDED_NODES:,} values through its aliases",
+                    node.start_mark,
+                )
             continue
         if id(node) in open_nodes:
-            raise yaml.composer.ComposerError(None, None, "an alias refers to a node that contains it",
-                                              node.start_mark)
+            raise yaml.composer.ComposerError(
+                None, None, "an alias refers to a node that contains it", node.start_mark
+            )
         open_nodes.add(id(node))
         stack.append((node, True))
         stack.extend((child, False) for child in children if id(child) not in size)

@@ -32,8 +32,13 @@ class InterconnectSpec(SpecModel):
     kind: str = Field(description="nvlink, xgmi, pcie, infiniband or roce")
     bytes_per_s: float = Field(gt=0, description="Usable bandwidth per direction per GPU, bytes/s")
     latency_s: float = Field(ge=0, description="Per-message latency, seconds")
-    max_gpus: int | None = Field(None, ge=2, description=(
-        "Most GPUs the link joins (a 2-card NVLink bridge: 2); a larger group in the node talks over PCIe"))
+    max_gpus: int | None = Field(
+        None,
+        ge=2,
+        description=(
+            "Most GPUs the link joins (a 2-card NVLink bridge: 2); a larger group in the node talks over PCIe"
+        ),
+    )
     source: str = Field(min_length=1, description="Where the numbers come from")
 
 
@@ -43,9 +48,14 @@ class GpuSpec(SpecModel):
     name: str
     vendor: str
     memory_bytes: float = Field(gt=0, description="HBM/GDDR capacity as the datasheet prints it")
-    device_memory_bytes: float | None = Field(None, gt=0, description=(
-        "Total memory the driver reports (torch.cuda.mem_get_info), which vLLM multiplies by "
-        "gpu_memory_utilization; default: memory_bytes"))
+    device_memory_bytes: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "Total memory the driver reports (torch.cuda.mem_get_info), which vLLM multiplies by "
+            "gpu_memory_utilization; default: memory_bytes"
+        ),
+    )
     memory_bytes_per_s: float = Field(gt=0, description="Peak memory bandwidth")
     peak_flop_per_s: dict[str, float] = Field(description="Dense peak per compute dtype")
     intra_node_link: str = Field(description="Name in the interconnect catalog used between GPUs of a node")
@@ -53,16 +63,22 @@ class GpuSpec(SpecModel):
     gpus_per_node: int = Field(ge=1)
     price_per_gpu_hour_usd: float = Field(gt=0, description="Default on-demand price; override per scenario")
     sources: list[str] = Field(min_length=1, description="Datasheets the numbers come from")
-    compute_capability: float | None = Field(None, description=(
-        "NVIDIA compute capability (8.0 Ampere, 8.9 Ada, 9.0 Hopper, 10.0 Blackwell): which kernels an engine "
-        "picks, e.g. vLLM's FlashMLA needs 9.0 or newer"))
+    compute_capability: float | None = Field(
+        None,
+        description=(
+            "NVIDIA compute capability (8.0 Ampere, 8.9 Ada, 9.0 Hopper, 10.0 Blackwell): which kernels an engine "
+            "picks, e.g. vLLM's FlashMLA needs 9.0 or newer"
+        ),
+    )
     notes: str = ""
 
     @model_validator(mode="after")
     def _known_dtypes(self) -> GpuSpec:
         unknown = set(self.peak_flop_per_s) - set(COMPUTE_DTYPES)
         if unknown:
-            raise ValueError(f"peak_flop_per_s has unknown dtypes {sorted(unknown)}; allowed: {list(COMPUTE_DTYPES)}")
+            raise ValueError(
+                f"peak_flop_per_s has unknown dtypes {sorted(unknown)}; allowed: {list(COMPUTE_DTYPES)}"
+            )
         for need in ("fp32", "bf16"):
             if need not in self.peak_flop_per_s:
                 raise ValueError(f"peak_flop_per_s must list {need!r}")
@@ -80,7 +96,9 @@ class GpuSpec(SpecModel):
         fallbacks = {"fp16": "bf16", "fp4": "bf16", "fp8": "bf16", "int8": "bf16", "tf32": "fp32"}
         while dtype not in self.peak_flop_per_s:
             if dtype not in fallbacks:
-                raise SpecError(f"GPU {self.name!r} has no peak for dtype {dtype!r}; allowed: {list(COMPUTE_DTYPES)}")
+                raise SpecError(
+                    f"GPU {self.name!r} has no peak for dtype {dtype!r}; allowed: {list(COMPUTE_DTYPES)}"
+                )
             dtype = fallbacks[dtype]
         return self.peak_flop_per_s[dtype]
 
@@ -105,7 +123,9 @@ def _parse(path: Path, key: str, cls: type[BaseModel]) -> dict[str, BaseModel]:
             first = err.errors()[0]
             field = "".join(f".{p}" for p in first["loc"])  # none for a check of the whole entry
             name = raw.get("name", f"#{i}") if isinstance(raw, dict) else f"#{i}"
-            raise SpecError(f"{path}: {key}[{name}]{field}: {first['msg'].removeprefix('Value error, ')}") from None
+            raise SpecError(
+                f"{path}: {key}[{name}]{field}: {first['msg'].removeprefix('Value error, ')}"
+            ) from None
         if spec.name in specs:
             raise SpecError(f"{path}: {key} {spec.name!r} is defined twice")
         specs[spec.name] = spec
@@ -135,7 +155,8 @@ def gpu_catalog(extra_files: tuple[Path, ...] = ()) -> dict[str, GpuSpec]:
         if spec.intra_node_link not in interconnects():
             raise SpecError(
                 f"GPU {spec.name!r}: intra_node_link {spec.intra_node_link!r} is unknown; "
-                f"known: {sorted(interconnects())}")
+                f"known: {sorted(interconnects())}"
+            )
     return specs
 
 
@@ -155,4 +176,6 @@ def get_interconnect(name: str) -> InterconnectSpec:
     try:
         return interconnects()[name]
     except KeyError:
-        raise SpecError(f"unknown interconnect {name!r}; known: {choices(sorted(interconnects()), name)}") from None
+        raise SpecError(
+            f"unknown interconnect {name!r}; known: {choices(sorted(interconnects()), name)}"
+        ) from None

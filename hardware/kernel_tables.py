@@ -27,18 +27,37 @@ import numpy as np
 from hardware.errors import SpecError
 
 #: servesim's GPU catalog names -> aiconfigurator-core's system folders (GPUs it measured).
-SYSTEMS = {"h100-sxm": "h100_sxm", "h200": "h200_sxm", "b200": "b200_sxm", "a100-80gb": "a100_sxm", "l40s": "l40s"}
+SYSTEMS = {
+    "h100-sxm": "h100_sxm",
+    "h200": "h200_sxm",
+    "b200": "b200_sxm",
+    "a100-80gb": "a100_sxm",
+    "l40s": "l40s",
+}
 #: Engine families with tables of their own; `kernels: engine` takes the scenario's scheduler's, vLLM's for the
 #: schedulers that imitate no engine of their own (Orca, Sarathi, static).
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 ENGINE = "engine"
 #: servesim's dtype names -> the tables' (bf16 GEMMs; fp8 per-tensor scaled; NVFP4, measured on Blackwell; KV caches
 #: in bf16 or fp8).
-GEMM_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
+GEMM_DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "bfloat16",
+    "fp8": "fp8",
+    "fp8_block": "fp8_block",
+    "nvfp4": "nvfp4",
+}
 KV_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8"}
 #: ... and of routed experts' fused-MoE kernels (mxfp4 and int4 are weight-only there: W4A16).
-MOE_DTYPES = {"bf16": "bfloat16", "fp16": "bfloat16", "fp8": "fp8", "fp8_block": "fp8_block", "mxfp4": "w4a16_mxfp4",
-              "int4": "int4_wo", "nvfp4": "nvfp4"}
+MOE_DTYPES = {
+    "bf16": "bfloat16",
+    "fp16": "bfloat16",
+    "fp8": "fp8",
+    "fp8_block": "fp8_block",
+    "mxfp4": "w4a16_mxfp4",
+    "int4": "int4_wo",
+    "nvfp4": "nvfp4",
+}
 MS = 1e-3
 INSTALL_HINT = 'pip install -e ".[kernels]"'
 
@@ -56,8 +75,10 @@ def framework_for(kernels: str, scheduler: str | None = None) -> str:
     if name == ENGINE:
         return scheduler if scheduler in FRAMEWORKS else "vllm"
     if name not in FRAMEWORKS:
-        raise SpecError(f"{kernels!r} names no engine's kernel tables; allowed: {', '.join((ENGINE, *FRAMEWORKS))}, "
-                        "each optionally @version")
+        raise SpecError(
+            f"{kernels!r} names no engine's kernel tables; allowed: {', '.join((ENGINE, *FRAMEWORKS))}, "
+            "each optionally @version"
+        )
     return name
 
 
@@ -86,7 +107,9 @@ def _builds_in(*folders: Path) -> list[str]:
 
 def builds(system: str, framework: str) -> list[str]:
     """The engine builds the package holds GEMM, attention or all-reduce tables of for a system, oldest first."""
-    return _builds_in(*(data_root() / system / family / framework for family in ("gemm", "attention", "comm")))
+    return _builds_in(
+        *(data_root() / system / family / framework for family in ("gemm", "attention", "comm"))
+    )
 
 
 def _table_path(system: str, family: str, framework: str, version: str | None, filename: str) -> Path | None:
@@ -105,6 +128,7 @@ def _read(path: Path | None, columns: list[str], missing: dict | None = None):
     if path is None:
         return None
     import pyarrow.parquet as pq  # heavy; only when a table is read
+
     names = set(pq.read_schema(path).names)
     frame = pq.read_table(path, columns=[c for c in columns if c in names]).to_pandas()
     return frame.assign(**{c: value for c, value in (missing or {}).items() if c not in names})
@@ -207,7 +231,9 @@ class Grid:
         if bracket is None or math.log(x) < self.log_axes[0][0]:
             return None
         lo, hi, w = bracket
-        return Grid(self.axes[1:], self.log_t[lo] if not w else (1.0 - w) * self.log_t[lo] + w * self.log_t[hi])
+        return Grid(
+            self.axes[1:], self.log_t[lo] if not w else (1.0 - w) * self.log_t[lo] + w * self.log_t[hi]
+        )
 
 
 class AttentionTable:
@@ -242,7 +268,9 @@ class KernelTables:
 
     @functools.cached_property
     def _gemm_frames(self) -> dict:
-        frame = _read(self._path("gemm", "gemm_perf.parquet"), ["kernel_source", "gemm_dtype", "m", "n", "k", "latency"])
+        frame = _read(
+            self._path("gemm", "gemm_perf.parquet"), ["kernel_source", "gemm_dtype", "m", "n", "k", "latency"]
+        )
         if frame is None:
             return {}
         return {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
@@ -263,36 +291,64 @@ class KernelTables:
     @functools.lru_cache(maxsize=4)
     def _attention_frame(self, decode: bool):
         name = "generation_attention_perf.parquet" if decode else "context_attention_perf.parquet"
-        return _read(self._path("attention", name), ["kernel_source", "batch_size", "isl", "step", "num_heads",
-                                                      "num_key_value_heads", "head_dim", "kv_cache_dtype",
-                                                      "window_size", "latency"], {"window_size": 0})
+        return _read(
+            self._path("attention", name),
+            [
+                "kernel_source",
+                "batch_size",
+                "isl",
+                "step",
+                "num_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "kv_cache_dtype",
+                "window_size",
+                "latency",
+            ],
+            {"window_size": 0},
+        )
 
     @functools.lru_cache(maxsize=None)
-    def _attention_table(self, decode: bool, kv_dtype: str, heads: float, kv_heads: int, head_dim: int, window: int
-                         ) -> AttentionTable | None:
+    def _attention_table(
+        self, decode: bool, kv_dtype: str, heads: float, kv_heads: int, head_dim: int, window: int
+    ) -> AttentionTable | None:
         """(batch, length) grid at `heads` query heads: decode's length is the KV length (the table's prompt +
         steps), prefill's the prompt length."""
         frame = self._attention_frame(decode)
         if frame is None:
             return None
-        rows = frame[(frame["kv_cache_dtype"] == kv_dtype) & (frame["num_key_value_heads"] == kv_heads)
-                     & (frame["head_dim"] == head_dim) & (frame["window_size"] == window)]
+        rows = frame[
+            (frame["kv_cache_dtype"] == kv_dtype)
+            & (frame["num_key_value_heads"] == kv_heads)
+            & (frame["head_dim"] == head_dim)
+            & (frame["window_size"] == window)
+        ]
         if rows.empty:
             return None
         rows = _main_source(rows).assign(length=lambda f: f["isl"] + f["step"])
         grid = Grid.of(rows, ["num_heads", "batch_size", "length"]).sliced(heads)
         return None if grid is None else AttentionTable(grid)
 
-    def attention(self, decode: bool, kv_dtype: str, heads: float, kv_heads: float, head_dim: int,
-                  window: int | None) -> AttentionTable | None:
+    def attention(
+        self, decode: bool, kv_dtype: str, heads: float, kv_heads: float, head_dim: int, window: int | None
+    ) -> AttentionTable | None:
         """One layer's decode or prefill attention with `heads`/`kv_heads` on this GPU, `window` None for full
         layers; None where the tables lack that layout."""
         if kv_dtype not in KV_DTYPES or kv_heads != int(kv_heads) or heads != int(heads):
             return None
         return self._attention_table(decode, KV_DTYPES[kv_dtype], heads, int(kv_heads), head_dim, window or 0)
 
-    def attention_s(self, decode: bool, kv_dtype: str, heads: float, kv_heads: float, head_dim: int,
-                    window: int | None, batch: float, length: float) -> float | None:
+    def attention_s(
+        self,
+        decode: bool,
+        kv_dtype: str,
+        heads: float,
+        kv_heads: float,
+        head_dim: int,
+        window: int | None,
+        batch: float,
+        length: float,
+    ) -> float | None:
         """`attention(...)` for `batch` requests of `length` tokens (`AttentionTable.seconds`)."""
         table = self.attention(decode, kv_dtype, heads, kv_heads, head_dim, window)
         return None if table is None else table.seconds(batch, length)
@@ -301,36 +357,66 @@ class KernelTables:
 
     @functools.cached_property
     def _moe_frame(self):
-        frame = _read(self._path("moe", "moe_perf.parquet"),
-                      ["kernel_source", "moe_dtype", "num_tokens", "hidden_size", "inter_size", "topk", "num_experts",
-                       "moe_tp_size", "moe_ep_size", "distribution", "latency"], {"distribution": "balanced"})
+        frame = _read(
+            self._path("moe", "moe_perf.parquet"),
+            [
+                "kernel_source",
+                "moe_dtype",
+                "num_tokens",
+                "hidden_size",
+                "inter_size",
+                "topk",
+                "num_experts",
+                "moe_tp_size",
+                "moe_ep_size",
+                "distribution",
+                "latency",
+            ],
+            {"distribution": "balanced"},
+        )
         return None if frame is None else frame[frame["distribution"] == "balanced"]
 
     @functools.lru_cache(maxsize=None)
-    def _moe_grid(self, dtype: str, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int) -> Grid | None:
+    def _moe_grid(
+        self, dtype: str, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int
+    ) -> Grid | None:
         frame = self._moe_frame
         if frame is None:
             return None
-        rows = frame[(frame["moe_dtype"] == dtype) & (frame["hidden_size"] == hidden) & (frame["inter_size"] == inter)
-                     & (frame["topk"] == topk) & (frame["num_experts"] == experts) & (frame["moe_tp_size"] == tp)
-                     & (frame["moe_ep_size"] == ep)]
+        rows = frame[
+            (frame["moe_dtype"] == dtype)
+            & (frame["hidden_size"] == hidden)
+            & (frame["inter_size"] == inter)
+            & (frame["topk"] == topk)
+            & (frame["num_experts"] == experts)
+            & (frame["moe_tp_size"] == tp)
+            & (frame["moe_ep_size"] == ep)
+        ]
         return None if rows.empty else Grid.of(_main_source(rows), ["num_tokens"])
 
-    def moe_s(self, dtype: str, tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int
-              ) -> float | None:
+    def moe_s(
+        self, dtype: str, tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int
+    ) -> float | None:
         """One MoE layer's routed experts (the fused kernel: routing, both GEMMs, activation) on one GPU for `tokens`
         tokens routed evenly over `experts` experts of width `inter`, sliced over `tp` GPUs or spread whole over `ep`
         (each GPU computing its own experts' share of every token); only the model shapes the tables were collected
         for (exact), more tokens than measured run as equal chunks."""
-        grid = self._moe_grid(MOE_DTYPES[dtype], hidden, inter, topk, experts, tp, ep) if dtype in MOE_DTYPES else None
+        grid = (
+            self._moe_grid(MOE_DTYPES[dtype], hidden, inter, topk, experts, tp, ep)
+            if dtype in MOE_DTYPES
+            else None
+        )
         return None if grid is None or tokens < 1 else grid.split_at(tokens)
 
     # ---- all-reduce -----------------------------------------------------------------------------
 
     @functools.lru_cache(maxsize=None)
     def _all_reduce_grid(self, gpus: int) -> Grid | None:
-        frame = _read(self._path("comm", "custom_allreduce_perf.parquet"),
-                      ["kernel_source", "backend", "num_gpus", "message_size", "latency"], {"backend": "graph"})
+        frame = _read(
+            self._path("comm", "custom_allreduce_perf.parquet"),
+            ["kernel_source", "backend", "num_gpus", "message_size", "latency"],
+            {"backend": "graph"},
+        )
         if frame is None:
             return None
         # CUDA-graph captured, as the engines run their forward passes
@@ -352,6 +438,8 @@ def kernel_tables(kernels: str, gpu: str, scheduler: str | None = None) -> Kerne
     if system is None or not (data_root() / system).is_dir():
         return None
     if version is not None and version not in builds(system, framework):
-        raise SpecError(f"kernels {kernels!r}: no {framework} {version} tables for {gpu}; builds there: "
-                        f"{', '.join(builds(system, framework)) or 'none'}")
+        raise SpecError(
+            f"kernels {kernels!r}: no {framework} {version} tables for {gpu}; builds there: "
+            f"{', '.join(builds(system, framework)) or 'none'}"
+        )
     return KernelTables(system, framework, version)

@@ -44,7 +44,9 @@ class KVGroups:
         """Blocks a request holds across all groups once it has KV for `total` tokens, after the blocks
         before `computed - window + 1` were freed (computed = tokens done before the step)."""
         full = cdiv(total, block_size)
-        return sum(full if w is None else full - skipped_blocks(computed, w, block_size) for w in self.windows)
+        return sum(
+            full if w is None else full - skipped_blocks(computed, w, block_size) for w in self.windows
+        )
 
     def peak_blocks(self, total: int, block_size: int, max_chunk: int) -> int:
         """The most blocks a request of `total` tokens can hold at once when steps add at most `max_chunk`
@@ -60,8 +62,10 @@ class KVGroups:
         full = cdiv(total, block_size)
         c = np.arange(max(total, 1))
         reach = -(-np.minimum(c + max_chunk, total) // block_size)
-        return sum(full if w is None else int((reach - np.maximum(0, c - in_flight - w + 1) // block_size).max())
-                   for w in self.windows)
+        return sum(
+            full if w is None else int((reach - np.maximum(0, c - in_flight - w + 1) // block_size).max())
+            for w in self.windows
+        )
 
 
 def admission_blocks(window: int | None, num_tokens: int, block_size: int, in_flight_tokens: int) -> int:
@@ -86,7 +90,9 @@ def kv_groups(model: ModelSpec, disable_hybrid: bool = False) -> KVGroups:
     """The model's KV cache groups (see the module docstring)."""
     owning = [layer for layer in model.layers if layer.owns_kv]
     kinds = Counter(_kind(layer) for layer in owning)
-    if len(kinds) == 1:  # one kind of layer: vLLM's flag has nothing to unify (every layer may slide its window)
+    if (
+        len(kinds) == 1
+    ):  # one kind of layer: vLLM's flag has nothing to unify (every layer may slide its window)
         return KVGroups(tuple(kinds), len(owning))
     if disable_hybrid:
         return KVGroups((None,), len(owning))
@@ -110,14 +116,17 @@ def group_of_layers(model: ModelSpec, groups: KVGroups) -> dict[int, int]:
     return out
 
 
-def live_kv_bytes(model: ModelSpec, groups: KVGroups, computed: int, block_size: int, kv_dtype: str,
-                  held: int = 0) -> float:
+def live_kv_bytes(
+    model: ModelSpec, groups: KVGroups, computed: int, block_size: int, kv_dtype: str, held: int = 0
+) -> float:
     """KV bytes (all TP shards) a request holds once `computed` tokens are done, past the first `held` (a
     receiver's own prefix hit): every token in full-attention groups, in a sliding group the tokens from its
     first block still in the window. What a P/D transfer moves: vLLM's NixlConnector with the hybrid manager
     sends only the blocks each group holds and the receiver has not cached."""
     per_layer = model.kv_bytes_per_token(kv_dtype) / model.num_kv_layers
     layers = Counter(groups.windows[g] for g in group_of_layers(model, groups).values())
-    kept = {w: computed - max(held, 0 if w is None else skipped_blocks(computed, w, block_size) * block_size)
-            for w in layers}
+    kept = {
+        w: computed - max(held, 0 if w is None else skipped_blocks(computed, w, block_size) * block_size)
+        for w in layers
+    }
     return per_layer * sum(count * kept[w] for w, count in layers.items())

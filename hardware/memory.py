@@ -31,8 +31,15 @@ from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
 from hardware.kv_groups import KVGroups, kv_groups
-from hardware.model import (LayerSpec, ModelSpec, check_sharding, kv_heads_per_rank, resolve_weight_dtype,
-                            stage_layer_specs, weight_bytes)
+from hardware.model import (
+    LayerSpec,
+    ModelSpec,
+    check_sharding,
+    kv_heads_per_rank,
+    resolve_weight_dtype,
+    stage_layer_specs,
+    weight_bytes,
+)
 
 GIB = 1 << 30
 DEFAULT_RUNTIME_RESERVE_BYTES = 1 * GIB
@@ -45,8 +52,10 @@ class EngineMemoryConfig:
     gpu_memory_utilization: float = 0.9
     block_size: int = 16
     max_model_len: int | None = None  # default: the model's max_position_embeddings
-    max_num_batched_tokens: int = 8192  # for direct callers; scenarios and `servesim memory` pass vLLM's per-GPU
-    max_num_seqs: int = 256             # defaults (policies.config.EngineConfig.with_vllm_defaults)
+    max_num_batched_tokens: int = (
+        8192  # for direct callers; scenarios and `servesim memory` pass vLLM's per-GPU
+    )
+    max_num_seqs: int = 256  # defaults (policies.config.EngineConfig.with_vllm_defaults)
     kv_dtype: str = "bf16"
     weight_dtype: str = "auto"  # the checkpoint's own (hardware.model.resolve_weight_dtype)
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES
@@ -97,13 +106,18 @@ class MemoryPlan:
     def as_dict(self) -> dict:
         return asdict(self)
 
-    def swa_pool(self, page_size: int, ranks: int = 1, num_blocks: int | None = None) -> tuple[int, int] | None:
+    def swa_pool(
+        self, page_size: int, ranks: int = 1, num_blocks: int | None = None
+    ) -> tuple[int, int] | None:
         """(window, pages of `page_size` tokens on each of `ranks` DP-attention ranks) of SGLang's sliding-window
         pool, or None without one; for a full pool of `num_blocks` (an override), `swa_ratio` of its tokens."""
         if self.swa_window is None:
             return None
-        tokens = self.swa_tokens if num_blocks in (None, self.num_blocks) else \
-            int(num_blocks * self.block_size * self.swa_ratio) // self.block_size * self.block_size
+        tokens = (
+            self.swa_tokens
+            if num_blocks in (None, self.num_blocks)
+            else int(num_blocks * self.block_size * self.swa_ratio) // self.block_size * self.block_size
+        )
         return self.swa_window, tokens // page_size // ranks
 
 
@@ -119,7 +133,11 @@ def layer_weight_bytes(model: ModelSpec, layer: LayerSpec, weight_dtype: str) ->
 
 def _layer_bytes(model: ModelSpec, layer: LayerSpec, wbytes: float, expert_wbytes: float) -> float:
     experts = model.layer_expert_params(layer)
-    return (model.layer_params(layer) - experts) * wbytes + experts * expert_wbytes + absorbed_copy_bytes(model, wbytes)
+    return (
+        (model.layer_params(layer) - experts) * wbytes
+        + experts * expert_wbytes
+        + absorbed_copy_bytes(model, wbytes)
+    )
 
 
 def absorbed_copy_bytes(model: ModelSpec, wbytes: float) -> float:
@@ -138,10 +156,14 @@ def weight_bytes_per_gpu(model: ModelSpec, par: Parallelism, weight_dtype: str) 
     (`pipeline_stages`).
     `auto`: the checkpoint's dtype."""
     wbytes, expert_wbytes = _stored_weight_bytes(model, weight_dtype)
-    stages = [sum(_layer_bytes_per_gpu(model, layer, par, wbytes, expert_wbytes) for layer in stage)
-              for stage in stage_layer_specs(model, par.pp)]
-    stages[0] += ((model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
-                  + model.extra_linear_params * wbytes) / par.dense_ranks
+    stages = [
+        sum(_layer_bytes_per_gpu(model, layer, par, wbytes, expert_wbytes) for layer in stage)
+        for stage in stage_layer_specs(model, par.pp)
+    ]
+    stages[0] += (
+        (model.embedding_params + model.lookup_params + model.vision_params) * ACT_BYTES
+        + model.extra_linear_params * wbytes
+    ) / par.dense_ranks
     if not model.tie_embeddings:
         stages[-1] += model.lm_head_params * ACT_BYTES / par.dense_ranks
     return max(stages)
@@ -152,15 +174,17 @@ def layer_bytes_per_gpu(model: ModelSpec, layer: LayerSpec, par: Parallelism, we
     return _layer_bytes_per_gpu(model, layer, par, *_stored_weight_bytes(model, weight_dtype))
 
 
-def _layer_bytes_per_gpu(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float,
-                         expert_wbytes: float) -> float:
+def _layer_bytes_per_gpu(
+    model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float, expert_wbytes: float
+) -> float:
     whole = _layer_bytes(model, layer, wbytes, expert_wbytes)
     kept = _replicated_bytes(model, layer, par, wbytes, expert_wbytes)
     return (whole - kept) / par.tp + kept + _duplicated_kv_bytes(model, par, wbytes)
 
 
-def _replicated_bytes(model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float,
-                      expert_wbytes: float) -> float:
+def _replicated_bytes(
+    model: ModelSpec, layer: LayerSpec, par: Parallelism, wbytes: float, expert_wbytes: float
+) -> float:
     """Bytes of `layer` every TP rank holds whole: on vLLM's DP ranks all but its routed experts; under DP
     attention all its attention, and under DeepEP (expert parallel over DP attention) its shared experts (SGLang
     builds them at tp_size 1 there); else MLA's down-projections to the latents (vLLM's ReplicatedLinear q_a_proj
@@ -190,7 +214,9 @@ def _duplicated_kv_bytes(model: ModelSpec, par: Parallelism, wbytes: float) -> f
     if par.dp_attention or model.mla is not None:
         return 0.0
     heads = model.num_kv_heads
-    return 2 * model.hidden_size * model.head_dim * (kv_heads_per_rank(heads, par.tp) - heads / par.tp) * wbytes
+    return (
+        2 * model.hidden_size * model.head_dim * (kv_heads_per_rank(heads, par.tp) - heads / par.tp) * wbytes
+    )
 
 
 def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
@@ -217,12 +243,18 @@ def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig
     ranks = par.attention_ranks
     widest = max(layer.mlp_intermediate for layer in model.layers)
     mlp = 3 * widest / par.dense_ranks  # gate/up output + activation output
-    if model.moe:  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
+    if (
+        model.moe
+    ):  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
         inner = model.moe.expert_intermediate / tp
         mlp = max(mlp, model.moe.experts_per_token * (max(2 * inner, h) + inner))
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-    per_token = (2 * h + max(qkv * ranks / tp, mlp)) * ACT_BYTES  # residual + normed input, the widest intermediate
-    sampler = 2 * cfg.max_num_seqs / ranks * model.vocab_size * LOGIT_BYTES  # logits and probabilities in fp32
+    per_token = (
+        2 * h + max(qkv * ranks / tp, mlp)
+    ) * ACT_BYTES  # residual + normed input, the widest intermediate
+    sampler = (
+        2 * cfg.max_num_seqs / ranks * model.vocab_size * LOGIT_BYTES
+    )  # logits and probabilities in fp32
     return cfg.max_num_batched_tokens / ranks * per_token + sampler
 
 
@@ -237,8 +269,15 @@ def request_kv_bytes(model: ModelSpec, num_tokens: int, kv_dtype: str, tp: int, 
     return blocks * block_size * per_layer
 
 
-def swa_pools(kv_cache: float, full_token_bytes: float, swa_token_bytes: float, window: int, par: Parallelism,
-              cfg: EngineMemoryConfig, max_len: int) -> tuple[int, int]:
+def swa_pools(
+    kv_cache: float,
+    full_token_bytes: float,
+    swa_token_bytes: float,
+    window: int,
+    par: Parallelism,
+    cfg: EngineMemoryConfig,
+    max_len: int,
+) -> tuple[int, int]:
     """SGLang's split of the KV memory between its full-attention and sliding-window pools (its hybrid SWA
     memory): every token takes a slot in both, and the sliding pool holds swa_full_tokens_ratio of the full pool's
     tokens, so full = memory / (full bytes + ratio x sliding bytes) per token, both whole blocks. Returns (full
@@ -261,31 +300,44 @@ def _swa_layers(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig) -> 
     if not windows or all(layer.attention == "sliding" for stage in stages for layer in stage):
         return None
     ratio = cfg.swa_full_tokens_ratio
-    kinds = [(sum(layer.attention != "sliding" for layer in stage),
-              sum(layer.attention == "sliding" for layer in stage)) for stage in stages]
+    kinds = [
+        (
+            sum(layer.attention != "sliding" for layer in stage),
+            sum(layer.attention == "sliding" for layer in stage),
+        )
+        for stage in stages
+    ]
     n_full, n_swa = max(kinds, key=lambda k: k[0] + ratio * k[1])  # the stage whose token costs the most
     return n_full, n_swa, max(windows)
 
 
-def _check_swa_pool(swa_tokens: int, full_tokens: int, window: int, par: Parallelism, cfg: EngineMemoryConfig,
-                   max_len: int) -> None:
+def _check_swa_pool(
+    swa_tokens: int, full_tokens: int, window: int, par: Parallelism, cfg: EngineMemoryConfig, max_len: int
+) -> None:
     """Refuse a sliding-window pool in which a lone request could stall: a request holds the sliding slots of the
     tree nodes its window reaches (a hit's or its own last chunk, or whole unchunked prompt, and a window above a
     shorter one), of the chunk it adds, and of its own decode tokens (up to two windows)."""
     chunk = -(-cfg.max_num_batched_tokens // par.attention_ranks) if cfg.chunked_prefill else max_len
     per_rank = swa_tokens // par.attention_ranks
-    newest = min(chunk, max_len, full_tokens // par.attention_ranks - 1)  # SGLang's longest request: the pool less one
+    newest = min(
+        chunk, max_len, full_tokens // par.attention_ranks - 1
+    )  # SGLang's longest request: the pool less one
     if per_rank < 2 * newest + 3 * window + 2 * cfg.block_size:
         raise SpecError(
             f"SGLang's sliding-window pool ({per_rank} tokens per rank: swa_full_tokens_ratio "
             f"{cfg.swa_full_tokens_ratio} of {full_tokens}) cannot hold two of one request's chunks ({newest} tokens), "
             f"three {window}-token windows and two pages: SGLang starts, but a long request can stall it (its window "
             "locks a chunk's slots); lower max_num_batched_tokens (chunked_prefill_size), or raise "
-            "gpu_memory_utilization or engine.swa_full_tokens_ratio")
+            "gpu_memory_utilization or engine.swa_full_tokens_ratio"
+        )
 
 
-def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism(),
-                cfg: EngineMemoryConfig = EngineMemoryConfig()) -> MemoryPlan:
+def plan_memory(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    par: Parallelism = Parallelism(),
+    cfg: EngineMemoryConfig = EngineMemoryConfig(),
+) -> MemoryPlan:
     """The KV budget of one replica, or a SpecError saying why the model cannot be served."""
     if not 0 < cfg.gpu_memory_utilization <= 1:
         raise SpecError(f"gpu_memory_utilization must be in (0, 1], got {cfg.gpu_memory_utilization}")
@@ -294,7 +346,8 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
     if max_len > model.max_position_embeddings and not cfg.allow_long_max_model_len:
         raise SpecError(
             f"max_model_len={max_len} exceeds {model.name}'s {model.max_position_embeddings} positions: lower it or "
-            "set engine.allow_long_max_model_len (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)")
+            "set engine.allow_long_max_model_len (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"
+        )
     usable = cfg.gpu_memory_utilization * gpu.reported_memory_bytes
     weight_dtype = resolve_weight_dtype(model, cfg.weight_dtype)
     weights = weight_bytes_per_gpu(model, par, weight_dtype)
@@ -304,9 +357,13 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         raise SpecError(
             f"{model.name} does not fit on {gpu.name} at tp={par.tp}{f' pp={par.pp}' if par.pp > 1 else ''}: weights "
             f"{weights / 1e9:.1f} + activations {act / 1e9:.1f} + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} > "
-            f"{usable / 1e9:.1f} GB usable; " + ("dp_attention ranks hold the dense weights: drop it, raise tp/pp or "
-                                                 "quantize" if par.dense_replicated else
-                           "raise tp/pp, quantize or take a larger GPU"))
+            f"{usable / 1e9:.1f} GB usable; "
+            + (
+                "dp_attention ranks hold the dense weights: drop it, raise tp/pp or quantize"
+                if par.dense_replicated
+                else "raise tp/pp, quantize or take a larger GPU"
+            )
+        )
     per_token = kv_bytes_per_replica_token(model, cfg.kv_dtype, par)
     swa, swa_fields = _swa_layers(model, par, cfg), {}
     if swa is None:
@@ -319,17 +376,27 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         n_full, n_swa, window = swa
         layer_bytes = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers
         groups, block_bytes = KVGroups((None,), n_full), cfg.block_size * n_full * layer_bytes
-        num_blocks, swa_tokens = swa_pools(kv_cache, n_full * layer_bytes, n_swa * layer_bytes, window, par, cfg,
-                                           max_len)
-        swa_fields = {"swa_window": window, "swa_tokens": swa_tokens, "swa_token_bytes": n_swa * layer_bytes,
-                      "swa_ratio": cfg.swa_full_tokens_ratio}
+        num_blocks, swa_tokens = swa_pools(
+            kv_cache, n_full * layer_bytes, n_swa * layer_bytes, window, par, cfg, max_len
+        )
+        swa_fields = {
+            "swa_window": window,
+            "swa_tokens": swa_tokens,
+            "swa_token_bytes": n_swa * layer_bytes,
+            "swa_ratio": cfg.swa_full_tokens_ratio,
+        }
     ranks = par.attention_ranks
     in_flight = -(-cfg.max_num_batched_tokens // ranks) * cfg.in_flight_batches  # a rank's chunks
 
     def request_bytes(length: int) -> float:
         return groups.peak_blocks(length, cfg.block_size, in_flight) * block_bytes * ranks
+
     per_request = request_bytes(max_len)
-    if per_request > num_blocks * block_bytes and cfg.activations_outside and request_bytes(2) <= num_blocks * block_bytes:
+    if (
+        per_request > num_blocks * block_bytes
+        and cfg.activations_outside
+        and request_bytes(2) <= num_blocks * block_bytes
+    ):
         # SGLang starts anyway: its longest request (max_req_len) is the pool's tokens less one
         fits, over = 1, max_len
         while over - fits > 1:
@@ -341,12 +408,28 @@ def plan_memory(model: ModelSpec, gpu: GpuSpec, par: Parallelism = Parallelism()
         raise SpecError(
             f"a request of max_model_len={max_len} needs {per_request / GIB:.2f} GiB of KV cache per GPU, more than "
             f"{gpu.name}'s {kv_cache / GIB:.2f} GiB; raise gpu_memory_utilization or tp, or lower max_model_len "
-            f"(to ~{int(num_blocks * block_bytes / per_request * max_len)} at most)")
+            f"(to ~{int(num_blocks * block_bytes / per_request * max_len)} at most)"
+        )
     return MemoryPlan(
-        model=model.name, gpu=gpu.name, tp=par.tp, pp=par.pp, capacity_bytes=gpu.reported_memory_bytes, usable_bytes=usable,
-        weight_bytes=weights, activation_bytes=act, reserve_bytes=cfg.runtime_reserve_bytes, kv_cache_bytes=kv_cache,
-        kv_bytes_per_token=per_token, block_size=cfg.block_size, num_blocks=num_blocks,
-        kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size, max_model_len=max_len,
+        model=model.name,
+        gpu=gpu.name,
+        tp=par.tp,
+        pp=par.pp,
+        capacity_bytes=gpu.reported_memory_bytes,
+        usable_bytes=usable,
+        weight_bytes=weights,
+        activation_bytes=act,
+        reserve_bytes=cfg.runtime_reserve_bytes,
+        kv_cache_bytes=kv_cache,
+        kv_bytes_per_token=per_token,
+        block_size=cfg.block_size,
+        num_blocks=num_blocks,
+        kv_cache_tokens=num_blocks // len(groups.windows) * cfg.block_size,
+        max_model_len=max_len,
         request_bytes_at_max_len=per_request,
         max_concurrency=num_blocks * block_bytes / per_request * ranks,
-        block_bytes=block_bytes, kv_windows=groups.windows, weight_dtype=weight_dtype, **swa_fields)
+        block_bytes=block_bytes,
+        kv_windows=groups.windows,
+        weight_dtype=weight_dtype,
+        **swa_fields,
+    )

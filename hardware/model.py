@@ -23,9 +23,17 @@ PRESET_DIR = Path(__file__).parent / "model_configs"
 #: mxfp4 and mxfp8 (OCP microscaling) are 4-bit E2M1 / 8-bit E4M3 values with one 8-bit E8M0 scale per 32 values;
 #: nvfp4 (NVIDIA) is E2M1 with one FP8 E4M3 scale per 16 values (and one FP32 scale per tensor, negligible).
 KV_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0}
-WEIGHT_DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0, "w8a16": 1.0 + 2.0 / 128,
-                      "int4": 0.5 + 2.0 / 128, "mxfp4": 0.5 + 1.0 / 32, "nvfp4": 0.5 + 1.0 / 16,
-                      "mxfp8": 1.0 + 1.0 / 32}
+WEIGHT_DTYPE_BYTES = {
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "int8": 1.0,
+    "w8a16": 1.0 + 2.0 / 128,
+    "int4": 0.5 + 2.0 / 128,
+    "mxfp4": 0.5 + 1.0 / 32,
+    "nvfp4": 0.5 + 1.0 / 16,
+    "mxfp8": 1.0 + 1.0 / 32,
+}
 #: Weight dtypes that quantize only the routed experts (the rest of the model stays bf16), as gpt-oss ships.
 EXPERT_ONLY_DTYPES = ("mxfp4",)
 #: `weight_dtype: auto` takes the checkpoint's own quantization, as vLLM serves it.
@@ -50,7 +58,9 @@ class LayerSpec:
     kv_source: int
     is_moe: bool
     mlp_intermediate: int  # dense MLP width of this layer (0 for MoE layers)
-    extra_linear_params: int = 0  # small per-layer projections the kinds above don't cover (Gemma 3n AltUp/LAuReL)
+    extra_linear_params: int = (
+        0  # small per-layer projections the kinds above don't cover (Gemma 3n AltUp/LAuReL)
+    )
 
     @property
     def owns_kv(self) -> bool:
@@ -91,7 +101,9 @@ class MoeSpec:
         chosen ranks; 8 experts over 8 ranks without groups would reach 5.28."""
         e, k, g, chosen = self.num_experts, self.experts_per_token, self.num_groups, self.groups_per_token
         if e % ranks:
-            raise ShardingError(f"{e} experts do not divide over {ranks} expert-parallel ranks (see check_sharding)")
+            raise ShardingError(
+                f"{e} experts do not divide over {ranks} expert-parallel ranks (see check_sharding)"
+            )
         per_rank = e // ranks
         if g == 1 or k < chosen or (ranks % g and g % ranks):
             return ranks * (1 - comb(e - per_rank, k) / comb(e, k))
@@ -100,10 +112,18 @@ class MoeSpec:
         # a group spans several ranks: one is missed when the draws give every chosen group one of its experts
         # but none of that rank's (inclusion-exclusion over the groups left empty)
         per_group = e // g
-        every_group = sum((-1) ** j * comb(chosen, j) * comb((chosen - j) * per_group, k) for j in range(chosen + 1))
-        missing = sum((-1) ** j * comb(chosen - 1, j) * (comb((chosen - 1 - j) * per_group + per_group - per_rank, k)
-                                                         - comb((chosen - 1 - j) * per_group, k))
-                      for j in range(chosen))
+        every_group = sum(
+            (-1) ** j * comb(chosen, j) * comb((chosen - j) * per_group, k) for j in range(chosen + 1)
+        )
+        missing = sum(
+            (-1) ** j
+            * comb(chosen - 1, j)
+            * (
+                comb((chosen - 1 - j) * per_group + per_group - per_rank, k)
+                - comb((chosen - 1 - j) * per_group, k)
+            )
+            for j in range(chosen)
+        )
         return ranks * chosen / g * (1 - missing / every_group)
 
 
@@ -124,14 +144,22 @@ class ModelSpec:
     mla: MlaSpec | None = None
     moe: MoeSpec | None = None
     lookup_params: int = 0  # tables read by lookup only (Gemma 3n per-layer embeddings): stored, not streamed
-    extra_linear_params: int = 0  # model-level per-token projections (Gemma 3n AltUp, per-layer input projection)
+    extra_linear_params: int = (
+        0  # model-level per-token projections (Gemma 3n AltUp, per-layer input projection)
+    )
     vector_params_per_layer: int = 0  # QK norms, attention sinks: stored, not GEMMs
-    vision_params: int = 0  # an image encoder and its projector (Gemma 3's SigLIP): stored; images are not modelled
-    quantization: str = "bf16"  # the checkpoint's weight dtype (what `weight_dtype: auto` serves), see checkpoint_dtype
+    vision_params: int = (
+        0  # an image encoder and its projector (Gemma 3's SigLIP): stored; images are not modelled
+    )
+    quantization: str = (
+        "bf16"  # the checkpoint's weight dtype (what `weight_dtype: auto` serves), see checkpoint_dtype
+    )
     # the checkpoint's weights carry a scale per 128x128 block (DeepSeek-V3's fp8): block-scaled kernels (DeepGEMM) run
     # them, where weights quantized at load (`--quantization fp8`) take per-tensor scaled ones
     block_quantized: bool = False
-    architecture: str = ""  # the checkpoint's class (config.json `architectures`), for engines' per-class settings
+    architecture: str = (
+        ""  # the checkpoint's class (config.json `architectures`), for engines' per-class settings
+    )
 
     @property
     def num_layers(self) -> int:
@@ -168,8 +196,11 @@ class ModelSpec:
         if self.mla:
             m = self.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            q = h * self.num_heads * qk if m.q_lora_rank is None else (
-                h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.num_heads * qk)
+            q = (
+                h * self.num_heads * qk
+                if m.q_lora_rank is None
+                else (h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * self.num_heads * qk)
+            )
             kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + self.mla_up_params()
             return q + kv + self.num_heads * m.v_head_dim * h
         q_dim, kv_dim = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -191,11 +222,18 @@ class ModelSpec:
         dtype (mxfp4) quantizes."""
         if not layer.is_moe:
             return 0
-        return (self.moe.num_experts + self.moe.num_shared_experts) * self.dense_mlp_params(self.moe.expert_intermediate)
+        return (self.moe.num_experts + self.moe.num_shared_experts) * self.dense_mlp_params(
+            self.moe.expert_intermediate
+        )
 
     def layer_params(self, layer: LayerSpec, active: bool = False) -> int:
         """Parameters of one layer; `active` counts only the experts one token uses."""
-        params = self.attention_params() + 2 * self.hidden_size + layer.extra_linear_params + self.vector_params_per_layer
+        params = (
+            self.attention_params()
+            + 2 * self.hidden_size
+            + layer.extra_linear_params
+            + self.vector_params_per_layer
+        )
         if layer.is_moe:
             assert self.moe is not None
             experts = self.moe.experts_per_token if active else self.moe.num_experts
@@ -225,7 +263,9 @@ class ModelSpec:
         layers = sum(self.layer_params(layer, active) for layer in self.layers)
         head = 0 if self.tie_embeddings else self.lm_head_params
         final_norm = self.hidden_size
-        return layers + self.embedding_params + head + final_norm + self.lookup_params + self.extra_linear_params
+        return (
+            layers + self.embedding_params + head + final_norm + self.lookup_params + self.extra_linear_params
+        )
 
 
 def pipeline_stages(num_layers: int, pp: int) -> tuple[int, ...]:
@@ -241,7 +281,7 @@ def stage_layer_specs(model: ModelSpec, pp: int) -> list[tuple[LayerSpec, ...]]:
     """Each pipeline stage's layers, split as `pipeline_stages` splits them."""
     stages, first = [], 0
     for count in pipeline_stages(model.num_layers, pp):
-        stages.append(model.layers[first:first + count])
+        stages.append(model.layers[first : first + count])
         first += count
     return stages
 
@@ -253,10 +293,14 @@ def check_sharding(model: ModelSpec, tp: int, pp: int, dp_attention: bool = Fals
     if pp > model.num_layers:
         raise ShardingError(f"pipeline parallel size {pp} exceeds the {model.num_layers} layers")
     if not dp_attention and model.num_heads % tp:
-        raise ShardingError(f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads")
+        raise ShardingError(
+            f"tensor parallel size {tp} must divide {model.name}'s {model.num_heads} attention heads"
+        )
     if ep and dp_attention and model.moe is not None and model.moe.num_experts % tp:
-        raise ShardingError(f"expert parallel over DP attention (DeepEP) needs {model.name}'s {model.moe.num_experts} "
-                        f"experts to divide over the {tp} ranks")
+        raise ShardingError(
+            f"expert parallel over DP attention (DeepEP) needs {model.name}'s {model.moe.num_experts} "
+            f"experts to divide over the {tp} ranks"
+        )
 
 
 def kv_heads_per_rank(num_kv_heads: int, tp: int) -> int:
@@ -274,11 +318,15 @@ def resolve_weight_dtype(model: ModelSpec, weight_dtype: str) -> str:
     """The weight dtype a run uses: `auto` is the checkpoint's own; expert-only dtypes need experts."""
     dtype = model.quantization if weight_dtype == "auto" else weight_dtype
     if dtype not in WEIGHT_DTYPE_BYTES:
-        raise SpecError(f"model {model.name!r}: its checkpoint is quantized as {dtype!r}, which servesim does not "
-                        f"model; set engine.weight_dtype (allowed: {', '.join(WEIGHT_DTYPE_BYTES)})")
+        raise SpecError(
+            f"model {model.name!r}: its checkpoint is quantized as {dtype!r}, which servesim does not "
+            f"model; set engine.weight_dtype (allowed: {', '.join(WEIGHT_DTYPE_BYTES)})"
+        )
     if dtype in EXPERT_ONLY_DTYPES and model.moe is None:
-        raise SpecError(f"weight dtype {dtype!r} quantizes MoE experts only and model {model.name!r} has none; "
-                        f"allowed for it: {', '.join(d for d in WEIGHT_DTYPE_BYTES if d not in EXPERT_ONLY_DTYPES)}")
+        raise SpecError(
+            f"weight dtype {dtype!r} quantizes MoE experts only and model {model.name!r} has none; "
+            f"allowed for it: {', '.join(d for d in WEIGHT_DTYPE_BYTES if d not in EXPERT_ONLY_DTYPES)}"
+        )
     return dtype
 
 
@@ -310,6 +358,7 @@ def weight_bytes(model: ModelSpec, weight_dtype: str) -> tuple[float, float]:
 
 # ---- reading config.json ------------------------------------------------------------------------
 
+
 class _Fields:
     """Typed access to a config dict; a missing or mistyped key names the file and the key."""
 
@@ -322,7 +371,11 @@ class _Fields:
                 raise SpecError(f"{self.source}: missing required field {key!r}")
             return default
         value = self.raw[key]
-        if kind is int and isinstance(value, bool) or not isinstance(value, kind if kind is not float else (int, float)):
+        if (
+            kind is int
+            and isinstance(value, bool)
+            or not isinstance(value, kind if kind is not float else (int, float))
+        ):
             raise SpecError(f"{self.source}: field {key!r} must be {kind.__name__}, got {value!r}")
         return value
 
@@ -337,14 +390,18 @@ def _layer_kinds(f: _Fields, num_layers: int) -> list[tuple[str, int | None]]:
         kinds = []
         for t in types:
             if t not in ("full_attention", "sliding_attention"):
-                raise SpecError(f"{f.source}: layer_types entry {t!r}; allowed: full_attention, sliding_attention")
+                raise SpecError(
+                    f"{f.source}: layer_types entry {t!r}; allowed: full_attention, sliding_attention"
+                )
             kinds.append(("sliding", window) if t == "sliding_attention" else ("full", None))
         return kinds
     model_type = f.raw.get("model_type", "")
     if model_type == "gemma2" and window:
         return [("sliding", window) if i % 2 == 0 else ("full", None) for i in range(num_layers)]
     pattern = f.get("sliding_window_pattern", int, 0)
-    if model_type.startswith("gemma3") and window and pattern:  # older Gemma 3 configs: every pattern-th layer full
+    if (
+        model_type.startswith("gemma3") and window and pattern
+    ):  # older Gemma 3 configs: every pattern-th layer full
         return [("full", None) if (i + 1) % pattern == 0 else ("sliding", window) for i in range(num_layers)]
     uses_window = f.raw.get("use_sliding_window", model_type in ("mistral",))
     if window and uses_window and window < f.get("max_position_embeddings", int, 1 << 30):
@@ -369,7 +426,9 @@ def _intermediates(f: _Fields, num_layers: int) -> list[int]:
     value = f.raw.get("intermediate_size")
     if isinstance(value, list):
         if len(value) != num_layers:
-            raise SpecError(f"{f.source}: intermediate_size lists {len(value)} widths for {num_layers} layers")
+            raise SpecError(
+                f"{f.source}: intermediate_size lists {len(value)} widths for {num_layers} layers"
+            )
         return [int(v) for v in value]
     return [f.get("intermediate_size")] * num_layers
 
@@ -382,20 +441,37 @@ GROUP_LIMITED_TOPK = ("group_limited_greedy", "noaux_tc")
 def _moe(f: _Fields) -> MoeSpec | None:
     if f.raw.get("n_routed_experts"):  # DeepSeek
         experts, k = f.get("n_routed_experts"), f.get("num_experts_per_tok")
-        groups, chosen = (f.get("n_group", int, 1), f.get("topk_group", int, 1)) \
-            if f.raw.get("topk_method") in GROUP_LIMITED_TOPK else (1, 1)
+        groups, chosen = (
+            (f.get("n_group", int, 1), f.get("topk_group", int, 1))
+            if f.raw.get("topk_method") in GROUP_LIMITED_TOPK
+            else (1, 1)
+        )
         if experts % groups or not 1 <= chosen <= groups or chosen * (experts // groups) < k:
-            raise SpecError(f"{f.source}: n_group {groups} / topk_group {chosen} must split the {experts} experts "
-                            f"evenly and choose groups holding at least num_experts_per_tok ({k}) of them")
-        return MoeSpec(experts, k, f.get("moe_intermediate_size"), f.get("n_shared_experts", int, 0),
-                       num_groups=groups, groups_per_token=chosen)
+            raise SpecError(
+                f"{f.source}: n_group {groups} / topk_group {chosen} must split the {experts} experts "
+                f"evenly and choose groups holding at least num_experts_per_tok ({k}) of them"
+            )
+        return MoeSpec(
+            experts,
+            k,
+            f.get("moe_intermediate_size"),
+            f.get("n_shared_experts", int, 0),
+            num_groups=groups,
+            groups_per_token=chosen,
+        )
     if f.raw.get("num_local_experts"):  # Mixtral, gpt-oss: experts as wide as intermediate_size
-        return MoeSpec(f.get("num_local_experts"), f.get("num_experts_per_tok"), f.get("intermediate_size"),
-                       biased=f.raw.get("model_type") == "gpt_oss")
+        return MoeSpec(
+            f.get("num_local_experts"),
+            f.get("num_experts_per_tok"),
+            f.get("intermediate_size"),
+            biased=f.raw.get("model_type") == "gpt_oss",
+        )
     if f.raw.get("num_experts"):  # Qwen MoE
         if f.raw.get("shared_expert_intermediate_size"):
-            raise SpecError(f"{f.source}: a shared expert of its own width (shared_expert_intermediate_size, "
-                            "Qwen2-MoE) is not modelled")
+            raise SpecError(
+                f"{f.source}: a shared expert of its own width (shared_expert_intermediate_size, "
+                "Qwen2-MoE) is not modelled"
+            )
         return MoeSpec(f.get("num_experts"), f.get("num_experts_per_tok"), f.get("moe_intermediate_size"))
     return None
 
@@ -435,7 +511,11 @@ def _vector_params(f: _Fields) -> int:
     model_type = f.raw.get("model_type", "")
     head_dim = f.get("head_dim", int, f.get("hidden_size") // f.get("num_attention_heads"))
     params = 2 * head_dim if model_type in ("qwen3", "qwen3_moe") or model_type.startswith("gemma3") else 0
-    if model_type in ("gemma2", "gemma3", "gemma3_text"):  # pre- and post-feedforward norms besides the usual two
+    if model_type in (
+        "gemma2",
+        "gemma3",
+        "gemma3_text",
+    ):  # pre- and post-feedforward norms besides the usual two
         params += 2 * f.get("hidden_size")
     return params + (f.get("num_attention_heads") if model_type == "gpt_oss" else 0)
 
@@ -443,8 +523,13 @@ def _vector_params(f: _Fields) -> int:
 def _mla(f: _Fields) -> MlaSpec | None:
     if not f.raw.get("kv_lora_rank"):
         return None
-    return MlaSpec(f.get("kv_lora_rank"), f.get("q_lora_rank", int, None), f.get("qk_nope_head_dim"),
-                   f.get("qk_rope_head_dim"), f.get("v_head_dim"))
+    return MlaSpec(
+        f.get("kv_lora_rank"),
+        f.get("q_lora_rank", int, None),
+        f.get("qk_nope_head_dim"),
+        f.get("qk_rope_head_dim"),
+        f.get("v_head_dim"),
+    )
 
 
 def _gemma3n_extras(f: _Fields, num_layers: int) -> tuple[int, int, int]:
@@ -468,8 +553,14 @@ def _tied(raw: dict[str, Any]) -> bool:
 #: Fields a config may leave to its transformers class (HF writes only what differs from the defaults).
 #: Gemma3TextConfig: Google's Gemma 3 files omit these; every 6th layer is full attention.
 CLASS_DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma3_text": {"vocab_size": 262_208, "max_position_embeddings": 131_072, "head_dim": 256,
-                    "num_attention_heads": 8, "num_key_value_heads": 4, "sliding_window_pattern": 6},
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "max_position_embeddings": 131_072,
+        "head_dim": 256,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "sliding_window_pattern": 6,
+    },
 }
 
 
@@ -489,8 +580,9 @@ def _vision_params(raw: dict[str, Any]) -> int:
 
 #: Architectures whose MLP is up -> activation -> down whatever their activation (transformers' modeling files),
 #: and those gated whatever it is (Gemma 1: GeGLU under hidden_act "gelu"). Others: gated unless plain GeLU/ReLU.
-PLAIN_MLP_TYPES = frozenset({"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "gptj", "phi", "falcon", "opt", "bloom",
-                             "mpt"})
+PLAIN_MLP_TYPES = frozenset(
+    {"gpt2", "gpt_bigcode", "starcoder2", "gpt_neox", "gptj", "phi", "falcon", "opt", "bloom", "mpt"}
+)
 GATED_MLP_TYPES = frozenset({"gemma"})
 
 
@@ -513,21 +605,36 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
     vision = _vision_params(raw)
     architecture = str((raw.get("architectures") or [""])[0])
-    if isinstance(raw.get("text_config"), dict):  # the checkpoint's quantization is the whole model's, at the top
+    if isinstance(
+        raw.get("text_config"), dict
+    ):  # the checkpoint's quantization is the whole model's, at the top
         top = {"quantization_config": raw["quantization_config"]} if "quantization_config" in raw else {}
-        raw = {**raw["text_config"], "model_type": raw["text_config"].get("model_type", raw.get("model_type")), **top}
+        raw = {
+            **raw["text_config"],
+            "model_type": raw["text_config"].get("model_type", raw.get("model_type")),
+            **top,
+        }
     raw = {**CLASS_DEFAULTS.get(str(raw.get("model_type", "")), {}), **raw}
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
     num_layers = f.get("num_hidden_layers")
-    for key, value in (("hidden_size", hidden), ("num_attention_heads", num_heads), ("num_hidden_layers", num_layers)):
+    for key, value in (
+        ("hidden_size", hidden),
+        ("num_attention_heads", num_heads),
+        ("num_hidden_layers", num_layers),
+    ):
         _require_positive(source, key, value)
     kv_heads = f.get("num_key_value_heads", int, num_heads)
     _require_positive(source, "num_key_value_heads", kv_heads)
     if kv_heads > num_heads or num_heads % kv_heads:
-        raise SpecError(f"{source}: num_key_value_heads ({kv_heads}) must divide num_attention_heads ({num_heads})")
-    head_dim, vocab, max_len = (f.get("head_dim", int, hidden // num_heads), f.get("vocab_size"),
-                                f.get("max_position_embeddings"))
+        raise SpecError(
+            f"{source}: num_key_value_heads ({kv_heads}) must divide num_attention_heads ({num_heads})"
+        )
+    head_dim, vocab, max_len = (
+        f.get("head_dim", int, hidden // num_heads),
+        f.get("vocab_size"),
+        f.get("max_position_embeddings"),
+    )
     for key, value in (("head_dim", head_dim), ("vocab_size", vocab), ("max_position_embeddings", max_len)):
         _require_positive(source, key, value)
     kinds = _layer_kinds(f, num_layers)
@@ -543,21 +650,42 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
             _require_positive(source, "intermediate_size", width)
     extra_linear, lookup, model_linear = _gemma3n_extras(f, num_layers)
     layers = tuple(
-        LayerSpec(index=i, attention=kind, window=window, kv_source=sources[i], is_moe=routed[i],
-                  mlp_intermediate=0 if routed[i] else widths[i], extra_linear_params=extra_linear)
-        for i, (kind, window) in enumerate(kinds))
+        LayerSpec(
+            index=i,
+            attention=kind,
+            window=window,
+            kv_source=sources[i],
+            is_moe=routed[i],
+            mlp_intermediate=0 if routed[i] else widths[i],
+            extra_linear_params=extra_linear,
+        )
+        for i, (kind, window) in enumerate(kinds)
+    )
     return ModelSpec(
-        name=name, hidden_size=hidden, num_heads=num_heads,
+        name=name,
+        hidden_size=hidden,
+        num_heads=num_heads,
         num_kv_heads=kv_heads,
-        head_dim=head_dim, vocab_size=vocab, tie_embeddings=_tied(raw),
-        layers=layers, max_position_embeddings=max_len,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        tie_embeddings=_tied(raw),
+        layers=layers,
+        max_position_embeddings=max_len,
         gated_mlp=_gated_mlp(raw),
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
-        o_bias=bool(raw.get("attention_bias")),  # HF: attention_bias biases o_proj too; Qwen2's default does not
-        mla=_mla(f), moe=moe, lookup_params=lookup, extra_linear_params=model_linear,
-        vector_params_per_layer=_vector_params(f), vision_params=vision, quantization=checkpoint_dtype(raw),
+        o_bias=bool(
+            raw.get("attention_bias")
+        ),  # HF: attention_bias biases o_proj too; Qwen2's default does not
+        mla=_mla(f),
+        moe=moe,
+        lookup_params=lookup,
+        extra_linear_params=model_linear,
+        vector_params_per_layer=_vector_params(f),
+        vision_params=vision,
+        quantization=checkpoint_dtype(raw),
         block_quantized=bool((raw.get("quantization_config") or {}).get("weight_block_size")),
-        architecture=architecture)
+        architecture=architecture,
+    )
 
 
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:
@@ -581,7 +709,9 @@ def is_config_path(value: str) -> bool:
 def check_model_name(value: str, what: str = "model") -> str:
     """`value` if it is a preset or a config.json path; else ValueError listing the presets (for validators)."""
     if value not in preset_names() and not is_config_path(value):
-        raise ValueError(f"unknown {what} {value!r}; presets: {choices(preset_names(), value, 'servesim models list')} (or a config.json path)")
+        raise ValueError(
+            f"unknown {what} {value!r}; presets: {choices(preset_names(), value, 'servesim models list')} (or a config.json path)"
+        )
     return value
 
 
@@ -594,4 +724,6 @@ def get_model(name_or_path: str) -> ModelSpec:
     if name_or_path.endswith(".json") or "/" in name_or_path:
         path = Path(name_or_path)
         return load_model_file(path / "config.json" if path.is_dir() else path)  # a Hugging Face model folder
-    raise SpecError(f"unknown model {name_or_path!r}; presets: {choices(preset_names(), name_or_path, 'servesim models list')} (or a config.json path)")
+    raise SpecError(
+        f"unknown model {name_or_path!r}; presets: {choices(preset_names(), name_or_path, 'servesim models list')} (or a config.json path)"
+    )

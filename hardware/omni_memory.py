@@ -22,7 +22,9 @@ def tensor_dtype_bytes(dtype: str) -> int:
     try:
         return TENSOR_DTYPE_BYTES[dtype]
     except KeyError:
-        raise ValueError(f"unknown tensor dtype {dtype!r}; choose from {', '.join(TENSOR_DTYPE_BYTES)}") from None
+        raise ValueError(
+            f"unknown tensor dtype {dtype!r}; choose from {', '.join(TENSOR_DTYPE_BYTES)}"
+        ) from None
 
 
 def stage_output_cache_bytes(num_blocks: int, block_size: int, dims: int, dtype: str) -> int:
@@ -55,15 +57,27 @@ class StageMemory:
     @property
     def host_cache_bytes(self) -> int:
         """Pinned host bytes of the stage's output caches, over all its replicas."""
-        return self.replicas * sum(stage_output_cache_bytes(self.num_blocks, self.plan.block_size, t.dims, t.dtype)
-                                   for t in self.cached)
+        return self.replicas * sum(
+            stage_output_cache_bytes(self.num_blocks, self.plan.block_size, t.dims, t.dtype)
+            for t in self.cached
+        )
 
     def as_dict(self) -> dict:
-        cache = [{"name": t.name, "shape": [self.num_blocks, self.plan.block_size, t.dims], "dtype": t.dtype,
-                  "bytes": stage_output_cache_bytes(self.num_blocks, self.plan.block_size, t.dims, t.dtype)}
-                 for t in self.cached]
-        return {"stage": self.stage, **self.plan.as_dict(), "stage_output_cache": cache,
-                "stage_output_cache_host_bytes": self.host_cache_bytes}
+        cache = [
+            {
+                "name": t.name,
+                "shape": [self.num_blocks, self.plan.block_size, t.dims],
+                "dtype": t.dtype,
+                "bytes": stage_output_cache_bytes(self.num_blocks, self.plan.block_size, t.dims, t.dtype),
+            }
+            for t in self.cached
+        ]
+        return {
+            "stage": self.stage,
+            **self.plan.as_dict(),
+            "stage_output_cache": cache,
+            "stage_output_cache_host_bytes": self.host_cache_bytes,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,5 +91,7 @@ class PipelineMemory:
         return sum(s.host_cache_bytes for s in self.stages)
 
     def as_dict(self) -> dict:
-        return {"stages": [s.as_dict() for s in self.stages],
-                "stage_output_cache_host_bytes": self.host_cache_bytes}
+        return {
+            "stages": [s.as_dict() for s in self.stages],
+            "stage_output_cache_host_bytes": self.host_cache_bytes,
+        }

@@ -30,7 +30,13 @@ from hardware.spec_model import SpecModel
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 #: A profile's fixed costs of a step's forward pass, seconds: per step, per layer, per request, per token of the step,
 #: and per layer attending decodes beside prefill chunks (the host_* fields are the serving loop's, outside it).
-FIXED_COSTS = ("step_overhead_s", "layer_overhead_s", "request_overhead_s", "token_overhead_s", "mixed_layer_overhead_s")
+FIXED_COSTS = (
+    "step_overhead_s",
+    "layer_overhead_s",
+    "request_overhead_s",
+    "token_overhead_s",
+    "mixed_layer_overhead_s",
+)
 
 
 class EfficiencyCurve(SpecModel):
@@ -78,14 +84,23 @@ class FitRecord(SpecModel):
 
 #: The default routed-expert efficiencies were fitted (`servesim fit --only moe_compute,moe_memory`) to the MoE runs
 #: among the two thirds of benchmarks/published_runs.yaml that fit held in (every third run held out).
-DEFAULT_MOE_FIT = FitRecord(fields=("moe_compute", "moe_memory"), runs=(
-    "gpt-oss-20b h100-sxm mxfp4 serve 128/4 all at once x1000", "gpt-oss-20b h100-sxm mxfp4 serve 2000/100 all at once x500",
-    "gpt-oss-20b a100-80gb mxfp4 serve 128/4 all at once x1000",
-    "gpt-oss-20b a100-80gb mxfp4 serve 2000/100 all at once x500", "gpt-oss-120b h100-sxm mxfp4 serve 229/217 c=4 x100",
-    "gpt-oss-120b h100-sxm mxfp4 serve 128/4 all at once x1000", "deepseek-v3 h200 TP8 fp8 serve 4000/200 all at once x500",
-    "deepseek-v3 h200 TP8 fp8 serve 32000/100 all at once x100", "deepseek-v3 h200 TP8 fp8 serve 1000/2000 10 req/s x50",
-    "deepseek-v3 h200 TP8 fp8 serve 10000/500 10 req/s x50", "deepseek-v3 h200 TP8 fp8 serve 30000/100 10 req/s x50",
-    "deepseek-v3 h200 TP8 fp8 serve 2000/100 all at once x500"))
+DEFAULT_MOE_FIT = FitRecord(
+    fields=("moe_compute", "moe_memory"),
+    runs=(
+        "gpt-oss-20b h100-sxm mxfp4 serve 128/4 all at once x1000",
+        "gpt-oss-20b h100-sxm mxfp4 serve 2000/100 all at once x500",
+        "gpt-oss-20b a100-80gb mxfp4 serve 128/4 all at once x1000",
+        "gpt-oss-20b a100-80gb mxfp4 serve 2000/100 all at once x500",
+        "gpt-oss-120b h100-sxm mxfp4 serve 229/217 c=4 x100",
+        "gpt-oss-120b h100-sxm mxfp4 serve 128/4 all at once x1000",
+        "deepseek-v3 h200 TP8 fp8 serve 4000/200 all at once x500",
+        "deepseek-v3 h200 TP8 fp8 serve 32000/100 all at once x100",
+        "deepseek-v3 h200 TP8 fp8 serve 1000/2000 10 req/s x50",
+        "deepseek-v3 h200 TP8 fp8 serve 10000/500 10 req/s x50",
+        "deepseek-v3 h200 TP8 fp8 serve 30000/100 10 req/s x50",
+        "deepseek-v3 h200 TP8 fp8 serve 2000/100 all at once x500",
+    ),
+)
 MOE_FIELDS = frozenset({"moe_compute", "moe_memory"})
 
 
@@ -108,52 +123,110 @@ class Profile(SpecModel):
     # vLLM 0.8-0.11; gpt-oss's experts counted padded as its mxfp4 kernels run them): fused-MoE kernels, with their
     # routing, permutation and launches, reach a fraction of a dense GEMM's speed; the GEMM curves (0.70, 0.85)
     # predicted these runs ~50% fast
-    moe_compute: EfficiencyCurve | None = Field(EfficiencyCurve.constant(0.180), description=(
-        "Routed-expert (fused-MoE) kernels' fraction of compute peak; None: the GEMM curve's (an executor fit, "
-        "whose MoE runs on the same GEMMs)"))
-    moe_memory: EfficiencyCurve | None = Field(EfficiencyCurve.constant(0.265), description=(
-        "Routed-expert kernels' fraction of HBM bandwidth; None: the GEMM curve's"))
+    moe_compute: EfficiencyCurve | None = Field(
+        EfficiencyCurve.constant(0.180),
+        description=(
+            "Routed-expert (fused-MoE) kernels' fraction of compute peak; None: the GEMM curve's (an executor fit, "
+            "whose MoE runs on the same GEMMs)"
+        ),
+    )
+    moe_memory: EfficiencyCurve | None = Field(
+        EfficiencyCurve.constant(0.265),
+        description=("Routed-expert kernels' fraction of HBM bandwidth; None: the GEMM curve's"),
+    )
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")
-    layer_overhead_s: float = Field(0.0, ge=0, description="Per layer per step: launches not hidden by graphs")
-    request_overhead_s: float = Field(2e-6, ge=0, description="Per scheduled request per step: metadata, sampling")
-    token_overhead_s: float = Field(0.0, ge=0, description=(
-        "Per token of the step outside the layers: positions, rotary tables, slot mapping, the embedding gather; "
-        "`servesim calibrate` fits it (it shows where prefills are short)"))
-    mixed_layer_overhead_s: float = Field(0.0, ge=0, description=(
-        "Per layer that attends decodes beside prefill chunks in one step: the second attention path's launches "
-        "(backends that split prefill and decode kernels, and the calibration executor); `servesim calibrate` "
-        "fits it"))
-    elementwise_kernels: float = Field(0.0, ge=0, description=(
-        "Memory-bound elementwise kernels per layer outside the GEMMs and attention (residual add + RMSNorm twice, "
-        "rotary embedding, the gated activation): priced as the hidden states, rotated heads and activations they "
-        "move at the GEMM streaming efficiency plus `elementwise_latency_s` each; 0 leaves them out (the defaults' "
-        "fixed overheads hold them)"))
-    elementwise_latency_s: float = Field(3e-6, ge=0, description=(
-        "Constant latency of one elementwise kernel: aiconfigurator's mem_empirical_constant_latency (3 us on "
-        "A100/H100/H200/B200/L40S)"))
-    host_step_s: float = Field(0.0, ge=0, description=(
-        "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
-        "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"))
+    layer_overhead_s: float = Field(
+        0.0, ge=0, description="Per layer per step: launches not hidden by graphs"
+    )
+    request_overhead_s: float = Field(
+        2e-6, ge=0, description="Per scheduled request per step: metadata, sampling"
+    )
+    token_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per token of the step outside the layers: positions, rotary tables, slot mapping, the embedding gather; "
+            "`servesim calibrate` fits it (it shows where prefills are short)"
+        ),
+    )
+    mixed_layer_overhead_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per layer that attends decodes beside prefill chunks in one step: the second attention path's launches "
+            "(backends that split prefill and decode kernels, and the calibration executor); `servesim calibrate` "
+            "fits it"
+        ),
+    )
+    elementwise_kernels: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Memory-bound elementwise kernels per layer outside the GEMMs and attention (residual add + RMSNorm twice, "
+            "rotary embedding, the gated activation): priced as the hidden states, rotated heads and activations they "
+            "move at the GEMM streaming efficiency plus `elementwise_latency_s` each; 0 leaves them out (the defaults' "
+            "fixed overheads hold them)"
+        ),
+    )
+    elementwise_latency_s: float = Field(
+        3e-6,
+        ge=0,
+        description=(
+            "Constant latency of one elementwise kernel: aiconfigurator's mem_empirical_constant_latency (3 us on "
+            "A100/H100/H200/B200/L40S)"
+        ),
+    )
+    host_step_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Engine CPU time per step outside the forward pass (scheduling, input preparation, output "
+            "processing), when it is not overlapped; `servesim calibrate` measures it on its serving loop"
+        ),
+    )
     host_request_s: float = Field(0.0, ge=0, description="The same, per scheduled request per step")
-    kernels: str | None = Field(None, description=(
-        "Measured kernel tables that price GEMMs, attention and all-reduces instead of the roofline "
-        "(hardware.kernel_tables, aiconfigurator-core's): engine (the scenario's scheduler's), vllm, sglang or "
-        "trtllm, optionally @version; the other fields price what the tables lack"))
+    kernels: str | None = Field(
+        None,
+        description=(
+            "Measured kernel tables that price GEMMs, attention and all-reduces instead of the roofline "
+            "(hardware.kernel_tables, aiconfigurator-core's): engine (the scenario's scheduler's), vllm, sglang or "
+            "trtllm, optionally @version; the other fields price what the tables lack"
+        ),
+    )
     kernel_ops: tuple[Literal["gemm", "attention", "all_reduce", "moe"], ...] = Field(
-        ("gemm", "attention", "all_reduce"), description=(
+        ("gemm", "attention", "all_reduce"),
+        description=(
             "Which operators `kernels` prices from the tables; moe (routed experts' fused kernels) is not by default: "
             "the tables' recent kernels predict the published vLLM 0.8-0.11 MoE runs 40-70% fast, where the fitted "
-            "routed-expert efficiencies come within ~20%"))
-    fits: tuple[FitRecord, ...] = Field((DEFAULT_MOE_FIT,), description=(
-        "The measured runs its numbers were fitted to (`servesim fit` records them), so compare can hold them out; "
-        "unset: the default routed-expert fit while moe_compute/moe_memory keep their defaults"))
+            "routed-expert efficiencies come within ~20%"
+        ),
+    )
+    fits: tuple[FitRecord, ...] = Field(
+        (DEFAULT_MOE_FIT,),
+        description=(
+            "The measured runs its numbers were fitted to (`servesim fit` records them), so compare can hold them out; "
+            "unset: the default routed-expert fit while moe_compute/moe_memory keep their defaults"
+        ),
+    )
     fit_mape: float | None = Field(None, description="Mean absolute % error on held-out shapes, when fitted")
-    gpus: dict[str, dict[str, Any]] = Field(default_factory=dict, description=(
-        "Per-GPU sections: a GPU's catalog name -> the efficiencies and overheads that differ on it (the rest "
-        "are the profile's); the cost model reads a GPU's section wherever it prices that GPU"))
+    gpus: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "Per-GPU sections: a GPU's catalog name -> the efficiencies and overheads that differ on it (the rest "
+            "are the profile's); the cost model reads a GPU's section wherever it prices that GPU"
+        ),
+    )
 
-    @field_validator("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm", "moe_compute",
-                     "moe_memory", mode="before")
+    @field_validator(
+        "gemm_compute",
+        "gemm_memory",
+        "attn_compute",
+        "attn_memory",
+        "comm",
+        "moe_compute",
+        "moe_memory",
+        mode="before",
+    )
     @classmethod
     def _number_is_constant(cls, value: object) -> object:
         return _curve(value)
@@ -163,7 +236,8 @@ class Profile(SpecModel):
         """A profile with routed-expert numbers of its own and no stated `fits` was not fitted as the defaults were."""
         defaults = type(self).model_fields
         if "fits" not in self.model_fields_set and any(
-                getattr(self, name) != defaults[name].default for name in MOE_FIELDS):
+            getattr(self, name) != defaults[name].default for name in MOE_FIELDS
+        ):
             object.__setattr__(self, "fits", ())
         return self
 
@@ -176,19 +250,27 @@ class Profile(SpecModel):
 
     @field_validator("gpus")
     @classmethod
-    def _sections_resolve(cls, gpus: dict[str, dict[str, Any]], info: ValidationInfo) -> dict[str, dict[str, Any]]:
+    def _sections_resolve(
+        cls, gpus: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
         for gpu, section in gpus.items():
             unknown = sorted(set(section) - set(GPU_FIELDS))
             if unknown:
-                raise ValueError(f"{gpu}: {', '.join(map(str, unknown))} cannot differ per GPU; allowed: "
-                                 f"{', '.join(GPU_FIELDS)}")
+                raise ValueError(
+                    f"{gpu}: {', '.join(map(str, unknown))} cannot differ per GPU; allowed: "
+                    f"{', '.join(GPU_FIELDS)}"
+                )
             try:
-                resolved = cls.model_validate({k: v for k, v in info.data.items() if k in GPU_FIELDS} | section)
+                resolved = cls.model_validate(
+                    {k: v for k, v in info.data.items() if k in GPU_FIELDS} | section
+                )
             except ValidationError as err:
                 first = err.errors()[0]
                 where = ".".join([gpu, *map(str, first["loc"])])
                 raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
-            gpus[gpu] = {key: value for key, value in resolved.model_dump(mode="json").items() if key in section}
+            gpus[gpu] = {
+                key: value for key, value in resolved.model_dump(mode="json").items() if key in section
+            }
         return gpus  # each section as its fields dump, so a YAML round trip compares equal
 
     def for_gpu(self, gpu: str) -> Profile:
@@ -206,12 +288,15 @@ class Profile(SpecModel):
         if self.kernels is None or split_kernels(self.kernels)[0] != ENGINE:
             return self
         version = split_kernels(self.kernels)[1]
-        return self.model_copy(update={"kernels": framework_for(ENGINE, scheduler) + (f"@{version}" if version else "")})
+        return self.model_copy(
+            update={"kernels": framework_for(ENGINE, scheduler) + (f"@{version}" if version else "")}
+        )
 
     def with_gpu_section(self, gpu: str, values: dict[str, Any]) -> Profile:
         """This profile with `values` set in `gpu`'s section (over what the section already held)."""
-        return Profile.model_validate(self.model_dump() | {
-            "gpus": self.model_dump()["gpus"] | {gpu: self.gpus.get(gpu, {}) | values}})
+        return Profile.model_validate(
+            self.model_dump() | {"gpus": self.model_dump()["gpus"] | {gpu: self.gpus.get(gpu, {}) | values}}
+        )
 
     def curves(self, kind: str) -> tuple[EfficiencyCurve, EfficiencyCurve]:
         """(compute, memory) efficiency curves of an operator kind: gemm, attention or moe (GEMM's unless set)."""
@@ -223,8 +308,11 @@ class Profile(SpecModel):
 
 
 #: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit records.
-GPU_FIELDS = tuple(name for name in Profile.model_fields
-                   if name not in ("name", "provenance", "kernels", "kernel_ops", "fits", "fit_mape", "gpus"))
+GPU_FIELDS = tuple(
+    name
+    for name in Profile.model_fields
+    if name not in ("name", "provenance", "kernels", "kernel_ops", "fits", "fit_mape", "gpus")
+)
 
 
 def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:
@@ -237,16 +325,21 @@ def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = 
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")) if PROFILE_DIR.exists() else []
-        raise SpecError(f"profile {str(name_or_path)!r} not found (looked for {path}); bundled: {known or 'none'}")
+        raise SpecError(
+            f"profile {str(name_or_path)!r} not found (looked for {path}); bundled: {known or 'none'}"
+        )
     try:
         profile = Profile.model_validate(read_yaml(path, "profile"))
     except ValidationError as err:
         first = err.errors()[0]
-        raise SpecError(f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
-                        ) from None
+        raise SpecError(
+            f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
+        ) from None
     catalog = gpu_catalog(gpu_files) if profile.gpus else {}
     unknown = sorted(set(profile.gpus) - set(catalog))
     if unknown:
-        raise SpecError(f"{path}: gpus: {', '.join(unknown)} is not a GPU of the catalog; allowed: "
-                        f"{', '.join(sorted(catalog))}")
+        raise SpecError(
+            f"{path}: gpus: {', '.join(unknown)} is not a GPU of the catalog; allowed: "
+            f"{', '.join(sorted(catalog))}"
+        )
     return profile

@@ -13,8 +13,12 @@ from pydantic_core import PydanticCustomError
 
 NUMBER_TYPES = (int, float)
 BOOL_FOR_NUMBER = "bool_for_number"  # the error type; its `field` context names the field inside the model
-MAX_REPLICAS = 4096  # each simulated replica keeps its KV pool's bookkeeping in memory: a million would not fit
-MAX_PARALLEL = 1024  # GPUs in one tensor- or pipeline-parallel group: past any NVLink domain built or announced
+MAX_REPLICAS = (
+    4096  # each simulated replica keeps its KV pool's bookkeeping in memory: a million would not fit
+)
+MAX_PARALLEL = (
+    1024  # GPUs in one tensor- or pipeline-parallel group: past any NVLink domain built or announced
+)
 
 
 class SpecModel(BaseModel):
@@ -28,8 +32,9 @@ class SpecModel(BaseModel):
             for name, value in data.items():
                 field = cls.model_fields.get(name) if isinstance(name, str) else None
                 if field is not None and bool_for_a_number(field.annotation, value):
-                    raise PydanticCustomError(BOOL_FOR_NUMBER, "{field}: expected a number, not a true/false",
-                                              {"field": name})
+                    raise PydanticCustomError(
+                        BOOL_FOR_NUMBER, "{field}: expected a number, not a true/false", {"field": name}
+                    )
         return data
 
 
@@ -46,7 +51,9 @@ def bool_for_a_number(annotation: Any, value: Any) -> bool:
 def _item_bools(annotation: Any, value: list | tuple | dict) -> bool:
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if isinstance(value, dict):
-        return origin is dict and len(args) == 2 and any(bool_for_a_number(args[1], v) for v in value.values())
+        return (
+            origin is dict and len(args) == 2 and any(bool_for_a_number(args[1], v) for v in value.values())
+        )
     if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
         return any(bool_for_a_number(args[0], item) for item in value)
     if origin is tuple and len(args) == len(value):
@@ -69,6 +76,10 @@ def _admits_number(annotation: Any) -> bool:
 
 
 def _admits_bool(annotation: Any) -> bool:
-    return any(member in (bool, Any) or (typing.get_origin(member) is Literal
-                                         and any(isinstance(v, bool) for v in typing.get_args(member)))
-               for member in _members(annotation))
+    return any(
+        member in (bool, Any)
+        or (
+            typing.get_origin(member) is Literal and any(isinstance(v, bool) for v in typing.get_args(member))
+        )
+        for member in _members(annotation)
+    )

@@ -13,19 +13,35 @@ from __future__ import annotations
 import numpy as np
 
 from hardware.batch import StepBatch
-from hardware.cost import (CostOptions, Parallelism, attention_seconds, decode_stretch_attention_s, rank_peaks,
-                           stage_attention_seconds, stage_fixed_seconds, step_cost)
+from hardware.cost import (
+    CostOptions,
+    Parallelism,
+    attention_seconds,
+    decode_stretch_attention_s,
+    rank_peaks,
+    stage_attention_seconds,
+    stage_fixed_seconds,
+    step_cost,
+)
 from hardware.gpu import GpuSpec
 from hardware.model import ModelSpec, pipeline_stages
 from hardware.profile import Profile
 
 
-CACHE_ENTRIES = 1 << 17  # shapes kept per cache before it starts over: MLA prefill keys (per DP rank) rarely repeat
+CACHE_ENTRIES = (
+    1 << 17
+)  # shapes kept per cache before it starts over: MLA prefill keys (per DP rank) rarely repeat
 
 
 class StepTimer:
-    def __init__(self, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism = Parallelism(),
-                 profile: Profile = Profile(), options: CostOptions = CostOptions()):
+    def __init__(
+        self,
+        model: ModelSpec,
+        gpu: GpuSpec,
+        parallelism: Parallelism = Parallelism(),
+        profile: Profile = Profile(),
+        options: CostOptions = CostOptions(),
+    ):
         self.args = (model, gpu, parallelism, profile.for_gpu(gpu.name), options)
         self._fixed_s: dict[tuple, float] = {}
         self._stage_fixed_s: dict[tuple, list[float]] = {}
@@ -43,19 +59,29 @@ class StepTimer:
 
     def _own_shape(self, batch: StepBatch) -> tuple:
         decode_query_len = self.args[4].decode_query_len
-        key = (batch.num_tokens, batch.num_requests, batch.num_logits, batch.max_query_len > 1,
-               batch.is_mixed(decode_query_len))
+        key = (
+            batch.num_tokens,
+            batch.num_requests,
+            batch.num_logits,
+            batch.max_query_len > 1,
+            batch.is_mixed(decode_query_len),
+        )
         if self.args[0].mla is not None:
             prefill = batch.num_new > decode_query_len
-            key += (int((batch.num_new[prefill] + batch.num_context[prefill]).sum()), int((~prefill).sum()),
-                    int(batch.num_new[~prefill].sum()))  # decode queries' tokens: 1 + k each when verifying
+            key += (
+                int((batch.num_new[prefill] + batch.num_context[prefill]).sum()),
+                int((~prefill).sum()),
+                int(batch.num_new[~prefill].sum()),
+            )  # decode queries' tokens: 1 + k each when verifying
         return key
 
     def _decode_shape(self, num_requests: int) -> tuple:
         """`_shape` of a decode step of `num_requests` requests, without building the batch (its busiest DP rank
         holds ceil(n / tp) of them)."""
+
         def own(n: int) -> tuple:
             return (n, n, n, False, False) + ((0, n, n) if self.args[0].mla is not None else ())
+
         if self.args[2].dp_attention:
             return own(num_requests) + own(-(-num_requests // self.args[2].attention_ranks))
         return own(num_requests)
@@ -90,7 +116,9 @@ class StepTimer:
     def _rank_steps(self, batch: StepBatch, candidates: list[StepBatch]) -> list[float]:
         """Seconds of the step with each of `candidates` as the requests one GPU attends for."""
         step = self._step_shape(batch)
-        return [self._fixed(step, batch, rank) + attention_seconds(batch, *self.args, rank) for rank in candidates]
+        return [
+            self._fixed(step, batch, rank) + attention_seconds(batch, *self.args, rank) for rank in candidates
+        ]
 
     def _busiest(self, batch: StepBatch) -> StepBatch:
         """`busiest_rank` from the cached fixed parts: the candidate whose step lasts longest (the first of equals)."""
@@ -116,8 +144,10 @@ class StepTimer:
             if len(self._stage_fixed_s) >= CACHE_ENTRIES:
                 self._stage_fixed_s.clear()
             fixed = self._stage_fixed_s[key] = stage_fixed_seconds(batch, *self.args, rank)
-        return [fixed_s + attention_s for fixed_s, attention_s
-                in zip(fixed, stage_attention_seconds(batch, *self.args, rank))]
+        return [
+            fixed_s + attention_s
+            for fixed_s, attention_s in zip(fixed, stage_attention_seconds(batch, *self.args, rank))
+        ]
 
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at

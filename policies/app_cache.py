@@ -26,8 +26,11 @@ class AppCacheConfig(SpecModel):
     kind: Literal["none", "exact", "semantic"] = Field("none", description="Cache in front of the engines")
     lookup_latency_s: float = Field(0.002, ge=0, description="Seconds to look up (embed + search) a request")
     threshold: float = Field(0.85, gt=0, le=1, description="semantic: cosine similarity needed for a hit")
-    similarity_alpha: float = Field(8.0, gt=0, description="semantic: Beta(alpha, beta) similarity to the "
-                                                            "cached query of the same cluster")
+    similarity_alpha: float = Field(
+        8.0,
+        gt=0,
+        description="semantic: Beta(alpha, beta) similarity to the cached query of the same cluster",
+    )
     similarity_beta: float = Field(2.0, gt=0, description="semantic: see similarity_alpha")
     false_hit_rate: float = Field(0.02, ge=0, le=1, description="semantic: share of hits that answer wrongly")
 

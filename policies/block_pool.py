@@ -99,4 +99,6 @@ class RefCountedPool(ABC):
         for block in held:
             refs[block] += 1
         assert refs == self._refs, "reference counts disagree with the block tables"
-        assert set(self._free_queue) == {b for b, r in enumerate(refs) if r == 0}, "free queue != unreferenced blocks"
+        assert set(self._free_queue) == {b for b, r in enumerate(refs) if r == 0}, (
+            "free queue != unreferenced blocks"
+        )

@@ -41,6 +41,7 @@ def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
 
     def share(value: int) -> int:
         return max(value // ranks, 1) if sglang else -(-value // ranks)
+
     update = {"max_num_batched_tokens": share(engine.max_num_batched_tokens)}
     if not (sglang and engine.max_num_seqs == SGLANG_MAX_RUNNING):
         update["max_num_seqs"] = share(engine.max_num_seqs)
@@ -109,8 +110,12 @@ class DataParallelRanks:
     step is every rank's plan at once (each request labelled with its rank), committed rank by rank. A request's
     rank is noted in its `extra["dp_rank"]` for the per-request table (under P/D, the decode pool's)."""
 
-    def __init__(self, ranks: list[Scheduler], pick: Callable[[list[Scheduler], int, float], int],
-                 turns: Iterator[int] | None = None):
+    def __init__(
+        self,
+        ranks: list[Scheduler],
+        pick: Callable[[list[Scheduler], int, float], int],
+        turns: Iterator[int] | None = None,
+    ):
         """`turns`: requests sent so far, counted by a replica's engines together (SGLang's one controller)."""
         self.ranks, self.pick = ranks, pick
         self._turns = turns if turns is not None else count()
@@ -177,8 +182,11 @@ class DataParallelRanks:
         parts = self._parts.pop(id(plan), None)
         if parts is None:  # a plan that only preempted: nothing ran
             return []
-        done = list(chain.from_iterable(rank.commit(part, now) for rank, part in zip(self.ranks, parts)
-                                        if not part.is_empty))
+        done = list(
+            chain.from_iterable(
+                rank.commit(part, now) for rank, part in zip(self.ranks, parts) if not part.is_empty
+            )
+        )
         for req in done:
             if req.phase is Phase.FINISHED:
                 self._home.pop(req.id, None)
@@ -188,10 +196,14 @@ class DataParallelRanks:
 def merge(parts: list[StepPlan]) -> StepPlan:
     """One step of every rank's plan: requests in rank order, each labelled with its rank. Draft guesses (and draft
     contexts) are kept where any rank drafts: a rank that does not draft this step has none (and -1, skipped)."""
+
     def joined(field: str, filler) -> tuple:
         if not any(getattr(part, field) for part in parts):
             return ()
-        return tuple(chain.from_iterable(getattr(part, field) or (filler,) * len(part.requests) for part in parts))
+        return tuple(
+            chain.from_iterable(getattr(part, field) or (filler,) * len(part.requests) for part in parts)
+        )
+
     return StepPlan(
         requests=tuple(chain.from_iterable(part.requests for part in parts)),
         num_new=tuple(chain.from_iterable(part.num_new for part in parts)),
@@ -201,5 +213,7 @@ def merge(parts: list[StepPlan]) -> StepPlan:
         swap_out_blocks=sum(part.swap_out_blocks for part in parts),
         swap_in_blocks=sum(part.swap_in_blocks for part in parts),
         rank_swap_blocks=max(part.swap_in_blocks + part.swap_out_blocks for part in parts) if parts else 0,
-        num_draft=joined("num_draft", 0), draft_context=joined("draft_context", -1),
-        rank=tuple(chain.from_iterable((index,) * len(part.requests) for index, part in enumerate(parts))))
+        num_draft=joined("num_draft", 0),
+        draft_context=joined("draft_context", -1),
+        rank=tuple(chain.from_iterable((index,) * len(part.requests) for index, part in enumerate(parts))),
+    )

@@ -46,8 +46,13 @@ def _ids(hit: dict[int, list[int | None]]) -> list[int]:
 class HybridBlockManager(BlockManager):
     """`prefix_caching: none` over KV cache groups (`windows`: one per group, None = full attention)."""
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
-                 windows: tuple[int | None, ...] = (None,)):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.0,
+        windows: tuple[int | None, ...] = (None,),
+    ):
         super().__init__(num_blocks, block_size, watermark)
         self.windows = tuple(windows)
         self._groups: dict[int, list[list[int | None]]] = {}  # request id -> per group: block id or None
@@ -68,15 +73,18 @@ class HybridBlockManager(BlockManager):
 
     def _need(self, req: Request, computed: int, total: int) -> int:
         groups, full = self._groups.get(req.id), blocks_for(total, self.block_size)
-        return sum(max(full - max(len(groups[g]) if groups else 0, self._start(w, computed)), 0)
-                   for g, w in enumerate(self.windows))
+        return sum(
+            max(full - max(len(groups[g]) if groups else 0, self._start(w, computed)), 0)
+            for g, w in enumerate(self.windows)
+        )
 
     def blocks_needed(self, req: Request, num_new_tokens: int) -> int:
         computed = req.num_computed_tokens
         return self._need(req, computed, computed + num_new_tokens)
 
-    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
-                 watermark: bool = True) -> list[int] | None:
+    def allocate(
+        self, req: Request, num_new_tokens: int, admitting: bool = False, watermark: bool = True
+    ) -> list[int] | None:
         computed = req.num_computed_tokens
         self._free_skipped(req, _processed(req))
         hit = self._hit_blocks(req) if admitting else {}
@@ -92,7 +100,10 @@ class HybridBlockManager(BlockManager):
             required = admission_blocks(w, num_tokens, self.block_size, step_tokens)
             have = (len(groups[g]) if groups else 0) + len(hit.get(g, ()))
             need += max(required - max(have, self._start(w, computed)), 0)
-        return need + self._evictable_among(_ids(hit)) + self.watermark_blocks * watermark <= self.num_free_blocks
+        return (
+            need + self._evictable_among(_ids(hit)) + self.watermark_blocks * watermark
+            <= self.num_free_blocks
+        )
 
     def evictable_hit(self, req: Request) -> int:
         return self._evictable_among(_ids(self._hit_blocks(req)))
@@ -105,18 +116,20 @@ class HybridBlockManager(BlockManager):
         """As BlockManager's, with a sliding group holding only the window of `num_tokens` (vLLM counts the
         pulled tokens as computed when it skips blocks): its hit blocks before that stay in the cache unused."""
         req.num_computed_tokens = hit = self.lookup(req)
-        held = {g: [b if i >= self._start(self.windows[g], num_tokens) else None for i, b in enumerate(blocks)]
-                for g, blocks in self._hit_blocks(req).items()}
+        held = {
+            g: [b if i >= self._start(self.windows[g], num_tokens) else None for i, b in enumerate(blocks)]
+            for g, blocks in self._hit_blocks(req).items()
+        }
         req.num_computed_tokens = num_tokens
         return None if self._grow(req, num_tokens, num_tokens, 0, held) is None else hit
 
-    def _grow(self, req: Request, computed: int, total: int, reserve: int,
-              hit: dict[int, list[int | None]]) -> list[int] | None:
+    def _grow(
+        self, req: Request, computed: int, total: int, reserve: int, hit: dict[int, list[int | None]]
+    ) -> list[int] | None:
         """Per group: cached `hit` blocks first (admission), then new blocks up to `total` tokens."""
         held = sum(b is not None for blocks in hit.values() for b in blocks)
         need = self._need(req, computed, total) - held
-        if need + reserve + self._evictable_among(_ids(hit)) \
-                > self.num_free_blocks:
+        if need + reserve + self._evictable_among(_ids(hit)) > self.num_free_blocks:
             return None
         groups = self._groups.setdefault(req.id, [[] for _ in self.windows])
         if hit:
@@ -188,8 +201,13 @@ class HybridBlockManager(BlockManager):
 class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
     """`prefix_caching: vllm` over KV cache groups (see the module docstring)."""
 
-    def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0,
-                 windows: tuple[int | None, ...] = (None,)):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        watermark: float = 0.0,
+        windows: tuple[int | None, ...] = (None,),
+    ):
         super().__init__(num_blocks, block_size, watermark, windows)
         self._init_pool(num_blocks)
         self._hash_of: list[int | None] = [None] * num_blocks
@@ -222,7 +240,9 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
             before = hit
             for window in sorted({w for w in self.windows if w is not None}):
                 groups = [g for g, w in enumerate(self.windows) if w == window]
-                hit = self._sliding_hit(hashes, hit, groups, cdiv(window - 1, self.block_size) + self.eagle_hits)
+                hit = self._sliding_hit(
+                    hashes, hit, groups, cdiv(window - 1, self.block_size) + self.eagle_hits
+                )
             if hit == before:
                 return hit - 1 if self.eagle_hits and hit else hit
 
@@ -287,7 +307,7 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         groups = self._groups.get(req.id)
         registered = self._registered.pop(req.id, 0)
         for blocks in groups or ():  # registered for a step that never ran: nobody may hit them
-            for block in blocks[req.num_computed_tokens // self.block_size:registered]:
+            for block in blocks[req.num_computed_tokens // self.block_size : registered]:
                 if block is not None and self._refs[block] == 1:
                     self._forget(block)
         super().free(req)
@@ -297,7 +317,9 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
         for g, cached in enumerate(self._cached):
             for block_hash, block in cached.items():
                 assert self._hash_of[block] == block_hash and self._group_of[block] == g, "stale cache entry"
-        assert sum(h is not None for h in self._hash_of) == sum(map(len, self._cached)), "hashed block not findable"
+        assert sum(h is not None for h in self._hash_of) == sum(map(len, self._cached)), (
+            "hashed block not findable"
+        )
 
 
 def usable_pages(engine: EngineConfig, num_pages: int) -> int:
@@ -307,29 +329,42 @@ def usable_pages(engine: EngineConfig, num_pages: int) -> int:
     return num_pages - (engine.scheduler.startswith("vllm") and engine.prefix_caching != "radix")
 
 
-def make_kv_manager(engine: EngineConfig, num_blocks: int, block_size: int,
-                    windows: tuple[int | None, ...] = (None,), swa: tuple[int, int] | None = None) -> BlockManager:
+def make_kv_manager(
+    engine: EngineConfig,
+    num_blocks: int,
+    block_size: int,
+    windows: tuple[int | None, ...] = (None,),
+    swa: tuple[int, int] | None = None,
+) -> BlockManager:
     """`engine`'s KV manager over `num_blocks` usable blocks (`usable_pages`) of `block_size` tokens (its page size):
     the registered one by `prefix_caching`, or over hybrid KV cache groups when any group slides (the memory plan's
     `kv_windows`), or SGLang's two pools when `swa` (window, sliding-window pages) is given (the memory plan's
     hybrid SWA memory). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
     from policies.catalog import kv_managers
+
     prefix_caching, watermark = engine.prefix_caching, engine.watermark
     if swa is not None:
         if prefix_caching == "vllm":
-            raise SpecError("engine.prefix_caching: vllm under the sglang scheduler with SGLang's sliding-window pool "
-                            "(hybrid SWA memory): use radix (SGLang's cache) or none, or set "
-                            "engine.disable_hybrid_kv_cache_manager: true")
+            raise SpecError(
+                "engine.prefix_caching: vllm under the sglang scheduler with SGLang's sliding-window pool "
+                "(hybrid SWA memory): use radix (SGLang's cache) or none, or set "
+                "engine.disable_hybrid_kv_cache_manager: true"
+            )
         kv = SWARadixCache(num_blocks, block_size, watermark, *swa, caching=prefix_caching == "radix")
     elif all(w is None for w in windows):
         kv = kv_managers.get(prefix_caching)(num_blocks, block_size, watermark)
     elif prefix_caching == "radix":
-        raise SpecError("engine.prefix_caching: radix with sliding-window layers is SGLang's sliding-window radix "
-                        "cache, modelled over SGLang's two pools (the sglang scheduler's memory plan), not over vLLM's "
-                        "KV cache groups; use vllm or none, or set engine.disable_hybrid_kv_cache_manager: true")
+        raise SpecError(
+            "engine.prefix_caching: radix with sliding-window layers is SGLang's sliding-window radix "
+            "cache, modelled over SGLang's two pools (the sglang scheduler's memory plan), not over vLLM's "
+            "KV cache groups; use vllm or none, or set engine.disable_hybrid_kv_cache_manager: true"
+        )
     else:
         cls = HybridPrefixCachingBlockManager if prefix_caching == "vllm" else HybridBlockManager
         kv = cls(num_blocks, block_size, watermark, windows)
-    kv.eagle_hits = prefix_caching == "vllm" and engine.speculative is not None \
+    kv.eagle_hits = (
+        prefix_caching == "vllm"
+        and engine.speculative is not None
         and engine.speculative.method in EAGLE_METHODS
+    )
     return kv

@@ -87,8 +87,9 @@ class BlockManager:
         held = len(self._tables.get(req.id, ()))
         return max(blocks_for(req.num_computed_tokens + num_new_tokens, self.block_size) - held, 0)
 
-    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
-                 watermark: bool = True) -> list[int] | None:
+    def allocate(
+        self, req: Request, num_new_tokens: int, admitting: bool = False, watermark: bool = True
+    ) -> list[int] | None:
         """Grow `req`'s table for `num_new_tokens` more tokens; None if the pool (less the watermark, when
         admitting and `watermark`: vLLM keeps it only while another request runs) is short.
 

@@ -72,8 +72,13 @@ class OneStepAhead:
         done, self.retiring = self.retiring, []
         return done
 
-    def schedule(self, now: float, plan: Callable[[], StepPlan], queue: Callable[[Request], None],
-                 free: Callable[[list[Request]], None]) -> StepPlan:
+    def schedule(
+        self,
+        now: float,
+        plan: Callable[[], StepPlan],
+        queue: Callable[[Request], None],
+        free: Callable[[list[Request]], None],
+    ) -> StepPlan:
         """The step planned at `now` by a scheduler one step ahead: `plan` sees the arrivals the step in flight's
         planning saw (`queue` puts them in the waiting queue), and requests that finished in it still hold their
         slots and blocks (`free` frees them once the plan is made)."""
@@ -81,7 +86,9 @@ class OneStepAhead:
             queue(req)
         result = plan()
         if result.is_empty and not result.preempted and self.pending:
-            free(self.release())  # nothing to run: the engine waits for the outputs in flight, then plans again
+            free(
+                self.release()
+            )  # nothing to run: the engine waits for the outputs in flight, then plans again
             for req in self.take_all():
                 queue(req)
             self.in_flight_since = None  # nothing in flight now: the new plan is made as it is

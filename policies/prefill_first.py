@@ -50,7 +50,9 @@ INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO, times schedule_conser
 MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
 NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
-IGNORE_EOS_RESERVE_TOKENS = 1  # schedule_policy.py: a token per request to spare when playing out ignore-eos batches
+IGNORE_EOS_RESERVE_TOKENS = (
+    1  # schedule_policy.py: a token per request to spare when playing out ignore-eos batches
+)
 
 
 def default_max_running(pool_tokens: int, context_len: int) -> int:
@@ -148,7 +150,9 @@ class _PrefillBudget:
         """A request's `tokens` of prompt join the batch, expecting `outputs` more (0 for a cut chunk)."""
         tokens = self.paged(tokens)
         self.reserved += outputs
-        if self.kv.swa_window:  # SGLang sets aside a window and a page of sliding slots (the tokens are allocated)
+        if (
+            self.kv.swa_window
+        ):  # SGLang sets aside a window and a page of sliding slots (the tokens are allocated)
             self.swa_reserved += max(tokens, self.kv.swa_window) + self.page - tokens
         self.input -= tokens
         if self.chunk is not None:
@@ -159,7 +163,9 @@ class _PrefillBudget:
 class PrefillFirstScheduler:
     supports_prefix_caching = True
 
-    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+    def __init__(
+        self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
+    ):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         chunk, _ = cfg.batch_limits()
         self.max_running = max_running_requests(cfg, kv)
@@ -168,7 +174,10 @@ class PrefillFirstScheduler:
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
-        self._ratio_from, self._decays = self.init_ratio, 0  # the ratio decays from `_ratio_from`, once a decode step
+        self._ratio_from, self._decays = (
+            self.init_ratio,
+            0,
+        )  # the ratio decays from `_ratio_from`, once a decode step
         self.running: list[Request] = []
         self.chunked: Request | None = None  # the request whose prompt is prefilled in chunks
         self.batch_is_full = False
@@ -178,7 +187,9 @@ class PrefillFirstScheduler:
         self._back = itertools.count()
         # SGLang's overlap scheduler (its default since 0.4; async_scheduling): batch N+1 is formed while N runs
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
-        self._unprocessed: list[Request] = []  # prompts prefilled in the step that ended, not yet in the cache
+        self._unprocessed: list[
+            Request
+        ] = []  # prompts prefilled in the step that ended, not yet in the cache
 
     @property
     def new_token_ratio(self) -> float:
@@ -237,8 +248,10 @@ class PrefillFirstScheduler:
         self._unprocessed = []
         for req in finished:
             release_finished(req, self.kv, req.finish_s)
-        if finished and self._prefilling and self._mixing:  # they decoded in the prefill batch just formed, which
-            self._filter_batch()                             # SGLang filters before its next try
+        if (
+            finished and self._prefilling and self._mixing
+        ):  # they decoded in the prefill batch just formed, which
+            self._filter_batch()  # SGLang filters before its next try
         else:
             self._shrunk |= bool(finished)
 
@@ -250,15 +263,23 @@ class PrefillFirstScheduler:
             return step.plan()
         if self.running or self._ghosts:
             self._decode(step, now)
-        elif self.chunked is not None:  # its next chunk found no room and nothing of ours runs to free some: the
-            self._retract(step, now)    # pages are a pipeline sibling's (World._pool); give ours back to it
-        elif self.batch_is_full and self._waiting:  # the batch emptied: SGLang clears the flag and admits again
-            self.batch_is_full = False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
+        elif (
+            self.chunked is not None
+        ):  # its next chunk found no room and nothing of ours runs to free some: the
+            self._retract(step, now)  # pages are a pipeline sibling's (World._pool); give ours back to it
+        elif (
+            self.batch_is_full and self._waiting
+        ):  # the batch emptied: SGLang clears the flag and admits again
+            self.batch_is_full = (
+                False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
+            )
             # it once more: the sibling's finish wakes this engine)
             if self._prefill(step):
                 return step.plan()
         if not step.tokens and not step.preempted and not (self.ahead and self.ahead.pending):
-            self.new_token_ratio = self.init_ratio  # idle (not when the engine is about to plan again with more)
+            self.new_token_ratio = (
+                self.init_ratio
+            )  # idle (not when the engine is about to plan again with more)
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
@@ -267,7 +288,7 @@ class PrefillFirstScheduler:
         for req in finished:
             self.retire(req, now)
         if finished and self._prefilling and self.ahead is None:  # SGLang filters a finished prefill batch
-            self._filter_batch()                                   # before its next try
+            self._filter_batch()  # before its next try
         return finished
 
     def _cache(self, req: Request) -> None:
@@ -297,7 +318,11 @@ class PrefillFirstScheduler:
         """The running requests, if `plan` decodes all of them and nothing could be admitted before a finish
         (nobody waits, or the batch is full): every following step is the same decode."""
         admissible = self.num_waiting > 0 and not self.batch_is_full
-        if self.chunked is not None or admissible or (self.ahead is not None and not self.ahead.settled(admissible)):
+        if (
+            self.chunked is not None
+            or admissible
+            or (self.ahead is not None and not self.ahead.settled(admissible))
+        ):
             return None
         if plan.preempted or len(plan.requests) != len(self.running) or any(n != 1 for n in plan.num_new):
             return None
@@ -344,7 +369,9 @@ class PrefillFirstScheduler:
         req = self.chunked
         chunk = budget.chunk if budget.chunk is not None else req.num_pending_tokens
         limit = min(chunk, int(budget.total), budget.swa - budget.page)
-        if limit <= 0:  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak (with a
+        if (
+            limit <= 0
+        ):  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak (with a
             if self.kv.swa_window:  # sliding-window pool it leaves the request for a later batch)
                 return
             limit = chunk
@@ -364,7 +391,9 @@ class PrefillFirstScheduler:
         hit = self.kv.lookup(req)
         extend = req.num_tokens - hit
         outputs = _remaining_output(req)
-        idle = not self.running and not step.tokens  # else a request whose prompt + output fill the pool waits
+        idle = (
+            not self.running and not step.tokens
+        )  # else a request whose prompt + output fill the pool waits
         if self.cfg.prefix_caching == "none":  # forever (SGLang's would)
             if not idle and not self._fits_to_the_end(req, extend, budget):
                 self.batch_is_full = True
@@ -373,7 +402,9 @@ class PrefillFirstScheduler:
             n = extend if whole else budget.chunk
         else:
             locked = self._locked_by(req, hit) if hit and not idle else 0
-            if extend + outputs >= budget.total - locked and not idle:  # SGLang checks again once the hit is locked
+            if (
+                extend + outputs >= budget.total - locked and not idle
+            ):  # SGLang checks again once the hit is locked
                 self.batch_is_full = True
                 return False
             if budget.paged(extend) >= budget.input and step.tokens:
@@ -383,7 +414,9 @@ class PrefillFirstScheduler:
         if n <= 0:
             return False
         swa_locked = self._locked_by(req, hit, self.kv.swa_evictable_hit) if self.kv.swa_window and hit else 0
-        if (room := budget.swa_limit(n, swa_locked)) < n:  # the sliding-window pool is short: a smaller chunk, or none
+        if (
+            room := budget.swa_limit(n, swa_locked)
+        ) < n:  # the sliding-window pool is short: a smaller chunk, or none
             if room <= 0:
                 self.batch_is_full = True
                 return False
@@ -407,7 +440,9 @@ class PrefillFirstScheduler:
             self.chunked = req
         return True
 
-    def _locked_by(self, req: Request, hit: int, evictable_hit: Callable[[Request], int] | None = None) -> int:
+    def _locked_by(
+        self, req: Request, hit: int, evictable_hit: Callable[[Request], int] | None = None
+    ) -> int:
         """Tokens of free-and-evictable KV that admitting `req` with its `hit` would lock (its matched prefix; of the
         sliding-window pool with `evictable_hit` its window's)."""
         req.num_computed_tokens = hit
@@ -426,9 +461,14 @@ class PrefillFirstScheduler:
             return False
         if len(self.kv.windows) > 1 or self.kv.swa_window:
             return True
-        states = sorted([(r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
-                         for r in (*self.running, req) if r.num_output_tokens > r.num_generated]
-                        + [(1, r.num_prompt_tokens + r.num_generated - 1) for r in self._ghosts])  # as SGLang sees
+        states = sorted(
+            [
+                (r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
+                for r in (*self.running, req)
+                if r.num_output_tokens > r.num_generated
+            ]
+            + [(1, r.num_prompt_tokens + r.num_generated - 1) for r in self._ghosts]
+        )  # as SGLang sees
         free, freed = current - budget.paged(extend), 0
         for i, (left, held) in enumerate(states):
             waiting_out = len(states) - i
@@ -461,7 +501,9 @@ class PrefillFirstScheduler:
         if self._shrunk:
             self._filter_batch()
         retracted = False
-        while self.running and sum(self.kv.blocks_needed(r, 1) for r in self.running) > self.kv.num_free_blocks:
+        while (
+            self.running and sum(self.kv.blocks_needed(r, 1) for r in self.running) > self.kv.num_free_blocks
+        ):
             if len(self.running) + (self.chunked is not None) == 1 and retracted:
                 break
             self._retract(step, now)
@@ -503,6 +545,9 @@ class PrefillFirstScheduler:
         # fcfs: behind everyone waiting now (SGLang appends to its list), ahead of later arrivals; overlapped, SGLang
         # formed this batch as the step before began, so what arrived since comes after the victim
         formed = self.ahead.in_flight_since if self.ahead is not None else None
-        back = (now if formed is None else formed, math.inf, next(self._back)) \
-            if self.cfg.queue_order == "fcfs" else None
+        back = (
+            (now if formed is None else formed, math.inf, next(self._back))
+            if self.cfg.queue_order == "fcfs"
+            else None
+        )
         self._waiting.push(victim, key=back)

@@ -64,11 +64,15 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         return blocks
 
     def cache(self, req: Request) -> None:
-        if req.num_computed_tokens // self.block_size > self._num_cached.get(req.id, 0):  # else nothing new is full
+        if req.num_computed_tokens // self.block_size > self._num_cached.get(
+            req.id, 0
+        ):  # else nothing new is full
             self._register(req, req.num_computed_tokens)
 
     def cache_scheduled(self, req: Request, num_tokens: int) -> None:
-        num_tokens = min(num_tokens, req.num_prompt_tokens + req.num_generated)  # draft guesses are not its tokens yet
+        num_tokens = min(
+            num_tokens, req.num_prompt_tokens + req.num_generated
+        )  # draft guesses are not its tokens yet
         if num_tokens // self.block_size > self._num_cached.get(req.id, 0):
             self._register(req, num_tokens)
 
@@ -116,7 +120,7 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
     def free(self, req: Request, keep_uncached: bool = True) -> None:
         table = self._tables.pop(req.id, [])
         registered = self._num_cached.pop(req.id, 0)
-        for block in table[req.num_computed_tokens // self.block_size:registered]:
+        for block in table[req.num_computed_tokens // self.block_size : registered]:
             if self._refs[block] == 1:  # registered for this step, never computed: nobody may hit it
                 self._forget(block)
         self._release(table[::-1])  # tail first: the tail is evicted before the head

@@ -33,7 +33,9 @@ class Node:
     lock_ref: int = 0
     last_access: int = 0
     swa_lock_ref: int = 0  # policies/swa_radix.py: requests whose sliding window reaches into the node
-    tombstone: bool = False  # policies/swa_radix.py: its sliding-window KV was freed, its full-attention KV kept
+    tombstone: bool = (
+        False  # policies/swa_radix.py: its sliding-window KV was freed, its full-attention KV kept
+    )
 
     @property
     def num_tokens(self) -> int:
@@ -87,9 +89,13 @@ class RadixCache(BlockManager):
         self._clock = itertools.count(1)
         self._locked: dict[int, Node] = {}  # request id -> deepest node it locks
         self._in_tree: dict[int, int] = {}  # request id -> its leading tokens owned by the tree
-        self._extend_end: dict[int, int] = {}  # request id -> its tokens when admitted: what its prefill extends to
+        self._extend_end: dict[
+            int, int
+        ] = {}  # request id -> its tokens when admitted: what its prefill extends to
         self._evictable_pages = 0
-        self._heap: list[tuple[int, int, Node]] = []  # (last_access, tiebreak, leaf) candidates, lazily pruned
+        self._heap: list[
+            tuple[int, int, Node]
+        ] = []  # (last_access, tiebreak, leaf) candidates, lazily pruned
         self._tiebreak = itertools.count()
         self._pending: tuple[Request, list[Node], int] | None = None  # a matched path awaiting admission
 
@@ -130,10 +136,17 @@ class RadixCache(BlockManager):
     def _split(self, node: Node, at: int) -> Node:
         """Cut `node`'s edge after `at` tokens; returns the new upper node."""
         head_key, tail_key = _split_pieces(node.key, at)
-        upper = Node(head_key, node.pages[: at // self.block_size], node.parent, lock_ref=node.lock_ref,
-                     last_access=node.last_access, swa_lock_ref=node.swa_lock_ref, tombstone=node.tombstone)
+        upper = Node(
+            head_key,
+            node.pages[: at // self.block_size],
+            node.parent,
+            lock_ref=node.lock_ref,
+            last_access=node.last_access,
+            swa_lock_ref=node.swa_lock_ref,
+            tombstone=node.tombstone,
+        )
         node.parent.children[self._key(head_key)] = upper
-        node.key, node.pages, node.parent = tail_key, node.pages[at // self.block_size:], upper
+        node.key, node.pages, node.parent = tail_key, node.pages[at // self.block_size :], upper
         upper.children[self._key(tail_key)] = node
         return upper
 
@@ -160,10 +173,13 @@ class RadixCache(BlockManager):
         self._set_lock(req, path[-1], matched)
         self._pending = None
 
-    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
-                 watermark: bool = True) -> list[int] | None:
+    def allocate(
+        self, req: Request, num_new_tokens: int, admitting: bool = False, watermark: bool = True
+    ) -> list[int] | None:
         new = super().allocate(req, num_new_tokens, admitting, watermark)
-        if admitting and new is not None:  # what it extends to: its prompt, and its outputs after a retraction
+        if (
+            admitting and new is not None
+        ):  # what it extends to: its prompt, and its outputs after a retraction
             self._extend_end[req.id] = req.num_tokens
         return new
 
@@ -171,7 +187,9 @@ class RadixCache(BlockManager):
         """While a request extends (its prompt, or prompt and outputs again after a retraction), insert what is
         done (SGLang's cache_unfinished_req) so others can match it; the whole request is inserted when it is
         freed."""
-        if req.id in self._tables and req.num_computed_tokens <= self._extend_end.get(req.id, req.num_prompt_tokens):
+        if req.id in self._tables and req.num_computed_tokens <= self._extend_end.get(
+            req.id, req.num_prompt_tokens
+        ):
             self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
 
     def _insert(self, req: Request, num_tokens: int) -> None:
@@ -186,14 +204,18 @@ class RadixCache(BlockManager):
             common = _common_tokens(child.key, rest) if child else 0
             common -= common % self.block_size
             if not common:
-                node = self._add_leaf(node, rest, table[position // self.block_size: num_tokens // self.block_size])
+                node = self._add_leaf(
+                    node, rest, table[position // self.block_size : num_tokens // self.block_size]
+                )
                 break
             if common < child.num_tokens:
                 child = self._split(child, common)
             first, last = position // self.block_size, (position + common) // self.block_size
             if position + common > done:  # the tree already has tokens we computed ourselves: use its copy
-                own = table[max(first, done // self.block_size): last]
-                table[max(first, done // self.block_size): last] = child.pages[max(0, done - position) // self.block_size:]
+                own = table[max(first, done // self.block_size) : last]
+                table[max(first, done // self.block_size) : last] = child.pages[
+                    max(0, done - position) // self.block_size :
+                ]
                 self._adopt(child, own, whole=done <= position)
             self._stamp(child, next(self._clock))
             node, position, rest = child, position + common, _split_pieces(rest, common)[1]
@@ -251,8 +273,13 @@ class RadixCache(BlockManager):
     def _push(self, leaf: Node) -> None:
         self._lazy_push(self._heap, leaf, self._evictable_pages, self._live)
 
-    def _lazy_push(self, heap: list[tuple[int, int, Node]], node: Node, evictable: int,
-                   live: Callable[[tuple[int, int, Node]], bool]) -> None:
+    def _lazy_push(
+        self,
+        heap: list[tuple[int, int, Node]],
+        node: Node,
+        evictable: int,
+        live: Callable[[tuple[int, int, Node]], bool],
+    ) -> None:
         """Push `node` at its stamp onto a lazily pruned eviction heap; once the heap is mostly stale (past twice
         the `evictable` pages, and a margin), keep only the entries `live` accepts."""
         heapq.heappush(heap, (node.last_access, next(self._tiebreak), node))
@@ -279,7 +306,7 @@ class RadixCache(BlockManager):
             self._insert(req, req.num_computed_tokens - req.num_computed_tokens % self.block_size)
         in_tree = self._in_tree.pop(req.id, 0)
         self._extend_end.pop(req.id, None)
-        self._release(table[in_tree // self.block_size:])
+        self._release(table[in_tree // self.block_size :])
         del self._tables[req.id]
         node = self._locked.pop(req.id, None)
         if node is not None:
@@ -328,7 +355,11 @@ class RadixCache(BlockManager):
             while node is not self.root:
                 locks[id(node)] = locks.get(id(node), 0) + 1
                 node = node.parent
-        own = [p for rid, table in self._tables.items() for p in table[self._in_tree.get(rid, 0) // self.block_size:]]
+        own = [
+            p
+            for rid, table in self._tables.items()
+            for p in table[self._in_tree.get(rid, 0) // self.block_size :]
+        ]
         everything = tree_pages + own + list(self._free)
         assert sorted(everything) == list(range(self.num_blocks)), "pages leaked or owned twice"
         assert evictable == self._evictable_pages, "evictable page count drifted"
@@ -382,7 +413,11 @@ class TokenTrie:
         `max_tokens` tokens remain."""
         if self.num_tokens <= max_tokens:
             return
-        heap, stack, order = [], [self.root], itertools.count()  # stamps are unique per leaf; order breaks no tie
+        heap, stack, order = (
+            [],
+            [self.root],
+            itertools.count(),
+        )  # stamps are unique per leaf; order breaks no tie
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())

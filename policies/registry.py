@@ -21,6 +21,7 @@ class Registry(Generic[T]):
 
     def register(self, name: str, internal: bool = False) -> Callable[[T], T]:
         """`internal`: the simulator picks it itself (e.g. a P/D pool's scheduler); not offered to users."""
+
         def add(obj: T) -> T:
             if name in self._items:
                 raise ValueError(f"{self.family} {name!r} is already registered")
@@ -28,6 +29,7 @@ class Registry(Generic[T]):
             if internal:
                 self._internal.add(name)
             return obj
+
         return add
 
     def names(self) -> list[str]:
@@ -44,7 +46,9 @@ class Registry(Generic[T]):
         try:
             return self._items[name]
         except KeyError:
-            raise SpecError(f"unknown {self.family} {name!r}; choose from {', '.join(self.names())}") from None
+            raise SpecError(
+                f"unknown {self.family} {name!r}; choose from {', '.join(self.names())}"
+            ) from None
 
 
 #: The policy families. Implementations register themselves in their modules; `policies.catalog` imports them all.

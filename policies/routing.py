@@ -121,8 +121,11 @@ class SessionAffinityRouter:
         self.replicas = replicas
         # points named by the replica's engine number, owned by its position here (a P/D decode pool's engines
         # are numbered after the prefill pool's)
-        ring = sorted((_stable_hash(f"replica-{r.index}-{v}"), position) for position, r in enumerate(replicas)
-                      for v in range(self.virtual_nodes))
+        ring = sorted(
+            (_stable_hash(f"replica-{r.index}-{v}"), position)
+            for position, r in enumerate(replicas)
+            for v in range(self.virtual_nodes)
+        )
         self._points = [p for p, _ in ring]
         self._owners = [i for _, i in ring]
 

@@ -26,7 +26,9 @@ from workloads.request import Phase, Request
 class SeedToyScheduler:
     supports_prefix_caching = False
 
-    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+    def __init__(
+        self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
+    ):
         self.kv, self.max_running, self.log = kv, cfg.batch_limits()[1], log
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -45,8 +47,11 @@ class SeedToyScheduler:
 
     def schedule(self, now: float) -> StepPlan:
         self._prefilled = set()
-        while self.waiting and len(self.running) < self.max_running and \
-                blocks_for(self.waiting[0].num_tokens + 1, self.kv.block_size) <= self.kv.num_free_blocks:
+        while (
+            self.waiting
+            and len(self.running) < self.max_running
+            and blocks_for(self.waiting[0].num_tokens + 1, self.kv.block_size) <= self.kv.num_free_blocks
+        ):
             req = self.waiting.popleft()
             self.kv.allocate(req, req.num_tokens)
             req.phase = Phase.RUNNING
@@ -94,4 +99,7 @@ class SeedToyScheduler:
     def _opening_blocks(self) -> int:
         """Running requests whose next token starts a new block (the seed counts every running one)."""
         size = self.kv.block_size
-        return sum((r.num_tokens if r in self._prefilled else r.num_computed_tokens) % size == 0 for r in self.running)
+        return sum(
+            (r.num_tokens if r in self._prefilled else r.num_computed_tokens) % size == 0
+            for r in self.running
+        )

@@ -57,12 +57,24 @@ def draft_batches(plan: StepPlan) -> list[StepBatch]:
     if not seen.any():
         return []
     rank = np.fromiter(plan.rank, np.int64, n) if plan.rank else None  # DP attention: each request's rank
-    batches = [StepBatch((context + target_new - draft_context)[seen], draft_context[seen], (drafts > 0)[seen],
-                         None if rank is None else rank[seen])]
+    batches = [
+        StepBatch(
+            (context + target_new - draft_context)[seen],
+            draft_context[seen],
+            (drafts > 0)[seen],
+            None if rank is None else rank[seen],
+        )
+    ]
     for j in range(1, int(drafts.max(initial=0))):
         more = drafts > j
-        batches.append(StepBatch(np.ones(int(more.sum()), np.int64), context[more] + j, np.ones(int(more.sum()), bool),
-                                 None if rank is None else rank[more]))
+        batches.append(
+            StepBatch(
+                np.ones(int(more.sum()), np.int64),
+                context[more] + j,
+                np.ones(int(more.sum()), bool),
+                None if rank is None else rank[more],
+            )
+        )
     return batches
 
 
@@ -94,11 +106,19 @@ def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) ->
     return layer_bytes_per_gpu(model, model.layers[-1], par, weight_dtype)
 
 
-def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: ModelSpec, gpu: GpuSpec,
-                      par: Parallelism, cfg: EngineMemoryConfig) -> MemoryPlan:
+def with_draft_memory(
+    plan: MemoryPlan,
+    spec: SpeculativeConfig | None,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    par: Parallelism,
+    cfg: EngineMemoryConfig,
+) -> MemoryPlan:
     """`plan` with the draft's weights and KV bytes per token added (unchanged without a draft or a head)."""
     if spec is not None and par.pp > 1:
-        raise SpecError("speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1")
+        raise SpecError(
+            "speculative decoding with pipeline parallelism is not modelled; set parallelism.pp: 1"
+        )
     if spec is None or spec.method == "ngram":
         return plan
     ranks = par.attention_ranks
@@ -106,7 +126,9 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
         draft = get_model(spec.draft_model)
         extra_weights = weight_bytes_per_gpu(draft, par, draft_weight_dtype(draft, cfg.weight_dtype))
         extra_kv = kv_bytes_per_gpu_token(draft, cfg.kv_dtype, par)
-        extra_request = request_kv_bytes(draft, plan.max_model_len, cfg.kv_dtype, par.tp // ranks, plan.block_size)
+        extra_request = request_kv_bytes(
+            draft, plan.max_model_len, cfg.kv_dtype, par.tp // ranks, plan.block_size
+        )
         name = draft.name
     else:
         extra_weights = _head_weight_bytes(model, par, cfg.weight_dtype)
@@ -119,17 +141,35 @@ def with_draft_memory(plan: MemoryPlan, spec: SpeculativeConfig | None, model: M
     block_bytes = plan.block_bytes + plan.block_size * extra_kv / groups
     num_blocks = int(kv_cache // block_bytes) if kv_cache > 0 else 0
     swa = {}
-    if plan.swa_window is not None and kv_cache > 0:  # SGLang's two pools: the draft's KV sits with the full layers'
-        num_blocks, swa_tokens = swa_pools(kv_cache, block_bytes / plan.block_size, plan.swa_token_bytes,
-                                           plan.swa_window, par, cfg, plan.max_model_len)
+    if (
+        plan.swa_window is not None and kv_cache > 0
+    ):  # SGLang's two pools: the draft's KV sits with the full layers'
+        num_blocks, swa_tokens = swa_pools(
+            kv_cache,
+            block_bytes / plan.block_size,
+            plan.swa_token_bytes,
+            plan.swa_window,
+            par,
+            cfg,
+            plan.max_model_len,
+        )
         swa = {"swa_tokens": swa_tokens}
     per_request = plan.request_bytes_at_max_len + extra_request
     if per_request > num_blocks * block_bytes:
         raise SpecError(
             f"with the {name} ({extra_weights / 1e9:.2f} GB, {extra_kv:.0f} KV B/token/GPU) a request of "
             f"max_model_len={plan.max_model_len} no longer fits {gpu.name}'s KV cache; raise gpu_memory_utilization "
-            "or tp, or lower max_model_len")
-    return replace(plan, weight_bytes=plan.weight_bytes + extra_weights, kv_cache_bytes=kv_cache,
-                   kv_bytes_per_token=per_token, num_blocks=num_blocks,
-                   kv_cache_tokens=num_blocks // groups * plan.block_size, request_bytes_at_max_len=per_request,
-                   max_concurrency=num_blocks * block_bytes / per_request * ranks, block_bytes=block_bytes, **swa)
+            "or tp, or lower max_model_len"
+        )
+    return replace(
+        plan,
+        weight_bytes=plan.weight_bytes + extra_weights,
+        kv_cache_bytes=kv_cache,
+        kv_bytes_per_token=per_token,
+        num_blocks=num_blocks,
+        kv_cache_tokens=num_blocks // groups * plan.block_size,
+        request_bytes_at_max_len=per_request,
+        max_concurrency=num_blocks * block_bytes / per_request * ranks,
+        block_bytes=block_bytes,
+        **swa,
+    )

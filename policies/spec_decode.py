@@ -50,20 +50,40 @@ class SpeculativeConfig(SpecModel):
     """`engine.speculative`: how an engine drafts and verifies tokens. Units in the names."""
 
     method: Literal["draft", "eagle", "mtp", "ngram"] = Field(
-        "draft", description="draft: a smaller model; eagle / mtp: heads on the target; ngram: prompt lookup")
+        "draft", description="draft: a smaller model; eagle / mtp: heads on the target; ngram: prompt lookup"
+    )
     k: int = Field(ge=1, description="Draft tokens proposed per round (vLLM's num_speculative_tokens)")
-    acceptance: float | BetaAcceptance = Field(description=(
-        "Per-token acceptance rate alpha in [0, 1], or {kind: beta, a, b} drawn per request"))
+    acceptance: float | BetaAcceptance = Field(
+        description=("Per-token acceptance rate alpha in [0, 1], or {kind: beta, a, b} drawn per request")
+    )
     draft_model: str | None = Field(None, description="method draft: model preset name or config.json path")
-    head_cost_fraction: float = Field(0.1, gt=0, le=1, description=(
-        "eagle / mtp: one head forward pass costs this fraction of the target's over the same tokens"))
-    ngram_lookup_s: float = Field(1e-4, ge=0, description="ngram: CPU seconds of the lookup, per step that drafts")
-    disable_above_batch: int | None = Field(None, ge=1, description=(
-        "Draft nothing in a step that starts with more running requests than this (None: never); the requests "
-        "of such a step speculate no more (vLLM v0's disable_by_batch_size: their draft KV fell behind)"))
-    disable_above_tokens: int | None = Field(None, ge=1, description=(
-        "Draft nothing in a step whose running requests have more pending tokens than this "
-        "(1 per decode, the rest of the prompt for one mid-prefill; None: never); its requests speculate no more"))
+    head_cost_fraction: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description=(
+            "eagle / mtp: one head forward pass costs this fraction of the target's over the same tokens"
+        ),
+    )
+    ngram_lookup_s: float = Field(
+        1e-4, ge=0, description="ngram: CPU seconds of the lookup, per step that drafts"
+    )
+    disable_above_batch: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Draft nothing in a step that starts with more running requests than this (None: never); the requests "
+            "of such a step speculate no more (vLLM v0's disable_by_batch_size: their draft KV fell behind)"
+        ),
+    )
+    disable_above_tokens: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Draft nothing in a step whose running requests have more pending tokens than this "
+            "(1 per decode, the rest of the prompt for one mid-prefill; None: never); its requests speculate no more"
+        ),
+    )
 
     @model_validator(mode="after")
     def _draft_model_iff_draft(self) -> SpeculativeConfig:

@@ -22,7 +22,9 @@ from workloads.request import Phase, Request
 class StaticScheduler:
     supports_prefix_caching = False
 
-    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+    def __init__(
+        self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
+    ):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self.max_num_seqs = cfg.batch_limits()[1]
         self._waiting: list[tuple[tuple, Request]] = []
@@ -46,7 +48,9 @@ class StaticScheduler:
             return StepPlan((), (), (), ())
         members = tuple(self.batch)
         if self.steps_done == 0:  # one padded prefill of every member
-            return StepPlan(members, (self.pad_tokens,) * len(members), (0,) * len(members), (True,) * len(members))
+            return StepPlan(
+                members, (self.pad_tokens,) * len(members), (0,) * len(members), (True,) * len(members)
+            )
         context = self.pad_tokens + self.steps_done - 1
         return StepPlan(members, (1,) * len(members), (context,) * len(members), (True,) * len(members))
 
@@ -68,8 +72,9 @@ class StaticScheduler:
         return finished
 
     def _form_batch(self) -> bool:
-        candidates = [heapq.heappop(self._waiting)[1]
-                      for _ in range(min(self.max_num_seqs, len(self._waiting)))]
+        candidates = [
+            heapq.heappop(self._waiting)[1] for _ in range(min(self.max_num_seqs, len(self._waiting)))
+        ]
         while candidates and not self._fits(candidates):
             heapq.heappush(self._waiting, (self.order(candidates[-1]), candidates[-1]))
             candidates.pop()

@@ -56,8 +56,11 @@ class StepPlan:
     def num_decode_tokens(self) -> int:
         """Tokens of decoding requests: 1 each, plus their draft guesses when speculating."""
         if self.num_draft:
-            return sum(n for n, d, r in zip(self.num_new, self.num_draft, self.requests)
-                       if n - d == 1 and r.num_generated > 0)
+            return sum(
+                n
+                for n, d, r in zip(self.num_new, self.num_draft, self.requests)
+                if n - d == 1 and r.num_generated > 0
+            )
         return sum(n for n, r in zip(self.num_new, self.requests) if n == 1 and r.num_generated > 0)
 
     @property
@@ -77,8 +80,12 @@ class StepPlan:
         logits = np.fromiter(self.samples, bool, n)
         if self.num_draft:
             logits = logits + np.fromiter(self.num_draft, np.int64, n)
-        return StepBatch(np.fromiter(self.num_new, np.int64, n), np.fromiter(self.num_context, np.int64, n), logits,
-                         np.fromiter(self.rank, np.int64, n) if self.rank else None)
+        return StepBatch(
+            np.fromiter(self.num_new, np.int64, n),
+            np.fromiter(self.num_context, np.int64, n),
+            logits,
+            np.fromiter(self.rank, np.int64, n) if self.rank else None,
+        )
 
 
 class PlanBuilder:
@@ -107,16 +114,28 @@ class PlanBuilder:
     def plan(self, speculator: Speculator | None = None, drafting: bool = False) -> StepPlan:
         reqs, new, context = tuple(self.tokens), tuple(self.tokens.values()), tuple(self.context.values())
         if speculator is None:
-            samples = tuple(c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context))
+            samples = tuple(
+                c + n == r.num_prompt_tokens + r.num_generated for r, n, c in zip(reqs, new, context)
+            )
             return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in)
         drafts = tuple(self.drafts.get(r, 0) for r in reqs)
-        samples = tuple(c + n - d == r.num_prompt_tokens + r.num_generated
-                        for r, n, c, d in zip(reqs, new, context, drafts))
+        samples = tuple(
+            c + n - d == r.num_prompt_tokens + r.num_generated
+            for r, n, c, d in zip(reqs, new, context, drafts)
+        )
         # registers newcomers in any step; -1: the request no longer speculates, the draft model skips it
         draft_context = tuple(speculator.draft_context(r) if speculator.speculates(r) else -1 for r in reqs)
-        return StepPlan(reqs, new, context, samples, tuple(self.preempted), self.swap_out, self.swap_in,
-                        drafts if drafting else (),
-                        draft_context if drafting and speculator.runs_draft_model else ())
+        return StepPlan(
+            reqs,
+            new,
+            context,
+            samples,
+            tuple(self.preempted),
+            self.swap_out,
+            self.swap_in,
+            drafts if drafting else (),
+            draft_context if drafting and speculator.runs_draft_model else (),
+        )
 
 
 class Scheduler(Protocol):
@@ -185,8 +204,13 @@ class TokenLog:
         req.last_token_s = now
 
 
-def feed_plan(plan: StepPlan, log: TokenLog, kv: BlockManager, now: float,
-              cache: Callable[[Request], None] | None = None) -> list[Request]:
+def feed_plan(
+    plan: StepPlan,
+    log: TokenLog,
+    kv: BlockManager,
+    now: float,
+    cache: Callable[[Request], None] | None = None,
+) -> list[Request]:
     """Apply a finished step without drafts: every request's tokens counted and cached (by `cache`, default
     `kv.cache`); returns those done."""
     cache = cache or kv.cache

@@ -36,8 +36,15 @@ from workloads.request import Request
 
 
 class SWARadixCache(RadixCache):
-    def __init__(self, num_blocks: int, block_size: int, watermark: float, window: int, swa_blocks: int,
-                 caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        watermark: float,
+        window: int,
+        swa_blocks: int,
+        caching: bool = True,
+    ):
         super().__init__(num_blocks, block_size, watermark)
         if swa_blocks < 1 or window < 1:
             raise ValueError(f"need a window and >= 1 sliding-window page, got {window} and {swa_blocks}")
@@ -45,9 +52,15 @@ class SWARadixCache(RadixCache):
         self._swa_free: deque[int] = deque(range(swa_blocks))
         self._swa_of: list[int | None] = [None] * num_blocks  # full page -> its sliding-window page
         self._swa_evictable = 0  # sliding pages of live nodes no window reaches into
-        self._swa_heap: list[tuple[int, int, Node]] = []  # (last_access, tiebreak, node): tombstoning candidates
-        self._swa_span: dict[int, int] = {}  # request id -> tokens its sliding-window lock covers, deepest node up
-        self._swa_done: dict[int, int] = {}  # request id -> its leading tokens whose own sliding slots it freed
+        self._swa_heap: list[
+            tuple[int, int, Node]
+        ] = []  # (last_access, tiebreak, node): tombstoning candidates
+        self._swa_span: dict[
+            int, int
+        ] = {}  # request id -> tokens its sliding-window lock covers, deepest node up
+        self._swa_done: dict[
+            int, int
+        ] = {}  # request id -> its leading tokens whose own sliding slots it freed
 
     # ---- what is free ----------------------------------------------------------------------------
     @property
@@ -123,7 +136,12 @@ class SWARadixCache(RadixCache):
     def _swa_candidate(self, entry: tuple[int, int, Node]) -> bool:
         """Whether a heap entry is its node's current stamp and the node's sliding slots can be freed."""
         stamp, _, node = entry
-        return stamp == node.last_access and not node.tombstone and node.swa_lock_ref == 0 and self._attached(node)
+        return (
+            stamp == node.last_access
+            and not node.tombstone
+            and node.swa_lock_ref == 0
+            and self._attached(node)
+        )
 
     # ---- a request's own pages -------------------------------------------------------------------
     def _fits(self, need: int, reserve: int, hit: list[int]) -> bool:
@@ -131,8 +149,10 @@ class SWARadixCache(RadixCache):
         full pages, and its last window's sliding slots, stop being evictable)."""
         path = self._pending[1] if self._pending is not None and hit else []
         full_locked = sum(len(node.pages) for node in path if node.lock_ref == 0)
-        return need + reserve + full_locked <= self.full_free_blocks \
+        return (
+            need + reserve + full_locked <= self.full_free_blocks
             and need + self._window_locked(path) <= self.swa_free_blocks
+        )
 
     def _window_locked(self, path: list[Node]) -> int:
         """Sliding pages of a matched path that are evictable now and that locking its last window takes out."""
@@ -150,8 +170,9 @@ class SWARadixCache(RadixCache):
         self._hit_blocks(req)
         return self._window_locked(self._pending[1]) if self._pending is not None else 0
 
-    def allocate(self, req: Request, num_new_tokens: int, admitting: bool = False,
-                 watermark: bool = True) -> list[int] | None:
+    def allocate(
+        self, req: Request, num_new_tokens: int, admitting: bool = False, watermark: bool = True
+    ) -> list[int] | None:
         if not admitting and req.id in self._tables:
             self._free_out_of_window(req, req.num_computed_tokens)
         return super().allocate(req, num_new_tokens, admitting, watermark)
@@ -175,7 +196,7 @@ class SWARadixCache(RadixCache):
         cut -= cut % self.block_size
         if cut - start < (1 if computed < end else self.swa_window):
             return
-        for page in self._tables[req.id][start // self.block_size: cut // self.block_size]:
+        for page in self._tables[req.id][start // self.block_size : cut // self.block_size]:
             self._free_swa(page)
         self._swa_done[req.id] = cut
 
@@ -258,7 +279,9 @@ class SWARadixCache(RadixCache):
             node.tombstone = True
             self._swa_evictable -= len(node.pages)
             return
-        raise RuntimeError("sliding-window pool: nothing left to evict")  # callers check num_free_blocks first
+        raise RuntimeError(
+            "sliding-window pool: nothing left to evict"
+        )  # callers check num_free_blocks first
 
     def check_invariants(self) -> None:
         """Beyond the radix cache's: every sliding slot is free or behind exactly one full page; live nodes have all
@@ -270,7 +293,9 @@ class SWARadixCache(RadixCache):
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())
-            assert all((self._swa_of[page] is None) == node.tombstone for page in node.pages), "node half live"
+            assert all((self._swa_of[page] is None) == node.tombstone for page in node.pages), (
+                "node half live"
+            )
             evictable += len(node.pages) if not node.tombstone and node.swa_lock_ref == 0 else 0
             assert node.swa_lock_ref <= node.lock_ref
         assert evictable == self._swa_evictable, "sliding evictable count drifted"

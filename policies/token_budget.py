@@ -46,7 +46,10 @@ from workloads.request import Phase, Request
 @schedulers.register("vllm")
 class TokenBudgetScheduler:
     supports_prefix_caching = True
-    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+
+    def __init__(
+        self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
+    ):
         self.kv, self.cfg, self.order, self.log = kv, cfg, order, log
         self.budget, self.max_num_seqs = cfg.batch_limits()
         self.steps_in_flight = cfg.in_flight_batches()  # steps planned before the last one's outputs are in
@@ -64,7 +67,9 @@ class TokenBudgetScheduler:
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
         # pipeline parallel (`pipeline(pp)`): several steps in flight, tokens counted as computed when scheduled
         self.pipelined = False
-        self._stamps: dict[int, tuple[int, ...]] = {}  # id(plan) -> its requests' preemption counts when planned
+        self._stamps: dict[
+            int, tuple[int, ...]
+        ] = {}  # id(plan) -> its requests' preemption counts when planned
 
     def pipeline(self, depth: int) -> None:
         """Schedule for a pipeline-parallel replica, as vLLM V1 does with a batch queue of `depth` (pp) steps: a
@@ -130,7 +135,9 @@ class TokenBudgetScheduler:
             release_finished(req, self.kv, req.finish_s)
 
     def _plan(self) -> StepPlan:
-        if self.ahead is not None and self.ahead.in_flight_since is None:  # the engine waited: nothing in flight
+        if (
+            self.ahead is not None and self.ahead.in_flight_since is None
+        ):  # the engine waited: nothing in flight
             self._note_in_flight(())
         step = PlanBuilder(self.budget)
         self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
@@ -205,10 +212,15 @@ class TokenBudgetScheduler:
         Orca, reserved whole in every group at admission. A smaller pool could never run it."""
         if self.reserve_output:
             return len(windows) * blocks_for(total, block_size)
-        need = KVGroups(windows, 0).most_blocks(total, block_size, self.cfg.max_num_batched_tokens,
-                                                self.earlier_tokens_in_flight)
+        need = KVGroups(windows, 0).most_blocks(
+            total, block_size, self.cfg.max_num_batched_tokens, self.earlier_tokens_in_flight
+        )
         gate = self.admission_window_tokens
-        return need if gate is None else max(need, sum(admission_blocks(w, total, block_size, gate) for w in windows))
+        return (
+            need
+            if gate is None
+            else max(need, sum(admission_blocks(w, total, block_size, gate) for w in windows))
+        )
 
     @property
     def decode_tokens_in_flight(self) -> int:
@@ -249,7 +261,9 @@ class TokenBudgetScheduler:
         swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same.
         Never with speculative decoding: its steps are random (accepted guesses), and drafting may switch on
         again as the batch shrinks."""
-        if self.speculator is not None or (self.ahead is not None and not self.ahead.settled(self.num_waiting > 0)):
+        if self.speculator is not None or (
+            self.ahead is not None and not self.ahead.settled(self.num_waiting > 0)
+        ):
             return None
         if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
             return None
@@ -269,8 +283,12 @@ class TokenBudgetScheduler:
             lookahead = spec.lookahead if spec is not None and spec.speculates(req) else 0
             computed = req.num_computed_tokens
             pending = req.num_prompt_tokens + req.num_generated - computed
-            if pending == 1 and not lookahead and not drafting:  # a plain decode, the hot path: what the general
-                self._cursor = i  # case below does for one token (no cap, no guesses, a new block only at a boundary)
+            if (
+                pending == 1 and not lookahead and not drafting
+            ):  # a plain decode, the hot path: what the general
+                self._cursor = (
+                    i  # case below does for one token (no cap, no guesses, a new block only at a boundary)
+                )
                 if computed % block_size == 0 and not self._make_room(req, 1, step):
                     return
                 kv.cache_scheduled(req, computed + 1)
@@ -280,8 +298,11 @@ class TokenBudgetScheduler:
             if pending <= 0:  # pipelined: its last step is in flight, its token not back yet
                 i += 1
                 continue
-            want = pending + self.speculator.num_drafts(req) if drafting and pending == 1 and req.num_generated \
+            want = (
+                pending + self.speculator.num_drafts(req)
+                if drafting and pending == 1 and req.num_generated
                 else self._capped(pending)
+            )
             n = want if want < step.budget else step.budget
             if n < pending and not self.chunked:
                 i += 1
@@ -289,8 +310,15 @@ class TokenBudgetScheduler:
             self._cursor = i  # preemptions before it shift it left
             # vLLM caps the slots at max_model_len; the last token to come caps them too, so a request whose whole
             # sequence fits the pool never preempts itself for slots it cannot use
-            extra = min(lookahead, max(0, min(self.cfg.max_model_len or 1 << 62, req.num_prompt_tokens
-                                               + req.num_output_tokens - 1) - req.num_computed_tokens - n))
+            extra = min(
+                lookahead,
+                max(
+                    0,
+                    min(self.cfg.max_model_len or 1 << 62, req.num_prompt_tokens + req.num_output_tokens - 1)
+                    - req.num_computed_tokens
+                    - n,
+                ),
+            )
             if self._make_room(req, n + extra, step):
                 self.kv.cache_scheduled(req, req.num_computed_tokens + n)
                 step.add(req, n)
@@ -347,7 +375,8 @@ class TokenBudgetScheduler:
             if self.reserve_output:
                 room = self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
             elif self.admission_window_tokens is not None and not self.kv.fits_whole(
-                    req, req.num_tokens, self.admission_window_tokens, mark):
+                req, req.num_tokens, self.admission_window_tokens, mark
+            ):
                 room = None
             else:
                 room = self.kv.allocate(req, n, admitting=True, watermark=mark)
@@ -406,7 +435,9 @@ class TokenBudgetScheduler:
 class SarathiScheduler(TokenBudgetScheduler):
     """Sarathi-Serve stall-free batching: decodes first, then prefill chunks filling a fixed `chunk_size` budget."""
 
-    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+    def __init__(
+        self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
+    ):
         super().__init__(kv, cfg, order, log, host_blocks)
         self.budget, self.chunked = cfg.chunk_size, True
 
@@ -417,7 +448,9 @@ class OrcaScheduler(TokenBudgetScheduler):
 
     supports_prefix_caching = False
 
-    def __init__(self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0):
+    def __init__(
+        self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
+    ):
         super().__init__(kv, cfg, order, log, host_blocks)
         self.chunked, self.reserve_output = False, True
         self.budget = sys.maxsize  # no token budget: batch size and KV limit a step

@@ -50,8 +50,19 @@ def write_text_atomic(path: Path, text: str) -> None:
 MARKER = ".servesim"  # in every folder atomic_dir writes: only such a folder (or an empty one) is replaced
 # what run and fit folders held before the marker existed: a folder of only these, with a table only servesim
 # writes among them (a scenario or a profile alone may well be the user's own), is an earlier output too
-EARLIER_OUTPUTS = frozenset({"requests.csv", "steps.csv", "requests.parquet", "steps.parquet", "summary.json",
-                             "memory.json", "scenario.yaml", "profile.yaml", "figures.csv"})
+EARLIER_OUTPUTS = frozenset(
+    {
+        "requests.csv",
+        "steps.csv",
+        "requests.parquet",
+        "steps.parquet",
+        "summary.json",
+        "memory.json",
+        "scenario.yaml",
+        "profile.yaml",
+        "figures.csv",
+    }
+)
 OUTPUT_TABLES = frozenset({"summary.json", "figures.csv"})
 
 
@@ -87,8 +98,10 @@ def check_replaceable(path: Path) -> None:
         names = {p.name for p in path.iterdir()}
         foreign = sorted(names - EARLIER_OUTPUTS) if names & OUTPUT_TABLES else sorted(names)
         if foreign:
-            raise SpecError(f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}), which replacing "
-                            "it would delete; give a new or empty folder")
+            raise SpecError(
+                f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}), which replacing "
+                "it would delete; give a new or empty folder"
+            )
 
 
 def check_output_file(path: Path, option: str) -> None:
@@ -106,11 +119,16 @@ def check_output_folder(path: Path, own: frozenset[str]) -> None:
     path = Path(path)
     _check_folder_of_its_own(path)
     _check_can_write_in(path, str(path))
-    foreign = sorted(p.name for p in path.iterdir() if p.name not in own and not _temporary(p.name)) \
-        if path.is_dir() else []
+    foreign = (
+        sorted(p.name for p in path.iterdir() if p.name not in own and not _temporary(p.name))
+        if path.is_dir()
+        else []
+    )
     if foreign:
-        raise SpecError(f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}); give a new or "
-                        "empty folder")
+        raise SpecError(
+            f"{path}: holds files servesim did not write ({', '.join(foreign[:3])}); give a new or "
+            "empty folder"
+        )
 
 
 def _temporary(name: str) -> bool:
@@ -143,7 +161,9 @@ def atomic_dir(path: Path) -> Iterator[Path]:
         raise SpecError(f"{path}: cannot write there ({err.strerror})") from None
     try:
         yield tmp
-        (tmp / MARKER).write_text("written by servesim: the whole folder is replaced when its run is written again\n")
+        (tmp / MARKER).write_text(
+            "written by servesim: the whole folder is replaced when its run is written again\n"
+        )
         os.chmod(tmp, 0o777 & ~_umask())
         if path.exists():
             shutil.rmtree(path)

@@ -67,8 +67,13 @@ class Verdict:
         return not self.reasons
 
     def as_dict(self) -> dict:
-        return {"rate_per_s": self.rate_per_s, "ok": self.ok, "reasons": list(self.reasons),
-                "details": list(self.details), **self.metrics}
+        return {
+            "rate_per_s": self.rate_per_s,
+            "ok": self.ok,
+            "reasons": list(self.reasons),
+            "details": list(self.details),
+            **self.metrics,
+        }
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,10 @@ class CapacityResult:
         span = best.metrics.get("arrival_span_s", math.inf) if best else math.inf
         if span >= SHORT_RUN_S:
             return None
-        return (f"at {best.rate_per_s:.3g} {self.unit} the run's arrivals span only {span:.0f} s, too short for a slowly "
-                "growing queue to show: more requests (workload.num_requests) give a firmer answer")
+        return (
+            f"at {best.rate_per_s:.3g} {self.unit} the run's arrivals span only {span:.0f} s, too short for a slowly "
+            "growing queue to show: more requests (workload.num_requests) give a firmer answer"
+        )
 
     @property
     def search_limit_reached(self) -> bool:
@@ -107,9 +114,14 @@ class CapacityResult:
         return self.rate_per_s > 0 and self.limit is None
 
     def as_dict(self) -> dict:
-        return {"max_rate_per_s": self.rate_per_s, "rate_unit": self.unit, "num_simulations": self.num_simulations,
-                "search_limit_reached": self.search_limit_reached, "short_run": self.short_run,
-                "points": [v.as_dict() for v in self.verdicts]}
+        return {
+            "max_rate_per_s": self.rate_per_s,
+            "rate_unit": self.unit,
+            "num_simulations": self.num_simulations,
+            "search_limit_reached": self.search_limit_reached,
+            "short_run": self.short_run,
+            "points": [v.as_dict() for v in self.verdicts],
+        }
 
 
 def queue_growth(requests: pd.DataFrame, stop_s: float | None = None) -> tuple[float, float]:
@@ -153,8 +165,11 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     stop_s = result.scenario.stop.max_sim_time_s
     lost_at_s = s.get("slo_lost_at_s")  # stopped there once an SLO was lost (simulator/slo_watch.py)
     cut = stop_s is not None and s["unfinished"] > 0  # some requests were in flight at the stop
-    sent = requests[requests["reject_reason"].isna() & (requests["finish_s"].notna() | cut)
-                    & sent_mask(requests, stop_s if cut else None)]
+    sent = requests[
+        requests["reject_reason"].isna()
+        & (requests["finish_s"].notna() | cut)
+        & sent_mask(requests, stop_s if cut else None)
+    ]
     for metric, field_name, reason in _LIMITS:
         value = s.get(f"{pct}_{metric}_ms", float("nan"))
         if cut and metric != "tpot":  # TTFT and E2E with the waits of the requests cut off
@@ -183,15 +198,21 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
-    metrics |= {"ttft_first_third_ms": first_s * 1e3, "ttft_last_third_ms": last_s * 1e3,
-                "output_throughput": s["output_throughput"],
-                "output_tokens_per_arrival": output_tokens_per_arrival(requests, result.scenario.workload)}
+    metrics |= {
+        "ttft_first_third_ms": first_s * 1e3,
+        "ttft_last_third_ms": last_s * 1e3,
+        "output_throughput": s["output_throughput"],
+        "output_tokens_per_arrival": output_tokens_per_arrival(requests, result.scenario.workload),
+    }
     if unfinished or (last_s > UNSTABLE_TTFT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
         reasons.append("unstable queue")
-        details.append(f"{unfinished} requests still queued at the stop time, each for longer than any answered "
-                       "request waited for its first token" if unfinished else
-                       f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
-                       "(last third)")
+        details.append(
+            f"{unfinished} requests still queued at the stop time, each for longer than any answered "
+            "request waited for its first token"
+            if unfinished
+            else f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
+            "(last third)"
+        )
     if not s["completed"] and not s["rejected"] and "unstable queue" not in reasons:
         reasons.append("unstable queue")
         details.append("no request completed before the stop")
@@ -219,8 +240,10 @@ def at_rate(s: Scenario, rate_per_s: float) -> Scenario:
     """`s` with its arrivals at `rate_per_s` (a trace is rescaled to that mean rate)."""
     kind = s.workload.arrivals.kind
     if kind not in ("poisson", "gamma", "constant", "trace"):
-        raise SpecError(f"workload.arrivals.kind: arrivals {kind!r} have no rate; capacity search needs poisson, "
-                        "gamma, constant or trace")
+        raise SpecError(
+            f"workload.arrivals.kind: arrivals {kind!r} have no rate; capacity search needs poisson, "
+            "gamma, constant or trace"
+        )
     if s.workload.closed_loop is not None:
         raise SpecError("closed_loop clients set their own pace; capacity search needs open-loop arrivals")
     overrides = {"workload.arrivals.rate_per_s": rate_per_s}
@@ -247,9 +270,14 @@ def check_rate(s: Scenario, base_dir: Path, rate_per_s: float) -> Verdict:
     return judge(simulate(at_rate(s, rate_per_s), base_dir, stop_when_slo_lost=True), s.slo, rate_per_s)
 
 
-def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | None = None,
-                         rel_tol: float = 0.02, max_factor: float = 1024.0,
-                         decided: Callable[[float, float], bool] | None = None) -> CapacityResult:
+def max_sustainable_rate(
+    s: Scenario,
+    base_dir: Path,
+    start_rate_per_s: float | None = None,
+    rel_tol: float = 0.02,
+    max_factor: float = 1024.0,
+    decided: Callable[[float, float], bool] | None = None,
+) -> CapacityResult:
     """Bisect the arrival rate for the highest one that passes, to within `rel_tol` of the failing bound.
 
     Starts at `start_rate_per_s` (default: the scenario's rate), doubles while passing or halves while
@@ -274,7 +302,9 @@ def max_sustainable_rate(s: Scenario, base_dir: Path, start_rate_per_s: float | 
     return CapacityResult(lo or 0.0, len(ordered), ordered, s.workload.rate_unit)
 
 
-def _bracket(passes, start: float, max_factor: float, start_passes: bool) -> tuple[float | None, float | None]:
+def _bracket(
+    passes, start: float, max_factor: float, start_passes: bool
+) -> tuple[float | None, float | None]:
     """(highest passing, lowest failing) rates found by doubling or halving from `start` (already judged:
     `start_passes`); None = not found."""
     if start_passes:

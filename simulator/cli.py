@@ -23,8 +23,9 @@ from hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, pres
 from hardware.profile import load_profile
 from policies.config import EngineConfig
 
-app = typer.Typer(help="Simulate and plan LLM serving deployments.", no_args_is_help=True,
-                  pretty_exceptions_enable=False)
+app = typer.Typer(
+    help="Simulate and plan LLM serving deployments.", no_args_is_help=True, pretty_exceptions_enable=False
+)
 hardware_app = typer.Typer(help="The GPU catalog.", no_args_is_help=True)
 models_app = typer.Typer(help="The model presets.", no_args_is_help=True)
 app.add_typer(hardware_app, name="hardware")
@@ -38,10 +39,12 @@ def version() -> str:
     """servesim's version: the installed distribution's, else the source tree's pyproject.toml."""
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as installed
+
     try:
         return installed("servesim")
     except PackageNotFoundError:
         import tomllib
+
         pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
         return tomllib.loads(pyproject.read_text())["project"]["version"]
 
@@ -54,8 +57,10 @@ def _print_version(asked: bool) -> None:
 
 @app.callback()
 def _output_any_terminal_can_show(
-        _version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
-                                      help="Print servesim's version and exit.")) -> None:
+    _version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print servesim's version and exit."
+    ),
+) -> None:
     # Paths and names come from users: a character the terminal's encoding lacks is escaped, not a crash.
     for stream in (sys.stdout, sys.stderr):
         if hasattr(stream, "reconfigure"):
@@ -63,8 +68,11 @@ def _output_any_terminal_can_show(
 
 
 GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
-WeightDtype = typer.Option("auto", help=f"Weights: {', '.join(WEIGHT_DTYPE_CHOICES)} (auto: the checkpoint's own; "
-                           "mxfp4: MoE experts only; nvfp4/mxfp8 on FP4/FP8 tensor cores where the GPU has them)")
+WeightDtype = typer.Option(
+    "auto",
+    help=f"Weights: {', '.join(WEIGHT_DTYPE_CHOICES)} (auto: the checkpoint's own; "
+    "mxfp4: MoE experts only; nvfp4/mxfp8 on FP4/FP8 tensor cores where the GPU has them)",
+)
 
 
 def main() -> None:
@@ -89,6 +97,7 @@ def main() -> None:
         sys.exit(1)
     except Exception as err:  # noqa: BLE001 (bad input is a SpecError, caught per command: this is a bug)
         from simulator.crash import report_bug
+
         print(f"error: {report_bug(err)}", file=sys.stderr)
         sys.exit(70)
     sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
@@ -96,6 +105,7 @@ def main() -> None:
 
 def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
     """Turn a SpecError into one clear line on stderr and exit status 2, instead of a traceback."""
+
     @wraps(command)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -103,6 +113,7 @@ def clean_errors(command: Callable[..., Any]) -> Callable[..., Any]:
         except SpecError as err:
             print(f"error: {short_values(str(err))}", file=sys.stderr)
             raise typer.Exit(2) from None
+
     return run
 
 
@@ -119,6 +130,7 @@ def short_values(message: str) -> str:
 
 def print_json(data: Any) -> None:
     from simulator.output import json_text
+
     sys.stdout.write(json_text(data, indent=2))
 
 
@@ -135,17 +147,30 @@ def print_table(title: str, columns: list[str], rows: list[list[Any]]) -> None:
 @clean_errors
 def hardware_list(gpu_file: list[Path] = GpuFiles) -> None:
     """List the GPUs: memory (datasheet, and as the driver reports it), bandwidth, bf16 peak and price."""
-    rows = [[g.name, f"{g.memory_bytes / 1e9:.0f}", f"{g.reported_memory_bytes / (1 << 30):.2f}",
-             f"{g.memory_bytes_per_s / 1e12:.2f}", f"{g.peak_for('bf16') / 1e12:.0f}", g.intra_node_link,
-             f"{g.price_per_gpu_hour_usd:.2f}"]
-            for g in gpu_catalog(tuple(gpu_file)).values()]
-    print_table("GPUs", ["name", "memory GB", "reported GiB", "TB/s", "bf16 TFLOP/s", "intra-node link", "$/GPU-h"],
-                rows)
+    rows = [
+        [
+            g.name,
+            f"{g.memory_bytes / 1e9:.0f}",
+            f"{g.reported_memory_bytes / (1 << 30):.2f}",
+            f"{g.memory_bytes_per_s / 1e12:.2f}",
+            f"{g.peak_for('bf16') / 1e12:.0f}",
+            g.intra_node_link,
+            f"{g.price_per_gpu_hour_usd:.2f}",
+        ]
+        for g in gpu_catalog(tuple(gpu_file)).values()
+    ]
+    print_table(
+        "GPUs",
+        ["name", "memory GB", "reported GiB", "TB/s", "bf16 TFLOP/s", "intra-node link", "$/GPU-h"],
+        rows,
+    )
 
 
 @hardware_app.command("show")
 @clean_errors
-def hardware_show(name: str, gpu_file: list[Path] = GpuFiles, as_json: bool = typer.Option(False, "--json")) -> None:
+def hardware_show(
+    name: str, gpu_file: list[Path] = GpuFiles, as_json: bool = typer.Option(False, "--json")
+) -> None:
     """Show one GPU's full spec with its sources."""
     spec = get_gpu(name, tuple(gpu_file))
     data = spec.model_dump() | {"ridge_point_bf16_flop_per_byte": spec.ridge_point("bf16")}
@@ -162,11 +187,32 @@ def models_list() -> None:
     rows = []
     for name in preset_names():
         m = get_model(name)
-        rows.append([name, f"{m.total_params() / 1e9:.2f}", f"{m.active_params() / 1e9:.2f}", m.num_layers,
-                     m.num_kv_layers, "MLA" if m.mla else f"{m.num_heads}/{m.num_kv_heads}",
-                     f"{m.kv_bytes_per_token():,.0f}", m.quantization])
-    print_table("model presets", ["name", "params B", "active B", "layers", "KV layers", "attn heads q/kv",
-                                  "KV B/token bf16", "weights"], rows)
+        rows.append(
+            [
+                name,
+                f"{m.total_params() / 1e9:.2f}",
+                f"{m.active_params() / 1e9:.2f}",
+                m.num_layers,
+                m.num_kv_layers,
+                "MLA" if m.mla else f"{m.num_heads}/{m.num_kv_heads}",
+                f"{m.kv_bytes_per_token():,.0f}",
+                m.quantization,
+            ]
+        )
+    print_table(
+        "model presets",
+        [
+            "name",
+            "params B",
+            "active B",
+            "layers",
+            "KV layers",
+            "attn heads q/kv",
+            "KV B/token bf16",
+            "weights",
+        ],
+        rows,
+    )
 
 
 @models_app.command("show")
@@ -175,17 +221,36 @@ def models_show(name: str, as_json: bool = typer.Option(False, "--json")) -> Non
     """Show one model: shapes, parameter counts and each layer's attention kind and KV bytes."""
     m = get_model(name)
     per_layer = m.kv_values_per_token_per_layer()
-    layers = [{"index": layer.index, "attention": layer.attention, "window": layer.window,
-               "kv_source": layer.kv_source, "moe": layer.is_moe,
-               "kv_bytes_per_token_bf16": per_layer * 2 if layer.owns_kv else 0,
-               "kv_bytes_per_token_fp8": per_layer if layer.owns_kv else 0} for layer in m.layers]
-    data = {"name": m.name, "total_params": m.total_params(), "active_params": m.active_params(),
-            "hidden_size": m.hidden_size, "num_layers": m.num_layers, "num_kv_layers": m.num_kv_layers,
-            "checkpoint_weight_dtype": m.quantization, "num_heads": m.num_heads, "num_kv_heads": m.num_kv_heads, "head_dim": m.head_dim,
-            "attention": "mla" if m.mla else "gqa" if m.num_kv_heads < m.num_heads else "mha",
-            "moe": None if m.moe is None else vars_of(m.moe), "mla": None if m.mla is None else vars_of(m.mla),
-            "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"), "kv_bytes_per_token_fp8": m.kv_bytes_per_token("fp8"),
-            "layers": layers}
+    layers = [
+        {
+            "index": layer.index,
+            "attention": layer.attention,
+            "window": layer.window,
+            "kv_source": layer.kv_source,
+            "moe": layer.is_moe,
+            "kv_bytes_per_token_bf16": per_layer * 2 if layer.owns_kv else 0,
+            "kv_bytes_per_token_fp8": per_layer if layer.owns_kv else 0,
+        }
+        for layer in m.layers
+    ]
+    data = {
+        "name": m.name,
+        "total_params": m.total_params(),
+        "active_params": m.active_params(),
+        "hidden_size": m.hidden_size,
+        "num_layers": m.num_layers,
+        "num_kv_layers": m.num_kv_layers,
+        "checkpoint_weight_dtype": m.quantization,
+        "num_heads": m.num_heads,
+        "num_kv_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "attention": "mla" if m.mla else "gqa" if m.num_kv_heads < m.num_heads else "mha",
+        "moe": None if m.moe is None else vars_of(m.moe),
+        "mla": None if m.mla is None else vars_of(m.mla),
+        "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
+        "kv_bytes_per_token_fp8": m.kv_bytes_per_token("fp8"),
+        "layers": layers,
+    }
     if as_json:
         print_json(data)
         return
@@ -204,114 +269,220 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
 
 @app.command()
 @clean_errors
-def memory(model: str, gpu: str = typer.Option(..., "--gpu"), tp: int = typer.Option(1, min=1),
-           pp: int = typer.Option(1, min=1),
-           engine: str = typer.Option("vllm", help="vllm, or sglang: its mem_fraction_static split and defaults"),
-           gpu_memory_utilization: float | None = typer.Option(None, help=(
-               "Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")),
-           kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
-           max_model_len: int | None = typer.Option(None, min=1), block_size: int | None = typer.Option(
-               None, min=1, help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA)"),
-           max_num_batched_tokens: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
-           max_num_seqs: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
-           gpu_file: list[Path] = GpuFiles,
-           disable_hybrid_kv_cache_manager: bool = typer.Option(
-               False, help="Keep sliding-window layers' whole KV in one group (vLLM's flag; always so for Gemma 2/3/3n "
-                           "under --engine sglang, as SGLang runs them)"),
-           as_json: bool = typer.Option(False, "--json")) -> None:
+def memory(
+    model: str,
+    gpu: str = typer.Option(..., "--gpu"),
+    tp: int = typer.Option(1, min=1),
+    pp: int = typer.Option(1, min=1),
+    engine: str = typer.Option("vllm", help="vllm, or sglang: its mem_fraction_static split and defaults"),
+    gpu_memory_utilization: float | None = typer.Option(
+        None, help=("Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")
+    ),
+    kv_dtype: str = "bf16",
+    weight_dtype: str = WeightDtype,
+    max_model_len: int | None = typer.Option(None, min=1),
+    block_size: int | None = typer.Option(
+        None, min=1, help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA)"
+    ),
+    max_num_batched_tokens: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
+    max_num_seqs: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
+    gpu_file: list[Path] = GpuFiles,
+    disable_hybrid_kv_cache_manager: bool = typer.Option(
+        False,
+        help="Keep sliding-window layers' whole KV in one group (vLLM's flag; always so for Gemma 2/3/3n "
+        "under --engine sglang, as SGLang runs them)",
+    ),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Plan GPU memory like vLLM (or SGLang) at start-up: weights, activations, KV blocks, max concurrency."""
     if engine not in ("vllm", "sglang"):
         raise SpecError(f"--engine: unknown engine {engine!r}; choose from vllm, sglang")
-    for flag, value, allowed in (("--weight-dtype", weight_dtype, WEIGHT_DTYPE_CHOICES),
-                                 ("--kv-dtype", kv_dtype, tuple(KV_DTYPE_BYTES))):
+    for flag, value, allowed in (
+        ("--weight-dtype", weight_dtype, WEIGHT_DTYPE_CHOICES),
+        ("--kv-dtype", kv_dtype, tuple(KV_DTYPE_BYTES)),
+    ):
         if value not in allowed:
             raise SpecError(f"{flag}: unknown dtype {value!r}; choose from {', '.join(allowed)}")
     if gpu_memory_utilization is not None and not 0 < gpu_memory_utilization <= 1:
-        raise SpecError(f"--gpu-memory-utilization: a share of the device in (0, 1], not {gpu_memory_utilization}")
+        raise SpecError(
+            f"--gpu-memory-utilization: a share of the device in (0, 1], not {gpu_memory_utilization}"
+        )
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
-    batch = EngineConfig(scheduler=engine, max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                         gpu_memory_utilization=gpu_memory_utilization,
-                         **({} if block_size is None else {"block_size": block_size}),
-                         **({"disable_hybrid_kv_cache_manager": True} if disable_hybrid_kv_cache_manager else {})
-                         ).with_vllm_defaults(gpu_spec, max_model_len or spec.max_position_embeddings, tp, pp,
-                                              mla=spec.mla is not None, architecture=spec.architecture)
-    cfg = EngineMemoryConfig(gpu_memory_utilization=batch.gpu_memory_utilization, block_size=batch.block_size,
-                             max_model_len=max_model_len, max_num_batched_tokens=batch.max_num_batched_tokens,
-                             max_num_seqs=batch.max_num_seqs, kv_dtype=kv_dtype, weight_dtype=weight_dtype,
-                             disable_hybrid_kv_cache_manager=batch.disable_hybrid_kv_cache_manager,
-                             activations_outside=engine == "sglang", in_flight_batches=batch.in_flight_batches(pp),
-                             swa_full_tokens_ratio=batch.swa_full_tokens_ratio if engine == "sglang" else None)
+    batch = EngineConfig(
+        scheduler=engine,
+        max_num_batched_tokens=max_num_batched_tokens,
+        max_num_seqs=max_num_seqs,
+        gpu_memory_utilization=gpu_memory_utilization,
+        **({} if block_size is None else {"block_size": block_size}),
+        **({"disable_hybrid_kv_cache_manager": True} if disable_hybrid_kv_cache_manager else {}),
+    ).with_vllm_defaults(
+        gpu_spec,
+        max_model_len or spec.max_position_embeddings,
+        tp,
+        pp,
+        mla=spec.mla is not None,
+        architecture=spec.architecture,
+    )
+    cfg = EngineMemoryConfig(
+        gpu_memory_utilization=batch.gpu_memory_utilization,
+        block_size=batch.block_size,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=batch.max_num_batched_tokens,
+        max_num_seqs=batch.max_num_seqs,
+        kv_dtype=kv_dtype,
+        weight_dtype=weight_dtype,
+        disable_hybrid_kv_cache_manager=batch.disable_hybrid_kv_cache_manager,
+        activations_outside=engine == "sglang",
+        in_flight_batches=batch.in_flight_batches(pp),
+        swa_full_tokens_ratio=batch.swa_full_tokens_ratio if engine == "sglang" else None,
+    )
     plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:
         print_json(plan.as_dict())
         return
     gb = lambda b: f"{b / 1e9:.2f} GB ({b / (1 << 30):.2f} GiB)"  # noqa: E731
-    print_table(f"{model} on {gpu} (tp={tp}, pp={pp}, {engine}), per GPU", ["quantity", "value"], [
-        [f"usable ({batch.gpu_memory_utilization} of the device)", gb(plan.usable_bytes)],
-        [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
-        ["activation peak", gb(plan.activation_bytes) if engine == "vllm" else "outside the share (SGLang)"],
-        ["runtime reserve", gb(plan.reserve_bytes)],
-        ["KV cache", gb(plan.kv_cache_bytes)], ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
-        ["KV cache groups", _groups_text(plan.kv_windows)],
-        ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens of one group"],
-        ["KV tokens", f"{plan.kv_cache_tokens:,}"],
-        *([["sliding-window pool (SGLang)", f"{plan.swa_tokens:,} tokens ({plan.swa_ratio} of the full layers'), "
-            f"{plan.swa_window}-token windows"]] if plan.swa_window is not None else []),
-        [f"max concurrency at {plan.max_model_len:,} tokens", f"{plan.max_concurrency:.2f}"]])
+    print_table(
+        f"{model} on {gpu} (tp={tp}, pp={pp}, {engine}), per GPU",
+        ["quantity", "value"],
+        [
+            [f"usable ({batch.gpu_memory_utilization} of the device)", gb(plan.usable_bytes)],
+            [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
+            [
+                "activation peak",
+                gb(plan.activation_bytes) if engine == "vllm" else "outside the share (SGLang)",
+            ],
+            ["runtime reserve", gb(plan.reserve_bytes)],
+            ["KV cache", gb(plan.kv_cache_bytes)],
+            ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
+            ["KV cache groups", _groups_text(plan.kv_windows)],
+            ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens of one group"],
+            ["KV tokens", f"{plan.kv_cache_tokens:,}"],
+            *(
+                [
+                    [
+                        "sliding-window pool (SGLang)",
+                        f"{plan.swa_tokens:,} tokens ({plan.swa_ratio} of the full layers'), "
+                        f"{plan.swa_window}-token windows",
+                    ]
+                ]
+                if plan.swa_window is not None
+                else []
+            ),
+            [f"max concurrency at {plan.max_model_len:,} tokens", f"{plan.max_concurrency:.2f}"],
+        ],
+    )
 
 
 @app.command()
 @clean_errors
-def roofline(model: str, gpu: str = typer.Option(..., "--gpu"), batch: int = typer.Option(1, min=1),
-             context: int = typer.Option(1024, min=0), prefill: int = typer.Option(1, min=1, help=(
-                 "New tokens per sequence this step (1 = decode; more = a prefill chunk over the context)")),
-             tp: int = 1, pp: int = 1, kv_dtype: str = "bf16", weight_dtype: str = WeightDtype,
-             fast_prefill: bool = typer.Option(False, "--fast-prefill", help="kv_sharing_fast_prefill (YOCO)"),
-             profile: str | None = None, gpu_file: list[Path] = GpuFiles,
-             as_json: bool = typer.Option(False, "--json"), html: Path | None = None) -> None:
+def roofline(
+    model: str,
+    gpu: str = typer.Option(..., "--gpu"),
+    batch: int = typer.Option(1, min=1),
+    context: int = typer.Option(1024, min=0),
+    prefill: int = typer.Option(
+        1,
+        min=1,
+        help=("New tokens per sequence this step (1 = decode; more = a prefill chunk over the context)"),
+    ),
+    tp: int = 1,
+    pp: int = 1,
+    kv_dtype: str = "bf16",
+    weight_dtype: str = WeightDtype,
+    fast_prefill: bool = typer.Option(False, "--fast-prefill", help="kv_sharing_fast_prefill (YOCO)"),
+    profile: str | None = None,
+    gpu_file: list[Path] = GpuFiles,
+    as_json: bool = typer.Option(False, "--json"),
+    html: Path | None = None,
+) -> None:
     """Predict one step's time for `batch` sequences at `context` tokens, with a per-operator breakdown."""
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     if html:
         from simulator.atomic import check_output_file
+
         check_output_file(html, "--html")
-    cost = step_cost(StepBatch.uniform(batch, context, prefill), spec, gpu_spec, Parallelism(tp, pp),
-                     load_profile(profile, tuple(gpu_file)), CostOptions(weight_dtype, kv_dtype, fast_prefill))
+    cost = step_cost(
+        StepBatch.uniform(batch, context, prefill),
+        spec,
+        gpu_spec,
+        Parallelism(tp, pp),
+        load_profile(profile, tuple(gpu_file)),
+        CostOptions(weight_dtype, kv_dtype, fast_prefill),
+    )
     title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"
     if html:
         from simulator.atomic import write_text_atomic
         from simulator.roofline_chart import roofline_figure
+
         write_text_atomic(html, roofline_figure(cost, gpu_spec, title).to_html(include_plotlyjs=True))
     if as_json:
         print_json(cost.as_dict())
         return
-    rows = [[op.name, op.layers, f"{op.flops / 1e9:,.2f}", f"{op.bytes / 1e6:,.2f}", f"{op.intensity:,.1f}",
-             f"{op.time_s * 1e3:.4f}", op.bound] for op in cost.operators]
+    rows = [
+        [
+            op.name,
+            op.layers,
+            f"{op.flops / 1e9:,.2f}",
+            f"{op.bytes / 1e6:,.2f}",
+            f"{op.intensity:,.1f}",
+            f"{op.time_s * 1e3:.4f}",
+            op.bound,
+        ]
+        for op in cost.operators
+    ]
     print_table(title, ["operator", "layers", "GFLOP", "MB", "FLOP/B", "ms", "bound"], rows)
-    console.print(f"step time {cost.total_s * 1e3:.3f} ms, floor {cost.floor_s * 1e3:.3f} ms "
-                  f"(HBM bytes / bandwidth), {cost.bound}-bound")
+    console.print(
+        f"step time {cost.total_s * 1e3:.3f} ms, floor {cost.floor_s * 1e3:.3f} ms "
+        f"(HBM bytes / bandwidth), {cost.bound}-bound"
+    )
 
 
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files, for editors to validate them."""
     from simulator.scenario import Scenario
+
     print_json(Scenario.model_json_schema())
 
 
-SUMMARY_ROWS = ("completed", "rejected", "unfinished", "not_arrived", "duration_s", "request_throughput", "output_throughput",
-                "total_token_throughput", "mean_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "mean_tpot_ms", "p90_tpot_ms",
-                "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms", "p99_e2el_ms", "request_goodput",
-                "slo_attainment",
-                "preemptions", "kv_cache_usage_mean", "kv_cache_usage_max")
+SUMMARY_ROWS = (
+    "completed",
+    "rejected",
+    "unfinished",
+    "not_arrived",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "mean_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "mean_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "mean_itl_ms",
+    "p99_itl_ms",
+    "mean_e2el_ms",
+    "p99_e2el_ms",
+    "request_goodput",
+    "slo_attainment",
+    "preemptions",
+    "kv_cache_usage_mean",
+    "kv_cache_usage_max",
+)
 
 
 @app.command()
 @clean_errors
-def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/<name>)"),
-             set_: list[str] = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable"),
-             seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed"),
-             tables: str = typer.Option("auto", "--tables", help="requests/steps tables as csv, parquet, or auto "
-                                        "(Parquet above 100,000 rows)")) -> None:
+def simulate(
+    scenario: Path,
+    out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/<name>)"),
+    set_: list[str] = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable"),
+    seed: int | None = typer.Option(None, "--seed", help="Override the scenario's seed"),
+    tables: str = typer.Option(
+        "auto", "--tables", help="requests/steps tables as csv, parquet, or auto (Parquet above 100,000 rows)"
+    ),
+) -> None:
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
     from simulator.atomic import check_replaceable
     from simulator.output import TABLE_FORMATS, write_run
@@ -335,8 +506,11 @@ def simulate(scenario: Path, out: Path | None = typer.Option(None, "--out", help
         result = world.run()
     folder = write_run(result, out, base_dir, tables)
     summary = result.summary
-    rows = [[key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
-            for key in SUMMARY_ROWS if key in summary and (key not in ("unfinished", "not_arrived") or summary[key])]
+    rows = [
+        [key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
+        for key in SUMMARY_ROWS
+        if key in summary and (key not in ("unfinished", "not_arrived") or summary[key])
+    ]
     console.print(f"{spec.name}: {deployment_label(spec)}", soft_wrap=True)
     print_table("summary", ["metric", "value"], rows)
     if not summary["completed"] and summary["rejected"]:
@@ -353,14 +527,22 @@ def deployment_label(spec: Any) -> str:
     if spec.stages:
         stages = " -> ".join(
             f"{st.name} ({st.model or spec.model}, {st.replicas} x {st.tp} {st.gpu or spec.hardware.gpu})"
-            for st in spec.stages)
+            for st in spec.stages
+        )
         return f"stages {stages}; latencies are the last stage's tokens"
     if spec.disaggregation is not None:
-        pools = (f"{name} {pool.replicas} x {pool.tp * pool.pp} {pool.gpu or spec.hardware.gpu}"
-                 for name, pool in (("prefill", spec.disaggregation.prefill), ("decode", spec.disaggregation.decode)))
+        pools = (
+            f"{name} {pool.replicas} x {pool.tp * pool.pp} {pool.gpu or spec.hardware.gpu}"
+            for name, pool in (
+                ("prefill", spec.disaggregation.prefill),
+                ("decode", spec.disaggregation.decode),
+            )
+        )
         return f"{spec.model}, " + ", ".join(pools)
-    return (f"{spec.model}, {spec.cluster.replicas} replica(s) of {spec.parallelism.tp * spec.parallelism.pp} x "
-            f"{spec.hardware.gpu}")
+    return (
+        f"{spec.model}, {spec.cluster.replicas} replica(s) of {spec.parallelism.tp * spec.parallelism.pp} x "
+        f"{spec.hardware.gpu}"
+    )
 
 
 from simulator import cli_plan  # noqa: E402,F401  (registers sweep, plan, report)
@@ -370,4 +552,5 @@ from simulator import cli_compare  # noqa: E402,F401  (registers compare)
 
 if __name__ == "__main__":  # python -m simulator.cli: run the app its sibling modules registered commands on
     from simulator.cli import main as registered
+
     registered()

@@ -31,29 +31,46 @@ def profile_rows(fitted: Profile, default: Profile = Profile()) -> list[list[str
     overheads in microseconds."""
     rows = [[name, _curve_text(fitted, name), _curve_text(default, name)] for name in CURVES]
     for name in ("moe_compute", "moe_memory"):  # None: as the GEMM curves (executor fits)
-        rows.append([name, *(_curve_text(p, name) if getattr(p, name) is not None else "as gemm"
-                             for p in (fitted, default))])
+        rows.append(
+            [
+                name,
+                *(
+                    _curve_text(p, name) if getattr(p, name) is not None else "as gemm"
+                    for p in (fitted, default)
+                ),
+            ]
+        )
     for name in FIXED_COSTS:
-        rows.append([name.replace("_s", "_us"), f"{getattr(fitted, name) * 1e6:.3g}",
-                     f"{getattr(default, name) * 1e6:.3g}"])
+        rows.append(
+            [
+                name.replace("_s", "_us"),
+                f"{getattr(fitted, name) * 1e6:.3g}",
+                f"{getattr(default, name) * 1e6:.3g}",
+            ]
+        )
     return rows
 
 
 @app.command()
 @clean_errors
-def calibrate(device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
-              model: str = typer.Option("llama-3.1-8b", "--model", help="Model preset to build the executor from"),
-              scale: str = typer.Option(DEFAULT_SCALE, "--scale", help="scale_model arguments k=v,...; '' = full size"),
-              gpu: str | None = typer.Option(None, "--gpu", help="cuda only: the catalog GPU this device is (h200)"),
-              out: Path = typer.Option(Path("calibration_out"), "--out",
-                                       help="Output folder, or the profile's .yaml path inside it"),
-              quick: bool = typer.Option(False, "--quick", help="Smaller grid, 3 repeats"),
-              threads: int | None = typer.Option(None, "--threads", min=1,
-                                                 help="torch CPU threads (default: torch's own)"),
-              seed: int = typer.Option(0, "--seed")) -> None:
+def calibrate(
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
+    model: str = typer.Option("llama-3.1-8b", "--model", help="Model preset to build the executor from"),
+    scale: str = typer.Option(DEFAULT_SCALE, "--scale", help="scale_model arguments k=v,...; '' = full size"),
+    gpu: str | None = typer.Option(None, "--gpu", help="cuda only: the catalog GPU this device is (h200)"),
+    out: Path = typer.Option(
+        Path("calibration_out"), "--out", help="Output folder, or the profile's .yaml path inside it"
+    ),
+    quick: bool = typer.Option(False, "--quick", help="Smaller grid, 3 repeats"),
+    threads: int | None = typer.Option(
+        None, "--threads", min=1, help="torch CPU threads (default: torch's own)"
+    ),
+    seed: int = typer.Option(0, "--seed"),
+) -> None:
     """Time the executor on a grid of batch shapes, fit a profile, write it with grid.csv (and device.yaml)."""
     from calibration.pipeline import Setup, run_calibration
     from calibration.scaled import parse_scale
+
     if device not in ("cpu", "cuda"):
         raise SpecError(f"--device {device!r}: choose cpu or cuda")
     folder, name = (out.parent, out.name) if out.suffix in (".yaml", ".yml") else (out, "profile.yaml")
@@ -62,74 +79,148 @@ def calibrate(device: str = typer.Option("cpu", "--device", help="cpu or cuda"),
     get_model(model)  # an unknown preset fails here, before the output folder is made
     setup = Setup(model, parse_scale(scale), device, "", (), seed=seed, threads=threads)
     report, setup = run_calibration(setup, folder, gpu, quick, profile_name=name, console=console)
-    print_table(escape(f"profile for {model} [{scale or 'full size'}] on {setup.gpu}"),
-                ["parameter", "fitted", "default"], profile_rows(report.profile))
-    print_table("step-time MAPE % (test = shapes held out of the fit)",
-                ["split", "rows", "default profile", "fitted profile"], report.table())
+    print_table(
+        escape(f"profile for {model} [{scale or 'full size'}] on {setup.gpu}"),
+        ["parameter", "fitted", "default"],
+        profile_rows(report.profile),
+    )
+    print_table(
+        "step-time MAPE % (test = shapes held out of the fit)",
+        ["split", "rows", "default profile", "fitted profile"],
+        report.table(),
+    )
     if report.num_beating_roofline:
-        console.print(escape(f"warning: {report.num_beating_roofline} measured steps beat the roofline; "
-                             f"check the device peaks of {setup.gpu!r}"))
+        console.print(
+            escape(
+                f"warning: {report.num_beating_roofline} measured steps beat the roofline; "
+                f"check the device peaks of {setup.gpu!r}"
+            )
+        )
     console.print(escape(f"profile in {folder / name}; measurements in {folder / 'grid.csv'}"))
 
 
 @app.command()
 @clean_errors
-def validate(calibration_dir: Path = typer.Argument(..., help="Folder written by `servesim calibrate`"),
-             requests: int = typer.Option(300, "--requests", min=1, help="Requests in the trace"),
-             load: float = typer.Option(0.6, "--load", min=0.01, help="Arrival rate as a fraction of saturation"),
-             prompt_median: float = typer.Option(160, "--prompt-median", help="Median prompt tokens (lognormal)"),
-             output_max: int = typer.Option(64, "--output-max", help="Output tokens uniform in [8, this]"),
-             max_num_batched_tokens: int = typer.Option(256, "--max-num-batched-tokens"),
-             max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
-             num_blocks: int = typer.Option(1024, "--num-blocks", help="KV blocks of the executor's pool"),
-             fast_prefill: bool = typer.Option(False, "--fast-prefill", help="YOCO fast prefill (KV-sharing models)"),
-             prefix_caching: str = typer.Option("vllm", "--prefix-caching", help="KV manager of both runs: vllm or none"),
-             num_prefixes: int = typer.Option(0, "--num-prefixes", min=0, help="Shared prompt prefixes in the trace"),
-             prefix_tokens: int = typer.Option(0, "--prefix-tokens", min=0, help="Tokens of each shared prefix"),
-             prefix_share: float = typer.Option(1.0, "--prefix-share", min=0, max=1,
-                                                help="Fraction of prompts that start with a shared prefix"),
-             out: Path | None = typer.Option(None, "--out", help="Output folder (default: the calibration one)"),
-             ) -> None:
+def validate(
+    calibration_dir: Path = typer.Argument(..., help="Folder written by `servesim calibrate`"),
+    requests: int = typer.Option(300, "--requests", min=1, help="Requests in the trace"),
+    load: float = typer.Option(0.6, "--load", min=0.01, help="Arrival rate as a fraction of saturation"),
+    prompt_median: float = typer.Option(160, "--prompt-median", help="Median prompt tokens (lognormal)"),
+    output_max: int = typer.Option(64, "--output-max", help="Output tokens uniform in [8, this]"),
+    max_num_batched_tokens: int = typer.Option(256, "--max-num-batched-tokens"),
+    max_num_seqs: int = typer.Option(32, "--max-num-seqs"),
+    num_blocks: int = typer.Option(1024, "--num-blocks", help="KV blocks of the executor's pool"),
+    fast_prefill: bool = typer.Option(False, "--fast-prefill", help="YOCO fast prefill (KV-sharing models)"),
+    prefix_caching: str = typer.Option(
+        "vllm", "--prefix-caching", help="KV manager of both runs: vllm or none"
+    ),
+    num_prefixes: int = typer.Option(0, "--num-prefixes", min=0, help="Shared prompt prefixes in the trace"),
+    prefix_tokens: int = typer.Option(0, "--prefix-tokens", min=0, help="Tokens of each shared prefix"),
+    prefix_share: float = typer.Option(
+        1.0, "--prefix-share", min=0, max=1, help="Fraction of prompts that start with a shared prefix"
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Output folder (default: the calibration one)"),
+) -> None:
     """Serve a trace on the executor and replay it in the simulator; print per-request TTFT/TPOT/E2E errors."""
     from calibration.pipeline import TraceSpec, run_validation
-    trace = TraceSpec(requests, prompt_median, 8, output_max, load, max_num_batched_tokens, max_num_seqs, num_blocks,
-                      fast_prefill, prefix_caching, num_prefixes, prefix_tokens, prefix_share)
+
+    trace = TraceSpec(
+        requests,
+        prompt_median,
+        8,
+        output_max,
+        load,
+        max_num_batched_tokens,
+        max_num_seqs,
+        num_blocks,
+        fast_prefill,
+        prefix_caching,
+        num_prefixes,
+        prefix_tokens,
+        prefix_share,
+    )
     v = run_validation(calibration_dir, trace, out)
-    rows = [[r.metric, r.requests, f"{r.median_abs_pct_err:.1f}", f"{r.p90_abs_pct_err:.1f}",
-             f"{r.measured_median_ms:.2f}", f"{r.simulated_median_ms:.2f}", f"{r.median_pct_err:.1f}"]
-            for r in v.table.itertuples()]
-    print_table("simulated vs measured (per-request absolute % error; throughput in tokens/s; step_time: per step)",
-                ["metric", "requests", "median err %", "p90 err %", "measured median", "simulated median",
-                 "err of median %"], rows)
+    rows = [
+        [
+            r.metric,
+            r.requests,
+            f"{r.median_abs_pct_err:.1f}",
+            f"{r.p90_abs_pct_err:.1f}",
+            f"{r.measured_median_ms:.2f}",
+            f"{r.simulated_median_ms:.2f}",
+            f"{r.median_pct_err:.1f}",
+        ]
+        for r in v.table.itertuples()
+    ]
+    print_table(
+        "simulated vs measured (per-request absolute % error; throughput in tokens/s; step_time: per step)",
+        [
+            "metric",
+            "requests",
+            "median err %",
+            "p90 err %",
+            "measured median",
+            "simulated median",
+            "err of median %",
+        ],
+        rows,
+    )
     console.print(escape(f"report in {(out or calibration_dir) / 'validation.html'}"))
 
 
 @app.command("fit")
 @clean_errors
-def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML list, as benchmarks/published_runs.yaml)"),
-             match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
-             holdout_every: int = typer.Option(3, "--holdout-every", min=0,
-                                               help="Hold every n-th run (n >= 2) out of the fit to test it "
-                                                    "(0: none)"),
-             out: Path = typer.Option(Path("fit_out"), "--out", help="Folder for profile.yaml and figures.csv"),
-             name: str | None = typer.Option(None, "--name", help=(
-                 "The profile's name (default: the base's with --base, else fitted-runs)")),
-             max_evaluations: int = typer.Option(200, "--max-evaluations", min=1,
-                                                 help="Replays of all train runs the search may spend"),
-             prior: float = typer.Option(0.0, "--prior", min=0.0, help=(
-                 "Pull toward the base profile: residual prior * log(value / base value) per parameter (0: none; "
-                 "~0.05 keeps parameters the runs cannot tell apart near the base)")),
-             only: str | None = typer.Option(None, "--only", help=(
-                 "Fit just these parameters, comma-separated (e.g. moe_compute,moe_memory); the others keep "
-                 "the base profile's values")),
-             base: str | None = typer.Option(None, "--base", help=(
-                 "Start from this profile (name or YAML path; default: the documented defaults): it keeps what the "
-                 "fit does not move, and its errors are the ones the fit is compared with")),
-             gpu: str | None = typer.Option(None, "--gpu", help=(
-                 "Fit only the runs on this GPU (catalog name) into the base profile's `gpus.<GPU>` section: the "
-                 "shared values, and every other GPU's, stay as they are")),
-             workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
-             gpu_file: list[Path] = GpuFiles) -> None:
+def fit_runs(
+    runs_file: Path = typer.Argument(
+        ..., help="Measured runs (YAML list, as benchmarks/published_runs.yaml)"
+    ),
+    match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+    holdout_every: int = typer.Option(
+        3, "--holdout-every", min=0, help="Hold every n-th run (n >= 2) out of the fit to test it (0: none)"
+    ),
+    out: Path = typer.Option(Path("fit_out"), "--out", help="Folder for profile.yaml and figures.csv"),
+    name: str | None = typer.Option(
+        None, "--name", help=("The profile's name (default: the base's with --base, else fitted-runs)")
+    ),
+    max_evaluations: int = typer.Option(
+        200, "--max-evaluations", min=1, help="Replays of all train runs the search may spend"
+    ),
+    prior: float = typer.Option(
+        0.0,
+        "--prior",
+        min=0.0,
+        help=(
+            "Pull toward the base profile: residual prior * log(value / base value) per parameter (0: none; "
+            "~0.05 keeps parameters the runs cannot tell apart near the base)"
+        ),
+    ),
+    only: str | None = typer.Option(
+        None,
+        "--only",
+        help=(
+            "Fit just these parameters, comma-separated (e.g. moe_compute,moe_memory); the others keep "
+            "the base profile's values"
+        ),
+    ),
+    base: str | None = typer.Option(
+        None,
+        "--base",
+        help=(
+            "Start from this profile (name or YAML path; default: the documented defaults): it keeps what the "
+            "fit does not move, and its errors are the ones the fit is compared with"
+        ),
+    ),
+    gpu: str | None = typer.Option(
+        None,
+        "--gpu",
+        help=(
+            "Fit only the runs on this GPU (catalog name) into the base profile's `gpus.<GPU>` section: the "
+            "shared values, and every other GPU's, stay as they are"
+        ),
+    ),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
+    gpu_file: list[Path] = GpuFiles,
+) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report the base profile's and the fitted one's errors on the runs fitted and the runs held out; --gpu fits one
     GPU's section of a profile."""
@@ -154,24 +245,48 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
         runs = [run for run in runs if run.gpu == gpu]
     shadowed = sorted({run.gpu for run in runs} & set(start.gpus)) if gpu is None else []
     if shadowed:
-        raise SpecError(f"--base {base}: its gpus sections for {', '.join(shadowed)} override the shared values "
-                        f"on those runs, so a shared fit cannot move them; fit a section with --gpu NAME")
+        raise SpecError(
+            f"--base {base}: its gpus sections for {', '.join(shadowed)} override the shared values "
+            f"on those runs, so a shared fit cannot move them; fit a section with --gpu NAME"
+        )
     if len(runs) < 2:
-        raise SpecError(f"{runs_file}: {len(runs)} run(s) match" + (f" on {gpu}" if gpu else "")
-                        + "; a fit needs at least 2")
+        raise SpecError(
+            f"{runs_file}: {len(runs)} run(s) match"
+            + (f" on {gpu}" if gpu else "")
+            + "; a fit needs at least 2"
+        )
     train, test = split(runs, holdout_every)
-    what = f"{len(train)} runs of {runs_file.name}" + (f" matching {match!r}" if match else "") + \
-        (f" on {gpu}" if gpu else "") + f", {len(test)} held out"
+    what = (
+        f"{len(train)} runs of {runs_file.name}"
+        + (f" matching {match!r}" if match else "")
+        + (f" on {gpu}" if gpu else "")
+        + f", {len(test)} held out"
+    )
     with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
-        result = fit_to_runs(train, test, start, workers=workers or default_workers(),
-                             max_evaluations=max_evaluations, prior=prior,
-                             only=[p.strip() for p in only.split(",")] if only else None, gpu=gpu,
-                             name=name or (start.name if base not in (None, "default") else "fitted-runs"))
-    stated = start.provenance.rstrip(". ") if "provenance" in start.model_fields_set or base in (None, "default") \
+        result = fit_to_runs(
+            train,
+            test,
+            start,
+            workers=workers or default_workers(),
+            max_evaluations=max_evaluations,
+            prior=prior,
+            only=[p.strip() for p in only.split(",")] if only else None,
+            gpu=gpu,
+            name=name or (start.name if base not in (None, "default") else "fitted-runs"),
+        )
+    stated = (
+        start.provenance.rstrip(". ")
+        if "provenance" in start.model_fields_set or base in (None, "default")
         else f"profile {base}"
-    provenance = f"servesim fit: {what}" if base is None and gpu is None else (
-        f"{stated}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
-        f"--base {base or 'default'}: {what} ({fit_score(result.mape, len(test))})")
+    )
+    provenance = (
+        f"servesim fit: {what}"
+        if base is None and gpu is None
+        else (
+            f"{stated}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
+            f"--base {base or 'default'}: {what} ({fit_score(result.mape, len(test))})"
+        )
+    )
     fitted = result.profile.model_copy(update={"provenance": provenance})
     rows = []
     labels = {"base": "default" if base is None else f"base ({start.name})", "fitted": "fitted"}
@@ -182,14 +297,24 @@ def fit_runs(runs_file: Path = typer.Argument(..., help="Measured runs (YAML lis
             rows += figure_rows(members, by_profile, part)
             for key, errors in by_profile.items():
                 if members:
-                    print_table(f"{part} runs ({len(members)}), {labels[key]} profile", FAMILY_COLUMNS,
-                                family_rows(list(zip(members, errors))))
+                    print_table(
+                        f"{part} runs ({len(members)}), {labels[key]} profile",
+                        FAMILY_COLUMNS,
+                        family_rows(list(zip(members, errors))),
+                    )
         pd.DataFrame(rows).to_csv(folder / "figures.csv", index=False)
     shown = (fitted.for_gpu(gpu), start.for_gpu(gpu)) if gpu else (fitted, start)
-    print_table("fitted profile" + (f" on {gpu}" if gpu else ""), ["parameter", "fitted", labels["base"]],
-                profile_rows(*shown))
-    console.print(escape(f"profile in {out / 'profile.yaml'} ({fit_score(result.mape, len(test))}); "
-                         f"every figure in {out / 'figures.csv'}"))
+    print_table(
+        "fitted profile" + (f" on {gpu}" if gpu else ""),
+        ["parameter", "fitted", labels["base"]],
+        profile_rows(*shown),
+    )
+    console.print(
+        escape(
+            f"profile in {out / 'profile.yaml'} ({fit_score(result.mape, len(test))}); "
+            f"every figure in {out / 'figures.csv'}"
+        )
+    )
 
 
 def fit_score(mape: float, num_held_out: int) -> str:

@@ -11,36 +11,63 @@ from hardware.errors import SpecError
 from simulator.cli import GpuFiles, app, clean_errors, console, print_json, print_table
 
 
-GROUPS = {"model": lambda run: run.model, "gpu": lambda run: run.gpu, "engine": lambda run: run.engine,
-          "moe": lambda run: "MoE models" if run.is_moe else "dense models"}
+GROUPS = {
+    "model": lambda run: run.model,
+    "gpu": lambda run: run.gpu,
+    "engine": lambda run: run.engine,
+    "moe": lambda run: "MoE models" if run.is_moe else "dense models",
+}
 
 
 @app.command()
 @clean_errors
-def compare(runs_file: Path,
-            model: str | None = typer.Option(None, "--model", help="A vllm bench JSON's model (preset or config.json)"),
-            gpu: str | None = typer.Option(None, "--gpu", help="A vllm bench JSON's GPU (catalog name)"),
-            tp: int = typer.Option(1, "--tp", min=1, help="A vllm bench JSON's tensor-parallel size"),
-            set_: list[str] = typer.Option([], "--set", help="A vllm bench JSON's other setup: field=value "
-                                           "(weight_dtype=fp8, engine_args.max_model_len=4096, input_len=1024...)"),
-            profile: list[str] = typer.Option([], "--profile", help="Calibration profile name or YAML path "
-                                              "(default: the cost model's documented defaults); repeat it to set "
-                                              "profiles side by side"),
-            split: list[str] = typer.Option([], "--split", help="Also each profile's error on the runs its fitted "
-                                            "numbers never saw: leave one source out (source) or one GPU out (gpu); "
-                                            "repeatable"),
-            match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
-            by: str | None = typer.Option(None, "--by", help="Also one error table per model, gpu, engine or "
-                                          "moe (MoE vs dense models)"),
-            html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
-            gpu_file: list[Path] = GpuFiles,
-            as_json: bool = typer.Option(False, "--json")) -> None:
+def compare(
+    runs_file: Path,
+    model: str | None = typer.Option(
+        None, "--model", help="A vllm bench JSON's model (preset or config.json)"
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", help="A vllm bench JSON's GPU (catalog name)"),
+    tp: int = typer.Option(1, "--tp", min=1, help="A vllm bench JSON's tensor-parallel size"),
+    set_: list[str] = typer.Option(
+        [],
+        "--set",
+        help="A vllm bench JSON's other setup: field=value "
+        "(weight_dtype=fp8, engine_args.max_model_len=4096, input_len=1024...)",
+    ),
+    profile: list[str] = typer.Option(
+        [],
+        "--profile",
+        help="Calibration profile name or YAML path "
+        "(default: the cost model's documented defaults); repeat it to set "
+        "profiles side by side",
+    ),
+    split: list[str] = typer.Option(
+        [],
+        "--split",
+        help="Also each profile's error on the runs its fitted "
+        "numbers never saw: leave one source out (source) or one GPU out (gpu); "
+        "repeatable",
+    ),
+    match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+    by: str | None = typer.Option(
+        None, "--by", help="Also one error table per model, gpu, engine or moe (MoE vs dense models)"
+    ),
+    html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
+    gpu_file: list[Path] = GpuFiles,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
     benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
     from hardware.profile import load_profile
     from simulator.holdout import SPLITS, holdout_rows
-    from simulator.measured import (distinct_files, load_measured_runs, replay_run, run_from_vllm_result, select,
-                                    with_gpu_files)
+    from simulator.measured import (
+        distinct_files,
+        load_measured_runs,
+        replay_run,
+        run_from_vllm_result,
+        select,
+        with_gpu_files,
+    )
     from simulator.scenario import apply_overrides
     from simulator.measured_report import write_html
     from simulator.progress import progress_bar
@@ -50,11 +77,17 @@ def compare(runs_file: Path,
         check_output_file(html, "--html")
     if runs_file.suffix == ".json":
         if model is None or gpu is None:
-            raise SpecError(f"{runs_file}: a vllm bench result does not say what served it: give --model and --gpu")
-        runs = [run_from_vllm_result(runs_file, apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_))]
+            raise SpecError(
+                f"{runs_file}: a vllm bench result does not say what served it: give --model and --gpu"
+            )
+        runs = [
+            run_from_vllm_result(runs_file, apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_))
+        ]
     elif model or gpu or set_ or tp != 1:
-        raise SpecError(f"{runs_file}: --model, --gpu, --tp and --set describe a vllm bench JSON; a runs file "
-                        "names each run's setup itself")
+        raise SpecError(
+            f"{runs_file}: --model, --gpu, --tp and --set describe a vllm bench JSON; a runs file "
+            "names each run's setup itself"
+        )
     else:
         runs = load_measured_runs(runs_file)
     runs = with_gpu_files(select(runs, match), gpu_file)
@@ -78,18 +111,37 @@ def compare(runs_file: Path,
             preempted[name][run.label()] = replayed.preemptions
             advance(i)
     if as_json:
-        print_json([{"run": run.label(), "source": run.source, "profile": name,
-                     "simulated_preemptions": preempted[name][run.label()],
-                     "figures": [{"metric": e.metric, "measured": e.measured, "predicted": e.predicted,
-                                  "error_pct": e.error_pct} for e in errors]}
-                    for name, results in by_profile.items() for run, errors in results])
+        print_json(
+            [
+                {
+                    "run": run.label(),
+                    "source": run.source,
+                    "profile": name,
+                    "simulated_preemptions": preempted[name][run.label()],
+                    "figures": [
+                        {
+                            "metric": e.metric,
+                            "measured": e.measured,
+                            "predicted": e.predicted,
+                            "error_pct": e.error_pct,
+                        }
+                        for e in errors
+                    ],
+                }
+                for name, results in by_profile.items()
+                for run, errors in results
+            ]
+        )
     else:
         for name, results in by_profile.items():
             _print_profile(runs_file, name, results, preempted[name], by, len(names) > 1)
         for way in split:
-            print_table(f"held out by {way} (leave one {way} out): median (p90) |error| over the figures of runs "
-                        "no fitted number of the profile saw", ["family", *names],
-                        holdout_rows(by_profile, profiles, way))
+            print_table(
+                f"held out by {way} (leave one {way} out): median (p90) |error| over the figures of runs "
+                "no fitted number of the profile saw",
+                ["family", *names],
+                holdout_rows(by_profile, profiles, way),
+            )
     results = by_profile[names[0]]
     if html is not None:
         written = f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}"
@@ -99,8 +151,9 @@ def compare(runs_file: Path,
             console.print(written)
 
 
-def _print_profile(runs_file: Path, name: str, results: list, preempted: dict[str, int], by: str | None,
-                   several: bool) -> None:
+def _print_profile(
+    runs_file: Path, name: str, results: list, preempted: dict[str, int], by: str | None, several: bool
+) -> None:
     """One profile's every-figure and per-family tables, its preempting twins and its `--by` tables."""
     from simulator.measured_report import ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows
 
@@ -109,8 +162,11 @@ def _print_profile(runs_file: Path, name: str, results: list, preempted: dict[st
     print_table(f"{runs_file}: every figure{suffix}", ERROR_COLUMNS, error_rows(results))
     print_table(f"error per family ({label})", FAMILY_COLUMNS, family_rows(results))
     if any(preempted.values()):
-        print_table(f"runs whose simulated engine preempted (its KV ran out){suffix}", ["run", "preemptions"],
-                    [[run, n] for run, n in preempted.items() if n])
+        print_table(
+            f"runs whose simulated engine preempted (its KV ran out){suffix}",
+            ["run", "preemptions"],
+            [[run, n] for run, n in preempted.items() if n],
+        )
     if by is not None:
         groups: dict[str, list] = {}
         for run, errors in results:

@@ -48,14 +48,19 @@ def _cell(value: object) -> str:
 
 @app.command()
 @clean_errors
-def sweep(scenario: Path,
-          grid: list[str] = typer.Option([], "--grid", help="dotted.key=v1,v2,...; repeatable; adds to `sweep.grid`"),
-          out: Path | None = typer.Option(None, "--out", help="Sweep folder (default runs/<name>-sweep)"),
-          workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel runs (default: all cores)"),
-          engine: str = typer.Option("local", "--engine", help="local (process pool) or dask"),
-          dask_address: str | None = typer.Option(None, "--dask-address",
-                                                  help="Dask scheduler address (default: a local cluster)"),
-          set_: list[str] = SetOption) -> None:
+def sweep(
+    scenario: Path,
+    grid: list[str] = typer.Option(
+        [], "--grid", help="dotted.key=v1,v2,...; repeatable; adds to `sweep.grid`"
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Sweep folder (default runs/<name>-sweep)"),
+    workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel runs (default: all cores)"),
+    engine: str = typer.Option("local", "--engine", help="local (process pool) or dask"),
+    dask_address: str | None = typer.Option(
+        None, "--dask-address", help="Dask scheduler address (default: a local cluster)"
+    ),
+    set_: list[str] = SetOption,
+) -> None:
     """Run a scenario over a grid of field values (resumable) into one results.csv table."""
     from simulator.progress import progress_bar
     from simulator.scenario import load_scenario
@@ -66,22 +71,39 @@ def sweep(scenario: Path,
     spec, base_dir = load_scenario(scenario, set_)
     full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)
     if not full_grid:
-        raise SpecError(f"{scenario}: nothing to sweep: add a `sweep: {{grid: ...}}` section or --grid key=v1,v2")
+        raise SpecError(
+            f"{scenario}: nothing to sweep: add a `sweep: {{grid: ...}}` section or --grid key=v1,v2"
+        )
     folder = out or Path("runs") / f"{spec.name}-sweep"
     check_output_folder(folder, SWEEP_FILES)
     with progress_bar("sweep points", console, every=1) as advance:
         advance.total(math.prod(len(values) for values in full_grid.values()))
         result = run_sweep(spec, base_dir, full_grid, folder, engine, workers, dask_address, on_point=advance)
-    columns = [*full_grid, "point", "error", "request_throughput", "p90_ttft_ms", "p90_tpot_ms", "p90_e2el_ms"]
-    print_table(f"{spec.name}: {len(result.table)} points", columns,
-                [[_cell(row.get(c)) for c in columns] for row in result.table.to_dict("records")])
-    console.print(f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}")
+    columns = [
+        *full_grid,
+        "point",
+        "error",
+        "request_throughput",
+        "p90_ttft_ms",
+        "p90_tpot_ms",
+        "p90_e2el_ms",
+    ]
+    print_table(
+        f"{spec.name}: {len(result.table)} points",
+        columns,
+        [[_cell(row.get(c)) for c in columns] for row in result.table.to_dict("records")],
+    )
+    console.print(
+        f"{result.num_run} point(s) run, {result.num_reused} reused; results in {folder / 'results.csv'}"
+    )
     errors = result.table["error"].dropna()
     crashed, lost = errors[errors.str.startswith(INTERNAL_ERROR)], errors[errors.str.startswith(WORKER_DIED)]
     for failed, what in ((crashed, "hit a servesim bug"), (lost, "lost their worker process")):
         if len(failed):
             others = " (the others ran)" if len(failed) < len(result.table) else ""
-            console.print(f"[red]{len(failed)} point(s) {what}[/]{others}, e.g. {failed.iloc[0]}", soft_wrap=True)
+            console.print(
+                f"[red]{len(failed)} point(s) {what}[/]{others}, e.g. {failed.iloc[0]}", soft_wrap=True
+            )
     if len(crashed) or len(lost):
         raise typer.Exit(1)
     if len(errors) == len(result.table):
@@ -90,25 +112,35 @@ def sweep(scenario: Path,
 
 @app.command()
 @clean_errors
-def capacity(scenario: Path, set_: list[str] = SetOption,
-             rel_tol: float = typer.Option(0.02, "--rel-tol", min=1e-4, help="Stop when the bracket is this narrow"),
-             as_json: bool = typer.Option(False, "--json")) -> None:
+def capacity(
+    scenario: Path,
+    set_: list[str] = SetOption,
+    rel_tol: float = typer.Option(0.02, "--rel-tol", min=1e-4, help="Stop when the bracket is this narrow"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
     """Find the highest arrival rate at which the scenario meets its SLOs with a stable queue."""
     from simulator.capacity import max_sustainable_rate
     from simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_)
     if not as_json and not spec.slo.as_ms() and spec.slo.goodput_fraction is None:
-        console.print(f"[yellow]note:[/] {scenario} sets no SLO (slo.ttft_ms, tpot_ms, e2el_ms): only a growing queue "
-                      "limits the rate")
+        console.print(
+            f"[yellow]note:[/] {scenario} sets no SLO (slo.ttft_ms, tpot_ms, e2el_ms): only a growing queue "
+            "limits the rate"
+        )
     with console.status(f"searching {spec.name}'s highest sustainable rate"):
         result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol)
     if as_json:
         print_json(result.as_dict())
         return
-    print_table(f"{spec.name}: verdicts by rate", [result.unit, "verdict", "why"],
-                [[f"{v.rate_per_s:.3f}", "ok" if v.ok else ", ".join(v.reasons), "; ".join(v.details)]
-                 for v in result.verdicts])
+    print_table(
+        f"{spec.name}: verdicts by rate",
+        [result.unit, "verdict", "why"],
+        [
+            [f"{v.rate_per_s:.3f}", "ok" if v.ok else ", ".join(v.reasons), "; ".join(v.details)]
+            for v in result.verdicts
+        ],
+    )
     rate = f"{result.rate_per_s:.3f} {result.unit}" if result.rate_per_s else "none (no rate tried passes)"
     if result.search_limit_reached:
         rate = f"at least {rate} (the search's ceiling: every rate tried passed)"
@@ -119,23 +151,39 @@ def capacity(scenario: Path, set_: list[str] = SetOption,
 
 @app.command()
 @clean_errors
-def plan(scenario: Path,
-         gpus: str | None = typer.Option(None, "--gpus", help="GPU names, comma-separated (default: plan.gpus)"),
-         tp: str | None = typer.Option(None, "--tp", help="TP sizes, comma-separated (default: plan.tp or 1,2,4,8)"),
-         pp: str | None = typer.Option(None, "--pp", help="Pipeline-parallel sizes, comma-separated "
-                                                          "(default: plan.pp or the scenario's parallelism.pp)"),
-         knob: list[str] = typer.Option([], "--knob", help="Engine knob values: max_num_seqs=128,256; repeatable"),
-         ep: str | None = typer.Option(None, "--ep", help="Expert parallel off and/or on: false,true "
-                                                          "(default: plan.ep or the scenario's)"),
-         dp_attention: str | None = typer.Option(None, "--dp-attention", help="DP attention off and/or on: false,true "
-                                                 "(default: plan.dp_attention or the scenario's)"),
-         max_replicas: int | None = typer.Option(None, "--max-replicas", min=1, max=MAX_REPLICAS),
-         target_rate: float | None = typer.Option(None, "--target-rate", min=0.0,
-                                                  help="Load to sustain, in arrivals.rate_per_s's unit "
-                                                       "(default: the scenario's)"),
-         out: Path | None = typer.Option(None, "--out", help="Folder for plan.json (default runs/<name>-plan)"),
-         workers: int | None = typer.Option(None, "--workers", min=1, help="Parallel candidates (default: all cores)"),
-         set_: list[str] = SetOption) -> None:
+def plan(
+    scenario: Path,
+    gpus: str | None = typer.Option(None, "--gpus", help="GPU names, comma-separated (default: plan.gpus)"),
+    tp: str | None = typer.Option(
+        None, "--tp", help="TP sizes, comma-separated (default: plan.tp or 1,2,4,8)"
+    ),
+    pp: str | None = typer.Option(
+        None,
+        "--pp",
+        help="Pipeline-parallel sizes, comma-separated (default: plan.pp or the scenario's parallelism.pp)",
+    ),
+    knob: list[str] = typer.Option([], "--knob", help="Engine knob values: max_num_seqs=128,256; repeatable"),
+    ep: str | None = typer.Option(
+        None, "--ep", help="Expert parallel off and/or on: false,true (default: plan.ep or the scenario's)"
+    ),
+    dp_attention: str | None = typer.Option(
+        None,
+        "--dp-attention",
+        help="DP attention off and/or on: false,true (default: plan.dp_attention or the scenario's)",
+    ),
+    max_replicas: int | None = typer.Option(None, "--max-replicas", min=1, max=MAX_REPLICAS),
+    target_rate: float | None = typer.Option(
+        None,
+        "--target-rate",
+        min=0.0,
+        help="Load to sustain, in arrivals.rate_per_s's unit (default: the scenario's)",
+    ),
+    out: Path | None = typer.Option(None, "--out", help="Folder for plan.json (default runs/<name>-plan)"),
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Parallel candidates (default: all cores)"
+    ),
+    set_: list[str] = SetOption,
+) -> None:
     """Find the cheapest deployment (GPU x TP x PP x layout x replicas x knobs) that sustains the load within the
     SLOs."""
     from simulator.atomic import check_output_folder, write_text_atomic
@@ -150,15 +198,28 @@ def plan(scenario: Path,
         raise SpecError(f"--target-rate: a finite load of more than 0, not {target_rate}")
     spec, base_dir = load_scenario(scenario, set_)
     knobs = {k.removeprefix("engine."): v for k, v in parse_grid(knob, "--knob").items()} or None
-    layouts = {name: _bools(values, option) for name, option, values in
-               (("ep", "--ep", ep), ("dp_attention", "--dp-attention", dp_attention)) if values is not None} or None
+    layouts = {
+        name: _bools(values, option)
+        for name, option, values in (("ep", "--ep", ep), ("dp_attention", "--dp-attention", dp_attention))
+        if values is not None
+    } or None
     tps, pps = _sizes(tp, "--tp"), _sizes(pp, "--pp")
     folder = out or Path("runs") / f"{spec.name}-plan"
     check_output_folder(folder, frozenset({"plan.json"}))
     with plan_progress(console) as on_progress:
-        result = make_plan(spec, base_dir, _csv(gpus), tps, knobs, max_replicas, target_rate,
-                           workers=workers or default_workers(), pps=pps, layouts=layouts,
-                           on_progress=on_progress)
+        result = make_plan(
+            spec,
+            base_dir,
+            _csv(gpus),
+            tps,
+            knobs,
+            max_replicas,
+            target_rate,
+            workers=workers or default_workers(),
+            pps=pps,
+            layouts=layouts,
+            on_progress=on_progress,
+        )
     path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)
@@ -167,31 +228,58 @@ def plan(scenario: Path,
 
 def _print_plan(result) -> None:
     from simulator.report import number_text
-    rows = [[e.candidate.label, e.rejection or "sized", f"{e.rate_per_replica:.2f}", _cell(e.replicas),
-             f"{e.price_per_replica_hour_usd:.2f}", e.detail[:90]] for e in result.evaluations]
+
+    rows = [
+        [
+            e.candidate.label,
+            e.rejection or "sized",
+            f"{e.rate_per_replica:.2f}",
+            _cell(e.replicas),
+            f"{e.price_per_replica_hour_usd:.2f}",
+            e.detail[:90],
+        ]
+        for e in result.evaluations
+    ]
     columns = ["candidate", "status", f"{result.unit} per replica", "replicas", "$/h per replica", "why"]
     print_table(f"candidates at {result.target_rate_per_s:.2f} {result.unit}", columns, rows)
     pct = result.pct
     frontier = {d.label for d in result.pareto(f"{pct}_ttft_ms")}
-    rows = [[d.label, f"{d.cost_per_hour_usd:.2f}", _cell(d.cost_per_million_output_tokens_usd),
-             number_text(d.verdict.metrics[f"{pct}_ttft_ms"]), number_text(d.verdict.metrics[f"{pct}_tpot_ms"]),
-             "ok" if d.verdict.ok else ", ".join(d.verdict.reasons), "yes" if d.label in frontier else ""]
-            for d in sorted(result.deployments, key=lambda d: d.cost_per_hour_usd)]
-    print_table("deployments simulated whole at the target rate", [
-        "deployment", "$/h", "$/M output tokens", f"{pct} TTFT ms", f"{pct} TPOT ms", "verdict", "Pareto"], rows)
+    rows = [
+        [
+            d.label,
+            f"{d.cost_per_hour_usd:.2f}",
+            _cell(d.cost_per_million_output_tokens_usd),
+            number_text(d.verdict.metrics[f"{pct}_ttft_ms"]),
+            number_text(d.verdict.metrics[f"{pct}_tpot_ms"]),
+            "ok" if d.verdict.ok else ", ".join(d.verdict.reasons),
+            "yes" if d.label in frontier else "",
+        ]
+        for d in sorted(result.deployments, key=lambda d: d.cost_per_hour_usd)
+    ]
+    print_table(
+        "deployments simulated whole at the target rate",
+        ["deployment", "$/h", "$/M output tokens", f"{pct} TTFT ms", f"{pct} TPOT ms", "verdict", "Pareto"],
+        rows,
+    )
     rec, nxt = result.recommendation, result.next_cheaper
     if rec is None:
         console.print("[bold red]no candidate meets the SLOs at the target rate[/]")
         return
-    console.print(f"[bold]recommendation:[/] {rec.label}: ${rec.cost_per_hour_usd:.2f}/h, "
-                  f"${rec.cost_per_million_output_tokens_usd:.3f} per million output tokens")
+    console.print(
+        f"[bold]recommendation:[/] {rec.label}: ${rec.cost_per_hour_usd:.2f}/h, "
+        f"${rec.cost_per_million_output_tokens_usd:.3f} per million output tokens"
+    )
     if rec.thin_margin:
         console.print(f"[yellow]note:[/] {rec.thin_margin}")
     if rec.evaluation.capacity is not None and rec.evaluation.capacity.short_run:
-        console.print(f"[yellow]note:[/] sizing {rec.evaluation.candidate.label}: {rec.evaluation.capacity.short_run}")
+        console.print(
+            f"[yellow]note:[/] sizing {rec.evaluation.candidate.label}: {rec.evaluation.capacity.short_run}"
+        )
     if nxt is not None:
-        console.print(f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
-                      f"{'; '.join(nxt.verdict.details)}")
+        console.print(
+            f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
+            f"{'; '.join(nxt.verdict.details)}"
+        )
     console.print(f"vLLM:   {result.commands['vllm']}", soft_wrap=True)
     console.print(f"SGLang: {result.commands['sglang']}", soft_wrap=True)
     for note in result.commands["notes"]:
@@ -200,8 +288,10 @@ def _print_plan(result) -> None:
 
 @app.command()
 @clean_errors
-def report(folder: Path, out: Path | None = typer.Option(None, "--out", help="HTML file (default FOLDER/report.html)")
-           ) -> None:
+def report(
+    folder: Path,
+    out: Path | None = typer.Option(None, "--out", help="HTML file (default FOLDER/report.html)"),
+) -> None:
     """Write one self-contained HTML report of a run folder or a sweep folder."""
     from simulator.report import write_report
 

@@ -26,4 +26,6 @@ def report_bug(err: BaseException, trace_file: Path | None = None) -> str:
     frame = ([f for f in frames if Path(f.filename).resolve().is_relative_to(ROOT)] or frames or [None])[-1]
     where = f" at {Path(frame.filename).name}:{frame.lineno} in {frame.name}" if frame else ""
     what = str(err).splitlines()[0][:120] if str(err) else ""
-    return (f"{INTERNAL_ERROR} (a servesim bug; traceback in {trace_file}): {type(err).__name__}: {what}{where}")
+    return (
+        f"{INTERNAL_ERROR} (a servesim bug; traceback in {trace_file}): {type(err).__name__}: {what}{where}"
+    )

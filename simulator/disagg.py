@@ -66,10 +66,20 @@ class KVPlacement:
 class Handoff:
     """Moves prefilled requests from `prefill` replicas to `decode` replicas."""
 
-    def __init__(self, env: simpy.Environment, model: ModelSpec, engine: EngineConfig, cfg: TransferConfig,
-                 link_bytes_per_s: float, link_latency_s: float, prefill: list[Replica], decode: list[Replica],
-                 route_decode: Callable[[Request], Replica], prefill_par: ParallelismConfig,
-                 decode_par: ParallelismConfig):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        model: ModelSpec,
+        engine: EngineConfig,
+        cfg: TransferConfig,
+        link_bytes_per_s: float,
+        link_latency_s: float,
+        prefill: list[Replica],
+        decode: list[Replica],
+        route_decode: Callable[[Request], Replica],
+        prefill_par: ParallelismConfig,
+        decode_par: ParallelismConfig,
+    ):
         """`engine`: the prefill pool's settings (KV dtype, block size, hybrid KV cache manager on or off): its
         block tables are what the connector sends. `link_bytes_per_s`: one GPU's."""
         self.env, self.cfg, self.model, self.engine = env, cfg, model, engine
@@ -94,16 +104,23 @@ class Handoff:
     def _move(self, req: Request, source: Replica, target: Replica):
         reserved = self.env.now
         req.extra["decode_wait_s"] = reserved - req.extra["prefill_end_s"]
-        distinct = live_kv_bytes(self.model, self.groups, req.num_computed_tokens, self.engine.block_size,
-                                 self.engine.kv_dtype, req.extra["decode_hit_tokens"])
+        distinct = live_kv_bytes(
+            self.model,
+            self.groups,
+            req.num_computed_tokens,
+            self.engine.block_size,
+            self.engine.kv_dtype,
+            req.extra["decode_hit_tokens"],
+        )
         received = distinct * self.receiver.share  # by each decode GPU
         nbytes = received * self.receiver.gpus
         wire_s = max(received, nbytes / self.sender.gpus) / self.link_bytes_per_s
         if self.cfg.kind == "store":  # written once, split over the prefill GPUs; then each decode GPU reads
             with self.store.request() as turn:
                 yield turn
-                yield self.env.timeout((distinct / self.sender.gpus + received) / self.link_bytes_per_s
-                                       + self.latency_s)
+                yield self.env.timeout(
+                    (distinct / self.sender.gpus + received) / self.link_bytes_per_s + self.latency_s
+                )
         else:  # the sender's NICs, then the receiver's: taken in that order, so no two transfers wait on each other
             with self.links[_first(source)].request() as send:
                 yield send
@@ -112,7 +129,9 @@ class Handoff:
                     if self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
                         # blocks ready and both ends free as the prefill ended: the layers streamed alongside it
                         compute = req.extra["prefill_end_s"] - req.extra["prefill_start_s"]
-                        duration = streamed_transfer_s(wire_s, compute, self.model.num_layers) + self.latency_s
+                        duration = (
+                            streamed_transfer_s(wire_s, compute, self.model.num_layers) + self.latency_s
+                        )
                     else:
                         duration = wire_s + self.latency_s
                     yield self.env.timeout(duration)

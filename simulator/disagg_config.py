@@ -27,7 +27,9 @@ class PoolConfig(SpecModel):
     gpu: str | None = Field(None, description="GPU of this pool (default: hardware.gpu)")
     tp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Tensor-parallel GPUs per replica")
     pp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Pipeline stages per replica")
-    engine: dict[str, Any] = Field(default_factory=dict, description="Engine knobs overriding the scenario's engine")
+    engine: dict[str, Any] = Field(
+        default_factory=dict, description="Engine knobs overriding the scenario's engine"
+    )
     router: str = Field("least_outstanding", description="How a request picks a replica of this pool")
 
 
@@ -47,10 +49,18 @@ class TransferConfig(SpecModel):
     """
 
     kind: Literal["direct", "store"] = "direct"
-    link: str = Field("ib-ndr-400", description="Interconnect name (`servesim hardware` lists links in the catalog)")
-    streaming: bool = Field(False, description=(
-        "Layer-wise KV streaming overlapping the prefill (off: the whole KV moves after it, as vLLM's NixlConnector)"))
-    store_bytes_per_s: float = Field(25e9, gt=0, description="store: write and read bandwidth per GPU, bytes/s")
+    link: str = Field(
+        "ib-ndr-400", description="Interconnect name (`servesim hardware` lists links in the catalog)"
+    )
+    streaming: bool = Field(
+        False,
+        description=(
+            "Layer-wise KV streaming overlapping the prefill (off: the whole KV moves after it, as vLLM's NixlConnector)"
+        ),
+    )
+    store_bytes_per_s: float = Field(
+        25e9, gt=0, description="store: write and read bandwidth per GPU, bytes/s"
+    )
     store_latency_s: float = Field(50e-6, ge=0, description="store: per-transfer latency, s")
     store_channels: int = Field(8, ge=1, description="store: transfers it serves at once")
 
@@ -62,8 +72,10 @@ class TransferConfig(SpecModel):
     @model_validator(mode="after")
     def _streaming_is_direct(self) -> TransferConfig:
         if self.kind == "store" and self.streaming:
-            raise ValueError("streaming: layer-wise streaming is modelled for kind 'direct' only; the store tier "
-                             "moves the whole KV after the prefill: set streaming false or kind 'direct'")
+            raise ValueError(
+                "streaming: layer-wise streaming is modelled for kind 'direct' only; the store tier "
+                "moves the whole KV after the prefill: set streaming false or kind 'direct'"
+            )
         return self
 
 

@@ -29,10 +29,18 @@ class FastForward:
     """What a replica needs to fuse decode stretches: the timer, the token log, the time of the next
     outside event that could reach any replica, and the stop time."""
 
-    def __init__(self, timer: StepTimer, log: TokenLog, next_event_s: Callable[[], float], stop_s: float,
-                 open_loop: bool):
+    def __init__(
+        self,
+        timer: StepTimer,
+        log: TokenLog,
+        next_event_s: Callable[[], float],
+        stop_s: float,
+        open_loop: bool,
+    ):
         self.timer, self.log, self.next_event_s, self.stop_s = timer, log, next_event_s, stop_s
-        self.open_loop = open_loop  # nobody outside reacts to a finish, so finishes may happen inside stretches
+        self.open_loop = (
+            open_loop  # nobody outside reacts to a finish, so finishes may happen inside stretches
+        )
 
 
 class Wakeup:
@@ -68,21 +76,35 @@ class DataParallelGroup:
         return max(rank.kv_usage for rank in self.ranks)
 
     def submit(self, req: Request) -> None:
-        k = req.extra["dp_rank"] = self.balance([rank.scheduler for rank in self.ranks], 0, self.ranks[0].env.now)
+        k = req.extra["dp_rank"] = self.balance(
+            [rank.scheduler for rank in self.ranks], 0, self.ranks[0].env.now
+        )
         self.ranks[k].submit(req)
 
 
 class Replica:
     """An engine replica: its scheduler (with KV manager), its step-time model and its step log."""
 
-    def __init__(self, env: simpy.Environment, index: int, scheduler: Scheduler, step_time: StepTime,
-                 steps: StepLog, on_finish: Callable[[Request], None], fast_forward: FastForward | None = None,
-                 pipeline: StagePipeline | None = None):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        index: int,
+        scheduler: Scheduler,
+        step_time: StepTime,
+        steps: StepLog,
+        on_finish: Callable[[Request], None],
+        fast_forward: FastForward | None = None,
+        pipeline: StagePipeline | None = None,
+    ):
         self.env, self.index, self.scheduler, self.step_time = env, index, scheduler, step_time
         self.steps, self.on_finish, self.fast_forward = steps, on_finish, fast_forward
-        self.pipeline = pipeline  # pipeline parallel: the stages its micro-batches (or its siblings') pass through
+        self.pipeline = (
+            pipeline  # pipeline parallel: the stages its micro-batches (or its siblings') pass through
+        )
         self.wake = Wakeup(env)
-        self.siblings: list[Replica] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
+        self.siblings: list[
+            Replica
+        ] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
         pipelined = pipeline is not None and getattr(scheduler, "pipelined", False)
         self.process = env.process(self._run_pipelined() if pipelined else self._run())
 
@@ -108,7 +130,9 @@ class Replica:
     def _run(self):
         while True:
             plan = self.scheduler.schedule(self.env.now)
-            if plan.preempted and self.siblings:  # the blocks it gave back may admit a sibling's waiting request
+            if (
+                plan.preempted and self.siblings
+            ):  # the blocks it gave back may admit a sibling's waiting request
                 self.wake_pool()
             if plan.is_empty:
                 if plan.preempted:  # a step that only preempted is followed at once by one that admits
@@ -146,7 +170,9 @@ class Replica:
                     continue
                 if not plan.is_empty:
                     plan.mark_scheduled(self.env.now)
-                    in_flight.append((plan, self.env.process(self.pipeline.run(plan)), plan.num_decode_tokens))
+                    in_flight.append(
+                        (plan, self.env.process(self.pipeline.run(plan)), plan.num_decode_tokens)
+                    )
                     continue
             if not in_flight:
                 yield self.wake.wait()
@@ -166,7 +192,9 @@ class Replica:
     def _commit(self, plan: StepPlan, duration: float, decode_tokens: int) -> None:
         """Apply a step that has just ended, log it, and hand on the requests it finished."""
         finished = self.scheduler.commit(plan, self.env.now)
-        self._record(duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens, len(plan.preempted))
+        self._record(
+            duration, len(plan.requests), plan.num_tokens - decode_tokens, decode_tokens, len(plan.preempted)
+        )
         self._hand_on(finished)
 
     def _stretch(self, plan: StepPlan) -> tuple[Stretch, int, Callable[[], None]] | None:
@@ -180,12 +208,23 @@ class Replica:
         if not requests:
             return None
         requests, kv = list(requests), self.scheduler.kv
-        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0 \
+        finishes_allowed = (
+            ff.open_loop
+            and self.scheduler.num_waiting == 0
             and getattr(self.scheduler, "finishes_fuse", True)
+        )
         in_flight = getattr(self.scheduler, "decode_tokens_in_flight", 0)
-        stretch = plan_stretch(requests, kv, ff.timer, self.env.now, ff.next_event_s(), ff.stop_s, finishes_allowed,
-                               waiting=getattr(self.scheduler, "admission_waits_for_blocks",
-                                               self.scheduler.num_waiting > 0), in_flight=in_flight)
+        stretch = plan_stretch(
+            requests,
+            kv,
+            ff.timer,
+            self.env.now,
+            ff.next_event_s(),
+            ff.stop_s,
+            finishes_allowed,
+            waiting=getattr(self.scheduler, "admission_waits_for_blocks", self.scheduler.num_waiting > 0),
+            in_flight=in_flight,
+        )
         if stretch is None:
             return None
         finished: list[Request] = []
@@ -193,23 +232,42 @@ class Replica:
         def retire(req: Request, now: float) -> None:
             self.scheduler.retire(req, now)
             finished.append(req)
+
         late = self.scheduler.release_retired if getattr(self.scheduler, "holds_finished", False) else None
-        active, used, usage, end_last = apply_stretch(requests, stretch, kv, ff.log, retire, late,  # late: async
-                                                      in_flight)
-        fused = getattr(self.scheduler, "fused_decode_steps", None)  # a scheduler whose state moves per decode step
+        active, used, usage, end_last = apply_stretch(
+            requests,
+            stretch,
+            kv,
+            ff.log,
+            retire,
+            late,  # late: async
+            in_flight,
+        )
+        fused = getattr(
+            self.scheduler, "fused_decode_steps", None
+        )  # a scheduler whose state moves per decode step
         if fused is not None:
             fused(len(stretch.ends_s) - 1)
         n = len(active) - 1
         self.steps.record_many(
-            time_s=stretch.ends_s[:-1].tolist(), duration_s=stretch.durations_s[:-1].tolist(),
-            replica=[self.index] * n, num_requests=active[:-1], prefill_tokens=[0] * n, decode_tokens=active[:-1],
-            num_running=active[1:], num_waiting=[self.scheduler.num_waiting] * n, kv_blocks_used=used,
-            kv_usage=usage, num_preempted=[0] * n)
+            time_s=stretch.ends_s[:-1].tolist(),
+            duration_s=stretch.durations_s[:-1].tolist(),
+            replica=[self.index] * n,
+            num_requests=active[:-1],
+            prefill_tokens=[0] * n,
+            decode_tokens=active[:-1],
+            num_running=active[1:],
+            num_waiting=[self.scheduler.num_waiting] * n,
+            kv_blocks_used=used,
+            kv_usage=usage,
+            num_preempted=[0] * n,
+        )
         self._hand_on(finished)
 
         def end_last_step() -> None:
             end_last()
             self._hand_on(finished)
+
         return stretch, active[-1], end_last_step
 
     def _hand_on(self, finished: list[Request]) -> None:
@@ -218,9 +276,20 @@ class Replica:
             self.on_finish(req)
         finished.clear()
 
-    def _record(self, duration: float, num_requests: int, prefill_tokens: int, decode_tokens: int,
-                num_preempted: int) -> None:
+    def _record(
+        self, duration: float, num_requests: int, prefill_tokens: int, decode_tokens: int, num_preempted: int
+    ) -> None:
         kv = self.scheduler.kv
-        self.steps.record(self.env.now, duration, self.index, num_requests, prefill_tokens, decode_tokens,
-                          self.scheduler.num_running, self.scheduler.num_waiting, kv.num_used_blocks, kv.usage,
-                          num_preempted)
+        self.steps.record(
+            self.env.now,
+            duration,
+            self.index,
+            num_requests,
+            prefill_tokens,
+            decode_tokens,
+            self.scheduler.num_running,
+            self.scheduler.num_waiting,
+            kv.num_used_blocks,
+            kv.usage,
+            num_preempted,
+        )

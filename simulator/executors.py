@@ -56,9 +56,14 @@ def default_workers() -> int:
     return os.cpu_count() or 1
 
 
-def run_jobs(fn: Callable[..., Any], jobs: Sequence[tuple], engine: Engine = "local", workers: int | None = None,
-             dask_address: str | None = None,
-             on_died: Callable[[WorkerDied], Any] | None = None) -> Iterator[tuple[int, Any]]:
+def run_jobs(
+    fn: Callable[..., Any],
+    jobs: Sequence[tuple],
+    engine: Engine = "local",
+    workers: int | None = None,
+    dask_address: str | None = None,
+    on_died: Callable[[WorkerDied], Any] | None = None,
+) -> Iterator[tuple[int, Any]]:
     """Call `fn(*job)` for every job; yield `(index, result)` as each finishes.
 
     local with one worker (or one job) runs in this process, which keeps tracebacks and test
@@ -88,8 +93,9 @@ def check_engine(engine: str) -> None:
         raise SpecError(f"unknown engine {engine!r}; choose from {', '.join(ENGINES)}")
 
 
-def _process_pool(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
-                  died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
+def _process_pool(
+    fn: Callable[..., Any], jobs: Sequence[tuple], workers: int, died: Callable[[WorkerDied], Any]
+) -> Iterator[tuple[int, Any]]:
     """A pool of `workers` processes. A worker's death breaks the whole pool without saying whose job killed it.
     A pool starts its jobs in order, so the suspects are the first unfinished ones, as many as it may have started
     (each worker's own and a call queue of workers + 1): they then run one process each (`_one_process_each`),
@@ -103,14 +109,15 @@ def _process_pool(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int,
     left = dict(enumerate(jobs))
     while left:
         yield from _pool_round(fn, left, workers, context)
-        suspects = dict(sorted(left.items())[:2 * workers + 1])
+        suspects = dict(sorted(left.items())[: 2 * workers + 1])
         yield from _one_process_each(fn, suspects, workers, context, died)
         for index in suspects:
             del left[index]
 
 
-def _pool_round(fn: Callable[..., Any], left: dict[int, tuple], workers: int,
-                context: Any) -> Iterator[tuple[int, Any]]:
+def _pool_round(
+    fn: Callable[..., Any], left: dict[int, tuple], workers: int, context: Any
+) -> Iterator[tuple[int, Any]]:
     """Run `left` (job index -> job) on one pool until it is done or breaks, deleting each job as it finishes."""
     with ProcessPoolExecutor(max_workers=min(workers, len(left)), mp_context=context) as pool:
         pending = {}
@@ -137,8 +144,13 @@ class _RemoteTraceback(Exception):
     """The traceback of an exception raised in a job's own process, shown as its cause."""
 
 
-def _one_process_each(fn: Callable[..., Any], jobs: dict[int, tuple], workers: int, context: Any,
-                      died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
+def _one_process_each(
+    fn: Callable[..., Any],
+    jobs: dict[int, tuple],
+    workers: int,
+    context: Any,
+    died: Callable[[WorkerDied], Any],
+) -> Iterator[tuple[int, Any]]:
     """Run each job in a process of its own, `workers` at a time, so a death is its job's alone."""
     queue, running = list(jobs.items()), {}  # a result pipe -> (job index, its process)
     try:
@@ -160,8 +172,9 @@ def _one_process_each(fn: Callable[..., Any], jobs: dict[int, tuple], workers: i
                     continue
                 except Exception as err:  # pickled in the child, but not to be rebuilt here
                     process.join()
-                    raise RuntimeError(f"job {index}'s outcome cannot be read back: {type(err).__name__}: "
-                                       f"{err}") from err
+                    raise RuntimeError(
+                        f"job {index}'s outcome cannot be read back: {type(err).__name__}: {err}"
+                    ) from err
                 finally:
                     receive.close()
                 process.join()
@@ -184,16 +197,28 @@ def _send_result(send: Any, fn: Callable[..., Any], job: tuple) -> None:
         send.send(outcome)
     except Exception as err:  # noqa: BLE001
         what = "result" if outcome[0] else f"exception ({type(outcome[1]).__name__}: {outcome[1]})"
-        send.send((False, RuntimeError(f"the job's {what} cannot be sent back: {type(err).__name__}: {err}"),
-                   outcome[2] or traceback.format_exc()))
+        send.send(
+            (
+                False,
+                RuntimeError(f"the job's {what} cannot be sent back: {type(err).__name__}: {err}"),
+                outcome[2] or traceback.format_exc(),
+            )
+        )
 
 
-def _dask(fn: Callable[..., Any], jobs: Sequence[tuple], workers: int, address: str | None,
-          died: Callable[[WorkerDied], Any]) -> Iterator[tuple[int, Any]]:
+def _dask(
+    fn: Callable[..., Any],
+    jobs: Sequence[tuple],
+    workers: int,
+    address: str | None,
+    died: Callable[[WorkerDied], Any],
+) -> Iterator[tuple[int, Any]]:
     try:
         from dask.distributed import Client, KilledWorker, LocalCluster, as_completed
     except ImportError:
-        raise SpecError("engine 'dask' needs the distributed extra: pip install 'servesim[distributed]'") from None
+        raise SpecError(
+            "engine 'dask' needs the distributed extra: pip install 'servesim[distributed]'"
+        ) from None
     cluster = None if address else LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)
     try:
         try:

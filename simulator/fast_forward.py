@@ -64,13 +64,22 @@ def _window_free_steps(context: np.ndarray, window: int, block_size: int) -> np.
     return lo + ((window - 2 - context) % block_size - lo) % block_size
 
 
-def _max_steps_fitting(context: np.ndarray, last: np.ndarray, held: np.ndarray, free: int, block_size: int,
-                       upper: int, groups: int = 1) -> int:
+def _max_steps_fitting(
+    context: np.ndarray,
+    last: np.ndarray,
+    held: np.ndarray,
+    free: int,
+    block_size: int,
+    upper: int,
+    groups: int = 1,
+) -> int:
     """Largest m <= upper whose new blocks fit in `free` (each request grows until step m or its finish, in
     each of `groups` KV cache groups; blocks freed by finishes or windows are not counted: the safe side)."""
+
     def need(m: int) -> int:
         grown = context + np.minimum(m, last + 1)
         return groups * int(np.maximum(blocks_for(grown, block_size) - held, 0).sum())
+
     if need(upper) <= free:  # the common case: the pool is far from full
         return upper
     lo, hi = 1, upper
@@ -93,9 +102,18 @@ def _durations(timer: StepTimer, context: np.ndarray, finish: np.ndarray, steps:
     return np.concatenate(parts)
 
 
-def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, now: float, next_event_s: float,
-                 stop_s: float = math.inf, finishes_allowed: bool = False, max_steps: int = 4096,
-                 waiting: bool = False, in_flight: int = 0) -> Stretch | None:
+def plan_stretch(
+    requests: list[Request],
+    kv: BlockManager,
+    timer: StepTimer,
+    now: float,
+    next_event_s: float,
+    stop_s: float = math.inf,
+    finishes_allowed: bool = False,
+    max_steps: int = 4096,
+    waiting: bool = False,
+    in_flight: int = 0,
+) -> Stretch | None:
     """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2.
 
     `finishes_allowed`: nobody waits for a freed slot and no client reacts to a finish, so requests may
@@ -104,17 +122,23 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
     `in_flight`: the tokens each decode step leaves in flight when the next is planned (1 under async
     scheduling), below which windows free blocks (a request with more in flight now frees them as step 0 ends).
     """
-    finish = np.fromiter((r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests))
+    finish = np.fromiter(
+        (r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests)
+    )
     upper = min(int(finish.max()) + 1 if finishes_allowed else int(finish.min()), max_steps)
     if upper < 2:
         return None
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     sliding = {w for w in kv.windows if w is not None}
     if waiting and sliding:
-        if any(r.num_in_flight_tokens > in_flight for r in requests):  # step 0 frees what a prefill chunk held
+        if any(
+            r.num_in_flight_tokens > in_flight for r in requests
+        ):  # step 0 frees what a prefill chunk held
             return None
-        upper = min(upper, min(int(_window_free_steps(context, w + in_flight, kv.block_size).min())
-                               for w in sliding) + 1)
+        upper = min(
+            upper,
+            min(int(_window_free_steps(context, w + in_flight, kv.block_size).min()) for w in sliding) + 1,
+        )
         if upper < 2:
             return None
     shortest_s = timer.decode_fixed_s(1, context[:1])  # no step of the stretch is shorter
@@ -124,7 +148,9 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
     if horizon_s < math.inf:
         upper = min(upper, int((horizon_s - now) / shortest_s) + 2)
     held = np.fromiter((kv.decode_table_len(r) for r in requests), np.int64, len(requests))
-    steps = _max_steps_fitting(context, finish, held, kv.num_free_blocks, kv.block_size, upper, len(kv.windows))
+    steps = _max_steps_fitting(
+        context, finish, held, kv.num_free_blocks, kv.block_size, upper, len(kv.windows)
+    )
     durations = _durations(timer, context, finish, steps)
     bounds = np.cumsum(np.concatenate(([now], durations)))  # sequential sums, as SimPy accumulates `now`
     starts, ends = bounds[:-1], bounds[1:]
@@ -140,15 +166,24 @@ def plan_stretch(requests: list[Request], kv: BlockManager, timer: StepTimer, no
     return Stretch(durations[:steps], ends[:steps], finish)
 
 
-def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: int, size: int,
-            windows: tuple[int | None, ...], late_release: bool = False,
-            in_flight: int = 0) -> list[tuple[int, int, int, int]]:
+def _events(
+    context: np.ndarray,
+    last: np.ndarray,
+    finish: np.ndarray,
+    steps: int,
+    size: int,
+    windows: tuple[int | None, ...],
+    late_release: bool = False,
+    in_flight: int = 0,
+) -> list[tuple[int, int, int, int]]:
     """(step, kind, request, sub) in stepping order. Kind 0 when the step is scheduled: open a block (sub 0),
     register the block it fills (sub 1; only in pools whose windows free blocks, which must be findable
     by then). Kind 1 once it is planned: with `late_release` (async scheduling), the blocks of requests that
     finished in the step before go back. Kind 2 as it ends: windows free blocks (commit order), then kind 3:
     finished requests retire."""
-    first = (-context) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
+    first = (
+        -context
+    ) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
     first[first == 0] = size  # step 0 is already allocated
     events = [(i, 0, j, 0) for j in range(len(context)) for i in range(int(first[j]), int(last[j]) + 1, size)]
     events += [(int(f), 3, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
@@ -157,19 +192,31 @@ def _events(context: np.ndarray, last: np.ndarray, finish: np.ndarray, steps: in
     sliding = sorted({w for w in windows if w is not None})
     if sliding:
         fills = (-(context + 1)) % size  # step i fills a block when context_j + i + 1 is a multiple of size
-        events += [(i, 0, j, 1) for j in range(len(context)) for i in range(int(fills[j]), int(last[j]) + 1, size)]
-        frees = {(i, 2, j, 0) for w in sliding
-                 for j, start in enumerate(_window_free_steps(context, w + in_flight, size).tolist())
-                 for i in range(start, int(last[j]) + 1, size)}
-        frees |= {(0, 2, j, 0) for j in range(len(context))}  # what a previous step's larger in-flight part held
+        events += [
+            (i, 0, j, 1) for j in range(len(context)) for i in range(int(fills[j]), int(last[j]) + 1, size)
+        ]
+        frees = {
+            (i, 2, j, 0)
+            for w in sliding
+            for j, start in enumerate(_window_free_steps(context, w + in_flight, size).tolist())
+            for i in range(start, int(last[j]) + 1, size)
+        }
+        frees |= {
+            (0, 2, j, 0) for j in range(len(context))
+        }  # what a previous step's larger in-flight part held
         events += frees
     return sorted(events)
 
 
-def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, log: TokenLog,
-                  retire: Callable[[Request, float], None],
-                  release: Callable[[Request], None] | None = None, in_flight: int = 0
-                  ) -> tuple[list[int], list[int], list[float], Callable[[], None]]:
+def apply_stretch(
+    requests: list[Request],
+    stretch: Stretch,
+    kv: BlockManager,
+    log: TokenLog,
+    retire: Callable[[Request, float], None],
+    release: Callable[[Request], None] | None = None,
+    in_flight: int = 0,
+) -> tuple[list[int], list[int], list[float], Callable[[], None]]:
     """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
     order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
     theirs (when it ends). With `release` (async scheduling), a finished request keeps its blocks until the next
@@ -184,7 +231,9 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     last = np.minimum(stretch.finish_step, steps - 1)
-    events = _events(context, last, stretch.finish_step, steps, size, kv.windows, release is not None, in_flight)
+    events = _events(
+        context, last, stretch.finish_step, steps, size, kv.windows, release is not None, in_flight
+    )
     for req in requests:  # as each step's commit leaves it
         req.num_in_flight_tokens = in_flight
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
@@ -192,13 +241,15 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
     first_gaps = (ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist()
     gaps = np.diff(ends).tolist()
     for req, k, first_gap in zip(requests, (last + 1).tolist(), first_gaps):
-        log.record(req, [first_gap, *gaps[:k - 1]], req.num_generated + k >= req.num_output_tokens)
+        log.record(req, [first_gap, *gaps[: k - 1]], req.num_generated + k >= req.num_output_tokens)
         req.num_computed_tokens += k
         req.num_generated += k
         req.last_token_s = float(ends[k - 1])
     delta = np.zeros(steps, np.int64)
     used_before = kv.num_used_blocks
-    usage = [math.nan] * steps  # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
+    usage = [
+        math.nan
+    ] * steps  # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
     usage_before = kv.usage
 
     def run(i: int, kind: int, j: int, sub: int) -> None:
@@ -213,6 +264,7 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
             kv.end_decode_step(requests[j], tokens)
         else:
             retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
+
     ending = [event for event in events if event[0] == steps - 1 and event[1] >= 2]
     for event in events:
         if event[0] < steps - 1 or event[1] < 2:
@@ -228,6 +280,11 @@ def apply_stretch(requests: list[Request], stretch: Stretch, kv: BlockManager, l
         for event in ending:
             run(*event)
         for req, finish in zip(requests, stretch.finish_step.tolist()):
-            if finish >= steps:  # blocks filled with generated tokens are unique to their request, so registering
-                kv.cache(req)    # them at the end rather than step by step changes nothing (a window's are freed)
+            if (
+                finish >= steps
+            ):  # blocks filled with generated tokens are unique to their request, so registering
+                kv.cache(
+                    req
+                )  # them at the end rather than step by step changes nothing (a window's are freed)
+
     return active.tolist(), (used_before + np.cumsum(delta)).tolist()[:-1], usage[:-1], end_last_step

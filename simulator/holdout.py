@@ -34,8 +34,10 @@ def source_group(source: str) -> str:
     return parts[-2] if len(parts) >= 2 else host
 
 
-SPLITS: dict[str, Callable[[MeasuredRun], str]] = {"source": lambda run: source_group(run.source),
-                                                   "gpu": lambda run: run.gpu}
+SPLITS: dict[str, Callable[[MeasuredRun], str]] = {
+    "source": lambda run: source_group(run.source),
+    "gpu": lambda run: run.gpu,
+}
 
 
 def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun], split: str) -> bool:
@@ -65,9 +67,17 @@ def holdout_rows(results: dict[str, Results], profiles: dict[str, Profile], spli
     for name in FAMILIES:
         cells = []
         for key, members in results.items():
-            cells.append(_cell([e.error_pct for run, errors in members
-                                if held_out(profiles[key], run, by_label, split)
-                                for e in errors if family(e.metric) == name]))
+            cells.append(
+                _cell(
+                    [
+                        e.error_pct
+                        for run, errors in members
+                        if held_out(profiles[key], run, by_label, split)
+                        for e in errors
+                        if family(e.metric) == name
+                    ]
+                )
+            )
         if any(cell != "-" for cell in cells):
             rows.append([name, *cells])
     return rows

@@ -8,8 +8,12 @@ import shlex
 from hardware.model import get_model, resolve_weight_dtype
 from hardware.gpu import get_gpu
 from hardware.kv_groups import kv_groups
-from policies.config import (SGLANG_DP_ATTENTION_CONSERVATIVENESS, SGLANG_FULL_KV_ARCHITECTURES, EngineConfig,
-                             vllm_batch_defaults)
+from policies.config import (
+    SGLANG_DP_ATTENTION_CONSERVATIVENESS,
+    SGLANG_FULL_KV_ARCHITECTURES,
+    EngineConfig,
+    vllm_batch_defaults,
+)
 from policies.data_parallel import data_parallel_share
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
@@ -97,8 +101,11 @@ def _sglang_speculative(spec: SpeculativeConfig) -> list[str]:
     parts = [f"--speculative-algorithm {SGLANG_SPEC_ALGORITHMS[spec.method]}"]
     if spec.draft_model is not None:
         parts.append(f"--speculative-draft-model-path {hf_model_id(spec.draft_model)}")
-    return parts + [f"--speculative-num-steps {spec.k}", "--speculative-eagle-topk 1",
-                    f"--speculative-num-draft-tokens {spec.k + 1}"]
+    return parts + [
+        f"--speculative-num-steps {spec.k}",
+        "--speculative-eagle-topk 1",
+        f"--speculative-num-draft-tokens {spec.k + 1}",
+    ]
 
 
 def _vllm_engine(s: Scenario) -> EngineConfig:
@@ -133,13 +140,19 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--pipeline-parallel-size {par.pp}")
     if _moe_ep(s):
         parts.append("--enable-expert-parallel")
-    rank = data_parallel_share(e, dp)  # vLLM's limits are per data-parallel rank, as the simulated ranks ran them
+    rank = data_parallel_share(
+        e, dp
+    )  # vLLM's limits are per data-parallel rank, as the simulated ranks ran them
     tokens = rank.max_num_batched_tokens
     if not e.enable_chunked_prefill:  # a whole prompt still fits one rank's step
         tokens = max(tokens, max_model_len)
-    parts += [f"--max-num-seqs {rank.max_num_seqs}", f"--max-num-batched-tokens {tokens}",
-              f"--gpu-memory-utilization {e.gpu_memory_utilization}", f"--max-model-len {max_model_len}",
-              "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill"]
+    parts += [
+        f"--max-num-seqs {rank.max_num_seqs}",
+        f"--max-num-batched-tokens {tokens}",
+        f"--gpu-memory-utilization {e.gpu_memory_utilization}",
+        f"--max-model-len {max_model_len}",
+        "--enable-chunked-prefill" if e.enable_chunked_prefill else "--no-enable-chunked-prefill",
+    ]
     if e.prefix_caching == "none":  # vLLM V1 caches prefixes by default
         parts.append("--no-enable-prefix-caching")
     if e.block_size != 16:
@@ -155,7 +168,7 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
     if e.disable_hybrid_kv_cache_manager:
         parts.append("--disable-hybrid-kv-cache-manager")
     if not e.async_scheduling or s.disaggregation is not None:  # simulated synchronously (P/D pools always);
-        parts.append("--no-async-scheduling")                    # vLLM schedules ahead by default since 0.14
+        parts.append("--no-async-scheduling")  # vLLM schedules ahead by default since 0.14
     if e.speculative is not None:
         parts.append(_vllm_speculative(e.speculative))
     return " ".join(parts)
@@ -174,10 +187,14 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     if _moe_ep(s):  # all-reduce of the experts' outputs by default; under DP attention DeepEP's all-to-all
         parts.append(f"--ep-size {par.tp}" + (" --moe-a2a-backend deepep" if _dp_attention(s) else ""))
     # totals over the group: SGLang divides them among DP attention ranks itself
-    if e.scheduler != "sglang" or s.engine.max_num_seqs is not None:  # else SGLang's own cap, simulated as such
+    if (
+        e.scheduler != "sglang" or s.engine.max_num_seqs is not None
+    ):  # else SGLang's own cap, simulated as such
         parts.append(f"--max-running-requests {e.max_num_seqs}")
     parts.append(f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}")
-    if e.scheduler == "sglang":  # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
+    if (
+        e.scheduler == "sglang"
+    ):  # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
         parts.append(f"--mem-fraction-static {e.gpu_memory_utilization}")
     parts.append(f"--context-length {max_model_len}")
     if e.kv_dtype == "fp8":
@@ -224,30 +241,45 @@ def launch_notes(s: Scenario) -> list[str]:
     """Where the commands only approximate the simulated engine."""
     d = s.disaggregation
     if d is not None:
-        notes = [f"prefill/decode disaggregated: start {d.prefill.replicas} prefill and {d.decode.replicas} decode "
-                 f"instances ({s.parallelism.tp * s.parallelism.pp} GPU(s) each) of this command, adding "
-                 "--kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' "
-                 "(vLLM) or --disaggregation-mode prefill|decode (SGLang), behind a P/D-aware proxy"]
+        notes = [
+            f"prefill/decode disaggregated: start {d.prefill.replicas} prefill and {d.decode.replicas} decode "
+            f"instances ({s.parallelism.tp * s.parallelism.pp} GPU(s) each) of this command, adding "
+            '--kv-transfer-config \'{"kv_connector":"NixlConnector","kv_role":"kv_both"}\' '
+            "(vLLM) or --disaggregation-mode prefill|decode (SGLang), behind a P/D-aware proxy"
+        ]
     else:
         gpus = s.parallelism.tp * s.parallelism.pp
-        notes = [f"one replica of {gpus} GPU(s): no load balancer needed" if s.cluster.replicas == 1 else
-                 f"one command per replica: start {s.cluster.replicas} of them ({gpus} GPU(s) each) behind a "
-                 f"{s.cluster.router} load balancer"]
+        notes = [
+            f"one replica of {gpus} GPU(s): no load balancer needed"
+            if s.cluster.replicas == 1
+            else f"one command per replica: start {s.cluster.replicas} of them ({gpus} GPU(s) each) behind a "
+            f"{s.cluster.router} load balancer"
+        ]
     if s.engine.scheduler == "sglang":
-        notes.append("simulated with SGLang's scheduler (prefill first): the SGLang command runs it; vLLM mixes "
-                     "prefill chunks into decode steps instead, and takes its own default max_num_seqs and memory "
-                     "share")
+        notes.append(
+            "simulated with SGLang's scheduler (prefill first): the SGLang command runs it; vLLM mixes "
+            "prefill chunks into decode steps instead, and takes its own default max_num_seqs and memory "
+            "share"
+        )
     elif s.engine.scheduler != "vllm":
-        notes.append(f"simulated with scheduler {s.engine.scheduler!r}; "
-                     "the commands run the engines' default scheduler")
+        notes.append(
+            f"simulated with scheduler {s.engine.scheduler!r}; "
+            "the commands run the engines' default scheduler"
+        )
     if (dtype := _quantized_away(s)) not in (None, "fp16") and not _online_fp8(s):
-        notes.append(f"weights {dtype} (the checkpoint ships {get_model(s.model).quantization}): serve a checkpoint "
-                     "converted to it (e.g. AWQ/GPTQ for int4/w8a16)")
+        notes.append(
+            f"weights {dtype} (the checkpoint ships {get_model(s.model).quantization}): serve a checkpoint "
+            "converted to it (e.g. AWQ/GPTQ for int4/w8a16)"
+        )
     if s.engine.block_size not in VLLM_BLOCK_SIZES:
-        notes.append(f"block_size {s.engine.block_size}: vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))} "
-                     "and refuses the vLLM command as printed")
+        notes.append(
+            f"block_size {s.engine.block_size}: vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))} "
+            "and refuses the vLLM command as printed"
+        )
     if s.model not in HF_MODEL_IDS:
-        notes.append(f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights")
+        notes.append(
+            f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights"
+        )
     notes += _parallel_notes(s)
     if s.engine.speculative is not None:
         notes += _speculative_notes(s, s.engine.speculative)
@@ -260,19 +292,32 @@ def _parallel_notes(s: Scenario) -> list[str]:
         return []
     tp, model = s.parallelism.tp, get_model(s.model)
     dense = "" if all(layer.is_moe for layer in model.layers) else " and dense MLP layers"
-    shared = " shared experts," if model.moe is not None and model.moe.num_shared_experts and not _moe_ep(s) else ""
-    layout = (f"its embeddings,{shared} LM head{dense} stay whole on every rank (simulated sliced over the group, "
-              "as SGLang runs them)" if s.engine.scheduler == "sglang" else
-              f"SGLang slices the embeddings,{shared} LM head{dense} over the group (simulated whole on every rank, "
-              "as vLLM keeps them)")
-    notes = [f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
-             f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); {layout}"]
+    shared = (
+        " shared experts,"
+        if model.moe is not None and model.moe.num_shared_experts and not _moe_ep(s)
+        else ""
+    )
+    layout = (
+        f"its embeddings,{shared} LM head{dense} stay whole on every rank (simulated sliced over the group, "
+        "as SGLang runs them)"
+        if s.engine.scheduler == "sglang"
+        else f"SGLang slices the embeddings,{shared} LM head{dense} over the group (simulated whole on every rank, "
+        "as vLLM keeps them)"
+    )
+    notes = [
+        f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
+        f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); {layout}"
+    ]
     if model.moe is None and s.disaggregation is not None and s.engine.scheduler != "sglang":
-        notes.append("vLLM's data-parallel ranks of a dense model are independent engines: in a P/D pool simulated "
-                     "stepping together, as a MoE model's ranks do (pessimistic)")
+        notes.append(
+            "vLLM's data-parallel ranks of a dense model are independent engines: in a P/D pool simulated "
+            "stepping together, as a MoE model's ranks do (pessimistic)"
+        )
     if _moe_ep(s):
-        notes.append("the MoE all-to-all is priced as DeepEP's dispatch/combine: give vLLM a DeepEP "
-                     "--all2all-backend (deepep_low_latency or deepep_high_throughput)")
+        notes.append(
+            "the MoE all-to-all is priced as DeepEP's dispatch/combine: give vLLM a DeepEP "
+            "--all2all-backend (deepep_low_latency or deepep_high_throughput)"
+        )
     return notes
 
 
@@ -280,17 +325,25 @@ def _speculative_notes(s: Scenario, spec: SpeculativeConfig) -> list[str]:
     """What the speculative-decoding flags leave to the operator."""
     notes = []
     if spec.method == "eagle":
-        notes.append("speculative method eagle: add the EAGLE head's repo (\"model\" in --speculative-config, "
-                     "--speculative-draft-model-path for SGLang); an EAGLE-3 head takes method eagle3 / EAGLE3")
+        notes.append(
+            'speculative method eagle: add the EAGLE head\'s repo ("model" in --speculative-config, '
+            "--speculative-draft-model-path for SGLang); an EAGLE-3 head takes method eagle3 / EAGLE3"
+        )
     elif spec.method == "ngram":
-        notes.append("speculative method ngram: SGLang's NGRAM drafts a tree from its cache of generated tokens, "
-                     "not vLLM's prompt lookup: the SGLang command runs without speculation")
+        notes.append(
+            "speculative method ngram: SGLang's NGRAM drafts a tree from its cache of generated tokens, "
+            "not vLLM's prompt lookup: the SGLang command runs without speculation"
+        )
     if spec.draft_model is not None and spec.draft_model not in HF_MODEL_IDS:
-        notes.append(f"draft model {spec.draft_model!r} is a config.json path: pass the folder or repo id that "
-                     "holds its weights")
+        notes.append(
+            f"draft model {spec.draft_model!r} is a config.json path: pass the folder or repo id that "
+            "holds its weights"
+        )
     if spec.method == "draft" and _dp_attention(s):
         notes.append("SGLang's STANDALONE (draft model) speculation does not run with --enable-dp-attention")
     if spec.disable_above_batch is not None or spec.disable_above_tokens is not None:
-        notes.append("speculation simulated off under load (disable_above_batch / disable_above_tokens): neither "
-                     "command has a flag for it, so both speculate at every batch size")
+        notes.append(
+            "speculation simulated off under load (disable_above_batch / disable_above_tokens): neither "
+            "command has a flag for it, so both speculate at every batch size"
+        )
     return notes

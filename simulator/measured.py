@@ -29,10 +29,15 @@ from simulator.scenario import Scenario, first_error
 LATENCY = "latency_s"
 # measured figure -> the simulator summary's key
 SUMMARY_KEY = {
-    "duration_s": "duration_s", "request_throughput": "request_throughput",
-    "output_throughput": "output_throughput", "total_token_throughput": "total_token_throughput",
-    **{f"{stat}_{metric}_ms": f"{stat}_{metric}_ms"
-       for metric in ("ttft", "tpot", "itl", "e2el") for stat in ("mean", "median", "p90", "p99")},
+    "duration_s": "duration_s",
+    "request_throughput": "request_throughput",
+    "output_throughput": "output_throughput",
+    "total_token_throughput": "total_token_throughput",
+    **{
+        f"{stat}_{metric}_ms": f"{stat}_{metric}_ms"
+        for metric in ("ttft", "tpot", "itl", "e2el")
+        for stat in ("mean", "median", "p90", "p99")
+    },
     LATENCY: "duration_s",  # bench latency: one batch from submission to its last token
 }
 MetricName = Literal[tuple(SUMMARY_KEY)]  # type: ignore[valid-type]
@@ -42,8 +47,11 @@ PACED_SINCE = (0, 10, 1)  # vllm bench serve paces its arrivals from this releas
 FULL_PROMPT_GATE_SINCE = (0, 19, 0)
 ASYNC_SCHEDULING_SINCE = (0, 14, 0)  # vLLM plans a step while the one before runs, by default (PR #27614)
 OVERLAP_SCHEDULE_SINCE = (0, 4, 0)  # and SGLang forms the next batch while one runs (PR #2067, November 2024)
-LOAD_FIELDS = {"latency": {"batch_size"}, "throughput": {"num_prompts"},  # what each benchmark's flags set
-               "serve": {"num_prompts", "max_concurrency", "request_rate"}}
+LOAD_FIELDS = {
+    "latency": {"batch_size"},
+    "throughput": {"num_prompts"},  # what each benchmark's flags set
+    "serve": {"num_prompts", "max_concurrency", "request_rate"},
+}
 
 
 class EngineArgs(SpecModel):
@@ -66,33 +74,58 @@ class MeasuredRun(SpecModel):
     id: str | None = Field(None, description="A name that tells the run apart when its label alone would not")
     quote: str | None = Field(None, description="A line of the source holding some of the figures")
     notes: str | None = None
-    engine: Literal["vllm", "sglang"] = Field("vllm", description=(
-        "sglang replays with SGLang's scheduler (prefill first, admission by estimated memory) and radix cache"))
-    engine_version: str | None = Field(None, description=(
-        "The engine's release (0.11.0, 0.6.7.dev121 ...); None: a recent one. It decides how a rate's arrivals "
-        "are paced"))
+    engine: Literal["vllm", "sglang"] = Field(
+        "vllm",
+        description=(
+            "sglang replays with SGLang's scheduler (prefill first, admission by estimated memory) and radix cache"
+        ),
+    )
+    engine_version: str | None = Field(
+        None,
+        description=(
+            "The engine's release (0.11.0, 0.6.7.dev121 ...); None: a recent one. It decides how a rate's arrivals "
+            "are paced"
+        ),
+    )
     gpu: str
-    gpu_files: list[Path] = Field(default_factory=list, description=(
-        "GPU catalog YAML files (`gpus:` lists) that define `gpu` when the bundled catalog does not; relative "
-        "paths resolve against the runs file's folder"))
+    gpu_files: list[Path] = Field(
+        default_factory=list,
+        description=(
+            "GPU catalog YAML files (`gpus:` lists) that define `gpu` when the bundled catalog does not; relative "
+            "paths resolve against the runs file's folder"
+        ),
+    )
     tp: int = Field(1, ge=1)
     model: str
     weight_dtype: str = "auto"
     kv_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
     engine_args: EngineArgs = EngineArgs()
     benchmark: Literal["serve", "throughput", "latency"]
-    dataset: Literal["random", "sharegpt"] = Field("random", description=(
-        "random: fixed lengths, replayed exactly; sharegpt: replayed at the run's mean lengths (its token totals "
-        "over its prompts), so only its per-token figures (TPOT, ITL) are worth comparing"))
+    dataset: Literal["random", "sharegpt"] = Field(
+        "random",
+        description=(
+            "random: fixed lengths, replayed exactly; sharegpt: replayed at the run's mean lengths (its token totals "
+            "over its prompts), so only its per-token figures (TPOT, ITL) are worth comparing"
+        ),
+    )
     input_len: int = Field(ge=1)
     output_len: int = Field(ge=1)
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
-    request_rate: float = Field(math.inf, gt=0, allow_inf_nan=True, description=(
-        "Requests/s; inf: all at once. vLLM since 0.10.1 paces the arrivals so the last request leaves at "
-        "num_prompts / rate; SGLang and older vLLM send a renewal process from t = 0"))
-    burstiness: float = Field(1.0, gt=0, description=(
-        "vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson"))
+    request_rate: float = Field(
+        math.inf,
+        gt=0,
+        allow_inf_nan=True,
+        description=(
+            "Requests/s; inf: all at once. vLLM since 0.10.1 paces the arrivals so the last request leaves at "
+            "num_prompts / rate; SGLang and older vLLM send a renewal process from t = 0"
+        ),
+    )
+    burstiness: float = Field(
+        1.0,
+        gt=0,
+        description=("vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson"),
+    )
     batch_size: int | None = Field(None, ge=1, description="bench latency: prompts in the one batch")
     measured: dict[MetricName, float] = Field(min_length=1)  # type: ignore[valid-type]
 
@@ -117,14 +150,22 @@ class MeasuredRun(SpecModel):
         elif self.num_prompts is None:
             raise ValueError(f"a {self.benchmark} benchmark needs num_prompts")
         if self.max_concurrency is not None and math.isfinite(self.request_rate):
-            raise ValueError("a finite request_rate together with max_concurrency is not modelled "
-                             "(closed-loop clients send as soon as they are free)")
+            raise ValueError(
+                "a finite request_rate together with max_concurrency is not modelled "
+                "(closed-loop clients send as soon as they are free)"
+            )
         if (LATENCY in self.measured) != (self.benchmark == "latency"):
             raise ValueError("latency_s is the figure of latency benchmarks, and theirs only")
-        given = {k for k, v in (("num_prompts", self.num_prompts), ("batch_size", self.batch_size),
-                                ("max_concurrency", self.max_concurrency),
-                                ("request_rate", self.request_rate if math.isfinite(self.request_rate) else None))
-                 if v is not None}
+        given = {
+            k
+            for k, v in (
+                ("num_prompts", self.num_prompts),
+                ("batch_size", self.batch_size),
+                ("max_concurrency", self.max_concurrency),
+                ("request_rate", self.request_rate if math.isfinite(self.request_rate) else None),
+            )
+            if v is not None
+        }
         foreign = sorted(given - LOAD_FIELDS[self.benchmark])
         if foreign:
             raise ValueError(f"a {self.benchmark} benchmark has no {', '.join(foreign)}")
@@ -173,24 +214,41 @@ class MeasuredRun(SpecModel):
         when given."""
         if self.id:
             return self.id
-        load = (f"batch {self.batch_size}" if self.benchmark == "latency"
-                else f"c={self.max_concurrency}" if self.max_concurrency
-                else f"{self.request_rate:g} req/s" if math.isfinite(self.request_rate) else "all at once")
+        load = (
+            f"batch {self.batch_size}"
+            if self.benchmark == "latency"
+            else f"c={self.max_concurrency}"
+            if self.max_concurrency
+            else f"{self.request_rate:g} req/s"
+            if math.isfinite(self.request_rate)
+            else "all at once"
+        )
         extras = [f"TP{self.tp}"] * (self.tp > 1) + [self.engine] * (self.engine != "vllm")
         extras += [self.weight_dtype] * (self.weight_dtype not in ("auto", "bf16"))
         count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
-        return " ".join([self.model, self.gpu, *extras, self.benchmark, f"{self.input_len}/{self.output_len}",
-                         load]) + count
+        return (
+            " ".join(
+                [self.model, self.gpu, *extras, self.benchmark, f"{self.input_len}/{self.output_len}", load]
+            )
+            + count
+        )
 
 
 def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) -> Scenario:
     """The simulated twin of `run`: same model, GPU, TP, stated flags and load, vLLM's defaults otherwise;
     `profile` is a calibration profile's name or path (default: the cost model's documented defaults)."""
     args = run.engine_args
-    engine: dict[str, Any] = {k: v for k, v in (
-        ("max_num_seqs", args.max_num_seqs), ("max_num_batched_tokens", args.max_num_batched_tokens),
-        ("max_model_len", args.max_model_len), ("gpu_memory_utilization", args.gpu_memory_utilization),
-        ("enable_chunked_prefill", args.enable_chunked_prefill)) if v is not None}
+    engine: dict[str, Any] = {
+        k: v
+        for k, v in (
+            ("max_num_seqs", args.max_num_seqs),
+            ("max_num_batched_tokens", args.max_num_batched_tokens),
+            ("max_model_len", args.max_model_len),
+            ("gpu_memory_utilization", args.gpu_memory_utilization),
+            ("enable_chunked_prefill", args.enable_chunked_prefill),
+        )
+        if v is not None
+    }
     engine["weight_dtype"] = run.weight_dtype
     if run.engine == "sglang":
         engine["scheduler"] = "sglang"
@@ -203,31 +261,45 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     try:
         gpu = get_gpu(run.gpu, tuple(run.gpu_files))
     except SpecError as err:
-        raise SpecError(f"{run.source} ({run.label()}): {err}; a GPU of your own: the run's gpu_files or "
-                        "--gpu-file") from None
-    if run.benchmark != "serve" and run.engine == "vllm":  # the offline LLM class's larger budget, unless stated
+        raise SpecError(
+            f"{run.source} ({run.label()}): {err}; a GPU of your own: the run's gpu_files or --gpu-file"
+        ) from None
+    if (
+        run.benchmark != "serve" and run.engine == "vllm"
+    ):  # the offline LLM class's larger budget, unless stated
         tokens, seqs = vllm_batch_defaults(gpu, offline=True)
         engine.setdefault("max_num_batched_tokens", tokens)
         engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
     caching = "radix" if run.engine == "sglang" else "vllm"
-    caching_on = args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"
+    caching_on = (
+        args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"
+    )
     engine["prefix_caching"] = caching if caching_on else "none"  # bench latency turns it off by default
-    lengths = {"prompt": {"kind": "fixed", "value": run.input_len},
-               "output": {"kind": "fixed", "value": run.output_len}}
+    lengths = {
+        "prompt": {"kind": "fixed", "value": run.input_len},
+        "output": {"kind": "fixed", "value": run.output_len},
+    }
     workload: dict[str, Any] = {"lengths": lengths, "num_requests": run.num_requests}
     if run.max_concurrency is not None:
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
     elif math.isfinite(run.request_rate):
-        workload["arrivals"] = ({"kind": "poisson"} if run.burstiness == 1.0 else
-                                {"kind": "gamma", "cv": run.burstiness ** -0.5}) | {
-            "rate_per_s": run.request_rate, "paced": run.paced_arrivals}
+        workload["arrivals"] = (
+            {"kind": "poisson"} if run.burstiness == 1.0 else {"kind": "gamma", "cv": run.burstiness**-0.5}
+        ) | {"rate_per_s": run.request_rate, "paced": run.paced_arrivals}
     else:
         workload["arrivals"] = {"kind": "all_at_once"}
     hardware = {"gpu": run.gpu, "gpu_files": [str(f) for f in run.gpu_files]}
     if profile:
         hardware["profile"] = profile
-    raw = {"name": "measured", "seed": seed, "model": run.model, "hardware": hardware,
-           "parallelism": {"tp": run.tp}, "engine": engine, "workload": workload}
+    raw = {
+        "name": "measured",
+        "seed": seed,
+        "model": run.model,
+        "hardware": hardware,
+        "parallelism": {"tp": run.tp},
+        "engine": engine,
+        "workload": workload,
+    }
     try:
         return Scenario.model_validate(raw)
     except ValidationError as err:
@@ -247,7 +319,10 @@ class MetricError:
 
 
 def compare(run: MeasuredRun, summary: dict[str, float]) -> list[MetricError]:
-    return [MetricError(metric, value, float(summary[SUMMARY_KEY[metric]])) for metric, value in run.measured.items()]
+    return [
+        MetricError(metric, value, float(summary[SUMMARY_KEY[metric]]))
+        for metric, value in run.measured.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -265,13 +340,17 @@ def replay_run(run: MeasuredRun, profile: str | None = None) -> Replayed:
     result = simulate(scenario_for(run, profile), Path.cwd())
     if result.summary["completed"] != run.num_requests:
         reasons = result.requests["reject_reason"].dropna().unique().tolist()
-        raise SpecError(f"{run.source} ({run.label()}): the simulated engine finished "
-                        f"{result.summary['completed']} of {run.num_requests} requests"
-                        + (f"; it rejected some: {reasons[0]}" if reasons else ""))
+        raise SpecError(
+            f"{run.source} ({run.label()}): the simulated engine finished "
+            f"{result.summary['completed']} of {run.num_requests} requests"
+            + (f"; it rejected some: {reasons[0]}" if reasons else "")
+        )
     errors = compare(run, result.summary)
     missing = [e.metric for e in errors if not (math.isfinite(e.predicted) and e.predicted > 0)]
     if missing:
-        raise SpecError(f"{run.source} ({run.label()}): the simulation gives no value for {', '.join(missing)}")
+        raise SpecError(
+            f"{run.source} ({run.label()}): the simulation gives no value for {', '.join(missing)}"
+        )
     return Replayed(errors, int(result.summary["preemptions"]))
 
 
@@ -280,10 +359,17 @@ def replay(run: MeasuredRun, profile: str | None = None) -> list[MetricError]:
 
 
 # `vllm bench serve --save-result` JSON key -> MeasuredRun figure (the others keep their names)
-VLLM_RESULT_FIGURES = {"duration": "duration_s", "request_throughput": "request_throughput",
-                       "output_throughput": "output_throughput", "total_token_throughput": "total_token_throughput",
-                       **{k: k for k in SUMMARY_KEY if k.endswith("_ms")}}
-LENGTH_SPREAD, LENGTH_SLACK = 0.05, 4  # a random-dataset prompt re-tokenizes a few tokens off its nominal length
+VLLM_RESULT_FIGURES = {
+    "duration": "duration_s",
+    "request_throughput": "request_throughput",
+    "output_throughput": "output_throughput",
+    "total_token_throughput": "total_token_throughput",
+    **{k: k for k in SUMMARY_KEY if k.endswith("_ms")},
+}
+LENGTH_SPREAD, LENGTH_SLACK = (
+    0.05,
+    4,
+)  # a random-dataset prompt re-tokenizes a few tokens off its nominal length
 
 
 def _fixed_length(lengths: list[int] | None, given: int | None, what: str, source: str) -> int:
@@ -292,12 +378,16 @@ def _fixed_length(lengths: list[int] | None, given: int | None, what: str, sourc
     if given is not None:
         return given
     if not lengths:
-        raise SpecError(f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
-                        f"so give it: --set {what}_len=N")
+        raise SpecError(
+            f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
+            f"so give it: --set {what}_len=N"
+        )
     mean = sum(lengths) / len(lengths)
     if max(lengths) - min(lengths) > max(LENGTH_SPREAD * mean, LENGTH_SLACK):
-        raise SpecError(f"{source}: {what} lengths vary from {min(lengths)} to {max(lengths)}; only fixed-length "
-                        "runs replay (--dataset-name random --random-range-ratio 0 --ignore-eos)")
+        raise SpecError(
+            f"{source}: {what} lengths vary from {min(lengths)} to {max(lengths)}; only fixed-length "
+            "runs replay (--dataset-name random --random-range-ratio 0 --ignore-eos)"
+        )
     return round(mean)
 
 
@@ -313,16 +403,29 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
     if data.get("failed"):
         raise SpecError(f"{path}: {data['failed']} request(s) failed, and the figures cover only the others")
     setup = dict(setup)
-    lengths = {what: _fixed_length(data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path))
-               for what in ("input", "output")}
-    measured = {figure: float(data[key]) for key, figure in VLLM_RESULT_FIGURES.items()
-                if isinstance(data.get(key), (int, float)) and math.isfinite(data[key]) and data[key] > 0}
+    lengths = {
+        what: _fixed_length(data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path))
+        for what in ("input", "output")
+    }
+    measured = {
+        figure: float(data[key])
+        for key, figure in VLLM_RESULT_FIGURES.items()
+        if isinstance(data.get(key), (int, float)) and math.isfinite(data[key]) and data[key] > 0
+    }
     if lengths["output"] == 1:  # vLLM writes 0 for the TPOT and ITL of one-token answers
         measured = {k: v for k, v in measured.items() if "tpot" not in k and "itl" not in k}
-    fields = {"source": str(path), "benchmark": "serve", "num_prompts": data["num_prompts"],
-              "max_concurrency": data.get("max_concurrency"), "request_rate": data.get("request_rate", "inf"),
-              "burstiness": data.get("burstiness") or 1.0, "input_len": lengths["input"],
-              "output_len": lengths["output"], "measured": measured, **setup}
+    fields = {
+        "source": str(path),
+        "benchmark": "serve",
+        "num_prompts": data["num_prompts"],
+        "max_concurrency": data.get("max_concurrency"),
+        "request_rate": data.get("request_rate", "inf"),
+        "burstiness": data.get("burstiness") or 1.0,
+        "input_len": lengths["input"],
+        "output_len": lengths["output"],
+        "measured": measured,
+        **setup,
+    }
     try:
         return MeasuredRun.model_validate(fields)
     except ValidationError as err:
@@ -340,10 +443,13 @@ def load_measured_runs(path: Path) -> list[MeasuredRun]:
             run = MeasuredRun.model_validate(entry)
         except ValidationError as err:
             raise first_error(err, f"{path}: entry {i}", MeasuredRun) from None
-        run = run.model_copy(update={"gpu_files": [path.parent / f for f in run.gpu_files]})  # beside the file
+        run = run.model_copy(
+            update={"gpu_files": [path.parent / f for f in run.gpu_files]}
+        )  # beside the file
         if run.label() in seen:
-            raise SpecError(f"{path}: entries {seen[run.label()]} and {i} are both {run.label()!r}; "
-                            "give one an id")
+            raise SpecError(
+                f"{path}: entries {seen[run.label()]} and {i} are both {run.label()!r}; give one an id"
+            )
         seen[run.label()] = i
         runs.append(run)
     return runs
@@ -358,7 +464,9 @@ def with_gpu_files(runs: list[MeasuredRun], gpu_files: list[Path]) -> list[Measu
     """`runs`, each also reading `gpu_files` (a CLI's --gpu-file) for its GPU, every file once."""
     if not gpu_files:
         return runs
-    return [run.model_copy(update={"gpu_files": distinct_files([*gpu_files, *run.gpu_files])}) for run in runs]
+    return [
+        run.model_copy(update={"gpu_files": distinct_files([*gpu_files, *run.gpu_files])}) for run in runs
+    ]
 
 
 def select(runs: list[MeasuredRun], match: str | None) -> list[MeasuredRun]:

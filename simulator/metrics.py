@@ -33,8 +33,19 @@ import pandas as pd
 
 from workloads.request import Request
 
-STEP_COLUMNS = ("time_s", "duration_s", "replica", "num_requests", "prefill_tokens", "decode_tokens",
-                "num_running", "num_waiting", "kv_blocks_used", "kv_usage", "num_preempted")
+STEP_COLUMNS = (
+    "time_s",
+    "duration_s",
+    "replica",
+    "num_requests",
+    "prefill_tokens",
+    "decode_tokens",
+    "num_running",
+    "num_waiting",
+    "kv_blocks_used",
+    "kv_usage",
+    "num_preempted",
+)
 
 
 @dataclass
@@ -43,12 +54,26 @@ class StepLog:
     micro-batch's stage times, without its waits for stages busy with others). Columnar arrays keep 1M steps
     cheap."""
 
-    columns: dict[str, array] = field(default_factory=lambda: {
-        name: array("d" if name in ("time_s", "duration_s", "kv_usage") else "q") for name in STEP_COLUMNS})
+    columns: dict[str, array] = field(
+        default_factory=lambda: {
+            name: array("d" if name in ("time_s", "duration_s", "kv_usage") else "q") for name in STEP_COLUMNS
+        }
+    )
 
-    def record(self, time_s: float, duration_s: float, replica: int, num_requests: int, prefill_tokens: int,
-               decode_tokens: int, num_running: int, num_waiting: int, kv_blocks_used: int, kv_usage: float,
-               num_preempted: int) -> None:
+    def record(
+        self,
+        time_s: float,
+        duration_s: float,
+        replica: int,
+        num_requests: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        num_running: int,
+        num_waiting: int,
+        kv_blocks_used: int,
+        kv_usage: float,
+        num_preempted: int,
+    ) -> None:
         c = self.columns
         c["time_s"].append(time_s)
         c["duration_s"].append(duration_s)
@@ -70,9 +95,13 @@ class StepLog:
     def frame(self) -> pd.DataFrame:
         """Rows by end time, then replica: the order does not depend on how the run was stepped. Each column is
         copied once, in that order, and not again by pandas: a million-step log is held twice at most, not thrice."""
-        views = {name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
-                 for name, col in self.columns.items()}
-        order = np.lexsort((views["replica"], views["time_s"]))  # stable: ties keep the order they were logged in
+        views = {
+            name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
+            for name, col in self.columns.items()
+        }
+        order = np.lexsort(
+            (views["replica"], views["time_s"])
+        )  # stable: ties keep the order they were logged in
         return pd.DataFrame({name: values[order] for name, values in views.items()}, copy=False)
 
 
@@ -89,7 +118,9 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "cached_tokens": [r.num_cached_tokens for r in requests],
         "preemptions": [r.num_preemptions for r in requests],
         "replica": [r.replica for r in requests],
-        "dp_rank": pd.array([r.extra.get("dp_rank") for r in requests], dtype="Int64"),  # DP attention: its rank
+        "dp_rank": pd.array(
+            [r.extra.get("dp_rank") for r in requests], dtype="Int64"
+        ),  # DP attention: its rank
         # (P/D: the decode rank); missing where it never reached one
         "scheduled_s": [r.scheduled_s for r in requests],
         "session_id": [r.session_id for r in requests],
@@ -102,13 +133,24 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "kv_transfer_bytes": [r.extra.get("kv_transfer_bytes") for r in requests],
         "decode_hit_tokens": [r.extra.get("decode_hit_tokens") for r in requests],
     }
-    df = pd.DataFrame(rows).astype({"scheduled_s": float, "first_token_s": float, "finish_s": float, "decode_wait_s": float,
-                                    "kv_transfer_s": float, "kv_transfer_bytes": float, "decode_hit_tokens": float})
+    df = pd.DataFrame(rows).astype(
+        {
+            "scheduled_s": float,
+            "first_token_s": float,
+            "finish_s": float,
+            "decode_wait_s": float,
+            "kv_transfer_s": float,
+            "kv_transfer_bytes": float,
+            "decode_hit_tokens": float,
+        }
+    )
     df["queue_s"] = df["scheduled_s"] - df["arrival_s"]
     df["ttft_s"] = df["first_token_s"] - df["arrival_s"]
     df["e2el_s"] = df["finish_s"] - df["arrival_s"]
     multi = df["output_tokens"] > 1
-    df["tpot_s"] = np.where(multi, (df["e2el_s"] - df["ttft_s"]) / (df["output_tokens"] - 1).clip(lower=1), np.nan)
+    df["tpot_s"] = np.where(
+        multi, (df["e2el_s"] - df["ttft_s"]) / (df["output_tokens"] - 1).clip(lower=1), np.nan
+    )
     return df
 
 
@@ -117,13 +159,22 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
     values_ms = values_ms[~np.isnan(values_ms)]
     if not len(values_ms):
         return {f"{k}_{prefix}_ms": float("nan") for k in ("mean", "median", "std", "p90", "p99")}
-    return {f"mean_{prefix}_ms": float(values_ms.mean()), f"median_{prefix}_ms": float(np.median(values_ms)),
-            f"std_{prefix}_ms": float(values_ms.std()), f"p90_{prefix}_ms": float(np.percentile(values_ms, 90)),
-            f"p99_{prefix}_ms": float(np.percentile(values_ms, 99))}
+    return {
+        f"mean_{prefix}_ms": float(values_ms.mean()),
+        f"median_{prefix}_ms": float(np.median(values_ms)),
+        f"std_{prefix}_ms": float(values_ms.std()),
+        f"p90_{prefix}_ms": float(np.percentile(values_ms, 90)),
+        f"p99_{prefix}_ms": float(np.percentile(values_ms, 99)),
+    }
 
 
-def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
-              slo_ms: dict[str, float] | None = None, stop_s: float | None = None) -> dict[str, float]:
+def summarize(
+    requests: pd.DataFrame,
+    steps: pd.DataFrame,
+    itl_s: np.ndarray,
+    slo_ms: dict[str, float] | None = None,
+    stop_s: float | None = None,
+) -> dict[str, float]:
     """The run's summary with vLLM bench serve's key names where one exists. SLO keys: ttft, tpot, e2el.
     `stop_s`: when the run was cut off, if it was (unfinished requests are judged against it)."""
     done = requests[requests["finish_s"].notna()]
@@ -132,17 +183,26 @@ def summarize(requests: pd.DataFrame, steps: pd.DataFrame, itl_s: np.ndarray,
     arrived = sent_mask(requests, stop_s)
     unfinished = unfinished_requests(requests, stop_s)
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
-    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))  # none: 0/s
+    per_s = (
+        (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))
+    )  # none: 0/s
     out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())
     summary = {
-        "completed": len(done), "rejected": rejected, "unfinished": len(unfinished),
+        "completed": len(done),
+        "rejected": rejected,
+        "unfinished": len(unfinished),
         "not_arrived": int((open_ & ~arrived).sum()),
         "duration_s": duration,
-        "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
-        "request_throughput": per_s(len(done)), "output_throughput": per_s(out_tokens),
+        "total_input_tokens": in_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": per_s(len(done)),
+        "output_throughput": per_s(out_tokens),
         "total_token_throughput": per_s(in_tokens + out_tokens),
-        **_stats("ttft", done["ttft_s"]), **_stats("tpot", done["tpot_s"]), **_stats("itl", itl_s),
-        **_stats("e2el", done["e2el_s"]), **_stats("queue", done["queue_s"]),
+        **_stats("ttft", done["ttft_s"]),
+        **_stats("tpot", done["tpot_s"]),
+        **_stats("itl", itl_s),
+        **_stats("e2el", done["e2el_s"]),
+        **_stats("queue", done["queue_s"]),
         "preemptions": int(requests["preemptions"].sum()),
         "num_steps": len(steps),
     }
@@ -173,7 +233,9 @@ def sent_mask(requests: pd.DataFrame, stop_s: float | None) -> pd.Series:
 
 def unfinished_requests(requests: pd.DataFrame, stop_s: float | None) -> pd.DataFrame:
     """Requests sent but neither completed nor rejected when the run stopped (the summary's `unfinished`)."""
-    return requests[requests["finish_s"].isna() & requests["reject_reason"].isna() & sent_mask(requests, stop_s)]
+    return requests[
+        requests["finish_s"].isna() & requests["reject_reason"].isna() & sent_mask(requests, stop_s)
+    ]
 
 
 def known_misses(unfinished: pd.DataFrame, slo_ms: dict[str, float], stop_s: float) -> np.ndarray:
@@ -192,8 +254,9 @@ def known_misses(unfinished: pd.DataFrame, slo_ms: dict[str, float], stop_s: flo
     return miss
 
 
-def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas: list[int],
-                           gpus_of_replica: dict[int, int]) -> dict:
+def cache_and_load_summary(
+    requests: pd.DataFrame, steps: pd.DataFrame, replicas: list[int], gpus_of_replica: dict[int, int]
+) -> dict:
     """Prefix-cache, response-cache and per-replica load figures.
 
     - prefix_cache_hit_rate: prompt tokens served from the KV prefix cache at first admission / prompt tokens
@@ -221,7 +284,9 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: pd.DataFrame, replicas
         "response_cache_hits": len(cache_hits),
         "response_cache_hit_rate": len(cache_hits) / len(requests) if len(requests) else 0.0,
         "response_cache_false_hits": int(cache_hits["false_hit"].sum()),
-        "gpu_time_saved_s": float((cache_hits["prompt_tokens"] + cache_hits["requested_output_tokens"] - 1).sum())
+        "gpu_time_saved_s": float(
+            (cache_hits["prompt_tokens"] + cache_hits["requested_output_tokens"] - 1).sum()
+        )
         * gpu_s_per_position,
         "replica_requests": [int(n) for n in per_replica],
         "load_imbalance": float(per_replica.max() / per_replica.mean()) if per_replica.mean() > 0 else 0.0,
@@ -232,6 +297,10 @@ def transfer_summary(requests: pd.DataFrame) -> dict:
     """P/D disaggregation: KV hand-off time (wire, after the prefill), decode-block wait, bytes moved, prompt
     tokens the decode side found in its own prefix cache (not sent)."""
     moved = requests[requests["kv_transfer_s"].notna()]
-    return {**_stats("kv_transfer", moved["kv_transfer_s"]), **_stats("decode_wait", moved["decode_wait_s"]),
-            "kv_transfer_bytes": float(moved["kv_transfer_bytes"].sum()), "kv_transfers": len(moved),
-            "decode_hit_tokens": int(moved["decode_hit_tokens"].sum())}
+    return {
+        **_stats("kv_transfer", moved["kv_transfer_s"]),
+        **_stats("decode_wait", moved["decode_wait_s"]),
+        "kv_transfer_bytes": float(moved["kv_transfer_bytes"].sum()),
+        "kv_transfers": len(moved),
+        "decode_hit_tokens": int(moved["decode_hit_tokens"].sum()),
+    }

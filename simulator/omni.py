@@ -31,21 +31,33 @@ class StageConfig(SpecModel):
     """One stage of a pipeline: an engine (or several replicas) serving its own model."""
 
     name: str = Field(description="Stage name, e.g. thinker, talker, codec")
-    model: str | None = Field(None, description="Model preset or config.json path (None: the scenario's model)")
+    model: str | None = Field(
+        None, description="Model preset or config.json path (None: the scenario's model)"
+    )
     gpu: str | None = Field(None, description="GPU name (None: the scenario's)")
     tp: int = Field(1, ge=1, description="Tensor-parallel GPUs per replica")
     replicas: int = Field(1, ge=1, description="Replicas of this stage")
     router: str = Field("round_robin", description="Routing policy across this stage's replicas")
-    engine: dict[str, Any] = Field(default_factory=dict, description="Engine fields overriding the scenario's")
-    prompt_ratio: float = Field(1.0, gt=0, description="Later stages: prompt tokens per output token of the "
-                                                       "previous stage")
-    output_ratio: float = Field(1.0, gt=0, description="Later stages: output tokens per output token of the "
-                                                       "previous stage")
-    outputs: list[OutputTensorConfig] = Field(default_factory=lambda: [OutputTensorConfig()], description=(
-        "Tensors handed to the next stage, one row per prompt + output token"))
-    cache_outputs: bool = Field(False, description=(
-        "vLLM-Omni stage-output prefix cache: keep `outputs` in pinned host memory, one "
-        "[num_blocks, block_size, dims] buffer each (reported in the memory plan)"))
+    engine: dict[str, Any] = Field(
+        default_factory=dict, description="Engine fields overriding the scenario's"
+    )
+    prompt_ratio: float = Field(
+        1.0, gt=0, description="Later stages: prompt tokens per output token of the previous stage"
+    )
+    output_ratio: float = Field(
+        1.0, gt=0, description="Later stages: output tokens per output token of the previous stage"
+    )
+    outputs: list[OutputTensorConfig] = Field(
+        default_factory=lambda: [OutputTensorConfig()],
+        description=("Tensors handed to the next stage, one row per prompt + output token"),
+    )
+    cache_outputs: bool = Field(
+        False,
+        description=(
+            "vLLM-Omni stage-output prefix cache: keep `outputs` in pinned host memory, one "
+            "[num_blocks, block_size, dims] buffer each (reported in the memory plan)"
+        ),
+    )
 
     @field_validator("model")
     @classmethod
@@ -55,5 +67,7 @@ class StageConfig(SpecModel):
 
 def stage_lengths(stage: StageConfig, prev_output_tokens: int) -> tuple[int, int]:
     """(prompt, output) tokens of a later stage for a request whose previous stage generated `prev_output_tokens`."""
-    return (max(1, round(prev_output_tokens * stage.prompt_ratio)),
-            max(1, round(prev_output_tokens * stage.output_ratio)))
+    return (
+        max(1, round(prev_output_tokens * stage.prompt_ratio)),
+        max(1, round(prev_output_tokens * stage.output_ratio)),
+    )

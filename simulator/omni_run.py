@@ -83,21 +83,30 @@ def _check_stage_cache(stage: str, e: EngineConfig, memory: MemoryPlan) -> None:
     if any(w is not None for w in memory.kv_windows) or memory.swa_window is not None:
         why = "the stage's model has sliding-window layers (hybrid KV cache groups)"
     elif e.prefix_caching == "radix" and e.radix_page_size < e.block_size:
-        why = f"radix pages of {e.radix_page_size} tokens match prefixes smaller than a block ({e.block_size})"
+        why = (
+            f"radix pages of {e.radix_page_size} tokens match prefixes smaller than a block ({e.block_size})"
+        )
     elif e.speculative is not None:
         why = "the stage decodes speculatively"
     if why:
-        raise SpecError(f"stages[{stage!r}].cache_outputs: vLLM-Omni refuses the stage-output cache when {why}; "
-                        "set cache_outputs: false")
+        raise SpecError(
+            f"stages[{stage!r}].cache_outputs: vLLM-Omni refuses the stage-output cache when {why}; "
+            "set cache_outputs: false"
+        )
 
 
 def stage_scenario(s: Scenario, cfg: StageConfig) -> Scenario:
     """The scenario as one stage sees it: its model, GPU, parallelism and engine."""
     engine = s.engine_with(cfg.engine)
-    return s.model_copy(update={
-        "model": cfg.model or s.model, "engine": engine, "stages": None,
-        "hardware": s.hardware.model_copy(update={"gpu": cfg.gpu or s.hardware.gpu}),
-        "parallelism": ParallelismConfig(tp=cfg.tp)}).with_engine_defaults()
+    return s.model_copy(
+        update={
+            "model": cfg.model or s.model,
+            "engine": engine,
+            "stages": None,
+            "hardware": s.hardware.model_copy(update={"gpu": cfg.gpu or s.hardware.gpu}),
+            "parallelism": ParallelismConfig(tp=cfg.tp),
+        }
+    ).with_engine_defaults()
 
 
 class Pipeline:
@@ -105,25 +114,34 @@ class Pipeline:
 
     def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None):
         if s.disaggregation is not None or s.cluster.replicas != 1:
-            raise SpecError("stages: set replicas per stage (stages[i].replicas); disaggregation and "
-                            "cluster.replicas do not combine with a pipeline")
+            raise SpecError(
+                "stages: set replicas per stage (stages[i].replicas); disaggregation and "
+                "cluster.replicas do not combine with a pipeline"
+            )
         if s.parallelism != ParallelismConfig():
-            raise SpecError("stages: set tensor parallelism per stage (stages[i].tp); the parallelism section does "
-                            "not apply to a pipeline's stages, which run at pp 1 without ep or dp_attention")
+            raise SpecError(
+                "stages: set tensor parallelism per stage (stages[i].tp); the parallelism section does "
+                "not apply to a pipeline's stages, which run at pp 1 without ep or dp_attention"
+            )
         if s.app_cache.kind != "none":
-            raise SpecError(f"stages: app_cache kind {s.app_cache.kind!r} in front of a pipeline is not modelled; "
-                            "set app_cache.kind: none")
+            raise SpecError(
+                f"stages: app_cache kind {s.app_cache.kind!r} in front of a pipeline is not modelled; "
+                "set app_cache.kind: none"
+            )
         seeds = np.random.SeedSequence(s.seed).spawn(2 + len(s.stages))
         self.scenario, self.on_progress, self.completed = s, on_progress, 0
         self.workload = _workload(s, np.random.default_rng(seeds[0]), base_dir)
         self.env = simpy.Environment()
         self.steps = StepLog()
-        self.origin: list[dict[int, Request]] = [{} for _ in s.stages]  # per stage: its request id -> the client's
+        self.origin: list[dict[int, Request]] = [
+            {} for _ in s.stages
+        ]  # per stage: its request id -> the client's
         self.stages: list[Stage] = []
         for i, cfg in enumerate(s.stages):
             self.stages.append(self._stage(cfg, i, np.random.default_rng(seeds[2 + i])))
-        self.traffic = Traffic(self.env, self.workload, lambda req: self._enter(0, req, req),
-                               np.random.default_rng(seeds[1]))
+        self.traffic = Traffic(
+            self.env, self.workload, lambda req: self._enter(0, req, req), np.random.default_rng(seeds[1])
+        )
 
     def _stage(self, cfg: StageConfig, index: int, rng: np.random.Generator) -> Stage:
         s = stage_scenario(self.scenario, cfg)
@@ -138,23 +156,50 @@ class Pipeline:
             _check_stage_cache(cfg.name, e, memory)
             cached = tensors
         pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
-        stage = Stage(cfg, s, StageMemory(cfg.name, memory, num_blocks, cached, cfg.replicas),
-                      usable_pages(e, num_blocks * e.block_size // page_size),
-                      page_size, tensors, pcie.bytes_per_s, pcie.latency_s)
+        stage = Stage(
+            cfg,
+            s,
+            StageMemory(cfg.name, memory, num_blocks, cached, cfg.replicas),
+            usable_pages(e, num_blocks * e.block_size // page_size),
+            page_size,
+            tensors,
+            pcie.bytes_per_s,
+            pcie.latency_s,
+        )
         timer = build_timer(s)
         step_time, _ = build_step_time(s, memory, timer)  # a stage's engines run at pp 1
         stop_s = self.scenario.stop.max_sim_time_s or math.inf
-        fast = FastForward(timer, stage.tokens, self.env.peek, stop_s, False) if s.simulation.fast_forward else None
+        fast = (
+            FastForward(timer, stage.tokens, self.env.peek, stop_s, False)
+            if s.simulation.fast_forward
+            else None
+        )
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
         for number in range(first, first + cfg.replicas):
-            kv = make_kv_manager(e, stage.num_pages, page_size, memory.kv_windows,
-                                 memory.swa_pool(page_size, num_blocks=num_blocks))
-            scheduler = schedulers.get(e.scheduler)(kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks)
+            kv = make_kv_manager(
+                e,
+                stage.num_pages,
+                page_size,
+                memory.kv_windows,
+                memory.swa_pool(page_size, num_blocks=num_blocks),
+            )
+            scheduler = schedulers.get(e.scheduler)(
+                kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks
+            )
             if e.speculative is not None:
                 scheduler.speculator = Speculator(e.speculative, s.seed)
-            stage.replicas.append(Replica(self.env, number, scheduler, step_time, self.steps,
-                                          lambda req, i=index: self._finished(i, req), fast))
+            stage.replicas.append(
+                Replica(
+                    self.env,
+                    number,
+                    scheduler,
+                    step_time,
+                    self.steps,
+                    lambda req, i=index: self._finished(i, req),
+                    fast,
+                )
+            )
         stage.router = routers.get(cfg.router)(stage.replicas, rng)
         return stage
 
@@ -163,8 +208,15 @@ class Pipeline:
         stage = self.stages[index]
         stage.requests.append(req)
         self.origin[index][req.id] = origin
-        reason = rejection(req, stage.scenario.engine, stage.memory.plan.max_model_len, stage.num_pages, stage.page_size,
-                           stage.memory.plan.kv_windows, stage.replicas[0].scheduler)
+        reason = rejection(
+            req,
+            stage.scenario.engine,
+            stage.memory.plan.max_model_len,
+            stage.num_pages,
+            stage.page_size,
+            stage.memory.plan.kv_windows,
+            stage.replicas[0].scheduler,
+        )
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             origin.phase, origin.reject_reason = Phase.REJECTED, f"stage {stage.cfg.name}: {reason}"
@@ -188,8 +240,19 @@ class Pipeline:
         src.transfer_bytes += nbytes
         yield self.env.timeout(delay)
         prompt, output = stage_lengths(dst.cfg, req.num_generated)
-        self._enter(index + 1, Request(req.id, self.env.now, prompt, output, session_id=origin.session_id,
-                                       priority=origin.priority, turn=origin.turn), origin)
+        self._enter(
+            index + 1,
+            Request(
+                req.id,
+                self.env.now,
+                prompt,
+                output,
+                session_id=origin.session_id,
+                priority=origin.priority,
+                turn=origin.turn,
+            ),
+            origin,
+        )
 
     def _done(self, origin: Request) -> None:
         self.completed += 1
@@ -203,8 +266,13 @@ class Pipeline:
         steps = self.steps.frame()
         requests = request_frame(self._client_view())
         last = self.stages[-1]
-        summary = summarize(requests, steps, _itl(last.tokens), self.scenario.slo.as_ms(),
-                            stop_s=self.scenario.stop.max_sim_time_s)
+        summary = summarize(
+            requests,
+            steps,
+            _itl(last.tokens),
+            self.scenario.slo.as_ms(),
+            stop_s=self.scenario.stop.max_sim_time_s,
+        )
         for stage in self.stages:
             summary |= self._stage_summary(stage, steps)
         memory = PipelineMemory(tuple(stage.memory for stage in self.stages))
@@ -215,13 +283,25 @@ class Pipeline:
         """Each workload request as its client sees the pipeline: its arrival, the last stage's tokens."""
         last = {req.id: req for req in self.stages[-1].requests}
         view = []
-        for origin in sorted([*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id):
+        for origin in sorted(
+            [*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id
+        ):
             out = last.get(origin.id)
-            req = Request(origin.id, origin.arrival_s, origin.num_prompt_tokens,
-                          out.num_output_tokens if out else origin.num_output_tokens,
-                          session_id=origin.session_id, phase=origin.phase, reject_reason=origin.reject_reason)
+            req = Request(
+                origin.id,
+                origin.arrival_s,
+                origin.num_prompt_tokens,
+                out.num_output_tokens if out else origin.num_output_tokens,
+                session_id=origin.session_id,
+                phase=origin.phase,
+                reject_reason=origin.reject_reason,
+            )
             if out is not None and out.reject_reason is None:
-                req.first_token_s, req.finish_s, req.num_generated = out.first_token_s, out.finish_s, out.num_generated
+                req.first_token_s, req.finish_s, req.num_generated = (
+                    out.first_token_s,
+                    out.finish_s,
+                    out.num_generated,
+                )
                 req.replica, req.served_by = out.replica, "engine"
                 req.scheduled_s = origin.scheduled_s  # the first stage's queue
             view.append(req)
@@ -233,7 +313,9 @@ class Pipeline:
         stats = summarize(request_frame(stage.requests), own, _itl(stage.tokens))
         out = {f"stage_{stage.cfg.name}_{key}": stats[key] for key in STAGE_KEYS}
         transfer_ms = np.array(stage.transfer_s) * 1e3
-        out[f"stage_{stage.cfg.name}_mean_transfer_ms"] = float(transfer_ms.mean()) if len(transfer_ms) else 0.0
+        out[f"stage_{stage.cfg.name}_mean_transfer_ms"] = (
+            float(transfer_ms.mean()) if len(transfer_ms) else 0.0
+        )
         out[f"stage_{stage.cfg.name}_transfer_bytes"] = stage.transfer_bytes
         out[f"stage_{stage.cfg.name}_output_cache_host_bytes"] = stage.memory.host_cache_bytes
         return out

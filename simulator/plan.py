@@ -59,7 +59,9 @@ class Candidate:
     kind: str = "colocated"
     ratio: tuple[int, int] = (1, 1)
     pp: int = 1
-    layout: tuple[tuple[str, bool], ...] = ()  # parallelism.ep / dp_attention -> on or off, where the plan varies it
+    layout: tuple[
+        tuple[str, bool], ...
+    ] = ()  # parallelism.ep / dp_attention -> on or off, where the plan varies it
 
     @property
     def label(self) -> str:
@@ -72,12 +74,22 @@ class Candidate:
     def scenario(self, base: Scenario, replicas: int = 1) -> Scenario:
         """`base` deployed as `replicas` of this candidate (round-robin, or P/D pools with the scenario's transfer,
         routers and pool engine knobs: least-outstanding and the defaults when it has none)."""
-        overrides = {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "parallelism.pp": self.pp} | {
-            f"engine.{k}": v for k, v in self.knobs} | {f"parallelism.{name}": on for name, on in self.layout}
-        if self.kind == "pd":  # the scenario's transfer and pools' engine knobs and routers kept, its GPU now ours
+        overrides = (
+            {"hardware.gpu": self.gpu, "parallelism.tp": self.tp, "parallelism.pp": self.pp}
+            | {f"engine.{k}": v for k, v in self.knobs}
+            | {f"parallelism.{name}": on for name, on in self.layout}
+        )
+        if (
+            self.kind == "pd"
+        ):  # the scenario's transfer and pools' engine knobs and routers kept, its GPU now ours
             d = base.disaggregation.model_dump() if base.disaggregation is not None else {}
             for pool, count in zip(("prefill", "decode"), self.ratio):
-                d[pool] = d.get(pool, {}) | {"replicas": count * replicas, "gpu": None, "tp": self.tp, "pp": self.pp}
+                d[pool] = d.get(pool, {}) | {
+                    "replicas": count * replicas,
+                    "gpu": None,
+                    "tp": self.tp,
+                    "pp": self.pp,
+                }
             overrides |= {"cluster.replicas": 1, "disaggregation": d}
         else:
             overrides |= {"cluster.replicas": replicas, "cluster.router": "round_robin"}
@@ -92,7 +104,9 @@ class Evaluation:
     gpus_per_replica: int = 0
     price_per_replica_hour_usd: float = 0.0
     max_model_len: int = 0
-    rejection: str | None = None  # a reason code: cannot shard, does not fit, invalid, TTFT SLO, ..., too many
+    rejection: str | None = (
+        None  # a reason code: cannot shard, does not fit, invalid, TTFT SLO, ..., too many
+    )
     # replicas, costlier
     detail: str = ""
     capacity: CapacityResult | None = None
@@ -113,17 +127,28 @@ class Evaluation:
         if self.rejection is not None:
             return f"{self.candidate.label}: {self.rejection}"
         unit = self.capacity.unit if self.capacity else "req/s"
-        return (f"{self.candidate.label}: {self.rate_per_replica:.3g} {unit} per replica, {self.replicas} replica(s) "
-                f"({self.capacity.num_simulations if self.capacity else 0} simulations)")
+        return (
+            f"{self.candidate.label}: {self.rate_per_replica:.3g} {unit} per replica, {self.replicas} replica(s) "
+            f"({self.capacity.num_simulations if self.capacity else 0} simulations)"
+        )
 
     def as_dict(self) -> dict:
-        return {"candidate": self.candidate.label, "kind": self.candidate.kind, "gpu": self.candidate.gpu,
-                "tp": self.candidate.tp, "pp": self.candidate.pp, "knobs": dict(self.candidate.knobs),
-                **dict(self.candidate.layout),
-                "gpus_per_replica": self.gpus_per_replica,
-                "price_per_replica_hour_usd": self.price_per_replica_hour_usd,
-                "rejected": self.rejection, "detail": self.detail, "rate_per_replica": self.rate_per_replica,
-                "replicas": self.replicas, "capacity": self.capacity.as_dict() if self.capacity else None}
+        return {
+            "candidate": self.candidate.label,
+            "kind": self.candidate.kind,
+            "gpu": self.candidate.gpu,
+            "tp": self.candidate.tp,
+            "pp": self.candidate.pp,
+            "knobs": dict(self.candidate.knobs),
+            **dict(self.candidate.layout),
+            "gpus_per_replica": self.gpus_per_replica,
+            "price_per_replica_hour_usd": self.price_per_replica_hour_usd,
+            "rejected": self.rejection,
+            "detail": self.detail,
+            "rate_per_replica": self.rate_per_replica,
+            "replicas": self.replicas,
+            "capacity": self.capacity.as_dict() if self.capacity else None,
+        }
 
 
 @dataclass(frozen=True)
@@ -155,10 +180,12 @@ class Deployment:
         if not self.verdict.ok or limit is None or per_replica < limit.rate_per_s:
             return None
         unit = self.evaluation.capacity.unit
-        return (f"each replica carries {per_replica:.3g} {unit}, where one replica alone failed in sizing "
-                f"({', '.join(limit.reasons)} at {limit.rate_per_s:.3g} {unit}); the whole run passes, since "
-                f"round-robin smooths each replica's arrivals and each sees 1/{self.replicas} of the requests, "
-                "but with little margin: one more replica is safer")
+        return (
+            f"each replica carries {per_replica:.3g} {unit}, where one replica alone failed in sizing "
+            f"({', '.join(limit.reasons)} at {limit.rate_per_s:.3g} {unit}); the whole run passes, since "
+            f"round-robin smooths each replica's arrivals and each sees 1/{self.replicas} of the requests, "
+            "but with little margin: one more replica is safer"
+        )
 
     @property
     def label(self) -> str:
@@ -171,11 +198,17 @@ class Deployment:
         return f"{self.label} (${self.cost_per_hour_usd:.2f}/h): {verdict}"
 
     def as_dict(self) -> dict:
-        return {"deployment": self.label, "candidate": self.evaluation.candidate.label, "replicas": self.replicas,
-                **dict(self.evaluation.candidate.layout),
-                "gpus": self.replicas * self.evaluation.gpus_per_replica, "cost_per_hour_usd": self.cost_per_hour_usd,
-                "cost_per_million_output_tokens_usd": self.cost_per_million_output_tokens_usd,
-                "thin_margin": self.thin_margin, "verdict": self.verdict.as_dict()}
+        return {
+            "deployment": self.label,
+            "candidate": self.evaluation.candidate.label,
+            "replicas": self.replicas,
+            **dict(self.evaluation.candidate.layout),
+            "gpus": self.replicas * self.evaluation.gpus_per_replica,
+            "cost_per_hour_usd": self.cost_per_hour_usd,
+            "cost_per_million_output_tokens_usd": self.cost_per_million_output_tokens_usd,
+            "thin_margin": self.thin_margin,
+            "verdict": self.verdict.as_dict(),
+        }
 
 
 @dataclass
@@ -193,8 +226,10 @@ class PlanResult:
     def pareto(self, metric: str) -> list[Deployment]:
         """Passing deployments no other passing one beats on both cost/hour and `metric` (e.g. "p90_ttft_ms"),
         cheapest first."""
-        ranked = sorted((d for d in self.deployments if d.verdict.ok),
-                        key=lambda d: (d.cost_per_hour_usd, d.verdict.metrics[metric]))
+        ranked = sorted(
+            (d for d in self.deployments if d.verdict.ok),
+            key=lambda d: (d.cost_per_hour_usd, d.verdict.metrics[metric]),
+        )
         frontier, best = [], math.inf
         for d in ranked:
             if d.verdict.metrics[metric] < best:
@@ -204,36 +239,50 @@ class PlanResult:
 
     def as_dict(self) -> dict:
         pct = self.pct
-        return {"target_rate_per_s": self.target_rate_per_s, "rate_unit": self.unit,
-                "num_simulations": self.num_simulations,
-                "recommendation": self.recommendation.as_dict() if self.recommendation else None,
-                "next_cheaper": self.next_cheaper.as_dict() if self.next_cheaper else None,
-                "commands": self.commands,
-                "pareto_ttft": [d.as_dict() for d in self.pareto(f"{pct}_ttft_ms")],
-                "pareto_tpot": [d.as_dict() for d in self.pareto(f"{pct}_tpot_ms")],
-                "deployments": [d.as_dict() for d in self.deployments],
-                "candidates": [e.as_dict() for e in self.evaluations]}
+        return {
+            "target_rate_per_s": self.target_rate_per_s,
+            "rate_unit": self.unit,
+            "num_simulations": self.num_simulations,
+            "recommendation": self.recommendation.as_dict() if self.recommendation else None,
+            "next_cheaper": self.next_cheaper.as_dict() if self.next_cheaper else None,
+            "commands": self.commands,
+            "pareto_ttft": [d.as_dict() for d in self.pareto(f"{pct}_ttft_ms")],
+            "pareto_tpot": [d.as_dict() for d in self.pareto(f"{pct}_tpot_ms")],
+            "deployments": [d.as_dict() for d in self.deployments],
+            "candidates": [e.as_dict() for e in self.evaluations],
+        }
 
 
-def colocated_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int, tuple]],
-                         knobs: dict[str, list]) -> Iterator[Candidate]:
+def colocated_candidates(
+    s: Scenario, gpus: list[str], shapes: list[tuple[int, int, tuple]], knobs: dict[str, list]
+) -> Iterator[Candidate]:
     """GPU x (TP, PP, layout) x every combination of engine knob values, in the order given."""
     for gpu, (tp, pp, layout), values in itertools.product(gpus, shapes, itertools.product(*knobs.values())):
         yield Candidate(gpu, tp, tuple(zip(knobs, values)), pp=pp, layout=layout)
 
 
-def pd_candidates(s: Scenario, gpus: list[str], shapes: list[tuple[int, int, tuple]],
-                  knobs: dict[str, list]) -> Iterator[Candidate]:
+def pd_candidates(
+    s: Scenario, gpus: list[str], shapes: list[tuple[int, int, tuple]], knobs: dict[str, list]
+) -> Iterator[Candidate]:
     """Prefill/decode disaggregated units, GPU x (TP, PP, layout) x xPyD ratio (the `plan.pd_ratios`) x knobs."""
     ratios = s.plan.pd_ratios if s.plan else []
-    for gpu, (tp, pp, layout), ratio, values in itertools.product(gpus, shapes, ratios,
-                                                                   itertools.product(*knobs.values())):
-        yield Candidate(gpu, tp, tuple(zip(knobs, values)), kind="pd", ratio=(int(ratio[0]), int(ratio[1])), pp=pp,
-                        layout=layout)
+    for gpu, (tp, pp, layout), ratio, values in itertools.product(
+        gpus, shapes, ratios, itertools.product(*knobs.values())
+    ):
+        yield Candidate(
+            gpu,
+            tp,
+            tuple(zip(knobs, values)),
+            kind="pd",
+            ratio=(int(ratio[0]), int(ratio[1])),
+            pp=pp,
+            layout=layout,
+        )
 
 
-def shapes_of(base: Scenario, tps: list[int], pps: list[int],
-              layouts: dict[str, list[bool]]) -> list[tuple[int, int, tuple[tuple[str, bool], ...]]]:
+def shapes_of(
+    base: Scenario, tps: list[int], pps: list[int], layouts: dict[str, list[bool]]
+) -> list[tuple[int, int, tuple[tuple[str, bool], ...]]]:
     """(TP, PP, layout) of every candidate, in the order given, each once: a layout that changes nothing at a
     size (DP attention or expert parallel on one GPU, expert parallel on a dense model) is the plain one."""
     moe = get_model(base.model).moe is not None
@@ -249,8 +298,14 @@ def shapes_of(base: Scenario, tps: list[int], pps: list[int],
 CANDIDATE_BUILDERS: tuple[Callable[..., Iterator[Candidate]], ...] = (colocated_candidates, pd_candidates)
 
 
-def evaluate(base: Scenario, base_dir: Path, candidate: Candidate, target_rate: float, max_replicas: int,
-             rel_tol: float) -> Evaluation:
+def evaluate(
+    base: Scenario,
+    base_dir: Path,
+    candidate: Candidate,
+    target_rate: float,
+    max_replicas: int,
+    rel_tol: float,
+) -> Evaluation:
     """Prune, then size one candidate by its per-replica maximum sustainable rate."""
     ev = screen(base, candidate)
     return size(base, base_dir, ev, target_rate, max_replicas, rel_tol) if ev.rejection is None else ev
@@ -265,7 +320,9 @@ def screen(base: Scenario, candidate: Candidate) -> Evaluation:
         ev.gpus_per_replica = sum(gpu_counts(s).values())
         ev.price_per_replica_hour_usd = cost_per_hour_usd(s)
         if s.parallelism.tp > gpu.gpus_per_node:
-            return _reject(ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node")
+            return _reject(
+                ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node"
+            )
         ev.max_model_len = _memory_plan(s).max_model_len
     except ShardingError as err:
         return _reject(ev, "cannot shard", str(err))
@@ -276,29 +333,50 @@ def screen(base: Scenario, candidate: Candidate) -> Evaluation:
     return ev
 
 
-def size(base: Scenario, base_dir: Path, ev: Evaluation, target_rate: float, max_replicas: int,
-         rel_tol: float, settle: bool = True) -> Evaluation:
+def size(
+    base: Scenario,
+    base_dir: Path,
+    ev: Evaluation,
+    target_rate: float,
+    max_replicas: int,
+    rel_tol: float,
+    settle: bool = True,
+) -> Evaluation:
     """Size a screened candidate by its per-replica maximum sustainable rate (`settle`: bisected only until the
     replica count is settled)."""
     s = ev.candidate.scenario(base)
 
     def same_count(passing: float, failing: float) -> bool:  # every rate between gives the same replica count
         return replicas_for(target_rate, passing) == replicas_for(target_rate, failing)
+
     try:  # a replica slower than target / max_replicas is of no use: search no lower (nor higher x that)
-        ev.capacity = max_sustainable_rate(s, base_dir, target_rate, rel_tol, max_factor=max_replicas,
-                                           decided=same_count if settle else None)
+        ev.capacity = max_sustainable_rate(
+            s, base_dir, target_rate, rel_tol, max_factor=max_replicas, decided=same_count if settle else None
+        )
     except SpecError as err:
         return _reject(ev, "invalid", str(err))
     if ev.capacity.rate_per_s == 0.0:
         limit = ev.capacity.limit
-        code = next((c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0])  # the root
-        lowest = " (target / max_replicas)" if math.isclose(limit.rate_per_s, target_rate / max_replicas) else ""
-        return _reject(ev, code, f"fails even at {limit.rate_per_s:.3g} {ev.capacity.unit} per replica{lowest}: "
-                                 f"{'; '.join(limit.details)}")
+        code = next(
+            (c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0]
+        )  # the root
+        lowest = (
+            " (target / max_replicas)" if math.isclose(limit.rate_per_s, target_rate / max_replicas) else ""
+        )
+        return _reject(
+            ev,
+            code,
+            f"fails even at {limit.rate_per_s:.3g} {ev.capacity.unit} per replica{lowest}: "
+            f"{'; '.join(limit.details)}",
+        )
     ev.replicas = replicas_for(target_rate, ev.capacity.rate_per_s)
     if ev.replicas > max_replicas:
-        return _reject(ev, "too many replicas", f"needs {ev.replicas} replicas at {ev.capacity.rate_per_s:.3g} "
-                                                f"{ev.capacity.unit} each > max_replicas {max_replicas}")
+        return _reject(
+            ev,
+            "too many replicas",
+            f"needs {ev.replicas} replicas at {ev.capacity.rate_per_s:.3g} "
+            f"{ev.capacity.unit} each > max_replicas {max_replicas}",
+        )
     return ev
 
 
@@ -315,15 +393,26 @@ def _reject(ev: Evaluation, reason: str, detail: str) -> Evaluation:
 def verify(base: Scenario, base_dir: Path, ev: Evaluation, replicas: int, target_rate: float) -> Deployment:
     """Simulate the whole deployment at the target rate and judge it against the SLOs."""
     s = at_rate(ev.candidate.scenario(base, replicas), target_rate)
-    return Deployment(ev, replicas, judge(simulate(s, base_dir, stop_when_slo_lost=True), base.slo, target_rate))
+    return Deployment(
+        ev, replicas, judge(simulate(s, base_dir, stop_when_slo_lost=True), base.slo, target_rate)
+    )
 
 
-def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: list[int] | None = None,
-         knobs: dict[str, list] | None = None, max_replicas: int | None = None, target_rate: float | None = None,
-         rel_tol: float = 0.05, workers: int = 1, pps: list[int] | None = None,
-         layouts: dict[str, list[bool]] | None = None,
-         on_progress: Callable[[str, int, int | None, str], None] | None = None,
-         exhaustive: bool = False) -> PlanResult:
+def plan(
+    base: Scenario,
+    base_dir: Path,
+    gpus: list[str] | None = None,
+    tps: list[int] | None = None,
+    knobs: dict[str, list] | None = None,
+    max_replicas: int | None = None,
+    target_rate: float | None = None,
+    rel_tol: float = 0.05,
+    workers: int = 1,
+    pps: list[int] | None = None,
+    layouts: dict[str, list[bool]] | None = None,
+    on_progress: Callable[[str, int, int | None, str], None] | None = None,
+    exhaustive: bool = False,
+) -> PlanResult:
     """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
 
     Unset arguments come from the scenario's `plan:` section, then from defaults (the scenario's GPU,
@@ -347,21 +436,31 @@ def plan(base: Scenario, base_dir: Path, gpus: list[str] | None = None, tps: lis
     shapes = shapes_of(base, tps, pps, layouts)
     candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, shapes, knobs)]
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
-    result = PlanResult(target, [screen(base, c) for c in candidates], [], None, None, pct=pct,
-                        unit=base.workload.rate_unit)
-    ready = _size_cheapest_first(result, base, base_dir, max_replicas, rel_tol, workers, on_progress, exhaustive)
+    result = PlanResult(
+        target, [screen(base, c) for c in candidates], [], None, None, pct=pct, unit=base.workload.rate_unit
+    )
+    ready = _size_cheapest_first(
+        result, base, base_dir, max_replicas, rel_tol, workers, on_progress, exhaustive
+    )
     _choose(result, base, base_dir, max_replicas, ready, on_progress)
-    result.num_simulations = len(result.deployments) + sum(e.capacity.num_simulations for e in result.evaluations
-                                                           if e.capacity)
+    result.num_simulations = len(result.deployments) + sum(
+        e.capacity.num_simulations for e in result.evaluations if e.capacity
+    )
     if result.recommendation:
         s = result.recommendation.evaluation.candidate.scenario(base, result.recommendation.replicas)
         max_len = result.recommendation.evaluation.max_model_len
-        result.commands = {"vllm": vllm_command(s, max_len), "sglang": sglang_command(s, max_len),
-                           "replicas": result.recommendation.replicas, "notes": launch_notes(s)}
+        result.commands = {
+            "vllm": vllm_command(s, max_len),
+            "sglang": sglang_command(s, max_len),
+            "replicas": result.recommendation.replicas,
+            "notes": launch_notes(s),
+        }
     return result
 
 
-def _check_choices(base: Scenario, gpus: list[str], tps: list[int], pps: list[int], knobs: dict[str, list]) -> None:
+def _check_choices(
+    base: Scenario, gpus: list[str], tps: list[int], pps: list[int], knobs: dict[str, list]
+) -> None:
     """Typos in GPU names, TP or PP sizes, knob fields or values stop the plan with one line instead of rejecting
     every candidate."""
     for gpu in gpus:
@@ -371,15 +470,21 @@ def _check_choices(base: Scenario, gpus: list[str], tps: list[int], pps: list[in
             raise SpecError(f"plan GPUs (--gpus or plan.gpus): {err}") from None
     unknown = sorted(set(knobs) - set(EngineConfig.model_fields))
     if unknown:
-        raise SpecError(f"unknown engine knob {unknown[0]!r}; knobs: "
-                        f"{choices(list(EngineConfig.model_fields), unknown[0], 'servesim schema')}")
+        raise SpecError(
+            f"unknown engine knob {unknown[0]!r}; knobs: "
+            f"{choices(list(EngineConfig.model_fields), unknown[0], 'servesim schema')}"
+        )
     sizes = [len(gpus), len(tps), len(pps), *(len(values) for values in knobs.values())]
     if math.prod(sizes) > MAX_CANDIDATES:  # each combination of knobs is checked, each candidate screened
-        raise SpecError(f"plan: {' x '.join(map(str, sizes))} = {math.prod(sizes):,} GPU x TP x PP x knob "
-                        f"choices, more than the {MAX_CANDIDATES:,} a plan takes; try fewer values")
+        raise SpecError(
+            f"plan: {' x '.join(map(str, sizes))} = {math.prod(sizes):,} GPU x TP x PP x knob "
+            f"choices, more than the {MAX_CANDIDATES:,} a plan takes; try fewer values"
+        )
     names, combos = list(knobs), list(itertools.product(*knobs.values()))
-    for i, knob in enumerate(names):  # a value no combination can run stops the plan, instead of every candidate
-        for value in knobs[knob]:       # with it dropping out unseen (a combination that cannot run is pruned)
+    for i, knob in enumerate(
+        names
+    ):  # a value no combination can run stops the plan, instead of every candidate
+        for value in knobs[knob]:  # with it dropping out unseen (a combination that cannot run is pruned)
             problem = None
             for combo in (c for c in combos if c[i] == value):
                 problem = _knob_problem(base, dict(zip(names, combo)), knob, value)
@@ -390,8 +495,10 @@ def _check_choices(base: Scenario, gpus: list[str], tps: list[int], pps: list[in
     for name, sizes in (("TP", tps), ("PP", pps)):
         bad = [size for size in sizes if size < 1]
         if bad:
-            raise SpecError(f"plan {name} sizes (--{name.lower()} or plan.{name.lower()}): {bad[0]} is not a GPU "
-                            "count (1 or more)")
+            raise SpecError(
+                f"plan {name} sizes (--{name.lower()} or plan.{name.lower()}): {bad[0]} is not a GPU "
+                "count (1 or more)"
+            )
 
 
 def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) -> SpecError | None:
@@ -405,16 +512,25 @@ def _knob_problem(base: Scenario, knobs: dict[str, Any], knob: str, value: Any) 
     return None
 
 
-def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, rel_tol: float,
-                         workers: int, on_progress: Callable[[str, int, int | None, str], None] | None,
-                         exhaustive: bool = False) -> dict[tuple[int, int], Deployment]:
+def _size_cheapest_first(
+    result: PlanResult,
+    base: Scenario,
+    base_dir: Path,
+    max_replicas: int,
+    rel_tol: float,
+    workers: int,
+    on_progress: Callable[[str, int, int | None, str], None] | None,
+    exhaustive: bool = False,
+) -> dict[tuple[int, int], Deployment]:
     """Size the candidates that can start, cheapest replica first, `workers` at a time, verifying each wave's sized
     deployments as it goes; a candidate whose single replica costs more than a deployment already verified to pass
     cannot be (or undercut) the recommendation, so it is not sized ("costlier"). Returns the verifications made,
     by (candidate index, replicas), for `_choose`, which makes the same choice an exhaustive search makes."""
     evaluations, ready = result.evaluations, {}
-    order = sorted((i for i, ev in enumerate(evaluations) if ev.rejection is None),
-                   key=lambda i: evaluations[i].price_per_replica_hour_usd)
+    order = sorted(
+        (i for i, ev in enumerate(evaluations) if ev.rejection is None),
+        key=lambda i: evaluations[i].price_per_replica_hour_usd,
+    )
     total, done, bound = len(evaluations), sum(ev.rejection is not None for ev in evaluations), math.inf
     shown = 0  # verifications reported
     while order:
@@ -423,25 +539,40 @@ def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max
             i = order.pop(0)
             ev = evaluations[i]
             if ev.price_per_replica_hour_usd > bound and not exhaustive:
-                _reject(ev, "costlier", f"one replica costs ${ev.price_per_replica_hour_usd:.2f}/h, more than a "
-                                        f"deployment that passes (${bound:.2f}/h)")
+                _reject(
+                    ev,
+                    "costlier",
+                    f"one replica costs ${ev.price_per_replica_hour_usd:.2f}/h, more than a "
+                    f"deployment that passes (${bound:.2f}/h)",
+                )
                 done += 1
                 if on_progress:
                     on_progress("sized", done, total, ev.summary)
             else:
                 wave.append(i)
-        jobs = [(base, base_dir, evaluations[i], result.target_rate_per_s, max_replicas, rel_tol, not exhaustive)
-                for i in wave]
+        jobs = [
+            (base, base_dir, evaluations[i], result.target_rate_per_s, max_replicas, rel_tol, not exhaustive)
+            for i in wave
+        ]
 
         def died(err: WorkerDied) -> None:
-            raise SpecError(f"plan: the worker process sizing {evaluations[wave[err.index]].candidate.label} {err.how}")
+            raise SpecError(
+                f"plan: the worker process sizing {evaluations[wave[err.index]].candidate.label} {err.how}"
+            )
+
         for k, ev in run_jobs(size, jobs, "local", workers, on_died=died):
             evaluations[wave[k]] = ev
             done += 1
             if on_progress:
                 on_progress("sized", done, total, ev.summary)
-        verified = _verify_all(result, base, base_dir, max_replicas, workers,
-                               [i for i in wave if evaluations[i].rejection is None])
+        verified = _verify_all(
+            result,
+            base,
+            base_dir,
+            max_replicas,
+            workers,
+            [i for i in wave if evaluations[i].rejection is None],
+        )
         for deployment in verified.values() if on_progress else ():
             shown += 1
             on_progress("verified", shown, None, deployment.summary)
@@ -450,9 +581,14 @@ def _size_cheapest_first(result: PlanResult, base: Scenario, base_dir: Path, max
     return ready
 
 
-def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int,
-            ready: dict[tuple[int, int], Deployment] | None = None,
-            on_progress: Callable[[str, int, int | None, str], None] | None = None) -> None:
+def _choose(
+    result: PlanResult,
+    base: Scenario,
+    base_dir: Path,
+    max_replicas: int,
+    ready: dict[tuple[int, int], Deployment] | None = None,
+    on_progress: Callable[[str, int, int | None, str], None] | None = None,
+) -> None:
     """Verify every sized candidate (taking the verifications `ready`), pick the cheapest that passes, then confirm
     the next cheaper fails."""
     tried: dict[tuple[int, int], Deployment] = {}
@@ -492,8 +628,9 @@ def _choose(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: in
     result.recommendation = rec
 
 
-def _verify_all(result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int,
-                indices: list[int]) -> dict[tuple[int, int], Deployment]:
+def _verify_all(
+    result: PlanResult, base: Scenario, base_dir: Path, max_replicas: int, workers: int, indices: list[int]
+) -> dict[tuple[int, int], Deployment]:
     """The verifications `_choose` starts with for the sized candidates `indices`, run on `workers` processes in
     rounds (each at its size, then one more replica for those that failed), by (candidate index, replicas);
     `_choose` takes them in its own order, so the plan is the same as one verified in a single process."""
@@ -503,8 +640,11 @@ def _verify_all(result: PlanResult, base: Scenario, base_dir: Path, max_replicas
         jobs = [(base, base_dir, result.evaluations[i], n, result.target_rate_per_s) for i, n in pending]
         for k, deployment in run_jobs(verify, jobs, "local", max(workers, 1)):
             done[pending[k]] = deployment
-        pending = [(i, n + 1) for i, n in pending if not done[(i, n)].verdict.ok
-                   and n + 1 <= _most_tried(result.evaluations[i], max_replicas)]
+        pending = [
+            (i, n + 1)
+            for i, n in pending
+            if not done[(i, n)].verdict.ok and n + 1 <= _most_tried(result.evaluations[i], max_replicas)
+        ]
     return done
 
 
@@ -519,8 +659,9 @@ def _rank(d: Deployment, pct: str) -> tuple:
     return d.cost_per_hour_usd, d.verdict.metrics[f"{pct}_ttft_ms"], ev.gpus_per_replica, ev.candidate.label
 
 
-def _next_cheaper(evaluations: list[Evaluation], fits: list[int], cost: float,
-                  max_replicas: int) -> tuple[int, int] | None:
+def _next_cheaper(
+    evaluations: list[Evaluation], fits: list[int], cost: float, max_replicas: int
+) -> tuple[int, int] | None:
     """(candidate index, replicas) of the most expensive deployment within max_replicas that costs less than `cost`."""
     best, best_cost = None, -1.0
     for i in fits:

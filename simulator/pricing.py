@@ -16,6 +16,7 @@ def gpu_counts(s: Scenario) -> dict[str, int]:
     def add(gpu: str | None, n: int) -> None:
         name = gpu or s.hardware.gpu
         counts[name] = counts.get(name, 0) + n
+
     if s.stages:
         for stage in s.stages:
             add(stage.gpu, stage.replicas * stage.tp)

@@ -6,7 +6,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
 
 class _Advance:
@@ -30,8 +37,14 @@ def progress_bar(label: str, console: Console, every: int = 64) -> Iterator[_Adv
     if not console.is_terminal:
         yield _Advance(None)
         return
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+    with Progress(
+        TextColumn(label),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
         yield _Advance(progress, every)
 
 
@@ -43,12 +56,23 @@ def plan_progress(console: Console) -> Iterator[Callable[[str, int, int | None, 
         err = Console(stderr=True, soft_wrap=True)
 
         def line(stage: str, done: int, total: int | None, text: str) -> None:
-            err.print(f"{stage} {done}/{total}: {text}" if total else f"{stage} {done}: {text}", markup=False,
-                      highlight=False)
+            err.print(
+                f"{stage} {done}/{total}: {text}" if total else f"{stage} {done}: {text}",
+                markup=False,
+                highlight=False,
+            )
+
         yield line
         return
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  TimeRemainingColumn(), console=console, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
         task = None
 
         def update(stage: str, done: int, total: int | None, text: str) -> None:
@@ -59,4 +83,5 @@ def plan_progress(console: Console) -> Iterator[Callable[[str, int, int | None, 
                 bar.update(task, completed=done, description=f"sizing candidates ({text})"[:100])
             else:
                 bar.update(task, description=f"verifying deployment {done}: {text}"[:100])
+
         yield update

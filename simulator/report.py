@@ -31,11 +31,33 @@ from simulator.scenario import Scenario
 from simulator.sweep import POINTS, REPORT, RESULTS
 from workloads.config import WorkloadConfig
 
-SUMMARY_KEYS = ("completed", "rejected", "duration_s", "request_throughput", "output_throughput", "p90_ttft_ms",
-                "p99_ttft_ms", "p90_tpot_ms", "p99_tpot_ms", "p90_e2el_ms", "request_goodput", "preemptions",
-                "kv_cache_usage_mean", "kv_cache_usage_max")
-TABLE_METRICS = ("completed", "request_throughput", "output_throughput", "p90_ttft_ms", "p90_tpot_ms", "p90_e2el_ms",
-                 "request_goodput", "preemptions", "kv_cache_usage_max")
+SUMMARY_KEYS = (
+    "completed",
+    "rejected",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "p90_e2el_ms",
+    "request_goodput",
+    "preemptions",
+    "kv_cache_usage_mean",
+    "kv_cache_usage_max",
+)
+TABLE_METRICS = (
+    "completed",
+    "request_throughput",
+    "output_throughput",
+    "p90_ttft_ms",
+    "p90_tpot_ms",
+    "p90_e2el_ms",
+    "request_goodput",
+    "preemptions",
+    "kv_cache_usage_max",
+)
 
 
 def write_report(folder: Path, out: Path | None = None) -> Path:
@@ -48,9 +70,16 @@ def write_report(folder: Path, out: Path | None = None) -> Path:
     check_output_file(out, "--out")
     try:
         title, figures, tables = sweep_report(folder) if kind == "sweep" else run_report(folder)
-    except (FileNotFoundError, json.JSONDecodeError, yaml.YAMLError, pd.errors.EmptyDataError,
-            pd.errors.ParserError) as err:
-        raise SpecError(f"{folder}: an incomplete or damaged output folder ({type(err).__name__}: {err})") from None
+    except (
+        FileNotFoundError,
+        json.JSONDecodeError,
+        yaml.YAMLError,
+        pd.errors.EmptyDataError,
+        pd.errors.ParserError,
+    ) as err:
+        raise SpecError(
+            f"{folder}: an incomplete or damaged output folder ({type(err).__name__}: {err})"
+        ) from None
     write_text_atomic(out, page(title, figures, tables))
     return out
 
@@ -63,12 +92,17 @@ def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]
     figures = [charts.latency_cdfs(requests)]
     if len(steps):
         floor_s, s_per_token = roofline_terms(scenario, memory)
-        figures += [charts.kv_and_queue(steps), charts.batch_composition(steps),
-                    charts.step_roofline(steps, floor_s, s_per_token, np.random.default_rng(0))]
+        figures += [
+            charts.kv_and_queue(steps),
+            charts.batch_composition(steps),
+            charts.step_roofline(steps, floor_s, s_per_token, np.random.default_rng(0)),
+        ]
     summary_rows = [[k, _fmt(summary[k])] for k in SUMMARY_KEYS if k in summary]
     config_rows = [[k, _fmt(v)] for k, v in flatten(scenario).items() if v is not None]
-    tables = [("Summary", table_html(["metric", "value"], summary_rows)),
-              ("Configuration", table_html(["field", "value"], config_rows))]
+    tables = [
+        ("Summary", table_html(["metric", "value"], summary_rows)),
+        ("Configuration", table_html(["field", "value"], config_rows)),
+    ]
     return f"servesim run: {scenario.get('name', folder.name)}", figures, tables
 
 
@@ -82,8 +116,9 @@ def roofline_terms(scenario: dict, memory: dict) -> tuple[float | None, float | 
     except (SpecError, KeyError, OSError, ValueError):
         return None, None
     gpus = (par.get("tp") or 1) * (par.get("pp") or 1)
-    compute = GEMM_COMPUTE_DTYPE.get(memory.get("weight_dtype") or (scenario.get("engine") or {}).get("weight_dtype"),
-                                     "bf16")
+    compute = GEMM_COMPUTE_DTYPE.get(
+        memory.get("weight_dtype") or (scenario.get("engine") or {}).get("weight_dtype"), "bf16"
+    )
     floor_s = memory["weight_bytes"] / gpu.memory_bytes_per_s if "weight_bytes" in memory else None
     return floor_s, 2 * model.active_params() / gpus / gpu.peak_for(compute)
 
@@ -97,17 +132,29 @@ def sweep_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, st
     if done.empty:
         raise SpecError(f"{folder}: no sweep point has results yet")
     labels = [", ".join(f"{k}={row[k]}" for k in grid_keys) or "base" for _, row in done.iterrows()]
-    figures = [charts.latency_vs_load(done, grid_keys, _rate_unit(meta)), charts.throughput_latency(done, labels)]
+    figures = [
+        charts.latency_vs_load(done, grid_keys, _rate_unit(meta)),
+        charts.throughput_latency(done, labels),
+    ]
     cost = np.array([point_cost_per_hour(folder / POINTS / p) for p in done["point"]])
     if np.isfinite(cost).all() and len(np.unique(cost)) > 1:
         figures.append(charts.cost_pareto(cost, done["p90_ttft_ms"].to_numpy(), labels))
-    columns = grid_keys + [c for c in TABLE_METRICS if c in table] + [c for c in ("status", "error") if c in table]
+    columns = (
+        grid_keys + [c for c in TABLE_METRICS if c in table] + [c for c in ("status", "error") if c in table]
+    )
     rows = [[_fmt(row[c]) for c in columns] for _, row in table.iterrows()]
     base = meta.get("scenario") or {}
-    tables = [("Points", table_html(columns, rows)),
-              ("Grid", table_html(["field", "values"], [[k, _fmt(v)] for k, v in (meta.get("grid") or {}).items()])),
-              ("Base configuration", table_html(["field", "value"],
-                                                [[k, _fmt(v)] for k, v in flatten(base).items() if v is not None]))]
+    tables = [
+        ("Points", table_html(columns, rows)),
+        (
+            "Grid",
+            table_html(["field", "values"], [[k, _fmt(v)] for k, v in (meta.get("grid") or {}).items()]),
+        ),
+        (
+            "Base configuration",
+            table_html(["field", "value"], [[k, _fmt(v)] for k, v in flatten(base).items() if v is not None]),
+        ),
+    ]
     return f"servesim sweep: {base.get('name', folder.name)} ({len(table)} points)", figures, tables
 
 
@@ -123,7 +170,9 @@ def point_cost_per_hour(point: Path) -> float:
     """The GPUs of a point's resolved scenario (replicas, prefill/decode pools or stages) at their prices,
     USD/h (NaN if unknown)."""
     try:
-        return cost_per_hour_usd(Scenario.model_validate(yaml.safe_load((point / "scenario.yaml").read_text())))
+        return cost_per_hour_usd(
+            Scenario.model_validate(yaml.safe_load((point / "scenario.yaml").read_text()))
+        )
     except (OSError, yaml.YAMLError, ValidationError, SpecError):
         return float("nan")
 
@@ -151,7 +200,9 @@ def _fmt(value: Any) -> str:
 
 def table_html(columns: list[str], rows: list[list[Any]]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(str(cell))}</td>" for cell in row) + "</tr>" for row in rows
+    )
     return f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
@@ -161,7 +212,9 @@ h1{font-size:22px}h2{font-size:17px;margin-top:28px}
 td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}th{background:#f4f4f4}.scroll{overflow-x:auto}"""
 
 # Runs before plotly.js, so that an error anywhere on the page shows in the title.
-_ERRORS = """window.addEventListener("error", e => { document.title = "servesim report: error: " + e.message; });"""
+_ERRORS = (
+    """window.addEventListener("error", e => { document.title = "servesim report: error: " + e.message; });"""
+)
 
 _DRAW = """const figures = JSON.parse(document.getElementById("figures").textContent);
 Promise.all(figures.map((f, i) => Plotly.newPlot("chart-" + i, f.data, f.layout, {displaylogo: false})))
@@ -178,8 +231,10 @@ def page(title: str, figures: list[go.Figure], tables: list[tuple[str, str]]) ->
     data = data.replace("</", "<\\/")  # never close the <script> early; "\/" is a valid JSON escape
     charts_html = "\n".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(figures)))
     tables_html = "\n".join(f"<h2>{html.escape(name)}</h2>\n{body}" for name, body in tables)
-    return (f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>servesim report</title>\n'
-            f"<script>{_ERRORS}</script>\n<script>{get_plotlyjs()}</script>\n<style>{_STYLE}</style></head>\n"
-            f"<body><h1>{html.escape(title)}</h1>\n{charts_html}\n{tables_html}\n"
-            f'<script type="application/json" id="figures">{data}</script>\n<script>{_DRAW}</script>\n'
-            "</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>servesim report</title>\n'
+        f"<script>{_ERRORS}</script>\n<script>{get_plotlyjs()}</script>\n<style>{_STYLE}</style></head>\n"
+        f"<body><h1>{html.escape(title)}</h1>\n{charts_html}\n{tables_html}\n"
+        f'<script type="application/json" id="figures">{data}</script>\n<script>{_DRAW}</script>\n'
+        "</body></html>\n"
+    )

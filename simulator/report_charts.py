@@ -13,7 +13,18 @@ from plotly.subplots import make_subplots
 
 MAX_POINTS = 2000
 POINT_MARKER = {"size": 10, "opacity": 0.6}
-PALETTE = ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a", "#19d3f3", "#ff6692", "#b6e880", "#ff97ff", "#fecb52")
+PALETTE = (
+    "#636efa",
+    "#ef553b",
+    "#00cc96",
+    "#ab63fa",
+    "#ffa15a",
+    "#19d3f3",
+    "#ff6692",
+    "#b6e880",
+    "#ff97ff",
+    "#fecb52",
+)
 LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2el_s", "E2E latency"))
 
 
@@ -56,14 +67,23 @@ def sampled(steps: pd.DataFrame, column: str, grid: np.ndarray) -> pd.DataFrame:
 def kv_and_queue(steps: pd.DataFrame) -> go.Figure:
     """KV cache usage per replica, and running / waiting requests summed over replicas, over time."""
     grid = time_grid(steps)
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=["KV cache usage", "requests running and waiting (all replicas)"])
+    fig = make_subplots(
+        rows=2,
+        cols=1,
+        shared_xaxes=True,
+        vertical_spacing=0.08,
+        subplot_titles=["KV cache usage", "requests running and waiting (all replicas)"],
+    )
     kv = sampled(steps, "kv_usage", grid)
     for replica in kv.columns[:16]:  # beyond 16 lines the chart is unreadable anyway
-        fig.add_trace(go.Scatter(x=grid, y=kv[replica], mode="lines", name=f"KV replica {replica}"), row=1, col=1)
+        fig.add_trace(
+            go.Scatter(x=grid, y=kv[replica], mode="lines", name=f"KV replica {replica}"), row=1, col=1
+        )
     for column in ("num_running", "num_waiting"):
         total = sampled(steps, column, grid).sum(axis=1)
-        fig.add_trace(go.Scatter(x=grid, y=total, mode="lines", name=column.removeprefix("num_")), row=2, col=1)
+        fig.add_trace(
+            go.Scatter(x=grid, y=total, mode="lines", name=column.removeprefix("num_")), row=2, col=1
+        )
     fig.update_yaxes(title_text="used / total blocks", tickformat=".0%", row=1, col=1)
     fig.update_yaxes(title_text="requests", row=2, col=1)
     fig.update_xaxes(title_text="simulated time (s)", row=2, col=1)
@@ -82,24 +102,51 @@ def batch_composition(steps: pd.DataFrame) -> go.Figure:
     return _layout(fig, "Batch composition: prefill vs decode tokens per step")
 
 
-def step_roofline(steps: pd.DataFrame, floor_s: float | None, s_per_token: float | None,
-                  rng: np.random.Generator) -> go.Figure:
+def step_roofline(
+    steps: pd.DataFrame, floor_s: float | None, s_per_token: float | None, rng: np.random.Generator
+) -> go.Figure:
     """Step time vs tokens of a sample of executed steps, under the roofline in time form:
     t >= max(weight bytes / bandwidth, 2 x active params x tokens / peak FLOP/s) per GPU."""
-    sample = steps if len(steps) <= 3 * MAX_POINTS else steps.iloc[np.sort(rng.choice(len(steps), 3 * MAX_POINTS,
-                                                                                      replace=False))]
+    sample = (
+        steps
+        if len(steps) <= 3 * MAX_POINTS
+        else steps.iloc[np.sort(rng.choice(len(steps), 3 * MAX_POINTS, replace=False))]
+    )
     tokens = sample["prefill_tokens"] + sample["decode_tokens"]
     share = sample["prefill_tokens"] / tokens.clip(lower=1)
-    fig = go.Figure(go.Scatter(
-        x=tokens, y=sample["duration_s"] * 1e3, mode="markers", name="steps",
-        marker={"size": 5, "color": share, "colorscale": "Viridis", "colorbar": {"title": "prefill share"}},
-        hovertemplate="%{x} tokens, %{y:.2f} ms<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(
+            x=tokens,
+            y=sample["duration_s"] * 1e3,
+            mode="markers",
+            name="steps",
+            marker={
+                "size": 5,
+                "color": share,
+                "colorscale": "Viridis",
+                "colorbar": {"title": "prefill share"},
+            },
+            hovertemplate="%{x} tokens, %{y:.2f} ms<extra></extra>",
+        )
+    )
     if floor_s is not None and s_per_token is not None:
         x = np.logspace(0, np.log10(max(float(tokens.max()), 10)), 200)
-        fig.add_trace(go.Scatter(x=x, y=np.maximum(floor_s, s_per_token * x) * 1e3, mode="lines",
-                                 name="roofline: weights read once / compute", line={"dash": "dash"}))
-    fig.update_layout(xaxis_title="tokens in the step", yaxis_title="step time (ms)", xaxis_type="log",
-                      yaxis_type="log", legend={"orientation": "h", "y": -0.2})
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=np.maximum(floor_s, s_per_token * x) * 1e3,
+                mode="lines",
+                name="roofline: weights read once / compute",
+                line={"dash": "dash"},
+            )
+        )
+    fig.update_layout(
+        xaxis_title="tokens in the step",
+        yaxis_title="step time (ms)",
+        xaxis_type="log",
+        yaxis_type="log",
+        legend={"orientation": "h", "y": -0.2},
+    )
     return _layout(fig, "Executed steps against the roofline")
 
 
@@ -111,8 +158,10 @@ LOAD_KEY = "workload.arrivals.rate_per_s"
 def _groups(table: pd.DataFrame, keys: list[str]) -> list[tuple[str, pd.DataFrame]]:
     if not keys:
         return [("all points", table)]
-    return [(", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(name))), rows)
-            for name, rows in table.groupby(keys if len(keys) > 1 else keys[0], sort=False)]
+    return [
+        (", ".join(f"{k}={v}" for k, v in zip(keys, np.atleast_1d(name))), rows)
+        for name, rows in table.groupby(keys if len(keys) > 1 else keys[0], sort=False)
+    ]
 
 
 def latency_vs_load(table: pd.DataFrame, grid_keys: list[str], unit: str = "req/s") -> go.Figure:
@@ -122,11 +171,23 @@ def latency_vs_load(table: pd.DataFrame, grid_keys: list[str], unit: str = "req/
     for i, (label, rows) in enumerate(_groups(table, [k for k in grid_keys if k != x_key])):
         rows, color = rows.sort_values(x_key), PALETTE[i % len(PALETTE)]  # one color per group in every panel
         for col, metric in enumerate(("p90_ttft_ms", "p90_tpot_ms", "p90_e2el_ms"), start=1):
-            fig.add_trace(go.Scatter(x=rows[x_key], y=rows[metric], mode="lines+markers", name=label,
-                                     legendgroup=label, showlegend=col == 1, line={"color": color}), row=1, col=col)
+            fig.add_trace(
+                go.Scatter(
+                    x=rows[x_key],
+                    y=rows[metric],
+                    mode="lines+markers",
+                    name=label,
+                    legendgroup=label,
+                    showlegend=col == 1,
+                    line={"color": color},
+                ),
+                row=1,
+                col=col,
+            )
     for col in (1, 2, 3):
-        fig.update_xaxes(title_text=f"offered rate ({unit})" if x_key == LOAD_KEY else "throughput (req/s)",
-                         row=1, col=col)
+        fig.update_xaxes(
+            title_text=f"offered rate ({unit})" if x_key == LOAD_KEY else "throughput (req/s)", row=1, col=col
+        )
     fig.update_yaxes(title_text="ms", row=1, col=1)
     return _layout(fig, "Latency vs load")
 
@@ -145,8 +206,17 @@ def throughput_latency(table: pd.DataFrame, labels: list[str]) -> go.Figure:
     """Output throughput vs p90 TPOT of every point, with the frontier (more throughput at less latency)."""
     x, y = table["output_throughput"].to_numpy(), table["p90_tpot_ms"].to_numpy()
     mask = frontier_mask(-x, y)
-    fig = go.Figure(go.Scatter(x=x, y=y, mode="markers", name="points", text=labels, marker=POINT_MARKER,
-                               hovertemplate="%{text}<br>%{x:.0f} tok/s, %{y:.1f} ms<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(
+            x=x,
+            y=y,
+            mode="markers",
+            name="points",
+            text=labels,
+            marker=POINT_MARKER,
+            hovertemplate="%{text}<br>%{x:.0f} tok/s, %{y:.1f} ms<extra></extra>",
+        )
+    )
     order = np.argsort(x[mask])
     fig.add_trace(go.Scatter(x=x[mask][order], y=y[mask][order], mode="lines+markers", name="frontier"))
     fig.update_layout(xaxis_title="output throughput (tokens/s)", yaxis_title="p90 TPOT (ms)")
@@ -156,11 +226,22 @@ def throughput_latency(table: pd.DataFrame, labels: list[str]) -> go.Figure:
 def cost_pareto(cost_per_hour: np.ndarray, ttft_ms: np.ndarray, labels: list[str]) -> go.Figure:
     """Cost per hour vs p90 TTFT of every point, with the Pareto frontier."""
     mask = frontier_mask(cost_per_hour, ttft_ms)
-    fig = go.Figure(go.Scatter(x=cost_per_hour, y=ttft_ms, mode="markers", name="points", text=labels,
-                               marker=POINT_MARKER,
-                               hovertemplate="%{text}<br>$%{x:.2f}/h, %{y:.1f} ms<extra></extra>"))
+    fig = go.Figure(
+        go.Scatter(
+            x=cost_per_hour,
+            y=ttft_ms,
+            mode="markers",
+            name="points",
+            text=labels,
+            marker=POINT_MARKER,
+            hovertemplate="%{text}<br>$%{x:.2f}/h, %{y:.1f} ms<extra></extra>",
+        )
+    )
     order = np.argsort(cost_per_hour[mask])
-    fig.add_trace(go.Scatter(x=cost_per_hour[mask][order], y=ttft_ms[mask][order], mode="lines+markers",
-                             name="Pareto frontier"))
+    fig.add_trace(
+        go.Scatter(
+            x=cost_per_hour[mask][order], y=ttft_ms[mask][order], mode="lines+markers", name="Pareto frontier"
+        )
+    )
     fig.update_layout(xaxis_title="cost (USD per hour)", yaxis_title="p90 TTFT (ms)")
     return _layout(fig, "Cost vs latency: Pareto frontier")

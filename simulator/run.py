@@ -57,15 +57,21 @@ class RunResult:
 def _memory_plan(s: Scenario) -> MemoryPlan:
     e = s.with_engine_defaults().engine
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-    cfg = EngineMemoryConfig(gpu_memory_utilization=e.gpu_memory_utilization, block_size=e.block_size,
-                             max_model_len=e.max_model_len, max_num_batched_tokens=e.max_num_batched_tokens,
-                             max_num_seqs=e.max_num_seqs, kv_dtype=e.kv_dtype, weight_dtype=e.weight_dtype,
-                             allow_long_max_model_len=e.allow_long_max_model_len,
-                             disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
-                             activations_outside=e.scheduler == "sglang", in_flight_batches=e.in_flight_batches(
-                                 s.parallelism.pp),
-                             swa_full_tokens_ratio=e.swa_full_tokens_ratio if e.scheduler == "sglang" else None,
-                             chunked_prefill=e.enable_chunked_prefill)
+    cfg = EngineMemoryConfig(
+        gpu_memory_utilization=e.gpu_memory_utilization,
+        block_size=e.block_size,
+        max_model_len=e.max_model_len,
+        max_num_batched_tokens=e.max_num_batched_tokens,
+        max_num_seqs=e.max_num_seqs,
+        kv_dtype=e.kv_dtype,
+        weight_dtype=e.weight_dtype,
+        allow_long_max_model_len=e.allow_long_max_model_len,
+        disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
+        activations_outside=e.scheduler == "sglang",
+        in_flight_batches=e.in_flight_batches(s.parallelism.pp),
+        swa_full_tokens_ratio=e.swa_full_tokens_ratio if e.scheduler == "sglang" else None,
+        chunked_prefill=e.enable_chunked_prefill,
+    )
     par, model = s.parallelism.spec(e.scheduler), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
     return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
@@ -74,11 +80,20 @@ def _memory_plan(s: Scenario) -> MemoryPlan:
 def build_timer(s: Scenario) -> StepTimer:
     """The cost model for the scenario's model, GPU, parallelism, profile and dtypes."""
     spec = s.engine.speculative  # verify queries (1 + k tokens) take attention's decode path
-    options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill,
-                          1 + spec.k if spec is not None else 1)
+    options = CostOptions(
+        s.engine.weight_dtype,
+        s.engine.kv_dtype,
+        s.engine.kv_sharing_fast_prefill,
+        1 + spec.k if spec is not None else 1,
+    )
     gpu_files = tuple(s.hardware.gpu_files)
-    return StepTimer(get_model(s.model), get_gpu(s.hardware.gpu, gpu_files), s.parallelism.spec(s.engine.scheduler),
-                     load_profile(s.hardware.profile, gpu_files).for_engine(s.engine.scheduler), options)
+    return StepTimer(
+        get_model(s.model),
+        get_gpu(s.hardware.gpu, gpu_files),
+        s.parallelism.spec(s.engine.scheduler),
+        load_profile(s.hardware.profile, gpu_files).for_engine(s.engine.scheduler),
+        options,
+    )
 
 
 def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:
@@ -94,7 +109,9 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
         if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
             time_s += drafting_s(plan)
         swapped = plan.swap_in_blocks + plan.swap_out_blocks
-        if ranks > 1 and (plan.rank or plan.rank_swap_blocks):  # a DP step: its busiest rank's swap, blocks whole
+        if ranks > 1 and (
+            plan.rank or plan.rank_swap_blocks
+        ):  # a DP step: its busiest rank's swap, blocks whole
             swapped = plan.rank_swap_blocks * ranks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
@@ -105,6 +122,7 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
 
     def stage_times(plan: StepPlan) -> list[float]:
         return timer.stage_s(plan.batch(), plus_extras(0.0, plan))
+
     return step_time, stage_times
 
 
@@ -112,12 +130,22 @@ def independent_ranks(s: Scenario) -> bool:
     """Whether the scenario's DP-attention ranks are vLLM's data-parallel engines of a dense model, which run
     independently (nothing, no MoE all-to-all, keeps them in step), in a colocated pool (P/D pools step them
     together)."""
-    return s.parallelism.spec(s.engine.scheduler).dense_replicated and get_model(s.model).moe is None \
+    return (
+        s.parallelism.spec(s.engine.scheduler).dense_replicated
+        and get_model(s.model).moe is None
         and s.disaggregation is None
+    )
 
 
-def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_blocks: int, block_size: int,
-              windows: tuple[int | None, ...] = (None,), scheduler: Scheduler | None = None) -> str | None:
+def rejection(
+    req: Request,
+    engine: EngineConfig,
+    max_model_len: float,
+    num_blocks: int,
+    block_size: int,
+    windows: tuple[int | None, ...] = (None,),
+    scheduler: Scheduler | None = None,
+) -> str | None:
     """Why an engine would refuse this request at arrival (as vLLM's API server does), or None: too long, or
     needing more blocks than the pool holds at some step or at its admission, as `scheduler` admits and steps it
     (`blocks_to_run`: vLLM's gate, Orca's reservation), even after a preemption (a request that could never run
@@ -129,8 +157,11 @@ def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_bloc
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     total = req.num_prompt_tokens + output - 1
     blocks_to_run = getattr(scheduler, "blocks_to_run", None)  # one that knows how it admits and steps
-    need = blocks_to_run(total, windows, block_size) if blocks_to_run is not None \
+    need = (
+        blocks_to_run(total, windows, block_size)
+        if blocks_to_run is not None
         else KVGroups(windows, 0).most_blocks(total, block_size, engine.max_num_batched_tokens)
+    )
     if need > num_blocks:
         return f"needs {need} KV blocks at full length; the pool has {num_blocks}"
     return None
@@ -138,9 +169,11 @@ def rejection(req: Request, engine: EngineConfig, max_model_len: float, num_bloc
 
 def _waking(on_finish: Callable[[Request], None], replica: Replica) -> Callable[[Request], None]:
     """`on_finish`, then wake the engines sharing the finished request's KV pool."""
+
     def finish(req: Request) -> None:
         on_finish(req)
         replica.wake_pool()
+
     return finish
 
 
@@ -176,7 +209,9 @@ def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
     try:
         engine = s.engine_with({**pool.engine, "scheduler": scheduler})
     except ValidationError as err:
-        raise first_error(err, f"disaggregation {scheduler.removeprefix('vllm_')} pool", EngineConfig) from None
+        raise first_error(
+            err, f"disaggregation {scheduler.removeprefix('vllm_')} pool", EngineConfig
+        ) from None
     hardware = s.hardware.model_copy(update={"gpu": pool.gpu or s.hardware.gpu})
     parallelism = s.parallelism.model_copy(update={"tp": pool.tp, "pp": pool.pp})
     return s.model_copy(update={"engine": engine, "hardware": hardware, "parallelism": parallelism})
@@ -188,7 +223,10 @@ def _with_pool_limits(s: Scenario, prefill: EngineConfig, decode: EngineConfig) 
     d = s.disaggregation
     pools = {}
     for name, pool, engine in (("prefill", d.prefill, prefill), ("decode", d.decode, decode)):
-        limits = {"max_num_seqs": engine.max_num_seqs, "max_num_batched_tokens": engine.max_num_batched_tokens}
+        limits = {
+            "max_num_seqs": engine.max_num_seqs,
+            "max_num_batched_tokens": engine.max_num_batched_tokens,
+        }
         pools[name] = pool.model_copy(update={"engine": {**limits, **pool.engine}})
     return s.model_copy(update={"disaggregation": d.model_copy(update=pools)})
 
@@ -196,10 +234,18 @@ def _with_pool_limits(s: Scenario, prefill: EngineConfig, decode: EngineConfig) 
 class World:
     """The simulated cluster: replicas behind a router (or a prefill and a decode pool), fed by the traffic."""
 
-    def __init__(self, s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
-                 workload: Workload | None = None, stop_when_slo_lost: bool = False):
+    def __init__(
+        self,
+        s: Scenario,
+        base_dir: Path,
+        on_progress: Callable[[int], None] | None = None,
+        workload: Workload | None = None,
+        stop_when_slo_lost: bool = False,
+    ):
         if s.stages:  # multi-stage pipeline hook: those run in simulator/omni_run.py (simulate() dispatches)
-            raise SpecError("a scenario with stages runs as a pipeline: use simulate() or simulator.omni_run.Pipeline")
+            raise SpecError(
+                "a scenario with stages runs as a pipeline: use simulate() or simulator.omni_run.Pipeline"
+            )
         seeds = np.random.SeedSequence(s.seed).spawn(5)
         if s.disaggregation is None:  # the pools of a disaggregated run fill in their own engine defaults
             s = s.with_engine_defaults()
@@ -214,28 +260,53 @@ class World:
         d = s.disaggregation
         if d is None:
             self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished, "parallelism")]
-            self.router = routers.get(s.cluster.router)(self.pools[0].targets, np.random.default_rng(seeds[1]))
+            self.router = routers.get(s.cluster.router)(
+                self.pools[0].targets, np.random.default_rng(seeds[1])
+            )
         else:
-            prefill = self._pool(_pool_settings(s, d.prefill, "vllm_prefill"), d.prefill.replicas, 0,
-                                 lambda replica: lambda req: self._prefilled(req, replica), "disaggregation.prefill")
-            decode = self._pool(_pool_settings(s, d.decode, "vllm_decode"), d.decode.replicas,
-                                len(prefill.replicas), lambda replica: self._finished, "disaggregation.decode")
+            prefill = self._pool(
+                _pool_settings(s, d.prefill, "vllm_prefill"),
+                d.prefill.replicas,
+                0,
+                lambda replica: lambda req: self._prefilled(req, replica),
+                "disaggregation.prefill",
+            )
+            decode = self._pool(
+                _pool_settings(s, d.decode, "vllm_decode"),
+                d.decode.replicas,
+                len(prefill.replicas),
+                lambda replica: self._finished,
+                "disaggregation.decode",
+            )
             self.pools = [prefill, decode]
             kv_dtypes = prefill.scenario.engine.kv_dtype, decode.scenario.engine.kv_dtype
             if kv_dtypes[0] != kv_dtypes[1]:
-                raise SpecError(f"disaggregation: the prefill pool's engine.kv_dtype ({kv_dtypes[0]}) and the decode "
-                                f"pool's ({kv_dtypes[1]}) differ; the KV moves as it is stored (vLLM's NixlConnector "
-                                "refuses such a pair): set one kv_dtype for both")
+                raise SpecError(
+                    f"disaggregation: the prefill pool's engine.kv_dtype ({kv_dtypes[0]}) and the decode "
+                    f"pool's ({kv_dtypes[1]}) differ; the KV moves as it is stored (vLLM's NixlConnector "
+                    "refuses such a pair): set one kv_dtype for both"
+                )
             self.router = routers.get(d.prefill.router)(prefill.replicas, np.random.default_rng(seeds[1]))
             decode_router = routers.get(d.decode.router)(decode.replicas, np.random.default_rng(seeds[4]))
             link = get_interconnect(d.transfer.link)
-            self.handoff = Handoff(self.env, get_model(s.model), prefill.scenario.engine, d.transfer,
-                                   link.bytes_per_s, link.latency_s, prefill.replicas, decode.replicas,
-                                   decode_router.route, prefill.scenario.parallelism, decode.scenario.parallelism)
+            self.handoff = Handoff(
+                self.env,
+                get_model(s.model),
+                prefill.scenario.engine,
+                d.transfer,
+                link.bytes_per_s,
+                link.latency_s,
+                prefill.replicas,
+                decode.replicas,
+                decode_router.route,
+                prefill.scenario.parallelism,
+                decode.scenario.parallelism,
+            )
             self.scenario = _with_pool_limits(s, prefill.scenario.engine, decode.scenario.engine)
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))
-        self.app_cache = AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" \
-            else None
+        self.app_cache = (
+            AppCache(s.app_cache, np.random.default_rng(seeds[3])) if s.app_cache.kind != "none" else None
+        )
         self.watch = _slo_watch(s, self.workload) if stop_when_slo_lost else None
         self.lost_at_s: float | None = None
 
@@ -253,23 +324,38 @@ class World:
         e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
-        ranks = s.parallelism.spec(e.scheduler).attention_ranks  # DP attention: a scheduler and KV pool per rank
+        ranks = s.parallelism.spec(
+            e.scheduler
+        ).attention_ranks  # DP attention: a scheduler and KV pool per rank
         rank_engine = data_parallel_share(e, ranks)
         num_pages = usable_pages(e, num_blocks * e.block_size // page_size // ranks)  # one rank's
-        if num_pages < 1:  # only an override is this small: the memory plan refuses a pool too small for one request
-            least = next(n for n in itertools.count(1) if usable_pages(e, n * e.block_size // page_size // ranks) >= 1)
+        if (
+            num_pages < 1
+        ):  # only an override is this small: the memory plan refuses a pool too small for one request
+            least = next(
+                n for n in itertools.count(1) if usable_pages(e, n * e.block_size // page_size // ranks) >= 1
+            )
             ranks_note = f" over {ranks} DP-attention ranks" if ranks > 1 else ""
             null_note = " (vLLM keeps one as its null block)" if usable_pages(e, 1) < 1 else ""
-            raise SpecError(f"engine.num_gpu_blocks_override ({num_blocks}) leaves no usable KV block{ranks_note}"
-                            f"{null_note}; give at least {least}")
-        if not e.enable_chunked_prefill and rank_engine.max_num_batched_tokens < memory.max_model_len \
-                and e.scheduler.startswith("vllm"):
-            share = f" (its {ranks} DP-attention ranks' share: {rank_engine.max_num_batched_tokens} each)" \
-                if ranks > 1 else ""
+            raise SpecError(
+                f"engine.num_gpu_blocks_override ({num_blocks}) leaves no usable KV block{ranks_note}"
+                f"{null_note}; give at least {least}"
+            )
+        if (
+            not e.enable_chunked_prefill
+            and rank_engine.max_num_batched_tokens < memory.max_model_len
+            and e.scheduler.startswith("vllm")
+        ):
+            share = (
+                f" (its {ranks} DP-attention ranks' share: {rank_engine.max_num_batched_tokens} each)"
+                if ranks > 1
+                else ""
+            )
             raise SpecError(
                 f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}){share} < max_model_len "
                 f"({memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
-                "enable chunked prefill, raise the budget or lower max_model_len")
+                "enable chunked prefill, raise the budget or lower max_model_len"
+            )
         pp = s.parallelism.pp
         scheduler_class = schedulers.get(e.scheduler)
         batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
@@ -281,11 +367,17 @@ class World:
         timed = s.model_copy(update={"parallelism": rank_par}) if independent else s
         timer = build_timer(timed)
         step_time, stage_times = build_step_time(
-            timed, replace(memory, block_bytes=memory.block_bytes * ranks) if independent else memory, timer)
+            timed, replace(memory, block_bytes=memory.block_bytes * ranks) if independent else memory, timer
+        )
         stop_s = self.scenario.stop.max_sim_time_s or math.inf
-        open_loop = s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
-        fast = FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop) if s.simulation.fast_forward \
+        open_loop = (
+            s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
+        )
+        fast = (
+            FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop)
+            if s.simulation.fast_forward
             else None
+        )
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         # pipeline parallel: pp micro-batches in flight through the replica's stages, which run one at a time
         # (simulator/pipeline_stages.py). vLLM's schedulers run as vLLM V1 does, one scheduler with a batch queue
@@ -300,30 +392,50 @@ class World:
         def engine(scheduler: Scheduler, stages: StagePipeline | None) -> Replica:
             nonlocal index
             index += 1
-            return Replica(self.env, index - 1, scheduler, step_time, self.steps, None, fast if pp == 1 else None,
-                           stages)
+            return Replica(
+                self.env, index - 1, scheduler, step_time, self.steps, None, fast if pp == 1 else None, stages
+            )
 
         def pipeline() -> StagePipeline | None:
             """The stages of one replica's (or one independent rank's) GPUs."""
             return StagePipeline(self.env, pp, stage_times) if pp > 1 else None
+
         for number in range(count):
-            kvs = [make_kv_manager(rank_engine, num_pages, page_size, memory.kv_windows,
-                                   memory.swa_pool(page_size, ranks, num_blocks)) for _ in range(ranks)]
+            kvs = [
+                make_kv_manager(
+                    rank_engine,
+                    num_pages,
+                    page_size,
+                    memory.kv_windows,
+                    memory.swa_pool(page_size, ranks, num_blocks),
+                )
+                for _ in range(ranks)
+            ]
             turns = itertools.count()  # the replica's requests sent to its ranks, whichever engine takes them
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
-            seqs = max_running_requests(rank_engine, kvs[0]) if e.scheduler == "sglang" \
+            seqs = (
+                max_running_requests(rank_engine, kvs[0])
+                if e.scheduler == "sglang"
                 else rank_engine.max_num_seqs
+            )
             slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
             engines, stages = [], None if independent else pipeline()  # independent ranks: each its own
             for engine_seqs in slots:  # sum: max_num_seqs
                 cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
                 group = []
                 for kv in kvs:
-                    scheduler = scheduler_class(kv, cfg, orderings.get(e.queue_order), self.tokens,
-                                                host_blocks // per_replica // ranks)  # the replica's swap space, shared
+                    scheduler = scheduler_class(
+                        kv,
+                        cfg,
+                        orderings.get(e.queue_order),
+                        self.tokens,
+                        host_blocks // per_replica // ranks,
+                    )  # the replica's swap space, shared
                     if batch_queue:
                         scheduler.pipeline(pp)
-                    if e.speculative is not None:  # speculative decoding hook: acceptance draws seeded by the run
+                    if (
+                        e.speculative is not None
+                    ):  # speculative decoding hook: acceptance draws seeded by the run
                         scheduler.speculator = Speculator(e.speculative, s.seed)
                     group.append(scheduler)
                 if independent:
@@ -331,10 +443,14 @@ class World:
                     pool.groups.append(DataParallelGroup(number, engines))
                 else:
                     pick = round_robin if e.scheduler == "sglang" else VllmBalancer()  # one API server's
-                    engines.append(engine(group[0] if ranks == 1 else DataParallelRanks(group, pick, turns), stages))
+                    engines.append(
+                        engine(group[0] if ranks == 1 else DataParallelRanks(group, pick, turns), stages)
+                    )
             for replica in engines:
                 replica.siblings = [] if independent else [r for r in engines if r is not replica]
-                replica.on_finish = _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
+                replica.on_finish = (
+                    _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
+                )
             pool.replicas.extend(engines)
         return pool
 
@@ -350,9 +466,24 @@ class World:
         if self.app_cache is not None and self.app_cache.lookup(req):
             self.env.process(self._answer_from_cache(req))
             return
-        reason = next((why for pool in self.pools if (why := rejection(
-            req, pool.engine, pool.memory.max_model_len, pool.num_pages, pool.page_size,
-            pool.memory.kv_windows, pool.replicas[0].scheduler))), None)
+        reason = next(
+            (
+                why
+                for pool in self.pools
+                if (
+                    why := rejection(
+                        req,
+                        pool.engine,
+                        pool.memory.max_model_len,
+                        pool.num_pages,
+                        pool.page_size,
+                        pool.memory.kv_windows,
+                        pool.replicas[0].scheduler,
+                    )
+                )
+            ),
+            None,
+        )
         if reason:
             req.phase, req.reject_reason = Phase.REJECTED, reason
             self._finished(req)
@@ -400,13 +531,23 @@ class World:
         scenario = self.scenario
         if self.lost_at_s is not None:  # judged as a run stopped here (simulator/slo_watch.py)
             until = self.lost_at_s
-            scenario = scenario.model_copy(update={"stop": scenario.stop.model_copy(update={"max_sim_time_s": until})})
-        requests = request_frame(sorted([*self.workload.requests, *self.workload.followups.values()],
-                                        key=lambda r: r.id))
+            scenario = scenario.model_copy(
+                update={"stop": scenario.stop.model_copy(update={"max_sim_time_s": until})}
+            )
+        requests = request_frame(
+            sorted([*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id)
+        )
         steps = self.steps.frame()
-        summary = summarize(requests, steps, np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s
-                            else np.array([]), self.scenario.slo.as_ms(), stop_s=until)
-        gpus = {r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas}  # per engine
+        summary = summarize(
+            requests,
+            steps,
+            np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s else np.array([]),
+            self.scenario.slo.as_ms(),
+            stop_s=until,
+        )
+        gpus = {
+            r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas
+        }  # per engine
         finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
         summary |= cache_and_load_summary(requests, steps, finishing, gpus)
         if self.handoff is not None:
@@ -421,11 +562,19 @@ def _slo_watch(s: Scenario, workload: Workload) -> SloWatch | None:
     """A watch over the TTFT and TPOT SLOs where arrival times are fixed in advance (open loop, no sessions, no stop
     time)."""
     slo = s.slo
-    if (slo.ttft_ms is None and slo.tpot_ms is None) or s.stop.max_sim_time_s is not None \
-            or workload.closed_loop is not None or workload.followups:
+    if (
+        (slo.ttft_ms is None and slo.tpot_ms is None)
+        or s.stop.max_sim_time_s is not None
+        or workload.closed_loop is not None
+        or workload.followups
+    ):
         return None
-    return SloWatch(workload.requests, slo.ttft_ms / 1e3 if slo.ttft_ms is not None else None,
-                    slo.tpot_ms / 1e3 if slo.tpot_ms is not None else None, slo.percentile)
+    return SloWatch(
+        workload.requests,
+        slo.ttft_ms / 1e3 if slo.ttft_ms is not None else None,
+        slo.tpot_ms / 1e3 if slo.tpot_ms is not None else None,
+        slo.percentile,
+    )
 
 
 def setting_notes(s: Scenario) -> list[str]:
@@ -433,25 +582,38 @@ def setting_notes(s: Scenario) -> list[str]:
     since a user who set them expects them to change the run."""
     model, notes = get_model(s.model), []
     if s.parallelism.ep and model.moe is None:
-        notes.append(f"parallelism.ep: {model.name} has no routed experts; expert parallelism changes nothing")
+        notes.append(
+            f"parallelism.ep: {model.name} has no routed experts; expert parallelism changes nothing"
+        )
     if s.engine.kv_sharing_fast_prefill and all(layer.owns_kv for layer in model.layers):
-        notes.append(f"engine.kv_sharing_fast_prefill: no layer of {model.name} reads another's KV (YOCO / Gemma 3n "
-                     "KV sharing); fast prefill changes nothing")
+        notes.append(
+            f"engine.kv_sharing_fast_prefill: no layer of {model.name} reads another's KV (YOCO / Gemma 3n "
+            "KV sharing); fast prefill changes nothing"
+        )
     return notes
 
 
-def make_world(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
-               stop_when_slo_lost: bool = False):
+def make_world(
+    s: Scenario,
+    base_dir: Path,
+    on_progress: Callable[[int], None] | None = None,
+    stop_when_slo_lost: bool = False,
+):
     """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/omni_run.py) when
     it chains `stages`. Both have `workload`, `on_progress` and `run() -> RunResult`."""
     if s.stages:
         from simulator.omni_run import Pipeline
+
         return Pipeline(s, base_dir, on_progress)
     return World(s, base_dir, on_progress, stop_when_slo_lost=stop_when_slo_lost)
 
 
-def simulate(s: Scenario, base_dir: Path, on_progress: Callable[[int], None] | None = None,
-             stop_when_slo_lost: bool = False) -> RunResult:
+def simulate(
+    s: Scenario,
+    base_dir: Path,
+    on_progress: Callable[[int], None] | None = None,
+    stop_when_slo_lost: bool = False,
+) -> RunResult:
     """Run one scenario to completion (or its stop time). Deterministic in (scenario, seed).
     `stop_when_slo_lost`: stop as soon as the TTFT SLO is certainly missed (a verdict needs no more)."""
     return make_world(s, base_dir, on_progress, stop_when_slo_lost).run()

@@ -35,7 +35,9 @@ from workloads.config import TraceSource, WorkloadConfig
 class HardwareConfig(SpecModel):
     gpu_files: list[Path] = Field(default_factory=list, description="Extra GPU catalog YAML files")
     gpu: str = Field(description="GPU name from the catalog (`servesim hardware list`) or a --gpu-file entry")
-    profile: str | None = Field(None, description="Calibration profile name or YAML path; default: documented defaults")
+    profile: str | None = Field(
+        None, description="Calibration profile name or YAML path; default: documented defaults"
+    )
 
     @field_validator("gpu")
     @classmethod
@@ -47,12 +49,19 @@ class HardwareConfig(SpecModel):
 
 class ParallelismConfig(SpecModel):
     tp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Tensor-parallel GPUs per replica")
-    pp: int = Field(1, ge=1, le=MAX_PARALLEL, description="Pipeline stages per replica (as many micro-batches "
-                                                          "in flight)")
-    ep: bool = Field(False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all")
-    dp_attention: bool = Field(False, description=(
-        "Attention data-parallel in the TP group (for MLA): vLLM's data-parallel ranks at TP 1 (all but the routed "
-        "experts whole on each GPU), or under the sglang scheduler SGLang's DP attention (dense layers sliced)"))
+    pp: int = Field(
+        1, ge=1, le=MAX_PARALLEL, description="Pipeline stages per replica (as many micro-batches in flight)"
+    )
+    ep: bool = Field(
+        False, description="MoE: experts spread whole over the TP group, tokens sent by all-to-all"
+    )
+    dp_attention: bool = Field(
+        False,
+        description=(
+            "Attention data-parallel in the TP group (for MLA): vLLM's data-parallel ranks at TP 1 (all but the routed "
+            "experts whole on each GPU), or under the sglang scheduler SGLang's DP attention (dense layers sliced)"
+        ),
+    )
     inter_node_link: str = Field("ib-ndr-400", description="Link between nodes when tp x pp exceeds a node")
 
     @field_validator("inter_node_link")
@@ -62,8 +71,14 @@ class ParallelismConfig(SpecModel):
 
     def spec(self, scheduler: str) -> Parallelism:
         """The layout `scheduler`'s engine runs: DP attention is vLLM's data-parallel ranks but under SGLang's."""
-        return Parallelism(self.tp, self.pp, self.ep, self.dp_attention, self.inter_node_link,
-                           dense_replicated=self.dp_attention and self.tp > 1 and scheduler != "sglang")
+        return Parallelism(
+            self.tp,
+            self.pp,
+            self.ep,
+            self.dp_attention,
+            self.inter_node_link,
+            dense_replicated=self.dp_attention and self.tp > 1 and scheduler != "sglang",
+        )
 
 
 class ClusterConfig(SpecModel):
@@ -80,11 +95,19 @@ class SloConfig(SpecModel):
     """
 
     ttft_ms: float | None = Field(None, gt=0, description="Time to first token limit, ms")
-    tpot_ms: float | None = Field(None, gt=0, description="Time per output token limit (first token excluded), ms")
+    tpot_ms: float | None = Field(
+        None, gt=0, description="Time per output token limit (first token excluded), ms"
+    )
     e2el_ms: float | None = Field(None, gt=0, description="End-to-end latency limit, ms")
-    percentile: Literal[50, 90, 99] = Field(90, description="Percentile of TTFT/TPOT/E2EL that must meet the limits")
-    goodput_fraction: float | None = Field(None, gt=0, le=1, description=(
-        "Minimum share of all requests (rejected ones included) meeting every limit"))
+    percentile: Literal[50, 90, 99] = Field(
+        90, description="Percentile of TTFT/TPOT/E2EL that must meet the limits"
+    )
+    goodput_fraction: float | None = Field(
+        None,
+        gt=0,
+        le=1,
+        description=("Minimum share of all requests (rejected ones included) meeting every limit"),
+    )
 
     def as_ms(self) -> dict[str, float]:
         """The per-request limits given, keyed ttft / tpot / e2el (ms)."""
@@ -107,42 +130,79 @@ STUDY_SECTIONS = ("sweep", "plan")  # sections that describe studies of a scenar
 class SweepConfig(SpecModel):
     """A grid of runs of this scenario: every combination of the values, one run each (`servesim sweep`)."""
 
-    grid: dict[str, GridValues] = Field(default_factory=dict, description=(
-        "Dotted scenario field -> values, e.g. {engine.max_num_seqs: [64, 128], "
-        "workload.arrivals.rate_per_s: [5, 10]}"))
+    grid: dict[str, GridValues] = Field(
+        default_factory=dict,
+        description=(
+            "Dotted scenario field -> values, e.g. {engine.max_num_seqs: [64, 128], "
+            "workload.arrivals.rate_per_s: [5, 10]}"
+        ),
+    )
 
 
 ParallelSize = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
 ReplicaCount = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
-LAYOUT_FIELDS = ("ep", "dp_attention")  # parallelism fields `servesim plan` may vary, in the candidates' order
+LAYOUT_FIELDS = (
+    "ep",
+    "dp_attention",
+)  # parallelism fields `servesim plan` may vary, in the candidates' order
 
 
 class PlanConfig(SpecModel):
     """The deployments `servesim plan` compares: GPU type x TP x PP x layout x engine knobs, sized in replicas."""
 
     gpus: list[str] | None = Field(None, description="GPU names to consider; default: the scenario's GPU")
-    tp: list[ParallelSize] = Field([1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider")
-    pp: list[ParallelSize] | None = Field(None, min_length=1, description=(
-        "Pipeline-parallel sizes to consider (stages of tp GPUs each); default: the scenario's parallelism.pp"))
-    max_replicas: int = Field(16, ge=1, le=MAX_REPLICAS, description="Largest replica count of a recommendation")
-    engine: dict[str, GridValues] = Field(default_factory=dict, description=(
-        "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"))
-    target_rate_per_s: float | None = Field(None, gt=0, description=(
-        "Load to sustain, requests/s; default: the workload's arrival rate"))
-    ep: list[bool] | None = Field(None, min_length=1, description=(
-        "Expert parallel off and/or on, e.g. [false, true]; default: the scenario's parallelism.ep"))
-    dp_attention: list[bool] | None = Field(None, min_length=1, description=(
-        "DP attention off and/or on, e.g. [false, true]; default: the scenario's parallelism.dp_attention"))
-    pd_ratios: list[tuple[ReplicaCount, ReplicaCount]] = Field(default_factory=list, description=(
-        "Prefill/decode disaggregated units to consider as [prefill, decode] replica counts (xPyD), "
-        "e.g. [[1, 1], [1, 2]]; empty: colocated deployments only"))
+    tp: list[ParallelSize] = Field(
+        [1, 2, 4, 8], min_length=1, description="Tensor-parallel sizes to consider"
+    )
+    pp: list[ParallelSize] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Pipeline-parallel sizes to consider (stages of tp GPUs each); default: the scenario's parallelism.pp"
+        ),
+    )
+    max_replicas: int = Field(
+        16, ge=1, le=MAX_REPLICAS, description="Largest replica count of a recommendation"
+    )
+    engine: dict[str, GridValues] = Field(
+        default_factory=dict,
+        description=(
+            "Engine field -> values to try, e.g. {max_num_seqs: [128, 256], max_num_batched_tokens: [2048, 8192]}"
+        ),
+    )
+    target_rate_per_s: float | None = Field(
+        None, gt=0, description=("Load to sustain, requests/s; default: the workload's arrival rate")
+    )
+    ep: list[bool] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Expert parallel off and/or on, e.g. [false, true]; default: the scenario's parallelism.ep"
+        ),
+    )
+    dp_attention: list[bool] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "DP attention off and/or on, e.g. [false, true]; default: the scenario's parallelism.dp_attention"
+        ),
+    )
+    pd_ratios: list[tuple[ReplicaCount, ReplicaCount]] = Field(
+        default_factory=list,
+        description=(
+            "Prefill/decode disaggregated units to consider as [prefill, decode] replica counts (xPyD), "
+            "e.g. [[1, 1], [1, 2]]; empty: colocated deployments only"
+        ),
+    )
 
     @field_validator("engine")
     @classmethod
     def _engine_fields(cls, engine: dict[str, list[Any]]) -> dict[str, list[Any]]:
         unknown = sorted(set(engine) - set(EngineConfig.model_fields))
         if unknown:
-            raise ValueError(f"unknown engine field {unknown[0]!r}; fields: {', '.join(EngineConfig.model_fields)}")
+            raise ValueError(
+                f"unknown engine field {unknown[0]!r}; fields: {', '.join(EngineConfig.model_fields)}"
+            )
         return engine
 
     def layouts(self) -> dict[str, list[bool]]:
@@ -153,8 +213,12 @@ class PlanConfig(SpecModel):
 class Scenario(SpecModel):
     """A whole run. `model` is a preset name or a path to a Hugging Face config.json."""
 
-    name: str = Field("scenario", description=(
-        "Names the default output folder runs/<name>: letters, digits, _ . + - (no path separators)"))
+    name: str = Field(
+        "scenario",
+        description=(
+            "Names the default output folder runs/<name>: letters, digits, _ . + - (no path separators)"
+        ),
+    )
     seed: int = Field(0, ge=0, description="Seeds every random choice of the run")
     model: str
     hardware: HardwareConfig
@@ -169,8 +233,13 @@ class Scenario(SpecModel):
     sweep: SweepConfig | None = Field(None, description="Grid of runs for `servesim sweep`")
     plan: PlanConfig | None = Field(None, description="Deployments `servesim plan` compares")
     disaggregation: DisaggregationConfig | None = Field(None, description="Separate prefill and decode pools")
-    stages: list[StageConfig] | None = Field(None, min_length=1, description=(
-        "Multi-stage pipeline (vLLM-Omni): one engine per stage, run in order (simulator/omni.py)"))
+    stages: list[StageConfig] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "Multi-stage pipeline (vLLM-Omni): one engine per stage, run in order (simulator/omni.py)"
+        ),
+    )
 
     @model_validator(mode="after")
     def _pools_valid(self) -> Scenario:
@@ -178,19 +247,25 @@ class Scenario(SpecModel):
         if d is None:
             return self
         if self.cluster.replicas != 1:
-            raise ValueError("cluster.replicas: with disaggregation, set replicas per pool "
-                             "(disaggregation.prefill.replicas, disaggregation.decode.replicas)")
+            raise ValueError(
+                "cluster.replicas: with disaggregation, set replicas per pool "
+                "(disaggregation.prefill.replicas, disaggregation.decode.replicas)"
+            )
         for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
             scheduler = pool.engine.get("scheduler", self.engine.scheduler)
             if scheduler != "vllm":
                 where = f"disaggregation.{name}.engine" if "scheduler" in pool.engine else "engine"
-                raise ValueError(f"{where}.scheduler {scheduler!r}: prefill and decode pools run vLLM's P/D "
-                                 "schedulers (allowed with disaggregation: vllm)")
+                raise ValueError(
+                    f"{where}.scheduler {scheduler!r}: prefill and decode pools run vLLM's P/D "
+                    "schedulers (allowed with disaggregation: vllm)"
+                )
             try:
                 routers.get(pool.router)
             except SpecError as err:
                 raise ValueError(f"disaggregation.{name}.router: {err}") from None
-            if pool.gpu is not None and not self.hardware.gpu_files:  # with user files: once paths are resolved
+            if (
+                pool.gpu is not None and not self.hardware.gpu_files
+            ):  # with user files: once paths are resolved
                 try:
                     get_gpu(pool.gpu)
                 except SpecError as err:
@@ -222,8 +297,10 @@ class Scenario(SpecModel):
     @classmethod
     def _folder_name(cls, value: str) -> str:
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", value):
-            raise ValueError(f"{value!r} names the output folder runs/<name>: use letters, digits and _ . + - "
-                             "(starting with a letter, digit or _; at most 128)")
+            raise ValueError(
+                f"{value!r} names the output folder runs/<name>: use letters, digits and _ . + - "
+                "(starting with a letter, digit or _; at most 128)"
+            )
         return value
 
     @field_validator("model")
@@ -237,10 +314,14 @@ class Scenario(SpecModel):
         scheduler = schedulers.get(engine.scheduler)
         orderings.get(engine.queue_order)
         if engine.prefix_caching != "none" and not getattr(scheduler, "supports_prefix_caching", False):
-            raise ValueError(f"scheduler {engine.scheduler!r} does not share KV blocks; set prefix_caching: none "
-                             "(allowed with it: none)")
+            raise ValueError(
+                f"scheduler {engine.scheduler!r} does not share KV blocks; set prefix_caching: none "
+                "(allowed with it: none)"
+            )
         if engine.queue_order == "lpm" and engine.prefix_caching == "none":
-            raise ValueError("queue_order 'lpm' sorts by cached prefix; it needs prefix_caching vllm or radix")
+            raise ValueError(
+                "queue_order 'lpm' sorts by cached prefix; it needs prefix_caching vllm or radix"
+            )
         return engine
 
     @field_validator("cluster")
@@ -262,8 +343,9 @@ class Scenario(SpecModel):
         model = get_model(self.model)
         max_len = self.engine.max_model_len or model.max_position_embeddings
         par = self.parallelism
-        engine = self.engine.with_vllm_defaults(gpu, max_len, par.tp, par.pp, par.dp_attention, model.mla is not None,
-                                                model.architecture)
+        engine = self.engine.with_vllm_defaults(
+            gpu, max_len, par.tp, par.pp, par.dp_attention, model.mla is not None, model.architecture
+        )
         return self if engine is self.engine else self.model_copy(update={"engine": engine})
 
     def run_settings(self) -> Scenario:
@@ -276,7 +358,9 @@ def check_grid_keys(base: Scenario, grid: dict[str, list[Any]]) -> None:
     the key's first value and validating). Values are checked per grid point, where they combine."""
     for key in grid:
         if key.split(".")[0] in STUDY_SECTIONS:
-            raise ValueError(f"sweep grid key {key!r}: a grid varies run settings, not the {key.split('.')[0]} section")
+            raise ValueError(
+                f"sweep grid key {key!r}: a grid varies run settings, not the {key.split('.')[0]} section"
+            )
         try:
             with_overrides(base.run_settings(), {key: grid[key][0]})
         except SpecError as err:  # a parent of the key is a value, not a section
@@ -288,8 +372,9 @@ def check_grid_keys(base: Scenario, grid: dict[str, list[Any]]) -> None:
                 loc, fields = _user_path(Scenario, [str(p) for p in unknown[0]["loc"]])
                 close = difflib.get_close_matches(loc[-1], fields or [], n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ValueError(f"sweep grid key {key!r} is not a scenario field ({'.'.join(loc)}: unknown "
-                                 f"field{hint})") from None
+                raise ValueError(
+                    f"sweep grid key {key!r} is not a scenario field ({'.'.join(loc)}: unknown field{hint})"
+                ) from None
 
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -306,7 +391,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as err:
-            raise SpecError(f"--set {item!r}: the value is not valid YAML ({str(err).splitlines()[0]})") from None
+            raise SpecError(
+                f"--set {item!r}: the value is not valid YAML ({str(err).splitlines()[0]})"
+            ) from None
         node = raw
         *parents, leaf = key.split(".")
         for part in parents:
@@ -327,8 +414,9 @@ def with_overrides(base: Scenario, overrides: dict[str, Any]) -> Scenario:
     return Scenario.model_validate(raw)
 
 
-def first_error(err: ValidationError, source: str, model: type[BaseModel] | None = None,
-                overrides: list[str] = ()) -> SpecError:
+def first_error(
+    err: ValidationError, source: str, model: type[BaseModel] | None = None, overrides: list[str] = ()
+) -> SpecError:
     """The first problem of `err` (an unknown field first) as one line naming `source`, the field and, for choices,
     the value given.
     With the validated `model`, an unknown field also gets the nearest known name and the fields allowed
@@ -345,7 +433,7 @@ def first_error(err: ValidationError, source: str, model: type[BaseModel] | None
     fields: list[str] | None = None
     if model is not None:
         loc, fields = _user_path(model, loc)
-    if any(loc[:len(key)] == key for key in (o.partition("=")[0].split(".") for o in overrides)):
+    if any(loc[: len(key)] == key for key in (o.partition("=")[0].split(".") for o in overrides)):
         source = f"{source} (from --set)"
     if first["type"] == "extra_forbidden":
         message = "unknown field"
@@ -355,8 +443,9 @@ def first_error(err: ValidationError, source: str, model: type[BaseModel] | None
             if close and len(listed) > 80:  # the nearest is named: say where the rest are
                 message += f"; did you mean {close[0]!r}? ({len(fields)} fields here: servesim schema)"
             else:
-                message += (f"; did you mean {close[0]!r}?" if close else "") + \
-                    f" (fields here: {choices(fields, loc[-1], 'servesim schema', width=80)})"
+                message += (
+                    f"; did you mean {close[0]!r}?" if close else ""
+                ) + f" (fields here: {choices(fields, loc[-1], 'servesim schema', width=80)})"
     elif first["type"] == "union_tag_invalid":  # pydantic's sentence quotes every tag and the key's name too
         tags = first["ctx"]["expected_tags"].replace("'", "")
         message = f"unknown {first['ctx']['discriminator'].strip(chr(39))} {first['ctx']['tag']!r}; choose from {tags}"
@@ -378,7 +467,7 @@ def _user_path(model: type[BaseModel], loc: list[str]) -> tuple[list[str], list[
         shown.append(part)
         owner = next((m for m in models if part in m.model_fields), None)
         if owner is None:
-            return shown + loc[i + 1:], sorted(models[0].model_fields) if len(models) == 1 else None
+            return shown + loc[i + 1 :], sorted(models[0].model_fields) if len(models) == 1 else None
         current = owner.model_fields[part].annotation
     return shown, None
 
@@ -401,7 +490,9 @@ def load_scenario(path: Path, overrides: list[str] = (), seed: int | None = None
     path = Path(path)
     raw = read_yaml(path, "scenario file")
     if not isinstance(raw, dict):
-        raise SpecError(f"{path}: a scenario is a mapping of sections (model, hardware, engine, workload, ...)")
+        raise SpecError(
+            f"{path}: a scenario is a mapping of sections (model, hardware, engine, workload, ...)"
+        )
     raw = apply_overrides(_files_beside(raw, path.parent), list(overrides))
     if seed is not None:
         raw["seed"] = seed
@@ -416,15 +507,19 @@ def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
     """`raw` (a scenario file as read) with its relative GPU files, profile and model config.json paths made
     relative to `folder`, the file's own, as its traces are; `--set` values, applied after, stay relative to the
     working folder."""
+
     def beside(section: Any, key: str, is_path) -> None:
         value = section.get(key) if isinstance(section, dict) else None
         if isinstance(value, str) and is_path(value) and not Path(value).is_absolute():
             section[key] = str(folder / value)
+
     raw = copy.deepcopy(raw)
     hardware, engine = raw.get("hardware"), raw.get("engine")
     if isinstance(hardware, dict) and isinstance(hardware.get("gpu_files"), list):
-        hardware["gpu_files"] = [str(folder / f) if isinstance(f, str) and not Path(f).is_absolute() else f
-                                 for f in hardware["gpu_files"]]
+        hardware["gpu_files"] = [
+            str(folder / f) if isinstance(f, str) and not Path(f).is_absolute() else f
+            for f in hardware["gpu_files"]
+        ]
     beside(hardware, "profile", lambda value: bool(Path(value).suffix))  # a YAML path, not a bundled name
     beside(raw, "model", is_config_path)
     beside(engine.get("speculative") if isinstance(engine, dict) else None, "draft_model", is_config_path)
@@ -446,10 +541,14 @@ def with_absolute_paths(model: Any, base_dir: Path) -> Any:
     GPU files, profiles and model config.json files against the working folder (where they were read), so the
     resolved scenario a run writes into its own folder reruns from there. Runs themselves keep the paths as
     given: a sweep point's hash does not depend on where the project sits."""
+
     def absolute(part: BaseModel) -> BaseModel:
         if isinstance(part, TraceSource):
-            return part if part.path.is_absolute() else part.model_copy(
-                update={"path": (base_dir / part.path).absolute()})
+            return (
+                part
+                if part.path.is_absolute()
+                else part.model_copy(update={"path": (base_dir / part.path).absolute()})
+            )
         update = {}
         if isinstance(part, HardwareConfig):
             update["gpu_files"] = [f.absolute() for f in part.gpu_files]
@@ -461,6 +560,7 @@ def with_absolute_paths(model: Any, base_dir: Path) -> Any:
                 update[name] = str(Path(value).absolute())
         changed = {name: value for name, value in update.items() if value != getattr(part, name)}
         return part.model_copy(update=changed) if changed else part
+
     return _rebuilt(model, absolute)
 
 

@@ -28,21 +28,34 @@ class SloWatch:
     """Counts certain violators of a TTFT and/or TPOT limit (seconds; None: not watched) among `requests` (open
     loop: arrival times fixed in advance) as simulated time passes and requests finish."""
 
-    def __init__(self, requests: list[Request], ttft_limit_s: float | None, tpot_limit_s: float | None,
-                 percentile: float):
+    def __init__(
+        self,
+        requests: list[Request],
+        ttft_limit_s: float | None,
+        tpot_limit_s: float | None,
+        percentile: float,
+    ):
         self.order = sorted(requests, key=lambda r: r.arrival_s) if ttft_limit_s is not None else []
         self.ttft_limit_s = ttft_limit_s * (1 + _SLACK) if ttft_limit_s is not None else math.inf
         self.tpot_limit_s = tpot_limit_s * (1 + _SLACK) if tpot_limit_s is not None else math.inf
         self.ttft_needed = violators_needed(len(self.order), percentile) if self.order else math.inf
-        multi = sum(r.num_output_tokens > 1 for r in requests)  # TPOT's population: more than one output token
-        self.tpot_needed = violators_needed(multi, percentile) if tpot_limit_s is not None and multi else math.inf
+        multi = sum(
+            r.num_output_tokens > 1 for r in requests
+        )  # TPOT's population: more than one output token
+        self.tpot_needed = (
+            violators_needed(multi, percentile) if tpot_limit_s is not None and multi else math.inf
+        )
         self.next = 0  # requests before it (by arrival) have been decided for TTFT
         self.ttft_violators = self.tpot_violators = 0
 
     def finished(self, req: Request) -> None:
         """`req` was answered (its finish time may lie ahead of now: a fused stretch records it early)."""
-        if req.reject_reason is None and req.finish_s is not None and req.num_generated > 1 \
-                and (req.finish_s - req.first_token_s) / (req.num_generated - 1) > self.tpot_limit_s:
+        if (
+            req.reject_reason is None
+            and req.finish_s is not None
+            and req.num_generated > 1
+            and (req.finish_s - req.first_token_s) / (req.num_generated - 1) > self.tpot_limit_s
+        ):
             self.tpot_violators += 1
 
     def lost(self, now: float) -> bool:
@@ -51,6 +64,8 @@ class SloWatch:
         while self.next < len(order) and order[self.next].arrival_s + limit < now:
             req = order[self.next]
             self.next += 1
-            if req.reject_reason is None and (req.first_token_s is None or req.first_token_s - req.arrival_s > limit):
+            if req.reject_reason is None and (
+                req.first_token_s is None or req.first_token_s - req.arrival_s > limit
+            ):
                 self.ttft_violators += 1
         return self.ttft_violators >= self.ttft_needed or self.tpot_violators >= self.tpot_needed

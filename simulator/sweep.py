@@ -111,7 +111,11 @@ def input_files(s: Scenario, base_dir: Path) -> list[Path]:
     if s.hardware.profile is not None and Path(s.hardware.profile).suffix:
         files.append(Path(s.hardware.profile))
     spec = s.engine.speculative
-    models = [s.model, spec.draft_model if spec is not None else None, *(stage.model for stage in s.stages or ())]
+    models = [
+        s.model,
+        spec.draft_model if spec is not None else None,
+        *(stage.model for stage in s.stages or ()),
+    ]
     files += [Path(m) for m in models if isinstance(m, str) and is_config_path(m)]
     return [path for path in files if path.is_file()]
 
@@ -124,7 +128,11 @@ def code_fingerprint(root: Path = ROOT) -> bytes:
     digest = hashlib.sha256()
     for package in PACKAGES:
         for path in sorted((root / package).rglob("*")):
-            if path.suffix in (".py", ".yaml", ".json") and "__pycache__" not in path.parts and path.is_file():
+            if (
+                path.suffix in (".py", ".yaml", ".json")
+                and "__pycache__" not in path.parts
+                and path.is_file()
+            ):
                 digest.update(path.relative_to(root).as_posix().encode() + b"\0" + _meaning(path) + b"\0")
     return digest.digest()
 
@@ -146,9 +154,13 @@ def _meaning(path: Path) -> bytes:
 def _without_docstrings(tree: ast.Module) -> ast.Module:
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body \
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(body[0].value, ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             node.body = body[1:] or [ast.Pass()]
     return tree
 
@@ -168,8 +180,10 @@ def expand(base: Scenario, grid: dict[str, list[Any]], base_dir: Path | None = N
         raise SpecError(str(err)) from None
     size = math.prod(len(values) for values in grid.values())
     if size > MAX_POINTS:  # each point is validated and hashed before the first runs
-        raise SpecError(f"sweep grid: {' x '.join(str(len(v)) for v in grid.values())} = {size:,} points, more "
-                        f"than the {MAX_POINTS:,} a sweep takes; split it into sweeps over fewer values")
+        raise SpecError(
+            f"sweep grid: {' x '.join(str(len(v)) for v in grid.values())} = {size:,} points, more "
+            f"than the {MAX_POINTS:,} a sweep takes; split it into sweeps over fewer values"
+        )
     base = base.run_settings()
     points = []
     for values in itertools.product(*grid.values()):
@@ -208,9 +222,16 @@ def run_point(s: Scenario, base_dir: Path, folder: Path) -> str | None:
     return None
 
 
-def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: Path, engine: Engine = "local",
-              workers: int | None = None, dask_address: str | None = None,
-              on_point: Callable[[int], None] | None = None) -> SweepResult:
+def run_sweep(
+    base: Scenario,
+    base_dir: Path,
+    grid: dict[str, list[Any]],
+    out: Path,
+    engine: Engine = "local",
+    workers: int | None = None,
+    dask_address: str | None = None,
+    on_point: Callable[[int], None] | None = None,
+) -> SweepResult:
     """Run every grid point not already in `out`, keeping `out/results.csv` current as they finish (rewritten at
     most every `RESULTS_EVERY_S` seconds, and when the sweep ends or is interrupted). `on_point(n_done)` after
     each."""
@@ -221,15 +242,21 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
     first_of = {folder: i for i, folder in reversed(list(enumerate(folders)))}  # equal scenarios run once
     todo = [i for i in sorted(first_of.values()) if not is_done(folders[i])]
     remove_abandoned_writes(out / POINTS)  # a killed worker's half-written point
-    write_text_atomic(out / "sweep.yaml", yaml.safe_dump(
-        {"grid": grid, "scenario": base.run_settings().model_dump(mode="json")}, sort_keys=False))
+    write_text_atomic(
+        out / "sweep.yaml",
+        yaml.safe_dump(
+            {"grid": grid, "scenario": base.run_settings().model_dump(mode="json")}, sort_keys=False
+        ),
+    )
     outcomes: dict[Path, str | None] = {}  # finished folder -> its error (None: it ran)
     jobs = [(points[i].scenario, base_dir, folders[i]) for i in todo]
     done = len(points) - len(todo)
     write_results(out, results_table(points, folders, outcomes))
     last_written = time.monotonic()
     try:
-        for job_index, error in run_jobs(run_point, jobs, engine, workers, dask_address, on_died=_worker_died):
+        for job_index, error in run_jobs(
+            run_point, jobs, engine, workers, dask_address, on_died=_worker_died
+        ):
             outcomes[folders[todo[job_index]]] = error
             done += 1
             if time.monotonic() - last_written >= RESULTS_EVERY_S:
@@ -237,7 +264,9 @@ def run_sweep(base: Scenario, base_dir: Path, grid: dict[str, list[Any]], out: P
                 last_written = time.monotonic()
             if on_point:
                 on_point(done)
-    except BaseException:  # interrupted or broken off: the table shows every point's state, if it can be written
+    except (
+        BaseException
+    ):  # interrupted or broken off: the table shows every point's state, if it can be written
         with contextlib.suppress(Exception):
             write_results(out, results_table(points, folders, outcomes))
         raise
@@ -272,7 +301,9 @@ def results_table(points: list[Point], folders: list[Path], outcomes: dict[Path,
         error = outcomes.get(folder)
         stat = (folder / "summary.json").stat() if is_done(folder) else None
         summary = _summary(folder / "summary.json", stat.st_mtime_ns, stat.st_size) if stat else {}
-        if not summary and folder in outcomes and error is None:  # ran, yet no folder here: a worker elsewhere
+        if (
+            not summary and folder in outcomes and error is None
+        ):  # ran, yet no folder here: a worker elsewhere
             error = f"its run folder {folder} is missing (a Dask worker writing to another filesystem?)"
         status = "done" if summary else "failed" if error else "pending"
         rows.append({**point.overrides, "point": point.hash, "status": status, "error": error, **summary})

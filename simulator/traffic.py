@@ -21,8 +21,13 @@ from workloads.request import Request
 
 
 class Traffic:
-    def __init__(self, env: simpy.Environment, workload: Workload, arrive: Callable[[Request], None],
-                 rng: np.random.Generator):
+    def __init__(
+        self,
+        env: simpy.Environment,
+        workload: Workload,
+        arrive: Callable[[Request], None],
+        rng: np.random.Generator,
+    ):
         self.env, self.workload, self.arrive, self.rng = env, workload, arrive, rng
         self.closed = workload.closed_loop
         self.followups = workload.followups

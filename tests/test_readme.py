@@ -26,7 +26,9 @@ def test_the_tour_shows_what_the_quickstart_prints(tmp_path):
     block = README.split("servesim simulate scenarios/quickstart.yaml` prints", 1)[1].split("```text\n", 1)[1]
     shown = block.split("```", 1)[0].splitlines()
     out = tmp_path / "run"
-    result = CliRunner().invoke(app, ["simulate", str(ROOT / "scenarios" / "quickstart.yaml"), "--out", str(out)])
+    result = CliRunner().invoke(
+        app, ["simulate", str(ROOT / "scenarios" / "quickstart.yaml"), "--out", str(out)]
+    )
     assert result.exit_code == 0, result.output
     printed = result.stdout.replace(f"{out}/", "runs/quickstart/").splitlines()
     assert len(shown) >= 8 and all(line in printed for line in shown), (shown, printed)

@@ -23,15 +23,27 @@ import numpy as np
 Draw = Callable[[int], np.ndarray]  # k -> k inter-arrival gaps (s)
 
 
-def poisson_arrivals(rate_per_s: float, rng: np.random.Generator, num_requests: int | None = None,
-                     duration_s: float | None = None, paced: bool = False) -> np.ndarray:
+def poisson_arrivals(
+    rate_per_s: float,
+    rng: np.random.Generator,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+    paced: bool = False,
+) -> np.ndarray:
     """Arrival times (s) of a Poisson process of `rate_per_s` requests/s: exponential gaps."""
-    return _arrivals(lambda k: rng.exponential(1.0 / rate_per_s, size=k), rate_per_s, num_requests, duration_s,
-                     paced)
+    return _arrivals(
+        lambda k: rng.exponential(1.0 / rate_per_s, size=k), rate_per_s, num_requests, duration_s, paced
+    )
 
 
-def gamma_arrivals(rate_per_s: float, cv: float, rng: np.random.Generator, num_requests: int | None = None,
-                   duration_s: float | None = None, paced: bool = False) -> np.ndarray:
+def gamma_arrivals(
+    rate_per_s: float,
+    cv: float,
+    rng: np.random.Generator,
+    num_requests: int | None = None,
+    duration_s: float | None = None,
+    paced: bool = False,
+) -> np.ndarray:
     """Arrival times (s) of a gamma renewal process: mean gap 1/rate_per_s, gap CV `cv` (1 = Poisson).
 
     Gamma with shape k has CV 1/sqrt(k), so k = 1/cv**2 and scale = 1/(rate_per_s * k).
@@ -41,8 +53,9 @@ def gamma_arrivals(rate_per_s: float, cv: float, rng: np.random.Generator, num_r
     return _arrivals(lambda k: rng.gamma(shape, scale_s, size=k), rate_per_s, num_requests, duration_s, paced)
 
 
-def constant_arrivals(rate_per_s: float, num_requests: int | None = None,
-                      duration_s: float | None = None) -> np.ndarray:
+def constant_arrivals(
+    rate_per_s: float, num_requests: int | None = None, duration_s: float | None = None
+) -> np.ndarray:
     """Arrival times (s) i / rate_per_s for i = 0, 1, ...; needs no randomness."""
     _check_stop(num_requests, duration_s)
     count = num_requests if duration_s is None else math.ceil(rate_per_s * duration_s) + 1
@@ -56,12 +69,15 @@ def mean_rate_per_s(arrival_s: np.ndarray) -> float:
     """Mean arrival rate (requests/s) = (n - 1) / (last - first), as in the traces README."""
     span_s = float(arrival_s[-1] - arrival_s[0]) if arrival_s.size else 0.0
     if arrival_s.size < 2 or span_s <= 0:
-        raise ValueError(f"mean rate needs >= 2 arrivals spread over time (got {arrival_s.size} over {span_s} s)")
+        raise ValueError(
+            f"mean rate needs >= 2 arrivals spread over time (got {arrival_s.size} over {span_s} s)"
+        )
     return (arrival_s.size - 1) / span_s
 
 
-def rescale_times(arrival_s: np.ndarray, rate_per_s: float | None = None,
-                  time_scale: float | None = None) -> np.ndarray:
+def rescale_times(
+    arrival_s: np.ndarray, rate_per_s: float | None = None, time_scale: float | None = None
+) -> np.ndarray:
     """Trace times (s, starting at 0) stretched so their mean rate is `rate_per_s`, or times `time_scale`."""
     if rate_per_s is not None:
         return arrival_s * (mean_rate_per_s(arrival_s) / rate_per_s)
@@ -70,8 +86,9 @@ def rescale_times(arrival_s: np.ndarray, rate_per_s: float | None = None,
     return arrival_s
 
 
-def _arrivals(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s: float | None,
-              paced: bool) -> np.ndarray:
+def _arrivals(
+    draw: Draw, rate_per_s: float, num_requests: int | None, duration_s: float | None, paced: bool
+) -> np.ndarray:
     if paced:
         return _paced(draw, rate_per_s, num_requests, duration_s)
     return _renewal(draw, rate_per_s, num_requests, duration_s)
@@ -97,8 +114,10 @@ def _renewal(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s
 def _paced(draw: Draw, rate_per_s: float, num_requests: int | None, duration_s: float | None) -> np.ndarray:
     """One gap per request, the first included; running sums scaled so the last is num_requests / rate."""
     if num_requests is None or duration_s is not None:
-        raise ValueError("paced arrivals need num_requests and no duration_s (the last request leaves at "
-                         "num_requests / rate)")
+        raise ValueError(
+            "paced arrivals need num_requests and no duration_s (the last request leaves at "
+            "num_requests / rate)"
+        )
     times = np.cumsum(draw(num_requests))
     return times * (num_requests / rate_per_s / times[-1])
 

@@ -27,25 +27,38 @@ class TraceSource(SpecModel):
     """A trace file (or ServeGen folder) and how to read it."""
 
     format: TraceFormat = Field(description="File format; see workloads/traces.py for the columns of each.")
-    path: Path = Field(description="Trace file (a folder for servegen); relative paths resolve against "
-                                   "the scenario file's folder.")
-    clients: tuple[int, ...] | None = Field(None, description="servegen only: client ids to keep (None = all "
-                                                              "clients that have a dataset file).")
-    burstgpt_model: str | None = Field(None, description="burstgpt only: keep rows whose `Model` column equals "
-                                                         "this (e.g. 'ChatGPT', 'GPT-4').")
-    drop_failed: bool = Field(True, description="burstgpt only: drop failed requests (0 response tokens); "
-                                                "if False they are kept as 1-output-token requests.")
+    path: Path = Field(
+        description="Trace file (a folder for servegen); relative paths resolve against "
+        "the scenario file's folder."
+    )
+    clients: tuple[int, ...] | None = Field(
+        None, description="servegen only: client ids to keep (None = all clients that have a dataset file)."
+    )
+    burstgpt_model: str | None = Field(
+        None,
+        description="burstgpt only: keep rows whose `Model` column equals this (e.g. 'ChatGPT', 'GPT-4').",
+    )
+    drop_failed: bool = Field(
+        True,
+        description="burstgpt only: drop failed requests (0 response tokens); "
+        "if False they are kept as 1-output-token requests.",
+    )
 
     @model_validator(mode="after")
     def _options_match_format(self) -> Self:
         if self.clients is not None and self.format != "servegen":
             raise ValueError(f"trace.clients is a servegen option, but format is {self.format!r}; remove it")
         # compare with the defaults, not with what was set, so a dumped resolved scenario loads again
-        burst_only = [name for name, default in (("burstgpt_model", None), ("drop_failed", True))
-                      if getattr(self, name) != default]
+        burst_only = [
+            name
+            for name, default in (("burstgpt_model", None), ("drop_failed", True))
+            if getattr(self, name) != default
+        ]
         if burst_only and self.format != "burstgpt":
-            raise ValueError(f"trace.{sorted(burst_only)[0]} is a burstgpt option, but format is "
-                             f"{self.format!r}; remove it")
+            raise ValueError(
+                f"trace.{sorted(burst_only)[0]} is a burstgpt option, but format is "
+                f"{self.format!r}; remove it"
+            )
         return self
 
 
@@ -75,12 +88,24 @@ class NormalDist(SpecModel):
     at the bounds). Without min/max nothing is removed."""
 
     kind: Literal["normal"]
-    mean: float = Field(ge=-MAX_VALUE, le=MAX_VALUE, description="Mean before truncation (tokens or seconds).")
-    std: float = Field(gt=0, le=MAX_VALUE, description="Standard deviation before truncation (tokens or seconds).")
-    min: float | None = Field(None, ge=-MAX_VALUE, le=MAX_VALUE, description=(
-        "Lower truncation bound, inclusive (None = no bound)."))
-    max: float | None = Field(None, ge=-MAX_VALUE, le=MAX_VALUE, description=(
-        "Upper truncation bound, inclusive (None = no bound)."))
+    mean: float = Field(
+        ge=-MAX_VALUE, le=MAX_VALUE, description="Mean before truncation (tokens or seconds)."
+    )
+    std: float = Field(
+        gt=0, le=MAX_VALUE, description="Standard deviation before truncation (tokens or seconds)."
+    )
+    min: float | None = Field(
+        None,
+        ge=-MAX_VALUE,
+        le=MAX_VALUE,
+        description=("Lower truncation bound, inclusive (None = no bound)."),
+    )
+    max: float | None = Field(
+        None,
+        ge=-MAX_VALUE,
+        le=MAX_VALUE,
+        description=("Upper truncation bound, inclusive (None = no bound)."),
+    )
 
     @model_validator(mode="after")
     def _bounds_hold_mass(self) -> Self:
@@ -88,14 +113,18 @@ class NormalDist(SpecModel):
         if lo >= hi:
             raise ValueError(f"normal: min ({self.min}) must be < max ({self.max})")
         if self.mass() < MIN_NORMAL_MASS:
-            raise ValueError(f"normal(mean={self.mean}, std={self.std}) puts only {self.mass():.2g} of its mass "
-                             f"in [min={self.min}, max={self.max}]; move the mean or widen the bounds")
+            raise ValueError(
+                f"normal(mean={self.mean}, std={self.std}) puts only {self.mass():.2g} of its mass "
+                f"in [min={self.min}, max={self.max}]; move the mean or widen the bounds"
+            )
         return self
 
     def mass(self) -> float:
         """Probability that an untruncated sample falls in [min, max]."""
+
         def cdf(x: float) -> float:
             return 0.5 * (1 + math.erf((x - self.mean) / (self.std * math.sqrt(2))))
+
         return cdf(_or_inf(self.max, 1)) - cdf(_or_inf(self.min, -1))
 
 
@@ -105,8 +134,11 @@ class LognormalDist(SpecModel):
 
     kind: Literal["lognormal"]
     median: float = Field(gt=0, le=MAX_VALUE, description="Median (tokens or seconds).")
-    sigma: float = Field(ge=0, le=MAX_LOG_SIGMA, description=(
-        "Standard deviation of ln(x) (dimensionless); 0 = always median."))
+    sigma: float = Field(
+        ge=0,
+        le=MAX_LOG_SIGMA,
+        description=("Standard deviation of ln(x) (dimensionless); 0 = always median."),
+    )
 
 
 class EmpiricalDist(SpecModel):
@@ -119,13 +151,16 @@ class EmpiricalDist(SpecModel):
     @model_validator(mode="after")
     def _not_servegen(self) -> Self:
         if self.trace.format == "servegen":
-            raise ValueError("empirical: servegen is a workload model, not a length table; use it as "
-                             "`workload.trace` instead")
+            raise ValueError(
+                "empirical: servegen is a workload model, not a length table; use it as "
+                "`workload.trace` instead"
+            )
         return self
 
 
-Dist = Annotated[Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist],
-                 Field(discriminator="kind")]
+Dist = Annotated[
+    Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist], Field(discriminator="kind")
+]
 
 
 def upper_bound(dist: Dist) -> float:

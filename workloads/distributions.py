@@ -14,7 +14,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.config import Dist, EmpiricalDist, FixedDist, LognormalDist, NormalDist, UniformDist, WorkloadConfig
+from workloads.config import (
+    Dist,
+    EmpiricalDist,
+    FixedDist,
+    LognormalDist,
+    NormalDist,
+    UniformDist,
+    WorkloadConfig,
+)
 from workloads.dist_config import MAX_VALUE
 from workloads.traces import load_source
 
@@ -47,8 +55,9 @@ def sample_lengths(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path 
     return np.clip(values, 1, MAX_VALUE).astype(np.int64)  # a far tail stays a count int64 holds
 
 
-def draw_outputs(cfg: WorkloadConfig, table: pd.DataFrame, n: int, rng: np.random.Generator,
-                 base_dir: Path = Path(".")) -> np.ndarray:
+def draw_outputs(
+    cfg: WorkloadConfig, table: pd.DataFrame, n: int, rng: np.random.Generator, base_dir: Path = Path(".")
+) -> np.ndarray:
     """`n` output lengths (int64 tokens) drawn like the workload's others: from `lengths.output`, or
     resampled with replacement from the trace rows in `table`. Draws nothing when n == 0."""
     if n == 0:

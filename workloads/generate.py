@@ -41,8 +41,15 @@ from workloads.sessions import session_requests
 from workloads.tables import dropped_text
 from workloads.traces import MOONCAKE_BLOCK_TOKENS, load_source, resolve_path
 
-__all__ = ["Workload", "build_table", "build_workload", "constant_arrivals", "gamma_arrivals",
-           "poisson_arrivals"]
+__all__ = [
+    "Workload",
+    "build_table",
+    "build_workload",
+    "constant_arrivals",
+    "gamma_arrivals",
+    "poisson_arrivals",
+]
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -71,8 +78,10 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
         requests, followups = session_requests(table, cfg, request_rng, base_dir)
         total = len(requests) + len(followups)
         if cfg.trace is not None and cfg.num_requests is not None and total < cfg.num_requests:
-            notes += (f"{resolve_path(cfg.trace.path, base_dir)}: its {len(table)} usable rows ran out before "
-                      f"num_requests {cfg.num_requests}: the run has {total} requests in {len(requests)} sessions",)
+            notes += (
+                f"{resolve_path(cfg.trace.path, base_dir)}: its {len(table)} usable rows ran out before "
+                f"num_requests {cfg.num_requests}: the run has {total} requests in {len(requests)} sessions",
+            )
     else:
         n = 1 if cfg.parallel_sampling is None else cfg.parallel_sampling.n
         extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), request_rng, base_dir)
@@ -89,12 +98,20 @@ def _parallel_requests(table: pd.DataFrame, n: int, extra_outputs: np.ndarray) -
     for i, row in enumerate(table.itertuples(index=False)):
         prompt = int(row.num_prompt_tokens)
         segments = with_unique_rest(row.shared_segments, prompt, i * n)
-        outputs = [int(row.num_output_tokens), *extra_outputs[i * (n - 1):(i + 1) * (n - 1)].tolist()]
+        outputs = [int(row.num_output_tokens), *extra_outputs[i * (n - 1) : (i + 1) * (n - 1)].tolist()]
         session_id = None if pd.isna(row.session_id) else int(row.session_id)
-        requests += [Request(id=i * n + c, arrival_s=float(row.arrival_s), num_prompt_tokens=prompt,
-                             num_output_tokens=outputs[c], prompt_segments=segments, session_id=session_id,
-                             priority=int(row.priority))
-                     for c in range(n)]
+        requests += [
+            Request(
+                id=i * n + c,
+                arrival_s=float(row.arrival_s),
+                num_prompt_tokens=prompt,
+                num_output_tokens=outputs[c],
+                prompt_segments=segments,
+                session_id=session_id,
+                priority=int(row.priority),
+            )
+            for c in range(n)
+        ]
     return requests
 
 
@@ -120,12 +137,22 @@ def build_table(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
     else:
         prompt, output = src["num_prompt_tokens"].to_numpy(), src["num_output_tokens"].to_numpy()
         segments = _shared_segments(src)
-    table = pd.DataFrame({"arrival_s": arrival_s, "num_prompt_tokens": prompt, "num_output_tokens": output,
-                          "shared_segments": segments,
-                          "session_id": _column(src, "session_id", pd.NA, "Int64", n),
-                          "priority": _column(src, "priority", 0, "int64", n)})
-    table.attrs["notes"] = () if rows is None else rows.attrs["notes"] + _shortfall(cfg, len(rows), arrival_s,
-                                                                                   resolve_path(cfg.trace.path, base_dir))
+    table = pd.DataFrame(
+        {
+            "arrival_s": arrival_s,
+            "num_prompt_tokens": prompt,
+            "num_output_tokens": output,
+            "shared_segments": segments,
+            "session_id": _column(src, "session_id", pd.NA, "Int64", n),
+            "priority": _column(src, "priority", 0, "int64", n),
+        }
+    )
+    table.attrs["notes"] = (
+        ()
+        if rows is None
+        else rows.attrs["notes"]
+        + _shortfall(cfg, len(rows), arrival_s, resolve_path(cfg.trace.path, base_dir))
+    )
     return table
 
 
@@ -135,8 +162,9 @@ def _shortfall(cfg: WorkloadConfig, num_rows: int, arrival_s: np.ndarray, path: 
     without a word). Trace-timed arrivals end with their trace."""
     per_arrival = cfg.parallel_sampling.n if cfg.parallel_sampling is not None else 1
     # sessions' num_requests counts turns, not rows: `session_requests` tells whether the rows ran out
-    short_of_count = cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows \
-        and cfg.sessions is None
+    short_of_count = (
+        cfg.num_requests is not None and cfg.num_requests // per_arrival > num_rows and cfg.sessions is None
+    )
     if arrival_s.size < num_rows or not (short_of_count or cfg.num_requests is None):
         return ()
     wanted = [f"num_requests {cfg.num_requests}"] if short_of_count else []
@@ -145,8 +173,10 @@ def _shortfall(cfg: WorkloadConfig, num_rows: int, arrival_s: np.ndarray, path: 
     if not wanted:
         return ()
     last = f", the last at {arrival_s[-1]:.1f} s" if arrival_s.size else ""
-    return (f"{path}: its {num_rows} usable rows ran out before {' and '.join(wanted)}: the run has "
-            f"{arrival_s.size} arrivals{last}",)
+    return (
+        f"{path}: its {num_rows} usable rows ran out before {' and '.join(wanted)}: the run has "
+        f"{arrival_s.size} arrivals{last}",
+    )
 
 
 def _column(src: pd.DataFrame | None, name: str, default: object, dtype: str, n: int) -> pd.Series:
@@ -160,16 +190,25 @@ def _trace_rows(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path) -
     """The trace table after `skip_requests`, times shifted to start at 0; None without a trace."""
     if cfg.trace is None:
         return None
-    table, path = load_source(cfg.trace, base_dir, rng, cfg.duration_s), resolve_path(cfg.trace.path, base_dir)
+    table, path = (
+        load_source(cfg.trace, base_dir, rng, cfg.duration_s),
+        resolve_path(cfg.trace.path, base_dir),
+    )
     if cfg.skip_requests >= len(table):
         why = f" ({dropped_text(table)})" if table.attrs.get("dropped") else ""
         if not len(table):
-            raise ValueError(f"{path}: no usable rows{why}" + (
-                ": its clients (trace.clients) send nothing in the first duration_s"
-                if cfg.trace.format == "servegen" else ""))
-        raise ValueError(f"{path}: skip_requests ({cfg.skip_requests}) leaves none of its {len(table)} usable "
-                         f"rows{why}")
-    rows = table.iloc[cfg.skip_requests:].reset_index(drop=True)
+            raise ValueError(
+                f"{path}: no usable rows{why}"
+                + (
+                    ": its clients (trace.clients) send nothing in the first duration_s"
+                    if cfg.trace.format == "servegen"
+                    else ""
+                )
+            )
+        raise ValueError(
+            f"{path}: skip_requests ({cfg.skip_requests}) leaves none of its {len(table)} usable rows{why}"
+        )
+    rows = table.iloc[cfg.skip_requests :].reset_index(drop=True)
     rows["arrival_s"] = rows["arrival_s"] - rows["arrival_s"].iloc[0]
     dropped = table.attrs.get("dropped", 0)
     cleaned = (f"{path}: {dropped_text(table)} (of its {len(table) + dropped} rows)",) if dropped else ()
@@ -194,7 +233,9 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame | None, rng: np.rando
         case "poisson":
             return poisson_arrivals(arrivals.rate_per_s, rng, n_max, cfg.duration_s, arrivals.paced)
         case "gamma":
-            return gamma_arrivals(arrivals.rate_per_s, arrivals.cv, rng, n_max, cfg.duration_s, arrivals.paced)
+            return gamma_arrivals(
+                arrivals.rate_per_s, arrivals.cv, rng, n_max, cfg.duration_s, arrivals.paced
+            )
     raise ValueError(f"unknown arrival kind {arrivals.kind!r}")
 
 
@@ -221,8 +262,10 @@ def _shared_segments(rows: pd.DataFrame) -> pd.Series:
     if "hash_ids" in rows:
         segs = [_block_segments(ids, int(p)) for ids, p in zip(rows["hash_ids"], prompt)]
     elif "prefix_id" in rows:
-        segs = [() if pd.isna(pid) else ((int(pid), int(plen)),)
-                for pid, plen in zip(rows["prefix_id"], rows["prefix_tokens"])]
+        segs = [
+            () if pd.isna(pid) else ((int(pid), int(plen)),)
+            for pid, plen in zip(rows["prefix_id"], rows["prefix_tokens"])
+        ]
     else:
         segs = [()] * len(rows)
     return pd.Series(segs, dtype=object)
@@ -231,5 +274,6 @@ def _shared_segments(rows: pd.DataFrame) -> pd.Series:
 def _block_segments(hash_ids: tuple[int, ...], num_prompt_tokens: int) -> Segments:
     """Mooncake blocks: every block 512 tokens but the last, which holds the remainder."""
     last = num_prompt_tokens - MOONCAKE_BLOCK_TOKENS * (len(hash_ids) - 1)
-    return tuple((int(h), MOONCAKE_BLOCK_TOKENS if k < len(hash_ids) - 1 else last)
-                 for k, h in enumerate(hash_ids))
+    return tuple(
+        (int(h), MOONCAKE_BLOCK_TOKENS if k < len(hash_ids) - 1 else last) for k, h in enumerate(hash_ids)
+    )

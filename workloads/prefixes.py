@@ -31,13 +31,16 @@ def with_unique_rest(shared: Segments, num_prompt_tokens: int, owner_id: int) ->
     """`shared` runs, then the rest of the prompt as the unique run of request `owner_id`, -(owner_id + 1)."""
     rest = num_prompt_tokens - sum(n for _, n in shared)
     if rest < 0:
-        raise ValueError(f"request {owner_id}: shared runs {shared} are longer than its prompt "
-                         f"({num_prompt_tokens} tokens)")
+        raise ValueError(
+            f"request {owner_id}: shared runs {shared} are longer than its prompt "
+            f"({num_prompt_tokens} tokens)"
+        )
     return tuple(shared) + (((-(owner_id + 1), rest),) if rest else ())
 
 
-def add_shared_prefixes(table: pd.DataFrame, cfg: SharedPrefixConfig | None, rng: np.random.Generator,
-                        base_dir: Path = Path(".")) -> pd.DataFrame:
+def add_shared_prefixes(
+    table: pd.DataFrame, cfg: SharedPrefixConfig | None, rng: np.random.Generator, base_dir: Path = Path(".")
+) -> pd.DataFrame:
     """`table` (workloads/generate.py's build_table) with a shared prefix put before the prompts that use one.
 
     Draws, in order: the length of every prefix (unless fixed), one uniform per row (the row uses a prefix
@@ -47,21 +50,27 @@ def add_shared_prefixes(table: pd.DataFrame, cfg: SharedPrefixConfig | None, rng
     if cfg is None:
         return table
     if table["shared_segments"].map(len).any():
-        raise ValueError("shared_prefix: the trace's rows already carry prefix identity (Mooncake hash_ids or "
-                         "servesim prefix_id), whose ids would collide with prefix ids 0..num_prefixes-1; "
-                         "remove shared_prefix, or replace the trace's lengths with `lengths`")
+        raise ValueError(
+            "shared_prefix: the trace's rows already carry prefix identity (Mooncake hash_ids or "
+            "servesim prefix_id), whose ids would collide with prefix ids 0..num_prefixes-1; "
+            "remove shared_prefix, or replace the trace's lengths with `lengths`"
+        )
     lengths = _prefix_lengths(cfg, rng, base_dir)
     uses = rng.random(len(table)) < cfg.share
     which = zipf_draws(cfg.num_prefixes, cfg.zipf_s, len(table), rng)
     out = table.copy()
-    out["shared_segments"] = pd.Series([((int(k), int(lengths[k])),) if u else () for u, k in zip(uses, which)],
-                                       dtype=object, index=table.index)
+    out["shared_segments"] = pd.Series(
+        [((int(k), int(lengths[k])),) if u else () for u, k in zip(uses, which)],
+        dtype=object,
+        index=table.index,
+    )
     out["num_prompt_tokens"] = table["num_prompt_tokens"].to_numpy() + np.where(uses, lengths[which], 0)
     return out
 
 
-def assign_semantic_clusters(requests: Iterable[Request], cfg: SemanticClustersConfig,
-                             rng: np.random.Generator) -> None:
+def assign_semantic_clusters(
+    requests: Iterable[Request], cfg: SemanticClustersConfig, rng: np.random.Generator
+) -> None:
     """Set every request's `semantic_cluster`: one Zipf draw per distinct prompt (identical prompt
     segments, e.g. parallel samples, share it), distinct prompts taken in id order of first appearance."""
     ordered = sorted(requests, key=lambda r: r.id)

@@ -60,7 +60,9 @@ class Request:
     # engine state
     phase: Phase = Phase.WAITING
     num_computed_tokens: int = 0  # tokens whose KV is in the cache (prompt and fed-back outputs)
-    num_in_flight_tokens: int = 0  # of those, the ones whose step's outputs vLLM has not processed when it plans
+    num_in_flight_tokens: int = (
+        0  # of those, the ones whose step's outputs vLLM has not processed when it plans
+    )
     # the next (async scheduling, pipeline parallel): sliding windows keep the blocks that step's queries read
     num_generated: int = 0  # output tokens sampled so far
     num_cached_tokens: int = 0  # prompt tokens served from a prefix cache at (last) admission

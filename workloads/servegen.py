@@ -36,14 +36,21 @@ TRACE_COLUMNS = ("timestamp_s", "rate_req_per_s", "cv", "dist_name", "p1", "p2")
 Pmf = tuple[np.ndarray, np.ndarray]  # (token counts, probabilities summing to 1)
 
 
-def servegen_requests(folder: Path, rng: np.random.Generator, duration_s: float,
-                      clients: Sequence[int] | None = None, start_s: float = 0.0) -> pd.DataFrame:
+def servegen_requests(
+    folder: Path,
+    rng: np.random.Generator,
+    duration_s: float,
+    clients: Sequence[int] | None = None,
+    start_s: float = 0.0,
+) -> pd.DataFrame:
     """Requests of all (or the listed) clients arriving in [start_s, start_s + duration_s) of the
     model's timeline, as the common request table plus a `client_id` column."""
     folder = Path(folder)
     if not folder.is_dir():
-        raise ValueError(f"{folder}: servegen folder not found (expected chunk-<client>-trace.csv and "
-                         f"chunk-<client>-dataset.json files, trace columns {list(TRACE_COLUMNS)})")
+        raise ValueError(
+            f"{folder}: servegen folder not found (expected chunk-<client>-trace.csv and "
+            f"chunk-<client>-dataset.json files, trace columns {list(TRACE_COLUMNS)})"
+        )
     end_s = start_s + duration_s
     included, left_out = _client_ids(folder, clients)
     parts = [_client_requests(folder, c, rng, start_s, end_s) for c in included]
@@ -52,15 +59,20 @@ def servegen_requests(folder: Path, rng: np.random.Generator, duration_s: float,
     if left_out:
         share = _expected_requests(folder, left_out, start_s, end_s)
         total = share + _expected_requests(folder, included, start_s, end_s)
-        table.attrs["notes"] = (f"{folder}: clients {left_out} have no chunk-<client>-dataset.json (their lengths) "
-                                f"and are left out: {share / total if total else 0:.0%} of the requests their "
-                                "trace files give this window",)
+        table.attrs["notes"] = (
+            f"{folder}: clients {left_out} have no chunk-<client>-dataset.json (their lengths) "
+            f"and are left out: {share / total if total else 0:.0%} of the requests their "
+            "trace files give this window",
+        )
     return table
 
 
 def _clients(folder: Path, kind: str) -> list[int]:
-    return sorted(int(m.group(1)) for p in folder.glob(f"chunk-*-{kind}")
-                  if (m := re.fullmatch(rf"chunk-(\d+)-{re.escape(kind)}", p.name)))
+    return sorted(
+        int(m.group(1))
+        for p in folder.glob(f"chunk-*-{kind}")
+        if (m := re.fullmatch(rf"chunk-(\d+)-{re.escape(kind)}", p.name))
+    )
 
 
 def _client_ids(folder: Path, wanted: Sequence[int] | None) -> tuple[list[int], list[int]]:
@@ -71,8 +83,10 @@ def _client_ids(folder: Path, wanted: Sequence[int] | None) -> tuple[list[int], 
         return have, [c for c in traced if c not in set(have)]
     unknown = [c for c in wanted if c not in set(traced) or c not in set(have)]
     if unknown:
-        raise ValueError(f"{folder}: servegen clients {unknown} lack chunk-<client>-trace.csv or "
-                         f"chunk-<client>-dataset.json; clients with both: {sorted(set(have) & set(traced))}")
+        raise ValueError(
+            f"{folder}: servegen clients {unknown} lack chunk-<client>-trace.csv or "
+            f"chunk-<client>-dataset.json; clients with both: {sorted(set(have) & set(traced))}"
+        )
     return [c for c in have if c in set(wanted)], []
 
 
@@ -87,14 +101,19 @@ def _expected_requests(folder: Path, clients: Sequence[int], t0_s: float, t1_s: 
     return total
 
 
-def _client_requests(folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float
-                     ) -> pd.DataFrame:
+def _client_requests(
+    folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float
+) -> pd.DataFrame:
     """One client's arrivals (s, absolute) in [t0_s, t1_s) with sampled prompt/output lengths."""
     trace = _read_trace(folder / f"chunk-{client}-trace.csv")
     dataset = _read_dataset(folder / f"chunk-{client}-dataset.json")
     starts = sorted(dataset)
-    active = trace[(trace["timestamp_s"] + WINDOW_S > t0_s) & (trace["timestamp_s"] < t1_s)
-                   & (trace["rate_req_per_s"] > 0) & trace["dist_name"].notna()]
+    active = trace[
+        (trace["timestamp_s"] + WINDOW_S > t0_s)
+        & (trace["timestamp_s"] < t1_s)
+        & (trace["rate_req_per_s"] > 0)
+        & trace["dist_name"].notna()
+    ]
     cols: dict[str, list[np.ndarray]] = {"t": [], "p": [], "o": []}
     parsed: dict[float, tuple[Pmf, Pmf] | None] = {}  # PMF strings are large: parse each window once
     for row in active.itertuples(index=False):
@@ -119,12 +138,19 @@ class _Gaps:
     """A window's fitted inter-arrival gaps (s): Gamma or Weibull of shape p1 and mean 1 / rate."""
 
     def __init__(self, row, rng: np.random.Generator):
-        self.shape, self.mean_s, self.rng, self.kind = float(row.p1), 1.0 / float(row.rate_req_per_s), rng, row.dist_name
+        self.shape, self.mean_s, self.rng, self.kind = (
+            float(row.p1),
+            1.0 / float(row.rate_req_per_s),
+            rng,
+            row.dist_name,
+        )
         if not self.shape > 0:
             raise ValueError(f"servegen window at {row.timestamp_s} s: shape p1={row.p1} must be > 0")
         if self.kind not in ("Gamma", "Weibull"):
-            raise ValueError(f"servegen window at {row.timestamp_s} s: unknown distribution {row.dist_name!r} "
-                             "(expected Gamma, Weibull or empty)")
+            raise ValueError(
+                f"servegen window at {row.timestamp_s} s: unknown distribution {row.dist_name!r} "
+                "(expected Gamma, Weibull or empty)"
+            )
 
     def draw(self, k: int) -> np.ndarray:
         if self.kind == "Gamma":
@@ -163,8 +189,10 @@ def _read_trace(path: Path) -> pd.DataFrame:
         raise ValueError(f"{path}: servegen trace file not found (expected columns {list(TRACE_COLUMNS)})")
     df = pd.read_csv(path, header=None)
     if df.shape[1] != len(TRACE_COLUMNS):
-        raise ValueError(f"{path}: servegen trace has {df.shape[1]} columns; expected {len(TRACE_COLUMNS)}: "
-                         f"{list(TRACE_COLUMNS)}")
+        raise ValueError(
+            f"{path}: servegen trace has {df.shape[1]} columns; expected {len(TRACE_COLUMNS)}: "
+            f"{list(TRACE_COLUMNS)}"
+        )
     df.columns = list(TRACE_COLUMNS)
     return df
 
@@ -175,15 +203,19 @@ def _read_dataset(path: Path) -> dict[float, dict]:
         raw = json.loads(path.read_text())
         return {float(k): v for k, v in raw.items()}
     except (OSError, ValueError, AttributeError) as err:
-        raise ValueError(f"{path}: not a servegen dataset JSON ({{window_start_s: {{input_tokens, "
-                         f"output_tokens}}}}): {err}") from err
+        raise ValueError(
+            f"{path}: not a servegen dataset JSON ({{window_start_s: {{input_tokens, "
+            f"output_tokens}}}}): {err}"
+        ) from err
 
 
 def _pmfs(entry: dict, path: Path) -> tuple[Pmf, Pmf] | None:
     """(input, output) PMFs of one 6-h window, or None when the window has no length data."""
     missing = [k for k in ("input_tokens", "output_tokens") if k not in entry]
     if missing:
-        raise ValueError(f"{path}: a window is missing keys {missing}; expected ['input_tokens', 'output_tokens']")
+        raise ValueError(
+            f"{path}: a window is missing keys {missing}; expected ['input_tokens', 'output_tokens']"
+        )
     pmf_in, pmf_out = _parse_pmf(entry["input_tokens"], path), _parse_pmf(entry["output_tokens"], path)
     return None if pmf_in is None or pmf_out is None else (pmf_in, pmf_out)
 

@@ -26,8 +26,9 @@ from workloads.prefixes import with_unique_rest
 from workloads.request import Request, output_segment_id
 
 
-def session_requests(table: pd.DataFrame, cfg: WorkloadConfig, rng: np.random.Generator,
-                     base_dir: Path = Path(".")) -> tuple[list[Request], dict[int, Request]]:
+def session_requests(
+    table: pd.DataFrame, cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path = Path(".")
+) -> tuple[list[Request], dict[int, Request]]:
     """(first turns in arrival order, follow-ups by previous turn id) for the prompts of `table`.
 
     Draws, in order: turns per session (one per row), then for every possible follow-up turn its message
@@ -39,13 +40,16 @@ def session_requests(table: pd.DataFrame, cfg: WorkloadConfig, rng: np.random.Ge
     first_draw = np.concatenate(([0], np.cumsum(turns - 1)))
     num_draws = int(first_draw[-1])
     if num_draws > MAX_REQUESTS:  # each possible follow-up is drawn up front, before num_requests cuts them
-        raise ValueError(f"sessions.turns gives {len(table):,} sessions {num_draws:,} follow-up turns, more than "
-                         f"the {MAX_REQUESTS:,} requests a run takes; lower sessions.turns")
+        raise ValueError(
+            f"sessions.turns gives {len(table):,} sessions {num_draws:,} follow-up turns, more than "
+            f"the {MAX_REQUESTS:,} requests a run takes; lower sessions.turns"
+        )
     message = sample_lengths(sessions.new_message_tokens, num_draws, rng, base_dir)
     output = draw_outputs(cfg, table, num_draws, rng, base_dir)
     think_s = sample_values(sessions.think_time_s, num_draws, rng, base_dir)
-    kept = _followups_kept(table, turns, first_draw, message, output, sessions.max_prompt_tokens,
-                           cfg.num_requests)
+    kept = _followups_kept(
+        table, turns, first_draw, message, output, sessions.max_prompt_tokens, cfg.num_requests
+    )
     table = _at_rate(table, len(kept), cfg)
     requests, followups = [], {}
     next_id = len(kept)
@@ -53,14 +57,22 @@ def session_requests(table: pd.DataFrame, cfg: WorkloadConfig, rng: np.random.Ge
         prev = _first_turn(row, i)
         requests.append(prev)
         for draw in range(first_draw[i], first_draw[i] + num_followups):
-            followups[prev.id] = prev = _next_turn(prev, next_id, int(message[draw]), int(output[draw]),
-                                                   float(think_s[draw]))
+            followups[prev.id] = prev = _next_turn(
+                prev, next_id, int(message[draw]), int(output[draw]), float(think_s[draw])
+            )
             next_id += 1
     return requests, followups
 
 
-def _followups_kept(table: pd.DataFrame, turns: np.ndarray, first_draw: np.ndarray, message: np.ndarray,
-                    output: np.ndarray, max_prompt_tokens: int | None, num_requests: int | None) -> list[int]:
+def _followups_kept(
+    table: pd.DataFrame,
+    turns: np.ndarray,
+    first_draw: np.ndarray,
+    message: np.ndarray,
+    output: np.ndarray,
+    max_prompt_tokens: int | None,
+    num_requests: int | None,
+) -> list[int]:
     """Follow-up turns kept per session, for the sessions kept (a prefix of the table's rows).
 
     A session ends after `turns` turns, before a turn whose prompt would exceed `max_prompt_tokens`, or
@@ -94,23 +106,42 @@ def _at_rate(table: pd.DataFrame, num_sessions: int, cfg: WorkloadConfig) -> pd.
     times = table["arrival_s"].to_numpy()[:num_sessions]
     if num_sessions < 2 or times[-1] <= times[0]:
         return table
-    return table.assign(arrival_s=np.concatenate((rescale_times(times - times[0], cfg.arrivals.rate_per_s),
-                                                  table["arrival_s"].to_numpy()[num_sessions:])))
+    return table.assign(
+        arrival_s=np.concatenate(
+            (
+                rescale_times(times - times[0], cfg.arrivals.rate_per_s),
+                table["arrival_s"].to_numpy()[num_sessions:],
+            )
+        )
+    )
 
 
 def _first_turn(row, request_id: int) -> Request:
     """Turn 0 of session `request_id`: the table row as it is (its trace session id is replaced)."""
-    return Request(id=request_id, arrival_s=float(row.arrival_s), num_prompt_tokens=int(row.num_prompt_tokens),
-                   num_output_tokens=int(row.num_output_tokens),
-                   prompt_segments=with_unique_rest(row.shared_segments, int(row.num_prompt_tokens), request_id),
-                   session_id=request_id, priority=int(row.priority))
+    return Request(
+        id=request_id,
+        arrival_s=float(row.arrival_s),
+        num_prompt_tokens=int(row.num_prompt_tokens),
+        num_output_tokens=int(row.num_output_tokens),
+        prompt_segments=with_unique_rest(row.shared_segments, int(row.num_prompt_tokens), request_id),
+        session_id=request_id,
+        priority=int(row.priority),
+    )
 
 
-def _next_turn(prev: Request, request_id: int, message_tokens: int, output_tokens: int, think_s: float) -> Request:
+def _next_turn(
+    prev: Request, request_id: int, message_tokens: int, output_tokens: int, think_s: float
+) -> Request:
     """The turn after `prev`: its prompt, its answer, then a new message; sent `think_s` after it finishes."""
     answer = (output_segment_id(prev.id), prev.num_output_tokens)
-    return Request(id=request_id, arrival_s=math.nan,
-                   num_prompt_tokens=prev.num_prompt_tokens + prev.num_output_tokens + message_tokens,
-                   num_output_tokens=output_tokens,
-                   prompt_segments=prev.segments() + (answer, (-(request_id + 1), message_tokens)),
-                   session_id=prev.session_id, priority=prev.priority, turn=prev.turn + 1, think_time_s=think_s)
+    return Request(
+        id=request_id,
+        arrival_s=math.nan,
+        num_prompt_tokens=prev.num_prompt_tokens + prev.num_output_tokens + message_tokens,
+        num_output_tokens=output_tokens,
+        prompt_segments=prev.segments() + (answer, (-(request_id + 1), message_tokens)),
+        session_id=prev.session_id,
+        priority=prev.priority,
+        turn=prev.turn + 1,
+        think_time_s=think_s,
+    )

@@ -23,14 +23,24 @@ class SharedPrefixConfig(SpecModel):
     (prefix index, prefix length) before its own part, so num_prompt_tokens = prefix + own part, and the
     own part keeps the length from `lengths`/the trace."""
 
-    num_prefixes: int = Field(ge=1, le=MAX_POPULATION, description="Distinct prefixes; their segment ids are "
-                                                                     "0..num_prefixes-1.")
-    prefix_tokens: int | Dist = Field(description="Length of each prefix (tokens): a fixed count, or a "
-                                                  "distribution drawn once per prefix.")
-    zipf_s: float = Field(1.0, ge=0, le=MAX_ZIPF_S, description="Zipf exponent of prefix popularity "
-                                                                "(dimensionless; 0 = every prefix equally likely).")
-    share: float = Field(1.0, ge=0, le=1, description="Probability that a request uses a prefix "
-                                                      "(fraction of prompts, drawn independently).")
+    num_prefixes: int = Field(
+        ge=1, le=MAX_POPULATION, description="Distinct prefixes; their segment ids are 0..num_prefixes-1."
+    )
+    prefix_tokens: int | Dist = Field(
+        description="Length of each prefix (tokens): a fixed count, or a distribution drawn once per prefix."
+    )
+    zipf_s: float = Field(
+        1.0,
+        ge=0,
+        le=MAX_ZIPF_S,
+        description="Zipf exponent of prefix popularity (dimensionless; 0 = every prefix equally likely).",
+    )
+    share: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Probability that a request uses a prefix (fraction of prompts, drawn independently).",
+    )
 
     @model_validator(mode="after")
     def _prefix_can_be_one_token(self) -> Self:
@@ -50,15 +60,21 @@ class SessionsConfig(SpecModel):
     turns: Dist = Field(description="Turns per session, the first included (count, rounded, at least 1).")
     think_time_s: Dist = Field(description="Seconds from a turn's finish to the next turn's send.")
     new_message_tokens: Dist = Field(description="Length of each follow-up user message (tokens).")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="A session ends before a turn whose prompt "
-                                                                  "would exceed this (tokens; None = no cap). "
-                                                                  "The first turn is always kept.")
+    max_prompt_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="A session ends before a turn whose prompt "
+        "would exceed this (tokens; None = no cap). "
+        "The first turn is always kept.",
+    )
 
     @model_validator(mode="after")
     def _valid_dists(self) -> Self:
-        problems = (tokens_problem(self.turns, "sessions.turns"),
-                    tokens_problem(self.new_message_tokens, "sessions.new_message_tokens"),
-                    seconds_problem(self.think_time_s, "sessions.think_time_s"))
+        problems = (
+            tokens_problem(self.turns, "sessions.turns"),
+            tokens_problem(self.new_message_tokens, "sessions.new_message_tokens"),
+            seconds_problem(self.think_time_s, "sessions.think_time_s"),
+        )
         for problem in problems:
             if problem:
                 raise ValueError(problem)
@@ -69,13 +85,21 @@ class ParallelSamplingConfig(SpecModel):
     """n samples per prompt (best-of-n, GRPO rollouts): each drawn prompt becomes n requests with identical
     prompts, one arrival time, consecutive ids and independently drawn output lengths."""
 
-    n: int = Field(ge=1, description="Requests per prompt (count); `num_requests` counts requests, not prompts.")
+    n: int = Field(
+        ge=1, description="Requests per prompt (count); `num_requests` counts requests, not prompts."
+    )
 
 
 class SemanticClustersConfig(SpecModel):
     """A semantic cluster per request (`Request.semantic_cluster`), for semantic response caches: requests
     with one cluster ask "the same thing". Requests with identical prompts share their cluster."""
 
-    num_clusters: int = Field(ge=1, le=MAX_POPULATION, description="Distinct clusters; ids 0..num_clusters-1.")
-    zipf_s: float = Field(1.0, ge=0, le=MAX_ZIPF_S, description="Zipf exponent of cluster popularity "
-                                                                "(dimensionless; 0 = uniform).")
+    num_clusters: int = Field(
+        ge=1, le=MAX_POPULATION, description="Distinct clusters; ids 0..num_clusters-1."
+    )
+    zipf_s: float = Field(
+        1.0,
+        ge=0,
+        le=MAX_ZIPF_S,
+        description="Zipf exponent of cluster popularity (dimensionless; 0 = uniform).",
+    )

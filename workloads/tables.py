@@ -27,31 +27,50 @@ def require_file(path: Path, fmt: str, expected: Sequence[str]) -> None:
     except OSError as err:  # a name too long for the file system, say
         raise ValueError(f"{path}: {fmt} trace file cannot be looked up ({err.strerror})") from None
     if not found:
-        raise ValueError(f"{path}: {fmt} trace file not found (its columns: {choices(list(expected), width=80)})")
+        raise ValueError(
+            f"{path}: {fmt} trace file not found (its columns: {choices(list(expected), width=80)})"
+        )
 
 
-def require_columns(df: pd.DataFrame, path: Path, fmt: str, required: Sequence[str],
-                    expected: Sequence[str] | None = None) -> None:
+def require_columns(
+    df: pd.DataFrame, path: Path, fmt: str, required: Sequence[str], expected: Sequence[str] | None = None
+) -> None:
     """Raise ValueError naming `path`, the missing columns and the expected ones."""
     missing = [c for c in required if c not in df.columns]
     if missing:
         found = choices([str(c) for c in df.columns], missing[0], width=50) or "none"
         expected = list(expected or required)
-        raise ValueError(f"{path}: {fmt} trace lacks {', '.join(missing)}"
-                         + (f" (of {choices(expected, width=70)})" if expected != missing else "") + f"; found {found}")
+        raise ValueError(
+            f"{path}: {fmt} trace lacks {', '.join(missing)}"
+            + (f" (of {choices(expected, width=70)})" if expected != missing else "")
+            + f"; found {found}"
+        )
 
 
-def finish_table(path: Path, arrival_s: pd.Series | np.ndarray, prompt: pd.Series | np.ndarray,
-                 output: pd.Series | np.ndarray, extra: dict[str, pd.Series | np.ndarray] | None = None,
-                 dropped: dict[str, int] | None = None) -> pd.DataFrame:
+def finish_table(
+    path: Path,
+    arrival_s: pd.Series | np.ndarray,
+    prompt: pd.Series | np.ndarray,
+    output: pd.Series | np.ndarray,
+    extra: dict[str, pd.Series | np.ndarray] | None = None,
+    dropped: dict[str, int] | None = None,
+) -> pd.DataFrame:
     """Assemble the common table: drop rows without positive lengths, shift times to start at 0, sort.
 
     `dropped`: rows the caller already removed, by reason; with this function's own they go to
     `df.attrs["dropped_by"]`, their total to `df.attrs["dropped"]`.
     """
-    extras = {k: v.reset_index(drop=True) if isinstance(v, pd.Series) else v for k, v in (extra or {}).items()}
-    df = pd.DataFrame({"arrival_s": _numeric(arrival_s), "num_prompt_tokens": _numeric(prompt),
-                       "num_output_tokens": _numeric(output), **extras})
+    extras = {
+        k: v.reset_index(drop=True) if isinstance(v, pd.Series) else v for k, v in (extra or {}).items()
+    }
+    df = pd.DataFrame(
+        {
+            "arrival_s": _numeric(arrival_s),
+            "num_prompt_tokens": _numeric(prompt),
+            "num_output_tokens": _numeric(output),
+            **extras,
+        }
+    )
     keep = (df["num_prompt_tokens"] >= 1) & (df["num_output_tokens"] >= 1)  # NaN compares False
     df = df[keep].reset_index(drop=True)
     for col in LENGTH_COLUMNS:
@@ -88,12 +107,16 @@ def _require_integral(values: pd.Series, path: Path, name: str) -> None:
     frac = ~np.isfinite(numbers)
     frac[~frac] = numbers[~frac] % 1 != 0
     if frac.any():
-        raise ValueError(f"{path}: {name} must be whole token counts; rows {np.flatnonzero(frac)[:5].tolist()} "
-                         f"are not (e.g. {values[frac].iloc[0]})")
+        raise ValueError(
+            f"{path}: {name} must be whole token counts; rows {np.flatnonzero(frac)[:5].tolist()} "
+            f"are not (e.g. {values[frac].iloc[0]})"
+        )
     huge = numbers > MAX_TOKENS
     if huge.any():
-        raise ValueError(f"{path}: {name} must be at most 2^40 tokens; rows {np.flatnonzero(huge)[:5].tolist()} "
-                         f"are not (e.g. {values[huge].iloc[0]:g})")
+        raise ValueError(
+            f"{path}: {name} must be at most 2^40 tokens; rows {np.flatnonzero(huge)[:5].tolist()} "
+            f"are not (e.g. {values[huge].iloc[0]:g})"
+        )
 
 
 def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -101,11 +124,15 @@ def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     if times.isna().all():
         return df
     if times.isna().any():
-        raise ValueError(f"{path}: arrival times must be given for all rows or none; "
-                         f"{int(times.isna().sum())} of {len(df)} are missing")
+        raise ValueError(
+            f"{path}: arrival times must be given for all rows or none; "
+            f"{int(times.isna().sum())} of {len(df)} are missing"
+        )
     infinite = np.isinf(times.to_numpy())
     if infinite.any():
-        raise ValueError(f"{path}: arrival times must be finite; rows {np.flatnonzero(infinite)[:5].tolist()} are "
-                         f"not (e.g. {times[infinite].iloc[0]})")
+        raise ValueError(
+            f"{path}: arrival times must be finite; rows {np.flatnonzero(infinite)[:5].tolist()} are "
+            f"not (e.g. {times[infinite].iloc[0]})"
+        )
     df["arrival_s"] = times - times.min()
     return df.sort_values("arrival_s", kind="stable").reset_index(drop=True)

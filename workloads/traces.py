@@ -41,8 +41,18 @@ from workloads.config import TraceSource
 from workloads.servegen import servegen_requests
 from workloads.tables import finish_table, require_columns, require_file
 
-__all__ = ["MOONCAKE_BLOCK_TOKENS", "load_arxiv", "load_azure", "load_burstgpt", "load_mooncake",
-           "load_servesim", "load_sharegpt", "load_source", "resolve_path", "servegen_requests"]
+__all__ = [
+    "MOONCAKE_BLOCK_TOKENS",
+    "load_arxiv",
+    "load_azure",
+    "load_burstgpt",
+    "load_mooncake",
+    "load_servesim",
+    "load_sharegpt",
+    "load_source",
+    "resolve_path",
+    "servegen_requests",
+]
 
 MOONCAKE_BLOCK_TOKENS = 512
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -72,21 +82,34 @@ def load_mooncake(path: Path) -> pd.DataFrame:
     ids_ok = df["hash_ids"].map(lambda ids: isinstance(ids, list) and all(isinstance(h, int) for h in ids))
     if not ids_ok.all():
         line = int(np.flatnonzero(~ids_ok)[0])
-        raise ValueError(f"{path}: record {line + 1}: mooncake hash_ids must be a list of integer block ids, "
-                         f"got {df['hash_ids'].iloc[line]!r}")
+        raise ValueError(
+            f"{path}: record {line + 1}: mooncake hash_ids must be a list of integer block ids, "
+            f"got {df['hash_ids'].iloc[line]!r}"
+        )
     stamps = pd.to_numeric(df["timestamp"], errors="coerce")
     if stamps.isna().any():
         line = int(np.flatnonzero(stamps.isna())[0])
-        raise ValueError(f"{path}: record {line + 1}: mooncake timestamp must be a number of milliseconds, "
-                         f"got {df['timestamp'].iloc[line]!r}")
+        raise ValueError(
+            f"{path}: record {line + 1}: mooncake timestamp must be a number of milliseconds, "
+            f"got {df['timestamp'].iloc[line]!r}"
+        )
     length = pd.to_numeric(df["input_length"], errors="coerce")
-    kept = (length >= 1) & (pd.to_numeric(df["output_length"], errors="coerce") >= 1)  # cleaning drops the rest
+    kept = (length >= 1) & (
+        pd.to_numeric(df["output_length"], errors="coerce") >= 1
+    )  # cleaning drops the rest
     wrong = kept & (df["hash_ids"].map(len) != -(-length // MOONCAKE_BLOCK_TOKENS))  # ceil division
     if wrong.any():
-        raise ValueError(f"{path}: {int(wrong.sum())} rows have len(hash_ids) != ceil(input_length / "
-                         f"{MOONCAKE_BLOCK_TOKENS}), e.g. record {int(np.flatnonzero(wrong)[0]) + 1}")
-    return finish_table(path, stamps / 1000.0, df["input_length"], df["output_length"],
-                        extra={"hash_ids": df["hash_ids"].map(tuple)})
+        raise ValueError(
+            f"{path}: {int(wrong.sum())} rows have len(hash_ids) != ceil(input_length / "
+            f"{MOONCAKE_BLOCK_TOKENS}), e.g. record {int(np.flatnonzero(wrong)[0]) + 1}"
+        )
+    return finish_table(
+        path,
+        stamps / 1000.0,
+        df["input_length"],
+        df["output_length"],
+        extra={"hash_ids": df["hash_ids"].map(tuple)},
+    )
 
 
 def load_sharegpt(path: Path) -> pd.DataFrame:
@@ -110,16 +133,26 @@ def load_burstgpt(path: Path, model: str | None = None, drop_failed: bool = True
     df = _read(path, "burstgpt", BURSTGPT_COLUMNS[:4], BURSTGPT_COLUMNS)
     if model is not None:
         if not (df["Model"] == model).any():
-            raise ValueError(f"{path}: no rows with Model == {model!r}; models present: "
-                             f"{sorted(df['Model'].astype(str).unique())}")
+            raise ValueError(
+                f"{path}: no rows with Model == {model!r}; models present: "
+                f"{sorted(df['Model'].astype(str).unique())}"
+            )
         df = df[df["Model"] == model]
     failed = pd.to_numeric(df["Response tokens"], errors="coerce") == 0
     output = df["Response tokens"].where(~failed, 1)
     if drop_failed:
         df, output = df[~failed], output[~failed]
-    return finish_table(path, df["Timestamp"], df["Request tokens"], output,
-                        dropped={"failed requests, 0 response tokens (drop_failed: false keeps them)":
-                                 int(failed.sum()) if drop_failed else 0})
+    return finish_table(
+        path,
+        df["Timestamp"],
+        df["Request tokens"],
+        output,
+        dropped={
+            "failed requests, 0 response tokens (drop_failed: false keeps them)": int(failed.sum())
+            if drop_failed
+            else 0
+        },
+    )
 
 
 def load_servesim(path: Path) -> pd.DataFrame:
@@ -141,8 +174,9 @@ def resolve_path(path: Path, base_dir: Path) -> Path:
     return path if path.is_absolute() else base_dir / path
 
 
-def load_source(src: TraceSource, base_dir: Path, rng: np.random.Generator | None = None,
-                duration_s: float | None = None) -> pd.DataFrame:
+def load_source(
+    src: TraceSource, base_dir: Path, rng: np.random.Generator | None = None, duration_s: float | None = None
+) -> pd.DataFrame:
     """Load (or, for servegen, generate with `rng` over `duration_s` seconds) the table of `src`."""
     path = resolve_path(src.path, base_dir)
     match src.format:
@@ -165,8 +199,9 @@ def load_source(src: TraceSource, base_dir: Path, rng: np.random.Generator | Non
     raise ValueError(f"unknown trace format {src.format!r}")
 
 
-def _read(path: Path, fmt: str, required: tuple[str, ...], expected: tuple[str, ...] | None = None
-          ) -> pd.DataFrame:
+def _read(
+    path: Path, fmt: str, required: tuple[str, ...], expected: tuple[str, ...] | None = None
+) -> pd.DataFrame:
     """Read a CSV or JSON Lines file and check its columns."""
     require_file(path, fmt, expected or required)
     try:

@@ -37,7 +37,9 @@ def tiny_spec(name: str):
 
 
 def tiny_executor(name: str, fast_prefill: bool = False, num_blocks: int = NUM_BLOCKS) -> Executor:
-    return Executor(tiny_spec(name), num_blocks, BLOCK_SIZE, "cpu", seed=1, kv_sharing_fast_prefill=fast_prefill)
+    return Executor(
+        tiny_spec(name), num_blocks, BLOCK_SIZE, "cpu", seed=1, kv_sharing_fast_prefill=fast_prefill
+    )
 
 
 class Blocks:
@@ -55,7 +57,12 @@ class Seq:
     """One request's tokens and block table; `chunk(n)` / `decode(token)` describe its next step."""
 
     def __init__(self, tokens: list[int], blocks: Blocks, table: list[int] | None = None, computed: int = 0):
-        self.tokens, self.blocks, self.table, self.computed = list(tokens), blocks, list(table or []), computed
+        self.tokens, self.blocks, self.table, self.computed = (
+            list(tokens),
+            blocks,
+            list(table or []),
+            computed,
+        )
 
     def _grow(self, upto: int) -> None:
         need = -(-upto // BLOCK_SIZE) - len(self.table)
@@ -64,7 +71,12 @@ class Seq:
     def part(self, n: int, logits: bool) -> tuple[tuple[int, ...], int, tuple[int, ...], bool]:
         """The next `n` tokens as one request of a step (advances `computed`)."""
         self._grow(self.computed + n)
-        part = (tuple(self.tokens[self.computed:self.computed + n]), self.computed, tuple(self.table), logits)
+        part = (
+            tuple(self.tokens[self.computed : self.computed + n]),
+            self.computed,
+            tuple(self.table),
+            logits,
+        )
         self.computed += n
         return part
 

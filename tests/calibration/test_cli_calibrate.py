@@ -28,20 +28,41 @@ runner = CliRunner()
 
 
 def test_calibrate_then_validate(tmp_path):
-    result = runner.invoke(app, ["calibrate", "--scale", TINY, "--quick", "--threads", "1",
-                                 "--out", str(tmp_path / "tiny.yaml")])
+    result = runner.invoke(
+        app, ["calibrate", "--scale", TINY, "--quick", "--threads", "1", "--out", str(tmp_path / "tiny.yaml")]
+    )
     assert result.exit_code == 0, result.output
     assert "step-time MAPE" in result.output and "gemm_compute" in result.output
-    assert "[layers=2," in result.output and "vocab=256]" in result.output  # the scale is text, not rich markup
+    assert (
+        "[layers=2," in result.output and "vocab=256]" in result.output
+    )  # the scale is text, not rich markup
     assert not list(tmp_path.glob(f"{IN_PROGRESS}*"))
     profile = load_profile(tmp_path / "tiny.yaml")
     assert profile.fit_mape is not None and "torch" in profile.provenance
     assert "cpu-local" in gpu_catalog((tmp_path / "device.yaml",))
     grid = pd.read_csv(tmp_path / "grid.csv")
     assert {"time_s", "default_s", "fitted_s", "split", "torch_version"} <= set(grid.columns)
-    result = runner.invoke(app, ["validate", str(tmp_path), "--requests", "20", "--prompt-median", "40",
-                                 "--output-max", "12", "--max-num-batched-tokens", "64", "--num-prefixes", "2",
-                                 "--prefix-tokens", "32", "--out", str(tmp_path / "v")])
+    result = runner.invoke(
+        app,
+        [
+            "validate",
+            str(tmp_path),
+            "--requests",
+            "20",
+            "--prompt-median",
+            "40",
+            "--output-max",
+            "12",
+            "--max-num-batched-tokens",
+            "64",
+            "--num-prefixes",
+            "2",
+            "--prefix-tokens",
+            "32",
+            "--out",
+            str(tmp_path / "v"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(tmp_path / "v" / "validation.csv")
     assert table["metric"].tolist() == ["ttft", "tpot", "e2el", "output_throughput", "step_time"]
@@ -53,7 +74,9 @@ def test_calibrate_then_validate(tmp_path):
 def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, monkeypatch):
     """Until the last phase ends, the grid-only profile and the device's peaks wait in calibrate-in-progress-*/; a run
     stopped in the last phase leaves the folder's earlier calibration as it was. Each phase shows a progress bar."""
-    earlier = {name: f"earlier {name}" for name in ("profile.yaml", "device.yaml", "grid.csv", "calibration.json")}
+    earlier = {
+        name: f"earlier {name}" for name in ("profile.yaml", "device.yaml", "grid.csv", "calibration.json")
+    }
     for name, text in earlier.items():
         (tmp_path / name).write_text(text)
     seen = {}
@@ -71,10 +94,18 @@ def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, mo
         run_calibration(setup, tmp_path, quick=True, console=terminal)
     assert seen["folder"] == sorted([*earlier, seen["work_name"]])
     assert {"grid-only-profile.yaml", "device.yaml"} <= set(seen["work"])
-    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier  # untouched; the work folder is gone
+    assert {
+        p.name: p.read_text() for p in tmp_path.iterdir()
+    } == earlier  # untouched; the work folder is gone
     shown = terminal.file.getvalue()
-    for phase in ("measuring the device", "timing the grid (20 shapes), rounds", "fitting the grid",
-                  "serving the calibration trace", "refitting with the served steps", "fitting the host overhead"):
+    for phase in (
+        "measuring the device",
+        "timing the grid (20 shapes), rounds",
+        "fitting the grid",
+        "serving the calibration trace",
+        "refitting with the served steps",
+        "fitting the host overhead",
+    ):
         assert phase in shown, phase
 
 
@@ -92,23 +123,42 @@ def test_gpu_lease_script_dry_run_writes_everything_in_two_calls(tmp_path):
     with --pack (a lent machine sends back at most 8 files), each into one archive; both hold every result."""
     env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
     script = str(ROOT / "calibration" / "gpu_lease.sh")
-    bad = subprocess.run(["bash", script, "--dry-run", "mistral"], env=env, cwd=tmp_path, capture_output=True, text=True)
+    bad = subprocess.run(
+        ["bash", script, "--dry-run", "mistral"], env=env, cwd=tmp_path, capture_output=True, text=True
+    )
     assert bad.returncode == 2 and "llama|gemma" in bad.stderr
     for args in (["llama"], ["--pack", "gemma"]):
-        done = subprocess.run(["bash", script, "--dry-run", *args], env=env, cwd=tmp_path,
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            ["bash", script, "--dry-run", *args],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         assert f"lease done ({args[-1]})" in done.stdout
     archive = tmp_path / "lease-gemma.tar.gz"
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
-        "environment.txt", "gpu_tests.txt", archive.name, "llama-3.1-8b.calibrate.txt", "llama-3.1-8b.validate.txt"]
+        "environment.txt",
+        "gpu_tests.txt",
+        archive.name,
+        "llama-3.1-8b.calibrate.txt",
+        "llama-3.1-8b.validate.txt",
+    ]
     packed = tmp_path / "packed"
     with tarfile.open(archive) as tar:
         tar.extractall(packed, filter="data")
     for folder, model in ((tmp_path, "llama-3.1-8b"), (packed, "gemma-3n-e2b")):
         assert (folder / "environment.txt").read_text().count("torch") == 1
         assert "needs a CUDA device" in (folder / "gpu_tests.txt").read_text()  # skipped here
-        for name in ("profile.yaml", "grid.csv", "validation.csv", "validation.html", "requests_measured.csv"):
+        for name in (
+            "profile.yaml",
+            "grid.csv",
+            "validation.csv",
+            "validation.html",
+            "requests_measured.csv",
+        ):
             assert (folder / model / name).exists(), folder / model / name
         assert (folder / f"{model}.validate.txt").read_text().count("ttft") == 1
     gemma = pd.read_csv(packed / "gemma-3n-e2b" / "grid.csv")
@@ -120,8 +170,14 @@ def test_gpu_lease_script_archives_what_finished_when_a_step_fails(tmp_path):
     """A failing step keeps its exit status, and --pack still sends back what ran (here: the environment)."""
     env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable, "GPU": "no-such-gpu"}
     script = str(ROOT / "calibration" / "gpu_lease.sh")
-    failed = subprocess.run(["bash", script, "--pack", "llama"], env=env, cwd=tmp_path, capture_output=True,
-                            text=True, timeout=300)
+    failed = subprocess.run(
+        ["bash", script, "--pack", "llama"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert failed.returncode != 0 and "lease done" not in failed.stdout
     with tarfile.open(tmp_path / "lease-llama.tar.gz") as tar:
         names = tar.getnames()
@@ -136,12 +192,17 @@ def test_a_killed_runs_work_folder_is_removed_by_the_next_run(tmp_path):
     import subprocess
     import sys
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
     host = socket.gethostname()
     dead = gone.stdout.strip()
-    names = {"killed": f"{IN_PROGRESS}-{host}-{dead}-abcd_123", "live": f"{IN_PROGRESS}-{host}-{os.getpid()}-x1234567",
-             "elsewhere": f"{IN_PROGRESS}-not-{host}-{dead}-y1234567",
-             "longer host": f"{IN_PROGRESS}-{host}-12-{dead}-z1234567"}  # host "gpu-12" seen from host "gpu"
+    names = {
+        "killed": f"{IN_PROGRESS}-{host}-{dead}-abcd_123",
+        "live": f"{IN_PROGRESS}-{host}-{os.getpid()}-x1234567",
+        "elsewhere": f"{IN_PROGRESS}-not-{host}-{dead}-y1234567",
+        "longer host": f"{IN_PROGRESS}-{host}-12-{dead}-z1234567",
+    }  # host "gpu-12" seen from host "gpu"
     for name in names.values():
         (tmp_path / name).mkdir()
         (tmp_path / name / "device.yaml").write_text("half written")

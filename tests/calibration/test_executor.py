@@ -69,7 +69,7 @@ def test_prefix_reuse_prefills_only_the_tail(name, fast):
     a = Seq(prompt(18, 5), blocks)
     step(ex, a.part(18, True))
     shared = 16  # four full blocks of A hold the prefix's KV
-    b = Seq(a.tokens[:shared] + prompt(9, 6), blocks, table=a.table[:shared // 4], computed=shared)
+    b = Seq(a.tokens[:shared] + prompt(9, 6), blocks, table=a.table[: shared // 4], computed=shared)
     got = [step(ex, b.part(9, True))[0]]
     b.tokens.append(int(got[0].argmax()))
     got.append(step(ex, b.part(1, True))[0])
@@ -94,30 +94,45 @@ def test_fast_prefill_runs_cross_layers_on_one_token_per_request(monkeypatch):
     def spy(q, *args):
         seen.append(q.shape[0])
         return original(q, *args)
+
     monkeypatch.setattr("calibration.executor.paged_attention", spy)
     a, b = Seq(prompt(12, 7), blocks), Seq(prompt(9, 8), blocks)
     step(ex, a.part(12, True), b.part(5, False))
-    assert seen == [17, 17, 17, 17, 2, 2]  # 4 KV-owning layers on all tokens, 2 shared layers on 1 per request
+    assert seen == [
+        17,
+        17,
+        17,
+        17,
+        2,
+        2,
+    ]  # 4 KV-owning layers on all tokens, 2 shared layers on 1 per request
 
 
 def test_fast_prefill_metadata_reproduces_the_seed_example():
-    meta = AttnMetadata(torch.tensor([0, 15, 20, 28]), torch.tensor([41, 31, 40]), np.zeros((3, 1), np.int64), 16,
-                        torch.device("cpu"))
+    meta = AttnMetadata(
+        torch.tensor([0, 15, 20, 28]),
+        torch.tensor([41, 31, 40]),
+        np.zeros((3, 1), np.int64),
+        16,
+        torch.device("cpu"),
+    )
     reduced = make_kv_sharing_fast_prefill_metadata(meta, torch.tensor([14, 18, 19, 27]))
     assert reduced.query_start_loc.tolist() == [0, 1, 3, 4]
     assert reduced.seq_lens.tolist() == [41, 31, 40] and reduced.max_query_len == 2
 
 
 def test_all_decode_batch_keeps_its_metadata():
-    meta = AttnMetadata(torch.tensor([0, 1, 2]), torch.tensor([5, 9]), np.zeros((2, 3), np.int64), 4,
-                        torch.device("cpu"))
+    meta = AttnMetadata(
+        torch.tensor([0, 1, 2]), torch.tensor([5, 9]), np.zeros((2, 3), np.int64), 4, torch.device("cpu")
+    )
     assert make_kv_sharing_fast_prefill_metadata(meta, torch.tensor([0, 1])) is meta
 
 
 def test_decodes_gather_exactly_their_visible_blocks_in_chunks():
     table = np.arange(40).reshape(5, 8)
-    meta = AttnMetadata(torch.arange(6), torch.tensor([3, 5, 8, 9, 30]), table, 4, torch.device("cpu"),
-                        max_gather_tokens=16)
+    meta = AttnMetadata(
+        torch.arange(6), torch.tensor([3, 5, 8, 9, 30]), table, 4, torch.device("cpu"), max_gather_tokens=16
+    )
     # blocks held: 1, 2, 2, 3, 8; at most 16 keys = 4 blocks per chunk, a request is never split
     chunks = meta.plan(None).decode
     assert [c.q_index.tolist() for c in chunks] == [[0, 1], [2], [3], [4]]

@@ -41,19 +41,28 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
     ex = make_executor(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
     # on/off interleaved, 15 times a round; a shared machine's other work can slow a whole round, so the median of
     # three rounds' reductions is the measurement
-    rounds = [_reductions(profile_grid(ex, shapes, setup.model, setup.scale, repeats=15, warmup=3)) for _ in range(3)]
+    rounds = [
+        _reductions(profile_grid(ex, shapes, setup.model, setup.scale, repeats=15, warmup=3))
+        for _ in range(3)
+    ]
     measured = pd.concat(rounds, axis=1).median(axis=1)
 
     def predicted(n: int) -> float:
         batch = StepBatch.uniform(1, 0, n)
-        on, off = (step_cost(batch, spec, gpu, profile=profile, options=CostOptions(kv_sharing_fast_prefill=f)).total_s
-                   for f in (True, False))
+        on, off = (
+            step_cost(
+                batch, spec, gpu, profile=profile, options=CostOptions(kv_sharing_fast_prefill=f)
+            ).total_s
+            for f in (True, False)
+        )
         return 1.0 - on / off
 
     table = pd.DataFrame({"measured": measured, "predicted": [predicted(n) for n in measured.index]})
     table["rel_err"] = (table["predicted"] - table["measured"]).abs() / table["measured"]
-    summary = (f"fit MAPE {report.mape}\n{table.round(3).to_string()}\nmeasured per round:\n"
-               f"{pd.concat(rounds, axis=1).round(3).to_string()}")
+    summary = (
+        f"fit MAPE {report.mape}\n{table.round(3).to_string()}\nmeasured per round:\n"
+        f"{pd.concat(rounds, axis=1).round(3).to_string()}"
+    )
     print(summary)
     assert (table["measured"] > 0).all(), summary
     assert (table["rel_err"] <= 0.15).all(), summary

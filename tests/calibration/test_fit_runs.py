@@ -13,8 +13,12 @@ from hardware.profile import EfficiencyCurve, FitRecord, Profile, load_profile
 from simulator.cli import app
 from simulator.measured import MeasuredRun, replay
 
-TRUTH = Profile(gemm_compute=EfficiencyCurve.constant(0.45), gemm_memory=EfficiencyCurve.constant(0.6),
-                step_overhead_s=6e-4, layer_overhead_s=3e-5)
+TRUTH = Profile(
+    gemm_compute=EfficiencyCurve.constant(0.45),
+    gemm_memory=EfficiencyCurve.constant(0.6),
+    step_overhead_s=6e-4,
+    layer_overhead_s=3e-5,
+)
 
 
 def runs_measured_under(profile_path: str, gpu: str = "h100-sxm") -> list[MeasuredRun]:
@@ -23,17 +27,41 @@ def runs_measured_under(profile_path: str, gpu: str = "h100-sxm") -> list[Measur
     figures, and the weight-streaming efficiency that decode-bound figures pin, are recoverable.)"""
     shapes = [
         {"model": "llama-3.2-1b", "benchmark": "latency", "batch_size": 1, "input_len": 32, "output_len": 64},
-        {"model": "llama-3.1-8b", "benchmark": "latency", "batch_size": 4, "input_len": 128, "output_len": 32},
-        {"model": "llama-3.1-8b", "benchmark": "serve", "num_prompts": 16, "input_len": 2048, "output_len": 4},
-        {"model": "llama-3.2-1b", "benchmark": "serve", "num_prompts": 8, "max_concurrency": 2,
-         "input_len": 512, "output_len": 32},
+        {
+            "model": "llama-3.1-8b",
+            "benchmark": "latency",
+            "batch_size": 4,
+            "input_len": 128,
+            "output_len": 32,
+        },
+        {
+            "model": "llama-3.1-8b",
+            "benchmark": "serve",
+            "num_prompts": 16,
+            "input_len": 2048,
+            "output_len": 4,
+        },
+        {
+            "model": "llama-3.2-1b",
+            "benchmark": "serve",
+            "num_prompts": 8,
+            "max_concurrency": 2,
+            "input_len": 512,
+            "output_len": 32,
+        },
     ]
     figures = {"latency": ["latency_s"], "serve": ["mean_ttft_ms", "mean_tpot_ms", "duration_s"]}
     runs = []
     for shape in shapes:
-        template = MeasuredRun.model_validate({"source": "synthetic", "gpu": gpu, **shape,
-                                                  "engine_args": {"max_model_len": 4096},
-                                                  "measured": {f: 1.0 for f in figures[shape["benchmark"]]}})
+        template = MeasuredRun.model_validate(
+            {
+                "source": "synthetic",
+                "gpu": gpu,
+                **shape,
+                "engine_args": {"max_model_len": 4096},
+                "measured": {f: 1.0 for f in figures[shape["benchmark"]]},
+            }
+        )
         made = {e.metric: e.predicted for e in replay(template, profile_path)}
         runs.append(template.model_copy(update={"measured": made}))
     return runs
@@ -75,11 +103,29 @@ def test_every_nth_run_is_held_out_and_measures_the_fit(truth_path, tmp_path):
 
 def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path):
     runs_file = tmp_path / "runs.yaml"
-    runs_file.write_text(yaml.safe_dump([run.model_dump(mode="json", exclude_none=True)
-                                         for run in runs_measured_under(truth_path)]))
+    runs_file.write_text(
+        yaml.safe_dump(
+            [run.model_dump(mode="json", exclude_none=True) for run in runs_measured_under(truth_path)]
+        )
+    )
     out = tmp_path / "fit"
-    result = CliRunner().invoke(app, ["fit", str(runs_file), "--out", str(out), "--holdout-every", "2",
-                                      "--max-evaluations", "10", "--workers", "1", "--name", "mine"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            str(runs_file),
+            "--out",
+            str(out),
+            "--holdout-every",
+            "2",
+            "--max-evaluations",
+            "10",
+            "--workers",
+            "1",
+            "--name",
+            "mine",
+        ],
+    )
     assert result.exit_code == 0, result.output
     profile = load_profile(out / "profile.yaml")
     assert profile.name == "mine" and math.isfinite(profile.fit_mape)
@@ -89,12 +135,29 @@ def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path
     assert "held-out MAPE" in result.output and "over 2 runs" in result.output
     too_few = CliRunner().invoke(app, ["fit", str(runs_file), "--match", "latency 32/64"])
     assert too_few.exit_code == 2 and "a fit needs at least 2" in too_few.output
-    every = CliRunner().invoke(app, ["fit", str(runs_file), "--out", str(tmp_path / "one"), "--holdout-every", "1"])
+    every = CliRunner().invoke(
+        app, ["fit", str(runs_file), "--out", str(tmp_path / "one"), "--holdout-every", "1"]
+    )
     assert every.exit_code == 2 and "n >= 2" in every.output and not (tmp_path / "one").exists()
-    none = CliRunner().invoke(app, ["fit", str(runs_file), "--out", str(tmp_path / "none"), "--holdout-every", "0",
-                                    "--max-evaluations", "2", "--workers", "1"])
+    none = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            str(runs_file),
+            "--out",
+            str(tmp_path / "none"),
+            "--holdout-every",
+            "0",
+            "--max-evaluations",
+            "2",
+            "--workers",
+            "1",
+        ],
+    )
     assert none.exit_code == 0, none.output
-    assert "training MAPE" in none.output and "held-out" not in none.output  # a training error is not held out
+    assert (
+        "training MAPE" in none.output and "held-out" not in none.output
+    )  # a training error is not held out
 
 
 def test_a_prior_holds_the_fit_near_the_defaults(truth_path):
@@ -110,16 +173,21 @@ def test_only_the_named_parameters_move(tmp_path):
     """Runs made by the defaults but for a weight-streaming efficiency of 0.6: fitting just that parameter finds
     it and leaves every other at its default; a name the fit does not know is refused with the allowed ones."""
     slow_streaming = tmp_path / "slow.yaml"
-    slow_streaming.write_text(yaml.safe_dump(Profile(gemm_memory=EfficiencyCurve.constant(0.6)).model_dump(mode="json")))
+    slow_streaming.write_text(
+        yaml.safe_dump(Profile(gemm_memory=EfficiencyCurve.constant(0.6)).model_dump(mode="json"))
+    )
     runs = runs_measured_under(str(slow_streaming))
     result = fit_to_runs(runs[:2], [], max_evaluations=12, only=["gemm_memory"])
     assert result.profile.gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     default = Profile()
-    assert result.profile.model_dump(exclude={"gemm_memory", "fit_mape", "fits"}) == \
-        default.model_dump(exclude={"gemm_memory", "fit_mape", "fits"})
+    assert result.profile.model_dump(exclude={"gemm_memory", "fit_mape", "fits"}) == default.model_dump(
+        exclude={"gemm_memory", "fit_mape", "fits"}
+    )
     # the fit is recorded beside the defaults' own, so compare --split holds its runs' sources out
-    assert result.profile.fits == (*default.fits, FitRecord(fields=("gemm_memory",),
-                                                            runs=tuple(run.label() for run in runs[:2])))
+    assert result.profile.fits == (
+        *default.fits,
+        FitRecord(fields=("gemm_memory",), runs=tuple(run.label() for run in runs[:2])),
+    )
     with pytest.raises(SpecError, match="--only moe: not a parameter; choose from gemm_compute"):
         fit_to_runs(runs[:2], [], only=["moe"])
     with pytest.raises(SpecError, match="cannot tell moe_compute apart"):
@@ -134,6 +202,7 @@ def test_the_polish_moves_where_stepped_figures_stall_least_squares():
     from scipy.optimize import least_squares
 
     from calibration.fit_runs import _bounds, _polish, soft_l1
+
     target, best = math.log(0.3), [math.inf, None]
 
     def residuals(x):
@@ -141,8 +210,11 @@ def test_the_polish_moves_where_stepped_figures_stall_least_squares():
         if soft_l1(r) < best[0]:
             best[:] = [soft_l1(r), np.array(x)]
         return r
+
     start, names = np.array([math.log(0.9)]), ["gemm_memory"]
-    stalled = least_squares(residuals, start, bounds=_bounds(names), loss="soft_l1", f_scale=0.1, diff_step=0.05)
+    stalled = least_squares(
+        residuals, start, bounds=_bounds(names), loss="soft_l1", f_scale=0.1, diff_step=0.05
+    )
     assert math.exp(stalled.x[0]) == pytest.approx(0.9)
     _polish(residuals, best[1], names, budget=60)
     assert best[0] == 0 and math.exp(best[1][0]) == pytest.approx(0.3, rel=0.11)
@@ -152,12 +224,16 @@ def test_a_gpu_fit_writes_that_gpus_section_and_leaves_the_shared_values(tmp_pat
     """Runs on an A100 made by the defaults but for a weight-streaming efficiency of 0.6 there: `fit --gpu` from
     the defaults finds 0.6 in the A100's section; the shared 0.85, and so every H100 prediction, stay."""
     slow_a100 = tmp_path / "slow.yaml"
-    slow_a100.write_text(yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json")))
+    slow_a100.write_text(
+        yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json"))
+    )
     runs = runs_measured_under(str(slow_a100), gpu="a100-80gb")[:2]
     result = fit_to_runs(runs, [], max_evaluations=12, only=["gemm_memory"], gpu="a100-80gb")
     assert result.profile.for_gpu("a100-80gb").gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     assert set(result.profile.gpus["a100-80gb"]) == {"gemm_memory"}
-    assert result.profile.model_dump(exclude={"gpus", "fits"}) == Profile().model_dump(exclude={"gpus", "fits"})
+    assert result.profile.model_dump(exclude={"gpus", "fits"}) == Profile().model_dump(
+        exclude={"gpus", "fits"}
+    )
     assert result.profile.fits[-1].runs == tuple(run.label() for run in runs)
     assert result.mape < 1.0 and result.profile.fit_mape is None  # the section's error is not the profile's
     with pytest.raises(ValueError, match="a fit for h100-sxm was given runs on a100-80gb"):
@@ -168,25 +244,51 @@ def test_fit_cli_fits_one_gpus_section_of_a_base_profile(tmp_path):
     """`servesim fit --base P --gpu a100-80gb` fits only the A100 runs of a file that also holds H100 runs, into
     P's section for the A100; P's name, shared values and provenance stay, the section's fit is appended."""
     slow_a100 = tmp_path / "slow.yaml"
-    slow_a100.write_text(yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json")))
+    slow_a100.write_text(
+        yaml.safe_dump(Profile(gpus={"a100-80gb": {"gemm_memory": 0.6}}).model_dump(mode="json"))
+    )
     runs = runs_measured_under(str(slow_a100), gpu="a100-80gb")[:2] + runs_measured_under(str(slow_a100))[:1]
     runs_file = tmp_path / "runs.yaml"
     runs_file.write_text(yaml.safe_dump([run.model_dump(mode="json", exclude_none=True) for run in runs]))
     base = tmp_path / "base.yaml"
-    base.write_text(yaml.safe_dump(Profile(name="mine", provenance="hand-made", comm=0.5).model_dump(mode="json")))
+    base.write_text(
+        yaml.safe_dump(Profile(name="mine", provenance="hand-made", comm=0.5).model_dump(mode="json"))
+    )
     out = tmp_path / "fit"
-    result = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(base), "--gpu", "a100-80gb", "--out",
-                                      str(out), "--only", "gemm_memory", "--holdout-every", "0",
-                                      "--max-evaluations", "12", "--workers", "1"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            str(runs_file),
+            "--base",
+            str(base),
+            "--gpu",
+            "a100-80gb",
+            "--out",
+            str(out),
+            "--only",
+            "gemm_memory",
+            "--holdout-every",
+            "0",
+            "--max-evaluations",
+            "12",
+            "--workers",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     fitted = load_profile(out / "profile.yaml")
     assert set(fitted.gpus) == {"a100-80gb"}
     assert fitted.for_gpu("a100-80gb").gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     assert fitted.comm.at(1) == 0.5 and fitted.gemm_memory.at(1) == 0.85 and fitted.name == "mine"
-    assert fitted.provenance.startswith(f"hand-made; then gpus.a100-80gb fitted from it by servesim fit --base {base}: "
-                                        "2 runs of runs.yaml on a100-80gb, 0 held out (training MAPE")
+    assert fitted.provenance.startswith(
+        f"hand-made; then gpus.a100-80gb fitted from it by servesim fit --base {base}: "
+        "2 runs of runs.yaml on a100-80gb, 0 held out (training MAPE"
+    )
     figures = pd.read_csv(out / "figures.csv")
-    assert len(figures) == 2 and {"predicted_base", "predicted_fitted"} <= set(figures.columns)  # A100 runs only
+    assert len(figures) == 2 and {"predicted_base", "predicted_fitted"} <= set(
+        figures.columns
+    )  # A100 runs only
     assert "base (mine) profile" in result.output and "fitted profile on a100-80gb" in result.output
     bad = CliRunner().invoke(app, ["fit", str(runs_file), "--gpu", "a100", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "a100-80gb" in bad.output and not (tmp_path / "bad").exists()
@@ -201,14 +303,33 @@ def test_a_shared_fit_from_a_base_whose_sections_hide_the_runs_gpus_is_refused(t
     runs = runs_measured_under(str(_write_profile(tmp_path, Profile(), "truth.yaml")))[:2]
     runs_file.write_text(yaml.safe_dump([run.model_dump(mode="json", exclude_none=True) for run in runs]))
     sectioned = _write_profile(tmp_path, Profile(gpus={"h100-sxm": {"gemm_memory": 0.5}}), "sectioned.yaml")
-    refused = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(sectioned), "--out", str(tmp_path / "x")])
+    refused = CliRunner().invoke(
+        app, ["fit", str(runs_file), "--base", str(sectioned), "--out", str(tmp_path / "x")]
+    )
     assert refused.exit_code == 2 and "sections for h100-sxm override the shared values" in refused.output
     assert "--gpu NAME" in refused.output and not (tmp_path / "x").exists()
     bare = tmp_path / "bare.yaml"
     bare.write_text("name: bare\ncomm: 0.5\n")
     out = tmp_path / "fit"
-    fitted = CliRunner().invoke(app, ["fit", str(runs_file), "--base", str(bare), "--out", str(out), "--only",
-                                      "gemm_memory", "--holdout-every", "0", "--max-evaluations", "4", "--workers", "1"])
+    fitted = CliRunner().invoke(
+        app,
+        [
+            "fit",
+            str(runs_file),
+            "--base",
+            str(bare),
+            "--out",
+            str(out),
+            "--only",
+            "gemm_memory",
+            "--holdout-every",
+            "0",
+            "--max-evaluations",
+            "4",
+            "--workers",
+            "1",
+        ],
+    )
     assert fitted.exit_code == 0, fitted.output
     profile = load_profile(out / "profile.yaml")
     assert profile.name == "bare" and profile.provenance.startswith(f"profile {bare}; then fitted from it")

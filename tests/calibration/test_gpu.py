@@ -14,10 +14,15 @@ from policies.config import EngineConfig
 from tests.calibration.conftest import Blocks, Seq, step, tiny_spec
 from workloads.request import Request
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
-@pytest.mark.parametrize("name,fast", [("llama", False), ("gemma2", False), ("gemma3n", True), ("mixtral", False)])
+@pytest.mark.parametrize(
+    "name,fast", [("llama", False), ("gemma2", False), ("gemma3n", True), ("mixtral", False)]
+)
 @pytest.mark.parametrize("dtype,rel", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
 def test_cuda_mixed_batch_matches_reference(name, fast, dtype, rel):
     ex = Executor(tiny_spec(name), 96, 4, "cuda", dtype=dtype, seed=1, kv_sharing_fast_prefill=fast)
@@ -36,10 +41,22 @@ def test_cuda_profile_rows_and_a_served_trace():
     ex = Executor(tiny_spec("gemma3n"), 512, 4, "cuda", seed=1)
     shapes = grid_shapes(GridSpec.quick())[:4]
     rows = profile_grid(ex, shapes, "gemma-3n-e2b", {"layers": 6}, repeats=3)
-    assert (rows["device"] == "cuda").all() and (rows["dtype"] == "bfloat16").all() and (rows["time_s"] > 0).all()
-    reqs = [Request(id=i, arrival_s=0.01 * i, num_prompt_tokens=20 + i, num_output_tokens=5) for i in range(8)]
+    assert (
+        (rows["device"] == "cuda").all()
+        and (rows["dtype"] == "bfloat16").all()
+        and (rows["time_s"] > 0).all()
+    )
+    reqs = [
+        Request(id=i, arrival_s=0.01 * i, num_prompt_tokens=20 + i, num_output_tokens=5) for i in range(8)
+    ]
     # one block table per request: the executor was built without kv_windows
-    cfg = {"block_size": 4, "max_num_seqs": 8, "max_num_batched_tokens": 32, "max_model_len": 64,
-           "prefix_caching": "none", "disable_hybrid_kv_cache_manager": True}
+    cfg = {
+        "block_size": 4,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 32,
+        "max_model_len": 64,
+        "prefix_caching": "none",
+        "disable_hybrid_kv_cache_manager": True,
+    }
     result = serve(ex, reqs, EngineConfig(**cfg))
     assert result.summary["completed"] == 8

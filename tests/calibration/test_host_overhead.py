@@ -23,8 +23,9 @@ def test_recovers_per_step_and_per_request_host_time_and_skips_idle_waits():
     gaps = execute + host
     gaps[99] += 1.0
     start = np.concatenate([[0.0], np.cumsum(gaps)[:-1]])
-    per_step, per_request = host_overhead(pd.DataFrame({"start_s": start, "execute_s": execute,
-                                                        "num_requests": requests, "after_idle": idle}))
+    per_step, per_request = host_overhead(
+        pd.DataFrame({"start_s": start, "execute_s": execute, "num_requests": requests, "after_idle": idle})
+    )
     assert per_step == pytest.approx(3e-4, rel=0.05) and per_request == pytest.approx(2e-5, rel=0.05)
 
 

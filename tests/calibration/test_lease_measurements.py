@@ -39,14 +39,24 @@ def test_the_committed_profile_refits_from_the_committed_rows(model):
     grid = _grid(model)
     served = grid["split"] == "served"
     rows = grid[~served].drop(columns=ADDED).reset_index(drop=True)
-    report = calibrate_rows(rows, get_gpu("h200"), model, "refit", 0.25, 0,
-                            served=grid[served].drop(columns=ADDED).reset_index(drop=True))
+    report = calibrate_rows(
+        rows,
+        get_gpu("h200"),
+        model,
+        "refit",
+        0.25,
+        0,
+        served=grid[served].drop(columns=ADDED).reset_index(drop=True),
+    )
     for key, value in _header_mape(model).items():
         assert report.mape[key] == pytest.approx(value, abs=0.01), key
     committed = load_profile(LEASE / model / "profile.yaml")
     # host overheads are fitted separately on the served run; leave them out of both
     strip = {"host_step_s": 0.0, "host_request_s": 0.0}
     terms = terms_of_rows(grid, get_gpu("h200"))
-    np.testing.assert_allclose(predict_table(terms, report.profile.model_copy(update=strip)),
-                               predict_table(terms, committed.model_copy(update=strip)), rtol=1e-4)
+    np.testing.assert_allclose(
+        predict_table(terms, report.profile.model_copy(update=strip)),
+        predict_table(terms, committed.model_copy(update=strip)),
+        rtol=1e-4,
+    )
     np.testing.assert_allclose(report.rows["fitted_s"], grid["fitted_s"], rtol=1e-4)

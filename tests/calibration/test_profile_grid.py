@@ -24,7 +24,10 @@ def test_grid_covers_prefill_decode_chunks_and_mixed_steps():
     mixed = shapes["mixed 8+128"]
     assert mixed.num_new.tolist() == [1] * 8 + [128] and mixed.num_context.tolist() == [512] * 8 + [0]
     assert shapes["chunk 256@512"].num_context.tolist() == [512]
-    assert shapes["mixed 1+128"].num_new.tolist() == [1, 128]  # one decode beside a chunk: the mixed cost alone
+    assert shapes["mixed 1+128"].num_new.tolist() == [
+        1,
+        128,
+    ]  # one decode beside a chunk: the mixed cost alone
     assert blocks_for_batch(StepBatch.of([1, 20], [15, 0]), 16) == 1 + 2
 
 
@@ -56,9 +59,9 @@ def test_every_timed_call_follows_warm_calls_of_its_own_shape():
     shapes = [("prefill 9", StepBatch.uniform(1, 0, 9)), ("decode 2x7", StepBatch.uniform(2, 7))]
     profile_grid(ex, shapes, "llama-3.1-8b", {}, repeats=2, warmup=1)
     assert warm_calls("cpu") == 3 and warm_calls("cuda:0") == 1
-    timed = calls[len(shapes):]  # after one warm-up pass over all shapes
+    timed = calls[len(shapes) :]  # after one warm-up pass over all shapes
     assert len(timed) == 2 * len(shapes) * (3 + 1)
-    runs = [timed[i:i + 4] for i in range(0, len(timed), 4)]
+    runs = [timed[i : i + 4] for i in range(0, len(timed), 4)]
     assert all(len(set(run)) == 1 for run in runs)  # 3 warm + 1 timed call of one shape, back to back
     assert [run[0] for run in runs] == [(9,), (1, 1)] * 2  # shapes still interleave round by round
 
@@ -94,8 +97,14 @@ def test_a_sliding_window_model_is_timed_with_a_block_table_per_kv_group():
     sliding and full layers a block table each, so every step builds each group's metadata."""
     from calibration.pipeline import Setup, make_executor
     from hardware.kv_groups import kv_groups
-    setup = Setup("gemma-3n-e2b", dict(layers=6, kv_shared=2, window=8, hidden=64, heads=4, kv_heads=2,
-                                       intermediate=128, vocab=256), "cpu", "", ())
+
+    setup = Setup(
+        "gemma-3n-e2b",
+        dict(layers=6, kv_shared=2, window=8, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256),
+        "cpu",
+        "",
+        (),
+    )
     ex = make_executor(setup, 64)
     groups = len(kv_groups(ex.spec).windows)
     assert groups > 1 and ex.hybrid and ex.num_kv_groups == groups
@@ -107,6 +116,14 @@ def test_a_sliding_window_model_is_timed_with_a_block_table_per_kv_group():
     assert len(rows) == 2 and not seen[0].block_tables
     assert [len(tables) for tables in seen[0].group_tables] == [groups, groups]
     assert seen[0].group_tables[0][0] == tuple(range(blocks_for_batch(StepBatch.of([1], [20]), 16)))
-    llama = make_executor(Setup("llama-3.1-8b", dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128,
-                                                     vocab=256), "cpu", "", ()), 64)
+    llama = make_executor(
+        Setup(
+            "llama-3.1-8b",
+            dict(layers=2, hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256),
+            "cpu",
+            "",
+            (),
+        ),
+        64,
+    )
     assert not llama.hybrid and llama.num_kv_groups == 0

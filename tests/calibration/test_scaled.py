@@ -34,13 +34,20 @@ def test_widths_heads_and_gqa_ratio():
 
 def test_mixtral_keeps_top2_routing_over_fewer_experts():
     spec = scale_model(get_model("mixtral-8x7b"), layers=2, hidden=64, heads=4, intermediate=32, experts=4)
-    assert spec.moe.num_experts == 4 and spec.moe.experts_per_token == 2 and spec.moe.expert_intermediate == 32
+    assert (
+        spec.moe.num_experts == 4 and spec.moe.experts_per_token == 2 and spec.moe.expert_intermediate == 32
+    )
     assert all(layer.is_moe for layer in spec.layers)
 
 
-@pytest.mark.parametrize("preset,scale", [("gemma-3n-e2b", dict(layers=6, hidden=64, heads=4)),
-                                          ("mixtral-8x7b", dict(layers=2, hidden=64, heads=4, experts=4)),
-                                          ("qwen2.5-7b", dict(layers=3, hidden=64, heads=4))])
+@pytest.mark.parametrize(
+    "preset,scale",
+    [
+        ("gemma-3n-e2b", dict(layers=6, hidden=64, heads=4)),
+        ("mixtral-8x7b", dict(layers=2, hidden=64, heads=4, experts=4)),
+        ("qwen2.5-7b", dict(layers=3, hidden=64, heads=4)),
+    ],
+)
 def test_config_round_trip_gives_the_same_spec(preset, scale):
     spec = scale_model(get_model(preset), **scale)
     assert model_from_config(spec_to_config(spec), spec.name) == spec

@@ -19,6 +19,7 @@ TRACE_ROWS = 40
 @dataclass
 class Base:
     """A scenario document and the files it names, relative to its folder."""
+
     name: str
     doc: dict
     files: dict[str, bytes] = field(default_factory=dict)
@@ -43,7 +44,7 @@ def _tiny(path: Path) -> Base:
     for source in _trace_sources(doc):
         original = (path.parent / source["path"]).resolve()
         name = f"trace_{original.name}"
-        base.files[name] = b"".join(original.open("rb").readlines()[:TRACE_ROWS + 1])
+        base.files[name] = b"".join(original.open("rb").readlines()[: TRACE_ROWS + 1])
         source["path"] = name
     model = doc.get("model")
     if isinstance(model, str) and model.endswith(".json"):

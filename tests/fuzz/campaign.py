@@ -28,10 +28,12 @@ def case_for(index: int, seed: int, bases: list) -> Case:
     return command_case(rng) if rng.random() < COMMAND_SHARE else mutate(rng.choice(bases), bases, rng)
 
 
-def run_campaign(cases: int, seed: int, workers: int, timeout_s: float, folder: Path,
-                 progress=None) -> tuple[Counter, list[tuple[int, Case, Verdict]]]:
+def run_campaign(
+    cases: int, seed: int, workers: int, timeout_s: float, folder: Path, progress=None
+) -> tuple[Counter, list[tuple[int, Case, Verdict]]]:
     """Run cases 0..cases-1, `workers` at a time; returns the verdict counts and the findings."""
     import simulator.cli  # noqa: F401 (imported once here, so each forked case starts warm)
+
     bases = bundled_bases()
     counts: Counter = Counter()
     findings: list[tuple[int, Case, Verdict]] = []
@@ -53,10 +55,22 @@ def run_campaign(cases: int, seed: int, workers: int, timeout_s: float, folder: 
             shutil.rmtree(case_folder, ignore_errors=True)
         else:
             findings.append((index, case, verdict))
-            (case_folder / "case.json").write_text(json.dumps(
-                {"index": index, "seed": seed, "base": case.base, "changes": case.changes, "argv": case.argv,
-                 "non_finite": case.non_finite, "trace_non_finite": case.trace_non_finite,
-                 "verdict": verdict.kind, "detail": verdict.detail}, indent=1))
+            (case_folder / "case.json").write_text(
+                json.dumps(
+                    {
+                        "index": index,
+                        "seed": seed,
+                        "base": case.base,
+                        "changes": case.changes,
+                        "argv": case.argv,
+                        "non_finite": case.non_finite,
+                        "trace_non_finite": case.trace_non_finite,
+                        "verdict": verdict.kind,
+                        "detail": verdict.detail,
+                    },
+                    indent=1,
+                )
+            )
         if progress:
             progress(sum(counts.values()), counts)
     return counts, findings
@@ -75,14 +89,21 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(done: int, counts: Counter) -> None:
         if done % 100 == 0 or done == args.cases:
-            print(f"{done}/{args.cases} cases, {time.monotonic() - began:.0f} s: {dict(counts)}", file=sys.stderr)
+            print(
+                f"{done}/{args.cases} cases, {time.monotonic() - began:.0f} s: {dict(counts)}",
+                file=sys.stderr,
+            )
 
     counts, findings = run_campaign(args.cases, args.seed, args.workers, args.timeout, folder, progress)
     for index, case, verdict in findings:
         print(f"case {index} ({case.base}; {'; '.join(case.changes)}): {verdict.kind}: {verdict.detail}")
-    print(f"{sum(counts.values())} cases in {time.monotonic() - began:.0f} s: "
-          + ", ".join(f"{kind} {counts[kind]}" for kind in
-                      ("refused", "ran", "crash", "hang", "long_message", "wrote_output", "misled")))
+    print(
+        f"{sum(counts.values())} cases in {time.monotonic() - began:.0f} s: "
+        + ", ".join(
+            f"{kind} {counts[kind]}"
+            for kind in ("refused", "ran", "crash", "hang", "long_message", "wrote_output", "misled")
+        )
+    )
     print(f"findings kept in {folder}" if findings else "no findings")
     return 1 if findings else 0
 

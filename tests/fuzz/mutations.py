@@ -15,16 +15,53 @@ import yaml
 from tests.fuzz.bases import SCENARIO_FILE, Base
 
 NON_FINITE = (math.nan, math.inf, -math.inf)
-NUMBERS = (0, -1, -0.5, 1e-12, 0.5, 3.7, 1, 2, 7, 1000, 2**31, 2**40, 2**40 + 1, 2**53 + 1, 2**63, 2**64 + 3,
-           10**20, 1e30, 1e308, -1e30, -(2**63))
+NUMBERS = (
+    0,
+    -1,
+    -0.5,
+    1e-12,
+    0.5,
+    3.7,
+    1,
+    2,
+    7,
+    1000,
+    2**31,
+    2**40,
+    2**40 + 1,
+    2**53 + 1,
+    2**63,
+    2**64 + 3,
+    10**20,
+    1e30,
+    1e308,
+    -1e30,
+    -(2**63),
+)
 WRONG_TYPES = (True, False, None, "abc", "", [], {}, [1, 2], {"a": 1}, "1e3", "12 tokens", "½")
-STRINGS = ("bogus", "ñandú 😀", "\u202e\u0000x", "x" * 3000, "../../../etc/passwd", "/dev/zero", "/proc/self/mem",
-           "VLLM", " vllm", "h100", "traces", ".", "~/nope.csv", "con:", "*")
+STRINGS = (
+    "bogus",
+    "ñandú 😀",
+    "\u202e\u0000x",
+    "x" * 3000,
+    "../../../etc/passwd",
+    "/dev/zero",
+    "/proc/self/mem",
+    "VLLM",
+    " vllm",
+    "h100",
+    "traces",
+    ".",
+    "~/nope.csv",
+    "con:",
+    "*",
+)
 
 
 @dataclass
 class Case:
     """A scenario text and its files, and what was done to them."""
+
     base: str
     text: str
     files: dict[str, bytes]
@@ -64,21 +101,83 @@ def mutate(base: Base, donors: list[Base], rng: random.Random) -> Case:
     return case
 
 
-OPTION_VALUES = ("0", "-1", "1", "2", "3", "8", "0.5", "1e30", "99999999999999999999", "nan", "inf", "-inf", "",
-                 "abc", "ñ", "bf16", "fp8", "fp4", "auto", "vllm", "sglang", "h100-sxm", "b200", "default")
-VALID = {"--tp": ("1", "2", "4", "8"), "--pp": ("1", "2"), "--engine": ("vllm", "sglang"),
-         "--gpu-memory-utilization": ("0.9", "0.5"), "--kv-dtype": ("bf16", "fp8"),
-         "--weight-dtype": ("auto", "bf16", "fp8", "mxfp4", "nvfp4"), "--max-model-len": ("4096", "131072"),
-         "--block-size": ("16", "32", "64"), "--max-num-batched-tokens": ("2048", "8192"),
-         "--max-num-seqs": ("64", "256"), "--batch": ("1", "64", "1024"), "--context": ("0", "1024", "100000"),
-         "--prefill": ("1", "512", "8192"), "--profile": ("measured", "published-fit", "vllm-published")}
-COMMAND_OPTIONS = {
-    "memory": ("--tp", "--pp", "--engine", "--gpu-memory-utilization", "--kv-dtype", "--weight-dtype",
-               "--max-model-len", "--block-size", "--max-num-batched-tokens", "--max-num-seqs"),
-    "roofline": ("--batch", "--context", "--prefill", "--tp", "--pp", "--kv-dtype", "--weight-dtype", "--profile"),
+OPTION_VALUES = (
+    "0",
+    "-1",
+    "1",
+    "2",
+    "3",
+    "8",
+    "0.5",
+    "1e30",
+    "99999999999999999999",
+    "nan",
+    "inf",
+    "-inf",
+    "",
+    "abc",
+    "ñ",
+    "bf16",
+    "fp8",
+    "fp4",
+    "auto",
+    "vllm",
+    "sglang",
+    "h100-sxm",
+    "b200",
+    "default",
+)
+VALID = {
+    "--tp": ("1", "2", "4", "8"),
+    "--pp": ("1", "2"),
+    "--engine": ("vllm", "sglang"),
+    "--gpu-memory-utilization": ("0.9", "0.5"),
+    "--kv-dtype": ("bf16", "fp8"),
+    "--weight-dtype": ("auto", "bf16", "fp8", "mxfp4", "nvfp4"),
+    "--max-model-len": ("4096", "131072"),
+    "--block-size": ("16", "32", "64"),
+    "--max-num-batched-tokens": ("2048", "8192"),
+    "--max-num-seqs": ("64", "256"),
+    "--batch": ("1", "64", "1024"),
+    "--context": ("0", "1024", "100000"),
+    "--prefill": ("1", "512", "8192"),
+    "--profile": ("measured", "published-fit", "vllm-published"),
 }
-MODELS = ("llama-3.1-8b", "llama-3.1-70b", "deepseek-v3", "gpt-oss-120b", "gemma-3n-e2b", "qwen3-30b-a3b",
-          "llama-9", "", "/dev/null")
+COMMAND_OPTIONS = {
+    "memory": (
+        "--tp",
+        "--pp",
+        "--engine",
+        "--gpu-memory-utilization",
+        "--kv-dtype",
+        "--weight-dtype",
+        "--max-model-len",
+        "--block-size",
+        "--max-num-batched-tokens",
+        "--max-num-seqs",
+    ),
+    "roofline": (
+        "--batch",
+        "--context",
+        "--prefill",
+        "--tp",
+        "--pp",
+        "--kv-dtype",
+        "--weight-dtype",
+        "--profile",
+    ),
+}
+MODELS = (
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+    "deepseek-v3",
+    "gpt-oss-120b",
+    "gemma-3n-e2b",
+    "qwen3-30b-a3b",
+    "llama-9",
+    "",
+    "/dev/null",
+)
 
 
 def command_case(rng: random.Random) -> Case:
@@ -128,8 +227,10 @@ def _replace(doc: dict, rng: random.Random, donors: list[Base]) -> str | None:
         return None
     path = rng.choice(paths)
     old = _get(doc, path)
-    pool = rng.choices((NUMBERS, NON_FINITE, WRONG_TYPES, STRINGS),
-                       weights=(6, 2, 2, 1) if isinstance(old, (int, float)) else (2, 1, 2, 3))[0]
+    pool = rng.choices(
+        (NUMBERS, NON_FINITE, WRONG_TYPES, STRINGS),
+        weights=(6, 2, 2, 1) if isinstance(old, (int, float)) else (2, 1, 2, 3),
+    )[0]
     new = copy.deepcopy(rng.choice(pool))
     _get(doc, path[:-1])[path[-1]] = new
     return f"{_label(path)}: {old!r:.40} -> {new!r:.40}"
@@ -140,7 +241,11 @@ RUN_LENGTH = ("num_requests", "duration_s")  # only scaled down: a run asked to 
 
 def _scale(doc: dict, rng: random.Random, donors: list[Base]) -> str | None:
     """A number made much smaller or larger, keeping its type: extreme but often valid settings."""
-    paths = [p for p in _paths(doc) if isinstance(_get(doc, p), (int, float)) and not isinstance(_get(doc, p), bool)]
+    paths = [
+        p
+        for p in _paths(doc)
+        if isinstance(_get(doc, p), (int, float)) and not isinstance(_get(doc, p), bool)
+    ]
     if not paths:
         return None
     path = rng.choice(paths)
@@ -155,7 +260,9 @@ def _unknown_key(doc: dict, rng: random.Random, donors: list[Base]) -> str | Non
     sections = [()] + [p for p in _paths(doc) if isinstance(_get(doc, p), dict)]
     path = rng.choice(sections)
     section = _get(doc, path)
-    key = rng.choice(["bogus_key", "max_num_seq", "Rate_per_s", "ñ", "1"] + [k[:-1] for k in section if len(k) > 2])
+    key = rng.choice(
+        ["bogus_key", "max_num_seq", "Rate_per_s", "ñ", "1"] + [k[:-1] for k in section if len(k) > 2]
+    )
     section[key] = rng.choice((1, "x", True))
     return f"unknown key {_label(path + (key,))}"
 
@@ -187,8 +294,14 @@ def _graft(doc: dict, rng: random.Random, donors: list[Base]) -> str | None:
     return f"{_label(path)} from {donor.name}"
 
 
-MUTATORS = {"delete": _delete, "replace": _replace, "scale": _scale, "unknown_key": _unknown_key,
-            "enum": _enum, "graft": _graft}
+MUTATORS = {
+    "delete": _delete,
+    "replace": _replace,
+    "scale": _scale,
+    "unknown_key": _unknown_key,
+    "enum": _enum,
+    "graft": _graft,
+}
 
 
 def _alias_bomb(text: str, rng: random.Random) -> tuple[str, str]:
@@ -224,8 +337,20 @@ def _truncate(text: str, rng: random.Random) -> tuple[str, str]:
 
 
 def _garbage(text: str, rng: random.Random) -> tuple[str, str]:
-    junk = rng.choice(("\t", "\ufeff", "!!python/object/apply:os.system ['true']", "%YAML 9.9\n", "\udcff",
-                       "--- \n--- \n", "{", "key: 'unterminated\n", "! foo\n", "!!binary AAAA\n"))
+    junk = rng.choice(
+        (
+            "\t",
+            "\ufeff",
+            "!!python/object/apply:os.system ['true']",
+            "%YAML 9.9\n",
+            "\udcff",
+            "--- \n--- \n",
+            "{",
+            "key: 'unterminated\n",
+            "! foo\n",
+            "!!binary AAAA\n",
+        )
+    )
     at = rng.randrange(len(text) + 1)
     return text[:at] + junk + text[at:], f"inserted {junk!r:.30} at {at}"
 
@@ -255,7 +380,9 @@ def _mutate_trace(name: str, data: bytes, rng: random.Random) -> tuple[bytes, st
     lines = data.decode("utf-8", "surrogateescape").splitlines()
     if not lines:
         return b"1,2\n", "an empty file given one row", False
-    kind = rng.choice(("cell", "cell", "cell", "empty", "header_only", "shuffle", "drop_column", "junk", "cut"))
+    kind = rng.choice(
+        ("cell", "cell", "cell", "empty", "header_only", "shuffle", "drop_column", "junk", "cut")
+    )
     if kind == "empty":
         return b"", "emptied", False
     if kind == "header_only":
@@ -264,7 +391,7 @@ def _mutate_trace(name: str, data: bytes, rng: random.Random) -> tuple[bytes, st
         return bytes(rng.randrange(256) for _ in range(200)), "random bytes", False
     if kind == "cut":
         text = "\n".join(lines)
-        return _joined([text[:rng.randrange(len(text))]])[:-1], "cut mid-file", False
+        return _joined([text[: rng.randrange(len(text))]])[:-1], "cut mid-file", False
     if kind == "shuffle":
         body = lines[1:] if not name.endswith(".jsonl") else lines
         rng.shuffle(body)
@@ -274,10 +401,12 @@ def _mutate_trace(name: str, data: bytes, rng: random.Random) -> tuple[bytes, st
     rows = [line.split(",") for line in lines]
     column = rng.randrange(len(rows[0]))
     if kind == "drop_column":
-        rows = [row[:column] + row[column + 1:] for row in rows]
+        rows = [row[:column] + row[column + 1 :] for row in rows]
         return _joined(",".join(row) for row in rows), f"column {column} dropped", False
     row = rng.randrange(1, len(rows)) if len(rows) > 1 else 0
-    value = rng.choice(("-5", "0", "nan", "inf", "-inf", "1e30", "", "abc", str(2**64), "3.5", "1e400", "NaT"))
+    value = rng.choice(
+        ("-5", "0", "nan", "inf", "-inf", "1e30", "", "abc", str(2**64), "3.5", "1e400", "NaT")
+    )
     if column < len(rows[row]):
         rows[row][column] = value
     non_finite = value.lower() in ("nan", "inf", "-inf", "1e400")

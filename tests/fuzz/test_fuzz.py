@@ -20,8 +20,9 @@ def test_a_fixed_seed_campaign_finds_nothing(tmp_path):
     finished, rejected with a reason or unfinished; TTFT <= E2E; no more tokens than asked; KV usage in [0, 1];
     no NaN in summary.json); never a traceback, a hang or a non-finite number accepted."""
     counts, findings = run_campaign(SUITE_CASES, seed=2026, workers=2, timeout_s=60, folder=tmp_path)
-    assert not findings, "\n".join(f"case {i} ({c.base}; {'; '.join(c.changes)}): {v.kind}: {v.detail}"
-                                   for i, c, v in findings)
+    assert not findings, "\n".join(
+        f"case {i} ({c.base}; {'; '.join(c.changes)}): {v.kind}: {v.detail}" for i, c, v in findings
+    )
     assert counts["refused"] > 0 and counts["ran"] > 0  # the mutations reach both outcomes
 
 
@@ -31,7 +32,9 @@ def test_cases_are_the_same_on_every_run():
     assert (first.text, first.files, first.changes) == (again.text, again.files, again.changes)
 
 
-@pytest.mark.parametrize("case", sorted(p.name for p in FOUND.iterdir() if p.is_dir()) if FOUND.exists() else [])
+@pytest.mark.parametrize(
+    "case", sorted(p.name for p in FOUND.iterdir() if p.is_dir()) if FOUND.exists() else []
+)
 def test_a_case_a_campaign_found_stays_fixed(tmp_path, case):
     """Found cases, kept as their folders: `case.json` says what was mutated and what servesim did then."""
     folder = tmp_path / case
@@ -39,6 +42,8 @@ def test_a_case_a_campaign_found_stays_fixed(tmp_path, case):
     meta = json.loads((folder / "case.json").read_text())
     code, seconds = wait(start(folder, meta.get("argv")), timeout_s=60)
     verdict = judge(folder, code, seconds, meta["non_finite"], meta["trace_non_finite"], not meta.get("argv"))
-    assert verdict.kind in OK_VERDICTS, f"{case} ({'; '.join(meta['changes'])}): {verdict.kind}: {verdict.detail}"
+    assert verdict.kind in OK_VERDICTS, (
+        f"{case} ({'; '.join(meta['changes'])}): {verdict.kind}: {verdict.detail}"
+    )
     if "expect" in meta:
         assert verdict.kind == meta["expect"], verdict.detail

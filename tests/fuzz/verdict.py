@@ -48,6 +48,7 @@ def start(folder: Path, argv: list[str] | None = None) -> int:
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.argv = ["servesim", *argv]
         from simulator.cli import main
+
         code = 0
         try:
             main()
@@ -55,6 +56,7 @@ def start(folder: Path, argv: list[str] | None = None) -> int:
             code = stop.code if isinstance(stop.code, int) else 1
     except BaseException:  # noqa: BLE001 (whatever escapes servesim is the finding)
         import traceback
+
         traceback.print_exc()
         code = 99
     sys.stdout.flush()
@@ -77,8 +79,14 @@ def wait(pid: int, timeout_s: float) -> tuple[int | None, float]:
         time.sleep(0.01)
 
 
-def judge(folder: Path, code: int | None, seconds: float, non_finite: bool = False,
-          trace_non_finite: bool = False, writes_run: bool = True) -> Verdict:
+def judge(
+    folder: Path,
+    code: int | None,
+    seconds: float,
+    non_finite: bool = False,
+    trace_non_finite: bool = False,
+    writes_run: bool = True,
+) -> Verdict:
     """What the run did, by its exit status, its stderr and (`writes_run`: a simulate) its output folder."""
     err = (folder / "stderr").read_text(errors="replace") if (folder / "stderr").exists() else ""
     if code is None:
@@ -90,8 +98,11 @@ def judge(folder: Path, code: int | None, seconds: float, non_finite: bool = Fal
         if (folder / OUT).exists():
             return Verdict("wrote_output", f"refused but made {OUT}/: {_last_line(err)}", seconds)
         if len(lines) > 2 or not lines or any(len(line) > MAX_LINE_CHARS for line in lines):
-            return Verdict("long_message", f"{len(lines)} lines, {max(map(len, lines), default=0)} chars: "
-                           f"{err.strip()[:300]!r}", seconds)
+            return Verdict(
+                "long_message",
+                f"{len(lines)} lines, {max(map(len, lines), default=0)} chars: {err.strip()[:300]!r}",
+                seconds,
+            )
         return Verdict("refused", lines[0], seconds)
     broken = output_problems(folder / OUT) if writes_run else ""
     if broken:
@@ -121,7 +132,9 @@ def output_problems(out: Path) -> str:
     done = requests[finished]
     if (done["ttft_s"] > done["e2el_s"] + 1e-9).any():
         return "TTFT above E2E latency"
-    if (done[["ttft_s", "e2el_s"]] < 0).any().any() or not done[["ttft_s", "e2el_s"]].map(math.isfinite).all().all():
+    if (done[["ttft_s", "e2el_s"]] < 0).any().any() or not done[["ttft_s", "e2el_s"]].map(
+        math.isfinite
+    ).all().all():
         return "a negative or non-finite latency"
     steps = _table(out, "steps")
     if steps is not None and "kv_usage" in steps and len(steps):

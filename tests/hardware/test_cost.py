@@ -40,9 +40,19 @@ def test_floor_is_bytes_over_bandwidth():
 
 def _mha_model(d: int, heads: int = 8):
     """The seed's accounting model: MHA, non-gated MLP of width 4d (24 d^2 linear FLOPs per token per layer)."""
-    return model_from_config({"hidden_size": d, "num_attention_heads": heads, "num_hidden_layers": 1,
-                              "intermediate_size": 4 * d, "vocab_size": 1000, "max_position_embeddings": 1 << 20,
-                              "hidden_act": "gelu", "model_type": "gpt"}, "mha")
+    return model_from_config(
+        {
+            "hidden_size": d,
+            "num_attention_heads": heads,
+            "num_hidden_layers": 1,
+            "intermediate_size": 4 * d,
+            "vocab_size": 1000,
+            "max_position_embeddings": 1 << 20,
+            "hidden_act": "gelu",
+            "model_type": "gpt",
+        },
+        "mha",
+    )
 
 
 def test_linear_and_attention_flops_cross_at_six_d():
@@ -107,8 +117,10 @@ def test_lm_head_runs_only_on_logits_tokens():
 
 #: Efficiency falling from 0.9 at one token row to 0.1 at 2048: any operator priced at the wrong row count
 #: shows up as a factor of up to 9 in its time.
-FALLING = Profile(gemm_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.1))),
-                  attn_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.1))))
+FALLING = Profile(
+    gemm_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.1))),
+    attn_memory=EfficiencyCurve(points=((1, 0.9), (2048, 0.1))),
+)
 
 
 def test_lm_head_efficiency_is_read_at_its_logits_rows():
@@ -118,16 +130,21 @@ def test_lm_head_efficiency_is_read_at_its_logits_rows():
     decode = step_cost(StepBatch.uniform(1, 100), LLAMA_8B, H200, profile=FALLING)
     assert prefill.by_name("lm_head").time_s == pytest.approx(decode.by_name("lm_head").time_s, rel=1e-3)
     head_bytes = LLAMA_8B.lm_head_params * 2  # bf16 weights dominate; read at 90% of the bandwidth
-    assert decode.by_name("lm_head").time_s == pytest.approx(head_bytes / (0.9 * H200.memory_bytes_per_s), rel=0.01)
+    assert decode.by_name("lm_head").time_s == pytest.approx(
+        head_bytes / (0.9 * H200.memory_bytes_per_s), rel=0.01
+    )
 
 
 def test_fast_prefill_layers_read_efficiencies_at_one_token_per_request():
     """Under YOCO fast prefill the trailing KV-sharing layers process one row per request, so their
     operators are priced at that row count, not at the step's."""
     from hardware.cost import operator_terms
+
     model = get_model("gemma-3n-e2b")
     batch = StepBatch.of([1024, 1, 1], [0, 300, 300], [True, True, True])
-    terms = operator_terms(batch, model, H200, profile=FALLING, options=CostOptions(kv_sharing_fast_prefill=True))
+    terms = operator_terms(
+        batch, model, H200, profile=FALLING, options=CostOptions(kv_sharing_fast_prefill=True)
+    )
     by_rows = {}
     for term in terms:
         by_rows.setdefault(term.tokens, set()).add(term.name)
@@ -135,7 +152,9 @@ def test_fast_prefill_layers_read_efficiencies_at_one_token_per_request():
     assert {"qkv_proj", "mlp", "attention_decode", "attention_prefill"} <= by_rows[1026.0]
     assert {"qkv_proj", "mlp", "attention_decode", "lm_head"} <= by_rows[3.0]
     for term in terms:  # every term's memory time is its bytes at that row count's efficiency
-        assert term.memory_s == pytest.approx(term.bytes / (H200.memory_bytes_per_s * FALLING.gemm_memory.at(term.tokens)))
+        assert term.memory_s == pytest.approx(
+            term.bytes / (H200.memory_bytes_per_s * FALLING.gemm_memory.at(term.tokens))
+        )
 
 
 def test_tp2_adds_all_reduce_and_speeds_decode_by_less_than_2x():
@@ -158,15 +177,21 @@ def test_gemma_3n_fast_prefill_runs_last_10_layers_on_one_token():
     assert fast.by_name("qkv_proj").flops / plain.by_name("qkv_proj").flops == pytest.approx(130 / 180)
     assert fast.by_name("mlp").flops < plain.by_name("mlp").flops
     decode = StepBatch.uniform(4, 300)
-    assert step_cost(decode, model, H200).total_s == step_cost(
-        decode, model, H200, options=CostOptions(kv_sharing_fast_prefill=True)).total_s
+    assert (
+        step_cost(decode, model, H200).total_s
+        == step_cost(decode, model, H200, options=CostOptions(kv_sharing_fast_prefill=True)).total_s
+    )
 
 
 def test_a_mixed_step_pays_a_second_attention_path_in_every_layer_that_attends_both():
     """Decodes beside a prefill chunk: each layer runs both attention paths; YOCO's fast-prefill layers see one
     query per request, so only the layers before them do."""
     model, profile = get_model("gemma-3n-e2b"), Profile(mixed_layer_overhead_s=1e-4)
-    mixed, prefill, decode = StepBatch.of([1, 1, 200], [300, 50, 0]), StepBatch.of([200], [0]), StepBatch.uniform(2, 300)
+    mixed, prefill, decode = (
+        StepBatch.of([1, 1, 200], [300, 50, 0]),
+        StepBatch.of([200], [0]),
+        StepBatch.uniform(2, 300),
+    )
     assert mixed.is_mixed() and not prefill.is_mixed() and not decode.is_mixed()
     assert not StepBatch.of([1], [0]).is_mixed() and not StepBatch.of([], []).is_mixed()
     verify = StepBatch.of([3, 3, 200], [300, 50, 0])  # two verify queries of 1 + 2 drafts beside a chunk
@@ -174,8 +199,11 @@ def test_a_mixed_step_pays_a_second_attention_path_in_every_layer_that_attends_b
 
     def extra(batch, fast):
         options = CostOptions(kv_sharing_fast_prefill=fast)
-        return (step_cost(batch, model, H200, profile=profile, options=options).total_s
-                - step_cost(batch, model, H200, options=options).total_s)
+        return (
+            step_cost(batch, model, H200, profile=profile, options=options).total_s
+            - step_cost(batch, model, H200, options=options).total_s
+        )
+
     assert extra(mixed, False) == pytest.approx(30 * 1e-4)  # Gemma 3n E2B: 30 layers
     assert extra(mixed, True) == pytest.approx(20 * 1e-4)  # its last 10 share KV: fast prefill's layers
     assert extra(prefill, False) == extra(decode, False) == extra(decode, True) == 0.0
@@ -196,15 +224,23 @@ def test_kv_sharing_layers_write_no_kv():
 
 def test_fp8_weights_halve_weight_bytes_and_use_fp8_peak():
     bf16 = step_cost(StepBatch.uniform(1, 10), LLAMA_8B, H200).by_name("mlp")
-    fp8 = step_cost(StepBatch.uniform(1, 10), LLAMA_8B, H200, options=CostOptions(weight_dtype="fp8")).by_name("mlp")
+    fp8 = step_cost(
+        StepBatch.uniform(1, 10), LLAMA_8B, H200, options=CostOptions(weight_dtype="fp8")
+    ).by_name("mlp")
     assert fp8.bytes < 0.51 * bf16.bytes
 
 
 def test_profile_efficiency_scales_time():
-    fast = Profile(gemm_memory=EfficiencyCurve.constant(1.0), attn_memory=EfficiencyCurve.constant(1.0),
-                   step_overhead_s=0, request_overhead_s=0)
+    fast = Profile(
+        gemm_memory=EfficiencyCurve.constant(1.0),
+        attn_memory=EfficiencyCurve.constant(1.0),
+        step_overhead_s=0,
+        request_overhead_s=0,
+    )
     cost = step_cost(StepBatch.uniform(1, 1024), LLAMA_8B, H200, profile=fast)
-    assert cost.total_s == pytest.approx(cost.floor_s, rel=0.01)  # at 100% bandwidth a decode runs at the floor
+    assert cost.total_s == pytest.approx(
+        cost.floor_s, rel=0.01
+    )  # at 100% bandwidth a decode runs at the floor
 
 
 def test_efficiency_curve_interpolates_in_log_tokens():
@@ -213,16 +249,26 @@ def test_efficiency_curve_interpolates_in_log_tokens():
     assert curve.at(10) == pytest.approx(0.5)
 
 
-@given(reqs=st.lists(st.tuples(st.integers(1, 400), st.integers(0, 5000)), min_size=1, max_size=150),
-       window=st.one_of(st.none(), st.integers(1, 3000)), decode=st.booleans(), decode_query_len=st.integers(1, 5))
+@given(
+    reqs=st.lists(st.tuples(st.integers(1, 400), st.integers(0, 5000)), min_size=1, max_size=150),
+    window=st.one_of(st.none(), st.integers(1, 3000)),
+    decode=st.booleans(),
+    decode_query_len=st.integers(1, 5),
+)
 def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_query_len):
     """Batches up to 64 requests take a plain-Python path for speed; it must count exactly what numpy does."""
     from hardware.cost import _AttnStats, _attn_stats_small, causal_keys, kv_read_tokens
+
     new, ctx = np.array([n for n, _ in reqs]), np.array([c for _, c in reqs])
     mask = new <= decode_query_len if decode else new > decode_query_len
     n, c = new[mask], ctx[mask]
-    numpy_stats = _AttnStats(int(n.sum()), int(mask.sum()), int(causal_keys(n, c, window).sum()),
-                             int(kv_read_tokens(n, c, window).sum()), int((n + c).sum()))
+    numpy_stats = _AttnStats(
+        int(n.sum()),
+        int(mask.sum()),
+        int(causal_keys(n, c, window).sum()),
+        int(kv_read_tokens(n, c, window).sum()),
+        int((n + c).sum()),
+    )
     assert _attn_stats_small(new.tolist(), ctx.tolist(), window, decode, decode_query_len) == numpy_stats
 
 
@@ -242,8 +288,10 @@ def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones
     assert others == [(op.name, op.time_s) for op in slow.operators if op.name != "moe"]
     default = step_cost(batch, mixtral, H200).by_name("moe")  # compute-bound prefill: 0.70 / 0.180 as long
     assert default.time_s == pytest.approx(moe.time_s * 0.70 / 0.180, rel=1e-9)
-    assert step_cost(batch, LLAMA_8B, H200, profile=Profile(moe_compute=0.1)).total_s == \
-        step_cost(batch, LLAMA_8B, H200).total_s
+    assert (
+        step_cost(batch, LLAMA_8B, H200, profile=Profile(moe_compute=0.1)).total_s
+        == step_cost(batch, LLAMA_8B, H200).total_s
+    )
 
 
 def test_mla_verify_queries_take_the_absorbed_decode_path_when_speculating():
@@ -265,10 +313,15 @@ def test_mla_verify_queries_take_the_absorbed_decode_path_when_speculating():
 def test_a_speculating_scenario_prices_verify_queries_as_decodes():
     from simulator.run import build_timer
     from simulator.scenario import load_scenario
+
     s, _ = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "speculative_70b.yaml")
     assert build_timer(s).args[4].decode_query_len == 1 + s.engine.speculative.k
-    assert build_timer(s.model_copy(update={"engine": s.engine.model_copy(update={"speculative": None})})
-                       ).args[4].decode_query_len == 1
+    assert (
+        build_timer(s.model_copy(update={"engine": s.engine.model_copy(update={"speculative": None})}))
+        .args[4]
+        .decode_query_len
+        == 1
+    )
 
 
 def test_bridged_pcie_cards_all_reduce_over_pcie_beyond_a_pair():
@@ -277,6 +330,7 @@ def test_bridged_pcie_cards_all_reduce_over_pcie_beyond_a_pair():
 
     def all_reduce_s(spec, tp):
         return step_cost(batch, model, spec, Parallelism(tp=tp)).by_name("all_reduce").time_s
+
     over_pcie = gpu.model_copy(update={"intra_node_link": "pcie5"})
     assert all_reduce_s(gpu, 4) == all_reduce_s(over_pcie, 4)
     assert all_reduce_s(gpu, 2) < all_reduce_s(over_pcie, 2) / 4  # the pair itself is bridged
@@ -301,8 +355,12 @@ def test_mla_decode_streams_the_bf16_copies_of_the_up_projection():
     model, par, up = get_model("deepseek-v3"), Parallelism(tp=8), 512 * 128 * 256 // 8
     decode, prefill = StepBatch.uniform(1, 4096), StepBatch.uniform(1, 0, 512)
     for weights in ("fp8", "bf16"):
-        step = step_cost(decode, model, H200, par, options=CostOptions(weight_dtype=weights)).by_name("mla_kv_up")
-        assert step.bytes == pytest.approx(61 * (up * 2 + 1 * up / 512 * 2))  # weights, then the one query row
+        step = step_cost(decode, model, H200, par, options=CostOptions(weight_dtype=weights)).by_name(
+            "mla_kv_up"
+        )
+        assert step.bytes == pytest.approx(
+            61 * (up * 2 + 1 * up / 512 * 2)
+        )  # weights, then the one query row
     fp8 = step_cost(prefill, model, H200, par, options=CostOptions(weight_dtype="fp8")).by_name("mla_kv_up")
     assert fp8.bytes == pytest.approx(61 * (up * 1 + 512 * up / 512 * 2))
 
@@ -314,7 +372,9 @@ def test_deep_ep_runs_the_shared_experts_whole_on_each_gpus_own_tokens():
     model, batch = get_model("deepseek-v3"), StepBatch.uniform(64, 2048)
     shared = 3 * 7168 * 2048
     tp = step_cost(batch, model, H200, Parallelism(tp=8, dp_attention=True)).by_name("moe_router_shared")
-    deep_ep = step_cost(batch, model, H200, Parallelism(tp=8, ep=True, dp_attention=True)).by_name("moe_router_shared")
+    deep_ep = step_cost(batch, model, H200, Parallelism(tp=8, ep=True, dp_attention=True)).by_name(
+        "moe_router_shared"
+    )
     assert deep_ep.bytes - tp.bytes == pytest.approx(58 * shared * (1 - 1 / 8))
     assert deep_ep.flops == pytest.approx(tp.flops)
 
@@ -323,6 +383,7 @@ def test_a_true_or_false_in_a_profile_is_refused_not_read_as_full_efficiency(tmp
     """`gemm_compute: true` would otherwise be the number 1: a GEMM at 100% of peak."""
     from hardware.errors import SpecError
     from hardware.profile import load_profile
+
     path = tmp_path / "p.yaml"
     path.write_text("name: p\ngemm_compute: true\n")
     with pytest.raises(SpecError, match=r"p.yaml: gemm_compute: .*expected a number, not a true/false"):

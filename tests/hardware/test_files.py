@@ -13,16 +13,28 @@ def test_a_merge_key_brings_keys_the_mapping_may_override(tmp_path):
     assert read_yaml(path)["engine"] == {"max_model_len": 4096, "max_num_seqs": 8}
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("engine:\n  max_num_seqs: 4\n  max_num_seqs: 8\n", "line 3, column 3: key 'max_num_seqs' is given twice"),
-    ("? [a, b]\n: 1\n", "line 1, column 3: key a list is not text"),
-    ("engine:\n  1: 4\n", "line 2, column 3: key 1 is not text"),
-    ("on: 4\n", "line 1, column 1: key True is not text"),
-    ("a: &x [1, *x]\n", "line 1, column 4: an alias refers to a node that contains it"),
-    ("[" * 10_000 + "]" * 10_000, "line 1, column 65: nested deeper than 64 levels"),  # not a RecursionError
-    ("a: &a 1\nb: [" + ", ".join(["*a"] * 201) + "]\n", "more than 200 aliases"),
-    ("!!python/object/apply:os.system ['true']\n", "could not determine a constructor"),  # never evaluated
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (
+            "engine:\n  max_num_seqs: 4\n  max_num_seqs: 8\n",
+            "line 3, column 3: key 'max_num_seqs' is given twice",
+        ),
+        ("? [a, b]\n: 1\n", "line 1, column 3: key a list is not text"),
+        ("engine:\n  1: 4\n", "line 2, column 3: key 1 is not text"),
+        ("on: 4\n", "line 1, column 1: key True is not text"),
+        ("a: &x [1, *x]\n", "line 1, column 4: an alias refers to a node that contains it"),
+        (
+            "[" * 10_000 + "]" * 10_000,
+            "line 1, column 65: nested deeper than 64 levels",
+        ),  # not a RecursionError
+        ("a: &a 1\nb: [" + ", ".join(["*a"] * 201) + "]\n", "more than 200 aliases"),
+        (
+            "!!python/object/apply:os.system ['true']\n",
+            "could not determine a constructor",
+        ),  # never evaluated
+    ],
+)
 def test_what_is_not_plain_data_is_one_line_with_its_place(tmp_path, text, expected):
     path = tmp_path / "s.yaml"
     path.write_text(text)

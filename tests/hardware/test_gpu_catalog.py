@@ -7,7 +7,17 @@ import pytest
 from hardware.errors import SpecError
 from hardware.gpu import COMPUTE_DTYPES, get_gpu, get_interconnect, gpu_catalog, interconnects
 
-REQUIRED_GPUS = ("a100-40gb-pcie", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l40s", "l4", "mi300x")
+REQUIRED_GPUS = (
+    "a100-40gb-pcie",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "b200",
+    "l40s",
+    "l4",
+    "mi300x",
+)
 
 NEW_GPU_YAML = """\
 gpus:
@@ -73,9 +83,24 @@ def test_every_intra_node_link_resolves():
 
 def test_interconnects_have_sources_and_known_kinds():
     links = interconnects()
-    for name in ("nvlink3", "nvlink4", "nvlink5", "nvlink-bridge-a100", "nvlink-bridge-h100", "xgmi-mi300x",
-                 "pcie3", "pcie4", "pcie5", "pcie6", "ib-hdr-200", "ib-ndr-400", "ib-xdr-800",
-                 "roce-200", "roce-400", "roce-800"):
+    for name in (
+        "nvlink3",
+        "nvlink4",
+        "nvlink5",
+        "nvlink-bridge-a100",
+        "nvlink-bridge-h100",
+        "xgmi-mi300x",
+        "pcie3",
+        "pcie4",
+        "pcie5",
+        "pcie6",
+        "ib-hdr-200",
+        "ib-ndr-400",
+        "ib-xdr-800",
+        "roce-200",
+        "roce-400",
+        "roce-800",
+    ):
         assert name in links
     for link in links.values():
         assert link.kind in {"nvlink", "xgmi", "pcie", "infiniband", "roce"}
@@ -141,7 +166,9 @@ def test_a_check_of_a_whole_user_gpu_names_the_gpu_without_a_dangling_field(tmp_
     path = _write(tmp_path, "nofp32.yaml", NEW_GPU_YAML.replace("      fp32: 50.0e+12\n", ""))
     with pytest.raises(SpecError) as err:
         gpu_catalog((path,))
-    assert str(err.value).startswith(f"{path}: gpus[test-accel]: peak_flop_per_s must list 'fp32'"), str(err.value)
+    assert str(err.value).startswith(f"{path}: gpus[test-accel]: peak_flop_per_s must list 'fp32'"), str(
+        err.value
+    )
     assert "missing.yaml: gpus[test-accel].memory_bytes_per_s: " in _missing_field_message(tmp_path)
 
 
@@ -168,7 +195,9 @@ def test_user_file_may_not_shadow_catalog(tmp_path):
 
 
 def test_user_file_with_unknown_link_is_rejected(tmp_path):
-    path = _write(tmp_path, "badlink.yaml", NEW_GPU_YAML.replace("intra_node_link: pcie5", "intra_node_link: warp"))
+    path = _write(
+        tmp_path, "badlink.yaml", NEW_GPU_YAML.replace("intra_node_link: pcie5", "intra_node_link: warp")
+    )
     with pytest.raises(SpecError) as err:
         gpu_catalog((path,))
     assert "warp" in str(err.value)

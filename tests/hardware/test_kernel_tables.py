@@ -35,12 +35,19 @@ def test_a_grid_point_is_the_tables_own_latency():
     row = gemm[(gemm.gemm_dtype == "bfloat16") & (gemm.m == 64) & (gemm.n == 6144) & (gemm.k == 4096)].iloc[0]
     assert tables.gemm_s("bf16", 64, 6144, 4096) == pytest.approx(row.latency * 1e-3, rel=1e-12)
     attention = _table("h100-sxm", "attention", "generation_attention_perf.parquet")
-    row = attention[(attention.batch_size == 64) & (attention.step == 1023) & (attention.num_heads == 32)
-                    & (attention.num_key_value_heads == 8) & (attention.head_dim == 128) & (attention.window_size == 0)
-                    & (attention.kv_cache_dtype == "bfloat16")].iloc[0]
+    row = attention[
+        (attention.batch_size == 64)
+        & (attention.step == 1023)
+        & (attention.num_heads == 32)
+        & (attention.num_key_value_heads == 8)
+        & (attention.head_dim == 128)
+        & (attention.window_size == 0)
+        & (attention.kv_cache_dtype == "bfloat16")
+    ].iloc[0]
     # the decode table's KV length is its prompt (1) plus the steps before
-    assert tables.attention_s(True, "bf16", 32, 8, 128, None, 64, 1024) == pytest.approx(row.latency * 1e-3,
-                                                                                         rel=1e-12)
+    assert tables.attention_s(True, "bf16", 32, 8, 128, None, 64, 1024) == pytest.approx(
+        row.latency * 1e-3, rel=1e-12
+    )
     comm = _table("h100-sxm", "comm", "custom_allreduce_perf.parquet")
     row = comm[(comm.num_gpus == 4) & (comm.message_size == 65536) & (comm.backend == "vllm_graph")].iloc[0]
     assert tables.all_reduce_s(4, 65536) == pytest.approx(row.latency * 1e-3, rel=1e-12)
@@ -54,7 +61,8 @@ def test_off_grid_shapes_lie_between_their_neighbours_and_split_past_the_grid():
     assert tables.gemm_s("bf16", 8, 128256, 4096) == pytest.approx(2 * tables.gemm_s("bf16", 8, 64128, 4096))
     # 256 decodes at 8K tokens were not measured; 32 at a time were
     assert tables.attention_s(True, "bf16", 32, 8, 128, None, 256, 8193) == pytest.approx(
-        8 * tables.attention_s(True, "bf16", 32, 8, 128, None, 32, 8193))
+        8 * tables.attention_s(True, "bf16", 32, 8, 128, None, 32, 8193)
+    )
     assert tables.attention_s(True, "bf16", 32, 8, 128, None, 4, 200_000) is None  # longer than any measured
     assert tables.attention_s(True, "int4", 32, 8, 128, None, 4, 2000) is None  # a KV dtype the tables lack
     assert tables.gemm_s("mxfp4", 8, 4096, 4096) is None
@@ -67,8 +75,11 @@ def test_measured_steps_are_the_tables_per_layer_sums(gpu):
     sums = TableSums(gpu)
     for model, tp, (batch, context, new), step in cases(gpu):
         cost = step_cost(step, model, get_gpu(gpu), Parallelism(tp=tp), MEASURED)
-        kernels = [op for op in cost.operators
-                   if op.name not in ("embedding", "logits_gather", "elementwise", "overhead")]
+        kernels = [
+            op
+            for op in cost.operators
+            if op.name not in ("embedding", "logits_gather", "elementwise", "overhead")
+        ]
         assert all(op.bound == "measured" for op in kernels), (model.name, tp, batch, context)
         expected = sums.step_s(model, tp, batch, context, new)
         assert sum(op.time_s for op in kernels) == pytest.approx(expected, rel=0.05), (model.name, tp, batch)
@@ -92,12 +103,16 @@ def test_engine_tables_follow_the_scheduler(tmp_path):
     assert Profile(kernels="engine@0.5.14").for_engine("sglang").kernels == "sglang@0.5.14"
     model, h100 = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
     step = StepBatch.of(np.ones(32, int), np.full(32, 2000))
-    vllm, sglang = (step_cost(step, model, h100, Parallelism(), MEASURED.for_engine(s)).total_s
-                    for s in ("vllm", "sglang"))
+    vllm, sglang = (
+        step_cost(step, model, h100, Parallelism(), MEASURED.for_engine(s)).total_s
+        for s in ("vllm", "sglang")
+    )
     assert vllm != sglang  # each engine's own kernels
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: bad\nkernels: tensorrt\n")
-    with pytest.raises(SpecError, match=r"bad.yaml: kernels: 'tensorrt'.*allowed: engine, vllm, sglang, trtllm"):
+    with pytest.raises(
+        SpecError, match=r"bad.yaml: kernels: 'tensorrt'.*allowed: engine, vllm, sglang, trtllm"
+    ):
         load_profile(bad)
 
 
@@ -105,21 +120,29 @@ def test_a_pinned_build_reads_that_builds_tables():
     old = kernel_tables("vllm@0.22.0", "b200").attention_s(True, "bf16", 32, 8, 128, None, 16, 2048)
     new = kernel_tables("vllm", "b200").attention_s(True, "bf16", 32, 8, 128, None, 16, 2048)
     assert old is not None and new is not None and old != new
-    with pytest.raises(SpecError, match=r"kernels 'vllm@9.9': no vllm 9.9 tables for b200; builds there: 0.19.0, "
-                                        r"0.22.0, 0.24.0"):
+    with pytest.raises(
+        SpecError,
+        match=r"kernels 'vllm@9.9': no vllm 9.9 tables for b200; builds there: 0.19.0, "
+        r"0.22.0, 0.24.0",
+    ):
         kernel_tables("vllm@9.9", "b200")
 
 
 @settings(max_examples=25, deadline=None)
-@given(name=st.sampled_from(["llama-3.1-8b", "gemma-2-9b", "qwen3-32b"]),
-       contexts=st.lists(st.integers(0, 20000), min_size=1, max_size=300), steps=st.integers(1, 40),
-       tp=st.sampled_from([1, 2]))
+@given(
+    name=st.sampled_from(["llama-3.1-8b", "gemma-2-9b", "qwen3-32b"]),
+    contexts=st.lists(st.integers(0, 20000), min_size=1, max_size=300),
+    steps=st.integers(1, 40),
+    tp=st.sampled_from([1, 2]),
+)
 def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, steps, tp):
     model, h100, par = get_model(name), get_gpu("h100-sxm"), Parallelism(tp=tp)
     timer = StepTimer(model, h100, par, MEASURED)
     c = np.array(contexts)
-    stepped = [step_cost(StepBatch.of(np.ones(len(c), int), c + i), model, h100, par, MEASURED).total_s
-               for i in range(steps)]
+    stepped = [
+        step_cost(StepBatch.of(np.ones(len(c), int), c + i), model, h100, par, MEASURED).total_s
+        for i in range(steps)
+    ]
     assert timer.decode_stretch_s(c, steps).tolist() == stepped
 
 
@@ -153,17 +176,29 @@ def test_without_the_package_the_profile_says_how_to_install_it(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     kernel_tables.cache_clear()
     try:
-        with pytest.raises(SpecError, match=r'need the aiconfigurator-core package: pip install -e "\.\[kernels\]"'):
-            step_cost(StepBatch.of(np.ones(2, int), np.full(2, 100)), get_model("llama-3.1-8b"), get_gpu("h100-sxm"),
-                      Parallelism(), MEASURED)
+        with pytest.raises(
+            SpecError, match=r'need the aiconfigurator-core package: pip install -e "\.\[kernels\]"'
+        ):
+            step_cost(
+                StepBatch.of(np.ones(2, int), np.full(2, 100)),
+                get_model("llama-3.1-8b"),
+                get_gpu("h100-sxm"),
+                Parallelism(),
+                MEASURED,
+            )
     finally:
         kernel_tables.cache_clear()
 
 
 def test_nvfp4_gemms_are_measured_on_blackwell_only():
-    assert 0 < kernel_tables("vllm", "b200").gemm_s("nvfp4", 64, 6144, 4096) < kernel_tables("vllm", "b200").gemm_s(
-        "bf16", 64, 6144, 4096)  # a quarter of the weight bytes to stream
-    assert kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None  # roofline (dequantized) there
+    assert (
+        0
+        < kernel_tables("vllm", "b200").gemm_s("nvfp4", 64, 6144, 4096)
+        < kernel_tables("vllm", "b200").gemm_s("bf16", 64, 6144, 4096)
+    )  # a quarter of the weight bytes to stream
+    assert (
+        kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None
+    )  # roofline (dequantized) there
 
 
 def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
@@ -171,19 +206,34 @@ def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
     experts of width 2,880, top 4, balanced routing; DeepSeek-V3's block-fp8 checkpoint looks up block-scaled
     kernels, and a model shape the tables were not collected for keeps the routed-expert roofline."""
     frame = vllm_table("h100-sxm", "moe", "moe_perf.parquet")
-    row = frame[(frame.moe_dtype == "w4a16_mxfp4") & (frame.hidden_size == 2880) & (frame.num_experts == 32)
-                & (frame.topk == 4) & (frame.moe_tp_size == 1) & (frame.moe_ep_size == 1) & (frame.num_tokens == 64)
-                & (frame.distribution == "balanced")]
+    row = frame[
+        (frame.moe_dtype == "w4a16_mxfp4")
+        & (frame.hidden_size == 2880)
+        & (frame.num_experts == 32)
+        & (frame.topk == 4)
+        & (frame.moe_tp_size == 1)
+        & (frame.moe_ep_size == 1)
+        & (frame.num_tokens == 64)
+        & (frame.distribution == "balanced")
+    ]
     step = StepBatch.of(np.ones(64, int), np.full(64, 1000))
     with_moe = MEASURED.model_copy(update={"kernel_ops": ("gemm", "attention", "all_reduce", "moe")})
-    moe = step_cost(step, get_model("gpt-oss-20b"), get_gpu("h100-sxm"), Parallelism(), with_moe).by_name("moe")
+    moe = step_cost(step, get_model("gpt-oss-20b"), get_gpu("h100-sxm"), Parallelism(), with_moe).by_name(
+        "moe"
+    )
     assert moe.bound == "measured" and moe.time_s == pytest.approx(24 * row.latency.iloc[0] * 1e-3, rel=1e-12)
     tables, deepseek = kernel_tables("vllm", "h200"), get_model("deepseek-v3")
     assert deepseek.block_quantized and not get_model("qwen3-30b-a3b").block_quantized
-    assert tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1) != tables.moe_s("fp8", 64, 7168, 2048, 8, 256, 8, 1)
+    assert tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1) != tables.moe_s(
+        "fp8", 64, 7168, 2048, 8, 256, 8, 1
+    )
     assert tables.moe_s("bf16", 64, 7168, 2048, 8, 100, 8, 1) is None  # no such model collected
     v3 = step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), with_moe)
     assert v3.by_name("moe").time_s == pytest.approx(
-        58 * tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1), rel=1e-12)  # its 58 MoE layers
+        58 * tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1), rel=1e-12
+    )  # its 58 MoE layers
     # the bundled profile leaves routed experts to their fitted efficiencies
-    assert step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), MEASURED).by_name("moe").bound != "measured"
+    assert (
+        step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), MEASURED).by_name("moe").bound
+        != "measured"
+    )

@@ -17,15 +17,20 @@ def with_layer_types(full: int, sliding: int, window: int = 1024):
     """Llama-3.1-8B's shapes with `full` full-attention and `sliding` sliding-window layers (HF layer_types)."""
     raw = json.loads((CONFIGS / "llama-3.1-8b.json").read_text())
     types = ["full_attention"] * full + ["sliding_attention"] * sliding
-    return model_from_config(raw | {"num_hidden_layers": full + sliding, "layer_types": types,
-                                    "sliding_window": window}, "mixed")
+    return model_from_config(
+        raw | {"num_hidden_layers": full + sliding, "layer_types": types, "sliding_window": window}, "mixed"
+    )
 
 
 def test_groups_of_the_catalog_models():
     assert kv_groups(get_model("llama-3.1-8b")) == KVGroups((None,), 32)
-    assert kv_groups(get_model("mistral-7b")) == KVGroups((4096,), 32)  # all sliding: one group, freeing early
+    assert kv_groups(get_model("mistral-7b")) == KVGroups(
+        (4096,), 32
+    )  # all sliding: one group, freeing early
     assert kv_groups(get_model("gemma-2-9b")) == KVGroups((None, 4096), 21)  # 21 + 21 alternating
-    assert kv_groups(get_model("gemma-3n-e2b")) == KVGroups((None, 512, 512, 512, 512), 4)  # 4 full + 16 sliding
+    assert kv_groups(get_model("gemma-3n-e2b")) == KVGroups(
+        (None, 512, 512, 512, 512), 4
+    )  # 4 full + 16 sliding
     assert kv_groups(get_model("gemma-2-9b"), disable_hybrid=True) == KVGroups((None,), 42)
 
 
@@ -35,11 +40,15 @@ def test_group_size_is_the_smallest_kind_unless_the_largest_is_within_1_5x():
 
 
 def test_sliding_groups_free_the_blocks_no_query_can_see():
-    assert skipped_blocks(computed=20, window=8, block_size=4) == 3  # tokens 0-12 are out of sight: blocks 0-2
+    assert (
+        skipped_blocks(computed=20, window=8, block_size=4) == 3
+    )  # tokens 0-12 are out of sight: blocks 0-2
     assert skipped_blocks(7, 8, 4) == 0
     groups = KVGroups((None, 8), 21)
     assert groups.blocks_held(computed=20, total=21, block_size=4) == 6 + (6 - 3)
-    assert groups.peak_blocks(total=100, block_size=4, max_chunk=4) == 25 + (-(-11 // 4) + 1)  # window + chunk, +1
+    assert groups.peak_blocks(total=100, block_size=4, max_chunk=4) == 25 + (
+        -(-11 // 4) + 1
+    )  # window + chunk, +1
 
 
 def test_the_most_blocks_a_request_can_need_is_maximised_over_where_its_chunks_start():
@@ -58,8 +67,9 @@ def test_gemma_2_pool_has_twice_the_blocks_of_half_the_layers():
     gemma, gpu = get_model("gemma-2-9b"), get_gpu("h100-sxm")
     cfg = EngineMemoryConfig(max_num_batched_tokens=2048)
     hybrid = plan_memory(gemma, gpu, cfg=cfg)
-    whole = plan_memory(gemma, gpu, cfg=EngineMemoryConfig(max_num_batched_tokens=2048,
-                                                          disable_hybrid_kv_cache_manager=True))
+    whole = plan_memory(
+        gemma, gpu, cfg=EngineMemoryConfig(max_num_batched_tokens=2048, disable_hybrid_kv_cache_manager=True)
+    )
     assert hybrid.kv_windows == (None, 4096) and whole.kv_windows == (None,)
     assert hybrid.block_bytes == pytest.approx(whole.block_bytes / 2)
     assert hybrid.num_blocks in (2 * whole.num_blocks, 2 * whole.num_blocks + 1)
@@ -68,7 +78,9 @@ def test_gemma_2_pool_has_twice_the_blocks_of_half_the_layers():
     assert hybrid.request_bytes_at_max_len == pytest.approx((full + sliding) * hybrid.block_bytes)
     assert hybrid.max_concurrency == pytest.approx(hybrid.num_blocks / (full + sliding))
     assert whole.max_concurrency == pytest.approx(whole.num_blocks / full)
-    assert hybrid.max_concurrency / whole.max_concurrency == pytest.approx(2 * full / (full + sliding), rel=1e-3)
+    assert hybrid.max_concurrency / whole.max_concurrency == pytest.approx(
+        2 * full / (full + sliding), rel=1e-3
+    )
 
 
 def test_layers_go_round_robin_over_the_groups_of_their_kind():
@@ -105,6 +117,7 @@ def test_a_pipeline_stage_stores_kv_for_its_kv_owning_layers_only():
     (layers 0-14) owns 15 of them, the second 5: a GPU of the first stores 30,720 bytes per token."""
     from hardware.cost import Parallelism
     from hardware.memory import kv_bytes_per_replica_token
+
     model = get_model("gemma-3n-e2b")
     assert model.kv_bytes_per_token("bf16", 1) == 20 * 2048
     assert kv_bytes_per_replica_token(model, "bf16", Parallelism(pp=2)) == 15 * 2048

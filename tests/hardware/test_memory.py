@@ -30,8 +30,10 @@ def test_8b_on_h200_at_0_9_follows_the_seed_on_the_capacity_the_driver_reports()
 
 def test_budget_adds_up_to_the_usable_memory():
     plan = plan_memory(LLAMA_8B, get_gpu("h100-sxm"))
-    assert plan.weight_bytes + plan.activation_bytes + plan.reserve_bytes + plan.kv_cache_bytes == pytest.approx(
-        0.9 * 85_028_896_768)  # what an H100 SXM reports (81,090 MiB)
+    assert (
+        plan.weight_bytes + plan.activation_bytes + plan.reserve_bytes + plan.kv_cache_bytes
+        == pytest.approx(0.9 * 85_028_896_768)
+    )  # what an H100 SXM reports (81,090 MiB)
 
 
 def test_max_concurrency_is_kv_tokens_over_max_model_len():
@@ -72,7 +74,9 @@ def test_model_too_big_fails_fast_with_advice():
 def test_max_model_len_request_that_cannot_fit_fails_fast():
     with pytest.raises(SpecError, match="max_model_len=131072"):
         plan_memory(LLAMA_8B, get_gpu("l4"))
-    assert plan_memory(LLAMA_8B, get_gpu("l4"), cfg=EngineMemoryConfig(max_model_len=8192)).max_concurrency > 1
+    assert (
+        plan_memory(LLAMA_8B, get_gpu("l4"), cfg=EngineMemoryConfig(max_model_len=8192)).max_concurrency > 1
+    )
 
 
 def test_sglang_starts_with_a_context_longer_than_its_pool_and_caps_requests_at_the_pool():
@@ -81,8 +85,14 @@ def test_sglang_starts_with_a_context_longer_than_its_pool_and_caps_requests_at_
     plan = plan_memory(LLAMA_8B, get_gpu("l4"), cfg=sglang)
     assert plan.max_model_len == plan.kv_cache_tokens - 1 < 131072
     assert plan.max_concurrency == pytest.approx(1.0)  # the one request of the pool's length fills it
-    assert plan_memory(LLAMA_8B, get_gpu("l4"), cfg=EngineMemoryConfig(
-        gpu_memory_utilization=0.9, activations_outside=True, max_model_len=8192)).max_model_len == 8192
+    assert (
+        plan_memory(
+            LLAMA_8B,
+            get_gpu("l4"),
+            cfg=EngineMemoryConfig(gpu_memory_utilization=0.9, activations_outside=True, max_model_len=8192),
+        ).max_model_len
+        == 8192
+    )
 
 
 def test_bad_utilization_is_rejected():
@@ -91,10 +101,15 @@ def test_bad_utilization_is_rejected():
 
 
 def test_max_model_len_beyond_the_model_needs_an_explicit_override():
-    with pytest.raises(SpecError, match="exceeds llama-3.1-8b's 131072 positions: lower it or set engine.allow_long"):
+    with pytest.raises(
+        SpecError, match="exceeds llama-3.1-8b's 131072 positions: lower it or set engine.allow_long"
+    ):
         plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000))
-    plan = plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(max_model_len=200_000,
-                                                                         allow_long_max_model_len=True))
+    plan = plan_memory(
+        LLAMA_8B,
+        get_gpu("h200"),
+        cfg=EngineMemoryConfig(max_model_len=200_000, allow_long_max_model_len=True),
+    )
     assert plan.max_model_len == 200_000
 
 
@@ -102,16 +117,20 @@ def test_the_fullest_pipeline_stage_sets_the_weights_per_gpu():
     """DeepSeek-V2 PP2: the first stage holds the one dense layer and the embedding, the second 30 MoE layers and the
     LM head (bf16), the heavier one."""
     from hardware.memory import layer_weight_bytes, weight_bytes_per_gpu
+
     model = get_model("deepseek-v2")
     second = sum(layer_weight_bytes(model, layer, "auto") for layer in model.layers[30:])
     assert not model.tie_embeddings and not model.layers[0].is_moe
-    assert weight_bytes_per_gpu(model, Parallelism(pp=2), "auto") == pytest.approx(second + model.lm_head_params * 2)
+    assert weight_bytes_per_gpu(model, Parallelism(pp=2), "auto") == pytest.approx(
+        second + model.lm_head_params * 2
+    )
 
 
 def test_mla_down_projections_are_whole_on_every_tp_rank():
     """DeepSeek-V3 TP8: q_a_proj (7168 x 1536) and kv_a_proj_with_mqa (7168 x 576), fp8 as the checkpoint, are
     ReplicatedLinear in vLLM: each rank holds them whole, 7/8 of them beyond an even split, in all 61 layers."""
     from hardware.memory import weight_bytes_per_gpu
+
     model = get_model("deepseek-v3")
     kept = 61 * 7168 * (1536 + 576) * 1  # fp8: one byte per weight
     split = weight_bytes_per_gpu(model, Parallelism(tp=1), "auto") / 8
@@ -122,10 +141,12 @@ def test_kv_heads_duplicated_beyond_their_count_are_held_whole_by_every_rank():
     """Llama 3.1 70B has 8 KV heads: at TP16 each rank keeps one whole head's K and V projections (8192 x 128 each,
     bf16) where an even split would give it half a head, in all 80 layers: 168 MB more than half of TP8's share."""
     from hardware.memory import weight_bytes_per_gpu
+
     model = get_model("llama-3.1-70b")
     extra = 80 * 2 * 8192 * 128 * (1 - 8 / 16) * 2
     assert weight_bytes_per_gpu(model, Parallelism(tp=16), "bf16") == pytest.approx(
-        weight_bytes_per_gpu(model, Parallelism(tp=8), "bf16") / 2 + extra)
+        weight_bytes_per_gpu(model, Parallelism(tp=8), "bf16") / 2 + extra
+    )
 
 
 def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
@@ -133,6 +154,7 @@ def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
     gate/up output (2 x 2048 / 8) sharing a buffer with the down output (7168, unsplit), beside the activation
     (2048 / 8); with the residual and normed input (2 x 7168) that is the widest point, in bf16."""
     from hardware.memory import LOGIT_BYTES, activation_bytes
+
     cfg = EngineMemoryConfig(max_num_batched_tokens=8192, max_num_seqs=256)
     model = get_model("deepseek-v3")
     sampler = 2 * 256 * model.vocab_size * LOGIT_BYTES
@@ -145,6 +167,7 @@ def test_uneven_pipeline_stages_split_as_vllm_does_and_the_fullest_sets_the_kv_p
     layers at PP2: 31 then 30, so a GPU of the first stage holds 31 layers' latents (576 values, bf16)."""
     from hardware.memory import kv_bytes_per_replica_token
     from hardware.model import pipeline_stages
+
     assert pipeline_stages(61, 2) == (31, 30) and pipeline_stages(61, 4) == (15, 15, 16, 15)
     assert pipeline_stages(62, 4) == (15, 16, 16, 15) and pipeline_stages(32, 4) == (8, 8, 8, 8)
     model = get_model("deepseek-v3")
@@ -169,6 +192,7 @@ def test_mla_decode_copies_are_counted_in_a_quantized_checkpoint_only():
     """DeepSeek-V3's fp8 kv_b_proj stays for prefill and its decode up-projections are dequantized bf16 copies
     beside it (512 x 128 x 256 values per layer); a bf16 checkpoint's are views of the same weights."""
     from hardware.memory import layer_weight_bytes
+
     model = get_model("deepseek-v3")
     dense = model.layers[0]  # one of the first dense layers: fp8 throughout
     assert not dense.is_moe
@@ -180,6 +204,7 @@ def test_deep_ep_keeps_the_shared_experts_whole_on_every_gpu():
     """Under expert parallel over DP attention (SGLang's DeepEP) each GPU holds DeepSeek-V3's shared expert whole in
     each of its 58 MoE layers: 7/8 of 3 x 7168 x 2048 fp8 weights more than at DP attention alone."""
     from hardware.memory import weight_bytes_per_gpu
+
     model = get_model("deepseek-v3")
     dp = weight_bytes_per_gpu(model, Parallelism(tp=8, dp_attention=True), "auto")
     deep_ep = weight_bytes_per_gpu(model, Parallelism(tp=8, ep=True, dp_attention=True), "auto")
@@ -199,25 +224,50 @@ def test_sglang_splits_a_sliding_model_s_kv_into_two_pools_by_its_swa_full_token
     assert plan.kv_cache_tokens == full and plan.num_blocks == full // 16 and plan.kv_windows == (None,)
     assert plan.swa_tokens == int(full * 0.8) // 16 * 16 and plan.swa_window == 128
     assert plan.block_bytes == 16 * 18 * 2048 and plan.max_concurrency == pytest.approx(full / 32768)
-    vllm = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), cfg=EngineMemoryConfig(
-        max_model_len=32768, activations_outside=True))
+    vllm = plan_memory(
+        get_model("gpt-oss-120b"),
+        get_gpu("h200"),
+        cfg=EngineMemoryConfig(max_model_len=32768, activations_outside=True),
+    )
     assert vllm.swa_window is None and vllm.kv_windows == (None, 128)
     assert vllm.kv_cache_bytes == plan.kv_cache_bytes
-    assert vllm.max_concurrency / plan.max_concurrency == pytest.approx(32.4 * 32768 / (18 * 16 * 2569), rel=1e-4)
-    whole = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), cfg=EngineMemoryConfig(
-        max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8,
-        disable_hybrid_kv_cache_manager=True))  # SGLang's --disable-hybrid-swa-memory: one pool, every layer
-    assert whole.swa_window is None and whole.kv_cache_tokens == int(whole.kv_cache_bytes // (36 * 2048)) // 16 * 16
+    assert vllm.max_concurrency / plan.max_concurrency == pytest.approx(
+        32.4 * 32768 / (18 * 16 * 2569), rel=1e-4
+    )
+    whole = plan_memory(
+        get_model("gpt-oss-120b"),
+        get_gpu("h200"),
+        cfg=EngineMemoryConfig(
+            max_model_len=32768,
+            activations_outside=True,
+            swa_full_tokens_ratio=0.8,
+            disable_hybrid_kv_cache_manager=True,
+        ),
+    )  # SGLang's --disable-hybrid-swa-memory: one pool, every layer
+    assert (
+        whole.swa_window is None
+        and whole.kv_cache_tokens == int(whole.kv_cache_bytes // (36 * 2048)) // 16 * 16
+    )
 
 
 def test_sglang_refuses_a_sliding_pool_too_small_for_one_request():
     """A sliding pool that cannot hold two chunks (whole prompts when unchunked), three windows and two pages would
     stall a lone request. gpt-oss-20b on an H100 at 32K: the 0.8 pool holds ~1.7M tokens, 0.02 of the full pool
     (~43K) holds two 8192-token chunks but not two 32K prompts."""
+
     def plan(ratio: float, chunked: bool = True):
-        return plan_memory(get_model("gpt-oss-20b"), get_gpu("h100-sxm"), cfg=EngineMemoryConfig(
-            max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=ratio, max_num_batched_tokens=8192,
-            chunked_prefill=chunked))
+        return plan_memory(
+            get_model("gpt-oss-20b"),
+            get_gpu("h100-sxm"),
+            cfg=EngineMemoryConfig(
+                max_model_len=32768,
+                activations_outside=True,
+                swa_full_tokens_ratio=ratio,
+                max_num_batched_tokens=8192,
+                chunked_prefill=chunked,
+            ),
+        )
+
     assert plan(0.02).swa_tokens >= 2 * 8192 + 3 * 128 + 32
     with pytest.raises(SpecError, match="two of one request's chunks \\(32768 tokens\\)"):
         plan(0.02, chunked=False)
@@ -229,14 +279,21 @@ def test_sglang_sizes_its_pools_by_the_pipeline_stage_whose_token_costs_most():
     """gpt-oss-120b over 4 stages of 9 layers alternating sliding and full: stages of 5 sliding + 4 full and of 4
     sliding + 5 full. At a 0.8 ratio a token costs 4 + 0.8 x 5 = 8 layers on the first, 5 + 0.8 x 4 = 8.2 on the
     second: the second sets the pools."""
-    plan = plan_memory(get_model("gpt-oss-120b"), get_gpu("h200"), Parallelism(pp=4), cfg=EngineMemoryConfig(
-        max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8))
+    plan = plan_memory(
+        get_model("gpt-oss-120b"),
+        get_gpu("h200"),
+        Parallelism(pp=4),
+        cfg=EngineMemoryConfig(max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8),
+    )
     assert plan.kv_cache_tokens == int(plan.kv_cache_bytes // (8.2 * 2048)) // 16 * 16
     assert plan.block_bytes == 16 * 5 * 2048 and plan.swa_token_bytes == 4 * 2048
 
 
 def test_an_overridden_full_pool_takes_its_sliding_pool_at_the_ratio():
-    plan = plan_memory(get_model("gpt-oss-20b"), get_gpu("h200"), cfg=EngineMemoryConfig(
-        max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8))
+    plan = plan_memory(
+        get_model("gpt-oss-20b"),
+        get_gpu("h200"),
+        cfg=EngineMemoryConfig(max_model_len=32768, activations_outside=True, swa_full_tokens_ratio=0.8),
+    )
     assert plan.swa_pool(1) == (128, plan.swa_tokens)
     assert plan.swa_pool(1, ranks=2, num_blocks=1000) == (128, 16000 * 8 // 10 // 2)

@@ -6,18 +6,34 @@ import math
 import pytest
 
 from hardware.errors import SpecError
-from hardware.model import (PRESET_DIR, get_model, kv_heads_per_rank, load_model_file, model_from_config,
-                            preset_names)
+from hardware.model import (
+    PRESET_DIR,
+    get_model,
+    kv_heads_per_rank,
+    load_model_file,
+    model_from_config,
+    preset_names,
+)
 
 GIB = 1 << 30
 
 # (preset, published total params, published active params or None), in billions
 PUBLISHED = [
-    ("llama-3.1-8b", 8.03, None), ("llama-3.1-70b", 70.6, None), ("llama-3.1-405b", 405.9, None),
-    ("llama-2-7b", 6.74, None), ("mistral-7b", 7.24, None), ("mixtral-8x7b", 46.7, 12.9),
-    ("qwen2.5-7b", 7.61, None), ("qwen2.5-72b", 72.7, None), ("gemma-2-9b", 9.24, None),
-    ("deepseek-v2", 236, 21), ("deepseek-v3", 671, 37),
-    ("qwen3-8b", 8.2, None), ("qwen3-32b", 32.8, None), ("qwen3-30b-a3b", 30.5, 3.3), ("qwen3-235b-a22b", 235, 22),
+    ("llama-3.1-8b", 8.03, None),
+    ("llama-3.1-70b", 70.6, None),
+    ("llama-3.1-405b", 405.9, None),
+    ("llama-2-7b", 6.74, None),
+    ("mistral-7b", 7.24, None),
+    ("mixtral-8x7b", 46.7, 12.9),
+    ("qwen2.5-7b", 7.61, None),
+    ("qwen2.5-72b", 72.7, None),
+    ("gemma-2-9b", 9.24, None),
+    ("deepseek-v2", 236, 21),
+    ("deepseek-v3", 671, 37),
+    ("qwen3-8b", 8.2, None),
+    ("qwen3-32b", 32.8, None),
+    ("qwen3-30b-a3b", 30.5, 3.3),
+    ("qwen3-235b-a22b", 235, 22),
 ]
 
 
@@ -88,6 +104,7 @@ def test_tp_must_divide_the_attention_heads_unless_attention_is_data_parallel():
     from hardware.cost import Parallelism
     from hardware.gpu import get_gpu
     from hardware.memory import plan_memory
+
     model, h100 = get_model("qwen2.5-7b"), get_gpu("h100-sxm")
     with pytest.raises(SpecError, match="tensor parallel size 8 must divide qwen2.5-7b's 28 attention heads"):
         plan_memory(model, h100, Parallelism(tp=8))
@@ -110,8 +127,17 @@ def test_unknown_model_names_the_nearest_presets_and_where_to_see_all():
 
 
 def test_malformed_config_names_the_missing_field(tmp_path):
-    raw = json.loads(json.dumps({"hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-                                 "vocab_size": 100, "max_position_embeddings": 128}))
+    raw = json.loads(
+        json.dumps(
+            {
+                "hidden_size": 64,
+                "num_attention_heads": 4,
+                "num_hidden_layers": 2,
+                "vocab_size": 100,
+                "max_position_embeddings": 128,
+            }
+        )
+    )
     path = tmp_path / "config.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(SpecError) as err:
@@ -128,9 +154,17 @@ def test_mistyped_field_and_bad_json_are_clear(tmp_path):
         model_from_config({"hidden_size": "4096"}, "x")
 
 
-@pytest.mark.parametrize("key,value", [("head_dim", 0), ("vocab_size", 0), ("intermediate_size", 0),
-                                       ("max_position_embeddings", 0), ("num_key_value_heads", -8),
-                                       ("num_hidden_layers", 0)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("head_dim", 0),
+        ("vocab_size", 0),
+        ("intermediate_size", 0),
+        ("max_position_embeddings", 0),
+        ("num_key_value_heads", -8),
+        ("num_hidden_layers", 0),
+    ],
+)
 def test_a_zero_or_negative_dimension_is_refused_by_name(key, value):
     """A zero head_dim divided by zero (a traceback); a zero vocabulary or MLP priced a model with nothing in it."""
     raw = _LLAMA | {key: value}
@@ -138,12 +172,23 @@ def test_a_zero_or_negative_dimension_is_refused_by_name(key, value):
         model_from_config(raw, "x", "cfg.json")
 
 
-_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
-          "num_key_value_heads": 8, "num_hidden_layers": 32, "intermediate_size": 14336, "vocab_size": 128256,
-          "max_position_embeddings": 131072, "head_dim": 128}
+_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_hidden_layers": 32,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "max_position_embeddings": 131072,
+    "head_dim": 128,
+}
 
 
-@pytest.mark.parametrize("name,total,active", [("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)])
+@pytest.mark.parametrize(
+    "name,total,active", [("gpt-oss-20b", 20.91e9, 3.61e9), ("gpt-oss-120b", 116.83e9, 5.13e9)]
+)
 def test_gpt_oss_counts_match_the_model_card_to_its_last_digit(name, total, active):
     """The gpt-oss model card (arXiv 2508.10925, Table 1) counts biases and attention sinks, and leaves the input
     embedding out of the active count (the unembedding in)."""
@@ -154,18 +199,39 @@ def test_gpt_oss_counts_match_the_model_card_to_its_last_digit(name, total, acti
 
 def test_gpt_oss_alternates_128_token_windows_with_full_layers_over_routed_experts():
     model = get_model("gpt-oss-120b")
-    assert [(layer.attention, layer.window) for layer in model.layers[:2]] == [("sliding", 128), ("full", None)]
-    assert sum(layer.attention == "sliding" for layer in model.layers) == 18 and all(layer.is_moe for layer in model.layers)
-    assert (model.moe.num_experts, model.moe.experts_per_token, model.moe.expert_intermediate) == (128, 4, 2880)
+    assert [(layer.attention, layer.window) for layer in model.layers[:2]] == [
+        ("sliding", 128),
+        ("full", None),
+    ]
+    assert sum(layer.attention == "sliding" for layer in model.layers) == 18 and all(
+        layer.is_moe for layer in model.layers
+    )
+    assert (model.moe.num_experts, model.moe.experts_per_token, model.moe.expert_intermediate) == (
+        128,
+        4,
+        2880,
+    )
     assert model.kv_bytes_per_token("bf16") == 36 * 2 * 8 * 64 * 2  # 72 KiB: every layer owns its KV
     assert model.quantization == "mxfp4"
 
 
 def test_qwen3_moe_layers_follow_decoder_sparse_step_and_mlp_only_layers():
-    raw = {"model_type": "qwen3_moe", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-           "head_dim": 32, "num_hidden_layers": 6, "intermediate_size": 96, "num_experts": 8,
-           "num_experts_per_tok": 2, "moe_intermediate_size": 16, "decoder_sparse_step": 2, "mlp_only_layers": [3],
-           "vocab_size": 100, "max_position_embeddings": 1024}
+    raw = {
+        "model_type": "qwen3_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "num_hidden_layers": 6,
+        "intermediate_size": 96,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "decoder_sparse_step": 2,
+        "mlp_only_layers": [3],
+        "vocab_size": 100,
+        "max_position_embeddings": 1024,
+    }
     model = model_from_config(raw, "tiny")
     assert [layer.is_moe for layer in model.layers] == [False, True, False, False, False, True]
     assert [layer.mlp_intermediate for layer in model.layers] == [96, 0, 96, 96, 96, 0]
@@ -173,9 +239,19 @@ def test_qwen3_moe_layers_follow_decoder_sparse_step_and_mlp_only_layers():
 
 
 def test_a_shared_expert_of_its_own_width_is_refused():
-    raw = {"model_type": "qwen2_moe", "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
-           "intermediate_size": 96, "num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 16,
-           "shared_expert_intermediate_size": 64, "vocab_size": 100, "max_position_embeddings": 1024}
+    raw = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_hidden_layers": 2,
+        "intermediate_size": 96,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 64,
+        "vocab_size": 100,
+        "max_position_embeddings": 1024,
+    }
     with pytest.raises(SpecError, match="shared_expert_intermediate_size"):
         model_from_config(raw, "tiny", "q2moe.json")
 
@@ -183,8 +259,10 @@ def test_a_shared_expert_of_its_own_width_is_refused():
 SIGLIP_PARAMS = 416_866_032  # Gemma 3's vision tower (27 layers of width 1152): stored, images not modelled
 
 
-@pytest.mark.parametrize("name,published", [("gemma-3-27b", 27_432_406_640), ("gemma-3-12b", 12_187_325_040),
-                                            ("gemma-3-4b", 4_300_079_472)])
+@pytest.mark.parametrize(
+    "name,published",
+    [("gemma-3-27b", 27_432_406_640), ("gemma-3-12b", 12_187_325_040), ("gemma-3-4b", 4_300_079_472)],
+)
 def test_gemma_3_text_model_plus_vision_tower_is_the_published_count(name, published):
     """Google's config.json leaves vocab, head_dim (12b, 4b), heads (4b) and the 5:1 layout to Gemma3TextConfig's
     defaults; with them, text model + SigLIP (its weights counted, not run) + projector is exact."""
@@ -200,22 +278,51 @@ def test_gemma_1_is_geglu_and_starcoder2_a_plain_mlp_whatever_their_activation()
     """google/gemma-7b's config.json: hidden_act "gelu" but GeGLU (8.54B parameters: 28 layers of 4 x 3072 x 4096
     attention and 3 x 3072 x 24576 MLP, a tied 256000 x 3072 embedding, two norms per layer and a final one);
     StarCoder2's gelu_pytorch_tanh MLP is c_fc -> act -> c_proj."""
-    gemma = model_from_config({"model_type": "gemma", "hidden_size": 3072, "num_attention_heads": 16,
-                               "num_key_value_heads": 16, "head_dim": 256, "intermediate_size": 24576,
-                               "num_hidden_layers": 28, "vocab_size": 256000, "max_position_embeddings": 8192,
-                               "hidden_act": "gelu"}, "gemma-7b")
+    gemma = model_from_config(
+        {
+            "model_type": "gemma",
+            "hidden_size": 3072,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "intermediate_size": 24576,
+            "num_hidden_layers": 28,
+            "vocab_size": 256000,
+            "max_position_embeddings": 8192,
+            "hidden_act": "gelu",
+        },
+        "gemma-7b",
+    )
     assert gemma.gated_mlp
     assert gemma.total_params() == 28 * (4 * 3072 * 4096 + 3 * 3072 * 24576 + 2 * 3072) + 256000 * 3072 + 3072
-    starcoder2 = model_from_config({"model_type": "starcoder2", "hidden_size": 64, "num_attention_heads": 4,
-                                    "intermediate_size": 256, "num_hidden_layers": 2, "vocab_size": 100,
-                                    "max_position_embeddings": 1024, "hidden_act": "gelu_pytorch_tanh"}, "sc2")
+    starcoder2 = model_from_config(
+        {
+            "model_type": "starcoder2",
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "intermediate_size": 256,
+            "num_hidden_layers": 2,
+            "vocab_size": 100,
+            "max_position_embeddings": 1024,
+            "hidden_act": "gelu_pytorch_tanh",
+        },
+        "sc2",
+    )
     assert not starcoder2.gated_mlp
 
 
 def test_a_multimodal_checkpoints_quantization_at_the_top_is_the_text_models():
-    raw = {"model_type": "gemma3", "quantization_config": {"quant_method": "fp8"},
-           "text_config": {"model_type": "gemma3_text", "hidden_size": 64, "num_hidden_layers": 2,
-                           "intermediate_size": 128, "max_position_embeddings": 1024}}
+    raw = {
+        "model_type": "gemma3",
+        "quantization_config": {"quant_method": "fp8"},
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "intermediate_size": 128,
+            "max_position_embeddings": 1024,
+        },
+    }
     assert model_from_config(raw, "g3-fp8").quantization == "fp8"
     assert model_from_config({**raw, "quantization_config": None}, "g3").quantization == "bf16"
 
@@ -223,6 +330,8 @@ def test_a_multimodal_checkpoints_quantization_at_the_top_is_the_text_models():
 def test_a_model_config_with_infinity_or_nan_is_refused(tmp_path):
     """Found by the fuzzer: Python's json reads Infinity, so `bos_token_id: -Infinity` ran silently."""
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(json.loads((PRESET_DIR / "llama-3.1-8b.json").read_text()) | {"bos_token_id": -math.inf}))
+    path.write_text(
+        json.dumps(json.loads((PRESET_DIR / "llama-3.1-8b.json").read_text()) | {"bos_token_id": -math.inf})
+    )
     with pytest.raises(SpecError, match="config.json: -Infinity is no JSON number; give a finite one"):
         load_model_file(path)

@@ -44,9 +44,9 @@ def _routed_ranks(moe, ranks: int, tokens: int = 20000, seed: int = 0) -> float:
     scores = np.random.default_rng(seed).random((tokens, moe.num_experts))
     grouped = scores.reshape(tokens, moe.num_groups, -1)
     group_score = np.sort(grouped, axis=2)[:, :, -2:].sum(axis=2)
-    dropped = np.argsort(group_score, axis=1)[:, :moe.num_groups - moe.groups_per_token]
+    dropped = np.argsort(group_score, axis=1)[:, : moe.num_groups - moe.groups_per_token]
     np.put_along_axis(grouped, dropped[:, :, None], -1.0, axis=1)
-    experts = np.argsort(grouped.reshape(tokens, -1), axis=1)[:, -moe.experts_per_token:]
+    experts = np.argsort(grouped.reshape(tokens, -1), axis=1)[:, -moe.experts_per_token :]
     rank = np.sort(experts // (moe.num_experts // ranks), axis=1)
     return float((1 + (np.diff(rank, axis=1) > 0).sum(axis=1)).mean())
 
@@ -67,7 +67,9 @@ def test_a_prefill_sends_each_token_once_to_each_rank_holding_its_experts():
     prefill = StepBatch.uniform(8, 0, new_tokens=1024)  # one prompt per rank
     cost = step_cost(prefill, get_model("deepseek-v3"), H200, Parallelism(tp=8, ep=True, dp_attention=True))
     local = 8192 / 8 * 7168  # each GPU's tokens x hidden
-    assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * 4 * (1 + 4 / 128 + 2))  # 58 MoE layers
+    assert cost.by_name("all_to_all").bytes == pytest.approx(
+        58 * local * 4 * (1 + 4 / 128 + 2)
+    )  # 58 MoE layers
 
 
 def test_decode_and_verify_steps_send_a_token_to_each_of_its_experts():
@@ -133,8 +135,9 @@ def test_vllm_dp_ranks_hold_every_weight_but_the_routed_experts_whole():
     sliced = 2 * 129280 * 7168 * 2 + 3 * 3 * 7168 * 18432 + 58 * 7168 * 256 + 61 * 2 * 7168
     assert weight_bytes_per_gpu(v3, VLLM_DP, "fp8") - sglang == pytest.approx(sliced * 7 / 8)
     llama = get_model("llama-3.1-8b")  # a dense model's DP ranks are whole replicas
-    assert weight_bytes_per_gpu(llama, Parallelism(tp=4, dp_attention=True, dense_replicated=True), "auto") \
-        == weight_bytes_per_gpu(llama, Parallelism(), "auto")
+    assert weight_bytes_per_gpu(
+        llama, Parallelism(tp=4, dp_attention=True, dense_replicated=True), "auto"
+    ) == weight_bytes_per_gpu(llama, Parallelism(), "auto")
     with pytest.raises(SpecError, match="needs dp_attention"):
         Parallelism(tp=8, dense_replicated=True)
 
@@ -144,19 +147,40 @@ def test_a_dense_models_vllm_dp_ranks_each_run_a_tp1_step_on_their_share():
     (same FLOPs and bytes per operator, the same host work per request, its kernels as efficient as at their own
     sizes), and nothing crosses between GPUs."""
     llama = get_model("llama-3.1-8b")
-    rising = EfficiencyCurve(points=((1, 0.2), (64, 0.5), (4096, 0.9)))  # efficiencies that depend on the rows
-    profile = Profile(request_overhead_s=1e-4, token_overhead_s=1e-5, host_request_s=2e-5, gemm_compute=rising,
-                      gemm_memory=rising, attn_compute=rising, attn_memory=rising)
-    group = step_cost(StepBatch.uniform(64, 3000), llama, H100,
-                      Parallelism(tp=4, dp_attention=True, dense_replicated=True), profile)
+    rising = EfficiencyCurve(
+        points=((1, 0.2), (64, 0.5), (4096, 0.9))
+    )  # efficiencies that depend on the rows
+    profile = Profile(
+        request_overhead_s=1e-4,
+        token_overhead_s=1e-5,
+        host_request_s=2e-5,
+        gemm_compute=rising,
+        gemm_memory=rising,
+        attn_compute=rising,
+        attn_memory=rising,
+    )
+    group = step_cost(
+        StepBatch.uniform(64, 3000),
+        llama,
+        H100,
+        Parallelism(tp=4, dp_attention=True, dense_replicated=True),
+        profile,
+    )
     alone = step_cost(StepBatch.uniform(16, 3000), llama, H100, Parallelism(), profile)
     assert [op.name for op in group.operators] == [op.name for op in alone.operators]
     for ours, theirs in zip(group.operators, alone.operators):
         assert (ours.flops, ours.bytes) == pytest.approx((theirs.flops, theirs.bytes)), ours.name
     assert group.total_s == pytest.approx(alone.total_s)
-    stages = stage_seconds(StepBatch.uniform(64, 3000), llama, H100,
-                           Parallelism(tp=4, pp=2, dp_attention=True, dense_replicated=True), profile)
-    assert stages == pytest.approx(stage_seconds(StepBatch.uniform(16, 3000), llama, H100, Parallelism(pp=2), profile))
+    stages = stage_seconds(
+        StepBatch.uniform(64, 3000),
+        llama,
+        H100,
+        Parallelism(tp=4, pp=2, dp_attention=True, dense_replicated=True),
+        profile,
+    )
+    assert stages == pytest.approx(
+        stage_seconds(StepBatch.uniform(16, 3000), llama, H100, Parallelism(pp=2), profile)
+    )
 
 
 def test_vllm_dp_ranks_talk_only_in_the_moe_layers():
@@ -182,7 +206,9 @@ def test_vllm_dp_ranks_talk_only_in_the_moe_layers():
 
 def test_tp_across_nodes_uses_the_inter_node_link():
     llama = get_model("llama-3.1-405b")
-    batch = StepBatch.uniform(8, 0, new_tokens=2000)  # big prefill messages: bandwidth, not latency, dominates
+    batch = StepBatch.uniform(
+        8, 0, new_tokens=2000
+    )  # big prefill messages: bandwidth, not latency, dominates
     in_node = step_cost(batch, llama, H100, Parallelism(tp=8)).by_name("all_reduce")
     across = step_cost(batch, llama, H100, Parallelism(tp=16)).by_name("all_reduce")
     nvlink, ib = get_interconnect("nvlink4"), get_interconnect("ib-ndr-400")
@@ -206,8 +232,14 @@ def test_a_step_splits_over_uneven_pipeline_stages_by_their_layers_with_the_embe
     the two boundaries' sends is paid by the stage before it. Every stage's worker prepares its own inputs, so
     the per-step, per-request and per-token overheads repeat on each stage, and the layer overhead is per layer."""
     llama, batch = get_model("llama-3.1-70b"), StepBatch.of([1] * 31 + [512], [900] * 31 + [0])
-    profile = Profile(step_overhead_s=3e-4, layer_overhead_s=2e-5, request_overhead_s=2e-6, token_overhead_s=1e-7,
-                      host_step_s=1e-3, host_request_s=5e-6)
+    profile = Profile(
+        step_overhead_s=3e-4,
+        layer_overhead_s=2e-5,
+        request_overhead_s=2e-6,
+        token_overhead_s=1e-7,
+        host_step_s=1e-3,
+        host_request_s=5e-6,
+    )
     par = Parallelism(tp=4, pp=3)
     cost, timer = step_cost(batch, llama, H100, par, profile), StepTimer(llama, H100, par, profile)
     first, second, third = timer.stage_s(batch)
@@ -224,7 +256,8 @@ def test_a_step_splits_over_uneven_pipeline_stages_by_their_layers_with_the_embe
     assert first + second + third == pytest.approx(cost.total_s + 2 * every_stage, rel=1e-12)
     extra = 0.003  # a swap's PCIe time, say: each stage moves its layers' share of the blocks
     assert [b - a for a, b in zip((first, second, third), timer.stage_s(batch, extra))] == pytest.approx(
-        [27 / 80 * extra, 27 / 80 * extra, 26 / 80 * extra], rel=1e-9)
+        [27 / 80 * extra, 27 / 80 * extra, 26 / 80 * extra], rel=1e-9
+    )
 
 
 def test_each_stage_runs_its_own_kinds_of_layers():
@@ -235,19 +268,31 @@ def test_each_stage_runs_its_own_kinds_of_layers():
     decode = StepBatch.uniform(64, 2000)
     stages, cost = stage_seconds(decode, v3, H200, par), step_cost(decode, v3, H200, par)
     # stages 1 and 3 both run 15 MoE layers: they differ by the send stage 1 pays and the logits stage 3 computes
-    assert stages[1] - stages[3] == pytest.approx(cost.by_name("pp_send").time_s / 3 - cost.by_name("lm_head").time_s
-                                                  - cost.by_name("logits_gather").time_s, rel=1e-9)
-    assert stages[0] < stages[1]  # 12 MoE + 3 dense layers are lighter than 15 MoE layers, the embedding aside
+    assert stages[1] - stages[3] == pytest.approx(
+        cost.by_name("pp_send").time_s / 3
+        - cost.by_name("lm_head").time_s
+        - cost.by_name("logits_gather").time_s,
+        rel=1e-9,
+    )
+    assert (
+        stages[0] < stages[1]
+    )  # 12 MoE + 3 dense layers are lighter than 15 MoE layers, the embedding aside
     gemma, prefill = get_model("gemma-3n-e4b"), StepBatch.uniform(1, 0, new_tokens=8192)
     plain = stage_seconds(prefill, gemma, H100, Parallelism(pp=2))
-    fast = stage_seconds(prefill, gemma, H100, Parallelism(pp=2), options=CostOptions(kv_sharing_fast_prefill=True))
+    fast = stage_seconds(
+        prefill, gemma, H100, Parallelism(pp=2), options=CostOptions(kv_sharing_fast_prefill=True)
+    )
     assert fast[0] == pytest.approx(plain[0], rel=1e-12) and fast[1] < 0.5 * plain[1]
 
 
 #: vLLM's custom all-reduce on 8x H100 SXM, microseconds per call (sgl-project/sglang PR #2904, "custom
 #: allreduce" table): message bytes -> (TP 2, TP 4, TP 8).
-MEASURED_ALL_REDUCE_US = {32768: (4.5, 4.8, 7.8), 262144: (7.9, 13.9, 16.7), 524288: (12.5, 20.2, 22.1),
-                          1048576: (19.9, 31.1, 33.8)}
+MEASURED_ALL_REDUCE_US = {
+    32768: (4.5, 4.8, 7.8),
+    262144: (7.9, 13.9, 16.7),
+    524288: (12.5, 20.2, 22.1),
+    1048576: (19.9, 31.1, 33.8),
+}
 
 
 @pytest.mark.parametrize("nbytes", sorted(MEASURED_ALL_REDUCE_US))
@@ -264,7 +309,9 @@ def test_all_reduce_time_matches_measured_small_collectives_on_h100(nbytes):
 
 def test_llama_70b_on_four_h200_decodes_in_the_seeds_10_ms():
     """The seed's speculative-decoding table: a 70B target on 4 GPUs takes ~10 ms per step at batch 1."""
-    cost = step_cost(StepBatch.uniform(1, 1024), get_model("llama-3.1-70b"), get_gpu("h200"), Parallelism(tp=4))
+    cost = step_cost(
+        StepBatch.uniform(1, 1024), get_model("llama-3.1-70b"), get_gpu("h200"), Parallelism(tp=4)
+    )
     assert 9e-3 <= cost.total_s <= 11e-3
     assert cost.by_name("all_reduce").time_s < 0.1 * cost.total_s  # 160 small all-reduces of ~5 us
 
@@ -276,7 +323,9 @@ def test_small_collectives_pay_one_latency_in_a_node_and_one_per_ring_step_acros
     for tp, link, steps in ((8, nvlink, 1), (16, ib, 2 * 15)):
         per_call = step_cost(decode, llama, H100, Parallelism(tp=tp)).by_name("all_reduce").time_s / (2 * 126)
         bus_bytes = 2 * (tp - 1) / tp * llama.hidden_size * 2  # one token's activations, ring bus bytes
-        wire = bus_bytes / (link.bytes_per_s * 0.70 * 0.19)  # default comm efficiency x small-collective factor
+        wire = bus_bytes / (
+            link.bytes_per_s * 0.70 * 0.19
+        )  # default comm efficiency x small-collective factor
         assert per_call == pytest.approx(steps * link.latency_s + wire, rel=1e-9)
 
 
@@ -287,11 +336,13 @@ def test_a_lone_prompt_under_dp_attention_runs_whole_on_one_gpu():
     v3, tp1, dp8 = get_model("deepseek-v3"), Parallelism(), Parallelism(tp=8, ep=True, dp_attention=True)
     lone = StepBatch.uniform(1, 0, new_tokens=8192)
     for name in ("attention_prefill", "qkv_proj", "o_proj", "mla_kv_up"):
-        assert step_cost(lone, v3, H200, dp8).by_name(name).flops == \
-            pytest.approx(step_cost(lone, v3, H200, tp1).by_name(name).flops), name
+        assert step_cost(lone, v3, H200, dp8).by_name(name).flops == pytest.approx(
+            step_cost(lone, v3, H200, tp1).by_name(name).flops
+        ), name
     spread, one = StepBatch.uniform(8, 0, new_tokens=1024), StepBatch.uniform(1, 0, new_tokens=1024)
-    assert step_cost(spread, v3, H200, dp8).by_name("attention_prefill").flops == \
-        pytest.approx(step_cost(one, v3, H200, tp1).by_name("attention_prefill").flops)
+    assert step_cost(spread, v3, H200, dp8).by_name("attention_prefill").flops == pytest.approx(
+        step_cost(one, v3, H200, tp1).by_name("attention_prefill").flops
+    )
     assert step_cost(lone, v3, H200, dp8).total_s > 1.5 * step_cost(spread, v3, H200, dp8).total_s
 
 
@@ -303,13 +354,18 @@ def test_the_busiest_rank_holds_the_largest_request_and_its_share_of_the_rest():
     assert sorted(rank.num_context.tolist()) == [100, 900]
     mixed = StepBatch.of([1, 1, 512, 1], [5000, 4000, 0, 3000], [True, True, False, True])
     rank = mixed.busiest_rank(2)
-    assert (rank.num_new.tolist(), rank.num_context.tolist(), rank.needs_logits.tolist()) == \
-        ([512, 1], [0, 4000], [False, True])
+    assert (rank.num_new.tolist(), rank.num_context.tolist(), rank.needs_logits.tolist()) == (
+        [512, 1],
+        [0, 4000],
+        [False, True],
+    )
     assert mixed.busiest_rank(1) is mixed
 
 
-@given(st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), min_size=1, max_size=40),
-       st.integers(1, 16))
+@given(
+    st.lists(st.tuples(st.integers(1, 4096), st.integers(0, 8192)), min_size=1, max_size=40),
+    st.integers(1, 16),
+)
 def test_the_busiest_rank_is_at_least_as_loaded_as_a_balanced_share_and_the_largest_request(requests, ranks):
     batch = StepBatch.of([n for n, _ in requests], [c for _, c in requests])
     rank = batch.busiest_rank(ranks)
@@ -322,8 +378,13 @@ def _labelled(num_new: list[int], num_context: list[int], rank: list[int]) -> St
     return StepBatch(np.array(num_new), np.array(num_context), np.ones(len(num_new), bool), np.array(rank))
 
 
-@pytest.mark.parametrize("par", [Parallelism(tp=8, ep=True, dp_attention=True),
-                                 Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True)])
+@pytest.mark.parametrize(
+    "par",
+    [
+        Parallelism(tp=8, ep=True, dp_attention=True),
+        Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True),
+    ],
+)
 def test_a_step_of_labelled_ranks_lasts_as_long_as_its_slowest_rank(par):
     """The simulator's ranks label each request with the rank it lives on: the step is priced with each rank's
     requests on the attention side and lasts as long as the slowest of them, wherever that one is. The timer,
@@ -340,9 +401,13 @@ def test_a_step_of_labelled_ranks_lasts_as_long_as_its_slowest_rank(par):
     assert timer(relabelled) == timer(batch)  # which GPU it is does not matter
 
 
-@pytest.mark.parametrize("par,name", [(Parallelism(tp=8, ep=True, dp_attention=True), "all_to_all"),
-                                      (Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True),
-                                       "pp_send")])
+@pytest.mark.parametrize(
+    "par,name",
+    [
+        (Parallelism(tp=8, ep=True, dp_attention=True), "all_to_all"),
+        (Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True), "pp_send"),
+    ],
+)
 def test_the_fullest_rank_bounds_the_exchange_whichever_rank_attends_longest(par, name):
     """Four 30K-context decodes on one rank, a 1,024-token chunk on another: the ranks wait for each other at
     every MoE layer's all-to-all (and, on vLLM's ranks, at a stage boundary), so the chunk's 1,024 tokens bound
@@ -379,11 +444,13 @@ def test_only_a_rank_attending_decodes_beside_a_prefill_runs_both_attention_path
     overhead = [step_cost(b, v3, H200, dp8, profile).by_name("overhead").time_s for b in (apart, together)]
     plain = step_cost(apart, v3, H200, dp8, Profile()).by_name("overhead").time_s
     assert overhead[0] == pytest.approx(plain)
-    assert overhead[1] == pytest.approx(step_cost(together, v3, H200, dp8, Profile()).by_name("overhead").time_s
-                                        + 1e-3 * v3.num_layers)
+    assert overhead[1] == pytest.approx(
+        step_cost(together, v3, H200, dp8, Profile()).by_name("overhead").time_s + 1e-3 * v3.num_layers
+    )
     timer = StepTimer(v3, H200, dp8, profile)
-    assert [timer(b) for b in (apart, together)] == [step_cost(b, v3, H200, dp8, profile).total_s
-                                                     for b in (apart, together)]
+    assert [timer(b) for b in (apart, together)] == [
+        step_cost(b, v3, H200, dp8, profile).total_s for b in (apart, together)
+    ]
 
 
 def attention_of(batch: StepBatch, model, par: Parallelism) -> float:
@@ -408,7 +475,9 @@ def test_vllm_dp_ranks_send_and_sample_what_their_own_requests_need():
     lone = step_cost(StepBatch.uniform(1, 0, new_tokens=4096), llama, H100, dp)
     assert lone.by_name("pp_send").bytes == pytest.approx(2 * 4096 * 4096 * 2)
     mixed = StepBatch.of([512, 1, 1, 1], [0, 900, 800, 700], [False, True, True, True])
-    head = step_cost(mixed, llama, H100, Parallelism(tp=2, dp_attention=True, dense_replicated=True)).by_name("lm_head")
+    head = step_cost(mixed, llama, H100, Parallelism(tp=2, dp_attention=True, dense_replicated=True)).by_name(
+        "lm_head"
+    )
     assert head.flops == pytest.approx(2 * 2 * 128256 * 4096)
 
 
@@ -420,19 +489,31 @@ def test_the_step_timer_keys_mla_steps_by_their_verify_tokens():
     timer = StepTimer(v3, H200, Parallelism(tp=8), Profile(), options)
     first, second = StepBatch.of([4, 2], [3, 5]), StepBatch.of([5, 1], [2, 2])
     for batch in (first, second):
-        assert timer.fixed_s(batch) == step_cost(batch, v3, H200, Parallelism(tp=8), Profile(), options).fixed_s
+        assert (
+            timer.fixed_s(batch) == step_cost(batch, v3, H200, Parallelism(tp=8), Profile(), options).fixed_s
+        )
 
 
-@pytest.mark.parametrize("par", [Parallelism(tp=8), Parallelism(tp=8, ep=True, dp_attention=True),
-                                 Parallelism(tp=8, dp_attention=True, dense_replicated=True)])
+@pytest.mark.parametrize(
+    "par",
+    [
+        Parallelism(tp=8),
+        Parallelism(tp=8, ep=True, dp_attention=True),
+        Parallelism(tp=8, dp_attention=True, dense_replicated=True),
+    ],
+)
 @pytest.mark.parametrize("decode_query_len", [1, 3])
 def test_a_decode_steps_cache_key_is_the_one_its_batch_has(par, decode_query_len):
     """The timer looks decode steps up without building their batch: the key it derives (the busiest DP rank holds
     ceil(n / tp) of them) must be the batch's own, or every fused stretch would miss the cache."""
-    timer = StepTimer(get_model("deepseek-v3"), H200, par, Profile(), CostOptions(decode_query_len=decode_query_len))
+    timer = StepTimer(
+        get_model("deepseek-v3"), H200, par, Profile(), CostOptions(decode_query_len=decode_query_len)
+    )
     for n in (1, 3, 8, 9, 17, 64):
         batch = StepBatch.of(np.ones(n, np.int64), np.arange(n) * 100)
-        assert timer._decode_shape(n) == timer._rank_key(timer._step_shape(batch), *par.rank_batches(batch)), n
+        assert timer._decode_shape(n) == timer._rank_key(
+            timer._step_shape(batch), *par.rank_batches(batch)
+        ), n
 
 
 def test_each_pipeline_stage_lasts_as_long_as_its_slowest_dp_rank_there():

@@ -35,8 +35,12 @@ def test_a_gpus_section_prices_its_gpu_and_leaves_the_others_shared():
     on_a100 = step_cost(batch, model, A100, Parallelism(), sectioned)
     assert on_a100.total_s == step_cost(batch, model, A100, Parallelism(), Profile(**SECTION)).total_s
     assert on_a100.by_name("moe").time_s == pytest.approx(
-        step_cost(batch, model, A100).by_name("moe").time_s / 2, rel=1e-9)
-    assert step_cost(batch, model, H100, Parallelism(), sectioned).total_s == step_cost(batch, model, H100).total_s
+        step_cost(batch, model, A100).by_name("moe").time_s / 2, rel=1e-9
+    )
+    assert (
+        step_cost(batch, model, H100, Parallelism(), sectioned).total_s
+        == step_cost(batch, model, H100).total_s
+    )
 
 
 def test_the_step_timer_resolves_the_section_as_step_cost_does():
@@ -69,9 +73,14 @@ def test_a_scenario_on_the_sectioned_gpu_runs_as_with_the_flat_profile(tmp_path)
     the sectioned profile as with a flat one holding the section's values, and different ones from the shared."""
     sectioned = _write(tmp_path, {"name": "s", "gpus": {"a100-80gb": SECTION}})
     flat = _write(tmp_path, {"name": "f", **SECTION}, "flat.yaml")
-    common = {"model": "gpt-oss-20b", "workload": {**scenario().workload.model_dump(mode="json"), "num_requests": 40}}
-    runs = [run(scenario(hardware={"gpu": "a100-80gb", "profile": str(path)}, **common)).requests
-            for path in (sectioned, flat)]
+    common = {
+        "model": "gpt-oss-20b",
+        "workload": {**scenario().workload.model_dump(mode="json"), "num_requests": 40},
+    }
+    runs = [
+        run(scenario(hardware={"gpu": "a100-80gb", "profile": str(path)}, **common)).requests
+        for path in (sectioned, flat)
+    ]
     shared = run(scenario(hardware={"gpu": "a100-80gb"}, **common)).requests
     assert runs[0]["ttft_s"].tolist() == runs[1]["ttft_s"].tolist()
     assert runs[0]["ttft_s"].tolist() != shared["ttft_s"].tolist()
@@ -83,13 +92,22 @@ def test_a_profile_with_sections_round_trips_through_yaml(tmp_path):
     assert load_profile(path) == profile
 
 
-@pytest.mark.parametrize("section,message", [
-    ({"name": "x"}, r"gpus: .*a100-80gb: name cannot differ per GPU; allowed: gemm_compute, .*host_request_s"),
-    ({"gpus": {}}, r"gpus: .*a100-80gb: gpus cannot differ per GPU"),
-    ({"moe_compute": 1.5}, r"gpus: a100-80gb\.moe_compute\.points: efficiencies must lie in \(0, 1\]"),
-    ({"step_overhead_s": True}, r"gpus: .*a100-80gb: step_overhead_s: expected a number, not a true/false"),
-    ({"layer_overhead_s": -1}, r"gpus: .*a100-80gb\.layer_overhead_s: .*greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "section,message",
+    [
+        (
+            {"name": "x"},
+            r"gpus: .*a100-80gb: name cannot differ per GPU; allowed: gemm_compute, .*host_request_s",
+        ),
+        ({"gpus": {}}, r"gpus: .*a100-80gb: gpus cannot differ per GPU"),
+        ({"moe_compute": 1.5}, r"gpus: a100-80gb\.moe_compute\.points: efficiencies must lie in \(0, 1\]"),
+        (
+            {"step_overhead_s": True},
+            r"gpus: .*a100-80gb: step_overhead_s: expected a number, not a true/false",
+        ),
+        ({"layer_overhead_s": -1}, r"gpus: .*a100-80gb\.layer_overhead_s: .*greater than or equal to 0"),
+    ],
+)
 def test_a_bad_section_names_the_file_the_gpu_and_the_field(tmp_path, section, message):
     path = _write(tmp_path, {"name": "p", "gpus": {"a100-80gb": section}})
     with pytest.raises(SpecError, match=message) as err:
@@ -100,7 +118,9 @@ def test_a_bad_section_names_the_file_the_gpu_and_the_field(tmp_path, section, m
 def test_a_section_for_a_gpu_outside_the_catalog_is_refused_unless_a_gpu_file_adds_it(tmp_path):
     """A misspelt GPU name would price nothing; a GPU of the user's own file is a GPU."""
     path = _write(tmp_path, {"name": "p", "gpus": {"a100": {"comm": 0.5}}})
-    with pytest.raises(SpecError, match=r"p.yaml: gpus: a100 is not a GPU of the catalog; allowed: .*a100-80gb"):
+    with pytest.raises(
+        SpecError, match=r"p.yaml: gpus: a100 is not a GPU of the catalog; allowed: .*a100-80gb"
+    ):
         load_profile(path)
     gpu_file = tmp_path / "mine.yaml"
     gpu_file.write_text(NEW_GPU_YAML)

@@ -17,8 +17,12 @@ MODELS = ["llama-3.1-8b", "gemma-2-9b", "gemma-3n-e2b", "deepseek-v2", "mixtral-
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.sampled_from(MODELS), contexts=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
-       steps=st.integers(1, 50), fast_prefill=st.booleans())
+@given(
+    name=st.sampled_from(MODELS),
+    contexts=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
+    steps=st.integers(1, 50),
+    fast_prefill=st.booleans(),
+)
 def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_prefill):
     model = get_model(name)
     options = CostOptions(kv_sharing_fast_prefill=fast_prefill)
@@ -26,19 +30,31 @@ def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_
     timer = StepTimer(model, H100, par, options=options)
     c = np.array(contexts)
     stretch = timer.decode_stretch_s(c, steps)
-    stepped = [step_cost(StepBatch.of(np.ones(len(c), int), c + i), model, H100, par, options=options).total_s
-               for i in range(steps)]
+    stepped = [
+        step_cost(StepBatch.of(np.ones(len(c), int), c + i), model, H100, par, options=options).total_s
+        for i in range(steps)
+    ]
     assert stretch.tolist() == stepped
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.sampled_from(MODELS),
-       reqs=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20))
+@given(
+    name=st.sampled_from(MODELS),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20
+    ),
+)
 def test_cached_timer_equals_step_cost(name, reqs):
     model = get_model(name)
     # every fixed cost set, so one keyed on the wrong shape (tokens, requests) shows
-    profile = Profile(layer_overhead_s=3e-5, request_overhead_s=4e-6, token_overhead_s=5e-8, host_step_s=1e-5,
-                      host_request_s=2e-6, mixed_layer_overhead_s=7e-6)
+    profile = Profile(
+        layer_overhead_s=3e-5,
+        request_overhead_s=4e-6,
+        token_overhead_s=5e-8,
+        host_step_s=1e-5,
+        host_request_s=2e-6,
+        mixed_layer_overhead_s=7e-6,
+    )
     timer = StepTimer(model, H100, profile=profile)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
     expected = step_cost(batch, model, H100, profile=profile).total_s
@@ -58,17 +74,29 @@ def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():
 
 
 @settings(max_examples=40, deadline=None)
-@given(name=st.sampled_from(MODELS), pp=st.sampled_from([2, 3]), fast_prefill=st.booleans(),
-       reqs=st.lists(st.tuples(st.integers(1, 600), st.integers(0, 5000), st.integers(0, 5000), st.booleans()),
-                     min_size=1, max_size=20))
+@given(
+    name=st.sampled_from(MODELS),
+    pp=st.sampled_from([2, 3]),
+    fast_prefill=st.booleans(),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 600), st.integers(0, 5000), st.integers(0, 5000), st.booleans()),
+        min_size=1,
+        max_size=20,
+    ),
+)
 def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs):
     """Two batches of one shape (tokens, requests, logits) but other contexts: the second reuses the first's
     cached non-attention stage times and must still get its own attention."""
     model = get_model(name)
     par = Parallelism(tp=2 if name == "deepseek-v2" else 1, pp=pp)
     options = CostOptions(kv_sharing_fast_prefill=fast_prefill)
-    profile = Profile(layer_overhead_s=3e-5, request_overhead_s=4e-6, token_overhead_s=5e-8, host_step_s=1e-5,
-                      mixed_layer_overhead_s=7e-6)
+    profile = Profile(
+        layer_overhead_s=3e-5,
+        request_overhead_s=4e-6,
+        token_overhead_s=5e-8,
+        host_step_s=1e-5,
+        mixed_layer_overhead_s=7e-6,
+    )
     timer = StepTimer(model, H100, par, profile, options)
     for contexts in ([c for _, c, _, _ in reqs], [c for _, _, c, _ in reqs]):
         batch = StepBatch.of([n for n, _, _, _ in reqs], contexts, [lg for _, _, _, lg in reqs])

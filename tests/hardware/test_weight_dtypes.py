@@ -13,16 +13,32 @@ MXFP4_BYTES = 0.5 + 1 / 32  # a 4-bit E2M1 value plus one 8-bit scale shared by 
 
 
 def tiny_moe(**extra) -> dict:
-    return {"model_type": "mixtral", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "num_hidden_layers": 2, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
-            "vocab_size": 100, "max_position_embeddings": 4096, **extra}
+    return {
+        "model_type": "mixtral",
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "intermediate_size": 32,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "vocab_size": 100,
+        "max_position_embeddings": 4096,
+        **extra,
+    }
 
 
-@pytest.mark.parametrize("quantization,expected", [
-    (None, "bf16"), ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
-    ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}, "mxfp4"),
-    ({"quant_method": "awq", "bits": 4}, "int4"), ({"quant_method": "gptq", "bits": 8}, "w8a16"),
-    ({"quant_method": "bitsandbytes"}, "bitsandbytes")])
+@pytest.mark.parametrize(
+    "quantization,expected",
+    [
+        (None, "bf16"),
+        ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "fp8"),
+        ({"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}, "mxfp4"),
+        ({"quant_method": "awq", "bits": 4}, "int4"),
+        ({"quant_method": "gptq", "bits": 8}, "w8a16"),
+        ({"quant_method": "bitsandbytes"}, "bitsandbytes"),
+    ],
+)
 def test_checkpoint_dtype_reads_quantization_config(quantization, expected):
     raw = tiny_moe() if quantization is None else tiny_moe(quantization_config=quantization)
     assert checkpoint_dtype(raw) == expected
@@ -41,13 +57,18 @@ def test_auto_serves_the_checkpoint_dtype_and_an_explicit_dtype_overrides_it():
 
 def test_an_unmodelled_checkpoint_quantization_is_refused_only_when_served_as_auto():
     model = model_from_config(tiny_moe(quantization_config={"quant_method": "bitsandbytes"}), "bnb")
-    with pytest.raises(SpecError, match=r"'bitsandbytes'.*set engine.weight_dtype \(allowed: bf16, fp16, fp8"):
+    with pytest.raises(
+        SpecError, match=r"'bitsandbytes'.*set engine.weight_dtype \(allowed: bf16, fp16, fp8"
+    ):
         resolve_weight_dtype(model, "auto")
     assert resolve_weight_dtype(model, "int4") == "int4"
 
 
 def test_mxfp4_on_a_dense_model_is_refused_naming_the_allowed_dtypes():
-    with pytest.raises(SpecError, match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, w8a16, int4, nvfp4, mxfp8$"):
+    with pytest.raises(
+        SpecError,
+        match=r"quantizes MoE experts only.*allowed for it: bf16, fp16, fp8, int8, w8a16, int4, nvfp4, mxfp8$",
+    ):
         resolve_weight_dtype(get_model("llama-3.1-8b"), "mxfp4")
 
 
@@ -58,12 +79,15 @@ def test_mxfp4_stores_experts_at_4_25_bits_padded_and_everything_else_in_bf16():
     experts = 4 * 3 * 64 * 32  # 4 gated experts of width 32
     assert model.layer_expert_params(layer) == experts
     rest = model.layer_params(layer) - experts  # attention, norms, router
-    assert layer_weight_bytes(model, layer, "mxfp4") == pytest.approx(rest * 2 + experts * MXFP4_BYTES * 256 / 64)
+    assert layer_weight_bytes(model, layer, "mxfp4") == pytest.approx(
+        rest * 2 + experts * MXFP4_BYTES * 256 / 64
+    )
     assert layer_weight_bytes(model, layer, "bf16") == 2 * model.layer_params(layer)
     # embeddings and the LM head stay bf16 whatever the layers use
     ends = 2 * (model.embedding_params + model.lm_head_params)
     assert weight_bytes_per_gpu(model, Parallelism(), "mxfp4") == pytest.approx(
-        2 * layer_weight_bytes(model, layer, "mxfp4") + ends)
+        2 * layer_weight_bytes(model, layer, "mxfp4") + ends
+    )
 
 
 def test_mxfp4_moe_step_reads_padded_expert_bytes_at_4_25_bits_and_attention_at_bf16():
@@ -86,7 +110,8 @@ def test_gpt_oss_weights_are_what_its_checkpoint_stores_padded_as_vllm_loads_the
     model = get_model("gpt-oss-20b")
     experts = 24 * 32 * 3 * 2880 * 2880 * MXFP4_BYTES
     assert weight_bytes_per_gpu(model, Parallelism(), "auto") == pytest.approx(
-        13_761_264_768 + experts * (3072 / 2880 - 1), rel=1e-6)
+        13_761_264_768 + experts * (3072 / 2880 - 1), rel=1e-6
+    )
 
 
 def test_gpt_oss_120b_serves_32k_contexts_on_one_80_gb_gpu_but_not_its_full_context():
@@ -107,8 +132,10 @@ def test_gpt_oss_120b_serves_32k_contexts_on_one_80_gb_gpu_but_not_its_full_cont
 def test_weight_only_8_bit_runs_bf16_gemms_and_w8a8_runs_int8_ones():
     model, h100 = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
     prefill = StepBatch.uniform(1, 0, 4096)  # compute-bound: the GEMMs' peak decides
-    w8a16, w8a8, bf16 = (step_cost(prefill, model, h100, options=CostOptions(weight_dtype=d)).by_name("mlp")
-                         for d in ("w8a16", "int8", "bf16"))
+    w8a16, w8a8, bf16 = (
+        step_cost(prefill, model, h100, options=CostOptions(weight_dtype=d)).by_name("mlp")
+        for d in ("w8a16", "int8", "bf16")
+    )
     assert w8a16.bound == w8a8.bound == bf16.bound == "compute"
     assert w8a16.time_s == pytest.approx(bf16.time_s)  # AWQ/GPTQ 8-bit: dequantized into bf16 tensor cores
     assert w8a8.time_s == pytest.approx(bf16.time_s / 2)  # H100: int8 at twice the bf16 rate
@@ -118,10 +145,18 @@ def test_weight_only_8_bit_runs_bf16_gemms_and_w8a8_runs_int8_ones():
 def test_an_mxfp4_target_keeps_a_dense_draft_in_its_own_checkpoint_dtype():
     from policies.spec_cost import draft_weight_dtype
     from tests.simulator.conftest import run, scenario
+
     assert draft_weight_dtype(get_model("llama-3.2-1b"), "mxfp4") == "auto"
     assert draft_weight_dtype(get_model("llama-3.2-1b"), "fp8") == "fp8"
-    s = scenario(model="gpt-oss-120b", engine={"max_model_len": 8192, "weight_dtype": "mxfp4", "speculative": {
-        "method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"}}, workload={"num_requests": 30})
+    s = scenario(
+        model="gpt-oss-120b",
+        engine={
+            "max_model_len": 8192,
+            "weight_dtype": "mxfp4",
+            "speculative": {"method": "draft", "k": 3, "acceptance": 0.7, "draft_model": "llama-3.2-1b"},
+        },
+        workload={"num_requests": 30},
+    )
     assert run(s).summary["completed"] == 30
 
 
@@ -134,13 +169,26 @@ def test_nvfp4_weights_stream_at_4_5_bits_and_run_on_fp4_tensor_cores_where_ther
 
     model = get_model("llama-3.1-8b")
     assert weight_bytes(model, "nvfp4") == (0.5625, 0.5625)
-    assert checkpoint_dtype({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}}) == "nvfp4"
-    assert checkpoint_dtype({"quantization_config": {"quant_method": "compressed-tensors",
-                                                     "format": "nvfp4-pack-quantized"}}) == "nvfp4"
-    assert checkpoint_dtype({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}}) == "fp8"
+    assert (
+        checkpoint_dtype({"quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4"}})
+        == "nvfp4"
+    )
+    assert (
+        checkpoint_dtype(
+            {"quantization_config": {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized"}}
+        )
+        == "nvfp4"
+    )
+    assert (
+        checkpoint_dtype({"quantization_config": {"quant_method": "modelopt", "quant_algo": "FP8"}}) == "fp8"
+    )
     prefill = StepBatch.of([8192], [0])
-    mlp = {gpu: step_cost(prefill, model, get_gpu(gpu), Parallelism(), options=CostOptions("nvfp4")).by_name("mlp")
-           for gpu in ("b200", "h100-sxm")}
+    mlp = {
+        gpu: step_cost(prefill, model, get_gpu(gpu), Parallelism(), options=CostOptions("nvfp4")).by_name(
+            "mlp"
+        )
+        for gpu in ("b200", "h100-sxm")
+    }
     flops = 2 * 8192 * 3 * 4096 * 14336 * 32
     assert mlp["b200"].time_s == pytest.approx(flops / (9e15 * 0.70))  # compute-bound at the GEMM efficiency
     assert mlp["h100-sxm"].time_s == pytest.approx(flops / (get_gpu("h100-sxm").peak_for("bf16") * 0.70))

@@ -29,7 +29,9 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     host_blocks = knobs.pop("host_blocks", 0)
     swa = knobs.pop("swa", None)  # (window, pages): SGLang's separate sliding-window pool
     knobs.setdefault("prefix_caching", "none")
-    knobs.setdefault("max_num_seqs", 256)  # batch limits a scenario would take from vLLM's defaults for its GPU
+    knobs.setdefault(
+        "max_num_seqs", 256
+    )  # batch limits a scenario would take from vLLM's defaults for its GPU
     knobs.setdefault("max_num_batched_tokens", 8192)
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
     kv = make_kv_manager(cfg, num_blocks, block_size, swa=swa)
@@ -37,8 +39,13 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 
 
-def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float = 1.0,
-          arrivals: list[float] | None = None) -> list[StepRecord]:
+def drive(
+    sched,
+    requests: list[Request],
+    max_steps: int = 10_000,
+    step_s: float = 1.0,
+    arrivals: list[float] | None = None,
+) -> list[StepRecord]:
     """Run until every request finished; step i ends at time i * step_s. Checks KV invariants after every step.
     `arrivals`: when each request reaches the engine (default: all at 0); one arriving during a step is added
     as it ends, with its own arrival time, and an idle engine waits for the next."""
@@ -54,11 +61,19 @@ def drive(sched, requests: list[Request], max_steps: int = 10_000, step_s: float
         if plan.is_empty and not plan.preempted and pending and not sched.num_running:
             now = max(now, pending[0][0])  # idle until the next arrival
             continue
-        assert not plan.is_empty or plan.preempted, "requests left but nothing scheduled"  # a lone preemption: the
+        assert not plan.is_empty or plan.preempted, (
+            "requests left but nothing scheduled"
+        )  # a lone preemption: the
         # engine schedules again at once (vLLM ends the running pass when a request preempts itself)
-        records.append(StepRecord([r.id for r in plan.requests], list(plan.num_new), sched.kv.num_free_blocks,
-                                  {r.id: list(sched.kv.table(r)) for r in plan.requests},
-                                  [r.id for r in plan.preempted]))
+        records.append(
+            StepRecord(
+                [r.id for r in plan.requests],
+                list(plan.num_new),
+                sched.kv.num_free_blocks,
+                {r.id: list(sched.kv.table(r)) for r in plan.requests},
+                [r.id for r in plan.preempted],
+            )
+        )
         now += step_s
         sched.commit(plan, now)
         sched.kv.check_invariants()

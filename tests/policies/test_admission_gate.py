@@ -13,8 +13,14 @@ from workloads.request import Request
 
 def two_long_prompts(gate: bool):
     """10 blocks of 4 tokens, 8 tokens a step: A (24 + 4 tokens, 7 blocks at its end) then B (20 + 2, 6 blocks)."""
-    sched, _ = make_scheduler("vllm", num_blocks=10, block_size=4, max_num_seqs=4, max_num_batched_tokens=8,
-                              scheduler_reserve_full_isl=gate)
+    sched, _ = make_scheduler(
+        "vllm",
+        num_blocks=10,
+        block_size=4,
+        max_num_seqs=4,
+        max_num_batched_tokens=8,
+        scheduler_reserve_full_isl=gate,
+    )
     requests = make_requests([24, 20], [4, 2])
     return drive(sched, requests), requests
 
@@ -68,12 +74,14 @@ def test_a_sliding_group_needs_only_its_window_plus_one_steps_tokens(step_tokens
 
 def test_the_watermark_holds_back_admissions_only_while_another_request_runs():
     """vLLM applies it only when something is scheduled: a prompt needing the whole pool still gets in alone."""
-    sched, _ = make_scheduler("vllm", num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
-                              watermark=0.2)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=4, watermark=0.2
+    )
     alone = make_requests([40], [1])
     assert drive(sched, alone)[0].num_new == [8]  # 10 blocks + the watermark's 2 > 10, but nothing else runs
-    sched, _ = make_scheduler("vllm", num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=4,
-                              watermark=0.2)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=10, block_size=4, max_num_batched_tokens=8, max_num_seqs=4, watermark=0.2
+    )
     pair = make_requests([4, 32], [3, 1])
     steps = drive(sched, pair)
     # beside the first (1 block, then 2), the second's 8 blocks + 2 kept free exceed the 9 or 8 left: it waits

@@ -25,8 +25,9 @@ def test_vllm_evicts_the_least_recently_used_cached_blocks_first():
 def test_radix_never_evicts_the_prefix_a_running_request_holds():
     """Q is cached by a finished request, P by a running one. A newcomer that needs more pages than are free
     evicts Q's unlocked pages; P's stay."""
-    sched, _ = make_scheduler("vllm", num_blocks=16, block_size=1, prefix_caching="radix",
-                              max_num_batched_tokens=64, max_num_seqs=8)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=16, block_size=1, prefix_caching="radix", max_num_batched_tokens=64, max_num_seqs=8
+    )
     q, p = (10, 6), (11, 8)
     serve(sched, [req(0, [q])])  # Q: 6 pages in the tree, evictable; 10 free
     running = req(1, [p], output=6)
@@ -65,15 +66,18 @@ def _order_after_prepare(num_waiting: int) -> list[int]:
 def test_lpm_sorts_by_match_up_to_128_waiting_and_falls_back_to_fcfs_above():
     n = LPM_MAX_WAITING
     assert LPM_MAX_WAITING == 128  # SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX
-    assert _order_after_prepare(n) == list(range(1, n, 2)) + list(range(0, n, 2))  # matched first, then arrival
+    assert _order_after_prepare(n) == list(range(1, n, 2)) + list(
+        range(0, n, 2)
+    )  # matched first, then arrival
     assert _order_after_prepare(n + 1) == list(range(n + 1))
 
 
 def test_a_recomputed_request_hits_its_own_blocks_when_it_comes_back():
     """Recompute preemption frees the victim's blocks into the cache with their hashes; on re-admission it
     matches them again (prompt and generated tokens alike) and prefills only the rest."""
-    sched, _ = make_scheduler("vllm", num_blocks=12, block_size=4, prefix_caching="vllm",
-                              max_num_batched_tokens=64, max_num_seqs=8)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=12, block_size=4, prefix_caching="vllm", max_num_batched_tokens=64, max_num_seqs=8
+    )
     first, second = req(0, [(1, 16)], output=24), req(1, [(2, 16)], output=24)
     for r in (first, second):
         sched.add(r, 0.0)
@@ -105,6 +109,7 @@ def _radix_after_a_b_and(touch_a) -> tuple[int, int]:
     """A then B cached (10 pages each of 25), `touch_a(kv)`, then C's 10 pages evict one of them: what A and B
     still hit."""
     from policies.radix import RadixCache
+
     kv = RadixCache(num_blocks=25, block_size=1)
     a, b = (100, 10), (200, 10)
     _radix_serve(kv, req(0, [a]))
@@ -118,11 +123,13 @@ def _radix_after_a_b_and(touch_a) -> tuple[int, int]:
 def test_radix_evicts_by_last_use_not_by_first_caching():
     """SGLang evicts the least recently used leaf. A is cached before B but used again after it (by a request
     retracted before its own token, so A stays a leaf), so C evicts B. (The heap kept A's first stamp.)"""
+
     def reuse_a(kv):
         again = req(2, [(100, 10), (300, 1)])
         again.num_computed_tokens = kv.lookup(again)
         assert again.num_computed_tokens == 10 and kv.allocate(again, 1, admitting=True) is not None
         kv.free(again, keep_uncached=False)
+
     assert _radix_after_a_b_and(reuse_a) == (10, 0)
     assert _radix_after_a_b_and(lambda kv: None) == (0, 10)  # untouched, A is the older
 
@@ -136,8 +143,11 @@ def test_above_128_waiting_lpm_keeps_its_last_order_and_newcomers_queue_behind()
     """SGLang's FCFS fallback sorts nothing: the list keeps the last LPM order. The last of 128 arrivals has the
     longest match, so LPM puts it first; a 129th arrival then leaves it first instead of re-sorting by arrival."""
     requests = [req(i, [(100 + i, 20)]) for i in range(LPM_MAX_WAITING + 1)]
-    queue = WaitingQueue(by_arrival, _Matches({i: 64 if i == LPM_MAX_WAITING - 1 else 0
-                                               for i in range(LPM_MAX_WAITING + 1)}), lpm=True)
+    queue = WaitingQueue(
+        by_arrival,
+        _Matches({i: 64 if i == LPM_MAX_WAITING - 1 else 0 for i in range(LPM_MAX_WAITING + 1)}),
+        lpm=True,
+    )
     for r in requests[:LPM_MAX_WAITING]:
         queue.push(r)
     queue.prepare()
@@ -152,6 +162,7 @@ def test_the_radix_cache_evicts_a_whole_allocation_when_short_as_sglang_does():
     """SGLang's evict_from_tree_cache: with 100 pages free and 300 wanted, it evicts LRU leaves until 300 pages are
     freed, not the 200 short: of nine cached 100-page prompts three go, and 100 pages stay free."""
     from policies.radix import RadixCache
+
     kv = RadixCache(num_blocks=1000, block_size=1)
     for i in range(9):
         req = Request(i, 0.0, 100, 1, ((100 + i, 100),))

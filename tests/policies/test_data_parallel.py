@@ -61,7 +61,7 @@ def test_sglang_sends_requests_to_its_ranks_in_turn():
 
 def test_one_step_is_every_ranks_plan_each_request_labelled_with_its_rank():
     a, b = make_requests([5, 6], [2, 2])
-    c, = make_requests([7], [2])
+    (c,) = make_requests([7], [2])
     first = StepPlan((a, b), (5, 1), (0, 9), (True, True), num_draft=(0, 0))
     second = StepPlan((c,), (3,), (4,), (False,), preempted=(a,), swap_out_blocks=2)
     idle = StepPlan((), (), (), ())
@@ -78,7 +78,7 @@ def test_one_step_is_every_ranks_plan_each_request_labelled_with_its_rank():
 def test_the_groups_kv_usage_is_its_fullest_ranks():
     """A rank preempts when its own pool runs dry: the group reads as full as its fullest rank, its blocks summed."""
     group, _ = _group("vllm", 2, VllmBalancer(), num_blocks=10, block_size=4, async_scheduling=False)
-    req, = make_requests([24], [4])
+    (req,) = make_requests([24], [4])
     group.add(req, 0.0)
     group.schedule(0.0)  # 6 of rank 0's 10 blocks; rank 1 holds none
     assert group.kv.num_used_blocks == 6 and group.kv.num_blocks == 20
@@ -87,7 +87,7 @@ def test_the_groups_kv_usage_is_its_fullest_ranks():
 
 def test_a_plan_that_only_preempted_commits_nothing():
     group, _ = _group("vllm", 2, VllmBalancer(), num_blocks=100, block_size=4)
-    a, = make_requests([5], [2])
+    (a,) = make_requests([5], [2])
     only_preempted = merge([StepPlan((), (), (), (), preempted=(a,)), StepPlan((), (), (), ())])
     assert group.schedule(0.0).is_empty and group.commit(only_preempted, 1.0) == []
 
@@ -122,15 +122,24 @@ def test_a_ranks_share_of_the_groups_limits():
 )
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_every_request_finishes_on_the_rank_it_was_sent_to_within_that_ranks_limits(
-        scheduler, ranks, lengths, block_size, spare_blocks, max_num_seqs, budget, ahead, gap):
+    scheduler, ranks, lengths, block_size, spare_blocks, max_num_seqs, budget, ahead, gap
+):
     """Each rank has its own budget, slots and pool: no step gives a rank more tokens or requests than its own
     limits, a request never moves, no rank's pool runs over, and every block comes back."""
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     biggest = max(max_blocks_of(r, block_size) for r in requests)
     pick = round_robin if scheduler == "sglang" else VllmBalancer()
     knobs = {"async_scheduling": ahead} if scheduler == "vllm" else {}
-    group, log = _group(scheduler, ranks, pick, num_blocks=biggest + spare_blocks + 1, block_size=block_size,
-                        max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, **knobs)
+    group, log = _group(
+        scheduler,
+        ranks,
+        pick,
+        num_blocks=biggest + spare_blocks + 1,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        **knobs,
+    )
     plans: list[StepPlan] = []
     schedule = group.schedule
 
@@ -138,8 +147,11 @@ def test_every_request_finishes_on_the_rank_it_was_sent_to_within_that_ranks_lim
         plan = schedule(now)
         plans.append(plan)
         return plan
+
     group.schedule = recorded
-    drive(group, requests, arrivals=[i * gap for i in range(len(requests))])  # checks every rank's pool each step
+    drive(
+        group, requests, arrivals=[i * gap for i in range(len(requests))]
+    )  # checks every rank's pool each step
     assert_every_token_served(requests, log)
     for plan in plans:
         assert all(rank == req.extra["dp_rank"] for rank, req in zip(plan.rank, plan.requests))
@@ -148,5 +160,6 @@ def test_every_request_finishes_on_the_rank_it_was_sent_to_within_that_ranks_lim
             assert sum(mine) <= budget and len(mine) <= max_num_seqs
     assert all(pool.num_free_blocks == pool.num_blocks for pool in group.kv.pools)
     if scheduler == "sglang":
-        assert [r.extra["dp_rank"] for r in sorted(requests, key=lambda r: r.id)] == \
-            [i % ranks for i in range(len(requests))]
+        assert [r.extra["dp_rank"] for r in sorted(requests, key=lambda r: r.id)] == [
+            i % ranks for i in range(len(requests))
+        ]

@@ -19,10 +19,21 @@ WINDOWS = (None, 8)  # one full-attention group, one sliding group of 8 tokens
 BS = 4
 
 
-def scheduler(kind: str, num_blocks: int, budget: int = 64, max_num_seqs: int = 8, windows=WINDOWS,
-              async_scheduling: bool = False):
-    cfg = EngineConfig(block_size=BS, prefix_caching=kind, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
-                       async_scheduling=async_scheduling)
+def scheduler(
+    kind: str,
+    num_blocks: int,
+    budget: int = 64,
+    max_num_seqs: int = 8,
+    windows=WINDOWS,
+    async_scheduling: bool = False,
+):
+    cfg = EngineConfig(
+        block_size=BS,
+        prefix_caching=kind,
+        max_num_batched_tokens=budget,
+        max_num_seqs=max_num_seqs,
+        async_scheduling=async_scheduling,
+    )
     kv = make_kv_manager(cfg, num_blocks, BS, windows)
     return schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog())
 
@@ -50,8 +61,6 @@ def test_a_prefill_chunk_needs_all_its_blocks_then_the_window_is_kept():
     assert sched.kv.num_free_blocks == 32
 
 
-
-
 @pytest.mark.parametrize("async_scheduling, pp, peak", [(False, 1, 520), (True, 1, 1032), (False, 4, 2048)])
 def test_a_window_keeps_the_blocks_the_steps_in_flight_read(async_scheduling, pp, peak):
     """A 40,000-token prompt in 8,192-token chunks, 16-token blocks, a 128-token window. vLLM frees a sliding
@@ -60,10 +69,16 @@ def test_a_window_keeps_the_blocks_the_steps_in_flight_read(async_scheduling, pp
     skipped(c) = (c - 127) // 16, so 1024 - 504 = 520 at c = 8192; under async scheduling the chunk before is in
     flight, skipped(c - 8192): 1536 - 504 = 1032 at c = 16384; with 4 pipeline stages 3 chunks are, and the
     fourth's plan holds all 32768 / 16 = 2048."""
-    cfg = EngineConfig(block_size=16, max_num_batched_tokens=8192, max_num_seqs=8, async_scheduling=async_scheduling,
-                       scheduler_reserve_full_isl=False)
-    sched = schedulers.get("vllm")(make_kv_manager(cfg, 20000, 16, (None, 128)), cfg, orderings.get("fcfs"),
-                                   TokenLog())
+    cfg = EngineConfig(
+        block_size=16,
+        max_num_batched_tokens=8192,
+        max_num_seqs=8,
+        async_scheduling=async_scheduling,
+        scheduler_reserve_full_isl=False,
+    )
+    sched = schedulers.get("vllm")(
+        make_kv_manager(cfg, 20000, 16, (None, 128)), cfg, orderings.get("fcfs"), TokenLog()
+    )
     if pp > 1:
         sched.pipeline(pp)
     r = Request(0, 0.0, 40000, 5)
@@ -103,21 +118,30 @@ def test_radix_is_refused_with_sliding_layers():
     import pytest
 
     from hardware.errors import SpecError
+
     with pytest.raises(SpecError, match="disable_hybrid_kv_cache_manager"):
         make_kv_manager(EngineConfig(prefix_caching="radix"), 16, 1, WINDOWS)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompts=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 12)), min_size=1, max_size=8),
-       kind=st.sampled_from(["none", "vllm"]), windows=st.sampled_from([(None, 8), (None, 5, 5), (6,)]),
-       budget=st.sampled_from([8, 16, 64]), spare=st.integers(0, 12))
+@given(
+    prompts=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 12)), min_size=1, max_size=8
+    ),
+    kind=st.sampled_from(["none", "vllm"]),
+    windows=st.sampled_from([(None, 8), (None, 5, 5), (6,)]),
+    budget=st.sampled_from([8, 16, 64]),
+    spare=st.integers(0, 12),
+)
 def test_every_request_finishes_and_holds_exactly_its_window(prompts, kind, windows, budget, spare):
     """Random prompts (some sharing a segment) through a tight pool with chunked prefill: no block leaks, every
     request finishes, and after each step a running request holds cdiv(c, bs) blocks per full group and
     cdiv(c, bs) - skipped(c) per sliding group (c = its computed tokens)."""
     groups = KVGroups(windows, 1)
     requests = [Request(i, 0.0, p, o, ((seg, p),)) for i, (seg, p, o) in enumerate(prompts)]
-    need = max(groups.peak_blocks(r.num_prompt_tokens + r.num_output_tokens - 1, BS, budget) for r in requests)
+    need = max(
+        groups.peak_blocks(r.num_prompt_tokens + r.num_output_tokens - 1, BS, budget) for r in requests
+    )
     sched = scheduler(kind, num_blocks=need + spare, budget=budget, max_num_seqs=4, windows=windows)
     for r in requests:
         sched.add(r, 0.0)
@@ -150,36 +174,62 @@ def _decoding(windows, prompts, outputs, num_blocks=400, async_scheduling=False)
 
 def _state(sched):
     kv = sched.kv
-    return (kv._groups, kv._hash_of, list(kv._free_queue), kv._cached, kv._registered, kv._refs,
-            [(r.num_computed_tokens, r.num_in_flight_tokens, r.num_generated, r.is_done) for r in sched.running])
+    return (
+        kv._groups,
+        kv._hash_of,
+        list(kv._free_queue),
+        kv._cached,
+        kv._registered,
+        kv._refs,
+        [(r.num_computed_tokens, r.num_in_flight_tokens, r.num_generated, r.is_done) for r in sched.running],
+    )
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(window=st.sampled_from([5, 8, 13]), steps=st.integers(2, 40),
-       prompts=st.lists(st.integers(1, 30), min_size=1, max_size=5), seed_out=st.integers(0, 3),
-       async_scheduling=st.booleans())
-def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(window, steps, prompts, seed_out,
-                                                                          async_scheduling):
+@given(
+    window=st.sampled_from([5, 8, 13]),
+    steps=st.integers(2, 40),
+    prompts=st.lists(st.integers(1, 30), min_size=1, max_size=5),
+    seed_out=st.integers(0, 3),
+    async_scheduling=st.booleans(),
+)
+def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(
+    window, steps, prompts, seed_out, async_scheduling
+):
     """simulator/fast_forward.apply_stretch against scheduler steps: the same blocks opened, registered, freed by
     the window and retired, in the same order (free queue, hashes, tables and reference counts all equal); under
     async scheduling each step's token stays in flight, and the first decode frees what the prompt's held."""
     from simulator.fast_forward import Stretch, apply_stretch
-    outputs = [max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))]  # some finish inside it
-    outputs = [o + 1 if o == steps + 1 else o for o in outputs]  # a stretch's last step finishes nobody (plan_stretch)
+
+    outputs = [
+        max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))
+    ]  # some finish inside it
+    outputs = [
+        o + 1 if o == steps + 1 else o for o in outputs
+    ]  # a stretch's last step finishes nobody (plan_stretch)
     windows = (None, window)
     stepped, _, now = _decoding(windows, prompts, outputs, async_scheduling=async_scheduling)
     for k in range(steps):
         plan = stepped.schedule(now + k)
         stepped.commit(plan, now + k + 1)
-    stepped.schedule(now + steps)  # under async scheduling, what finished last goes back as the next step is planned
+    stepped.schedule(
+        now + steps
+    )  # under async scheduling, what finished last goes back as the next step is planned
     fused, _, now = _decoding(windows, prompts, outputs, async_scheduling=async_scheduling)
     plan = fused.schedule(now)  # step 0 is scheduled and allocated, as the engine hands it over
     requests = list(fused.decode_stretch(plan))
     finish = np.array([r.num_output_tokens - r.num_generated - 1 for r in requests])
     ends = now + 1 + np.arange(steps, dtype=float)
     late = fused.release_retired if fused.holds_finished else None
-    apply_stretch(requests, Stretch(np.ones(steps), ends, finish), fused.kv, fused.log, fused.retire, late,
-                  fused.decode_tokens_in_flight)[3]()
+    apply_stretch(
+        requests,
+        Stretch(np.ones(steps), ends, finish),
+        fused.kv,
+        fused.log,
+        fused.retire,
+        late,
+        fused.decode_tokens_in_flight,
+    )[3]()
     fused.schedule(now + steps)
     assert _state(fused) == _state(stepped)
     fused.kv.check_invariants()
@@ -190,9 +240,16 @@ def test_a_prefix_computed_twice_stays_findable_when_one_copy_is_evicted():
     twice; a 2176-token request then evicts the copies freed first. vLLM keeps every copy under its hash, so C
     still finds the whole prefix, with or without a sliding group (a window longer than any prompt)."""
     from tests.policies.helpers import drive
+
     for windows in [(None,), (None, 10**6)]:
-        cfg = EngineConfig(block_size=16, prefix_caching="vllm", max_num_seqs=8, max_num_batched_tokens=256,
-                           async_scheduling=False, long_prefill_token_threshold=128)
+        cfg = EngineConfig(
+            block_size=16,
+            prefix_caching="vllm",
+            max_num_seqs=8,
+            max_num_batched_tokens=256,
+            async_scheduling=False,
+            long_prefill_token_threshold=128,
+        )
         kv = make_kv_manager(cfg, 200 * len(windows), 16, windows)
         sched = schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog(), 0)
         a, b = Request(0, 0.0, 1000, 2, ((5, 960), (-1, 40))), Request(1, 0.0, 980, 2, ((5, 960), (-2, 20)))
@@ -206,10 +263,15 @@ def test_admission_bounds_a_window_by_the_tokens_in_flight_not_the_prefill_thres
     """vLLM's SlidingWindowSpec admits by max_in_flight_tokens: the step budget times the steps in flight (2 under
     async scheduling, pp with a pipeline's batch queue); long_prefill_token_threshold plays no part."""
     for ahead, pp, expected in ((False, 1, 8192), (True, 1, 16384), (False, 4, 4 * 8192)):
-        cfg = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192, async_scheduling=ahead,
-                           long_prefill_token_threshold=512)
-        sched = schedulers.get("vllm")(make_kv_manager(cfg, 100, 16, (None, 128)), cfg, orderings.get("fcfs"),
-                                       TokenLog())
+        cfg = EngineConfig(
+            max_num_seqs=256,
+            max_num_batched_tokens=8192,
+            async_scheduling=ahead,
+            long_prefill_token_threshold=512,
+        )
+        sched = schedulers.get("vllm")(
+            make_kv_manager(cfg, 100, 16, (None, 128)), cfg, orderings.get("fcfs"), TokenLog()
+        )
         if pp > 1:
             sched.pipeline(pp)
         assert sched.admission_window_tokens == expected and sched.earlier_tokens_in_flight == expected - 8192
@@ -220,11 +282,20 @@ def test_sarathi_and_orca_count_the_steps_in_flight_by_their_own_budget():
     admission, so nothing is counted for it (its unbounded budget used to leak into the arrival check: a
     negative bound that admitted requests which could never run, or an int64 overflow)."""
     for ahead, pp, steps in ((False, 1, 1), (True, 1, 2), (False, 3, 3)):
-        cfg = EngineConfig(max_num_seqs=256, max_num_batched_tokens=8192, chunk_size=512, async_scheduling=ahead)
-        sarathi, orca = (schedulers.get(name)(make_kv_manager(cfg, 100, 16, (None, 128)), cfg, orderings.get("fcfs"),
-                                              TokenLog()) for name in ("sarathi", "orca"))
+        cfg = EngineConfig(
+            max_num_seqs=256, max_num_batched_tokens=8192, chunk_size=512, async_scheduling=ahead
+        )
+        sarathi, orca = (
+            schedulers.get(name)(
+                make_kv_manager(cfg, 100, 16, (None, 128)), cfg, orderings.get("fcfs"), TokenLog()
+            )
+            for name in ("sarathi", "orca")
+        )
         if pp > 1:
             sarathi.pipeline(pp)
             orca.pipeline(pp)
-        assert (sarathi.admission_window_tokens, sarathi.earlier_tokens_in_flight) == (512 * steps, 512 * (steps - 1))
+        assert (sarathi.admission_window_tokens, sarathi.earlier_tokens_in_flight) == (
+            512 * steps,
+            512 * (steps - 1),
+        )
         assert (orca.admission_window_tokens, orca.earlier_tokens_in_flight) == (None, 0)

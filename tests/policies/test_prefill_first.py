@@ -89,7 +89,11 @@ def test_a_long_prompt_is_chunked_and_the_last_chunk_shares_its_step():
     sched.add(r0, 0.0)
     sched.add(r1, 0.0)
     assert [scheduled(step(sched)) for _ in range(4)] == [
-        [(0, 4096)], [(0, 4096)], [(0, 1808), (1, 1000)], [(0, 1), (1, 1)]]
+        [(0, 4096)],
+        [(0, 4096)],
+        [(0, 1808), (1, 1000)],
+        [(0, 1), (1, 1)],
+    ]
     assert r0.is_done and r1.is_done
 
 
@@ -160,7 +164,9 @@ def test_overlapped_a_retracted_request_goes_ahead_of_what_sglang_had_not_receiv
     not received yet, so it queues behind r1, re-admitted at 32; one arriving at 20.5 goes first. Re-admitted,
     r1 sets aside its whole 30-token output (SGLang's _prefill_one_req), not the 10 it has left: of the 30 tokens
     the budget had, 20 + 30 are taken, so r2 (4 + 3) waits for the next prefill, at 34 (first token at 35)."""
-    sched, _ = make_scheduler("sglang", num_blocks=60, block_size=1, async_scheduling=True, prefix_caching="radix")
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=60, block_size=1, async_scheduling=True, prefix_caching="radix"
+    )
     sched.new_token_ratio = sched.min_ratio
     times = [0.0, 0.5, arrival]
     requests = [Request(i, t, p, o) for i, (t, p, o) in enumerate(zip(times, [10, 10, 4], [30, 30, 3]))]
@@ -181,8 +187,15 @@ def test_overlapped_the_play_out_counts_a_finished_request_as_sglang_still_sees_
 def test_overlapped_a_mixed_batch_that_decoded_a_finished_request_frees_its_slot_for_the_next_try():
     """Mixed chunks, 3 slots: r0 finishes in step 1 and decodes once more, mixed into step 2's prefill of r2;
     SGLang filters that batch before its next try, so r3 is prefilled in step 3 (first token at 4)."""
-    sched, _ = make_scheduler("sglang", num_blocks=500, block_size=1, async_scheduling=True, max_num_seqs=3,
-                              enable_mixed_chunk=True, max_num_batched_tokens=64)
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=500,
+        block_size=1,
+        async_scheduling=True,
+        max_num_seqs=3,
+        enable_mixed_chunk=True,
+        max_num_batched_tokens=64,
+    )
     times = [0.0, 0.0, 0.5, 0.5]
     requests = [Request(i, t, 4, o) for i, (t, o) in enumerate(zip(times, [2, 20, 20, 20]))]
     steps = drive(sched, requests, arrivals=times)
@@ -205,28 +218,43 @@ def test_overlapped_the_ratio_is_not_reset_while_the_engine_plans_again():
 
 
 def test_a_prompt_cut_to_fit_the_chunk_ends_on_a_page_boundary():
-    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000,
-                              prefix_caching="radix")
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000, prefix_caching="radix"
+    )
     sched.add(Request(0, 0.0, 5000, 2), 0.0)
     assert scheduled(step(sched)) == [(0, 992)]  # 1000 // 16 x 16
 
 
 def test_max_prefill_tokens_bounds_an_unchunked_batch_but_never_its_first_request():
     for limit, expected in ((16384, [(0, 10000)]), (30000, [(0, 10000), (1, 10000)])):
-        sched, _ = make_scheduler("sglang", num_blocks=100_000, block_size=1, enable_chunked_prefill=False,
-                                  max_num_batched_tokens=30000, max_prefill_tokens=limit, prefix_caching="radix")
+        sched, _ = make_scheduler(
+            "sglang",
+            num_blocks=100_000,
+            block_size=1,
+            enable_chunked_prefill=False,
+            max_num_batched_tokens=30000,
+            max_prefill_tokens=limit,
+            prefix_caching="radix",
+        )
         for r in make_requests([10000, 10000], [2, 2]):
             sched.add(r, 0.0)
         assert scheduled(step(sched)) == expected
-    sched, _ = make_scheduler("sglang", num_blocks=100_000, block_size=1, enable_chunked_prefill=False,
-                              max_prefill_tokens=100, prefix_caching="radix")
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=100_000,
+        block_size=1,
+        enable_chunked_prefill=False,
+        max_prefill_tokens=100,
+        prefix_caching="radix",
+    )
     sched.add(Request(0, 0.0, 10000, 2), 0.0)
     assert scheduled(step(sched)) == [(0, 10000)]  # over the limit, but first
 
 
 def test_mixed_chunks_leave_a_token_of_the_chunk_budget_per_decode():
-    sched, _ = make_scheduler("sglang", num_blocks=10_000, block_size=1, max_num_batched_tokens=1000,
-                              enable_mixed_chunk=True)
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=10_000, block_size=1, max_num_batched_tokens=1000, enable_mixed_chunk=True
+    )
     decoders = make_requests([10] * 5, [50] * 5)
     for r in decoders:
         sched.add(r, 0.0)
@@ -257,18 +285,22 @@ def test_retraction_drops_what_the_radix_tree_had_not_cached():
     assert victim.num_generated > 1 and sched.kv.lookup(victim) == victim.num_prompt_tokens
 
 
-@pytest.mark.parametrize("chunk, lengths", [
-    (8192, ((15, 3), (10, 2))),  # the second waits for the first's pages
-    (8192, ((5, 12), (5, 12))),  # neither can finish beside the other
-    (4, ((15, 2), (15, 2))),  # both prompts stall halfway through their chunks
-])
+@pytest.mark.parametrize(
+    "chunk, lengths",
+    [
+        (8192, ((15, 3), (10, 2))),  # the second waits for the first's pages
+        (8192, ((5, 12), (5, 12))),  # neither can finish beside the other
+        (4, ((15, 2), (15, 2))),  # both prompts stall halfway through their chunks
+    ],
+)
 def test_pipeline_engines_sharing_a_pool_never_stall(chunk, lengths):
     """Two micro-batch engines over one pool (simulator/run.py): an idle engine whose admission failed on its
     sibling's pages must not stay marked full, and a lone request (or a stalled prompt) that cannot grow is
     retracted so the other can finish."""
     kv = kv_managers.get("none")(20, 1, 0.0)
-    cfg = EngineConfig(scheduler="sglang", block_size=1, prefix_caching="none", max_num_seqs=8,
-                       max_num_batched_tokens=chunk)
+    cfg = EngineConfig(
+        scheduler="sglang", block_size=1, prefix_caching="none", max_num_seqs=8, max_num_batched_tokens=chunk
+    )
     engines = [PrefillFirstScheduler(kv, cfg, by_arrival, TokenLog()) for _ in range(2)]
     requests = make_requests(*zip(*lengths))
     for engine, req in zip(engines, requests):
@@ -323,8 +355,12 @@ def test_defaults_follow_sglang():
     assert sglang_mem_fraction_static(get_gpu("h200"), 8192, tp=8) == 0.896
     assert sglang_mem_fraction_static(get_gpu("l4"), 2048) == 0.833
     assert sglang_mem_fraction_static(get_gpu("h100-sxm"), 2048) == round((81089.875 - 10240) / 81089.875, 3)
-    assert EngineConfig(scheduler="sglang", gpu_memory_utilization=0.7).with_vllm_defaults(
-        get_gpu("h100-sxm"), 4096).gpu_memory_utilization == 0.7  # stated: kept
+    assert (
+        EngineConfig(scheduler="sglang", gpu_memory_utilization=0.7)
+        .with_vllm_defaults(get_gpu("h100-sxm"), 4096)
+        .gpu_memory_utilization
+        == 0.7
+    )  # stated: kept
     assert default_max_running(400_000, 131072) == 2048  # 400000 / 131072 x 512 = 1562 slots, at least 2048
     assert default_max_running(2_000_000, 8192) == 4096  # 125000 slots, at most 4096
     assert default_max_running(3000, 8192) == 1500  # half the pool's tokens
@@ -339,7 +375,9 @@ def test_sglang_refuses_swap_and_speculation():
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=12),
+    lengths=st.lists(
+        st.tuples(st.integers(1, 60), st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=12
+    ),
     block_size=st.sampled_from([1, 4, 16]),
     spare_blocks=st.integers(0, 20),
     max_num_seqs=st.integers(1, 8),
@@ -352,21 +390,47 @@ def test_sglang_refuses_swap_and_speculation():
     overlap=st.booleans(),
     gap=st.sampled_from([0.0, 0.5, 1.5]),
 )
-def test_every_request_finishes_with_no_page_leaked(lengths, block_size, spare_blocks, max_num_seqs, budget, chunked,
-                                                    mixed, caching, conservativeness, decayed, overlap, gap):
+def test_every_request_finishes_with_no_page_leaked(
+    lengths,
+    block_size,
+    spare_blocks,
+    max_num_seqs,
+    budget,
+    chunked,
+    mixed,
+    caching,
+    conservativeness,
+    decayed,
+    overlap,
+    gap,
+):
     """Shared leading segments (ids 0-2) give prefix hits; tiny pools, with the ratio decayed as after a long run
     of decodes (`decayed`), force retractions; `overlap`: SGLang's overlap scheduler, `gap` s between arrivals."""
-    requests = [Request(i, 0.0, p, o, prompt_segments=((seg, min(p, 8)),) + (((-(i + 1), p - 8),) if p > 8 else ()))
-                if seg else Request(i, 0.0, p, o) for i, (p, o, seg) in enumerate(lengths)]
+    requests = [
+        Request(i, 0.0, p, o, prompt_segments=((seg, min(p, 8)),) + (((-(i + 1), p - 8),) if p > 8 else ()))
+        if seg
+        else Request(i, 0.0, p, o)
+        for i, (p, o, seg) in enumerate(lengths)
+    ]
     biggest = max(max_blocks_of(r, block_size) for r in requests)
     budget = budget if chunked else max(budget, max(p + o for p, o, _ in lengths))
-    sched, log = make_scheduler("sglang", num_blocks=biggest + spare_blocks, block_size=block_size,
-                                max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, enable_chunked_prefill=chunked,
-                                enable_mixed_chunk=mixed, prefix_caching=caching,
-                                schedule_conservativeness=conservativeness, async_scheduling=overlap)
+    sched, log = make_scheduler(
+        "sglang",
+        num_blocks=biggest + spare_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        enable_mixed_chunk=mixed,
+        prefix_caching=caching,
+        schedule_conservativeness=conservativeness,
+        async_scheduling=overlap,
+    )
     if decayed:
         sched.new_token_ratio = sched.min_ratio
-    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])  # checks invariants after
+    steps = drive(
+        sched, requests, arrivals=[i * gap for i in range(len(requests))]
+    )  # checks invariants after
     # every step and that every page came back
     assert_every_token_served(requests, log)
     assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch
@@ -378,13 +442,23 @@ def test_overlapped_batches_cannot_hit_a_prompt_the_step_in_flight_prefills(over
     overlap, r0's prompt is in the tree when the next batch forms, so r1 and r2 both hit it. Overlapped, SGLang
     inserts r0's prompt as it processes r0's results, after the next batch is formed: r1 prefills all 2,050
     tokens, and only r2, formed after that, hits the shared 2,000."""
-    sched, _ = make_scheduler("sglang", num_blocks=100_000, block_size=1, prefix_caching="radix", queue_order="lpm",
-                              async_scheduling=overlap, enable_chunked_prefill=False, max_prefill_tokens=2100)
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=100_000,
+        block_size=1,
+        prefix_caching="radix",
+        queue_order="lpm",
+        async_scheduling=overlap,
+        enable_chunked_prefill=False,
+        max_prefill_tokens=2100,
+    )
     requests = [Request(i, 0.0, 2050, 8, ((7, 2000), (-(i + 1), 50))) for i in range(3)]
     for req in requests:
         sched.add(req, 0.0)
-    batches = [[(r.id, n) for r, n in zip(plan.requests, plan.num_new)] for plan in
-               (step(sched, float(t)) for t in range(3))]
+    batches = [
+        [(r.id, n) for r, n in zip(plan.requests, plan.num_new)]
+        for plan in (step(sched, float(t)) for t in range(3))
+    ]
     if overlap:
         assert batches == [[(0, 2050)], [(1, 2050)], [(2, 50)]]
     else:
@@ -397,8 +471,9 @@ def test_a_chunked_prompt_goes_on_when_the_reserve_leaves_no_room():
     cause a memory leak"). A (4,000 outputs to come) runs while B's 2,000-token prompt is prefilled 500 at a time
     in a 5,000-token pool. With the ratio back at 1 (as after a retraction), after B's second chunk the reserve
     (4,000) exceeds the free tokens (3,990); B's third chunk still takes 500."""
-    sched, _ = make_scheduler("sglang", num_blocks=5000, block_size=1, max_num_batched_tokens=500,
-                              async_scheduling=False)
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=5000, block_size=1, max_num_batched_tokens=500, async_scheduling=False
+    )
     a, b = Request(0, 0.0, 10, 4001), Request(1, 0.0, 2000, 10)
     sched.add(a, 0.0)
     step(sched)  # A's prefill samples its first token
@@ -426,7 +501,12 @@ def test_a_retracted_request_caches_its_outputs_again_as_it_reprefills():
         plan = step(sched, now)
         now += 1.0
         for req, n in zip(plan.requests, plan.num_new):
-            if req.num_preemptions and n > 1 and req.num_computed_tokens > req.num_prompt_tokens and not req.is_done:
+            if (
+                req.num_preemptions
+                and n > 1
+                and req.num_computed_tokens > req.num_prompt_tokens
+                and not req.is_done
+            ):
                 assert sched.kv.lookup(req) == req.num_computed_tokens
                 checked += 1
     assert checked > 0

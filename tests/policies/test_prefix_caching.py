@@ -63,12 +63,23 @@ def test_a_fully_cached_prompt_still_computes_its_last_token():
 def test_seed_lpm_example():
     """Tree: A(500) -> few-shot(300) -> q7+answer, and A -> q3+answer. Waiting in arrival order r1..r4 with
     matches 0, 500, 800, 0: LPM admits r3, r2, r1, r4; r3 prefills 30 and r2 40."""
-    sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=1, prefix_caching="radix", queue_order="lpm",
-                              max_num_batched_tokens=4096, max_num_seqs=8)
+    sched, _ = make_scheduler(
+        "vllm",
+        num_blocks=10_000,
+        block_size=1,
+        prefix_caching="radix",
+        queue_order="lpm",
+        max_num_batched_tokens=4096,
+        max_num_seqs=8,
+    )
     A, few, q7, q3 = (100, 500), (101, 300), (102, 40), (103, 60)
     serve(sched, [req(0, [A, few, q7], output=20), req(1, [A, q3], output=20)])
-    r1, r2, r3, r4 = (req(10, [(200, 900)]), req(11, [A, (201, 40)]), req(12, [A, few, (202, 30)]),
-                      req(13, [(203, 20)]))
+    r1, r2, r3, r4 = (
+        req(10, [(200, 900)]),
+        req(11, [A, (201, 40)]),
+        req(12, [A, few, (202, 30)]),
+        req(13, [(203, 20)]),
+    )
     for r in (r1, r2, r3, r4):
         sched.add(r, 5.0)
     plan = sched.schedule(5.0)
@@ -77,8 +88,15 @@ def test_seed_lpm_example():
 
 
 def test_lpm_holds_back_requests_sharing_an_uncached_prefix():
-    sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=1, prefix_caching="radix", queue_order="lpm",
-                              max_num_batched_tokens=8192, max_num_seqs=8)
+    sched, _ = make_scheduler(
+        "vllm",
+        num_blocks=10_000,
+        block_size=1,
+        prefix_caching="radix",
+        queue_order="lpm",
+        max_num_batched_tokens=8192,
+        max_num_seqs=8,
+    )
     system = (300, 200)
     group = [req(i, [system, (400 + i, 50)]) for i in range(3)]
     for r in group:
@@ -92,23 +110,27 @@ def test_lpm_holds_back_requests_sharing_an_uncached_prefix():
 def test_requests_admitted_in_one_step_hit_the_blocks_that_step_computes():
     """vLLM registers a block's hash when it schedules the tokens that fill it: 4 samples of one 64-token prompt
     admitted together prefill it once (64 tokens) and then 16 each (3 blocks of 16 hit; the last is recomputed)."""
-    sched, _ = make_scheduler("vllm", num_blocks=64, block_size=16, prefix_caching="vllm",
-                              max_num_batched_tokens=1024)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=64, block_size=16, prefix_caching="vllm", max_num_batched_tokens=1024
+    )
     samples = [req(i, [(9, 64)], output=3) for i in range(4)]
     for r in samples:
         sched.add(r, 0.0)
     plan = sched.schedule(0.0)
     assert list(plan.num_new) == [64, 16, 16, 16] and list(plan.num_context) == [0, 48, 48, 48]
     assert [r.num_cached_tokens for r in samples] == [0, 48, 48, 48]
-    assert sched.kv.num_used_blocks == 4 + 3 * 1  # the prompt's 4 blocks, shared, plus each sample's own last one
+    assert (
+        sched.kv.num_used_blocks == 4 + 3 * 1
+    )  # the prompt's 4 blocks, shared, plus each sample's own last one
     sched.commit(plan, 1.0)
     sched.kv.check_invariants()
 
 
 def test_radix_hits_only_what_earlier_steps_computed():
     """SGLang inserts into the radix tree after a forward pass, so requests batched together do not share."""
-    sched, _ = make_scheduler("vllm", num_blocks=1024, block_size=1, prefix_caching="radix",
-                              max_num_batched_tokens=1024)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=1024, block_size=1, prefix_caching="radix", max_num_batched_tokens=1024
+    )
     samples = [req(i, [(9, 64)], output=3) for i in range(4)]
     for r in samples:
         sched.add(r, 0.0)
@@ -146,6 +168,7 @@ def test_radix_reuses_unaligned_prefixes_vllm_only_whole_blocks():
 
 # ---- brute force ------------------------------------------------------------------------------------
 
+
 def tokens_of(r: Request) -> list[tuple[int, int]]:
     return [(seg, k) for seg, n in request_runs(r) for k in range(n)]
 
@@ -163,8 +186,12 @@ segments = st.lists(st.tuples(st.integers(0, 4), st.integers(1, 12)), min_size=1
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompts=st.lists(st.tuples(segments, st.integers(1, 6)), min_size=1, max_size=10),
-       kind=st.sampled_from(["vllm", "radix"]), block_size=st.sampled_from([1, 2, 4]), tight=st.booleans())
+@given(
+    prompts=st.lists(st.tuples(segments, st.integers(1, 6)), min_size=1, max_size=10),
+    kind=st.sampled_from(["vllm", "radix"]),
+    block_size=st.sampled_from([1, 2, 4]),
+    tight=st.booleans(),
+)
 def test_cache_hits_match_brute_force_longest_cached_prefix(prompts, kind, block_size, tight):
     """Requests run one after another. With room for everything, every lookup equals the longest prefix shared with
     any earlier request (capped below the last token, whole blocks for vllm); with a tight pool, never more."""
@@ -172,8 +199,11 @@ def test_cache_hits_match_brute_force_longest_cached_prefix(prompts, kind, block
     page = block_size if kind == "radix" else 1
     unit = size if kind == "vllm" else page
     total = sum(sum(n for _, n in runs) + out for runs, out in prompts)
-    pages = (-(-total // unit) + 8) if not tight else max(-(-max(sum(n for _, n in r) + o for r, o in prompts)
-                                                            // unit) + 2, 2)
+    pages = (
+        (-(-total // unit) + 8)
+        if not tight
+        else max(-(-max(sum(n for _, n in r) + o for r, o in prompts) // unit) + 2, 2)
+    )
     cls = PrefixCachingBlockManager if kind == "vllm" else RadixCache
     sched, _ = make_scheduler("vllm", num_blocks=pages, block_size=unit, prefix_caching=kind, max_num_seqs=1)
     assert isinstance(sched.kv, cls)
@@ -190,14 +220,22 @@ def test_cache_hits_match_brute_force_longest_cached_prefix(prompts, kind, block
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompts=st.lists(st.tuples(segments, st.integers(1, 6)), min_size=1, max_size=10),
-       block_size=st.sampled_from([1, 2, 4]))
+@given(
+    prompts=st.lists(st.tuples(segments, st.integers(1, 6)), min_size=1, max_size=10),
+    block_size=st.sampled_from([1, 2, 4]),
+)
 def test_same_step_hits_match_brute_force_over_requests_admitted_before(prompts, block_size):
     """All requests arrive at once and fit one step: each one's hit is the longest prefix it shares with any
     request admitted before it in that step (capped below its last token, whole blocks)."""
     total = sum(sum(n for _, n in runs) + out for runs, out in prompts)
-    sched, _ = make_scheduler("vllm", num_blocks=-(-total // block_size) + 8, block_size=block_size,
-                              prefix_caching="vllm", max_num_seqs=len(prompts), max_num_batched_tokens=total + 1)
+    sched, _ = make_scheduler(
+        "vllm",
+        num_blocks=-(-total // block_size) + 8,
+        block_size=block_size,
+        prefix_caching="vllm",
+        max_num_seqs=len(prompts),
+        max_num_batched_tokens=total + 1,
+    )
     requests = [req(i, list(runs), output=out) for i, (runs, out) in enumerate(prompts)]
     for r in requests:
         sched.add(r, 0.0)
@@ -218,8 +256,15 @@ def _second_request_prefill(method: str, windows=(None,)) -> int:
     from policies.hybrid_blocks import make_kv_manager
     from policies.catalog import orderings, schedulers
     from policies.step import TokenLog
-    cfg = EngineConfig(prefix_caching="vllm", block_size=16, max_num_seqs=8, max_num_batched_tokens=4096,
-                       async_scheduling=False, speculative={"method": method, "k": 2, "acceptance": 0.5})
+
+    cfg = EngineConfig(
+        prefix_caching="vllm",
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=4096,
+        async_scheduling=False,
+        speculative={"method": method, "k": 2, "acceptance": 0.5},
+    )
     kv = make_kv_manager(cfg, 64, 16, windows)
     sched = schedulers.get("vllm")(kv, cfg, orderings.get("fcfs"), TokenLog(), 0)
     serve(sched, [req(0, [(7, 64), (8, 16)], output=3)])
@@ -241,7 +286,9 @@ def test_a_request_wanting_prompt_logprobs_reads_nothing_from_the_cache():
     needed): it prefills all 12 tokens of A B C though all but its last block are cached; it still registers."""
     for windows in ((None,), (None, 8)):
         cfg = EngineConfig(prefix_caching="vllm", max_num_seqs=8, max_num_batched_tokens=64)
-        sched = schedulers.get("vllm")(make_kv_manager(cfg, 64, 4, windows), cfg, orderings.get("fcfs"), TokenLog())
+        sched = schedulers.get("vllm")(
+            make_kv_manager(cfg, 64, 4, windows), cfg, orderings.get("fcfs"), TokenLog()
+        )
         a, b, c = ((s, 4) for s in range(3))
         serve(sched, [req(0, [a, b, c])])
         wants = Request(1, 1.0, 12, 1, (a, b, c), prompt_logprobs=True)

@@ -36,7 +36,9 @@ def test_async_scheduling_frees_a_finished_slot_one_step_late():
     when step 2 is planned and r2 gets in at step 3; synchronously it takes the slot in step 2."""
     steps = {}
     for ahead in (False, True):
-        sched, _ = make_scheduler("vllm", num_blocks=100, block_size=4, max_num_seqs=2, async_scheduling=ahead)
+        sched, _ = make_scheduler(
+            "vllm", num_blocks=100, block_size=4, max_num_seqs=2, async_scheduling=ahead
+        )
         requests = make_requests([4, 4, 4], [2, 8, 3])
         steps[ahead] = drive(sched, requests)
         assert requests[0].finish_s == 2.0
@@ -61,14 +63,18 @@ def test_async_scheduling_plans_again_when_nothing_else_could_run():
     """One slot: r0's finish leaves nothing to run in the step planned ahead, so vLLM waits for r0's outputs and
     plans again; r1 starts at once, as it does synchronously."""
     for ahead in (False, True):
-        sched, _ = make_scheduler("vllm", num_blocks=100, block_size=4, max_num_seqs=1, async_scheduling=ahead)
+        sched, _ = make_scheduler(
+            "vllm", num_blocks=100, block_size=4, max_num_seqs=1, async_scheduling=ahead
+        )
         requests = make_requests([4, 4], [2, 2])
         steps = drive(sched, requests)
         assert [s.batch for s in steps] == [[0], [0], [1], [1]]
 
 
 def test_chunked_prefill_bounds_the_decode_stall():
-    sched, _ = make_scheduler("vllm", num_blocks=10_000, block_size=16, max_num_seqs=64, max_num_batched_tokens=512)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=10_000, block_size=16, max_num_seqs=64, max_num_batched_tokens=512
+    )
     decoders = make_requests([10] * 50, [100] * 50)
     for req in decoders:
         sched.add(req, 0.0)
@@ -96,14 +102,25 @@ def test_long_prefill_token_threshold_lets_long_prompts_advance_side_by_side():
     sched, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, long_prefill_token_threshold=1000)
     steps = drive(sched, make_requests([3000, 2500, 300], [2, 2, 2]))
     assert [s.num_new for s in steps] == [[1000, 1000, 300], [1000, 1000, 1], [1000, 500], [1, 1]]
-    unchunked, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, long_prefill_token_threshold=1000,
-                                  enable_chunked_prefill=False)  # the threshold caps chunks only
+    unchunked, _ = make_scheduler(
+        "vllm",
+        num_blocks=1000,
+        block_size=16,
+        long_prefill_token_threshold=1000,
+        enable_chunked_prefill=False,
+    )  # the threshold caps chunks only
     assert drive(unchunked, make_requests([3000], [2]))[0].num_new == [3000]
 
 
 def test_without_chunked_prefill_a_long_prompt_waits_for_the_budget():
-    sched, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, max_num_seqs=8, max_num_batched_tokens=2048,
-                              enable_chunked_prefill=False)
+    sched, _ = make_scheduler(
+        "vllm",
+        num_blocks=1000,
+        block_size=16,
+        max_num_seqs=8,
+        max_num_batched_tokens=2048,
+        enable_chunked_prefill=False,
+    )
     requests = make_requests([1000, 1500], [3, 3])
     steps = drive(sched, requests)
     assert steps[0].num_new == [1000]  # 1000 + 1500 > 2048: the second waits a step, whole
@@ -120,8 +137,9 @@ def test_recompute_preempts_the_newest_first():
 
 
 def test_swap_preemption_keeps_computed_tokens():
-    sched, _ = make_scheduler("vllm", num_blocks=6, block_size=4, max_num_seqs=3, preemption_mode="swap",
-                              host_blocks=100)
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=6, block_size=4, max_num_seqs=3, preemption_mode="swap", host_blocks=100
+    )
     requests = make_requests([8, 4, 4], [6, 6, 6])
     plans = []
     for req in requests:
@@ -136,7 +154,9 @@ def test_swap_preemption_keeps_computed_tokens():
     assert sum(p.swap_out_blocks for p in plans) == sum(p.swap_in_blocks for p in plans) > 0
     assert all(r.num_generated == 6 for r in requests)
     # swapped requests resume where they were: every token is computed exactly once (the last is never fed back)
-    assert sum(sum(p.num_new) for p in plans) == sum(r.num_prompt_tokens + r.num_output_tokens - 1 for r in requests)
+    assert sum(sum(p.num_new) for p in plans) == sum(
+        r.num_prompt_tokens + r.num_output_tokens - 1 for r in requests
+    )
 
 
 def test_orca_reserves_the_whole_output_and_never_preempts():
@@ -163,8 +183,21 @@ def test_orca_reserves_the_whole_output_and_never_preempts():
     ahead=st.booleans(),
     gap=st.sampled_from([0.0, 0.5, 1.5]),
 )
-def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_size, spare_blocks, max_num_seqs,
-                                                     budget, chunked, swap, order, gate, threshold, ahead, gap):
+def test_every_request_finishes_with_no_block_leaked(
+    scheduler,
+    lengths,
+    block_size,
+    spare_blocks,
+    max_num_seqs,
+    budget,
+    chunked,
+    swap,
+    order,
+    gate,
+    threshold,
+    ahead,
+    gap,
+):
     """`ahead`: vLLM's async scheduling (the vllm scheduler only); `gap`: seconds between arrivals (steps: 1 s)."""
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     biggest = max(max_blocks_of(r, block_size) for r in requests)
@@ -173,13 +206,24 @@ def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_s
     if scheduler == "seed_toy":  # the toy admits with room for one more token
         biggest += 1
     budget = max(budget, max(p + o for p, o in lengths)) if not chunked else budget
-    sched, log = make_scheduler(scheduler, num_blocks=biggest + spare_blocks, block_size=block_size,
-                                max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
-                                enable_chunked_prefill=chunked, chunk_size=max(16, budget // 4),
-                                preemption_mode="swap" if swap else "recompute", host_blocks=8, queue_order=order,
-                                scheduler_reserve_full_isl=gate, long_prefill_token_threshold=threshold,
-                                async_scheduling=ahead and scheduler == "vllm")
-    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])  # checks invariants after
+    sched, log = make_scheduler(
+        scheduler,
+        num_blocks=biggest + spare_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=chunked,
+        chunk_size=max(16, budget // 4),
+        preemption_mode="swap" if swap else "recompute",
+        host_blocks=8,
+        queue_order=order,
+        scheduler_reserve_full_isl=gate,
+        long_prefill_token_threshold=threshold,
+        async_scheduling=ahead and scheduler == "vllm",
+    )
+    steps = drive(
+        sched, requests, arrivals=[i * gap for i in range(len(requests))]
+    )  # checks invariants after
     # every step and that every block came back
     assert_every_token_served(requests, log)
     assert all(s.free_blocks >= 0 for s in steps)
@@ -188,8 +232,9 @@ def test_every_request_finishes_with_no_block_leaked(scheduler, lengths, block_s
 def test_a_running_request_preempting_itself_ends_the_running_pass():
     """Priority order: A (priority 5, admitted first) needs a block with none free and is itself the lowest
     priority; vLLM then stops scheduling running requests, so B (priority 0, after A in the batch) waits a step."""
-    sched, _ = make_scheduler("vllm", num_blocks=4, block_size=4, max_num_seqs=4, max_num_batched_tokens=64,
-                              queue_order="priority")
+    sched, _ = make_scheduler(
+        "vllm", num_blocks=4, block_size=4, max_num_seqs=4, max_num_batched_tokens=64, queue_order="priority"
+    )
     a, b = Request(0, 0.0, 4, 8, priority=5), Request(1, 0.0, 4, 8, priority=0)
     sched.add(a, 0.0)
     plans, now = [], 0.0

@@ -52,6 +52,7 @@ def spec(**fields) -> SpeculativeConfig:
 
 # ---- the seed's formula ----------------------------------------------------------------------------
 
+
 def test_expected_tokens_per_round_matches_the_seed():
     assert expected_tokens_per_round(0.7, 4) == pytest.approx(2.7731)  # "(1 - a^5) / (1 - a) ~ 2.77"
     assert expected_tokens_per_round(0.85, 4) == pytest.approx(3.7086, abs=1e-4)  # 3.71
@@ -59,17 +60,21 @@ def test_expected_tokens_per_round_matches_the_seed():
     assert expected_tokens_per_round(1.0, 4) == 5 and expected_tokens_per_round(0.0, 4) == 1
 
 
-@pytest.mark.parametrize("c,alpha,seed_says", [
-    (0.2, 0.7, 1.5),    # 8B target, 1B draft: 2.77 / 1.8
-    (0.08, 0.7, 2.1),   # 70B on 4 GPUs, 1B draft: 2.77 / 1.32
-    (0.08, 0.85, 2.8),  # the same with a better draft: 3.71 / 1.32
-    (0.2, 0.3, 0.8),    # a poor draft: slower
-])
+@pytest.mark.parametrize(
+    "c,alpha,seed_says",
+    [
+        (0.2, 0.7, 1.5),  # 8B target, 1B draft: 2.77 / 1.8
+        (0.08, 0.7, 2.1),  # 70B on 4 GPUs, 1B draft: 2.77 / 1.32
+        (0.08, 0.85, 2.8),  # the same with a better draft: 3.71 / 1.32
+        (0.2, 0.3, 0.8),  # a poor draft: slower
+    ],
+)
 def test_speedup_table_of_the_seed(c, alpha, seed_says):
     assert speedup(alpha, 4, c) == pytest.approx(seed_says, abs=0.05)
 
 
 # ---- acceptance draws --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("alpha", [0.3, 0.7, 0.9])
 def test_accepted_guesses_are_a_capped_geometric(alpha):
@@ -77,7 +82,7 @@ def test_accepted_guesses_are_a_capped_geometric(alpha):
     req = Request(0, 0.0, 10, 10)
     draws = np.array([sp.accept(req, k) for _ in range(40_000)])
     for j in range(1, k + 1):  # P(accepted >= j) = alpha^j
-        assert (draws >= j).mean() == pytest.approx(alpha ** j, abs=0.01)
+        assert (draws >= j).mean() == pytest.approx(alpha**j, abs=0.01)
     assert draws.max() == k
     assert (draws + 1).mean() == pytest.approx(expected_tokens_per_round(alpha, k), rel=0.01)
 
@@ -86,6 +91,7 @@ def test_acceptance_streams_are_per_request_and_seeded():
     def draws(seed, rid):
         sp, req = Speculator(spec(), seed), Request(rid, 0.0, 10, 10)
         return [sp.accept(req, 4) for _ in range(50)]
+
     assert draws(1, 5) == draws(1, 5)
     assert draws(1, 5) != draws(2, 5) and draws(1, 5) != draws(1, 6)
     sp = Speculator(spec(acceptance=1.0))
@@ -97,8 +103,11 @@ def test_per_request_acceptance_from_a_beta_distribution():
     sp = Speculator(spec(acceptance={"kind": "beta", "a": 7, "b": 3}), seed=0)
     alphas = [sp.alpha(Request(i, 0.0, 1, 1)) for i in range(2000)]
     assert np.mean(alphas) == pytest.approx(0.7, abs=0.01)
-    assert np.std(alphas) == pytest.approx(math.sqrt(7 * 3 / (10 ** 2 * 11)), rel=0.1)
-    assert Speculator(spec(acceptance={"kind": "beta", "a": 7, "b": 3})).alpha(Request(4, 0.0, 1, 1)) == alphas[4]
+    assert np.std(alphas) == pytest.approx(math.sqrt(7 * 3 / (10**2 * 11)), rel=0.1)
+    assert (
+        Speculator(spec(acceptance={"kind": "beta", "a": 7, "b": 3})).alpha(Request(4, 0.0, 1, 1))
+        == alphas[4]
+    )
 
 
 def test_config_is_validated():
@@ -116,9 +125,12 @@ def test_config_is_validated():
 
 # ---- the scheduler's rounds ---------------------------------------------------------------------------
 
+
 def spec_scheduler(num_blocks=100, block_size=4, **fields):
     knobs = {k: fields.pop(k) for k in list(fields) if k in EngineConfig.model_fields}
-    return make_scheduler("vllm", num_blocks=num_blocks, block_size=block_size, speculative=spec(**fields), **knobs)
+    return make_scheduler(
+        "vllm", num_blocks=num_blocks, block_size=block_size, speculative=spec(**fields), **knobs
+    )
 
 
 def test_all_guesses_accepted_yield_k_plus_one_tokens_a_step():
@@ -185,13 +197,16 @@ def test_drafting_switches_off_above_a_batch_size_and_its_requests_speculate_no_
     assert steps[1].num_new == [1, 1, 1]  # 3 running > 2: plain decode
     assert steps[2].num_new == [1, 1, 1] and steps[2].batch == [0, 1, 2]  # r0 ends here
     assert steps[3].batch == [1, 2] and steps[3].num_new == [1, 1]  # 2 running, but they no longer speculate
-    assert steps[5].batch == [3] and steps[6].num_new == [3]  # the newcomer's prefill, then a round of 2 guesses
+    assert steps[5].batch == [3] and steps[6].num_new == [
+        3
+    ]  # the newcomer's prefill, then a round of 2 guesses
     assert all(r.num_generated == r.num_output_tokens for r in requests)
 
 
 def test_drafting_switches_off_above_a_token_load():
-    sched, _ = spec_scheduler(k=2, acceptance=1.0, disable_above_tokens=3, max_num_seqs=8,
-                              max_num_batched_tokens=16)
+    sched, _ = spec_scheduler(
+        k=2, acceptance=1.0, disable_above_tokens=3, max_num_seqs=8, max_num_batched_tokens=16
+    )
     requests = make_requests([4, 4, 40, 4], [9, 9, 2, 5])
     steps = drive(sched, requests, arrivals=[0.0, 0.0, 0.0, 4.0])
     assert steps[0].num_new == [4, 4, 8]
@@ -221,18 +236,34 @@ def test_draft_passes_of_a_mixed_step():
     reqs = make_requests([10, 10, 500], [50, 50, 10])
     reqs[0].num_generated, reqs[1].num_generated = 11, 21  # decoding: context = prompt + generated - 1
     # r0 decodes with 4 guesses (its draft KV is level), r1 with 2 guesses and 3 tokens behind, r2 prefills 64
-    plan = StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False), num_draft=(4, 2, 0),
-                    draft_context=(20, 27, 100))
+    plan = StepPlan(
+        tuple(reqs),
+        (5, 3, 64),
+        (20, 30, 100),
+        (True, True, False),
+        num_draft=(4, 2, 0),
+        draft_context=(20, 27, 100),
+    )
     passes = draft_batches(plan)
     assert [b.num_new.tolist() for b in passes] == [[1, 4, 64], [1, 1], [1], [1]]
     assert [b.num_context.tolist() for b in passes] == [[20, 27, 100], [21, 31], [22], [23]]
     assert passes[0].needs_logits.tolist() == [True, True, False]
     assert plan.batch().num_logits == 5 + 3  # the verify pass scores every guess and the bonus position
     assert plan.num_decode_tokens == 8 and plan.num_prefill_tokens == 64
-    assert draft_batches(StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False),
-                                  num_draft=(4, 2, 0))) == []  # ngram: no draft model
-    stopped = StepPlan(tuple(reqs), (5, 1, 64), (20, 30, 100), (True, True, False), num_draft=(4, 0, 0),
-                       draft_context=(20, -1, 100))  # r1 no longer speculates: the draft model skips it
+    assert (
+        draft_batches(
+            StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False), num_draft=(4, 2, 0))
+        )
+        == []
+    )  # ngram: no draft model
+    stopped = StepPlan(
+        tuple(reqs),
+        (5, 1, 64),
+        (20, 30, 100),
+        (True, True, False),
+        num_draft=(4, 0, 0),
+        draft_context=(20, -1, 100),
+    )  # r1 no longer speculates: the draft model skips it
     assert [b.num_new.tolist() for b in draft_batches(stopped)] == [[1, 64], [1], [1], [1]]
     ranked = dataclasses.replace(plan, rank=(1, 0, 1))  # DP attention: each pass keeps its requests' ranks
     assert [b.rank.tolist() for b in draft_batches(ranked)] == [[1, 0, 1], [1, 0], [1], [1]]
@@ -250,21 +281,30 @@ def test_draft_weights_and_kv_shrink_the_pool():
     extra = both.weight_bytes - alone.weight_bytes
     assert both.num_blocks == int((alone.kv_cache_bytes - extra) // (16 * (131072 + 32768)))
     assert both.num_blocks < alone.num_blocks * 131072 / (131072 + 32768)
-    eagle = with_draft_memory(alone, SpeculativeConfig(method="eagle", k=4, acceptance=0.7), model, gpu, par, cfg)
+    eagle = with_draft_memory(
+        alone, SpeculativeConfig(method="eagle", k=4, acceptance=0.7), model, gpu, par, cfg
+    )
     assert eagle.kv_bytes_per_token == 131072 + 131072 / 32  # one layer's KV
-    assert with_draft_memory(alone, SpeculativeConfig(method="ngram", k=4, acceptance=0.7), model, gpu, par,
-                             cfg) is alone
+    assert (
+        with_draft_memory(alone, SpeculativeConfig(method="ngram", k=4, acceptance=0.7), model, gpu, par, cfg)
+        is alone
+    )
 
 
 def test_an_mtp_head_under_dp_attention_is_laid_out_as_the_targets_layers():
     """DeepSeek-V3's MTP head on 8 H200s with DP attention: one more layer's latent per token, stored once in the
     group as the target's are (576 values of 2 bytes over 8 GPUs); its weights one MoE layer's as the target holds
     them per GPU (attention whole, routed experts over the 8); a request's KV whole on one rank."""
-    v3, gpu, cfg = get_model("deepseek-v3"), get_gpu("h200"), EngineMemoryConfig(max_model_len=16384,
-                                                                                  block_size=64, weight_dtype="fp8")
+    v3, gpu, cfg = (
+        get_model("deepseek-v3"),
+        get_gpu("h200"),
+        EngineMemoryConfig(max_model_len=16384, block_size=64, weight_dtype="fp8"),
+    )
     mtp = SpeculativeConfig(method="mtp", k=1, acceptance=0.8)
-    for par in (Parallelism(tp=8, ep=True, dp_attention=True),
-                Parallelism(tp=8, ep=True, dp_attention=True, dense_replicated=True)):
+    for par in (
+        Parallelism(tp=8, ep=True, dp_attention=True),
+        Parallelism(tp=8, ep=True, dp_attention=True, dense_replicated=True),
+    ):
         alone = plan_memory(v3, gpu, par, cfg)
         both = with_draft_memory(alone, mtp, v3, gpu, par, cfg)
         assert both.kv_bytes_per_token == pytest.approx(alone.kv_bytes_per_token * 62 / 61)
@@ -274,25 +314,42 @@ def test_an_mtp_head_under_dp_attention_is_laid_out_as_the_targets_layers():
         assert both.weight_bytes - alone.weight_bytes == pytest.approx(moe_layer)
         assert both.request_bytes_at_max_len == pytest.approx(alone.request_bytes_at_max_len * 62 / 61)
         assert both.max_concurrency == pytest.approx(
-            both.num_blocks * both.block_bytes / both.request_bytes_at_max_len * 8)  # a request on one of 8 ranks
+            both.num_blocks * both.block_bytes / both.request_bytes_at_max_len * 8
+        )  # a request on one of 8 ranks
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 1000), k=st.integers(1, 6), alpha=st.floats(0, 1), blocks=st.integers(30, 120),
-       caching=st.sampled_from(["none", "vllm", "radix"]), budget=st.sampled_from([16, 64, 4096]),
-       preemption=st.sampled_from(["recompute", "swap"]), off=st.sampled_from([None, 2, 4]),
-       scheduler=st.sampled_from(["vllm", "sarathi", "orca"]))
-def test_rounds_never_lose_or_duplicate_tokens_nor_leak_blocks(seed, k, alpha, blocks, caching, budget, preemption,
-                                                                off, scheduler):
+@given(
+    seed=st.integers(0, 1000),
+    k=st.integers(1, 6),
+    alpha=st.floats(0, 1),
+    blocks=st.integers(30, 120),
+    caching=st.sampled_from(["none", "vllm", "radix"]),
+    budget=st.sampled_from([16, 64, 4096]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    off=st.sampled_from([None, 2, 4]),
+    scheduler=st.sampled_from(["vllm", "sarathi", "orca"]),
+)
+def test_rounds_never_lose_or_duplicate_tokens_nor_leak_blocks(
+    seed, k, alpha, blocks, caching, budget, preemption, off, scheduler
+):
     if scheduler == "orca":
         caching = "none"  # contiguous reservation, shares nothing
     rng = np.random.default_rng(seed)
     n = 12
     prompts, outputs = rng.integers(1, 60, n).tolist(), rng.integers(1, 60, n).tolist()
-    sched, _ = make_scheduler(scheduler, num_blocks=blocks, block_size=4, prefix_caching=caching,
-                                preemption_mode=preemption, host_blocks=40, max_num_seqs=8,
-                                max_num_batched_tokens=budget, chunk_size=16,
-                                speculative=spec(k=k, acceptance=alpha, disable_above_batch=off))
+    sched, _ = make_scheduler(
+        scheduler,
+        num_blocks=blocks,
+        block_size=4,
+        prefix_caching=caching,
+        preemption_mode=preemption,
+        host_blocks=40,
+        max_num_seqs=8,
+        max_num_batched_tokens=budget,
+        chunk_size=16,
+        speculative=spec(k=k, acceptance=alpha, disable_above_batch=off),
+    )
     sched.speculator = Speculator(sched.speculator.cfg, seed)
     requests = make_requests(prompts, outputs)
     drive_allowing_preempt_only_steps(sched, requests)

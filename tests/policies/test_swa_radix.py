@@ -42,8 +42,11 @@ def test_a_tombstone_cuts_the_usable_prefix_unless_a_window_of_live_tokens_follo
         assert kv.swa_free_blocks == 30 and len(kv._swa_free) == 30 - 10 - extension
         c = req(2, [(3, 15)])
         admit(kv, c)
-        n1_node = kv.root.children[next(iter(kv.root.children))] if len(kv.root.children) == 1 else \
-            next(node for node in kv.root.children.values() if node.key[0][0] == 1)
+        n1_node = (
+            kv.root.children[next(iter(kv.root.children))]
+            if len(kv.root.children) == 1
+            else next(node for node in kv.root.children.values() if node.key[0][0] == 1)
+        )
         assert n1_node.tombstone and not next(iter(n1_node.children.values())).tombstone
         assert kv.full_free_blocks == 100 - 15  # tombstoning frees no full KV: N1 and N2 stay cached
         assert kv.lookup(req(3, [n1, n2, (4, 3)])) == hit
@@ -82,8 +85,14 @@ def test_a_running_request_frees_its_own_out_of_window_slots_and_they_join_the_t
     prompt = next(iter(kv.root.children.values()))
     (dead,) = prompt.children.values()
     (live,) = dead.children.values()
-    assert (prompt.num_tokens, prompt.tombstone, dead.num_tokens, dead.tombstone, live.num_tokens, live.tombstone) \
-        == (20, False, 24, True, 15, False)
+    assert (
+        prompt.num_tokens,
+        prompt.tombstone,
+        dead.num_tokens,
+        dead.tombstone,
+        live.num_tokens,
+        live.tombstone,
+    ) == (20, False, 24, True, 15, False)
     follow_up = Request(1, 0.0, 20 + 40 + 5, 1, ((1, 20), (output_segment_id(a.id), 40), (2, 5)))
     assert kv.lookup(follow_up) == 59
     assert kv.swa_free_blocks == 100 and len(kv._swa_free) == 100 - 20 - 15
@@ -95,8 +104,15 @@ def test_admission_cuts_a_chunk_to_what_the_sliding_pool_holds():
     locked by the request's window (one 23-token node), so 17 slots are free: the next chunk takes 17 - 1 = 16.
     Now the request's window lies in that 16-token node and the first goes unlocked: 1 free + 23 evictable, so
     the third chunk takes 23 and the tree tombstones the first node for it."""
-    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1, prefix_caching="radix", swa=(16, 40),
-                              max_num_batched_tokens=64, enable_chunked_prefill=True)
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=1000,
+        block_size=1,
+        prefix_caching="radix",
+        swa=(16, 40),
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+    )
     r = Request(0, 0.0, 100, 4, ((1, 100),))
     sched.add(r, 0.0)
     chunks, now = [], 0.0
@@ -130,8 +146,15 @@ def test_admission_counts_the_window_its_hit_locks_before_sizing_the_chunk():
     """Window 8, 60 sliding slots, a cached 30-token node (evictable). A request hitting it with 40 new tokens:
     before its hit is locked the pool has 60 slots of room (max(40, 8) + 1 = 41 fits), but the hit's window locks
     the whole 30-token node, leaving 30: SGLang checks again and cuts the chunk to 30 - 8 - 1 = 21."""
-    sched, _ = make_scheduler("sglang", num_blocks=200, block_size=1, prefix_caching="radix", swa=(8, 60),
-                              max_num_batched_tokens=64, enable_chunked_prefill=True)
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=200,
+        block_size=1,
+        prefix_caching="radix",
+        swa=(8, 60),
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+    )
     serve_prompt(sched.kv, req(0, [(1, 30)]))
     r = req(1, [(1, 30), (2, 40)])
     sched.add(r, 0.0)
@@ -142,14 +165,23 @@ def test_admission_counts_the_window_its_hit_locks_before_sizing_the_chunk():
 def test_a_sliding_pool_needs_the_radix_or_no_cache():
     with pytest.raises(SpecError, match="use radix"):
         make_kv_manager(EngineConfig(scheduler="sglang", prefix_caching="vllm"), 64, 1, swa=(8, 32))
-    assert not make_kv_manager(EngineConfig(scheduler="sglang", prefix_caching="none"), 64, 1, swa=(8, 32)).caching
+    assert not make_kv_manager(
+        EngineConfig(scheduler="sglang", prefix_caching="none"), 64, 1, swa=(8, 32)
+    ).caching
 
 
 def test_without_a_tree_a_prompt_frees_its_out_of_window_slots_chunk_by_chunk():
     """SWAChunkCache (--disable-radix-cache): a 100-token prompt in chunks of 32, window 16, holds at most a
     window and a chunk of sliding slots: before each chunk it frees what lies before computed - 16."""
-    sched, _ = make_scheduler("sglang", num_blocks=400, block_size=1, prefix_caching="none", swa=(16, 200),
-                              max_num_batched_tokens=32, enable_chunked_prefill=True)
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=400,
+        block_size=1,
+        prefix_caching="none",
+        swa=(16, 200),
+        max_num_batched_tokens=32,
+        enable_chunked_prefill=True,
+    )
     r = Request(0, 0.0, 100, 2, ((1, 100),))
     sched.add(r, 0.0)
     held, now = [], 0.0
@@ -163,11 +195,17 @@ def test_without_a_tree_a_prompt_frees_its_out_of_window_slots_chunk_by_chunk():
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(prompts=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(1, 30)), min_size=1,
-                        max_size=10),
-       caching=st.sampled_from(["radix", "none"]), window=st.sampled_from([4, 8, 16]),
-       swa_spare=st.integers(0, 40), chunk=st.sampled_from([16, 32, 128]), overlap=st.booleans(),
-       page=st.sampled_from([1, 4]))
+@given(
+    prompts=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 40), st.integers(1, 30)), min_size=1, max_size=10
+    ),
+    caching=st.sampled_from(["radix", "none"]),
+    window=st.sampled_from([4, 8, 16]),
+    swa_spare=st.integers(0, 40),
+    chunk=st.sampled_from([16, 32, 128]),
+    overlap=st.booleans(),
+    page=st.sampled_from([1, 4]),
+)
 def test_every_request_finishes_and_no_slot_leaks(prompts, caching, window, swa_spare, chunk, overlap, page):
     """Random prompts (some sharing a segment) through tight pools, chunked or not, overlapped or not: every
     invariant holds after every step (each sliding slot behind exactly one full page, live nodes whole, a
@@ -176,9 +214,19 @@ def test_every_request_finishes_and_no_slot_leaks(prompts, caching, window, swa_
     requests = [Request(i, 0.0, p, o, ((seg, p),)) for i, (seg, p, o) in enumerate(prompts)]
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
     pages = -(-longest // page) + 2
-    least = -(-(2 * min(chunk, longest) + 3 * window) // page) + 2  # what plan_memory requires of the sliding pool
-    sched, log = make_scheduler("sglang", num_blocks=pages + 8, block_size=page, prefix_caching=caching,
-                                swa=(window, least + swa_spare), max_num_batched_tokens=chunk,
-                                enable_chunked_prefill=True, max_num_seqs=4, async_scheduling=overlap)
+    least = (
+        -(-(2 * min(chunk, longest) + 3 * window) // page) + 2
+    )  # what plan_memory requires of the sliding pool
+    sched, log = make_scheduler(
+        "sglang",
+        num_blocks=pages + 8,
+        block_size=page,
+        prefix_caching=caching,
+        swa=(window, least + swa_spare),
+        max_num_batched_tokens=chunk,
+        enable_chunked_prefill=True,
+        max_num_seqs=4,
+        async_scheduling=overlap,
+    )
     drive(sched, requests)
     assert_every_token_served(requests, log)

@@ -7,8 +7,12 @@ from policies.token_ids import _code, block_hashes, pieces, request_runs
 from workloads.request import Request, output_segment_id
 
 
-@given(runs=st.lists(st.tuples(st.integers(-5, 5), st.integers(1, 40)), min_size=1, max_size=6),
-       generated=st.integers(0, 30), block_size=st.sampled_from([1, 3, 4, 16]), first_part=st.floats(0, 1))
+@given(
+    runs=st.lists(st.tuples(st.integers(-5, 5), st.integers(1, 40)), min_size=1, max_size=6),
+    generated=st.integers(0, 30),
+    block_size=st.sampled_from([1, 3, 4, 16]),
+    first_part=st.floats(0, 1),
+)
 def test_incremental_walk_equals_per_block_hashing(runs, generated, block_size, first_part):
     r = Request(0, 0.0, sum(n for _, n in runs), 50, tuple(runs))
     r.num_generated = generated
@@ -17,7 +21,10 @@ def test_incremental_walk_equals_per_block_hashing(runs, generated, block_size, 
     got = block_hashes(r, n, block_size)[: n // block_size]
     parent, expected = None, []
     for i in range(n // block_size):
-        block = [(_code(s), o, size) for s, o, size in pieces(request_runs(r), i * block_size, (i + 1) * block_size)]
+        block = [
+            (_code(s), o, size)
+            for s, o, size in pieces(request_runs(r), i * block_size, (i + 1) * block_size)
+        ]
         parent = hash((parent, *block[0])) if len(block) == 1 else hash((parent, tuple(block)))
         expected.append(parent)
     assert got == expected
@@ -39,8 +46,12 @@ def test_segment_codes_are_distinct_and_never_minus_one():
 def test_hashes_at_another_block_size_are_those_of_a_fresh_request(first, second):
     """A P/D request is hashed by both pools, whose block sizes may differ (FlashMLA's 64 beside 16): the memo of
     one size must not pass for the other's."""
+
     def request():
         return Request(0, 0.0, 200, 10, ((7, 48), (-1, 152)))
+
     r = request()
     block_hashes(r, 199, first)
-    assert block_hashes(r, 199, second)[: 199 // second] == block_hashes(request(), 199, second)[: 199 // second]
+    assert (
+        block_hashes(r, 199, second)[: 199 // second] == block_hashes(request(), 199, second)[: 199 // second]
+    )

@@ -13,10 +13,16 @@ from simulator.scenario import Scenario
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 
 BASE = {
-    "name": "test", "seed": 1, "model": "llama-3.1-8b", "hardware": {"gpu": "h100-sxm"},
+    "name": "test",
+    "seed": 1,
+    "model": "llama-3.1-8b",
+    "hardware": {"gpu": "h100-sxm"},
     "engine": {"max_model_len": 16384},
-    "workload": {"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
-                 "arrivals": {"kind": "trace"}, "num_requests": 300},
+    "workload": {
+        "trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+        "arrivals": {"kind": "trace"},
+        "num_requests": 300,
+    },
 }
 
 

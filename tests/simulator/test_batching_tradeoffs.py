@@ -16,10 +16,19 @@ H200, LLAMA_8B = get_gpu("h200"), get_model("llama-3.1-8b")
 
 
 def offline(prompt: int, output: int, num_requests: int, **engine):
-    return scenario(hardware={"gpu": "h200"}, engine={"max_model_len": 8192, **engine},
-                    workload={"trace": None, "arrivals": {"kind": "all_at_once"}, "num_requests": num_requests,
-                              "lengths": {"prompt": {"kind": "fixed", "value": prompt},
-                                          "output": {"kind": "fixed", "value": output}}})
+    return scenario(
+        hardware={"gpu": "h200"},
+        engine={"max_model_len": 8192, **engine},
+        workload={
+            "trace": None,
+            "arrivals": {"kind": "all_at_once"},
+            "num_requests": num_requests,
+            "lengths": {
+                "prompt": {"kind": "fixed", "value": prompt},
+                "output": {"kind": "fixed", "value": output},
+            },
+        },
+    )
 
 
 def test_prefill_is_compute_bound_and_a_100k_prompt_takes_seconds():
@@ -36,7 +45,9 @@ def test_an_offline_run_keeps_max_num_seqs_running_until_the_queue_drains(max_nu
     assert result.scenario.engine.max_num_seqs == slots
     running = result.steps["num_running"]
     assert running.max() == slots
-    assert (running == slots).mean() > 0.5  # most steps run a full batch; only the drain at the end is smaller
+    assert (
+        running == slots
+    ).mean() > 0.5  # most steps run a full batch; only the drain at the end is smaller
 
 
 def test_long_sequences_are_limited_by_the_kv_cache_not_the_slots():
@@ -49,8 +60,9 @@ def test_long_sequences_are_limited_by_the_kv_cache_not_the_slots():
 
 def with_a_long_prompt(**engine):
     """50 chat requests decoding on one H200; 1 s later an 8000-token prompt arrives among them."""
-    s = scenario(hardware={"gpu": "h200"}, engine={"max_model_len": 8192, "max_num_batched_tokens": 8192,
-                                                    **engine})
+    s = scenario(
+        hardware={"gpu": "h200"}, engine={"max_model_len": 8192, "max_num_batched_tokens": 8192, **engine}
+    )
     requests = [Request(i, 0.0, 200, 400) for i in range(50)] + [Request(50, 1.0, 8000, 10)]
     return World(s, SCENARIOS, workload=Workload(requests)).run()
 
@@ -69,9 +81,16 @@ def test_without_chunking_a_long_prompt_stalls_every_decoder_for_its_whole_prefi
 def test_a_small_token_budget_trades_ttft_for_smoother_decoding():
     """Chunked prefill with a small budget interleaves prompt chunks with decodes (low ITL, later first
     tokens); a large budget prefills whole prompts at once (earlier first tokens, longer decode stalls)."""
-    trace = {"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
-             "arrivals": {"kind": "trace", "rate_per_s": 12}, "num_requests": 600}
-    small = run(scenario(hardware={"gpu": "h100-sxm"}, engine={"max_num_batched_tokens": 512}, workload=trace))
-    large = run(scenario(hardware={"gpu": "h100-sxm"}, engine={"max_num_batched_tokens": 16384}, workload=trace))
+    trace = {
+        "trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+        "arrivals": {"kind": "trace", "rate_per_s": 12},
+        "num_requests": 600,
+    }
+    small = run(
+        scenario(hardware={"gpu": "h100-sxm"}, engine={"max_num_batched_tokens": 512}, workload=trace)
+    )
+    large = run(
+        scenario(hardware={"gpu": "h100-sxm"}, engine={"max_num_batched_tokens": 16384}, workload=trace)
+    )
     assert small.summary["mean_ttft_ms"] > large.summary["mean_ttft_ms"]
     assert small.summary["p99_itl_ms"] < large.summary["p99_itl_ms"]

@@ -7,8 +7,16 @@ import pandas as pd
 import pytest
 
 from hardware.errors import SpecError
-from simulator.capacity import (CapacityResult, Verdict, at_rate, check_rate, judge, max_sustainable_rate, offered_rate,
-                                queue_growth)
+from simulator.capacity import (
+    CapacityResult,
+    Verdict,
+    at_rate,
+    check_rate,
+    judge,
+    max_sustainable_rate,
+    offered_rate,
+    queue_growth,
+)
 from simulator.run import simulate
 from simulator.scenario import SloConfig
 from tests.simulator.study_helpers import SCENARIOS, chat
@@ -36,16 +44,21 @@ def test_early_stopping_never_runs_above_a_failed_rate():
     failed = [v.rate_per_s for v in result.verdicts if not v.ok]
     passed = [v.rate_per_s for v in result.verdicts if v.ok]
     assert max(passed) < min(failed)
-    assert max(v.rate_per_s for v in result.verdicts) == max(failed)  # the first failure is the highest rate run
+    assert max(v.rate_per_s for v in result.verdicts) == max(
+        failed
+    )  # the first failure is the highest rate run
     assert sorted(failed) == failed and all(b > a for a, b in zip(failed, failed[1:]))
 
 
-@pytest.mark.parametrize("slo,reason", [
-    ({"ttft_ms": 300}, "TTFT SLO"),
-    ({"tpot_ms": 15}, "TPOT SLO"),
-    ({"e2el_ms": 2000}, "E2E SLO"),
-    ({"ttft_ms": 2000, "goodput_fraction": 0.99, "percentile": 50}, "goodput"),
-])
+@pytest.mark.parametrize(
+    "slo,reason",
+    [
+        ({"ttft_ms": 300}, "TTFT SLO"),
+        ({"tpot_ms": 15}, "TPOT SLO"),
+        ({"e2el_ms": 2000}, "E2E SLO"),
+        ({"ttft_ms": 2000, "goodput_fraction": 0.99, "percentile": 50}, "goodput"),
+    ],
+)
 def test_each_failed_slo_is_named(slo, reason):
     result = simulate(at_rate(chat(), 40.0), SCENARIOS)
     verdict = judge(result, SloConfig(**slo), 40.0)
@@ -72,9 +85,16 @@ def test_overload_without_slos_is_an_unstable_queue():
 def _requests(ttft_s: list[float]) -> pd.DataFrame:
     n = len(ttft_s)
     arrival = np.arange(n, dtype=float)
-    return pd.DataFrame({"request_id": range(n), "arrival_s": arrival, "ttft_s": ttft_s,
-                         "finish_s": arrival + np.array(ttft_s) + 1, "reject_reason": [None] * n,
-                         "requested_output_tokens": [10] * n})
+    return pd.DataFrame(
+        {
+            "request_id": range(n),
+            "arrival_s": arrival,
+            "ttft_s": ttft_s,
+            "finish_s": arrival + np.array(ttft_s) + 1,
+            "reject_reason": [None] * n,
+            "requested_output_tokens": [10] * n,
+        }
+    )
 
 
 def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
@@ -89,6 +109,7 @@ def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
 def _result(requests: pd.DataFrame, summary: dict):
     class Result:  # judge reads only the summary, the per-request table and the scenario's stop
         pass
+
     result = Result()
     result.requests, result.summary, result.scenario = requests, summary, chat()
     return result
@@ -105,7 +126,9 @@ def test_rate_needs_open_loop_arrivals_with_a_rate():
 
 def test_at_rate_sets_the_rate_of_every_arrival_kind_that_has_one():
     lengths = {"prompt": {"kind": "fixed", "value": 100}, "output": {"kind": "fixed", "value": 10}}
-    poisson = chat(workload={"trace": None, "lengths": lengths, "arrivals": {"kind": "poisson", "rate_per_s": 3}})
+    poisson = chat(
+        workload={"trace": None, "lengths": lengths, "arrivals": {"kind": "poisson", "rate_per_s": 3}}
+    )
     assert at_rate(poisson, 7.0).workload.arrivals.rate_per_s == 7.0
     scaled = at_rate(chat(workload={"arrivals": {"kind": "trace", "time_scale": 2.0}}), 7.0).workload.arrivals
     assert (scaled.rate_per_s, scaled.time_scale) == (7.0, None)
@@ -142,17 +165,27 @@ def test_a_pass_on_a_run_shorter_than_a_minute_of_arrivals_comes_with_a_note():
     assert f"span only {span:.0f} s" in CapacityResult(30.0, 1, [short]).short_run
     long = Verdict(20.0, (), (), {"arrival_span_s": 100.0})
     assert CapacityResult(20.0, 1, [long]).short_run is None
-    assert CapacityResult(0.0, 1, [Verdict(5.0, ("TTFT SLO",), ("slow",), {"arrival_span_s": 3.0})]).short_run is None
+    assert (
+        CapacityResult(0.0, 1, [Verdict(5.0, ("TTFT SLO",), ("slow",), {"arrival_span_s": 3.0})]).short_run
+        is None
+    )
 
 
 def test_rates_are_counted_in_what_arrives():
     """A session workload's arrivals start sessions (later turns follow the answers); parallel sampling's are
     prompts of n requests: capacity and plan say so instead of req/s."""
-    sessions = {"sessions": {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
-                             "new_message_tokens": {"kind": "fixed", "value": 50}}}
+    sessions = {
+        "sessions": {
+            "turns": {"kind": "fixed", "value": 3},
+            "think_time_s": {"kind": "fixed", "value": 1.0},
+            "new_message_tokens": {"kind": "fixed", "value": 50},
+        }
+    }
     assert chat().workload.rate_unit == "req/s"
     assert chat(workload=sessions).workload.rate_unit == "sessions/s"
-    assert chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}).workload.rate_unit == "prompts/s"
+    assert (
+        chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}).workload.rate_unit == "prompts/s"
+    )
     result = max_sustainable_rate(chat(workload={**sessions, "num_requests": 300}), SCENARIOS, rel_tol=0.5)
     assert result.unit == "sessions/s" and result.as_dict()["rate_unit"] == "sessions/s"
 
@@ -173,8 +206,10 @@ def test_a_stop_before_the_last_arrival_is_not_a_backlog():
 
 def test_an_arrival_at_the_stop_itself_was_never_seen():
     """simpy's run(until=4) runs no event at 4: the request due then was not sent, so it is not a backlog."""
-    s = chat(stop={"max_sim_time_s": 4.0}, workload={"arrivals": {"kind": "constant", "rate_per_s": 1.0},
-                                                     "num_requests": 5})
+    s = chat(
+        stop={"max_sim_time_s": 4.0},
+        workload={"arrivals": {"kind": "constant", "rate_per_s": 1.0}, "num_requests": 5},
+    )
     result = simulate(s, SCENARIOS)
     assert result.requests["arrival_s"].tolist()[-1] == 4.0
     assert (result.summary["unfinished"], result.summary["not_arrived"]) == (0, 1)
@@ -185,10 +220,19 @@ def test_session_turns_a_stuck_queue_never_released_do_not_hide_its_backlog():
     """One slot, sessions arriving at 10/s, all first turns due before the 25 s stop: later turns are never
     released because the queue is stuck. They are not requests due after the stop, so the backlog still fails."""
     from simulator.scenario import load_scenario
-    s, base = load_scenario(SCENARIOS / "agent_prefix_sharing.yaml", [
-        "cluster={replicas: 1, router: round_robin}", "engine.max_num_seqs=1", "engine.queue_order=fcfs",
-        "workload.num_requests=120", "workload.arrivals={kind: poisson, rate_per_s: 10}", "stop.max_sim_time_s=25",
-        "slo={ttft_ms: 60000, tpot_ms: 1000}"])
+
+    s, base = load_scenario(
+        SCENARIOS / "agent_prefix_sharing.yaml",
+        [
+            "cluster={replicas: 1, router: round_robin}",
+            "engine.max_num_seqs=1",
+            "engine.queue_order=fcfs",
+            "workload.num_requests=120",
+            "workload.arrivals={kind: poisson, rate_per_s: 10}",
+            "stop.max_sim_time_s=25",
+            "slo={ttft_ms: 60000, tpot_ms: 1000}",
+        ],
+    )
     result = simulate(s, base)
     requests = result.requests
     assert requests["arrival_s"].isna().sum() > 0 and not (requests["arrival_s"] >= 25).any()
@@ -216,10 +260,16 @@ def test_requests_a_stop_leaves_undecided_or_unsent_are_not_goodput_misses():
     assert result.summary["slo_undecided"] > 0 and result.summary["slo_attainment"] == 1.0
     verdict = judge(result, s.slo, 10.0)
     assert verdict.ok and verdict.metrics["goodput_share"] == 1.0
-    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
-                "new_message_tokens": {"kind": "fixed", "value": 50}}
-    s = chat(workload={"sessions": sessions, "num_requests": 300}, stop={"max_sim_time_s": 20.0},
-             slo={"goodput_fraction": 0.9})
+    sessions = {
+        "turns": {"kind": "fixed", "value": 3},
+        "think_time_s": {"kind": "fixed", "value": 1.0},
+        "new_message_tokens": {"kind": "fixed", "value": 50},
+    }
+    s = chat(
+        workload={"sessions": sessions, "num_requests": 300},
+        stop={"max_sim_time_s": 20.0},
+        slo={"goodput_fraction": 0.9},
+    )
     result = simulate(at_rate(s, 2.0), SCENARIOS)
     assert result.summary["not_arrived"] > 100 and result.requests["arrival_s"].isna().any()
     assert judge(result, s.slo, 2.0).ok
@@ -228,7 +278,9 @@ def test_requests_a_stop_leaves_undecided_or_unsent_are_not_goodput_misses():
 def test_a_run_that_completes_nothing_fails():
     s = chat(stop={"max_sim_time_s": 0.05})
     verdict = judge(simulate(at_rate(s, 10.0), SCENARIOS), s.slo, 10.0)
-    assert verdict.reasons == ("unstable queue",) and verdict.details == ("no request completed before the stop",)
+    assert verdict.reasons == ("unstable queue",) and verdict.details == (
+        "no request completed before the stop",
+    )
 
 
 @pytest.mark.parametrize("stop_s", [20.0, 21.0])
@@ -251,12 +303,34 @@ def test_a_search_that_never_fails_says_its_answer_is_a_lower_bound():
     from typer.testing import CliRunner
 
     from simulator.cli import app
-    result = max_sustainable_rate(chat(slo={"ttft_ms": 1e9, "tpot_ms": 1e9}, workload={"num_requests": 60}),
-                                  SCENARIOS, start_rate_per_s=0.5, max_factor=2.0)
-    assert result.rate_per_s == 1.0 and result.search_limit_reached and result.as_dict()["search_limit_reached"]
+
+    result = max_sustainable_rate(
+        chat(slo={"ttft_ms": 1e9, "tpot_ms": 1e9}, workload={"num_requests": 60}),
+        SCENARIOS,
+        start_rate_per_s=0.5,
+        max_factor=2.0,
+    )
+    assert (
+        result.rate_per_s == 1.0 and result.search_limit_reached and result.as_dict()["search_limit_reached"]
+    )
     assert not max_sustainable_rate(chat(), SCENARIOS, rel_tol=0.2).search_limit_reached
-    out = CliRunner().invoke(app, ["capacity", str(SCENARIOS / "quickstart.yaml"), "--set", "slo={}",
-                                   "--set", "workload.num_requests=30", "--rel-tol", "0.5"]).output
+    out = (
+        CliRunner()
+        .invoke(
+            app,
+            [
+                "capacity",
+                str(SCENARIOS / "quickstart.yaml"),
+                "--set",
+                "slo={}",
+                "--set",
+                "workload.num_requests=30",
+                "--rel-tol",
+                "0.5",
+            ],
+        )
+        .output
+    )
     assert "sets no SLO" in out
 
 
@@ -264,16 +338,24 @@ def test_output_tokens_are_counted_per_arrival_of_the_rate_unit():
     """A plan prices its rate x output tokens per arrival: a prompt of n samples asks for n answers and a session
     for every turn's; a stop that leaves the longest answers in flight does not lower the figure (the mean over
     completed requests did, and overstated the cost per token)."""
-    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
-                "new_message_tokens": {"kind": "fixed", "value": 50}}
-    cases = [(chat(), 1), (chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}), 4),
-             (chat(workload={"sessions": sessions, "num_requests": 300}), 3)]
+    sessions = {
+        "turns": {"kind": "fixed", "value": 3},
+        "think_time_s": {"kind": "fixed", "value": 1.0},
+        "new_message_tokens": {"kind": "fixed", "value": 50},
+    }
+    cases = [
+        (chat(), 1),
+        (chat(workload={"parallel_sampling": {"n": 4}, "num_requests": 400}), 4),
+        (chat(workload={"sessions": sessions, "num_requests": 300}), 3),
+    ]
     for s, answers_per_arrival in cases:
         result = simulate(at_rate(s, 5.0), SCENARIOS)
         requests = result.requests
         per_arrival = judge(result, s.slo, 5.0).metrics["output_tokens_per_arrival"]
         assert per_arrival == pytest.approx(answers_per_arrival * requests["requested_output_tokens"].mean())
-        cut = simulate(at_rate(s.model_copy(update={"stop": s.stop.model_copy(update={"max_sim_time_s": 15.0})}),
-                               5.0), SCENARIOS)
+        cut = simulate(
+            at_rate(s.model_copy(update={"stop": s.stop.model_copy(update={"max_sim_time_s": 15.0})}), 5.0),
+            SCENARIOS,
+        )
         assert cut.summary["unfinished"] + cut.summary["not_arrived"] > 0
         assert judge(cut, s.slo, 5.0).metrics["output_tokens_per_arrival"] == per_arrival

@@ -12,9 +12,15 @@ from policies.registry import routers as router_registry
 from tests.simulator.conftest import SCENARIOS as SCENARIOS_DIR, run, scenario
 
 ROUTERS = router_registry.names()
-PREFILL_HEAVY = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 2000, "high": 6000},
-                                            "output": {"kind": "uniform", "low": 50, "high": 250}},
-                 "arrivals": {"kind": "poisson", "rate_per_s": 2}, "num_requests": 300}
+PREFILL_HEAVY = {
+    "trace": None,
+    "lengths": {
+        "prompt": {"kind": "uniform", "low": 2000, "high": 6000},
+        "output": {"kind": "uniform", "low": 50, "high": 250},
+    },
+    "arrivals": {"kind": "poisson", "rate_per_s": 2},
+    "num_requests": 300,
+}
 
 
 def test_kv_of_a_4k_prompt_over_400g_takes_10_7_ms_and_one_layer_when_streamed():
@@ -29,12 +35,17 @@ def test_kv_of_a_4k_prompt_over_400g_takes_10_7_ms_and_one_layer_when_streamed()
 
 
 def disaggregated(rate=2.0, decode_engine=None, streaming=False, **prefill):
-    return scenario(model="llama-3.1-8b", hardware={"gpu": "h100-sxm"},
-                    engine={"max_model_len": 16384, "max_num_batched_tokens": 4096},
-                    disaggregation={"prefill": {"replicas": 1, **prefill},
-                                    "decode": {"replicas": 1, "engine": decode_engine or {}},
-                                    "transfer": {"link": "ib-ndr-400", "streaming": streaming}},
-                    workload={**PREFILL_HEAVY, "arrivals": {"kind": "poisson", "rate_per_s": rate}})
+    return scenario(
+        model="llama-3.1-8b",
+        hardware={"gpu": "h100-sxm"},
+        engine={"max_model_len": 16384, "max_num_batched_tokens": 4096},
+        disaggregation={
+            "prefill": {"replicas": 1, **prefill},
+            "decode": {"replicas": 1, "engine": decode_engine or {}},
+            "transfer": {"link": "ib-ndr-400", "streaming": streaming},
+        },
+        workload={**PREFILL_HEAVY, "arrivals": {"kind": "poisson", "rate_per_s": rate}},
+    )
 
 
 def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
@@ -43,13 +54,17 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert result.summary["completed"] == 300
     assert (df["output_tokens"] == df["requested_output_tokens"]).all()
     assert (df["prefill_replica"] == 0).all() and (df["replica"] == 1).all()
-    assert result.summary["replica_requests"] == [300]  # the decode pool's one replica: balanced, not [0, 300]
+    assert result.summary["replica_requests"] == [
+        300
+    ]  # the decode pool's one replica: balanced, not [0, 300]
     assert result.summary["load_imbalance"] == 1.0
     per_token = get_model("llama-3.1-8b").kv_bytes_per_token("bf16")
     assert (df["kv_transfer_bytes"] == df["prompt_tokens"] * per_token).all()
     assert (df["kv_transfer_s"] > 0).all()
     assert result.summary["kv_transfers"] == 300 and result.summary["mean_kv_transfer_ms"] > 0
-    unstreamed = run(disaggregated())  # the default: vLLM's NixlConnector pulls the KV once the prefill is done
+    unstreamed = run(
+        disaggregated()
+    )  # the default: vLLM's NixlConnector pulls the KV once the prefill is done
     assert unstreamed.summary["mean_ttft_ms"] > result.summary["mean_ttft_ms"]
     assert unstreamed.summary["mean_kv_transfer_ms"] > 5 * result.summary["mean_kv_transfer_ms"]
 
@@ -58,13 +73,28 @@ def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, **transfer):
     """Requests from a servesim trace (`rows` after its header) on 1P1D Llama-3.1-8B (`prefill`, `decode`: the
     pools' engine settings)."""
     from simulator.run import simulate
-    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + rows)
-    return simulate(scenario(model="llama-3.1-8b", hardware={"gpu": "h100-sxm"}, engine={"max_model_len": 8192},
-                             disaggregation={"prefill": {"replicas": 1, "engine": prefill or {}},
-                                             "decode": {"replicas": 1, "engine": decode or {}},
-                                             "transfer": {"link": "ib-ndr-400", **transfer}},
-                             workload={"trace": {"format": "servesim", "path": "trace.csv"},
-                                       "arrivals": {"kind": "trace"}, "num_requests": rows.count("\n")}), tmp_path)
+
+    (tmp_path / "trace.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + rows
+    )
+    return simulate(
+        scenario(
+            model="llama-3.1-8b",
+            hardware={"gpu": "h100-sxm"},
+            engine={"max_model_len": 8192},
+            disaggregation={
+                "prefill": {"replicas": 1, "engine": prefill or {}},
+                "decode": {"replicas": 1, "engine": decode or {}},
+                "transfer": {"link": "ib-ndr-400", **transfer},
+            },
+            workload={
+                "trace": {"format": "servesim", "path": "trace.csv"},
+                "arrivals": {"kind": "trace"},
+                "num_requests": rows.count("\n"),
+            },
+        ),
+        tmp_path,
+    )
 
 
 def test_the_decode_side_samples_the_first_token_after_recomputing_the_last_prompt_token(tmp_path):
@@ -77,7 +107,9 @@ def test_the_decode_side_samples_the_first_token_after_recomputing_the_last_prom
     assert len(prefill) == 1 and len(decode) == 5 and decode["decode_tokens"].tolist() == [0, 1, 1, 1, 1]
     assert decode["prefill_tokens"].iloc[0] == 1
     first = decode.iloc[0]
-    assert req["first_token_s"] == pytest.approx(prefill["time_s"].iloc[0] + req["kv_transfer_s"] + first["duration_s"])
+    assert req["first_token_s"] == pytest.approx(
+        prefill["time_s"].iloc[0] + req["kv_transfer_s"] + first["duration_s"]
+    )
     assert req["first_token_s"] == first["time_s"] and req["output_tokens"] == 5
 
 
@@ -118,12 +150,20 @@ def test_a_decode_engine_with_every_slot_taken_reserves_nothing(tmp_path):
 def test_sliding_layers_send_only_their_window_unless_the_hybrid_manager_is_off():
     """gpt-oss-120b P/D over 400G: its 18 sliding layers hand over at most 128 tokens (plus a block's rounding)
     instead of the whole prompt, so a 2-6K prompt moves about half the bytes and arrives sooner."""
+
     def pd(**engine):
-        return scenario(model="gpt-oss-120b", hardware={"gpu": "h200"},
-                        engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
-                        disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1},
-                                        "transfer": {"link": "ib-ndr-400", "streaming": False}},
-                        workload={**PREFILL_HEAVY, "num_requests": 80})
+        return scenario(
+            model="gpt-oss-120b",
+            hardware={"gpu": "h200"},
+            engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
+            disaggregation={
+                "prefill": {"replicas": 1},
+                "decode": {"replicas": 1},
+                "transfer": {"link": "ib-ndr-400", "streaming": False},
+            },
+            workload={**PREFILL_HEAVY, "num_requests": 80},
+        )
+
     hybrid, whole = run(pd()), run(pd(disable_hybrid_kv_cache_manager=True))
     per_layer = 2 * 8 * 64 * 2
     for result in (hybrid, whole):
@@ -135,39 +175,64 @@ def test_sliding_layers_send_only_their_window_unless_the_hybrid_manager_is_off(
     assert hybrid.summary["mean_kv_transfer_ms"] < 0.6 * whole.summary["mean_kv_transfer_ms"]
 
 
-@pytest.mark.parametrize("model,tp,pp,dp_attention,share,gpus", [
-    ("llama-3.1-8b", 4, 1, False, 1 / 4, 4),  # 8 KV heads: 2 per rank
-    ("llama-3.1-8b", 16, 1, False, 1 / 8, 16),  # TP above the 8 heads: each rank keeps one, duplicated
-    ("llama-3.1-8b", 2, 2, False, 1 / 4, 4),  # stages split the layers
-    ("deepseek-v3", 8, 1, False, 1.0, 8),  # MLA: every rank keeps the whole latent
-    ("deepseek-v3", 8, 1, True, 1.0, 1),  # DP attention: the request lives on one rank
-])
+@pytest.mark.parametrize(
+    "model,tp,pp,dp_attention,share,gpus",
+    [
+        ("llama-3.1-8b", 4, 1, False, 1 / 4, 4),  # 8 KV heads: 2 per rank
+        ("llama-3.1-8b", 16, 1, False, 1 / 8, 16),  # TP above the 8 heads: each rank keeps one, duplicated
+        ("llama-3.1-8b", 2, 2, False, 1 / 4, 4),  # stages split the layers
+        ("deepseek-v3", 8, 1, False, 1.0, 8),  # MLA: every rank keeps the whole latent
+        ("deepseek-v3", 8, 1, True, 1.0, 1),  # DP attention: the request lives on one rank
+    ],
+)
 def test_kv_placement_of_a_request_on_a_replica(model, tp, pp, dp_attention, share, gpus):
     placed = KVPlacement.of(get_model(model), ParallelismConfig(tp=tp, pp=pp, dp_attention=dp_attention))
     assert placed.share == pytest.approx(share) and placed.gpus == gpus
 
 
-@pytest.mark.parametrize("model,gpu,prefill_tp,decode_tp,received_share", [
-    ("llama-3.1-8b", "h100-sxm", 2, 2, 1 / 2),  # each decode GPU pulls its 4 heads from its twin
-    ("llama-3.1-8b", "h100-sxm", 2, 1, 1.0),  # one decode GPU receives every head: twice as long
-    ("llama-3.1-8b", "h100-sxm", 1, 2, 1.0),  # one prefill GPU sends both halves
-    ("deepseek-v3", "h200", 8, 8, 1.0),  # every decode rank pulls the whole latent (8 copies on the wire)
-])
-def test_a_transfer_lasts_as_long_as_its_busiest_gpu(tmp_path, model, gpu, prefill_tp, decode_tp, received_share):
+@pytest.mark.parametrize(
+    "model,gpu,prefill_tp,decode_tp,received_share",
+    [
+        ("llama-3.1-8b", "h100-sxm", 2, 2, 1 / 2),  # each decode GPU pulls its 4 heads from its twin
+        ("llama-3.1-8b", "h100-sxm", 2, 1, 1.0),  # one decode GPU receives every head: twice as long
+        ("llama-3.1-8b", "h100-sxm", 1, 2, 1.0),  # one prefill GPU sends both halves
+        ("deepseek-v3", "h200", 8, 8, 1.0),  # every decode rank pulls the whole latent (8 copies on the wire)
+    ],
+)
+def test_a_transfer_lasts_as_long_as_its_busiest_gpu(
+    tmp_path, model, gpu, prefill_tp, decode_tp, received_share
+):
     """One 4096-token prompt, NixlConnector-style pull over 400G per GPU: the time is the busier end's bytes
     over one GPU's link; the recorded bytes are what all decode GPUs receive."""
     from simulator.run import simulate
-    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0.0,4096,4,,\n")
-    result = simulate(scenario(model=model, hardware={"gpu": gpu}, engine={"max_model_len": 8192},
-                               disaggregation={"prefill": {"replicas": 1, "tp": prefill_tp},
-                                               "decode": {"replicas": 1, "tp": decode_tp},
-                                               "transfer": {"link": "ib-ndr-400"}},
-                               workload={"trace": {"format": "servesim", "path": "trace.csv"},
-                                         "arrivals": {"kind": "trace"}, "num_requests": 1}), tmp_path)
+
+    (tmp_path / "trace.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0.0,4096,4,,\n"
+    )
+    result = simulate(
+        scenario(
+            model=model,
+            hardware={"gpu": gpu},
+            engine={"max_model_len": 8192},
+            disaggregation={
+                "prefill": {"replicas": 1, "tp": prefill_tp},
+                "decode": {"replicas": 1, "tp": decode_tp},
+                "transfer": {"link": "ib-ndr-400"},
+            },
+            workload={
+                "trace": {"format": "servesim", "path": "trace.csv"},
+                "arrivals": {"kind": "trace"},
+                "num_requests": 1,
+            },
+        ),
+        tmp_path,
+    )
     req = result.requests.iloc[0]
     per_token = {"llama-3.1-8b": 32 * 2 * 8 * 128 * 2, "deepseek-v3": 61 * (512 + 64) * 2}[model]  # bf16 KV
     link = get_interconnect("ib-ndr-400")
-    assert req["kv_transfer_s"] == pytest.approx(4096 * per_token * received_share / link.bytes_per_s + link.latency_s)
+    assert req["kv_transfer_s"] == pytest.approx(
+        4096 * per_token * received_share / link.bytes_per_s + link.latency_s
+    )
     copies = decode_tp if model == "deepseek-v3" else 1
     assert req["kv_transfer_bytes"] == pytest.approx(4096 * per_token * copies)
 
@@ -181,22 +246,47 @@ def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 1000), rate=st.floats(1, 30), decode_blocks=st.integers(700, 3000),
-       prefill_blocks=st.integers(700, 3000), replicas=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       transfer=st.sampled_from(["direct", "store"]), preemption=st.sampled_from(["recompute", "swap"]),
-       routers=st.tuples(st.sampled_from(ROUTERS), st.sampled_from(ROUTERS)))
-def test_no_request_is_lost_or_duplicated_across_the_handoff(seed, rate, decode_blocks, prefill_blocks, replicas,
-                                                             transfer, preemption, routers):
-    s = scenario(seed=seed, model="llama-3.1-8b", hardware={"gpu": "h100-sxm"},
-                 engine={"max_model_len": 8192, "preemption_mode": preemption},
-                 disaggregation={"prefill": {"replicas": replicas[0], "router": routers[0],
-                                             "engine": {"num_gpu_blocks_override": prefill_blocks}},
-                                 "decode": {"replicas": replicas[1], "router": routers[1],
-                                            "engine": {"num_gpu_blocks_override": decode_blocks}},
-                                 "transfer": {"kind": transfer}},
-                 workload={"trace": None, "lengths": {"prompt": {"kind": "lognormal", "median": 1500, "sigma": 0.8},
-                                                      "output": {"kind": "lognormal", "median": 80, "sigma": 1.0}},
-                           "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0}, "num_requests": 60})
+@given(
+    seed=st.integers(0, 1000),
+    rate=st.floats(1, 30),
+    decode_blocks=st.integers(700, 3000),
+    prefill_blocks=st.integers(700, 3000),
+    replicas=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+    transfer=st.sampled_from(["direct", "store"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    routers=st.tuples(st.sampled_from(ROUTERS), st.sampled_from(ROUTERS)),
+)
+def test_no_request_is_lost_or_duplicated_across_the_handoff(
+    seed, rate, decode_blocks, prefill_blocks, replicas, transfer, preemption, routers
+):
+    s = scenario(
+        seed=seed,
+        model="llama-3.1-8b",
+        hardware={"gpu": "h100-sxm"},
+        engine={"max_model_len": 8192, "preemption_mode": preemption},
+        disaggregation={
+            "prefill": {
+                "replicas": replicas[0],
+                "router": routers[0],
+                "engine": {"num_gpu_blocks_override": prefill_blocks},
+            },
+            "decode": {
+                "replicas": replicas[1],
+                "router": routers[1],
+                "engine": {"num_gpu_blocks_override": decode_blocks},
+            },
+            "transfer": {"kind": transfer},
+        },
+        workload={
+            "trace": None,
+            "lengths": {
+                "prompt": {"kind": "lognormal", "median": 1500, "sigma": 0.8},
+                "output": {"kind": "lognormal", "median": 80, "sigma": 1.0},
+            },
+            "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0},
+            "num_requests": 60,
+        },
+    )
     df = run(s).requests
     finished = df["finish_s"].notna()
     assert (finished ^ df["reject_reason"].notna()).all()
@@ -206,23 +296,36 @@ def test_no_request_is_lost_or_duplicated_across_the_handoff(seed, rate, decode_
     assert handed["kv_transfer_s"].notna().all() and handed["decode_wait_s"].ge(0).all()
     assert df["request_id"].is_unique
     decode_engines = range(replicas[0], replicas[0] + replicas[1])  # numbered after the prefill pool's
-    assert handed["replica"].isin(decode_engines).all() and handed["prefill_replica"].isin(range(replicas[0])).all()
+    assert (
+        handed["replica"].isin(decode_engines).all()
+        and handed["prefill_replica"].isin(range(replicas[0])).all()
+    )
 
 
 def test_pools_storing_kv_in_different_dtypes_are_refused():
     from hardware.errors import SpecError
-    s = scenario(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1, "engine": {"kv_dtype": "fp8"}}})
-    with pytest.raises(SpecError, match=r"prefill pool's engine.kv_dtype \(bf16\) and the decode pool's \(fp8\)"):
+
+    s = scenario(
+        disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1, "engine": {"kv_dtype": "fp8"}}}
+    )
+    with pytest.raises(
+        SpecError, match=r"prefill pool's engine.kv_dtype \(bf16\) and the decode pool's \(fp8\)"
+    ):
         run(s)
 
 
 def test_session_affinity_keeps_a_session_on_one_decode_replica():
     """The decode pool's engines are numbered after the prefill pool's: the hash ring must map them by position
     (numbers used as positions ran past the pool and crashed)."""
-    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 0.5},
-                "new_message_tokens": {"kind": "fixed", "value": 50}}
-    s = scenario(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 3, "router": "session_affinity"}},
-                 workload={"sessions": sessions, "num_requests": 60})
+    sessions = {
+        "turns": {"kind": "fixed", "value": 3},
+        "think_time_s": {"kind": "fixed", "value": 0.5},
+        "new_message_tokens": {"kind": "fixed", "value": 50},
+    }
+    s = scenario(
+        disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 3, "router": "session_affinity"}},
+        workload={"sessions": sessions, "num_requests": 60},
+    )
     df = run(s).requests
     assert df["finish_s"].notna().all() and set(df["replica"]) <= {1, 2, 3} and df["replica"].nunique() > 1
     assert (df.groupby("session_id")["replica"].nunique() == 1).all()
@@ -231,12 +334,22 @@ def test_session_affinity_keeps_a_session_on_one_decode_replica():
 def _goodputs(disagg: bool, slo: dict) -> list[dict]:
     out = []
     for rate in (1.0, 2.0, 3.0, 4.0, 5.0):
-        s = scenario(model="llama-3.1-70b", hardware={"gpu": "h100-sxm"},
-                     engine={"max_model_len": 16384, "max_num_batched_tokens": 2048}, slo=slo,
-                     workload={**PREFILL_HEAVY, "arrivals": {"kind": "poisson", "rate_per_s": rate}, "num_requests": 300},
-                     **({"disaggregation": {"prefill": {"replicas": 1, "tp": 4}, "decode": {"replicas": 1, "tp": 4}}}
-                        if disagg else {"parallelism": {"tp": 4}, "cluster": {"replicas": 2,
-                                                                              "router": "least_outstanding"}}))
+        s = scenario(
+            model="llama-3.1-70b",
+            hardware={"gpu": "h100-sxm"},
+            engine={"max_model_len": 16384, "max_num_batched_tokens": 2048},
+            slo=slo,
+            workload={
+                **PREFILL_HEAVY,
+                "arrivals": {"kind": "poisson", "rate_per_s": rate},
+                "num_requests": 300,
+            },
+            **(
+                {"disaggregation": {"prefill": {"replicas": 1, "tp": 4}, "decode": {"replicas": 1, "tp": 4}}}
+                if disagg
+                else {"parallelism": {"tp": 4}, "cluster": {"replicas": 2, "router": "least_outstanding"}}
+            ),
+        )
         out.append(run(s).summary)
     return out
 
@@ -251,13 +364,23 @@ def test_distserve_disaggregation_wins_goodput_under_strict_slos_colocation_wins
 
 
 def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_reruns_identically():
-    s = scenario(model="llama-3.1-8b", hardware={"gpu": "h100-sxm"}, engine={"max_model_len": 16384},
-                 disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1, "gpu": "l40s"},
-                                 "transfer": {"link": "ib-ndr-400"}},
-                 workload={**PREFILL_HEAVY, "num_requests": 60})
+    s = scenario(
+        model="llama-3.1-8b",
+        hardware={"gpu": "h100-sxm"},
+        engine={"max_model_len": 16384},
+        disaggregation={
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1, "gpu": "l40s"},
+            "transfer": {"link": "ib-ndr-400"},
+        },
+        workload={**PREFILL_HEAVY, "num_requests": 60},
+    )
     first = run(s)
     d = first.scenario.disaggregation
-    assert (d.prefill.engine["max_num_seqs"], d.prefill.engine["max_num_batched_tokens"]) == (1024, 8192)  # H100
+    assert (d.prefill.engine["max_num_seqs"], d.prefill.engine["max_num_batched_tokens"]) == (
+        1024,
+        8192,
+    )  # H100
     assert (d.decode.engine["max_num_seqs"], d.decode.engine["max_num_batched_tokens"]) == (256, 2048)  # L40S
     again = run(type(s).model_validate(first.scenario.model_dump(mode="json")))
     assert again.requests.equals(first.requests)
@@ -266,8 +389,15 @@ def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_rerun
 def test_streaming_through_the_store_tier_is_refused_by_name():
     from hardware.errors import SpecError
     from simulator.scenario import load_scenario
+
     path = SCENARIOS_DIR / "pd_disaggregated_70b.yaml"
-    with pytest.raises(SpecError, match=r"pd_disaggregated_70b.yaml: disaggregation.transfer: streaming: .*kind 'direct'"):
+    with pytest.raises(
+        SpecError, match=r"pd_disaggregated_70b.yaml: disaggregation.transfer: streaming: .*kind 'direct'"
+    ):
         load_scenario(path, ["disaggregation.transfer.kind=store"])
-    assert load_scenario(path, ["disaggregation.transfer.kind=store",
-                                "disaggregation.transfer.streaming=false"])[0].disaggregation.transfer.kind == "store"
+    assert (
+        load_scenario(
+            path, ["disaggregation.transfer.kind=store", "disaggregation.transfer.streaming=false"]
+        )[0].disaggregation.transfer.kind
+        == "store"
+    )

@@ -15,7 +15,9 @@ class _PreemptsOnce:
 
     def __init__(self, swap_out_blocks: int):
         self.kv, self.num_running, self.num_waiting = BlockManager(100, 16), 0, 1
-        self.plans = [StepPlan((), (), (), (), preempted=(Request(0, 0.0, 10, 1),), swap_out_blocks=swap_out_blocks)]
+        self.plans = [
+            StepPlan((), (), (), (), preempted=(Request(0, 0.0, 10, 1),), swap_out_blocks=swap_out_blocks)
+        ]
 
     def schedule(self, now: float) -> StepPlan:
         return self.plans.pop() if self.plans else StepPlan((), (), (), ())
@@ -30,4 +32,5 @@ def test_a_step_that_only_preempts_takes_its_swap_out_time_and_is_logged(swapped
     env.run(until=1.0)
     frame = steps.frame()
     assert frame[["time_s", "duration_s", "num_requests", "num_preempted"]].values.tolist() == [
-        [seconds, seconds, 0, 1]]
+        [seconds, seconds, 0, 1]
+    ]

@@ -30,8 +30,11 @@ def test_a_killed_worker_costs_only_its_job_and_is_named(monkeypatch):
     have started: 2 x 2 + 1) run one process each, so only job 3 is lost, and a fresh pool runs the rest."""
     alone = []
     one_each = executors._one_process_each
-    monkeypatch.setattr(executors, "_one_process_each", lambda fn, jobs, *args: alone.extend(jobs) or
-                        one_each(fn, jobs, *args))
+    monkeypatch.setattr(
+        executors,
+        "_one_process_each",
+        lambda fn, jobs, *args: alone.extend(jobs) or one_each(fn, jobs, *args),
+    )
     many = [(x,) for x in range(40)]
     results = dict(run_jobs(square_or_die, many, workers=2, on_died=lambda err: err))
     assert 3 in alone and len(alone) <= 5
@@ -60,8 +63,11 @@ def test_after_a_death_a_jobs_own_exception_still_reaches_the_caller(monkeypatch
     pool's future.result() raises it (a sweep point records its own bugs)."""
     alone = []
     one_each = executors._one_process_each
-    monkeypatch.setattr(executors, "_one_process_each", lambda fn, jobs, *args: alone.extend(jobs) or
-                        one_each(fn, jobs, *args))
+    monkeypatch.setattr(
+        executors,
+        "_one_process_each",
+        lambda fn, jobs, *args: alone.extend(jobs) or one_each(fn, jobs, *args),
+    )
     with pytest.raises(ValueError, match="a bug in job 4"):
         list(run_jobs(die_on_zero_raise_on_four, JOBS, workers=2, on_died=lambda err: err))
     assert 0 in alone and 4 in alone
@@ -83,7 +89,9 @@ def test_a_job_run_on_its_own_returns_what_it_can_and_says_what_it_cannot():
         list(executors._one_process_each(unsendable_on_one, {2: (2,)}, 1, CONTEXT, lambda err: err))
     assert "in unsendable_on_one" in str(raised.value.__cause__)  # the child's traceback
     assert list(executors._one_process_each(unsendable_on_one, {0: (0,), 3: (3,)}, 2, CONTEXT, None)) in (
-        [(0, 0), (3, 3)], [(3, 3), (0, 0)])
+        [(0, 0), (3, 3)],
+        [(3, 3), (0, 0)],
+    )
 
 
 def test_a_death_says_how_and_survives_pickling():
@@ -98,11 +106,21 @@ def test_dask_gives_up_on_a_job_that_kills_its_workers():
     with it; the others finish and the sweep goes on."""
     distributed = pytest.importorskip("dask.distributed")
     import dask
+
     with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
-        cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+        cluster = distributed.LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0"
+        )
         with cluster:
-            results = dict(run_jobs(square_or_die, JOBS, "dask", dask_address=cluster.scheduler_address,
-                                    on_died=lambda err: err))
+            results = dict(
+                run_jobs(
+                    square_or_die,
+                    JOBS,
+                    "dask",
+                    dask_address=cluster.scheduler_address,
+                    on_died=lambda err: err,
+                )
+            )
     assert sorted(results) == list(range(6))
     assert isinstance(results[3], WorkerDied) and "died on every Dask worker" in results[3].how
     assert all(r == x * x for x, r in results.items() if not isinstance(r, WorkerDied))

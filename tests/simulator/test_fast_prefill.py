@@ -19,16 +19,31 @@ from tests.simulator.conftest import SCENARIOS, run, scenario
 from workloads.generate import Workload
 from workloads.request import Request
 
-CONCURRENCY, INPUT_LENS, OUTPUT_LEN = (1, 8, 32), (1024, 4096, 8192, 16384), 128  # bench serve's default output
+CONCURRENCY, INPUT_LENS, OUTPUT_LEN = (
+    (1, 8, 32),
+    (1024, 4096, 8192, 16384),
+    128,
+)  # bench serve's default output
 
 
 def bench(fast_prefill: bool, clients: int, input_len: int):
-    return run(scenario(model="gemma-3n-e2b", hardware={"gpu": "h100-sxm"},
-                        engine={"max_model_len": 32768, "kv_sharing_fast_prefill": fast_prefill},
-                        workload={"trace": None, "arrivals": {"kind": "all_at_once"},
-                                  "num_requests": max(8 * clients, 64), "closed_loop": {"clients": clients},
-                                  "lengths": {"prompt": {"kind": "fixed", "value": input_len},
-                                              "output": {"kind": "fixed", "value": OUTPUT_LEN}}})).summary
+    return run(
+        scenario(
+            model="gemma-3n-e2b",
+            hardware={"gpu": "h100-sxm"},
+            engine={"max_model_len": 32768, "kv_sharing_fast_prefill": fast_prefill},
+            workload={
+                "trace": None,
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": max(8 * clients, 64),
+                "closed_loop": {"clients": clients},
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": input_len},
+                    "output": {"kind": "fixed", "value": OUTPUT_LEN},
+                },
+            },
+        )
+    ).summary
 
 
 @pytest.fixture(scope="module")
@@ -39,8 +54,10 @@ def sweep() -> dict[tuple[int, int], tuple[float, float]]:
         for input_len in INPUT_LENS:
             off, on = bench(False, clients, input_len), bench(True, clients, input_len)
             assert off["completed"] == on["completed"] == max(8 * clients, 64)
-            out[clients, input_len] = (1 - on["mean_ttft_ms"] / off["mean_ttft_ms"],
-                                       1 - on["mean_tpot_ms"] / off["mean_tpot_ms"])
+            out[clients, input_len] = (
+                1 - on["mean_ttft_ms"] / off["mean_ttft_ms"],
+                1 - on["mean_tpot_ms"] / off["mean_tpot_ms"],
+            )
     return out
 
 
@@ -70,13 +87,19 @@ def test_tpot_falls_under_mixed_batching(sweep):
 def test_prompt_logprobs_requests_are_rejected_while_fast_prefill_is_on():
     def world(fast: bool) -> World:
         requests = [Request(i, 0.01 * i, 512, 16, prompt_logprobs=i % 2 == 1) for i in range(6)]
-        s = scenario(model="gemma-3n-e2b", hardware={"gpu": "h100-sxm"},
-                     engine={"max_model_len": 8192, "kv_sharing_fast_prefill": fast})
+        s = scenario(
+            model="gemma-3n-e2b",
+            hardware={"gpu": "h100-sxm"},
+            engine={"max_model_len": 8192, "kv_sharing_fast_prefill": fast},
+        )
         return World(s, SCENARIOS, workload=Workload(requests))
+
     on, off = world(True).run().requests, world(False).run().requests
     rejected = on[on["reject_reason"].notna()]
     assert rejected["request_id"].tolist() == [1, 3, 5]
-    assert (rejected["reject_reason"] == "prompt_logprobs is not supported with kv_sharing_fast_prefill").all()
+    assert (
+        rejected["reject_reason"] == "prompt_logprobs is not supported with kv_sharing_fast_prefill"
+    ).all()
     assert rejected["finish_s"].isna().all() and (rejected["output_tokens"] == 0).all()
     assert on.loc[on["reject_reason"].isna(), "output_tokens"].tolist() == [16, 16, 16]
     assert off["reject_reason"].isna().all() and (off["output_tokens"] == 16).all()

@@ -12,8 +12,16 @@ from simulator.measured import MeasuredRun, MetricError, load_measured_runs
 
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
-SERVE = {"gpu": "h100-sxm", "model": "llama-3.1-8b", "benchmark": "serve", "input_len": 1024, "output_len": 64,
-         "num_prompts": 6, "max_concurrency": 2, "measured": {"median_tpot_ms": 8.0}}
+SERVE = {
+    "gpu": "h100-sxm",
+    "model": "llama-3.1-8b",
+    "benchmark": "serve",
+    "input_len": 1024,
+    "output_len": 64,
+    "num_prompts": 6,
+    "max_concurrency": 2,
+    "measured": {"median_tpot_ms": 8.0},
+}
 
 
 def run_of(**fields) -> MeasuredRun:
@@ -21,8 +29,10 @@ def run_of(**fields) -> MeasuredRun:
 
 
 def test_a_runs_source_is_its_publisher():
-    assert source_group("https://docs.gpustack.ai/latest/performance-lab/qwen3-8b/h100-latency (source file: x)") \
+    assert (
+        source_group("https://docs.gpustack.ai/latest/performance-lab/qwen3-8b/h100-latency (source file: x)")
         == "gpustack"
+    )
     assert source_group("https://github.com/gpustack/gpustack/blob/a5c9/docs/x.md") == "gpustack"
     assert source_group("https://github.com/tgarg01/silybench-data/blob/93e4/results.csv") == "tgarg01"
     assert source_group("https://blogs.oracle.com/cloud-infrastructure/post/x") == "oracle"
@@ -40,16 +50,26 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
     default, fit, measured = Profile(), load_profile("published-fit"), load_profile("measured")
     # the defaults' routed-expert numbers came from gpustack's (and others') MoE runs: those are in sample, by source
     # and by GPU; its dense numbers were fitted to nothing
-    assert held_out(default, dense_gpustack, by_label, "source") and held_out(measured, dense_gpustack, by_label, "gpu")
+    assert held_out(default, dense_gpustack, by_label, "source") and held_out(
+        measured, dense_gpustack, by_label, "gpu"
+    )
     assert not held_out(default, moe_gpustack, by_label, "source")
     assert not held_out(measured, moe_gpustack, by_label, "gpu")
     # published-fit drew every number from runs of every source and GPU here
     assert not any(held_out(fit, run, by_label, split) for run in runs for split in ("source", "gpu"))
     own = Profile(fits=(FitRecord(fields=("layer_overhead_s",), runs=(mi300x.label(),)),))
-    assert not held_out(own, by_label["llama-3.1-405b mi300x TP8 fp8 latency 128/128 batch 8"], by_label, "gpu")
-    assert held_out(own, dense_gpustack, by_label, "source") and held_out(own, moe_gpustack, by_label, "source")
-    assert not held_out(own, by_label["llama-3.1-70b mi300x TP8 fp8 latency 128/2048 batch 1 (vllm 0.10.0, "
-                                      "github.com)"], by_label, "source")  # another ROCm run of that source
+    assert not held_out(
+        own, by_label["llama-3.1-405b mi300x TP8 fp8 latency 128/128 batch 8"], by_label, "gpu"
+    )
+    assert held_out(own, dense_gpustack, by_label, "source") and held_out(
+        own, moe_gpustack, by_label, "source"
+    )
+    assert not held_out(
+        own,
+        by_label["llama-3.1-70b mi300x TP8 fp8 latency 128/2048 batch 1 (vllm 0.10.0, github.com)"],
+        by_label,
+        "source",
+    )  # another ROCm run of that source
 
 
 def test_the_holdout_table_counts_only_held_out_figures():
@@ -58,19 +78,53 @@ def test_the_holdout_table_counts_only_held_out_figures():
     fitted_a = Profile(fits=(FitRecord(fields=("gemm_compute",), runs=(a.label(),)),))
     results = {"plain": [(a, errors(10)), (b, errors(-30))], "fitted": [(a, errors(1)), (b, errors(40))]}
     rows = holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "source")
-    assert rows == [["tpot", "20% (28%) n=2", "40% (40%) n=1"]]  # fitted's 1% on the run it saw does not count
-    assert holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "gpu") == [["tpot", "20% (28%) n=2", "-"]]
+    assert rows == [
+        ["tpot", "20% (28%) n=2", "40% (40%) n=1"]
+    ]  # fitted's 1% on the run it saw does not count
+    assert holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "gpu") == [
+        ["tpot", "20% (28%) n=2", "-"]
+    ]
 
 
 def test_compare_cli_sets_profiles_side_by_side_with_their_held_out_errors(tmp_path):
     path = tmp_path / "runs.yaml"
-    path.write_text(yaml.safe_dump([SERVE | {"source": "https://a.org/x"},
-                                    SERVE | {"source": "https://b.org/y", "gpu": "h200", "input_len": 512}]))
+    path.write_text(
+        yaml.safe_dump(
+            [
+                SERVE | {"source": "https://a.org/x"},
+                SERVE | {"source": "https://b.org/y", "gpu": "h200", "input_len": 512},
+            ]
+        )
+    )
     fitted = tmp_path / "fitted.yaml"
-    fitted.write_text(yaml.safe_dump({"name": "fitted", "layer_overhead_s": 3e-5, "fits": [
-        {"fields": ["layer_overhead_s"], "runs": ["llama-3.1-8b h100-sxm serve 1024/64 c=2 x6"]}]}))
-    result = runner.invoke(app, ["compare", str(path), "--profile", "default", "--profile", "measured",
-                                 "--profile", str(fitted), "--split", "source", "--split", "gpu"])
+    fitted.write_text(
+        yaml.safe_dump(
+            {
+                "name": "fitted",
+                "layer_overhead_s": 3e-5,
+                "fits": [
+                    {"fields": ["layer_overhead_s"], "runs": ["llama-3.1-8b h100-sxm serve 1024/64 c=2 x6"]}
+                ],
+            }
+        )
+    )
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            str(path),
+            "--profile",
+            "default",
+            "--profile",
+            "measured",
+            "--profile",
+            str(fitted),
+            "--split",
+            "source",
+            "--split",
+            "gpu",
+        ],
+    )
     assert result.exit_code == 0, result.output
     out = " ".join(result.output.split())
     assert "error per family (default profile)" in out and "error per family (measured)" in out

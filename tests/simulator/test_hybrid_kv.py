@@ -15,11 +15,20 @@ from tests.simulator.test_simulate import assert_same_run
 
 def long_context(model="mistral-7b", **engine):
     """Mistral-7B (every layer slides over 4096 tokens): 40 requests of 12K + 400 tokens at once on one L40S."""
-    return scenario(model=model, hardware={"gpu": "l40s"},
-                    engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
-                    workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 12000},
-                                          "output": {"kind": "fixed", "value": 400}},
-                              "arrivals": {"kind": "all_at_once"}, "num_requests": 40})
+    return scenario(
+        model=model,
+        hardware={"gpu": "l40s"},
+        engine={"max_model_len": 16384, "max_num_batched_tokens": 4096, **engine},
+        workload={
+            "trace": None,
+            "lengths": {
+                "prompt": {"kind": "fixed", "value": 12000},
+                "output": {"kind": "fixed", "value": 400},
+            },
+            "arrivals": {"kind": "all_at_once"},
+            "num_requests": 40,
+        },
+    )
 
 
 def test_sliding_windows_hold_more_long_requests_and_finish_sooner(tmp_path):
@@ -41,7 +50,9 @@ def test_sliding_windows_hold_more_long_requests_and_finish_sooner(tmp_path):
     assert whole.steps["num_running"].max() == 16 and hybrid.steps["num_running"].max() == 40
     ungated = run(long_context(str(unwindowed), scheduler_reserve_full_isl=False))
     assert ungated.steps["num_running"].max() == 17
-    blocks_per_request = (hybrid.steps["kv_blocks_used"] / hybrid.steps["num_running"])[hybrid.steps["num_running"] == 40]
+    blocks_per_request = (hybrid.steps["kv_blocks_used"] / hybrid.steps["num_running"])[
+        hybrid.steps["num_running"] == 40
+    ]
     assert blocks_per_request.max() <= -(-(4096 + 400) // 16) + 1
     assert hybrid.summary["duration_s"] < whole.summary["duration_s"]
 
@@ -49,26 +60,46 @@ def test_sliding_windows_hold_more_long_requests_and_finish_sooner(tmp_path):
 def test_a_hybrid_run_is_deterministic_and_fast_forward_changes_nothing():
     s = scenario(model="gemma-2-9b", engine={"max_model_len": 8192}, workload={"num_requests": 120})
     first, second = run(s), run(s)
-    stepped = run(scenario(model="gemma-2-9b", engine={"max_model_len": 8192}, workload={"num_requests": 120},
-                           simulation={"fast_forward": False}))
+    stepped = run(
+        scenario(
+            model="gemma-2-9b",
+            engine={"max_model_len": 8192},
+            workload={"num_requests": 120},
+            simulation={"fast_forward": False},
+        )
+    )
     assert first.memory.kv_windows == (None, 4096)
     assert first.requests.equals(second.requests) and first.requests.equals(stepped.requests)
 
 
-SHARED_PROMPTS = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 50, "high": 600},
-                                             "output": {"kind": "uniform", "low": 100, "high": 600}},
-                  "shared_prefix": {"num_prefixes": 4, "prefix_tokens": 300, "zipf_s": 1.0},
-                  "arrivals": {"kind": "poisson", "rate_per_s": 20}, "num_requests": 300}
+SHARED_PROMPTS = {
+    "trace": None,
+    "lengths": {
+        "prompt": {"kind": "uniform", "low": 50, "high": 600},
+        "output": {"kind": "uniform", "low": 100, "high": 600},
+    },
+    "shared_prefix": {"num_prefixes": 4, "prefix_tokens": 300, "zipf_s": 1.0},
+    "arrivals": {"kind": "poisson", "rate_per_s": 20},
+    "num_requests": 300,
+}
 
 
-@pytest.mark.parametrize("overrides", [
-    {},  # the Azure chat slice
-    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 500, "max_num_seqs": 32}},  # waiting, preempting
-    {"engine": {"max_model_len": 16384, "max_num_seqs": 8}},  # waiting for slots: window frees admit nobody
-    {"engine": {"max_model_len": 16384, "prefix_caching": "none"}},
-    {"workload": SHARED_PROMPTS},  # prefix hits over the sliding group, freed blocks keep their hashes
-    {"workload": SHARED_PROMPTS, "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 400}},
-], ids=["azure", "tight", "slots", "no-caching", "shared", "shared-tight"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # the Azure chat slice
+        {
+            "engine": {"max_model_len": 16384, "num_gpu_blocks_override": 500, "max_num_seqs": 32}
+        },  # waiting, preempting
+        {
+            "engine": {"max_model_len": 16384, "max_num_seqs": 8}
+        },  # waiting for slots: window frees admit nobody
+        {"engine": {"max_model_len": 16384, "prefix_caching": "none"}},
+        {"workload": SHARED_PROMPTS},  # prefix hits over the sliding group, freed blocks keep their hashes
+        {"workload": SHARED_PROMPTS, "engine": {"max_model_len": 4096, "num_gpu_blocks_override": 400}},
+    ],
+    ids=["azure", "tight", "slots", "no-caching", "shared", "shared-tight"],
+)
 def test_fused_decode_stretches_free_window_blocks_as_stepping_does(overrides, monkeypatch):
     """gpt-oss's 128-token windows free a block every 16 decode steps: fused stretches replay those frees (and
     the registrations before them) in stepping order, so every table matches a stepped run's."""
@@ -78,6 +109,7 @@ def test_fused_decode_stretches_free_window_blocks_as_stepping_does(overrides, m
     def counting(self, req, computed):
         freed.append(end_step(self, req, computed))
         return freed[-1]
+
     monkeypatch.setattr(HybridBlockManager, "end_decode_step", counting)
     fused = run(scenario(model="gpt-oss-20b", **overrides))
     assert sum(freed) > 100  # the fused path ran and its windows freed blocks
@@ -92,17 +124,27 @@ def test_sglang_keeps_every_token_of_gemmas_sliding_layers():
     Set false explicitly, the flag wins (a what-if of SGLang sliding the windows); vLLM keeps its hybrid groups."""
     engine = {"scheduler": "sglang", "prefix_caching": "radix", "max_model_len": 32768}
     sglang = run(scenario(model="gemma-3-12b", engine=engine, workload={"num_requests": 40}))
-    whole = run(scenario(model="gemma-3-12b", workload={"num_requests": 40},
-                         engine={"max_model_len": 32768, "disable_hybrid_kv_cache_manager": True}))
+    whole = run(
+        scenario(
+            model="gemma-3-12b",
+            workload={"num_requests": 40},
+            engine={"max_model_len": 32768, "disable_hybrid_kv_cache_manager": True},
+        )
+    )
     assert sglang.memory.kv_windows == whole.memory.kv_windows == (None,)
     assert sglang.memory.block_bytes == whole.memory.block_bytes  # every layer's KV in each block
     assert sglang.summary["completed"] == 40
     resolved = lambda **e: scenario(model="gemma-3-12b", engine=e).with_engine_defaults().engine  # noqa: E731
     assert resolved(scheduler="sglang").disable_hybrid_kv_cache_manager
-    assert not resolved(scheduler="sglang", disable_hybrid_kv_cache_manager=False).disable_hybrid_kv_cache_manager
+    assert not resolved(
+        scheduler="sglang", disable_hybrid_kv_cache_manager=False
+    ).disable_hybrid_kv_cache_manager
     assert not resolved().disable_hybrid_kv_cache_manager
-    assert set(run(scenario(model="gemma-3-12b", engine={"max_model_len": 32768}, workload={"num_requests": 5}))
-               .memory.kv_windows) == {None, 1024}  # vLLM: full and sliding groups
+    assert set(
+        run(
+            scenario(model="gemma-3-12b", engine={"max_model_len": 32768}, workload={"num_requests": 5})
+        ).memory.kv_windows
+    ) == {None, 1024}  # vLLM: full and sliding groups
 
 
 def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
@@ -111,10 +153,15 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
     from typer.testing import CliRunner
 
     from simulator.cli import app
+
     args = ["memory", "gemma-3-12b", "--gpu", "h100-sxm", "--max-model-len", "32768", "--json"]
-    sglang, vllm = (json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in (["--engine", "sglang"], []))
+    sglang, vllm = (
+        json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in (["--engine", "sglang"], [])
+    )
     assert sglang["kv_windows"] == [None] and set(vllm["kv_windows"]) == {None, 1024}
-    assert sglang["max_concurrency"] == pytest.approx(sglang["kv_cache_tokens"] / 32768)  # every layer: all 32K
+    assert sglang["max_concurrency"] == pytest.approx(
+        sglang["kv_cache_tokens"] / 32768
+    )  # every layer: all 32K
     assert sglang["max_concurrency"] < vllm["max_concurrency"]
 
 
@@ -127,11 +174,22 @@ def test_a_router_reading_kv_mid_stretch_sees_what_stepping_shows(tmp_path, asyn
     finds replica 1 lighter either way: fused and stepped must still agree.)"""
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2160,100,5\n")
-    runs = [run(scenario(model="gpt-oss-20b", cluster={"replicas": 2, "router": "least_kv"},
-                         engine={"max_model_len": 4096, "async_scheduling": async_scheduling},
-                         workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
-                                   "num_requests": 3},
-                         simulation={"fast_forward": fast})) for fast in (True, False)]
+    runs = [
+        run(
+            scenario(
+                model="gpt-oss-20b",
+                cluster={"replicas": 2, "router": "least_kv"},
+                engine={"max_model_len": 4096, "async_scheduling": async_scheduling},
+                workload={
+                    "trace": {"format": "servesim", "path": str(trace)},
+                    "arrivals": {"kind": "trace"},
+                    "num_requests": 3,
+                },
+                simulation={"fast_forward": fast},
+            )
+        )
+        for fast in (True, False)
+    ]
     assert runs[1].requests["replica"].tolist() == routes
     assert_same_run(*runs)
 
@@ -145,11 +203,23 @@ def test_sglang_serves_gpt_oss_from_its_full_and_sliding_window_pools():
     lengths = {"prompt": {"kind": "fixed", "value": 12000}, "output": {"kind": "fixed", "value": 400}}
 
     def long_prompts(scheduler: str):
-        return scenario(model="gpt-oss-20b", hardware={"gpu": "l40s"},
-                        engine={"scheduler": scheduler, "prefix_caching": "radix" if scheduler == "sglang" else "vllm",
-                                "max_model_len": 16384, "gpu_memory_utilization": 0.6},
-                        workload={"trace": None, "lengths": lengths, "arrivals": {"kind": "all_at_once"},
-                                  "num_requests": 40})
+        return scenario(
+            model="gpt-oss-20b",
+            hardware={"gpu": "l40s"},
+            engine={
+                "scheduler": scheduler,
+                "prefix_caching": "radix" if scheduler == "sglang" else "vllm",
+                "max_model_len": 16384,
+                "gpu_memory_utilization": 0.6,
+            },
+            workload={
+                "trace": None,
+                "lengths": lengths,
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": 40,
+            },
+        )
+
     sglang = run(long_prompts("sglang"))
     memory = sglang.memory
     assert memory.swa_window == 128 and memory.kv_cache_tokens == 294_640
@@ -169,14 +239,18 @@ def test_sglang_with_a_sliding_model_refuses_vllms_prefix_cache():
 SGLANG = {"scheduler": "sglang", "prefix_caching": "radix", "max_model_len": 16384}
 
 
-@pytest.mark.parametrize("overrides", [
-    {"engine": SGLANG},  # the Azure chat slice
-    {"engine": {**SGLANG, "num_gpu_blocks_override": 2000, "max_num_batched_tokens": 2048}},  # retracting
-    {"engine": {**SGLANG, "max_num_seqs": 8}},  # waiting for slots
-    {"engine": {**SGLANG, "prefix_caching": "none"}},
-    {"engine": SGLANG, "workload": SHARED_PROMPTS},  # hits over tombstones
-    {"engine": {**SGLANG, "async_scheduling": False}, "workload": SHARED_PROMPTS},
-], ids=["azure", "tight", "slots", "no-caching", "shared", "shared-sync"])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"engine": SGLANG},  # the Azure chat slice
+        {"engine": {**SGLANG, "num_gpu_blocks_override": 2000, "max_num_batched_tokens": 2048}},  # retracting
+        {"engine": {**SGLANG, "max_num_seqs": 8}},  # waiting for slots
+        {"engine": {**SGLANG, "prefix_caching": "none"}},
+        {"engine": SGLANG, "workload": SHARED_PROMPTS},  # hits over tombstones
+        {"engine": {**SGLANG, "async_scheduling": False}, "workload": SHARED_PROMPTS},
+    ],
+    ids=["azure", "tight", "slots", "no-caching", "shared", "shared-sync"],
+)
 def test_fused_decode_stretches_free_sglangs_sliding_slots_as_stepping_does(overrides, monkeypatch):
     """Under SGLang's two pools a decoding request frees its out-of-window sliding slots every 128 steps: fused
     stretches free them as they open each step's page, so every table (KV usage: the fuller pool's) matches a
@@ -189,6 +263,7 @@ def test_fused_decode_stretches_free_sglangs_sliding_slots_as_stepping_does(over
         opened = open_blocks(self, req, num_tokens)
         fused_trims.append(self._swa_done.get(req.id, 0) != before)
         return opened
+
     monkeypatch.setattr(SWARadixCache, "open_decode_blocks", counting)
     fused = run(scenario(model="gpt-oss-20b", **overrides))
     assert len(fused_trims) > 1000 and sum(fused_trims) > 10  # the fused path ran, and freed sliding slots

@@ -33,7 +33,9 @@ def test_prefix_caching_off_is_turned_off_and_the_engines_defaults_add_nothing()
 def test_expert_parallel_without_dp_attention_spreads_the_experts_over_the_tp_group():
     vllm, sglang = commands(chat(model="qwen3-30b-a3b", parallelism={"tp": 2, "ep": True}))
     assert "--tensor-parallel-size 2 --enable-expert-parallel" in vllm and "--data-parallel-size" not in vllm
-    assert "--tp 2 --ep-size 2 --max-running-requests" in sglang  # all-reduce dispatch: SGLang's default backend
+    assert (
+        "--tp 2 --ep-size 2 --max-running-requests" in sglang
+    )  # all-reduce dispatch: SGLang's default backend
     assert "--moe-a2a-backend" not in sglang and "--enable-dp-attention" not in sglang
     for s in (chat(model="qwen3-30b-a3b", parallelism={"tp": 2}), chat(parallelism={"tp": 2, "ep": True})):
         vllm, sglang = commands(s)  # no EP asked for, or a dense model it cannot change
@@ -44,14 +46,22 @@ def test_dp_attention_with_expert_parallel_runs_data_parallel_ranks_and_deepep()
     s, _ = load_scenario(SCENARIOS / "deepseek_v3_8xh200.yaml")
     vllm, sglang = commands(s)
     assert "--tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel" in vllm
-    assert "--max-num-seqs 1024 --max-num-batched-tokens 8192" in vllm  # vLLM's defaults, per rank as it runs them
-    assert (s.with_engine_defaults().engine.max_num_seqs, s.with_engine_defaults().engine.max_num_batched_tokens) \
-        == (8 * 1024, 8 * 8192)  # the simulated group's: every rank's
+    assert (
+        "--max-num-seqs 1024 --max-num-batched-tokens 8192" in vllm
+    )  # vLLM's defaults, per rank as it runs them
+    assert (
+        s.with_engine_defaults().engine.max_num_seqs,
+        s.with_engine_defaults().engine.max_num_batched_tokens,
+    ) == (8 * 1024, 8 * 8192)  # the simulated group's: every rank's
     assert "--tp 8 --enable-dp-attention --dp 8 --ep-size 8 --moe-a2a-backend deepep" in sglang
-    assert "--max-running-requests 8192 --chunked-prefill-size 65536" in sglang  # SGLang divides the totals itself
+    assert (
+        "--max-running-requests 8192 --chunked-prefill-size 65536" in sglang
+    )  # SGLang divides the totals itself
     notes = launch_notes(s)
     ranks = next(n for n in notes if n.startswith("vLLM runs DP attention as 8 data-parallel ranks"))
-    assert "SGLang slices the embeddings, LM head and dense MLP layers over the group (simulated whole" in ranks
+    assert (
+        "SGLang slices the embeddings, LM head and dense MLP layers over the group (simulated whole" in ranks
+    )
     assert any("--all2all-backend" in n for n in notes)
     sglang_run = s.model_copy(update={"engine": s.engine.model_copy(update={"scheduler": "sglang"})})
     ranks = next(n for n in launch_notes(sglang_run) if n.startswith("vLLM runs DP attention"))
@@ -64,7 +74,9 @@ def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_mod
     assert "--enable-dp-attention --dp 4 --max-running-requests" in sglang and "--ep-size" not in sglang
     dense = chat(parallelism={"tp": 4, "dp_attention": True})
     vllm, sglang = commands(dense)
-    assert "--tensor-parallel-size 1 --data-parallel-size 4" in vllm  # as simulated: the whole model on each GPU
+    assert (
+        "--tensor-parallel-size 1 --data-parallel-size 4" in vllm
+    )  # as simulated: the whole model on each GPU
     assert "--enable-dp-attention --dp 4" in sglang
     assert not any("independent engines" in n for n in launch_notes(dense))  # simulated as vLLM runs them
     assert not any("DP attention" in n for n in launch_notes(chat(parallelism={"tp": 4})))
@@ -72,12 +84,20 @@ def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_mod
 
 def test_sglang_under_dp_attention_is_given_the_conservativeness_it_scales_back_to_the_simulated_one():
     def flags(conservativeness: float) -> str:
-        return sglang_command(chat(model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True},
-                                   engine={"scheduler": "sglang", "schedule_conservativeness": conservativeness}),
-                              LEN)
+        return sglang_command(
+            chat(
+                model="qwen3-30b-a3b",
+                parallelism={"tp": 4, "dp_attention": True},
+                engine={"scheduler": "sglang", "schedule_conservativeness": conservativeness},
+            ),
+            LEN,
+        )
+
     assert "--schedule-conservativeness 3.333" in flags(1.0)  # SGLang runs 0.3 x the flag under DP attention
     assert "--schedule-conservativeness" not in flags(0.3)
-    unset = chat(model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True}, engine={"scheduler": "sglang"})
+    unset = chat(
+        model="qwen3-30b-a3b", parallelism={"tp": 4, "dp_attention": True}, engine={"scheduler": "sglang"}
+    )
     assert unset.with_engine_defaults().engine.schedule_conservativeness == 0.3  # simulated as SGLang runs it
     assert "--schedule-conservativeness" not in sglang_command(unset, LEN)
     assert chat(engine={"scheduler": "sglang"}).with_engine_defaults().engine.schedule_conservativeness == 1.0
@@ -86,26 +106,36 @@ def test_sglang_under_dp_attention_is_given_the_conservativeness_it_scales_back_
 def test_a_draft_model_runs_as_the_speculative_config_and_sglang_standalone():
     s, _ = load_scenario(SCENARIOS / "speculative_70b.yaml")
     vllm, sglang = commands(s)
-    assert vllm.endswith(" --speculative-config '{\"method\": \"draft_model\", \"num_speculative_tokens\": 4, "
-                         "\"model\": \"meta-llama/Llama-3.2-1B\"}'")
+    assert vllm.endswith(
+        ' --speculative-config \'{"method": "draft_model", "num_speculative_tokens": 4, '
+        '"model": "meta-llama/Llama-3.2-1B"}\''
+    )
     config = json.loads(shlex.split(vllm)[-1])  # one shell word of valid JSON
-    assert config == {"method": "draft_model", "num_speculative_tokens": 4, "model": "meta-llama/Llama-3.2-1B"}
-    assert sglang.endswith(" --speculative-algorithm STANDALONE --speculative-draft-model-path meta-llama/Llama-3.2-1B "
-                           "--speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5")
+    assert config == {
+        "method": "draft_model",
+        "num_speculative_tokens": 4,
+        "model": "meta-llama/Llama-3.2-1B",
+    }
+    assert sglang.endswith(
+        " --speculative-algorithm STANDALONE --speculative-draft-model-path meta-llama/Llama-3.2-1B "
+        "--speculative-num-steps 4 --speculative-eagle-topk 1 --speculative-num-draft-tokens 5"
+    )
     assert any(n.startswith("speculation simulated off under load") for n in launch_notes(s))
 
 
 def test_heads_and_ngram_map_where_the_engines_have_the_method():
     vllm, sglang, notes = speculative(method="eagle", k=3)
-    assert "--speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'" in vllm
-    assert "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 " \
-           "--speculative-num-draft-tokens 4" in sglang
+    assert '--speculative-config \'{"method": "eagle", "num_speculative_tokens": 3}\'' in vllm
+    assert (
+        "--speculative-algorithm EAGLE --speculative-num-steps 3 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 4" in sglang
+    )
     assert any(n.startswith("speculative method eagle: add the EAGLE head's repo") for n in notes)
     vllm, sglang, notes = speculative(method="mtp", k=1)
-    assert "'{\"method\": \"mtp\", \"num_speculative_tokens\": 1}'" in vllm
+    assert '\'{"method": "mtp", "num_speculative_tokens": 1}\'' in vllm
     assert "--speculative-algorithm EAGLE --speculative-num-steps 1" in sglang  # SGLang's MTP runs as EAGLE
     vllm, sglang, notes = speculative(method="ngram", k=5)
-    assert "'{\"method\": \"ngram\", \"num_speculative_tokens\": 5}'" in vllm and "speculative" not in sglang
+    assert '\'{"method": "ngram", "num_speculative_tokens": 5}\'' in vllm and "speculative" not in sglang
     assert any(n.startswith("speculative method ngram") for n in notes)
     vllm, sglang = commands(chat())
     assert "speculative" not in vllm and "speculative" not in sglang
@@ -120,9 +150,13 @@ def test_sglang_keeps_its_own_slot_cap_and_vllm_its_own_defaults_for_an_sglang_s
     vllm, sglang = commands(s)
     assert "--max-running-requests" not in sglang and "--mem-fraction-static 0.8" in sglang
     assert "--max-num-seqs 1024 " in vllm and "--gpu-memory-utilization 0.9 " in vllm
-    vllm, sglang = commands(chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "max_num_seqs": 256}))
+    vllm, sglang = commands(
+        chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "max_num_seqs": 256})
+    )
     assert "--max-running-requests 256" in sglang and "--max-num-seqs 256 " in vllm
-    vllm, sglang = commands(chat(engine={"scheduler": "sglang", "max_num_seqs": 4096, "max_num_batched_tokens": 2048}))
+    vllm, sglang = commands(
+        chat(engine={"scheduler": "sglang", "max_num_seqs": 4096, "max_num_batched_tokens": 2048})
+    )
     assert "--max-running-requests 4096" in sglang and "--max-num-seqs 2048 " in vllm  # vLLM: slots <= tokens
     assert "--max-running-requests 1024" in commands(chat())[1]  # vLLM's simulated slots, spelled for SGLang
 
@@ -136,7 +170,10 @@ def test_a_context_past_the_models_own_carries_the_engines_environment_variables
 
 
 def test_a_block_size_vllm_refuses_is_noted():
-    assert any("block_size 48: vLLM accepts 1, 8, 16" in note for note in launch_notes(chat(engine={"block_size": 48})))
+    assert any(
+        "block_size 48: vLLM accepts 1, 8, 16" in note
+        for note in launch_notes(chat(engine={"block_size": 48}))
+    )
     assert not any("block_size" in note for note in launch_notes(chat(engine={"block_size": 32})))
 
 
@@ -144,16 +181,28 @@ def test_sglang_is_told_the_sliding_window_pool_it_was_simulated_with():
     """gpt-oss mixes sliding and full layers: SGLang's two pools are its default (no flag), a changed ratio is
     passed, and one pool of every layer is its --disable-hybrid-swa-memory; Gemma, which SGLang runs whole anyway,
     and a model without sliding layers get neither flag."""
+
     def sglang(model, **engine):
-        return commands(chat(model=model, engine={"scheduler": "sglang", "prefix_caching": "radix", **engine}))[1]
+        return commands(
+            chat(model=model, engine={"scheduler": "sglang", "prefix_caching": "radix", **engine})
+        )[1]
+
     assert "swa" not in sglang("gpt-oss-20b")
     assert "--swa-full-tokens-ratio 0.5" in sglang("gpt-oss-20b", swa_full_tokens_ratio=0.5)
     assert "--disable-hybrid-swa-memory" in sglang("gpt-oss-20b", disable_hybrid_kv_cache_manager=True)
-    assert "swa" not in sglang("gemma-3-12b") and "swa" not in sglang("llama-3.1-8b", swa_full_tokens_ratio=0.5)
+    assert "swa" not in sglang("gemma-3-12b") and "swa" not in sglang(
+        "llama-3.1-8b", swa_full_tokens_ratio=0.5
+    )
 
 
 def test_a_dense_models_dp_ranks_are_noted_only_where_they_still_step_together():
     dense_dp = {"parallelism": {"tp": 2, "dp_attention": True}}
-    pd = chat(**dense_dp, disaggregation={"prefill": {"replicas": 1, "tp": 2}, "decode": {"replicas": 1, "tp": 2},
-                                          "transfer": {"link": "ib-ndr-400"}})
+    pd = chat(
+        **dense_dp,
+        disaggregation={
+            "prefill": {"replicas": 1, "tp": 2},
+            "decode": {"replicas": 1, "tp": 2},
+            "transfer": {"link": "ib-ndr-400"},
+        },
+    )
     assert any("independent engines" in note for note in launch_notes(pd))

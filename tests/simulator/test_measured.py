@@ -13,8 +13,15 @@ from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.profile import Profile, load_profile
 from simulator.cli import app
-from simulator.measured import (MeasuredRun, MetricError, compare, load_measured_runs, replay, run_from_vllm_result,
-                                scenario_for)
+from simulator.measured import (
+    MeasuredRun,
+    MetricError,
+    compare,
+    load_measured_runs,
+    replay,
+    run_from_vllm_result,
+    scenario_for,
+)
 from simulator.measured_report import family_rows
 from simulator.run import build_timer
 from workloads.generate import build_workload
@@ -22,8 +29,16 @@ from workloads.generate import build_workload
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
 SGLANG_RUNS = PUBLISHED.with_name("sglang_runs.yaml")
-SERVE = {"source": "test", "gpu": "h100-sxm", "model": "llama-3.1-8b", "benchmark": "serve",
-         "input_len": 1024, "output_len": 128, "num_prompts": 40, "measured": {"median_ttft_ms": 50.0}}
+SERVE = {
+    "source": "test",
+    "gpu": "h100-sxm",
+    "model": "llama-3.1-8b",
+    "benchmark": "serve",
+    "input_len": 1024,
+    "output_len": 128,
+    "num_prompts": 40,
+    "measured": {"median_ttft_ms": 50.0},
+}
 
 
 def run_of(**fields) -> MeasuredRun:
@@ -39,10 +54,22 @@ def test_max_concurrency_becomes_closed_loop_clients_and_rate_a_poisson_process(
 
 
 def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
-    run = run_of(engine_args={"max_num_seqs": 64, "max_model_len": 4096, "gpu_memory_utilization": 0.95,
-                              "enable_prefix_caching": False}, kv_dtype="fp8", tp=2)
+    run = run_of(
+        engine_args={
+            "max_num_seqs": 64,
+            "max_model_len": 4096,
+            "gpu_memory_utilization": 0.95,
+            "enable_prefix_caching": False,
+        },
+        kv_dtype="fp8",
+        tp=2,
+    )
     s = scenario_for(run, profile="my.yaml")
-    assert (s.engine.max_num_seqs, s.engine.max_model_len, s.engine.gpu_memory_utilization) == (64, 4096, 0.95)
+    assert (s.engine.max_num_seqs, s.engine.max_model_len, s.engine.gpu_memory_utilization) == (
+        64,
+        4096,
+        0.95,
+    )
     assert s.engine.prefix_caching == "none" and s.engine.kv_dtype == "fp8" and s.parallelism.tp == 2
     assert s.hardware.profile == "my.yaml"
     default = scenario_for(run_of())
@@ -51,20 +78,31 @@ def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
     assert (sglang.prefix_caching, sglang.scheduler) == ("radix", "sglang")
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"max_concurrency": 4, "request_rate": 2.0}, "not modelled"),
-    ({"benchmark": "latency"}, "needs batch_size"),
-    ({"num_prompts": None}, "needs num_prompts"),
-    ({"measured": {"latency_s": 1.0}}, "latency benchmarks"),
-    ({"measured": {"mean_ttft_s": 1.0}}, "mean_ttft_s"),
-    ({"measured": {"mean_tpot_ms": 0.0}}, "finite and positive: mean_tpot_ms"),
-    ({"measured": {"mean_tpot_ms": float("nan")}}, "finite number"),
-    ({"output_len": 1, "measured": {"median_itl_ms": 5.0}}, "no TPOT or ITL"),
-    ({"benchmark": "latency", "batch_size": 4, "num_prompts": None, "max_concurrency": 2,
-      "measured": {"latency_s": 1.0}}, "latency benchmark has no max_concurrency"),
-    ({"benchmark": "throughput", "request_rate": 2.0}, "throughput benchmark has no request_rate"),
-    ({"batch_size": 8}, "serve benchmark has no batch_size"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"max_concurrency": 4, "request_rate": 2.0}, "not modelled"),
+        ({"benchmark": "latency"}, "needs batch_size"),
+        ({"num_prompts": None}, "needs num_prompts"),
+        ({"measured": {"latency_s": 1.0}}, "latency benchmarks"),
+        ({"measured": {"mean_ttft_s": 1.0}}, "mean_ttft_s"),
+        ({"measured": {"mean_tpot_ms": 0.0}}, "finite and positive: mean_tpot_ms"),
+        ({"measured": {"mean_tpot_ms": float("nan")}}, "finite number"),
+        ({"output_len": 1, "measured": {"median_itl_ms": 5.0}}, "no TPOT or ITL"),
+        (
+            {
+                "benchmark": "latency",
+                "batch_size": 4,
+                "num_prompts": None,
+                "max_concurrency": 2,
+                "measured": {"latency_s": 1.0},
+            },
+            "latency benchmark has no max_concurrency",
+        ),
+        ({"benchmark": "throughput", "request_rate": 2.0}, "throughput benchmark has no request_rate"),
+        ({"batch_size": 8}, "serve benchmark has no batch_size"),
+    ],
+)
 def test_an_undefined_or_unmodelled_run_is_refused(fields, message):
     with pytest.raises(ValueError, match=message):
         run_of(**fields)
@@ -73,8 +111,10 @@ def test_an_undefined_or_unmodelled_run_is_refused(fields, message):
 def test_errors_are_signed_relative_to_the_measurement():
     run = run_of(measured={"median_ttft_ms": 50.0, "output_throughput": 2000.0})
     errors = compare(run, {"median_ttft_ms": 60.0, "output_throughput": 1500.0})
-    assert [(e.metric, e.error_pct) for e in errors] == [("median_ttft_ms", pytest.approx(20.0)),
-                                                         ("output_throughput", pytest.approx(-25.0))]
+    assert [(e.metric, e.error_pct) for e in errors] == [
+        ("median_ttft_ms", pytest.approx(20.0)),
+        ("output_throughput", pytest.approx(-25.0)),
+    ]
     rows = family_rows([(run, errors), (run, [MetricError("p99_ttft_ms", 100.0, 90.0)])])
     assert rows[0] == ["ttft", "2", "15.0%", "19.0%", "+5.0%"]  # |20|,|-10|: median 15, p90 19, bias +5
 
@@ -83,8 +123,14 @@ def test_a_latency_run_replays_as_one_prefill_then_decode_steps_of_the_cost_mode
     """bench latency: B prompts at once; the whole batch takes its prefill step then output_len - 1 decode
     steps over growing context, each priced by the cost model (plus nothing else)."""
     b, i, o = 4, 512, 32
-    run = run_of(benchmark="latency", batch_size=b, num_prompts=None, input_len=i, output_len=o,
-                 measured={"latency_s": 1.0, "median_ttft_ms": 1.0})
+    run = run_of(
+        benchmark="latency",
+        batch_size=b,
+        num_prompts=None,
+        input_len=i,
+        output_len=o,
+        measured={"latency_s": 1.0, "median_ttft_ms": 1.0},
+    )
     timer = build_timer(scenario_for(run))
     expected_ttft = timer(StepBatch.uniform(b, 0, new_tokens=i))
     expected = expected_ttft + sum(timer(StepBatch.uniform(b, i + k)) for k in range(o - 1))
@@ -95,8 +141,11 @@ def test_a_latency_run_replays_as_one_prefill_then_decode_steps_of_the_cost_mode
 
 def test_one_client_at_a_time_sees_no_queueing():
     """At max_concurrency 1 every request has the engine to itself: all TTFTs are equal and E2E = duration / n."""
-    run = run_of(max_concurrency=1, num_prompts=5, measured={"p99_ttft_ms": 1.0, "mean_e2el_ms": 1.0,
-                                                             "median_ttft_ms": 1.0, "duration_s": 1.0})
+    run = run_of(
+        max_concurrency=1,
+        num_prompts=5,
+        measured={"p99_ttft_ms": 1.0, "mean_e2el_ms": 1.0, "median_ttft_ms": 1.0, "duration_s": 1.0},
+    )
     p99, e2e, median, duration = (e.predicted for e in replay(run))
     assert p99 == pytest.approx(median, rel=1e-12)
     assert e2e == pytest.approx(duration * 1e3 / 5, rel=1e-9)
@@ -117,9 +166,19 @@ def test_the_runs_file_error_names_the_file_the_entry_and_the_field(tmp_path):
 
 def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     path = tmp_path / "runs.yaml"
-    path.write_text(yaml.safe_dump([SERVE | {"max_concurrency": 2, "num_prompts": 6,
-                                             "measured": {"median_ttft_ms": 50.0, "output_throughput": 300.0}},
-                                    SERVE | {"gpu": "a100-80gb", "num_prompts": 4}]))
+    path.write_text(
+        yaml.safe_dump(
+            [
+                SERVE
+                | {
+                    "max_concurrency": 2,
+                    "num_prompts": 6,
+                    "measured": {"median_ttft_ms": 50.0, "output_throughput": 300.0},
+                },
+                SERVE | {"gpu": "a100-80gb", "num_prompts": 4},
+            ]
+        )
+    )
     html = tmp_path / "report.html"
     result = runner.invoke(app, ["compare", str(path), "--match", "h100", "--json", "--html", str(html)])
     assert result.exit_code == 0, result.output
@@ -155,6 +214,7 @@ def test_prefill_first_batching_predicts_sglangs_inter_token_tail():
 
     def p99_itl_error(run: MeasuredRun) -> float:
         return abs(next(e for e in replay(run) if e.metric == "p99_itl_ms").error_pct)
+
     as_sglang = sorted(p99_itl_error(run) for run in runs)
     as_vllm = sorted(p99_itl_error(run.model_copy(update={"engine": "vllm"})) for run in runs)
     assert np.median(as_sglang) < 60 and max(as_sglang) < 60
@@ -165,8 +225,11 @@ def test_the_published_profile_reproduces_the_small_batch_decodes_it_was_derived
     """calibration/profiles/vllm-published.yaml adds 45 us per layer to the defaults: Qwen3-8B at concurrency 4 on
     an H100 then decodes within 5% of GPUStack's vLLM 0.11 (mean TPOT 7.38 ms) and SGLang (7.19 ms), where the
     defaults (which keep the seed's ~4 ms H200 batch-1 step) are ~23% fast."""
-    qwen = [run for run in load_measured_runs(PUBLISHED)
-            if run.model == "qwen3-8b" and run.weight_dtype == "bf16" and run.dataset == "sharegpt"]
+    qwen = [
+        run
+        for run in load_measured_runs(PUBLISHED)
+        if run.model == "qwen3-8b" and run.weight_dtype == "bf16" and run.dataset == "sharegpt"
+    ]
     assert len(qwen) == 2
     for run in qwen:
         for profile, low, high in (("vllm-published", -5, 5), (None, -30, -15)):
@@ -176,14 +239,34 @@ def test_the_published_profile_reproduces_the_small_batch_decodes_it_was_derived
 
 def vllm_result(tmp_path, **fields):
     """A `vllm bench serve --save-result --save-detailed` JSON with its key names (trimmed)."""
-    data = {"date": "20260101-000000", "backend": "vllm", "model_id": "meta-llama/Llama-3.1-8B-Instruct",
-            "num_prompts": 8, "request_rate": "inf", "burstiness": 1.0, "max_concurrency": 2, "duration": 3.2,
-            "completed": 8, "total_input_tokens": 8 * 512, "total_output_tokens": 8 * 64,
-            "request_throughput": 2.5, "output_throughput": 160.0, "total_token_throughput": 1440.0,
-            "mean_ttft_ms": 40.0, "median_ttft_ms": 39.0, "std_ttft_ms": 2.0, "p99_ttft_ms": 45.0,
-            "mean_tpot_ms": 7.0, "median_tpot_ms": 7.0, "p99_tpot_ms": 7.5, "mean_e2el_ms": 480.0,
-            "input_lens": [512, 511, 513, 512, 512, 512, 510, 512], "output_lens": [64] * 8,
-            "ttfts": [0.04] * 8, **fields}
+    data = {
+        "date": "20260101-000000",
+        "backend": "vllm",
+        "model_id": "meta-llama/Llama-3.1-8B-Instruct",
+        "num_prompts": 8,
+        "request_rate": "inf",
+        "burstiness": 1.0,
+        "max_concurrency": 2,
+        "duration": 3.2,
+        "completed": 8,
+        "total_input_tokens": 8 * 512,
+        "total_output_tokens": 8 * 64,
+        "request_throughput": 2.5,
+        "output_throughput": 160.0,
+        "total_token_throughput": 1440.0,
+        "mean_ttft_ms": 40.0,
+        "median_ttft_ms": 39.0,
+        "std_ttft_ms": 2.0,
+        "p99_ttft_ms": 45.0,
+        "mean_tpot_ms": 7.0,
+        "median_tpot_ms": 7.0,
+        "p99_tpot_ms": 7.5,
+        "mean_e2el_ms": 480.0,
+        "input_lens": [512, 511, 513, 512, 512, 512, 510, 512],
+        "output_lens": [64] * 8,
+        "ttfts": [0.04] * 8,
+        **fields,
+    }
     path = tmp_path / "result.json"
     path.write_text(json.dumps(data))
     return path
@@ -192,21 +275,45 @@ def vllm_result(tmp_path, **fields):
 def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
     run = run_from_vllm_result(vllm_result(tmp_path), {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
     assert (run.num_prompts, run.max_concurrency, run.input_len, run.output_len) == (8, 2, 512, 64)
-    assert run.measured == {"duration_s": 3.2, "request_throughput": 2.5, "output_throughput": 160.0,
-                            "total_token_throughput": 1440.0, "mean_ttft_ms": 40.0, "median_ttft_ms": 39.0,
-                            "p99_ttft_ms": 45.0, "mean_tpot_ms": 7.0, "median_tpot_ms": 7.0, "p99_tpot_ms": 7.5,
-                            "mean_e2el_ms": 480.0}  # std_* and per-request lists are not figures
-    bursty = run_from_vllm_result(vllm_result(tmp_path, max_concurrency=None, request_rate=4.0, burstiness=0.25),
-                                  {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
+    assert run.measured == {
+        "duration_s": 3.2,
+        "request_throughput": 2.5,
+        "output_throughput": 160.0,
+        "total_token_throughput": 1440.0,
+        "mean_ttft_ms": 40.0,
+        "median_ttft_ms": 39.0,
+        "p99_ttft_ms": 45.0,
+        "mean_tpot_ms": 7.0,
+        "median_tpot_ms": 7.0,
+        "p99_tpot_ms": 7.5,
+        "mean_e2el_ms": 480.0,
+    }  # std_* and per-request lists are not figures
+    bursty = run_from_vllm_result(
+        vllm_result(tmp_path, max_concurrency=None, request_rate=4.0, burstiness=0.25),
+        {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
+    )
     arrivals = scenario_for(bursty).workload.arrivals
-    assert (arrivals.kind, arrivals.rate_per_s, arrivals.cv) == ("gamma", 4.0, 2.0)  # shape 0.25: CV 1/sqrt(0.25)
+    assert (arrivals.kind, arrivals.rate_per_s, arrivals.cv) == (
+        "gamma",
+        4.0,
+        2.0,
+    )  # shape 0.25: CV 1/sqrt(0.25)
     assert arrivals.paced  # a bench JSON names no release: today's vllm bench paces its arrivals
 
 
-@pytest.mark.parametrize("engine, version, paced", [
-    ("vllm", None, True), ("vllm", "0.10.1", True), ("vllm", "0.30.0", True), ("vllm", "0.10.0", False),
-    ("vllm", "0.8.4", False), ("vllm", "v0.8.4", False), ("vllm", "0.6.7.dev121 (V0, rocm/vllm-dev:20250112)", False),
-    ("sglang", "0.5.3.post3", False)])
+@pytest.mark.parametrize(
+    "engine, version, paced",
+    [
+        ("vllm", None, True),
+        ("vllm", "0.10.1", True),
+        ("vllm", "0.30.0", True),
+        ("vllm", "0.10.0", False),
+        ("vllm", "0.8.4", False),
+        ("vllm", "v0.8.4", False),
+        ("vllm", "0.6.7.dev121 (V0, rocm/vllm-dev:20250112)", False),
+        ("sglang", "0.5.3.post3", False),
+    ],
+)
 def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engine, version, paced):
     """vllm bench serve since 0.10.1 ends its last arrival at num_prompts / rate; SGLang and older vLLM do not."""
     run = run_of(request_rate=4.0, engine=engine, engine_version=version)
@@ -217,20 +324,38 @@ def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engi
     assert bool(times[0] == 0.0) is not paced
 
 
-@pytest.mark.parametrize("engine, version, stated, gated", [
-    ("vllm", None, None, True), ("vllm", "0.19.0", None, True), ("vllm", "0.30.0", None, True),
-    ("vllm", "0.11.0", None, False), ("vllm", "v0.11.0", None, False), ("vllm", "0.11.0", True, True),
-    ("vllm", "0.30.0", False, False)])
+@pytest.mark.parametrize(
+    "engine, version, stated, gated",
+    [
+        ("vllm", None, None, True),
+        ("vllm", "0.19.0", None, True),
+        ("vllm", "0.30.0", None, True),
+        ("vllm", "0.11.0", None, False),
+        ("vllm", "v0.11.0", None, False),
+        ("vllm", "0.11.0", True, True),
+        ("vllm", "0.30.0", False, False),
+    ],
+)
 def test_a_twin_admits_whole_prompts_only_where_that_release_did(engine, version, stated, gated):
     """vLLM gates admission on the whole prompt (scheduler_reserve_full_isl) by default from 0.19."""
     run = run_of(engine=engine, engine_version=version, engine_args={"scheduler_reserve_full_isl": stated})
     assert scenario_for(run).engine.scheduler_reserve_full_isl is gated
 
 
-@pytest.mark.parametrize("engine, version, stated, ahead", [
-    ("vllm", None, None, True), ("vllm", "0.14.0", None, True), ("vllm", "0.30.0", None, True),
-    ("vllm", "0.11.0", None, False), ("vllm", "0.8.4", None, False), ("vllm", "0.11.0", True, True),
-    ("vllm", "0.30.0", False, False), ("sglang", "0.5.3", None, True), ("sglang", "0.3.6", None, False)])
+@pytest.mark.parametrize(
+    "engine, version, stated, ahead",
+    [
+        ("vllm", None, None, True),
+        ("vllm", "0.14.0", None, True),
+        ("vllm", "0.30.0", None, True),
+        ("vllm", "0.11.0", None, False),
+        ("vllm", "0.8.4", None, False),
+        ("vllm", "0.11.0", True, True),
+        ("vllm", "0.30.0", False, False),
+        ("sglang", "0.5.3", None, True),
+        ("sglang", "0.3.6", None, False),
+    ],
+)
 def test_a_twin_schedules_ahead_where_that_release_did(engine, version, stated, ahead):
     """vLLM plans each step while the one before runs (async scheduling) by default from 0.14."""
     run = run_of(engine=engine, engine_version=version, engine_args={"async_scheduling": stated})
@@ -242,7 +367,9 @@ def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
     varied = vllm_result(tmp_path, input_lens=[100, 200, 300, 400, 500, 600, 700, 800])
     with pytest.raises(SpecError, match="input lengths vary from 100 to 800"):
         run_from_vllm_result(varied, setup)
-    assert run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450  # the user says what it was
+    assert (
+        run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450
+    )  # the user says what it was
     bare = vllm_result(tmp_path, input_lens=None, output_lens=None)
     with pytest.raises(SpecError, match="give it: --set input_len=N"):
         run_from_vllm_result(bare, setup)
@@ -250,8 +377,20 @@ def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
 
 def test_compare_cli_replays_a_vllm_bench_result(tmp_path):
     path = vllm_result(tmp_path)
-    result = runner.invoke(app, ["compare", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
-                                 "--set", "engine_args.max_model_len=4096", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "compare",
+            str(path),
+            "--model",
+            "llama-3.1-8b",
+            "--gpu",
+            "h100-sxm",
+            "--set",
+            "engine_args.max_model_len=4096",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data[0]["run"] == "llama-3.1-8b h100-sxm serve 512/64 c=2 x8" and len(data[0]["figures"]) == 11
@@ -270,8 +409,10 @@ def test_the_bundled_fit_keeps_its_held_out_errors():
 
     _, held_out = split(load_measured_runs(PUBLISHED), 3)
     assert len(held_out) == 16
-    rows = {row[0]: float(row[2].rstrip("%")) for row in
-            family_rows([(run, replay(run, "published-fit")) for run in held_out])}
+    rows = {
+        row[0]: float(row[2].rstrip("%"))
+        for row in family_rows([(run, replay(run, "published-fit")) for run in held_out])
+    }
     assert rows["ttft"] < 18 and rows["tpot"] < 11 and rows["throughput"] < 7 and rows["e2el"] < 4
     assert rows["latency"] < 7
 
@@ -290,16 +431,31 @@ def test_the_default_routed_expert_efficiencies_predict_the_held_out_moe_runs(tm
     as_gemm.write_text(yaml.safe_dump(Profile(moe_compute=None, moe_memory=None).model_dump(mode="json")))
 
     def medians(profile: str | None) -> dict[str, float]:
-        return {row[0]: float(row[2].rstrip("%")) for row in family_rows([(run, replay(run, profile)) for run in moe])}
+        return {
+            row[0]: float(row[2].rstrip("%"))
+            for row in family_rows([(run, replay(run, profile)) for run in moe])
+        }
+
     default, gemm = medians(None), medians(str(as_gemm))
-    assert default["ttft"] < 16 and default["tpot"] < 17 and default["throughput"] < 14 and default["latency"] < 15
+    assert (
+        default["ttft"] < 16
+        and default["tpot"] < 17
+        and default["throughput"] < 14
+        and default["latency"] < 15
+    )
     assert min(gemm[f] for f in ("ttft", "tpot", "throughput", "latency")) > 45
 
 
 def test_compare_cli_splits_the_errors_by_model_kind(tmp_path):
     path = tmp_path / "runs.yaml"
-    path.write_text(yaml.safe_dump([SERVE | {"num_prompts": 4}, SERVE | {"model": "qwen3-30b-a3b", "num_prompts": 4,
-                                                                          "engine_args": {"max_model_len": 4096}}]))
+    path.write_text(
+        yaml.safe_dump(
+            [
+                SERVE | {"num_prompts": 4},
+                SERVE | {"model": "qwen3-30b-a3b", "num_prompts": 4, "engine_args": {"max_model_len": 4096}},
+            ]
+        )
+    )
     result = runner.invoke(app, ["compare", str(path), "--by", "moe"])
     assert result.exit_code == 0, result.output
     assert "dense models: 1 run(s)" in result.output and "MoE models: 1 run(s)" in result.output
@@ -316,8 +472,15 @@ def test_offline_benchmarks_take_the_llm_classs_batch_defaults_and_latency_runs_
     a100 = scenario_for(run_of(benchmark="throughput", gpu="a100-80gb")).engine
     assert (a100.max_num_batched_tokens, a100.max_num_seqs, a100.prefix_caching) == (8192, 256, "vllm")
     assert scenario_for(run_of()).engine.max_num_batched_tokens is None  # serve: vllm serve's, per GPU, later
-    stated = scenario_for(run_of(benchmark="latency", batch_size=4, num_prompts=None, measured={"latency_s": 1.0},
-                                 engine_args={"max_num_batched_tokens": 2048})).engine
+    stated = scenario_for(
+        run_of(
+            benchmark="latency",
+            batch_size=4,
+            num_prompts=None,
+            measured={"latency_s": 1.0},
+            engine_args={"max_num_batched_tokens": 2048},
+        )
+    ).engine
     assert (stated.max_num_batched_tokens, stated.max_num_seqs) == (2048, 1024)
 
 
@@ -333,16 +496,22 @@ def test_runs_that_would_share_a_label_need_an_id(tmp_path):
     with pytest.raises(SpecError, match="entries 0 and 1 are both .*give one an id"):
         load_measured_runs(path)
     path.write_text(yaml.safe_dump([SERVE, SERVE | {"id": "rerun"}]))
-    assert [run.label() for run in load_measured_runs(path)] == ["llama-3.1-8b h100-sxm serve 1024/128 all at "
-                                                                 "once x40", "rerun"]
-    assert run_of(engine="sglang", weight_dtype="fp8", tp=2).label() == \
-        "llama-3.1-8b h100-sxm TP2 sglang fp8 serve 1024/128 all at once x40"
+    assert [run.label() for run in load_measured_runs(path)] == [
+        "llama-3.1-8b h100-sxm serve 1024/128 all at once x40",
+        "rerun",
+    ]
+    assert (
+        run_of(engine="sglang", weight_dtype="fp8", tp=2).label()
+        == "llama-3.1-8b h100-sxm TP2 sglang fp8 serve 1024/128 all at once x40"
+    )
 
 
 def test_a_vllm_bench_result_it_cannot_replay_is_refused(tmp_path):
     setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
-    for fields, message in (({"ramp_up_strategy": "linear"}, "ramp-up-strategy"),
-                            ({"failed": 2, "completed": 6}, "2 request\\(s\\) failed")):
+    for fields, message in (
+        ({"ramp_up_strategy": "linear"}, "ramp-up-strategy"),
+        ({"failed": 2, "completed": 6}, "2 request\\(s\\) failed"),
+    ):
         with pytest.raises(SpecError, match=message):
             run_from_vllm_result(vllm_result(tmp_path, **fields), setup)
     one_token = run_from_vllm_result(vllm_result(tmp_path, output_lens=[1] * 8, mean_tpot_ms=0.0), setup)
@@ -352,8 +521,20 @@ def test_a_vllm_bench_result_it_cannot_replay_is_refused(tmp_path):
 def test_compare_cli_names_the_runs_whose_twin_preempted(tmp_path):
     """An L4 holds ~3 GB of KV beside Llama-3.1-8B: 16 requests of 4,500 tokens at once outgrow it."""
     path = tmp_path / "runs.yaml"
-    path.write_text(yaml.safe_dump([SERVE | {"gpu": "l4", "input_len": 3000, "output_len": 1500, "num_prompts": 16,
-                                             "engine_args": {"max_model_len": 8192}}]))
+    path.write_text(
+        yaml.safe_dump(
+            [
+                SERVE
+                | {
+                    "gpu": "l4",
+                    "input_len": 3000,
+                    "output_len": 1500,
+                    "num_prompts": 16,
+                    "engine_args": {"max_model_len": 8192},
+                }
+            ]
+        )
+    )
     result = runner.invoke(app, ["compare", str(path)])
     assert result.exit_code == 0, result.output
     assert "runs whose simulated engine preempted" in result.output
@@ -365,32 +546,80 @@ def test_runs_on_a_gpu_of_the_users_own_file_replay_with_it(tmp_path):
     both replay it the same, and without either the GPU is refused with the catalog's names. `fit --gpu` fits
     that GPU's section with the same file."""
     from tests.hardware.test_gpu_catalog import NEW_GPU_YAML
+
     (tmp_path / "gpus").mkdir()
     (tmp_path / "gpus" / "mine.yaml").write_text(NEW_GPU_YAML)
-    latency = {"source": "test", "gpu": "test-accel", "model": "llama-3.2-1b", "benchmark": "latency",
-               "batch_size": 1, "input_len": 32, "output_len": 64, "engine_args": {"max_model_len": 4096}}
+    latency = {
+        "source": "test",
+        "gpu": "test-accel",
+        "model": "llama-3.2-1b",
+        "benchmark": "latency",
+        "batch_size": 1,
+        "input_len": 32,
+        "output_len": 64,
+        "engine_args": {"max_model_len": 4096},
+    }
     beside = tmp_path / "beside.yaml"
-    beside.write_text(yaml.safe_dump([latency | {"gpu_files": ["gpus/mine.yaml"], "measured": {"latency_s": 1.0}},
-                                      latency | {"gpu_files": ["gpus/mine.yaml"], "batch_size": 2,
-                                                 "measured": {"latency_s": 1.2}}]))
+    beside.write_text(
+        yaml.safe_dump(
+            [
+                latency | {"gpu_files": ["gpus/mine.yaml"], "measured": {"latency_s": 1.0}},
+                latency | {"gpu_files": ["gpus/mine.yaml"], "batch_size": 2, "measured": {"latency_s": 1.2}},
+            ]
+        )
+    )
     bare = tmp_path / "bare.yaml"
     bare.write_text(yaml.safe_dump([latency | {"measured": {"latency_s": 1.0}}]))
     own = runner.invoke(app, ["compare", str(beside), "--json"])
-    given = runner.invoke(app, ["compare", str(bare), "--json", "--gpu-file", str(tmp_path / "gpus" / "mine.yaml")])
+    given = runner.invoke(
+        app, ["compare", str(bare), "--json", "--gpu-file", str(tmp_path / "gpus" / "mine.yaml")]
+    )
     assert own.exit_code == 0 and given.exit_code == 0, own.output + given.output
     predicted = [json.loads(r.stdout)[0]["figures"][0]["predicted"] for r in (own, given)]
-    assert predicted[0] == predicted[1] != replay(MeasuredRun.model_validate(latency | {
-        "gpu": "h100-sxm", "measured": {"latency_s": 1.0}}))[0].predicted
+    assert (
+        predicted[0]
+        == predicted[1]
+        != replay(MeasuredRun.model_validate(latency | {"gpu": "h100-sxm", "measured": {"latency_s": 1.0}}))[
+            0
+        ].predicted
+    )
     unknown = runner.invoke(app, ["compare", str(bare)])
     assert unknown.exit_code == 2 and "h100-sxm" in unknown.output
     assert "test (llama-3.2-1b test-accel latency 32/64 batch 1): unknown GPU 'test-accel'" in unknown.output
     assert "gpu_files or --gpu-file" in unknown.output
-    twice = runner.invoke(app, ["compare", str(beside), "--json", "--gpu-file", str(tmp_path / "gpus" / "mine.yaml"),
-                                "--gpu-file", str(tmp_path / "gpus" / ".." / "gpus" / "mine.yaml")])
+    twice = runner.invoke(
+        app,
+        [
+            "compare",
+            str(beside),
+            "--json",
+            "--gpu-file",
+            str(tmp_path / "gpus" / "mine.yaml"),
+            "--gpu-file",
+            str(tmp_path / "gpus" / ".." / "gpus" / "mine.yaml"),
+        ],
+    )
     assert twice.exit_code == 0, twice.output  # one file named three ways is read once
     out = tmp_path / "fit"
-    fitted = runner.invoke(app, ["fit", str(beside), "--gpu", "test-accel", "--only", "gemm_memory", "--out", str(out),
-                                 "--holdout-every", "0", "--max-evaluations", "6", "--workers", "1"])
+    fitted = runner.invoke(
+        app,
+        [
+            "fit",
+            str(beside),
+            "--gpu",
+            "test-accel",
+            "--only",
+            "gemm_memory",
+            "--out",
+            str(out),
+            "--holdout-every",
+            "0",
+            "--max-evaluations",
+            "6",
+            "--workers",
+            "1",
+        ],
+    )
     assert fitted.exit_code == 0, fitted.output
     with pytest.raises(SpecError, match="test-accel is not a GPU of the catalog"):
         load_profile(out / "profile.yaml")

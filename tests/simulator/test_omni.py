@@ -26,19 +26,35 @@ def test_the_seeds_qwen3_omni_host_footprints():
 
 STAGES = [
     {"name": "thinker", "cache_outputs": True},
-    {"name": "talker", "model": "llama-3.2-1b", "prompt_ratio": 1.0, "output_ratio": 4.0,
-     "outputs": [{"name": "codes", "dims": 16, "dtype": "int64"}], "cache_outputs": True},
+    {
+        "name": "talker",
+        "model": "llama-3.2-1b",
+        "prompt_ratio": 1.0,
+        "output_ratio": 4.0,
+        "outputs": [{"name": "codes", "dims": 16, "dtype": "int64"}],
+        "cache_outputs": True,
+    },
     {"name": "codec", "model": "llama-3.2-1b", "prompt_ratio": 4.0, "output_ratio": 0.01},
 ]
 
 
 def pipeline(num_requests=20, stages=STAGES, rate=2.0, seed=1):
-    return scenario(model="llama-3.1-8b", seed=seed, hardware={"gpu": "h200"}, engine={"max_model_len": 16384},
-                    workload={"trace": None, "arrivals": {"kind": "poisson", "rate_per_s": rate},
-                              "num_requests": num_requests,
-                              "lengths": {"prompt": {"kind": "uniform", "low": 200, "high": 2000},
-                                          "output": {"kind": "uniform", "low": 20, "high": 300}}},
-                    stages=stages)
+    return scenario(
+        model="llama-3.1-8b",
+        seed=seed,
+        hardware={"gpu": "h200"},
+        engine={"max_model_len": 16384},
+        workload={
+            "trace": None,
+            "arrivals": {"kind": "poisson", "rate_per_s": rate},
+            "num_requests": num_requests,
+            "lengths": {
+                "prompt": {"kind": "uniform", "low": 200, "high": 2000},
+                "output": {"kind": "uniform", "low": 20, "high": 300},
+            },
+        },
+        stages=stages,
+    )
 
 
 def test_a_request_passes_every_stage_in_order_with_host_transfers_between():
@@ -55,10 +71,16 @@ def test_a_request_passes_every_stage_in_order_with_host_transfers_between():
     for name in ("thinker", "talker"):
         nbytes = s[f"stage_{name}_transfer_bytes"]
         assert s[f"stage_{name}_mean_transfer_ms"] == pytest.approx(
-            2 * (pcie.latency_s + nbytes / pcie.bytes_per_s) * 1e3)
+            2 * (pcie.latency_s + nbytes / pcie.bytes_per_s) * 1e3
+        )
     # the client's TTFT is the last stage's first token: every stage and both transfers come before it
-    before = s["stage_thinker_mean_e2el_ms"] + s["stage_talker_mean_e2el_ms"] + s["stage_codec_mean_ttft_ms"] \
-        + s["stage_thinker_mean_transfer_ms"] + s["stage_talker_mean_transfer_ms"]
+    before = (
+        s["stage_thinker_mean_e2el_ms"]
+        + s["stage_talker_mean_e2el_ms"]
+        + s["stage_codec_mean_ttft_ms"]
+        + s["stage_thinker_mean_transfer_ms"]
+        + s["stage_talker_mean_transfer_ms"]
+    )
     assert req.ttft_s * 1e3 == pytest.approx(before, rel=1e-9)
 
 
@@ -76,12 +98,21 @@ def test_the_memory_plan_reports_each_stages_pinned_output_cache(tmp_path):
     result = run(pipeline(num_requests=2))
     memory = result.memory.as_dict()
     thinker, talker, codec = memory["stages"]
-    assert thinker["stage_output_cache"] == [{"name": "hidden_states", "shape": [thinker["num_blocks"], 16, 4096],
-                                              "dtype": "bf16", "bytes": thinker["num_blocks"] * 16 * 4096 * 2}]
+    assert thinker["stage_output_cache"] == [
+        {
+            "name": "hidden_states",
+            "shape": [thinker["num_blocks"], 16, 4096],
+            "dtype": "bf16",
+            "bytes": thinker["num_blocks"] * 16 * 4096 * 2,
+        }
+    ]
     assert talker["stage_output_cache_host_bytes"] == talker["num_blocks"] * 16 * 16 * 8
     assert codec["stage_output_cache"] == []  # cache_outputs off
-    assert memory["stage_output_cache_host_bytes"] == result.summary["stage_output_cache_host_bytes"] \
+    assert (
+        memory["stage_output_cache_host_bytes"]
+        == result.summary["stage_output_cache_host_bytes"]
         == thinker["stage_output_cache_host_bytes"] + talker["stage_output_cache_host_bytes"]
+    )
     assert thinker["model"] == "llama-3.1-8b" and talker["model"] == "llama-3.2-1b"
     written = json.loads((write_run(result, tmp_path / "run", SCENARIOS) / "memory.json").read_text())
     assert written["stages"][0]["stage_output_cache_host_bytes"] == thinker["stage_output_cache_host_bytes"]
@@ -99,8 +130,11 @@ def test_a_later_stage_rejects_with_its_name_in_the_reason():
 def test_pipelines_are_deterministic_and_fast_forward_changes_nothing():
     first, again = run(pipeline()), run(pipeline())
     assert first.summary == again.summary
-    stepped = run(pipeline().model_copy(update={"simulation": pipeline().simulation.model_copy(
-        update={"fast_forward": False})}))
+    stepped = run(
+        pipeline().model_copy(
+            update={"simulation": pipeline().simulation.model_copy(update={"fast_forward": False})}
+        )
+    )
     assert first.requests.equals(stepped.requests) and first.summary == stepped.summary
 
 
@@ -108,6 +142,7 @@ def test_servesim_simulate_runs_a_pipeline_scenario(tmp_path):
     from typer.testing import CliRunner
 
     from simulator.cli import app
+
     path = tmp_path / "omni.yaml"
     path.write_text(yaml.safe_dump(pipeline(num_requests=4).model_dump(mode="json", exclude_unset=True)))
     result = CliRunner().invoke(app, ["simulate", str(path), "--out", str(tmp_path / "run")])
@@ -117,17 +152,37 @@ def test_servesim_simulate_runs_a_pipeline_scenario(tmp_path):
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["stage_codec_completed"] == 4
 
 
-@pytest.mark.parametrize("stage,reason", [
-    ({"name": "talker", "model": "gemma-2-9b", "cache_outputs": True, "engine": {"max_model_len": 8192}},
-     "sliding-window layers"),
-    ({"name": "talker", "cache_outputs": True, "engine": {"prefix_caching": "radix"}}, "radix pages of 1 tokens"),
-    ({"name": "talker", "cache_outputs": True,
-      "engine": {"speculative": {"method": "ngram", "k": 3, "acceptance": 0.5}}}, "decodes speculatively"),
-])
+@pytest.mark.parametrize(
+    "stage,reason",
+    [
+        (
+            {
+                "name": "talker",
+                "model": "gemma-2-9b",
+                "cache_outputs": True,
+                "engine": {"max_model_len": 8192},
+            },
+            "sliding-window layers",
+        ),
+        (
+            {"name": "talker", "cache_outputs": True, "engine": {"prefix_caching": "radix"}},
+            "radix pages of 1 tokens",
+        ),
+        (
+            {
+                "name": "talker",
+                "cache_outputs": True,
+                "engine": {"speculative": {"method": "ngram", "k": 3, "acceptance": 0.5}},
+            },
+            "decodes speculatively",
+        ),
+    ],
+)
 def test_stage_output_cache_is_refused_where_vllm_omni_refuses_it(stage, reason):
     """The seed's table: the cache mirrors one full-attention block table of whole blocks, so hybrid KV,
     sub-block prefix matches and speculative stages refuse it at KV-cache init."""
     from hardware.errors import SpecError
+
     with pytest.raises(SpecError, match=rf"stages\['talker'\]\.cache_outputs: .*{reason}"):
         run(pipeline(num_requests=2, stages=[{"name": "thinker"}, stage]))
     allowed = {k: v for k, v in stage.items() if k != "cache_outputs"}
@@ -139,11 +194,22 @@ def test_a_stage_rejects_what_its_sliding_window_pool_can_never_hold(tmp_path):
     groups, so the stage rejects it at once, as a plain run does, and the next request is served."""
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,1000,50\n0.5,100,10\n")
-    s = scenario(model="gpt-oss-20b", engine={"max_model_len": 4096, "num_gpu_blocks_override": 70},
-                 workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
-                           "num_requests": 2}, stop={"max_sim_time_s": 30}, stages=[{"name": "only"}])
+    s = scenario(
+        model="gpt-oss-20b",
+        engine={"max_model_len": 4096, "num_gpu_blocks_override": 70},
+        workload={
+            "trace": {"format": "servesim", "path": str(trace)},
+            "arrivals": {"kind": "trace"},
+            "num_requests": 2,
+        },
+        stop={"max_sim_time_s": 30},
+        stages=[{"name": "only"}],
+    )
     requests = run(s).requests
-    assert requests["reject_reason"].tolist()[0] == "stage only: needs 132 KV blocks at full length; the pool has 69"
+    assert (
+        requests["reject_reason"].tolist()[0]
+        == "stage only: needs 132 KV blocks at full length; the pool has 69"
+    )
     assert requests["finish_s"].notna().tolist() == [False, True]
 
 
@@ -151,36 +217,58 @@ def test_each_replica_of_a_stage_pins_its_own_output_cache():
     one = run(pipeline(num_requests=2)).memory.as_dict()["stages"][1]
     stages = [STAGES[0], {**STAGES[1], "replicas": 2}, STAGES[2]]
     two = run(pipeline(num_requests=2, stages=stages)).memory.as_dict()["stages"][1]
-    assert two["stage_output_cache_host_bytes"] == 2 * one["stage_output_cache_host_bytes"] == 2 * (
-        one["num_blocks"] * 16 * 16 * 8)
+    assert (
+        two["stage_output_cache_host_bytes"]
+        == 2 * one["stage_output_cache_host_bytes"]
+        == 2 * (one["num_blocks"] * 16 * 16 * 8)
+    )
 
 
-@pytest.mark.parametrize("section, value, field", [
-    ("parallelism", {"tp": 2}, "stages[i].tp"), ("app_cache", {"kind": "exact"}, "app_cache.kind: none")])
+@pytest.mark.parametrize(
+    "section, value, field",
+    [("parallelism", {"tp": 2}, "stages[i].tp"), ("app_cache", {"kind": "exact"}, "app_cache.kind: none")],
+)
 def test_settings_a_pipeline_cannot_honour_are_refused_not_dropped(section, value, field):
     from hardware.errors import SpecError
+
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
-        run(pipeline(num_requests=2).model_copy(update={section: type(getattr(pipeline(), section))(**value)}))
+        run(
+            pipeline(num_requests=2).model_copy(update={section: type(getattr(pipeline(), section))(**value)})
+        )
 
 
 def test_an_sglang_stage_sizes_its_slots_by_the_resolved_context_as_a_plain_run_does():
     """SGLang's default max_running_requests depends on the context length: unset, a stage takes the memory
     plan's (the model's own), as a plain run's pool does, not the pool size."""
     from simulator.run import make_world
-    plain = scenario(model="llama-3.1-8b", hardware={"gpu": "h200"}, engine={"scheduler": "sglang", "max_model_len": None,
-                                                                            "prefix_caching": "radix"})
+
+    plain = scenario(
+        model="llama-3.1-8b",
+        hardware={"gpu": "h200"},
+        engine={"scheduler": "sglang", "max_model_len": None, "prefix_caching": "radix"},
+    )
     world = make_world(plain, SCENARIOS)
-    staged = make_world(plain.model_copy(update={"stages": pipeline(stages=[{"name": "only"}]).stages}), SCENARIOS)
-    assert staged.stages[0].replicas[0].scheduler.max_running == world.pools[0].replicas[0].scheduler.max_running
+    staged = make_world(
+        plain.model_copy(update={"stages": pipeline(stages=[{"name": "only"}]).stages}), SCENARIOS
+    )
+    assert (
+        staged.stages[0].replicas[0].scheduler.max_running == world.pools[0].replicas[0].scheduler.max_running
+    )
 
 
 def test_later_stages_see_each_requests_session_and_priority():
     """A later stage's request carries its client request's session and priority, so session_affinity keeps a
     conversation's turns on one replica there and the priority order holds."""
     from simulator.run import make_world
-    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 0.5},
-                "new_message_tokens": {"kind": "fixed", "value": 50}}
-    s = pipeline(num_requests=24, stages=[{"name": "a"}, {"name": "b", "replicas": 3, "router": "session_affinity"}])
+
+    sessions = {
+        "turns": {"kind": "fixed", "value": 3},
+        "think_time_s": {"kind": "fixed", "value": 0.5},
+        "new_message_tokens": {"kind": "fixed", "value": 50},
+    }
+    s = pipeline(
+        num_requests=24, stages=[{"name": "a"}, {"name": "b", "replicas": 3, "router": "session_affinity"}]
+    )
     raw = s.model_dump(mode="json")
     s = type(s).model_validate({**raw, "workload": {**raw["workload"], "sessions": sessions}})
     world = make_world(s, SCENARIOS)
@@ -193,17 +281,33 @@ def test_later_stages_see_each_requests_session_and_priority():
     assert all(len(replicas) == 1 for replicas in replicas_of.values()) and len(replicas_of) > 1
 
 
-@pytest.mark.parametrize("engine,expected", [
-    ({"max_num_seqs": 0}, "stages.0.engine.max_num_seqs: Input should be greater than or equal to 1"),
-    ({"max_num_seqs": 300, "max_num_batched_tokens": 100}, "stages.0.engine: max_num_batched_tokens (100) <"),
-])
+@pytest.mark.parametrize(
+    "engine,expected",
+    [
+        ({"max_num_seqs": 0}, "stages.0.engine.max_num_seqs: Input should be greater than or equal to 1"),
+        (
+            {"max_num_seqs": 300, "max_num_batched_tokens": 100},
+            "stages.0.engine: max_num_batched_tokens (100) <",
+        ),
+    ],
+)
 def test_a_stage_engine_is_checked_when_the_scenario_loads(tmp_path, engine, expected):
     """It was validated only when the stage was built: a ValidationError traceback, not a line."""
     from typer.testing import CliRunner
 
     from simulator.cli import app
+
     stages = [{"name": "a", "model": "qwen2.5-7b", "engine": engine}, {"name": "b", "model": "llama-3.2-1b"}]
-    result = CliRunner().invoke(app, ["simulate", str(SCENARIOS / "omni_thinker_talker.yaml"),
-                                      "--out", str(tmp_path / "out"), "--set", f"stages={json.dumps(stages)}"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "simulate",
+            str(SCENARIOS / "omni_thinker_talker.yaml"),
+            "--out",
+            str(tmp_path / "out"),
+            "--set",
+            f"stages={json.dumps(stages)}",
+        ],
+    )
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert expected in result.stderr and result.stderr.count("\n") == 1

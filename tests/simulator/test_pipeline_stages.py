@@ -18,6 +18,7 @@ def _run(num_stages: int, steps: list[list[tuple[float, ...]]]) -> list[list[tup
         for times in steps[i]:
             busy = yield from pipeline.run(times)
             ends[i].append((env.now, busy))
+
     for i in range(len(steps)):
         env.process(engine(i))
     env.run()
@@ -39,8 +40,11 @@ def test_equal_micro_batches_overlap_so_each_engine_steps_once_per_pass():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.integers(2, 4).flatmap(lambda pp: st.lists(
-    st.tuples(*[st.integers(1, 9).map(float)] * pp), min_size=1, max_size=6)))
+@given(
+    st.integers(2, 4).flatmap(
+        lambda pp: st.lists(st.tuples(*[st.integers(1, 9).map(float)] * pp), min_size=1, max_size=6)
+    )
+)
 def test_micro_batches_planned_together_finish_as_a_permutation_flow_shop(jobs):
     """Micro-batches all planned at t=0 (each engine's only step) pass the stages in that order, none overtaking:
     job j leaves stage s at D[s][j] = max(D[s-1][j], D[s][j-1]) + t[s][j], the flow-shop recursion."""
@@ -50,4 +54,6 @@ def test_micro_batches_planned_together_finish_as_a_permutation_flow_shop(jobs):
         for j in range(1, len(jobs) + 1):
             done[s][j] = max(done[s - 1][j], done[s][j - 1]) + jobs[j - 1][s - 1]
     ends = _run(num_stages, [[job] for job in jobs])
-    assert [engine[0] for engine in ends] == [(done[num_stages][j], sum(jobs[j - 1])) for j in range(1, len(jobs) + 1)]
+    assert [engine[0] for engine in ends] == [
+        (done[num_stages][j], sum(jobs[j - 1])) for j in range(1, len(jobs) + 1)
+    ]

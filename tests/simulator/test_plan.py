@@ -38,12 +38,16 @@ def test_recommendation_passes_its_verification_and_the_next_cheaper_fails(chat_
     per_request = rec.verdict.metrics["output_tokens_per_arrival"]
     assert per_request > 1
     tokens_per_hour = TARGET * per_request * 3600
-    assert rec.cost_per_million_output_tokens_usd == pytest.approx(rec.cost_per_hour_usd / tokens_per_hour * 1e6)
+    assert rec.cost_per_million_output_tokens_usd == pytest.approx(
+        rec.cost_per_hour_usd / tokens_per_hour * 1e6
+    )
     assert TARGET * per_request > rec.verdict.metrics["output_throughput"]
 
 
 def test_verifying_on_two_processes_gives_the_same_plan(chat_plan):
-    parallel = plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2], max_replicas=4, target_rate=TARGET, workers=2)
+    parallel = plan(
+        chat(), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2], max_replicas=4, target_rate=TARGET, workers=2
+    )
     assert [d.as_dict() for d in parallel.deployments] == [d.as_dict() for d in chat_plan.deployments]
     assert parallel.recommendation.label == chat_plan.recommendation.label
     assert parallel.next_cheaper.label == chat_plan.next_cheaper.label
@@ -56,7 +60,9 @@ def test_candidates_too_costly_to_win_are_not_sized_and_the_choice_is_the_exhaus
     assert pruned.recommendation.label == full.recommendation.label == "2 x h100-sxm tp=1"
     assert pruned.next_cheaper.label == full.next_cheaper.label
     costlier = [e for e in pruned.evaluations if e.rejection == "costlier"]
-    assert [e.candidate.label for e in costlier] == ["h100-sxm tp=4"]  # $11.96/h a replica > 2 x tp=1's $5.98/h
+    assert [e.candidate.label for e in costlier] == [
+        "h100-sxm tp=4"
+    ]  # $11.96/h a replica > 2 x tp=1's $5.98/h
     assert costlier[0].capacity is None and "$11.96/h" in costlier[0].detail
     assert pruned.num_simulations < full.num_simulations
     # each candidate's bisection stopped once its replica count was settled: the same count as bisecting to rel_tol
@@ -76,7 +82,8 @@ def test_sizing_comes_from_the_per_replica_rate(chat_plan):
     assert tp1.rejection is None and tp1.replicas == 2 and TARGET / 2 <= tp1.rate_per_replica < TARGET
     assert tp2.rejection is None and tp2.replicas == 1 and tp2.rate_per_replica >= TARGET
     assert chat_plan.num_simulations == len(chat_plan.deployments) + sum(
-        e.capacity.num_simulations for e in chat_plan.evaluations)
+        e.capacity.num_simulations for e in chat_plan.evaluations
+    )
 
 
 def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
@@ -84,29 +91,58 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
     path.write_text(yaml.safe_dump(chat().run_settings().model_dump(mode="json", exclude_unset=True)))
     (tmp_path / "traces").symlink_to(SCENARIOS / "traces")
     out = tmp_path / "plan"
-    result = CliRunner().invoke(app, ["plan", str(path), "--gpus", "h100-sxm", "--tp", "1,2", "--max-replicas", "4",
-                                      "--target-rate", str(TARGET), "--out", str(out), "--workers", "1"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(path),
+            "--gpus",
+            "h100-sxm",
+            "--tp",
+            "1,2",
+            "--max-replicas",
+            "4",
+            "--target-rate",
+            str(TARGET),
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        ],
+    )
     assert result.exit_code == 0, result.output
     data = json.loads((out / "plan.json").read_text())
-    assert data["recommendation"]["deployment"] == "2 x h100-sxm tp=1" and data["recommendation"]["verdict"]["ok"]
-    assert data["next_cheaper"]["deployment"] == "1 x h100-sxm tp=1" and not data["next_cheaper"]["verdict"]["ok"]
+    assert (
+        data["recommendation"]["deployment"] == "2 x h100-sxm tp=1"
+        and data["recommendation"]["verdict"]["ok"]
+    )
+    assert (
+        data["next_cheaper"]["deployment"] == "1 x h100-sxm tp=1"
+        and not data["next_cheaper"]["verdict"]["ok"]
+    )
     assert data["pareto_ttft"] and data["pareto_tpot"]
-    assert "recommendation: 2 x h100-sxm tp=1" in result.stdout and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
+    assert (
+        "recommendation: 2 x h100-sxm tp=1" in result.stdout
+        and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
+    )
     # not on a terminal: a line per candidate sized and per deployment verified, on stderr
     progress = [line.split(":")[0] for line in result.stderr.splitlines()]
     assert [line for line in progress if line.startswith("sized")] == ["sized 1/2", "sized 2/2"]
     assert [line for line in progress if line.startswith("verified")] == [
-        f"verified {i}" for i in range(1, len(data["deployments"]) + 1)]
+        f"verified {i}" for i in range(1, len(data["deployments"]) + 1)
+    ]
     assert len(progress) == 2 + len(data["deployments"])
     assert "h100-sxm tp=1: " in result.stderr and "2 x h100-sxm tp=1 ($5.98/h): ok" in result.stderr
     assert "sized 1/2" not in result.stdout
     # the batch limits the run used, written out: vLLM's defaults on an H100 (>= 70 GiB) are 1024 seqs, 8192 tokens
     assert data["commands"]["vllm"] == (
         "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-seqs 1024 --max-num-batched-tokens 8192 "
-        "--gpu-memory-utilization 0.9 --max-model-len 16384 --enable-chunked-prefill")
+        "--gpu-memory-utilization 0.9 --max-model-len 16384 --enable-chunked-prefill"
+    )
     assert data["commands"]["sglang"] == (
         "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1 --max-running-requests 1024 "
-        "--chunked-prefill-size 8192 --context-length 16384")  # SGLang's own memory split, not vLLM's 0.9
+        "--chunked-prefill-size 8192 --context-length 16384"
+    )  # SGLang's own memory split, not vLLM's 0.9
     assert data["commands"]["replicas"] == 2
 
 
@@ -145,9 +181,13 @@ def test_pipeline_stages_let_a_model_too_big_for_one_tp_group_start():
 def test_a_sizing_worker_that_dies_stops_the_plan_naming_its_candidate(monkeypatch):
     def first_killed(fn, jobs, engine, workers, on_died):
         yield 0, on_died(WorkerDied(0, -signal.SIGKILL))
+
     monkeypatch.setattr("simulator.plan.run_jobs", first_killed)
-    with pytest.raises(SpecError, match=r"plan: the worker process sizing h100-sxm tp=1 was killed by SIGKILL "
-                                        r"\(most often the out-of-memory killer"):
+    with pytest.raises(
+        SpecError,
+        match=r"plan: the worker process sizing h100-sxm tp=1 was killed by SIGKILL "
+        r"\(most often the out-of-memory killer",
+    ):
         plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2], target_rate=TARGET)
 
 
@@ -158,10 +198,15 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_seqs": [8]}, target_rate=TARGET)
     with pytest.raises(SpecError, match="knob scheduler='foo': engine: unknown scheduler 'foo'"):
         plan(chat(), SCENARIOS, tps=[1], knobs={"scheduler": ["vllm", "foo"]}, target_rate=TARGET)
-    with pytest.raises(SpecError, match="knob max_num_seqs='abc': engine.max_num_seqs: Input should be a valid"):
+    with pytest.raises(
+        SpecError, match="knob max_num_seqs='abc': engine.max_num_seqs: Input should be a valid"
+    ):
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_num_seqs": ["abc"]}, target_rate=TARGET)
     from simulator.plan import _check_choices  # a value that runs in some combination passes: orca needs none
-    _check_choices(chat(), ["h100-sxm"], [1], [1], {"scheduler": ["vllm", "orca"], "prefix_caching": ["vllm", "none"]})
+
+    _check_choices(
+        chat(), ["h100-sxm"], [1], [1], {"scheduler": ["vllm", "orca"], "prefix_caching": ["vllm", "none"]}
+    )
     with pytest.raises(SpecError, match="0 is not a GPU count"):
         plan(chat(), SCENARIOS, gpus=["h100-sxm"], tps=[0, 1], target_rate=TARGET)
 
@@ -170,23 +215,34 @@ def test_the_engines_batching_is_a_knob_like_any_other():
     """`--knob scheduler=vllm,sglang`: each engine's batching sized on the same traffic (parse_grid keeps the
     names as text)."""
     from simulator.sweep import parse_grid
+
     assert parse_grid(["scheduler=vllm,sglang"]) == {"scheduler": ["vllm", "sglang"]}
-    sized = {name: evaluate(chat(), SCENARIOS, Candidate("h100-sxm", 1, (("scheduler", name),)), TARGET, 4, 0.05)
-             for name in ("vllm", "sglang")}
+    sized = {
+        name: evaluate(chat(), SCENARIOS, Candidate("h100-sxm", 1, (("scheduler", name),)), TARGET, 4, 0.05)
+        for name in ("vllm", "sglang")
+    }
     assert all(ev.rejection is None and ev.capacity.rate_per_s > 0 for ev in sized.values())
     assert sized["sglang"].candidate.label == "h100-sxm tp=1 scheduler=sglang"
 
 
 def test_knobs_that_contradict_each_other_are_invalid():
-    ev = evaluate(chat(), SCENARIOS, Candidate("h100-sxm", 1, (("max_num_seqs", 512), ("max_num_batched_tokens", 256))),
-                  TARGET, 4, 0.05)
+    ev = evaluate(
+        chat(),
+        SCENARIOS,
+        Candidate("h100-sxm", 1, (("max_num_seqs", 512), ("max_num_batched_tokens", 256))),
+        TARGET,
+        4,
+        0.05,
+    )
     assert ev.rejection == "invalid" and "max_num_batched_tokens (256) < max_num_seqs (512)" in ev.detail
 
 
 def test_a_candidate_whose_engine_refuses_requests_is_rejected_for_that():
     ev = evaluate(chat(engine={"max_model_len": 2048}), SCENARIOS, Candidate("h100-sxm", 1), TARGET, 4, 0.05)
     assert ev.rejection == "rejected" and ev.capacity.num_simulations == 1
-    assert ev.detail.startswith(f"fails even at {TARGET:.3g} req/s per replica: ")  # the target, not target / 4
+    assert ev.detail.startswith(
+        f"fails even at {TARGET:.3g} req/s per replica: "
+    )  # the target, not target / 4
     assert "requests rejected at any rate" in ev.detail
 
 
@@ -211,37 +267,68 @@ def test_next_cheaper_is_the_most_expensive_deployment_under_the_cost():
 def test_pareto_frontier_keeps_deployments_nobody_beats_on_cost_and_latency():
     def deployment(price: float, ttft: float) -> Deployment:
         return Deployment(_evaluation("g", price), 1, Verdict(1.0, (), (), {"p90_ttft_ms": ttft}))
+
     a, b, c, d = deployment(1, 900), deployment(2, 300), deployment(3, 400), deployment(4, 100)
-    failing = Deployment(_evaluation("g", 0.5), 1, Verdict(1.0, ("TTFT SLO",), ("slow",), {"p90_ttft_ms": 50}))
+    failing = Deployment(
+        _evaluation("g", 0.5), 1, Verdict(1.0, ("TTFT SLO",), ("slow",), {"p90_ttft_ms": 50})
+    )
     result = PlanResult(1.0, [], [c, a, failing, d, b], None, None)
-    assert result.pareto("p90_ttft_ms") == [a, b, d]  # c costs more than b and is slower; failing is no option
+    assert result.pareto("p90_ttft_ms") == [
+        a,
+        b,
+        d,
+    ]  # c costs more than b and is slower; failing is no option
 
 
 def test_launch_commands_follow_the_engine_knobs():
-    s = chat(engine={"enable_chunked_prefill": False, "max_num_batched_tokens": 16384, "kv_dtype": "fp8"},
-             parallelism={"tp": 4})
+    s = chat(
+        engine={"enable_chunked_prefill": False, "max_num_batched_tokens": 16384, "kv_dtype": "fp8"},
+        parallelism={"tp": 4},
+    )
     vllm, sglang = vllm_command(s, 16384), sglang_command(s, 16384)
     assert "--tensor-parallel-size 4" in vllm and "--no-enable-chunked-prefill" in vllm
     assert "--kv-cache-dtype fp8" in vllm and "--max-num-batched-tokens 16384" in vllm
-    assert "--tp 4" in sglang and "--chunked-prefill-size -1" in sglang and "--kv-cache-dtype fp8_e4m3" in sglang
+    assert (
+        "--tp 4" in sglang and "--chunked-prefill-size -1" in sglang and "--kv-cache-dtype fp8_e4m3" in sglang
+    )
     assert "--disable-hybrid-kv-cache-manager" not in vllm
     whole = chat(engine={"disable_hybrid_kv_cache_manager": True, "long_prefill_token_threshold": 2048})
     assert "--disable-hybrid-kv-cache-manager" in vllm_command(whole, 16384)
     assert "--long-prefill-token-threshold 2048" in vllm_command(whole, 16384)
     assert "async" not in vllm  # vLLM schedules ahead by default, as the simulation did
     assert "--no-async-scheduling" in vllm_command(chat(engine={"async_scheduling": False}), 16384)
-    assert "--no-async-scheduling" in vllm_command(chat(parallelism={"pp": 2}), 16384)  # simulated synchronously
-    pd = chat(disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1}, "transfer": {"link": "ib-ndr-400"}})
+    assert "--no-async-scheduling" in vllm_command(
+        chat(parallelism={"pp": 2}), 16384
+    )  # simulated synchronously
+    pd = chat(
+        disaggregation={
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+            "transfer": {"link": "ib-ndr-400"},
+        }
+    )
     assert "--no-async-scheduling" in vllm_command(pd, 16384)  # P/D pools step synchronously
-    assert "overlap" not in sglang_command(chat(engine={"scheduler": "sglang"}), 16384)  # SGLang's default, as here
+    assert "overlap" not in sglang_command(
+        chat(engine={"scheduler": "sglang"}), 16384
+    )  # SGLang's default, as here
     assert "--disable-overlap-schedule" in sglang_command(
-        chat(engine={"scheduler": "sglang", "async_scheduling": False}), 16384)
+        chat(engine={"scheduler": "sglang", "async_scheduling": False}), 16384
+    )
     assert "overlap" not in sglang  # a vLLM scenario's SGLang command is an approximation anyway
     assert "--long-prefill-token-threshold" not in vllm
-    sg = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "queue_order": "lpm",
-                      "schedule_conservativeness": 0.5, "enable_mixed_chunk": True})
+    sg = chat(
+        engine={
+            "scheduler": "sglang",
+            "prefix_caching": "radix",
+            "queue_order": "lpm",
+            "schedule_conservativeness": 0.5,
+            "enable_mixed_chunk": True,
+        }
+    )
     command = sglang_command(sg, 16384)
-    assert "--chunked-prefill-size 8192" in command and "--max-running-requests" not in command  # SGLang's own
+    assert (
+        "--chunked-prefill-size 8192" in command and "--max-running-requests" not in command
+    )  # SGLang's own
     assert "--mem-fraction-static 0.834" in command
     assert "--schedule-policy lpm" in command and "--schedule-conservativeness 0.5" in command
     assert "--enable-mixed-chunk" in command and "--max-prefill-tokens" not in command
@@ -249,8 +336,15 @@ def test_launch_commands_follow_the_engine_knobs():
 
 
 def test_the_plan_section_supplies_the_choices():
-    s = chat(plan={"gpus": ["h200"], "tp": [2], "max_replicas": 2, "target_rate_per_s": 20,
-                   "engine": {"max_num_seqs": [128]}})
+    s = chat(
+        plan={
+            "gpus": ["h200"],
+            "tp": [2],
+            "max_replicas": 2,
+            "target_rate_per_s": 20,
+            "engine": {"max_num_seqs": [128]},
+        }
+    )
     result = plan(s, SCENARIOS)
     assert [e.candidate.label for e in result.evaluations] == ["h200 tp=2 max_num_seqs=128"]
     assert result.target_rate_per_s == 20 and result.recommendation.label == "1 x h200 tp=2 max_num_seqs=128"
@@ -262,12 +356,18 @@ def test_the_plan_section_supplies_the_choices():
 def test_layouts_that_change_nothing_are_planned_once_as_the_plain_one():
     """DP attention or expert parallel on one GPU, or expert parallel on a dense model, is the plain layout."""
     from simulator.plan import shapes_of
+
     both = {"ep": [False, True], "dp_attention": [False, True]}
     plain, dp = (("ep", False), ("dp_attention", False)), (("ep", False), ("dp_attention", True))
     assert shapes_of(chat(), [1, 2], [1], both) == [(1, 1, plain), (2, 1, plain), (2, 1, dp)]
     moe = shapes_of(chat(model="qwen3-30b-a3b"), [1, 2], [1], both)
-    assert [layout for tp, _, layout in moe] == [plain, plain, dp, (("ep", True), ("dp_attention", False)),
-                                                 (("ep", True), ("dp_attention", True))]
+    assert [layout for tp, _, layout in moe] == [
+        plain,
+        plain,
+        dp,
+        (("ep", True), ("dp_attention", False)),
+        (("ep", True), ("dp_attention", True)),
+    ]
     assert shapes_of(chat(), [1, 2], [1, 2], {}) == [(1, 1, ()), (1, 2, ()), (2, 1, ()), (2, 2, ())]
 
 
@@ -275,8 +375,16 @@ def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
     """Qwen3-30B-A3B on two H100s, plain TP against vLLM's DP ranks (both expert parallel, the one from the plan
     section, the other as --ep gives it): both sized and verified, each priced as two GPUs; the recommendation's
     commands run its layout."""
-    s = chat(model="qwen3-30b-a3b", plan={"gpus": ["h100-sxm"], "tp": [2], "max_replicas": 2,
-                                          "target_rate_per_s": 20, "dp_attention": [False, True]})
+    s = chat(
+        model="qwen3-30b-a3b",
+        plan={
+            "gpus": ["h100-sxm"],
+            "tp": [2],
+            "max_replicas": 2,
+            "target_rate_per_s": 20,
+            "dp_attention": [False, True],
+        },
+    )
     result = plan(s, SCENARIOS, layouts={"ep": [True]})
     labels = [e.candidate.label for e in result.evaluations]
     assert labels == ["h100-sxm tp=2 ep", "h100-sxm tp=2 ep dp_attention"]
@@ -285,22 +393,35 @@ def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
     assert {d.evaluation.candidate.label for d in result.deployments} == set(labels)
     dp = "--data-parallel-size 2" in result.commands["vllm"]
     assert dp == result.recommendation.label.endswith("dp_attention")
-    assert "--enable-expert-parallel" in result.commands["vllm"]  # the layout is what runs, not only its label
+    assert (
+        "--enable-expert-parallel" in result.commands["vllm"]
+    )  # the layout is what runs, not only its label
     assert result.as_dict()["recommendation"]["dp_attention"] == dp
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump({**s.model_dump(mode="json", exclude_none=True), "plan": None}))
-    cli = CliRunner().invoke(app, ["plan", str(path), "--gpus", "h100-sxm", "--tp", "2", "--dp-attention", "maybe"])
+    cli = CliRunner().invoke(
+        app, ["plan", str(path), "--gpus", "h100-sxm", "--tp", "2", "--dp-attention", "maybe"]
+    )
     assert cli.exit_code == 2 and "--dp-attention 'maybe': expected true and/or false" in cli.stderr
 
 
 def test_pd_disaggregated_units_are_searched_and_sized_as_wholes():
     from simulator.plan import plan
     from tests.simulator.study_helpers import SCENARIOS, chat
-    base = chat(workload={"lengths": {"prompt": {"kind": "uniform", "low": 2000, "high": 4000},
-                                      "output": {"kind": "uniform", "low": 20, "high": 120}},
-                          "trace": None, "arrivals": {"kind": "poisson", "rate_per_s": 6}, "num_requests": 150},
-                plan={"gpus": ["h100-sxm"], "tp": [1], "max_replicas": 4, "pd_ratios": [[1, 1], [2, 1]]},
-                slo={"ttft_ms": 1500, "tpot_ms": 30})
+
+    base = chat(
+        workload={
+            "lengths": {
+                "prompt": {"kind": "uniform", "low": 2000, "high": 4000},
+                "output": {"kind": "uniform", "low": 20, "high": 120},
+            },
+            "trace": None,
+            "arrivals": {"kind": "poisson", "rate_per_s": 6},
+            "num_requests": 150,
+        },
+        plan={"gpus": ["h100-sxm"], "tp": [1], "max_replicas": 4, "pd_ratios": [[1, 1], [2, 1]]},
+        slo={"ttft_ms": 1500, "tpot_ms": 30},
+    )
     result = plan(base, SCENARIOS)
     kinds = {e.candidate.label: e for e in result.evaluations}
     assert set(kinds) == {"h100-sxm tp=1", "h100-sxm tp=1 1P1D", "h100-sxm tp=1 2P1D"}
@@ -317,25 +438,38 @@ def test_a_deployment_whose_replicas_carry_a_failed_rate_is_flagged():
     """Sizing saw one replica pass at 19.4 req/s and fail at 20: two replicas at 40 req/s that pass whole carry
     20 each, so the plan says the margin is thin; at 38 req/s (19 each) it does not."""
     capacity = CapacityResult(19.375, 2, [Verdict(19.375, (), ()), Verdict(20.0, ("TTFT SLO",), ("slow",))])
-    ev = Evaluation(Candidate("h100-sxm", 1), gpus_per_replica=1, price_per_replica_hour_usd=2.99, capacity=capacity)
+    ev = Evaluation(
+        Candidate("h100-sxm", 1), gpus_per_replica=1, price_per_replica_hour_usd=2.99, capacity=capacity
+    )
     at_40 = Deployment(ev, 2, Verdict(40.0, (), (), {"p90_ttft_ms": 150.0}))
-    assert "each replica carries 20 req/s, where one replica alone failed in sizing (TTFT SLO at 20 req/s)" \
+    assert (
+        "each replica carries 20 req/s, where one replica alone failed in sizing (TTFT SLO at 20 req/s)"
         in at_40.thin_margin
+    )
     assert Deployment(ev, 2, Verdict(38.0, (), ())).thin_margin is None
-    assert Deployment(ev, 2, Verdict(40.0, ("TTFT SLO",), ("slow",))).thin_margin is None  # failing: nothing to add
+    assert (
+        Deployment(ev, 2, Verdict(40.0, ("TTFT SLO",), ("slow",))).thin_margin is None
+    )  # failing: nothing to add
 
 
 def test_pd_candidates_keep_the_scenarios_transfer_and_pool_settings():
     """A P/D candidate resizes the scenario's pools onto its GPU and parallelism; the link, layer-wise streaming,
     routers and pool engine knobs the scenario chose stay."""
-    base = chat(disaggregation={
-        "prefill": {"replicas": 1, "gpu": "h200", "tp": 4, "engine": {"max_num_batched_tokens": 4096}},
-        "decode": {"replicas": 1, "tp": 4, "router": "round_robin"},
-        "transfer": {"kind": "direct", "link": "ib-ndr-400", "streaming": True}})
+    base = chat(
+        disaggregation={
+            "prefill": {"replicas": 1, "gpu": "h200", "tp": 4, "engine": {"max_num_batched_tokens": 4096}},
+            "decode": {"replicas": 1, "tp": 4, "router": "round_robin"},
+            "transfer": {"kind": "direct", "link": "ib-ndr-400", "streaming": True},
+        }
+    )
     unit = Candidate("h100-sxm", 2, kind="pd", ratio=(2, 1)).scenario(base, replicas=3).disaggregation
     assert unit.transfer == base.disaggregation.transfer
-    assert (unit.prefill.replicas, unit.prefill.tp, unit.prefill.gpu, unit.prefill.engine) == \
-        (6, 2, None, {"max_num_batched_tokens": 4096})
+    assert (unit.prefill.replicas, unit.prefill.tp, unit.prefill.gpu, unit.prefill.engine) == (
+        6,
+        2,
+        None,
+        {"max_num_batched_tokens": 4096},
+    )
     assert (unit.decode.replicas, unit.decode.tp, unit.decode.router) == (3, 2, "round_robin")
 
 
@@ -345,6 +479,7 @@ def test_on_a_terminal_the_plan_shows_a_bar_of_candidates_with_an_eta():
     from rich.console import Console
 
     from simulator.progress import plan_progress
+
     screen = io.StringIO()
     with plan_progress(Console(file=screen, force_terminal=True, width=160)) as on_progress:
         on_progress("sized", 1, 4, "h100-sxm tp=1: 23.8 req/s per replica")
@@ -356,8 +491,19 @@ def test_on_a_terminal_the_plan_shows_a_bar_of_candidates_with_an_eta():
 @pytest.mark.parametrize("rate", ["inf", "0"])  # below 0: a usage error of typer's own
 def test_a_target_rate_that_is_no_finite_load_is_one_line(tmp_path, rate):
     out = tmp_path / "plan"
-    result = CliRunner().invoke(app, ["plan", str(SCENARIOS / "quickstart.yaml"), "--target-rate", rate, "--out",
-                                      str(out), "--workers", "1"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "plan",
+            str(SCENARIOS / "quickstart.yaml"),
+            "--target-rate",
+            rate,
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        ],
+    )
     assert result.exit_code != 0 and "Traceback" not in result.output and not out.exists()
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) <= 2 and "--target-rate" in lines[0]

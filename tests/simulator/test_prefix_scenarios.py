@@ -8,17 +8,32 @@ from tests.simulator.conftest import run, scenario
 from workloads.prefix_stats import ideal_prefix_hit_tokens
 from workloads.traces import load_mooncake
 
-MOONCAKE = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "mooncake_synthetic" / \
-    "synthetic_trace.jsonl"
-SHARED = {"trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 50, "high": 300},
-                                     "output": {"kind": "uniform", "low": 20, "high": 200}},
-          "shared_prefix": {"num_prefixes": 10, "prefix_tokens": 500, "zipf_s": 1.0},
-          "arrivals": {"kind": "poisson", "rate_per_s": 60}, "num_requests": 1000}
+MOONCAKE = (
+    Path(__file__).resolve().parents[2].parent
+    / "shared"
+    / "data"
+    / "traces"
+    / "mooncake_synthetic"
+    / "synthetic_trace.jsonl"
+)
+SHARED = {
+    "trace": None,
+    "lengths": {
+        "prompt": {"kind": "uniform", "low": 50, "high": 300},
+        "output": {"kind": "uniform", "low": 20, "high": 200},
+    },
+    "shared_prefix": {"num_prefixes": 10, "prefix_tokens": 500, "zipf_s": 1.0},
+    "arrivals": {"kind": "poisson", "rate_per_s": 60},
+    "num_requests": 1000,
+}
 
 
 def test_lpm_radix_beats_fcfs_without_caching_on_shared_system_prompts():
-    cached = run(scenario(engine={"max_model_len": 4096, "prefix_caching": "radix", "queue_order": "lpm"},
-                          workload=SHARED)).summary
+    cached = run(
+        scenario(
+            engine={"max_model_len": 4096, "prefix_caching": "radix", "queue_order": "lpm"}, workload=SHARED
+        )
+    ).summary
     plain = run(scenario(engine={"max_model_len": 4096, "prefix_caching": "none"}, workload=SHARED)).summary
     assert plain["prefix_cache_hit_rate"] == 0
     assert cached["prefix_cache_hit_rate"] > 0.6  # 500 of ~675 prompt tokens are a shared system prompt
@@ -28,8 +43,14 @@ def test_lpm_radix_beats_fcfs_without_caching_on_shared_system_prompts():
 
 def test_prefix_affinity_routing_beats_round_robin_on_hit_rate():
     def hit_rate(router):
-        return run(scenario(cluster={"replicas": 4, "router": router},
-                            engine={"max_model_len": 4096, "prefix_caching": "radix"}, workload=SHARED)).summary
+        return run(
+            scenario(
+                cluster={"replicas": 4, "router": router},
+                engine={"max_model_len": 4096, "prefix_caching": "radix"},
+                workload=SHARED,
+            )
+        ).summary
+
     affinity, spread = hit_rate("prefix_affinity"), hit_rate("round_robin")
     assert affinity["prefix_cache_hit_rate"] > spread["prefix_cache_hit_rate"]
     assert spread["replica_requests"] == [250] * 4 and spread["load_imbalance"] == 1.0
@@ -40,27 +61,46 @@ def test_prefix_affinity_routing_beats_round_robin_on_hit_rate():
 def test_mooncake_replay_hits_the_ideal_with_an_unbounded_cache_and_less_on_an_h100():
     ideal = ideal_prefix_hit_tokens(_mooncake_requests()) / _mooncake_prompt_tokens()
     assert round(ideal, 3) == 0.651
-    common = {"workload": {"trace": {"format": "mooncake", "path": str(MOONCAKE)},
-                           "arrivals": {"kind": "trace", "time_scale": 50}, "num_requests": None},  # spaced: no overlap
-              # every request runs: the trace's longest prompts exceed Llama-3.1's 128K context
-              "engine": {"max_model_len": 200_000, "allow_long_max_model_len": True, "prefix_caching": "vllm"}}
-    huge = run(scenario(hardware={"gpu": "h200"}, **{**common, "engine": {**common["engine"],
-                                                                          "num_gpu_blocks_override": 3_000_000}}))
+    common = {
+        "workload": {
+            "trace": {"format": "mooncake", "path": str(MOONCAKE)},
+            "arrivals": {"kind": "trace", "time_scale": 50},
+            "num_requests": None,
+        },  # spaced: no overlap
+        # every request runs: the trace's longest prompts exceed Llama-3.1's 128K context
+        "engine": {"max_model_len": 200_000, "allow_long_max_model_len": True, "prefix_caching": "vllm"},
+    }
+    huge = run(
+        scenario(
+            hardware={"gpu": "h200"},
+            **{**common, "engine": {**common["engine"], "num_gpu_blocks_override": 3_000_000}},
+        )
+    )
     # equal up to vLLM's whole 16-token blocks and its always-recomputed last token
     assert huge.summary["prefix_cache_hit_rate"] == pytest.approx(ideal, abs=0.002)
     h100 = run(scenario(hardware={"gpu": "h100-sxm"}, **common))
     assert h100.summary["prefix_cache_hit_rate"] < huge.summary["prefix_cache_hit_rate"] - 0.1
-    print(f"Mooncake token hit rate: ideal {ideal:.4f}, unbounded cache {huge.summary['prefix_cache_hit_rate']:.4f}, "
-          f"one H100 (Llama-3.1-8B) {h100.summary['prefix_cache_hit_rate']:.4f}")
+    print(
+        f"Mooncake token hit rate: ideal {ideal:.4f}, unbounded cache {huge.summary['prefix_cache_hit_rate']:.4f}, "
+        f"one H100 (Llama-3.1-8B) {h100.summary['prefix_cache_hit_rate']:.4f}"
+    )
 
 
 def _mooncake_requests():
     from workloads.generate import _block_segments
     from workloads.request import Request
+
     table = load_mooncake(MOONCAKE)
-    return [Request(i, float(row.arrival_s), int(row.num_prompt_tokens), int(row.num_output_tokens),
-                    _block_segments(tuple(row.hash_ids), int(row.num_prompt_tokens)))
-            for i, row in enumerate(table.itertuples())]
+    return [
+        Request(
+            i,
+            float(row.arrival_s),
+            int(row.num_prompt_tokens),
+            int(row.num_output_tokens),
+            _block_segments(tuple(row.hash_ids), int(row.num_prompt_tokens)),
+        )
+        for i, row in enumerate(table.itertuples())
+    ]
 
 
 def _mooncake_prompt_tokens() -> int:
@@ -68,13 +108,24 @@ def _mooncake_prompt_tokens() -> int:
 
 
 def test_multi_turn_sessions_hit_their_previous_turns():
-    s = scenario(engine={"max_model_len": 8192, "prefix_caching": "vllm"}, cluster={"replicas": 2,
-                 "router": "session_affinity"}, workload={
-        "trace": None, "lengths": {"prompt": {"kind": "uniform", "low": 200, "high": 400},
-                                   "output": {"kind": "uniform", "low": 50, "high": 150}},
-        "sessions": {"turns": {"kind": "fixed", "value": 4}, "think_time_s": {"kind": "fixed", "value": 1.0},
-                     "new_message_tokens": {"kind": "fixed", "value": 40}},
-        "arrivals": {"kind": "poisson", "rate_per_s": 2}, "num_requests": 80})
+    s = scenario(
+        engine={"max_model_len": 8192, "prefix_caching": "vllm"},
+        cluster={"replicas": 2, "router": "session_affinity"},
+        workload={
+            "trace": None,
+            "lengths": {
+                "prompt": {"kind": "uniform", "low": 200, "high": 400},
+                "output": {"kind": "uniform", "low": 50, "high": 150},
+            },
+            "sessions": {
+                "turns": {"kind": "fixed", "value": 4},
+                "think_time_s": {"kind": "fixed", "value": 1.0},
+                "new_message_tokens": {"kind": "fixed", "value": 40},
+            },
+            "arrivals": {"kind": "poisson", "rate_per_s": 2},
+            "num_requests": 80,
+        },
+    )
     result = run(s)
     df = result.requests
     assert result.summary["completed"] == 80
@@ -82,7 +133,9 @@ def test_multi_turn_sessions_hit_their_previous_turns():
     assert (later["cached_tokens"] > 0).all()
     for _, turns in df.sort_values("arrival_s").groupby("session_id"):
         rows = turns.to_dict("records")
-        for prev, cur in zip(rows, rows[1:]):  # the whole previous turn, answer included, in whole blocks: its
+        for prev, cur in zip(
+            rows, rows[1:]
+        ):  # the whole previous turn, answer included, in whole blocks: its
             held = prev["prompt_tokens"] + prev["output_tokens"] - 1  # last token was never fed back
             assert cur["cached_tokens"] == min(held, cur["prompt_tokens"] - 1) // 16 * 16
     assert df.groupby("session_id")["replica"].nunique().max() == 1  # affinity keeps a session together
@@ -94,17 +147,30 @@ def test_multi_turn_sessions_hit_their_previous_turns():
 def test_application_caches_answer_repeats_without_the_engine(kind, tmp_path):
     if kind == "exact":  # 10 distinct prompts, each asked 40 times, 0.2 s apart
         trace = tmp_path / "repeats.csv"
-        trace.write_text("arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + "".join(
-            f"{i * 0.2},300,100,{i % 10},300\n" for i in range(400)))
-        workload = {"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
-                    "num_requests": 400}
+        trace.write_text(
+            "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n"
+            + "".join(f"{i * 0.2},300,100,{i % 10},300\n" for i in range(400))
+        )
+        workload = {
+            "trace": {"format": "servesim", "path": str(trace)},
+            "arrivals": {"kind": "trace"},
+            "num_requests": 400,
+        }
     else:
-        workload = {"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 300},
-                                               "output": {"kind": "fixed", "value": 100}},
-                    "arrivals": {"kind": "poisson", "rate_per_s": 5}, "num_requests": 400,
-                    "semantic_clusters": {"num_clusters": 20, "zipf_s": 1.0}}
-    result = run(scenario(app_cache={"kind": kind, "lookup_latency_s": 0.003, "false_hit_rate": 0.1},
-                          workload=workload, engine={"max_model_len": 4096}))
+        workload = {
+            "trace": None,
+            "lengths": {"prompt": {"kind": "fixed", "value": 300}, "output": {"kind": "fixed", "value": 100}},
+            "arrivals": {"kind": "poisson", "rate_per_s": 5},
+            "num_requests": 400,
+            "semantic_clusters": {"num_clusters": 20, "zipf_s": 1.0},
+        }
+    result = run(
+        scenario(
+            app_cache={"kind": kind, "lookup_latency_s": 0.003, "false_hit_rate": 0.1},
+            workload=workload,
+            engine={"max_model_len": 4096},
+        )
+    )
     df, summary = result.requests, result.summary
     hits = df[df["served_by"] == f"{kind}_cache"]
     assert summary["response_cache_hits"] == len(hits) > 0

@@ -25,17 +25,25 @@ def test_replicas_times_tensor_and_pipeline_parallel_gpus():
 def test_prefill_and_decode_pools_are_priced_each_on_its_gpu():
     s, _ = load_scenario(SCENARIOS / "pd_disaggregated_70b.yaml")  # 1 x TP4 prefill + 1 x TP4 decode
     assert gpu_counts(s) == {"h100-sxm": 8} and cost_per_hour_usd(s) == pytest.approx(8 * H100)
-    s, _ = load_scenario(SCENARIOS / "pd_disaggregated_70b.yaml",
-                         ["disaggregation.prefill={replicas: 2, tp: 2, pp: 2}",
-                          "disaggregation.decode={replicas: 3, tp: 4, gpu: h200}"])
+    s, _ = load_scenario(
+        SCENARIOS / "pd_disaggregated_70b.yaml",
+        [
+            "disaggregation.prefill={replicas: 2, tp: 2, pp: 2}",
+            "disaggregation.decode={replicas: 3, tp: 4, gpu: h200}",
+        ],
+    )
     assert gpu_counts(s) == {"h100-sxm": 8, "h200": 12}
     assert cost_per_hour_usd(s) == pytest.approx(8 * H100 + 12 * H200)
 
 
 def test_pipeline_stages_count_their_own_replicas_and_tp():
-    s, _ = load_scenario(SCENARIOS / "omni_thinker_talker.yaml",
-                         ["stages=[{name: thinker, model: qwen2.5-7b, tp: 2, replicas: 2}, "
-                          "{name: talker, gpu: h200, replicas: 3}]"])
+    s, _ = load_scenario(
+        SCENARIOS / "omni_thinker_talker.yaml",
+        [
+            "stages=[{name: thinker, model: qwen2.5-7b, tp: 2, replicas: 2}, "
+            "{name: talker, gpu: h200, replicas: 3}]"
+        ],
+    )
     assert gpu_counts(s) == {"h100-sxm": 4, "h200": 3}
     assert cost_per_hour_usd(s) == pytest.approx(4 * H100 + 3 * H200)
 
@@ -44,7 +52,9 @@ def test_a_sweep_reports_cost_counts_a_disaggregated_points_pools(tmp_path):
     """The sweep report's cost Pareto prices each point from its resolved scenario.yaml, pools and all (it used to
     price cluster.replicas x parallelism.tp: one H100 for eight)."""
     s, base = load_scenario(SCENARIOS / "pd_disaggregated_70b.yaml", ["disaggregation.decode.gpu=h200"])
-    (tmp_path / "scenario.yaml").write_text(yaml.safe_dump(with_absolute_paths(s, base).model_dump(mode="json")))
+    (tmp_path / "scenario.yaml").write_text(
+        yaml.safe_dump(with_absolute_paths(s, base).model_dump(mode="json"))
+    )
     assert point_cost_per_hour(tmp_path) == pytest.approx(4 * H100 + 4 * H200)
     (tmp_path / "scenario.yaml").write_text("model: [")
     assert math.isnan(point_cost_per_hour(tmp_path))

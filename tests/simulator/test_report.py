@@ -23,21 +23,42 @@ from simulator.sweep import run_sweep
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 CHROMIUM = shutil.which("chromium")
-needs_chromium = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (.ci/run installs it "
-                                                             "with apt-get install chromium)")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None, reason="chromium is not installed (.ci/run installs it with apt-get install chromium)"
+)
 
 
 def render(html: Path, tmp_path: Path) -> tuple[str, str, Path]:
     """Load `html` in headless chromium: (title after the scripts ran, the dumped DOM, a 1400x3000 screenshot)."""
     png = tmp_path / f"{html.stem}.png"
     done = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chromium-profile'}", f"--screenshot={png}", "--window-size=1400,3000",
-         "--virtual-time-budget=10000", "--enable-logging=stderr", "--v=0", "--dump-dom", html.resolve().as_uri()],
-        capture_output=True, text=True, timeout=120)
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'chromium-profile'}",
+            f"--screenshot={png}",
+            "--window-size=1400,3000",
+            "--virtual-time-budget=10000",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--dump-dom",
+            html.resolve().as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    console_errors = [line for line in done.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line]
+    console_errors = [
+        line for line in done.stderr.splitlines() if "Uncaught" in line or "ERROR:CONSOLE" in line
+    ]
     assert not console_errors, console_errors
     title = re.search(r"<title>(.*?)</title>", done.stdout).group(1)
     return title, done.stdout, png
@@ -66,7 +87,9 @@ def sweep_folder(tmp_path_factory) -> Path:
 def test_run_report_is_one_self_contained_file(run_folder, tmp_path):
     out = write_report(run_folder, tmp_path / "r.html")
     html = out.read_text()
-    assert "<script src" not in html and "Plotly.newPlot" in html and len(html) > 3_000_000  # plotly.js inline
+    assert (
+        "<script src" not in html and "Plotly.newPlot" in html and len(html) > 3_000_000
+    )  # plotly.js inline
     assert html.count('<div class="chart"') == 4 and "Configuration" in html and "llama-3.1-8b" in html
     assert not list(tmp_path.glob(".r.html.*"))  # written atomically: no temp file left
 
@@ -96,9 +119,21 @@ def test_a_script_error_shows_in_the_title(tmp_path):
     (tmp_path / "broken.html").write_text(broken)
     with pytest.raises(AssertionError, match="Uncaught"):  # the console check catches it...
         render(tmp_path / "broken.html", tmp_path)
-    done = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'p'}",
-                           "--virtual-time-budget=5000", "--dump-dom", (tmp_path / "broken.html").as_uri()],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            f"--user-data-dir={tmp_path / 'p'}",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+            (tmp_path / "broken.html").as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "servesim report: error: " in done.stdout  # ...and so does the title
 
 
@@ -116,9 +151,11 @@ def test_report_of_a_folder_without_results_is_one_clear_error(tmp_path):
 def test_a_sweep_of_sessions_plots_its_load_in_sessions_per_second(sweep_folder, tmp_path):
     meta = yaml.safe_load((sweep_folder / "sweep.yaml").read_text())
     assert _rate_unit(meta) == "req/s"
-    meta["scenario"]["workload"]["sessions"] = {"turns": {"kind": "fixed", "value": 2},
-                                                "think_time_s": {"kind": "fixed", "value": 1.0},
-                                                "new_message_tokens": {"kind": "fixed", "value": 20}}
+    meta["scenario"]["workload"]["sessions"] = {
+        "turns": {"kind": "fixed", "value": 2},
+        "think_time_s": {"kind": "fixed", "value": 1.0},
+        "new_message_tokens": {"kind": "fixed", "value": 20},
+    }
     assert _rate_unit(meta) == "sessions/s"
     assert "offered rate (req\\u002fs)" in write_report(sweep_folder, tmp_path / "s.html").read_text()  # JSON
 
@@ -127,6 +164,7 @@ def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
     from typer.testing import CliRunner
 
     from simulator.cli import app
+
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "summary.json").write_text("{")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "half")])
@@ -138,8 +176,14 @@ def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
 def test_latency_cdfs_are_over_completed_requests_as_the_summary_percentiles():
     """A request cut off by the stop after its first token has a TTFT, but the summary's TTFT percentiles leave it
     out: so does the chart."""
-    requests = pd.DataFrame({"ttft_s": [0.1, 0.2, 5.0], "tpot_s": [0.01, 0.02, np.nan],
-                             "e2el_s": [1.0, 2.0, np.nan], "finish_s": [1.0, 2.1, np.nan]})
+    requests = pd.DataFrame(
+        {
+            "ttft_s": [0.1, 0.2, 5.0],
+            "tpot_s": [0.01, 0.02, np.nan],
+            "e2el_s": [1.0, 2.0, np.nan],
+            "finish_s": [1.0, 2.1, np.nan],
+        }
+    )
     ttft, tpot, e2el = latency_cdfs(requests).data
     assert list(ttft.x) == [100.0, 200.0] and list(ttft.y) == [0.5, 1.0]
     assert list(tpot.x) == [10.0, 20.0] and list(e2el.x) == [1000.0, 2000.0]

@@ -19,31 +19,67 @@ def assert_same_run(a, b):
 
 
 def test_same_scenario_and_seed_give_identical_results():
-    s = scenario(workload={"lengths": {"prompt": {"kind": "lognormal", "median": 800, "sigma": 1.0},
-                                       "output": {"kind": "uniform", "low": 10, "high": 300}},
-                           "arrivals": {"kind": "poisson", "rate_per_s": 8}, "num_requests": 200, "trace": None})
+    s = scenario(
+        workload={
+            "lengths": {
+                "prompt": {"kind": "lognormal", "median": 800, "sigma": 1.0},
+                "output": {"kind": "uniform", "low": 10, "high": 300},
+            },
+            "arrivals": {"kind": "poisson", "rate_per_s": 8},
+            "num_requests": 200,
+            "trace": None,
+        }
+    )
     first, second = run(s), run(s)
     assert_same_run(first, second)
     other = run(s.model_copy(update={"seed": 2}))
     assert not first.requests["prompt_tokens"].equals(other.requests["prompt_tokens"])
 
 
-@pytest.mark.parametrize("overrides", [
-    {},  # the quickstart trace slice
-    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32}},  # preemptions
-    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "preemption_mode": "swap"}},
-    {"cluster": {"replicas": 3, "router": "least_outstanding"}},
-    {"model": "gemma-2-9b", "engine": {"max_model_len": 8192}},  # sliding windows
-    {"workload": {"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
-                  "arrivals": {"kind": "all_at_once"}, "num_requests": 200,
-                  "closed_loop": {"clients": 16, "think_time_s": {"kind": "uniform", "low": 0.0, "high": 0.5}}}},
-    {"engine": {"max_model_len": 16384, "speculative": {  # speculative decoding, switched off above 8 running
-        "method": "draft", "k": 4, "acceptance": 0.7, "draft_model": "llama-3.2-1b", "disable_above_batch": 8}}},
-    {"engine": {"scheduler": "sglang", "prefix_caching": "radix"}},
-    {"engine": {"scheduler": "sglang", "max_model_len": 16384, "num_gpu_blocks_override": 600}},  # retractions
-    {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32, "speculative": {
-        "method": "eagle", "k": 3, "acceptance": {"kind": "beta", "a": 6, "b": 4}}}},  # and preemptions
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},  # the quickstart trace slice
+        {
+            "engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "max_num_seqs": 32}
+        },  # preemptions
+        {"engine": {"max_model_len": 16384, "num_gpu_blocks_override": 600, "preemption_mode": "swap"}},
+        {"cluster": {"replicas": 3, "router": "least_outstanding"}},
+        {"model": "gemma-2-9b", "engine": {"max_model_len": 8192}},  # sliding windows
+        {
+            "workload": {
+                "trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": 200,
+                "closed_loop": {"clients": 16, "think_time_s": {"kind": "uniform", "low": 0.0, "high": 0.5}},
+            }
+        },
+        {
+            "engine": {
+                "max_model_len": 16384,
+                "speculative": {  # speculative decoding, switched off above 8 running
+                    "method": "draft",
+                    "k": 4,
+                    "acceptance": 0.7,
+                    "draft_model": "llama-3.2-1b",
+                    "disable_above_batch": 8,
+                },
+            }
+        },
+        {"engine": {"scheduler": "sglang", "prefix_caching": "radix"}},
+        {
+            "engine": {"scheduler": "sglang", "max_model_len": 16384, "num_gpu_blocks_override": 600}
+        },  # retractions
+        {
+            "engine": {
+                "max_model_len": 16384,
+                "num_gpu_blocks_override": 600,
+                "max_num_seqs": 32,
+                "speculative": {"method": "eagle", "k": 3, "acceptance": {"kind": "beta", "a": 6, "b": 4}},
+            }
+        },  # and preemptions
+    ],
+)
 def test_fast_forward_gives_the_same_results_as_stepping(overrides):
     fast = run(scenario(**overrides, simulation={"fast_forward": True}))
     slow = run(scenario(**overrides, simulation={"fast_forward": False}))
@@ -61,15 +97,25 @@ def test_preemption_scenario_does_preempt(engine):
 def test_ttlt_is_ttft_plus_tpot_times_remaining_tokens():
     df = run(scenario()).requests
     multi = df[df["output_tokens"] > 1]
-    np.testing.assert_allclose(multi["e2el_s"], multi["ttft_s"] + multi["tpot_s"] * (multi["output_tokens"] - 1),
-                               rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(
+        multi["e2el_s"],
+        multi["ttft_s"] + multi["tpot_s"] * (multi["output_tokens"] - 1),
+        rtol=1e-12,
+        atol=1e-12,
+    )
     assert (df["ttft_s"] > 0).all() and (df["e2el_s"] >= df["ttft_s"]).all()
 
 
 def test_throughput_rises_and_latency_degrades_past_saturation():
-    summaries = [run(scenario(workload={"arrivals": {"kind": "trace", "rate_per_s": rate}, "num_requests": 400},
-                              engine={"max_model_len": 16384, "max_num_seqs": 64})).summary
-                 for rate in (2, 20, 200)]
+    summaries = [
+        run(
+            scenario(
+                workload={"arrivals": {"kind": "trace", "rate_per_s": rate}, "num_requests": 400},
+                engine={"max_model_len": 16384, "max_num_seqs": 64},
+            )
+        ).summary
+        for rate in (2, 20, 200)
+    ]
     throughput = [s["output_throughput"] for s in summaries]
     assert throughput[0] < throughput[1] < throughput[2]
     assert summaries[0]["mean_ttft_ms"] < summaries[1]["mean_ttft_ms"] < summaries[2]["mean_ttft_ms"]
@@ -87,34 +133,58 @@ def test_requests_longer_than_max_model_len_are_rejected_with_a_reason():
     assert rejected["finish_s"].isna().all()
 
 
-@pytest.mark.parametrize("scheduler, async_scheduling, completed, rejected",
-                         [("vllm", True, 0, 5), ("vllm", False, 5, 0), ("orca", False, 0, 5)])
-def test_a_request_the_admission_gate_could_never_let_in_is_rejected(scheduler, async_scheduling, completed,
-                                                                      rejected):
+@pytest.mark.parametrize(
+    "scheduler, async_scheduling, completed, rejected",
+    [("vllm", True, 0, 5), ("vllm", False, 5, 0), ("orca", False, 0, 5)],
+)
+def test_a_request_the_admission_gate_could_never_let_in_is_rejected(
+    scheduler, async_scheduling, completed, rejected
+):
     """gpt-oss-20b (full attention and a 128-token window, 16-token blocks), 16,000 + 10 tokens, 1,600 blocks (1,599
     usable). The admission gate wants the full group's cdiv(16009, 16) = 1,001 blocks and the window's
     min(1,001, cdiv(127 + in-flight tokens, 16) + 1): 8,192 x 2 in flight under async scheduling, 1,001 (2,002 in
     all, more than the pool: rejected, where it used to wait at the queue's head forever); synchronously 8,192,
     521 (1,522: all run). Orca reserves every block of both groups at admission: 2 x 1,001, rejected too."""
-    result = run(scenario(model="gpt-oss-20b", engine={"num_gpu_blocks_override": 1600, "max_model_len": 32768,
-                                                       "max_num_batched_tokens": 8192, "scheduler": scheduler,
-                                                       "prefix_caching": "none" if scheduler == "orca" else "vllm",
-                                                       "async_scheduling": async_scheduling},
-                          workload={"trace": None, "lengths": {"prompt": {"kind": "fixed", "value": 16000},
-                                                "output": {"kind": "fixed", "value": 10}},
-                                    "arrivals": {"kind": "all_at_once"}, "num_requests": 5}))
+    result = run(
+        scenario(
+            model="gpt-oss-20b",
+            engine={
+                "num_gpu_blocks_override": 1600,
+                "max_model_len": 32768,
+                "max_num_batched_tokens": 8192,
+                "scheduler": scheduler,
+                "prefix_caching": "none" if scheduler == "orca" else "vllm",
+                "async_scheduling": async_scheduling,
+            },
+            workload={
+                "trace": None,
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": 16000},
+                    "output": {"kind": "fixed", "value": 10},
+                },
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": 5,
+            },
+        )
+    )
     assert (result.summary["completed"], result.summary["rejected"]) == (completed, rejected)
     if rejected:
         usable = 1599 if scheduler == "vllm" else 1600  # vLLM's null block
-        assert (result.requests["reject_reason"] == f"needs 2002 KV blocks at full length; the pool has {usable}").all()
+        assert (
+            result.requests["reject_reason"] == f"needs 2002 KV blocks at full length; the pool has {usable}"
+        ).all()
 
 
-@pytest.mark.parametrize("file, blocks, least", [("quickstart.yaml", 1, 2), ("deepseek_v3_8xh200.yaml", 15, 16)])
+@pytest.mark.parametrize(
+    "file, blocks, least", [("quickstart.yaml", 1, 2), ("deepseek_v3_8xh200.yaml", 15, 16)]
+)
 def test_a_pool_override_too_small_for_one_usable_block_is_refused(file, blocks, least):
     """vLLM keeps one block as its null block, on each of DeepSeek-V3's 8 DP-attention ranks: 2 and 8 x 2 blocks
     are the least that leave one usable (too few used to end in a traceback)."""
     s, base = load_scenario(SCENARIOS / file, [f"engine.num_gpu_blocks_override={blocks}"])
-    with pytest.raises(SpecError, match=f"override \\({blocks}\\) leaves no usable KV block.*give at least {least}$"):
+    with pytest.raises(
+        SpecError, match=f"override \\({blocks}\\) leaves no usable KV block.*give at least {least}$"
+    ):
         simulate(s, base)
 
 
@@ -123,24 +193,49 @@ def test_vllm_keeps_one_block_of_the_pool_as_its_null_block(tmp_path, scheduler,
     """8 planned blocks of 16 tokens: vLLM's BlockPool holds block 0 back, so a request that needs all 8 (100 + 29 - 1
     = 128 tokens) is refused and KV usage counts 7; SGLang's pool pads its dummy slot outside the plan."""
     from simulator.run import simulate
+
     (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,29\n1.0,100,12\n")
-    result = simulate(scenario(engine={"scheduler": scheduler, "max_model_len": 1024, "num_gpu_blocks_override": 8,
-                                       "prefix_caching": "none"},
-                               workload={"trace": {"format": "servesim", "path": "trace.csv"},
-                                         "arrivals": {"kind": "trace"}, "num_requests": 2}), tmp_path)
+    result = simulate(
+        scenario(
+            engine={
+                "scheduler": scheduler,
+                "max_model_len": 1024,
+                "num_gpu_blocks_override": 8,
+                "prefix_caching": "none",
+            },
+            workload={
+                "trace": {"format": "servesim", "path": "trace.csv"},
+                "arrivals": {"kind": "trace"},
+                "num_requests": 2,
+            },
+        ),
+        tmp_path,
+    )
     reasons = result.requests["reject_reason"]
     if usable == 7:
-        assert reasons.iloc[0] == "needs 8 KV blocks at full length; the pool has 7" and reasons.iloc[1:].isna().all()
+        assert (
+            reasons.iloc[0] == "needs 8 KV blocks at full length; the pool has 7"
+            and reasons.iloc[1:].isna().all()
+        )
     else:
         assert reasons.isna().all()
     assert (result.steps["kv_usage"] == result.steps["kv_blocks_used"] / usable).all()
 
 
 def test_closed_loop_never_exceeds_its_clients():
-    df = run(scenario(workload={"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
-                                "arrivals": {"kind": "all_at_once"}, "num_requests": 120,
-                                "closed_loop": {"clients": 5}})).requests
-    events = sorted([(t, 1) for t in df["arrival_s"]] + [(t, -1) for t in df["finish_s"]], key=lambda e: (e[0], e[1]))
+    df = run(
+        scenario(
+            workload={
+                "trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": 120,
+                "closed_loop": {"clients": 5},
+            }
+        )
+    ).requests
+    events = sorted(
+        [(t, 1) for t in df["arrival_s"]] + [(t, -1) for t in df["finish_s"]], key=lambda e: (e[0], e[1])
+    )
     in_flight = np.cumsum([d for _, d in events])
     assert in_flight.max() == 5
 
@@ -148,10 +243,18 @@ def test_closed_loop_never_exceeds_its_clients():
 def test_a_closed_loop_cut_by_the_stop_never_sent_the_rest():
     """Five clients stopped at 3 s: the requests they had not sent by then are not arrived, not a backlog, and no
     SLO misses (they used to count as unfinished since t=0, each a TTFT miss)."""
-    result = run(scenario(workload={"trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
-                                    "arrivals": {"kind": "all_at_once"}, "num_requests": 120,
-                                    "closed_loop": {"clients": 5}},
-                          stop={"max_sim_time_s": 3.0}, slo={"ttft_ms": 2000}))
+    result = run(
+        scenario(
+            workload={
+                "trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": 120,
+                "closed_loop": {"clients": 5},
+            },
+            stop={"max_sim_time_s": 3.0},
+            slo={"ttft_ms": 2000},
+        )
+    )
     df, summary = result.requests, result.summary
     sent = df["arrival_s"].notna()
     assert df.loc[~sent, "finish_s"].isna().all() and 0 < (~sent).sum() < 120 - summary["completed"]
@@ -170,25 +273,51 @@ def test_goodput_counts_requests_within_slos():
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), rate=st.floats(1, 200), blocks=st.integers(40, 400),
-       max_num_seqs=st.integers(1, 64), budget=st.sampled_from([256, 2048, 8192]),
-       scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static", "sglang"]),
-       preemption=st.sampled_from(["recompute", "swap"]), chunked=st.booleans(),
-       caching=st.sampled_from(["none", "vllm", "radix"]), lpm=st.booleans(), pp=st.sampled_from([1, 1, 2]))
-def test_every_request_finishes_or_is_rejected(seed, rate, blocks, max_num_seqs, budget, scheduler, preemption,
-                                               chunked, caching, lpm, pp):
+@given(
+    seed=st.integers(0, 10_000),
+    rate=st.floats(1, 200),
+    blocks=st.integers(40, 400),
+    max_num_seqs=st.integers(1, 64),
+    budget=st.sampled_from([256, 2048, 8192]),
+    scheduler=st.sampled_from(["vllm", "sarathi", "orca", "static", "sglang"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    chunked=st.booleans(),
+    caching=st.sampled_from(["none", "vllm", "radix"]),
+    lpm=st.booleans(),
+    pp=st.sampled_from([1, 1, 2]),
+)
+def test_every_request_finishes_or_is_rejected(
+    seed, rate, blocks, max_num_seqs, budget, scheduler, preemption, chunked, caching, lpm, pp
+):
     if scheduler in ("orca", "static"):
         caching = "none"  # they allocate contiguously and share nothing
     if scheduler == "sglang":
         preemption = "recompute"  # SGLang retracts
-    s = scenario(seed=seed, engine={
-        "prefix_caching": caching, "queue_order": "lpm" if lpm and caching != "none" else "fcfs",
-        "scheduler": scheduler, "max_model_len": 4096, "num_gpu_blocks_override": blocks, "max_num_seqs": max_num_seqs,
-        "max_num_batched_tokens": max(budget, max_num_seqs) if chunked else 4096, "enable_chunked_prefill": chunked,
-        "preemption_mode": preemption, "chunk_size": 256}, parallelism={"pp": pp},
-        workload={"lengths": {"prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
-                              "output": {"kind": "lognormal", "median": 60, "sigma": 1.0}},
-                  "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0}, "num_requests": 60, "trace": None})
+    s = scenario(
+        seed=seed,
+        engine={
+            "prefix_caching": caching,
+            "queue_order": "lpm" if lpm and caching != "none" else "fcfs",
+            "scheduler": scheduler,
+            "max_model_len": 4096,
+            "num_gpu_blocks_override": blocks,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max(budget, max_num_seqs) if chunked else 4096,
+            "enable_chunked_prefill": chunked,
+            "preemption_mode": preemption,
+            "chunk_size": 256,
+        },
+        parallelism={"pp": pp},
+        workload={
+            "lengths": {
+                "prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
+                "output": {"kind": "lognormal", "median": 60, "sigma": 1.0},
+            },
+            "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0},
+            "num_requests": 60,
+            "trace": None,
+        },
+    )
     result = run(s)
     df = result.requests
     finished = df["finish_s"].notna()
@@ -205,11 +334,25 @@ def test_sglang_fast_forward_notices_a_finish_inside_a_stretch(tmp_path):
     """A finish inside a fused stretch clears SGLang's batch_is_full one decode later, still inside it: the
     arrival after the stretch is admitted exactly when stepping would admit it."""
     from simulator.run import simulate
-    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,20\n0.0,481,577\n0.5,100,10\n")
-    runs = [simulate(scenario(engine={"scheduler": "sglang", "max_model_len": 1536, "num_gpu_blocks_override": 100},
-                              workload={"trace": {"format": "servesim", "path": "trace.csv"},
-                                        "arrivals": {"kind": "trace"}, "num_requests": 3},
-                              simulation={"fast_forward": fast}), tmp_path) for fast in (True, False)]
+
+    (tmp_path / "trace.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens\n0.0,500,20\n0.0,481,577\n0.5,100,10\n"
+    )
+    runs = [
+        simulate(
+            scenario(
+                engine={"scheduler": "sglang", "max_model_len": 1536, "num_gpu_blocks_override": 100},
+                workload={
+                    "trace": {"format": "servesim", "path": "trace.csv"},
+                    "arrivals": {"kind": "trace"},
+                    "num_requests": 3,
+                },
+                simulation={"fast_forward": fast},
+            ),
+            tmp_path,
+        )
+        for fast in (True, False)
+    ]
     assert_same_run(*runs)
 
 
@@ -221,6 +364,7 @@ def test_a_fused_stretch_ends_exactly_where_stepping_would_even_where_no_delay_r
     import simpy
 
     from simulator.fast_forward import wait_until
+
     start, target = 0.4337101143344169, 0.9742684086894654
     delay = target - start
     assert all(start + d != target for d in (math.nextafter(delay, -1), delay, math.nextafter(delay, 2)))
@@ -230,6 +374,7 @@ def test_a_fused_stretch_ends_exactly_where_stepping_would_even_where_no_delay_r
         yield env.timeout(start)
         yield from wait_until(env, target)
         ends.append(env.now)
+
     env.process(process())
     env.run()
     assert ends == [target]

@@ -14,7 +14,11 @@ from tests.simulator.study_helpers import SCENARIOS, chat
 
 
 @settings(max_examples=300, deadline=None)
-@given(n=st.integers(1, 3000), percentile=st.sampled_from([50, 90, 95, 99, 99.9, 37.5]), seed=st.integers(0, 2**32 - 1))
+@given(
+    n=st.integers(1, 3000),
+    percentile=st.sampled_from([50, 90, 95, 99, 99.9, 37.5]),
+    seed=st.integers(0, 2**32 - 1),
+)
 def test_that_many_violators_put_the_percentile_over_the_limit(n, percentile, seed):
     rng = np.random.default_rng(seed)
     k = violators_needed(n, percentile)
@@ -23,7 +27,9 @@ def test_that_many_violators_put_the_percentile_over_the_limit(n, percentile, se
     values = np.concatenate([limit + rng.uniform(1e-9, 1.0, k), rng.uniform(0.0, limit, n - k)])
     rng.shuffle(values)
     assert np.percentile(values, percentile) > limit
-    if k > 2:  # and the bound is tight within the index slack: two fewer can leave the percentile at the limit
+    if (
+        k > 2
+    ):  # and the bound is tight within the index slack: two fewer can leave the percentile at the limit
         values = np.concatenate([np.full(k - 2, 2 * limit), np.full(n - k + 2, limit)])
         assert np.percentile(values, percentile) <= limit + 1e-9
 
@@ -48,7 +54,10 @@ def test_a_stopped_run_gets_the_whole_runs_verdict_at_every_rate(slo):
         if "slo_lost_at_s" in early.summary:
             stopped_any = True
             assert not early_v.ok and early.summary["num_steps"] <= whole.summary["num_steps"]
-            assert set(early_v.reasons) & {"TTFT SLO", "TPOT SLO"} <= set(whole_v.reasons) | {"TTFT SLO", "TPOT SLO"}
+            assert set(early_v.reasons) & {"TTFT SLO", "TPOT SLO"} <= set(whole_v.reasons) | {
+                "TTFT SLO",
+                "TPOT SLO",
+            }
             assert any("once certain" in d for d in early_v.details)
         else:  # never stopped: the very same run
             assert early.summary == whole.summary

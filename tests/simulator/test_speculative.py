@@ -24,12 +24,23 @@ def draft(alpha, **fields) -> dict:
 
 def closed_loop(spec, clients=1, num_requests=24, output=512, model="llama-3.1-8b", tp=1, seed=1, **engine):
     """`clients` closed-loop clients (vllm bench serve --max-concurrency) on one H200 replica, fixed lengths."""
-    return scenario(model=model, seed=seed, hardware={"gpu": "h200"}, parallelism={"tp": tp},
-                    engine={"max_model_len": 8192, "max_num_seqs": 256, "speculative": spec, **engine},
-                    workload={"trace": None, "arrivals": {"kind": "all_at_once"}, "num_requests": num_requests,
-                              "lengths": {"prompt": {"kind": "fixed", "value": PROMPT},
-                                          "output": {"kind": "fixed", "value": output}},
-                              "closed_loop": {"clients": clients}})
+    return scenario(
+        model=model,
+        seed=seed,
+        hardware={"gpu": "h200"},
+        parallelism={"tp": tp},
+        engine={"max_model_len": 8192, "max_num_seqs": 256, "speculative": spec, **engine},
+        workload={
+            "trace": None,
+            "arrivals": {"kind": "all_at_once"},
+            "num_requests": num_requests,
+            "lengths": {
+                "prompt": {"kind": "fixed", "value": PROMPT},
+                "output": {"kind": "fixed", "value": output},
+            },
+            "closed_loop": {"clients": clients},
+        },
+    )
 
 
 def cost_model_c(s) -> float:
@@ -64,15 +75,20 @@ def test_the_cost_model_gives_c_near_the_seeds():
     Our roofline gives 4.0 ms / 0.87 ms (c ~ 0.22) and 9.7 ms / 0.57 ms (c ~ 0.06: the 1B on 4 GPUs is mostly
     the fixed per-step overhead and 32 small all-reduces of ~5 us)."""
     assert cost_model_c(closed_loop(draft(0.7))) == pytest.approx(0.2, abs=0.03)
-    assert cost_model_c(closed_loop(draft(0.7), model="llama-3.1-70b", tp=4)) == pytest.approx(0.08, abs=0.025)
+    assert cost_model_c(closed_loop(draft(0.7), model="llama-3.1-70b", tp=4)) == pytest.approx(
+        0.08, abs=0.025
+    )
 
 
-@pytest.mark.parametrize("model,tp,alpha,seed_says", [
-    ("llama-3.1-8b", 1, 0.7, 1.5),
-    ("llama-3.1-70b", 4, 0.7, 2.1),
-    ("llama-3.1-70b", 4, 0.85, 2.8),
-    ("llama-3.1-8b", 1, 0.3, 0.8),  # a poor draft is slower than none
-])
+@pytest.mark.parametrize(
+    "model,tp,alpha,seed_says",
+    [
+        ("llama-3.1-8b", 1, 0.7, 1.5),
+        ("llama-3.1-70b", 4, 0.7, 2.1),
+        ("llama-3.1-70b", 4, 0.85, 2.8),
+        ("llama-3.1-8b", 1, 0.3, 0.8),  # a poor draft is slower than none
+    ],
+)
 def test_batch_one_tpot_speedup_agrees_with_the_formula(model, tp, alpha, seed_says):
     """Within 1% of tokens per round / (k c + v), v the verify pass in decode steps (1.001 for the 8B on one
     H200, 1.03 for the 70B on four: its 5 tokens are not free); the seed's formula (v = 1) is up to 3% high."""
@@ -88,8 +104,10 @@ def test_batch_one_tpot_speedup_agrees_with_the_formula(model, tp, alpha, seed_s
 
 def test_the_gain_shrinks_with_the_batch_until_it_disappears():
     """At batch 256 a verify pass is 1280 tokens: compute-bound, the guesses stop being free."""
-    ratios = [tpot_speedup(draft(0.7), clients=b, num_requests=max(24, 2 * b), output=256)
-              for b in (1, 8, 32, 128, 256)]
+    ratios = [
+        tpot_speedup(draft(0.7), clients=b, num_requests=max(24, 2 * b), output=256)
+        for b in (1, 8, 32, 128, 256)
+    ]
     assert all(a > b for a, b in pairwise(ratios)), ratios
     assert ratios[0] > 1.35 and ratios[-1] < 1.0
 
@@ -104,7 +122,9 @@ def test_drafting_back_on_never_catches_a_lagging_draft_up_in_one_step():
     """64 clients over a threshold of 32: the first requests decode without drafting, and when the batch shrinks
     below it they do not draft again (their draft KV fell behind; catching it up took one ~100 ms step of ~30k
     draft tokens): no decode step takes more than twice the median one."""
-    steps = run(closed_loop(draft(0.7, disable_above_batch=32), clients=64, num_requests=128, output=256)).steps
+    steps = run(
+        closed_loop(draft(0.7, disable_above_batch=32), clients=64, num_requests=128, output=256)
+    ).steps
     decodes = steps.loc[steps["prefill_tokens"] == 0, "duration_s"]
     assert decodes.max() < 2 * decodes.median()
 
@@ -136,24 +156,54 @@ def test_speculative_runs_are_deterministic_per_seed():
 
 
 def test_the_draft_shrinks_the_kv_pool():
-    plain, spec = run(closed_loop(None, output=8, num_requests=2)), run(closed_loop(draft(0.7), output=8,
-                                                                                       num_requests=2))
+    plain, spec = (
+        run(closed_loop(None, output=8, num_requests=2)),
+        run(closed_loop(draft(0.7), output=8, num_requests=2)),
+    )
     assert spec.memory.kv_bytes_per_token == plain.memory.kv_bytes_per_token + 32768
     assert spec.num_blocks < plain.num_blocks
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 10_000), rate=st.floats(5, 200), blocks=st.integers(300, 1200),
-       caching=st.sampled_from(["none", "vllm", "radix"]), preemption=st.sampled_from(["recompute", "swap"]),
-       method=st.sampled_from(["draft", "eagle", "ngram"]), off=st.sampled_from([None, 4, 16]))
-def test_speculative_runs_finish_every_request_with_every_token(seed, rate, blocks, caching, preemption, method, off):
-    spec = {"method": method, "k": 3, "acceptance": {"kind": "beta", "a": 3, "b": 2}, "disable_above_batch": off,
-            **({"draft_model": "llama-3.2-1b"} if method == "draft" else {})}
-    s = scenario(seed=seed, engine={"max_model_len": 4096, "num_gpu_blocks_override": blocks, "max_num_seqs": 32,
-                                    "prefix_caching": caching, "preemption_mode": preemption, "speculative": spec},
-                 workload={"trace": None, "arrivals": {"kind": "poisson", "rate_per_s": rate}, "num_requests": 40,
-                           "lengths": {"prompt": {"kind": "lognormal", "median": 300, "sigma": 1.0},
-                                       "output": {"kind": "lognormal", "median": 80, "sigma": 1.0}}})
+@given(
+    seed=st.integers(0, 10_000),
+    rate=st.floats(5, 200),
+    blocks=st.integers(300, 1200),
+    caching=st.sampled_from(["none", "vllm", "radix"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    method=st.sampled_from(["draft", "eagle", "ngram"]),
+    off=st.sampled_from([None, 4, 16]),
+)
+def test_speculative_runs_finish_every_request_with_every_token(
+    seed, rate, blocks, caching, preemption, method, off
+):
+    spec = {
+        "method": method,
+        "k": 3,
+        "acceptance": {"kind": "beta", "a": 3, "b": 2},
+        "disable_above_batch": off,
+        **({"draft_model": "llama-3.2-1b"} if method == "draft" else {}),
+    }
+    s = scenario(
+        seed=seed,
+        engine={
+            "max_model_len": 4096,
+            "num_gpu_blocks_override": blocks,
+            "max_num_seqs": 32,
+            "prefix_caching": caching,
+            "preemption_mode": preemption,
+            "speculative": spec,
+        },
+        workload={
+            "trace": None,
+            "arrivals": {"kind": "poisson", "rate_per_s": rate},
+            "num_requests": 40,
+            "lengths": {
+                "prompt": {"kind": "lognormal", "median": 300, "sigma": 1.0},
+                "output": {"kind": "lognormal", "median": 80, "sigma": 1.0},
+            },
+        },
+    )
     result = run(s)
     df = result.requests
     done = df[df["finish_s"].notna()]
@@ -167,6 +217,7 @@ def test_speculation_with_pipeline_stages_is_refused(method):
     """Not modelled: a pipelined step's tokens count when scheduled, a verify's only when accepted. n-gram
     lookup, with no draft memory to plan, slipped past the check and stalled its requests."""
     from hardware.errors import SpecError
+
     spec = draft(0.7) if method == "draft" else {"method": "ngram", "k": 3, "acceptance": 0.6}
     with pytest.raises(SpecError, match="speculative decoding with pipeline parallelism is not modelled"):
         run(scenario(parallelism={"pp": 2}, engine={"speculative": spec}))

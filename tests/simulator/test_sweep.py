@@ -29,15 +29,22 @@ def test_grid_points_come_in_grid_order_with_stable_hashes():
         {"workload.arrivals.rate_per_s": 5, "engine.max_num_seqs": 32},
         {"workload.arrivals.rate_per_s": 5, "engine.max_num_seqs": 256},
         {"workload.arrivals.rate_per_s": 20, "engine.max_num_seqs": 32},
-        {"workload.arrivals.rate_per_s": 20, "engine.max_num_seqs": 256}]
-    assert points[1].scenario.engine.max_num_seqs == 256 and points[2].scenario.workload.arrivals.rate_per_s == 20
+        {"workload.arrivals.rate_per_s": 20, "engine.max_num_seqs": 256},
+    ]
+    assert (
+        points[1].scenario.engine.max_num_seqs == 256
+        and points[2].scenario.workload.arrivals.rate_per_s == 20
+    )
     assert len({p.hash for p in points}) == 4
     assert [p.hash for p in expand(chat(), GRID)] == [p.hash for p in points]  # same scenario, same folder
     assert points[0].hash == scenario_hash(points[0].scenario)
 
 
 def test_parse_grid_reads_yaml_scalars():
-    assert parse_grid(["a.b=1,2.5,true", "c=h100-sxm,h200"]) == {"a.b": [1, 2.5, True], "c": ["h100-sxm", "h200"]}
+    assert parse_grid(["a.b=1,2.5,true", "c=h100-sxm,h200"]) == {
+        "a.b": [1, 2.5, True],
+        "c": ["h100-sxm", "h200"],
+    }
     with pytest.raises(SpecError, match="expected dotted.key=value1,value2"):
         parse_grid(["engine.max_num_seqs"])
 
@@ -64,10 +71,14 @@ def test_interrupted_sweep_restarts_without_rerunning_finished_points(tmp_path, 
     assert not [p for p in points.iterdir() if p.name.startswith(".")]  # no half-written point folder
 
     calls.clear()
-    monkeypatch.setattr(sweep_module, "simulate", lambda s, base_dir: calls.append(s) or real_simulate(s, base_dir))
+    monkeypatch.setattr(
+        sweep_module, "simulate", lambda s, base_dir: calls.append(s) or real_simulate(s, base_dir)
+    )
     result = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
     assert (result.num_run, result.num_reused, len(calls)) == (2, 2, 2)
-    assert {p.name: (p / "summary.json").stat().st_mtime_ns for p in points.iterdir() if p.name in finished} == finished
+    assert {
+        p.name: (p / "summary.json").stat().st_mtime_ns for p in points.iterdir() if p.name in finished
+    } == finished
     assert result.table["completed"].tolist() == [200] * 4
 
     calls.clear()
@@ -78,7 +89,9 @@ def test_interrupted_sweep_restarts_without_rerunning_finished_points(tmp_path, 
 
 def test_widening_a_grid_reuses_the_points_already_run(tmp_path):
     first = run_sweep(chat(), SCENARIOS, {"workload.arrivals.rate_per_s": [5, 20]}, tmp_path, workers=1)
-    wider = run_sweep(chat(), SCENARIOS, {"workload.arrivals.rate_per_s": [5, 10, 20, 30]}, tmp_path, workers=1)
+    wider = run_sweep(
+        chat(), SCENARIOS, {"workload.arrivals.rate_per_s": [5, 10, 20, 30]}, tmp_path, workers=1
+    )
     assert (first.num_run, wider.num_run, wider.num_reused) == (2, 2, 2)
     assert wider.table["workload.arrivals.rate_per_s"].tolist() == [5, 10, 20, 30]
 
@@ -87,23 +100,32 @@ def test_parallel_and_serial_sweeps_write_identical_tables(tmp_path):
     serial = run_sweep(chat(), SCENARIOS, GRID, tmp_path / "serial", workers=1)
     parallel = run_sweep(chat(), SCENARIOS, GRID, tmp_path / "parallel", workers=2)
     assert parallel.num_run == 4
-    assert (tmp_path / "serial" / "results.csv").read_bytes() == (tmp_path / "parallel" / "results.csv").read_bytes()
+    assert (tmp_path / "serial" / "results.csv").read_bytes() == (
+        tmp_path / "parallel" / "results.csv"
+    ).read_bytes()
     table = serial.table
     summary = json.loads((tmp_path / "serial" / "points" / table["point"][0] / "summary.json").read_text())
     assert list(table.columns) == [*GRID, "point", "status", "error", *summary]
-    assert table["p90_ttft_ms"][2] > table["p90_ttft_ms"][0]  # more load, longer waits: the rows are the points
+    assert (
+        table["p90_ttft_ms"][2] > table["p90_ttft_ms"][0]
+    )  # more load, longer waits: the rows are the points
 
 
 def test_dask_engine_gives_the_same_table(tmp_path):
     distributed = pytest.importorskip("dask.distributed")
     grid = {"workload.arrivals.rate_per_s": [5, 20]}
     run_sweep(chat(), SCENARIOS, grid, tmp_path / "local", workers=1)
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0")
+    cluster = distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0"
+    )
     with cluster:
-        remote = run_sweep(chat(), SCENARIOS, grid, tmp_path / "dask", engine="dask",
-                           dask_address=cluster.scheduler_address)
+        remote = run_sweep(
+            chat(), SCENARIOS, grid, tmp_path / "dask", engine="dask", dask_address=cluster.scheduler_address
+        )
     assert remote.num_run == 2
-    assert (tmp_path / "local" / "results.csv").read_bytes() == (tmp_path / "dask" / "results.csv").read_bytes()
+    assert (tmp_path / "local" / "results.csv").read_bytes() == (
+        tmp_path / "dask" / "results.csv"
+    ).read_bytes()
 
 
 def test_a_point_that_cannot_start_is_reported_in_the_table(tmp_path):
@@ -132,7 +154,9 @@ def test_a_point_that_crashes_is_recorded_and_the_others_run(tmp_path, monkeypat
     assert len(tracebacks) == 2 and "ZeroDivisionError: boom" in tracebacks[0].read_text()
     assert str(tracebacks[0]) in " ".join(result.table["error"][2:])
     monkeypatch.setattr(sweep_module, "simulate", real_simulate)
-    again = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)  # a crashed point is not done: it runs again
+    again = run_sweep(
+        chat(), SCENARIOS, GRID, tmp_path, workers=1
+    )  # a crashed point is not done: it runs again
     assert (again.num_run, again.num_reused) == (2, 2) and again.table["status"].tolist() == ["done"] * 4
     assert not list((tmp_path / "points").glob("*.traceback.txt"))  # gone with the crash
 
@@ -164,15 +188,20 @@ def test_the_code_fingerprint_covers_source_and_bundled_data(tmp_path):
         path.write_text(text)
         code_fingerprint.cache_clear()
         return code_fingerprint(tmp_path)
+
     catalog.write_text("gpus: []\n")
     prints = [fingerprint_after(source, 'def f():\n    """Why."""\n    return 1\n')]
     prints.append(fingerprint_after(source, "def f():\n    return 2\n"))
     prints.append(fingerprint_after(catalog, "gpus: [a]\n"))
     prints.append(fingerprint_after(tmp_path / "simulator" / "notes.txt", "neither code nor data: ignored"))
     # what only rewords or reformats: a docstring, a comment, layout, YAML style
-    prints.append(fingerprint_after(source, '"""A module."""\ndef f():  # two\n\n    """Why not."""\n    return (2)\n'))
+    prints.append(
+        fingerprint_after(source, '"""A module."""\ndef f():  # two\n\n    """Why not."""\n    return (2)\n')
+    )
     prints.append(fingerprint_after(catalog, "# the catalog\ngpus:\n  - a\n"))
-    prints.append(fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:\n"))  # unparsable: its bytes
+    prints.append(
+        fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:\n")
+    )  # unparsable: its bytes
     prints.append(fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:  \n"))
     code_fingerprint.cache_clear()
     assert len(set(prints[:3])) == 3 and prints[2] == prints[3] == prints[4] == prints[5]
@@ -191,19 +220,35 @@ def _scenario_file(tmp_path, **extra) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("args,extra,expected", [
-    (["--grid", "engine.max_num_seq=64,128"], {}, "sweep grid key 'engine.max_num_seq' is not a scenario field "
-                                                  "(engine.max_num_seq: unknown field; did you mean 'max_num_seqs'?)"),
-    (["--grid", "workload.arrivals.rate_per_s=-1"], {}, "workload.arrivals.rate_per_s=-1: "
-                                                        "workload.arrivals.rate_per_s: Input should be greater than 0"),
-    (["--grid", "workload.arrivals.cv=2"], {}, "'workload.arrivals.cv' is not a scenario field"),
-    (["--grid", "engine.max_num_seqs.x=2"], {}, "'engine.max_num_seqs.x' is not a scenario field"),
-    ([], {"sweep": {"grid": {"engine.max_num_seq": [64]}}}, "s.yaml: sweep grid key 'engine.max_num_seq' is not"),
-    (["--grid", "engine.max_num_seqs=0"], {}, "sweep point engine.max_num_seqs=0: engine.max_num_seqs"),
-    ([], {}, "nothing to sweep"),
-])
+@pytest.mark.parametrize(
+    "args,extra,expected",
+    [
+        (
+            ["--grid", "engine.max_num_seq=64,128"],
+            {},
+            "sweep grid key 'engine.max_num_seq' is not a scenario field "
+            "(engine.max_num_seq: unknown field; did you mean 'max_num_seqs'?)",
+        ),
+        (
+            ["--grid", "workload.arrivals.rate_per_s=-1"],
+            {},
+            "workload.arrivals.rate_per_s=-1: workload.arrivals.rate_per_s: Input should be greater than 0",
+        ),
+        (["--grid", "workload.arrivals.cv=2"], {}, "'workload.arrivals.cv' is not a scenario field"),
+        (["--grid", "engine.max_num_seqs.x=2"], {}, "'engine.max_num_seqs.x' is not a scenario field"),
+        (
+            [],
+            {"sweep": {"grid": {"engine.max_num_seq": [64]}}},
+            "s.yaml: sweep grid key 'engine.max_num_seq' is not",
+        ),
+        (["--grid", "engine.max_num_seqs=0"], {}, "sweep point engine.max_num_seqs=0: engine.max_num_seqs"),
+        ([], {}, "nothing to sweep"),
+    ],
+)
 def test_bad_grids_give_one_clear_error_line(tmp_path, args, extra, expected):
-    result = runner.invoke(app, ["sweep", _scenario_file(tmp_path, **extra), "--out", str(tmp_path / "out"), *args])
+    result = runner.invoke(
+        app, ["sweep", _scenario_file(tmp_path, **extra), "--out", str(tmp_path / "out"), *args]
+    )
     assert result.exit_code == 2, result.output
     assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
     assert not (tmp_path / "out" / "points").exists()
@@ -212,24 +257,43 @@ def test_bad_grids_give_one_clear_error_line(tmp_path, args, extra, expected):
 def test_sweep_command_uses_the_scenario_grid_and_the_option(tmp_path):
     path = _scenario_file(tmp_path, sweep={"grid": {"engine.max_num_seqs": [64, 256]}})
     out = tmp_path / "out"
-    result = runner.invoke(app, ["sweep", path, "--grid", "workload.arrivals.rate_per_s=8,16", "--out", str(out),
-                                 "--workers", "1"])
+    result = runner.invoke(
+        app,
+        ["sweep", path, "--grid", "workload.arrivals.rate_per_s=8,16", "--out", str(out), "--workers", "1"],
+    )
     assert result.exit_code == 0, result.output
     table = pd.read_csv(out / "results.csv")
     assert list(table.columns[:3]) == ["engine.max_num_seqs", "workload.arrivals.rate_per_s", "point"]
     assert len(table) == 4 and "4 point(s) run, 0 reused" in result.stdout
     assert load_scenario(path)[0].sweep.grid == {"engine.max_num_seqs": [64, 256]}
     assert runner.invoke(app, ["report", str(out)]).exit_code == 0  # its report.html in the folder...
-    wider = runner.invoke(app, ["sweep", path, "--grid", "workload.arrivals.rate_per_s=8,16,24", "--out", str(out),
-                                "--workers", "1"])  # ...does not stop the sweep from going on
+    wider = runner.invoke(
+        app,
+        [
+            "sweep",
+            path,
+            "--grid",
+            "workload.arrivals.rate_per_s=8,16,24",
+            "--out",
+            str(out),
+            "--workers",
+            "1",
+        ],
+    )  # ...does not stop the sweep from going on
     assert wider.exit_code == 0 and "2 point(s) run, 4 reused" in wider.stdout, wider.output
 
 
 def test_a_point_whose_trace_was_edited_is_run_again(tmp_path):
     trace = tmp_path / "t.csv"
     trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n")
-    s = chat(workload={"trace": {"format": "servesim", "path": str(trace)}, "arrivals": {"kind": "trace"},
-                       "num_requests": None, "lengths": None})
+    s = chat(
+        workload={
+            "trace": {"format": "servesim", "path": str(trace)},
+            "arrivals": {"kind": "trace"},
+            "num_requests": None,
+            "lengths": None,
+        }
+    )
     grid = {"engine.max_num_seqs": [8]}
     first = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
     assert (first.num_run, first.table["completed"].tolist()) == (1, [1])
@@ -243,8 +307,14 @@ def test_a_point_whose_length_distribution_file_was_edited_is_run_again(tmp_path
     lengths = tmp_path / "lengths.csv"
     lengths.write_text("num_prefill_tokens,num_decode_tokens\n100,10\n")
     empirical = {"kind": "empirical", "trace": {"format": "arxiv", "path": str(lengths)}, "column": "prompt"}
-    s = chat(workload={"trace": None, "arrivals": {"kind": "poisson", "rate_per_s": 5}, "num_requests": 5,
-                       "lengths": {"prompt": empirical, "output": {"kind": "fixed", "value": 10}}})
+    s = chat(
+        workload={
+            "trace": None,
+            "arrivals": {"kind": "poisson", "rate_per_s": 5},
+            "num_requests": 5,
+            "lengths": {"prompt": empirical, "output": {"kind": "fixed", "value": 10}},
+        }
+    )
     grid = {"engine.max_num_seqs": [8]}
     first = run_sweep(s, SCENARIOS, grid, tmp_path / "sweep", workers=1)
     assert (first.num_run, first.table["total_input_tokens"].tolist()) == (1, [500])
@@ -259,8 +329,15 @@ def test_a_servegen_folder_counts_every_file_in_it(tmp_path):
     (folder / "sub").mkdir(parents=True)
     for name in ("chunk-0-trace.csv", "chunk-0-dataset.json", "sub/chunk-1-trace.csv"):
         (folder / name).write_text("x")
-    s = chat(workload={"trace": {"format": "servegen", "path": "servegen"}, "arrivals": {"kind": "trace"},
-                       "duration_s": 10, "num_requests": None, "lengths": None})
+    s = chat(
+        workload={
+            "trace": {"format": "servegen", "path": "servegen"},
+            "arrivals": {"kind": "trace"},
+            "duration_s": 10,
+            "num_requests": None,
+            "lengths": None,
+        }
+    )
     assert input_files(s, tmp_path) == sorted(folder.rglob("*.*"))
 
 
@@ -273,8 +350,19 @@ def test_the_sweep_command_exits_1_when_a_point_crashed(tmp_path, monkeypatch):
         return real_simulate(s, base_dir)
 
     monkeypatch.setattr(sweep_module, "simulate", crash_at_64)
-    result = runner.invoke(app, ["sweep", _scenario_file(tmp_path), "--grid", "engine.max_num_seqs=64,128",
-                                 "--out", str(tmp_path / "out"), "--workers", "1"])
+    result = runner.invoke(
+        app,
+        [
+            "sweep",
+            _scenario_file(tmp_path),
+            "--grid",
+            "engine.max_num_seqs=64,128",
+            "--out",
+            str(tmp_path / "out"),
+            "--workers",
+            "1",
+        ],
+    )
     assert result.exit_code == 1, result.output
     assert "1 point(s) hit a servesim bug (the others ran)" in result.stdout and "KeyError" in result.stdout
     assert pd.read_csv(tmp_path / "out" / "results.csv")["status"].tolist() == ["failed", "done"]
@@ -295,11 +383,16 @@ def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed
     assert "1 point(s) lost their worker process (the others ran)" in result.stdout
     table = pd.read_csv(out / "results.csv")
     assert table["status"].tolist() == ["done", "failed", "done"]
-    assert table["error"][1] == ("worker process died: it was killed by SIGKILL (most often the out-of-memory "
-                                 "killer: try fewer --workers); running the sweep again retries it")
+    assert table["error"][1] == (
+        "worker process died: it was killed by SIGKILL (most often the out-of-memory "
+        "killer: try fewer --workers); running the sweep again retries it"
+    )
     monkeypatch.undo()
-    abandoned, writing = out / "points" / ".f00d.x1.tmp", out / "points" / ".beef.x2.tmp"  # the killed worker's
-    for folder in (abandoned, writing):                                                    # write, another's
+    abandoned, writing = (
+        out / "points" / ".f00d.x1.tmp",
+        out / "points" / ".beef.x2.tmp",
+    )  # the killed worker's
+    for folder in (abandoned, writing):  # write, another's
         folder.mkdir()
     os.utime(abandoned, (time.time() - 3600, time.time() - 3600))
     again = runner.invoke(app, args)
@@ -310,9 +403,21 @@ def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed
 def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
     pytest.importorskip("dask.distributed")
     monkeypatch.setattr("simulator.executors.DASK_CONNECT_TIMEOUT_S", 1)
-    result = runner.invoke(app, ["sweep", _scenario_file(tmp_path), "--grid", "engine.max_num_seqs=64",
-                                 "--out", str(tmp_path / "out"), "--engine", "dask", "--dask-address",
-                                 "tcp://127.0.0.1:9"])
+    result = runner.invoke(
+        app,
+        [
+            "sweep",
+            _scenario_file(tmp_path),
+            "--grid",
+            "engine.max_num_seqs=64",
+            "--out",
+            str(tmp_path / "out"),
+            "--engine",
+            "dask",
+            "--dask-address",
+            "tcp://127.0.0.1:9",
+        ],
+    )
     assert result.exit_code == 2, result.output
     assert "--dask-address tcp://127.0.0.1:9: no Dask scheduler answered" in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr

@@ -9,5 +9,7 @@ from tests.workloads.paths import SHARED_TRACES_DIR
 def traces_dir() -> Path:
     """The shared public traces; tests that need them skip when the folder is absent."""
     if not SHARED_TRACES_DIR.is_dir():
-        pytest.skip(f"shared traces not found at {SHARED_TRACES_DIR} (a sibling of the repo: shared/data/traces)")
+        pytest.skip(
+            f"shared traces not found at {SHARED_TRACES_DIR} (a sibling of the repo: shared/data/traces)"
+        )
     return SHARED_TRACES_DIR

@@ -3,8 +3,13 @@
 import numpy as np
 import pytest
 
-from workloads.arrivals import (constant_arrivals, gamma_arrivals, mean_rate_per_s, poisson_arrivals,
-                                rescale_times)
+from workloads.arrivals import (
+    constant_arrivals,
+    gamma_arrivals,
+    mean_rate_per_s,
+    poisson_arrivals,
+    rescale_times,
+)
 
 
 def gaps(times: np.ndarray) -> np.ndarray:
@@ -57,6 +62,7 @@ def test_stop_rules():
 def test_same_seed_same_arrivals_different_seed_different():
     def draw(seed: int) -> np.ndarray:
         return gamma_arrivals(3.0, 2.0, np.random.default_rng(seed), duration_s=500.0)
+
     assert np.array_equal(draw(11), draw(11))
     assert not np.array_equal(draw(11)[:50], draw(12)[:50])
 
@@ -71,9 +77,13 @@ def test_rescaling_hits_the_target_rate():
         mean_rate_per_s(np.zeros(1))
 
 
-@pytest.mark.parametrize("arrivals", [
-    lambda rng, **kw: poisson_arrivals(4.0, rng, **kw),
-    lambda rng, **kw: gamma_arrivals(4.0, 2.0, rng, **kw)])
+@pytest.mark.parametrize(
+    "arrivals",
+    [
+        lambda rng, **kw: poisson_arrivals(4.0, rng, **kw),
+        lambda rng, **kw: gamma_arrivals(4.0, 2.0, rng, **kw),
+    ],
+)
 def test_paced_arrivals_end_at_count_over_rate(arrivals):
     """vllm bench serve >= 0.10.1: n drawn gaps, the first included, scaled so the last request leaves at n / rate."""
     paced = arrivals(np.random.default_rng(5), num_requests=50, paced=True)

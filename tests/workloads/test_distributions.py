@@ -27,8 +27,13 @@ def dists(draw):
     if None not in bounds:
         bounds.sort()
     try:
-        return NormalDist(kind="normal", mean=draw(st.floats(-1e3, 1e5)), std=draw(st.floats(0.1, 1e4)),
-                          min=bounds[0], max=bounds[1])
+        return NormalDist(
+            kind="normal",
+            mean=draw(st.floats(-1e3, 1e5)),
+            std=draw(st.floats(0.1, 1e4)),
+            min=bounds[0],
+            max=bounds[1],
+        )
     except ValidationError:
         assume(False)
 
@@ -61,7 +66,9 @@ def test_truncated_normal_resamples_instead_of_piling_up_at_the_bounds():
 
 
 def test_lognormal_median_and_normal_without_bounds():
-    x = sample_values(LognormalDist(kind="lognormal", median=300, sigma=1.2), 50_000, np.random.default_rng(0))
+    x = sample_values(
+        LognormalDist(kind="lognormal", median=300, sigma=1.2), 50_000, np.random.default_rng(0)
+    )
     assert np.median(x) == pytest.approx(300, rel=0.03)
     y = sample_values(NormalDist(kind="normal", mean=0, std=1), 50_000, np.random.default_rng(0))
     assert y.min() < -3 and y.max() > 3  # no silent tail removal
@@ -79,11 +86,14 @@ def test_a_uniform_count_takes_every_integer_equally_often():
     counts = np.bincount(turns, minlength=7)[1:] / turns.size
     assert counts == pytest.approx([1 / 6] * 6, abs=0.01)
     ones = sample_lengths(UniformDist(kind="uniform", low=0, high=3), 60_000, np.random.default_rng(0))
-    assert np.bincount(ones, minlength=4)[1:] / ones.size == pytest.approx([1 / 3] * 3, abs=0.01)  # 0 is no length
+    assert np.bincount(ones, minlength=4)[1:] / ones.size == pytest.approx(
+        [1 / 3] * 3, abs=0.01
+    )  # 0 is no length
 
 
 def test_a_far_tail_is_clipped_to_a_count_int64_holds():
     """sigma 10 around a median of 2^39 draws values past 2^63; every count stays within [1, 2^40]."""
-    values = sample_lengths(LognormalDist(kind="lognormal", median=2.0**39, sigma=10), 1000,
-                            np.random.default_rng(0))
+    values = sample_lengths(
+        LognormalDist(kind="lognormal", median=2.0**39, sigma=10), 1000, np.random.default_rng(0)
+    )
     assert values.dtype == np.int64 and values.min() >= 1 and values.max() == MAX_VALUE

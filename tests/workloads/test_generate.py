@@ -15,9 +15,14 @@ from tests.workloads.paths import QUICKSTART_TRACE
 
 QUICKSTART = {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"}
 SCENARIOS_DIR = QUICKSTART_TRACE.parent.parent
-SYNTHETIC = {"lengths": {"prompt": {"kind": "lognormal", "median": 800, "sigma": 1.0},
-                         "output": {"kind": "uniform", "low": 1, "high": 400}},
-             "arrivals": {"kind": "gamma", "rate_per_s": 4.0, "cv": 2.0}, "duration_s": 300}
+SYNTHETIC = {
+    "lengths": {
+        "prompt": {"kind": "lognormal", "median": 800, "sigma": 1.0},
+        "output": {"kind": "uniform", "low": 1, "high": 400},
+    },
+    "arrivals": {"kind": "gamma", "rate_per_s": 4.0, "cv": 2.0},
+    "duration_s": 300,
+}
 
 
 def build(seed: int = 0, base_dir: Path = SCENARIOS_DIR, **fields) -> Workload:
@@ -25,8 +30,15 @@ def build(seed: int = 0, base_dir: Path = SCENARIOS_DIR, **fields) -> Workload:
 
 
 def fields(r: Request) -> tuple:
-    return (r.id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.prompt_segments, r.session_id,
-            r.priority)
+    return (
+        r.id,
+        r.arrival_s,
+        r.num_prompt_tokens,
+        r.num_output_tokens,
+        r.prompt_segments,
+        r.session_id,
+        r.priority,
+    )
 
 
 def arrivals(w: Workload) -> np.ndarray:
@@ -56,18 +68,29 @@ def test_a_rescaled_trace_keeps_its_rate_within_a_duration_and_over_the_sessions
     w = build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 20.0}, duration_s=30.0)
     assert len(w.requests) == 600 and mean_rate_per_s(arrivals(w)) == pytest.approx(20.0, rel=1e-9)
     assert arrivals(w).max() < 30.0
-    sessions = {"turns": {"kind": "fixed", "value": 3}, "think_time_s": {"kind": "fixed", "value": 1.0},
-                "new_message_tokens": {"kind": "fixed", "value": 50}}
-    w = build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 5.0}, num_requests=900, sessions=sessions)
+    sessions = {
+        "turns": {"kind": "fixed", "value": 3},
+        "think_time_s": {"kind": "fixed", "value": 1.0},
+        "new_message_tokens": {"kind": "fixed", "value": 50},
+    }
+    w = build(
+        trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 5.0}, num_requests=900, sessions=sessions
+    )
     assert len(w.requests) == 300 and len(w.followups) == 600 and not w.notes
     assert mean_rate_per_s(arrivals(w)) == pytest.approx(5.0, rel=1e-9)
-    short = build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 5.0}, num_requests=9000,
-                  sessions=sessions)
+    short = build(
+        trace=QUICKSTART,
+        arrivals={"kind": "poisson", "rate_per_s": 5.0},
+        num_requests=9000,
+        sessions=sessions,
+    )
     assert len(short.requests) == 2000 and "the run has 6000 requests in 2000 sessions" in short.notes[0]
 
 
 def test_a_rate_that_one_arrival_cannot_have_names_the_trace_and_field():
-    with pytest.raises(ValueError, match=r"azure_conv_1h_first2000.csv: arrivals.rate_per_s: mean rate needs >= 2"):
+    with pytest.raises(
+        ValueError, match=r"azure_conv_1h_first2000.csv: arrivals.rate_per_s: mean rate needs >= 2"
+    ):
         build(trace=QUICKSTART, arrivals={"kind": "trace", "rate_per_s": 5.0}, num_requests=1)
 
 
@@ -102,22 +125,39 @@ def test_a_trace_that_runs_out_of_rows_says_so():
     path = SCENARIOS_DIR / QUICKSTART["path"]
     w = build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=600)
     assert len(w.requests) == 2000
-    assert w.notes == (f"{path}: its 2000 usable rows ran out before duration_s 600: the run has 2000 arrivals, "
-                       f"the last at {w.requests[-1].arrival_s:.1f} s",)
+    assert w.notes == (
+        f"{path}: its 2000 usable rows ran out before duration_s 600: the run has 2000 arrivals, "
+        f"the last at {w.requests[-1].arrival_s:.1f} s",
+    )
     many = build(trace=QUICKSTART, arrivals={"kind": "all_at_once"}, num_requests=5000)
-    assert many.notes == (f"{path}: its 2000 usable rows ran out before num_requests 5000: the run has 2000 "
-                          "arrivals, the last at 0.0 s",)
-    assert build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=60).notes == ()
+    assert many.notes == (
+        f"{path}: its 2000 usable rows ran out before num_requests 5000: the run has 2000 "
+        "arrivals, the last at 0.0 s",
+    )
+    assert (
+        build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=60).notes == ()
+    )
     assert build(trace=QUICKSTART, arrivals={"kind": "all_at_once"}).notes == ()
     # num_requests, not the rows, ended it; a trace's own times end with it (ServeGen fills its duration so)
-    assert build(trace=QUICKSTART, arrivals={"kind": "poisson", "rate_per_s": 20.0}, duration_s=600,
-                 num_requests=2000).notes == ()
+    assert (
+        build(
+            trace=QUICKSTART,
+            arrivals={"kind": "poisson", "rate_per_s": 20.0},
+            duration_s=600,
+            num_requests=2000,
+        ).notes
+        == ()
+    )
     assert build(trace=QUICKSTART, arrivals={"kind": "trace"}, duration_s=100_000).notes == ()
 
 
 def test_synthetic_lengths_with_trace_arrivals():
-    w = build(trace=QUICKSTART, arrivals={"kind": "trace"}, num_requests=50,
-              lengths={"prompt": {"kind": "fixed", "value": 64}, "output": {"kind": "fixed", "value": 8}})
+    w = build(
+        trace=QUICKSTART,
+        arrivals={"kind": "trace"},
+        num_requests=50,
+        lengths={"prompt": {"kind": "fixed", "value": 64}, "output": {"kind": "fixed", "value": 8}},
+    )
     assert {(r.num_prompt_tokens, r.num_output_tokens) for r in w.requests} == {(64, 8)}
     assert w.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
 
@@ -134,34 +174,46 @@ def test_same_seed_same_requests_different_seed_different():
     a, b, c = (build(seed=s, **SYNTHETIC).requests for s in (7, 7, 8))
     assert [fields(r) for r in a] == [fields(r) for r in b]
     assert [fields(r) for r in a] != [fields(r) for r in c]
-    tables = [build_table(WorkloadConfig.model_validate(SYNTHETIC), np.random.default_rng(7), SCENARIOS_DIR)
-              for _ in range(2)]
+    tables = [
+        build_table(WorkloadConfig.model_validate(SYNTHETIC), np.random.default_rng(7), SCENARIOS_DIR)
+        for _ in range(2)
+    ]
     pd.testing.assert_frame_equal(*tables)
 
 
 def test_a_faster_rate_over_the_same_duration_keeps_the_same_lengths():
     """Common random numbers: the arrivals' stream is not the lengths', so request i has the same prompt and
     output at 4/s and at 4.4/s (only the count and the times differ)."""
-    slow, fast = (build(seed=3, **{**SYNTHETIC, "arrivals": {"kind": "gamma", "rate_per_s": r, "cv": 2.0}}).requests
-                  for r in (4.0, 4.4))
+    slow, fast = (
+        build(seed=3, **{**SYNTHETIC, "arrivals": {"kind": "gamma", "rate_per_s": r, "cv": 2.0}}).requests
+        for r in (4.0, 4.4)
+    )
     assert len(fast) > len(slow) > 1000
-    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in slow] == \
-        [(r.num_prompt_tokens, r.num_output_tokens) for r in fast[:len(slow)]]
-    assert [r.arrival_s for r in slow] != [r.arrival_s for r in fast[:len(slow)]]
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in slow] == [
+        (r.num_prompt_tokens, r.num_output_tokens) for r in fast[: len(slow)]
+    ]
+    assert [r.arrival_s for r in slow] != [r.arrival_s for r in fast[: len(slow)]]
 
 
 def test_empirical_lengths_resample_a_trace_column():
-    w = build(lengths={"prompt": {"kind": "empirical", "trace": QUICKSTART, "column": "prompt"},
-                       "output": {"kind": "empirical", "trace": QUICKSTART, "column": "output"}},
-              arrivals={"kind": "constant", "rate_per_s": 10}, num_requests=500)
+    w = build(
+        lengths={
+            "prompt": {"kind": "empirical", "trace": QUICKSTART, "column": "prompt"},
+            "output": {"kind": "empirical", "trace": QUICKSTART, "column": "output"},
+        },
+        arrivals={"kind": "constant", "rate_per_s": 10},
+        num_requests=500,
+    )
     trace = pd.read_csv(QUICKSTART_TRACE)
     assert {r.num_prompt_tokens for r in w.requests} <= set(trace["ContextTokens"])
     assert {r.num_output_tokens for r in w.requests} <= set(trace["GeneratedTokens"])
 
 
 def test_mooncake_blocks_become_segments(tmp_path):
-    rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
-            {"timestamp": 1500, "input_length": 512, "output_length": 7, "hash_ids": [0]}]
+    rows = [
+        {"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [0, 1, 2]},
+        {"timestamp": 1500, "input_length": 512, "output_length": 7, "hash_ids": [0]},
+    ]
     (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     w = build(trace={"format": "mooncake", "path": "mc.jsonl"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
     assert [r.prompt_segments for r in w.requests] == [((0, 512), (1, 512), (2, 76)), ((0, 512),)]
@@ -169,8 +221,10 @@ def test_mooncake_blocks_become_segments(tmp_path):
 
 
 def test_real_mooncake_segments_cover_the_prompt(traces_dir):
-    w = build(trace={"format": "mooncake", "path": str(traces_dir / "mooncake_synthetic/synthetic_trace.jsonl")},
-              arrivals={"kind": "trace"})
+    w = build(
+        trace={"format": "mooncake", "path": str(traces_dir / "mooncake_synthetic/synthetic_trace.jsonl")},
+        arrivals={"kind": "trace"},
+    )
     assert len(w.requests) == 3993
     for r in w.requests:
         assert sum(n for _, n in r.prompt_segments) == r.num_prompt_tokens
@@ -178,19 +232,53 @@ def test_real_mooncake_segments_cover_the_prompt(traces_dir):
 
 
 def test_servesim_prefixes_sessions_and_priorities(tmp_path):
-    pd.DataFrame([
-        {"arrival_s": 0.0, "prompt_tokens": 300, "output_tokens": 9, "session_id": 4, "priority": 1,
-         "prefix_id": 0, "prefix_tokens": 200},
-        {"arrival_s": 0.5, "prompt_tokens": 120, "output_tokens": 9, "session_id": None, "priority": None,
-         "prefix_id": None, "prefix_tokens": None},
-        {"arrival_s": 1.0, "prompt_tokens": 200, "output_tokens": 9, "session_id": 4, "priority": 0,
-         "prefix_id": 0, "prefix_tokens": 200},
-        {"arrival_s": 2.0, "prompt_tokens": 250, "output_tokens": 9, "session_id": 5, "priority": 2,
-         "prefix_id": 3, "prefix_tokens": 50},
-    ]).to_csv(tmp_path / "mine.csv", index=False)
+    pd.DataFrame(
+        [
+            {
+                "arrival_s": 0.0,
+                "prompt_tokens": 300,
+                "output_tokens": 9,
+                "session_id": 4,
+                "priority": 1,
+                "prefix_id": 0,
+                "prefix_tokens": 200,
+            },
+            {
+                "arrival_s": 0.5,
+                "prompt_tokens": 120,
+                "output_tokens": 9,
+                "session_id": None,
+                "priority": None,
+                "prefix_id": None,
+                "prefix_tokens": None,
+            },
+            {
+                "arrival_s": 1.0,
+                "prompt_tokens": 200,
+                "output_tokens": 9,
+                "session_id": 4,
+                "priority": 0,
+                "prefix_id": 0,
+                "prefix_tokens": 200,
+            },
+            {
+                "arrival_s": 2.0,
+                "prompt_tokens": 250,
+                "output_tokens": 9,
+                "session_id": 5,
+                "priority": 2,
+                "prefix_id": 3,
+                "prefix_tokens": 50,
+            },
+        ]
+    ).to_csv(tmp_path / "mine.csv", index=False)
     w = build(trace={"format": "servesim", "path": "mine.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
-    assert [r.prompt_segments for r in w.requests] == [((0, 200), (-1, 100)), ((-2, 120),), ((0, 200),),
-                                                     ((3, 50), (-4, 200))]
+    assert [r.prompt_segments for r in w.requests] == [
+        ((0, 200), (-1, 100)),
+        ((-2, 120),),
+        ((0, 200),),
+        ((3, 50), (-4, 200)),
+    ]
     assert [r.session_id for r in w.requests] == [4, None, 4, 5]
     assert [r.priority for r in w.requests] == [1, 0, 0, 2]
     prefix_ids = {s for r in w.requests for s, _ in r.prompt_segments[:1]}
@@ -200,11 +288,18 @@ def test_servesim_prefixes_sessions_and_priorities(tmp_path):
 
 def test_trace_without_timestamps_cannot_drive_trace_arrivals(tmp_path):
     pd.DataFrame({"arrival_s": [None, None], "prompt_tokens": [5, 6], "output_tokens": [1, 2]}).to_csv(
-        tmp_path / "untimed.csv", index=False)
+        tmp_path / "untimed.csv", index=False
+    )
     with pytest.raises(ValueError, match="no timestamps"):
-        build(trace={"format": "servesim", "path": "untimed.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
-    w = build(trace={"format": "servesim", "path": "untimed.csv"}, arrivals={"kind": "constant", "rate_per_s": 1},
-              num_requests=10, base_dir=tmp_path)
+        build(
+            trace={"format": "servesim", "path": "untimed.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path
+        )
+    w = build(
+        trace={"format": "servesim", "path": "untimed.csv"},
+        arrivals={"kind": "constant", "rate_per_s": 1},
+        num_requests=10,
+        base_dir=tmp_path,
+    )
     assert arrivals(w).tolist() == [0.0, 1.0]
 
 
@@ -214,8 +309,11 @@ def test_skip_past_the_end_is_an_error():
 
 
 def test_servegen_workload_is_deterministic(traces_dir):
-    cfg = {"trace": {"format": "servegen", "path": str(traces_dir / "servegen/reason/deepseek-r1")},
-           "arrivals": {"kind": "trace"}, "duration_s": 300}
+    cfg = {
+        "trace": {"format": "servegen", "path": str(traces_dir / "servegen/reason/deepseek-r1")},
+        "arrivals": {"kind": "trace"},
+        "duration_s": 300,
+    }
     a, b = (build(seed=3, **cfg).requests for _ in range(2))
     assert len(a) > 1000 and [fields(r) for r in a] == [fields(r) for r in b]
     assert max(r.arrival_s for r in a) < 300

@@ -19,12 +19,21 @@ from tests.workloads.paths import QUICKSTART_TRACE
 
 SCENARIOS_DIR = QUICKSTART_TRACE.parent.parent
 QUICKSTART = {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"}
-LENGTHS = {"prompt": {"kind": "uniform", "low": 20, "high": 300},
-           "output": {"kind": "uniform", "low": 1, "high": 200}}
-PREFIX = {"num_prefixes": 5, "prefix_tokens": {"kind": "uniform", "low": 100, "high": 2000}, "zipf_s": 1.0,
-          "share": 0.7}
-SESSIONS = {"turns": {"kind": "uniform", "low": 1, "high": 6}, "think_time_s": {"kind": "fixed", "value": 3},
-            "new_message_tokens": {"kind": "lognormal", "median": 40, "sigma": 0.5}}
+LENGTHS = {
+    "prompt": {"kind": "uniform", "low": 20, "high": 300},
+    "output": {"kind": "uniform", "low": 1, "high": 200},
+}
+PREFIX = {
+    "num_prefixes": 5,
+    "prefix_tokens": {"kind": "uniform", "low": 100, "high": 2000},
+    "zipf_s": 1.0,
+    "share": 0.7,
+}
+SESSIONS = {
+    "turns": {"kind": "uniform", "low": 1, "high": 6},
+    "think_time_s": {"kind": "fixed", "value": 3},
+    "new_message_tokens": {"kind": "lognormal", "median": 40, "sigma": 0.5},
+}
 
 
 def build(seed: int = 0, base_dir: Path = SCENARIOS_DIR, **fields) -> Workload:
@@ -32,8 +41,13 @@ def build(seed: int = 0, base_dir: Path = SCENARIOS_DIR, **fields) -> Workload:
 
 
 def synthetic(seed: int = 0, num_requests: int = 4000, **fields) -> Workload:
-    return build(seed, lengths=LENGTHS, arrivals={"kind": "poisson", "rate_per_s": 10}, num_requests=num_requests,
-                 **fields)
+    return build(
+        seed,
+        lengths=LENGTHS,
+        arrivals={"kind": "poisson", "rate_per_s": 10},
+        num_requests=num_requests,
+        **fields,
+    )
 
 
 def every_request(w: Workload) -> list[Request]:
@@ -42,8 +56,19 @@ def every_request(w: Workload) -> list[Request]:
 
 def state(w: Workload) -> tuple:
     def fields(r: Request) -> tuple:
-        return (r.id, r.arrival_s, r.num_prompt_tokens, r.num_output_tokens, r.prompt_segments, r.session_id,
-                r.priority, r.turn, r.think_time_s, r.semantic_cluster)
+        return (
+            r.id,
+            r.arrival_s,
+            r.num_prompt_tokens,
+            r.num_output_tokens,
+            r.prompt_segments,
+            r.session_id,
+            r.priority,
+            r.turn,
+            r.think_time_s,
+            r.semantic_cluster,
+        )
+
     return [fields(r) for r in w.requests], {k: fields(r) for k, r in w.followups.items()}
 
 
@@ -101,7 +126,7 @@ def test_session_turns_extend_the_previous_prompt_with_its_answer():
     for prev_id, nxt in w.followups.items():
         prev = next(r for r in every_request(w) if r.id == prev_id)
         answer = (output_segment_id(prev.id), prev.num_output_tokens)
-        assert nxt.prompt_segments[:len(prev.prompt_segments) + 1] == prev.prompt_segments + (answer,)
+        assert nxt.prompt_segments[: len(prev.prompt_segments) + 1] == prev.prompt_segments + (answer,)
         message = nxt.prompt_segments[-1]
         assert message[0] == -(nxt.id + 1) and len(nxt.prompt_segments) == len(prev.prompt_segments) + 2
         assert nxt.num_prompt_tokens == prev.num_prompt_tokens + prev.num_output_tokens + message[1]
@@ -139,14 +164,19 @@ def test_max_prompt_tokens_ends_sessions_early():
 def test_session_turns_past_what_a_run_takes_are_refused_before_they_are_drawn():
     """Every possible follow-up is drawn up front: a billion turns a session was a 90 GB allocation."""
     turns = dict(SESSIONS, turns={"kind": "fixed", "value": 10**9})
-    with pytest.raises(ValueError, match="gives 12 sessions 11,999,999,988 follow-up turns, more than the "
-                                         "100,000,000 requests a run takes"):
+    with pytest.raises(
+        ValueError,
+        match="gives 12 sessions 11,999,999,988 follow-up turns, more than the "
+        "100,000,000 requests a run takes",
+    ):
         synthetic(num_requests=12, sessions=turns)
 
 
 def test_sessions_over_a_trace_resample_its_outputs():
     w = build(trace=QUICKSTART, arrivals={"kind": "trace"}, num_requests=300, sessions=SESSIONS)
-    trace_outputs = {r.num_output_tokens for r in build(trace=QUICKSTART, arrivals={"kind": "trace"}).requests}
+    trace_outputs = {
+        r.num_output_tokens for r in build(trace=QUICKSTART, arrivals={"kind": "trace"}).requests
+    }
     assert {r.num_output_tokens for r in w.followups.values()} <= trace_outputs
     assert w.requests[1].arrival_s == pytest.approx(4.314579, abs=1e-6)
     assert_runs_cover_prompts(every_request(w))
@@ -156,7 +186,7 @@ def test_parallel_sampling_gives_n_identical_prompts_at_one_arrival():
     w = synthetic(num_requests=400, parallel_sampling={"n": 4}, shared_prefix=PREFIX)
     assert [r.id for r in w.requests] == list(range(400)) and not w.followups
     assert_runs_cover_prompts(w.requests)
-    groups = [w.requests[i:i + 4] for i in range(0, 400, 4)]
+    groups = [w.requests[i : i + 4] for i in range(0, 400, 4)]
     for g in groups:
         assert len({r.prompt_segments for r in g}) == 1 and len({r.arrival_s for r in g}) == 1
         assert g[0].prompt_segments[-1][0] == -(g[0].id + 1)  # the unique run is named after copy 0
@@ -171,7 +201,7 @@ def test_semantic_clusters_follow_zipf_and_identical_prompts_share_one():
     counts = np.bincount([r.semantic_cluster for r in w.requests], minlength=8) / 4000
     assert np.allclose(counts, zipf_probs(8, 1.0), atol=0.02) and counts.argmax() == 0
     sampled = synthetic(num_requests=400, parallel_sampling={"n": 4}, semantic_clusters={"num_clusters": 50})
-    assert all(len({r.semantic_cluster for r in sampled.requests[i:i + 4]}) == 1 for i in range(0, 400, 4))
+    assert all(len({r.semantic_cluster for r in sampled.requests[i : i + 4]}) == 1 for i in range(0, 400, 4))
     sessions = synthetic(num_requests=300, sessions=SESSIONS, semantic_clusters={"num_clusters": 3})
     assert all(r.semantic_cluster in (0, 1, 2) for r in every_request(sessions))
     assert all(r.semantic_cluster is None for r in synthetic(num_requests=10).requests)
@@ -185,8 +215,10 @@ def test_same_seed_same_workload():
 
 
 def test_mooncake_blocks_and_ideal_prefix_hits(traces_dir):
-    w = build(trace={"format": "mooncake", "path": str(traces_dir / "mooncake_synthetic/synthetic_trace.jsonl")},
-              arrivals={"kind": "trace"})
+    w = build(
+        trace={"format": "mooncake", "path": str(traces_dir / "mooncake_synthetic/synthetic_trace.jsonl")},
+        arrivals={"kind": "trace"},
+    )
     assert_runs_cover_prompts(w.requests)
     total = sum(r.num_prompt_tokens for r in w.requests)
     assert round(ideal_prefix_hit_tokens(w.requests) / total, 3) == 0.651
@@ -195,12 +227,20 @@ def test_mooncake_blocks_and_ideal_prefix_hits(traces_dir):
 def test_mooncake_runs_are_hash_blocks(tmp_path):
     rows = [{"timestamp": 0, "input_length": 1100, "output_length": 5, "hash_ids": [7, 8, 9]}]
     (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    w = build(trace={"format": "mooncake", "path": "mc.jsonl"}, arrivals={"kind": "trace"}, base_dir=tmp_path,
-              parallel_sampling={"n": 2})
+    w = build(
+        trace={"format": "mooncake", "path": "mc.jsonl"},
+        arrivals={"kind": "trace"},
+        base_dir=tmp_path,
+        parallel_sampling={"n": 2},
+    )
     assert [r.prompt_segments for r in w.requests] == [((7, 512), (8, 512), (9, 76))] * 2
     with pytest.raises(ValueError, match="collide"):
-        build(trace={"format": "mooncake", "path": "mc.jsonl"}, arrivals={"kind": "trace"}, base_dir=tmp_path,
-              shared_prefix=PREFIX)
+        build(
+            trace={"format": "mooncake", "path": "mc.jsonl"},
+            arrivals={"kind": "trace"},
+            base_dir=tmp_path,
+            shared_prefix=PREFIX,
+        )
 
 
 def test_ideal_prefix_hits_by_hand():
@@ -214,7 +254,8 @@ def test_ideal_prefix_hits_by_hand():
 
 
 def test_yaml_with_every_sharing_section():
-    cfg = WorkloadConfig.model_validate(yaml.safe_load("""
+    cfg = WorkloadConfig.model_validate(
+        yaml.safe_load("""
         lengths: {prompt: {kind: fixed, value: 100}, output: {kind: fixed, value: 10}}
         arrivals: {kind: poisson, rate_per_s: 2}
         num_requests: 40
@@ -225,7 +266,8 @@ def test_yaml_with_every_sharing_section():
           new_message_tokens: {kind: fixed, value: 50}
           max_prompt_tokens: 8192
         semantic_clusters: {num_clusters: 100, zipf_s: 0.9}
-    """))
+    """)
+    )
     assert cfg.shared_prefix.prefix_tokens == 1024 and cfg.sessions.max_prompt_tokens == 8192
     assert WorkloadConfig.model_validate(dict(cfg.model_dump(), sessions=None, parallel_sampling={"n": 4}))
 
@@ -233,25 +275,31 @@ def test_yaml_with_every_sharing_section():
 BASE = {"lengths": LENGTHS, "arrivals": {"kind": "all_at_once"}, "num_requests": 8}
 
 
-@pytest.mark.parametrize("fields, message", [
-    ({"parallel_sampling": {"n": 0}}, "greater than or equal to 1"),
-    ({"parallel_sampling": {"n": 3}}, "multiple of parallel_sampling.n"),
-    ({"shared_prefix": dict(PREFIX, share=1.5)}, "less than or equal to 1"),
-    ({"shared_prefix": dict(PREFIX, zipf_s=-1)}, "greater than or equal to 0"),
-    ({"shared_prefix": dict(PREFIX, num_prefixes=0)}, "greater than or equal to 1"),
-    ({"shared_prefix": dict(PREFIX, prefix_tokens=0)}, "must be 1 to 2"),
-    ({"shared_prefix": dict(PREFIX, prefix_tokens=10**20)}, "must be 1 to 2"),  # an OverflowError when drawn
-    ({"shared_prefix": dict(PREFIX, prefix_tokens={"kind": "fixed", "value": 0.3})}, "below 1 token"),
-    ({"shared_prefix": dict(PREFIX, prefixes=3)}, "Extra inputs are not permitted"),
-    ({"sessions": dict(SESSIONS, max_turns=3)}, "Extra inputs are not permitted"),
-    ({"sessions": dict(SESSIONS, think_time_s={"kind": "normal", "mean": 1, "std": 1})}, "min >= 0"),
-    ({"sessions": dict(SESSIONS, turns={"kind": "fixed", "value": 0})}, "sessions.turns"),
-    ({"sessions": dict(SESSIONS, max_prompt_tokens=0)}, "greater than or equal to 1"),
-    ({"sessions": SESSIONS, "parallel_sampling": {"n": 2}}, "cannot be combined"),
-    ({"sessions": SESSIONS, "closed_loop": {"clients": 2}}, "cannot be combined"),
-    ({"semantic_clusters": {"num_clusters": 0}}, "greater than or equal to 1"),
-    ({"semantic_clusters": {"num_clusters": 4, "zipf": 1}}, "Extra inputs are not permitted"),
-])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"parallel_sampling": {"n": 0}}, "greater than or equal to 1"),
+        ({"parallel_sampling": {"n": 3}}, "multiple of parallel_sampling.n"),
+        ({"shared_prefix": dict(PREFIX, share=1.5)}, "less than or equal to 1"),
+        ({"shared_prefix": dict(PREFIX, zipf_s=-1)}, "greater than or equal to 0"),
+        ({"shared_prefix": dict(PREFIX, num_prefixes=0)}, "greater than or equal to 1"),
+        ({"shared_prefix": dict(PREFIX, prefix_tokens=0)}, "must be 1 to 2"),
+        (
+            {"shared_prefix": dict(PREFIX, prefix_tokens=10**20)},
+            "must be 1 to 2",
+        ),  # an OverflowError when drawn
+        ({"shared_prefix": dict(PREFIX, prefix_tokens={"kind": "fixed", "value": 0.3})}, "below 1 token"),
+        ({"shared_prefix": dict(PREFIX, prefixes=3)}, "Extra inputs are not permitted"),
+        ({"sessions": dict(SESSIONS, max_turns=3)}, "Extra inputs are not permitted"),
+        ({"sessions": dict(SESSIONS, think_time_s={"kind": "normal", "mean": 1, "std": 1})}, "min >= 0"),
+        ({"sessions": dict(SESSIONS, turns={"kind": "fixed", "value": 0})}, "sessions.turns"),
+        ({"sessions": dict(SESSIONS, max_prompt_tokens=0)}, "greater than or equal to 1"),
+        ({"sessions": SESSIONS, "parallel_sampling": {"n": 2}}, "cannot be combined"),
+        ({"sessions": SESSIONS, "closed_loop": {"clients": 2}}, "cannot be combined"),
+        ({"semantic_clusters": {"num_clusters": 0}}, "greater than or equal to 1"),
+        ({"semantic_clusters": {"num_clusters": 4, "zipf": 1}}, "Extra inputs are not permitted"),
+    ],
+)
 def test_invalid_sharing_configs(fields, message):
     with pytest.raises(ValidationError, match=message):
         WorkloadConfig.model_validate({**BASE, **fields})

@@ -20,7 +20,9 @@ def test_bundled_slice_loads():
 def test_bundled_slice_is_a_byte_exact_prefix_of_the_public_file():
     source = SHARED_TRACES_DIR / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
     if not source.is_file():
-        pytest.skip(f"public trace not found at {source}; the slice itself is checked in test_bundled_slice_loads")
+        pytest.skip(
+            f"public trace not found at {source}; the slice itself is checked in test_bundled_slice_loads"
+        )
     sliced = QUICKSTART_TRACE.read_bytes()
     assert source.read_bytes()[: len(sliced)] == sliced
     assert source.read_bytes()[len(sliced) - 1 : len(sliced)] == b"\n"

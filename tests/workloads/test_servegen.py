@@ -50,7 +50,9 @@ def test_listing_a_client_without_a_dataset_file_is_an_error(traces_dir):
     assert (folder / "chunk-1-trace.csv").is_file() and not (folder / "chunk-1-dataset.json").exists()
     with pytest.raises(ValueError, match=r"clients \[1\] lack"):
         servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[1, 2])
-    assert set(servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[2])["client_id"]) == {2}
+    assert set(
+        servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[2])["client_id"]
+    ) == {2}
 
 
 def test_clients_left_out_for_want_of_lengths_are_named_with_their_share(tmp_path):
@@ -59,8 +61,10 @@ def test_clients_left_out_for_want_of_lengths_are_named_with_their_share(tmp_pat
     folder = write_model(tmp_path / "model")
     df = servegen_requests(folder, np.random.default_rng(0), duration_s=600)
     assert set(df["client_id"]) == {3}
-    assert df.attrs["notes"] == (f"{folder}: clients [4] have no chunk-<client>-dataset.json (their lengths) and are "
-                                 "left out: 98% of the requests their trace files give this window",)
+    assert df.attrs["notes"] == (
+        f"{folder}: clients [4] have no chunk-<client>-dataset.json (their lengths) and are "
+        "left out: 98% of the requests their trace files give this window",
+    )
     with pytest.raises(ValueError, match=r"clients \[4\] lack"):
         servegen_requests(folder, np.random.default_rng(0), duration_s=600, clients=[3, 4])
 
@@ -69,16 +73,20 @@ def write_model(folder: Path, input_pmf: str = "{10: 0.5, 20: 0.5}") -> Path:
     """Two 600-s windows of one client (Gamma, then Weibull), and a client without a dataset file."""
     folder.mkdir()
     (folder / "chunk-3-trace.csv").write_text(
-        "0,2.0,1.0,Gamma,1.0,0.5\n600,4.0,2.0,Weibull,0.5,1.0\n1200,0,0,,0,0\n")
-    (folder / "chunk-3-dataset.json").write_text(json.dumps(
-        {"0": {"input_tokens": input_pmf, "output_tokens": "{0: 0.25, 5: 0.75}"}}))
+        "0,2.0,1.0,Gamma,1.0,0.5\n600,4.0,2.0,Weibull,0.5,1.0\n1200,0,0,,0,0\n"
+    )
+    (folder / "chunk-3-dataset.json").write_text(
+        json.dumps({"0": {"input_tokens": input_pmf, "output_tokens": "{0: 0.25, 5: 0.75}"}})
+    )
     (folder / "chunk-4-trace.csv").write_text("0,100.0,1.0,Gamma,1.0,0.01\n")
     return folder
 
 
 def test_written_model_rates_lengths_and_zero_length_drops(tmp_path):
     folder = write_model(tmp_path / "model")
-    counts = [len(servegen_requests(folder, np.random.default_rng(seed), duration_s=1800)) for seed in range(3)]
+    counts = [
+        len(servegen_requests(folder, np.random.default_rng(seed), duration_s=1800)) for seed in range(3)
+    ]
     df = servegen_requests(folder, np.random.default_rng(0), duration_s=1800)
     kept, dropped = len(df), df.attrs["dropped"]
     # 2/s for 600 s + 4/s for 600 s = 3600 expected; a quarter sample 0 output tokens and are dropped
@@ -118,6 +126,7 @@ def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
     from types import SimpleNamespace
 
     from workloads.servegen import WINDOW_S, _Gaps, _window_arrivals
+
     row = SimpleNamespace(p1=shape, rate_req_per_s=0.1, dist_name=kind, timestamp_s=0.0)
     rng = np.random.default_rng(7)
     counts = [len(_window_arrivals(0.0, _Gaps(row, rng), 0.1)) for _ in range(3000)]
@@ -127,7 +136,13 @@ def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
 def test_clients_silent_in_the_window_are_named_as_such(traces_dir):
     from workloads.config import WorkloadConfig
     from workloads.generate import build_workload
-    cfg = WorkloadConfig.model_validate({"trace": {"path": "servegen/reason/deepseek-r1", "format": "servegen",
-                                                   "clients": [0]}, "arrivals": {"kind": "trace"}, "duration_s": 600})
+
+    cfg = WorkloadConfig.model_validate(
+        {
+            "trace": {"path": "servegen/reason/deepseek-r1", "format": "servegen", "clients": [0]},
+            "arrivals": {"kind": "trace"},
+            "duration_s": 600,
+        }
+    )
     with pytest.raises(ValueError, match=r"no usable rows: its clients \(trace.clients\) send nothing"):
         build_workload(cfg, np.random.default_rng(0), traces_dir)

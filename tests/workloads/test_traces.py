@@ -9,8 +9,14 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workloads.traces import (load_arxiv, load_azure, load_burstgpt, load_mooncake, load_servesim,
-                              load_sharegpt)
+from workloads.traces import (
+    load_arxiv,
+    load_azure,
+    load_burstgpt,
+    load_mooncake,
+    load_servesim,
+    load_sharegpt,
+)
 
 AZURE = "azure_llm_2023/AzureLLMInferenceTrace_{}.csv"
 
@@ -27,10 +33,13 @@ def check_common(df: pd.DataFrame) -> None:
         assert df["arrival_s"].iloc[0] == 0.0 and df["arrival_s"].is_monotonic_increasing
 
 
-@pytest.mark.parametrize("service, rows, span_s, rate, prompt_mean, output_mean", [
-    ("conv", 19_366, 3_502, 5.53, 1_155, 211),
-    ("code", 8_819, 3_436, 2.57, 2_048, 27.9),
-])
+@pytest.mark.parametrize(
+    "service, rows, span_s, rate, prompt_mean, output_mean",
+    [
+        ("conv", 19_366, 3_502, 5.53, 1_155, 211),
+        ("code", 8_819, 3_436, 2.57, 2_048, 27.9),
+    ],
+)
 def test_azure(traces_dir, service, rows, span_s, rate, prompt_mean, output_mean):
     df = load_azure(traces_dir / AZURE.format(service))
     check_common(df)
@@ -61,7 +70,9 @@ def test_mooncake(traces_dir):
 
 
 def test_sharegpt(traces_dir):
-    df = load_sharegpt(traces_dir / "sharegpt_lengths_vllm_sosp23/sharegpt_first_turn_lengths_opt_tokenizer.csv")
+    df = load_sharegpt(
+        traces_dir / "sharegpt_lengths_vllm_sosp23/sharegpt_first_turn_lengths_opt_tokenizer.csv"
+    )
     check_common(df)
     assert len(df) == 84_226 and df["arrival_s"].isna().all()
     assert df["num_prompt_tokens"].median() == 40 and df["num_output_tokens"].median() == 275
@@ -69,8 +80,10 @@ def test_sharegpt(traces_dir):
 
 
 def test_arxiv(traces_dir):
-    df = load_arxiv(traces_dir / "arxiv_summarization_lengths_vidur/"
-                    "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv")
+    df = load_arxiv(
+        traces_dir / "arxiv_summarization_lengths_vidur/"
+        "arxiv_summarization_stats_llama2_tokenizer_filtered_v2.csv"
+    )
     check_common(df)
     assert len(df) == 28_257 and df["arrival_s"].isna().all()
     assert np.percentile(df["num_prompt_tokens"], 50) == pytest.approx(2_730, abs=1)
@@ -98,8 +111,10 @@ def test_burstgpt_drops_failed_and_empty_rows_and_sorts(burstgpt_csv):
     df = load_burstgpt(burstgpt_csv)
     check_common(df)
     assert df.attrs["dropped"] == 2  # one failed (0 response tokens), one with 0 request tokens
-    assert df.attrs["dropped_by"] == {"failed requests, 0 response tokens (drop_failed: false keeps them)": 1,
-                                      "a length missing, not a number or below 1": 1}
+    assert df.attrs["dropped_by"] == {
+        "failed requests, 0 response tokens (drop_failed: false keeps them)": 1,
+        "a length missing, not a number or below 1": 1,
+    }
     assert df["arrival_s"].tolist() == [0, 35, 41, 135]
     assert df["num_prompt_tokens"].tolist() == [472, 22, 417, 1131]
 
@@ -118,12 +133,15 @@ def test_burstgpt_unknown_model_lists_the_models(burstgpt_csv):
 
 
 SERVESIM_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens", "session_id", "prefix_id", "prefix_tokens"]
-SERVESIM_ROWS = [dict(zip(SERVESIM_COLUMNS, values)) for values in [
-    (10.5, 300, 20, 1, 7, 200),
-    (10.0, 250, 30, None, None, None),
-    (12.0, 200, 0, 2, 7, 200),  # 0 output tokens: dropped
-    (13.0, 200, 5, 2, 7, 200),
-]]
+SERVESIM_ROWS = [
+    dict(zip(SERVESIM_COLUMNS, values))
+    for values in [
+        (10.5, 300, 20, 1, 7, 200),
+        (10.0, 250, 30, None, None, None),
+        (12.0, 200, 0, 2, 7, 200),  # 0 output tokens: dropped
+        (13.0, 200, 5, 2, 7, 200),
+    ]
+]
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
@@ -147,11 +165,14 @@ def test_servesim_inconsistent_prefix_is_an_error(tmp_path):
         load_servesim(path)
 
 
-@pytest.mark.parametrize("row, message", [
-    ("inf,100,10", "arrival times must be finite; rows [1] are not (e.g. inf)"),
-    ("1.0,1e30,10", "num_prompt_tokens must be at most 2^40 tokens; rows [1] are not (e.g. 1e+30)"),
-    ("1.0,100,inf", "num_output_tokens must be whole token counts; rows [1] are not (e.g. inf)"),
-])
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("inf,100,10", "arrival times must be finite; rows [1] are not (e.g. inf)"),
+        ("1.0,1e30,10", "num_prompt_tokens must be at most 2^40 tokens; rows [1] are not (e.g. 1e+30)"),
+        ("1.0,100,inf", "num_output_tokens must be whole token counts; rows [1] are not (e.g. inf)"),
+    ],
+)
 def test_a_value_no_request_could_have_is_named_with_its_file_and_row(tmp_path, row, message):
     """Such a value used to pass (a request finishing at infinity) or overflow int64 into a confusing message."""
     path = tmp_path / "mine.csv"
@@ -162,7 +183,9 @@ def test_a_value_no_request_could_have_is_named_with_its_file_and_row(tmp_path, 
 
 def test_azure_timestamps_may_have_no_fraction_and_a_bad_one_is_named_in_one_line(tmp_path):
     path = tmp_path / "azure.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,3,4\n2023-11-16 18:15:48,5,6\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,3,4\n2023-11-16 18:15:48,5,6\n"
+    )
     assert load_azure(path)["arrival_s"].tolist() == [0.0, 1.5]
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,3,4\nyesterday,5,6\n")
     with pytest.raises(ValueError) as err:
@@ -171,14 +194,17 @@ def test_azure_timestamps_may_have_no_fraction_and_a_bad_one_is_named_in_one_lin
     assert "\n" not in str(err.value) and "yesterday" in str(err.value)
 
 
-@pytest.mark.parametrize("loader, expected", [
-    (load_azure, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]),
-    (load_mooncake, ["timestamp", "input_length", "output_length", "hash_ids"]),
-    (load_sharegpt, ["input_tokens", "output_tokens"]),
-    (load_arxiv, ["num_prefill_tokens", "num_decode_tokens"]),
-    (load_burstgpt, ["Timestamp", "Model", "Request tokens", "Response tokens"]),
-    (load_servesim, ["arrival_s", "prompt_tokens", "output_tokens"]),
-])
+@pytest.mark.parametrize(
+    "loader, expected",
+    [
+        (load_azure, ["TIMESTAMP", "ContextTokens", "GeneratedTokens"]),
+        (load_mooncake, ["timestamp", "input_length", "output_length", "hash_ids"]),
+        (load_sharegpt, ["input_tokens", "output_tokens"]),
+        (load_arxiv, ["num_prefill_tokens", "num_decode_tokens"]),
+        (load_burstgpt, ["Timestamp", "Model", "Request tokens", "Response tokens"]),
+        (load_servesim, ["arrival_s", "prompt_tokens", "output_tokens"]),
+    ],
+)
 def test_missing_file_names_the_file_and_columns(tmp_path, loader, expected):
     path = tmp_path / "nope.csv"
     with pytest.raises(ValueError) as err:
@@ -194,8 +220,10 @@ def test_missing_column_names_the_file_the_missing_and_the_expected(tmp_path):
         load_azure(path)
     message = str(err.value)
     assert str(path) in message
-    assert ("azure trace lacks ContextTokens, GeneratedTokens (of TIMESTAMP, ContextTokens, GeneratedTokens); "
-            "found TIMESTAMP, Context") in message
+    assert (
+        "azure trace lacks ContextTokens, GeneratedTokens (of TIMESTAMP, ContextTokens, GeneratedTokens); "
+        "found TIMESTAMP, Context"
+    ) in message
 
 
 def test_mooncake_missing_hash_ids_column(tmp_path):
@@ -212,14 +240,28 @@ def test_mooncake_block_count_mismatch_is_an_error(tmp_path):
         load_mooncake(path)
 
 
-@pytest.mark.parametrize("second, message", [
-    ('{"timestamp": 5, "input_length": 10, "output_length": 2}', r"record 2: mooncake hash_ids must be a list of "
-                                                                 r"integer block ids, got nan"),
-    ('{"timestamp": "5 ms", "input_length": 10, "output_length": 2, "hash_ids": [3]}',
-     r"record 2: mooncake timestamp must be a number of milliseconds, got '5 ms'"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [3]}', r"1 rows .* e\.g\. record 2")])
+@pytest.mark.parametrize(
+    "second, message",
+    [
+        (
+            '{"timestamp": 5, "input_length": 10, "output_length": 2}',
+            r"record 2: mooncake hash_ids must be a list of "
+            r"integer block ids, got nan",
+        ),
+        (
+            '{"timestamp": "5 ms", "input_length": 10, "output_length": 2, "hash_ids": [3]}',
+            r"record 2: mooncake timestamp must be a number of milliseconds, got '5 ms'",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 600, "output_length": 2, "hash_ids": [3]}',
+            r"1 rows .* e\.g\. record 2",
+        ),
+    ],
+)
 def test_a_bad_mooncake_line_is_named_with_its_field(tmp_path, second, message):
     path = tmp_path / "m.jsonl"
-    path.write_text('{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n' + second + "\n")
+    path.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}\n' + second + "\n"
+    )
     with pytest.raises(ValueError, match=rf"m\.jsonl: .*{message}"):
         load_mooncake(path)
