@@ -63,11 +63,13 @@ def sweep(
 ) -> None:
     """Run a scenario over a grid of field values (resumable) into one results.csv table."""
     from simulator.progress import progress_bar
-    from simulator.scenario import load_scenario
+    from simulator.scenario import load_scenario, with_absolute_paths
     from simulator.atomic import check_output_folder
     from simulator.crash import INTERNAL_ERROR
     from simulator.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
 
+    if dask_address is not None and engine != "dask":
+        raise SpecError("--dask-address needs --engine dask (the local engine runs on this machine's cores)")
     spec, base_dir = load_scenario(scenario, set_)
     full_grid = (spec.sweep.grid if spec.sweep else {}) | parse_grid(grid)
     if not full_grid:
@@ -76,6 +78,8 @@ def sweep(
         )
     folder = out or Path("runs") / f"{spec.name}-sweep"
     check_output_folder(folder, SWEEP_FILES)
+    if engine == "dask":  # a cluster's workers run in folders of their own: nothing relative may reach them
+        spec, base_dir, folder = with_absolute_paths(spec, base_dir), base_dir.absolute(), folder.absolute()
     with progress_bar("sweep points", console, every=1) as advance:
         advance.total(math.prod(len(values) for values in full_grid.values()))
         result = run_sweep(spec, base_dir, full_grid, folder, engine, workers, dask_address, on_point=advance)

@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -16,7 +17,7 @@ import simulator.sweep as sweep_module
 from hardware.errors import SpecError
 from simulator.cli import app
 from simulator.executors import WorkerDied
-from simulator.scenario import load_scenario
+from simulator.scenario import load_scenario, trace_sources
 from simulator.sweep import code_fingerprint, expand, input_files, parse_grid, run_sweep, scenario_hash
 from tests.simulator.study_helpers import SCENARIOS, chat
 
@@ -428,3 +429,43 @@ def test_a_data_file_whose_keys_do_not_sort_counts_by_its_bytes(tmp_path):
     (tmp_path / "hardware" / "mixed.yaml").write_text("1: a\nb: 2\n")  # canonical JSON cannot sort 1 and 'b'
     assert code_fingerprint(tmp_path)
     code_fingerprint.cache_clear()
+
+
+def test_a_dask_address_without_the_dask_engine_is_refused_not_ignored(tmp_path):
+    result = runner.invoke(
+        app,
+        [
+            "sweep",
+            _scenario_file(tmp_path),
+            "--grid",
+            "engine.max_num_seqs=64",
+            "--dask-address",
+            "tcp://127.0.0.1:9",
+        ],
+    )
+    assert result.exit_code == 2 and "--dask-address needs --engine dask" in result.stderr
+    assert result.stderr.count("\n") == 1
+
+
+def test_dask_points_get_absolute_paths_only(tmp_path, monkeypatch):
+    """A cluster's workers run in their own folders: a relative trace, scenario folder or output folder would be
+    resolved there (every point failing, or its results lost)."""
+    seen = {}
+
+    def record(spec, base_dir, grid, out, engine, *args, **kwargs):
+        seen.update(spec=spec, base_dir=base_dir, out=out)
+        raise SpecError("stop here")
+
+    monkeypatch.setattr("simulator.sweep.run_sweep", record)
+    monkeypatch.chdir(tmp_path)
+    scenario = Path(_scenario_file(tmp_path)).relative_to(tmp_path)
+    raw = yaml.safe_load(scenario.read_text())
+    raw["workload"]["trace"]["path"] = "traces/azure_conv_1h_first2000.csv"  # beside the scenario
+    scenario.write_text(yaml.safe_dump(raw))
+    (tmp_path / "traces").symlink_to(SCENARIOS / "traces")
+    result = runner.invoke(
+        app, ["sweep", str(scenario), "--grid", "engine.max_num_seqs=64", "--out", "rel", "--engine", "dask"]
+    )
+    assert result.exit_code == 2 and "stop here" in result.stderr
+    assert seen["base_dir"].is_absolute() and seen["out"] == tmp_path / "rel"
+    assert all(source.path.is_absolute() for source in trace_sources(seen["spec"]))
