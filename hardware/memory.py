@@ -359,7 +359,7 @@ def plan_memory(
             f"{weights / 1e9:.1f} + activations {act / 1e9:.1f} + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} > "
             f"{usable / 1e9:.1f} GB usable; "
             + (
-                "dp_attention ranks hold the dense weights: drop it, raise tp/pp or quantize"
+                "data-parallel ranks hold dense weights whole: drop dp_attention or quantize"
                 if par.dense_replicated
                 else "raise tp/pp, quantize or take a larger GPU"
             )
