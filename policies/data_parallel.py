@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from itertools import chain, count
 
 from policies.config import SGLANG_MAX_RUNNING, EngineConfig
-from policies.step import Scheduler, StepPlan
+from policies.step import Scheduler, SchedulerDefaults, StepPlan
 from workloads.request import Phase, Request
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: score = waiting * 4 + running
@@ -105,7 +105,7 @@ def round_robin(ranks: list[Scheduler], turn: int, now: float) -> int:
     return turn % len(ranks)
 
 
-class DataParallelRanks:
+class DataParallelRanks(SchedulerDefaults):
     """The schedulers of one DP-attention group's ranks behind the one-scheduler interface the engine drives: a
     step is every rank's plan at once (each request labelled with its rank), committed rank by rank. A request's
     rank is noted in its `extra["dp_rank"]` for the per-request table (under P/D, the decode pool's)."""
@@ -161,12 +161,12 @@ class DataParallelRanks:
 
     @property
     def pipelined(self) -> bool:
-        return all(getattr(rank, "pipelined", False) for rank in self.ranks)
+        return all(rank.pipelined for rank in self.ranks)
 
     @property
     def blocks_to_run(self) -> Callable[[int, tuple[int | None, ...], int], int] | None:
         """The ranks' bound on a request's blocks (`TokenBudgetScheduler.blocks_to_run`), where they have one."""
-        return getattr(self.ranks[0], "blocks_to_run", None)
+        return self.ranks[0].blocks_to_run
 
     def schedule(self, now: float) -> StepPlan:
         self._now = now

@@ -41,7 +41,7 @@ from policies.kv_blocks import BlockManager, fits_in_last_block
 from policies.one_step_ahead import OneStepAhead
 from policies.ordering import OrderKey
 from policies.registry import schedulers
-from policies.step import PlanBuilder, StepPlan, TokenLog, feed_plan, release_finished
+from policies.step import PlanBuilder, SchedulerDefaults, StepPlan, TokenLog, feed_plan, release_finished
 from policies.waiting import WaitingQueue
 from workloads.request import Phase, Request
 
@@ -160,7 +160,7 @@ class _PrefillBudget:
 
 
 @schedulers.register("sglang")
-class PrefillFirstScheduler:
+class PrefillFirstScheduler(SchedulerDefaults):
     supports_prefix_caching = True
 
     def __init__(

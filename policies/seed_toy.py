@@ -18,12 +18,12 @@ from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.ordering import OrderKey
 from policies.registry import schedulers
-from policies.step import StepPlan, TokenLog
+from policies.step import SchedulerDefaults, StepPlan, TokenLog
 from workloads.request import Phase, Request
 
 
 @schedulers.register("seed_toy")
-class SeedToyScheduler:
+class SeedToyScheduler(SchedulerDefaults):
     supports_prefix_caching = False
 
     def __init__(

@@ -13,13 +13,13 @@ import heapq
 from policies.config import EngineConfig
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.ordering import OrderKey
-from policies.step import StepPlan, TokenLog
+from policies.step import SchedulerDefaults, StepPlan, TokenLog
 from policies.registry import schedulers
 from workloads.request import Phase, Request
 
 
 @schedulers.register("static")
-class StaticScheduler:
+class StaticScheduler(SchedulerDefaults):
     supports_prefix_caching = False
 
     def __init__(

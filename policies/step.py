@@ -139,9 +139,19 @@ class PlanBuilder:
 
 
 class Scheduler(Protocol):
-    """Decides each step's batch; the engine only spends the step's time and calls `commit`."""
+    """Decides each step's batch; the engine only spends the step's time and calls `commit`. Every member the
+    engine loop, fast-forward and the admission check use is declared here; `SchedulerDefaults` gives the
+    answers of a scheduler without the capability."""
 
     kv: BlockManager
+    supports_prefix_caching: bool  # honours engine.prefix_caching (shares KV blocks between requests)
+    pipelined: bool  # runs its steps as a pipeline of micro-batches, each committed on its own
+    holds_finished: bool  # finished requests keep their blocks until `release_retired` (async scheduling)
+    finishes_fuse: bool  # a fused decode stretch may run through requests finishing
+    decode_tokens_in_flight: int  # decode tokens scheduled but not yet committed (async scheduling)
+    admission_waits_for_blocks: bool  # a waiting request is held back by blocks, so freed ones end a stretch
+    #: (tokens, sliding windows, block size) -> the blocks a request needs to run; None: all of its tokens'
+    blocks_to_run: Callable[[int, tuple[int | None, ...], int], int] | None
 
     def add(self, req: Request, now: float) -> None:
         """Queue a newly arrived request."""
@@ -152,11 +162,39 @@ class Scheduler(Protocol):
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
         """Apply a finished step at time `now`: tokens computed and sampled; returns requests that finished."""
 
+    def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
+        """The requests of `plan` if it is a plain decode step that fast-forward may fuse with the next ones."""
+
+    def fused_decode_steps(self, num_steps: int) -> None:
+        """Fast-forward ran `num_steps` decode steps past the one scheduled (for state that moves per step)."""
+
     @property
     def num_waiting(self) -> int: ...
 
     @property
     def num_running(self) -> int: ...
+
+
+class SchedulerDefaults:
+    """The `Scheduler` members a scheduler without the capability answers with: no prefix sharing, no pipeline,
+    no async scheduling, no fast-forward."""
+
+    supports_prefix_caching = False
+    pipelined = False
+    holds_finished = False
+    finishes_fuse = True
+    decode_tokens_in_flight = 0
+    blocks_to_run = None
+
+    @property
+    def admission_waits_for_blocks(self) -> bool:
+        return self.num_waiting > 0
+
+    def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
+        return None
+
+    def fused_decode_steps(self, num_steps: int) -> None:
+        pass
 
 
 class TokenLog:

@@ -38,13 +38,13 @@ from policies.one_step_ahead import OneStepAhead
 from policies.ordering import OrderKey
 from policies.registry import schedulers
 from policies.spec_decode import Speculator
-from policies.step import PlanBuilder, StepPlan, TokenLog, feed_plan, release_finished
+from policies.step import PlanBuilder, SchedulerDefaults, StepPlan, TokenLog, feed_plan, release_finished
 from policies.waiting import WaitingQueue
 from workloads.request import Phase, Request
 
 
 @schedulers.register("vllm")
-class TokenBudgetScheduler:
+class TokenBudgetScheduler(SchedulerDefaults):
     supports_prefix_caching = True
 
     def __init__(

@@ -105,7 +105,7 @@ class Replica:
         self.siblings: list[
             Replica
         ] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
-        pipelined = pipeline is not None and getattr(scheduler, "pipelined", False)
+        pipelined = pipeline is not None and scheduler.pipelined
         self.process = env.process(self._run_pipelined() if pipelined else self._run())
 
     def wake_pool(self) -> None:
@@ -202,18 +202,13 @@ class Replica:
         Logs all but the last fused step, which the caller ends (its window frees and finishes) and logs when its
         time comes; returns its batch size and its end too."""
         ff = self.fast_forward
-        decoding = getattr(self.scheduler, "decode_stretch", None)
-        usable = ff is not None and decoding is not None and self.scheduler.kv.supports_fast_forward
-        requests = decoding(plan) if usable else None
+        usable = ff is not None and self.scheduler.kv.supports_fast_forward
+        requests = self.scheduler.decode_stretch(plan) if usable else None
         if not requests:
             return None
         requests, kv = list(requests), self.scheduler.kv
-        finishes_allowed = (
-            ff.open_loop
-            and self.scheduler.num_waiting == 0
-            and getattr(self.scheduler, "finishes_fuse", True)
-        )
-        in_flight = getattr(self.scheduler, "decode_tokens_in_flight", 0)
+        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0 and self.scheduler.finishes_fuse
+        in_flight = self.scheduler.decode_tokens_in_flight
         stretch = plan_stretch(
             requests,
             kv,
@@ -222,7 +217,7 @@ class Replica:
             ff.next_event_s(),
             ff.stop_s,
             finishes_allowed,
-            waiting=getattr(self.scheduler, "admission_waits_for_blocks", self.scheduler.num_waiting > 0),
+            waiting=self.scheduler.admission_waits_for_blocks,
             in_flight=in_flight,
         )
         if stretch is None:
@@ -233,7 +228,7 @@ class Replica:
             self.scheduler.retire(req, now)
             finished.append(req)
 
-        late = self.scheduler.release_retired if getattr(self.scheduler, "holds_finished", False) else None
+        late = self.scheduler.release_retired if self.scheduler.holds_finished else None
         active, used, usage, end_last = apply_stretch(
             requests,
             stretch,
@@ -243,11 +238,7 @@ class Replica:
             late,  # late: async
             in_flight,
         )
-        fused = getattr(
-            self.scheduler, "fused_decode_steps", None
-        )  # a scheduler whose state moves per decode step
-        if fused is not None:
-            fused(len(stretch.ends_s) - 1)
+        self.scheduler.fused_decode_steps(len(stretch.ends_s) - 1)
         n = len(active) - 1
         self.steps.record_many(
             time_s=stretch.ends_s[:-1].tolist(),

@@ -156,7 +156,7 @@ def rejection(
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     total = req.num_prompt_tokens + output - 1
-    blocks_to_run = getattr(scheduler, "blocks_to_run", None)  # one that knows how it admits and steps
+    blocks_to_run = scheduler.blocks_to_run  # one that knows how it admits and steps, else None
     need = (
         blocks_to_run(total, windows, block_size)
         if blocks_to_run is not None

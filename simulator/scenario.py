@@ -313,7 +313,7 @@ class Scenario(SpecModel):
     def _known_policies(cls, engine: EngineConfig) -> EngineConfig:
         scheduler = schedulers.get(engine.scheduler)
         orderings.get(engine.queue_order)
-        if engine.prefix_caching != "none" and not getattr(scheduler, "supports_prefix_caching", False):
+        if engine.prefix_caching != "none" and not scheduler.supports_prefix_caching:
             raise ValueError(
                 f"scheduler {engine.scheduler!r} does not share KV blocks; set prefix_caching: none "
                 "(allowed with it: none)"

@@ -4,13 +4,13 @@ import pytest
 import simpy
 
 from policies.kv_blocks import BlockManager
-from policies.step import StepPlan
+from policies.step import SchedulerDefaults, StepPlan
 from simulator.engine import Replica
 from simulator.metrics import StepLog
 from workloads.request import Request
 
 
-class _PreemptsOnce:
+class _PreemptsOnce(SchedulerDefaults):
     """A scheduler whose first plan swaps one request out and runs nothing, then has nothing to do."""
 
     def __init__(self, swap_out_blocks: int):
