@@ -324,11 +324,8 @@ def _check_swa_pool(
     )  # SGLang's longest request: the pool less one
     if per_rank < 2 * newest + 3 * window + 2 * cfg.block_size:
         raise SpecError(
-            f"SGLang's sliding-window pool ({per_rank} tokens per rank: swa_full_tokens_ratio "
-            f"{cfg.swa_full_tokens_ratio} of {full_tokens}) cannot hold two of one request's chunks ({newest} tokens), "
-            f"three {window}-token windows and two pages: SGLang starts, but a long request can stall it (its window "
-            "locks a chunk's slots); lower max_num_batched_tokens (chunked_prefill_size), or raise "
-            "gpu_memory_utilization or engine.swa_full_tokens_ratio"
+            f"SGLang's sliding-window pool ({per_rank} tokens a rank) is under 2 chunks of {newest} + 3 windows of "
+            f"{window} + 2 pages, so it can stall: lower max_num_batched_tokens or raise swa_full_tokens_ratio"
         )
 
 

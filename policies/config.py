@@ -39,9 +39,8 @@ SGLANG_DP_ATTENTION_CONSERVATIVENESS = (
 )
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
-MAX_KV_BLOCKS = (
-    2**26
-)  # blocks the simulator keeps a record of: its free list alone is 2.7 GB at 2^26 (10^20 crashed)
+# KV blocks a run keeps a record of, all replicas together: ~130 bytes each (free list and reference count)
+MAX_KV_BLOCKS = 2**25
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
 
 

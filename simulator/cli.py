@@ -21,6 +21,8 @@ from hardware.gpu import get_gpu, gpu_catalog
 from hardware.memory import EngineMemoryConfig, plan_memory
 from hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, preset_names
 from hardware.profile import load_profile
+from hardware.spec_model import MAX_PARALLEL
+from workloads.tables import MAX_TOKENS
 from policies.config import EngineConfig
 
 app = typer.Typer(
@@ -67,6 +69,7 @@ def _output_any_terminal_can_show(
             stream.reconfigure(errors="backslashreplace")
 
 
+MAX_BATCH = 2**20  # sequences in one roofline step: far past any engine's max_num_seqs
 GpuFiles = typer.Option([], "--gpu-file", help="Extra GPU catalog YAML (a `gpus:` list); repeatable.")
 WeightDtype = typer.Option(
     "auto",
@@ -272,15 +275,15 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
 def memory(
     model: str,
     gpu: str = typer.Option(..., "--gpu"),
-    tp: int = typer.Option(1, min=1),
-    pp: int = typer.Option(1, min=1),
+    tp: int = typer.Option(1, min=1, max=MAX_PARALLEL),
+    pp: int = typer.Option(1, min=1, max=MAX_PARALLEL),
     engine: str = typer.Option("vllm", help="vllm, or sglang: its mem_fraction_static split and defaults"),
     gpu_memory_utilization: float | None = typer.Option(
         None, help=("Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")
     ),
     kv_dtype: str = "bf16",
     weight_dtype: str = WeightDtype,
-    max_model_len: int | None = typer.Option(None, min=1),
+    max_model_len: int | None = typer.Option(None, min=1, max=MAX_TOKENS),
     block_size: int | None = typer.Option(
         None, min=1, help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA)"
     ),
@@ -378,15 +381,16 @@ def memory(
 def roofline(
     model: str,
     gpu: str = typer.Option(..., "--gpu"),
-    batch: int = typer.Option(1, min=1),
-    context: int = typer.Option(1024, min=0),
+    batch: int = typer.Option(1, min=1, max=MAX_BATCH),
+    context: int = typer.Option(1024, min=0, max=MAX_TOKENS),
     prefill: int = typer.Option(
         1,
         min=1,
+        max=MAX_TOKENS,
         help=("New tokens per sequence this step (1 = decode; more = a prefill chunk over the context)"),
     ),
-    tp: int = 1,
-    pp: int = 1,
+    tp: int = typer.Option(1, min=1, max=MAX_PARALLEL),
+    pp: int = typer.Option(1, min=1, max=MAX_PARALLEL),
     kv_dtype: str = "bf16",
     weight_dtype: str = WeightDtype,
     fast_prefill: bool = typer.Option(False, "--fast-prefill", help="kv_sharing_fast_prefill (YOCO)"),

@@ -23,7 +23,7 @@ from hardware.profile import load_profile
 from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
-from policies.config import EngineConfig
+from policies.config import MAX_KV_BLOCKS, EngineConfig
 from policies.data_parallel import DataParallelRanks, VllmBalancer, data_parallel_share, round_robin
 from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
@@ -323,6 +323,13 @@ class World:
             raise ShardingError(f"{section}: {err}") from None
         e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
+        if (
+            count * num_blocks > MAX_KV_BLOCKS
+        ):  # every block has its place in a free list and a reference count
+            raise SpecError(
+                f"{count:,} replicas x {num_blocks:,} KV blocks = {count * num_blocks:,} blocks, more than the "
+                f"{MAX_KV_BLOCKS:,} a run keeps a record of: fewer replicas, or a larger engine.block_size"
+            )
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
         ranks = s.parallelism.spec(
             e.scheduler

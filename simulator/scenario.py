@@ -299,7 +299,7 @@ class Scenario(SpecModel):
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}", value):
             raise ValueError(
                 f"{value!r} names the output folder runs/<name>: use letters, digits and _ . + - "
-                "(starting with a letter, digit or _; at most 128)"
+                "(first a letter, digit or _; 128 at most)"
             )
         return value
 

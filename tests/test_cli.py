@@ -370,3 +370,18 @@ def test_version_is_the_projects():
     assert (
         f"## {expected.removesuffix('.dev0')}" in (Path(__file__).parent.parent / "CHANGELOG.md").read_text()
     )
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("roofline", "llama-3.1-70b", "--gpu", "b200", "--batch", "99999999999999999999"),  # an OverflowError
+        ("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", str(2**41)),
+        ("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "4096"),
+        ("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "99999999999999999999"),
+    ],
+)
+def test_sizes_past_what_a_step_can_hold_are_usage_errors(args):
+    """Found by the fuzzer: a batch of 10^20 reached numpy (OverflowError traceback)."""
+    result = run(*args)
+    assert result.exit_code == 2 and "Input should be less than or equal to" in result.output

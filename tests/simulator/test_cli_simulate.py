@@ -657,7 +657,7 @@ def test_a_non_finite_number_is_refused_by_name(tmp_path, override):
     [
         (
             "engine.num_gpu_blocks_override=100000000000000000000",
-            "Input should be less than or equal to 67108864",
+            "Input should be less than or equal to 33554432",
         ),
         ("workload.num_requests=1000000000000", "Input should be less than or equal to 100000000"),
     ],
@@ -667,3 +667,11 @@ def test_an_absurd_size_is_refused_before_anything_is_allocated(tmp_path, overri
     result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", override)
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert result.stderr.endswith(f"{override.split('=')[0]}: {expected}\n")
+
+
+def test_replicas_whose_blocks_together_are_too_many_are_refused_before_any_pool_is_made(tmp_path):
+    """Found by the fuzzer: 2,000 replicas of 27,794 blocks each were a MemoryError traceback (~130 bytes a block)."""
+    result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", "cluster.replicas=2000")
+    assert result.exit_code == 2 and not (tmp_path / "out").exists()
+    assert "2,000 replicas x 27,794 KV blocks = 55,588,000 blocks, more than the 33,554,432" in result.stderr
+    assert result.stderr.count("\n") == 1
