@@ -70,9 +70,8 @@ def bench(
     scenario, base = load_scenario(path, overrides)
     workload = None if own_workload else tiled_azure_conv(num_requests)
     start = time.perf_counter()
-    result = World(
-        scenario, base, workload=workload
-    ).run()  # the simulation and its tables, as `simulate` does
+    # the simulation and its tables, as `simulate` does
+    result = World(scenario, base, workload=workload).run()
     wall = time.perf_counter() - start
     steps = result.summary["num_steps"]
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux

@@ -56,9 +56,8 @@ def _decode(
     top = torch.full((r, heads), float("-inf"), device=q.device).scatter_reduce_(
         0, req, scores.amax(-1), "amax", include_self=False
     )
-    weights = torch.exp(
-        scores - top.index_select(0, c.block_req)[:, :, None]
-    )  # [N, H, bs]; masked slots -> 0
+    # [N, H, bs]; masked slots -> 0
+    weights = torch.exp(scores - top.index_select(0, c.block_req)[:, :, None])
     total = torch.zeros(r, heads, device=q.device).index_add_(0, c.block_req, weights.sum(-1))
     partial = torch.bmm(weights.to(v.dtype), v).float()  # [N, H, KVH * d]
     out = torch.zeros(r, heads, kv_heads * d, device=q.device).index_add_(0, c.block_req, partial)

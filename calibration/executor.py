@@ -109,9 +109,8 @@ class Executor:
     ):
         self.spec, self.num_blocks, self.block_size = spec, num_blocks, block_size
         self.hybrid = kv_windows is not None
-        self.num_kv_groups = (
-            len(kv_windows) if self.hybrid else 0
-        )  # block tables per request (0: one, not grouped)
+        # block tables per request (0: one, not grouped)
+        self.num_kv_groups = len(kv_windows) if self.hybrid else 0
         self.group_of = group_of_layers(spec, KVGroups(kv_windows or (None,), 0))
         self.device = torch.device(device)
         if self.device.type == "cpu":

@@ -225,9 +225,8 @@ def fit_to_runs(
         checked = errors["fitted"][len(train) :] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
         record = FitRecord(fields=tuple(names), runs=tuple(run.label() for run in train))
-        fitted = fitted.model_copy(
-            update={"fits": (*base.fits, record)}
-        )  # compare --split holds these runs out
+        # compare --split holds these runs out
+        fitted = fitted.model_copy(update={"fits": (*base.fits, record)})
         if gpu is None:
             fitted = fitted.model_copy(update={"fit_mape": mape})
         return RunsFit(fitted, train, test, evaluations, errors, mape)

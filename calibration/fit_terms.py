@@ -46,6 +46,7 @@ class StepTerms:
     mixed_layers: int
 
 
+# peak seconds for routed experts too
 _UNIT = Profile(
     gemm_compute=EfficiencyCurve.constant(1.0),
     attn_compute=EfficiencyCurve.constant(1.0),
@@ -53,7 +54,7 @@ _UNIT = Profile(
     attn_memory=EfficiencyCurve.constant(1.0),
     moe_compute=None,
     moe_memory=None,
-)  # peak seconds for routed experts too
+)
 
 
 def step_terms(

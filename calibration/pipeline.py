@@ -258,9 +258,8 @@ def _calibrate(
         "dtype": rows["dtype"][0],
         "rows": len(rows),
     }
-    grid_only = save_profile(
-        report.profile, work / "grid-only-profile.yaml", header
-    )  # sizes the calibration trace
+    # sizes the calibration trace
+    grid_only = save_profile(report.profile, work / "grid-only-profile.yaml", header)
     with phase("serving the calibration trace, requests arrived", CALIBRATION_TRACE.num_requests) as done:
         served = serve_calibration_trace(setup, grid_only, work, done)
     with phase("refitting with the served steps"):

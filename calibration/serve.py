@@ -65,9 +65,8 @@ class ServeResult:
     steps: pd.DataFrame
     summary: dict
     tokens: dict[int, list[int]]
-    prefix_hits: dict[
-        int, int
-    ]  # request id -> prompt tokens the executor reused from the cache at first admission
+    # request id -> prompt tokens the executor reused from the cache at first admission
+    prefix_hits: dict[int, int]
 
 
 _MASK = (1 << 64) - 1
@@ -119,9 +118,8 @@ def _step_input(plan: StepPlan, tokens: dict[int, list[int]], kv: BlockManager) 
 class _StepRecorder:
     def __init__(self) -> None:
         self.rows: list[dict] = []
-        self.held: dict[
-            int, int
-        ] = {}  # request id -> tokens it has run on the executor since its (re)admission
+        # request id -> tokens it has run on the executor since its (re)admission
+        self.held: dict[int, int] = {}
         self.first_hits: dict[int, int] = {}  # request id -> prefix-hit tokens at its first admission
 
     def _hits(self, plan: StepPlan) -> int:

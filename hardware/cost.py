@@ -43,9 +43,8 @@ from hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them
-FP8_WITH_SCALE_BYTES = (
-    1.0 + 4.0 / 128
-)  # fp8 activations with an fp32 scale per 128-value group (DeepEP, DeepGEMM)
+# fp8 activations with an fp32 scale per 128-value group (DeepEP, DeepGEMM)
+FP8_WITH_SCALE_BYTES = 1.0 + 4.0 / 128
 #: The tensor-core dtype a weight dtype's GEMMs run in (weight-only w8a16, int4 and mxfp4 dequantize to bf16 in the
 #: kernel; nvfp4 and mxfp8 run on FP4/FP8 tensor cores where the GPU has them, `GpuSpec.peak_for`).
 GEMM_COMPUTE_DTYPE = {
@@ -392,9 +391,8 @@ class _Ctx:
     expert_wbytes: float  # bytes per routed-expert weight (differs under expert-only dtypes: mxfp4)
     rank: StepBatch  # the requests one GPU attends for (`busiest_rank`): the step's, or its busiest rank's
     peak: tuple[int, int]  # the most tokens and requests one rank exchanges (`rank_peaks`)
-    kernels: (
-        KernelTables | None
-    )  # measured kernel latencies for this GPU and engine, if the profile names them
+    # measured kernel latencies for this GPU and engine, if the profile names them
+    kernels: KernelTables | None
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
@@ -564,9 +562,8 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     """
     m = ctx.model
     qk_dim, v_dim = _attention_dims(m, decode)
-    if (
-        ctx.par.dp_attention
-    ):  # all heads over the busiest rank's requests (the stats given) and their whole KV
+    # all heads over the busiest rank's requests (the stats given) and their whole KV
+    if ctx.par.dp_attention:
         heads, kv_values = m.num_heads, m.kv_values_per_token_per_layer(1)
     else:
         heads, kv_values = m.num_heads / ctx.par.tp, m.kv_values_per_token_per_layer(ctx.par.tp)
@@ -658,9 +655,8 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Grou
         flops = 2 * tokens * moe.experts_per_token * expert * expert_padding(m, ctx.weight_dtype)
         nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
         measured = None
-        if (
-            ctx.kernels is not None and "moe" in ctx.profile.kernel_ops
-        ):  # every token: sliced over TP or on EP ranks
+        # every token: sliced over TP or on EP ranks
+        if ctx.kernels is not None and "moe" in ctx.profile.kernel_ops:
             moe_tp, moe_ep = (1, tp) if ctx.par.ep else (tp, 1)
             measured = ctx.kernels.moe_s(
                 ctx.table_dtype,
@@ -772,18 +768,16 @@ def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
 
 def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
     seen, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
-    peak = (
-        ctx.peak[1] if seen is not batch else ctx.peak[0]
-    )  # the fullest rank's rows: one a request if reduced
+    # the fullest rank's rows: one a request if reduced
+    peak = ctx.peak[1] if seen is not batch else ctx.peak[0]
     batch = seen
     ctx = ctx.with_tokens(batch.num_tokens)
     tokens, rows, h = float(batch.num_tokens), float(rank.num_tokens), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim = qkv / h  # under DP attention the busiest rank's rows with whole weights
     local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
-    plain = (
-        ctx.model.mla is None
-    )  # MLA's projections are low-rank pairs the GEMM tables are not looked up for
+    # MLA's projections are low-rank pairs the GEMM tables are not looked up for
+    plain = ctx.model.mla is None
     acc.add(
         local,
         "qkv_proj",
@@ -861,9 +855,8 @@ def _layer_comm(
         )
         return
     if ctx.par.dense_replicated:
-        if (
-            group.is_moe
-        ):  # the group's hidden states and router logits gathered, the experts' outputs scattered
+        # the group's hidden states and router logits gathered, the experts' outputs scattered
+        if group.is_moe:
             gathered = tokens * (ctx.model.hidden_size + ctx.model.moe.num_experts) * ACT_BYTES
             acc.add_link(
                 ctx,
@@ -920,9 +913,8 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
         if ranks > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
             bus = (ranks - 1) / ranks * logits * m.vocab_size * ACT_BYTES
             acc.add_link(head, "logits_gather", bus, _collective_s(head, bus, ranks - 1), 1)
-    if (
-        ctx.par.pp > 1
-    ):  # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
+    # vLLM sends hidden states and residual, each TP rank 1/tp of them, all-gathered on arrival
+    if ctx.par.pp > 1:
         link, sent = _group_link(ctx, ctx.par.num_gpus), 2 * tokens * m.hidden_size * ACT_BYTES
         # vLLM's DP ranks each send their own tokens' whole states, gathering nothing: the fullest rank's bound it
         share = 2 * ctx.peak[0] * m.hidden_size * ACT_BYTES if ctx.par.dense_replicated else sent / ctx.par.tp
@@ -1073,9 +1065,8 @@ def decode_stretch_attention_s(
     elementwise over the steps, so a fast-forwarded stretch costs bit-for-bit what stepping it does."""
     batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
     ctx = _context(batch, model, gpu, parallelism, profile, options)
-    rank = (
-        ctx.rank
-    )  # unlabelled: its contexts all grow by one a step, so the dealt busiest rank keeps its requests
+    # unlabelled: its contexts all grow by one a step, so the dealt busiest rank keeps its requests
+    rank = ctx.rank
     ctx = ctx.with_tokens(rank.num_tokens)
     steps = np.arange(num_steps, dtype=np.int64)
     attention = np.zeros(num_steps)
@@ -1150,10 +1141,11 @@ def step_cost(
     for term in _operator_terms(ctx, batch):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
+        # each DP-attention rank's own host work
         requests, tokens = (
             ctx.rank.num_requests,
             ctx.rank.num_tokens,
-        )  # each DP-attention rank's own host work
+        )
         fixed = (
             profile.step_overhead_s
             + profile.layer_overhead_s * model.num_layers

@@ -49,9 +49,8 @@ class _BoundedLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen = set()
         for key_node, _ in node.value:
-            if (
-                key_node.tag == "tag:yaml.org,2002:merge"
-            ):  # `<<: *base` brings keys that the mapping may override
+            # `<<: *base` brings keys that the mapping may override
+            if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = (
                 self.construct_object(key_node, deep=deep) if isinstance(key_node, yaml.ScalarNode) else None

@@ -90,9 +90,8 @@ def kv_groups(model: ModelSpec, disable_hybrid: bool = False) -> KVGroups:
     """The model's KV cache groups (see the module docstring)."""
     owning = [layer for layer in model.layers if layer.owns_kv]
     kinds = Counter(_kind(layer) for layer in owning)
-    if (
-        len(kinds) == 1
-    ):  # one kind of layer: vLLM's flag has nothing to unify (every layer may slide its window)
+    # one kind of layer: vLLM's flag has nothing to unify (every layer may slide its window)
+    if len(kinds) == 1:
         return KVGroups(tuple(kinds), len(owning))
     if disable_hybrid:
         return KVGroups((None,), len(owning))

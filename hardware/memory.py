@@ -243,18 +243,15 @@ def activation_bytes(model: ModelSpec, par: Parallelism, cfg: EngineMemoryConfig
     ranks = par.attention_ranks
     widest = max(layer.mlp_intermediate for layer in model.layers)
     mlp = 3 * widest / par.dense_ranks  # gate/up output + activation output
-    if (
-        model.moe
-    ):  # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
+    # fused MoE, per token and expert: gate/up output then (same buffer) down output, and activation
+    if model.moe:
         inner = model.moe.expert_intermediate / tp
         mlp = max(mlp, model.moe.experts_per_token * (max(2 * inner, h) + inner))
     qkv = (model.num_heads + 2 * model.num_kv_heads) * model.head_dim
-    per_token = (
-        2 * h + max(qkv * ranks / tp, mlp)
-    ) * ACT_BYTES  # residual + normed input, the widest intermediate
-    sampler = (
-        2 * cfg.max_num_seqs / ranks * model.vocab_size * LOGIT_BYTES
-    )  # logits and probabilities in fp32
+    # residual + normed input, the widest intermediate
+    per_token = (2 * h + max(qkv * ranks / tp, mlp)) * ACT_BYTES
+    # logits and probabilities in fp32
+    sampler = 2 * cfg.max_num_seqs / ranks * model.vocab_size * LOGIT_BYTES
     return cfg.max_num_batched_tokens / ranks * per_token + sampler
 
 
@@ -319,9 +316,8 @@ def _check_swa_pool(
     shorter one), of the chunk it adds, and of its own decode tokens (up to two windows)."""
     chunk = -(-cfg.max_num_batched_tokens // par.attention_ranks) if cfg.chunked_prefill else max_len
     per_rank = swa_tokens // par.attention_ranks
-    newest = min(
-        chunk, max_len, full_tokens // par.attention_ranks - 1
-    )  # SGLang's longest request: the pool less one
+    # SGLang's longest request: the pool less one
+    newest = min(chunk, max_len, full_tokens // par.attention_ranks - 1)
     if per_rank < 2 * newest + 3 * window + 2 * cfg.block_size:
         raise SpecError(
             f"SGLang's sliding-window pool ({per_rank} tokens a rank) is under 2 chunks of {newest} + 3 windows of "

@@ -399,9 +399,8 @@ def _layer_kinds(f: _Fields, num_layers: int) -> list[tuple[str, int | None]]:
     if model_type == "gemma2" and window:
         return [("sliding", window) if i % 2 == 0 else ("full", None) for i in range(num_layers)]
     pattern = f.get("sliding_window_pattern", int, 0)
-    if (
-        model_type.startswith("gemma3") and window and pattern
-    ):  # older Gemma 3 configs: every pattern-th layer full
+    # older Gemma 3 configs: every pattern-th layer full
+    if model_type.startswith("gemma3") and window and pattern:
         return [("full", None) if (i + 1) % pattern == 0 else ("sliding", window) for i in range(num_layers)]
     uses_window = f.raw.get("use_sliding_window", model_type in ("mistral",))
     if window and uses_window and window < f.get("max_position_embeddings", int, 1 << 30):
@@ -511,11 +510,12 @@ def _vector_params(f: _Fields) -> int:
     model_type = f.raw.get("model_type", "")
     head_dim = f.get("head_dim", int, f.get("hidden_size") // f.get("num_attention_heads"))
     params = 2 * head_dim if model_type in ("qwen3", "qwen3_moe") or model_type.startswith("gemma3") else 0
+    # pre- and post-feedforward norms besides the usual two
     if model_type in (
         "gemma2",
         "gemma3",
         "gemma3_text",
-    ):  # pre- and post-feedforward norms besides the usual two
+    ):
         params += 2 * f.get("hidden_size")
     return params + (f.get("num_attention_heads") if model_type == "gpt_oss" else 0)
 
@@ -605,9 +605,8 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
     vision = _vision_params(raw)
     architecture = str((raw.get("architectures") or [""])[0])
-    if isinstance(
-        raw.get("text_config"), dict
-    ):  # the checkpoint's quantization is the whole model's, at the top
+    # the checkpoint's quantization is the whole model's, at the top
+    if isinstance(raw.get("text_config"), dict):
         top = {"quantization_config": raw["quantization_config"]} if "quantization_config" in raw else {}
         raw = {
             **raw["text_config"],

@@ -28,9 +28,8 @@ from hardware.model import ModelSpec, pipeline_stages
 from hardware.profile import Profile
 
 
-CACHE_ENTRIES = (
-    1 << 17
-)  # shapes kept per cache before it starts over: MLA prefill keys (per DP rank) rarely repeat
+# shapes kept per cache before it starts over: MLA prefill keys (per DP rank) rarely repeat
+CACHE_ENTRIES = 1 << 17
 
 
 class StepTimer:
@@ -68,11 +67,12 @@ class StepTimer:
         )
         if self.args[0].mla is not None:
             prefill = batch.num_new > decode_query_len
+            # decode queries' tokens: 1 + k each when verifying
             key += (
                 int((batch.num_new[prefill] + batch.num_context[prefill]).sum()),
                 int((~prefill).sum()),
                 int(batch.num_new[~prefill].sum()),
-            )  # decode queries' tokens: 1 + k each when verifying
+            )
         return key
 
     def _decode_shape(self, num_requests: int) -> tuple:

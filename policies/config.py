@@ -265,18 +265,16 @@ class EngineConfig(SpecModel):
         tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)
-        if (
-            dp_attention and tp > 1 and not sglang
-        ):  # vLLM runs DP attention as tp engines, each with its defaults;
+        # vLLM runs DP attention as tp engines, each with its defaults;
+        if dp_attention and tp > 1 and not sglang:
             tokens, seqs = tokens * tp, seqs * tp  # SGLang divides its own among its ranks
         update = {
             k: v
             for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
             if getattr(self, k) is None
         }
-        if (
-            "max_num_seqs" in update and not sglang
-        ):  # never more slots than tokens in a step (vLLM caps it so)
+        # never more slots than tokens in a step (vLLM caps it so)
+        if "max_num_seqs" in update and not sglang:
             update["max_num_seqs"] = min(
                 seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens)
             )
@@ -356,9 +354,8 @@ class EngineConfig(SpecModel):
 
     @model_validator(mode="after")
     def _budget_covers_batch(self) -> EngineConfig:
-        limits = (
-            self.max_num_batched_tokens is not None and self.max_num_seqs is not None
-        )  # else checked once filled
+        # else checked once filled
+        limits = self.max_num_batched_tokens is not None and self.max_num_seqs is not None
         if (
             limits
             and self.scheduler == "vllm"

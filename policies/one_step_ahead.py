@@ -86,9 +86,8 @@ class OneStepAhead:
             queue(req)
         result = plan()
         if result.is_empty and not result.preempted and self.pending:
-            free(
-                self.release()
-            )  # nothing to run: the engine waits for the outputs in flight, then plans again
+            # nothing to run: the engine waits for the outputs in flight, then plans again
+            free(self.release())
             for req in self.take_all():
                 queue(req)
             self.in_flight_since = None  # nothing in flight now: the new plan is made as it is

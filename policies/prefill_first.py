@@ -150,9 +150,8 @@ class _PrefillBudget:
         """A request's `tokens` of prompt join the batch, expecting `outputs` more (0 for a cut chunk)."""
         tokens = self.paged(tokens)
         self.reserved += outputs
-        if (
-            self.kv.swa_window
-        ):  # SGLang sets aside a window and a page of sliding slots (the tokens are allocated)
+        # SGLang sets aside a window and a page of sliding slots (the tokens are allocated)
+        if self.kv.swa_window:
             self.swa_reserved += max(tokens, self.kv.swa_window) + self.page - tokens
         self.input -= tokens
         if self.chunk is not None:
@@ -174,10 +173,11 @@ class PrefillFirstScheduler(SchedulerDefaults):
         self.init_ratio = min(INIT_NEW_TOKEN_RATIO * cfg.schedule_conservativeness, 1.0)
         self.min_ratio = min(self.init_ratio * MIN_NEW_TOKEN_RATIO_FACTOR, 1.0)
         self.ratio_decay = (self.init_ratio - self.min_ratio) / NEW_TOKEN_RATIO_DECAY_STEPS
+        # the ratio decays from `_ratio_from`, once a decode step
         self._ratio_from, self._decays = (
             self.init_ratio,
             0,
-        )  # the ratio decays from `_ratio_from`, once a decode step
+        )
         self.running: list[Request] = []
         self.chunked: Request | None = None  # the request whose prompt is prefilled in chunks
         self.batch_is_full = False
@@ -187,9 +187,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         self._back = itertools.count()
         # SGLang's overlap scheduler (its default since 0.4; async_scheduling): batch N+1 is formed while N runs
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
-        self._unprocessed: list[
-            Request
-        ] = []  # prompts prefilled in the step that ended, not yet in the cache
+        # prompts prefilled in the step that ended, not yet in the cache
+        self._unprocessed: list[Request] = []
 
     @property
     def new_token_ratio(self) -> float:
@@ -248,9 +247,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         self._unprocessed = []
         for req in finished:
             release_finished(req, self.kv, req.finish_s)
-        if (
-            finished and self._prefilling and self._mixing
-        ):  # they decoded in the prefill batch just formed, which
+        # they decoded in the prefill batch just formed, which
+        if finished and self._prefilling and self._mixing:
             self._filter_batch()  # SGLang filters before its next try
         else:
             self._shrunk |= bool(finished)
@@ -263,13 +261,11 @@ class PrefillFirstScheduler(SchedulerDefaults):
             return step.plan()
         if self.running or self._ghosts:
             self._decode(step, now)
-        elif (
-            self.chunked is not None
-        ):  # its next chunk found no room and nothing of ours runs to free some: the
+        # its next chunk found no room and nothing of ours runs to free some: the
+        elif self.chunked is not None:
             self._retract(step, now)  # pages are a pipeline sibling's (World._pool); give ours back to it
-        elif (
-            self.batch_is_full and self._waiting
-        ):  # the batch emptied: SGLang clears the flag and admits again
+        # the batch emptied: SGLang clears the flag and admits again
+        elif self.batch_is_full and self._waiting:
             self.batch_is_full = (
                 False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
             )
@@ -277,9 +273,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
             if self._prefill(step):
                 return step.plan()
         if not step.tokens and not step.preempted and not (self.ahead and self.ahead.pending):
-            self.new_token_ratio = (
-                self.init_ratio
-            )  # idle (not when the engine is about to plan again with more)
+            # idle (not when the engine is about to plan again with more)
+            self.new_token_ratio = self.init_ratio
         return step.plan()
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
@@ -369,9 +364,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         req = self.chunked
         chunk = budget.chunk if budget.chunk is not None else req.num_pending_tokens
         limit = min(chunk, int(budget.total), budget.swa - budget.page)
-        if (
-            limit <= 0
-        ):  # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak (with a
+        # the reserve leaves nothing: SGLang takes a whole chunk anyway, lest its pages leak (with a
+        if limit <= 0:
             if self.kv.swa_window:  # sliding-window pool it leaves the request for a later batch)
                 return
             limit = chunk
@@ -391,9 +385,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         hit = self.kv.lookup(req)
         extend = req.num_tokens - hit
         outputs = _remaining_output(req)
-        idle = (
-            not self.running and not step.tokens
-        )  # else a request whose prompt + output fill the pool waits
+        # else a request whose prompt + output fill the pool waits
+        idle = not self.running and not step.tokens
         if self.cfg.prefix_caching == "none":  # forever (SGLang's would)
             if not idle and not self._fits_to_the_end(req, extend, budget):
                 self.batch_is_full = True
@@ -402,9 +395,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
             n = extend if whole else budget.chunk
         else:
             locked = self._locked_by(req, hit) if hit and not idle else 0
-            if (
-                extend + outputs >= budget.total - locked and not idle
-            ):  # SGLang checks again once the hit is locked
+            # SGLang checks again once the hit is locked
+            if extend + outputs >= budget.total - locked and not idle:
                 self.batch_is_full = True
                 return False
             if budget.paged(extend) >= budget.input and step.tokens:
@@ -414,9 +406,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         if n <= 0:
             return False
         swa_locked = self._locked_by(req, hit, self.kv.swa_evictable_hit) if self.kv.swa_window and hit else 0
-        if (
-            room := budget.swa_limit(n, swa_locked)
-        ) < n:  # the sliding-window pool is short: a smaller chunk, or none
+        # the sliding-window pool is short: a smaller chunk, or none
+        if (room := budget.swa_limit(n, swa_locked)) < n:
             if room <= 0:
                 self.batch_is_full = True
                 return False
@@ -461,6 +452,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
             return False
         if len(self.kv.windows) > 1 or self.kv.swa_window:
             return True
+        # as SGLang sees
         states = sorted(
             [
                 (r.num_output_tokens - r.num_generated, r.num_prompt_tokens + r.num_generated)
@@ -468,7 +460,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
                 if r.num_output_tokens > r.num_generated
             ]
             + [(1, r.num_prompt_tokens + r.num_generated - 1) for r in self._ghosts]
-        )  # as SGLang sees
+        )
         free, freed = current - budget.paged(extend), 0
         for i, (left, held) in enumerate(states):
             waiting_out = len(states) - i

@@ -64,15 +64,13 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         return blocks
 
     def cache(self, req: Request) -> None:
-        if req.num_computed_tokens // self.block_size > self._num_cached.get(
-            req.id, 0
-        ):  # else nothing new is full
+        # else nothing new is full
+        if req.num_computed_tokens // self.block_size > self._num_cached.get(req.id, 0):
             self._register(req, req.num_computed_tokens)
 
     def cache_scheduled(self, req: Request, num_tokens: int) -> None:
-        num_tokens = min(
-            num_tokens, req.num_prompt_tokens + req.num_generated
-        )  # draft guesses are not its tokens yet
+        # draft guesses are not its tokens yet
+        num_tokens = min(num_tokens, req.num_prompt_tokens + req.num_generated)
         if num_tokens // self.block_size > self._num_cached.get(req.id, 0):
             self._register(req, num_tokens)
 

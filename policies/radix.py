@@ -89,13 +89,11 @@ class RadixCache(BlockManager):
         self._clock = itertools.count(1)
         self._locked: dict[int, Node] = {}  # request id -> deepest node it locks
         self._in_tree: dict[int, int] = {}  # request id -> its leading tokens owned by the tree
-        self._extend_end: dict[
-            int, int
-        ] = {}  # request id -> its tokens when admitted: what its prefill extends to
+        # request id -> its tokens when admitted: what its prefill extends to
+        self._extend_end: dict[int, int] = {}
         self._evictable_pages = 0
-        self._heap: list[
-            tuple[int, int, Node]
-        ] = []  # (last_access, tiebreak, leaf) candidates, lazily pruned
+        # (last_access, tiebreak, leaf) candidates, lazily pruned
+        self._heap: list[tuple[int, int, Node]] = []
         self._tiebreak = itertools.count()
         self._pending: tuple[Request, list[Node], int] | None = None  # a matched path awaiting admission
 
@@ -177,9 +175,8 @@ class RadixCache(BlockManager):
         self, req: Request, num_new_tokens: int, admitting: bool = False, watermark: bool = True
     ) -> list[int] | None:
         new = super().allocate(req, num_new_tokens, admitting, watermark)
-        if (
-            admitting and new is not None
-        ):  # what it extends to: its prompt, and its outputs after a retraction
+        # what it extends to: its prompt, and its outputs after a retraction
+        if admitting and new is not None:
             self._extend_end[req.id] = req.num_tokens
         return new
 
@@ -413,11 +410,12 @@ class TokenTrie:
         `max_tokens` tokens remain."""
         if self.num_tokens <= max_tokens:
             return
+        # stamps are unique per leaf; order breaks no tie
         heap, stack, order = (
             [],
             [self.root],
             itertools.count(),
-        )  # stamps are unique per leaf; order breaks no tie
+        )
         while stack:
             node = stack.pop()
             stack.extend(node.children.values())

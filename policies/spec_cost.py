@@ -141,9 +141,8 @@ def with_draft_memory(
     block_bytes = plan.block_bytes + plan.block_size * extra_kv / groups
     num_blocks = int(kv_cache // block_bytes) if kv_cache > 0 else 0
     swa = {}
-    if (
-        plan.swa_window is not None and kv_cache > 0
-    ):  # SGLang's two pools: the draft's KV sits with the full layers'
+    # SGLang's two pools: the draft's KV sits with the full layers'
+    if plan.swa_window is not None and kv_cache > 0:
         num_blocks, swa_tokens = swa_pools(
             kv_cache,
             block_bytes / plan.block_size,

@@ -52,15 +52,12 @@ class SWARadixCache(RadixCache):
         self._swa_free: deque[int] = deque(range(swa_blocks))
         self._swa_of: list[int | None] = [None] * num_blocks  # full page -> its sliding-window page
         self._swa_evictable = 0  # sliding pages of live nodes no window reaches into
-        self._swa_heap: list[
-            tuple[int, int, Node]
-        ] = []  # (last_access, tiebreak, node): tombstoning candidates
-        self._swa_span: dict[
-            int, int
-        ] = {}  # request id -> tokens its sliding-window lock covers, deepest node up
-        self._swa_done: dict[
-            int, int
-        ] = {}  # request id -> its leading tokens whose own sliding slots it freed
+        # (last_access, tiebreak, node): tombstoning candidates
+        self._swa_heap: list[tuple[int, int, Node]] = []
+        # request id -> tokens its sliding-window lock covers, deepest node up
+        self._swa_span: dict[int, int] = {}
+        # request id -> its leading tokens whose own sliding slots it freed
+        self._swa_done: dict[int, int] = {}
 
     # ---- what is free ----------------------------------------------------------------------------
     @property
@@ -279,9 +276,8 @@ class SWARadixCache(RadixCache):
             node.tombstone = True
             self._swa_evictable -= len(node.pages)
             return
-        raise RuntimeError(
-            "sliding-window pool: nothing left to evict"
-        )  # callers check num_free_blocks first
+        # callers check num_free_blocks first
+        raise RuntimeError("sliding-window pool: nothing left to evict")
 
     def check_invariants(self) -> None:
         """Beyond the radix cache's: every sliding slot is free or behind exactly one full page; live nodes have all

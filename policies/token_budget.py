@@ -67,9 +67,8 @@ class TokenBudgetScheduler(SchedulerDefaults):
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
         # pipeline parallel (`pipeline(pp)`): several steps in flight, tokens counted as computed when scheduled
         self.pipelined = False
-        self._stamps: dict[
-            int, tuple[int, ...]
-        ] = {}  # id(plan) -> its requests' preemption counts when planned
+        # id(plan) -> its requests' preemption counts when planned
+        self._stamps: dict[int, tuple[int, ...]] = {}
 
     def pipeline(self, depth: int) -> None:
         """Schedule for a pipeline-parallel replica, as vLLM V1 does with a batch queue of `depth` (pp) steps: a
@@ -135,9 +134,8 @@ class TokenBudgetScheduler(SchedulerDefaults):
             release_finished(req, self.kv, req.finish_s)
 
     def _plan(self) -> StepPlan:
-        if (
-            self.ahead is not None and self.ahead.in_flight_since is None
-        ):  # the engine waited: nothing in flight
+        # the engine waited: nothing in flight
+        if self.ahead is not None and self.ahead.in_flight_since is None:
             self._note_in_flight(())
         step = PlanBuilder(self.budget)
         self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
@@ -283,9 +281,8 @@ class TokenBudgetScheduler(SchedulerDefaults):
             lookahead = spec.lookahead if spec is not None and spec.speculates(req) else 0
             computed = req.num_computed_tokens
             pending = req.num_prompt_tokens + req.num_generated - computed
-            if (
-                pending == 1 and not lookahead and not drafting
-            ):  # a plain decode, the hot path: what the general
+            # a plain decode, the hot path: what the general
+            if pending == 1 and not lookahead and not drafting:
                 self._cursor = (
                     i  # case below does for one token (no cap, no guesses, a new block only at a boundary)
                 )

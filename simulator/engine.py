@@ -102,9 +102,8 @@ class Replica:
             pipeline  # pipeline parallel: the stages its micro-batches (or its siblings') pass through
         )
         self.wake = Wakeup(env)
-        self.siblings: list[
-            Replica
-        ] = []  # engines sharing this one's KV pool: a replica's pipeline micro-batches
+        # engines sharing this one's KV pool: a replica's pipeline micro-batches
+        self.siblings: list[Replica] = []
         pipelined = pipeline is not None and scheduler.pipelined
         self.process = env.process(self._run_pipelined() if pipelined else self._run())
 
@@ -130,9 +129,8 @@ class Replica:
     def _run(self):
         while True:
             plan = self.scheduler.schedule(self.env.now)
-            if (
-                plan.preempted and self.siblings
-            ):  # the blocks it gave back may admit a sibling's waiting request
+            # the blocks it gave back may admit a sibling's waiting request
+            if plan.preempted and self.siblings:
                 self.wake_pool()
             if plan.is_empty:
                 if plan.preempted:  # a step that only preempted is followed at once by one that admits

@@ -131,9 +131,8 @@ def plan_stretch(
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     sliding = {w for w in kv.windows if w is not None}
     if waiting and sliding:
-        if any(
-            r.num_in_flight_tokens > in_flight for r in requests
-        ):  # step 0 frees what a prefill chunk held
+        # step 0 frees what a prefill chunk held
+        if any(r.num_in_flight_tokens > in_flight for r in requests):
             return None
         upper = min(
             upper,
@@ -181,9 +180,8 @@ def _events(
     by then). Kind 1 once it is planned: with `late_release` (async scheduling), the blocks of requests that
     finished in the step before go back. Kind 2 as it ends: windows free blocks (commit order), then kind 3:
     finished requests retire."""
-    first = (
-        -context
-    ) % size  # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
+    # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
+    first = (-context) % size
     first[first == 0] = size  # step 0 is already allocated
     events = [(i, 0, j, 0) for j in range(len(context)) for i in range(int(first[j]), int(last[j]) + 1, size)]
     events += [(int(f), 3, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
@@ -201,9 +199,8 @@ def _events(
             for j, start in enumerate(_window_free_steps(context, w + in_flight, size).tolist())
             for i in range(start, int(last[j]) + 1, size)
         }
-        frees |= {
-            (0, 2, j, 0) for j in range(len(context))
-        }  # what a previous step's larger in-flight part held
+        # what a previous step's larger in-flight part held
+        frees |= {(0, 2, j, 0) for j in range(len(context))}
         events += frees
     return sorted(events)
 
@@ -247,9 +244,8 @@ def apply_stretch(
         req.last_token_s = float(ends[k - 1])
     delta = np.zeros(steps, np.int64)
     used_before = kv.num_used_blocks
-    usage = [
-        math.nan
-    ] * steps  # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
+    # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
+    usage = [math.nan] * steps
     usage_before = kv.usage
 
     def run(i: int, kind: int, j: int, sub: int) -> None:
@@ -280,11 +276,9 @@ def apply_stretch(
         for event in ending:
             run(*event)
         for req, finish in zip(requests, stretch.finish_step.tolist()):
-            if (
-                finish >= steps
-            ):  # blocks filled with generated tokens are unique to their request, so registering
-                kv.cache(
-                    req
-                )  # them at the end rather than step by step changes nothing (a window's are freed)
+            # blocks filled with generated tokens are unique to their request, so registering
+            if finish >= steps:
+                # them at the end rather than step by step changes nothing (a window's are freed)
+                kv.cache(req)
 
     return active.tolist(), (used_before + np.cumsum(delta)).tolist()[:-1], usage[:-1], end_last_step

@@ -140,9 +140,8 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--pipeline-parallel-size {par.pp}")
     if _moe_ep(s):
         parts.append("--enable-expert-parallel")
-    rank = data_parallel_share(
-        e, dp
-    )  # vLLM's limits are per data-parallel rank, as the simulated ranks ran them
+    # vLLM's limits are per data-parallel rank, as the simulated ranks ran them
+    rank = data_parallel_share(e, dp)
     tokens = rank.max_num_batched_tokens
     if not e.enable_chunked_prefill:  # a whole prompt still fits one rank's step
         tokens = max(tokens, max_model_len)
@@ -187,14 +186,12 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     if _moe_ep(s):  # all-reduce of the experts' outputs by default; under DP attention DeepEP's all-to-all
         parts.append(f"--ep-size {par.tp}" + (" --moe-a2a-backend deepep" if _dp_attention(s) else ""))
     # totals over the group: SGLang divides them among DP attention ranks itself
-    if (
-        e.scheduler != "sglang" or s.engine.max_num_seqs is not None
-    ):  # else SGLang's own cap, simulated as such
+    # else SGLang's own cap, simulated as such
+    if e.scheduler != "sglang" or s.engine.max_num_seqs is not None:
         parts.append(f"--max-running-requests {e.max_num_seqs}")
     parts.append(f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}")
-    if (
-        e.scheduler == "sglang"
-    ):  # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
+    # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
+    if e.scheduler == "sglang":
         parts.append(f"--mem-fraction-static {e.gpu_memory_utilization}")
     parts.append(f"--context-length {max_model_len}")
     if e.kv_dtype == "fp8":

@@ -264,9 +264,8 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         raise SpecError(
             f"{run.source} ({run.label()}): {err}; a GPU of your own: the run's gpu_files or --gpu-file"
         ) from None
-    if (
-        run.benchmark != "serve" and run.engine == "vllm"
-    ):  # the offline LLM class's larger budget, unless stated
+    # the offline LLM class's larger budget, unless stated
+    if run.benchmark != "serve" and run.engine == "vllm":
         tokens, seqs = vllm_batch_defaults(gpu, offline=True)
         engine.setdefault("max_num_batched_tokens", tokens)
         engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
@@ -366,10 +365,11 @@ VLLM_RESULT_FIGURES = {
     "total_token_throughput": "total_token_throughput",
     **{k: k for k in SUMMARY_KEY if k.endswith("_ms")},
 }
+# a random-dataset prompt re-tokenizes a few tokens off its nominal length
 LENGTH_SPREAD, LENGTH_SLACK = (
     0.05,
     4,
-)  # a random-dataset prompt re-tokenizes a few tokens off its nominal length
+)
 
 
 def _fixed_length(lengths: list[int] | None, given: int | None, what: str, source: str) -> int:
@@ -443,9 +443,8 @@ def load_measured_runs(path: Path) -> list[MeasuredRun]:
             run = MeasuredRun.model_validate(entry)
         except ValidationError as err:
             raise first_error(err, f"{path}: entry {i}", MeasuredRun) from None
-        run = run.model_copy(
-            update={"gpu_files": [path.parent / f for f in run.gpu_files]}
-        )  # beside the file
+        # beside the file
+        run = run.model_copy(update={"gpu_files": [path.parent / f for f in run.gpu_files]})
         if run.label() in seen:
             raise SpecError(
                 f"{path}: entries {seen[run.label()]} and {i} are both {run.label()!r}; give one an id"

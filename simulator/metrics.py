@@ -99,9 +99,8 @@ class StepLog:
             name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
             for name, col in self.columns.items()
         }
-        order = np.lexsort(
-            (views["replica"], views["time_s"])
-        )  # stable: ties keep the order they were logged in
+        # stable: ties keep the order they were logged in
+        order = np.lexsort((views["replica"], views["time_s"]))
         return pd.DataFrame({name: values[order] for name, values in views.items()}, copy=False)
 
 
@@ -183,9 +182,8 @@ def summarize(
     arrived = sent_mask(requests, stop_s)
     unfinished = unfinished_requests(requests, stop_s)
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
-    per_s = (
-        (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))
-    )  # none: 0/s
+    # none: 0/s
+    per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))
     out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())
     summary = {
         "completed": len(done),

@@ -133,9 +133,8 @@ class Pipeline:
         self.workload = _workload(s, np.random.default_rng(seeds[0]), base_dir)
         self.env = simpy.Environment()
         self.steps = StepLog()
-        self.origin: list[dict[int, Request]] = [
-            {} for _ in s.stages
-        ]  # per stage: its request id -> the client's
+        # per stage: its request id -> the client's
+        self.origin: list[dict[int, Request]] = [{} for _ in s.stages]
         self.stages: list[Stage] = []
         for i, cfg in enumerate(s.stages):
             self.stages.append(self._stage(cfg, i, np.random.default_rng(seeds[2 + i])))

@@ -59,9 +59,8 @@ class Candidate:
     kind: str = "colocated"
     ratio: tuple[int, int] = (1, 1)
     pp: int = 1
-    layout: tuple[
-        tuple[str, bool], ...
-    ] = ()  # parallelism.ep / dp_attention -> on or off, where the plan varies it
+    # parallelism.ep / dp_attention -> on or off, where the plan varies it
+    layout: tuple[tuple[str, bool], ...] = ()
 
     @property
     def label(self) -> str:
@@ -79,9 +78,8 @@ class Candidate:
             | {f"engine.{k}": v for k, v in self.knobs}
             | {f"parallelism.{name}": on for name, on in self.layout}
         )
-        if (
-            self.kind == "pd"
-        ):  # the scenario's transfer and pools' engine knobs and routers kept, its GPU now ours
+        # the scenario's transfer and pools' engine knobs and routers kept, its GPU now ours
+        if self.kind == "pd":
             d = base.disaggregation.model_dump() if base.disaggregation is not None else {}
             for pool, count in zip(("prefill", "decode"), self.ratio):
                 d[pool] = d.get(pool, {}) | {
@@ -357,9 +355,8 @@ def size(
         return _reject(ev, "invalid", str(err))
     if ev.capacity.rate_per_s == 0.0:
         limit = ev.capacity.limit
-        code = next(
-            (c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0]
-        )  # the root
+        # the root
+        code = next((c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0])
         lowest = (
             " (target / max_replicas)" if math.isclose(limit.rate_per_s, target_rate / max_replicas) else ""
         )
@@ -481,9 +478,8 @@ def _check_choices(
             f"choices, more than the {MAX_CANDIDATES:,} a plan takes; try fewer values"
         )
     names, combos = list(knobs), list(itertools.product(*knobs.values()))
-    for i, knob in enumerate(
-        names
-    ):  # a value no combination can run stops the plan, instead of every candidate
+    # a value no combination can run stops the plan, instead of every candidate
+    for i, knob in enumerate(names):
         for value in knobs[knob]:  # with it dropping out unseen (a combination that cannot run is pruned)
             problem = None
             for combo in (c for c in combos if c[i] == value):

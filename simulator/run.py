@@ -109,9 +109,8 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
         if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
             time_s += drafting_s(plan)
         swapped = plan.swap_in_blocks + plan.swap_out_blocks
-        if ranks > 1 and (
-            plan.rank or plan.rank_swap_blocks
-        ):  # a DP step: its busiest rank's swap, blocks whole
+        # a DP step: its busiest rank's swap, blocks whole
+        if ranks > 1 and (plan.rank or plan.rank_swap_blocks):
             swapped = plan.rank_swap_blocks * ranks
         if swapped:
             time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
@@ -323,22 +322,19 @@ class World:
             raise ShardingError(f"{section}: {err}") from None
         e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
         num_blocks = e.num_gpu_blocks_override or memory.num_blocks
-        if (
-            count * num_blocks > MAX_KV_BLOCKS
-        ):  # every block has its place in a free list and a reference count
+        # every block has its place in a free list and a reference count
+        if count * num_blocks > MAX_KV_BLOCKS:
             raise SpecError(
                 f"{count:,} replicas x {num_blocks:,} KV blocks = {count * num_blocks:,} blocks, more than the "
                 f"{MAX_KV_BLOCKS:,} a run keeps a record of: fewer replicas, or a larger engine.block_size"
             )
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
-        ranks = s.parallelism.spec(
-            e.scheduler
-        ).attention_ranks  # DP attention: a scheduler and KV pool per rank
+        # DP attention: a scheduler and KV pool per rank
+        ranks = s.parallelism.spec(e.scheduler).attention_ranks
         rank_engine = data_parallel_share(e, ranks)
         num_pages = usable_pages(e, num_blocks * e.block_size // page_size // ranks)  # one rank's
-        if (
-            num_pages < 1
-        ):  # only an override is this small: the memory plan refuses a pool too small for one request
+        # only an override is this small: the memory plan refuses a pool too small for one request
+        if num_pages < 1:
             least = next(
                 n for n in itertools.count(1) if usable_pages(e, n * e.block_size // page_size // ranks) >= 1
             )
@@ -431,18 +427,18 @@ class World:
                 cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
                 group = []
                 for kv in kvs:
+                    # the replica's swap space, shared
                     scheduler = scheduler_class(
                         kv,
                         cfg,
                         orderings.get(e.queue_order),
                         self.tokens,
                         host_blocks // per_replica // ranks,
-                    )  # the replica's swap space, shared
+                    )
                     if batch_queue:
                         scheduler.pipeline(pp)
-                    if (
-                        e.speculative is not None
-                    ):  # speculative decoding hook: acceptance draws seeded by the run
+                    # speculative decoding hook: acceptance draws seeded by the run
+                    if e.speculative is not None:
                         scheduler.speculator = Speculator(e.speculative, s.seed)
                     group.append(scheduler)
                 if independent:
@@ -552,9 +548,8 @@ class World:
             self.scenario.slo.as_ms(),
             stop_s=until,
         )
-        gpus = {
-            r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas
-        }  # per engine
+        # per engine
+        gpus = {r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas}
         finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
         summary |= cache_and_load_summary(requests, steps, finishing, gpus)
         if self.handoff is not None:

@@ -141,10 +141,11 @@ class SweepConfig(SpecModel):
 
 ParallelSize = Annotated[int, Field(ge=1, le=MAX_PARALLEL)]
 ReplicaCount = Annotated[int, Field(ge=1, le=MAX_REPLICAS)]
+# parallelism fields `servesim plan` may vary, in the candidates' order
 LAYOUT_FIELDS = (
     "ep",
     "dp_attention",
-)  # parallelism fields `servesim plan` may vary, in the candidates' order
+)
 
 
 class PlanConfig(SpecModel):
@@ -263,9 +264,8 @@ class Scenario(SpecModel):
                 routers.get(pool.router)
             except SpecError as err:
                 raise ValueError(f"disaggregation.{name}.router: {err}") from None
-            if (
-                pool.gpu is not None and not self.hardware.gpu_files
-            ):  # with user files: once paths are resolved
+            # with user files: once paths are resolved
+            if pool.gpu is not None and not self.hardware.gpu_files:
                 try:
                     get_gpu(pool.gpu)
                 except SpecError as err:

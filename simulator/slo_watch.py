@@ -39,9 +39,8 @@ class SloWatch:
         self.ttft_limit_s = ttft_limit_s * (1 + _SLACK) if ttft_limit_s is not None else math.inf
         self.tpot_limit_s = tpot_limit_s * (1 + _SLACK) if tpot_limit_s is not None else math.inf
         self.ttft_needed = violators_needed(len(self.order), percentile) if self.order else math.inf
-        multi = sum(
-            r.num_output_tokens > 1 for r in requests
-        )  # TPOT's population: more than one output token
+        # TPOT's population: more than one output token
+        multi = sum(r.num_output_tokens > 1 for r in requests)
         self.tpot_needed = (
             violators_needed(multi, percentile) if tpot_limit_s is not None and multi else math.inf
         )

@@ -264,9 +264,8 @@ def run_sweep(
                 last_written = time.monotonic()
             if on_point:
                 on_point(done)
-    except (
-        BaseException
-    ):  # interrupted or broken off: the table shows every point's state, if it can be written
+    # interrupted or broken off: the table shows every point's state, if it can be written
+    except BaseException:
         with contextlib.suppress(Exception):
             write_results(out, results_table(points, folders, outcomes))
         raise
@@ -301,9 +300,8 @@ def results_table(points: list[Point], folders: list[Path], outcomes: dict[Path,
         error = outcomes.get(folder)
         stat = (folder / "summary.json").stat() if is_done(folder) else None
         summary = _summary(folder / "summary.json", stat.st_mtime_ns, stat.st_size) if stat else {}
-        if (
-            not summary and folder in outcomes and error is None
-        ):  # ran, yet no folder here: a worker elsewhere
+        # ran, yet no folder here: a worker elsewhere
+        if not summary and folder in outcomes and error is None:
             error = f"its run folder {folder} is missing (a Dask worker writing to another filesystem?)"
         status = "done" if summary else "failed" if error else "pending"
         rows.append({**point.overrides, "point": point.hash, "status": status, "error": error, **summary})

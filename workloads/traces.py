@@ -94,9 +94,8 @@ def load_mooncake(path: Path) -> pd.DataFrame:
             f"got {df['timestamp'].iloc[line]!r}"
         )
     length = pd.to_numeric(df["input_length"], errors="coerce")
-    kept = (length >= 1) & (
-        pd.to_numeric(df["output_length"], errors="coerce") >= 1
-    )  # cleaning drops the rest
+    # cleaning drops the rest
+    kept = (length >= 1) & (pd.to_numeric(df["output_length"], errors="coerce") >= 1)
     wrong = kept & (df["hash_ids"].map(len) != -(-length // MOONCAKE_BLOCK_TOKENS))  # ceil division
     if wrong.any():
         raise ValueError(

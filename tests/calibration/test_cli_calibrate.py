@@ -33,9 +33,8 @@ def test_calibrate_then_validate(tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert "step-time MAPE" in result.output and "gemm_compute" in result.output
-    assert (
-        "[layers=2," in result.output and "vocab=256]" in result.output
-    )  # the scale is text, not rich markup
+    # the scale is text, not rich markup
+    assert "[layers=2," in result.output and "vocab=256]" in result.output
     assert not list(tmp_path.glob(f"{IN_PROGRESS}*"))
     profile = load_profile(tmp_path / "tiny.yaml")
     assert profile.fit_mape is not None and "torch" in profile.provenance
@@ -94,9 +93,8 @@ def test_an_interrupted_calibration_leaves_no_finished_looking_file(tmp_path, mo
         run_calibration(setup, tmp_path, quick=True, console=terminal)
     assert seen["folder"] == sorted([*earlier, seen["work_name"]])
     assert {"grid-only-profile.yaml", "device.yaml"} <= set(seen["work"])
-    assert {
-        p.name: p.read_text() for p in tmp_path.iterdir()
-    } == earlier  # untouched; the work folder is gone
+    # untouched; the work folder is gone
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier
     shown = terminal.file.getvalue()
     for phase in (
         "measuring the device",
@@ -197,12 +195,13 @@ def test_a_killed_runs_work_folder_is_removed_by_the_next_run(tmp_path):
     )
     host = socket.gethostname()
     dead = gone.stdout.strip()
+    # host "gpu-12" seen from host "gpu"
     names = {
         "killed": f"{IN_PROGRESS}-{host}-{dead}-abcd_123",
         "live": f"{IN_PROGRESS}-{host}-{os.getpid()}-x1234567",
         "elsewhere": f"{IN_PROGRESS}-not-{host}-{dead}-y1234567",
         "longer host": f"{IN_PROGRESS}-{host}-12-{dead}-z1234567",
-    }  # host "gpu-12" seen from host "gpu"
+    }
     for name in names.values():
         (tmp_path / name).mkdir()
         (tmp_path / name / "device.yaml").write_text("half written")

@@ -98,6 +98,7 @@ def test_fast_prefill_runs_cross_layers_on_one_token_per_request(monkeypatch):
     monkeypatch.setattr("calibration.executor.paged_attention", spy)
     a, b = Seq(prompt(12, 7), blocks), Seq(prompt(9, 8), blocks)
     step(ex, a.part(12, True), b.part(5, False))
+    # 4 KV-owning layers on all tokens, 2 shared layers on 1 per request
     assert seen == [
         17,
         17,
@@ -105,7 +106,7 @@ def test_fast_prefill_runs_cross_layers_on_one_token_per_request(monkeypatch):
         17,
         2,
         2,
-    ]  # 4 KV-owning layers on all tokens, 2 shared layers on 1 per request
+    ]
 
 
 def test_fast_prefill_metadata_reproduces_the_seed_example():

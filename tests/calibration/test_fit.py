@@ -146,9 +146,8 @@ def test_fit_recovers_a_gemm_efficiency_curve():
     curve = report.profile.gemm_compute
     assert curve.at(64) == pytest.approx(0.5, rel=0.02) and curve.at(2048) == pytest.approx(0.75, rel=0.02)
     assert report.profile.attn_memory.at(1) == pytest.approx(0.7, rel=0.02)
-    assert (
-        report.mape["test_fitted"] < 0.5 and report.mape["test_default"] > 20.0
-    )  # defaults: far from this "device"
+    # defaults: far from this "device"
+    assert report.mape["test_fitted"] < 0.5 and report.mape["test_default"] > 20.0
     assert report.num_beating_roofline == 0 and (report.rows["roofline_s"] < report.rows["default_s"]).all()
 
 
@@ -246,9 +245,8 @@ def test_fast_prefill_pairs_match_a_shape_timed_both_ways_on_one_model():
     )
     pairs = fast_prefill_pairs(rows)
     on, off = rows.iloc[pairs[:, 0]], rows.iloc[pairs[:, 1]]
-    assert len(pairs) == 2 * len(
-        grid_shapes(GridSpec())
-    )  # every Gemma 3n shape, at both depths; no Llama one
+    # every Gemma 3n shape, at both depths; no Llama one
+    assert len(pairs) == 2 * len(grid_shapes(GridSpec()))
     assert on["fast_prefill"].all() and not off["fast_prefill"].any()
     for column in ("model", "scale", "shape", "num_new", "num_context", "needs_logits"):
         assert on[column].tolist() == off[column].tolist(), column
@@ -283,9 +281,8 @@ def test_a_shape_timed_twice_in_one_mode_cannot_be_paired_but_a_repeated_served_
     rows = synthetic_rows(TRUE, models=(("gemma-3n-e2b", {}),))
     with pytest.raises(ValueError, match="more than once"):
         fast_prefill_pairs(pd.concat([rows, rows.iloc[[1]]], ignore_index=True))
-    served = (
-        rows[~rows["fast_prefill"]].iloc[[0, 0, 0]].assign(shape="served")
-    )  # one decode step served thrice
+    # one decode step served thrice
+    served = rows[~rows["fast_prefill"]].iloc[[0, 0, 0]].assign(shape="served")
     assert (
         fast_prefill_pairs(pd.concat([rows, served], ignore_index=True)).tolist()
         == fast_prefill_pairs(rows).tolist()

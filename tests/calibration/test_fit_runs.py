@@ -155,9 +155,8 @@ def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path
         ],
     )
     assert none.exit_code == 0, none.output
-    assert (
-        "training MAPE" in none.output and "held-out" not in none.output
-    )  # a training error is not held out
+    # a training error is not held out
+    assert "training MAPE" in none.output and "held-out" not in none.output
 
 
 def test_a_prior_holds_the_fit_near_the_defaults(truth_path):
@@ -286,9 +285,8 @@ def test_fit_cli_fits_one_gpus_section_of_a_base_profile(tmp_path):
         "2 runs of runs.yaml on a100-80gb, 0 held out (training MAPE"
     )
     figures = pd.read_csv(out / "figures.csv")
-    assert len(figures) == 2 and {"predicted_base", "predicted_fitted"} <= set(
-        figures.columns
-    )  # A100 runs only
+    # A100 runs only
+    assert len(figures) == 2 and {"predicted_base", "predicted_fitted"} <= set(figures.columns)
     assert "base (mine) profile" in result.output and "fitted profile on a100-80gb" in result.output
     bad = CliRunner().invoke(app, ["fit", str(runs_file), "--gpu", "a100", "--out", str(tmp_path / "bad")])
     assert bad.exit_code == 2 and "a100-80gb" in bad.output and not (tmp_path / "bad").exists()

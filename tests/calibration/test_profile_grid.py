@@ -24,10 +24,11 @@ def test_grid_covers_prefill_decode_chunks_and_mixed_steps():
     mixed = shapes["mixed 8+128"]
     assert mixed.num_new.tolist() == [1] * 8 + [128] and mixed.num_context.tolist() == [512] * 8 + [0]
     assert shapes["chunk 256@512"].num_context.tolist() == [512]
+    # one decode beside a chunk: the mixed cost alone
     assert shapes["mixed 1+128"].num_new.tolist() == [
         1,
         128,
-    ]  # one decode beside a chunk: the mixed cost alone
+    ]
     assert blocks_for_batch(StepBatch.of([1, 20], [15, 0]), 16) == 1 + 2
 
 

@@ -87,9 +87,8 @@ def test_arrivals_are_honoured_in_wall_clock_time():
     steps = result.steps
     assert steps["start_s"].is_monotonic_increasing
     assert (steps["end_s"] >= steps["start_s"] + steps["execute_s"] - 1e-9).all()
-    assert (
-        steps["num_tokens"].sum() == 8 + 2 + 8 + 2
-    )  # prompts plus the fed-back outputs (the last is not fed)
+    # prompts plus the fed-back outputs (the last is not fed)
+    assert steps["num_tokens"].sum() == 8 + 2 + 8 + 2
 
 
 def test_chunked_prefill_and_mixed_batches_happen():
@@ -154,18 +153,15 @@ def test_prefix_hits_skip_the_cached_prefill_and_keep_the_tokens_exact(name):
     result = serve(ex, reqs, engine(prefix_caching="vllm", max_model_len=64))
     hits = result.prefix_hits
     assert hits[0] == 0 and hits[4] == 0
-    assert (
-        hits[1] == hits[2] == 12
-    )  # the prefix's 3 full blocks of 4 (the 13th token shares a block with own text)
-    assert (
-        hits[3] == 16
-    )  # request 0's prompt blocks: 17 tokens (the last is always recomputed) -> 4 full blocks
+    # the prefix's 3 full blocks of 4 (the 13th token shares a block with own text)
+    assert hits[1] == hits[2] == 12
+    # request 0's prompt blocks: 17 tokens (the last is always recomputed) -> 4 full blocks
+    assert hits[3] == 16
     assert result.requests.set_index("request_id")["cached_tokens"].to_dict() == hits
     assert result.summary["prefix_cache_hit_rate"] == pytest.approx(40 / (18 + 16 + 21 + 18 + 9))
     assert result.steps["prefix_hit_tokens"].sum() == 40
-    assert (
-        result.steps["prefill_tokens"].sum() == 18 + 16 + 21 + 18 + 9 - 40 + 0
-    )  # cached tokens never re-run
+    # cached tokens never re-run
+    assert result.steps["prefill_tokens"].sum() == 18 + 16 + 21 + 18 + 9 - 40 + 0
     for req in reqs:
         prompt, out = (
             result.tokens[req.id][: req.num_prompt_tokens],
@@ -180,10 +176,11 @@ def test_a_hybrid_pool_is_refused_for_a_model_with_sliding_layers():
         serve(ex, requests([0.0], [8], [2]), engine(disable_hybrid_kv_cache_manager=False))
 
 
+# 2 and 4 KV cache groups
 @pytest.mark.parametrize(
     "name,prefix_caching,num_blocks",
     [("gemma2", "none", 24), ("gemma2", "vllm", 24), ("gemma3n", "vllm", 36)],
-)  # 2 and 4 KV cache groups
+)
 def test_a_hybrid_pool_frees_out_of_window_blocks_and_the_tokens_stay_exact(name, prefix_caching, num_blocks):
     """Sliding groups give blocks back as requests move past their window, and other requests overwrite them
     at once in a tight pool. Had one been freed while a query could still see it, the greedy tokens would

@@ -40,9 +40,8 @@ def test_compare_reports_per_request_and_median_errors():
     assert table.loc["output_throughput", "median_pct_err"] == pytest.approx(10.0)
     steps = pd.DataFrame({"execute_s": [1.0, 2.0], "predicted_s": [1.5, 2.0]})
     with_steps = compare(measured, simulated, {"output_throughput": 1.0}, {"output_throughput": 1.0}, steps)
-    assert with_steps.set_index("metric").loc["step_time", "median_abs_pct_err"] == pytest.approx(
-        25.0
-    )  # 50, 0
+    # 50, 0
+    assert with_steps.set_index("metric").loc["step_time", "median_abs_pct_err"] == pytest.approx(25.0)
 
 
 def _probe_s() -> float:
@@ -109,9 +108,8 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     hit_rate = v.measured_summary["prefix_cache_hit_rate"]
     assert hit_rate > 0 and v.simulated_summary["prefix_cache_hit_rate"] > 0
     cached = v.measured.set_index("request_id")["cached_tokens"]
-    assert (
-        steps["prefix_hit_tokens"].sum() >= cached.sum() > 0
-    )  # re-admissions after preemption may hit again
+    # re-admissions after preemption may hit again
+    assert steps["prefix_hit_tokens"].sum() >= cached.sum() > 0
     if not v.measured["preemptions"].any():
         assert steps["prefix_hit_tokens"].sum() == cached.sum()
         fed_back = (v.measured["output_tokens"] - 1).sum()  # every output but the last runs as a decode

@@ -238,9 +238,8 @@ def test_profile_efficiency_scales_time():
         request_overhead_s=0,
     )
     cost = step_cost(StepBatch.uniform(1, 1024), LLAMA_8B, H200, profile=fast)
-    assert cost.total_s == pytest.approx(
-        cost.floor_s, rel=0.01
-    )  # at 100% bandwidth a decode runs at the floor
+    # at 100% bandwidth a decode runs at the floor
+    assert cost.total_s == pytest.approx(cost.floor_s, rel=0.01)
 
 
 def test_efficiency_curve_interpolates_in_log_tokens():
@@ -358,9 +357,8 @@ def test_mla_decode_streams_the_bf16_copies_of_the_up_projection():
         step = step_cost(decode, model, H200, par, options=CostOptions(weight_dtype=weights)).by_name(
             "mla_kv_up"
         )
-        assert step.bytes == pytest.approx(
-            61 * (up * 2 + 1 * up / 512 * 2)
-        )  # weights, then the one query row
+        # weights, then the one query row
+        assert step.bytes == pytest.approx(61 * (up * 2 + 1 * up / 512 * 2))
     fp8 = step_cost(prefill, model, H200, par, options=CostOptions(weight_dtype="fp8")).by_name("mla_kv_up")
     assert fp8.bytes == pytest.approx(61 * (up * 1 + 512 * up / 512 * 2))
 

@@ -191,14 +191,14 @@ def test_without_the_package_the_profile_says_how_to_install_it(monkeypatch):
 
 
 def test_nvfp4_gemms_are_measured_on_blackwell_only():
+    # a quarter of the weight bytes to stream
     assert (
         0
         < kernel_tables("vllm", "b200").gemm_s("nvfp4", 64, 6144, 4096)
         < kernel_tables("vllm", "b200").gemm_s("bf16", 64, 6144, 4096)
-    )  # a quarter of the weight bytes to stream
-    assert (
-        kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None
-    )  # roofline (dequantized) there
+    )
+    # roofline (dequantized) there
+    assert kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None
 
 
 def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
@@ -229,9 +229,10 @@ def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
     )
     assert tables.moe_s("bf16", 64, 7168, 2048, 8, 100, 8, 1) is None  # no such model collected
     v3 = step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), with_moe)
+    # its 58 MoE layers
     assert v3.by_name("moe").time_s == pytest.approx(
         58 * tables.moe_s("fp8_block", 64, 7168, 2048, 8, 256, 8, 1), rel=1e-12
-    )  # its 58 MoE layers
+    )
     # the bundled profile leaves routed experts to their fitted efficiencies
     assert (
         step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), MEASURED).by_name("moe").bound

@@ -24,13 +24,11 @@ def with_layer_types(full: int, sliding: int, window: int = 1024):
 
 def test_groups_of_the_catalog_models():
     assert kv_groups(get_model("llama-3.1-8b")) == KVGroups((None,), 32)
-    assert kv_groups(get_model("mistral-7b")) == KVGroups(
-        (4096,), 32
-    )  # all sliding: one group, freeing early
+    # all sliding: one group, freeing early
+    assert kv_groups(get_model("mistral-7b")) == KVGroups((4096,), 32)
     assert kv_groups(get_model("gemma-2-9b")) == KVGroups((None, 4096), 21)  # 21 + 21 alternating
-    assert kv_groups(get_model("gemma-3n-e2b")) == KVGroups(
-        (None, 512, 512, 512, 512), 4
-    )  # 4 full + 16 sliding
+    # 4 full + 16 sliding
+    assert kv_groups(get_model("gemma-3n-e2b")) == KVGroups((None, 512, 512, 512, 512), 4)
     assert kv_groups(get_model("gemma-2-9b"), disable_hybrid=True) == KVGroups((None,), 42)
 
 
@@ -40,15 +38,13 @@ def test_group_size_is_the_smallest_kind_unless_the_largest_is_within_1_5x():
 
 
 def test_sliding_groups_free_the_blocks_no_query_can_see():
-    assert (
-        skipped_blocks(computed=20, window=8, block_size=4) == 3
-    )  # tokens 0-12 are out of sight: blocks 0-2
+    # tokens 0-12 are out of sight: blocks 0-2
+    assert skipped_blocks(computed=20, window=8, block_size=4) == 3
     assert skipped_blocks(7, 8, 4) == 0
     groups = KVGroups((None, 8), 21)
     assert groups.blocks_held(computed=20, total=21, block_size=4) == 6 + (6 - 3)
-    assert groups.peak_blocks(total=100, block_size=4, max_chunk=4) == 25 + (
-        -(-11 // 4) + 1
-    )  # window + chunk, +1
+    # window + chunk, +1
+    assert groups.peak_blocks(total=100, block_size=4, max_chunk=4) == 25 + (-(-11 // 4) + 1)
 
 
 def test_the_most_blocks_a_request_can_need_is_maximised_over_where_its_chunks_start():

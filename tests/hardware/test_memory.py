@@ -30,10 +30,11 @@ def test_8b_on_h200_at_0_9_follows_the_seed_on_the_capacity_the_driver_reports()
 
 def test_budget_adds_up_to_the_usable_memory():
     plan = plan_memory(LLAMA_8B, get_gpu("h100-sxm"))
+    # what an H100 SXM reports (81,090 MiB)
     assert (
         plan.weight_bytes + plan.activation_bytes + plan.reserve_bytes + plan.kv_cache_bytes
         == pytest.approx(0.9 * 85_028_896_768)
-    )  # what an H100 SXM reports (81,090 MiB)
+    )
 
 
 def test_max_concurrency_is_kv_tokens_over_max_model_len():
@@ -234,6 +235,7 @@ def test_sglang_splits_a_sliding_model_s_kv_into_two_pools_by_its_swa_full_token
     assert vllm.max_concurrency / plan.max_concurrency == pytest.approx(
         32.4 * 32768 / (18 * 16 * 2569), rel=1e-4
     )
+    # SGLang's --disable-hybrid-swa-memory: one pool, every layer
     whole = plan_memory(
         get_model("gpt-oss-120b"),
         get_gpu("h200"),
@@ -243,7 +245,7 @@ def test_sglang_splits_a_sliding_model_s_kv_into_two_pools_by_its_swa_full_token
             swa_full_tokens_ratio=0.8,
             disable_hybrid_kv_cache_manager=True,
         ),
-    )  # SGLang's --disable-hybrid-swa-memory: one pool, every layer
+    )
     assert (
         whole.swa_window is None
         and whole.kv_cache_tokens == int(whole.kv_cache_bytes // (36 * 2048)) // 16 * 16

@@ -67,9 +67,8 @@ def test_a_prefill_sends_each_token_once_to_each_rank_holding_its_experts():
     prefill = StepBatch.uniform(8, 0, new_tokens=1024)  # one prompt per rank
     cost = step_cost(prefill, get_model("deepseek-v3"), H200, Parallelism(tp=8, ep=True, dp_attention=True))
     local = 8192 / 8 * 7168  # each GPU's tokens x hidden
-    assert cost.by_name("all_to_all").bytes == pytest.approx(
-        58 * local * 4 * (1 + 4 / 128 + 2)
-    )  # 58 MoE layers
+    # 58 MoE layers
+    assert cost.by_name("all_to_all").bytes == pytest.approx(58 * local * 4 * (1 + 4 / 128 + 2))
 
 
 def test_decode_and_verify_steps_send_a_token_to_each_of_its_experts():
@@ -147,9 +146,8 @@ def test_a_dense_models_vllm_dp_ranks_each_run_a_tp1_step_on_their_share():
     (same FLOPs and bytes per operator, the same host work per request, its kernels as efficient as at their own
     sizes), and nothing crosses between GPUs."""
     llama = get_model("llama-3.1-8b")
-    rising = EfficiencyCurve(
-        points=((1, 0.2), (64, 0.5), (4096, 0.9))
-    )  # efficiencies that depend on the rows
+    # efficiencies that depend on the rows
+    rising = EfficiencyCurve(points=((1, 0.2), (64, 0.5), (4096, 0.9)))
     profile = Profile(
         request_overhead_s=1e-4,
         token_overhead_s=1e-5,
@@ -206,9 +204,8 @@ def test_vllm_dp_ranks_talk_only_in_the_moe_layers():
 
 def test_tp_across_nodes_uses_the_inter_node_link():
     llama = get_model("llama-3.1-405b")
-    batch = StepBatch.uniform(
-        8, 0, new_tokens=2000
-    )  # big prefill messages: bandwidth, not latency, dominates
+    # big prefill messages: bandwidth, not latency, dominates
+    batch = StepBatch.uniform(8, 0, new_tokens=2000)
     in_node = step_cost(batch, llama, H100, Parallelism(tp=8)).by_name("all_reduce")
     across = step_cost(batch, llama, H100, Parallelism(tp=16)).by_name("all_reduce")
     nvlink, ib = get_interconnect("nvlink4"), get_interconnect("ib-ndr-400")
@@ -274,9 +271,8 @@ def test_each_stage_runs_its_own_kinds_of_layers():
         - cost.by_name("logits_gather").time_s,
         rel=1e-9,
     )
-    assert (
-        stages[0] < stages[1]
-    )  # 12 MoE + 3 dense layers are lighter than 15 MoE layers, the embedding aside
+    # 12 MoE + 3 dense layers are lighter than 15 MoE layers, the embedding aside
+    assert stages[0] < stages[1]
     gemma, prefill = get_model("gemma-3n-e4b"), StepBatch.uniform(1, 0, new_tokens=8192)
     plain = stage_seconds(prefill, gemma, H100, Parallelism(pp=2))
     fast = stage_seconds(
@@ -323,9 +319,8 @@ def test_small_collectives_pay_one_latency_in_a_node_and_one_per_ring_step_acros
     for tp, link, steps in ((8, nvlink, 1), (16, ib, 2 * 15)):
         per_call = step_cost(decode, llama, H100, Parallelism(tp=tp)).by_name("all_reduce").time_s / (2 * 126)
         bus_bytes = 2 * (tp - 1) / tp * llama.hidden_size * 2  # one token's activations, ring bus bytes
-        wire = bus_bytes / (
-            link.bytes_per_s * 0.70 * 0.19
-        )  # default comm efficiency x small-collective factor
+        # default comm efficiency x small-collective factor
+        wire = bus_bytes / (link.bytes_per_s * 0.70 * 0.19)
         assert per_call == pytest.approx(steps * link.latency_s + wire, rel=1e-9)
 
 

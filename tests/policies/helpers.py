@@ -29,9 +29,8 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     host_blocks = knobs.pop("host_blocks", 0)
     swa = knobs.pop("swa", None)  # (window, pages): SGLang's separate sliding-window pool
     knobs.setdefault("prefix_caching", "none")
-    knobs.setdefault(
-        "max_num_seqs", 256
-    )  # batch limits a scenario would take from vLLM's defaults for its GPU
+    # batch limits a scenario would take from vLLM's defaults for its GPU
+    knobs.setdefault("max_num_seqs", 256)
     knobs.setdefault("max_num_batched_tokens", 8192)
     cfg = EngineConfig(scheduler=name, block_size=block_size, **knobs)
     kv = make_kv_manager(cfg, num_blocks, block_size, swa=swa)
@@ -61,9 +60,8 @@ def drive(
         if plan.is_empty and not plan.preempted and pending and not sched.num_running:
             now = max(now, pending[0][0])  # idle until the next arrival
             continue
-        assert not plan.is_empty or plan.preempted, (
-            "requests left but nothing scheduled"
-        )  # a lone preemption: the
+        # a lone preemption: the
+        assert not plan.is_empty or plan.preempted, "requests left but nothing scheduled"
         # engine schedules again at once (vLLM ends the running pass when a request preempts itself)
         records.append(
             StepRecord(

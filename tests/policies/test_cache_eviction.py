@@ -66,9 +66,8 @@ def _order_after_prepare(num_waiting: int) -> list[int]:
 def test_lpm_sorts_by_match_up_to_128_waiting_and_falls_back_to_fcfs_above():
     n = LPM_MAX_WAITING
     assert LPM_MAX_WAITING == 128  # SGLang's WAITING_QUEUE_PREFIX_MATCH_MAX
-    assert _order_after_prepare(n) == list(range(1, n, 2)) + list(
-        range(0, n, 2)
-    )  # matched first, then arrival
+    # matched first, then arrival
+    assert _order_after_prepare(n) == list(range(1, n, 2)) + list(range(0, n, 2))
     assert _order_after_prepare(n + 1) == list(range(n + 1))
 
 

@@ -149,9 +149,8 @@ def test_every_request_finishes_on_the_rank_it_was_sent_to_within_that_ranks_lim
         return plan
 
     group.schedule = recorded
-    drive(
-        group, requests, arrivals=[i * gap for i in range(len(requests))]
-    )  # checks every rank's pool each step
+    # checks every rank's pool each step
+    drive(group, requests, arrivals=[i * gap for i in range(len(requests))])
     assert_every_token_served(requests, log)
     for plan in plans:
         assert all(rank == req.extra["dp_rank"] for rank, req in zip(plan.rank, plan.requests))

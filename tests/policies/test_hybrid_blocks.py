@@ -201,20 +201,17 @@ def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(
     async scheduling each step's token stays in flight, and the first decode frees what the prompt's held."""
     from simulator.fast_forward import Stretch, apply_stretch
 
-    outputs = [
-        max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))
-    ]  # some finish inside it
-    outputs = [
-        o + 1 if o == steps + 1 else o for o in outputs
-    ]  # a stretch's last step finishes nobody (plan_stretch)
+    # some finish inside it
+    outputs = [max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))]
+    # a stretch's last step finishes nobody (plan_stretch)
+    outputs = [o + 1 if o == steps + 1 else o for o in outputs]
     windows = (None, window)
     stepped, _, now = _decoding(windows, prompts, outputs, async_scheduling=async_scheduling)
     for k in range(steps):
         plan = stepped.schedule(now + k)
         stepped.commit(plan, now + k + 1)
-    stepped.schedule(
-        now + steps
-    )  # under async scheduling, what finished last goes back as the next step is planned
+    # under async scheduling, what finished last goes back as the next step is planned
+    stepped.schedule(now + steps)
     fused, _, now = _decoding(windows, prompts, outputs, async_scheduling=async_scheduling)
     plan = fused.schedule(now)  # step 0 is scheduled and allocated, as the engine hands it over
     requests = list(fused.decode_stretch(plan))

@@ -355,12 +355,13 @@ def test_defaults_follow_sglang():
     assert sglang_mem_fraction_static(get_gpu("h200"), 8192, tp=8) == 0.896
     assert sglang_mem_fraction_static(get_gpu("l4"), 2048) == 0.833
     assert sglang_mem_fraction_static(get_gpu("h100-sxm"), 2048) == round((81089.875 - 10240) / 81089.875, 3)
+    # stated: kept
     assert (
         EngineConfig(scheduler="sglang", gpu_memory_utilization=0.7)
         .with_vllm_defaults(get_gpu("h100-sxm"), 4096)
         .gpu_memory_utilization
         == 0.7
-    )  # stated: kept
+    )
     assert default_max_running(400_000, 131072) == 2048  # 400000 / 131072 x 512 = 1562 slots, at least 2048
     assert default_max_running(2_000_000, 8192) == 4096  # 125000 slots, at most 4096
     assert default_max_running(3000, 8192) == 1500  # half the pool's tokens
@@ -428,9 +429,8 @@ def test_every_request_finishes_with_no_page_leaked(
     )
     if decayed:
         sched.new_token_ratio = sched.min_ratio
-    steps = drive(
-        sched, requests, arrivals=[i * gap for i in range(len(requests))]
-    )  # checks invariants after
+    # checks invariants after
+    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])
     # every step and that every page came back
     assert_every_token_served(requests, log)
     assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch

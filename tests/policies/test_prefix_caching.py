@@ -119,9 +119,8 @@ def test_requests_admitted_in_one_step_hit_the_blocks_that_step_computes():
     plan = sched.schedule(0.0)
     assert list(plan.num_new) == [64, 16, 16, 16] and list(plan.num_context) == [0, 48, 48, 48]
     assert [r.num_cached_tokens for r in samples] == [0, 48, 48, 48]
-    assert (
-        sched.kv.num_used_blocks == 4 + 3 * 1
-    )  # the prompt's 4 blocks, shared, plus each sample's own last one
+    # the prompt's 4 blocks, shared, plus each sample's own last one
+    assert sched.kv.num_used_blocks == 4 + 3 * 1
     sched.commit(plan, 1.0)
     sched.kv.check_invariants()
 

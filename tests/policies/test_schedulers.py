@@ -102,13 +102,14 @@ def test_long_prefill_token_threshold_lets_long_prompts_advance_side_by_side():
     sched, _ = make_scheduler("vllm", num_blocks=1000, block_size=16, long_prefill_token_threshold=1000)
     steps = drive(sched, make_requests([3000, 2500, 300], [2, 2, 2]))
     assert [s.num_new for s in steps] == [[1000, 1000, 300], [1000, 1000, 1], [1000, 500], [1, 1]]
+    # the threshold caps chunks only
     unchunked, _ = make_scheduler(
         "vllm",
         num_blocks=1000,
         block_size=16,
         long_prefill_token_threshold=1000,
         enable_chunked_prefill=False,
-    )  # the threshold caps chunks only
+    )
     assert drive(unchunked, make_requests([3000], [2]))[0].num_new == [3000]
 
 
@@ -221,9 +222,8 @@ def test_every_request_finishes_with_no_block_leaked(
         long_prefill_token_threshold=threshold,
         async_scheduling=ahead and scheduler == "vllm",
     )
-    steps = drive(
-        sched, requests, arrivals=[i * gap for i in range(len(requests))]
-    )  # checks invariants after
+    # checks invariants after
+    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])
     # every step and that every block came back
     assert_every_token_served(requests, log)
     assert all(s.free_blocks >= 0 for s in steps)

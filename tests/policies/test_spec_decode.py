@@ -197,9 +197,8 @@ def test_drafting_switches_off_above_a_batch_size_and_its_requests_speculate_no_
     assert steps[1].num_new == [1, 1, 1]  # 3 running > 2: plain decode
     assert steps[2].num_new == [1, 1, 1] and steps[2].batch == [0, 1, 2]  # r0 ends here
     assert steps[3].batch == [1, 2] and steps[3].num_new == [1, 1]  # 2 running, but they no longer speculate
-    assert steps[5].batch == [3] and steps[6].num_new == [
-        3
-    ]  # the newcomer's prefill, then a round of 2 guesses
+    # the newcomer's prefill, then a round of 2 guesses
+    assert steps[5].batch == [3] and steps[6].num_new == [3]
     assert all(r.num_generated == r.num_output_tokens for r in requests)
 
 
@@ -250,12 +249,14 @@ def test_draft_passes_of_a_mixed_step():
     assert passes[0].needs_logits.tolist() == [True, True, False]
     assert plan.batch().num_logits == 5 + 3  # the verify pass scores every guess and the bonus position
     assert plan.num_decode_tokens == 8 and plan.num_prefill_tokens == 64
+    # ngram: no draft model
     assert (
         draft_batches(
             StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False), num_draft=(4, 2, 0))
         )
         == []
-    )  # ngram: no draft model
+    )
+    # r1 no longer speculates: the draft model skips it
     stopped = StepPlan(
         tuple(reqs),
         (5, 1, 64),
@@ -263,7 +264,7 @@ def test_draft_passes_of_a_mixed_step():
         (True, True, False),
         num_draft=(4, 0, 0),
         draft_context=(20, -1, 100),
-    )  # r1 no longer speculates: the draft model skips it
+    )
     assert [b.num_new.tolist() for b in draft_batches(stopped)] == [[1, 64], [1], [1], [1]]
     ranked = dataclasses.replace(plan, rank=(1, 0, 1))  # DP attention: each pass keeps its requests' ranks
     assert [b.rank.tolist() for b in draft_batches(ranked)] == [[1, 0, 1], [1, 0], [1], [1]]
@@ -313,9 +314,10 @@ def test_an_mtp_head_under_dp_attention_is_laid_out_as_the_targets_layers():
         moe_layer = weight_bytes_per_gpu(one_more, par, "fp8") - weight_bytes_per_gpu(v3, par, "fp8")
         assert both.weight_bytes - alone.weight_bytes == pytest.approx(moe_layer)
         assert both.request_bytes_at_max_len == pytest.approx(alone.request_bytes_at_max_len * 62 / 61)
+        # a request on one of 8 ranks
         assert both.max_concurrency == pytest.approx(
             both.num_blocks * both.block_bytes / both.request_bytes_at_max_len * 8
-        )  # a request on one of 8 ranks
+        )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -214,9 +214,8 @@ def test_every_request_finishes_and_no_slot_leaks(prompts, caching, window, swa_
     requests = [Request(i, 0.0, p, o, ((seg, p),)) for i, (seg, p, o) in enumerate(prompts)]
     longest = max(r.num_prompt_tokens + r.num_output_tokens for r in requests)
     pages = -(-longest // page) + 2
-    least = (
-        -(-(2 * min(chunk, longest) + 3 * window) // page) + 2
-    )  # what plan_memory requires of the sliding pool
+    # what plan_memory requires of the sliding pool
+    least = -(-(2 * min(chunk, longest) + 3 * window) // page) + 2
     sched, log = make_scheduler(
         "sglang",
         num_blocks=pages + 8,

@@ -45,9 +45,8 @@ def test_an_offline_run_keeps_max_num_seqs_running_until_the_queue_drains(max_nu
     assert result.scenario.engine.max_num_seqs == slots
     running = result.steps["num_running"]
     assert running.max() == slots
-    assert (
-        running == slots
-    ).mean() > 0.5  # most steps run a full batch; only the drain at the end is smaller
+    # most steps run a full batch; only the drain at the end is smaller
+    assert (running == slots).mean() > 0.5
 
 
 def test_long_sequences_are_limited_by_the_kv_cache_not_the_slots():

@@ -44,9 +44,8 @@ def test_early_stopping_never_runs_above_a_failed_rate():
     failed = [v.rate_per_s for v in result.verdicts if not v.ok]
     passed = [v.rate_per_s for v in result.verdicts if v.ok]
     assert max(passed) < min(failed)
-    assert max(v.rate_per_s for v in result.verdicts) == max(
-        failed
-    )  # the first failure is the highest rate run
+    # the first failure is the highest rate run
+    assert max(v.rate_per_s for v in result.verdicts) == max(failed)
     assert sorted(failed) == failed and all(b > a for a, b in zip(failed, failed[1:]))
 
 

@@ -26,6 +26,7 @@ def test_quickstart_writes_a_complete_run_folder(tmp_path):
     out = tmp_path / "run"
     result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=200")
     assert result.exit_code == 0, result.output
+    # the marker: servesim wrote it
     assert {p.name for p in out.iterdir()} == {
         "requests.csv",
         "steps.csv",
@@ -33,7 +34,7 @@ def test_quickstart_writes_a_complete_run_folder(tmp_path):
         "memory.json",
         "scenario.yaml",
         ".servesim",
-    }  # the marker: servesim wrote it
+    }
     summary = json.loads((out / "summary.json").read_text())
     for key in (
         "completed",
@@ -130,9 +131,8 @@ def test_an_output_folder_is_replaced_only_when_servesim_wrote_it(tmp_path, monk
     result = simulate(str(QUICKSTART), "--out", str(out), "--set", "workload.num_requests=20")
     assert result.exit_code == 2 and "holds files servesim did not write" in result.output
     assert (out / "sub" / "data.txt").read_text() == "mine" and not (out / "summary.json").exists()
-    own = (
-        tmp_path / "experiment"
-    )  # the user's scenario alone is no earlier output, though a run writes that name
+    # the user's scenario alone is no earlier output, though a run writes that name
+    own = tmp_path / "experiment"
     own.mkdir()
     (own / "scenario.yaml").write_text(QUICKSTART.read_text())
     result = simulate(str(own / "scenario.yaml"), "--out", str(own), "--set", "workload.num_requests=20")
@@ -409,9 +409,8 @@ def test_missing_scenario_file_and_bad_override(tmp_path):
     raw = yaml.safe_load(QUICKSTART.read_text())
     raw["engine"]["max_num_seqs_x"] = 1
     bad_file.write_text(yaml.safe_dump(raw))
-    result = simulate(
-        str(bad_file), "--set", "engine.max_num_seqs=8"
-    )  # the file's mistake, not the override's
+    # the file's mistake, not the override's
+    result = simulate(str(bad_file), "--set", "engine.max_num_seqs=8")
     assert "bad.yaml: engine.max_num_seqs_x: unknown field" in result.stderr
 
 

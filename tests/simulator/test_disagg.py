@@ -54,17 +54,15 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert result.summary["completed"] == 300
     assert (df["output_tokens"] == df["requested_output_tokens"]).all()
     assert (df["prefill_replica"] == 0).all() and (df["replica"] == 1).all()
-    assert result.summary["replica_requests"] == [
-        300
-    ]  # the decode pool's one replica: balanced, not [0, 300]
+    # the decode pool's one replica: balanced, not [0, 300]
+    assert result.summary["replica_requests"] == [300]
     assert result.summary["load_imbalance"] == 1.0
     per_token = get_model("llama-3.1-8b").kv_bytes_per_token("bf16")
     assert (df["kv_transfer_bytes"] == df["prompt_tokens"] * per_token).all()
     assert (df["kv_transfer_s"] > 0).all()
     assert result.summary["kv_transfers"] == 300 and result.summary["mean_kv_transfer_ms"] > 0
-    unstreamed = run(
-        disaggregated()
-    )  # the default: vLLM's NixlConnector pulls the KV once the prefill is done
+    # the default: vLLM's NixlConnector pulls the KV once the prefill is done
+    unstreamed = run(disaggregated())
     assert unstreamed.summary["mean_ttft_ms"] > result.summary["mean_ttft_ms"]
     assert unstreamed.summary["mean_kv_transfer_ms"] > 5 * result.summary["mean_kv_transfer_ms"]
 
@@ -377,10 +375,11 @@ def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_rerun
     )
     first = run(s)
     d = first.scenario.disaggregation
+    # H100
     assert (d.prefill.engine["max_num_seqs"], d.prefill.engine["max_num_batched_tokens"]) == (
         1024,
         8192,
-    )  # H100
+    )
     assert (d.decode.engine["max_num_seqs"], d.decode.engine["max_num_batched_tokens"]) == (256, 2048)  # L40S
     again = run(type(s).model_validate(first.scenario.model_dump(mode="json")))
     assert again.requests.equals(first.requests)

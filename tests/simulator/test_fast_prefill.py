@@ -19,11 +19,12 @@ from tests.simulator.conftest import SCENARIOS, run, scenario
 from workloads.generate import Workload
 from workloads.request import Request
 
+# bench serve's default output
 CONCURRENCY, INPUT_LENS, OUTPUT_LEN = (
     (1, 8, 32),
     (1024, 4096, 8192, 16384),
     128,
-)  # bench serve's default output
+)
 
 
 def bench(fast_prefill: bool, clients: int, input_len: int):

@@ -64,12 +64,13 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
     assert held_out(own, dense_gpustack, by_label, "source") and held_out(
         own, moe_gpustack, by_label, "source"
     )
+    # another ROCm run of that source
     assert not held_out(
         own,
         by_label["llama-3.1-70b mi300x TP8 fp8 latency 128/2048 batch 1 (vllm 0.10.0, github.com)"],
         by_label,
         "source",
-    )  # another ROCm run of that source
+    )
 
 
 def test_the_holdout_table_counts_only_held_out_figures():
@@ -78,9 +79,8 @@ def test_the_holdout_table_counts_only_held_out_figures():
     fitted_a = Profile(fits=(FitRecord(fields=("gemm_compute",), runs=(a.label(),)),))
     results = {"plain": [(a, errors(10)), (b, errors(-30))], "fitted": [(a, errors(1)), (b, errors(40))]}
     rows = holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "source")
-    assert rows == [
-        ["tpot", "20% (28%) n=2", "40% (40%) n=1"]
-    ]  # fitted's 1% on the run it saw does not count
+    # fitted's 1% on the run it saw does not count
+    assert rows == [["tpot", "20% (28%) n=2", "40% (40%) n=1"]]
     assert holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "gpu") == [
         ["tpot", "20% (28%) n=2", "-"]
     ]

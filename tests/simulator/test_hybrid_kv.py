@@ -140,11 +140,12 @@ def test_sglang_keeps_every_token_of_gemmas_sliding_layers():
         scheduler="sglang", disable_hybrid_kv_cache_manager=False
     ).disable_hybrid_kv_cache_manager
     assert not resolved().disable_hybrid_kv_cache_manager
+    # vLLM: full and sliding groups
     assert set(
         run(
             scenario(model="gemma-3-12b", engine={"max_model_len": 32768}, workload={"num_requests": 5})
         ).memory.kv_windows
-    ) == {None, 1024}  # vLLM: full and sliding groups
+    ) == {None, 1024}
 
 
 def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
@@ -159,9 +160,8 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
         json.loads(CliRunner().invoke(app, args + extra).stdout) for extra in (["--engine", "sglang"], [])
     )
     assert sglang["kv_windows"] == [None] and set(vllm["kv_windows"]) == {None, 1024}
-    assert sglang["max_concurrency"] == pytest.approx(
-        sglang["kv_cache_tokens"] / 32768
-    )  # every layer: all 32K
+    # every layer: all 32K
+    assert sglang["max_concurrency"] == pytest.approx(sglang["kv_cache_tokens"] / 32768)
     assert sglang["max_concurrency"] < vllm["max_concurrency"]
 
 

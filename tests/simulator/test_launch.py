@@ -33,9 +33,8 @@ def test_prefix_caching_off_is_turned_off_and_the_engines_defaults_add_nothing()
 def test_expert_parallel_without_dp_attention_spreads_the_experts_over_the_tp_group():
     vllm, sglang = commands(chat(model="qwen3-30b-a3b", parallelism={"tp": 2, "ep": True}))
     assert "--tensor-parallel-size 2 --enable-expert-parallel" in vllm and "--data-parallel-size" not in vllm
-    assert (
-        "--tp 2 --ep-size 2 --max-running-requests" in sglang
-    )  # all-reduce dispatch: SGLang's default backend
+    # all-reduce dispatch: SGLang's default backend
+    assert "--tp 2 --ep-size 2 --max-running-requests" in sglang
     assert "--moe-a2a-backend" not in sglang and "--enable-dp-attention" not in sglang
     for s in (chat(model="qwen3-30b-a3b", parallelism={"tp": 2}), chat(parallelism={"tp": 2, "ep": True})):
         vllm, sglang = commands(s)  # no EP asked for, or a dense model it cannot change
@@ -46,17 +45,16 @@ def test_dp_attention_with_expert_parallel_runs_data_parallel_ranks_and_deepep()
     s, _ = load_scenario(SCENARIOS / "deepseek_v3_8xh200.yaml")
     vllm, sglang = commands(s)
     assert "--tensor-parallel-size 1 --data-parallel-size 8 --enable-expert-parallel" in vllm
-    assert (
-        "--max-num-seqs 1024 --max-num-batched-tokens 8192" in vllm
-    )  # vLLM's defaults, per rank as it runs them
+    # vLLM's defaults, per rank as it runs them
+    assert "--max-num-seqs 1024 --max-num-batched-tokens 8192" in vllm
+    # the simulated group's: every rank's
     assert (
         s.with_engine_defaults().engine.max_num_seqs,
         s.with_engine_defaults().engine.max_num_batched_tokens,
-    ) == (8 * 1024, 8 * 8192)  # the simulated group's: every rank's
+    ) == (8 * 1024, 8 * 8192)
     assert "--tp 8 --enable-dp-attention --dp 8 --ep-size 8 --moe-a2a-backend deepep" in sglang
-    assert (
-        "--max-running-requests 8192 --chunked-prefill-size 65536" in sglang
-    )  # SGLang divides the totals itself
+    # SGLang divides the totals itself
+    assert "--max-running-requests 8192 --chunked-prefill-size 65536" in sglang
     notes = launch_notes(s)
     ranks = next(n for n in notes if n.startswith("vLLM runs DP attention as 8 data-parallel ranks"))
     assert (
@@ -74,9 +72,8 @@ def test_dp_attention_without_expert_parallel_slices_the_experts_and_a_dense_mod
     assert "--enable-dp-attention --dp 4 --max-running-requests" in sglang and "--ep-size" not in sglang
     dense = chat(parallelism={"tp": 4, "dp_attention": True})
     vllm, sglang = commands(dense)
-    assert (
-        "--tensor-parallel-size 1 --data-parallel-size 4" in vllm
-    )  # as simulated: the whole model on each GPU
+    # as simulated: the whole model on each GPU
+    assert "--tensor-parallel-size 1 --data-parallel-size 4" in vllm
     assert "--enable-dp-attention --dp 4" in sglang
     assert not any("independent engines" in n for n in launch_notes(dense))  # simulated as vLLM runs them
     assert not any("DP attention" in n for n in launch_notes(chat(parallelism={"tp": 4})))

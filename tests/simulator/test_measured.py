@@ -275,6 +275,7 @@ def vllm_result(tmp_path, **fields):
 def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
     run = run_from_vllm_result(vllm_result(tmp_path), {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
     assert (run.num_prompts, run.max_concurrency, run.input_len, run.output_len) == (8, 2, 512, 64)
+    # std_* and per-request lists are not figures
     assert run.measured == {
         "duration_s": 3.2,
         "request_throughput": 2.5,
@@ -287,17 +288,18 @@ def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
         "median_tpot_ms": 7.0,
         "p99_tpot_ms": 7.5,
         "mean_e2el_ms": 480.0,
-    }  # std_* and per-request lists are not figures
+    }
     bursty = run_from_vllm_result(
         vllm_result(tmp_path, max_concurrency=None, request_rate=4.0, burstiness=0.25),
         {"model": "llama-3.1-8b", "gpu": "h100-sxm"},
     )
     arrivals = scenario_for(bursty).workload.arrivals
+    # shape 0.25: CV 1/sqrt(0.25)
     assert (arrivals.kind, arrivals.rate_per_s, arrivals.cv) == (
         "gamma",
         4.0,
         2.0,
-    )  # shape 0.25: CV 1/sqrt(0.25)
+    )
     assert arrivals.paced  # a bench JSON names no release: today's vllm bench paces its arrivals
 
 
@@ -367,9 +369,8 @@ def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
     varied = vllm_result(tmp_path, input_lens=[100, 200, 300, 400, 500, 600, 700, 800])
     with pytest.raises(SpecError, match="input lengths vary from 100 to 800"):
         run_from_vllm_result(varied, setup)
-    assert (
-        run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450
-    )  # the user says what it was
+    # the user says what it was
+    assert run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450
     bare = vllm_result(tmp_path, input_lens=None, output_lens=None)
     with pytest.raises(SpecError, match="give it: --set input_len=N"):
         run_from_vllm_result(bare, setup)

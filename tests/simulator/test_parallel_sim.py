@@ -160,9 +160,8 @@ def test_a_request_that_needs_more_than_half_the_pool_still_runs_under_two_stage
     )
     result = run(s)
     assert result.summary["completed"] == 4 and result.summary["rejected"] == 0
-    assert sorted(set(result.requests["replica"])) == (
-        [0] if scheduler == "vllm" else [0, 1]
-    )  # one scheduler
+    # one scheduler
+    assert sorted(set(result.requests["replica"])) == ([0] if scheduler == "vllm" else [0, 1])
     assert result.steps["kv_blocks_used"].max() <= 300
 
 
@@ -226,9 +225,8 @@ def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
     result = run(s)
     first_end, second_end = result.steps.loc[result.steps["prefill_tokens"] == 3000, "time_s"]
     first, second = result.requests.sort_values("kv_transfer_s")["kv_transfer_s"]
-    assert (
-        first_end < second_end < first_end + first
-    )  # the second prefill ends while the first KV is on the wire
+    # the second prefill ends while the first KV is on the wire
+    assert first_end < second_end < first_end + first
     assert second == pytest.approx(first + (first_end + first - second_end), rel=1e-9)
 
 
@@ -481,9 +479,8 @@ def test_a_dense_models_vllm_dp_ranks_run_as_engines_of_their_own(tmp_path):
     )
     dp = world.run()
     assert dp.requests["dp_rank"].tolist() == [0, 1] and dp.requests["replica"].tolist() == [0, 1]
-    assert (
-        dp.memory.num_blocks == 2 * _memory_plan(scenario().with_engine_defaults()).num_blocks
-    )  # the group's
+    # the group's
+    assert dp.memory.num_blocks == 2 * _memory_plan(scenario().with_engine_defaults()).num_blocks
     assert dp.summary["replica_requests"] == [1, 1]  # the ranks are the engines requests finish on
     for i, (prompt, output) in enumerate(((6000, 30), (100, 30))):
         alone_trace = tmp_path / f"alone{i}.csv"

@@ -60,9 +60,8 @@ def test_candidates_too_costly_to_win_are_not_sized_and_the_choice_is_the_exhaus
     assert pruned.recommendation.label == full.recommendation.label == "2 x h100-sxm tp=1"
     assert pruned.next_cheaper.label == full.next_cheaper.label
     costlier = [e for e in pruned.evaluations if e.rejection == "costlier"]
-    assert [e.candidate.label for e in costlier] == [
-        "h100-sxm tp=4"
-    ]  # $11.96/h a replica > 2 x tp=1's $5.98/h
+    # $11.96/h a replica > 2 x tp=1's $5.98/h
+    assert [e.candidate.label for e in costlier] == ["h100-sxm tp=4"]
     assert costlier[0].capacity is None and "$11.96/h" in costlier[0].detail
     assert pruned.num_simulations < full.num_simulations
     # each candidate's bisection stopped once its replica count was settled: the same count as bisecting to rel_tol
@@ -139,10 +138,11 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
         "vllm serve meta-llama/Llama-3.1-8B --tensor-parallel-size 1 --max-num-seqs 1024 --max-num-batched-tokens 8192 "
         "--gpu-memory-utilization 0.9 --max-model-len 16384 --enable-chunked-prefill"
     )
+    # SGLang's own memory split, not vLLM's 0.9
     assert data["commands"]["sglang"] == (
         "python -m sglang.launch_server --model-path meta-llama/Llama-3.1-8B --tp 1 --max-running-requests 1024 "
         "--chunked-prefill-size 8192 --context-length 16384"
-    )  # SGLang's own memory split, not vLLM's 0.9
+    )
     assert data["commands"]["replicas"] == 2
 
 
@@ -240,9 +240,8 @@ def test_knobs_that_contradict_each_other_are_invalid():
 def test_a_candidate_whose_engine_refuses_requests_is_rejected_for_that():
     ev = evaluate(chat(engine={"max_model_len": 2048}), SCENARIOS, Candidate("h100-sxm", 1), TARGET, 4, 0.05)
     assert ev.rejection == "rejected" and ev.capacity.num_simulations == 1
-    assert ev.detail.startswith(
-        f"fails even at {TARGET:.3g} req/s per replica: "
-    )  # the target, not target / 4
+    # the target, not target / 4
+    assert ev.detail.startswith(f"fails even at {TARGET:.3g} req/s per replica: ")
     assert "requests rejected at any rate" in ev.detail
 
 
@@ -273,11 +272,12 @@ def test_pareto_frontier_keeps_deployments_nobody_beats_on_cost_and_latency():
         _evaluation("g", 0.5), 1, Verdict(1.0, ("TTFT SLO",), ("slow",), {"p90_ttft_ms": 50})
     )
     result = PlanResult(1.0, [], [c, a, failing, d, b], None, None)
+    # c costs more than b and is slower; failing is no option
     assert result.pareto("p90_ttft_ms") == [
         a,
         b,
         d,
-    ]  # c costs more than b and is slower; failing is no option
+    ]
 
 
 def test_launch_commands_follow_the_engine_knobs():
@@ -297,9 +297,8 @@ def test_launch_commands_follow_the_engine_knobs():
     assert "--long-prefill-token-threshold 2048" in vllm_command(whole, 16384)
     assert "async" not in vllm  # vLLM schedules ahead by default, as the simulation did
     assert "--no-async-scheduling" in vllm_command(chat(engine={"async_scheduling": False}), 16384)
-    assert "--no-async-scheduling" in vllm_command(
-        chat(parallelism={"pp": 2}), 16384
-    )  # simulated synchronously
+    # simulated synchronously
+    assert "--no-async-scheduling" in vllm_command(chat(parallelism={"pp": 2}), 16384)
     pd = chat(
         disaggregation={
             "prefill": {"replicas": 1},
@@ -308,9 +307,8 @@ def test_launch_commands_follow_the_engine_knobs():
         }
     )
     assert "--no-async-scheduling" in vllm_command(pd, 16384)  # P/D pools step synchronously
-    assert "overlap" not in sglang_command(
-        chat(engine={"scheduler": "sglang"}), 16384
-    )  # SGLang's default, as here
+    # SGLang's default, as here
+    assert "overlap" not in sglang_command(chat(engine={"scheduler": "sglang"}), 16384)
     assert "--disable-overlap-schedule" in sglang_command(
         chat(engine={"scheduler": "sglang", "async_scheduling": False}), 16384
     )
@@ -326,9 +324,8 @@ def test_launch_commands_follow_the_engine_knobs():
         }
     )
     command = sglang_command(sg, 16384)
-    assert (
-        "--chunked-prefill-size 8192" in command and "--max-running-requests" not in command
-    )  # SGLang's own
+    # SGLang's own
+    assert "--chunked-prefill-size 8192" in command and "--max-running-requests" not in command
     assert "--mem-fraction-static 0.834" in command
     assert "--schedule-policy lpm" in command and "--schedule-conservativeness 0.5" in command
     assert "--enable-mixed-chunk" in command and "--max-prefill-tokens" not in command
@@ -393,9 +390,8 @@ def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
     assert {d.evaluation.candidate.label for d in result.deployments} == set(labels)
     dp = "--data-parallel-size 2" in result.commands["vllm"]
     assert dp == result.recommendation.label.endswith("dp_attention")
-    assert (
-        "--enable-expert-parallel" in result.commands["vllm"]
-    )  # the layout is what runs, not only its label
+    # the layout is what runs, not only its label
+    assert "--enable-expert-parallel" in result.commands["vllm"]
     assert result.as_dict()["recommendation"]["dp_attention"] == dp
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump({**s.model_dump(mode="json", exclude_none=True), "plan": None}))
@@ -447,9 +443,8 @@ def test_a_deployment_whose_replicas_carry_a_failed_rate_is_flagged():
         in at_40.thin_margin
     )
     assert Deployment(ev, 2, Verdict(38.0, (), ())).thin_margin is None
-    assert (
-        Deployment(ev, 2, Verdict(40.0, ("TTFT SLO",), ("slow",))).thin_margin is None
-    )  # failing: nothing to add
+    # failing: nothing to add
+    assert Deployment(ev, 2, Verdict(40.0, ("TTFT SLO",), ("slow",))).thin_margin is None
 
 
 def test_pd_candidates_keep_the_scenarios_transfer_and_pool_settings():

@@ -133,9 +133,8 @@ def test_multi_turn_sessions_hit_their_previous_turns():
     assert (later["cached_tokens"] > 0).all()
     for _, turns in df.sort_values("arrival_s").groupby("session_id"):
         rows = turns.to_dict("records")
-        for prev, cur in zip(
-            rows, rows[1:]
-        ):  # the whole previous turn, answer included, in whole blocks: its
+        # the whole previous turn, answer included, in whole blocks: its
+        for prev, cur in zip(rows, rows[1:]):
             held = prev["prompt_tokens"] + prev["output_tokens"] - 1  # last token was never fed back
             assert cur["cached_tokens"] == min(held, cur["prompt_tokens"] - 1) // 16 * 16
     assert df.groupby("session_id")["replica"].nunique().max() == 1  # affinity keeps a session together

@@ -87,9 +87,8 @@ def sweep_folder(tmp_path_factory) -> Path:
 def test_run_report_is_one_self_contained_file(run_folder, tmp_path):
     out = write_report(run_folder, tmp_path / "r.html")
     html = out.read_text()
-    assert (
-        "<script src" not in html and "Plotly.newPlot" in html and len(html) > 3_000_000
-    )  # plotly.js inline
+    # plotly.js inline
+    assert "<script src" not in html and "Plotly.newPlot" in html and len(html) > 3_000_000
     assert html.count('<div class="chart"') == 4 and "Configuration" in html and "llama-3.1-8b" in html
     assert not list(tmp_path.glob(".r.html.*"))  # written atomically: no temp file left
 

@@ -27,9 +27,8 @@ def test_that_many_violators_put_the_percentile_over_the_limit(n, percentile, se
     values = np.concatenate([limit + rng.uniform(1e-9, 1.0, k), rng.uniform(0.0, limit, n - k)])
     rng.shuffle(values)
     assert np.percentile(values, percentile) > limit
-    if (
-        k > 2
-    ):  # and the bound is tight within the index slack: two fewer can leave the percentile at the limit
+    # and the bound is tight within the index slack: two fewer can leave the percentile at the limit
+    if k > 2:
         values = np.concatenate([np.full(k - 2, 2 * limit), np.full(n - k + 2, limit)])
         assert np.percentile(values, percentile) <= limit + 1e-9
 

@@ -107,9 +107,8 @@ def test_parallel_and_serial_sweeps_write_identical_tables(tmp_path):
     table = serial.table
     summary = json.loads((tmp_path / "serial" / "points" / table["point"][0] / "summary.json").read_text())
     assert list(table.columns) == [*GRID, "point", "status", "error", *summary]
-    assert (
-        table["p90_ttft_ms"][2] > table["p90_ttft_ms"][0]
-    )  # more load, longer waits: the rows are the points
+    # more load, longer waits: the rows are the points
+    assert table["p90_ttft_ms"][2] > table["p90_ttft_ms"][0]
 
 
 def test_dask_engine_gives_the_same_table(tmp_path):
@@ -155,9 +154,8 @@ def test_a_point_that_crashes_is_recorded_and_the_others_run(tmp_path, monkeypat
     assert len(tracebacks) == 2 and "ZeroDivisionError: boom" in tracebacks[0].read_text()
     assert str(tracebacks[0]) in " ".join(result.table["error"][2:])
     monkeypatch.setattr(sweep_module, "simulate", real_simulate)
-    again = run_sweep(
-        chat(), SCENARIOS, GRID, tmp_path, workers=1
-    )  # a crashed point is not done: it runs again
+    # a crashed point is not done: it runs again
+    again = run_sweep(chat(), SCENARIOS, GRID, tmp_path, workers=1)
     assert (again.num_run, again.num_reused) == (2, 2) and again.table["status"].tolist() == ["done"] * 4
     assert not list((tmp_path / "points").glob("*.traceback.txt"))  # gone with the crash
 
@@ -200,9 +198,8 @@ def test_the_code_fingerprint_covers_source_and_bundled_data(tmp_path):
         fingerprint_after(source, '"""A module."""\ndef f():  # two\n\n    """Why not."""\n    return (2)\n')
     )
     prints.append(fingerprint_after(catalog, "# the catalog\ngpus:\n  - a\n"))
-    prints.append(
-        fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:\n")
-    )  # unparsable: its bytes
+    # unparsable: its bytes
+    prints.append(fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:\n"))
     prints.append(fingerprint_after(tmp_path / "simulator" / "broken.py", "def (:  \n"))
     code_fingerprint.cache_clear()
     assert len(set(prints[:3])) == 3 and prints[2] == prints[3] == prints[4] == prints[5]
@@ -268,6 +265,7 @@ def test_sweep_command_uses_the_scenario_grid_and_the_option(tmp_path):
     assert len(table) == 4 and "4 point(s) run, 0 reused" in result.stdout
     assert load_scenario(path)[0].sweep.grid == {"engine.max_num_seqs": [64, 256]}
     assert runner.invoke(app, ["report", str(out)]).exit_code == 0  # its report.html in the folder...
+    # ...does not stop the sweep from going on
     wider = runner.invoke(
         app,
         [
@@ -280,7 +278,7 @@ def test_sweep_command_uses_the_scenario_grid_and_the_option(tmp_path):
             "--workers",
             "1",
         ],
-    )  # ...does not stop the sweep from going on
+    )
     assert wider.exit_code == 0 and "2 point(s) run, 4 reused" in wider.stdout, wider.output
 
 
@@ -389,10 +387,11 @@ def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed
         "killer: try fewer --workers); running the sweep again retries it"
     )
     monkeypatch.undo()
+    # the killed worker's
     abandoned, writing = (
         out / "points" / ".f00d.x1.tmp",
         out / "points" / ".beef.x2.tmp",
-    )  # the killed worker's
+    )
     for folder in (abandoned, writing):  # write, another's
         folder.mkdir()
     os.utime(abandoned, (time.time() - 3600, time.time() - 3600))

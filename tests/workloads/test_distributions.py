@@ -86,9 +86,8 @@ def test_a_uniform_count_takes_every_integer_equally_often():
     counts = np.bincount(turns, minlength=7)[1:] / turns.size
     assert counts == pytest.approx([1 / 6] * 6, abs=0.01)
     ones = sample_lengths(UniformDist(kind="uniform", low=0, high=3), 60_000, np.random.default_rng(0))
-    assert np.bincount(ones, minlength=4)[1:] / ones.size == pytest.approx(
-        [1 / 3] * 3, abs=0.01
-    )  # 0 is no length
+    # 0 is no length
+    assert np.bincount(ones, minlength=4)[1:] / ones.size == pytest.approx([1 / 3] * 3, abs=0.01)
 
 
 def test_a_far_tail_is_clipped_to_a_count_int64_holds():
