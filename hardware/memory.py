@@ -352,7 +352,7 @@ def plan_memory(
             f"{weights / 1e9:.1f} + activations {act / 1e9:.1f} + reserve {cfg.runtime_reserve_bytes / 1e9:.1f} > "
             f"{usable / 1e9:.1f} GB usable; "
             + (
-                "data-parallel ranks hold dense weights whole: drop dp_attention or quantize"
+                "data-parallel ranks each hold the dense weights: drop dp_attention"
                 if par.dense_replicated
                 else "raise tp/pp, quantize or take a larger GPU"
             )

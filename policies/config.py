@@ -39,6 +39,8 @@ SGLANG_DP_ATTENTION_CONSERVATIVENESS = (
 )
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
+MAX_SEQS = 2**20  # batch slots: far past any engine's (SGLang caps its pool at 4096)
+MAX_BUDGET = 2**40  # tokens a step: any context, and within int64 however it is summed
 # KV blocks a run keeps a record of, all replicas together: ~130 bytes each (free list and reference count)
 MAX_KV_BLOCKS = 2**25
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
@@ -96,6 +98,7 @@ class EngineConfig(SpecModel):
     max_num_seqs: int | None = Field(
         None,
         ge=1,
+        le=MAX_SEQS,
         description=(
             "Max requests running at once (batch slots); default: vLLM's for the GPU (1024 on GPUs of >= 70 GiB "
             "other than A100, else 256); sglang: its max_running_requests (default 4096, capped by the KV pool)"
@@ -104,6 +107,7 @@ class EngineConfig(SpecModel):
     max_num_batched_tokens: int | None = Field(
         None,
         ge=1,
+        le=MAX_BUDGET,
         description=(
             "Token budget of one step; default: vLLM's for the GPU (8192 on GPUs of >= 70 GiB other than A100, "
             "else 2048; with chunked prefill off, at least max_model_len); sglang: its chunked_prefill_size "
@@ -331,7 +335,8 @@ class EngineConfig(SpecModel):
                 if k not in ("gpu_memory_utilization", "async_scheduling")
             )
             raise SpecError(
-                f"engine: with vLLM's default {filled} for this GPU: {err.errors()[0]['msg']}"
+                f"engine: with vLLM's default {filled} for this GPU: "
+                + err.errors()[0]["msg"].removeprefix("Value error, ")
             ) from None
 
     def in_flight_batches(self, pp: int = 1) -> int:
@@ -363,8 +368,8 @@ class EngineConfig(SpecModel):
             and self.max_num_batched_tokens < self.max_num_seqs
         ):
             raise ValueError(
-                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): every "
-                "running request needs a token each step; raise the budget or lower max_num_seqs"
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): "
+                "each running request takes a token a step"
             )
         if self.speculative is not None and self.scheduler in ("static", "seed_toy", "sglang"):
             raise ValueError(

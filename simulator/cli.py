@@ -23,7 +23,7 @@ from hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, pres
 from hardware.profile import load_profile
 from hardware.spec_model import MAX_PARALLEL
 from workloads.tables import MAX_TOKENS
-from policies.config import EngineConfig
+from policies.config import MAX_BUDGET, MAX_SEQS, EngineConfig
 
 app = typer.Typer(
     help="Simulate and plan LLM serving deployments.", no_args_is_help=True, pretty_exceptions_enable=False
@@ -287,8 +287,10 @@ def memory(
     block_size: int | None = typer.Option(
         None, min=1, help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA)"
     ),
-    max_num_batched_tokens: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
-    max_num_seqs: int | None = typer.Option(None, min=1, help="Default: vLLM's for the GPU"),
+    max_num_batched_tokens: int | None = typer.Option(
+        None, min=1, max=MAX_BUDGET, help="Default: vLLM's for the GPU"
+    ),
+    max_num_seqs: int | None = typer.Option(None, min=1, max=MAX_SEQS, help="Default: vLLM's for the GPU"),
     gpu_file: list[Path] = GpuFiles,
     disable_hybrid_kv_cache_manager: bool = typer.Option(
         False,
