@@ -379,7 +379,14 @@ def test_version_is_the_projects():
         ("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", str(2**41)),
         ("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--tp", "4096"),
         ("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--pp", "99999999999999999999"),
-        ("memory", "qwen3-30b-a3b", "--gpu", "h100-sxm", "--max-num-seqs", "99999999999999999999"),  # 244 chars
+        (
+            "memory",
+            "qwen3-30b-a3b",
+            "--gpu",
+            "h100-sxm",
+            "--max-num-seqs",
+            "99999999999999999999",
+        ),  # 244 chars
     ],
 )
 def test_sizes_past_what_a_step_can_hold_are_usage_errors(args):

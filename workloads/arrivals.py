@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from workloads.dist_config import MAX_VALUE
+
 Draw = Callable[[int], np.ndarray]  # k -> k inter-arrival gaps (s)
 
 
@@ -78,11 +80,16 @@ def mean_rate_per_s(arrival_s: np.ndarray) -> float:
 def rescale_times(
     arrival_s: np.ndarray, rate_per_s: float | None = None, time_scale: float | None = None
 ) -> np.ndarray:
-    """Trace times (s, starting at 0) stretched so their mean rate is `rate_per_s`, or times `time_scale`."""
-    if rate_per_s is not None:
-        return arrival_s * (mean_rate_per_s(arrival_s) / rate_per_s)
-    if time_scale is not None:
-        return arrival_s * time_scale
+    """Trace times (s, starting at 0) stretched so their mean rate is `rate_per_s`, or times `time_scale`; a
+    stretch past 2^40 s (a time scale of 10^308 made every time infinite) is refused."""
+    with np.errstate(over="ignore"):  # an overflow is refused below, not warned about
+        if rate_per_s is not None:
+            arrival_s = arrival_s * (mean_rate_per_s(arrival_s) / rate_per_s)
+        elif time_scale is not None:
+            arrival_s = arrival_s * time_scale
+    last = float(arrival_s.max()) if arrival_s.size else 0.0
+    if not last <= MAX_VALUE:  # NaN and inf too
+        raise ValueError(f"stretches the trace to end at {last:.3g} s, past the 2^40 s a run may span")
     return arrival_s
 
 

@@ -252,7 +252,8 @@ def _trace_times(cfg: WorkloadConfig, rows: pd.DataFrame, n_max: int) -> np.ndar
     try:
         times = rescale_times(times, rate, cfg.arrivals.time_scale)
     except ValueError as err:
-        raise ValueError(f"{cfg.trace.path}: arrivals.rate_per_s: {err}") from None
+        field = "time_scale" if cfg.arrivals.time_scale is not None else "rate_per_s"
+        raise ValueError(f"{cfg.trace.path}: arrivals.{field}: {err}") from None
     return times if cfg.duration_s is None else times[times < cfg.duration_s]
 
 

@@ -93,3 +93,12 @@ def test_paced_arrivals_end_at_count_over_rate(arrivals):
     assert np.allclose(paced / paced[-1], plain[1:] / plain[-1], rtol=1e-12)
     with pytest.raises(ValueError, match="paced arrivals need num_requests and no duration_s"):
         arrivals(np.random.default_rng(5), num_requests=50, duration_s=10.0, paced=True)
+
+
+@pytest.mark.parametrize("rate, scale", [(None, 1e308), (1e-300, None)])
+def test_a_trace_stretched_past_2_40_seconds_is_refused(rate, scale):
+    """Found by the fuzzer: time_scale 1e308 made every arrival infinite, and the run reported NaN latencies."""
+    with pytest.raises(
+        ValueError, match="stretches the trace to end at .* s, past the 2\\^40 s a run may span"
+    ):
+        rescale_times(np.array([0.0, 1.0, 2.0]), rate, scale)
