@@ -37,7 +37,10 @@ EFFICIENCIES = (
     "comm",
 )
 OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)}  # bounds, seconds
-START_LAYER_OVERHEAD_S = 1e-5  # where a zero default starts: at its lower bound no finite step would move it
+# the API server's time per request, per prompt token and its latency: fitted only when named (--only), bounds (s)
+API_TERMS = {"api_request_s": (1e-5, 0.05), "api_token_s": (1e-8, 5e-5), "api_latency_s": (1e-5, 0.05)}
+# where a zero default starts: at its lower bound no finite step would move it
+ZERO_STARTS = {"layer_overhead_s": 1e-5, "api_request_s": 1e-3, "api_token_s": 1e-6, "api_latency_s": 1e-3}
 EFF_BOUNDS = (0.05, 1.0)
 F_SCALE = 0.1  # soft-L1 scale in log(predicted / measured): misses beyond ~10% count linearly
 
@@ -60,6 +63,11 @@ def fitted_names(runs: list[MeasuredRun]) -> list[str]:
     return [n for n in EFFICIENCIES if n not in skip] + list(OVERHEADS)
 
 
+def _through_api(runs: list[MeasuredRun]) -> bool:
+    """Whether some run's requests pass an API server (a `serve` benchmark; the others hand over token ids)."""
+    return any(run.benchmark == "serve" for run in runs)
+
+
 def profile_of(x: np.ndarray, names: list[str], base: Profile, gpu: str | None = None, **fields) -> Profile:
     """`base` with the fitted parameters (log values `x`, in `names` order), in `gpu`'s section when given, and
     `fields`."""
@@ -71,8 +79,9 @@ def profile_of(x: np.ndarray, names: list[str], base: Profile, gpu: str | None =
 
 
 def _bounds(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    low = [EFF_BOUNDS[0] if n in EFFICIENCIES else OVERHEADS[n][0] for n in names]
-    high = [EFF_BOUNDS[1] if n in EFFICIENCIES else OVERHEADS[n][1] for n in names]
+    ranges = OVERHEADS | API_TERMS
+    low = [EFF_BOUNDS[0] if n in EFFICIENCIES else ranges[n][0] for n in names]
+    high = [EFF_BOUNDS[1] if n in EFFICIENCIES else ranges[n][1] for n in names]
     return np.log(low), np.log(high)
 
 
@@ -87,9 +96,7 @@ def _start(base: Profile, names: list[str]) -> np.ndarray:
         else getattr(base, n)
         for n in names
     ]
-    values = [
-        START_LAYER_OVERHEAD_S if n == "layer_overhead_s" and v == 0 else v for n, v in zip(names, values)
-    ]
+    values = [ZERO_STARTS[n] if n in ZERO_STARTS and v == 0 else v for n, v in zip(names, values)]
     return np.clip(np.log(np.maximum(values, 1e-12)), low + 1e-9, high - 1e-9)
 
 
@@ -181,12 +188,11 @@ def fit_to_runs(
         raise ValueError(f"a fit for {gpu} was given runs on {', '.join(elsewhere)}")
     names = fitted_names(train)
     if only is not None:
-        unknown = sorted(set(only) - set(EFFICIENCIES) - set(OVERHEADS))
+        known = [*EFFICIENCIES, *OVERHEADS, *API_TERMS]
+        unknown = sorted(set(only) - set(known))
         if unknown:
-            raise SpecError(
-                f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join([*EFFICIENCIES, *OVERHEADS])}"
-            )
-        names = [n for n in names if n in only]
+            raise SpecError(f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join(known)}")
+        names = [n for n in names if n in only] + [n for n in API_TERMS if n in only and _through_api(train)]
         if not names:
             raise SpecError(
                 f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})"

@@ -102,6 +102,9 @@ DEFAULT_MOE_FIT = FitRecord(
     ),
 )
 MOE_FIELDS = frozenset({"moe_compute", "moe_memory"})
+API_FIELDS = frozenset(
+    {"api_request_s", "api_token_s", "api_latency_s"}
+)  # price runs through an API server only
 
 
 def _curve(value: object) -> object:
@@ -185,6 +188,26 @@ class Profile(SpecModel):
         ),
     )
     host_request_s: float = Field(0.0, ge=0, description="The same, per scheduled request per step")
+    api_request_s: float = Field(
+        0.0,
+        ge=0,
+        le=1.0,
+        description=(
+            "API server time per request before the engine sees it (request parsing, input processing), one request "
+            "at a time per engine (simulator/frontend.py); 0 with api_token_s and api_latency_s: requests reach the "
+            "engine when sent"
+        ),
+    )
+    api_token_s: float = Field(0.0, ge=0, le=1e-3, description="The same, per prompt token (tokenization)")
+    api_latency_s: float = Field(
+        0.0,
+        ge=0,
+        le=1.0,
+        description=(
+            "Per request, side by side with the others: network and IPC hops between client, API server and engine, "
+            "and the first token's way back"
+        ),
+    )
     kernels: str | None = Field(
         None,
         description=(

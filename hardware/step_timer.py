@@ -46,6 +46,11 @@ class StepTimer:
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
+    @property
+    def profile(self) -> Profile:
+        """The profile as it prices this GPU."""
+        return self.args[3]
+
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
         shape, and for labelled DP ranks their peaks (an unlabelled deal's are its rank's)."""

@@ -185,6 +185,13 @@ class EngineConfig(SpecModel):
             "otherwise"
         ),
     )
+    api_server: bool = Field(
+        True,
+        description=(
+            "Requests come through the engine's API server (vllm serve, SGLang's tokenizer manager), which the "
+            "profile's api_request_s / api_token_s price; false: the offline LLM class, given token ids"
+        ),
+    )
     preemption_mode: Literal["recompute", "swap"] = Field(
         "recompute",
         description=(

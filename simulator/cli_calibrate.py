@@ -199,7 +199,7 @@ def fit_runs(
         "--only",
         help=(
             "Fit just these parameters, comma-separated (e.g. moe_compute,moe_memory); the others keep "
-            "the base profile's values"
+            "the base profile's values. The API server's api_request_s, api_token_s, api_latency_s only when named"
         ),
     ),
     base: str | None = typer.Option(

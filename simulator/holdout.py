@@ -2,7 +2,7 @@
 
 A profile's `fits` records name the runs each of its fitted numbers came from. Split by source (who published the
 runs) or by GPU, a run is held out from a profile when no record that prices it (routed-expert numbers price MoE
-models only) drew on a run of the same source (or GPU): leave one source out, leave one GPU out. A profile fitted to
+models only, API-server numbers `serve` runs only) drew on a run of the same source (or GPU): leave one source out, leave one GPU out. A profile fitted to
 no run (the roofline defaults' dense numbers, measured kernel tables) is held out from every run its records do not
 reach, so the figures say how it extrapolates, not how well it was fitted.
 """
@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hardware.profile import MOE_FIELDS, Profile
+from hardware.profile import API_FIELDS, MOE_FIELDS, Profile
 from simulator.measured import MeasuredRun, MetricError
 from simulator.measured_report import FAMILIES, family
 
@@ -46,6 +46,8 @@ def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun
     group = SPLITS[split](run)
     for record in profile.fits:
         if set(record.fields) <= MOE_FIELDS and not run.is_moe:
+            continue
+        if set(record.fields) <= API_FIELDS and run.benchmark != "serve":
             continue
         if any(SPLITS[split](by_label[label]) == group for label in record.runs if label in by_label):
             return False

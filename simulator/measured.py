@@ -258,6 +258,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         engine["async_scheduling"] = run.schedules_ahead
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
+    engine["api_server"] = run.benchmark == "serve"  # bench latency / throughput hand the LLM class token ids
     try:
         gpu = get_gpu(run.gpu, tuple(run.gpu_files))
     except SpecError as err:

@@ -33,6 +33,7 @@ from policies.step import Scheduler, StepPlan, TokenLog
 from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
 from simulator.engine import DataParallelGroup, FastForward, Replica, StepTime
+from simulator.frontend import Frontend
 from simulator.pipeline_stages import StagePipeline, StageTimes
 from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
 from simulator.scenario import Scenario, first_error
@@ -204,6 +205,17 @@ class Pool:
         return self.groups or self.replicas
 
 
+def _frontend(s: Scenario, env: simpy.Environment) -> Frontend:
+    """The API server of each routed target, priced by the profile of the GPU requests enter on (under P/D, the
+    prefill pool's); none for the offline LLM class."""
+    if not s.engine.api_server:
+        return Frontend(env, 0.0, 0.0)
+    gpu = (s.disaggregation.prefill.gpu if s.disaggregation else None) or s.hardware.gpu
+    gpu_files = tuple(s.hardware.gpu_files)
+    profile = load_profile(s.hardware.profile, gpu_files).for_gpu(get_gpu(gpu, gpu_files).name)
+    return Frontend(env, profile.api_request_s, profile.api_token_s, profile.api_latency_s)
+
+
 def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
     try:
         engine = s.engine_with({**pool.engine, "scheduler": scheduler})
@@ -256,6 +268,7 @@ class World:
         self.completed = 0
         self.on_progress = on_progress
         self.handoff: Handoff | None = None
+        self.frontend = _frontend(s, self.env)  # before the pools: their fast-forward asks it for hand-overs
         d = s.disaggregation
         if d is None:
             self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished, "parallelism")]
@@ -458,11 +471,11 @@ class World:
         return pool
 
     def _next_event_s(self) -> float:
-        """When something from outside may next reach a replica: the next arrival (closed loop: the next
-        event of any kind, since another replica's finish may release a client)."""
+        """When something from outside may next reach a replica: the next arrival or API-server hand-over (closed
+        loop: the next event of any kind, since another replica's finish may release a client)."""
         if self.traffic.reacts_to_finishes or self.handoff is not None:
             return self.env.peek()
-        return self.traffic.next_arrival_s()
+        return min(self.traffic.next_arrival_s(), self.frontend.next_hand_over_s())
 
     def _arrive(self, req: Request) -> None:
         self._check_slo()
@@ -492,7 +505,11 @@ class World:
             self._finished(req)
             return
         req.served_by = "engine"
-        self.router.route(req).submit(req)
+        target = self.router.route(req)
+        if self.frontend.active:
+            self.frontend.submit(req, id(target), target.submit)
+        else:
+            target.submit(req)
 
     def _answer_from_cache(self, req: Request):
         yield self.env.timeout(self.scenario.app_cache.lookup_latency_s)

@@ -51,8 +51,11 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
     # the defaults' routed-expert numbers came from gpustack's (and others') MoE runs: those are in sample, by source
     # and by GPU; its dense numbers were fitted to nothing
     assert held_out(default, dense_gpustack, by_label, "source") and held_out(
-        measured, dense_gpustack, by_label, "gpu"
+        default, dense_gpustack, by_label, "gpu"
     )
+    # the measured profile's API server came from another source's H100 serve runs
+    assert held_out(measured, dense_gpustack, by_label, "source")
+    assert not held_out(measured, dense_gpustack, by_label, "gpu")
     assert not held_out(default, moe_gpustack, by_label, "source")
     assert not held_out(measured, moe_gpustack, by_label, "gpu")
     # published-fit drew every number from runs of every source and GPU here
@@ -64,13 +67,11 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
     assert held_out(own, dense_gpustack, by_label, "source") and held_out(
         own, moe_gpustack, by_label, "source"
     )
-    # another ROCm run of that source
-    assert not held_out(
-        own,
-        by_label["llama-3.1-70b mi300x TP8 fp8 latency 128/2048 batch 1 (vllm 0.10.0, github.com)"],
-        by_label,
-        "source",
-    )
+    # API-server numbers price only runs through an API server: bench latency runs of their source stay held out
+    api = Profile(fits=(FitRecord(fields=("api_latency_s", "api_token_s"), runs=(mi300x.label(),)),))
+    rocm_latency = by_label["llama-3.1-70b mi300x TP8 fp8 latency 128/2048 batch 1 (vllm 0.10.0, github.com)"]
+    assert held_out(api, rocm_latency, by_label, "source")
+    assert not held_out(own, rocm_latency, by_label, "source")  # another ROCm run of that source
 
 
 def test_the_holdout_table_counts_only_held_out_figures():

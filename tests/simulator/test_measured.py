@@ -237,6 +237,28 @@ def test_the_published_profile_reproduces_the_small_batch_decodes_it_was_derived
             assert low < tpot.error_pct < high, (run.engine, profile, tpot)
 
 
+def test_the_measured_profiles_api_server_puts_low_concurrency_ttft_within_its_sweep(tmp_path):
+    """The measured profile's API server (fitted to the silybench sweep): its single-client runs' and its
+    4-client run's p99 TTFT within 6%, where the kernels alone come out 8-48% fast (docs/measured-kernels.md)."""
+    measured = load_profile("measured")
+    kernels_only = measured.model_copy(
+        update={"api_latency_s": 0.0, "api_request_s": 0.0, "api_token_s": 0.0}
+    )
+    path = tmp_path / "kernels_only.yaml"
+    path.write_text(yaml.safe_dump(kernels_only.model_dump(mode="json")))
+    runs = [
+        run
+        for run in load_measured_runs(PUBLISHED)
+        if "silybench" in run.source and run.max_concurrency in (1, 4) and run.output_len <= 512
+    ]
+    assert len(runs) == 4  # 1024/128 and 8192/512 (bf16, fp8) alone, 8192/512 at 4 clients
+    for run in runs:
+        with_api = next(e for e in replay(run, "measured") if e.metric == "p99_ttft_ms")
+        assert abs(with_api.error_pct) < 6, (run.label(), with_api)
+        alone = next(e for e in replay(run, str(path)) if e.metric == "p99_ttft_ms")
+        assert alone.error_pct < -7, (run.label(), alone)
+
+
 def vllm_result(tmp_path, **fields):
     """A `vllm bench serve --save-result --save-detailed` JSON with its key names (trimmed)."""
     data = {

@@ -1,0 +1,54 @@
+"""The API server in front of each engine: a request is parsed and tokenized there before the engine sees it.
+
+`vllm serve`'s API server process and SGLang's tokenizer manager handle requests one after another on one event
+loop, then hand each to the engine's scheduler. That time adds to every TTFT, and it spreads requests sent together
+(a closed loop's clients at start, a burst) over time, so they join the engine's steps in turn: real benchmark
+clients drift apart from there, where clients reaching the engine at one instant stay in lockstep. Each routed
+target (replica, or a DP group behind one API server) has its own server: a FIFO queue whose time per request is
+the profile's `api_request_s + api_token_s * prompt tokens` (hardware/profile.py), and each request then takes
+`api_latency_s` more on its way (network and IPC hops, the first token's way back), side by side with the others.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+
+import simpy
+
+from workloads.request import Request
+
+
+class Frontend:
+    """One FIFO API server per routed target; requests reach their target's `submit` when served."""
+
+    def __init__(self, env: simpy.Environment, request_s: float, token_s: float, latency_s: float = 0.0):
+        self.env, self.request_s, self.token_s, self.latency_s = env, request_s, token_s, latency_s
+        self._free_at: dict[int, float] = {}  # per target (by identity): when its server is next idle
+        self._pending: list[float] = []  # when each request in a server is handed over (a heap)
+
+    @property
+    def active(self) -> bool:
+        return self.request_s > 0 or self.token_s > 0 or self.latency_s > 0
+
+    def submit(self, req: Request, target_id: int, hand_over: Callable[[Request], None]) -> None:
+        """Queue `req` at the server of target `target_id`; `hand_over(req)` once it is through."""
+        now = self.env.now
+        served = max(now, self._free_at.get(target_id, now)) + self.service_s(req)
+        self._free_at[target_id] = served
+        heapq.heappush(self._pending, served + self.latency_s)
+        self.env.timeout(served + self.latency_s - now).callbacks.append(
+            lambda _: self._hand_over(req, hand_over)
+        )
+
+    def service_s(self, req: Request) -> float:
+        return self.request_s + self.token_s * req.num_prompt_tokens
+
+    def _hand_over(self, req: Request, hand_over: Callable[[Request], None]) -> None:
+        heapq.heappop(self._pending)  # handed over in time order: the earliest is this one's (or a tie's)
+        hand_over(req)
+
+    def next_hand_over_s(self) -> float:
+        """When a request in a server next reaches its engine (infinity when none is in one)."""
+        return self._pending[0] if self._pending else math.inf

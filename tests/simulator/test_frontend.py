@@ -1,0 +1,107 @@
+"""The API server in front of each engine: FIFO per target, its time priced by the profile, exact under
+fast-forward, absent for the offline LLM class."""
+
+from __future__ import annotations
+
+import pytest
+import simpy
+
+from calibration.fit_runs import fit_to_runs
+from hardware.errors import SpecError
+from simulator.frontend import Frontend
+from simulator.measured import MeasuredRun, scenario_for
+from tests.simulator.conftest import run, scenario
+from workloads.request import Request
+
+
+def test_each_target_serves_its_requests_one_at_a_time():
+    """10 ms + 10 us per prompt token: 1,000-token prompts take 20 ms each, queued behind each other at one
+    target and side by side at two."""
+    env = simpy.Environment()
+    frontend = Frontend(env, 0.010, 1e-5)
+    handed: list[tuple[int, float]] = []
+    for i, target in enumerate((1, 1, 1, 2)):
+        frontend.submit(Request(i, 0.0, 1000, 1), target, lambda r: handed.append((r.id, env.now)))
+    assert frontend.next_hand_over_s() == pytest.approx(0.020)
+    env.run()
+    assert handed == [
+        (0, pytest.approx(0.020)),
+        (3, pytest.approx(0.020)),
+        (1, pytest.approx(0.040)),
+        (2, pytest.approx(0.060)),
+    ]
+    assert frontend.next_hand_over_s() == float("inf")
+
+
+def test_the_latency_delays_each_request_without_holding_the_server():
+    """2 ms serial per request plus 5 ms on the way: hand-overs at 7, 9, 11 ms, not 7, 14, 21."""
+    env = simpy.Environment()
+    frontend = Frontend(env, 0.002, 0.0, latency_s=0.005)
+    handed: list[float] = []
+    for i in range(3):
+        frontend.submit(Request(i, 0.0, 1000, 1), 1, lambda r: handed.append(env.now))
+    env.run()
+    assert handed == pytest.approx([0.007, 0.009, 0.011])
+
+
+def _profile(tmp_path, request_s: float, token_s: float) -> str:
+    path = tmp_path / "api.yaml"
+    path.write_text(f"name: api\napi_request_s: {request_s}\napi_token_s: {token_s}\n")
+    return str(path)
+
+
+def _spaced(profile: str, fast_forward: bool = True, api_server: bool = True, every_s: float = 2.0):
+    """Fixed 1,000-token prompts sent every `every_s` seconds, 100 tokens out each."""
+    return run(
+        scenario(
+            hardware={"gpu": "h100-sxm", "profile": profile},
+            engine={"max_model_len": 16384, "api_server": api_server},
+            simulation={"fast_forward": fast_forward},
+            workload={
+                "trace": None,
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": 1000},
+                    "output": {"kind": "fixed", "value": 100},
+                },
+                "arrivals": {"kind": "constant", "rate_per_s": 1 / every_s},
+                "num_requests": 20,
+            },
+        )
+    )
+
+
+def test_an_idle_engine_sees_a_request_after_its_api_server_time(tmp_path):
+    """Requests 2 s apart find the engine idle: each waits exactly its API-server time (5 ms + 1,000 x 3 us)
+    before its first step, and its TTFT grows by as much."""
+    profile = _profile(tmp_path, 0.005, 3e-6)
+    served = _spaced(profile).requests
+    assert served["queue_s"].to_numpy() == pytest.approx([0.008] * 20)
+    offline = _spaced(profile, api_server=False).requests
+    assert offline["queue_s"].to_numpy() == pytest.approx([0.0] * 20)
+    assert served["ttft_s"].to_numpy() == pytest.approx(offline["ttft_s"].to_numpy() + 0.008)
+
+
+def test_hand_overs_during_decode_stretches_are_exact(tmp_path):
+    """Requests sent every 0.3 s reach a decoding engine 8 ms later: fast-forwarded stretches must stop there,
+    so the run is the same stepped one by one."""
+    profile = _profile(tmp_path, 0.005, 3e-6)
+    fast = _spaced(profile, every_s=0.3)
+    stepped = _spaced(profile, fast_forward=False, every_s=0.3)
+    columns = ["arrival_s", "scheduled_s", "first_token_s", "finish_s"]
+    assert (fast.requests["queue_s"] > 0.008 - 1e-12).all()
+    assert fast.requests[columns].to_numpy() == pytest.approx(stepped.requests[columns].to_numpy(), rel=1e-12)
+
+
+def test_offline_benchmarks_replay_without_an_api_server():
+    base = dict(source="test", gpu="h100-sxm", model="llama-3.1-8b", input_len=128, output_len=128)
+    latency = MeasuredRun(**base, benchmark="latency", batch_size=8, measured={"latency_s": 1.0})
+    serve = MeasuredRun(**base, benchmark="serve", num_prompts=8, measured={"median_ttft_ms": 10.0})
+    assert not scenario_for(latency).engine.api_server
+    assert scenario_for(serve).engine.api_server
+
+
+def test_api_terms_are_fitted_only_to_runs_through_an_api_server():
+    base = dict(source="test", gpu="h100-sxm", model="llama-3.1-8b", input_len=128, output_len=128)
+    latency = MeasuredRun(**base, benchmark="latency", batch_size=8, measured={"latency_s": 1.0})
+    with pytest.raises(SpecError, match="cannot tell api_request_s apart"):
+        fit_to_runs([latency], [], only=["api_request_s"])
