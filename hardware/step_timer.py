@@ -41,28 +41,27 @@ class StepTimer:
         profile: Profile = Profile(),
         options: CostOptions = CostOptions(),
     ):
-        self.args = (model, gpu, parallelism, profile.for_gpu(gpu.name), options)
+        self.model, self.gpu, self.parallelism = model, gpu, parallelism
+        self.profile = profile.for_gpu(gpu.name)  # as it prices this GPU
+        self.options = options
+        # the cost functions' leading arguments, in their order
+        self.args = (model, gpu, parallelism, self.profile, options)
         self._fixed_s: dict[tuple, float] = {}
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
 
-    @property
-    def profile(self) -> Profile:
-        """The profile as it prices this GPU."""
-        return self.args[3]
-
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
         shape, and for labelled DP ranks their peaks (an unlabelled deal's are its rank's)."""
-        peaks = rank_peaks(batch) if self.args[2].dp_attention else None
+        peaks = rank_peaks(batch) if self.parallelism.dp_attention else None
         return self._own_shape(batch) + peaks if peaks else self._own_shape(batch)
 
     def _rank_key(self, step: tuple, rank: StepBatch) -> tuple:
         """`step` (`_step_shape`) with, under DP attention, the shape of `rank`, the requests one GPU attends for."""
-        return step + self._own_shape(rank) if self.args[2].dp_attention else step
+        return step + self._own_shape(rank) if self.parallelism.dp_attention else step
 
     def _own_shape(self, batch: StepBatch) -> tuple:
-        decode_query_len = self.args[4].decode_query_len
+        decode_query_len = self.options.decode_query_len
         key = (
             batch.num_tokens,
             batch.num_requests,
@@ -70,7 +69,7 @@ class StepTimer:
             batch.max_query_len > 1,
             batch.is_mixed(decode_query_len),
         )
-        if self.args[0].mla is not None:
+        if self.model.mla is not None:
             prefill = batch.num_new > decode_query_len
             # decode queries' tokens: 1 + k each when verifying
             key += (
@@ -85,10 +84,10 @@ class StepTimer:
         holds ceil(n / tp) of them)."""
 
         def own(n: int) -> tuple:
-            return (n, n, n, False, False) + ((0, n, n) if self.args[0].mla is not None else ())
+            return (n, n, n, False, False) + ((0, n, n) if self.model.mla is not None else ())
 
-        if self.args[2].dp_attention:
-            return own(num_requests) + own(-(-num_requests // self.args[2].attention_ranks))
+        if self.parallelism.dp_attention:
+            return own(num_requests) + own(-(-num_requests // self.parallelism.attention_ranks))
         return own(num_requests)
 
     def fixed_s(self, batch: StepBatch, rank: StepBatch | None = None) -> float:
@@ -116,7 +115,7 @@ class StepTimer:
 
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""
-        return max(self._rank_steps(batch, self.args[2].rank_batches(batch)))
+        return max(self._rank_steps(batch, self.parallelism.rank_batches(batch)))
 
     def _rank_steps(self, batch: StepBatch, candidates: list[StepBatch]) -> list[float]:
         """Seconds of the step with each of `candidates` as the requests one GPU attends for."""
@@ -127,7 +126,7 @@ class StepTimer:
 
     def _busiest(self, batch: StepBatch) -> StepBatch:
         """`busiest_rank` from the cached fixed parts: the candidate whose step lasts longest (the first of equals)."""
-        candidates = self.args[2].rank_batches(batch)
+        candidates = self.parallelism.rank_batches(batch)
         if len(candidates) == 1:
             return candidates[0]
         totals = self._rank_steps(batch, candidates)
@@ -138,7 +137,7 @@ class StepTimer:
         by shape), with `extra_s` (swaps, drafts) spread over the stages by their layers. Under DP attention each
         stage lasts as long as its slowest rank there."""
         step, layers = self._step_shape(batch), sum(self.stage_layers)
-        ranks = [self._rank_stage_s(batch, step, rank) for rank in self.args[2].rank_batches(batch)]
+        ranks = [self._rank_stage_s(batch, step, rank) for rank in self.parallelism.rank_batches(batch)]
         return [max(times) + extra_s * count / layers for times, count in zip(zip(*ranks), self.stage_layers)]
 
     def _rank_stage_s(self, batch: StepBatch, step: tuple, rank: StepBatch) -> list[float]:

@@ -85,7 +85,7 @@ def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[S
     if spec.method == "ngram":
         return lambda plan: spec.ngram_lookup_s if any(plan.num_draft) else 0.0
     if spec.method == "draft":
-        _, gpu, par, profile, options = target.args
+        gpu, par, profile, options = target.gpu, target.parallelism, target.profile, target.options
         draft = get_model(spec.draft_model)
         options = replace(options, weight_dtype=draft_weight_dtype(draft, options.weight_dtype))
         timer = StepTimer(draft, gpu, par, profile, options)

@@ -102,7 +102,7 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
     draft model's passes) and the same time split over the pipeline stages. Under DP attention the ranks swap in
     parallel, each block whole on its rank's GPU (the memory plan's block bytes average a block over the group)."""
     block_bytes = memory.block_bytes
-    ranks = timer.args[2].attention_ranks
+    ranks = timer.parallelism.attention_ranks
     pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
     drafting_s = draft_time(s.engine.speculative, timer)  # speculative decoding hook (policies/spec_cost.py)
 

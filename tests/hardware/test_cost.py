@@ -314,11 +314,11 @@ def test_a_speculating_scenario_prices_verify_queries_as_decodes():
     from simulator.scenario import load_scenario
 
     s, _ = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "speculative_70b.yaml")
-    assert build_timer(s).args[4].decode_query_len == 1 + s.engine.speculative.k
+    assert build_timer(s).options.decode_query_len == 1 + s.engine.speculative.k
     assert (
-        build_timer(s.model_copy(update={"engine": s.engine.model_copy(update={"speculative": None})}))
-        .args[4]
-        .decode_query_len
+        build_timer(
+            s.model_copy(update={"engine": s.engine.model_copy(update={"speculative": None})})
+        ).options.decode_query_len
         == 1
     )
 

@@ -137,7 +137,7 @@ def test_dp_attention_runs_vllms_data_parallel_layout_unless_sglang_schedules():
         run_by = s.model_copy(update={"engine": s.engine.model_copy(update={"scheduler": scheduler})})
         weights = _memory_plan(run_by.with_engine_defaults()).weight_bytes
         assert weights == weight_bytes_per_gpu(v3, s.parallelism.spec(scheduler), "fp8")
-        assert build_timer(run_by).args[2] == s.parallelism.spec(scheduler)  # and the steps are priced so
+        assert build_timer(run_by).parallelism == s.parallelism.spec(scheduler)  # and the steps are priced so
 
 
 @pytest.mark.parametrize("scheduler", ["vllm", "sglang"])
