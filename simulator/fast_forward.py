@@ -165,6 +165,16 @@ def plan_stretch(
     return Stretch(durations[:steps], ends[:steps], finish)
 
 
+# What happens to a request in a fused step, in the order it happens within the step (events sort on it):
+SCHEDULED = (
+    0  # the step is scheduled: a block opens (OPEN_BLOCK) or the block it fills registers (REGISTER_FILLED)
+)
+PLANNED = 1  # the next step is planned: under async scheduling, a request finished the step before lets go
+ENDED = 2  # the step ends: sliding windows free the blocks they left behind
+RETIRED = 3  # then finished requests retire
+OPEN_BLOCK, REGISTER_FILLED = 0, 1  # a SCHEDULED event's sub-kind
+
+
 def _events(
     context: np.ndarray,
     last: np.ndarray,
@@ -175,32 +185,37 @@ def _events(
     late_release: bool = False,
     in_flight: int = 0,
 ) -> list[tuple[int, int, int, int]]:
-    """(step, kind, request, sub) in stepping order. Kind 0 when the step is scheduled: open a block (sub 0),
-    register the block it fills (sub 1; only in pools whose windows free blocks, which must be findable
-    by then). Kind 1 once it is planned: with `late_release` (async scheduling), the blocks of requests that
-    finished in the step before go back. Kind 2 as it ends: windows free blocks (commit order), then kind 3:
-    finished requests retire."""
+    """(step, kind, request, sub) in stepping order. SCHEDULED: open a block, or register the block it fills (only
+    in pools whose windows free blocks, which must be findable by then). PLANNED: with `late_release` (async
+    scheduling), the blocks of requests that finished in the step before go back. ENDED: windows free blocks
+    (commit order), then RETIRED: finished requests retire."""
     # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
     first = (-context) % size
     first[first == 0] = size  # step 0 is already allocated
-    events = [(i, 0, j, 0) for j in range(len(context)) for i in range(int(first[j]), int(last[j]) + 1, size)]
-    events += [(int(f), 3, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+    events = [
+        (i, SCHEDULED, j, OPEN_BLOCK)
+        for j in range(len(context))
+        for i in range(int(first[j]), int(last[j]) + 1, size)
+    ]
+    events += [(int(f), RETIRED, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
     if late_release:  # never past the stretch: no request finishes in its last step
-        events += [(int(f) + 1, 1, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+        events += [(int(f) + 1, PLANNED, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
     sliding = sorted({w for w in windows if w is not None})
     if sliding:
         fills = (-(context + 1)) % size  # step i fills a block when context_j + i + 1 is a multiple of size
         events += [
-            (i, 0, j, 1) for j in range(len(context)) for i in range(int(fills[j]), int(last[j]) + 1, size)
+            (i, SCHEDULED, j, REGISTER_FILLED)
+            for j in range(len(context))
+            for i in range(int(fills[j]), int(last[j]) + 1, size)
         ]
         frees = {
-            (i, 2, j, 0)
+            (i, ENDED, j, 0)
             for w in sliding
             for j, start in enumerate(_window_free_steps(context, w + in_flight, size).tolist())
             for i in range(start, int(last[j]) + 1, size)
         }
         # what a previous step's larger in-flight part held
-        frees |= {(0, 2, j, 0) for j in range(len(context))}
+        frees |= {(0, ENDED, j, 0) for j in range(len(context))}
         events += frees
     return sorted(events)
 
@@ -250,20 +265,21 @@ def apply_stretch(
 
     def run(i: int, kind: int, j: int, sub: int) -> None:
         tokens = int(context[j]) + i + 1
-        if kind == 0 and sub == 0:
+        if kind == SCHEDULED and sub == OPEN_BLOCK:
             kv.open_decode_blocks(requests[j], tokens)
-        elif kind == 0:
+        elif kind == SCHEDULED:
             kv.cache_scheduled(requests[j], tokens)
-        elif kind == 1:
+        elif kind == PLANNED:
             release(requests[j])
-        elif kind == 2:
+        elif kind == ENDED:
             kv.end_decode_step(requests[j], tokens)
         else:
             retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
 
-    ending = [event for event in events if event[0] == steps - 1 and event[1] >= 2]
+    # the last step's ending events wait for the caller (see the docstring)
+    ending = [event for event in events if event[0] == steps - 1 and event[1] >= ENDED]
     for event in events:
-        if event[0] < steps - 1 or event[1] < 2:
+        if event[0] < steps - 1 or event[1] < ENDED:
             before = kv.num_used_blocks  # shared blocks free only with their last user
             run(*event)
             delta[event[0]] += kv.num_used_blocks - before
