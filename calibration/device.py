@@ -82,16 +82,34 @@ def measure_cpu_peaks(size: int = 1024, copy_bytes: int = 256 << 20, repeats: in
     """{'fp32': FLOP/s, 'bf16': FLOP/s, 'bytes_per_s': copy bandwidth} of this CPU (medians)."""
     import torch
 
-    peaks = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-        peaks[name] = 2 * size**3 / float(np.median(time_call_s(lambda: a @ b, "cpu", 2, repeats)))
+    peaks = {name: _matmul_flop_per_s(dtype, size, repeats) for name, dtype in CPU_MATMUL_DTYPES.items()}
     src = torch.empty(copy_bytes // 4, dtype=torch.float32).fill_(1.0)
     dst = torch.empty_like(src)
     peaks["bytes_per_s"] = (
         2 * copy_bytes / float(np.median(time_call_s(lambda: dst.copy_(src), "cpu", 1, repeats)))
     )
     return peaks
+
+
+CPU_MATMUL_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+#: A square matmul stops growing once one call takes this long: long enough to reach the CPU's peak.
+PEAK_CALL_S = 0.02
+
+
+def _matmul_flop_per_s(dtype: str, max_size: int, repeats: int) -> float:
+    """FLOP/s of a square `dtype` matmul whose side doubles from 128 up to `max_size` until one call takes
+    PEAK_CALL_S: a dtype the CPU emulates (bf16 without AVX512-BF16 or AMX runs at ~1 GFLOP/s, 3 s a call at
+    1024) is timed on a size that takes milliseconds, one it runs natively on a size that reaches its peak."""
+    import torch
+
+    size = 128
+    while True:
+        a = torch.randn(size, size, dtype=getattr(torch, dtype))
+        b = torch.randn(size, size, dtype=a.dtype)
+        if size >= max_size or float(time_call_s(lambda: a @ b, "cpu", 1, 1)[0]) >= PEAK_CALL_S:
+            return 2 * size**3 / float(np.median(time_call_s(lambda: a @ b, "cpu", 1, repeats)))
+        size *= 2
 
 
 def _total_memory_bytes() -> float:
