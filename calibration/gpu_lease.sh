@@ -83,8 +83,8 @@ print("python", sys.version.split()[0], "numpy", numpy.__version__, "pandas", pa
     >> "$RESULTS/environment.txt" 2>&1  # appended: the two phases of a split lease land in one folder
 
 # The executor's CUDA forwards against the reference (skipped without a GPU); a failure is recorded, and the
-# timings still follow: they measure the same kernels either way.
-"$PY" -m pytest -q -rfEs -p no:cacheprovider tests/calibration/test_gpu.py 2>&1 | tee "$RESULTS/gpu_tests.txt" || true
+# timings still follow: they measure the same kernels either way. No addopts: a lent machine lacks pytest-xdist.
+"$PY" -m pytest -q -rfEs -p no:cacheprovider -o addopts= tests/calibration/test_gpu.py 2>&1 | tee "$RESULTS/gpu_tests.txt" || true
 checkpoint
 
 if [[ "$ONLY" != gemma ]]; then

@@ -178,8 +178,10 @@ def run_calibration(
     test_fraction: float = 0.25,
     profile_name: str = "profile.yaml",
     console: Console | None = None,
+    grid: GridSpec | None = None,
 ) -> tuple[FitReport, Setup]:
     """Measure, fit and write the profile, grid.csv, calibration.json (and device.yaml on CPU) in `folder`.
+    `grid` replaces the device's grid (and the quick one timed at half depth): shapes sized to one trace.
 
     The run works in its own `folder`/calibrate-in-progress-* (the device's peaks, the grid-only profile that sizes
     the calibration trace), so an interrupted run leaves no file that passes for a finished one and keeps the
@@ -189,7 +191,9 @@ def run_calibration(
     remove_abandoned_work(folder)
     work = Path(tempfile.mkdtemp(prefix=f"{IN_PROGRESS}-{socket.gethostname()}-{os.getpid()}-", dir=folder))
     try:
-        report, setup, header = _calibrate(setup, work, gpu, quick, repeats, test_fraction, Phases(console))
+        report, setup, header = _calibrate(
+            setup, work, gpu, quick, repeats, test_fraction, Phases(console), grid
+        )
         return report, _publish(report, setup, header, folder, profile_name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -224,6 +228,7 @@ def _calibrate(
     repeats: int | None,
     test_fraction: float,
     phase: Phases,
+    grid: GridSpec | None = None,
 ) -> tuple[FitReport, Setup, dict]:
     """Every phase of a calibration in `work`: the fitted report, the setup (its device file in `work`), the
     profile's header."""
@@ -231,10 +236,12 @@ def _calibrate(
     with phase("measuring the device"):
         setup = describe_device(setup, work, gpu)
     repeats = repeats or (3 if quick else 7)
-    rows = _measure(setup, grid_shapes(GridSpec.for_device(setup.device, quick), setup.seed), repeats, phase)
+    rows = _measure(
+        setup, grid_shapes(grid or GridSpec.for_device(setup.device, quick), setup.seed), repeats, phase
+    )
     shallow = None if quick else half_depth(setup)
     if shallow is not None:  # the quick grid again at half depth: separates layer from step overhead
-        shapes = grid_shapes(GridSpec.for_device(setup.device, quick=True), setup.seed)
+        shapes = grid_shapes(grid or GridSpec.for_device(setup.device, quick=True), setup.seed)
         rows = pd.concat(
             [rows, _measure(shallow, shapes, repeats, phase, "timing the half-depth grid")], ignore_index=True
         )

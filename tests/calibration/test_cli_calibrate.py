@@ -116,49 +116,56 @@ def test_bad_arguments_are_one_line_errors(tmp_path):
     assert bad.exit_code == 2 and "calibration.json" in bad.stderr and bad.stderr.count("\n") == 1
 
 
-def test_gpu_lease_script_dry_run_writes_everything_in_two_calls(tmp_path):
-    """A lease command runs at most 10 minutes: the script's phases run as separate calls, into one folder or,
-    with --pack (a lent machine sends back at most 8 files), each into one archive; both hold every result."""
-    env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable}
-    script = str(ROOT / "calibration" / "gpu_lease.sh")
-    bad = subprocess.run(
-        ["bash", script, "--dry-run", "mistral"], env=env, cwd=tmp_path, capture_output=True, text=True
+LEASE_SCRIPT = str(ROOT / "calibration" / "gpu_lease.sh")
+LEASE_RESULTS = ("profile.yaml", "grid.csv", "validation.csv", "validation.html", "requests_measured.csv")
+
+
+def _lease(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", LEASE_SCRIPT, *args],
+        env=os.environ | {"OUT": str(out), "PYTHON": sys.executable, **env},
+        cwd=out,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
+
+
+def _assert_lease_results(folder: Path, model: str) -> None:
+    assert (folder / "environment.txt").read_text().count("torch") == 1
+    assert "needs a CUDA device" in (folder / "gpu_tests.txt").read_text()  # skipped here
+    for name in LEASE_RESULTS:
+        assert (folder / model / name).exists(), folder / model / name
+    assert (folder / f"{model}.validate.txt").read_text().count("ttft") == 1
+
+
+def test_gpu_lease_script_dry_run_writes_one_models_results_into_out(tmp_path):
+    """A lease command runs at most 10 minutes: the script's phases run as separate calls, each naming its model."""
+    bad = _lease(tmp_path, "--dry-run", "mistral")
     assert bad.returncode == 2 and "llama|gemma" in bad.stderr
-    for args in (["llama"], ["--pack", "gemma"]):
-        done = subprocess.run(
-            ["bash", script, "--dry-run", *args],
-            env=env,
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        assert f"lease done ({args[-1]})" in done.stdout
-    archive = tmp_path / "lease-gemma.tar.gz"
+    done = _lease(tmp_path, "--dry-run", "llama")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "lease done (llama)" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
         "environment.txt",
         "gpu_tests.txt",
-        archive.name,
         "llama-3.1-8b.calibrate.txt",
         "llama-3.1-8b.validate.txt",
     ]
+    _assert_lease_results(tmp_path, "llama-3.1-8b")
+
+
+def test_gpu_lease_script_dry_run_packs_every_result_into_one_archive(tmp_path):
+    """With --pack (a lent machine sends back at most 8 files) a call leaves one archive holding every result."""
+    done = _lease(tmp_path, "--dry-run", "--pack", "gemma")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "lease done (gemma)" in done.stdout
+    archive = tmp_path / "lease-gemma.tar.gz"
+    assert [p.name for p in tmp_path.iterdir()] == [archive.name]
     packed = tmp_path / "packed"
     with tarfile.open(archive) as tar:
         tar.extractall(packed, filter="data")
-    for folder, model in ((tmp_path, "llama-3.1-8b"), (packed, "gemma-3n-e2b")):
-        assert (folder / "environment.txt").read_text().count("torch") == 1
-        assert "needs a CUDA device" in (folder / "gpu_tests.txt").read_text()  # skipped here
-        for name in (
-            "profile.yaml",
-            "grid.csv",
-            "validation.csv",
-            "validation.html",
-            "requests_measured.csv",
-        ):
-            assert (folder / model / name).exists(), folder / model / name
-        assert (folder / f"{model}.validate.txt").read_text().count("ttft") == 1
+    _assert_lease_results(packed, "gemma-3n-e2b")
     gemma = pd.read_csv(packed / "gemma-3n-e2b" / "grid.csv")
     assert set(gemma["fast_prefill"]) == {True, False}  # YOCO on and off were both timed
     assert yaml.safe_load((packed / "gemma-3n-e2b" / "profile.yaml").read_text())["fit_mape"] is not None
@@ -166,16 +173,7 @@ def test_gpu_lease_script_dry_run_writes_everything_in_two_calls(tmp_path):
 
 def test_gpu_lease_script_archives_what_finished_when_a_step_fails(tmp_path):
     """A failing step keeps its exit status, and --pack still sends back what ran (here: the environment)."""
-    env = os.environ | {"OUT": str(tmp_path), "PYTHON": sys.executable, "GPU": "no-such-gpu"}
-    script = str(ROOT / "calibration" / "gpu_lease.sh")
-    failed = subprocess.run(
-        ["bash", script, "--pack", "llama"],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    failed = _lease(tmp_path, "--pack", "llama", GPU="no-such-gpu")
     assert failed.returncode != 0 and "lease done" not in failed.stdout
     with tarfile.open(tmp_path / "lease-llama.tar.gz") as tar:
         names = tar.getnames()
