@@ -277,13 +277,15 @@ def max_sustainable_rate(
     rel_tol: float = 0.02,
     max_factor: float = 1024.0,
     decided: Callable[[float, float], bool] | None = None,
+    split: Callable[[float, float], float] | None = None,
 ) -> CapacityResult:
     """Bisect the arrival rate for the highest one that passes, to within `rel_tol` of the failing bound.
 
     Starts at `start_rate_per_s` (default: the scenario's rate), doubles while passing or halves while
     failing (at most `max_factor` either way), then bisects. Returns 0.0 when even the lowest rate fails.
     `decided(passing, failing)`: the caller needs no finer bracket (a planner sizing replicas stops once every
-    rate in it gives the same count).
+    rate in it gives the same count). `split(passing, failing)`: the next rate to try, strictly between (default: the
+    midpoint).
     """
     start = start_rate_per_s or offered_rate(s, base_dir)
     verdicts: dict[float, Verdict] = {}
@@ -296,7 +298,7 @@ def max_sustainable_rate(
         return CapacityResult(0.0, 1, [verdicts[start]], s.workload.rate_unit)  # refused whatever the rate
     lo, hi = _bracket(passes, start, max_factor, verdicts[start].ok)
     while lo is not None and hi is not None and hi - lo > rel_tol * hi and not (decided and decided(lo, hi)):
-        mid = (lo + hi) / 2
+        mid = split(lo, hi) if split else (lo + hi) / 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
     ordered = [verdicts[r] for r in sorted(verdicts)]
     return CapacityResult(lo or 0.0, len(ordered), ordered, s.workload.rate_unit)

@@ -340,16 +340,32 @@ def size(
     rel_tol: float,
     settle: bool = True,
 ) -> Evaluation:
-    """Size a screened candidate by its per-replica maximum sustainable rate (`settle`: bisected only until the
-    replica count is settled)."""
+    """Size a screened candidate by its per-replica maximum sustainable rate. `settle`: bisect the replica count, not
+    the rate (each rate tried is the target's share of a count between those the bracket leaves open) and stop once
+    it is settled; the rate found is then the highest count's share that passed, a lower bound of the capacity."""
     s = ev.candidate.scenario(base)
 
-    def same_count(passing: float, failing: float) -> bool:  # every rate between gives the same replica count
-        return replicas_for(target_rate, passing) == replicas_for(target_rate, failing)
+    def undecided(passing: float, failing: float) -> range:
+        """Replica counts the bracket leaves open: more than those whose share of the target is known to fail,
+        fewer than the passing rate's count."""
+        return range(math.floor(target_rate / failing + 1e-9) + 1, replicas_for(target_rate, passing))
+
+    def settled(passing: float, failing: float) -> bool:
+        return not undecided(passing, failing)
+
+    def middle_count(passing: float, failing: float) -> float:  # the rate of the middle open count
+        counts = undecided(passing, failing)
+        return target_rate / counts[len(counts) // 2]
 
     try:  # a replica slower than target / max_replicas is of no use: search no lower (nor higher x that)
         ev.capacity = max_sustainable_rate(
-            s, base_dir, target_rate, rel_tol, max_factor=max_replicas, decided=same_count if settle else None
+            s,
+            base_dir,
+            target_rate,
+            rel_tol,
+            max_factor=max_replicas,
+            decided=settled if settle else None,
+            split=middle_count if settle else None,
         )
     except SpecError as err:
         return _reject(ev, "invalid", str(err))

@@ -69,6 +69,10 @@ def test_candidates_too_costly_to_win_are_not_sized_and_the_choice_is_the_exhaus
         if short.rejection is None:
             assert short.replicas == whole.replicas
             assert short.capacity.num_simulations <= whole.capacity.num_simulations
+            # each rate below the target a whole count's share (above it, the bracket doubles: 1/2, 1/4 replica)
+            counts = [TARGET / v.rate_per_s for v in short.capacity.verdicts if v.rate_per_s <= TARGET]
+            assert counts == pytest.approx([round(c) for c in counts])
+            assert short.capacity.rate_per_s == pytest.approx(TARGET / short.replicas)
     # the exhaustive search sized it, and its deployments all cost more than the recommendation
     sized = next(e for e in full.evaluations if e.candidate.label == "h100-sxm tp=4")
     assert sized.rejection is None and sized.replicas * sized.price_per_replica_hour_usd > 5.98
