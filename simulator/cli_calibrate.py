@@ -16,7 +16,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from hardware.profile import FIXED_COSTS, Profile, load_profile
-from simulator.cli import GpuFiles, app, clean_errors, console, print_table
+from simulator.cli_app import GpuFiles, app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from hardware.errors import SpecError
-from simulator.cli import GpuFiles, app, clean_errors, console, print_json, print_table
+from simulator.cli_app import GpuFiles, app, clean_errors, console, print_json, print_table
 
 
 GROUPS = {

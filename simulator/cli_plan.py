@@ -9,7 +9,7 @@ import typer
 
 from hardware.errors import SpecError
 from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
-from simulator.cli import app, clean_errors, console, print_json, print_table
+from simulator.cli_app import app, clean_errors, console, print_json, print_table
 
 SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
 

@@ -340,7 +340,7 @@ def test_a_bug_ctrl_c_or_a_full_disk_is_one_line_not_a_traceback(
 
 
 def test_long_quoted_values_are_cut_and_only_whole_quoted_values():
-    from simulator.cli import short_values
+    from simulator.cli_app import short_values
 
     assert (
         short_values(f"name: '{'x' * 3000}' names the folder")
