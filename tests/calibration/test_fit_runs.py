@@ -7,9 +7,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from calibration.fit_runs import fit_to_runs, split
+from calibration.fit_runs import API_TERMS, ZERO_STARTS, fit_to_runs, split
 from hardware.errors import SpecError
-from hardware.profile import EfficiencyCurve, FitRecord, Profile, load_profile
+from hardware.profile import API_FIELDS, EfficiencyCurve, FitRecord, Profile, load_profile
 from simulator.cli import app
 from simulator.measured import MeasuredRun, replay
 
@@ -337,3 +337,12 @@ def _write_profile(folder, profile: Profile, name: str):
     path = folder / name
     path.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
     return path
+
+
+def test_the_fit_knows_every_api_server_term_the_profile_has():
+    """The profile's API-server fields and the terms the fit can free are one list: a field added to the profile
+    without bounds here could never be fitted, and holdout would price runs by a term the fit ignores."""
+    assert set(API_TERMS) == API_FIELDS
+    assert API_FIELDS <= set(ZERO_STARTS)  # each defaults to 0, where a bounded fit could not move it
+    for name, (low, high) in API_TERMS.items():
+        assert 0 < low < high <= Profile.model_fields[name].metadata[-1].le, name
