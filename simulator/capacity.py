@@ -278,6 +278,7 @@ def max_sustainable_rate(
     max_factor: float = 1024.0,
     decided: Callable[[float, float], bool] | None = None,
     split: Callable[[float, float], float] | None = None,
+    min_factor: float | None = None,
 ) -> CapacityResult:
     """Bisect the arrival rate for the highest one that passes, to within `rel_tol` of the failing bound.
 
@@ -285,7 +286,8 @@ def max_sustainable_rate(
     failing (at most `max_factor` either way), then bisects. Returns 0.0 when even the lowest rate fails.
     `decided(passing, failing)`: the caller needs no finer bracket (a planner sizing replicas stops once every
     rate in it gives the same count). `split(passing, failing)`: the next rate to try, strictly between (default: the
-    midpoint).
+    midpoint). `min_factor`: halve at most this far below the start (default `max_factor`), for a caller with no use
+    for lower rates.
     """
     start = start_rate_per_s or offered_rate(s, base_dir)
     verdicts: dict[float, Verdict] = {}
@@ -296,7 +298,7 @@ def max_sustainable_rate(
 
     if not passes(start) and "rejected" in verdicts[start].reasons:
         return CapacityResult(0.0, 1, [verdicts[start]], s.workload.rate_unit)  # refused whatever the rate
-    lo, hi = _bracket(passes, start, max_factor, verdicts[start].ok)
+    lo, hi = _bracket(passes, start, max_factor, verdicts[start].ok, min_factor or max_factor)
     while lo is not None and hi is not None and hi - lo > rel_tol * hi and not (decided and decided(lo, hi)):
         mid = split(lo, hi) if split else (lo + hi) / 2
         lo, hi = (mid, hi) if passes(mid) else (lo, mid)
@@ -305,10 +307,10 @@ def max_sustainable_rate(
 
 
 def _bracket(
-    passes, start: float, max_factor: float, start_passes: bool
+    passes, start: float, max_factor: float, start_passes: bool, min_factor: float
 ) -> tuple[float | None, float | None]:
-    """(highest passing, lowest failing) rates found by doubling or halving from `start` (already judged:
-    `start_passes`); None = not found."""
+    """(highest passing, lowest failing) rates found by doubling from `start` (already judged: `start_passes`) up to
+    `max_factor` x, or halving until below start / `min_factor`; None = not found."""
     if start_passes:
         lo = start
         while lo < start * max_factor:
@@ -317,7 +319,7 @@ def _bracket(
             lo *= 2
         return lo, None  # still passing at max_factor x the start rate: report that as the answer
     hi = start
-    while hi > start / max_factor:
+    while hi > start / min_factor:
         if passes(hi / 2):
             return hi / 2, hi
         hi /= 2

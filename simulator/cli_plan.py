@@ -186,6 +186,11 @@ def plan(
     workers: int | None = typer.Option(
         None, "--workers", min=1, help="Parallel candidates (default: all cores)"
     ),
+    exhaustive: bool = typer.Option(
+        False,
+        "--exhaustive",
+        help="Size and verify every candidate, those too costly to be chosen too: the whole cost/latency table",
+    ),
     set_: list[str] = SetOption,
 ) -> None:
     """Find the cheapest deployment (GPU x TP x PP x layout x replicas x knobs) that sustains the load within the
@@ -223,6 +228,7 @@ def plan(
             pps=pps,
             layouts=layouts,
             on_progress=on_progress,
+            exhaustive=exhaustive,
         )
     path = folder / "plan.json"
     write_text_atomic(path, json_text(result.as_dict(), indent=2))

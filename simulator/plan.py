@@ -339,11 +339,17 @@ def size(
     max_replicas: int,
     rel_tol: float,
     settle: bool = True,
+    bound_usd_per_hour: float = math.inf,
 ) -> Evaluation:
     """Size a screened candidate by its per-replica maximum sustainable rate. `settle`: bisect the replica count, not
     the rate (each rate tried is the target's share of a count between those the bracket leaves open) and stop once
-    it is settled; the rate found is then the highest count's share that passed, a lower bound of the capacity."""
+    it is settled; the rate found is then the highest count's share that passed, a lower bound of the capacity.
+    `bound_usd_per_hour`: what a deployment verified to pass costs; counts that cost more are not searched, and a
+    candidate that needs one is rejected as "costlier"."""
     s = ev.candidate.scenario(base)
+    price = ev.price_per_replica_hour_usd
+    useful = max_replicas if math.isinf(bound_usd_per_hour) else math.floor(bound_usd_per_hour / price + 1e-9)
+    useful = min(useful, max_replicas)
 
     def undecided(passing: float, failing: float) -> range:
         """Replica counts the bracket leaves open: more than those whose share of the target is known to fail,
@@ -366,9 +372,20 @@ def size(
             max_factor=max_replicas,
             decided=settled if settle else None,
             split=middle_count if settle else None,
+            min_factor=max(useful, 1),
         )
     except SpecError as err:
         return _reject(ev, "invalid", str(err))
+    rate = ev.capacity.rate_per_s
+    refused = rate == 0.0 and "rejected" in ev.capacity.limit.reasons
+    if useful < max_replicas and not refused and (rate == 0.0 or replicas_for(target_rate, rate) > useful):
+        more = useful + 1
+        return _reject(
+            ev,
+            "costlier",
+            f"needs more than {useful} replica(s): {more} cost ${more * price:.2f}/h, more than a deployment "
+            f"that passes (${bound_usd_per_hour:.2f}/h)",
+        )
     if ev.capacity.rate_per_s == 0.0:
         limit = ev.capacity.limit
         # the root
@@ -563,7 +580,16 @@ def _size_cheapest_first(
             else:
                 wave.append(i)
         jobs = [
-            (base, base_dir, evaluations[i], result.target_rate_per_s, max_replicas, rel_tol, not exhaustive)
+            (
+                base,
+                base_dir,
+                evaluations[i],
+                result.target_rate_per_s,
+                max_replicas,
+                rel_tol,
+                not exhaustive,
+                math.inf if exhaustive else bound,
+            )
             for i in wave
         ]
 

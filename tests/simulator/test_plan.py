@@ -14,7 +14,17 @@ from simulator.capacity import CapacityResult, Verdict
 from simulator.cli import app
 from simulator.executors import WorkerDied
 from simulator.launch import launch_notes, sglang_command, vllm_command
-from simulator.plan import Candidate, Deployment, Evaluation, PlanResult, _next_cheaper, evaluate, plan
+from simulator.plan import (
+    Candidate,
+    Deployment,
+    Evaluation,
+    PlanResult,
+    _next_cheaper,
+    evaluate,
+    plan,
+    screen,
+    size,
+)
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 TARGET = 40.0
@@ -59,25 +69,53 @@ def test_candidates_too_costly_to_win_are_not_sized_and_the_choice_is_the_exhaus
     full = plan(chat(), SCENARIOS, **args, exhaustive=True)
     assert pruned.recommendation.label == full.recommendation.label == "2 x h100-sxm tp=1"
     assert pruned.next_cheaper.label == full.next_cheaper.label
-    costlier = [e for e in pruned.evaluations if e.rejection == "costlier"]
-    # $11.96/h a replica > 2 x tp=1's $5.98/h
-    assert [e.candidate.label for e in costlier] == ["h100-sxm tp=4"]
-    assert costlier[0].capacity is None and "$11.96/h" in costlier[0].detail
+    cost = pruned.recommendation.cost_per_hour_usd  # $5.98/h
+    costlier = {e.candidate.label: e for e in pruned.evaluations if e.rejection == "costlier"}
+    # $11.96/h a replica > 2 x tp=1's $5.98/h: not sized at all
+    assert costlier["h100-sxm tp=4"].capacity is None and "$11.96/h" in costlier["h100-sxm tp=4"].detail
     assert pruned.num_simulations < full.num_simulations
-    # each candidate's bisection stopped once its replica count was settled: the same count as bisecting to rel_tol
     for short, whole in zip(pruned.evaluations, full.evaluations):
         if short.rejection is None:
+            # its bisection stopped once its replica count was settled: the same count as bisecting to rel_tol
             assert short.replicas == whole.replicas
             assert short.capacity.num_simulations <= whole.capacity.num_simulations
             # each rate below the target a whole count's share (above it, the bracket doubles: 1/2, 1/4 replica)
             counts = [TARGET / v.rate_per_s for v in short.capacity.verdicts if v.rate_per_s <= TARGET]
             assert counts == pytest.approx([round(c) for c in counts])
             assert short.capacity.rate_per_s == pytest.approx(TARGET / short.replicas)
-    # the exhaustive search sized it, and its deployments all cost more than the recommendation
-    sized = next(e for e in full.evaluations if e.candidate.label == "h100-sxm tp=4")
-    assert sized.rejection is None and sized.replicas * sized.price_per_replica_hour_usd > 5.98
-    shown = [d.as_dict() for d in full.deployments if d.evaluation.candidate.label != "h100-sxm tp=4"]
+        elif short.rejection == "costlier":
+            # the exhaustive search sized it, and it needs more replicas than could cost no more than the choice
+            assert whole.rejection is None and whole.replicas * whole.price_per_replica_hour_usd > cost
+    # what the shortcuts did not verify is every deployment of the candidates they found too costly
+    shown = [d.as_dict() for d in full.deployments if d.evaluation.candidate.label not in costlier]
     assert [d.as_dict() for d in pruned.deployments] == shown
+
+
+def test_a_cost_bound_stops_the_replica_search_at_the_counts_that_could_cost_no_more():
+    """Once a deployment at $B/h passes, a candidate needing more than B / (its price) replicas cannot win: the search
+    tries no count beyond what could cost no more, and such a candidate is rejected as costlier."""
+    base = chat()
+    free = size(base, SCENARIOS, screen(base, Candidate("h100-sxm", 1)), TARGET, 4, 0.05)
+    assert free.rejection is None and free.replicas == 2
+    price = free.price_per_replica_hour_usd
+    one = size(
+        base,
+        SCENARIOS,
+        screen(base, Candidate("h100-sxm", 1)),
+        TARGET,
+        4,
+        0.05,
+        bound_usd_per_hour=price * 1.5,
+    )
+    assert one.rejection == "costlier" and "needs more than 1 replica(s)" in one.detail
+    assert [v.rate_per_s for v in one.capacity.verdicts] == [TARGET]  # one replica's share only
+    assert one.capacity.num_simulations < free.capacity.num_simulations
+    two = size(
+        base, SCENARIOS, screen(base, Candidate("h100-sxm", 1)), TARGET, 4, 0.05, bound_usd_per_hour=price * 2
+    )
+    assert (
+        two.rejection is None and two.replicas == 2
+    )  # a deployment costing the bound itself may still win a tie
 
 
 def test_sizing_comes_from_the_per_replica_rate(chat_plan):
@@ -87,6 +125,27 @@ def test_sizing_comes_from_the_per_replica_rate(chat_plan):
     assert chat_plan.num_simulations == len(chat_plan.deployments) + sum(
         e.capacity.num_simulations for e in chat_plan.evaluations
     )
+
+
+def test_the_exhaustive_option_verifies_what_the_shortcuts_leave_out(tmp_path):
+    """--exhaustive sizes and verifies the candidates too costly to be chosen: the whole cost/latency table, the same
+    recommendation."""
+    path = tmp_path / "chat.yaml"
+    path.write_text(yaml.safe_dump(chat().run_settings().model_dump(mode="json", exclude_unset=True)))
+    (tmp_path / "traces").symlink_to(SCENARIOS / "traces")
+    plans = {}
+    for extra in ([], ["--exhaustive"]):
+        out = tmp_path / f"plan{len(extra)}"
+        args = ["plan", str(path), "--gpus", "h100-sxm", "--tp", "1,4", "--max-replicas", "4"]
+        args += ["--target-rate", str(TARGET), "--out", str(out), "--workers", "1", *extra]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 0, result.output
+        plans[bool(extra)] = json.loads((out / "plan.json").read_text())
+    shortcut, everything = plans[False], plans[True]
+    assert shortcut["recommendation"]["deployment"] == everything["recommendation"]["deployment"]
+    shown = {d["deployment"] for d in shortcut["deployments"]}
+    assert shown < {d["deployment"] for d in everything["deployments"]}
+    assert not any("tp=4" in d for d in shown)  # one tp=4 replica costs more than the choice
 
 
 def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
