@@ -13,7 +13,9 @@ from hardware.batch import StepBatch
 from hardware.kernel_tables import SYSTEMS, data_root
 from hardware.model import get_model
 
-VLLM = {"h100-sxm": "0.24.0", "h200": "0.24.0"}  # the builds whose tables the oracle reads
+VLLM = {
+    gpu: "0.24.0" for gpu in ("h100-sxm", "h200", "b300", "gb200", "gb300")
+}  # the builds whose tables the oracle reads
 MODELS = ("llama-3.1-8b", "llama-3.1-70b")
 TPS = (1, 2, 4)
 #: (batch, cached tokens, new tokens): decodes at 1, 64 and 256 requests over 1K and 8K, and one 4K-token prefill.

@@ -466,11 +466,6 @@ def _moe(f: _Fields) -> MoeSpec | None:
             biased=f.raw.get("model_type") == "gpt_oss",
         )
     if f.raw.get("num_experts"):  # Qwen MoE
-        if f.raw.get("shared_expert_intermediate_size"):
-            raise SpecError(
-                f"{f.source}: a shared expert of its own width (shared_expert_intermediate_size, "
-                "Qwen2-MoE) is not modelled"
-            )
         return MoeSpec(f.get("num_experts"), f.get("num_experts_per_tok"), f.get("moe_intermediate_size"))
     return None
 
@@ -600,6 +595,33 @@ def _require_positive(source: str, key: str, value: int) -> None:
         raise SpecError(f"{source}: {key} must be a positive integer, not {value}")
 
 
+#: config.json keys that mark a layer kind servesim does not model: read as if absent, the model would be priced
+#: and sized wrongly (Nemotron-H's Mamba layers as attention, Llama 4's dense layers as MoE), so it is refused.
+UNMODELLED_KEYS = {
+    "hybrid_override_pattern": "Mamba (state-space) layers",
+    "hybrid_layer_pattern": "layers of two attention shapes",
+    "attention_chunk_size": "chunked local attention",
+    "interleave_moe_layer_step": "MoE on every n-th layer with dense layers of another width",
+    "index_topk": "sparse attention over indexer-chosen keys",
+    "global_head_dim": "full-attention layers with heads of another size",
+    "sparse_attention_config": "sparse attention over indexer-chosen keys",
+    "dense_intermediate_size": "dense layers of another width",
+    "shared_expert_intermediate_size": "a shared expert of its own width",
+    "share_expert_dim": "a shared expert of its own width",
+    "shared_intermediate_size": "a shared expert of its own width",
+    "moe_shared_expert_intermediate_size": "a shared expert of its own width",
+}
+
+
+def _refuse_unmodelled(raw: dict[str, Any], source: str) -> None:
+    """A config that sets an UNMODELLED_KEYS key (to anything but null, 0 or false; a MoE step of 1) is refused."""
+    for key, what in UNMODELLED_KEYS.items():
+        value = raw.get(key)
+        if value in (None, 0, False) or (key == "interleave_moe_layer_step" and value == 1):
+            continue
+        raise SpecError(f"{source}: {key} ({what}) is not modelled; servesim would misprice this model")
+
+
 def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json") -> ModelSpec:
     """Build a ModelSpec from a parsed HF config dict (multimodal configs: their `text_config`, plus the vision
     tower's stored weights), missing fields taken from the transformers class's defaults in CLASS_DEFAULTS."""
@@ -614,6 +636,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
             **top,
         }
     raw = {**CLASS_DEFAULTS.get(str(raw.get("model_type", "")), {}), **raw}
+    _refuse_unmodelled(raw, source)
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
     num_layers = f.get("num_hidden_layers")

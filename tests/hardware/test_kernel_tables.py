@@ -68,7 +68,7 @@ def test_off_grid_shapes_lie_between_their_neighbours_and_split_past_the_grid():
     assert tables.gemm_s("mxfp4", 8, 4096, 4096) is None
 
 
-@pytest.mark.parametrize("gpu", ["h100-sxm", "h200"])
+@pytest.mark.parametrize("gpu", ["h100-sxm", "h200", "b300", "gb200", "gb300"])
 def test_measured_steps_are_the_tables_per_layer_sums(gpu):
     """The issue's check: Llama-3.1-8B and 70B at TP 1, 2, 4, decodes at batch 1/64/256 over 1K/8K and a 4K-token
     prefill, each priced within 5% of the tables' op latencies summed by hand (lookup and sharding)."""

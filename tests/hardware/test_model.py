@@ -34,6 +34,13 @@ PUBLISHED = [
     ("qwen3-32b", 32.8, None),
     ("qwen3-30b-a3b", 30.5, 3.3),
     ("qwen3-235b-a22b", 235, 22),
+    ("qwen3-coder-480b-a35b", 480, 35),
+]
+
+# Presets whose cards round to one or two figures: (preset, total, active without embedding and LM head, rel).
+ROUNDED = [
+    ("kimi-k2", 1000, 32, 0.05),  # "1T total, 32B activated"
+    ("minimax-m2.5", 230, 10, 0.03),  # "230B total, 10B active"
 ]
 
 
@@ -43,6 +50,21 @@ def test_parameter_counts_match_published_totals(name, total_b, active_b):
     assert model.total_params() / 1e9 == pytest.approx(total_b, rel=0.015)
     if active_b is not None:
         assert model.active_params() / 1e9 == pytest.approx(active_b, rel=0.03)
+
+
+@pytest.mark.parametrize("name,total_b,active_b,rel", ROUNDED)
+def test_rounded_published_counts_hold_to_their_rounding(name, total_b, active_b, rel):
+    model = get_model(name)
+    assert model.total_params() / 1e9 == pytest.approx(total_b, rel=rel)
+    body = model.active_params() - model.embedding_params - model.lm_head_params
+    assert body / 1e9 == pytest.approx(active_b, rel=rel)
+
+
+def test_kimi_k2_is_deepseek_v3_with_384_experts_and_the_same_mla_cache():
+    kimi, v3 = get_model("kimi-k2"), get_model("deepseek-v3")
+    assert (kimi.moe.num_experts, kimi.moe.experts_per_token, kimi.num_heads) == (384, 8, 64)
+    assert kimi.kv_bytes_per_token("bf16") == v3.kv_bytes_per_token("bf16") == 61 * 576 * 2
+    assert kimi.quantization == "fp8"
 
 
 def test_llama_8b_kv_bytes_per_token_and_sequence_sizes():
@@ -335,3 +357,31 @@ def test_a_model_config_with_infinity_or_nan_is_refused(tmp_path):
     )
     with pytest.raises(SpecError, match="config.json: -Infinity is no JSON number; give a finite one"):
         load_model_file(path)
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("hybrid_override_pattern", "M*M*"),  # Nemotron-H
+        ("hybrid_layer_pattern", [0, 1, 1, 0]),  # MiMo-V2-Flash
+        ("attention_chunk_size", 8192),  # Llama 4
+        ("interleave_moe_layer_step", 2),  # Llama 4 Maverick
+        ("index_topk", 2048),  # DeepSeek-V3.2, GLM-5
+        ("sparse_attention_config", {"sparse_topk_blocks": 16}),  # MiniMax-M3
+        ("global_head_dim", 512),  # Gemma 4
+        ("dense_intermediate_size", 12288),
+        ("share_expert_dim", 1280),  # Step-3
+        ("shared_intermediate_size", 3072),
+        ("moe_shared_expert_intermediate_size", 3712),  # Nemotron 3
+    ],
+)
+def test_a_layer_kind_servesim_does_not_model_is_refused_by_its_key(key, value):
+    """Read as if absent, these would price Mamba layers as attention or dense layers as MoE: refused, by name."""
+    raw = {**_LLAMA, key: value}
+    model_from_config({**_LLAMA, key: None}, "tiny")  # null means unset
+    with pytest.raises(SpecError, match=rf"^tiny.json: {key} \(.*\) is not modelled"):
+        model_from_config(raw, "tiny", "tiny.json")
+
+
+def test_llama_4_scouts_moe_step_of_one_is_not_the_marker():
+    model_from_config({**_LLAMA, "interleave_moe_layer_step": 1}, "tiny")
