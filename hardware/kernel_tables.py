@@ -37,8 +37,8 @@ SYSTEMS = {
     "a100-80gb": "a100_sxm",
     "l40s": "l40s",
 }
-#: Engine families with tables of their own; `kernels: engine` takes the scenario's scheduler's, vLLM's for the
-#: schedulers that imitate no engine of their own (Orca, Sarathi, static).
+#: Engines with tables of their own; `kernels: engine` takes those of the engine the scenario's scheduler imitates
+#: (its family's `kernel_tables`; vLLM's for the schedulers that imitate none).
 FRAMEWORKS = ("vllm", "sglang", "trtllm")
 ENGINE = "engine"
 #: servesim's dtype names -> the tables' (bf16 GEMMs; fp8 per-tensor scaled; NVFP4, measured on Blackwell; KV caches
@@ -71,12 +71,12 @@ def split_kernels(kernels: str) -> tuple[str, str | None]:
     return name, version or None
 
 
-def framework_for(kernels: str, scheduler: str | None = None) -> str:
-    """The engine family whose tables `kernels` names: itself, or under `engine` the scheduler's (vLLM's for
-    schedulers without tables of their own)."""
+def framework_for(kernels: str, engine_tables: str = FRAMEWORKS[0]) -> str:
+    """The engine whose tables `kernels` names: itself, or under `engine` `engine_tables` (the scenario's engine
+    family's)."""
     name = split_kernels(kernels)[0]
     if name == ENGINE:
-        return scheduler if scheduler in FRAMEWORKS else "vllm"
+        return engine_tables
     if name not in FRAMEWORKS:
         raise SpecError(
             f"{kernels!r} names no engine's kernel tables; allowed: {', '.join((ENGINE, *FRAMEWORKS))}, "
@@ -433,10 +433,10 @@ class KernelTables:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_tables(kernels: str, gpu: str, scheduler: str | None = None) -> KernelTables | None:
+def kernel_tables(kernels: str, gpu: str) -> KernelTables | None:
     """The tables `kernels` (`engine`, `vllm`, `sglang` or `trtllm`, optionally `@version`) names for catalog GPU
     `gpu`; None for a GPU the package did not measure (its operators keep the roofline)."""
-    framework, version = framework_for(kernels, scheduler), split_kernels(kernels)[1]
+    framework, version = framework_for(kernels), split_kernels(kernels)[1]
     system = SYSTEMS.get(gpu)
     if system is None or not (data_root() / system).is_dir():
         return None

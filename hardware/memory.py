@@ -55,7 +55,7 @@ class EngineMemoryConfig:
     max_num_batched_tokens: int = (
         8192  # for direct callers; scenarios and `servesim memory` pass vLLM's per-GPU
     )
-    max_num_seqs: int = 256  # defaults (policies.config.EngineConfig.with_vllm_defaults)
+    max_num_seqs: int = 256  # defaults (policies.config.EngineConfig.with_defaults)
     kv_dtype: str = "bf16"
     weight_dtype: str = "auto"  # the checkpoint's own (hardware.model.resolve_weight_dtype)
     runtime_reserve_bytes: float = DEFAULT_RUNTIME_RESERVE_BYTES

@@ -306,13 +306,14 @@ class Profile(SpecModel):
             return self.model_copy(update={"gpus": {}})
         return Profile.model_validate(self.model_dump(exclude={"gpus"}) | section)
 
-    def for_engine(self, scheduler: str) -> Profile:
-        """The profile as `scheduler`'s engine runs: `kernels: engine` names that engine's tables."""
+    def for_engine(self, engine_tables: str) -> Profile:
+        """The profile as an engine runs whose kernels are `engine_tables`' (its family's `kernel_tables`):
+        `kernels: engine` names them."""
         if self.kernels is None or split_kernels(self.kernels)[0] != ENGINE:
             return self
         version = split_kernels(self.kernels)[1]
         return self.model_copy(
-            update={"kernels": framework_for(ENGINE, scheduler) + (f"@{version}" if version else "")}
+            update={"kernels": framework_for(ENGINE, engine_tables) + (f"@{version}" if version else "")}
         )
 
     def with_gpu_section(self, gpu: str, values: dict[str, Any]) -> Profile:

@@ -19,6 +19,8 @@ MAX_REPLICAS = (
 MAX_PARALLEL = (
     1024  # GPUs in one tensor- or pipeline-parallel group: past any NVLink domain built or announced
 )
+#: The most tokens (or seconds) any count may name: far beyond any context, and within int64 however it is summed.
+MAX_TOKENS = 1 << 40
 
 
 class SpecModel(BaseModel):

@@ -2,90 +2,22 @@
 
 from __future__ import annotations
 
-import math
 from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
 from hardware.errors import SpecError
 from hardware.gpu import GpuSpec
-from hardware.spec_model import SpecModel
+from hardware.memory import EngineMemoryConfig
+from hardware.spec_model import MAX_TOKENS, SpecModel
+from policies.families import FLASHMLA_BLOCK_SIZE, family_of, known_family
 from policies.spec_decode import EAGLE_METHODS, SpeculativeConfig
 
 
-def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
-    """(max_num_batched_tokens, max_num_seqs) vLLM picks (EngineArgs.get_batch_defaults): larger on devices
-    reporting >= 70 GiB, except A100s, where a larger budget measured slower; the offline `LLM` class (bench
-    latency, bench throughput) takes 16384/8192 tokens where `vllm serve` takes 8192/2048."""
-    large = gpu.reported_memory_bytes >= 70 * (1 << 30) and "a100" not in gpu.name.lower()
-    if offline:
-        return (16384, 1024) if large else (8192, 256)
-    return (8192, 1024) if large else (2048, 256)
-
-
-# SGLang turns its hybrid SWA memory off for these (server_args: "Disable hybrid SWA memory for ... as it is not
-# yet supported"): every layer keeps every token, as vLLM's --disable-hybrid-kv-cache-manager does
-SGLANG_FULL_KV_ARCHITECTURES = frozenset(
-    {
-        "Gemma2ForCausalLM",
-        "Gemma3ForCausalLM",
-        "Gemma3ForConditionalGeneration",
-        "Gemma3nForCausalLM",
-        "Gemma3nForConditionalGeneration",
-    }
-)
-SGLANG_DP_ATTENTION_CONSERVATIVENESS = (
-    0.3  # SGLang scales --schedule-conservativeness by it under DP attention
-)
-SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
-VLLM_GPU_MEMORY_UTILIZATION = 0.9
 MAX_SEQS = 2**20  # batch slots: far past any engine's (SGLang caps its pool at 4096)
-MAX_BUDGET = 2**40  # tokens a step: any context, and within int64 however it is summed
+MAX_BUDGET = MAX_TOKENS  # tokens a step
 # KV blocks a run keeps a record of, all replicas together: ~130 bytes each (free list and reference count)
 MAX_KV_BLOCKS = 2**25
-FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
-
-
-# SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
-# cuda_graph_max_bs at tp < 4, at tp >= 4)
-_SGLANG_GPU_TIERS = (
-    (20, 2048, 8, 8),
-    (35, 2048, 24, 80),
-    (60, 4096, 32, 160),
-    (160, 8192, 256, 512),
-    (math.inf, 16384, 512, 512),
-)
-
-
-def _sglang_tier(gpu: GpuSpec) -> tuple[float, int, int, int]:
-    """(device memory in MiB, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)."""
-    mib = gpu.reported_memory_bytes / (1 << 20)
-    return mib, *next(tier[1:] for tier in _SGLANG_GPU_TIERS if mib < tier[0] * 1024)
-
-
-def sglang_mem_fraction_static(
-    gpu: GpuSpec, prefill_tokens: int, tp: int = 1, pp: int = 1, dp_attention: bool = False
-) -> float:
-    """SGLang's default mem_fraction_static (server_args._handle_gpu_memory_settings, 0.5.x): the share of the
-    device for weights and the KV pool, the rest (MiB) reserved for activations of a `prefill_tokens` batch
-    (chunked_prefill_size, or max_prefill_tokens unchunked), CUDA graphs up to its cuda_graph_max_bs and large
-    parallel sizes: 512 + 1.5 x max(prefill_tokens, 2048) + 2 x max_bs + tp x pp / 8 x 1024 (+ DP attention's
-    padding), at least 10 GiB above 60 GiB."""
-    mib, _, small, large = _sglang_tier(gpu)
-    max_bs = small if tp < 4 else large
-    reserved = 512 + 1.5 * max(prefill_tokens, 2048) + 2 * max_bs + tp * pp / 8 * 1024
-    if dp_attention:
-        reserved += max_bs * tp * 3 + (max_bs * tp * 1.5 if max_bs > 300 else 0)
-    if mib > 60 * 1024:
-        reserved = max(reserved, 10 * 1024)
-    return round((mib - reserved) / mib, 3)
-
-
-def sglang_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
-    """(chunked_prefill_size, max_running_requests cap) SGLang picks (server_args, 0.5.x): the chunk by the
-    device's memory (< 35 GiB 2048, < 60 GiB 4096, < 160 GiB 8192, else 16384); running requests are further
-    capped by the KV pool when the scheduler starts (policies/prefill_first.py)."""
-    return _sglang_tier(gpu)[1], SGLANG_MAX_RUNNING
 
 
 class EngineConfig(SpecModel):
@@ -248,7 +180,7 @@ class EngineConfig(SpecModel):
     )
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding (None: off)")
 
-    def with_vllm_defaults(
+    def with_defaults(
         self,
         gpu: GpuSpec,
         max_model_len: int,
@@ -258,51 +190,54 @@ class EngineConfig(SpecModel):
         mla: bool = False,
         architecture: str = "",
     ) -> EngineConfig:
-        """This config with unset batch limits and memory share filled as `vllm serve` fills them
-        (EngineArgs.get_batch_defaults); unset slots are capped at the step's token budget. The sglang scheduler
-        takes SGLang's defaults instead: max_num_batched_tokens is its chunked_prefill_size, max_num_seqs its
+        """This config with unset batch limits and memory share filled as the scheduler's engine family fills
+        them (policies/families.py): `vllm serve`'s (EngineArgs.get_batch_defaults; unset slots capped at the step's
+        token budget), or under sglang SGLang's: max_num_batched_tokens its chunked_prefill_size, max_num_seqs its
         max_running_requests, gpu_memory_utilization its mem_fraction_static (for the replica's tp, pp). Under DP
         attention vLLM's are per data-parallel rank, so the group's are tp times them.
-        Unset async_scheduling is the engine's default for the replica: on for the vllm and sglang schedulers
-        without pipeline parallelism (its steps in flight are committed one by one) and without draft-model or
-        n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported with ...").
-        An unset block_size is 16, or 64 for an `mla` model under vLLM on a GPU FlashMLA runs on (compute capability 9.0 or newer), which vLLM
-        forces ("Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on Blackwell
-        picked CUTLASS MLA and 128); a set size that is not a multiple of 64 is an error there, since vLLM would
-        not run it. Under sglang, a model of SGLANG_FULL_KV_ARCHITECTURES keeps every token in every layer, as SGLang
-        runs it, unless disable_hybrid_kv_cache_manager is set (false: a what-if of SGLang sliding its windows); under DP
-        attention an unset schedule_conservativeness is SGLang's 0.3 (its default 1.0 scaled by 0.3)."""
-        sglang = self.scheduler == "sglang"
-        tokens, seqs = sglang_batch_defaults(gpu) if sglang else vllm_batch_defaults(gpu)
+        Unset async_scheduling is the engine's default for the replica: on for a scheduler that schedules ahead
+        (vllm, sglang) without pipeline parallelism (its steps in flight are committed one by one) and without
+        draft-model or n-gram speculation, which vLLM runs synchronously (VllmConfig: "Async scheduling not supported
+        with ...").
+        An unset block_size is 16, or 64 for an `mla` model where the family runs FlashMLA (vLLM on compute
+        capability 9.0 or newer: "Forcing kv cache block size to 64 for FlashMLA backend", vLLM 0.8 on; 0.10-0.11 on
+        Blackwell picked CUTLASS MLA and 128); a set size that is not a multiple of 64 is an error under vLLM, which
+        would not run it. Under sglang, a model of SGLANG_FULL_KV_ARCHITECTURES keeps every token in every layer, as
+        SGLang runs it, unless disable_hybrid_kv_cache_manager is set (false: a what-if of SGLang sliding its
+        windows); under DP attention an unset schedule_conservativeness is SGLang's 0.3 (its default 1.0 scaled by
+        0.3)."""
+        family, scheduler = family_of(self.scheduler), self.scheduler_class()
+        tokens, seqs = family.batch_defaults(gpu)
         if not self.enable_chunked_prefill:
             tokens = max(tokens, max_model_len)
-        # vLLM runs DP attention as tp engines, each with its defaults;
-        if dp_attention and tp > 1 and not sglang:
-            tokens, seqs = tokens * tp, seqs * tp  # SGLang divides its own among its ranks
+        if dp_attention and tp > 1 and family.defaults_per_rank:
+            tokens, seqs = tokens * tp, seqs * tp  # else the family divides its own among its ranks
         update = {
             k: v
             for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
             if getattr(self, k) is None
         }
-        # never more slots than tokens in a step (vLLM caps it so)
-        if "max_num_seqs" in update and not sglang:
+        if "max_num_seqs" in update and family.caps_slots_at_budget:
             update["max_num_seqs"] = min(
                 seqs, update.get("max_num_batched_tokens", self.max_num_batched_tokens)
             )
-        if sglang and dp_attention and tp > 1 and "schedule_conservativeness" not in self.model_fields_set:
-            update["schedule_conservativeness"] = (
-                SGLANG_DP_ATTENTION_CONSERVATIVENESS  # what SGLang runs by default
-            )
+        conservativeness = family.dp_attention_conservativeness
         if (
-            sglang
-            and architecture in SGLANG_FULL_KV_ARCHITECTURES
+            conservativeness is not None
+            and dp_attention
+            and tp > 1
+            and "schedule_conservativeness" not in self.model_fields_set
+        ):
+            update["schedule_conservativeness"] = conservativeness  # what SGLang runs by default
+        if (
+            architecture in family.full_kv_architectures
             and "disable_hybrid_kv_cache_manager" not in self.model_fields_set
         ):
             update["disable_hybrid_kv_cache_manager"] = True
-        if mla and not sglang and (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY:
+        if mla and family.flashmla_block(gpu):
             if "block_size" not in self.model_fields_set:
                 update["block_size"] = FLASHMLA_BLOCK_SIZE
-            elif self.block_size % FLASHMLA_BLOCK_SIZE and self.scheduler.startswith("vllm"):
+            elif self.block_size % FLASHMLA_BLOCK_SIZE and family.vllm_rules:
                 raise SpecError(
                     f"engine.block_size {self.block_size}: vLLM runs MLA models on {gpu.name} with FlashMLA, "
                     f"which needs a multiple of {FLASHMLA_BLOCK_SIZE} (it would run "
@@ -311,7 +246,7 @@ class EngineConfig(SpecModel):
         # vLLM schedules ahead with EAGLE/MTP drafts only: a draft model's or n-gram's proposals need the step's output
         plain_drafts = self.speculative is not None and self.speculative.method not in EAGLE_METHODS
         if self.async_scheduling is None:
-            update["async_scheduling"] = self.scheduler in ("vllm", "sglang") and pp == 1 and not plain_drafts
+            update["async_scheduling"] = scheduler.schedules_ahead and pp == 1 and not plain_drafts
         elif self.async_scheduling and pp > 1:
             raise SpecError(
                 "engine.async_scheduling with pipeline parallelism (pp > 1) is not modelled: the "
@@ -326,11 +261,7 @@ class EngineConfig(SpecModel):
         if self.gpu_memory_utilization is None:
             chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)
             prefill = chunk if self.enable_chunked_prefill else self.max_prefill_tokens
-            update["gpu_memory_utilization"] = (
-                sglang_mem_fraction_static(gpu, prefill, tp, pp, dp_attention)
-                if sglang
-                else VLLM_GPU_MEMORY_UTILIZATION
-            )
+            update["gpu_memory_utilization"] = family.memory_share(gpu, prefill, tp, pp, dp_attention)
         if not update:
             return self
         try:
@@ -342,35 +273,61 @@ class EngineConfig(SpecModel):
                 if k not in ("gpu_memory_utilization", "async_scheduling")
             )
             raise SpecError(
-                f"engine: with vLLM's default {filled} for this GPU: "
+                f"engine: with {family.label}'s default {filled} for this GPU: "
                 + err.errors()[0]["msg"].removeprefix("Value error, ")
             ) from None
 
+    def memory_config(self, pp: int = 1) -> EngineMemoryConfig:
+        """The start-up memory plan's knobs of this (filled) engine; its family decides whether activations sit
+        inside the memory share and whether sliding-window layers get a pool of their own."""
+        family = family_of(self.scheduler)
+        return EngineMemoryConfig(
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            block_size=self.block_size,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            kv_dtype=self.kv_dtype,
+            weight_dtype=self.weight_dtype,
+            allow_long_max_model_len=self.allow_long_max_model_len,
+            disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
+            activations_outside=not family.activations_in_share,
+            in_flight_batches=self.in_flight_batches(pp),
+            swa_full_tokens_ratio=self.swa_full_tokens_ratio if family.swa_pools else None,
+            chunked_prefill=self.enable_chunked_prefill,
+        )
+
+    def scheduler_class(self) -> type:
+        """The registered (or importable) scheduler class `scheduler` names; SpecError for an unknown one."""
+        from policies.catalog import schedulers  # the schedulers import this module
+
+        return schedulers.get(self.scheduler)
+
     def in_flight_batches(self, pp: int = 1) -> int:
-        """vLLM's max_concurrent_batches: steps scheduled whose tokens are not yet processed, 2 under async
-        scheduling, pp with a pipeline's batch queue. A sliding window keeps its blocks for all of their tokens
-        (VllmConfig.max_in_flight_tokens = this x max_num_batched_tokens), so vLLM sizes and admits by it. SGLang
-        sizes its pools otherwise: 1."""
-        if self.scheduler == "sglang":
-            return 1
-        return 2 if self.async_scheduling else pp
+        """Steps scheduled whose tokens are not yet processed, as the scheduler's engine family counts them
+        (EngineFamily.in_flight_batches): vLLM sizes and admits a sliding window's blocks by it."""
+        return family_of(self.scheduler).in_flight_batches(bool(self.async_scheduling), pp)
 
     def batch_limits(self) -> tuple[int, int]:
         """(max_num_batched_tokens, max_num_seqs) for a scheduler; an error while vLLM's defaults are unset."""
         if self.max_num_batched_tokens is None or self.max_num_seqs is None:
             raise ValueError(
                 "engine batch limits unset: fill in vLLM's defaults for the GPU first "
-                "(EngineConfig.with_vllm_defaults, Scenario.with_engine_defaults)"
+                "(EngineConfig.with_defaults, Scenario.with_engine_defaults)"
             )
         return self.max_num_batched_tokens, self.max_num_seqs
 
     @model_validator(mode="after")
-    def _budget_covers_batch(self) -> EngineConfig:
+    def _engine_rules(self) -> EngineConfig:
+        family = known_family(self.scheduler)
+        if family is None:  # an unknown scheduler is reported where the scenario checks its policies
+            return self
+        scheduler = self.scheduler_class()
         # else checked once filled
         limits = self.max_num_batched_tokens is not None and self.max_num_seqs is not None
         if (
             limits
-            and self.scheduler == "vllm"
+            and family.vllm_rules
             and self.enable_chunked_prefill
             and self.max_num_batched_tokens < self.max_num_seqs
         ):
@@ -378,18 +335,18 @@ class EngineConfig(SpecModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): "
                 "each running request takes a token a step"
             )
-        if self.speculative is not None and self.scheduler in ("static", "seed_toy", "sglang"):
+        if self.speculative is not None and not scheduler.speculates:
             raise ValueError(
                 f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "
                 f"not {self.scheduler!r}"
             )
-        if self.async_scheduling and self.scheduler not in ("vllm", "sglang"):
+        if self.async_scheduling and not scheduler.schedules_ahead:
             raise ValueError(
                 f"async_scheduling is modelled for the vllm and sglang schedulers of a colocated "
                 f"replica; {self.scheduler!r} runs synchronously (prefill and decode pools too): set it "
                 "false or leave it unset"
             )
-        if self.scheduler == "sglang" and self.preemption_mode == "swap":
+        if self.preemption_mode == "swap" and not family.swaps:
             raise ValueError(
                 "preemption_mode 'swap': SGLang retracts requests and recomputes them; the sglang "
                 "scheduler takes preemption_mode 'recompute'"

@@ -22,7 +22,8 @@ import math
 from collections.abc import Callable, Iterator
 from itertools import chain, count
 
-from policies.config import SGLANG_MAX_RUNNING, EngineConfig
+from policies.config import EngineConfig
+from policies.families import family_of
 from policies.step import Scheduler, SchedulerDefaults, StepPlan
 from workloads.request import Phase, Request
 
@@ -37,14 +38,10 @@ def data_parallel_share(engine: EngineConfig, ranks: int) -> EngineConfig:
     SGLang's default max_running_requests stays its default, so each rank derives it from its own pool."""
     if ranks == 1:
         return engine
-    sglang = engine.scheduler == "sglang"
-
-    def share(value: int) -> int:
-        return max(value // ranks, 1) if sglang else -(-value // ranks)
-
-    update = {"max_num_batched_tokens": share(engine.max_num_batched_tokens)}
-    if not (sglang and engine.max_num_seqs == SGLANG_MAX_RUNNING):
-        update["max_num_seqs"] = share(engine.max_num_seqs)
+    family = family_of(engine.scheduler)
+    update = {"max_num_batched_tokens": family.rank_share(engine.max_num_batched_tokens, ranks)}
+    if engine.max_num_seqs != family.default_slots:
+        update["max_num_seqs"] = family.rank_share(engine.max_num_seqs, ranks)
     return engine.model_copy(update=update)
 
 

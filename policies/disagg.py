@@ -25,6 +25,9 @@ from workloads.request import Phase, Request
 class PrefillScheduler(TokenBudgetScheduler):
     """Hands a request off after its first token; requests that want only that token finish here."""
 
+    hands_off_first_token = True
+    schedules_ahead = False
+
     def schedule(self, now: float) -> StepPlan:
         plan = super().schedule(now)
         for req in plan.requests:
@@ -65,6 +68,8 @@ class PrefillScheduler(TokenBudgetScheduler):
 @schedulers.register("vllm_decode", internal=True)
 class DecodeScheduler(TokenBudgetScheduler):
     """Reserves blocks for handed-off requests in arrival order, then decodes them like any other."""
+
+    schedules_ahead = False
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

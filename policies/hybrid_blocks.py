@@ -25,6 +25,7 @@ from hardware.errors import SpecError
 from hardware.kv_groups import admission_blocks, cdiv, skipped_blocks
 from policies.block_pool import BlockHashMap, RefCountedPool
 from policies.config import EngineConfig
+from policies.families import family_of
 from policies.kv_blocks import BlockManager, blocks_for
 from policies.spec_decode import EAGLE_METHODS
 from policies.swa_radix import SWARadixCache
@@ -326,7 +327,7 @@ def usable_pages(engine: EngineConfig, num_pages: int) -> int:
     """Pages of a planned pool that requests can hold. vLLM's BlockPool takes block 0 as its null block (the
     placeholder of skipped sliding-window blocks) before any request runs, and its KV usage counts the rest;
     SGLang's pool pads its dummy slot beyond the planned tokens."""
-    return num_pages - (engine.scheduler.startswith("vllm") and engine.prefix_caching != "radix")
+    return num_pages - (family_of(engine.scheduler).null_block and engine.prefix_caching != "radix")
 
 
 def make_kv_manager(

@@ -36,7 +36,8 @@ import itertools
 import math
 from collections.abc import Callable
 
-from policies.config import SGLANG_MAX_RUNNING, EngineConfig
+from policies.config import EngineConfig
+from policies.families import SGLANG, SGLANG_MAX_RUNNING
 from policies.kv_blocks import BlockManager, fits_in_last_block
 from policies.one_step_ahead import OneStepAhead
 from policies.ordering import OrderKey
@@ -160,6 +161,8 @@ class _PrefillBudget:
 
 @schedulers.register("sglang")
 class PrefillFirstScheduler(SchedulerDefaults):
+    family = SGLANG
+    schedules_ahead = True
     supports_prefix_caching = True
 
     def __init__(

@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from hardware.batch import StepBatch
+from policies.families import GENERIC, EngineFamily
 from policies.kv_blocks import BlockManager
 from policies.spec_decode import Speculator
 from policies.token_ids import forget_block_hashes
@@ -144,6 +145,10 @@ class Scheduler(Protocol):
     answers of a scheduler without the capability."""
 
     kv: BlockManager
+    family: EngineFamily  # the engine it imitates: defaults, memory plan and rules (policies/families.py)
+    hands_off_first_token: bool  # a P/D prefill engine: a request leaves with its first token (max_tokens=1)
+    schedules_ahead: bool  # may plan a step while the one before runs (engine.async_scheduling)
+    speculates: bool  # can run speculative decoding's draft-and-verify steps
     supports_prefix_caching: bool  # honours engine.prefix_caching (shares KV blocks between requests)
     pipelined: bool  # runs its steps as a pipeline of micro-batches, each committed on its own
     holds_finished: bool  # finished requests keep their blocks until `release_retired` (async scheduling)
@@ -177,8 +182,12 @@ class Scheduler(Protocol):
 
 class SchedulerDefaults:
     """The `Scheduler` members a scheduler without the capability answers with: no prefix sharing, no pipeline,
-    no async scheduling, no fast-forward."""
+    no async scheduling, no speculation, no fast-forward; vLLM's defaults without vLLM's rules (GENERIC)."""
 
+    family: EngineFamily = GENERIC
+    hands_off_first_token = False
+    schedules_ahead = False
+    speculates = False
     supports_prefix_caching = False
     pipelined = False
     holds_finished = False

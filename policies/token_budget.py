@@ -33,6 +33,7 @@ from collections.abc import Iterable
 
 from hardware.kv_groups import KVGroups, admission_blocks
 from policies.config import EngineConfig
+from policies.families import GENERIC, VLLM
 from policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
 from policies.one_step_ahead import OneStepAhead
 from policies.ordering import OrderKey
@@ -45,6 +46,9 @@ from workloads.request import Phase, Request
 
 @schedulers.register("vllm")
 class TokenBudgetScheduler(SchedulerDefaults):
+    family = VLLM
+    schedules_ahead = True
+    speculates = True
     supports_prefix_caching = True
 
     def __init__(
@@ -63,7 +67,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
         # the World replaces it with one seeded by the run; seed 0 serves schedulers built directly
         self.speculator = Speculator(cfg.speculative) if cfg.speculative is not None else None
         self._drafting = False  # whether the step being scheduled drafts
-        # async scheduling (vLLM's default; resolved by EngineConfig.with_vllm_defaults): plans one step ahead
+        # async scheduling (vLLM's default; resolved by EngineConfig.with_defaults): plans one step ahead
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
         # pipeline parallel (`pipeline(pp)`): several steps in flight, tokens counted as computed when scheduled
         self.pipelined = False
@@ -432,6 +436,9 @@ class TokenBudgetScheduler(SchedulerDefaults):
 class SarathiScheduler(TokenBudgetScheduler):
     """Sarathi-Serve stall-free batching: decodes first, then prefill chunks filling a fixed `chunk_size` budget."""
 
+    family = GENERIC
+    schedules_ahead = False
+
     def __init__(
         self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
     ):
@@ -443,6 +450,8 @@ class SarathiScheduler(TokenBudgetScheduler):
 class OrcaScheduler(TokenBudgetScheduler):
     """Orca: iteration-level batching, whole-prompt prefills, KV reserved for prompt + output at admission."""
 
+    family = GENERIC
+    schedules_ahead = False
     supports_prefix_caching = False
 
     def __init__(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,13 @@ from hardware.batch import StepBatch
 from hardware.cost import CostOptions, Parallelism, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu, gpu_catalog
-from hardware.memory import EngineMemoryConfig, plan_memory
+from hardware.memory import plan_memory
 from hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, preset_names
 from hardware.profile import load_profile
-from hardware.spec_model import MAX_PARALLEL
-from workloads.tables import MAX_TOKENS
+from hardware.spec_model import MAX_PARALLEL, MAX_TOKENS
+
 from policies.config import MAX_BUDGET, MAX_SEQS, EngineConfig
+from policies.families import families
 from simulator.cli_app import (
     GpuFiles,
     app,
@@ -220,8 +222,9 @@ def memory(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Plan GPU memory like vLLM (or SGLang) at start-up: weights, activations, KV blocks, max concurrency."""
-    if engine not in ("vllm", "sglang"):
-        raise SpecError(f"--engine: unknown engine {engine!r}; choose from vllm, sglang")
+    if engine not in families.names():
+        raise SpecError(f"--engine: unknown engine {engine!r}; choose from {', '.join(families.names())}")
+    family = families.get(engine)
     for flag, value, allowed in (
         ("--weight-dtype", weight_dtype, WEIGHT_DTYPE_CHOICES),
         ("--kv-dtype", kv_dtype, tuple(KV_DTYPE_BYTES)),
@@ -234,13 +237,13 @@ def memory(
         )
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     batch = EngineConfig(
-        scheduler=engine,
+        scheduler=family.scheduler,
         max_num_batched_tokens=max_num_batched_tokens,
         max_num_seqs=max_num_seqs,
         gpu_memory_utilization=gpu_memory_utilization,
         **({} if block_size is None else {"block_size": block_size}),
         **({"disable_hybrid_kv_cache_manager": True} if disable_hybrid_kv_cache_manager else {}),
-    ).with_vllm_defaults(
+    ).with_defaults(
         gpu_spec,
         max_model_len or spec.max_position_embeddings,
         tp,
@@ -248,18 +251,8 @@ def memory(
         mla=spec.mla is not None,
         architecture=spec.architecture,
     )
-    cfg = EngineMemoryConfig(
-        gpu_memory_utilization=batch.gpu_memory_utilization,
-        block_size=batch.block_size,
-        max_model_len=max_model_len,
-        max_num_batched_tokens=batch.max_num_batched_tokens,
-        max_num_seqs=batch.max_num_seqs,
-        kv_dtype=kv_dtype,
-        weight_dtype=weight_dtype,
-        disable_hybrid_kv_cache_manager=batch.disable_hybrid_kv_cache_manager,
-        activations_outside=engine == "sglang",
-        in_flight_batches=batch.in_flight_batches(pp),
-        swa_full_tokens_ratio=batch.swa_full_tokens_ratio if engine == "sglang" else None,
+    cfg = replace(
+        batch.memory_config(pp), max_model_len=max_model_len, kv_dtype=kv_dtype, weight_dtype=weight_dtype
     )
     plan = plan_memory(spec, gpu_spec, Parallelism(tp, pp), cfg)
     if as_json:
@@ -274,7 +267,9 @@ def memory(
             [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
             [
                 "activation peak",
-                gb(plan.activation_bytes) if engine == "vllm" else "outside the share (SGLang)",
+                gb(plan.activation_bytes)
+                if family.activations_in_share
+                else f"outside the share ({family.label})",
             ],
             ["runtime reserve", gb(plan.reserve_bytes)],
             ["KV cache", gb(plan.kv_cache_bytes)],

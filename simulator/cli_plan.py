@@ -10,6 +10,7 @@ import typer
 from hardware.errors import SpecError
 from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
 from simulator.cli_app import app, clean_errors, console, print_json, print_table
+from simulator.launch import COMMANDS
 
 SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
 
@@ -290,8 +291,8 @@ def _print_plan(result) -> None:
             f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
             f"{'; '.join(nxt.verdict.details)}"
         )
-    console.print(f"vLLM:   {result.commands['vllm']}", soft_wrap=True)
-    console.print(f"SGLang: {result.commands['sglang']}", soft_wrap=True)
+    for family in COMMANDS:
+        console.print(f"{family.label + ':':<7} {result.commands[family.name]}", soft_wrap=True)
     for note in result.commands["notes"]:
         console.print(f"note: {note}")
 

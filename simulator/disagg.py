@@ -23,6 +23,7 @@ from hardware.memory import kv_bytes_per_replica_token
 from hardware.model import ModelSpec
 from policies.config import EngineConfig
 from policies.disagg import DecodeScheduler, PrefillScheduler
+from policies.families import VLLM
 from simulator.disagg_config import TransferConfig
 from simulator.engine import Replica
 from simulator.scenario import ParallelismConfig
@@ -56,7 +57,7 @@ class KVPlacement:
     def of(cls, model: ModelSpec, par: ParallelismConfig) -> KVPlacement:
         """The fullest GPU's share, as the memory plan stores a token (which under DP attention averages the
         whole KV of 1/tp of the tokens over the group: one request's is whole on its rank)."""
-        layout = par.spec("vllm")  # P/D pools run vLLM's schedulers
+        layout = par.spec(VLLM.scheduler)  # P/D pools run vLLM's schedulers
         per_gpu = kv_bytes_per_replica_token(model, "bf16", layout) / model.kv_bytes_per_token("bf16")
         if par.dp_attention:
             return cls(per_gpu * par.tp, par.pp)

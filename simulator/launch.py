@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 
 from hardware.model import get_model, resolve_weight_dtype
 from hardware.gpu import get_gpu
 from hardware.kv_groups import kv_groups
-from policies.config import (
-    SGLANG_DP_ATTENTION_CONSERVATIVENESS,
-    SGLANG_FULL_KV_ARCHITECTURES,
-    EngineConfig,
-    vllm_batch_defaults,
-)
+from policies.config import EngineConfig
+from policies.families import SGLANG, VLLM, EngineFamily, family_of
 from policies.data_parallel import data_parallel_share
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
@@ -43,6 +40,9 @@ HF_MODEL_IDS = {
     "gemma-3-4b": "google/gemma-3-4b-it",
     "gemma-3-12b": "google/gemma-3-12b-it",
     "gemma-3-27b": "google/gemma-3-27b-it",
+    "kimi-k2": "moonshotai/Kimi-K2-Instruct",
+    "minimax-m2.5": "MiniMaxAI/MiniMax-M2.5",
+    "qwen3-coder-480b-a35b": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
 }
 
 
@@ -113,12 +113,12 @@ def _vllm_engine(s: Scenario) -> EngineConfig:
     (its slots at most the step's tokens, as vLLM requires), but SGLang's default slot cap and mem_fraction_static
     (weights and KV only) are not vLLM's: vLLM's defaults stand for them."""
     e = s.engine
-    if e.scheduler != "sglang":
+    if family_of(e.scheduler) is not SGLANG:
         return s.with_engine_defaults().engine
-    vllm = {"scheduler": "vllm", "gpu_memory_utilization": None}
+    vllm = {"scheduler": VLLM.scheduler, "gpu_memory_utilization": None}
     if e.max_num_seqs is not None:
         gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-        tokens = e.max_num_batched_tokens or vllm_batch_defaults(gpu)[0]
+        tokens = e.max_num_batched_tokens or VLLM.batch_defaults(gpu)[0]
         vllm["max_num_seqs"] = min(e.max_num_seqs, tokens)
     return s.model_copy(update={"engine": e.model_copy(update=vllm)}).with_engine_defaults().engine
 
@@ -176,6 +176,7 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
 def sglang_command(s: Scenario, max_model_len: int) -> str:
     """SGLang's `launch_server` with the equivalent knobs (chunked-prefill-size -1 = chunking off)."""
     e, par = s.with_engine_defaults().engine, s.parallelism
+    simulated_sglang = family_of(e.scheduler) is SGLANG
     parts = [f"python -m sglang.launch_server --model-path {hf_model_id(s.model)}", f"--tp {par.tp}"]
     if _long_context(s, max_model_len):
         parts.insert(0, "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1")
@@ -187,11 +188,11 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--ep-size {par.tp}" + (" --moe-a2a-backend deepep" if _dp_attention(s) else ""))
     # totals over the group: SGLang divides them among DP attention ranks itself
     # else SGLang's own cap, simulated as such
-    if e.scheduler != "sglang" or s.engine.max_num_seqs is not None:
+    if not simulated_sglang or s.engine.max_num_seqs is not None:
         parts.append(f"--max-running-requests {e.max_num_seqs}")
     parts.append(f"--chunked-prefill-size {e.max_num_batched_tokens if e.enable_chunked_prefill else -1}")
     # a vLLM share of memory is not SGLang's (weights + KV only): SGLang picks its own
-    if e.scheduler == "sglang":
+    if simulated_sglang:
         parts.append(f"--mem-fraction-static {e.gpu_memory_utilization}")
     parts.append(f"--context-length {max_model_len}")
     if e.kv_dtype == "fp8":
@@ -205,10 +206,10 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     if e.queue_order == "lpm":
         parts.append("--schedule-policy lpm")
     parts += _sglang_swa_memory(s, e)
-    if e.scheduler == "sglang":  # knobs only SGLang's scheduler reads
+    if simulated_sglang:  # knobs only SGLang's scheduler reads
         if e.max_prefill_tokens != 16384:
             parts.append(f"--max-prefill-tokens {e.max_prefill_tokens}")
-        scale = SGLANG_DP_ATTENTION_CONSERVATIVENESS if _dp_attention(s) else 1.0
+        scale = SGLANG.dp_attention_conservativeness if _dp_attention(s) else 1.0
         if e.schedule_conservativeness != scale:  # SGLang runs the flag's value (default 1.0) times `scale`
             parts.append(f"--schedule-conservativeness {round(e.schedule_conservativeness / scale, 3)}")
         if e.enable_mixed_chunk:
@@ -228,7 +229,7 @@ def _sglang_swa_memory(s: Scenario, e: EngineConfig) -> list[str]:
     if None not in windows or len(windows) == 1:
         return []
     if e.disable_hybrid_kv_cache_manager:
-        return [] if model.architecture in SGLANG_FULL_KV_ARCHITECTURES else ["--disable-hybrid-swa-memory"]
+        return [] if model.architecture in SGLANG.full_kv_architectures else ["--disable-hybrid-swa-memory"]
     if e.swa_full_tokens_ratio != EngineConfig.model_fields["swa_full_tokens_ratio"].default:
         return [f"--swa-full-tokens-ratio {e.swa_full_tokens_ratio}"]
     return []
@@ -252,13 +253,14 @@ def launch_notes(s: Scenario) -> list[str]:
             else f"one command per replica: start {s.cluster.replicas} of them ({gpus} GPU(s) each) behind a "
             f"{s.cluster.router} load balancer"
         ]
-    if s.engine.scheduler == "sglang":
+    simulated = family_of(s.engine.scheduler)
+    if simulated is SGLANG:
         notes.append(
             "simulated with SGLang's scheduler (prefill first): the SGLang command runs it; vLLM mixes "
             "prefill chunks into decode steps instead, and takes its own default max_num_seqs and memory "
             "share"
         )
-    elif s.engine.scheduler != "vllm":
+    elif simulated is not VLLM:
         notes.append(
             f"simulated with scheduler {s.engine.scheduler!r}; "
             "the commands run the engines' default scheduler"
@@ -297,7 +299,7 @@ def _parallel_notes(s: Scenario) -> list[str]:
     layout = (
         f"its embeddings,{shared} LM head{dense} stay whole on every rank (simulated sliced over the group, "
         "as SGLang runs them)"
-        if s.engine.scheduler == "sglang"
+        if family_of(s.engine.scheduler).dp_attention_slices_dense
         else f"SGLang slices the embeddings,{shared} LM head{dense} over the group (simulated whole on every rank, "
         "as vLLM keeps them)"
     )
@@ -305,7 +307,7 @@ def _parallel_notes(s: Scenario) -> list[str]:
         f"vLLM runs DP attention as {tp} data-parallel ranks of TP 1, each with its own scheduler, "
         f"--max-num-seqs and --max-num-batched-tokens (the simulated group's divided by {tp}); {layout}"
     ]
-    if model.moe is None and s.disaggregation is not None and s.engine.scheduler != "sglang":
+    if model.moe is None and s.disaggregation is not None and family_of(s.engine.scheduler) is not SGLANG:
         notes.append(
             "vLLM's data-parallel ranks of a dense model are independent engines: in a P/D pool simulated "
             "stepping together, as a MoE model's ranks do (pessimistic)"
@@ -344,3 +346,7 @@ def _speculative_notes(s: Scenario, spec: SpeculativeConfig) -> list[str]:
             "command has a flag for it, so both speculate at every batch size"
         )
     return notes
+
+
+#: Each engine family's launch command for one replica of a scenario (and its context length).
+COMMANDS: dict[EngineFamily, Callable[[Scenario, int], str]] = {VLLM: vllm_command, SGLANG: sglang_command}

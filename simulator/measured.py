@@ -23,7 +23,7 @@ from hardware.files import read_json, read_yaml
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from hardware.spec_model import SpecModel
-from policies.config import vllm_batch_defaults
+from policies.families import EngineFamily, families
 from simulator.scenario import Scenario, first_error
 
 LATENCY = "latency_s"
@@ -41,12 +41,6 @@ SUMMARY_KEY = {
     LATENCY: "duration_s",  # bench latency: one batch from submission to its last token
 }
 MetricName = Literal[tuple(SUMMARY_KEY)]  # type: ignore[valid-type]
-PACED_SINCE = (0, 10, 1)  # vllm bench serve paces its arrivals from this release on (PR #21108, July 2025)
-# vLLM admits a prompt only if all of it fits (scheduler_reserve_full_isl, PR #37307, March 2026) by default in
-# this release, the first seen with it on (0.10-0.11 admit on the first chunk's blocks)
-FULL_PROMPT_GATE_SINCE = (0, 19, 0)
-ASYNC_SCHEDULING_SINCE = (0, 14, 0)  # vLLM plans a step while the one before runs, by default (PR #27614)
-OVERLAP_SCHEDULE_SINCE = (0, 4, 0)  # and SGLang forms the next batch while one runs (PR #2067, November 2024)
 LOAD_FIELDS = {
     "latency": {"batch_size"},
     "throughput": {"num_prompts"},  # what each benchmark's flags set
@@ -180,7 +174,8 @@ class MeasuredRun(SpecModel):
     @property
     def paced_arrivals(self) -> bool:
         """Whether the client scaled its gaps to end at num_prompts / rate: vLLM's bench serve since v0.10.1."""
-        return self.engine == "vllm" and self._since(PACED_SINCE)
+        since = self.family.paced_client_since
+        return since is not None and self._since(since)
 
     @property
     def schedules_ahead(self) -> bool:
@@ -189,7 +184,7 @@ class MeasuredRun(SpecModel):
         stated = self.engine_args.async_scheduling
         if stated is not None:
             return stated
-        return self._since(ASYNC_SCHEDULING_SINCE if self.engine == "vllm" else OVERLAP_SCHEDULE_SINCE)
+        return self._since(self.family.schedules_ahead_since)
 
     @property
     def gates_whole_prompt(self) -> bool:
@@ -198,7 +193,12 @@ class MeasuredRun(SpecModel):
         stated = self.engine_args.scheduler_reserve_full_isl
         if stated is not None:
             return stated
-        return self._since(FULL_PROMPT_GATE_SINCE)
+        since = self.family.full_prompt_gate_since
+        return since is not None and self._since(since)
+
+    @property
+    def family(self) -> EngineFamily:
+        return families.get(self.engine)
 
     def _since(self, release: tuple[int, int, int]) -> bool:
         """Whether the run's release is `release` or later (no release stated: a recent one)."""
@@ -223,7 +223,8 @@ class MeasuredRun(SpecModel):
             if math.isfinite(self.request_rate)
             else "all at once"
         )
-        extras = [f"TP{self.tp}"] * (self.tp > 1) + [self.engine] * (self.engine != "vllm")
+        extras = [f"TP{self.tp}"] * (self.tp > 1)
+        extras += [self.engine] * (self.engine != MeasuredRun.model_fields["engine"].default)
         extras += [self.weight_dtype] * (self.weight_dtype not in ("auto", "bf16"))
         count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
         return (
@@ -250,12 +251,11 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         if v is not None
     }
     engine["weight_dtype"] = run.weight_dtype
-    if run.engine == "sglang":
-        engine["scheduler"] = "sglang"
-        engine["async_scheduling"] = run.schedules_ahead
-    else:
+    family = run.family
+    engine["scheduler"] = family.scheduler
+    if family.full_prompt_gate_since is not None:  # SGLang checks the whole prompt and its output anyway
         engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt
-        engine["async_scheduling"] = run.schedules_ahead
+    engine["async_scheduling"] = run.schedules_ahead
     if run.kv_dtype != "auto":
         engine["kv_dtype"] = run.kv_dtype
     engine["api_server"] = run.benchmark == "serve"  # bench latency / throughput hand the LLM class token ids
@@ -266,11 +266,12 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             f"{run.source} ({run.label()}): {err}; a GPU of your own: the run's gpu_files or --gpu-file"
         ) from None
     # the offline LLM class's larger budget, unless stated
-    if run.benchmark != "serve" and run.engine == "vllm":
-        tokens, seqs = vllm_batch_defaults(gpu, offline=True)
+    offline = family.offline_batch_defaults(gpu) if run.benchmark != "serve" else None
+    if offline is not None:
+        tokens, seqs = offline
         engine.setdefault("max_num_batched_tokens", tokens)
         engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
-    caching = "radix" if run.engine == "sglang" else "vllm"
+    caching = family.prefix_caching
     caching_on = (
         args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"
     )

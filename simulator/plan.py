@@ -38,7 +38,7 @@ from hardware.model import get_model
 from policies.config import EngineConfig
 from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sustainable_rate, offered_rate
 from simulator.executors import WorkerDied, run_jobs
-from simulator.launch import launch_notes, sglang_command, vllm_command
+from simulator.launch import COMMANDS, launch_notes
 from simulator.run import _memory_plan, simulate
 from simulator.pricing import cost_per_hour_usd, gpu_counts
 from simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
@@ -348,13 +348,13 @@ def size(
     candidate that needs one is rejected as "costlier"."""
     s = ev.candidate.scenario(base)
     price = ev.price_per_replica_hour_usd
-    useful = max_replicas if math.isinf(bound_usd_per_hour) else math.floor(bound_usd_per_hour / price + 1e-9)
+    useful = max_replicas if math.isinf(bound_usd_per_hour) else whole_at_most(bound_usd_per_hour / price)
     useful = min(useful, max_replicas)
 
     def undecided(passing: float, failing: float) -> range:
         """Replica counts the bracket leaves open: more than those whose share of the target is known to fail,
         fewer than the passing rate's count."""
-        return range(math.floor(target_rate / failing + 1e-9) + 1, replicas_for(target_rate, passing))
+        return range(whole_at_most(target_rate / failing) + 1, replicas_for(target_rate, passing))
 
     def settled(passing: float, failing: float) -> bool:
         return not undecided(passing, failing)
@@ -386,7 +386,7 @@ def size(
             f"needs more than {useful} replica(s): {more} cost ${more * price:.2f}/h, more than a deployment "
             f"that passes (${bound_usd_per_hour:.2f}/h)",
         )
-    if ev.capacity.rate_per_s == 0.0:
+    if rate == 0.0:
         limit = ev.capacity.limit
         # the root
         code = next((c for c in ("rejected", "unstable queue") if c in limit.reasons), limit.reasons[0])
@@ -412,7 +412,18 @@ def size(
 
 def replicas_for(target_rate: float, rate_per_replica: float) -> int:
     """Replicas that carry `target_rate` at `rate_per_replica` each (non-increasing in the rate)."""
-    return math.ceil(target_rate / rate_per_replica - 1e-9)
+    return whole_at_least(target_rate / rate_per_replica)
+
+
+def whole_at_least(ratio: float) -> int:
+    """The fewest whole units covering `ratio`, a quotient of rates or prices: one a hair above a whole number
+    (rounding) is that number."""
+    return math.ceil(ratio - 1e-9)
+
+
+def whole_at_most(ratio: float) -> int:
+    """The most whole units within `ratio`: one a hair below a whole number (rounding) is that number."""
+    return math.floor(ratio + 1e-9)
 
 
 def _reject(ev: Evaluation, reason: str, detail: str) -> Evaluation:
@@ -480,8 +491,7 @@ def plan(
         s = result.recommendation.evaluation.candidate.scenario(base, result.recommendation.replicas)
         max_len = result.recommendation.evaluation.max_model_len
         result.commands = {
-            "vllm": vllm_command(s, max_len),
-            "sglang": sglang_command(s, max_len),
+            **{family.name: command(s, max_len) for family, command in COMMANDS.items()},
             "replicas": result.recommendation.replicas,
             "notes": launch_notes(s),
         }
@@ -704,7 +714,7 @@ def _next_cheaper(
     best, best_cost = None, -1.0
     for i in fits:
         price = evaluations[i].price_per_replica_hour_usd
-        n = min(math.ceil(cost / price - 1e-9) - 1, max_replicas)  # the most replicas strictly under `cost`
+        n = min(whole_at_least(cost / price) - 1, max_replicas)  # the most replicas strictly under `cost`
         if n >= 1 and n * price > best_cost + 1e-9:
             best, best_cost = (i, n), n * price
     return best

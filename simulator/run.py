@@ -17,14 +17,15 @@ from hardware.cost import CostOptions
 from hardware.errors import ShardingError, SpecError
 from hardware.gpu import get_gpu, get_interconnect
 from hardware.kv_groups import KVGroups
-from hardware.memory import EngineMemoryConfig, MemoryPlan, plan_memory
+from hardware.memory import MemoryPlan, plan_memory
 from hardware.model import get_model
 from hardware.profile import load_profile
 from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
 from policies.catalog import orderings, routers, schedulers
 from policies.config import MAX_KV_BLOCKS, EngineConfig
-from policies.data_parallel import DataParallelRanks, VllmBalancer, data_parallel_share, round_robin
+from policies.data_parallel import DataParallelRanks, data_parallel_share
+from policies.families import family_of
 from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
@@ -58,21 +59,7 @@ class RunResult:
 def _memory_plan(s: Scenario) -> MemoryPlan:
     e = s.with_engine_defaults().engine
     gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-    cfg = EngineMemoryConfig(
-        gpu_memory_utilization=e.gpu_memory_utilization,
-        block_size=e.block_size,
-        max_model_len=e.max_model_len,
-        max_num_batched_tokens=e.max_num_batched_tokens,
-        max_num_seqs=e.max_num_seqs,
-        kv_dtype=e.kv_dtype,
-        weight_dtype=e.weight_dtype,
-        allow_long_max_model_len=e.allow_long_max_model_len,
-        disable_hybrid_kv_cache_manager=e.disable_hybrid_kv_cache_manager,
-        activations_outside=e.scheduler == "sglang",
-        in_flight_batches=e.in_flight_batches(s.parallelism.pp),
-        swa_full_tokens_ratio=e.swa_full_tokens_ratio if e.scheduler == "sglang" else None,
-        chunked_prefill=e.enable_chunked_prefill,
-    )
+    cfg = e.memory_config(s.parallelism.pp)
     par, model = s.parallelism.spec(e.scheduler), get_model(s.model)
     # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
     return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
@@ -92,7 +79,7 @@ def build_timer(s: Scenario) -> StepTimer:
         get_model(s.model),
         get_gpu(s.hardware.gpu, gpu_files),
         s.parallelism.spec(s.engine.scheduler),
-        load_profile(s.hardware.profile, gpu_files).for_engine(s.engine.scheduler),
+        load_profile(s.hardware.profile, gpu_files).for_engine(family_of(s.engine.scheduler).kernel_tables),
         options,
     )
 
@@ -150,7 +137,7 @@ def rejection(
     needing more blocks than the pool holds at some step or at its admission, as `scheduler` admits and steps it
     (`blocks_to_run`: vLLM's gate, Orca's reservation), even after a preemption (a request that could never run
     would otherwise stall the queue behind it). A P/D prefill engine serves it with max_tokens=1."""
-    output = 1 if engine.scheduler == "vllm_prefill" else req.num_output_tokens
+    output = 1 if engine.scheduler_class().hands_off_first_token else req.num_output_tokens
     if req.num_prompt_tokens + output > max_model_len:
         return f"prompt ({req.num_prompt_tokens}) + output ({output}) tokens exceed max_model_len ({max_model_len})"
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
@@ -216,13 +203,11 @@ def _frontend(s: Scenario, env: simpy.Environment) -> Frontend:
     return Frontend(env, profile.api_request_s, profile.api_token_s, profile.api_latency_s)
 
 
-def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str) -> Scenario:
+def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str, role: str) -> Scenario:
     try:
         engine = s.engine_with({**pool.engine, "scheduler": scheduler})
     except ValidationError as err:
-        raise first_error(
-            err, f"disaggregation {scheduler.removeprefix('vllm_')} pool", EngineConfig
-        ) from None
+        raise first_error(err, f"disaggregation {role} pool", EngineConfig) from None
     hardware = s.hardware.model_copy(update={"gpu": pool.gpu or s.hardware.gpu})
     parallelism = s.parallelism.model_copy(update={"tp": pool.tp, "pp": pool.pp})
     return s.model_copy(update={"engine": engine, "hardware": hardware, "parallelism": parallelism})
@@ -276,15 +261,16 @@ class World:
                 self.pools[0].targets, np.random.default_rng(seeds[1])
             )
         else:
+            pd_schedulers = family_of(s.engine.scheduler).pd_pools
             prefill = self._pool(
-                _pool_settings(s, d.prefill, "vllm_prefill"),
+                _pool_settings(s, d.prefill, pd_schedulers[0], "prefill"),
                 d.prefill.replicas,
                 0,
                 lambda replica: lambda req: self._prefilled(req, replica),
                 "disaggregation.prefill",
             )
             decode = self._pool(
-                _pool_settings(s, d.decode, "vllm_decode"),
+                _pool_settings(s, d.decode, pd_schedulers[1], "decode"),
                 d.decode.replicas,
                 len(prefill.replicas),
                 lambda replica: self._finished,
@@ -342,6 +328,7 @@ class World:
                 f"{MAX_KV_BLOCKS:,} a run keeps a record of: fewer replicas, or a larger engine.block_size"
             )
         page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
+        family = family_of(e.scheduler)
         # DP attention: a scheduler and KV pool per rank
         ranks = s.parallelism.spec(e.scheduler).attention_ranks
         rank_engine = data_parallel_share(e, ranks)
@@ -360,7 +347,7 @@ class World:
         if (
             not e.enable_chunked_prefill
             and rank_engine.max_num_batched_tokens < memory.max_model_len
-            and e.scheduler.startswith("vllm")
+            and family.vllm_rules
         ):
             share = (
                 f" (its {ranks} DP-attention ranks' share: {rank_engine.max_num_batched_tokens} each)"
@@ -431,7 +418,7 @@ class World:
             # SGLang's default max_running_requests depends on the pool: resolved before it is split
             seqs = (
                 max_running_requests(rank_engine, kvs[0])
-                if e.scheduler == "sglang"
+                if family.default_slots is not None
                 else rank_engine.max_num_seqs
             )
             slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
@@ -458,7 +445,7 @@ class World:
                     engines += [engine(scheduler, pipeline()) for scheduler in group]
                     pool.groups.append(DataParallelGroup(number, engines))
                 else:
-                    pick = round_robin if e.scheduler == "sglang" else VllmBalancer()  # one API server's
+                    pick = family.dp_balancer()  # one API server's
                     engines.append(
                         engine(group[0] if ranks == 1 else DataParallelRanks(group, pick, turns), stages)
                     )

@@ -27,6 +27,7 @@ from hardware.spec_model import BOOL_FOR_NUMBER, MAX_PARALLEL, MAX_REPLICAS, Spe
 from policies.config import EngineConfig
 from policies.app_cache import AppCacheConfig
 from policies.catalog import orderings, routers, schedulers
+from policies.families import family_of, known_family
 from simulator.disagg_config import DisaggregationConfig, known_link
 from simulator.omni import StageConfig
 from workloads.config import TraceSource, WorkloadConfig
@@ -77,7 +78,9 @@ class ParallelismConfig(SpecModel):
             self.ep,
             self.dp_attention,
             self.inter_node_link,
-            dense_replicated=self.dp_attention and self.tp > 1 and scheduler != "sglang",
+            dense_replicated=self.dp_attention
+            and self.tp > 1
+            and not family_of(scheduler).dp_attention_slices_dense,
         )
 
 
@@ -254,7 +257,8 @@ class Scenario(SpecModel):
             )
         for name, pool in (("prefill", d.prefill), ("decode", d.decode)):
             scheduler = pool.engine.get("scheduler", self.engine.scheduler)
-            if scheduler != "vllm":
+            family = known_family(scheduler) if isinstance(scheduler, str) else None
+            if family is None or family.pd_pools is None:
                 where = f"disaggregation.{name}.engine" if "scheduler" in pool.engine else "engine"
                 raise ValueError(
                     f"{where}.scheduler {scheduler!r}: prefill and decode pools run vLLM's P/D "
@@ -338,12 +342,12 @@ class Scenario(SpecModel):
 
     def with_engine_defaults(self) -> Scenario:
         """This scenario with the engine's unset batch limits filled in as vLLM would for its GPU and model
-        (policies.config.EngineConfig.with_vllm_defaults); a pool or stage resolves its own."""
+        (policies.config.EngineConfig.with_defaults); a pool or stage resolves its own."""
         gpu = get_gpu(self.hardware.gpu, tuple(self.hardware.gpu_files))
         model = get_model(self.model)
         max_len = self.engine.max_model_len or model.max_position_embeddings
         par = self.parallelism
-        engine = self.engine.with_vllm_defaults(
+        engine = self.engine.with_defaults(
             gpu, max_len, par.tp, par.pp, par.dp_attention, model.mla is not None, model.architecture
         )
         return self if engine is self.engine else self.model_copy(update={"engine": engine})
@@ -521,6 +525,7 @@ def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
             for f in hardware["gpu_files"]
         ]
     beside(hardware, "profile", lambda value: bool(Path(value).suffix))  # a YAML path, not a bundled name
+
     beside(raw, "model", is_config_path)
     beside(engine.get("speculative") if isinstance(engine, dict) else None, "draft_model", is_config_path)
     for stage in raw.get("stages") or ():

@@ -52,7 +52,7 @@ def test_memory_plans_sglangs_split_on_request():
     assert data["activation_bytes"] == 0 and data["num_blocks"] == 25644
     assert data["usable_bytes"] == 0.834 * data["capacity_bytes"]
     result = run("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "trt")
-    assert result.exit_code == 2 and "unknown engine 'trt'; choose from vllm, sglang" in result.output
+    assert result.exit_code == 2 and "unknown engine 'trt'; choose from sglang, vllm" in result.output
 
 
 def test_roofline_json_and_html(tmp_path):

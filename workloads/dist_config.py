@@ -12,14 +12,14 @@ from typing import Annotated, Literal, Self, Union
 
 from pydantic import Field, model_validator
 
-from hardware.spec_model import SpecModel
+from hardware.spec_model import MAX_TOKENS, SpecModel
 
 TraceFormat = Literal["azure", "mooncake", "sharegpt", "arxiv", "burstgpt", "servegen", "servesim"]
 UNTIMED_FORMATS = frozenset({"sharegpt", "arxiv"})  # length tables without arrival times
 MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
-#: The largest value a length or time distribution may name or draw (2^40 tokens or seconds): past it a count
-#: overflows int64 on its way to numpy, and no model or trace comes near it.
-MAX_VALUE = float(2**40)
+#: The largest value a length or time distribution may name or draw: past it a count overflows int64 on its way to
+#: numpy, and no model or trace comes near it.
+MAX_VALUE = float(MAX_TOKENS)
 MAX_LOG_SIGMA = 10.0  # a lognormal's sigma: e^10 between a median and one sigma above is already absurd
 
 

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from hardware.errors import choices
+from hardware.spec_model import MAX_TOKENS
 
 LENGTH_COLUMNS = ("num_prompt_tokens", "num_output_tokens")
 
@@ -97,9 +98,6 @@ def dropped_text(table: pd.DataFrame) -> str:
 
 def _numeric(values: pd.Series | np.ndarray) -> np.ndarray:
     return pd.to_numeric(pd.Series(values), errors="coerce").to_numpy(dtype=np.float64)
-
-
-MAX_TOKENS = 1 << 40  # far beyond any context, and within int64 however it is summed
 
 
 def _require_integral(values: pd.Series, path: Path, name: str) -> None:

@@ -18,6 +18,7 @@ from hardware.kernel_tables import SYSTEMS, kernel_tables
 from hardware.model import get_model
 from hardware.profile import Profile, load_profile
 from hardware.step_timer import StepTimer
+from policies.families import family_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from table_sums import TableSums, cases, vllm_table  # noqa: E402  (the independent oracle the benchmark prints)
@@ -98,14 +99,16 @@ def test_without_tables_an_operator_keeps_its_roofline():
 
 
 def test_engine_tables_follow_the_scheduler(tmp_path):
-    assert MEASURED.for_engine("sglang").kernels == "sglang"
-    assert MEASURED.for_engine("orca").kernels == "vllm"  # schedulers without tables of their own run vLLM's
-    assert Profile(kernels="engine@0.5.14").for_engine("sglang").kernels == "sglang@0.5.14"
+    def tables(scheduler: str, profile: Profile = MEASURED) -> Profile:
+        return profile.for_engine(family_of(scheduler).kernel_tables)
+
+    assert tables("sglang").kernels == "sglang"
+    assert tables("orca").kernels == "vllm"  # schedulers imitating no engine run vLLM's
+    assert tables("sglang", Profile(kernels="engine@0.5.14")).kernels == "sglang@0.5.14"
     model, h100 = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
     step = StepBatch.of(np.ones(32, int), np.full(32, 2000))
     vllm, sglang = (
-        step_cost(step, model, h100, Parallelism(), MEASURED.for_engine(s)).total_s
-        for s in ("vllm", "sglang")
+        step_cost(step, model, h100, Parallelism(), tables(s)).total_s for s in ("vllm", "sglang")
     )
     assert vllm != sglang  # each engine's own kernels
     bad = tmp_path / "bad.yaml"

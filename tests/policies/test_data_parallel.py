@@ -3,7 +3,8 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.config import SGLANG_MAX_RUNNING, EngineConfig
+from policies.config import EngineConfig
+from policies.families import SGLANG_MAX_RUNNING
 from policies.data_parallel import DataParallelRanks, VllmBalancer, data_parallel_share, merge, round_robin
 from policies.step import StepPlan
 from policies.token_budget import max_blocks_of

@@ -21,16 +21,16 @@ from tests.simulator.conftest import scenario
 )
 def test_defaults_follow_the_memory_the_gpu_reports_and_spare_the_a100(gpu, tokens, seqs):
     spec = get_gpu(gpu)
-    engine = EngineConfig().with_vllm_defaults(spec, 16384)
+    engine = EngineConfig().with_defaults(spec, 16384)
     assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (tokens, seqs)
 
 
 def test_set_limits_stay_and_unset_slots_never_exceed_the_budget():
     h100 = get_gpu("h100-sxm")
     args = (h100, 16384)
-    assert EngineConfig(max_num_seqs=64).with_vllm_defaults(*args).max_num_batched_tokens == 8192
-    assert EngineConfig(max_num_batched_tokens=512).with_vllm_defaults(*args).max_num_seqs == 512
-    unchunked = EngineConfig(enable_chunked_prefill=False).with_vllm_defaults(*args)
+    assert EngineConfig(max_num_seqs=64).with_defaults(*args).max_num_batched_tokens == 8192
+    assert EngineConfig(max_num_batched_tokens=512).with_defaults(*args).max_num_seqs == 512
+    unchunked = EngineConfig(enable_chunked_prefill=False).with_defaults(*args)
     assert unchunked.max_num_batched_tokens == 16384  # a whole max_model_len prompt fits in one step
 
 
@@ -49,7 +49,7 @@ def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
     with pytest.raises(
         SpecError, match=r"vLLM's default max_num_batched_tokens=2048 .* < max_num_seqs \(4096\)"
     ):
-        EngineConfig(max_num_seqs=4096).with_vllm_defaults(l40s, 8192)
+        EngineConfig(max_num_seqs=4096).with_defaults(l40s, 8192)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
     ],
 )
 def test_async_scheduling_defaults_to_vllms_for_a_colocated_replica(scheduler, pp, stated, resolved):
-    engine = EngineConfig(scheduler=scheduler, async_scheduling=stated).with_vllm_defaults(
+    engine = EngineConfig(scheduler=scheduler, async_scheduling=stated).with_defaults(
         get_gpu("h100-sxm"), 16384, pp=pp
     )
     assert engine.async_scheduling is resolved
@@ -79,7 +79,7 @@ def test_async_scheduling_where_it_is_not_modelled_is_a_clear_error():
     ):
         EngineConfig(scheduler="sarathi", async_scheduling=True)
     with pytest.raises(SpecError, match=r"async_scheduling with pipeline parallelism \(pp > 1\)"):
-        EngineConfig(async_scheduling=True).with_vllm_defaults(get_gpu("h100-sxm"), 16384, pp=2)
+        EngineConfig(async_scheduling=True).with_defaults(get_gpu("h100-sxm"), 16384, pp=2)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +99,7 @@ def test_mla_models_take_flashmla_blocks_under_vllm_on_hopper_and_newer(
     gpu, scheduler, mla, stated, expected
 ):
     engine = EngineConfig(scheduler=scheduler, **({} if stated is None else {"block_size": stated}))
-    assert engine.with_vllm_defaults(get_gpu(gpu), 16384, mla=mla).block_size == expected
+    assert engine.with_defaults(get_gpu(gpu), 16384, mla=mla).block_size == expected
 
 
 def test_a_block_size_flashmla_would_not_run_is_an_error():
@@ -110,7 +110,7 @@ def test_a_block_size_flashmla_would_not_run_is_an_error():
         match="engine.block_size 16: vLLM runs MLA models on h200 with FlashMLA, which "
         "needs a multiple of 64",
     ):
-        EngineConfig(block_size=16).with_vllm_defaults(get_gpu("h200"), 16384, mla=True)
+        EngineConfig(block_size=16).with_defaults(get_gpu("h200"), 16384, mla=True)
 
 
 def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_stages():
@@ -143,11 +143,13 @@ def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_st
             },
         }
     )
-    for pool, scheduler in (
-        (pd.disaggregation.prefill, "vllm_prefill"),
-        (pd.disaggregation.decode, "vllm_decode"),
+    for pool, scheduler, role in (
+        (pd.disaggregation.prefill, "vllm_prefill", "prefill"),
+        (pd.disaggregation.decode, "vllm_decode", "decode"),
     ):
-        assert _pool_settings(pd, pool, scheduler).with_engine_defaults().engine.block_size == 64  # was 16
+        assert (
+            _pool_settings(pd, pool, scheduler, role).with_engine_defaults().engine.block_size == 64
+        )  # was 16
     assert stage_scenario(s, StageConfig(name="only", tp=8)).engine.block_size == 64
 
 
@@ -165,9 +167,9 @@ def test_vllm_schedules_ahead_only_with_eagle_or_mtp_drafts(method, extra, resol
 
     spec = {"method": method, "k": 3, "acceptance": 0.7, **extra}
     h100 = get_gpu("h100-sxm")
-    assert EngineConfig(speculative=spec).with_vllm_defaults(h100, 16384).async_scheduling is resolved
+    assert EngineConfig(speculative=spec).with_defaults(h100, 16384).async_scheduling is resolved
     if not resolved:  # vLLM refuses it when asked for explicitly
         with pytest.raises(
             SpecError, match=f"speculative method '{method}': vLLM schedules ahead only with eagle or"
         ):
-            EngineConfig(speculative=spec, async_scheduling=True).with_vllm_defaults(h100, 16384)
+            EngineConfig(speculative=spec, async_scheduling=True).with_defaults(h100, 16384)

@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hardware.gpu import get_gpu
-from policies.config import EngineConfig, sglang_batch_defaults, sglang_mem_fraction_static
+from policies.config import EngineConfig
+from policies.families import sglang_batch_defaults, sglang_mem_fraction_static
 from policies.catalog import kv_managers
 from policies.ordering import by_arrival
 from policies.prefill_first import PrefillFirstScheduler, default_max_running, kv_tokens
@@ -348,7 +349,7 @@ def test_defaults_follow_sglang():
     assert sglang_batch_defaults(get_gpu("b200"))[0] == 16384
     assert sglang_batch_defaults(get_gpu("a100-40gb-pcie"))[0] == 4096
     assert sglang_batch_defaults(get_gpu("l4"))[0] == 2048
-    engine = EngineConfig(scheduler="sglang").with_vllm_defaults(get_gpu("h100-sxm"), 131072)
+    engine = EngineConfig(scheduler="sglang").with_defaults(get_gpu("h100-sxm"), 131072)
     assert (engine.max_num_batched_tokens, engine.max_num_seqs) == (8192, 4096)
     # mem_fraction_static: H200 at TP8 reserves 512 + 1.5 x 8192 + 2 x 512 + 8/8 x 1024 = 14,848 of 143,156 MiB;
     # an L4 (22 GiB) 512 + 1.5 x 2048 + 2 x 24 + 1/8 x 1024 = 3,760 of 22,518; past 60 GiB at least 10 GiB
@@ -358,7 +359,7 @@ def test_defaults_follow_sglang():
     # stated: kept
     assert (
         EngineConfig(scheduler="sglang", gpu_memory_utilization=0.7)
-        .with_vllm_defaults(get_gpu("h100-sxm"), 4096)
+        .with_defaults(get_gpu("h100-sxm"), 4096)
         .gpu_memory_utilization
         == 0.7
     )

@@ -1,0 +1,237 @@
+"""Engine families: what a replica decides because of the engine it imitates, one object per engine.
+
+A scheduler names its family (`Scheduler.family`); the rest of the project asks the family, never the engine's name.
+A third engine is one more `EngineFamily` subclass registered in `families`, plus its schedulers.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hardware.errors import SpecError
+from hardware.gpu import GpuSpec
+from policies.registry import Registry
+
+
+def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs) vLLM picks (EngineArgs.get_batch_defaults): larger on devices
+    reporting >= 70 GiB, except A100s, where a larger budget measured slower; the offline `LLM` class (bench
+    latency, bench throughput) takes 16384/8192 tokens where `vllm serve` takes 8192/2048."""
+    large = gpu.reported_memory_bytes >= 70 * (1 << 30) and "a100" not in gpu.name.lower()
+    if offline:
+        return (16384, 1024) if large else (8192, 256)
+    return (8192, 1024) if large else (2048, 256)
+
+
+# SGLang turns its hybrid SWA memory off for these (server_args: "Disable hybrid SWA memory for ... as it is not
+# yet supported"): every layer keeps every token, as vLLM's --disable-hybrid-kv-cache-manager does
+SGLANG_FULL_KV_ARCHITECTURES = frozenset(
+    {
+        "Gemma2ForCausalLM",
+        "Gemma3ForCausalLM",
+        "Gemma3ForConditionalGeneration",
+        "Gemma3nForCausalLM",
+        "Gemma3nForConditionalGeneration",
+    }
+)
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = (
+    0.3  # SGLang scales --schedule-conservativeness by it under DP attention
+)
+SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
+VLLM_GPU_MEMORY_UTILIZATION = 0.9
+FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
+
+
+# SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
+# cuda_graph_max_bs at tp < 4, at tp >= 4)
+_SGLANG_GPU_TIERS = (
+    (20, 2048, 8, 8),
+    (35, 2048, 24, 80),
+    (60, 4096, 32, 160),
+    (160, 8192, 256, 512),
+    (math.inf, 16384, 512, 512),
+)
+
+
+def _sglang_tier(gpu: GpuSpec) -> tuple[float, int, int, int]:
+    """(device memory in MiB, chunked_prefill_size, cuda_graph_max_bs at tp < 4, at tp >= 4)."""
+    mib = gpu.reported_memory_bytes / (1 << 20)
+    return mib, *next(tier[1:] for tier in _SGLANG_GPU_TIERS if mib < tier[0] * 1024)
+
+
+def sglang_mem_fraction_static(
+    gpu: GpuSpec, prefill_tokens: int, tp: int = 1, pp: int = 1, dp_attention: bool = False
+) -> float:
+    """SGLang's default mem_fraction_static (server_args._handle_gpu_memory_settings, 0.5.x): the share of the
+    device for weights and the KV pool, the rest (MiB) reserved for activations of a `prefill_tokens` batch
+    (chunked_prefill_size, or max_prefill_tokens unchunked), CUDA graphs up to its cuda_graph_max_bs and large
+    parallel sizes: 512 + 1.5 x max(prefill_tokens, 2048) + 2 x max_bs + tp x pp / 8 x 1024 (+ DP attention's
+    padding), at least 10 GiB above 60 GiB."""
+    mib, _, small, large = _sglang_tier(gpu)
+    max_bs = small if tp < 4 else large
+    reserved = 512 + 1.5 * max(prefill_tokens, 2048) + 2 * max_bs + tp * pp / 8 * 1024
+    if dp_attention:
+        reserved += max_bs * tp * 3 + (max_bs * tp * 1.5 if max_bs > 300 else 0)
+    if mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    return round((mib - reserved) / mib, 3)
+
+
+def sglang_batch_defaults(gpu: GpuSpec) -> tuple[int, int]:
+    """(chunked_prefill_size, max_running_requests cap) SGLang picks (server_args, 0.5.x): the chunk by the
+    device's memory (< 35 GiB 2048, < 60 GiB 4096, < 160 GiB 8192, else 16384); running requests are further
+    capped by the KV pool when the scheduler starts (policies/prefill_first.py)."""
+    return _sglang_tier(gpu)[1], SGLANG_MAX_RUNNING
+
+
+class EngineFamily:
+    """vLLM's defaults without vLLM's own rules: the family of the schedulers that imitate no engine of their own
+    (Sarathi, Orca, static batching, out-of-tree ones). Each attribute is one decision an engine makes."""
+
+    name = "generic"
+    scheduler = "vllm"  # the scheduler that runs the engine as it runs by default
+    label = "vLLM"  # whose defaults fill the unset knobs, as messages say
+    kernel_tables = "vllm"  # whose measured kernels price its steps (`kernels: engine`)
+    prefix_caching = "vllm"  # the KV manager the engine runs by default
+    activations_in_share = True  # the memory share covers activations (SGLang's covers weights and KV only)
+    swa_pools = False  # sliding-window models keep two pools sized by swa_full_tokens_ratio (SGLang)
+    full_kv_architectures: frozenset[str] = (
+        frozenset()
+    )  # models whose every layer keeps every token by default
+    null_block = False  # the KV pool keeps one block as its null block (vLLM's BlockPool)
+    vllm_rules = (
+        False  # vLLM's own checks: slots within the budget, FlashMLA's block, a budget fitting a prompt
+    )
+    swaps = True  # preemption may swap KV to the host (SGLang only retracts and recomputes)
+    # DP attention: each rank takes the engine's defaults (vLLM), so the group's are tp times them; else the group
+    # takes them and divides them among its ranks (SGLang)
+    defaults_per_rank = True
+    caps_slots_at_budget = (
+        True  # unset batch slots at most the step's tokens (vLLM: a request takes a token a step)
+    )
+    dp_attention_slices_dense = (
+        False  # under DP attention the dense layers are sliced over the group (SGLang)
+    )
+    dp_attention_conservativeness: float | None = None  # schedule_conservativeness unset under DP attention
+    default_slots: int | None = None  # a max_num_seqs the scheduler resolves from its KV pool (SGLang's cap)
+    pd_pools: tuple[str, str] | None = None  # the prefill and decode schedulers of its P/D disaggregation
+    # Release defaults, for replaying a published run of a given release (simulator/measured.py):
+    schedules_ahead_since = (0, 14, 0)  # planning a step while the one before runs
+    full_prompt_gate_since: tuple[int, int, int] | None = None  # admitting a prompt only if all of it fits
+    paced_client_since: tuple[int, int, int] | None = None  # its benchmark client pacing arrivals to the rate
+
+    def batch_defaults(self, gpu: GpuSpec) -> tuple[int, int]:
+        """(max_num_batched_tokens, max_num_seqs) the engine picks for `gpu`."""
+        return vllm_batch_defaults(gpu)
+
+    def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
+        """The default gpu_memory_utilization."""
+        return VLLM_GPU_MEMORY_UTILIZATION
+
+    def flashmla_block(self, gpu: GpuSpec) -> bool:
+        """Whether an MLA model's KV blocks take FlashMLA's size on `gpu` (vLLM on Hopper and newer)."""
+        return (gpu.compute_capability or 0) >= FLASHMLA_MIN_CAPABILITY
+
+    def in_flight_batches(self, async_scheduling: bool, pp: int) -> int:
+        """vLLM's max_concurrent_batches: steps scheduled whose tokens are not yet processed, 2 under async
+        scheduling, pp with a pipeline's batch queue; vLLM sizes and admits sliding windows by it."""
+        return 2 if async_scheduling else pp
+
+    def offline_batch_defaults(self, gpu: GpuSpec) -> tuple[int, int] | None:
+        """(max_num_batched_tokens, max_num_seqs) of the engine's offline class (bench latency and throughput), if
+        it has one of its own."""
+        return None
+
+    def rank_share(self, value: int, ranks: int) -> int:
+        """One DP-attention rank's share of the group's budget or slots: rounded up, as vLLM's launch command
+        sets each rank's."""
+        return -(-value // ranks)
+
+    def dp_balancer(self):
+        """How the engine's one API server picks a DP-attention rank per request: vLLM's, by the ranks' load."""
+        from policies.data_parallel import VllmBalancer  # data_parallel imports this module
+
+        return VllmBalancer()
+
+
+class VllmFamily(EngineFamily):
+    """vLLM (V1): its defaults and its own rules."""
+
+    name = "vllm"
+    null_block = True
+    vllm_rules = True
+    pd_pools = ("vllm_prefill", "vllm_decode")
+    schedules_ahead_since = (0, 14, 0)  # async scheduling on by default (PR #27614)
+    # scheduler_reserve_full_isl on by default (PR #37307, March 2026), the first release seen with it (0.10-0.11
+    # admit on the first chunk's blocks)
+    full_prompt_gate_since = (0, 19, 0)
+    paced_client_since = (0, 10, 1)  # vllm bench serve paces its arrivals from this release on (PR #21108)
+
+    def offline_batch_defaults(self, gpu: GpuSpec) -> tuple[int, int] | None:
+        """The `LLM` class's: 16384/8192 tokens where `vllm serve` takes 8192/2048."""
+        return vllm_batch_defaults(gpu, offline=True)
+
+
+class SglangFamily(EngineFamily):
+    """SGLang: its server_args defaults, its memory split and its DP attention."""
+
+    name = "sglang"
+    scheduler = "sglang"
+    label = "SGLang"
+    kernel_tables = "sglang"
+    prefix_caching = "radix"
+    activations_in_share = False
+    swa_pools = True
+    full_kv_architectures = SGLANG_FULL_KV_ARCHITECTURES
+    swaps = False
+    defaults_per_rank = False
+    caps_slots_at_budget = False
+    dp_attention_slices_dense = True
+    dp_attention_conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS
+    default_slots = SGLANG_MAX_RUNNING
+    schedules_ahead_since = (0, 4, 0)  # the overlap scheduler forms the next batch while one runs (PR #2067)
+
+    def batch_defaults(self, gpu: GpuSpec) -> tuple[int, int]:
+        return sglang_batch_defaults(gpu)
+
+    def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
+        return sglang_mem_fraction_static(gpu, prefill_tokens, tp, pp, dp_attention)
+
+    def flashmla_block(self, gpu: GpuSpec) -> bool:
+        return False
+
+    def in_flight_batches(self, async_scheduling: bool, pp: int) -> int:
+        """SGLang sizes its pools by one batch, overlapped or not."""
+        return 1
+
+    def rank_share(self, value: int, ranks: int) -> int:
+        """SGLang divides the group's itself (server_args: chunked_prefill_size // dp_size)."""
+        return max(value // ranks, 1)
+
+    def dp_balancer(self):
+        """SGLang's data-parallel controller sends requests to the ranks in turn."""
+        from policies.data_parallel import round_robin  # data_parallel imports this module
+
+        return round_robin
+
+
+#: The engines a replica can imitate, by the name run files and `servesim memory --engine` use.
+families: Registry[EngineFamily] = Registry("engine")
+GENERIC, VLLM, SGLANG = EngineFamily(), VllmFamily(), SglangFamily()
+families.register(VLLM.name)(VLLM)
+families.register(SGLANG.name)(SGLANG)
+
+
+def family_of(scheduler: str) -> EngineFamily:
+    """The family of the scheduler registered (or importable) as `scheduler`; SpecError for an unknown one."""
+    from policies.catalog import schedulers  # the schedulers import this module
+
+    return schedulers.get(scheduler).family
+
+
+def known_family(scheduler: str) -> EngineFamily | None:
+    """`family_of`, or None for a name no scheduler answers to (reported where the scenario checks its policies)."""
+    try:
+        return family_of(scheduler)
+    except SpecError:
+        return None
