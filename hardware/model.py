@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from hardware.errors import ShardingError, SpecError, choices
+from hardware.hf_models import is_repo_id, repo_of, resolve_repo, snapshot_config
 from hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
@@ -711,8 +712,11 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
 
 
 def load_model_file(path: Path, name: str | None = None) -> ModelSpec:
-    """Read a local HF config.json; errors name the file and the field."""
+    """Read a local HF config.json; errors name the file and the field. Unnamed, the model takes its repo's id when
+    the file is in the Hugging Face cache, its folder's name when it is a config.json, else the file's."""
     path = Path(path)
+    if name is None and path.name == "config.json":
+        name = repo_of(str(path)) or path.parent.name
     raw = read_json(path, "model config", finite=True)
     if not isinstance(raw, dict):
         raise SpecError(f"{path}: expected a JSON object")
@@ -728,24 +732,32 @@ def is_config_path(value: str) -> bool:
     return value not in preset_names() and value.endswith(".json")
 
 
+def resolve_model_name(value: str, what: str = "model") -> str:
+    """What servesim reads for a model: a preset's name, or a config.json path. `value` may be either, a model
+    folder holding a config.json, or a Hugging Face repo id (its preset, else its cached or fetched config.json);
+    anything else is a SpecError listing the presets."""
+    if value in preset_names() or is_config_path(value):
+        return value
+    if (config := snapshot_config(Path(value))) is not None:
+        return str(config)
+    if is_repo_id(value):
+        return resolve_repo(value)
+    raise SpecError(
+        f"unknown {what} {value!r}; presets: {choices(preset_names(), value, 'servesim models list')} "
+        "(or a config.json, model folder or Hugging Face repo id)"
+    )
+
+
 def check_model_name(value: str, what: str = "model") -> str:
-    """`value` if it is a preset or a config.json path; else ValueError listing the presets (for validators)."""
-    if value not in preset_names() and not is_config_path(value):
-        raise ValueError(
-            f"unknown {what} {value!r}; presets: {choices(preset_names(), value, 'servesim models list')} (or a config.json path)"
-        )
-    return value
+    """`resolve_model_name` for validators (its SpecError is a ValueError)."""
+    return resolve_model_name(value, what)
 
 
 @cache
 def get_model(name_or_path: str) -> ModelSpec:
-    """A bundled preset by name, or a path to a config.json; unknown names list the presets."""
-    path = PRESET_DIR / f"{name_or_path}.json"
+    """A bundled preset by name, a path to a config.json, a model folder or a Hugging Face repo id."""
+    name = resolve_model_name(name_or_path)
+    path = PRESET_DIR / f"{name}.json"
     if path.exists():
-        return load_model_file(path, name_or_path)
-    if name_or_path.endswith(".json") or "/" in name_or_path:
-        path = Path(name_or_path)
-        return load_model_file(path / "config.json" if path.is_dir() else path)  # a Hugging Face model folder
-    raise SpecError(
-        f"unknown model {name_or_path!r}; presets: {choices(preset_names(), name_or_path, 'servesim models list')} (or a config.json path)"
-    )
+        return load_model_file(path, name)
+    return load_model_file(Path(name))

@@ -6,6 +6,7 @@ import json
 import shlex
 from collections.abc import Callable
 
+from hardware.hf_models import repo_of
 from hardware.model import get_model, resolve_weight_dtype
 from hardware.gpu import get_gpu
 from hardware.kv_groups import kv_groups
@@ -14,36 +15,6 @@ from policies.families import SGLANG, VLLM, EngineFamily, family_of
 from policies.data_parallel import data_parallel_share
 from policies.spec_decode import SpeculativeConfig
 from simulator.scenario import Scenario
-
-# Preset -> Hugging Face repo id, as recorded in hardware/model_configs/SOURCES.md.
-HF_MODEL_IDS = {
-    "llama-3.1-8b": "meta-llama/Llama-3.1-8B",
-    "llama-3.1-70b": "meta-llama/Llama-3.1-70B",
-    "llama-3.1-405b": "meta-llama/Llama-3.1-405B",
-    "llama-3.2-1b": "meta-llama/Llama-3.2-1B",
-    "llama-2-7b": "meta-llama/Llama-2-7b-hf",
-    "mistral-7b": "mistralai/Mistral-7B-v0.1",
-    "mixtral-8x7b": "mistralai/Mixtral-8x7B-v0.1",
-    "qwen2.5-7b": "Qwen/Qwen2.5-7B-Instruct",
-    "qwen2.5-72b": "Qwen/Qwen2.5-72B-Instruct",
-    "gemma-2-9b": "google/gemma-2-9b",
-    "gemma-3n-e2b": "google/gemma-3n-E2B-it",
-    "gemma-3n-e4b": "google/gemma-3n-E4B-it",
-    "deepseek-v2": "deepseek-ai/DeepSeek-V2",
-    "deepseek-v3": "deepseek-ai/DeepSeek-V3",
-    "gpt-oss-20b": "openai/gpt-oss-20b",
-    "gpt-oss-120b": "openai/gpt-oss-120b",
-    "qwen3-8b": "Qwen/Qwen3-8B",
-    "qwen3-32b": "Qwen/Qwen3-32B",
-    "qwen3-30b-a3b": "Qwen/Qwen3-30B-A3B",
-    "qwen3-235b-a22b": "Qwen/Qwen3-235B-A22B",
-    "gemma-3-4b": "google/gemma-3-4b-it",
-    "gemma-3-12b": "google/gemma-3-12b-it",
-    "gemma-3-27b": "google/gemma-3-27b-it",
-    "kimi-k2": "moonshotai/Kimi-K2-Instruct",
-    "minimax-m2.5": "MiniMaxAI/MiniMax-M2.5",
-    "qwen3-coder-480b-a35b": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
-}
 
 
 def _quantized_away(s: Scenario) -> str | None:
@@ -59,8 +30,9 @@ def _online_fp8(s: Scenario) -> bool:
 
 
 def hf_model_id(model: str) -> str:
-    """The Hugging Face repo id of a preset; a config.json path is passed through (point it at the weights)."""
-    return HF_MODEL_IDS.get(model, model)
+    """The Hugging Face repo id of a preset or a cached config.json; another config.json path is passed through
+    (point it at the weights)."""
+    return repo_of(model) or model
 
 
 # engine.speculative.method -> vLLM's speculative_config method (vllm/config/speculative.py SpeculativeMethod)
@@ -275,7 +247,7 @@ def launch_notes(s: Scenario) -> list[str]:
             f"block_size {s.engine.block_size}: vLLM accepts {', '.join(map(str, VLLM_BLOCK_SIZES))} "
             "and refuses the vLLM command as printed"
         )
-    if s.model not in HF_MODEL_IDS:
+    if repo_of(s.model) is None:
         notes.append(
             f"model {s.model!r} is a config.json path: pass the folder or repo id that holds its weights"
         )
@@ -333,7 +305,7 @@ def _speculative_notes(s: Scenario, spec: SpeculativeConfig) -> list[str]:
             "speculative method ngram: SGLang's NGRAM drafts a tree from its cache of generated tokens, "
             "not vLLM's prompt lookup: the SGLang command runs without speculation"
         )
-    if spec.draft_model is not None and spec.draft_model not in HF_MODEL_IDS:
+    if spec.draft_model is not None and repo_of(spec.draft_model) is None:
         notes.append(
             f"draft model {spec.draft_model!r} is a config.json path: pass the folder or repo id that "
             "holds its weights"

@@ -22,6 +22,7 @@ from hardware.cost import Parallelism
 from hardware.errors import SpecError, choices
 from hardware.files import read_yaml
 from hardware.gpu import get_gpu
+from hardware.hf_models import snapshot_config
 from hardware.model import check_model_name, get_model, is_config_path
 from hardware.spec_model import BOOL_FOR_NUMBER, MAX_PARALLEL, MAX_REPLICAS, SpecModel
 from policies.config import EngineConfig
@@ -526,10 +527,13 @@ def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
         ]
     beside(hardware, "profile", lambda value: bool(Path(value).suffix))  # a YAML path, not a bundled name
 
-    beside(raw, "model", is_config_path)
-    beside(engine.get("speculative") if isinstance(engine, dict) else None, "draft_model", is_config_path)
+    def local(value: str) -> bool:  # a config.json, or a model folder beside the scenario holding one
+        return is_config_path(value) or snapshot_config(folder / value) is not None
+
+    beside(raw, "model", local)
+    beside(engine.get("speculative") if isinstance(engine, dict) else None, "draft_model", local)
     for stage in raw.get("stages") or ():
-        beside(stage, "model", is_config_path)
+        beside(stage, "model", local)
     return raw
 
 
