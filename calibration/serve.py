@@ -46,7 +46,7 @@ import pandas as pd
 
 from calibration.executor import Executor, StepInput
 from hardware.kv_groups import KVGroups, kv_groups
-from policies.catalog import orderings, schedulers
+from policies.catalog import build_scheduler
 from policies.config import EngineConfig
 from policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_pages
 from policies.kv_blocks import BlockManager
@@ -181,6 +181,8 @@ def serve(
     `progress(arrived)` runs as requests arrive (they arrive in real time, so it tracks the run's clock)."""
     if engine.block_size != ex.block_size:
         raise ValueError(f"engine.block_size {engine.block_size} != executor block_size {ex.block_size}")
+    if engine.speculative is not None:
+        raise ValueError("serve() runs the target model only: engine.speculative must be unset")
     if engine.prefix_caching == "radix":
         raise ValueError(
             "serve() runs on the paged block pool: engine.prefix_caching must be 'none' or 'vllm'"
@@ -193,7 +195,7 @@ def serve(
         )
     kv = make_kv_manager(engine, usable_pages(engine, ex.num_blocks), engine.block_size, groups.windows)
     log = TokenLog()
-    sched = schedulers.get(engine.scheduler)(kv, engine, orderings.get(engine.queue_order), log)
+    sched = build_scheduler(engine, kv, log)
     pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
     tokens: dict[int, list[int]] = {}
     steps = _StepRecorder()

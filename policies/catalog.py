@@ -7,8 +7,25 @@ from policies.prefix_blocks import PrefixCachingBlockManager
 from policies.radix import RadixCache
 from policies.registry import kv_managers, routers, schedulers
 
+from policies.config import EngineConfig
+from policies.spec_decode import Speculator
+from policies.step import Scheduler, TokenLog
+
 kv_managers.register("none")(BlockManager)
 kv_managers.register("vllm")(PrefixCachingBlockManager)
 kv_managers.register("radix")(RadixCache)
 
-__all__ = ["kv_managers", "orderings", "routers", "schedulers"]
+__all__ = ["build_scheduler", "kv_managers", "orderings", "routers", "schedulers"]
+
+
+def build_scheduler(
+    engine: EngineConfig, kv: BlockManager, log: TokenLog, host_blocks: int = 0, seed: int = 0
+) -> Scheduler:
+    """`engine`'s scheduler over `kv` in its queue order, and its speculator (acceptance draws seeded by `seed`)
+    when it speculates: how a replica, a pipeline stage and the calibration server each build theirs."""
+    scheduler = schedulers.get(engine.scheduler)(
+        kv, engine, orderings.get(engine.queue_order), log, host_blocks
+    )
+    if engine.speculative is not None:
+        scheduler.speculator = Speculator(engine.speculative, seed)
+    return scheduler

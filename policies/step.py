@@ -149,6 +149,9 @@ class Scheduler(Protocol):
     hands_off_first_token: bool  # a P/D prefill engine: a request leaves with its first token (max_tokens=1)
     schedules_ahead: bool  # may plan a step while the one before runs (engine.async_scheduling)
     speculates: bool  # can run speculative decoding's draft-and-verify steps
+    batch_queue: (
+        bool  # runs a pipeline-parallel replica with a queue of its steps (`pipeline`), as vLLM V1 does
+    )
     supports_prefix_caching: bool  # honours engine.prefix_caching (shares KV blocks between requests)
     pipelined: bool  # runs its steps as a pipeline of micro-batches, each committed on its own
     holds_finished: bool  # finished requests keep their blocks until `release_retired` (async scheduling)
@@ -173,6 +176,9 @@ class Scheduler(Protocol):
     def fused_decode_steps(self, num_steps: int) -> None:
         """Fast-forward ran `num_steps` decode steps past the one scheduled (for state that moves per step)."""
 
+    def pipeline(self, depth: int) -> None:
+        """Schedule a pipeline-parallel replica's `depth` steps in flight (a scheduler with `batch_queue`)."""
+
     @property
     def num_waiting(self) -> int: ...
 
@@ -188,6 +194,7 @@ class SchedulerDefaults:
     hands_off_first_token = False
     schedules_ahead = False
     speculates = False
+    batch_queue = False
     supports_prefix_caching = False
     pipelined = False
     holds_finished = False
@@ -204,6 +211,9 @@ class SchedulerDefaults:
 
     def fused_decode_steps(self, num_steps: int) -> None:
         pass
+
+    def pipeline(self, depth: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} has no batch queue (batch_queue is false)")
 
 
 class TokenLog:

@@ -49,6 +49,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
     family = VLLM
     schedules_ahead = True
     speculates = True
+    batch_queue = True
     supports_prefix_caching = True
 
     def __init__(

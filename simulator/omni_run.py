@@ -29,10 +29,9 @@ from hardware.gpu import get_gpu, get_interconnect
 from hardware.memory import MemoryPlan
 from hardware.model import get_model
 from hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
-from policies.catalog import orderings, routers, schedulers
+from policies.catalog import build_scheduler, routers
 from policies.config import EngineConfig
 from policies.hybrid_blocks import make_kv_manager, usable_pages
-from policies.spec_decode import Speculator
 from policies.step import TokenLog
 from simulator.engine import FastForward, Replica
 from simulator.metrics import StepLog, request_frame, summarize
@@ -183,11 +182,7 @@ class Pipeline:
                 memory.kv_windows,
                 memory.swa_pool(page_size, num_blocks=num_blocks),
             )
-            scheduler = schedulers.get(e.scheduler)(
-                kv, e, orderings.get(e.queue_order), stage.tokens, host_blocks
-            )
-            if e.speculative is not None:
-                scheduler.speculator = Speculator(e.speculative, s.seed)
+            scheduler = build_scheduler(e, kv, stage.tokens, host_blocks, s.seed)
             stage.replicas.append(
                 Replica(
                     self.env,

@@ -22,14 +22,13 @@ from hardware.model import get_model
 from hardware.profile import load_profile
 from hardware.step_timer import StepTimer
 from policies.app_cache import AppCache
-from policies.catalog import orderings, routers, schedulers
+from policies.catalog import build_scheduler, routers, schedulers
 from policies.config import MAX_KV_BLOCKS, EngineConfig
 from policies.data_parallel import DataParallelRanks, data_parallel_share
 from policies.families import family_of
 from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
-from policies.spec_decode import Speculator
 from policies.step import Scheduler, StepPlan, TokenLog
 from simulator.disagg import Handoff
 from simulator.disagg_config import PoolConfig
@@ -361,7 +360,7 @@ class World:
             )
         pp = s.parallelism.pp
         scheduler_class = schedulers.get(e.scheduler)
-        batch_queue = pp > 1 and hasattr(scheduler_class, "pipeline")
+        batch_queue = pp > 1 and scheduler_class.batch_queue
         per_replica = 1 if batch_queue else pp  # engines per replica
         # a dense model's ranks under vLLM: engines of their own, each priced as one GPU (per stage) whose blocks
         # are whole on it (the plan's block is the group's per-GPU average)
@@ -427,19 +426,12 @@ class World:
                 cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
                 group = []
                 for kv in kvs:
-                    # the replica's swap space, shared
-                    scheduler = scheduler_class(
-                        kv,
-                        cfg,
-                        orderings.get(e.queue_order),
-                        self.tokens,
-                        host_blocks // per_replica // ranks,
+                    # the replica's swap space, shared; speculation's acceptance draws seeded by the run
+                    scheduler = build_scheduler(
+                        cfg, kv, self.tokens, host_blocks // per_replica // ranks, s.seed
                     )
                     if batch_queue:
                         scheduler.pipeline(pp)
-                    # speculative decoding hook: acceptance draws seeded by the run
-                    if e.speculative is not None:
-                        scheduler.speculator = Speculator(e.speculative, s.seed)
                     group.append(scheduler)
                 if independent:
                     engines += [engine(scheduler, pipeline()) for scheduler in group]

@@ -32,9 +32,13 @@ def test_every_scheduler_has_every_member():
         )
 
 
-def test_no_code_probes_a_scheduler_with_getattr():
+def test_no_code_probes_a_scheduler_with_getattr_or_hasattr():
     for path in [*ROOT.glob("simulator/*.py"), *ROOT.glob("policies/*.py"), *ROOT.glob("calibration/*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr" and node.args:
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "id", None) in ("getattr", "hasattr")
+                and node.args
+            ):
                 probed = ast.unparse(node.args[0])
                 assert "sched" not in probed and "rank" not in probed, f"{path.name}: getattr({probed}, ...)"
