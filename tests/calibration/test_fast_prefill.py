@@ -8,9 +8,18 @@ At 256 tokens the bound is 25%: there the step's fixed costs, which the fit pric
 and which shift with the shared machine's state, are a third of the step. Measured on the 2-core machines, the
 256-token error was 0.2-6% on quiet days and 13-15% in four runs on 5 December 2026 (rounds agreeing within 0.02:
 the prediction, ~0.41, not the measurement, moved); 512 and 1,024 tokens stayed within 2-9%.
+
+Those bounds hold on a machine that keeps its speed. Under pytest-xdist the other worker's tests share the two
+cores, and one CI run's rounds disagreed by 23% at 512 tokens (0.363, 0.363, 0.445) while the fit, timed under
+the same load, predicted 0.436 against a median of 0.363. As in test_validate, the test measures the machine's
+drift (wall time above the thread's CPU time, and the rounds' disagreement): steady (<= QUIET_DRIFT), it checks
+BOUNDS; else COARSE, which a model that priced no saving (0) or every layer's still misses, and warns that the
+strict bounds went unchecked.
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pandas as pd
 
@@ -27,6 +36,18 @@ from hardware.profile import load_profile
 SCALE = dict(layers=6, kv_shared=3, hidden=128, heads=4, kv_heads=2, intermediate=384, vocab=1024)
 PROMPTS = (256, 512, 1024)
 BOUNDS = {256: 0.25, 512: 0.15, 1024: 0.15}  # relative error of the predicted reduction (see the docstring)
+COARSE = 0.35  # the same, at every length, on a machine that changed speed under the test
+QUIET_DRIFT = 0.10  # steady: rounds within 10% of each other (a quiet day's agree within 0.02 of ~0.36)
+
+
+def _drift(folder, timed: list[pd.DataFrame], rounds: list[pd.Series]) -> float:
+    """How much the shared machine changed under the test (0 = steady): other processes taking the core (wall
+    time above the thread's CPU time, in the calibration grid and the measured rounds), or the rounds' reductions
+    disagreeing."""
+    rows = pd.concat([pd.read_csv(folder / "grid.csv"), *timed])
+    stolen = float((rows["time_s"] / rows["cpu_time_s"]).median()) - 1.0
+    table = pd.concat(rounds, axis=1)
+    return max(stolen, float((table.max(axis=1) / table.min(axis=1)).max()) - 1.0)
 
 
 def _reductions(rows: pd.DataFrame) -> pd.Series:
@@ -49,9 +70,8 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
     ex = make_executor(setup, max(blocks_for_batch(b, setup.block_size) for _, b in shapes))
     # on/off interleaved, 3 times a round; a shared machine's other work can slow a whole round, so the median of
     # three rounds' reductions is the measurement
-    rounds = [
-        _reductions(profile_grid(ex, shapes, setup.model, setup.scale, repeats=3, warmup=1)) for _ in range(3)
-    ]
+    timed = [profile_grid(ex, shapes, setup.model, setup.scale, repeats=3, warmup=1) for _ in range(3)]
+    rounds = [_reductions(rows) for rows in timed]
     measured = pd.concat(rounds, axis=1).median(axis=1)
 
     def predicted(n: int) -> float:
@@ -66,10 +86,17 @@ def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
 
     table = pd.DataFrame({"measured": measured, "predicted": [predicted(n) for n in measured.index]})
     table["rel_err"] = (table["predicted"] - table["measured"]).abs() / table["measured"]
+    drift = _drift(tmp_path, timed, rounds)
+    quiet = drift <= QUIET_DRIFT
     summary = (
-        f"fit MAPE {report.mape}\n{table.round(3).to_string()}\nmeasured per round:\n"
+        f"machine drift {drift:.1%}; fit MAPE {report.mape}\n{table.round(3).to_string()}\nmeasured per round:\n"
         f"{pd.concat(rounds, axis=1).round(3).to_string()}"
     )
     print(summary)
     assert (table["measured"] > 0).all(), summary
-    assert (table["rel_err"] <= table.index.map(BOUNDS)).all(), summary
+    bounds = table.index.map(BOUNDS) if quiet else COARSE
+    assert (table["rel_err"] <= bounds).all(), summary
+    if not quiet:
+        warnings.warn(
+            f"the machine's speed changed by {drift:.0%} under the test: strict bounds unchecked\n{summary}"
+        )
