@@ -307,3 +307,15 @@ def report(
     from simulator.report import write_report
 
     console.print(f"report in {write_report(folder, out)}")
+
+
+@app.command()
+@clean_errors
+def export(
+    folder: Path,
+    perfetto: Path = typer.Option(..., "--perfetto", help="Chrome/Perfetto trace JSON to write"),
+) -> None:
+    """Export a run folder's steps and requests as a trace for ui.perfetto.dev or chrome://tracing."""
+    from simulator.perfetto import write_perfetto
+
+    console.print(f"{write_perfetto(folder, perfetto):,} events in {perfetto}")
