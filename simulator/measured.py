@@ -104,6 +104,14 @@ class MeasuredRun(SpecModel):
     )
     input_len: int = Field(ge=1)
     output_len: int = Field(ge=1)
+    input_lens: list[int] | None = Field(
+        None,
+        description=(
+            "Each request's prompt tokens in the order the client sent them (`vllm bench serve --save-detailed`); "
+            "given, the run replays them instead of input_len (then their mean)"
+        ),
+    )
+    output_lens: list[int] | None = Field(None, description="Each request's output tokens, as input_lens")
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
     request_rate: float = Field(
@@ -165,6 +173,17 @@ class MeasuredRun(SpecModel):
             raise ValueError(f"a {self.benchmark} benchmark has no {', '.join(foreign)}")
         if self.output_len == 1 and any("tpot" in k or "itl" in k for k in self.measured):
             raise ValueError("one output token has no TPOT or ITL")
+        per_request = (self.input_lens is None, self.output_lens is None)
+        if per_request == (False, False):
+            if not len(self.input_lens) == len(self.output_lens) == self.num_requests:
+                raise ValueError(
+                    f"input_lens and output_lens list one length per request ({self.num_requests}), not "
+                    f"{len(self.input_lens)} and {len(self.output_lens)}"
+                )
+            if min(self.input_lens) < 1 or min(self.output_lens) < 1:
+                raise ValueError("input_lens and output_lens are token counts of at least 1")
+        elif per_request != (True, True):
+            raise ValueError("input_lens and output_lens go together")
         return self
 
     @property
@@ -227,12 +246,9 @@ class MeasuredRun(SpecModel):
         extras += [self.engine] * (self.engine != MeasuredRun.model_fields["engine"].default)
         extras += [self.weight_dtype] * (self.weight_dtype not in ("auto", "bf16"))
         count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
-        return (
-            " ".join(
-                [self.model, self.gpu, *extras, self.benchmark, f"{self.input_len}/{self.output_len}", load]
-            )
-            + count
-        )
+        mean = "~" if self.input_lens is not None else ""  # per-request lengths: their means
+        lengths = f"{mean}{self.input_len}/{mean}{self.output_len}"
+        return " ".join([self.model, self.gpu, *extras, self.benchmark, lengths, load]) + count
 
 
 def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) -> Scenario:
@@ -276,10 +292,17 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"
     )
     engine["prefix_caching"] = caching if caching_on else "none"  # bench latency turns it off by default
-    lengths = {
-        "prompt": {"kind": "fixed", "value": run.input_len},
-        "output": {"kind": "fixed", "value": run.output_len},
-    }
+    lengths = (
+        {
+            "prompt": {"kind": "sequence", "values": run.input_lens},
+            "output": {"kind": "sequence", "values": run.output_lens},
+        }
+        if run.input_lens is not None
+        else {
+            "prompt": {"kind": "fixed", "value": run.input_len},
+            "output": {"kind": "fixed", "value": run.output_len},
+        }
+    )
     workload: dict[str, Any] = {"lengths": lengths, "num_requests": run.num_requests}
     if run.max_concurrency is not None:
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
@@ -374,23 +397,21 @@ LENGTH_SPREAD, LENGTH_SLACK = (
 )
 
 
-def _fixed_length(lengths: list[int] | None, given: int | None, what: str, source: str) -> int:
-    """The run's one length: the one given, else the per-request lengths' mean if they agree within 5% (or 4
-    tokens)."""
+def _lengths(lengths: Any, given: int | None, what: str, source: str) -> tuple[int, list[int] | None]:
+    """The run's `what` length and, when the requests' differ, each one's: the length given, else the per-request
+    lengths' mean, alone if they agree within 5% (or 4 tokens: a random-dataset prompt re-tokenizes a few off)."""
     if given is not None:
-        return given
+        return given, None
     if not lengths:
         raise SpecError(
             f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
             f"so give it: --set {what}_len=N"
         )
+    if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+        raise SpecError(f"{source}: {what}_lens must be a list of token counts")
     mean = sum(lengths) / len(lengths)
-    if max(lengths) - min(lengths) > max(LENGTH_SPREAD * mean, LENGTH_SLACK):
-        raise SpecError(
-            f"{source}: {what} lengths vary from {min(lengths)} to {max(lengths)}; only fixed-length "
-            "runs replay (--dataset-name random --random-range-ratio 0 --ignore-eos)"
-        )
-    return round(mean)
+    varied = max(lengths) - min(lengths) > max(LENGTH_SPREAD * mean, LENGTH_SLACK)
+    return max(round(mean), 1), lengths if varied else None
 
 
 def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
@@ -405,16 +426,20 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
     if data.get("failed"):
         raise SpecError(f"{path}: {data['failed']} request(s) failed, and the figures cover only the others")
     setup = dict(setup)
-    lengths = {
-        what: _fixed_length(data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path))
-        for what in ("input", "output")
-    }
+    lengths, per_request = {}, {}
+    for what in ("input", "output"):
+        lengths[what], per_request[what] = _lengths(
+            data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path)
+        )
+    varied = [lens for lens in per_request.values() if lens is not None]
+    if len(varied) == 1:  # the other is fixed: each request gets it
+        per_request = {what: lens or [lengths[what]] * len(varied[0]) for what, lens in per_request.items()}
     measured = {
         figure: float(data[key])
         for key, figure in VLLM_RESULT_FIGURES.items()
         if isinstance(data.get(key), (int, float)) and math.isfinite(data[key]) and data[key] > 0
     }
-    if lengths["output"] == 1:  # vLLM writes 0 for the TPOT and ITL of one-token answers
+    if lengths["output"] == 1 and per_request["output"] is None:  # vLLM writes 0 for one-token answers' TPOT, ITL
         measured = {k: v for k, v in measured.items() if "tpot" not in k and "itl" not in k}
     fields = {
         "source": str(path),
@@ -425,6 +450,8 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
         "burstiness": data.get("burstiness") or 1.0,
         "input_len": lengths["input"],
         "output_len": lengths["output"],
+        "input_lens": per_request["input"],
+        "output_lens": per_request["output"],
         "measured": measured,
         **setup,
     }

@@ -20,6 +20,7 @@ MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loo
 #: The largest value a length or time distribution may name or draw: past it a count overflows int64 on its way to
 #: numpy, and no model or trace comes near it.
 MAX_VALUE = float(MAX_TOKENS)
+MAX_SEQUENCE = 1 << 24  # values a sequence may list: a run of 16M requests
 MAX_LOG_SIGMA = 10.0  # a lognormal's sigma: e^10 between a median and one sigma above is already absurd
 
 
@@ -158,8 +159,19 @@ class EmpiricalDist(SpecModel):
         return self
 
 
+class SequenceDist(SpecModel):
+    """Given values taken in order, from the first again when more are needed: a measured run's per-request
+    lengths replayed as its client sent them."""
+
+    kind: Literal["sequence"]
+    values: list[Annotated[float, Field(ge=0, le=MAX_VALUE)]] = Field(
+        min_length=1, max_length=MAX_SEQUENCE, description="The values, in the order requests take them."
+    )
+
+
 Dist = Annotated[
-    Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist], Field(discriminator="kind")
+    Union[FixedDist, UniformDist, NormalDist, LognormalDist, EmpiricalDist, SequenceDist],
+    Field(discriminator="kind"),
 ]
 
 
@@ -168,6 +180,8 @@ def upper_bound(dist: Dist) -> float:
     match dist:
         case FixedDist(value=v) | UniformDist(high=v):
             return v
+        case SequenceDist(values=values):
+            return max(values)
         case NormalDist(max=v) if v is not None:
             return v
     return math.inf

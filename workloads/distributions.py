@@ -19,6 +19,7 @@ from workloads.config import (
     EmpiricalDist,
     FixedDist,
     LognormalDist,
+    SequenceDist,
     NormalDist,
     UniformDist,
     WorkloadConfig,
@@ -40,6 +41,8 @@ def sample_values(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path =
             return rng.lognormal(np.log(dist.median), dist.sigma, size=n)
         case EmpiricalDist():
             return rng.choice(_empirical_column(dist, base_dir), size=n, replace=True).astype(np.float64)
+        case SequenceDist():
+            return np.resize(np.asarray(dist.values, dtype=np.float64), n)
     raise TypeError(f"unknown distribution {dist!r}")
 
 

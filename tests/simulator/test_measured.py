@@ -23,7 +23,7 @@ from simulator.measured import (
     scenario_for,
 )
 from simulator.measured_report import family_rows
-from simulator.run import build_timer
+from simulator.run import build_timer, simulate
 from workloads.generate import build_workload
 
 runner = CliRunner()
@@ -386,13 +386,23 @@ def test_a_twin_schedules_ahead_where_that_release_did(engine, version, stated, 
     assert scenario_for(run).with_engine_defaults().engine.async_scheduling is ahead
 
 
-def test_a_vllm_bench_result_needs_fixed_lengths(tmp_path):
-    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
-    varied = vllm_result(tmp_path, input_lens=[100, 200, 300, 400, 500, 600, 700, 800])
-    with pytest.raises(SpecError, match="input lengths vary from 100 to 800"):
-        run_from_vllm_result(varied, setup)
+def test_a_vllm_bench_result_with_varied_lengths_replays_each_request_as_sent(tmp_path):
+    """A ShareGPT or random-range run: each request's prompt and output, in the order the client sent them."""
+    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "engine_args": {"max_model_len": 4096}}
+    prompts, outputs = [100, 800, 300, 400, 500, 600, 700, 200], [64, 10, 64, 200, 64, 5, 64, 64]
+    varied = vllm_result(tmp_path, input_lens=prompts, output_lens=outputs)
+    run = run_from_vllm_result(varied, setup)
+    assert (run.input_lens, run.output_lens, run.input_len, run.output_len) == (prompts, outputs, 450, 67)
+    assert run.label() == "llama-3.1-8b h100-sxm serve ~450/~67 c=2 x8"
+    result = simulate(scenario_for(run), tmp_path)
+    sent = result.requests.sort_values("request_id")
+    assert sent["prompt_tokens"].tolist() == prompts and sent["output_tokens"].tolist() == outputs
+    assert len(replay(run)) == len(run.measured)  # every figure compared
+    # only the outputs vary: each request keeps the one prompt length
+    run = run_from_vllm_result(vllm_result(tmp_path, output_lens=outputs), setup)
+    assert run.input_lens == [512] * 8 and run.output_lens == outputs
     # the user says what it was
-    assert run_from_vllm_result(varied, setup | {"input_len": 450}).input_len == 450
+    assert run_from_vllm_result(varied, setup | {"input_len": 450, "output_len": 64}).input_lens is None
     bare = vllm_result(tmp_path, input_lens=None, output_lens=None)
     with pytest.raises(SpecError, match="give it: --set input_len=N"):
         run_from_vllm_result(bare, setup)
