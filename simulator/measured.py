@@ -407,7 +407,9 @@ def _lengths(lengths: Any, given: int | None, what: str, source: str) -> tuple[i
             f"{source}: no per-request {what} lengths (run vllm bench serve with --save-detailed), "
             f"so give it: --set {what}_len=N"
         )
-    if not isinstance(lengths, list) or not all(isinstance(n, int) and not isinstance(n, bool) for n in lengths):
+    if not isinstance(lengths, list) or not all(
+        isinstance(n, int) and not isinstance(n, bool) for n in lengths
+    ):
         raise SpecError(f"{source}: {what}_lens must be a list of token counts")
     mean = sum(lengths) / len(lengths)
     varied = max(lengths) - min(lengths) > max(LENGTH_SPREAD * mean, LENGTH_SLACK)
@@ -439,7 +441,9 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
         for key, figure in VLLM_RESULT_FIGURES.items()
         if isinstance(data.get(key), (int, float)) and math.isfinite(data[key]) and data[key] > 0
     }
-    if lengths["output"] == 1 and per_request["output"] is None:  # vLLM writes 0 for one-token answers' TPOT, ITL
+    if (
+        lengths["output"] == 1 and per_request["output"] is None
+    ):  # vLLM writes 0 for one-token answers' TPOT, ITL
         measured = {k: v for k, v in measured.items() if "tpot" not in k and "itl" not in k}
     fields = {
         "source": str(path),

@@ -14,8 +14,19 @@ from pydantic import Field, model_validator
 
 from hardware.spec_model import MAX_TOKENS, SpecModel
 
-TraceFormat = Literal["azure", "mooncake", "sharegpt", "arxiv", "burstgpt", "servegen", "servesim"]
-UNTIMED_FORMATS = frozenset({"sharegpt", "arxiv"})  # length tables without arrival times
+TraceFormat = Literal[
+    "azure",
+    "mooncake",
+    "sharegpt",
+    "sharegpt_json",
+    "arxiv",
+    "burstgpt",
+    "servegen",
+    "servesim",
+    "vllm_bench",
+]
+# length tables without arrival times
+UNTIMED_FORMATS = frozenset({"sharegpt", "sharegpt_json", "arxiv", "vllm_bench"})
 MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
 #: The largest value a length or time distribution may name or draw: past it a count overflows int64 on its way to
 #: numpy, and no model or trace comes near it.

@@ -9,6 +9,12 @@ Formats (see shared/data/traces/README.md for the public ones):
 - mooncake: JSONL `timestamp` (ms), `input_length`, `output_length`, `hash_ids` (one id per 512-token
   block; shared leading ids = shared prefix). Extra column `hash_ids` (tuple[int, ...]).
 - sharegpt: CSV `input_tokens`, `output_tokens` (no timestamps).
+- sharegpt_json: the ShareGPT conversations JSON (`ShareGPT_V3_unfiltered_cleaned_split.json`: a list of
+  `{"id", "conversations": [{"from", "value"}, ...]}`), read as `vllm bench serve --dataset-name sharegpt` reads it:
+  each conversation's first turn is the prompt and its second the completion, conversations of fewer than two
+  turns left out. Text is counted at CHARS_PER_TOKEN characters a token (no tokenizer is loaded), as a note says.
+- vllm_bench: a `vllm bench serve --save-result --save-detailed` JSON: its per-request `input_lens` and
+  `output_lens`, in the order the client sent them (no timestamps: pair it with the run's arrivals).
 - arxiv: CSV `num_prefill_tokens`, `num_decode_tokens` (no timestamps).
 - burstgpt: CSV `Timestamp` (s), `Model`, `Request tokens`, `Response tokens`, `Total tokens`,
   `Log Type`. Rows with 0 response tokens are failed requests (dropped by default).
@@ -32,6 +38,8 @@ Formats (see shared/data/traces/README.md for the public ones):
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +50,7 @@ from workloads.servegen import servegen_requests
 from workloads.tables import finish_table, require_columns, require_file
 
 __all__ = [
+    "CHARS_PER_TOKEN",
     "MOONCAKE_BLOCK_TOKENS",
     "load_arxiv",
     "load_azure",
@@ -49,6 +58,8 @@ __all__ = [
     "load_mooncake",
     "load_servesim",
     "load_sharegpt",
+    "load_sharegpt_json",
+    "load_vllm_bench",
     "load_source",
     "resolve_path",
     "servegen_requests",
@@ -62,6 +73,9 @@ ARXIV_COLUMNS = ("num_prefill_tokens", "num_decode_tokens")
 BURSTGPT_COLUMNS = ("Timestamp", "Model", "Request tokens", "Response tokens", "Total tokens", "Log Type")
 SERVESIM_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 SERVESIM_OPTIONAL = ("session_id", "priority", "prefix_id", "prefix_tokens")
+#: Characters a token, for text without its tokenizer: English prose under Llama-3's and GPT-4's tokenizers runs
+#: ~4-4.5 (OpenAI's rule of thumb is 4); code and other languages run fewer, so counts come out low there.
+CHARS_PER_TOKEN = 4.0
 
 
 def load_azure(path: Path) -> pd.DataFrame:
@@ -115,6 +129,58 @@ def load_sharegpt(path: Path) -> pd.DataFrame:
     """ShareGPT (input, output) length pairs; no timestamps."""
     df = _read(path, "sharegpt", SHAREGPT_COLUMNS)
     return finish_table(path, np.full(len(df), np.nan), df["input_tokens"], df["output_tokens"])
+
+
+def _json(path: Path, what: str, expected: tuple[str, ...]) -> object:
+    """A JSON file's document; ValueError naming the file when it is missing, unreadable or not JSON."""
+    require_file(path, what, expected)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as err:
+        raise ValueError(f"{path}: {what} trace file cannot be read ({err.strerror})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        raise ValueError(f"{path}: not a {what} JSON file ({str(err)[:80]})") from None
+
+
+def _tokens(text: object) -> float:
+    """Estimated tokens of a turn's text (NaN for a turn without text: its row is dropped)."""
+    return math.ceil(len(text) / CHARS_PER_TOKEN) if isinstance(text, str) and text else math.nan
+
+
+def load_sharegpt_json(path: Path) -> pd.DataFrame:
+    """The ShareGPT conversations JSON: first turn as prompt, second as completion, tokens estimated from text."""
+    data = _json(path, "sharegpt_json", ("conversations",))
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
+    turns = [
+        entry["conversations"][:2]
+        for entry in data
+        if isinstance(entry, dict) and isinstance(entry.get("conversations"), list)
+    ]
+    pairs = [t for t in turns if len(t) == 2 and all(isinstance(turn, dict) for turn in t)]
+    table = finish_table(
+        path,
+        np.full(len(pairs), np.nan),
+        [_tokens(prompt.get("value")) for prompt, _ in pairs],
+        [_tokens(answer.get("value")) for _, answer in pairs],
+        dropped={"entries without two turns": len(data) - len(pairs)},
+    )
+    table.attrs["notes"] = (
+        f"{path}: token counts estimated at {CHARS_PER_TOKEN:g} characters a token (no tokenizer loaded)",
+    )
+    return table
+
+
+def load_vllm_bench(path: Path) -> pd.DataFrame:
+    """A `vllm bench serve --save-detailed` result's per-request lengths, in sending order."""
+    data = _json(path, "vllm_bench", ("input_lens", "output_lens"))
+    lengths = [data.get(key) if isinstance(data, dict) else None for key in ("input_lens", "output_lens")]
+    if not all(isinstance(column, list) for column in lengths) or len(lengths[0]) != len(lengths[1]):
+        raise ValueError(
+            f"{path}: no per-request input_lens and output_lens of one length; save the run with "
+            "vllm bench serve --save-result --save-detailed"
+        )
+    return finish_table(path, np.full(len(lengths[0]), np.nan), lengths[0], lengths[1])
 
 
 def load_arxiv(path: Path) -> pd.DataFrame:
@@ -185,6 +251,10 @@ def load_source(
             return load_mooncake(path)
         case "sharegpt":
             return load_sharegpt(path)
+        case "sharegpt_json":
+            return load_sharegpt_json(path)
+        case "vllm_bench":
+            return load_vllm_bench(path)
         case "arxiv":
             return load_arxiv(path)
         case "burstgpt":

@@ -1,6 +1,7 @@
 """Trace loaders on the real public files (statistics from shared/data/traces/README.md) and on
 small files written here (BurstGPT, servesim, error cases)."""
 
+import json
 import math
 import re
 from pathlib import Path
@@ -10,6 +11,9 @@ import pandas as pd
 import pytest
 
 from workloads.traces import (
+    CHARS_PER_TOKEN,
+    load_sharegpt_json,
+    load_vllm_bench,
     load_arxiv,
     load_azure,
     load_burstgpt,
@@ -265,3 +269,67 @@ def test_a_bad_mooncake_line_is_named_with_its_field(tmp_path, second, message):
     )
     with pytest.raises(ValueError, match=rf"m\.jsonl: .*{message}"):
         load_mooncake(path)
+
+
+def test_sharegpt_json_reads_each_conversations_first_two_turns_as_text_estimates(tmp_path):
+    """As vllm bench serve reads the ShareGPT file: first turn the prompt, second the completion; conversations of
+    fewer than two turns, or no turns, are left out; tokens are characters / CHARS_PER_TOKEN, rounded up."""
+    conversations = [
+        {
+            "id": "a",
+            "conversations": [{"from": "human", "value": "x" * 40}, {"from": "gpt", "value": "y" * 401}],
+        },
+        {"id": "b", "conversations": [{"from": "human", "value": "only a question"}]},
+        {
+            "id": "c",
+            "conversations": [{"from": "human", "value": "q" * 9}, {"from": "gpt", "value": "a" * 8}] * 2,
+        },
+        {"id": "d"},
+    ]
+    path = tmp_path / "ShareGPT_V3_unfiltered_cleaned_split.json"
+    path.write_text(json.dumps(conversations))
+    table = load_sharegpt_json(path)
+    assert table["num_prompt_tokens"].tolist() == [10, 3] and table["num_output_tokens"].tolist() == [101, 2]
+    assert CHARS_PER_TOKEN == 4.0 and table["arrival_s"].isna().all()
+    assert table.attrs["dropped_by"] == {"entries without two turns": 2}
+    assert "estimated at 4 characters a token" in table.attrs["notes"][0]
+
+
+def test_a_vllm_bench_result_is_a_length_table_in_sending_order(tmp_path):
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"num_prompts": 3, "input_lens": [300, 20, 4000], "output_lens": [7, 90, 1]}))
+    table = load_vllm_bench(path)
+    assert table["num_prompt_tokens"].tolist() == [300, 20, 4000] and table["num_output_tokens"].tolist() == [
+        7,
+        90,
+        1,
+    ]
+    path.write_text(json.dumps({"num_prompts": 3}))  # saved without --save-detailed
+    with pytest.raises(ValueError, match=r"result.json: no per-request input_lens .* --save-detailed"):
+        load_vllm_bench(path)
+    path.write_text("[" * 100_000)
+    with pytest.raises(ValueError, match="result.json: not a vllm_bench JSON file"):
+        load_vllm_bench(path)
+
+
+def test_a_scenario_replays_a_vllm_bench_results_lengths_at_its_own_rate(tmp_path):
+    from workloads.config import WorkloadConfig
+    from workloads.generate import build_workload
+
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"input_lens": [300, 20, 4000, 55], "output_lens": [7, 90, 1, 12]}))
+    cfg = WorkloadConfig.model_validate(
+        {
+            "trace": {"format": "vllm_bench", "path": "result.json"},
+            "arrivals": {"kind": "poisson", "rate_per_s": 2.0},
+            "num_requests": 4,
+        }
+    )
+    requests = build_workload(cfg, np.random.default_rng(0), tmp_path).requests
+    assert [(r.num_prompt_tokens, r.num_output_tokens) for r in requests] == [
+        (300, 7),
+        (20, 90),
+        (4000, 1),
+        (55, 12),
+    ]
+    assert requests[0].arrival_s == 0 < requests[1].arrival_s
