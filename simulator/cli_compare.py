@@ -57,7 +57,8 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
-    benchmarks/published_runs.yaml, or one `vllm bench serve --save-result` JSON with --model and --gpu."""
+    benchmarks/published_runs.yaml, one `vllm bench serve --save-result` JSON, or an SGLang `bench_serving`
+    JSONL (a run per line), these two with --model and --gpu."""
     from hardware.profile import load_profile
     from simulator.holdout import SPLITS, holdout_rows
     from simulator.measured import (
@@ -65,6 +66,7 @@ def compare(
         load_measured_runs,
         replay_run,
         run_from_vllm_result,
+        runs_from_sglang_results,
         select,
         with_gpu_files,
     )
@@ -75,14 +77,17 @@ def compare(
 
     if html is not None:
         check_output_file(html, "--html")
-    if runs_file.suffix == ".json":
+    if runs_file.suffix in (".json", ".jsonl"):
         if model is None or gpu is None:
             raise SpecError(
-                f"{runs_file}: a vllm bench result does not say what served it: give --model and --gpu"
+                f"{runs_file}: a benchmark result does not say what served it: give --model and --gpu"
             )
-        runs = [
-            run_from_vllm_result(runs_file, apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_))
-        ]
+        setup = apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_)
+        runs = (
+            runs_from_sglang_results(runs_file, setup)
+            if runs_file.suffix == ".jsonl"
+            else [run_from_vllm_result(runs_file, setup)]
+        )
     elif model or gpu or set_ or tp != 1:
         raise SpecError(
             f"{runs_file}: --model, --gpu, --tp and --set describe a vllm bench JSON; a runs file "

@@ -10,6 +10,7 @@ result keys except `duration_s` and `latency_s`).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from hardware.errors import SpecError
-from hardware.files import read_json, read_yaml
+from hardware.files import read_json, read_text, read_yaml
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from hardware.spec_model import SpecModel
@@ -390,6 +391,12 @@ VLLM_RESULT_FIGURES = {
     "total_token_throughput": "total_token_throughput",
     **{k: k for k in SUMMARY_KEY if k.endswith("_ms")},
 }
+# SGLang bench_serving's JSONL key -> MeasuredRun figure (its e2e latencies, and total_throughput since 0.4)
+SGLANG_RESULT_FIGURES = {
+    **VLLM_RESULT_FIGURES,
+    "total_throughput": "total_token_throughput",
+    **{f"{stat}_e2e_latency_ms": f"{stat}_e2el_ms" for stat in ("mean", "median", "p99")},
+}
 # a random-dataset prompt re-tokenizes a few tokens off its nominal length
 LENGTH_SPREAD, LENGTH_SLACK = (
     0.05,
@@ -427,42 +434,81 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
         raise SpecError(f"{path}: a --ramp-up-strategy run's rate changes over time; only fixed rates replay")
     if data.get("failed"):
         raise SpecError(f"{path}: {data['failed']} request(s) failed, and the figures cover only the others")
+    load = {"num_prompts": data["num_prompts"], "burstiness": data.get("burstiness") or 1.0}
+    return _served_run(data, str(path), VLLM_RESULT_FIGURES, load, setup)
+
+
+def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[MeasuredRun]:
+    """Each line of an SGLang `bench_serving --output-file` JSONL (one run per line, against an SGLang server) as
+    a measured run; `setup` as for run_from_vllm_result. Its client sends a Poisson process from t = 0."""
+    lines = [line for line in read_text(path, "sglang bench_serving output").splitlines() if line.strip()]
+    runs = []
+    for number, line in enumerate(lines, 1):
+        source = f"{path}:{number}"
+        try:
+            data = json.loads(line)
+        except ValueError as err:
+            raise SpecError(f"{source}: not a JSON line ({str(err)[:60]})") from None
+        if not isinstance(data, dict) or "completed" not in data:
+            raise SpecError(f"{source}: not an sglang bench_serving result (no completed)")
+        backend = str(data.get("backend", "sglang"))
+        if not backend.startswith("sglang"):
+            raise SpecError(
+                f"{source}: a run against backend {backend!r}; only SGLang servers' runs replay from this file"
+            )
+        fixed = data.get("dataset_name") == "random" and data.get("random_range_ratio") == 1
+        if (
+            fixed
+            and "input_lens" not in data
+            and data.get("random_input_len")
+            and data.get("random_output_len")
+        ):
+            data |= {"input_lens": [data["random_input_len"]], "output_lens": [data["random_output_len"]]}
+        load = {"num_prompts": data["completed"], "engine": "sglang"}
+        runs.append(_served_run(data, source, SGLANG_RESULT_FIGURES, load, setup))
+    if not runs:
+        raise SpecError(f"{path}: no results in it")
+    return runs
+
+
+def _served_run(
+    data: dict[str, Any], source: str, figures: dict[str, str], load: dict[str, Any], setup: dict[str, Any]
+) -> MeasuredRun:
+    """A serving benchmark's result as a measured run: its load, lengths (per request when they vary) and
+    figures (`figures`: its key -> MeasuredRun's), with `setup` adding what it does not record."""
     setup = dict(setup)
     lengths, per_request = {}, {}
     for what in ("input", "output"):
         lengths[what], per_request[what] = _lengths(
-            data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, str(path)
+            data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, source
         )
     varied = [lens for lens in per_request.values() if lens is not None]
     if len(varied) == 1:  # the other is fixed: each request gets it
         per_request = {what: lens or [lengths[what]] * len(varied[0]) for what, lens in per_request.items()}
     measured = {
         figure: float(data[key])
-        for key, figure in VLLM_RESULT_FIGURES.items()
+        for key, figure in figures.items()
         if isinstance(data.get(key), (int, float)) and math.isfinite(data[key]) and data[key] > 0
     }
-    if (
-        lengths["output"] == 1 and per_request["output"] is None
-    ):  # vLLM writes 0 for one-token answers' TPOT, ITL
+    if lengths["output"] == 1 and per_request["output"] is None:  # 0 for one-token answers' TPOT, ITL
         measured = {k: v for k, v in measured.items() if "tpot" not in k and "itl" not in k}
     fields = {
-        "source": str(path),
+        "source": source,
         "benchmark": "serve",
-        "num_prompts": data["num_prompts"],
         "max_concurrency": data.get("max_concurrency"),
         "request_rate": data.get("request_rate", "inf"),
-        "burstiness": data.get("burstiness") or 1.0,
         "input_len": lengths["input"],
         "output_len": lengths["output"],
         "input_lens": per_request["input"],
         "output_lens": per_request["output"],
         "measured": measured,
+        **load,
         **setup,
     }
     try:
         return MeasuredRun.model_validate(fields)
     except ValidationError as err:
-        raise first_error(err, str(path), MeasuredRun) from None
+        raise first_error(err, source, MeasuredRun) from None
 
 
 def load_measured_runs(path: Path) -> list[MeasuredRun]:

@@ -20,6 +20,7 @@ from simulator.measured import (
     load_measured_runs,
     replay,
     run_from_vllm_result,
+    runs_from_sglang_results,
     scenario_for,
 )
 from simulator.measured_report import family_rows
@@ -657,3 +658,79 @@ def test_runs_on_a_gpu_of_the_users_own_file_replay_with_it(tmp_path):
     with pytest.raises(SpecError, match="test-accel is not a GPU of the catalog"):
         load_profile(out / "profile.yaml")
     assert set(load_profile(out / "profile.yaml", (tmp_path / "gpus" / "mine.yaml",)).gpus) == {"test-accel"}
+
+
+def _sglang_line(**fields) -> str:
+    """One run as SGLang's bench_serving appends it to --output-file (its documented keys)."""
+    result = {
+        "backend": "sglang",
+        "dataset_name": "random",
+        "request_rate": float("inf"),
+        "max_concurrency": 4,
+        "random_input_len": 512,
+        "random_output_len": 64,
+        "random_range_ratio": 1.0,
+        "duration": 3.0,
+        "completed": 8,
+        "total_input_tokens": 8 * 512,
+        "total_output_tokens": 8 * 64,
+        "request_throughput": 2.6,
+        "output_throughput": 170.0,
+        "total_throughput": 1530.0,
+        "mean_e2e_latency_ms": 1500.0,
+        "median_e2e_latency_ms": 1490.0,
+        "p99_e2e_latency_ms": 1600.0,
+        "mean_ttft_ms": 60.0,
+        "median_ttft_ms": 58.0,
+        "p99_ttft_ms": 90.0,
+        "mean_tpot_ms": 22.0,
+        "median_tpot_ms": 22.0,
+        "p99_tpot_ms": 25.0,
+        "mean_itl_ms": 22.0,
+        "median_itl_ms": 21.0,
+        "p99_itl_ms": 30.0,
+        "concurrency": 3.9,
+        **fields,
+    }
+    return json.dumps(result)
+
+
+def test_an_sglang_bench_serving_jsonl_is_a_run_per_line_under_sglangs_scheduler(tmp_path):
+    path = tmp_path / "sglang.jsonl"
+    varied = {
+        "dataset_name": "sharegpt",
+        "input_lens": [90, 700, 40, 300, 10, 500, 80, 60],
+        "output_lens": [5] * 8,
+    }
+    path.write_text(_sglang_line() + "\n" + _sglang_line(**varied) + "\n")
+    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
+    fixed, per_request = runs_from_sglang_results(path, setup)
+    assert fixed.engine == "sglang" and (fixed.input_len, fixed.output_len, fixed.input_lens) == (
+        512,
+        64,
+        None,
+    )
+    assert (fixed.num_prompts, fixed.max_concurrency, fixed.source) == (8, 4, f"{path}:1")
+    assert fixed.measured["median_e2el_ms"] == 1490.0 and fixed.measured["total_token_throughput"] == 1530.0
+    assert fixed.label() == "llama-3.1-8b h100-sxm sglang serve 512/64 c=4 x8"
+    assert per_request.input_lens == varied["input_lens"]
+    assert scenario_for(fixed).engine.scheduler == "sglang"
+    result = runner.invoke(
+        app, ["compare", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert [len(run["figures"]) for run in json.loads(result.stdout)] == [len(fixed.measured)] * 2
+
+
+def test_an_sglang_result_against_another_server_or_garbled_is_one_line(tmp_path):
+    path = tmp_path / "other.jsonl"
+    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm"}
+    path.write_text(_sglang_line(backend="vllm") + "\n")
+    with pytest.raises(SpecError, match=r"other.jsonl:1: a run against backend 'vllm'"):
+        runs_from_sglang_results(path, setup)
+    path.write_text(_sglang_line() + "\n{not json\n")
+    with pytest.raises(SpecError, match=r"other.jsonl:2: not a JSON line"):
+        runs_from_sglang_results(path, setup)
+    path.write_text(_sglang_line(random_range_ratio=0.5) + "\n")  # lengths vary, but were not saved
+    with pytest.raises(SpecError, match="give it: --set input_len=N"):
+        runs_from_sglang_results(path, setup)
