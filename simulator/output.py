@@ -49,6 +49,20 @@ def read_table(folder: Path, name: str) -> pd.DataFrame:
     return pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
 
 
+def replica_labels(scenario: dict[str, Any]) -> list[str]:
+    """Names of a run's replicas in the order of the steps' `replica` numbers: the P/D pools' (prefill first),
+    the pipeline stages' or the cluster's."""
+    pools = scenario.get("disaggregation")
+    if pools:
+        return [f"prefill {i}" for i in range(pools["prefill"]["replicas"])] + [
+            f"decode {i}" for i in range(pools["decode"]["replicas"])
+        ]
+    stages = scenario.get("stages")
+    if stages:
+        return [f"{stage['name']} {i}" for stage in stages for i in range(stage.get("replicas", 1))]
+    return [f"replica {i}" for i in range((scenario.get("cluster") or {}).get("replicas", 1))]
+
+
 def _write_table(df: pd.DataFrame, folder: Path, name: str, table_format: str) -> None:
     if table_format not in TABLE_FORMATS:
         raise SpecError(f"table format {table_format!r}: choose one of {', '.join(TABLE_FORMATS)}")

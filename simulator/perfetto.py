@@ -20,23 +20,9 @@ import yaml
 
 from hardware.errors import SpecError
 from simulator.atomic import check_output_file, write_text_atomic
-from simulator.output import read_table
+from simulator.output import read_table, replica_labels
 
 US = 1e6  # the trace format counts microseconds
-
-
-def replica_labels(scenario: dict[str, Any]) -> list[str]:
-    """Names of a run's replicas in the order of the steps' `replica` numbers: the P/D pools' (prefill first),
-    the pipeline stages' or the cluster's."""
-    pools = scenario.get("disaggregation")
-    if pools:
-        return [f"prefill {i}" for i in range(pools["prefill"]["replicas"])] + [
-            f"decode {i}" for i in range(pools["decode"]["replicas"])
-        ]
-    stages = scenario.get("stages")
-    if stages:
-        return [f"{stage['name']} {i}" for stage in stages for i in range(stage.get("replicas", 1))]
-    return [f"replica {i}" for i in range((scenario.get("cluster") or {}).get("replicas", 1))]
 
 
 def _step_name(step: Any) -> str:

@@ -19,13 +19,14 @@ import yaml
 from plotly.offline import get_plotlyjs
 from pydantic import ValidationError
 
-from hardware.cost import GEMM_COMPUTE_DTYPE
+from hardware.batch import StepBatch
+from hardware.cost import CostOptions, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from simulator import report_charts as charts
 from simulator.atomic import check_output_file, write_text_atomic
-from simulator.output import read_table
+from simulator.output import read_table, replica_labels
 from simulator.pricing import cost_per_hour_usd
 from simulator.scenario import Scenario
 from simulator.sweep import POINTS, REPORT, RESULTS
@@ -88,14 +89,14 @@ def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]
     requests, steps = read_table(folder, "requests"), read_table(folder, "steps")
     summary = json.loads((folder / "summary.json").read_text())
     scenario = yaml.safe_load((folder / "scenario.yaml").read_text())
-    memory = json.loads((folder / "memory.json").read_text()) if (folder / "memory.json").is_file() else {}
     figures = [charts.latency_cdfs(requests)]
     if len(steps):
-        floor_s, s_per_token = roofline_terms(scenario, memory)
         figures += [
             charts.kv_and_queue(steps),
             charts.batch_composition(steps),
-            charts.step_roofline(steps, floor_s, s_per_token, np.random.default_rng(0)),
+            charts.step_roofline(
+                steps, pool_of_steps(scenario, steps), rooflines(scenario), np.random.default_rng(0)
+            ),
         ]
     summary_rows = [[k, _fmt(summary[k])] for k in SUMMARY_KEYS if k in summary]
     config_rows = [[k, _fmt(v)] for k, v in flatten(scenario).items() if v is not None]
@@ -106,21 +107,59 @@ def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]
     return f"servesim run: {scenario.get('name', folder.name)}", figures, tables
 
 
-def roofline_terms(scenario: dict, memory: dict) -> tuple[float | None, float | None]:
-    """(weights read once per step, seconds; seconds per token of 2 x active-params FLOPs), per GPU.
-    (None, None) when the model or GPU cannot be looked up (e.g. a GPU file that moved)."""
+POOLS = ("prefill", "decode")  # a disaggregated run's, in the order their replicas are numbered
+ROOFLINE_CHUNK = (
+    256  # tokens of the prefill whose FLOPs per token bound fast prefill's (attention's still small)
+)
+
+
+def pool_of_steps(scenario: dict, steps: pd.DataFrame) -> pd.Series:
+    """Each step's pool: "prefill" or "decode" under P/D, else "" (one pool)."""
+    if not scenario.get("disaggregation"):
+        return pd.Series("", index=steps.index)
+    labels = replica_labels(scenario)
+    return steps["replica"].map(lambda r: labels[int(r)].split()[0] if int(r) < len(labels) else "")
+
+
+def rooflines(scenario: dict) -> dict[str, tuple[float, float]]:
+    """Per pool ("" for one pool, else "prefill" and "decode"): a floor under every step of that pool, as (seconds
+    to move the bytes of the lightest step, one token's decode: its weights, a MoE's routed experts only; seconds
+    per token at peak FLOP/s of the cheapest token, a decode or, with fast prefill, a prefill one), per GPU of that
+    pool's GPU, TP and PP. Empty when the scenario or a GPU cannot be read again (e.g. a GPU file that moved), or
+    for a multi-stage run (its stages' models differ)."""
     try:
-        hw, par = scenario["hardware"], scenario.get("parallelism") or {}
-        gpu = get_gpu(hw["gpu"], tuple(Path(p) for p in hw.get("gpu_files") or ()))
-        model = get_model(scenario["model"])
-    except (SpecError, KeyError, OSError, ValueError):
-        return None, None
-    gpus = (par.get("tp") or 1) * (par.get("pp") or 1)
-    compute = GEMM_COMPUTE_DTYPE.get(
-        memory.get("weight_dtype") or (scenario.get("engine") or {}).get("weight_dtype"), "bf16"
+        s = Scenario.model_validate(scenario)
+    except (ValidationError, SpecError, OSError):
+        return {}
+    if s.stages:
+        return {}
+    files = tuple(s.hardware.gpu_files)
+    d = s.disaggregation
+    layouts = (
+        {
+            name: (getattr(d, name).gpu or s.hardware.gpu, getattr(d, name).tp, getattr(d, name).pp)
+            for name in POOLS
+        }
+        if d is not None
+        else {"": (s.hardware.gpu, s.parallelism.tp, s.parallelism.pp)}
     )
-    floor_s = memory["weight_bytes"] / gpu.memory_bytes_per_s if "weight_bytes" in memory else None
-    return floor_s, 2 * model.active_params() / gpus / gpu.peak_for(compute)
+    options = CostOptions(s.engine.weight_dtype, s.engine.kv_dtype, s.engine.kv_sharing_fast_prefill)
+    one, chunk = StepBatch.of(np.ones(1, np.int64), np.zeros(1, np.int64)), ROOFLINE_CHUNK
+    prefill = StepBatch.of(np.full(1, chunk, np.int64), np.zeros(1, np.int64))
+    found = {}
+    try:
+        model = get_model(s.model)
+        for name, (gpu_name, tp, pp) in layouts.items():
+            gpu = get_gpu(gpu_name, files)
+            par = s.parallelism.model_copy(update={"tp": tp, "pp": pp}).spec(s.engine.scheduler)
+            lightest = step_cost(one, model, gpu, par, options=options)
+            per_token = min(
+                lightest.flops, step_cost(prefill, model, gpu, par, options=options).flops / chunk
+            )
+            found[name] = (lightest.floor_s, per_token / lightest.peak_flop_per_s)
+    except (SpecError, OSError, ValueError):
+        return {}
+    return found
 
 
 def sweep_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]]]:

@@ -103,10 +103,14 @@ def batch_composition(steps: pd.DataFrame) -> go.Figure:
 
 
 def step_roofline(
-    steps: pd.DataFrame, floor_s: float | None, s_per_token: float | None, rng: np.random.Generator
+    steps: pd.DataFrame,
+    pools: pd.Series,
+    lines: dict[str, tuple[float | None, float]],
+    rng: np.random.Generator,
 ) -> go.Figure:
-    """Step time vs tokens of a sample of executed steps, under the roofline in time form:
-    t >= max(weight bytes / bandwidth, 2 x active params x tokens / peak FLOP/s) per GPU."""
+    """Step time vs tokens of a sample of executed steps, under each pool's roofline in time form:
+    t >= max(weight bytes / bandwidth, 2 x active params x tokens / peak FLOP/s) per GPU of that pool (`pools`:
+    each step's pool, "" for one pool; `lines`: each pool's two terms)."""
     sample = (
         steps
         if len(steps) <= 3 * MAX_POINTS
@@ -114,32 +118,38 @@ def step_roofline(
     )
     tokens = sample["prefill_tokens"] + sample["decode_tokens"]
     share = sample["prefill_tokens"] / tokens.clip(lower=1)
-    fig = go.Figure(
-        go.Scatter(
-            x=tokens,
-            y=sample["duration_s"] * 1e3,
-            mode="markers",
-            name="steps",
-            marker={
-                "size": 5,
-                "color": share,
-                "colorscale": "Viridis",
-                "colorbar": {"title": "prefill share"},
-            },
-            hovertemplate="%{x} tokens, %{y:.2f} ms<extra></extra>",
-        )
-    )
-    if floor_s is not None and s_per_token is not None:
-        x = np.logspace(0, np.log10(max(float(tokens.max()), 10)), 200)
+    fig = go.Figure()
+    for i, pool in enumerate(sorted(set(pools.loc[sample.index]))):
+        mine = pools.loc[sample.index] == pool
         fig.add_trace(
             go.Scatter(
-                x=x,
-                y=np.maximum(floor_s, s_per_token * x) * 1e3,
-                mode="lines",
-                name="roofline: weights read once / compute",
-                line={"dash": "dash"},
+                x=tokens[mine],
+                y=sample["duration_s"][mine] * 1e3,
+                mode="markers",
+                name=f"{pool} pool steps" if pool else "steps",
+                marker={
+                    "size": 5,
+                    "symbol": ("circle", "diamond", "square")[i % 3],
+                    "color": share[mine],
+                    "colorscale": "Viridis",
+                    "colorbar": {"title": "prefill share"},
+                    "showscale": i == 0,
+                },
+                hovertemplate="%{x} tokens, %{y:.2f} ms<extra></extra>",
             )
         )
+        floor_s, s_per_token = lines.get(pool, (None, None))
+        if floor_s is not None and s_per_token is not None:
+            x = np.logspace(0, np.log10(max(float(tokens.max()), 10)), 200)
+            fig.add_trace(
+                go.Scatter(
+                    x=x,
+                    y=np.maximum(floor_s, s_per_token * x) * 1e3,
+                    mode="lines",
+                    name=f"{pool} pool roofline" if pool else "roofline: weights read once / compute",
+                    line={"dash": "dash"},
+                )
+            )
     fig.update_layout(
         xaxis_title="tokens in the step",
         yaxis_title="step time (ms)",

@@ -16,11 +16,14 @@ from typer.testing import CliRunner
 from hardware.errors import SpecError
 from simulator.cli import app
 from simulator.output import write_run
-from simulator.report import _rate_unit, page, write_report
+from simulator.report import POOLS, _rate_unit, page, pool_of_steps, rooflines, write_report
 from simulator.report_charts import latency_cdfs
 from simulator.run import simulate
+from simulator.scenario import load_scenario
 from simulator.sweep import run_sweep
 from tests.simulator.study_helpers import SCENARIOS, chat
+
+ROOT = Path(__file__).resolve().parents[2]
 
 CHROMIUM = shutil.which("chromium")
 needs_chromium = pytest.mark.skipif(
@@ -186,3 +189,28 @@ def test_latency_cdfs_are_over_completed_requests_as_the_summary_percentiles():
     ttft, tpot, e2el = latency_cdfs(requests).data
     assert list(ttft.x) == [100.0, 200.0] and list(ttft.y) == [0.5, 1.0]
     assert list(tpot.x) == [10.0, 20.0] and list(e2el.x) == [1000.0, 2000.0]
+
+
+@pytest.mark.parametrize(
+    "name", sorted(p.stem for p in (ROOT / "scenarios").glob("*.yaml") if not p.stem.startswith("plan_"))
+)
+def test_no_executed_step_is_below_its_pools_roofline(name):
+    """The report's roofline is a floor under every step of its pool: the lightest step's bytes (a MoE's routed
+    experts only) at peak bandwidth, and the cheapest token's FLOPs at peak (fast prefill's), on the pool's own
+    GPU, TP and PP (a P/D run's prefill and decode pools each their own)."""
+    s, base = load_scenario(ROOT / "scenarios" / f"{name}.yaml", ["stop.max_sim_time_s=20"])
+    result = simulate(s, base)
+    scenario = result.scenario.model_dump(mode="json")
+    lines, steps = rooflines(scenario), result.steps[result.steps["num_requests"] > 0]
+    if s.stages:
+        assert lines == {}  # a multi-stage run's stages serve models of their own
+        return
+    pools = pool_of_steps(scenario, steps)
+    assert set(lines) == (set(POOLS) if s.disaggregation else {""}) and set(pools) <= set(lines)
+    for pool, (floor_s, s_per_token) in lines.items():
+        mine = steps[pools == pool]
+        tokens = mine["prefill_tokens"] + mine["decode_tokens"]
+        assert (mine["duration_s"] >= np.maximum(floor_s, s_per_token * tokens) * (1 - 1e-9)).all(), (
+            name,
+            pool,
+        )
