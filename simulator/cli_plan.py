@@ -302,11 +302,14 @@ def _print_plan(result) -> None:
 def report(
     folder: Path,
     out: Path | None = typer.Option(None, "--out", help="HTML file (default FOLDER/report.html)"),
+    plotly: str = typer.Option(
+        "inline", "--plotly", help="inline: plotly.js in the file (opens offline); cdn: fetched when opened"
+    ),
 ) -> None:
-    """Write one self-contained HTML report of a run folder or a sweep folder."""
+    """Write one HTML report of a run folder or a sweep folder."""
     from simulator.report import write_report
 
-    console.print(f"report in {write_report(folder, out)}")
+    console.print(f"report in {write_report(folder, out, plotly)}")
 
 
 @app.command()

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import yaml
-from plotly.offline import get_plotlyjs
+from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from pydantic import ValidationError
 
 from hardware.batch import StepBatch
@@ -61,8 +61,11 @@ TABLE_METRICS = (
 )
 
 
-def write_report(folder: Path, out: Path | None = None) -> Path:
-    """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path."""
+def write_report(folder: Path, out: Path | None = None, plotly: str = "inline") -> Path:
+    """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path.
+    `plotly`: inline (a self-contained file) or cdn (small; plotly.js fetched when opened)."""
+    if plotly not in PLOTLY_SOURCES:
+        raise SpecError(f"--plotly {plotly!r}: choose from {', '.join(PLOTLY_SOURCES)}")
     folder = Path(folder)
     kind = "sweep" if (folder / RESULTS).is_file() else "run" if (folder / "summary.json").is_file() else None
     if kind is None:  # before the output's checks: a file given as FOLDER is no place to write one either
@@ -81,7 +84,7 @@ def write_report(folder: Path, out: Path | None = None) -> Path:
         raise SpecError(
             f"{folder}: an incomplete or damaged output folder ({type(err).__name__}: {err})"
         ) from None
-    write_text_atomic(out, page(title, figures, tables))
+    write_text_atomic(out, page(title, figures, tables, plotly))
     return out
 
 
@@ -89,7 +92,11 @@ def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]
     requests, steps = read_table(folder, "requests"), read_table(folder, "steps")
     summary = json.loads((folder / "summary.json").read_text())
     scenario = yaml.safe_load((folder / "scenario.yaml").read_text())
-    figures = [charts.latency_cdfs(requests)]
+    figures = [charts.latency_cdfs(requests, scenario.get("slo"))]
+    if "kv_transfer_s" in requests and requests["kv_transfer_s"].notna().any():
+        figures.append(charts.kv_transfers(requests))
+    if "cached_tokens" in requests and requests["cached_tokens"].fillna(0).gt(0).any():
+        figures.append(charts.prefix_hits(requests))
     if len(steps):
         figures += [
             charts.kv_and_queue(steps),
@@ -100,10 +107,16 @@ def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]
         ]
     summary_rows = [[k, _fmt(summary[k])] for k in SUMMARY_KEYS if k in summary]
     config_rows = [[k, _fmt(v)] for k, v in flatten(scenario).items() if v is not None]
-    tables = [
-        ("Summary", table_html(["metric", "value"], summary_rows)),
-        ("Configuration", table_html(["field", "value"], config_rows)),
-    ]
+    tables = [("Summary", table_html(["metric", "value"], summary_rows))]
+    memory = folder / "memory.json"
+    if memory.is_file():  # per GPU of one replica, as the engine plans it at start-up
+        rows = [
+            [k, _memory_value(k, v)]
+            for k, v in flatten(json.loads(memory.read_text())).items()
+            if v is not None
+        ]
+        tables.append(("Memory plan (per GPU)", table_html(["quantity", "value"], rows)))
+    tables.append(("Configuration", table_html(["field", "value"], config_rows)))
     return f"servesim run: {scenario.get('name', folder.name)}", figures, tables
 
 
@@ -226,6 +239,13 @@ def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def _memory_value(key: str, value: Any) -> str:
+    """A memory plan's figure, bytes also in GiB."""
+    if key.endswith("_bytes") and isinstance(value, (int, float)):
+        return f"{_fmt(value)} ({value / (1 << 30):.2f} GiB)"
+    return _fmt(value)
+
+
 def number_text(value: float) -> str:
     """Four significant digits, thousands separated, e-notation only below 0.001: 3.927, 1,443, 28,030."""
     return "" if np.isnan(value) else f"{value:,.4g}" if abs(value) < 9999.5 else f"{value:,.0f}"
@@ -264,15 +284,25 @@ Promise.all(figures.map((f, i) => Plotly.newPlot("chart-" + i, f.data, f.layout,
   .catch(e => { document.title = "servesim report: error: " + e; });"""
 
 
-def page(title: str, figures: list[go.Figure], tables: list[tuple[str, str]]) -> str:
-    """The whole HTML document: plotly.js inline, figures as JSON, drawn by one script."""
+PLOTLY_SOURCES = ("inline", "cdn")
+
+
+def _plotly_script(plotly: str) -> str:
+    """plotly.js inlined (~4.8 MB, opens offline) or from its CDN at the version the figures were built for."""
+    if plotly == "cdn":
+        return f'<script src="https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js" charset="utf-8"></script>'
+    return f"<script>{get_plotlyjs()}</script>"
+
+
+def page(title: str, figures: list[go.Figure], tables: list[tuple[str, str]], plotly: str = "inline") -> str:
+    """The whole HTML document: plotly.js (inline or from its CDN), figures as JSON, drawn by one script."""
     data = "[" + ",".join(f.to_json() for f in figures) + "]"
     data = data.replace("</", "<\\/")  # never close the <script> early; "\/" is a valid JSON escape
     charts_html = "\n".join(f'<div class="chart" id="chart-{i}"></div>' for i in range(len(figures)))
     tables_html = "\n".join(f"<h2>{html.escape(name)}</h2>\n{body}" for name, body in tables)
     return (
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>servesim report</title>\n'
-        f"<script>{_ERRORS}</script>\n<script>{get_plotlyjs()}</script>\n<style>{_STYLE}</style></head>\n"
+        f"<script>{_ERRORS}</script>\n{_plotly_script(plotly)}\n<style>{_STYLE}</style></head>\n"
         f"<body><h1>{html.escape(title)}</h1>\n{charts_html}\n{tables_html}\n"
         f'<script type="application/json" id="figures">{data}</script>\n<script>{_DRAW}</script>\n'
         "</body></html>\n"

@@ -25,7 +25,12 @@ PALETTE = (
     "#ff97ff",
     "#fecb52",
 )
-LATENCIES = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("e2el_s", "E2E latency"))
+LATENCIES = (
+    ("ttft_s", "TTFT", "ttft_ms"),
+    ("tpot_s", "TPOT", "tpot_ms"),
+    ("e2el_s", "E2E latency", "e2el_ms"),
+)
+HIT_WINDOW = 200  # requests per point of the prefix-cache hit share over time
 
 
 def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
@@ -33,20 +38,71 @@ def _layout(fig: go.Figure, title: str, height: int = 420) -> go.Figure:
     return fig
 
 
-def latency_cdfs(requests: pd.DataFrame) -> go.Figure:
+def latency_cdfs(requests: pd.DataFrame, slo: dict | None = None) -> go.Figure:
     """Empirical CDFs of TTFT, TPOT and E2E latency (ms) over completed requests, as the summary's percentiles
-    (one cut off by a stop after its first token has a TTFT, but is not one of them)."""
-    fig = make_subplots(rows=1, cols=3, subplot_titles=[name for _, name in LATENCIES])
+    (one cut off by a stop after its first token has a TTFT, but is not one of them), each with its SLO limit
+    (`slo`: the scenario's section) as a dashed line where one is set."""
+    fig = make_subplots(rows=1, cols=3, subplot_titles=[name for _, name, _ in LATENCIES])
     done = requests[requests["finish_s"].notna()]
-    for col, (column, name) in enumerate(LATENCIES, start=1):
+    for col, (column, name, limit) in enumerate(LATENCIES, start=1):
         values = np.sort(done[column].dropna().to_numpy() * 1e3)
         if len(values) > MAX_POINTS:  # evenly spaced quantiles keep the curve's shape
             values = np.quantile(values, np.linspace(0, 1, MAX_POINTS))
         share = np.arange(1, len(values) + 1) / max(len(values), 1)
         fig.add_trace(go.Scatter(x=values, y=share, mode="lines", name=name), row=1, col=col)
+        if (slo or {}).get(limit) is not None:
+            fig.add_trace(
+                go.Scatter(
+                    x=[slo[limit]] * 2,
+                    y=[0, 1],
+                    mode="lines",
+                    name=f"{name} SLO",
+                    line={"dash": "dash", "color": "#ef553b"},
+                ),
+                row=1,
+                col=col,
+            )
         fig.update_xaxes(title_text=f"{name} (ms)", row=1, col=col)
     fig.update_yaxes(title_text="share of requests", row=1, col=1)
     return _layout(fig, "Latency distributions")
+
+
+def kv_transfers(requests: pd.DataFrame) -> go.Figure:
+    """A disaggregated run's KV hand-offs: CDFs of each request's KV transfer time and its wait for a decode
+    slot (ms), over the requests that made them."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["KV transfer", "wait for the decode pool"])
+    for col, (column, name) in enumerate(
+        (("kv_transfer_s", "KV transfer"), ("decode_wait_s", "decode wait")), 1
+    ):
+        values = np.sort(requests[column].dropna().to_numpy() * 1e3)
+        if len(values) > MAX_POINTS:
+            values = np.quantile(values, np.linspace(0, 1, MAX_POINTS))
+        share = np.arange(1, len(values) + 1) / max(len(values), 1)
+        fig.add_trace(go.Scatter(x=values, y=share, mode="lines", name=name), row=1, col=col)
+        fig.update_xaxes(title_text=f"{name} (ms)", row=1, col=col)
+    fig.update_yaxes(title_text="share of requests", row=1, col=1)
+    return _layout(fig, "Prefill-to-decode KV hand-offs")
+
+
+def prefix_hits(requests: pd.DataFrame) -> go.Figure:
+    """The share of prompt tokens served from the prefix cache, over windows of HIT_WINDOW requests by arrival."""
+    served = requests[requests["first_token_s"].notna()].sort_values("arrival_s")
+    windows = np.arange(len(served)) // HIT_WINDOW
+    grouped = served.groupby(windows)
+    share = grouped["cached_tokens"].sum() / grouped["prompt_tokens"].sum().clip(lower=1)
+    fig = go.Figure(
+        go.Scatter(
+            x=grouped["arrival_s"].mean(),
+            y=share,
+            mode="lines+markers",
+            name="cached share",
+            hovertemplate="%{x:.0f} s: %{y:.1%} of prompt tokens cached<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        xaxis_title="arrival time (s)", yaxis_title="prompt tokens from the cache", yaxis_range=[0, 1]
+    )
+    return _layout(fig, f"Prefix-cache hits over time ({HIT_WINDOW} requests a point)")
 
 
 def time_grid(steps: pd.DataFrame, n: int = MAX_POINTS) -> np.ndarray:

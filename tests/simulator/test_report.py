@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 import shutil
 import subprocess
@@ -214,3 +216,55 @@ def test_no_executed_step_is_below_its_pools_roofline(name):
             name,
             pool,
         )
+
+
+def _figures(html: str) -> list[dict]:
+    data = re.search(r'<script type="application/json" id="figures">(.*?)</script>', html, re.S).group(1)
+    return json.loads(data.replace("<\\/", "</"))
+
+
+def _values(array) -> np.ndarray:
+    """A trace's array as plotly writes it: a list, or typed binary ({"dtype", "bdata"} in base64)."""
+    if isinstance(array, dict):
+        return np.frombuffer(base64.b64decode(array["bdata"]), dtype=array["dtype"])
+    return np.asarray(array)
+
+
+def _titles(figures: list[dict]) -> list[str]:
+    return [f["layout"]["title"]["text"] for f in figures]
+
+
+def test_a_pd_runs_report_shows_each_pool_its_hand_offs_slo_limits_and_memory_plan(tmp_path):
+    sets = ["workload.num_requests=40", "slo.ttft_ms=800", "slo.tpot_ms=60"]
+    s, base = load_scenario(ROOT / "scenarios" / "pd_disaggregated_70b.yaml", sets)
+    run = write_run(simulate(s, base), tmp_path / "run", base)
+    html = write_report(run, tmp_path / "r.html").read_text()
+    figures = _figures(html)
+    names = {trace.get("name") for figure in figures for trace in figure["data"]}
+    assert {"TTFT SLO", "TPOT SLO", "prefill pool roofline", "decode pool roofline"} <= names
+    assert "E2E latency SLO" not in names  # no limit set
+    slo = next(t for f in figures for t in f["data"] if t.get("name") == "TTFT SLO")
+    assert _values(slo["x"]).tolist() == [800, 800]
+    assert "Prefill-to-decode KV hand-offs" in _titles(figures)
+    assert "Memory plan (per GPU)" in html and "weight_bytes" in html
+
+
+def test_a_report_may_fetch_plotly_from_its_cdn_instead_of_inlining_it(run_folder, tmp_path):
+    from plotly.offline import get_plotlyjs_version
+
+    html = write_report(run_folder, tmp_path / "cdn.html", plotly="cdn").read_text()
+    assert f'<script src="https://cdn.plot.ly/plotly-{get_plotlyjs_version()}.min.js"' in html
+    assert len(html) < 1_000_000 and "Plotly.newPlot" in html  # the drawing script, not the library
+    result = CliRunner().invoke(
+        app, ["report", str(run_folder), "--out", str(tmp_path / "x.html"), "--plotly", "web"]
+    )
+    assert result.exit_code == 2 and "--plotly 'web': choose from inline, cdn" in result.output
+
+
+def test_prefix_cache_hits_are_drawn_over_time_when_there_are_any(tmp_path):
+    s, base = load_scenario(ROOT / "scenarios" / "agent_prefix_sharing.yaml", ["workload.num_requests=300"])
+    run = write_run(simulate(s, base), tmp_path / "run", base)
+    figures = _figures(write_report(run, tmp_path / "r.html").read_text())
+    hits = next(f for f in figures if f["layout"]["title"]["text"].startswith("Prefix-cache hits over time"))
+    shares = _values(hits["data"][0]["y"])
+    assert len(shares) and ((0 <= shares) & (shares <= 1)).all() and shares.max() > 0
