@@ -27,6 +27,7 @@ from hardware.model import get_model
 from simulator import report_charts as charts
 from simulator.atomic import check_output_file, write_text_atomic
 from simulator.output import read_table, replica_labels
+from simulator.plan_report import PLAN, plan_report
 from simulator.pricing import cost_per_hour_usd
 from simulator.scenario import Scenario
 from simulator.sweep import POINTS, REPORT, RESULTS
@@ -62,30 +63,40 @@ TABLE_METRICS = (
 
 
 def write_report(folder: Path, out: Path | None = None, plotly: str = "inline") -> Path:
-    """Write the report of a run folder (summary.json) or a sweep folder (results.csv); returns its path.
-    `plotly`: inline (a self-contained file) or cdn (small; plotly.js fetched when opened)."""
+    """Write the report of a run folder (summary.json), a sweep folder (results.csv) or a plan folder (plan.json);
+    returns its path. `plotly`: inline (a self-contained file) or cdn (small; plotly.js fetched when opened)."""
     if plotly not in PLOTLY_SOURCES:
         raise SpecError(f"--plotly {plotly!r}: choose from {', '.join(PLOTLY_SOURCES)}")
     folder = Path(folder)
-    kind = "sweep" if (folder / RESULTS).is_file() else "run" if (folder / "summary.json").is_file() else None
-    if kind is None:  # before the output's checks: a file given as FOLDER is no place to write one either
-        raise SpecError(f"{folder}: neither a run folder (summary.json) nor a sweep folder ({RESULTS})")
+    kinds = {RESULTS: sweep_report, "summary.json": run_report, PLAN: _plan_report}
+    report = next((make for name, make in kinds.items() if (folder / name).is_file()), None)
+    if report is None:  # before the output's checks: a file given as FOLDER is no place to write one either
+        raise SpecError(
+            f"{folder}: not a run folder (summary.json), a sweep folder ({RESULTS}) or a plan folder ({PLAN})"
+        )
     out = Path(out) if out else folder / REPORT
     check_output_file(out, "--out")
     try:
-        title, figures, tables = sweep_report(folder) if kind == "sweep" else run_report(folder)
+        title, figures, tables = report(folder)
     except (
         FileNotFoundError,
         json.JSONDecodeError,
         yaml.YAMLError,
         pd.errors.EmptyDataError,
         pd.errors.ParserError,
+        KeyError,
+        TypeError,
     ) as err:
         raise SpecError(
             f"{folder}: an incomplete or damaged output folder ({type(err).__name__}: {err})"
         ) from None
     write_text_atomic(out, page(title, figures, tables, plotly))
     return out
+
+
+def _plan_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]]]:
+    title, figures, tables = plan_report(folder)
+    return title, figures, [(name, table_html(columns, rows)) for name, columns, rows in tables]
 
 
 def run_report(folder: Path) -> tuple[str, list[go.Figure], list[tuple[str, str]]]:

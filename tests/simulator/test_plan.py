@@ -26,6 +26,7 @@ from simulator.plan import (
     size,
 )
 from tests.simulator.study_helpers import SCENARIOS, chat
+from tests.simulator.test_report import CHROMIUM, render
 
 TARGET = 40.0
 
@@ -207,6 +208,17 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
         "--chunked-prefill-size 8192 --context-length 16384"
     )
     assert data["commands"]["replicas"] == 2
+    # its report: every candidate with its outcome, the deployments' cost against latency, the recommendation
+    report = CliRunner().invoke(app, ["report", str(out)])
+    assert report.exit_code == 0, report.output
+    page = (out / "report.html").read_text()
+    assert "servesim plan: 2 x h100-sxm tp=1" in page and page.count('<div class="chart"') == 2
+    assert "Candidates: sustainable rate per replica" in page and "recommended: 2 x h100-sxm tp=1" in page
+    assert all(f"<td>{c['candidate']}</td>" in page for c in data["candidates"])
+    assert data["commands"]["vllm"] in page
+    if CHROMIUM is not None:  # it draws in a browser without a script error
+        title, _, _ = render(out / "report.html", tmp_path)
+        assert title == "servesim report: 2 charts drawn"
 
 
 def test_what_cannot_fit_is_pruned_without_simulating():

@@ -142,14 +142,14 @@ def test_a_script_error_shows_in_the_title(tmp_path):
 
 
 def test_report_of_a_folder_without_results_is_one_clear_error(tmp_path):
-    with pytest.raises(SpecError, match="neither a run folder"):
+    with pytest.raises(SpecError, match="not a run folder"):
         write_report(tmp_path)
     result = CliRunner().invoke(app, ["report", str(tmp_path)])
-    assert result.exit_code == 2 and "neither a run folder" in result.stderr
+    assert result.exit_code == 2 and "not a run folder" in result.stderr
     a_file = tmp_path / "notes.txt"  # a file given as the folder: said so, not taken for the output's place
     a_file.write_text("x")
     result = CliRunner().invoke(app, ["report", str(a_file)])
-    assert result.exit_code == 2 and f"{a_file}: neither a run folder" in result.stderr
+    assert result.exit_code == 2 and f"{a_file}: not a run folder" in result.stderr
 
 
 def test_a_sweep_of_sessions_plots_its_load_in_sessions_per_second(sweep_folder, tmp_path):
