@@ -279,6 +279,7 @@ def max_sustainable_rate(
     decided: Callable[[float, float], bool] | None = None,
     split: Callable[[float, float], float] | None = None,
     min_factor: float | None = None,
+    on_verdict: Callable[[Verdict], None] | None = None,
 ) -> CapacityResult:
     """Bisect the arrival rate for the highest one that passes, to within `rel_tol` of the failing bound.
 
@@ -287,13 +288,15 @@ def max_sustainable_rate(
     `decided(passing, failing)`: the caller needs no finer bracket (a planner sizing replicas stops once every
     rate in it gives the same count). `split(passing, failing)`: the next rate to try, strictly between (default: the
     midpoint). `min_factor`: halve at most this far below the start (default `max_factor`), for a caller with no use
-    for lower rates.
+    for lower rates. `on_verdict` hears each rate's verdict as it comes (progress).
     """
     start = start_rate_per_s or offered_rate(s, base_dir)
     verdicts: dict[float, Verdict] = {}
 
     def passes(rate: float) -> bool:
         verdicts[rate] = check_rate(s, base_dir, rate)
+        if on_verdict is not None:
+            on_verdict(verdicts[rate])
         return verdicts[rate].ok
 
     if not passes(start) and "rejected" in verdicts[start].reasons:

@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import typer
+from rich.console import Console
 
 from hardware.errors import SpecError
 from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
@@ -133,8 +134,20 @@ def capacity(
             f"[yellow]note:[/] {scenario} sets no SLO (slo.ttft_ms, tpot_ms, e2el_ms): only a growing queue "
             "limits the rate"
         )
-    with console.status(f"searching {spec.name}'s highest sustainable rate"):
-        result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol)
+    searching, err_console = (
+        f"searching {spec.name}'s highest sustainable rate",
+        Console(stderr=True, soft_wrap=True),
+    )
+    with console.status(searching) as status:
+
+        def heard(verdict) -> None:  # a line per rate tried, or on a terminal the spinner's text
+            text = f"{verdict.rate_per_s:.4g} {spec.workload.rate_unit}: {'ok' if verdict.ok else ', '.join(verdict.reasons)}"
+            if console.is_terminal:
+                status.update(f"{searching} (last tried {text})")
+            else:
+                err_console.print(f"tried {text}", markup=False, highlight=False)
+
+        result = max_sustainable_rate(spec, base_dir, rel_tol=rel_tol, on_verdict=heard)
     if as_json:
         print_json(result.as_dict())
         return

@@ -313,24 +313,20 @@ def test_a_search_that_never_fails_says_its_answer_is_a_lower_bound():
         result.rate_per_s == 1.0 and result.search_limit_reached and result.as_dict()["search_limit_reached"]
     )
     assert not max_sustainable_rate(chat(), SCENARIOS, rel_tol=0.2).search_limit_reached
-    out = (
-        CliRunner()
-        .invoke(
-            app,
-            [
-                "capacity",
-                str(SCENARIOS / "quickstart.yaml"),
-                "--set",
-                "slo={}",
-                "--set",
-                "workload.num_requests=30",
-                "--rel-tol",
-                "0.5",
-            ],
-        )
-        .output
-    )
-    assert "sets no SLO" in out
+    args = [
+        "capacity",
+        str(SCENARIOS / "quickstart.yaml"),
+        "--set",
+        "slo={}",
+        "--set",
+        "workload.num_requests=30",
+    ]
+    ran = CliRunner().invoke(app, [*args, "--rel-tol", "0.5"])
+    assert "sets no SLO" in ran.stdout
+    # not on a terminal: a line per rate tried on stderr, as many as the simulations it reports
+    tried = [line for line in ran.stderr.splitlines() if line.startswith("tried ")]
+    simulations = int(ran.stdout.split(" simulations)")[0].rsplit("(", 1)[1])
+    assert len(tried) == simulations and all(line.endswith((": ok", "unstable queue")) for line in tried)
 
 
 def test_output_tokens_are_counted_per_arrival_of_the_rate_unit():
