@@ -22,6 +22,7 @@ from __future__ import annotations
 import warnings
 
 import pandas as pd
+import pytest
 
 from calibration.calibrate import row_model
 from calibration.pipeline import Setup, make_executor, run_calibration
@@ -55,6 +56,7 @@ def _reductions(rows: pd.DataFrame) -> pd.Series:
     return 1.0 - t[True] / t[False]
 
 
+@pytest.mark.timing
 def test_fast_prefill_reduction_is_measured_and_predicted(tmp_path):
     setup = Setup("gemma-3n-e2b", SCALE, "cpu", "", (), threads=1)
     spec = row_model(setup.model, setup.scale_json)

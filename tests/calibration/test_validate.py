@@ -96,6 +96,7 @@ GRID = GridSpec(
 )
 
 
+@pytest.mark.timing
 def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     """Issue 7's target: on a hundred requests with chunked prefill and prefix reuse, the simulator with
     the fitted profile gets median per-request TPOT within 10% and TTFT within 15% of the measured run.
