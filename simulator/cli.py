@@ -391,6 +391,22 @@ SUMMARY_ROWS = (
     "kv_cache_usage_mean",
     "kv_cache_usage_max",
 )
+#: The unit of each summary figure, printed beside it.
+UNITS = {
+    "duration_s": "s (simulated)",
+    "request_throughput": "requests/s",
+    "request_goodput": "requests/s meeting every SLO",
+    "output_throughput": "tokens/s",
+    "total_token_throughput": "tokens/s",
+    "slo_attainment": "share of requests",
+    "preemptions": "times",
+    "kv_cache_usage_mean": "share of the KV pool",
+    "kv_cache_usage_max": "share of the KV pool",
+}
+
+
+def _unit(key: str) -> str:
+    return UNITS.get(key, "ms" if key.endswith("_ms") else "requests")
 
 
 @app.command()
@@ -406,6 +422,7 @@ def simulate(
 ) -> None:
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
     from simulator.atomic import check_replaceable
+    from simulator.capacity import judge
     from simulator.output import TABLE_FORMATS, write_run
     from simulator.progress import progress_bar
     from simulator.run import make_world, setting_notes
@@ -428,18 +445,42 @@ def simulate(
     folder = write_run(result, out, base_dir, tables)
     summary = result.summary
     rows = [
-        [key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key]]
+        [key, f"{summary[key]:,.3f}" if isinstance(summary[key], float) else summary[key], _unit(key)]
         for key in SUMMARY_ROWS
         if key in summary and (key not in ("unfinished", "not_arrived") or summary[key])
     ]
     console.print(f"{spec.name}: {deployment_label(spec)}", soft_wrap=True)
-    print_table("summary", ["metric", "value"], rows)
-    if not summary["completed"] and summary["rejected"]:
-        reason = result.requests["reject_reason"].dropna().iloc[0]
-        print(f"warning: every request was rejected ({reason})", file=sys.stderr)
-    for note in (*setting_notes(spec), *world.workload.notes):
+    print_table("summary", ["metric", "value", "unit"], rows)
+    verdict = judge(result, spec.slo)
+    if spec.slo.as_ms():
+        limits = ", ".join(f"{k.upper()} <= {v:,g} ms" for k, v in spec.slo.as_ms().items())
+        missed = [d for r, d in zip(verdict.reasons, verdict.details) if r.endswith("SLO")]
+        print(f"SLO, p{spec.slo.percentile}: {limits}: {'missed: ' + '; '.join(missed) if missed else 'met'}")
+    for warning in overload_warnings(spec, scenario, verdict, result):
+        print(f"warning: {warning}", file=sys.stderr)
+    for note in ((spec.note,) if spec.note else ()) + (*setting_notes(spec), *world.workload.notes):
         print(f"note: {note}", file=sys.stderr)
     console.print(f"results in {folder}/")
+
+
+def overload_warnings(spec: Any, path: Path, verdict: Any, result: Any) -> list[str]:
+    """What a newcomer should know before trusting the figures: a queue that grows to the end (the load is more
+    than the deployment serves), and rejected requests, each with its likely cause."""
+    found, summary = [], result.summary
+    # a batch sent at once, or clients that wait for their answers, queue by design: no rate is too high
+    batch = spec.workload.closed_loop is not None or spec.workload.arrivals.kind == "all_at_once"
+    for reason, detail in zip(verdict.reasons, verdict.details):
+        if reason == "unstable queue" and not batch:
+            found.append(
+                f"overloaded, {detail}: requests arrive faster than {deployment_label(spec)} serves them "
+                f"({summary['request_throughput']:.3g} requests/s completed); lower the rate or add replicas "
+                f"(servesim capacity {path} finds the highest rate it sustains)"
+            )
+        elif reason == "rejected" and not summary["completed"]:
+            found.append(f"every request was rejected ({result.requests['reject_reason'].dropna().iloc[0]})")
+        elif reason == "rejected":
+            found.append(detail)
+    return found
 
 
 def deployment_label(spec: Any) -> str:

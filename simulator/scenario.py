@@ -225,6 +225,11 @@ class Scenario(SpecModel):
         ),
     )
     seed: int = Field(0, ge=0, description="Seeds every random choice of the run")
+    note: str | None = Field(
+        None,
+        max_length=500,
+        description="Printed with the run's results: what the scenario shows, e.g. that it is overloaded on purpose",
+    )
     model: str
     hardware: HardwareConfig
     parallelism: ParallelismConfig = ParallelismConfig()

@@ -674,3 +674,36 @@ def test_replicas_whose_blocks_together_are_too_many_are_refused_before_any_pool
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert "2,000 replicas x 27,794 KV blocks = 55,588,000 blocks, more than the 33,554,432" in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+def test_a_run_prints_units_its_slo_verdict_and_a_warning_with_the_cause_when_overloaded(tmp_path):
+    calm = simulate(str(QUICKSTART), "--out", str(tmp_path / "calm"), "--set", "workload.num_requests=200")
+    assert calm.exit_code == 0, calm.output
+    assert "│ request_throughput" in calm.stdout and "requests/s" in calm.stdout and "tokens/s" in calm.stdout
+    assert "SLO, p90: TTFT <= 500 ms, TPOT <= 50 ms: met" in calm.stdout and "warning" not in calm.stderr
+    rushed = simulate(
+        str(QUICKSTART),
+        "--out",
+        str(tmp_path / "rushed"),
+        "--set",
+        "workload.num_requests=600",
+        "--set",
+        "workload.arrivals.time_scale=0.02",  # the trace 50x faster: ~230 requests/s at one H100
+    )
+    assert rushed.exit_code == 0, rushed.output
+    assert "SLO, p90: TTFT <= 500 ms, TPOT <= 50 ms: missed: p90 TTFT" in rushed.stdout
+    (warning,) = [line for line in rushed.stderr.splitlines() if line.startswith("warning: overloaded")]
+    assert "mean TTFT grows from" in warning and f"servesim capacity {QUICKSTART}" in warning
+    batch = simulate(
+        str(QUICKSTART),
+        "--out",
+        str(tmp_path / "batch"),
+        "--set",
+        "workload.num_requests=600",
+        "--set",
+        "workload.arrivals={kind: all_at_once}",
+        "--set",
+        "note=a batch, queued by design",
+    )
+    assert batch.exit_code == 0, batch.output
+    assert "warning: overloaded" not in batch.stderr and "note: a batch, queued by design" in batch.stderr
