@@ -5,15 +5,19 @@ import ast
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
+import yaml
+from typer.testing import CliRunner
 
 from hardware.gpu import get_gpu
 from policies.config import EngineConfig
 from policies.families import GENERIC, SGLANG, VLLM, EngineFamily, families, family_of
 from policies.token_budget import TokenBudgetScheduler
-from tests.simulator.conftest import run, scenario
+from simulator.cli import app
 
 ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
 PACKAGES = ("hardware", "policies", "simulator", "workloads", "calibration")
 #: Scheduler and engine names a comparison could test for.
 NAMES = {"vllm", "sglang", "sarathi", "orca", "static", "seed_toy", "vllm_prefill", "vllm_decode", "trtllm"}
@@ -100,7 +104,7 @@ class ToyScheduler(TokenBudgetScheduler):
 TOY_SCHEDULER = f"{__name__}:ToyScheduler"
 
 
-def test_a_third_family_is_a_subclass_and_a_scheduler_naming_it():
+def test_a_third_family_is_a_subclass_and_a_scheduler_naming_it(tmp_path):
     assert family_of(TOY_SCHEDULER) is TOY
     engine = EngineConfig(scheduler=TOY_SCHEDULER).with_defaults(get_gpu("h100-sxm"), 8192)
     assert (engine.max_num_batched_tokens, engine.max_num_seqs, engine.gpu_memory_utilization) == (
@@ -109,9 +113,19 @@ def test_a_third_family_is_a_subclass_and_a_scheduler_naming_it():
         0.5,
     )
     assert engine.async_scheduling is False
-    result = run(scenario(engine={"scheduler": TOY_SCHEDULER}))
-    finished = result.requests["finish_s"].notna() & (result.requests["output_tokens"] > 0)
-    assert finished.all() and len(result.requests) > 0
-    assert result.steps["num_running"].max() <= 8  # the family's slots
+    out = tmp_path / "toy"
+    args = ["simulate", str(QUICKSTART), "--out", str(out), "--set", f"engine.scheduler={TOY_SCHEDULER}"]
+    unset = [
+        "--set",
+        "engine.max_num_seqs=null",
+        "--set",
+        "engine.max_num_batched_tokens=null",
+    ]  # the family's
+    ran = CliRunner().invoke(app, [*args, *unset, "--set", "workload.num_requests=60"])
+    assert ran.exit_code == 0, ran.output
+    requests, steps = pd.read_csv(out / "requests.csv"), pd.read_csv(out / "steps.csv")
+    assert len(requests) == 60 and requests["finish_s"].notna().all()
+    assert steps["num_running"].max() <= 8  # the family's slots
+    assert yaml.safe_load((out / "scenario.yaml").read_text())["engine"]["max_num_batched_tokens"] == 512
     with pytest.raises(ValueError, match="async_scheduling is modelled for"):
         EngineConfig(scheduler=TOY_SCHEDULER, async_scheduling=True)
