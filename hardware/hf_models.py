@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
+from urllib.parse import urlparse
 from pathlib import Path
 
 from hardware.errors import SpecError
@@ -118,6 +120,20 @@ def cached_config(repo: str, cache: Path | None = None) -> Path | None:
     return found[-1] if found else None
 
 
+def _hub_reachable() -> bool:
+    """Whether the Hub's host name resolves: one lookup, no retries (HF_HUB_OFFLINE: huggingface_hub itself
+    refuses at once, and says so)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return True
+    from huggingface_hub.constants import ENDPOINT
+
+    try:
+        socket.getaddrinfo(urlparse(ENDPOINT).hostname or "", 443)
+    except OSError:
+        return False
+    return True
+
+
 def download_config(repo: str) -> Path:
     """Fetch `repo`'s config.json into the cache with huggingface_hub; SpecError (one line) when it cannot."""
     try:
@@ -127,6 +143,11 @@ def download_config(repo: str) -> Path:
             f"model {repo!r}: no preset holds it and it is not in the Hugging Face cache ({hub_cache()}); "
             f"{INSTALL_HINT} to fetch it, or give its config.json"
         ) from None
+    if not _hub_reachable():  # its client retries a dead connection for ~25 s before it gives up
+        raise SpecError(
+            f"model {repo!r}: not in the Hugging Face cache ({hub_cache()}), and the Hub is not reachable "
+            f"(offline); download it where it is: hf download {repo} config.json"
+        )
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
     hub_log.setLevel(logging.CRITICAL)  # its retries' warnings would print lines of their own

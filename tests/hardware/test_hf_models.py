@@ -133,3 +133,20 @@ def test_simulate_takes_a_repo_id_or_a_snapshot_folder_beside_the_scenario(tmp_p
     assert resolved == ("llama-3.1-8b" if model.startswith("meta") else str(folder / "config.json"))
     assert json.loads((out / "summary.json").read_text())["completed"] == 40
     shutil.rmtree(out)
+
+
+def test_without_a_network_the_fetch_is_not_tried_for_half_a_minute(hub, monkeypatch):
+    """huggingface_hub retries a dead connection for ~25 s; a host name that does not resolve means offline now."""
+    import socket
+
+    pytest.importorskip("huggingface_hub")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+
+    def no_dns(*args, **kwargs):
+        raise socket.gaierror(-2, "Name or service not known")
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    with pytest.raises(
+        SpecError, match=r"the Hub is not reachable \(offline\); .* hf download acme/far config.json"
+    ):
+        resolve_model_name("acme/far")
