@@ -34,9 +34,7 @@ SGLANG_FULL_KV_ARCHITECTURES = frozenset(
         "Gemma3nForConditionalGeneration",
     }
 )
-SGLANG_DP_ATTENTION_CONSERVATIVENESS = (
-    0.3  # SGLang scales --schedule-conservativeness by it under DP attention
-)
+SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3  # scales --schedule-conservativeness under DP attention
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
@@ -95,23 +93,18 @@ class EngineFamily:
     prefix_caching = "vllm"  # the KV manager the engine runs by default
     activations_in_share = True  # the memory share covers activations (SGLang's covers weights and KV only)
     swa_pools = False  # sliding-window models keep two pools sized by swa_full_tokens_ratio (SGLang)
-    full_kv_architectures: frozenset[str] = (
-        frozenset()
-    )  # models whose every layer keeps every token by default
+    # models whose every layer keeps every token by default
+    full_kv_architectures: frozenset[str] = frozenset()
     null_block = False  # the KV pool keeps one block as its null block (vLLM's BlockPool)
-    vllm_rules = (
-        False  # vLLM's own checks: slots within the budget, FlashMLA's block, a budget fitting a prompt
-    )
+    # vLLM's own checks: slots within the budget, FlashMLA's block size, an unchunked budget fitting a prompt
+    vllm_rules = False
     swaps = True  # preemption may swap KV to the host (SGLang only retracts and recomputes)
     # DP attention: each rank takes the engine's defaults (vLLM), so the group's are tp times them; else the group
     # takes them and divides them among its ranks (SGLang)
     defaults_per_rank = True
-    caps_slots_at_budget = (
-        True  # unset batch slots at most the step's tokens (vLLM: a request takes a token a step)
-    )
-    dp_attention_slices_dense = (
-        False  # under DP attention the dense layers are sliced over the group (SGLang)
-    )
+    # unset batch slots at most the step's tokens (vLLM: a request takes a token a step)
+    caps_slots_at_budget = True
+    dp_attention_slices_dense = False  # under DP attention, dense layers sliced over the group (SGLang)
     dp_attention_conservativeness: float | None = None  # schedule_conservativeness unset under DP attention
     default_slots: int | None = None  # a max_num_seqs the scheduler resolves from its KV pool (SGLang's cap)
     pd_pools: tuple[str, str] | None = None  # the prefill and decode schedulers of its P/D disaggregation
