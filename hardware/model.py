@@ -744,7 +744,7 @@ def resolve_model_name(value: str, what: str = "model") -> str:
         return resolve_repo(value)
     raise SpecError(
         f"unknown {what} {value!r}; presets: {choices(preset_names(), value, 'servesim models list')} "
-        "(or a config.json, model folder or Hugging Face repo id)"
+        "(or a config.json, folder or HF id)"
     )
 
 

@@ -107,7 +107,7 @@ def test_offline_and_not_cached_is_one_line_saying_where_it_looked_and_what_to_r
 
 
 def test_a_name_that_is_none_of_them_lists_the_presets():
-    with pytest.raises(SpecError, match="unknown model 'llama3'; presets: .* or Hugging Face repo id"):
+    with pytest.raises(SpecError, match=r"unknown model 'llama3'; presets: .* or HF id\)"):
         resolve_model_name("llama3")
     assert not hf_models.is_repo_id("a/" + "b" * 3000)  # too long for a repo id, and for a path
 

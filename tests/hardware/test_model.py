@@ -146,9 +146,7 @@ def test_unknown_model_names_the_nearest_presets_and_where_to_see_all():
     message = str(err.value)
     assert message.startswith("unknown model 'LLAMA-3.1-8B'; presets: llama-3.1-8b, ")
     assert f"({len(preset_names()) - 3} more: servesim models list)" in message
-    assert (
-        message.endswith("(or a config.json, model folder or Hugging Face repo id)") and len(message) <= 200
-    )
+    assert message.endswith("(or a config.json, folder or HF id)") and len(message) <= 200
 
 
 def test_malformed_config_names_the_missing_field(tmp_path):
