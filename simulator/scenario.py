@@ -459,8 +459,9 @@ def first_error(
     elif first["type"] == "union_tag_invalid":  # pydantic's sentence quotes every tag and the key's name too
         tags = first["ctx"]["expected_tags"].replace("'", "")
         message = f"unknown {first['ctx']['discriminator'].strip(chr(39))} {first['ctx']['tag']!r}; choose from {tags}"
-    elif first["type"] == "literal_error":
-        message = f"{message} (got {first['input']!r})"
+    elif first["type"] == "literal_error":  # pydantic's sentence quotes every allowed value: the nearest few
+        allowed = re.findall(r"'([^']*)'", first["ctx"]["expected"])
+        message = f"{first['input']!r} is not one of {choices(allowed, first['input'], width=90)}"
     path = ".".join(loc)
     return SpecError(f"{source}: {path}: {message}" if path else f"{source}: {message}")
 
