@@ -22,7 +22,7 @@ import yaml
 def one_run(threads: int | None, quick: bool) -> tuple[float, float]:
     """(wall seconds, held-out MAPE %) of one calibration in a fresh process."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-c", "from simulator.cli import main; main()", "calibrate", "--out", out]
+        cmd = [sys.executable, "-c", "from simulator.cli.main import main; main()", "calibrate", "--out", out]
         cmd += ["--quick"] * quick + (["--threads", str(threads)] if threads else [])
         start = time.perf_counter()
         subprocess.run(cmd, check=True, capture_output=True, text=True)

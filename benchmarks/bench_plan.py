@@ -12,8 +12,8 @@ import argparse
 import time
 from pathlib import Path
 
-from simulator.executors import default_workers
-from simulator.plan import plan
+from simulator.planning.executors import default_workers
+from simulator.planning.plan import plan
 from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]

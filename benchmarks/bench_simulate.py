@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.run import World
+from simulator.world.run import World
 from simulator.scenario import load_scenario
 from workloads.generate import Workload
 from workloads.request import Request

@@ -2,7 +2,7 @@
 
 Someone with a few `vllm bench serve` results (or the published ones in benchmarks/published_runs.yaml) has no
 step times, only each run's TTFT, TPOT, ITL, E2E and throughput figures. The fit searches the profile's
-efficiencies (constant in tokens; routed experts apart from dense GEMMs) and overheads for the values whose full replays (`simulator.measured.replay`)
+efficiencies (constant in tokens; routed experts apart from dense GEMMs) and overheads for the values whose full replays (`simulator.compare.measured.replay`)
 come closest to those figures: robust least squares on log(predicted / measured), each run weighted equally
 however many figures it quotes, with the simulation as a black box differentiated by finite steps in log
 space. Runs held out of the fit measure how well the fitted profile predicts runs it has not seen. A fit for one GPU
@@ -25,7 +25,7 @@ from scipy.optimize import least_squares, minimize
 
 from hardware.errors import SpecError
 from hardware.profile import EfficiencyCurve, FitRecord, Profile
-from simulator.measured import MeasuredRun, MetricError, replay
+from simulator.compare.measured import MeasuredRun, MetricError, replay
 
 EFFICIENCIES = (
     "gemm_compute",

@@ -13,7 +13,7 @@ honoured as an offset from that start. A step is timed from the host building it
 sampled tokens being back on the host (`Executor.execute` ends in `.tolist()`, which waits for the
 device), so on a GPU no step is charged for work queued by another. Each step also records the loop
 thread's CPU time (`execute_cpu_s`): on a CPU run with one torch thread, wall time well above it means
-the machine was shared while serving. Per-request records use `simulator.metrics.request_frame`,
+the machine was shared while serving. Per-request records use `simulator.world.metrics.request_frame`,
 whose TTFT/TPOT/E2E definitions are the simulator's. Python's cyclic GC is paused while serving so a
 collection does not land inside a timed step.
 
@@ -22,7 +22,7 @@ run (segment, n) is `token_id(segment, k)`, a stable 64-bit mix of the two ints 
 so requests whose prompts share leading runs (a shared prefix) get identical ids there, and the KV a
 prefix-cache hit reuses is truly the KV of those tokens. The KV manager is the engine's
 (`policies.hybrid_blocks.make_kv_manager`: `engine.prefix_caching`, over KV cache groups for sliding-window
-models, whose executor then takes one block table per group), as in `simulator.run`: when the scheduler
+models, whose executor then takes one block table per group), as in `simulator.world.run`: when the scheduler
 admits a request with a hit, its `num_computed_tokens` (the step's context) already counts the cached
 blocks at the head of its block table, so the executor prefills only the tail over them. Generated
 tokens are sampled greedily and so are not the identity's ids; they never matter for sharing, since a
@@ -51,8 +51,8 @@ from policies.config import EngineConfig
 from policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_pages
 from policies.kv_blocks import BlockManager
 from policies.step import StepPlan, TokenLog
-from simulator.metrics import request_frame, summarize
-from simulator.run import rejection
+from simulator.world.metrics import request_frame, summarize
+from simulator.world.run import rejection
 from workloads.request import Phase, Request
 
 

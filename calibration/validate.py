@@ -22,7 +22,7 @@ from calibration.scaled import spec_to_config
 from hardware.model import ModelSpec
 from policies.config import EngineConfig
 from simulator.atomic import write_text_atomic
-from simulator.run import RunResult, World
+from simulator.world.run import RunResult, World
 from simulator.scenario import Scenario
 from workloads.config import WorkloadConfig
 from workloads.generate import Workload, build_workload

@@ -194,7 +194,7 @@ class Profile(SpecModel):
         le=1.0,
         description=(
             "API server time per request before the engine sees it (request parsing, input processing), one request "
-            "at a time per engine (simulator/frontend.py); 0 with api_token_s and api_latency_s: requests reach the "
+            "at a time per engine (simulator/world/frontend.py); 0 with api_token_s and api_latency_s: requests reach the "
             "engine when sent"
         ),
     )

@@ -7,7 +7,7 @@ rank's token budget, batch slots, KV pool and prefix cache are the only ones it 
 beside the others, a request sent to it is first scheduled when the step in flight ends, and the step lasts as
 long as its busiest rank's (the cost model prices each rank's requests: `StepBatch.rank`). A dense model's ranks
 under vLLM have no such collective: outside P/D pools they run as engines of their own
-(`simulator.engine.DataParallelGroup`).
+(`simulator.world.engine.DataParallelGroup`).
 
 Where a request goes (`pick`):
 - vLLM (its DP load balancer, `DPLBAsyncMPClient`): the rank with the lowest 4 x waiting + running, the first

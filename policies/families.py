@@ -108,7 +108,7 @@ class EngineFamily:
     dp_attention_conservativeness: float | None = None  # schedule_conservativeness unset under DP attention
     default_slots: int | None = None  # a max_num_seqs the scheduler resolves from its KV pool (SGLang's cap)
     pd_pools: tuple[str, str] | None = None  # the prefill and decode schedulers of its P/D disaggregation
-    # Release defaults, for replaying a published run of a given release (simulator/measured.py):
+    # Release defaults, for replaying a published run of a given release (simulator/compare/measured.py):
     schedules_ahead_since = (0, 14, 0)  # planning a step while the one before runs
     full_prompt_gate_since: tuple[int, int, int] | None = None  # admitting a prompt only if all of it fits
     paced_client_since: tuple[int, int, int] | None = None  # its benchmark client pacing arrivals to the rate

@@ -20,14 +20,16 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
 
 def fits_in_last_block(kv: BlockManager, req: Request, num_tokens: int) -> bool:
     """A decode token that lands in `req`'s last, partly filled block needs no new block. Both schedulers take
-    this shortcut, and the fused decode stretches (simulator/fast_forward.py) count blocks the same way."""
+    this shortcut, and the fused decode stretches (simulator/world/fast_forward.py) count blocks the same way."""
     return num_tokens == 1 and req.num_computed_tokens % kv.block_size != 0
 
 
 class BlockManager:
     """No prefix caching (`prefix_caching: none`): a block belongs to one request and is free again when it ends."""
 
-    supports_fast_forward = True  # decode steps open blocks in a pattern simulator/fast_forward.py replays
+    supports_fast_forward = (
+        True  # decode steps open blocks in a pattern simulator/world/fast_forward.py replays
+    )
     windows: tuple[int | None, ...] = (None,)  # KV cache groups' sliding windows: one full-attention group
     swa_window: int | None = None  # SGLang's separate sliding-window pool (policies/swa_radix.py): its window
     # EAGLE/MTP drafting reads the target's hidden states at the last cached token, which a hit does not have:
@@ -69,7 +71,7 @@ class BlockManager:
         """Called when a step has allocated KV for `req`'s tokens up to `num_tokens`: vLLM registers the blocks
         those tokens fill right then, so requests admitted later in the same step hit them (prefix caching)."""
 
-    # ---- fused decode steps (simulator/fast_forward.py) -------------------------------------------
+    # ---- fused decode steps (simulator/world/fast_forward.py) -------------------------------------------
     def decode_table_len(self, req: Request) -> int:
         """Token blocks `req`'s table spans in each group (all groups grow together)."""
         return len(self._tables.get(req.id, ()))

@@ -175,7 +175,7 @@ class SWARadixCache(RadixCache):
         return super().allocate(req, num_new_tokens, admitting, watermark)
 
     def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
-        """A fused decode step (simulator/fast_forward.py) brings `req` to `num_tokens`: as `allocate` would, free
+        """A fused decode step (simulator/world/fast_forward.py) brings `req` to `num_tokens`: as `allocate` would, free
         its out-of-window slots first. Those frees only add room, which the stretch does not count (the safe side),
         and the SGLang scheduler fuses only while no admission is tried."""
         self._free_out_of_window(req, num_tokens - 1)

@@ -13,12 +13,12 @@ The names here are the stable surface; the packages under them (hardware, worklo
 calibration) are servesim's internals.
 """
 
-from simulator.capacity import max_sustainable_rate
-from simulator.cli_app import version
-from simulator.output import read_table, write_run
-from simulator.plan import plan
-from simulator.report import write_report
-from simulator.run import RunResult, simulate
+from simulator.planning.capacity import max_sustainable_rate
+from simulator.cli.app import version
+from simulator.world.output import read_table, write_run
+from simulator.planning.plan import plan
+from simulator.report.run_report import write_report
+from simulator.world.run import RunResult, simulate
 from simulator.scenario import Scenario, load_scenario
 
 __version__ = version()

@@ -1,5 +1,5 @@
 """`python -m simulator`: the servesim CLI, for when the console script is not on PATH."""
 
-from simulator.cli import main
+from simulator.cli.main import main
 
 main()

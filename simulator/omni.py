@@ -6,7 +6,7 @@ workload's prompt and output lengths; a later stage's prompt and output are the 
 output tokens times `prompt_ratio` and `output_ratio` (at least 1 token each). When a stage finishes a
 request, the tensors it hands on (`outputs`: per-token hidden states of the stage model's width by
 default, shape [prompt + output tokens, D]) go device -> host -> device over the two stages' PCIe links,
-and the next stage starts the request. simulator/omni_run.py runs it.
+and the next stage starts the request. simulator/world/omni_run.py runs it.
 """
 
 from __future__ import annotations

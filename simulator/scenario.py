@@ -93,7 +93,7 @@ class ClusterConfig(SpecModel):
 class SloConfig(SpecModel):
     """Latency targets in milliseconds; a completed request meeting all of them counts toward goodput.
 
-    Capacity search and the planner (simulator/capacity.py) read them as percentile targets: the
+    Capacity search and the planner (simulator/planning/capacity.py) read them as percentile targets: the
     `percentile`-th TTFT, TPOT and E2EL over requests must be within the limits, and at least
     `goodput_fraction` of all requests must meet every limit.
     """

@@ -18,6 +18,9 @@ LAYERS = {
     "simulator": {"hardware", "workloads", "policies"},
     "calibration": {"hardware", "workloads", "policies", "simulator"},
 }
+#: simulator's subpackages, each importing only those before it (and simulator's shared top-level modules:
+#: the scenario schema, run folders, atomic writes); calibration sits beside planning, so only the CLI reaches it
+SIMULATOR_LAYERS = ("world", "planning", "report", "compare", "cli")
 
 
 def module_imports() -> dict[str, set[str]]:
@@ -74,6 +77,38 @@ def test_each_package_imports_only_the_layers_below_it():
         if dep.split(".")[0] != name.split(".")[0] and dep.split(".")[0] not in LAYERS[name.split(".")[0]]
     )
     assert not wrong, wrong
+
+
+def simulator_layer(module: str) -> int:
+    """Index of a simulator module's subpackage in SIMULATOR_LAYERS; -1 for the shared top-level modules."""
+    parts = module.split(".")
+    if len(parts) > 2 and parts[1] in SIMULATOR_LAYERS:
+        return SIMULATOR_LAYERS.index(parts[1])
+    return -1
+
+
+def test_simulator_subpackages_import_only_those_below_them():
+    graph = module_imports()
+    wrong = sorted(
+        f"{name} imports {dep}"
+        for name, deps in graph.items()
+        if name.startswith("simulator.") and name != "simulator.__main__"
+        for dep in deps
+        if dep.startswith("simulator.") and simulator_layer(dep) > simulator_layer(name)
+    )
+    assert not wrong, wrong
+    assert simulator_layer("simulator.world.run") == 0 and simulator_layer("simulator.scenario") == -1
+
+
+def test_nothing_but_the_entry_points_imports_the_cli():
+    importers = sorted(
+        name
+        for name, deps in module_imports().items()
+        if any(d.startswith("simulator.cli") for d in deps)
+        and not name.startswith("simulator.cli")
+        and name != "simulator.__main__"
+    )
+    assert not importers, importers
 
 
 def test_a_cycle_is_found_and_shown():

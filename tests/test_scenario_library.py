@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli import app
+from simulator.cli.main import app
 from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ from calibration.pipeline import IN_PROGRESS, Setup, run_calibration
 from calibration.scaled import parse_scale
 from hardware.gpu import gpu_catalog
 from hardware.profile import load_profile
-from simulator.cli import app
+from simulator.cli.main import app
 
 TINY = "layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128,vocab=256"
 ROOT = Path(__file__).resolve().parents[2]

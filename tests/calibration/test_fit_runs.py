@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 from calibration.fit_runs import API_TERMS, ZERO_STARTS, fit_to_runs, split
 from hardware.errors import SpecError
 from hardware.profile import API_FIELDS, EfficiencyCurve, FitRecord, Profile, load_profile
-from simulator.cli import app
-from simulator.measured import MeasuredRun, replay
+from simulator.cli.main import app
+from simulator.compare.measured import MeasuredRun, replay
 
 TRUTH = Profile(
     gemm_compute=EfficiencyCurve.constant(0.45),

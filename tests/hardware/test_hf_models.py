@@ -14,8 +14,8 @@ from hardware import hf_models
 from hardware.errors import SpecError
 from hardware.hf_models import HF_ALIASES, HF_REPO_IDS, repo_of
 from hardware.model import PRESET_DIR, get_model, preset_names, resolve_model_name
-from simulator.cli import app
-from simulator.launch import hf_model_id
+from simulator.cli.main import app
+from simulator.planning.launch import hf_model_id
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A model no preset holds (Qwen3-8B's config with 31 layers), as a user's download would be.

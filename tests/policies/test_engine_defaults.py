@@ -114,8 +114,8 @@ def test_a_block_size_flashmla_would_not_run_is_an_error():
 
 
 def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_stages():
-    from simulator.omni_run import stage_scenario
-    from simulator.run import _pool_settings
+    from simulator.world.omni_run import stage_scenario
+    from simulator.world.run import _pool_settings
     from simulator.omni import StageConfig
     from simulator.scenario import Scenario
 

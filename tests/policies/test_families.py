@@ -14,7 +14,7 @@ from hardware.gpu import get_gpu
 from policies.config import EngineConfig
 from policies.families import GENERIC, SGLANG, VLLM, EngineFamily, families, family_of
 from policies.token_budget import TokenBudgetScheduler
-from simulator.cli import app
+from simulator.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

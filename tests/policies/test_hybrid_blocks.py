@@ -199,7 +199,7 @@ def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(
     """simulator/fast_forward.apply_stretch against scheduler steps: the same blocks opened, registered, freed by
     the window and retired, in the same order (free queue, hashes, tables and reference counts all equal); under
     async scheduling each step's token stays in flight, and the first decode frees what the prompt's held."""
-    from simulator.fast_forward import Stretch, apply_stretch
+    from simulator.world.fast_forward import Stretch, apply_stretch
 
     # some finish inside it
     outputs = [max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))]

@@ -295,7 +295,7 @@ def test_retraction_drops_what_the_radix_tree_had_not_cached():
     ],
 )
 def test_pipeline_engines_sharing_a_pool_never_stall(chunk, lengths):
-    """Two micro-batch engines over one pool (simulator/run.py): an idle engine whose admission failed on its
+    """Two micro-batch engines over one pool (simulator/world/run.py): an idle engine whose admission failed on its
     sibling's pages must not stay marked full, and a lone request (or a stalled prompt) that cannot grow is
     retracted so the other can finish."""
     kv = kv_managers.get("none")(20, 1, 0.0)

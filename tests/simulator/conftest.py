@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.run import RunResult, simulate
+from simulator.world.run import RunResult, simulate
 from simulator.scenario import Scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

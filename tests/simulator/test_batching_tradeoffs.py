@@ -7,7 +7,7 @@ from hardware.batch import StepBatch
 from hardware.cost import step_cost
 from hardware.gpu import get_gpu
 from hardware.model import get_model
-from simulator.run import World
+from simulator.world.run import World
 from tests.simulator.conftest import SCENARIOS, run, scenario
 from workloads.generate import Workload
 from workloads.request import Request

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from hardware.errors import SpecError
-from simulator.capacity import (
+from simulator.planning.capacity import (
     CapacityResult,
     Verdict,
     at_rate,
@@ -17,7 +17,7 @@ from simulator.capacity import (
     offered_rate,
     queue_growth,
 )
-from simulator.run import simulate
+from simulator.world.run import simulate
 from simulator.scenario import SloConfig
 from tests.simulator.study_helpers import SCENARIOS, chat
 
@@ -301,7 +301,7 @@ def test_a_search_that_never_fails_says_its_answer_is_a_lower_bound():
     says so; the CLI prints it as "at least"."""
     from typer.testing import CliRunner
 
-    from simulator.cli import app
+    from simulator.cli.main import app
 
     result = max_sustainable_rate(
         chat(slo={"ttft_ms": 1e9, "tpot_ms": 1e9}, workload={"num_requests": 60}),

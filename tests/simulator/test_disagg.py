@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from hardware.gpu import get_interconnect
 from hardware.model import get_model
-from simulator.disagg import KVPlacement, streamed_transfer_s
+from simulator.world.disagg import KVPlacement, streamed_transfer_s
 from simulator.scenario import ParallelismConfig
 from policies.registry import routers as router_registry
 from tests.simulator.conftest import SCENARIOS as SCENARIOS_DIR, run, scenario
@@ -70,7 +70,7 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
 def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, **transfer):
     """Requests from a servesim trace (`rows` after its header) on 1P1D Llama-3.1-8B (`prefill`, `decode`: the
     pools' engine settings)."""
-    from simulator.run import simulate
+    from simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text(
         "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + rows
@@ -202,7 +202,7 @@ def test_a_transfer_lasts_as_long_as_its_busiest_gpu(
 ):
     """One 4096-token prompt, NixlConnector-style pull over 400G per GPU: the time is the busier end's bytes
     over one GPU's link; the recorded bytes are what all decode GPUs receive."""
-    from simulator.run import simulate
+    from simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text(
         "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0.0,4096,4,,\n"

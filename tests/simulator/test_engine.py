@@ -5,8 +5,8 @@ import simpy
 
 from policies.kv_blocks import BlockManager
 from policies.step import SchedulerDefaults, StepPlan
-from simulator.engine import Replica
-from simulator.metrics import StepLog
+from simulator.world.engine import Replica
+from simulator.world.metrics import StepLog
 from workloads.request import Request
 
 

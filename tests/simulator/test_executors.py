@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-import simulator.executors as executors
-from simulator.executors import WorkerDied, run_jobs
+import simulator.planning.executors as executors
+from simulator.planning.executors import WorkerDied, run_jobs
 
 JOBS = [(x,) for x in range(6)]
 CONTEXT = multiprocessing.get_context("forkserver")

@@ -14,7 +14,7 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from simulator.run import World
+from simulator.world.run import World
 from tests.simulator.conftest import SCENARIOS, run, scenario
 from workloads.generate import Workload
 from workloads.request import Request

@@ -8,8 +8,8 @@ import simpy
 
 from calibration.fit_runs import fit_to_runs
 from hardware.errors import SpecError
-from simulator.frontend import Frontend
-from simulator.measured import MeasuredRun, scenario_for
+from simulator.world.frontend import Frontend
+from simulator.compare.measured import MeasuredRun, scenario_for
 from tests.simulator.conftest import run, scenario
 from workloads.request import Request
 

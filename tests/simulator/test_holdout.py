@@ -6,9 +6,9 @@ import yaml
 from typer.testing import CliRunner
 
 from hardware.profile import FitRecord, Profile, load_profile
-from simulator.cli import app
-from simulator.holdout import held_out, holdout_rows, source_group
-from simulator.measured import MeasuredRun, MetricError, load_measured_runs
+from simulator.cli.main import app
+from simulator.compare.holdout import held_out, holdout_rows, source_group
+from simulator.compare.measured import MeasuredRun, MetricError, load_measured_runs
 
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"

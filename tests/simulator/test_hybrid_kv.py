@@ -153,7 +153,7 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
 
     from typer.testing import CliRunner
 
-    from simulator.cli import app
+    from simulator.cli.main import app
 
     args = ["memory", "gemma-3-12b", "--gpu", "h100-sxm", "--max-model-len", "32768", "--json"]
     sglang, vllm = (

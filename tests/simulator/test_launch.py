@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from simulator.launch import launch_notes, sglang_command, vllm_command
+from simulator.planning.launch import launch_notes, sglang_command, vllm_command
 from simulator.scenario import load_scenario
 from tests.simulator.study_helpers import SCENARIOS, chat
 

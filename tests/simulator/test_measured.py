@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from hardware.batch import StepBatch
 from hardware.errors import SpecError
 from hardware.profile import Profile, load_profile
-from simulator.cli import app
-from simulator.measured import (
+from simulator.cli.main import app
+from simulator.compare.measured import (
     MeasuredRun,
     MetricError,
     compare,
@@ -23,8 +23,8 @@ from simulator.measured import (
     runs_from_sglang_results,
     scenario_for,
 )
-from simulator.measured_report import family_rows
-from simulator.run import build_timer, simulate
+from simulator.compare.measured_report import family_rows
+from simulator.world.run import build_timer, simulate
 from workloads.generate import build_workload
 
 runner = CliRunner()
@@ -441,7 +441,7 @@ def test_the_bundled_fit_keeps_its_held_out_errors():
     every third; its provenance quotes the held-out runs' median errors. A cost-model change that breaks them
     means the profile needs fitting again."""
     from calibration.fit_runs import split
-    from simulator.measured_report import family_rows
+    from simulator.compare.measured_report import family_rows
 
     _, held_out = split(load_measured_runs(PUBLISHED), 3)
     assert len(held_out) == 16
@@ -458,7 +458,7 @@ def test_the_default_routed_expert_efficiencies_predict_the_held_out_moe_runs(tm
     MoE runs among the fitted two thirds of published_runs.yaml. On the held-out MoE runs they must keep their
     errors, and beat the GEMM curves that routed experts read before, which came out 50-110% off."""
     from calibration.fit_runs import split
-    from simulator.measured_report import family_rows
+    from simulator.compare.measured_report import family_rows
 
     _, held_out = split(load_measured_runs(PUBLISHED), 3)
     moe = [run for run in held_out if run.is_moe]

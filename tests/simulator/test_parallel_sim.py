@@ -13,7 +13,7 @@ from hardware.memory import weight_bytes_per_gpu
 from hardware.model import get_model
 from policies.hybrid_blocks import usable_pages
 from policies.step import StepPlan
-from simulator.run import World, _memory_plan, build_step_time, build_timer
+from simulator.world.run import World, _memory_plan, build_step_time, build_timer
 from workloads.request import Request
 from tests.simulator.conftest import SCENARIOS, run, scenario
 

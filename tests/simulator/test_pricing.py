@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from hardware.gpu import get_gpu
-from simulator.pricing import cost_per_hour_usd, gpu_counts
-from simulator.report import point_cost_per_hour
+from simulator.planning.pricing import cost_per_hour_usd, gpu_counts
+from simulator.report.run_report import point_cost_per_hour
 from simulator.scenario import load_scenario, with_absolute_paths, with_overrides
 from tests.simulator.study_helpers import SCENARIOS, chat
 

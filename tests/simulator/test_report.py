@@ -16,13 +16,13 @@ import yaml
 from typer.testing import CliRunner
 
 from hardware.errors import SpecError
-from simulator.cli import app
-from simulator.output import write_run
-from simulator.report import POOLS, _rate_unit, page, pool_of_steps, rooflines, write_report
-from simulator.report_charts import latency_cdfs
-from simulator.run import simulate
+from simulator.cli.main import app
+from simulator.world.output import write_run
+from simulator.report.run_report import POOLS, _rate_unit, page, pool_of_steps, rooflines, write_report
+from simulator.report.charts import latency_cdfs
+from simulator.world.run import simulate
 from simulator.scenario import load_scenario
-from simulator.sweep import run_sweep
+from simulator.planning.sweep import run_sweep
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +167,7 @@ def test_a_sweep_of_sessions_plots_its_load_in_sessions_per_second(sweep_folder,
 def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from simulator.cli import app
+    from simulator.cli.main import app
 
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "summary.json").write_text("{")

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.capacity import at_rate, judge
-from simulator.run import simulate
-from simulator.slo_watch import violators_needed
+from simulator.planning.capacity import at_rate, judge
+from simulator.world.run import simulate
+from simulator.world.slo_watch import violators_needed
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 

@@ -12,7 +12,7 @@ from hardware.batch import StepBatch
 from hardware.model import get_model
 from hardware.step_timer import StepTimer
 from policies.spec_decode import expected_tokens_per_round, speedup
-from simulator.run import build_timer
+from simulator.world.run import build_timer
 from tests.simulator.conftest import run, scenario
 
 PROMPT, K = 1024, 4

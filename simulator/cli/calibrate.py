@@ -16,7 +16,7 @@ from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from hardware.profile import FIXED_COSTS, Profile, load_profile
-from simulator.cli_app import GpuFiles, app, clean_errors, console, print_table
+from simulator.cli.app import GpuFiles, app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")
@@ -232,9 +232,9 @@ def fit_runs(
         raise SpecError(f"servesim fit needs {err.name}: pip install -e '.[calibrate]'") from None
     from calibration.calibrate import save_profile
     from simulator.atomic import atomic_dir, check_replaceable
-    from simulator.executors import default_workers
-    from simulator.measured import distinct_files, load_measured_runs, select, with_gpu_files
-    from simulator.measured_report import FAMILY_COLUMNS, family_rows
+    from simulator.planning.executors import default_workers
+    from simulator.compare.measured import distinct_files, load_measured_runs, select, with_gpu_files
+    from simulator.compare.measured_report import FAMILY_COLUMNS, family_rows
 
     check_replaceable(out)  # before the fit, not after it
     runs = with_gpu_files(select(load_measured_runs(runs_file), match), gpu_file)

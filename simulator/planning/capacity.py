@@ -29,8 +29,8 @@ import numpy as np
 import pandas as pd
 
 from hardware.errors import SpecError
-from simulator.metrics import sent_mask, unfinished_requests
-from simulator.run import RunResult, _workload, simulate
+from simulator.world.metrics import sent_mask, unfinished_requests
+from simulator.world.run import RunResult, _workload, simulate
 from simulator.scenario import Scenario, SloConfig, with_overrides
 from workloads.config import WorkloadConfig
 from workloads.arrivals import mean_rate_per_s
@@ -163,7 +163,7 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     pct = "median" if slo.percentile == 50 else f"p{slo.percentile}"
     reasons, details, metrics = [], [], {}
     stop_s = result.scenario.stop.max_sim_time_s
-    lost_at_s = s.get("slo_lost_at_s")  # stopped there once an SLO was lost (simulator/slo_watch.py)
+    lost_at_s = s.get("slo_lost_at_s")  # stopped there once an SLO was lost (simulator/world/slo_watch.py)
     cut = stop_s is not None and s["unfinished"] > 0  # some requests were in flight at the stop
     sent = requests[
         requests["reject_reason"].isna()

@@ -1,5 +1,5 @@
 """A pipeline-parallel replica's stages as SimPy resources, shared by its micro-batches in flight (one engine's
-batch queue, or the micro-batch engines of a scheduler without one: simulator/run.py).
+batch queue, or the micro-batch engines of a scheduler without one: simulator/world/run.py).
 
 vLLM runs pp micro-batches in flight on a replica of pp stages: each stage's GPUs run one micro-batch at a
 time, and a micro-batch goes through the stages in order, waiting wherever the stage ahead is busy with

@@ -24,13 +24,13 @@ from hardware.cost import CostOptions, step_cost
 from hardware.errors import SpecError
 from hardware.gpu import get_gpu
 from hardware.model import get_model
-from simulator import report_charts as charts
+from simulator.report import charts
 from simulator.atomic import check_output_file, write_text_atomic
-from simulator.output import read_table, replica_labels
-from simulator.plan_report import PLAN, plan_report
-from simulator.pricing import cost_per_hour_usd
+from simulator.world.output import read_table, replica_labels
+from simulator.report.plan_report import PLAN, plan_report
+from simulator.planning.pricing import cost_per_hour_usd
 from simulator.scenario import Scenario
-from simulator.sweep import POINTS, REPORT, RESULTS
+from simulator.planning.sweep import POINTS, REPORT, RESULTS
 from workloads.config import WorkloadConfig
 
 SUMMARY_KEYS = (

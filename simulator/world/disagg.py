@@ -25,7 +25,7 @@ from policies.config import EngineConfig
 from policies.disagg import DecodeScheduler, PrefillScheduler
 from policies.families import VLLM
 from simulator.disagg_config import TransferConfig
-from simulator.engine import Replica
+from simulator.world.engine import Replica
 from simulator.scenario import ParallelismConfig
 from workloads.request import Request
 

@@ -1,4 +1,4 @@
-"""`servesim sweep`, `capacity`, `plan` and `report`: thin commands over simulator.sweep/capacity/plan/report."""
+"""`servesim sweep`, `capacity`, `plan` and `report`: thin commands over simulator.planning.sweep/capacity/plan/report."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from rich.console import Console
 
 from hardware.errors import SpecError
 from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
-from simulator.cli_app import app, clean_errors, console, print_json, print_table
-from simulator.launch import COMMANDS
+from simulator.cli.app import app, clean_errors, console, print_json, print_table
+from simulator.planning.launch import COMMANDS
 
 SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
 
@@ -68,7 +68,7 @@ def sweep(
     from simulator.scenario import load_scenario, with_absolute_paths
     from simulator.atomic import check_output_folder
     from simulator.crash import INTERNAL_ERROR
-    from simulator.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
+    from simulator.planning.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
 
     if dask_address is not None and engine != "dask":
         raise SpecError("--dask-address needs --engine dask (the local engine runs on this machine's cores)")
@@ -125,7 +125,7 @@ def capacity(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Find the highest arrival rate at which the scenario meets its SLOs with a stable queue."""
-    from simulator.capacity import max_sustainable_rate
+    from simulator.planning.capacity import max_sustainable_rate
     from simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_)
@@ -210,12 +210,12 @@ def plan(
     """Find the cheapest deployment (GPU x TP x PP x layout x replicas x knobs) that sustains the load within the
     SLOs."""
     from simulator.atomic import check_output_folder, write_text_atomic
-    from simulator.executors import default_workers
-    from simulator.output import json_text
-    from simulator.plan import plan as make_plan
+    from simulator.planning.executors import default_workers
+    from simulator.world.output import json_text
+    from simulator.planning.plan import plan as make_plan
     from simulator.progress import plan_progress
     from simulator.scenario import load_scenario
-    from simulator.sweep import parse_grid
+    from simulator.planning.sweep import parse_grid
 
     if target_rate is not None and not 0 < target_rate < math.inf:
         raise SpecError(f"--target-rate: a finite load of more than 0, not {target_rate}")
@@ -251,7 +251,7 @@ def plan(
 
 
 def _print_plan(result) -> None:
-    from simulator.report import number_text
+    from simulator.report.run_report import number_text
 
     rows = [
         [
@@ -320,7 +320,7 @@ def report(
     ),
 ) -> None:
     """Write one HTML report of a run folder or a sweep folder."""
-    from simulator.report import write_report
+    from simulator.report.run_report import write_report
 
     console.print(f"report in {write_report(folder, out, plotly)}")
 
@@ -332,6 +332,6 @@ def export(
     perfetto: Path = typer.Option(..., "--perfetto", help="Chrome/Perfetto trace JSON to write"),
 ) -> None:
     """Export a run folder's steps and requests as a trace for ui.perfetto.dev or chrome://tracing."""
-    from simulator.perfetto import write_perfetto
+    from simulator.report.perfetto import write_perfetto
 
     console.print(f"{write_perfetto(folder, perfetto):,} events in {perfetto}")

@@ -17,9 +17,9 @@ import simpy
 from hardware.step_timer import StepTimer
 from policies.data_parallel import VllmBalancer
 from policies.step import Scheduler, StepPlan, TokenLog
-from simulator.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
-from simulator.metrics import StepLog
-from simulator.pipeline_stages import StagePipeline
+from simulator.world.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
+from simulator.world.metrics import StepLog
+from simulator.world.pipeline_stages import StagePipeline
 from workloads.request import Request
 
 StepTime = Callable[[StepPlan], float]

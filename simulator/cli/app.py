@@ -1,6 +1,6 @@
 """The `servesim` application object and what every command module shares: the console, one-line errors, tables.
 
-Command modules (simulator/cli.py and its cli_* siblings) register on `app`; only simulator/cli.py imports them,
+Command modules (simulator/cli/main.py and its cli_* siblings) register on `app`; only simulator/cli/main.py imports them,
 so none imports another.
 """
 
@@ -41,7 +41,7 @@ def version() -> str:
     except PackageNotFoundError:
         import tomllib
 
-        pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
         return tomllib.loads(pyproject.read_text())["project"]["version"]
 
 
@@ -92,7 +92,7 @@ def short_values(message: str) -> str:
 
 
 def print_json(data: Any) -> None:
-    from simulator.output import json_text
+    from simulator.world.output import json_text
 
     sys.stdout.write(json_text(data, indent=2))
 

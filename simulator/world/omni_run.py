@@ -33,10 +33,10 @@ from policies.catalog import build_scheduler, routers
 from policies.config import EngineConfig
 from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.step import TokenLog
-from simulator.engine import FastForward, Replica
-from simulator.metrics import StepLog, request_frame, summarize
+from simulator.world.engine import FastForward, Replica
+from simulator.world.metrics import StepLog, request_frame, summarize
 from simulator.omni import StageConfig, stage_lengths
-from simulator.run import (
+from simulator.world.run import (
     GIB,
     RunResult,
     _memory_plan,
@@ -46,7 +46,7 @@ from simulator.run import (
     rejection,
 )
 from simulator.scenario import ParallelismConfig, Scenario
-from simulator.traffic import Traffic
+from simulator.world.traffic import Traffic
 from workloads.request import Phase, Request
 
 STAGE_KEYS = ("completed", "mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "num_steps")

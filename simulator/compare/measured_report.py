@@ -8,8 +8,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from simulator.atomic import write_text_atomic
-from simulator.measured import MeasuredRun, MetricError
-from simulator.report import number_text, page, table_html
+from simulator.compare.measured import MeasuredRun, MetricError
+from simulator.report.run_report import number_text, page, table_html
 
 Results = list[tuple[MeasuredRun, list[MetricError]]]
 FAMILIES = ("ttft", "tpot", "itl", "e2el", "throughput", "latency")

@@ -6,7 +6,7 @@
    does not divide the heads, DeepEP over ranks the experts do not divide over), plan_memory refuses it ("does
    not fit"), TP larger than a node (pipeline stages may span nodes), or knobs that contradict each other
    ("invalid").
-3. Size: the per-replica maximum sustainable rate (simulator/capacity.py, one replica simulated)
+3. Size: the per-replica maximum sustainable rate (simulator/planning/capacity.py, one replica simulated)
    gives replicas = ceil(target / rate_per_replica), within max_replicas. Candidates are sized cheapest replica
    first, and each wave's sized deployments verified (step 4) before the next: a candidate whose one replica
    costs more than a deployment verified to pass is not sized ("costlier"), as it could not be chosen.
@@ -36,11 +36,18 @@ from hardware.errors import ShardingError, SpecError, choices
 from hardware.gpu import get_gpu
 from hardware.model import get_model
 from policies.config import EngineConfig
-from simulator.capacity import CapacityResult, Verdict, at_rate, judge, max_sustainable_rate, offered_rate
-from simulator.executors import WorkerDied, run_jobs
-from simulator.launch import COMMANDS, launch_notes
-from simulator.run import _memory_plan, simulate
-from simulator.pricing import cost_per_hour_usd, gpu_counts
+from simulator.planning.capacity import (
+    CapacityResult,
+    Verdict,
+    at_rate,
+    judge,
+    max_sustainable_rate,
+    offered_rate,
+)
+from simulator.planning.executors import WorkerDied, run_jobs
+from simulator.planning.launch import COMMANDS, launch_notes
+from simulator.world.run import _memory_plan, simulate
+from simulator.planning.pricing import cost_per_hour_usd, gpu_counts
 from simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
 
 MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most

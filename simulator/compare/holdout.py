@@ -15,8 +15,8 @@ from collections.abc import Callable
 import numpy as np
 
 from hardware.profile import API_FIELDS, MOE_FIELDS, Profile
-from simulator.measured import MeasuredRun, MetricError
-from simulator.measured_report import FAMILIES, family
+from simulator.compare.measured import MeasuredRun, MetricError
+from simulator.compare.measured_report import FAMILIES, family
 
 Results = list[tuple[MeasuredRun, list[MetricError]]]
 

@@ -21,7 +21,7 @@ from hardware.spec_model import MAX_PARALLEL, MAX_TOKENS
 
 from policies.config import MAX_BUDGET, MAX_SEQS, EngineConfig
 from policies.families import families
-from simulator.cli_app import (
+from simulator.cli.app import (
     GpuFiles,
     app,
     clean_errors,
@@ -333,7 +333,7 @@ def roofline(
     title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"
     if html:
         from simulator.atomic import write_text_atomic
-        from simulator.roofline_chart import roofline_figure
+        from simulator.report.roofline_chart import roofline_figure
 
         write_text_atomic(html, roofline_figure(cost, gpu_spec, title).to_html(include_plotlyjs=True))
     if as_json:
@@ -422,10 +422,10 @@ def simulate(
 ) -> None:
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
     from simulator.atomic import check_replaceable
-    from simulator.capacity import judge
-    from simulator.output import TABLE_FORMATS, write_run
+    from simulator.planning.capacity import judge
+    from simulator.world.output import TABLE_FORMATS, write_run
     from simulator.progress import progress_bar
-    from simulator.run import make_world, setting_notes
+    from simulator.world.run import make_world, setting_notes
     from simulator.scenario import load_scenario
 
     if tables not in TABLE_FORMATS:
@@ -507,12 +507,13 @@ def deployment_label(spec: Any) -> str:
     )
 
 
-from simulator import cli_plan  # noqa: E402,F401  (registers sweep, plan, report)
-from simulator import cli_calibrate  # noqa: E402,F401  (registers calibrate)
-from simulator import cli_compare  # noqa: E402,F401  (registers compare)
+from simulator.cli import plan as _plan  # noqa: E402,F401  (registers sweep, plan, report)
+from simulator.cli import calibrate as _calibrate  # noqa: E402,F401  (registers calibrate)
+from simulator.cli import compare as _compare  # noqa: E402,F401  (registers compare)
 
 
-if __name__ == "__main__":  # python -m simulator.cli: run the app its sibling modules registered commands on
-    from simulator.cli import main as registered
+# python -m simulator.cli.main: run the app its sibling modules registered commands on
+if __name__ == "__main__":
+    from simulator.cli.main import main as registered
 
     registered()

@@ -20,7 +20,7 @@ import yaml
 
 from hardware.errors import SpecError
 from simulator.atomic import check_output_file, write_text_atomic
-from simulator.output import read_table, replica_labels
+from simulator.world.output import read_table, replica_labels
 
 US = 1e6  # the trace format counts microseconds
 

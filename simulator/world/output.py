@@ -12,7 +12,7 @@ import yaml
 
 from hardware.errors import SpecError
 from simulator.atomic import atomic_dir
-from simulator.run import RunResult
+from simulator.world.run import RunResult
 from simulator.scenario import with_absolute_paths
 
 

@@ -360,7 +360,7 @@ def replay_run(run: MeasuredRun, profile: str | None = None) -> Replayed:
     """Simulate `run`'s twin and compare it with what was measured. A twin that does not finish every request
     (the engine refuses one, e.g. too long for max_model_len) or has no value for a figure is an error: its
     figures would not describe the measured run."""
-    from simulator.run import simulate  # the engine world is only needed here
+    from simulator.world.run import simulate  # the engine world is only needed here
 
     result = simulate(scenario_for(run, profile), Path.cwd())
     if result.summary["completed"] != run.num_requests:

@@ -37,9 +37,9 @@ from hardware.errors import SpecError
 from hardware.model import is_config_path
 from simulator.atomic import remove_abandoned_writes, write_text_atomic
 from simulator.crash import ROOT, report_bug
-from simulator.executors import Engine, WorkerDied, check_engine, run_jobs
-from simulator.output import write_run
-from simulator.run import simulate
+from simulator.planning.executors import Engine, WorkerDied, check_engine, run_jobs
+from simulator.world.output import write_run
+from simulator.world.run import simulate
 from simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
 from workloads.traces import resolve_path
 

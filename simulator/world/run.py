@@ -30,15 +30,21 @@ from policies.hybrid_blocks import make_kv_manager, usable_pages
 from policies.prefill_first import max_running_requests
 from policies.spec_cost import draft_time, with_draft_memory
 from policies.step import Scheduler, StepPlan, TokenLog
-from simulator.disagg import Handoff
+from simulator.world.disagg import Handoff
 from simulator.disagg_config import PoolConfig
-from simulator.engine import DataParallelGroup, FastForward, Replica, StepTime
-from simulator.frontend import Frontend
-from simulator.pipeline_stages import StagePipeline, StageTimes
-from simulator.metrics import StepLog, cache_and_load_summary, request_frame, summarize, transfer_summary
+from simulator.world.engine import DataParallelGroup, FastForward, Replica, StepTime
+from simulator.world.frontend import Frontend
+from simulator.world.pipeline_stages import StagePipeline, StageTimes
+from simulator.world.metrics import (
+    StepLog,
+    cache_and_load_summary,
+    request_frame,
+    summarize,
+    transfer_summary,
+)
 from simulator.scenario import Scenario, first_error
-from simulator.slo_watch import SloWatch
-from simulator.traffic import Traffic
+from simulator.world.slo_watch import SloWatch
+from simulator.world.traffic import Traffic
 from workloads.generate import Workload, build_workload
 from workloads.request import Phase, Request
 
@@ -237,9 +243,11 @@ class World:
         workload: Workload | None = None,
         stop_when_slo_lost: bool = False,
     ):
-        if s.stages:  # multi-stage pipeline hook: those run in simulator/omni_run.py (simulate() dispatches)
+        if (
+            s.stages
+        ):  # multi-stage pipeline hook: those run in simulator/world/omni_run.py (simulate() dispatches)
             raise SpecError(
-                "a scenario with stages runs as a pipeline: use simulate() or simulator.omni_run.Pipeline"
+                "a scenario with stages runs as a pipeline: use simulate() or simulator.world.omni_run.Pipeline"
             )
         seeds = np.random.SeedSequence(s.seed).spawn(5)
         if s.disaggregation is None:  # the pools of a disaggregated run fill in their own engine defaults
@@ -382,7 +390,7 @@ class World:
         )
         host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
         # pipeline parallel: pp micro-batches in flight through the replica's stages, which run one at a time
-        # (simulator/pipeline_stages.py). vLLM's schedulers run as vLLM V1 does, one scheduler with a batch queue
+        # (simulator/world/pipeline_stages.py). vLLM's schedulers run as vLLM V1 does, one scheduler with a batch queue
         # of pp steps (TokenBudgetScheduler.pipeline). Other schedulers run as pp engines, one step in flight
         # each, sharing the replica's whole KV pool and prefix cache and splitting max_num_seqs; a finish in one
         # wakes the others (the blocks it freed may admit their waiting requests), but each preempts and blocks
@@ -528,7 +536,7 @@ class World:
         until = self.scenario.stop.max_sim_time_s
         self.env.run(until=until)
         scenario = self.scenario
-        if self.lost_at_s is not None:  # judged as a run stopped here (simulator/slo_watch.py)
+        if self.lost_at_s is not None:  # judged as a run stopped here (simulator/world/slo_watch.py)
             until = self.lost_at_s
             scenario = scenario.model_copy(
                 update={"stop": scenario.stop.model_copy(update={"max_sim_time_s": until})}
@@ -597,10 +605,10 @@ def make_world(
     on_progress: Callable[[int], None] | None = None,
     stop_when_slo_lost: bool = False,
 ):
-    """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/omni_run.py) when
+    """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/world/omni_run.py) when
     it chains `stages`. Both have `workload`, `on_progress` and `run() -> RunResult`."""
     if s.stages:
-        from simulator.omni_run import Pipeline
+        from simulator.world.omni_run import Pipeline
 
         return Pipeline(s, base_dir, on_progress)
     return World(s, base_dir, on_progress, stop_when_slo_lost=stop_when_slo_lost)

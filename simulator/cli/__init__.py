@@ -1,0 +1,1 @@
+"""The `servesim` command line; nothing else in servesim imports it."""

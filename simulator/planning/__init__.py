@@ -1,0 +1,1 @@
+"""Planning: capacity searches, the planner, sweeps, deployment prices and launch commands."""

@@ -1,0 +1,1 @@
+"""Reports: HTML pages for runs, sweeps, plans and accuracy, and trace exports."""
