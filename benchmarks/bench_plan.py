@@ -12,9 +12,9 @@ import argparse
 import time
 from pathlib import Path
 
-from simulator.planning.executors import default_workers
-from simulator.planning.plan import plan
-from simulator.scenario import load_scenario
+from servesim.simulator.planning.executors import default_workers
+from servesim.simulator.planning.plan import plan
+from servesim.simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 

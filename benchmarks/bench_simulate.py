@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from simulator.world.run import World
-from simulator.scenario import load_scenario
-from workloads.generate import Workload
-from workloads.request import Request
-from workloads.traces import load_azure
+from servesim.simulator.world.run import World
+from servesim.simulator.scenario import load_scenario
+from servesim.workloads.generate import Workload
+from servesim.workloads.request import Request
+from servesim.workloads.traces import load_azure
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT.parent / "shared" / "data" / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"

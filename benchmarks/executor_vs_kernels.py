@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.calibrate import row_batch, row_model
-from hardware.cost import step_cost
-from hardware.gpu import get_gpu
-from hardware.profile import load_profile
+from servesim.calibration.calibrate import row_batch, row_model
+from servesim.hardware.cost import step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.profile import load_profile
 
 DEFAULT_DIR = Path(__file__).resolve().parents[1] / "calibration" / "measurements" / "h200-2026-12-04"
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 
-from hardware.cost import Parallelism, step_cost
-from hardware.gpu import get_gpu
-from hardware.profile import Profile, load_profile
+from servesim.hardware.cost import Parallelism, step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.profile import Profile, load_profile
 from table_sums import TableSums, cases
 
 OVERHEADS = ("overhead",)

@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 from scipy.interpolate import RegularGridInterpolator
 
-from hardware.batch import StepBatch
-from hardware.kernel_tables import SYSTEMS, data_root
-from hardware.model import get_model
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.kernel_tables import SYSTEMS, data_root
+from servesim.hardware.model import get_model
 
 VLLM = {
     gpu: "0.24.0" for gpu in ("h100-sxm", "h200", "b300", "gb200", "gb300")

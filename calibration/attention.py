@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from calibration.attn_metadata import DecodeChunk, Plan
+from servesim.calibration.attn_metadata import DecodeChunk, Plan
 
 
 def write_kv(kv_cache: torch.Tensor, slot_mapping: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from calibration.fit import TermTable, fit_profile, mape, predict_table, stack_terms
-from calibration.fit_terms import step_terms
-from calibration.scaled import scale_model
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions
-from hardware.gpu import GpuSpec
-from hardware.model import ModelSpec, get_model
-from hardware.profile import Profile
-from simulator.atomic import write_text_atomic
+from servesim.calibration.fit import TermTable, fit_profile, mape, predict_table, stack_terms
+from servesim.calibration.fit_terms import step_terms
+from servesim.calibration.scaled import scale_model
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions
+from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.model import ModelSpec, get_model
+from servesim.hardware.profile import Profile
+from servesim.simulator.atomic import write_text_atomic
 
 
 @cache

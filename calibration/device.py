@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from simulator.atomic import write_text_atomic
+from servesim.simulator.atomic import write_text_atomic
 
 
 def keep_freed_memory() -> None:

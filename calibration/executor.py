@@ -28,14 +28,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from calibration.attention import paged_attention, write_kv
-from calibration.attn_metadata import AttnMetadata, make_kv_sharing_fast_prefill_metadata
-from calibration.device import keep_freed_memory
-from calibration.weights import apply_rope, init_weights, mlp, moe, rms_norm, rope_cos_sin
-from hardware.batch import StepBatch
-from hardware.cost import fast_prefill_layers
-from hardware.kv_groups import KVGroups, group_of_layers
-from hardware.model import ModelSpec
+from servesim.calibration.attention import paged_attention, write_kv
+from servesim.calibration.attn_metadata import AttnMetadata, make_kv_sharing_fast_prefill_metadata
+from servesim.calibration.device import keep_freed_memory
+from servesim.calibration.weights import apply_rope, init_weights, mlp, moe, rms_norm, rope_cos_sin
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import fast_prefill_layers
+from servesim.hardware.kv_groups import KVGroups, group_of_layers
+from servesim.hardware.model import ModelSpec
 
 #: Largest K (or V) gather of one decode chunk. CPU: small enough to stay in L2/L3 for the matmuls that
 #: read it next. CUDA: bounds the per-block intermediates (about heads / block_size x the gathered K).

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import least_squares
 
-from calibration.fit_terms import KIND_CODES, KIND_NAMES, StepTerms
-from hardware.profile import FIXED_COSTS as OVERHEADS, EfficiencyCurve, Profile
+from servesim.calibration.fit_terms import KIND_CODES, KIND_NAMES, StepTerms
+from servesim.hardware.profile import FIXED_COSTS as OVERHEADS, EfficiencyCurve, Profile
 
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory")
 EFF_BOUNDS = (1e-4, 1.0)

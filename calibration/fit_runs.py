@@ -23,9 +23,9 @@ import numpy as np
 import yaml
 from scipy.optimize import least_squares, minimize
 
-from hardware.errors import SpecError
-from hardware.profile import EfficiencyCurve, FitRecord, Profile
-from simulator.compare.measured import MeasuredRun, MetricError, replay
+from servesim.hardware.errors import SpecError
+from servesim.hardware.profile import EfficiencyCurve, FitRecord, Profile
+from servesim.simulator.compare.measured import MeasuredRun, MetricError, replay
 
 EFFICIENCIES = (
     "gemm_compute",

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware import cost
-from hardware.batch import StepBatch
-from hardware.gpu import GpuSpec
-from hardware.model import ModelSpec
-from hardware.profile import EfficiencyCurve, Profile
+from servesim.hardware import cost
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.model import ModelSpec
+from servesim.hardware.profile import EfficiencyCurve, Profile
 
 KIND_CODES = {"gemm": 0, "attention": 1, "moe": 2}
 KIND_NAMES = {code: name for name, code in KIND_CODES.items()}

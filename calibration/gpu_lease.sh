@@ -74,7 +74,7 @@ else
            --num-blocks 16384)
 fi
 
-servesim() { "$PY" -c 'from simulator.cli.main import main; main()' "$@"; }
+servesim() { "$PY" -c 'from servesim.simulator.cli.main import main; main()' "$@"; }
 
 { date -u; git rev-parse HEAD 2>/dev/null || true; nvidia-smi 2>/dev/null || echo "no nvidia-smi";
   "$PY" -c 'import sys, torch, numpy, pandas, pydantic, scipy

@@ -34,12 +34,12 @@ import numpy as np
 import pandas as pd
 from rich.console import Console
 
-from calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile, terms_of_rows
-from calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, write_gpu_yaml
-from calibration.fit import predict_table
-from calibration.host_overhead import host_overhead
-from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
-from calibration.validate import (
+from servesim.calibration.calibrate import FitReport, calibrate_rows, row_model, save_profile, terms_of_rows
+from servesim.calibration.device import cpu_gpu_entry, device_name, measure_cpu_peaks, write_gpu_yaml
+from servesim.calibration.fit import predict_table
+from servesim.calibration.host_overhead import host_overhead
+from servesim.calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid
+from servesim.calibration.validate import (
     Validation,
     build_requests,
     compare,
@@ -47,13 +47,13 @@ from calibration.validate import (
     simulate_requests,
     trace_config,
 )
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.kv_groups import kv_groups
-from hardware.profile import load_profile
-from policies.config import EngineConfig
-from simulator.atomic import write_text_atomic
-from simulator.progress import progress_bar
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.kv_groups import kv_groups
+from servesim.hardware.profile import load_profile
+from servesim.policies.config import EngineConfig
+from servesim.simulator.atomic import write_text_atomic
+from servesim.simulator.progress import progress_bar
 
 CPU_POOL_BYTES = 1 << 30
 CUDA_POOL_BYTES = 40 << 30
@@ -91,7 +91,7 @@ def make_executor(setup: Setup, num_blocks: int, fast_prefill: bool = False):
     """The executor of `setup`'s model as an engine serves it: for sliding-window models, one block table per
     KV cache group (vLLM's hybrid KV cache manager), so grid shapes pay the same per-group metadata as served
     steps."""
-    from calibration.executor import Executor
+    from servesim.calibration.executor import Executor
 
     spec = row_model(setup.model, setup.scale_json)
     groups = kv_groups(spec)
@@ -393,7 +393,7 @@ def serve_calibration_trace(
 ) -> pd.DataFrame:
     """Serve CALIBRATION_TRACE on the executor at 0.6x the saturation `profile` predicts; its step rows.
     `progress(arrived)`: as in `serve`."""
-    from calibration.serve import serve
+    from servesim.calibration.serve import serve
 
     rate = CALIBRATION_TRACE.load * saturation_rate(setup, CALIBRATION_TRACE, profile, folder)
     workload = CALIBRATION_TRACE.workload(rate)
@@ -442,7 +442,7 @@ def predicted_step_s(folder: Path, steps: pd.DataFrame, fast_prefill: bool = Fal
 
 def run_validation(folder: Path, trace: TraceSpec = TraceSpec(), out: Path | None = None) -> Validation:
     """Serve a trace on the executor and in the simulator; write tables and validation.html to `out`."""
-    from calibration.serve import serve
+    from servesim.calibration.serve import serve
 
     folder = Path(folder)
     out = Path(out or folder)

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from calibration.device import device_name, synchronize
-from hardware.batch import StepBatch
-from hardware.cost import fast_prefill_layers
-from policies.kv_blocks import blocks_for
+from servesim.calibration.device import device_name, synchronize
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import fast_prefill_layers
+from servesim.policies.kv_blocks import blocks_for
 
 
 @dataclass(frozen=True)
@@ -163,7 +163,7 @@ def profile_grid(
     `progress(rounds_done)` runs after each of the `warmup + repeats` rounds, outside the timed calls."""
     import torch
 
-    from calibration.executor import StepInput
+    from servesim.calibration.executor import StepInput
 
     rng = np.random.default_rng(seed)
     modes = (False, True) if fast_prefill_layers(ex.spec) else (False,)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from calibration.executor import Executor
-from calibration.weights import LayerWeights, apply_rope, mlp, rms_norm, rope_cos_sin
+from servesim.calibration.executor import Executor
+from servesim.calibration.weights import LayerWeights, apply_rope, mlp, rms_norm, rope_cos_sin
 
 
 def _dense_attention(

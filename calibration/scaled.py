@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from hardware.errors import SpecError
-from hardware.model import LayerSpec, ModelSpec, model_from_config
+from servesim.hardware.errors import SpecError
+from servesim.hardware.model import LayerSpec, ModelSpec, model_from_config
 
 #: The keyword arguments `scale_model` accepts, as the CLI's `--scale k=v,...` spells them.
 SCALE_KEYS = (

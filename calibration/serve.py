@@ -44,16 +44,16 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from calibration.executor import Executor, StepInput
-from hardware.kv_groups import KVGroups, kv_groups
-from policies.catalog import build_scheduler
-from policies.config import EngineConfig
-from policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_pages
-from policies.kv_blocks import BlockManager
-from policies.step import StepPlan, TokenLog
-from simulator.world.metrics import request_frame, summarize
-from simulator.world.run import rejection
-from workloads.request import Phase, Request
+from servesim.calibration.executor import Executor, StepInput
+from servesim.hardware.kv_groups import KVGroups, kv_groups
+from servesim.policies.catalog import build_scheduler
+from servesim.policies.config import EngineConfig
+from servesim.policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_pages
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.step import StepPlan, TokenLog
+from servesim.simulator.world.metrics import request_frame, summarize
+from servesim.simulator.world.run import rejection
+from servesim.workloads.request import Phase, Request
 
 
 @dataclass(frozen=True)

@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from calibration.scaled import spec_to_config
-from hardware.model import ModelSpec
-from policies.config import EngineConfig
-from simulator.atomic import write_text_atomic
-from simulator.world.run import RunResult, World
-from simulator.scenario import Scenario
-from workloads.config import WorkloadConfig
-from workloads.generate import Workload, build_workload
-from workloads.request import Request
+from servesim.calibration.scaled import spec_to_config
+from servesim.hardware.model import ModelSpec
+from servesim.policies.config import EngineConfig
+from servesim.simulator.atomic import write_text_atomic
+from servesim.simulator.world.run import RunResult, World
+from servesim.simulator.scenario import Scenario
+from servesim.workloads.config import WorkloadConfig
+from servesim.workloads.generate import Workload, build_workload
+from servesim.workloads.request import Request
 
 METRICS = (("ttft", "ttft_s"), ("tpot", "tpot_s"), ("e2el", "e2el_s"))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hardware.model import ModelSpec
+from servesim.hardware.model import ModelSpec
 
 RMS_EPS = 1e-6
 

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware.batch import StepBatch
-from hardware.errors import SpecError
-from hardware.gpu import GpuSpec, get_interconnect
-from hardware.kernel_tables import AttentionTable, KernelTables, kernel_tables
-from hardware.model import (
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import GpuSpec, get_interconnect
+from servesim.hardware.kernel_tables import AttentionTable, KernelTables, kernel_tables
+from servesim.hardware.model import (
     KV_DTYPE_BYTES,
     WEIGHT_DTYPE_CHOICES,
     LayerSpec,
@@ -39,7 +39,7 @@ from hardware.model import (
     stage_layer_specs,
     weight_bytes,
 )
-from hardware.profile import Profile
+from servesim.hardware.profile import Profile
 
 ACT_BYTES = 2.0  # activations in bf16
 LOGIT_BYTES = 4.0  # logits in fp32, as vLLM's sampler keeps them

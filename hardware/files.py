@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from hardware.errors import SpecError
+from servesim.hardware.errors import SpecError
 
 
 #: Bounds on a document, so that no input file can exhaust the stack, the memory or the time of a run: nesting

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from hardware.errors import SpecError, choices
-from hardware.files import read_yaml
-from hardware.spec_model import SpecModel
+from servesim.hardware.errors import SpecError, choices
+from servesim.hardware.files import read_yaml
+from servesim.hardware.spec_model import SpecModel
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 

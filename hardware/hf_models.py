@@ -14,7 +14,7 @@ import socket
 from urllib.parse import urlparse
 from pathlib import Path
 
-from hardware.errors import SpecError
+from servesim.hardware.errors import SpecError
 
 #: Preset -> the Hugging Face repo whose config.json it is (hardware/model_configs/SOURCES.md).
 HF_REPO_IDS = {

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hardware.errors import SpecError
+from servesim.hardware.errors import SpecError
 
 #: servesim's GPU catalog names -> aiconfigurator-core's system folders (GPUs it measured).
 SYSTEMS = {

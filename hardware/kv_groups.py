@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hardware.model import LayerSpec, ModelSpec
+from servesim.hardware.model import LayerSpec, ModelSpec
 
 
 def cdiv(a: int, b: int) -> int:

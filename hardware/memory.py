@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
-from hardware.errors import SpecError
-from hardware.gpu import GpuSpec
-from hardware.kv_groups import KVGroups, kv_groups
-from hardware.model import (
+from servesim.hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.kv_groups import KVGroups, kv_groups
+from servesim.hardware.model import (
     LayerSpec,
     ModelSpec,
     check_sharding,

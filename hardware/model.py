@@ -13,9 +13,9 @@ from math import comb
 from pathlib import Path
 from typing import Any
 
-from hardware.errors import ShardingError, SpecError, choices
-from hardware.hf_models import is_repo_id, repo_of, resolve_repo, snapshot_config
-from hardware.files import read_json
+from servesim.hardware.errors import ShardingError, SpecError, choices
+from servesim.hardware.hf_models import is_repo_id, repo_of, resolve_repo, snapshot_config
+from servesim.hardware.files import read_json
 
 PRESET_DIR = Path(__file__).parent / "model_configs"
 

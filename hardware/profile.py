@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from hardware.errors import SpecError
-from hardware.files import read_yaml
-from hardware.gpu import gpu_catalog
-from hardware.kernel_tables import ENGINE, framework_for, split_kernels
-from hardware.spec_model import SpecModel
+from servesim.hardware.errors import SpecError
+from servesim.hardware.files import read_yaml
+from servesim.hardware.gpu import gpu_catalog
+from servesim.hardware.kernel_tables import ENGINE, framework_for, split_kernels
+from servesim.hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 #: A profile's fixed costs of a step's forward pass, seconds: per step, per layer, per request, per token of the step,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from hardware.batch import StepBatch
-from hardware.cost import (
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import (
     CostOptions,
     Parallelism,
     attention_seconds,
@@ -23,9 +23,9 @@ from hardware.cost import (
     stage_fixed_seconds,
     step_cost,
 )
-from hardware.gpu import GpuSpec
-from hardware.model import ModelSpec, pipeline_stages
-from hardware.profile import Profile
+from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.model import ModelSpec, pipeline_stages
+from servesim.hardware.profile import Profile
 
 
 # shapes kept per cache before it starts over: MLA prefill keys (per DP rank) rarely repeat

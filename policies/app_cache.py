@@ -16,10 +16,10 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from hardware.spec_model import SpecModel
+from servesim.hardware.spec_model import SpecModel
 
-from policies.token_ids import pieces
-from workloads.request import Request
+from servesim.policies.token_ids import pieces
+from servesim.workloads.request import Request
 
 
 class AppCacheConfig(SpecModel):

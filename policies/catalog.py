@@ -1,15 +1,15 @@
 """Imports every built-in policy so its registry entry exists; the rest of the project reads registries from here."""
 
-from policies import disagg, prefill_first, routing, seed_toy, static, token_budget  # noqa: F401  (registration side effects)
-from policies.kv_blocks import BlockManager
-from policies.ordering import orderings
-from policies.prefix_blocks import PrefixCachingBlockManager
-from policies.radix import RadixCache
-from policies.registry import kv_managers, routers, schedulers
+from servesim.policies import disagg, prefill_first, routing, seed_toy, static, token_budget  # noqa: F401  (registration side effects)
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.ordering import orderings
+from servesim.policies.prefix_blocks import PrefixCachingBlockManager
+from servesim.policies.radix import RadixCache
+from servesim.policies.registry import kv_managers, routers, schedulers
 
-from policies.config import EngineConfig
-from policies.spec_decode import Speculator
-from policies.step import Scheduler, TokenLog
+from servesim.policies.config import EngineConfig
+from servesim.policies.spec_decode import Speculator
+from servesim.policies.step import Scheduler, TokenLog
 
 kv_managers.register("none")(BlockManager)
 kv_managers.register("vllm")(PrefixCachingBlockManager)

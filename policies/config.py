@@ -6,12 +6,12 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, model_validator
 
-from hardware.errors import SpecError
-from hardware.gpu import GpuSpec
-from hardware.memory import EngineMemoryConfig
-from hardware.spec_model import MAX_TOKENS, SpecModel
-from policies.families import FLASHMLA_BLOCK_SIZE, family_of, known_family
-from policies.spec_decode import EAGLE_METHODS, SpeculativeConfig
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.memory import EngineMemoryConfig
+from servesim.hardware.spec_model import MAX_TOKENS, SpecModel
+from servesim.policies.families import FLASHMLA_BLOCK_SIZE, family_of, known_family
+from servesim.policies.spec_decode import EAGLE_METHODS, SpeculativeConfig
 
 
 MAX_SEQS = 2**20  # batch slots: far past any engine's (SGLang caps its pool at 4096)
@@ -299,7 +299,7 @@ class EngineConfig(SpecModel):
 
     def scheduler_class(self) -> type:
         """The registered (or importable) scheduler class `scheduler` names; SpecError for an unknown one."""
-        from policies.catalog import schedulers  # the schedulers import this module
+        from servesim.policies.catalog import schedulers  # the schedulers import this module
 
         return schedulers.get(self.scheduler)
 

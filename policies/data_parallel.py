@@ -22,10 +22,10 @@ import math
 from collections.abc import Callable, Iterator
 from itertools import chain, count
 
-from policies.config import EngineConfig
-from policies.families import family_of
-from policies.step import Scheduler, SchedulerDefaults, StepPlan
-from workloads.request import Phase, Request
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import family_of
+from servesim.policies.step import Scheduler, SchedulerDefaults, StepPlan
+from servesim.workloads.request import Phase, Request
 
 WAITING_WEIGHT = 4  # vLLM's DP load balancer: score = waiting * 4 + running
 STATS_PERIOD_S = 0.1  # vLLM's DP coordinator publishes the ranks' request counts every 100 ms

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from policies.registry import schedulers
-from policies.step import StepPlan
-from policies.token_budget import TokenBudgetScheduler
-from workloads.request import Phase, Request
+from servesim.policies.registry import schedulers
+from servesim.policies.step import StepPlan
+from servesim.policies.token_budget import TokenBudgetScheduler
+from servesim.workloads.request import Phase, Request
 
 
 @schedulers.register("vllm_prefill", internal=True)

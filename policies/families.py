@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from hardware.errors import SpecError
-from hardware.gpu import GpuSpec
-from policies.registry import Registry
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import GpuSpec
+from servesim.policies.registry import Registry
 
 
 def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
@@ -142,7 +142,7 @@ class EngineFamily:
 
     def dp_balancer(self):
         """How the engine's one API server picks a DP-attention rank per request: vLLM's, by the ranks' load."""
-        from policies.data_parallel import VllmBalancer  # data_parallel imports this module
+        from servesim.policies.data_parallel import VllmBalancer  # data_parallel imports this module
 
         return VllmBalancer()
 
@@ -203,7 +203,7 @@ class SglangFamily(EngineFamily):
 
     def dp_balancer(self):
         """SGLang's data-parallel controller sends requests to the ranks in turn."""
-        from policies.data_parallel import round_robin  # data_parallel imports this module
+        from servesim.policies.data_parallel import round_robin  # data_parallel imports this module
 
         return round_robin
 
@@ -217,7 +217,7 @@ families.register(SGLANG.name)(SGLANG)
 
 def family_of(scheduler: str) -> EngineFamily:
     """The family of the scheduler registered (or importable) as `scheduler`; SpecError for an unknown one."""
-    from policies.catalog import schedulers  # the schedulers import this module
+    from servesim.policies.catalog import schedulers  # the schedulers import this module
 
     return schedulers.get(scheduler).family
 

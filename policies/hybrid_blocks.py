@@ -21,16 +21,16 @@ is registered too (`BlockHashMap`), as vLLM keeps both.
 
 from __future__ import annotations
 
-from hardware.errors import SpecError
-from hardware.kv_groups import admission_blocks, cdiv, skipped_blocks
-from policies.block_pool import BlockHashMap, RefCountedPool
-from policies.config import EngineConfig
-from policies.families import family_of
-from policies.kv_blocks import BlockManager, blocks_for
-from policies.spec_decode import EAGLE_METHODS
-from policies.swa_radix import SWARadixCache
-from policies.token_ids import block_hashes
-from workloads.request import Request
+from servesim.hardware.errors import SpecError
+from servesim.hardware.kv_groups import admission_blocks, cdiv, skipped_blocks
+from servesim.policies.block_pool import BlockHashMap, RefCountedPool
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import family_of
+from servesim.policies.kv_blocks import BlockManager, blocks_for
+from servesim.policies.spec_decode import EAGLE_METHODS
+from servesim.policies.swa_radix import SWARadixCache
+from servesim.policies.token_ids import block_hashes
+from servesim.workloads.request import Request
 
 
 def _processed(req: Request) -> int:
@@ -341,7 +341,7 @@ def make_kv_manager(
     the registered one by `prefix_caching`, or over hybrid KV cache groups when any group slides (the memory plan's
     `kv_windows`), or SGLang's two pools when `swa` (window, sliding-window pages) is given (the memory plan's
     hybrid SWA memory). EAGLE/MTP drafting makes vLLM's prefix hits one block shorter."""
-    from policies.catalog import kv_managers
+    from servesim.policies.catalog import kv_managers
 
     prefix_caching, watermark = engine.prefix_caching, engine.watermark
     if swa is not None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies.step import StepPlan
-from workloads.request import Phase, Request
+from servesim.policies.step import StepPlan
+from servesim.workloads.request import Phase, Request
 
 
 class OneStepAhead:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from policies.registry import Registry
-from workloads.request import Request
+from servesim.policies.registry import Registry
+from servesim.workloads.request import Request
 
 OrderKey = Callable[[Request], tuple]
 orderings: Registry[OrderKey] = Registry("queue order")

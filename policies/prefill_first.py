@@ -36,15 +36,22 @@ import itertools
 import math
 from collections.abc import Callable
 
-from policies.config import EngineConfig
-from policies.families import SGLANG, SGLANG_MAX_RUNNING
-from policies.kv_blocks import BlockManager, fits_in_last_block
-from policies.one_step_ahead import OneStepAhead
-from policies.ordering import OrderKey
-from policies.registry import schedulers
-from policies.step import PlanBuilder, SchedulerDefaults, StepPlan, TokenLog, feed_plan, release_finished
-from policies.waiting import WaitingQueue
-from workloads.request import Phase, Request
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import SGLANG, SGLANG_MAX_RUNNING
+from servesim.policies.kv_blocks import BlockManager, fits_in_last_block
+from servesim.policies.one_step_ahead import OneStepAhead
+from servesim.policies.ordering import OrderKey
+from servesim.policies.registry import schedulers
+from servesim.policies.step import (
+    PlanBuilder,
+    SchedulerDefaults,
+    StepPlan,
+    TokenLog,
+    feed_plan,
+    release_finished,
+)
+from servesim.policies.waiting import WaitingQueue
+from servesim.workloads.request import Phase, Request
 
 CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
 INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO, times schedule_conservativeness (at most 1)

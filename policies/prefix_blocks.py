@@ -18,10 +18,10 @@
 
 from __future__ import annotations
 
-from policies.block_pool import BlockHashMap, RefCountedPool
-from policies.kv_blocks import BlockManager
-from policies.token_ids import block_hashes
-from workloads.request import Request
+from servesim.policies.block_pool import BlockHashMap, RefCountedPool
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.token_ids import block_hashes
+from servesim.workloads.request import Request
 
 
 class PrefixCachingBlockManager(RefCountedPool, BlockManager):

@@ -19,9 +19,9 @@ import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from policies.kv_blocks import BlockManager
-from policies.token_ids import Piece, pieces, request_runs
-from workloads.request import Request
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.token_ids import Piece, pieces, request_runs
+from servesim.workloads.request import Request
 
 
 @dataclass(eq=False)

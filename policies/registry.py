@@ -6,7 +6,7 @@ import importlib
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
-from hardware.errors import SpecError
+from servesim.hardware.errors import SpecError
 
 T = TypeVar("T")
 

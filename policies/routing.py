@@ -8,10 +8,10 @@ from typing import Protocol
 
 import numpy as np
 
-from policies.radix import TokenTrie
-from policies.registry import routers
-from policies.token_ids import pieces, request_runs
-from workloads.request import Request
+from servesim.policies.radix import TokenTrie
+from servesim.policies.registry import routers
+from servesim.policies.token_ids import pieces, request_runs
+from servesim.workloads.request import Request
 
 
 class ReplicaView(Protocol):

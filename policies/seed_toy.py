@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from collections import deque
 
-from policies.config import EngineConfig
-from policies.kv_blocks import BlockManager, blocks_for
-from policies.ordering import OrderKey
-from policies.registry import schedulers
-from policies.step import SchedulerDefaults, StepPlan, TokenLog
-from workloads.request import Phase, Request
+from servesim.policies.config import EngineConfig
+from servesim.policies.kv_blocks import BlockManager, blocks_for
+from servesim.policies.ordering import OrderKey
+from servesim.policies.registry import schedulers
+from servesim.policies.step import SchedulerDefaults, StepPlan, TokenLog
+from servesim.workloads.request import Phase, Request
 
 
 @schedulers.register("seed_toy")

@@ -24,11 +24,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from hardware.batch import StepBatch
-from hardware.cost import Parallelism
-from hardware.errors import SpecError
-from hardware.gpu import GpuSpec
-from hardware.memory import (
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import Parallelism
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.memory import (
     EngineMemoryConfig,
     MemoryPlan,
     kv_bytes_per_gpu_token,
@@ -37,10 +37,10 @@ from hardware.memory import (
     swa_pools,
     weight_bytes_per_gpu,
 )
-from hardware.model import EXPERT_ONLY_DTYPES, ModelSpec, get_model
-from hardware.step_timer import StepTimer
-from policies.spec_decode import SpeculativeConfig
-from policies.step import StepPlan
+from servesim.hardware.model import EXPERT_ONLY_DTYPES, ModelSpec, get_model
+from servesim.hardware.step_timer import StepTimer
+from servesim.policies.spec_decode import SpeculativeConfig
+from servesim.policies.step import StepPlan
 
 
 def draft_batches(plan: StepPlan) -> list[StepBatch]:

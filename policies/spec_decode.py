@@ -27,9 +27,9 @@ from typing import Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from hardware.model import check_model_name
-from hardware.spec_model import SpecModel
-from workloads.request import Request
+from servesim.hardware.model import check_model_name
+from servesim.hardware.spec_model import SpecModel
+from servesim.workloads.request import Request
 
 #: vLLM's use_eagle() methods: draft heads on the target's own hidden states. vLLM schedules ahead (async) only
 #: with these, and gives up the last block of a prefix hit for them (the heads need its hidden states).

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import heapq
 
-from policies.config import EngineConfig
-from policies.kv_blocks import BlockManager, blocks_for
-from policies.ordering import OrderKey
-from policies.step import SchedulerDefaults, StepPlan, TokenLog
-from policies.registry import schedulers
-from workloads.request import Phase, Request
+from servesim.policies.config import EngineConfig
+from servesim.policies.kv_blocks import BlockManager, blocks_for
+from servesim.policies.ordering import OrderKey
+from servesim.policies.step import SchedulerDefaults, StepPlan, TokenLog
+from servesim.policies.registry import schedulers
+from servesim.workloads.request import Phase, Request
 
 
 @schedulers.register("static")

@@ -9,12 +9,12 @@ from typing import Protocol
 
 import numpy as np
 
-from hardware.batch import StepBatch
-from policies.families import GENERIC, EngineFamily
-from policies.kv_blocks import BlockManager
-from policies.spec_decode import Speculator
-from policies.token_ids import forget_block_hashes
-from workloads.request import Phase, Request
+from servesim.hardware.batch import StepBatch
+from servesim.policies.families import GENERIC, EngineFamily
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.spec_decode import Speculator
+from servesim.policies.token_ids import forget_block_hashes
+from servesim.workloads.request import Phase, Request
 
 
 @dataclass(frozen=True, slots=True, eq=False)

@@ -30,9 +30,9 @@ import heapq
 import math
 from collections import deque
 
-from policies.radix import Node, RadixCache, _split_pieces
-from policies.token_ids import Piece
-from workloads.request import Request
+from servesim.policies.radix import Node, RadixCache, _split_pieces
+from servesim.policies.token_ids import Piece
+from servesim.workloads.request import Request
 
 
 class SWARadixCache(RadixCache):

@@ -31,17 +31,24 @@ import sys
 from collections import deque
 from collections.abc import Iterable
 
-from hardware.kv_groups import KVGroups, admission_blocks
-from policies.config import EngineConfig
-from policies.families import GENERIC, VLLM
-from policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
-from policies.one_step_ahead import OneStepAhead
-from policies.ordering import OrderKey
-from policies.registry import schedulers
-from policies.spec_decode import Speculator
-from policies.step import PlanBuilder, SchedulerDefaults, StepPlan, TokenLog, feed_plan, release_finished
-from policies.waiting import WaitingQueue
-from workloads.request import Phase, Request
+from servesim.hardware.kv_groups import KVGroups, admission_blocks
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import GENERIC, VLLM
+from servesim.policies.kv_blocks import BlockManager, blocks_for, fits_in_last_block
+from servesim.policies.one_step_ahead import OneStepAhead
+from servesim.policies.ordering import OrderKey
+from servesim.policies.registry import schedulers
+from servesim.policies.spec_decode import Speculator
+from servesim.policies.step import (
+    PlanBuilder,
+    SchedulerDefaults,
+    StepPlan,
+    TokenLog,
+    feed_plan,
+    release_finished,
+)
+from servesim.policies.waiting import WaitingQueue
+from servesim.workloads.request import Phase, Request
 
 
 @schedulers.register("vllm")

@@ -8,7 +8,7 @@ common leading runs, which is what vLLM's block hashes and SGLang's radix tree m
 
 from __future__ import annotations
 
-from workloads.request import Request, output_segment_id
+from servesim.workloads.request import Request, output_segment_id
 
 Piece = tuple[int, int, int]  # (segment id, offset in the segment, tokens)
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import heapq
 
-from policies.kv_blocks import BlockManager
-from policies.ordering import OrderKey, by_arrival
-from policies.token_ids import pieces, request_runs
-from workloads.request import Request
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.ordering import OrderKey, by_arrival
+from servesim.policies.token_ids import pieces, request_runs
+from servesim.workloads.request import Request
 
 LPM_MAX_WAITING = 128
 IN_BATCH_CHECK_TOKENS = 32  # SGLang's IN_BATCH_PREFIX_CACHING_CHECK_THRESHOLD and ..._DEPRIORITIZE_THRESHOLD

@@ -9,27 +9,37 @@ overrides), simulate it, write its run folder and report, plan a deployment or f
 >>> sorted(result.requests.columns)[:3]
 ['arrival_s', 'cached_tokens', 'decode_hit_tokens']
 
-The names here are the stable surface; the packages under them (hardware, workloads, policies, simulator,
-calibration) are servesim's internals.
+The names here are the stable surface; the packages under them (servesim.hardware, .workloads, .policies,
+.simulator, .calibration) are servesim's internals. Each name is imported on first use, so importing one
+internal module does not load the whole simulator.
 """
 
-from simulator.planning.capacity import max_sustainable_rate
-from simulator.cli.app import version
-from simulator.world.output import read_table, write_run
-from simulator.planning.plan import plan
-from simulator.report.run_report import write_report
-from simulator.world.run import RunResult, simulate
-from simulator.scenario import Scenario, load_scenario
+from importlib import import_module, metadata
 
-__version__ = version()
-__all__ = [
-    "RunResult",
-    "Scenario",
-    "load_scenario",
-    "max_sustainable_rate",
-    "plan",
-    "read_table",
-    "simulate",
-    "write_report",
-    "write_run",
-]
+__version__ = metadata.version("servesim")
+
+#: each public name and the module that defines it
+_EXPORTS = {
+    "RunResult": "servesim.simulator.world.run",
+    "Scenario": "servesim.simulator.scenario",
+    "load_scenario": "servesim.simulator.scenario",
+    "max_sustainable_rate": "servesim.simulator.planning.capacity",
+    "plan": "servesim.simulator.planning.plan",
+    "read_table": "servesim.simulator.world.output",
+    "simulate": "servesim.simulator.world.run",
+    "write_report": "servesim.simulator.report.run_report",
+    "write_run": "servesim.simulator.world.output",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:  # an AttributeError lets `from servesim import hardware` import the subpackage
+        raise AttributeError(f"module 'servesim' has no attribute {name!r}")
+    value = getattr(import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from hardware.errors import SpecError
+from servesim.hardware.errors import SpecError
 
 
 def _umask() -> int:

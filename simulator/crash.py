@@ -9,7 +9,7 @@ import time
 import traceback
 from pathlib import Path
 
-from simulator.atomic import write_text_atomic
+from servesim.simulator.atomic import write_text_atomic
 
 INTERNAL_ERROR = "internal error"
 ROOT = Path(__file__).resolve().parent.parent  # the folder holding servesim's packages

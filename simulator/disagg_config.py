@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hardware.errors import SpecError
-from hardware.gpu import get_interconnect
-from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS, SpecModel
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_interconnect
+from servesim.hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS, SpecModel
 
 
 def known_link(name: str) -> str:

@@ -15,8 +15,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from hardware.model import check_model_name
-from hardware.spec_model import SpecModel
+from servesim.hardware.model import check_model_name
+from servesim.hardware.spec_model import SpecModel
 
 
 class OutputTensorConfig(SpecModel):

@@ -18,20 +18,20 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from hardware.cost import Parallelism
-from hardware.errors import SpecError, choices
-from hardware.files import read_yaml
-from hardware.gpu import get_gpu
-from hardware.hf_models import snapshot_config
-from hardware.model import check_model_name, get_model, is_config_path
-from hardware.spec_model import BOOL_FOR_NUMBER, MAX_PARALLEL, MAX_REPLICAS, SpecModel
-from policies.config import EngineConfig
-from policies.app_cache import AppCacheConfig
-from policies.catalog import orderings, routers, schedulers
-from policies.families import family_of, known_family
-from simulator.disagg_config import DisaggregationConfig, known_link
-from simulator.omni import StageConfig
-from workloads.config import TraceSource, WorkloadConfig
+from servesim.hardware.cost import Parallelism
+from servesim.hardware.errors import SpecError, choices
+from servesim.hardware.files import read_yaml
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.hf_models import snapshot_config
+from servesim.hardware.model import check_model_name, get_model, is_config_path
+from servesim.hardware.spec_model import BOOL_FOR_NUMBER, MAX_PARALLEL, MAX_REPLICAS, SpecModel
+from servesim.policies.config import EngineConfig
+from servesim.policies.app_cache import AppCacheConfig
+from servesim.policies.catalog import orderings, routers, schedulers
+from servesim.policies.families import family_of, known_family
+from servesim.simulator.disagg_config import DisaggregationConfig, known_link
+from servesim.simulator.omni import StageConfig
+from servesim.workloads.config import TraceSource, WorkloadConfig
 
 
 class HardwareConfig(SpecModel):

@@ -6,7 +6,7 @@ import pytest
 
 from typer.testing import CliRunner
 
-from simulator.cli.main import app
+from servesim.simulator.cli.main import app
 
 runner = CliRunner()
 
@@ -105,11 +105,11 @@ def test_model_does_not_fit_is_one_line():
 
 
 def test_the_cli_runs_as_a_module_with_every_command():
-    """`python -m simulator` and `python -m simulator.cli.main` work where the console script is not on PATH."""
+    """`python -m servesim` works where the console script is not on PATH."""
     import subprocess
     import sys
 
-    for module in ("simulator", "simulator.cli.main"):
+    for module in ("servesim",):
         out = subprocess.run(
             [sys.executable, "-m", module, "--help"],
             capture_output=True,
@@ -132,19 +132,19 @@ def test_the_cli_runs_as_a_module_with_every_command():
     ],
 )
 def test_a_usage_error_is_one_line_and_a_hint_not_a_box(args, line):
-    """Typer draws click's usage errors as a box of many lines; the console script (and python -m simulator) print
+    """Typer draws click's usage errors as a box of many lines; the console script (and python -m servesim) print
     one line, as for every other error, and a second naming the help to read."""
     import subprocess
     import sys
 
     done = subprocess.run(
-        [sys.executable, "-m", "simulator", *args],
+        [sys.executable, "-m", "servesim", *args],
         capture_output=True,
         text=True,
         env={"COLUMNS": "120", "PATH": ""},
     )
     first, hint = done.stderr.splitlines()
-    assert done.returncode == 2 and first.startswith(line) and hint.startswith("(see python -m simulator")
+    assert done.returncode == 2 and first.startswith(line) and hint.startswith("(see python -m servesim")
     assert done.stderr.count("\n") == 2
 
 
@@ -321,7 +321,7 @@ def test_a_bug_ctrl_c_or_a_full_disk_is_one_line_not_a_traceback(
 ):
     """A servesim bug says so in one line and names the file keeping its traceback; Ctrl-C says nothing is half
     written (results are written atomically); the machine's own errors are one line."""
-    import simulator.cli.main as cli
+    import servesim.simulator.cli.main as cli
 
     def fail(**_):
         raise raised
@@ -340,7 +340,7 @@ def test_a_bug_ctrl_c_or_a_full_disk_is_one_line_not_a_traceback(
 
 
 def test_long_quoted_values_are_cut_and_only_whole_quoted_values():
-    from simulator.cli.app import short_values
+    from servesim.simulator.cli.app import short_values
 
     assert (
         short_values(f"name: '{'x' * 3000}' names the folder")

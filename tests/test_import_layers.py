@@ -10,6 +10,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "servesim."  # the folders below install as servesim.hardware, servesim.simulator, ...
 #: each package and what it may import at module level
 LAYERS = {
     "hardware": set(),
@@ -38,8 +39,27 @@ def module_imports() -> dict[str, set[str]]:
                 imported |= {alias.name for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 imported |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-        graph[name] = {m for m in imported if m in files and m != name}
+        graph[name] = {m.removeprefix(NAMESPACE) for m in imported if m.removeprefix(NAMESPACE) in files} - {
+            name
+        }
     return graph
+
+
+def bare_imports() -> list[str]:
+    """Imports of a package by its folder name instead of under `servesim.`: installed, no such module exists."""
+    found = []
+    for package in (*LAYERS, "servesim", "tests", "benchmarks"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module]
+                    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+                    else []
+                )
+                found += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in LAYERS]
+    return found
 
 
 def cycle_from(start: str, graph: dict[str, set[str]]) -> list[str] | None:
@@ -85,6 +105,10 @@ def simulator_layer(module: str) -> int:
     if len(parts) > 2 and parts[1] in SIMULATOR_LAYERS:
         return SIMULATOR_LAYERS.index(parts[1])
     return -1
+
+
+def test_every_import_goes_through_the_servesim_namespace():
+    assert not bare_imports(), bare_imports()[:5]
 
 
 def test_simulator_subpackages_import_only_those_below_them():

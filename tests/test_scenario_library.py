@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli.main import app
-from simulator.scenario import load_scenario
+from servesim.simulator.cli.main import app
+from servesim.simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))

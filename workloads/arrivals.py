@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from workloads.dist_config import MAX_VALUE
+from servesim.workloads.dist_config import MAX_VALUE
 
 Draw = Callable[[int], np.ndarray]  # k -> k inter-arrival gaps (s)
 

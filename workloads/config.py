@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Self, Union
 
 from pydantic import Field, model_validator
 
-from workloads.dist_config import (
+from servesim.workloads.dist_config import (
     MIN_NORMAL_MASS,
     UNTIMED_FORMATS,
     Dist,
@@ -29,7 +29,7 @@ from workloads.dist_config import (
     tokens_problem,
     upper_bound,
 )
-from workloads.sharing_config import (
+from servesim.workloads.sharing_config import (
     ParallelSamplingConfig,
     SemanticClustersConfig,
     SessionsConfig,

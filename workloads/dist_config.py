@@ -12,7 +12,7 @@ from typing import Annotated, Literal, Self, Union
 
 from pydantic import Field, model_validator
 
-from hardware.spec_model import MAX_TOKENS, SpecModel
+from servesim.hardware.spec_model import MAX_TOKENS, SpecModel
 
 TraceFormat = Literal[
     "azure",

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.config import (
+from servesim.workloads.config import (
     Dist,
     EmpiricalDist,
     FixedDist,
@@ -24,8 +24,8 @@ from workloads.config import (
     UniformDist,
     WorkloadConfig,
 )
-from workloads.dist_config import MAX_VALUE
-from workloads.traces import load_source
+from servesim.workloads.dist_config import MAX_VALUE
+from servesim.workloads.traces import load_source
 
 
 def sample_values(dist: Dist, n: int, rng: np.random.Generator, base_dir: Path = Path(".")) -> np.ndarray:

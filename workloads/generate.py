@@ -32,14 +32,19 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.arrivals import constant_arrivals, gamma_arrivals, poisson_arrivals, rescale_times
-from workloads.config import ClosedLoopConfig, WorkloadConfig
-from workloads.distributions import draw_outputs, sample_lengths
-from workloads.prefixes import Segments, add_shared_prefixes, assign_semantic_clusters, with_unique_rest
-from workloads.request import Request
-from workloads.sessions import session_requests
-from workloads.tables import dropped_text
-from workloads.traces import MOONCAKE_BLOCK_TOKENS, load_source, resolve_path
+from servesim.workloads.arrivals import constant_arrivals, gamma_arrivals, poisson_arrivals, rescale_times
+from servesim.workloads.config import ClosedLoopConfig, WorkloadConfig
+from servesim.workloads.distributions import draw_outputs, sample_lengths
+from servesim.workloads.prefixes import (
+    Segments,
+    add_shared_prefixes,
+    assign_semantic_clusters,
+    with_unique_rest,
+)
+from servesim.workloads.request import Request
+from servesim.workloads.sessions import session_requests
+from servesim.workloads.tables import dropped_text
+from servesim.workloads.traces import MOONCAKE_BLOCK_TOKENS, load_source, resolve_path
 
 __all__ = [
     "Workload",

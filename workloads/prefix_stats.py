@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from workloads.request import Request, output_segment_id
+from servesim.workloads.request import Request, output_segment_id
 
 
 def ideal_prefix_hit_tokens(requests: Iterable[Request], include_outputs: bool = True) -> int:

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.distributions import sample_lengths
-from workloads.request import Request
-from workloads.sharing_config import SemanticClustersConfig, SharedPrefixConfig
+from servesim.workloads.distributions import sample_lengths
+from servesim.workloads.request import Request
+from servesim.workloads.sharing_config import SemanticClustersConfig, SharedPrefixConfig
 
 Segments = tuple[tuple[int, int], ...]
 

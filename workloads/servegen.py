@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.tables import finish_table
+from servesim.workloads.tables import finish_table
 
 WINDOW_S = 600.0  # span of one trace.csv row (s)
 TRACE_COLUMNS = ("timestamp_s", "rate_req_per_s", "cv", "dist_name", "p1", "p2")

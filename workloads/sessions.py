@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.arrivals import rescale_times
-from workloads.config import MAX_REQUESTS, WorkloadConfig
-from workloads.distributions import draw_outputs, sample_lengths, sample_values
-from workloads.prefixes import with_unique_rest
-from workloads.request import Request, output_segment_id
+from servesim.workloads.arrivals import rescale_times
+from servesim.workloads.config import MAX_REQUESTS, WorkloadConfig
+from servesim.workloads.distributions import draw_outputs, sample_lengths, sample_values
+from servesim.workloads.prefixes import with_unique_rest
+from servesim.workloads.request import Request, output_segment_id
 
 
 def session_requests(

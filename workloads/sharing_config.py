@@ -11,7 +11,7 @@ from typing import Self
 
 from pydantic import Field, model_validator
 
-from workloads.dist_config import MAX_VALUE, Dist, SpecModel, seconds_problem, tokens_problem
+from servesim.workloads.dist_config import MAX_VALUE, Dist, SpecModel, seconds_problem, tokens_problem
 
 
 MAX_POPULATION = 10_000_000  # prefixes or clusters: a popularity table this long is allocated up front

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hardware.errors import choices
-from hardware.spec_model import MAX_TOKENS
+from servesim.hardware.errors import choices
+from servesim.hardware.spec_model import MAX_TOKENS
 
 LENGTH_COLUMNS = ("num_prompt_tokens", "num_output_tokens")
 

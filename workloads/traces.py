@@ -45,9 +45,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from workloads.config import TraceSource
-from workloads.servegen import servegen_requests
-from workloads.tables import finish_table, require_columns, require_file
+from servesim.workloads.config import TraceSource
+from servesim.workloads.servegen import servegen_requests
+from servesim.workloads.tables import finish_table, require_columns, require_file
 
 __all__ = [
     "CHARS_PER_TOKEN",

@@ -10,14 +10,15 @@ import re
 import sys
 from collections.abc import Callable
 from functools import wraps
-from pathlib import Path
 from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from hardware.errors import SpecError
+from servesim import __version__
+
+from servesim.hardware.errors import SpecError
 
 app = typer.Typer(
     help="Simulate and plan LLM serving deployments.", no_args_is_help=True, pretty_exceptions_enable=False
@@ -31,23 +32,9 @@ if not console.is_terminal:  # piped or captured: never truncate names to fit 80
     console = Console(width=200)
 
 
-def version() -> str:
-    """servesim's version: the installed distribution's, else the source tree's pyproject.toml."""
-    from importlib.metadata import PackageNotFoundError
-    from importlib.metadata import version as installed
-
-    try:
-        return installed("servesim")
-    except PackageNotFoundError:
-        import tomllib
-
-        pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-        return tomllib.loads(pyproject.read_text())["project"]["version"]
-
-
 def _print_version(asked: bool) -> None:
     if asked:
-        print(f"servesim {version()}")
+        print(f"servesim {__version__}")
         raise typer.Exit()
 
 
@@ -92,7 +79,7 @@ def short_values(message: str) -> str:
 
 
 def print_json(data: Any) -> None:
-    from simulator.world.output import json_text
+    from servesim.simulator.world.output import json_text
 
     sys.stdout.write(json_text(data, indent=2))
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from hardware.profile import FIXED_COSTS, Profile, load_profile
-from simulator.cli.app import GpuFiles, app, clean_errors, console, print_table
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import FIXED_COSTS, Profile, load_profile
+from servesim.simulator.cli.app import GpuFiles, app, clean_errors, console, print_table
 
 DEFAULT_SCALE = "layers=4,hidden=256,heads=4,kv_heads=2,intermediate=768,vocab=2048"
 CURVES = ("gemm_compute", "gemm_memory", "attn_compute", "attn_memory", "comm")
@@ -68,8 +68,8 @@ def calibrate(
     seed: int = typer.Option(0, "--seed"),
 ) -> None:
     """Time the executor on a grid of batch shapes, fit a profile, write it with grid.csv (and device.yaml)."""
-    from calibration.pipeline import Setup, run_calibration
-    from calibration.scaled import parse_scale
+    from servesim.calibration.pipeline import Setup, run_calibration
+    from servesim.calibration.scaled import parse_scale
 
     if device not in ("cpu", "cuda"):
         raise SpecError(f"--device {device!r}: choose cpu or cuda")
@@ -122,7 +122,7 @@ def validate(
     out: Path | None = typer.Option(None, "--out", help="Output folder (default: the calibration one)"),
 ) -> None:
     """Serve a trace on the executor and replay it in the simulator; print per-request TTFT/TPOT/E2E errors."""
-    from calibration.pipeline import TraceSpec, run_validation
+    from servesim.calibration.pipeline import TraceSpec, run_validation
 
     trace = TraceSpec(
         requests,
@@ -227,14 +227,14 @@ def fit_runs(
     import pandas as pd
 
     try:
-        from calibration.fit_runs import figure_rows, fit_to_runs, split
+        from servesim.calibration.fit_runs import figure_rows, fit_to_runs, split
     except ImportError as err:  # scipy is an extra: the simulator itself runs without it
         raise SpecError(f"servesim fit needs {err.name}: pip install -e '.[calibrate]'") from None
-    from calibration.calibrate import save_profile
-    from simulator.atomic import atomic_dir, check_replaceable
-    from simulator.planning.executors import default_workers
-    from simulator.compare.measured import distinct_files, load_measured_runs, select, with_gpu_files
-    from simulator.compare.measured_report import FAMILY_COLUMNS, family_rows
+    from servesim.calibration.calibrate import save_profile
+    from servesim.simulator.atomic import atomic_dir, check_replaceable
+    from servesim.simulator.planning.executors import default_workers
+    from servesim.simulator.compare.measured import distinct_files, load_measured_runs, select, with_gpu_files
+    from servesim.simulator.compare.measured_report import FAMILY_COLUMNS, family_rows
 
     check_replaceable(out)  # before the fit, not after it
     runs = with_gpu_files(select(load_measured_runs(runs_file), match), gpu_file)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import typer
 
-from hardware.errors import SpecError
-from simulator.cli.app import GpuFiles, app, clean_errors, console, print_json, print_table
+from servesim.hardware.errors import SpecError
+from servesim.simulator.cli.app import GpuFiles, app, clean_errors, console, print_json, print_table
 
 
 GROUPS = {
@@ -59,9 +59,9 @@ def compare(
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
     benchmarks/published_runs.yaml, one `vllm bench serve --save-result` JSON, or an SGLang `bench_serving`
     JSONL (a run per line), these two with --model and --gpu."""
-    from hardware.profile import load_profile
-    from simulator.compare.holdout import SPLITS, holdout_rows
-    from simulator.compare.measured import (
+    from servesim.hardware.profile import load_profile
+    from servesim.simulator.compare.holdout import SPLITS, holdout_rows
+    from servesim.simulator.compare.measured import (
         distinct_files,
         load_measured_runs,
         replay_run,
@@ -70,10 +70,10 @@ def compare(
         select,
         with_gpu_files,
     )
-    from simulator.scenario import apply_overrides
-    from simulator.compare.measured_report import write_html
-    from simulator.progress import progress_bar
-    from simulator.atomic import check_output_file
+    from servesim.simulator.scenario import apply_overrides
+    from servesim.simulator.compare.measured_report import write_html
+    from servesim.simulator.progress import progress_bar
+    from servesim.simulator.atomic import check_output_file
 
     if html is not None:
         check_output_file(html, "--html")
@@ -160,7 +160,12 @@ def _print_profile(
     runs_file: Path, name: str, results: list, preempted: dict[str, int], by: str | None, several: bool
 ) -> None:
     """One profile's every-figure and per-family tables, its preempting twins and its `--by` tables."""
-    from simulator.compare.measured_report import ERROR_COLUMNS, FAMILY_COLUMNS, error_rows, family_rows
+    from servesim.simulator.compare.measured_report import (
+        ERROR_COLUMNS,
+        FAMILY_COLUMNS,
+        error_rows,
+        family_rows,
+    )
 
     label = "default profile" if name == "default" else name
     suffix = f" ({label})" if several else ""

@@ -10,18 +10,18 @@ from typing import Any
 
 import typer
 
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, step_cost
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu, gpu_catalog
-from hardware.memory import plan_memory
-from hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, preset_names
-from hardware.profile import load_profile
-from hardware.spec_model import MAX_PARALLEL, MAX_TOKENS
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, Parallelism, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu, gpu_catalog
+from servesim.hardware.memory import plan_memory
+from servesim.hardware.model import KV_DTYPE_BYTES, WEIGHT_DTYPE_CHOICES, get_model, preset_names
+from servesim.hardware.profile import load_profile
+from servesim.hardware.spec_model import MAX_PARALLEL, MAX_TOKENS
 
-from policies.config import MAX_BUDGET, MAX_SEQS, EngineConfig
-from policies.families import families
-from simulator.cli.app import (
+from servesim.policies.config import MAX_BUDGET, MAX_SEQS, EngineConfig
+from servesim.policies.families import families
+from servesim.simulator.cli.app import (
     GpuFiles,
     app,
     clean_errors,
@@ -61,7 +61,7 @@ def main() -> None:
         print(f"error: {err}", file=sys.stderr)
         sys.exit(1)
     except Exception as err:  # noqa: BLE001 (bad input is a SpecError, caught per command: this is a bug)
-        from simulator.crash import report_bug
+        from servesim.simulator.crash import report_bug
 
         print(f"error: {report_bug(err)}", file=sys.stderr)
         sys.exit(70)
@@ -319,7 +319,7 @@ def roofline(
     """Predict one step's time for `batch` sequences at `context` tokens, with a per-operator breakdown."""
     spec, gpu_spec = get_model(model), get_gpu(gpu, tuple(gpu_file))
     if html:
-        from simulator.atomic import check_output_file
+        from servesim.simulator.atomic import check_output_file
 
         check_output_file(html, "--html")
     cost = step_cost(
@@ -332,8 +332,8 @@ def roofline(
     )
     title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"
     if html:
-        from simulator.atomic import write_text_atomic
-        from simulator.report.roofline_chart import roofline_figure
+        from servesim.simulator.atomic import write_text_atomic
+        from servesim.simulator.report.roofline_chart import roofline_figure
 
         write_text_atomic(html, roofline_figure(cost, gpu_spec, title).to_html(include_plotlyjs=True))
     if as_json:
@@ -361,7 +361,7 @@ def roofline(
 @app.command()
 def schema() -> None:
     """Print the JSON Schema of scenario files, for editors to validate them."""
-    from simulator.scenario import Scenario
+    from servesim.simulator.scenario import Scenario
 
     print_json(Scenario.model_json_schema())
 
@@ -421,12 +421,12 @@ def simulate(
     ),
 ) -> None:
     """Simulate a scenario and write per-request, per-step tables and summary.json to a run folder."""
-    from simulator.atomic import check_replaceable
-    from simulator.planning.capacity import judge
-    from simulator.world.output import TABLE_FORMATS, write_run
-    from simulator.progress import progress_bar
-    from simulator.world.run import make_world, setting_notes
-    from simulator.scenario import load_scenario
+    from servesim.simulator.atomic import check_replaceable
+    from servesim.simulator.planning.capacity import judge
+    from servesim.simulator.world.output import TABLE_FORMATS, write_run
+    from servesim.simulator.progress import progress_bar
+    from servesim.simulator.world.run import make_world, setting_notes
+    from servesim.simulator.scenario import load_scenario
 
     if tables not in TABLE_FORMATS:
         raise SpecError(f"--tables {tables!r}: choose one of {', '.join(TABLE_FORMATS)}")
@@ -507,13 +507,6 @@ def deployment_label(spec: Any) -> str:
     )
 
 
-from simulator.cli import plan as _plan  # noqa: E402,F401  (registers sweep, plan, report)
-from simulator.cli import calibrate as _calibrate  # noqa: E402,F401  (registers calibrate)
-from simulator.cli import compare as _compare  # noqa: E402,F401  (registers compare)
-
-
-# python -m simulator.cli.main: run the app its sibling modules registered commands on
-if __name__ == "__main__":
-    from simulator.cli.main import main as registered
-
-    registered()
+from servesim.simulator.cli import plan as _plan  # noqa: E402,F401  (registers sweep, plan, report)
+from servesim.simulator.cli import calibrate as _calibrate  # noqa: E402,F401  (registers calibrate)
+from servesim.simulator.cli import compare as _compare  # noqa: E402,F401  (registers compare)

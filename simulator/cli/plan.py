@@ -8,10 +8,10 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from hardware.errors import SpecError
-from hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
-from simulator.cli.app import app, clean_errors, console, print_json, print_table
-from simulator.planning.launch import COMMANDS
+from servesim.hardware.errors import SpecError
+from servesim.hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
+from servesim.simulator.cli.app import app, clean_errors, console, print_json, print_table
+from servesim.simulator.planning.launch import COMMANDS
 
 SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
 
@@ -64,11 +64,11 @@ def sweep(
     set_: list[str] = SetOption,
 ) -> None:
     """Run a scenario over a grid of field values (resumable) into one results.csv table."""
-    from simulator.progress import progress_bar
-    from simulator.scenario import load_scenario, with_absolute_paths
-    from simulator.atomic import check_output_folder
-    from simulator.crash import INTERNAL_ERROR
-    from simulator.planning.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
+    from servesim.simulator.progress import progress_bar
+    from servesim.simulator.scenario import load_scenario, with_absolute_paths
+    from servesim.simulator.atomic import check_output_folder
+    from servesim.simulator.crash import INTERNAL_ERROR
+    from servesim.simulator.planning.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
 
     if dask_address is not None and engine != "dask":
         raise SpecError("--dask-address needs --engine dask (the local engine runs on this machine's cores)")
@@ -125,8 +125,8 @@ def capacity(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Find the highest arrival rate at which the scenario meets its SLOs with a stable queue."""
-    from simulator.planning.capacity import max_sustainable_rate
-    from simulator.scenario import load_scenario
+    from servesim.simulator.planning.capacity import max_sustainable_rate
+    from servesim.simulator.scenario import load_scenario
 
     spec, base_dir = load_scenario(scenario, set_)
     if not as_json and not spec.slo.as_ms() and spec.slo.goodput_fraction is None:
@@ -209,13 +209,13 @@ def plan(
 ) -> None:
     """Find the cheapest deployment (GPU x TP x PP x layout x replicas x knobs) that sustains the load within the
     SLOs."""
-    from simulator.atomic import check_output_folder, write_text_atomic
-    from simulator.planning.executors import default_workers
-    from simulator.world.output import json_text
-    from simulator.planning.plan import plan as make_plan
-    from simulator.progress import plan_progress
-    from simulator.scenario import load_scenario
-    from simulator.planning.sweep import parse_grid
+    from servesim.simulator.atomic import check_output_folder, write_text_atomic
+    from servesim.simulator.planning.executors import default_workers
+    from servesim.simulator.world.output import json_text
+    from servesim.simulator.planning.plan import plan as make_plan
+    from servesim.simulator.progress import plan_progress
+    from servesim.simulator.scenario import load_scenario
+    from servesim.simulator.planning.sweep import parse_grid
 
     if target_rate is not None and not 0 < target_rate < math.inf:
         raise SpecError(f"--target-rate: a finite load of more than 0, not {target_rate}")
@@ -251,7 +251,7 @@ def plan(
 
 
 def _print_plan(result) -> None:
-    from simulator.report.run_report import number_text
+    from servesim.simulator.report.run_report import number_text
 
     rows = [
         [
@@ -320,7 +320,7 @@ def report(
     ),
 ) -> None:
     """Write one HTML report of a run folder or a sweep folder."""
-    from simulator.report.run_report import write_report
+    from servesim.simulator.report.run_report import write_report
 
     console.print(f"report in {write_report(folder, out, plotly)}")
 
@@ -332,6 +332,6 @@ def export(
     perfetto: Path = typer.Option(..., "--perfetto", help="Chrome/Perfetto trace JSON to write"),
 ) -> None:
     """Export a run folder's steps and requests as a trace for ui.perfetto.dev or chrome://tracing."""
-    from simulator.report.perfetto import write_perfetto
+    from servesim.simulator.report.perfetto import write_perfetto
 
     console.print(f"{write_perfetto(folder, perfetto):,} events in {perfetto}")

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hardware.profile import API_FIELDS, MOE_FIELDS, Profile
-from simulator.compare.measured import MeasuredRun, MetricError
-from simulator.compare.measured_report import FAMILIES, family
+from servesim.hardware.profile import API_FIELDS, MOE_FIELDS, Profile
+from servesim.simulator.compare.measured import MeasuredRun, MetricError
+from servesim.simulator.compare.measured_report import FAMILIES, family
 
 Results = list[tuple[MeasuredRun, list[MetricError]]]
 

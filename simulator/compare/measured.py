@@ -19,13 +19,13 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from hardware.errors import SpecError
-from hardware.files import read_json, read_text, read_yaml
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from hardware.spec_model import SpecModel
-from policies.families import EngineFamily, families
-from simulator.scenario import Scenario, first_error
+from servesim.hardware.errors import SpecError
+from servesim.hardware.files import read_json, read_text, read_yaml
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.spec_model import SpecModel
+from servesim.policies.families import EngineFamily, families
+from servesim.simulator.scenario import Scenario, first_error
 
 LATENCY = "latency_s"
 # measured figure -> the simulator summary's key
@@ -360,7 +360,7 @@ def replay_run(run: MeasuredRun, profile: str | None = None) -> Replayed:
     """Simulate `run`'s twin and compare it with what was measured. A twin that does not finish every request
     (the engine refuses one, e.g. too long for max_model_len) or has no value for a figure is an error: its
     figures would not describe the measured run."""
-    from simulator.world.run import simulate  # the engine world is only needed here
+    from servesim.simulator.world.run import simulate  # the engine world is only needed here
 
     result = simulate(scenario_for(run, profile), Path.cwd())
     if result.summary["completed"] != run.num_requests:

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import plotly.graph_objects as go
 
-from simulator.atomic import write_text_atomic
-from simulator.compare.measured import MeasuredRun, MetricError
-from simulator.report.run_report import number_text, page, table_html
+from servesim.simulator.atomic import write_text_atomic
+from servesim.simulator.compare.measured import MeasuredRun, MetricError
+from servesim.simulator.report.run_report import number_text, page, table_html
 
 Results = list[tuple[MeasuredRun, list[MetricError]]]
 FAMILIES = ("ttft", "tpot", "itl", "e2el", "throughput", "latency")

@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from hardware.errors import SpecError
-from simulator.world.metrics import sent_mask, unfinished_requests
-from simulator.world.run import RunResult, _workload, simulate
-from simulator.scenario import Scenario, SloConfig, with_overrides
-from workloads.config import WorkloadConfig
-from workloads.arrivals import mean_rate_per_s
+from servesim.hardware.errors import SpecError
+from servesim.simulator.world.metrics import sent_mask, unfinished_requests
+from servesim.simulator.world.run import RunResult, _workload, simulate
+from servesim.simulator.scenario import Scenario, SloConfig, with_overrides
+from servesim.workloads.config import WorkloadConfig
+from servesim.workloads.arrivals import mean_rate_per_s
 
 # "Unstable queue": arrivals outpace service during the arrival window, so the backlog, and with it the
 # time a request waits for its first token, keeps growing. Measured by the mean TTFT of the last third

@@ -20,7 +20,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Literal
 
-from hardware.errors import SpecError
+from servesim.hardware.errors import SpecError
 
 Engine = Literal["local", "dask"]
 DASK_CONNECT_TIMEOUT_S = 10

@@ -6,15 +6,15 @@ import json
 import shlex
 from collections.abc import Callable
 
-from hardware.hf_models import repo_of
-from hardware.model import get_model, resolve_weight_dtype
-from hardware.gpu import get_gpu
-from hardware.kv_groups import kv_groups
-from policies.config import EngineConfig
-from policies.families import SGLANG, VLLM, EngineFamily, family_of
-from policies.data_parallel import data_parallel_share
-from policies.spec_decode import SpeculativeConfig
-from simulator.scenario import Scenario
+from servesim.hardware.hf_models import repo_of
+from servesim.hardware.model import get_model, resolve_weight_dtype
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.kv_groups import kv_groups
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import SGLANG, VLLM, EngineFamily, family_of
+from servesim.policies.data_parallel import data_parallel_share
+from servesim.policies.spec_decode import SpeculativeConfig
+from servesim.simulator.scenario import Scenario
 
 
 def _quantized_away(s: Scenario) -> str | None:

@@ -32,11 +32,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hardware.errors import ShardingError, SpecError, choices
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from policies.config import EngineConfig
-from simulator.planning.capacity import (
+from servesim.hardware.errors import ShardingError, SpecError, choices
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.policies.config import EngineConfig
+from servesim.simulator.planning.capacity import (
     CapacityResult,
     Verdict,
     at_rate,
@@ -44,11 +44,11 @@ from simulator.planning.capacity import (
     max_sustainable_rate,
     offered_rate,
 )
-from simulator.planning.executors import WorkerDied, run_jobs
-from simulator.planning.launch import COMMANDS, launch_notes
-from simulator.world.run import _memory_plan, simulate
-from simulator.planning.pricing import cost_per_hour_usd, gpu_counts
-from simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
+from servesim.simulator.planning.executors import WorkerDied, run_jobs
+from servesim.simulator.planning.launch import COMMANDS, launch_notes
+from servesim.simulator.world.run import _memory_plan, simulate
+from servesim.simulator.planning.pricing import cost_per_hour_usd, gpu_counts
+from servesim.simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
 
 MAX_EXTRA_REPLICAS = 2  # verification retries with one more replica, this many times at most
 MAX_DOWNGRADES = 8  # next-cheaper checks that may replace the recommendation

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hardware.gpu import get_gpu
-from simulator.scenario import Scenario
+from servesim.hardware.gpu import get_gpu
+from servesim.simulator.scenario import Scenario
 
 
 def gpu_counts(s: Scenario) -> dict[str, int]:

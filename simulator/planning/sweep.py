@@ -33,15 +33,15 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
-from hardware.errors import SpecError
-from hardware.model import is_config_path
-from simulator.atomic import remove_abandoned_writes, write_text_atomic
-from simulator.crash import ROOT, report_bug
-from simulator.planning.executors import Engine, WorkerDied, check_engine, run_jobs
-from simulator.world.output import write_run
-from simulator.world.run import simulate
-from simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
-from workloads.traces import resolve_path
+from servesim.hardware.errors import SpecError
+from servesim.hardware.model import is_config_path
+from servesim.simulator.atomic import remove_abandoned_writes, write_text_atomic
+from servesim.simulator.crash import ROOT, report_bug
+from servesim.simulator.planning.executors import Engine, WorkerDied, check_engine, run_jobs
+from servesim.simulator.world.output import write_run
+from servesim.simulator.world.run import simulate
+from servesim.simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
+from servesim.workloads.traces import resolve_path
 
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
 POINTS = "points"

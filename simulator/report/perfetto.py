@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from hardware.errors import SpecError
-from simulator.atomic import check_output_file, write_text_atomic
-from simulator.world.output import read_table, replica_labels
+from servesim.hardware.errors import SpecError
+from servesim.simulator.atomic import check_output_file, write_text_atomic
+from servesim.simulator.world.output import read_table, replica_labels
 
 US = 1e6  # the trace format counts microseconds
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from simulator.report.charts import PALETTE, POINT_MARKER, _layout
+from servesim.simulator.report.charts import PALETTE, POINT_MARKER, _layout
 
 PLAN = "plan.json"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from hardware.cost import StepCost
-from hardware.gpu import GpuSpec
+from servesim.hardware.cost import StepCost
+from servesim.hardware.gpu import GpuSpec
 
 
 def roofline_figure(cost: StepCost, gpu: GpuSpec, title: str) -> go.Figure:

@@ -19,19 +19,19 @@ import yaml
 from plotly.offline import get_plotlyjs, get_plotlyjs_version
 from pydantic import ValidationError
 
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, step_cost
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from simulator.report import charts
-from simulator.atomic import check_output_file, write_text_atomic
-from simulator.world.output import read_table, replica_labels
-from simulator.report.plan_report import PLAN, plan_report
-from simulator.planning.pricing import cost_per_hour_usd
-from simulator.scenario import Scenario
-from simulator.planning.sweep import POINTS, REPORT, RESULTS
-from workloads.config import WorkloadConfig
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.simulator.report import charts
+from servesim.simulator.atomic import check_output_file, write_text_atomic
+from servesim.simulator.world.output import read_table, replica_labels
+from servesim.simulator.report.plan_report import PLAN, plan_report
+from servesim.simulator.planning.pricing import cost_per_hour_usd
+from servesim.simulator.scenario import Scenario
+from servesim.simulator.planning.sweep import POINTS, REPORT, RESULTS
+from servesim.workloads.config import WorkloadConfig
 
 SUMMARY_KEYS = (
     "completed",

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 
 import simpy
 
-from hardware.kv_groups import kv_groups, live_kv_bytes
-from hardware.memory import kv_bytes_per_replica_token
-from hardware.model import ModelSpec
-from policies.config import EngineConfig
-from policies.disagg import DecodeScheduler, PrefillScheduler
-from policies.families import VLLM
-from simulator.disagg_config import TransferConfig
-from simulator.world.engine import Replica
-from simulator.scenario import ParallelismConfig
-from workloads.request import Request
+from servesim.hardware.kv_groups import kv_groups, live_kv_bytes
+from servesim.hardware.memory import kv_bytes_per_replica_token
+from servesim.hardware.model import ModelSpec
+from servesim.policies.config import EngineConfig
+from servesim.policies.disagg import DecodeScheduler, PrefillScheduler
+from servesim.policies.families import VLLM
+from servesim.simulator.disagg_config import TransferConfig
+from servesim.simulator.world.engine import Replica
+from servesim.simulator.scenario import ParallelismConfig
+from servesim.workloads.request import Request
 
 
 def streamed_transfer_s(total_s: float, compute_s: float, num_layers: int) -> float:

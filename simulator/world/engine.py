@@ -14,13 +14,13 @@ from collections.abc import Callable
 
 import simpy
 
-from hardware.step_timer import StepTimer
-from policies.data_parallel import VllmBalancer
-from policies.step import Scheduler, StepPlan, TokenLog
-from simulator.world.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
-from simulator.world.metrics import StepLog
-from simulator.world.pipeline_stages import StagePipeline
-from workloads.request import Request
+from servesim.hardware.step_timer import StepTimer
+from servesim.policies.data_parallel import VllmBalancer
+from servesim.policies.step import Scheduler, StepPlan, TokenLog
+from servesim.simulator.world.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
+from servesim.simulator.world.metrics import StepLog
+from servesim.simulator.world.pipeline_stages import StagePipeline
+from servesim.workloads.request import Request
 
 StepTime = Callable[[StepPlan], float]
 

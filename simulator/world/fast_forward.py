@@ -25,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from hardware.step_timer import StepTimer
-from policies.kv_blocks import BlockManager, blocks_for
-from policies.step import TokenLog
-from workloads.request import Request
+from servesim.hardware.step_timer import StepTimer
+from servesim.policies.kv_blocks import BlockManager, blocks_for
+from servesim.policies.step import TokenLog
+from servesim.workloads.request import Request
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 import simpy
 
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 class Frontend:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 STEP_COLUMNS = (
     "time_s",

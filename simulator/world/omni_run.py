@@ -24,19 +24,19 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu, get_interconnect
-from hardware.memory import MemoryPlan
-from hardware.model import get_model
-from hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
-from policies.catalog import build_scheduler, routers
-from policies.config import EngineConfig
-from policies.hybrid_blocks import make_kv_manager, usable_pages
-from policies.step import TokenLog
-from simulator.world.engine import FastForward, Replica
-from simulator.world.metrics import StepLog, request_frame, summarize
-from simulator.omni import StageConfig, stage_lengths
-from simulator.world.run import (
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu, get_interconnect
+from servesim.hardware.memory import MemoryPlan
+from servesim.hardware.model import get_model
+from servesim.hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
+from servesim.policies.catalog import build_scheduler, routers
+from servesim.policies.config import EngineConfig
+from servesim.policies.hybrid_blocks import make_kv_manager, usable_pages
+from servesim.policies.step import TokenLog
+from servesim.simulator.world.engine import FastForward, Replica
+from servesim.simulator.world.metrics import StepLog, request_frame, summarize
+from servesim.simulator.omni import StageConfig, stage_lengths
+from servesim.simulator.world.run import (
     GIB,
     RunResult,
     _memory_plan,
@@ -45,9 +45,9 @@ from simulator.world.run import (
     build_timer,
     rejection,
 )
-from simulator.scenario import ParallelismConfig, Scenario
-from simulator.world.traffic import Traffic
-from workloads.request import Phase, Request
+from servesim.simulator.scenario import ParallelismConfig, Scenario
+from servesim.simulator.world.traffic import Traffic
+from servesim.workloads.request import Phase, Request
 
 STAGE_KEYS = ("completed", "mean_ttft_ms", "p90_ttft_ms", "mean_tpot_ms", "mean_e2el_ms", "num_steps")
 

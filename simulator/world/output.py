@@ -10,10 +10,10 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from hardware.errors import SpecError
-from simulator.atomic import atomic_dir
-from simulator.world.run import RunResult
-from simulator.scenario import with_absolute_paths
+from servesim.hardware.errors import SpecError
+from servesim.simulator.atomic import atomic_dir
+from servesim.simulator.world.run import RunResult
+from servesim.simulator.scenario import with_absolute_paths
 
 
 def json_text(data: Any, **kwargs: Any) -> str:

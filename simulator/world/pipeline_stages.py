@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator
 
 import simpy
 
-from policies.step import StepPlan
+from servesim.policies.step import StepPlan
 
 StageTimes = Callable[[StepPlan], list[float]]
 

@@ -13,40 +13,40 @@ import pandas as pd
 import simpy
 from pydantic import ValidationError
 
-from hardware.cost import CostOptions
-from hardware.errors import ShardingError, SpecError
-from hardware.gpu import get_gpu, get_interconnect
-from hardware.kv_groups import KVGroups
-from hardware.memory import MemoryPlan, plan_memory
-from hardware.model import get_model
-from hardware.profile import load_profile
-from hardware.step_timer import StepTimer
-from policies.app_cache import AppCache
-from policies.catalog import build_scheduler, routers, schedulers
-from policies.config import MAX_KV_BLOCKS, EngineConfig
-from policies.data_parallel import DataParallelRanks, data_parallel_share
-from policies.families import family_of
-from policies.hybrid_blocks import make_kv_manager, usable_pages
-from policies.prefill_first import max_running_requests
-from policies.spec_cost import draft_time, with_draft_memory
-from policies.step import Scheduler, StepPlan, TokenLog
-from simulator.world.disagg import Handoff
-from simulator.disagg_config import PoolConfig
-from simulator.world.engine import DataParallelGroup, FastForward, Replica, StepTime
-from simulator.world.frontend import Frontend
-from simulator.world.pipeline_stages import StagePipeline, StageTimes
-from simulator.world.metrics import (
+from servesim.hardware.cost import CostOptions
+from servesim.hardware.errors import ShardingError, SpecError
+from servesim.hardware.gpu import get_gpu, get_interconnect
+from servesim.hardware.kv_groups import KVGroups
+from servesim.hardware.memory import MemoryPlan, plan_memory
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import load_profile
+from servesim.hardware.step_timer import StepTimer
+from servesim.policies.app_cache import AppCache
+from servesim.policies.catalog import build_scheduler, routers, schedulers
+from servesim.policies.config import MAX_KV_BLOCKS, EngineConfig
+from servesim.policies.data_parallel import DataParallelRanks, data_parallel_share
+from servesim.policies.families import family_of
+from servesim.policies.hybrid_blocks import make_kv_manager, usable_pages
+from servesim.policies.prefill_first import max_running_requests
+from servesim.policies.spec_cost import draft_time, with_draft_memory
+from servesim.policies.step import Scheduler, StepPlan, TokenLog
+from servesim.simulator.world.disagg import Handoff
+from servesim.simulator.disagg_config import PoolConfig
+from servesim.simulator.world.engine import DataParallelGroup, FastForward, Replica, StepTime
+from servesim.simulator.world.frontend import Frontend
+from servesim.simulator.world.pipeline_stages import StagePipeline, StageTimes
+from servesim.simulator.world.metrics import (
     StepLog,
     cache_and_load_summary,
     request_frame,
     summarize,
     transfer_summary,
 )
-from simulator.scenario import Scenario, first_error
-from simulator.world.slo_watch import SloWatch
-from simulator.world.traffic import Traffic
-from workloads.generate import Workload, build_workload
-from workloads.request import Phase, Request
+from servesim.simulator.scenario import Scenario, first_error
+from servesim.simulator.world.slo_watch import SloWatch
+from servesim.simulator.world.traffic import Traffic
+from servesim.workloads.generate import Workload, build_workload
+from servesim.workloads.request import Phase, Request
 
 GIB = 1 << 30
 
@@ -608,7 +608,7 @@ def make_world(
     """The simulated system of a scenario: a World, or a multi-stage Pipeline (simulator/world/omni_run.py) when
     it chains `stages`. Both have `workload`, `on_progress` and `run() -> RunResult`."""
     if s.stages:
-        from simulator.world.omni_run import Pipeline
+        from servesim.simulator.world.omni_run import Pipeline
 
         return Pipeline(s, base_dir, on_progress)
     return World(s, base_dir, on_progress, stop_when_slo_lost=stop_when_slo_lost)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 _SLACK = 1e-9  # relative: a value this close to its limit is left to the full run's judge, not decided here
 

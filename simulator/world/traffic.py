@@ -15,9 +15,9 @@ from collections.abc import Callable
 import numpy as np
 import simpy
 
-from workloads.distributions import sample_values
-from workloads.generate import Workload
-from workloads.request import Request
+from servesim.workloads.distributions import sample_values
+from servesim.workloads.generate import Workload
+from servesim.workloads.request import Request
 
 
 class Traffic:

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.executor import Executor, StepInput
-from calibration.scaled import scale_model
-from hardware.model import get_model
+from servesim.calibration.executor import Executor, StepInput
+from servesim.calibration.scaled import scale_model
+from servesim.hardware.model import get_model
 
 TINY = dict(hidden=64, heads=4, kv_heads=2, intermediate=128, vocab=256)
 #: name -> (preset, scale): full attention, alternating sliding window, YOCO KV sharing, MoE

@@ -15,12 +15,12 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from calibration import pipeline
-from calibration.pipeline import IN_PROGRESS, Setup, run_calibration
-from calibration.scaled import parse_scale
-from hardware.gpu import gpu_catalog
-from hardware.profile import load_profile
-from simulator.cli.main import app
+from servesim.calibration import pipeline
+from servesim.calibration.pipeline import IN_PROGRESS, Setup, run_calibration
+from servesim.calibration.scaled import parse_scale
+from servesim.hardware.gpu import gpu_catalog
+from servesim.hardware.profile import load_profile
+from servesim.simulator.cli.main import app
 
 TINY = "layers=2,hidden=64,heads=4,kv_heads=2,intermediate=128,vocab=256"
 ROOT = Path(__file__).resolve().parents[2]

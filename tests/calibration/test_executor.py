@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from calibration import attention
-from calibration.attn_metadata import AttnMetadata, make_kv_sharing_fast_prefill_metadata
-from calibration.reference import reference_logits
+from servesim.calibration import attention
+from servesim.calibration.attn_metadata import AttnMetadata, make_kv_sharing_fast_prefill_metadata
+from servesim.calibration.reference import reference_logits
 from tests.calibration.conftest import Blocks, Seq, step, tiny_executor
 
 CASES = [("llama", False), ("gemma2", False), ("gemma3n", False), ("gemma3n", True), ("mixtral", False)]
@@ -95,7 +95,7 @@ def test_fast_prefill_runs_cross_layers_on_one_token_per_request(monkeypatch):
         seen.append(q.shape[0])
         return original(q, *args)
 
-    monkeypatch.setattr("calibration.executor.paged_attention", spy)
+    monkeypatch.setattr("servesim.calibration.executor.paged_attention", spy)
     a, b = Seq(prompt(12, 7), blocks), Seq(prompt(9, 8), blocks)
     step(ex, a.part(12, True), b.part(5, False))
     # 4 KV-owning layers on all tokens, 2 shared layers on 1 per request

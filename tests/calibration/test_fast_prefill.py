@@ -24,13 +24,13 @@ import warnings
 import pandas as pd
 import pytest
 
-from calibration.calibrate import row_model
-from calibration.pipeline import Setup, make_executor, run_calibration
-from calibration.profile_grid import blocks_for_batch, profile_grid
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, fast_prefill_layers, step_cost
-from hardware.gpu import get_gpu
-from hardware.profile import load_profile
+from servesim.calibration.calibrate import row_model
+from servesim.calibration.pipeline import Setup, make_executor, run_calibration
+from servesim.calibration.profile_grid import blocks_for_batch, profile_grid
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, fast_prefill_layers, step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.profile import load_profile
 
 #: Gemma 3n's pattern (sliding + full layers, trailing KV-sharing layers) at a CPU-friendly width; half the
 #: layers share KV, so fast prefill runs them on one token per request.

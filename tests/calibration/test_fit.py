@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.calibrate import (
+from servesim.calibration.calibrate import (
     calibrate_rows,
     fast_prefill_pairs,
     held_out_shapes,
@@ -17,14 +17,21 @@ from calibration.calibrate import (
     save_profile,
     terms_of_rows,
 )
-from calibration.fit import curve_weights, default_knots, fit_profile, mape, predict_table, stack_terms
-from calibration.fit_terms import step_terms
-from calibration.profile_grid import GridSpec, _row, grid_shapes
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, step_cost
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from hardware.profile import EfficiencyCurve, Profile, load_profile
+from servesim.calibration.fit import (
+    curve_weights,
+    default_knots,
+    fit_profile,
+    mape,
+    predict_table,
+    stack_terms,
+)
+from servesim.calibration.fit_terms import step_terms
+from servesim.calibration.profile_grid import GridSpec, _row, grid_shapes
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import EfficiencyCurve, Profile, load_profile
 
 H200 = get_gpu("h200")
 TRUE = Profile(
@@ -203,7 +210,7 @@ def test_saved_profile_loads_with_its_fit_error(tmp_path):
 def test_operator_terms_are_what_step_cost_sums(model, fast):
     """fit_terms reads hardware.cost.operator_terms, the public pricing step_cost is built on: summing the
     terms per operator name reproduces step_cost's operators bit for bit."""
-    from hardware.cost import operator_terms
+    from servesim.hardware.cost import operator_terms
 
     options = CostOptions(kv_sharing_fast_prefill=fast)
     batch = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])

@@ -7,11 +7,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from calibration.fit_runs import API_TERMS, ZERO_STARTS, fit_to_runs, split
-from hardware.errors import SpecError
-from hardware.profile import API_FIELDS, EfficiencyCurve, FitRecord, Profile, load_profile
-from simulator.cli.main import app
-from simulator.compare.measured import MeasuredRun, replay
+from servesim.calibration.fit_runs import API_TERMS, ZERO_STARTS, fit_to_runs, split
+from servesim.hardware.errors import SpecError
+from servesim.hardware.profile import API_FIELDS, EfficiencyCurve, FitRecord, Profile, load_profile
+from servesim.simulator.cli.main import app
+from servesim.simulator.compare.measured import MeasuredRun, replay
 
 TRUTH = Profile(
     gemm_compute=EfficiencyCurve.constant(0.45),
@@ -200,7 +200,7 @@ def test_the_polish_moves_where_stepped_figures_stall_least_squares():
     import numpy as np
     from scipy.optimize import least_squares
 
-    from calibration.fit_runs import _bounds, _polish, soft_l1
+    from servesim.calibration.fit_runs import _bounds, _polish, soft_l1
 
     target, best = math.log(0.3), [math.inf, None]
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from calibration.executor import Executor
-from calibration.profile_grid import GridSpec, grid_shapes, profile_grid
-from calibration.reference import reference_logits
-from calibration.serve import serve
-from policies.config import EngineConfig
+from servesim.calibration.executor import Executor
+from servesim.calibration.profile_grid import GridSpec, grid_shapes, profile_grid
+from servesim.calibration.reference import reference_logits
+from servesim.calibration.serve import serve
+from servesim.policies.config import EngineConfig
 from tests.calibration.conftest import Blocks, Seq, step, tiny_spec
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 pytestmark = [
     pytest.mark.gpu,

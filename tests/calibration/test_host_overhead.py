@@ -4,12 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.host_overhead import host_overhead
-from hardware.batch import StepBatch
-from hardware.cost import step_cost
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from hardware.profile import Profile
+from servesim.calibration.host_overhead import host_overhead
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import Profile
 
 
 def test_recovers_per_step_and_per_request_host_time_and_skips_idle_waits():

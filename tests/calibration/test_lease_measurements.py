@@ -9,10 +9,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.calibrate import ROOFLINE, calibrate_rows, terms_of_rows
-from calibration.fit import predict_table
-from hardware.gpu import get_gpu
-from hardware.profile import load_profile
+from servesim.calibration.calibrate import ROOFLINE, calibrate_rows, terms_of_rows
+from servesim.calibration.fit import predict_table
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.profile import load_profile
 
 LEASE = Path(__file__).resolve().parents[2] / "calibration" / "measurements" / "h200-2026-12-04"
 ADDED = ["split", "roofline_s", "default_s", "fitted_s"]  # the columns calibrate_rows appends

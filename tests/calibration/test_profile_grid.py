@@ -8,11 +8,17 @@ import json
 import numpy as np
 import pytest
 
-from calibration.calibrate import row_batch
-from calibration.device import cpu_gpu_entry, time_call_s, write_gpu_yaml
-from calibration.profile_grid import GridSpec, blocks_for_batch, grid_shapes, profile_grid, warm_calls
-from hardware.batch import StepBatch
-from hardware.gpu import gpu_catalog
+from servesim.calibration.calibrate import row_batch
+from servesim.calibration.device import cpu_gpu_entry, time_call_s, write_gpu_yaml
+from servesim.calibration.profile_grid import (
+    GridSpec,
+    blocks_for_batch,
+    grid_shapes,
+    profile_grid,
+    warm_calls,
+)
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.gpu import gpu_catalog
 from tests.calibration.conftest import tiny_executor
 
 
@@ -96,8 +102,8 @@ def test_profiled_time_grows_with_decode_context(name):
 def test_a_sliding_window_model_is_timed_with_a_block_table_per_kv_group():
     """The grid times the executor a served engine runs: vLLM's hybrid KV cache manager gives Gemma 3n's
     sliding and full layers a block table each, so every step builds each group's metadata."""
-    from calibration.pipeline import Setup, make_executor
-    from hardware.kv_groups import kv_groups
+    from servesim.calibration.pipeline import Setup, make_executor
+    from servesim.hardware.kv_groups import kv_groups
 
     setup = Setup(
         "gemma-3n-e2b",

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from calibration.scaled import parse_scale, scale_model, spec_to_config
-from hardware.errors import SpecError
-from hardware.model import get_model, model_from_config
+from servesim.calibration.scaled import parse_scale, scale_model, spec_to_config
+from servesim.hardware.errors import SpecError
+from servesim.hardware.model import get_model, model_from_config
 
 
 def kinds(spec) -> list[tuple[str, int]]:

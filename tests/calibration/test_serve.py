@@ -7,11 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from calibration.reference import reference_logits
-from calibration.serve import serve
-from policies.config import EngineConfig
+from servesim.calibration.reference import reference_logits
+from servesim.calibration.serve import serve
+from servesim.policies.config import EngineConfig
 from tests.calibration.conftest import BLOCK_SIZE, tiny_executor
-from workloads.request import Phase, Request
+from servesim.workloads.request import Phase, Request
 
 
 def requests(arrivals_s: list[float], prompts: list[int], outputs: list[int]) -> list[Request]:
@@ -111,7 +111,7 @@ def test_requests_that_cannot_fit_are_rejected_not_served():
 
 
 def test_prompt_ids_follow_token_identity():
-    from calibration.serve import prompt_token_ids, token_id
+    from servesim.calibration.serve import prompt_token_ids, token_id
 
     a = Request(
         id=0, arrival_s=0.0, num_prompt_tokens=30, num_output_tokens=1, prompt_segments=((3, 20), (-1, 10))
@@ -185,8 +185,8 @@ def test_a_hybrid_pool_frees_out_of_window_blocks_and_the_tokens_stay_exact(name
     """Sliding groups give blocks back as requests move past their window, and other requests overwrite them
     at once in a tight pool. Had one been freed while a query could still see it, the greedy tokens would
     leave the reference's; they do not."""
-    from calibration.executor import Executor
-    from hardware.kv_groups import kv_groups
+    from servesim.calibration.executor import Executor
+    from servesim.hardware.kv_groups import kv_groups
     from tests.calibration.conftest import tiny_spec
 
     spec = tiny_spec(name)

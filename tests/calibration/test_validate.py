@@ -9,15 +9,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from calibration.device import time_call_s
-from calibration.executor import Executor, StepInput
-from calibration.pipeline import Setup, TraceSpec, load_setup, run_calibration, run_validation
-from calibration.profile_grid import GridSpec
-from calibration.scaled import scale_model
-from calibration.validate import compare
-from hardware.batch import StepBatch
-from hardware.model import get_model
-from hardware.profile import load_profile
+from servesim.calibration.device import time_call_s
+from servesim.calibration.executor import Executor, StepInput
+from servesim.calibration.pipeline import Setup, TraceSpec, load_setup, run_calibration, run_validation
+from servesim.calibration.profile_grid import GridSpec
+from servesim.calibration.scaled import scale_model
+from servesim.calibration.validate import compare
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import load_profile
 
 #: A 4-layer Llama small enough to calibrate and serve in well under a minute; at hidden 128 the serving loop's
 #: Python time, which the fit prices only per step and per request, outweighs the forward: errors reach 25%.

@@ -32,7 +32,7 @@ def run_campaign(
     cases: int, seed: int, workers: int, timeout_s: float, folder: Path, progress=None
 ) -> tuple[Counter, list[tuple[int, Case, Verdict]]]:
     """Run cases 0..cases-1, `workers` at a time; returns the verdict counts and the findings."""
-    import simulator.cli.main  # noqa: F401 (imported once here, so each forked case starts warm)
+    import servesim.simulator.cli.main  # noqa: F401 (imported once here, so each forked case starts warm)
 
     bases = bundled_bases()
     counts: Counter = Counter()

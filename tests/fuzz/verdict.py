@@ -47,7 +47,7 @@ def start(folder: Path, argv: list[str] | None = None) -> int:
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115 (lives until _exit)
         sys.stderr = open(2, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
         sys.argv = ["servesim", *argv]
-        from simulator.cli.main import main
+        from servesim.simulator.cli.main import main
 
         code = 0
         try:

@@ -26,8 +26,8 @@ def scenarios() -> list[Path]:
 
 def outputs(path: Path) -> dict:
     """What one bundled scenario's run, stopped at STOP_S, writes: summary, memory plan, table sizes and totals."""
-    from simulator.world.run import simulate
-    from simulator.scenario import load_scenario
+    from servesim.simulator.world.run import simulate
+    from servesim.simulator.scenario import load_scenario
 
     s, base = load_scenario(path, [f"stop.max_sim_time_s={STOP_S}"])
     result = simulate(s, base)

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, causal_keys, fast_prefill_layers, step_cost
-from hardware.gpu import get_gpu
-from hardware.model import get_model, model_from_config
-from hardware.profile import EfficiencyCurve, Profile
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, Parallelism, causal_keys, fast_prefill_layers, step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model, model_from_config
+from servesim.hardware.profile import EfficiencyCurve, Profile
 
 H200 = get_gpu("h200")
 LLAMA_8B = get_model("llama-3.1-8b")
@@ -138,7 +138,7 @@ def test_lm_head_efficiency_is_read_at_its_logits_rows():
 def test_fast_prefill_layers_read_efficiencies_at_one_token_per_request():
     """Under YOCO fast prefill the trailing KV-sharing layers process one row per request, so their
     operators are priced at that row count, not at the step's."""
-    from hardware.cost import operator_terms
+    from servesim.hardware.cost import operator_terms
 
     model = get_model("gemma-3n-e2b")
     batch = StepBatch.of([1024, 1, 1], [0, 300, 300], [True, True, True])
@@ -256,7 +256,7 @@ def test_efficiency_curve_interpolates_in_log_tokens():
 )
 def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_query_len):
     """Batches up to 64 requests take a plain-Python path for speed; it must count exactly what numpy does."""
-    from hardware.cost import _AttnStats, _attn_stats_small, causal_keys, kv_read_tokens
+    from servesim.hardware.cost import _AttnStats, _attn_stats_small, causal_keys, kv_read_tokens
 
     new, ctx = np.array([n for n, _ in reqs]), np.array([c for _, c in reqs])
     mask = new <= decode_query_len if decode else new > decode_query_len
@@ -310,8 +310,8 @@ def test_mla_verify_queries_take_the_absorbed_decode_path_when_speculating():
 
 
 def test_a_speculating_scenario_prices_verify_queries_as_decodes():
-    from simulator.world.run import build_timer
-    from simulator.scenario import load_scenario
+    from servesim.simulator.world.run import build_timer
+    from servesim.simulator.scenario import load_scenario
 
     s, _ = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "speculative_70b.yaml")
     assert build_timer(s).options.decode_query_len == 1 + s.engine.speculative.k
@@ -379,8 +379,8 @@ def test_deep_ep_runs_the_shared_experts_whole_on_each_gpus_own_tokens():
 
 def test_a_true_or_false_in_a_profile_is_refused_not_read_as_full_efficiency(tmp_path):
     """`gemm_compute: true` would otherwise be the number 1: a GEMM at 100% of peak."""
-    from hardware.errors import SpecError
-    from hardware.profile import load_profile
+    from servesim.hardware.errors import SpecError
+    from servesim.hardware.profile import load_profile
 
     path = tmp_path / "p.yaml"
     path.write_text("name: p\ngemm_compute: true\n")

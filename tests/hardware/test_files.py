@@ -3,8 +3,8 @@ are one-line errors; merge keys still work."""
 
 import pytest
 
-from hardware.errors import SpecError
-from hardware.files import read_text, read_yaml
+from servesim.hardware.errors import SpecError
+from servesim.hardware.files import read_text, read_yaml
 
 
 def test_a_merge_key_brings_keys_the_mapping_may_override(tmp_path):

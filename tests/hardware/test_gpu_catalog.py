@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from hardware.errors import SpecError
-from hardware.gpu import COMPUTE_DTYPES, get_gpu, get_interconnect, gpu_catalog, interconnects
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import COMPUTE_DTYPES, get_gpu, get_interconnect, gpu_catalog, interconnects
 
 REQUIRED_GPUS = (
     "a100-40gb-pcie",

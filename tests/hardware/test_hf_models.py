@@ -10,12 +10,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hardware import hf_models
-from hardware.errors import SpecError
-from hardware.hf_models import HF_ALIASES, HF_REPO_IDS, repo_of
-from hardware.model import PRESET_DIR, get_model, preset_names, resolve_model_name
-from simulator.cli.main import app
-from simulator.planning.launch import hf_model_id
+from servesim.hardware import hf_models
+from servesim.hardware.errors import SpecError
+from servesim.hardware.hf_models import HF_ALIASES, HF_REPO_IDS, repo_of
+from servesim.hardware.model import PRESET_DIR, get_model, preset_names, resolve_model_name
+from servesim.simulator.cli.main import app
+from servesim.simulator.planning.launch import hf_model_id
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A model no preset holds (Qwen3-8B's config with 31 layers), as a user's download would be.

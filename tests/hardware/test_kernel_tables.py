@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardware.batch import StepBatch
-from hardware.cost import Parallelism, step_cost
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.kernel_tables import SYSTEMS, kernel_tables
-from hardware.model import get_model
-from hardware.profile import Profile, load_profile
-from hardware.step_timer import StepTimer
-from policies.families import family_of
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import Parallelism, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.kernel_tables import SYSTEMS, kernel_tables
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import Profile, load_profile
+from servesim.hardware.step_timer import StepTimer
+from servesim.policies.families import family_of
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from table_sums import TableSums, cases, vllm_table  # noqa: E402  (the independent oracle the benchmark prints)

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from hardware.gpu import get_gpu
-from hardware.kv_groups import KVGroups, group_of_layers, kv_groups, live_kv_bytes, skipped_blocks
-from hardware.memory import EngineMemoryConfig, plan_memory
-from hardware.model import get_model, model_from_config
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.kv_groups import KVGroups, group_of_layers, kv_groups, live_kv_bytes, skipped_blocks
+from servesim.hardware.memory import EngineMemoryConfig, plan_memory
+from servesim.hardware.model import get_model, model_from_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "hardware" / "model_configs"
 
@@ -111,8 +111,8 @@ def test_disabling_the_hybrid_manager_unifies_only_mixed_kinds():
 def test_a_pipeline_stage_stores_kv_for_its_kv_owning_layers_only():
     """Gemma 3n E2B: 30 layers, the first 20 own KV, 2,048 bytes per token each in bf16. At pp=2 the first stage
     (layers 0-14) owns 15 of them, the second 5: a GPU of the first stores 30,720 bytes per token."""
-    from hardware.cost import Parallelism
-    from hardware.memory import kv_bytes_per_replica_token
+    from servesim.hardware.cost import Parallelism
+    from servesim.hardware.memory import kv_bytes_per_replica_token
 
     model = get_model("gemma-3n-e2b")
     assert model.kv_bytes_per_token("bf16", 1) == 20 * 2048

@@ -2,11 +2,11 @@
 
 import pytest
 
-from hardware.cost import Parallelism
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.memory import EngineMemoryConfig, plan_memory, request_kv_bytes
-from hardware.model import get_model
+from servesim.hardware.cost import Parallelism
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.memory import EngineMemoryConfig, plan_memory, request_kv_bytes
+from servesim.hardware.model import get_model
 
 LLAMA_8B = get_model("llama-3.1-8b")
 GIB = 1 << 30
@@ -117,7 +117,7 @@ def test_max_model_len_beyond_the_model_needs_an_explicit_override():
 def test_the_fullest_pipeline_stage_sets_the_weights_per_gpu():
     """DeepSeek-V2 PP2: the first stage holds the one dense layer and the embedding, the second 30 MoE layers and the
     LM head (bf16), the heavier one."""
-    from hardware.memory import layer_weight_bytes, weight_bytes_per_gpu
+    from servesim.hardware.memory import layer_weight_bytes, weight_bytes_per_gpu
 
     model = get_model("deepseek-v2")
     second = sum(layer_weight_bytes(model, layer, "auto") for layer in model.layers[30:])
@@ -130,7 +130,7 @@ def test_the_fullest_pipeline_stage_sets_the_weights_per_gpu():
 def test_mla_down_projections_are_whole_on_every_tp_rank():
     """DeepSeek-V3 TP8: q_a_proj (7168 x 1536) and kv_a_proj_with_mqa (7168 x 576), fp8 as the checkpoint, are
     ReplicatedLinear in vLLM: each rank holds them whole, 7/8 of them beyond an even split, in all 61 layers."""
-    from hardware.memory import weight_bytes_per_gpu
+    from servesim.hardware.memory import weight_bytes_per_gpu
 
     model = get_model("deepseek-v3")
     kept = 61 * 7168 * (1536 + 576) * 1  # fp8: one byte per weight
@@ -141,7 +141,7 @@ def test_mla_down_projections_are_whole_on_every_tp_rank():
 def test_kv_heads_duplicated_beyond_their_count_are_held_whole_by_every_rank():
     """Llama 3.1 70B has 8 KV heads: at TP16 each rank keeps one whole head's K and V projections (8192 x 128 each,
     bf16) where an even split would give it half a head, in all 80 layers: 168 MB more than half of TP8's share."""
-    from hardware.memory import weight_bytes_per_gpu
+    from servesim.hardware.memory import weight_bytes_per_gpu
 
     model = get_model("llama-3.1-70b")
     extra = 80 * 2 * 8192 * 128 * (1 - 8 / 16) * 2
@@ -154,7 +154,7 @@ def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
     """DeepSeek-V3 TP8, 8192 batched tokens: vLLM's fused MoE holds, per token and each of its 8 experts, the
     gate/up output (2 x 2048 / 8) sharing a buffer with the down output (7168, unsplit), beside the activation
     (2048 / 8); with the residual and normed input (2 x 7168) that is the widest point, in bf16."""
-    from hardware.memory import LOGIT_BYTES, activation_bytes
+    from servesim.hardware.memory import LOGIT_BYTES, activation_bytes
 
     cfg = EngineMemoryConfig(max_num_batched_tokens=8192, max_num_seqs=256)
     model = get_model("deepseek-v3")
@@ -166,8 +166,8 @@ def test_fused_moe_buffers_set_the_activation_peak_of_a_wide_moe():
 def test_uneven_pipeline_stages_split_as_vllm_does_and_the_fullest_sets_the_kv_per_gpu():
     """vLLM's get_pp_indices: equal shares, the remainder one each to the stages before the last. DeepSeek-V3's 61
     layers at PP2: 31 then 30, so a GPU of the first stage holds 31 layers' latents (576 values, bf16)."""
-    from hardware.memory import kv_bytes_per_replica_token
-    from hardware.model import pipeline_stages
+    from servesim.hardware.memory import kv_bytes_per_replica_token
+    from servesim.hardware.model import pipeline_stages
 
     assert pipeline_stages(61, 2) == (31, 30) and pipeline_stages(61, 4) == (15, 15, 16, 15)
     assert pipeline_stages(62, 4) == (15, 16, 16, 15) and pipeline_stages(32, 4) == (8, 8, 8, 8)
@@ -192,7 +192,7 @@ def test_a_sliding_window_keeps_blocks_for_every_step_in_flight(in_flight, block
 def test_mla_decode_copies_are_counted_in_a_quantized_checkpoint_only():
     """DeepSeek-V3's fp8 kv_b_proj stays for prefill and its decode up-projections are dequantized bf16 copies
     beside it (512 x 128 x 256 values per layer); a bf16 checkpoint's are views of the same weights."""
-    from hardware.memory import layer_weight_bytes
+    from servesim.hardware.memory import layer_weight_bytes
 
     model = get_model("deepseek-v3")
     dense = model.layers[0]  # one of the first dense layers: fp8 throughout
@@ -204,7 +204,7 @@ def test_mla_decode_copies_are_counted_in_a_quantized_checkpoint_only():
 def test_deep_ep_keeps_the_shared_experts_whole_on_every_gpu():
     """Under expert parallel over DP attention (SGLang's DeepEP) each GPU holds DeepSeek-V3's shared expert whole in
     each of its 58 MoE layers: 7/8 of 3 x 7168 x 2048 fp8 weights more than at DP attention alone."""
-    from hardware.memory import weight_bytes_per_gpu
+    from servesim.hardware.memory import weight_bytes_per_gpu
 
     model = get_model("deepseek-v3")
     dp = weight_bytes_per_gpu(model, Parallelism(tp=8, dp_attention=True), "auto")

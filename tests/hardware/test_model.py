@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from hardware.errors import SpecError
-from hardware.model import (
+from servesim.hardware.errors import SpecError
+from servesim.hardware.model import (
     PRESET_DIR,
     get_model,
     kv_heads_per_rank,
@@ -123,9 +123,9 @@ def test_kv_heads_indivisible_tp_is_an_error():
 
 def test_tp_must_divide_the_attention_heads_unless_attention_is_data_parallel():
     """Qwen2.5-7B has 28 query heads (4 KV heads): vLLM refuses TP8, takes TP4; SGLang's DP attention splits no head."""
-    from hardware.cost import Parallelism
-    from hardware.gpu import get_gpu
-    from hardware.memory import plan_memory
+    from servesim.hardware.cost import Parallelism
+    from servesim.hardware.gpu import get_gpu
+    from servesim.hardware.memory import plan_memory
 
     model, h100 = get_model("qwen2.5-7b"), get_gpu("h100-sxm")
     with pytest.raises(SpecError, match="tensor parallel size 8 must divide qwen2.5-7b's 28 attention heads"):

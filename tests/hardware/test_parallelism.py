@@ -8,14 +8,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu, get_interconnect
-from hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
-from hardware.model import get_model
-from hardware.profile import EfficiencyCurve, Profile
-from hardware.step_timer import StepTimer
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu, get_interconnect
+from servesim.hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import EfficiencyCurve, Profile
+from servesim.hardware.step_timer import StepTimer
 
 H100, H200 = get_gpu("h100-sxm"), get_gpu("h200")
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import yaml
 
-from hardware.batch import StepBatch
-from hardware.cost import Parallelism, step_cost
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from hardware.profile import Profile, load_profile
-from hardware.step_timer import StepTimer
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import Parallelism, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import Profile, load_profile
+from servesim.hardware.step_timer import StepTimer
 from tests.hardware.test_gpu_catalog import NEW_GPU_YAML
 from tests.simulator.conftest import run, scenario
 

@@ -5,12 +5,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from hardware.profile import Profile
-from hardware.step_timer import StepTimer
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import Profile
+from servesim.hardware.step_timer import StepTimer
 
 H100 = get_gpu("h100-sxm")
 MODELS = ["llama-3.1-8b", "gemma-2-9b", "gemma-3n-e2b", "deepseek-v2", "mixtral-8x7b"]

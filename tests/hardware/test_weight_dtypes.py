@@ -2,12 +2,12 @@
 
 import pytest
 
-from hardware.batch import StepBatch
-from hardware.cost import CostOptions, Parallelism, step_cost
-from hardware.errors import SpecError
-from hardware.gpu import get_gpu
-from hardware.memory import EngineMemoryConfig, layer_weight_bytes, plan_memory, weight_bytes_per_gpu
-from hardware.model import checkpoint_dtype, get_model, model_from_config, resolve_weight_dtype
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, Parallelism, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.memory import EngineMemoryConfig, layer_weight_bytes, plan_memory, weight_bytes_per_gpu
+from servesim.hardware.model import checkpoint_dtype, get_model, model_from_config, resolve_weight_dtype
 
 MXFP4_BYTES = 0.5 + 1 / 32  # a 4-bit E2M1 value plus one 8-bit scale shared by 32 values
 
@@ -143,7 +143,7 @@ def test_weight_only_8_bit_runs_bf16_gemms_and_w8a8_runs_int8_ones():
 
 
 def test_an_mxfp4_target_keeps_a_dense_draft_in_its_own_checkpoint_dtype():
-    from policies.spec_cost import draft_weight_dtype
+    from servesim.policies.spec_cost import draft_weight_dtype
     from tests.simulator.conftest import run, scenario
 
     assert draft_weight_dtype(get_model("llama-3.2-1b"), "mxfp4") == "auto"
@@ -163,9 +163,9 @@ def test_an_mxfp4_target_keeps_a_dense_draft_in_its_own_checkpoint_dtype():
 def test_nvfp4_weights_stream_at_4_5_bits_and_run_on_fp4_tensor_cores_where_there_are_some():
     """NVFP4: a 4-bit value and one FP8 scale per 16 (0.5625 bytes a weight); its GEMMs on a B200's FP4 tensor cores
     (9 PFLOP/s), on an H100 dequantized to bf16; ModelOpt and llm-compressor checkpoints are recognised."""
-    from hardware.batch import StepBatch
-    from hardware.cost import CostOptions, Parallelism, step_cost
-    from hardware.model import checkpoint_dtype, weight_bytes
+    from servesim.hardware.batch import StepBatch
+    from servesim.hardware.cost import CostOptions, Parallelism, step_cost
+    from servesim.hardware.model import checkpoint_dtype, weight_bytes
 
     model = get_model("llama-3.1-8b")
     assert weight_bytes(model, "nvfp4") == (0.5625, 0.5625)

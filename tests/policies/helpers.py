@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from policies.catalog import orderings, schedulers
-from policies.config import EngineConfig
-from policies.hybrid_blocks import make_kv_manager
-from policies.step import TokenLog
-from workloads.request import Phase, Request
+from servesim.policies.catalog import orderings, schedulers
+from servesim.policies.config import EngineConfig
+from servesim.policies.hybrid_blocks import make_kv_manager
+from servesim.policies.step import TokenLog
+from servesim.workloads.request import Phase, Request
 
 
 @dataclass

@@ -4,11 +4,11 @@ drain the pool halfway through its prefill and be preempted to start again."""
 
 import pytest
 
-from policies.hybrid_blocks import HybridBlockManager
-from policies.kv_blocks import BlockManager
-from policies.prefix_blocks import PrefixCachingBlockManager
+from servesim.policies.hybrid_blocks import HybridBlockManager
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.prefix_blocks import PrefixCachingBlockManager
 from tests.policies.helpers import drive, make_requests, make_scheduler
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 def two_long_prompts(gate: bool):
@@ -91,7 +91,7 @@ def test_the_watermark_holds_back_admissions_only_while_another_request_runs():
 def test_a_failed_check_leaves_no_stale_hit_behind():
     """Radix: the path a failed gate check matched must not count against a later plain allocation. vLLM-style
     cache: a hit recorded by a failed check must not skip registering the blocks of a later zero-hit admission."""
-    from policies.radix import RadixCache
+    from servesim.policies.radix import RadixCache
 
     kv = RadixCache(num_blocks=10, block_size=1)
     seed = Request(0, 0.0, 4, 1, ((7, 4),))

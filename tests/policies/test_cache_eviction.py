@@ -1,11 +1,11 @@
 """Eviction and admission details of both prefix caches: LRU order, locked radix paths, LPM's FCFS fallback,
 and a recompute-preempted request hitting its own blocks when it comes back."""
 
-from policies.ordering import by_arrival
-from policies.waiting import LPM_MAX_WAITING, WaitingQueue
+from servesim.policies.ordering import by_arrival
+from servesim.policies.waiting import LPM_MAX_WAITING, WaitingQueue
 from tests.policies.helpers import make_scheduler
 from tests.policies.test_prefix_caching import req, serve
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 def test_vllm_evicts_the_least_recently_used_cached_blocks_first():
@@ -107,7 +107,7 @@ def _radix_serve(kv, r) -> int:
 def _radix_after_a_b_and(touch_a) -> tuple[int, int]:
     """A then B cached (10 pages each of 25), `touch_a(kv)`, then C's 10 pages evict one of them: what A and B
     still hit."""
-    from policies.radix import RadixCache
+    from servesim.policies.radix import RadixCache
 
     kv = RadixCache(num_blocks=25, block_size=1)
     a, b = (100, 10), (200, 10)
@@ -160,7 +160,7 @@ def test_above_128_waiting_lpm_keeps_its_last_order_and_newcomers_queue_behind()
 def test_the_radix_cache_evicts_a_whole_allocation_when_short_as_sglang_does():
     """SGLang's evict_from_tree_cache: with 100 pages free and 300 wanted, it evicts LRU leaves until 300 pages are
     freed, not the 200 short: of nine cached 100-page prompts three go, and 100 pages stay free."""
-    from policies.radix import RadixCache
+    from servesim.policies.radix import RadixCache
 
     kv = RadixCache(num_blocks=1000, block_size=1)
     for i in range(9):

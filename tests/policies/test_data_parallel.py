@@ -3,11 +3,17 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.config import EngineConfig
-from policies.families import SGLANG_MAX_RUNNING
-from policies.data_parallel import DataParallelRanks, VllmBalancer, data_parallel_share, merge, round_robin
-from policies.step import StepPlan
-from policies.token_budget import max_blocks_of
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import SGLANG_MAX_RUNNING
+from servesim.policies.data_parallel import (
+    DataParallelRanks,
+    VllmBalancer,
+    data_parallel_share,
+    merge,
+    round_robin,
+)
+from servesim.policies.step import StepPlan
+from servesim.policies.token_budget import max_blocks_of
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
 
 

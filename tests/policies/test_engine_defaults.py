@@ -2,8 +2,8 @@
 
 import pytest
 
-from hardware.gpu import get_gpu
-from policies.config import EngineConfig
+from servesim.hardware.gpu import get_gpu
+from servesim.policies.config import EngineConfig
 from tests.simulator.conftest import scenario
 
 
@@ -43,7 +43,7 @@ def test_a_scheduler_refuses_unset_limits_and_a_scenario_records_the_ones_it_ran
 
 
 def test_a_default_that_breaks_the_budget_check_is_a_clear_error_naming_it():
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     l40s = get_gpu("l40s")
     with pytest.raises(
@@ -72,7 +72,7 @@ def test_async_scheduling_defaults_to_vllms_for_a_colocated_replica(scheduler, p
 
 
 def test_async_scheduling_where_it_is_not_modelled_is_a_clear_error():
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     with pytest.raises(
         ValueError, match="async_scheduling is modelled for the vllm and sglang schedulers.*'sarathi'"
@@ -103,7 +103,7 @@ def test_mla_models_take_flashmla_blocks_under_vllm_on_hopper_and_newer(
 
 
 def test_a_block_size_flashmla_would_not_run_is_an_error():
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     with pytest.raises(
         SpecError,
@@ -114,10 +114,10 @@ def test_a_block_size_flashmla_would_not_run_is_an_error():
 
 
 def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_stages():
-    from simulator.world.omni_run import stage_scenario
-    from simulator.world.run import _pool_settings
-    from simulator.omni import StageConfig
-    from simulator.scenario import Scenario
+    from servesim.simulator.world.omni_run import stage_scenario
+    from servesim.simulator.world.run import _pool_settings
+    from servesim.simulator.omni import StageConfig
+    from servesim.simulator.scenario import Scenario
 
     raw = {
         "name": "ds",
@@ -163,7 +163,7 @@ def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_st
     ],
 )
 def test_vllm_schedules_ahead_only_with_eagle_or_mtp_drafts(method, extra, resolved):
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     spec = {"method": method, "k": 3, "acceptance": 0.7, **extra}
     h100 = get_gpu("h100-sxm")

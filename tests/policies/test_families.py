@@ -10,11 +10,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hardware.gpu import get_gpu
-from policies.config import EngineConfig
-from policies.families import GENERIC, SGLANG, VLLM, EngineFamily, families, family_of
-from policies.token_budget import TokenBudgetScheduler
-from simulator.cli.main import app
+from servesim.hardware.gpu import get_gpu
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import GENERIC, SGLANG, VLLM, EngineFamily, families, family_of
+from servesim.policies.token_budget import TokenBudgetScheduler
+from servesim.simulator.cli.main import app
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"

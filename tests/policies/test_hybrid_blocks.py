@@ -7,13 +7,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.kv_groups import KVGroups
-from policies.catalog import orderings, schedulers
-from policies.config import EngineConfig
-from policies.hybrid_blocks import HybridPrefixCachingBlockManager, make_kv_manager
-from policies.step import TokenLog
+from servesim.hardware.kv_groups import KVGroups
+from servesim.policies.catalog import orderings, schedulers
+from servesim.policies.config import EngineConfig
+from servesim.policies.hybrid_blocks import HybridPrefixCachingBlockManager, make_kv_manager
+from servesim.policies.step import TokenLog
 from tests.policies.test_prefix_caching import req, serve
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 WINDOWS = (None, 8)  # one full-attention group, one sliding group of 8 tokens
 BS = 4
@@ -117,7 +117,7 @@ def test_a_hit_needs_the_blocks_before_it_cached_in_the_sliding_group():
 def test_radix_is_refused_with_sliding_layers():
     import pytest
 
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     with pytest.raises(SpecError, match="disable_hybrid_kv_cache_manager"):
         make_kv_manager(EngineConfig(prefix_caching="radix"), 16, 1, WINDOWS)
@@ -199,7 +199,7 @@ def test_a_fused_decode_stretch_leaves_the_pool_exactly_as_stepping_does(
     """simulator/fast_forward.apply_stretch against scheduler steps: the same blocks opened, registered, freed by
     the window and retired, in the same order (free queue, hashes, tables and reference counts all equal); under
     async scheduling each step's token stays in flight, and the first decode frees what the prompt's held."""
-    from simulator.world.fast_forward import Stretch, apply_stretch
+    from servesim.simulator.world.fast_forward import Stretch, apply_stretch
 
     # some finish inside it
     outputs = [max(2, steps - 6 + (i + seed_out) % 3 * 7) for i in range(len(prompts))]

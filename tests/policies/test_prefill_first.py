@@ -5,16 +5,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.gpu import get_gpu
-from policies.config import EngineConfig
-from policies.families import sglang_batch_defaults, sglang_mem_fraction_static
-from policies.catalog import kv_managers
-from policies.ordering import by_arrival
-from policies.prefill_first import PrefillFirstScheduler, default_max_running, kv_tokens
-from policies.step import TokenLog
-from policies.token_budget import max_blocks_of
+from servesim.hardware.gpu import get_gpu
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import sglang_batch_defaults, sglang_mem_fraction_static
+from servesim.policies.catalog import kv_managers
+from servesim.policies.ordering import by_arrival
+from servesim.policies.prefill_first import PrefillFirstScheduler, default_max_running, kv_tokens
+from servesim.policies.step import TokenLog
+from servesim.policies.token_budget import max_blocks_of
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 DECAY = (0.7 - 0.7 * 0.14) / 600
 

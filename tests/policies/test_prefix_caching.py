@@ -4,15 +4,15 @@ a brute-force longest-cached-prefix reference (hypothesis)."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.catalog import orderings, schedulers
-from policies.config import EngineConfig
-from policies.hybrid_blocks import make_kv_manager
-from policies.prefix_blocks import PrefixCachingBlockManager
-from policies.radix import RadixCache
-from policies.step import TokenLog
-from policies.token_ids import request_runs
+from servesim.policies.catalog import orderings, schedulers
+from servesim.policies.config import EngineConfig
+from servesim.policies.hybrid_blocks import make_kv_manager
+from servesim.policies.prefix_blocks import PrefixCachingBlockManager
+from servesim.policies.radix import RadixCache
+from servesim.policies.step import TokenLog
+from servesim.policies.token_ids import request_runs
 from tests.policies.helpers import make_scheduler
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 def req(rid: int, runs, output: int = 1) -> Request:
@@ -251,10 +251,10 @@ def test_same_step_hits_match_brute_force_over_requests_admitted_before(prompts,
 
 def _second_request_prefill(method: str, windows=(None,)) -> int:
     """Tokens the second of two 80-token prompts sharing 64 (four 16-token blocks) prefills, under `method`."""
-    from policies.config import EngineConfig
-    from policies.hybrid_blocks import make_kv_manager
-    from policies.catalog import orderings, schedulers
-    from policies.step import TokenLog
+    from servesim.policies.config import EngineConfig
+    from servesim.policies.hybrid_blocks import make_kv_manager
+    from servesim.policies.catalog import orderings, schedulers
+    from servesim.policies.step import TokenLog
 
     cfg = EngineConfig(
         prefix_caching="vllm",

@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from policies.radix import TokenTrie
-from policies.routing import PrefixAffinityRouter
-from workloads.request import Request
+from servesim.policies.radix import TokenTrie
+from servesim.policies.routing import PrefixAffinityRouter
+from servesim.workloads.request import Request
 
 
 def key(*runs):

@@ -4,9 +4,9 @@ check use is on the `Scheduler` protocol, and every scheduler has each of them."
 import ast
 from pathlib import Path
 
-import policies.catalog  # noqa: F401 (registers the schedulers)
-from policies.registry import schedulers
-from policies.step import Scheduler, SchedulerDefaults
+import servesim.policies.catalog  # noqa: F401 (registers the schedulers)
+from servesim.policies.registry import schedulers
+from servesim.policies.step import Scheduler, SchedulerDefaults
 
 ROOT = Path(__file__).resolve().parents[2]
 CORE = {"kv", "add", "schedule", "commit", "num_waiting", "num_running"}  # each scheduler's own

@@ -5,9 +5,9 @@ import math
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.token_budget import max_blocks_of
+from servesim.policies.token_budget import max_blocks_of
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 PROMPTS, WANTED = [5, 2, 7, 3, 4], [3, 8, 2, 6, 4]
 

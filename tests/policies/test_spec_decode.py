@@ -9,21 +9,21 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.cost import Parallelism
-from hardware.gpu import get_gpu
-from hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
-from hardware.model import get_model
-from policies.config import EngineConfig
-from policies.spec_cost import draft_batches, with_draft_memory
-from policies.spec_decode import (
+from servesim.hardware.cost import Parallelism
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
+from servesim.hardware.model import get_model
+from servesim.policies.config import EngineConfig
+from servesim.policies.spec_cost import draft_batches, with_draft_memory
+from servesim.policies.spec_decode import (
     SpeculativeConfig,
     Speculator,
     expected_tokens_per_round,
     speedup,
 )
-from policies.step import StepPlan
+from servesim.policies.step import StepPlan
 from tests.policies.helpers import drive, make_requests, make_scheduler
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 def drive_allowing_preempt_only_steps(sched, requests, max_steps=20_000):

@@ -4,13 +4,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.errors import SpecError
-from policies.config import EngineConfig
-from policies.hybrid_blocks import make_kv_manager
-from policies.swa_radix import SWARadixCache
+from servesim.hardware.errors import SpecError
+from servesim.policies.config import EngineConfig
+from servesim.policies.hybrid_blocks import make_kv_manager
+from servesim.policies.swa_radix import SWARadixCache
 from tests.policies.helpers import assert_every_token_served, drive, make_scheduler
 from tests.policies.test_prefix_caching import req
-from workloads.request import Request, output_segment_id
+from servesim.workloads.request import Request, output_segment_id
 
 
 def admit(kv: SWARadixCache, r: Request) -> None:

@@ -3,8 +3,8 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.token_ids import _code, block_hashes, pieces, request_runs
-from workloads.request import Request, output_segment_id
+from servesim.policies.token_ids import _code, block_hashes, pieces, request_runs
+from servesim.workloads.request import Request, output_segment_id
 
 
 @given(

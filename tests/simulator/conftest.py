@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.world.run import RunResult, simulate
-from simulator.scenario import Scenario
+from servesim.simulator.world.run import RunResult, simulate
+from servesim.simulator.scenario import Scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from simulator.scenario import Scenario
+from servesim.simulator.scenario import Scenario
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 

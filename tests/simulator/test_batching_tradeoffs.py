@@ -3,14 +3,14 @@ compute-bound and long prompts take seconds, and the token budget trades TTFT ag
 
 import pytest
 
-from hardware.batch import StepBatch
-from hardware.cost import step_cost
-from hardware.gpu import get_gpu
-from hardware.model import get_model
-from simulator.world.run import World
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import step_cost
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.simulator.world.run import World
 from tests.simulator.conftest import SCENARIOS, run, scenario
-from workloads.generate import Workload
-from workloads.request import Request
+from servesim.workloads.generate import Workload
+from servesim.workloads.request import Request
 
 H200, LLAMA_8B = get_gpu("h200"), get_model("llama-3.1-8b")
 

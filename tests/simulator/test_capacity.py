@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hardware.errors import SpecError
-from simulator.planning.capacity import (
+from servesim.hardware.errors import SpecError
+from servesim.simulator.planning.capacity import (
     CapacityResult,
     Verdict,
     at_rate,
@@ -17,8 +17,8 @@ from simulator.planning.capacity import (
     offered_rate,
     queue_growth,
 )
-from simulator.world.run import simulate
-from simulator.scenario import SloConfig
+from servesim.simulator.world.run import simulate
+from servesim.simulator.scenario import SloConfig
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 DENSE_STEP = 1.0
@@ -218,7 +218,7 @@ def test_an_arrival_at_the_stop_itself_was_never_seen():
 def test_session_turns_a_stuck_queue_never_released_do_not_hide_its_backlog():
     """One slot, sessions arriving at 10/s, all first turns due before the 25 s stop: later turns are never
     released because the queue is stuck. They are not requests due after the stop, so the backlog still fails."""
-    from simulator.scenario import load_scenario
+    from servesim.simulator.scenario import load_scenario
 
     s, base = load_scenario(
         SCENARIOS / "agent_prefix_sharing.yaml",
@@ -301,7 +301,7 @@ def test_a_search_that_never_fails_says_its_answer_is_a_lower_bound():
     says so; the CLI prints it as "at least"."""
     from typer.testing import CliRunner
 
-    from simulator.cli.main import app
+    from servesim.simulator.cli.main import app
 
     result = max_sustainable_rate(
         chat(slo={"ttft_ms": 1e9, "tpot_ms": 1e9}, workload={"num_requests": 60}),

@@ -12,7 +12,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from simulator.cli.main import app
+from servesim.simulator.cli.main import app
 
 runner = CliRunner()
 QUICKSTART = Path(__file__).resolve().parents[2] / "scenarios" / "quickstart.yaml"
@@ -73,8 +73,8 @@ def _as_read(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def test_tables_as_parquet_hold_what_the_csv_tables_hold_and_report(tmp_path, monkeypatch):
-    from simulator.world import output
-    from simulator.world.output import read_table
+    from servesim.simulator.world import output
+    from servesim.simulator.world.output import read_table
 
     runs = {}
     for tables in ("csv", "parquet"):
@@ -416,8 +416,8 @@ def test_missing_scenario_file_and_bad_override(tmp_path):
 
 def test_the_run_line_names_what_serves_it():
     """Replicas x GPUs; the P/D pools; or each stage of a pipeline, whose latencies are its last stage's."""
-    from simulator.cli.main import deployment_label
-    from simulator.scenario import load_scenario
+    from servesim.simulator.cli.main import deployment_label
+    from servesim.simulator.scenario import load_scenario
 
     scenarios = QUICKSTART.parent
     label = lambda name: deployment_label(load_scenario(scenarios / f"{name}.yaml")[0])  # noqa: E731
@@ -602,7 +602,7 @@ def test_a_path_the_terminal_cannot_encode_is_escaped_not_a_crash(tmp_path):
         [
             sys.executable,
             "-m",
-            "simulator",
+            "servesim",
             "simulate",
             str(QUICKSTART),
             "--out",

@@ -4,11 +4,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.gpu import get_interconnect
-from hardware.model import get_model
-from simulator.world.disagg import KVPlacement, streamed_transfer_s
-from simulator.scenario import ParallelismConfig
-from policies.registry import routers as router_registry
+from servesim.hardware.gpu import get_interconnect
+from servesim.hardware.model import get_model
+from servesim.simulator.world.disagg import KVPlacement, streamed_transfer_s
+from servesim.simulator.scenario import ParallelismConfig
+from servesim.policies.registry import routers as router_registry
 from tests.simulator.conftest import SCENARIOS as SCENARIOS_DIR, run, scenario
 
 ROUTERS = router_registry.names()
@@ -70,7 +70,7 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
 def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, **transfer):
     """Requests from a servesim trace (`rows` after its header) on 1P1D Llama-3.1-8B (`prefill`, `decode`: the
     pools' engine settings)."""
-    from simulator.world.run import simulate
+    from servesim.simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text(
         "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + rows
@@ -202,7 +202,7 @@ def test_a_transfer_lasts_as_long_as_its_busiest_gpu(
 ):
     """One 4096-token prompt, NixlConnector-style pull over 400G per GPU: the time is the busier end's bytes
     over one GPU's link; the recorded bytes are what all decode GPUs receive."""
-    from simulator.world.run import simulate
+    from servesim.simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text(
         "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0.0,4096,4,,\n"
@@ -301,7 +301,7 @@ def test_no_request_is_lost_or_duplicated_across_the_handoff(
 
 
 def test_pools_storing_kv_in_different_dtypes_are_refused():
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     s = scenario(
         disaggregation={"prefill": {"replicas": 1}, "decode": {"replicas": 1, "engine": {"kv_dtype": "fp8"}}}
@@ -386,8 +386,8 @@ def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_rerun
 
 
 def test_streaming_through_the_store_tier_is_refused_by_name():
-    from hardware.errors import SpecError
-    from simulator.scenario import load_scenario
+    from servesim.hardware.errors import SpecError
+    from servesim.simulator.scenario import load_scenario
 
     path = SCENARIOS_DIR / "pd_disaggregated_70b.yaml"
     with pytest.raises(

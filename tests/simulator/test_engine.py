@@ -3,11 +3,11 @@
 import pytest
 import simpy
 
-from policies.kv_blocks import BlockManager
-from policies.step import SchedulerDefaults, StepPlan
-from simulator.world.engine import Replica
-from simulator.world.metrics import StepLog
-from workloads.request import Request
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.step import SchedulerDefaults, StepPlan
+from servesim.simulator.world.engine import Replica
+from servesim.simulator.world.metrics import StepLog
+from servesim.workloads.request import Request
 
 
 class _PreemptsOnce(SchedulerDefaults):

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-import simulator.planning.executors as executors
-from simulator.planning.executors import WorkerDied, run_jobs
+import servesim.simulator.planning.executors as executors
+from servesim.simulator.planning.executors import WorkerDied, run_jobs
 
 JOBS = [(x,) for x in range(6)]
 CONTEXT = multiprocessing.get_context("forkserver")

@@ -14,10 +14,10 @@ from itertools import pairwise
 import numpy as np
 import pytest
 
-from simulator.world.run import World
+from servesim.simulator.world.run import World
 from tests.simulator.conftest import SCENARIOS, run, scenario
-from workloads.generate import Workload
-from workloads.request import Request
+from servesim.workloads.generate import Workload
+from servesim.workloads.request import Request
 
 # bench serve's default output
 CONCURRENCY, INPUT_LENS, OUTPUT_LEN = (

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 import simpy
 
-from calibration.fit_runs import fit_to_runs
-from hardware.errors import SpecError
-from simulator.world.frontend import Frontend
-from simulator.compare.measured import MeasuredRun, scenario_for
+from servesim.calibration.fit_runs import fit_to_runs
+from servesim.hardware.errors import SpecError
+from servesim.simulator.world.frontend import Frontend
+from servesim.simulator.compare.measured import MeasuredRun, scenario_for
 from tests.simulator.conftest import run, scenario
-from workloads.request import Request
+from servesim.workloads.request import Request
 
 
 def test_each_target_serves_its_requests_one_at_a_time():

@@ -5,10 +5,10 @@ from pathlib import Path
 import yaml
 from typer.testing import CliRunner
 
-from hardware.profile import FitRecord, Profile, load_profile
-from simulator.cli.main import app
-from simulator.compare.holdout import held_out, holdout_rows, source_group
-from simulator.compare.measured import MeasuredRun, MetricError, load_measured_runs
+from servesim.hardware.profile import FitRecord, Profile, load_profile
+from servesim.simulator.cli.main import app
+from servesim.simulator.compare.holdout import held_out, holdout_rows, source_group
+from servesim.simulator.compare.measured import MeasuredRun, MetricError, load_measured_runs
 
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"

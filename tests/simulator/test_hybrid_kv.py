@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-import hardware
-from hardware.errors import SpecError
-from policies.hybrid_blocks import HybridBlockManager
-from policies.swa_radix import SWARadixCache
+from servesim import hardware
+from servesim.hardware.errors import SpecError
+from servesim.policies.hybrid_blocks import HybridBlockManager
+from servesim.policies.swa_radix import SWARadixCache
 from tests.simulator.conftest import run, scenario
 from tests.simulator.test_simulate import assert_same_run
 
@@ -153,7 +153,7 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
 
     from typer.testing import CliRunner
 
-    from simulator.cli.main import app
+    from servesim.simulator.cli.main import app
 
     args = ["memory", "gemma-3-12b", "--gpu", "h100-sxm", "--max-model-len", "32768", "--json"]
     sglang, vllm = (

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import shlex
 
-from simulator.planning.launch import launch_notes, sglang_command, vllm_command
-from simulator.scenario import load_scenario
+from servesim.simulator.planning.launch import launch_notes, sglang_command, vllm_command
+from servesim.simulator.scenario import load_scenario
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 LEN = 16384

@@ -9,11 +9,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hardware.batch import StepBatch
-from hardware.errors import SpecError
-from hardware.profile import Profile, load_profile
-from simulator.cli.main import app
-from simulator.compare.measured import (
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.errors import SpecError
+from servesim.hardware.profile import Profile, load_profile
+from servesim.simulator.cli.main import app
+from servesim.simulator.compare.measured import (
     MeasuredRun,
     MetricError,
     compare,
@@ -23,9 +23,9 @@ from simulator.compare.measured import (
     runs_from_sglang_results,
     scenario_for,
 )
-from simulator.compare.measured_report import family_rows
-from simulator.world.run import build_timer, simulate
-from workloads.generate import build_workload
+from servesim.simulator.compare.measured_report import family_rows
+from servesim.simulator.world.run import build_timer, simulate
+from servesim.workloads.generate import build_workload
 
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
@@ -440,8 +440,8 @@ def test_the_bundled_fit_keeps_its_held_out_errors():
     """calibration/profiles/published-fit.yaml was fitted by `servesim fit` to every run of published_runs.yaml but
     every third; its provenance quotes the held-out runs' median errors. A cost-model change that breaks them
     means the profile needs fitting again."""
-    from calibration.fit_runs import split
-    from simulator.compare.measured_report import family_rows
+    from servesim.calibration.fit_runs import split
+    from servesim.simulator.compare.measured_report import family_rows
 
     _, held_out = split(load_measured_runs(PUBLISHED), 3)
     assert len(held_out) == 16
@@ -457,8 +457,8 @@ def test_the_default_routed_expert_efficiencies_predict_the_held_out_moe_runs(tm
     """Profile's moe_compute/moe_memory defaults were fitted (servesim fit --only moe_compute,moe_memory) to the
     MoE runs among the fitted two thirds of published_runs.yaml. On the held-out MoE runs they must keep their
     errors, and beat the GEMM curves that routed experts read before, which came out 50-110% off."""
-    from calibration.fit_runs import split
-    from simulator.compare.measured_report import family_rows
+    from servesim.calibration.fit_runs import split
+    from servesim.simulator.compare.measured_report import family_rows
 
     _, held_out = split(load_measured_runs(PUBLISHED), 3)
     moe = [run for run in held_out if run.is_moe]

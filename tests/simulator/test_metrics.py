@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from simulator.world.metrics import cache_and_load_summary, known_misses
+from servesim.simulator.world.metrics import cache_and_load_summary, known_misses
 from tests.simulator.conftest import run, scenario
 
 SLO = {"ttft": 500.0, "tpot": 50.0, "e2el": 9000.0}
@@ -108,7 +108,7 @@ def test_gpu_time_saved_prices_kept_tokens_not_rejected_drafts():
 
 
 def test_the_step_table_is_by_end_time_then_replica_with_ties_in_logged_order():
-    from simulator.world.metrics import StepLog
+    from servesim.simulator.world.metrics import StepLog
 
     log = StepLog()
     for n, (time_s, replica) in enumerate([(2.0, 1), (1.0, 0), (2.0, 0), (1.0, 0), (2.0, 1), (0.5, 3)]):

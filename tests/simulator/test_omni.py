@@ -6,9 +6,9 @@ import json
 import pytest
 import yaml
 
-from hardware.gpu import get_interconnect
-from hardware.omni_memory import stage_output_cache_bytes
-from simulator.world.output import write_run
+from servesim.hardware.gpu import get_interconnect
+from servesim.hardware.omni_memory import stage_output_cache_bytes
+from servesim.simulator.world.output import write_run
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
 GIB, MIB = 1 << 30, 1 << 20
@@ -141,7 +141,7 @@ def test_pipelines_are_deterministic_and_fast_forward_changes_nothing():
 def test_servesim_simulate_runs_a_pipeline_scenario(tmp_path):
     from typer.testing import CliRunner
 
-    from simulator.cli.main import app
+    from servesim.simulator.cli.main import app
 
     path = tmp_path / "omni.yaml"
     path.write_text(yaml.safe_dump(pipeline(num_requests=4).model_dump(mode="json", exclude_unset=True)))
@@ -181,7 +181,7 @@ def test_servesim_simulate_runs_a_pipeline_scenario(tmp_path):
 def test_stage_output_cache_is_refused_where_vllm_omni_refuses_it(stage, reason):
     """The seed's table: the cache mirrors one full-attention block table of whole blocks, so hybrid KV,
     sub-block prefix matches and speculative stages refuse it at KV-cache init."""
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     with pytest.raises(SpecError, match=rf"stages\['talker'\]\.cache_outputs: .*{reason}"):
         run(pipeline(num_requests=2, stages=[{"name": "thinker"}, stage]))
@@ -229,7 +229,7 @@ def test_each_replica_of_a_stage_pins_its_own_output_cache():
     [("parallelism", {"tp": 2}, "stages[i].tp"), ("app_cache", {"kind": "exact"}, "app_cache.kind: none")],
 )
 def test_settings_a_pipeline_cannot_honour_are_refused_not_dropped(section, value, field):
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     with pytest.raises(SpecError, match=field.replace("[", r"\[").replace("]", r"\]")):
         run(
@@ -240,7 +240,7 @@ def test_settings_a_pipeline_cannot_honour_are_refused_not_dropped(section, valu
 def test_an_sglang_stage_sizes_its_slots_by_the_resolved_context_as_a_plain_run_does():
     """SGLang's default max_running_requests depends on the context length: unset, a stage takes the memory
     plan's (the model's own), as a plain run's pool does, not the pool size."""
-    from simulator.world.run import make_world
+    from servesim.simulator.world.run import make_world
 
     plain = scenario(
         model="llama-3.1-8b",
@@ -259,7 +259,7 @@ def test_an_sglang_stage_sizes_its_slots_by_the_resolved_context_as_a_plain_run_
 def test_later_stages_see_each_requests_session_and_priority():
     """A later stage's request carries its client request's session and priority, so session_affinity keeps a
     conversation's turns on one replica there and the priority order holds."""
-    from simulator.world.run import make_world
+    from servesim.simulator.world.run import make_world
 
     sessions = {
         "turns": {"kind": "fixed", "value": 3},
@@ -295,7 +295,7 @@ def test_a_stage_engine_is_checked_when_the_scenario_loads(tmp_path, engine, exp
     """It was validated only when the stage was built: a ValidationError traceback, not a line."""
     from typer.testing import CliRunner
 
-    from simulator.cli.main import app
+    from servesim.simulator.cli.main import app
 
     stages = [{"name": "a", "model": "qwen2.5-7b", "engine": engine}, {"name": "b", "model": "llama-3.2-1b"}]
     result = CliRunner().invoke(

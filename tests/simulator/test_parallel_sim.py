@@ -6,15 +6,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.batch import StepBatch
-from hardware.errors import SpecError
-from hardware.gpu import get_interconnect
-from hardware.memory import weight_bytes_per_gpu
-from hardware.model import get_model
-from policies.hybrid_blocks import usable_pages
-from policies.step import StepPlan
-from simulator.world.run import World, _memory_plan, build_step_time, build_timer
-from workloads.request import Request
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_interconnect
+from servesim.hardware.memory import weight_bytes_per_gpu
+from servesim.hardware.model import get_model
+from servesim.policies.hybrid_blocks import usable_pages
+from servesim.policies.step import StepPlan
+from servesim.simulator.world.run import World, _memory_plan, build_step_time, build_timer
+from servesim.workloads.request import Request
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
 

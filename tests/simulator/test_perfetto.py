@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 from typer.testing import CliRunner
 
-from simulator.cli.main import app
-from simulator.world.output import read_table
+from servesim.simulator.cli.main import app
+from servesim.simulator.world.output import read_table
 
 ROOT = Path(__file__).resolve().parents[2]
 US = 1e6

@@ -4,7 +4,7 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.world.pipeline_stages import StagePipeline
+from servesim.simulator.world.pipeline_stages import StagePipeline
 
 
 def _run(num_stages: int, steps: list[list[tuple[float, ...]]]) -> list[list[tuple[float, float]]]:

@@ -9,12 +9,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hardware.errors import SpecError
-from simulator.planning.capacity import CapacityResult, Verdict
-from simulator.cli.main import app
-from simulator.planning.executors import WorkerDied
-from simulator.planning.launch import launch_notes, sglang_command, vllm_command
-from simulator.planning.plan import (
+from servesim.hardware.errors import SpecError
+from servesim.simulator.planning.capacity import CapacityResult, Verdict
+from servesim.simulator.cli.main import app
+from servesim.simulator.planning.executors import WorkerDied
+from servesim.simulator.planning.launch import launch_notes, sglang_command, vllm_command
+from servesim.simulator.planning.plan import (
     Candidate,
     Deployment,
     Evaluation,
@@ -257,7 +257,7 @@ def test_a_sizing_worker_that_dies_stops_the_plan_naming_its_candidate(monkeypat
     def first_killed(fn, jobs, engine, workers, on_died):
         yield 0, on_died(WorkerDied(0, -signal.SIGKILL))
 
-    monkeypatch.setattr("simulator.planning.plan.run_jobs", first_killed)
+    monkeypatch.setattr("servesim.simulator.planning.plan.run_jobs", first_killed)
     with pytest.raises(
         SpecError,
         match=r"plan: the worker process sizing h100-sxm tp=1 was killed by SIGKILL "
@@ -277,7 +277,7 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
         SpecError, match="knob max_num_seqs='abc': engine.max_num_seqs: Input should be a valid"
     ):
         plan(chat(), SCENARIOS, tps=[1], knobs={"max_num_seqs": ["abc"]}, target_rate=TARGET)
-    from simulator.planning.plan import (
+    from servesim.simulator.planning.plan import (
         _check_choices,
     )  # a value that runs in some combination passes: orca needs none
 
@@ -291,7 +291,7 @@ def test_typos_in_gpus_or_knobs_stop_the_plan_with_one_line():
 def test_the_engines_batching_is_a_knob_like_any_other():
     """`--knob scheduler=vllm,sglang`: each engine's batching sized on the same traffic (parse_grid keeps the
     names as text)."""
-    from simulator.planning.sweep import parse_grid
+    from servesim.simulator.planning.sweep import parse_grid
 
     assert parse_grid(["scheduler=vllm,sglang"]) == {"scheduler": ["vllm", "sglang"]}
     sized = {
@@ -429,7 +429,7 @@ def test_the_plan_section_supplies_the_choices():
 
 def test_layouts_that_change_nothing_are_planned_once_as_the_plain_one():
     """DP attention or expert parallel on one GPU, or expert parallel on a dense model, is the plain layout."""
-    from simulator.planning.plan import shapes_of
+    from servesim.simulator.planning.plan import shapes_of
 
     both = {"ep": [False, True], "dp_attention": [False, True]}
     plain, dp = (("ep", False), ("dp_attention", False)), (("ep", False), ("dp_attention", True))
@@ -479,7 +479,7 @@ def test_the_plan_compares_moe_layouts_and_launches_the_one_it_picks(tmp_path):
 
 
 def test_pd_disaggregated_units_are_searched_and_sized_as_wholes():
-    from simulator.planning.plan import plan
+    from servesim.simulator.planning.plan import plan
     from tests.simulator.study_helpers import SCENARIOS, chat
 
     base = chat(
@@ -550,7 +550,7 @@ def test_on_a_terminal_the_plan_shows_a_bar_of_candidates_with_an_eta():
 
     from rich.console import Console
 
-    from simulator.progress import plan_progress
+    from servesim.simulator.progress import plan_progress
 
     screen = io.StringIO()
     with plan_progress(Console(file=screen, force_terminal=True, width=160)) as on_progress:

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from tests.simulator.conftest import run, scenario
-from workloads.prefix_stats import ideal_prefix_hit_tokens
-from workloads.traces import load_mooncake
+from servesim.workloads.prefix_stats import ideal_prefix_hit_tokens
+from servesim.workloads.traces import load_mooncake
 
 MOONCAKE = (
     Path(__file__).resolve().parents[2].parent
@@ -87,8 +87,8 @@ def test_mooncake_replay_hits_the_ideal_with_an_unbounded_cache_and_less_on_an_h
 
 
 def _mooncake_requests():
-    from workloads.generate import _block_segments
-    from workloads.request import Request
+    from servesim.workloads.generate import _block_segments
+    from servesim.workloads.request import Request
 
     table = load_mooncake(MOONCAKE)
     return [

@@ -7,10 +7,10 @@ import math
 import pytest
 import yaml
 
-from hardware.gpu import get_gpu
-from simulator.planning.pricing import cost_per_hour_usd, gpu_counts
-from simulator.report.run_report import point_cost_per_hour
-from simulator.scenario import load_scenario, with_absolute_paths, with_overrides
+from servesim.hardware.gpu import get_gpu
+from servesim.simulator.planning.pricing import cost_per_hour_usd, gpu_counts
+from servesim.simulator.report.run_report import point_cost_per_hour
+from servesim.simulator.scenario import load_scenario, with_absolute_paths, with_overrides
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 H100, H200 = get_gpu("h100-sxm").price_per_gpu_hour_usd, get_gpu("h200").price_per_gpu_hour_usd

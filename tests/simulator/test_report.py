@@ -15,14 +15,21 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from hardware.errors import SpecError
-from simulator.cli.main import app
-from simulator.world.output import write_run
-from simulator.report.run_report import POOLS, _rate_unit, page, pool_of_steps, rooflines, write_report
-from simulator.report.charts import latency_cdfs
-from simulator.world.run import simulate
-from simulator.scenario import load_scenario
-from simulator.planning.sweep import run_sweep
+from servesim.hardware.errors import SpecError
+from servesim.simulator.cli.main import app
+from servesim.simulator.world.output import write_run
+from servesim.simulator.report.run_report import (
+    POOLS,
+    _rate_unit,
+    page,
+    pool_of_steps,
+    rooflines,
+    write_report,
+)
+from servesim.simulator.report.charts import latency_cdfs
+from servesim.simulator.world.run import simulate
+from servesim.simulator.scenario import load_scenario
+from servesim.simulator.planning.sweep import run_sweep
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -167,7 +174,7 @@ def test_a_sweep_of_sessions_plots_its_load_in_sessions_per_second(sweep_folder,
 def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
     from typer.testing import CliRunner
 
-    from simulator.cli.main import app
+    from servesim.simulator.cli.main import app
 
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "summary.json").write_text("{")

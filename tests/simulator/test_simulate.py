@@ -6,9 +6,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.errors import SpecError
-from simulator.world.run import simulate
-from simulator.scenario import load_scenario
+from servesim.hardware.errors import SpecError
+from servesim.simulator.world.run import simulate
+from servesim.simulator.scenario import load_scenario
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
 
@@ -192,7 +192,7 @@ def test_a_pool_override_too_small_for_one_usable_block_is_refused(file, blocks,
 def test_vllm_keeps_one_block_of_the_pool_as_its_null_block(tmp_path, scheduler, usable):
     """8 planned blocks of 16 tokens: vLLM's BlockPool holds block 0 back, so a request that needs all 8 (100 + 29 - 1
     = 128 tokens) is refused and KV usage counts 7; SGLang's pool pads its dummy slot outside the plan."""
-    from simulator.world.run import simulate
+    from servesim.simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n0.0,100,29\n1.0,100,12\n")
     result = simulate(
@@ -333,7 +333,7 @@ def test_every_request_finishes_or_is_rejected(
 def test_sglang_fast_forward_notices_a_finish_inside_a_stretch(tmp_path):
     """A finish inside a fused stretch clears SGLang's batch_is_full one decode later, still inside it: the
     arrival after the stretch is admitted exactly when stepping would admit it."""
-    from simulator.world.run import simulate
+    from servesim.simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text(
         "arrival_s,prompt_tokens,output_tokens\n0.0,500,20\n0.0,481,577\n0.5,100,10\n"
@@ -363,7 +363,7 @@ def test_a_fused_stretch_ends_exactly_where_stepping_would_even_where_no_delay_r
 
     import simpy
 
-    from simulator.world.fast_forward import wait_until
+    from servesim.simulator.world.fast_forward import wait_until
 
     start, target = 0.4337101143344169, 0.9742684086894654
     delay = target - start

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from simulator.planning.capacity import at_rate, judge
-from simulator.world.run import simulate
-from simulator.world.slo_watch import violators_needed
+from servesim.simulator.planning.capacity import at_rate, judge
+from servesim.simulator.world.run import simulate
+from servesim.simulator.world.slo_watch import violators_needed
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 

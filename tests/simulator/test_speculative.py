@@ -8,11 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hardware.batch import StepBatch
-from hardware.model import get_model
-from hardware.step_timer import StepTimer
-from policies.spec_decode import expected_tokens_per_round, speedup
-from simulator.world.run import build_timer
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.model import get_model
+from servesim.hardware.step_timer import StepTimer
+from servesim.policies.spec_decode import expected_tokens_per_round, speedup
+from servesim.simulator.world.run import build_timer
 from tests.simulator.conftest import run, scenario
 
 PROMPT, K = 1024, 4
@@ -216,7 +216,7 @@ def test_speculative_runs_finish_every_request_with_every_token(
 def test_speculation_with_pipeline_stages_is_refused(method):
     """Not modelled: a pipelined step's tokens count when scheduled, a verify's only when accepted. n-gram
     lookup, with no draft memory to plan, slipped past the check and stalled its requests."""
-    from hardware.errors import SpecError
+    from servesim.hardware.errors import SpecError
 
     spec = draft(0.7) if method == "draft" else {"method": "ngram", "k": 3, "acceptance": 0.6}
     with pytest.raises(SpecError, match="speculative decoding with pipeline parallelism is not modelled"):

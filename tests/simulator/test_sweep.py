@@ -13,12 +13,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-import simulator.planning.sweep as sweep_module
-from hardware.errors import SpecError
-from simulator.cli.main import app
-from simulator.planning.executors import WorkerDied
-from simulator.scenario import load_scenario, trace_sources
-from simulator.planning.sweep import (
+import servesim.simulator.planning.sweep as sweep_module
+from servesim.hardware.errors import SpecError
+from servesim.simulator.cli.main import app
+from servesim.simulator.planning.executors import WorkerDied
+from servesim.simulator.scenario import load_scenario, trace_sources
+from servesim.simulator.planning.sweep import (
     code_fingerprint,
     expand,
     input_files,
@@ -409,7 +409,7 @@ def test_a_point_whose_worker_dies_fails_the_command_and_runs_again_when_resumed
 
 def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
     pytest.importorskip("dask.distributed")
-    monkeypatch.setattr("simulator.planning.executors.DASK_CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr("servesim.simulator.planning.executors.DASK_CONNECT_TIMEOUT_S", 1)
     result = runner.invoke(
         app,
         [
@@ -462,7 +462,7 @@ def test_dask_points_get_absolute_paths_only(tmp_path, monkeypatch):
         seen.update(spec=spec, base_dir=base_dir, out=out)
         raise SpecError("stop here")
 
-    monkeypatch.setattr("simulator.planning.sweep.run_sweep", record)
+    monkeypatch.setattr("servesim.simulator.planning.sweep.run_sweep", record)
     monkeypatch.chdir(tmp_path)
     scenario = Path(_scenario_file(tmp_path)).relative_to(tmp_path)
     raw = yaml.safe_load(scenario.read_text())

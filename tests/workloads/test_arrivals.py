@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from workloads.arrivals import (
+from servesim.workloads.arrivals import (
     constant_arrivals,
     gamma_arrivals,
     mean_rate_per_s,

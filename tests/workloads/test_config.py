@@ -5,7 +5,7 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from workloads.config import WorkloadConfig
+from servesim.workloads.config import WorkloadConfig
 
 AZURE = {"format": "azure", "path": "traces/azure.csv"}
 SHAREGPT = {"format": "sharegpt", "path": "sharegpt.csv"}
@@ -217,7 +217,7 @@ def test_config_is_frozen():
 
 
 def test_every_field_documents_itself():
-    from workloads import config
+    from servesim.workloads import config
 
     models = [
         m

@@ -6,9 +6,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from workloads.config import FixedDist, LognormalDist, NormalDist, UniformDist
-from workloads.dist_config import MAX_VALUE
-from workloads.distributions import sample_lengths, sample_values
+from servesim.workloads.config import FixedDist, LognormalDist, NormalDist, UniformDist
+from servesim.workloads.dist_config import MAX_VALUE
+from servesim.workloads.distributions import sample_lengths, sample_values
 
 sizes = st.floats(0, 1e5)
 

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workloads.arrivals import mean_rate_per_s
-from workloads.config import WorkloadConfig
-from workloads.generate import Workload, build_table, build_workload
-from workloads.request import Request
+from servesim.workloads.arrivals import mean_rate_per_s
+from servesim.workloads.config import WorkloadConfig
+from servesim.workloads.generate import Workload, build_table, build_workload
+from servesim.workloads.request import Request
 from tests.workloads.paths import QUICKSTART_TRACE
 
 QUICKSTART = {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"}

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from workloads.config import WorkloadConfig
-from workloads.generate import Workload, build_workload
-from workloads.prefix_stats import ideal_prefix_hit_tokens
-from workloads.prefixes import zipf_probs
-from workloads.request import OUTPUT_SEGMENT_BASE, Request, output_segment_id
+from servesim.workloads.config import WorkloadConfig
+from servesim.workloads.generate import Workload, build_workload
+from servesim.workloads.prefix_stats import ideal_prefix_hit_tokens
+from servesim.workloads.prefixes import zipf_probs
+from servesim.workloads.request import OUTPUT_SEGMENT_BASE, Request, output_segment_id
 from tests.workloads.paths import QUICKSTART_TRACE
 
 SCENARIOS_DIR = QUICKSTART_TRACE.parent.parent

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.workloads.paths import QUICKSTART_TRACE, SHARED_TRACES_DIR
-from workloads.traces import load_azure
+from servesim.workloads.traces import load_azure
 
 
 def test_bundled_slice_loads():

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workloads.servegen import servegen_requests
+from servesim.workloads.servegen import servegen_requests
 
 
 def expected_count(folder: Path, t0_s: float, t1_s: float) -> float:
@@ -125,7 +125,7 @@ def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
     Gamma window of shape 0.05 (cv 4.5) at 0.1/s held ~70 instead of 60."""
     from types import SimpleNamespace
 
-    from workloads.servegen import WINDOW_S, _Gaps, _window_arrivals
+    from servesim.workloads.servegen import WINDOW_S, _Gaps, _window_arrivals
 
     row = SimpleNamespace(p1=shape, rate_req_per_s=0.1, dist_name=kind, timestamp_s=0.0)
     rng = np.random.default_rng(7)
@@ -134,8 +134,8 @@ def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
 
 
 def test_clients_silent_in_the_window_are_named_as_such(traces_dir):
-    from workloads.config import WorkloadConfig
-    from workloads.generate import build_workload
+    from servesim.workloads.config import WorkloadConfig
+    from servesim.workloads.generate import build_workload
 
     cfg = WorkloadConfig.model_validate(
         {

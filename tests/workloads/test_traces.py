@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from workloads.traces import (
+from servesim.workloads.traces import (
     CHARS_PER_TOKEN,
     load_sharegpt_json,
     load_vllm_bench,
@@ -313,8 +313,8 @@ def test_a_vllm_bench_result_is_a_length_table_in_sending_order(tmp_path):
 
 
 def test_a_scenario_replays_a_vllm_bench_results_lengths_at_its_own_rate(tmp_path):
-    from workloads.config import WorkloadConfig
-    from workloads.generate import build_workload
+    from servesim.workloads.config import WorkloadConfig
+    from servesim.workloads.generate import build_workload
 
     path = tmp_path / "result.json"
     path.write_text(json.dumps({"input_lens": [300, 20, 4000, 55], "output_lens": [7, 90, 1, 12]}))

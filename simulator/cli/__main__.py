@@ -1,5 +1,0 @@
-"""`python -m simulator.cli`: the servesim CLI."""
-
-from simulator.cli.main import main
-
-main()
