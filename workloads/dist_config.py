@@ -24,6 +24,7 @@ TraceFormat = Literal[
     "servegen",
     "servesim",
     "vllm_bench",
+    "guidellm",
 ]
 # length tables without arrival times
 UNTIMED_FORMATS = frozenset({"sharegpt", "sharegpt_json", "arxiv", "vllm_bench"})
@@ -55,6 +56,9 @@ class TraceSource(SpecModel):
         description="burstgpt only: drop failed requests (0 response tokens); "
         "if False they are kept as 1-output-token requests.",
     )
+    benchmark: int = Field(
+        0, ge=0, description="guidellm only: which benchmark of the report (0 = its first) to replay."
+    )
 
     @model_validator(mode="after")
     def _options_match_format(self) -> Self:
@@ -66,6 +70,10 @@ class TraceSource(SpecModel):
             for name, default in (("burstgpt_model", None), ("drop_failed", True))
             if getattr(self, name) != default
         ]
+        if self.benchmark and self.format != "guidellm":
+            raise ValueError(
+                f"trace.benchmark is a guidellm option, but format is {self.format!r}; remove it"
+            )
         if burst_only and self.format != "burstgpt":
             raise ValueError(
                 f"trace.{sorted(burst_only)[0]} is a burstgpt option, but format is "

@@ -15,6 +15,9 @@ Formats (see shared/data/traces/README.md for the public ones):
   turns left out. Text is counted at CHARS_PER_TOKEN characters a token (no tokenizer is loaded), as a note says.
 - vllm_bench: a `vllm bench serve --save-result --save-detailed` JSON: its per-request `input_lens` and
   `output_lens`, in the order the client sent them (no timestamps: pair it with the run's arrivals).
+- guidellm: a GuideLLM report JSON (`guidellm benchmark --output-path report.json`): one benchmark's successful
+  requests (trace.benchmark, default the first) at their send times, with their prompt and output tokens
+  (workloads/guidellm.py). A report that kept a sample of the requests gives the sample, as a note says.
 - arxiv: CSV `num_prefill_tokens`, `num_decode_tokens` (no timestamps).
 - burstgpt: CSV `Timestamp` (s), `Model`, `Request tokens`, `Response tokens`, `Total tokens`,
   `Log Type`. Rows with 0 response tokens are failed requests (dropped by default).
@@ -46,6 +49,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.workloads.config import TraceSource
+from servesim.workloads.guidellm import read_guidellm
 from servesim.workloads.servegen import servegen_requests
 from servesim.workloads.tables import finish_table, require_columns, require_file
 
@@ -55,6 +59,7 @@ __all__ = [
     "load_arxiv",
     "load_azure",
     "load_burstgpt",
+    "load_guidellm",
     "load_mooncake",
     "load_servesim",
     "load_sharegpt",
@@ -183,6 +188,23 @@ def load_vllm_bench(path: Path) -> pd.DataFrame:
     return finish_table(path, np.full(len(lengths[0]), np.nan), lengths[0], lengths[1])
 
 
+def load_guidellm(path: Path, benchmark: int = 0) -> pd.DataFrame:
+    """One benchmark of a GuideLLM report: its successful requests' send times and lengths."""
+    require_file(path, "guidellm", ("benchmarks",))
+    benchmarks = read_guidellm(path)
+    if benchmark >= len(benchmarks):
+        raise ValueError(
+            f"{path}: trace.benchmark {benchmark}: the report has benchmarks 0-{len(benchmarks) - 1}"
+        )
+    b = benchmarks[benchmark]
+    table = finish_table(path, b.starts_s(), b.column("prompt_tokens"), b.column("output_tokens"))
+    if b.sampled:
+        table.attrs["notes"] = (
+            f"{b.source}: GuideLLM kept {len(b.requests)} of its {b.total} requests; the trace holds those",
+        )
+    return table
+
+
 def load_arxiv(path: Path) -> pd.DataFrame:
     """arXiv-summarization (prefill, decode) lengths from Vidur; no timestamps."""
     df = _read(path, "arxiv", ARXIV_COLUMNS)
@@ -255,6 +277,8 @@ def load_source(
             return load_sharegpt_json(path)
         case "vllm_bench":
             return load_vllm_bench(path)
+        case "guidellm":
+            return load_guidellm(path, src.benchmark)
         case "arxiv":
             return load_arxiv(path)
         case "burstgpt":

@@ -24,14 +24,14 @@ GROUPS = {
 def compare(
     runs_file: Path,
     model: str | None = typer.Option(
-        None, "--model", help="A vllm bench JSON's model (preset or config.json)"
+        None, "--model", help="A benchmark result's model (preset, config.json or HF id)"
     ),
-    gpu: str | None = typer.Option(None, "--gpu", help="A vllm bench JSON's GPU (catalog name)"),
-    tp: int = typer.Option(1, "--tp", min=1, help="A vllm bench JSON's tensor-parallel size"),
+    gpu: str | None = typer.Option(None, "--gpu", help="A benchmark result's GPU (catalog name)"),
+    tp: int = typer.Option(1, "--tp", min=1, help="A benchmark result's tensor-parallel size"),
     set_: list[str] = typer.Option(
         [],
         "--set",
-        help="A vllm bench JSON's other setup: field=value "
+        help="A benchmark result's other setup: field=value "
         "(weight_dtype=fp8, engine_args.max_model_len=4096, input_len=1024...)",
     ),
     profile: list[str] = typer.Option(
@@ -57,16 +57,15 @@ def compare(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
-    benchmarks/published_runs.yaml, one `vllm bench serve --save-result` JSON, or an SGLang `bench_serving`
-    JSONL (a run per line), these two with --model and --gpu."""
+    benchmarks/published_runs.yaml, one `vllm bench serve --save-result` JSON, a GuideLLM report JSON (a run per
+    benchmark) or an SGLang `bench_serving` JSONL (a run per line), these three with --model and --gpu."""
     from servesim.hardware.profile import load_profile
     from servesim.simulator.compare.holdout import SPLITS, holdout_rows
     from servesim.simulator.compare.measured import (
         distinct_files,
         load_measured_runs,
         replay_run,
-        run_from_vllm_result,
-        runs_from_sglang_results,
+        runs_from_result_file,
         select,
         with_gpu_files,
     )
@@ -83,14 +82,10 @@ def compare(
                 f"{runs_file}: a benchmark result does not say what served it: give --model and --gpu"
             )
         setup = apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_)
-        runs = (
-            runs_from_sglang_results(runs_file, setup)
-            if runs_file.suffix == ".jsonl"
-            else [run_from_vllm_result(runs_file, setup)]
-        )
+        runs = runs_from_result_file(runs_file, setup)
     elif model or gpu or set_ or tp != 1:
         raise SpecError(
-            f"{runs_file}: --model, --gpu, --tp and --set describe a vllm bench JSON; a runs file "
+            f"{runs_file}: --model, --gpu, --tp and --set describe a benchmark result file; a runs file "
             "names each run's setup itself"
         )
     else:

@@ -25,6 +25,7 @@ from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.spec_model import SpecModel
 from servesim.policies.families import EngineFamily, families
+from servesim.simulator.compare.guidellm import guidellm_results
 from servesim.simulator.scenario import Scenario, first_error
 
 LATENCY = "latency_s"
@@ -127,7 +128,17 @@ class MeasuredRun(SpecModel):
     burstiness: float = Field(
         1.0,
         gt=0,
-        description=("vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson"),
+        allow_inf_nan=True,
+        description=(
+            "vLLM's --burstiness: gamma-distributed gaps of shape b, CV 1/sqrt(b); 1 is Poisson, inf evenly spaced"
+        ),
+    )
+    client: Literal["engine", "guidellm"] = Field(
+        "engine",
+        description=(
+            "The benchmark client: the engine's own (vllm bench serve, SGLang's bench_serving) or GuideLLM, whose "
+            "rates are never paced"
+        ),
     )
     batch_size: int | None = Field(None, ge=1, description="bench latency: prompts in the one batch")
     measured: dict[MetricName, float] = Field(min_length=1)  # type: ignore[valid-type]
@@ -195,7 +206,7 @@ class MeasuredRun(SpecModel):
     def paced_arrivals(self) -> bool:
         """Whether the client scaled its gaps to end at num_prompts / rate: vLLM's bench serve since v0.10.1."""
         since = self.family.paced_client_since
-        return since is not None and self._since(since)
+        return self.client == "engine" and since is not None and self._since(since)
 
     @property
     def schedules_ahead(self) -> bool:
@@ -309,8 +320,15 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
     elif math.isfinite(run.request_rate):
         workload["arrivals"] = (
-            {"kind": "poisson"} if run.burstiness == 1.0 else {"kind": "gamma", "cv": run.burstiness**-0.5}
-        ) | {"rate_per_s": run.request_rate, "paced": run.paced_arrivals}
+            {"kind": "constant", "rate_per_s": run.request_rate}
+            if math.isinf(run.burstiness)
+            else (
+                {"kind": "poisson"}
+                if run.burstiness == 1.0
+                else {"kind": "gamma", "cv": run.burstiness**-0.5}
+            )
+            | {"rate_per_s": run.request_rate, "paced": run.paced_arrivals}
+        )
     else:
         workload["arrivals"] = {"kind": "all_at_once"}
     hardware = {"gpu": run.gpu, "gpu_files": [str(f) for f in run.gpu_files]}
@@ -469,6 +487,26 @@ def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[Measured
     if not runs:
         raise SpecError(f"{path}: no results in it")
     return runs
+
+
+def runs_from_guidellm_report(path: Path, setup: dict[str, Any]) -> list[MeasuredRun]:
+    """Each benchmark of a GuideLLM report as a measured run (simulator/compare/guidellm.py reads it); `setup`
+    as for run_from_vllm_result."""
+    figures = {name: name for name in SUMMARY_KEY if name != LATENCY}
+    return [
+        _served_run(result, source, figures, load, setup) for source, result, load in guidellm_results(path)
+    ]
+
+
+def runs_from_result_file(path: Path, setup: dict[str, Any]) -> list[MeasuredRun]:
+    """A benchmark client's result file as measured runs: SGLang bench_serving JSONL, a GuideLLM report (JSON with
+    a benchmarks list) or a `vllm bench serve` result JSON."""
+    if path.suffix == ".jsonl":
+        return runs_from_sglang_results(path, setup)
+    data = read_json(path, "benchmark result")
+    if isinstance(data, dict) and "benchmarks" in data:
+        return runs_from_guidellm_report(path, setup)
+    return [run_from_vllm_result(path, setup)]
 
 
 def _served_run(
