@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
@@ -205,11 +206,22 @@ def plan(
         "--exhaustive",
         help="Size and verify every candidate, those too costly to be chosen too: the whole cost/latency table",
     ),
+    emit: tuple[str, Path] | None = typer.Option(
+        None,
+        "--emit",
+        metavar="KIND DIR",
+        help="Also write the recommended deployment's manifests and benchmark script to DIR: k8s (Deployment and "
+        "Service), llm-d (modelservice chart values) or dynamo (DynamoGraphDeployment)",
+    ),
+    image: str | None = typer.Option(
+        None, "--image", help="Container image for --emit (default: the engine's)"
+    ),
     set_: list[str] = SetOption,
 ) -> None:
     """Find the cheapest deployment (GPU x TP x PP x layout x replicas x knobs) that sustains the load within the
     SLOs."""
-    from servesim.simulator.atomic import check_output_folder, write_text_atomic
+    from servesim.simulator.atomic import check_output_folder, check_replaceable, write_text_atomic
+    from servesim.simulator.planning.deploy import EMIT_KINDS
     from servesim.simulator.planning.executors import default_workers
     from servesim.simulator.world.output import json_text
     from servesim.simulator.planning.plan import plan as make_plan
@@ -229,6 +241,10 @@ def plan(
     tps, pps = _sizes(tp, "--tp"), _sizes(pp, "--pp")
     folder = out or Path("runs") / f"{spec.name}-plan"
     check_output_folder(folder, frozenset({"plan.json"}))
+    if emit is not None:
+        if emit[0] not in EMIT_KINDS:
+            raise SpecError(f"--emit {emit[0]!r} is not one of {', '.join(EMIT_KINDS)}")
+        check_replaceable(emit[1])
     with plan_progress(console) as on_progress:
         result = make_plan(
             spec,
@@ -248,6 +264,27 @@ def plan(
     write_text_atomic(path, json_text(result.as_dict(), indent=2))
     _print_plan(result)
     console.print(f"{result.num_simulations} simulations; plan in {path}")
+    if emit is not None:
+        _emit(result, spec, base_dir, *emit, image)
+
+
+def _emit(result, spec, base_dir: Path, kind: str, folder: Path, image: str | None) -> None:
+    """The recommendation's manifests and benchmark script, written as one folder."""
+    from servesim.simulator.atomic import atomic_dir
+    from servesim.simulator.planning.deploy import deployment_files
+
+    if result.recommendation is None:
+        raise SpecError("--emit: no deployment met the SLOs within the limits; nothing to deploy")
+    chosen = result.recommendation
+    s = chosen.evaluation.candidate.scenario(spec, chosen.replicas)
+    files = deployment_files(
+        kind, s, base_dir, chosen.evaluation.max_model_len, result.target_rate_per_s, image
+    )
+    with atomic_dir(folder) as tmp:
+        for name, text in files.items():
+            (tmp / name).write_text(text)
+        (tmp / "benchmark.sh").chmod(0o755)
+    console.print(escape(f"{kind} manifests in {folder}: {', '.join(files)}"))
 
 
 def _print_plan(result) -> None:

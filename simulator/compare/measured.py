@@ -23,7 +23,7 @@ from servesim.hardware.errors import SpecError
 from servesim.hardware.files import read_json, read_text, read_yaml
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
-from servesim.hardware.spec_model import SpecModel
+from servesim.hardware.spec_model import MAX_REPLICAS, SpecModel
 from servesim.policies.families import EngineFamily, families
 from servesim.simulator.compare.guidellm import guidellm_results
 from servesim.simulator.scenario import Scenario, first_error
@@ -92,6 +92,9 @@ class MeasuredRun(SpecModel):
         ),
     )
     tp: int = Field(1, ge=1)
+    replicas: int = Field(
+        1, ge=1, le=MAX_REPLICAS, description="Replicas of the engine behind a round-robin balancer"
+    )
     model: str
     weight_dtype: str = "auto"
     kv_dtype: Literal["auto", "bf16", "fp16", "fp8"] = "auto"
@@ -254,7 +257,7 @@ class MeasuredRun(SpecModel):
             if math.isfinite(self.request_rate)
             else "all at once"
         )
-        extras = [f"TP{self.tp}"] * (self.tp > 1)
+        extras = [f"TP{self.tp}"] * (self.tp > 1) + [f"{self.replicas} replicas"] * (self.replicas > 1)
         extras += [self.engine] * (self.engine != MeasuredRun.model_fields["engine"].default)
         extras += [self.weight_dtype] * (self.weight_dtype not in ("auto", "bf16"))
         count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
@@ -340,6 +343,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         "model": run.model,
         "hardware": hardware,
         "parallelism": {"tp": run.tp},
+        "cluster": {"replicas": run.replicas, "router": "round_robin"},
         "engine": engine,
         "workload": workload,
     }

@@ -208,7 +208,7 @@ def _frontend(s: Scenario, env: simpy.Environment) -> Frontend:
     return Frontend(env, profile.api_request_s, profile.api_token_s, profile.api_latency_s)
 
 
-def _pool_settings(s: Scenario, pool: PoolConfig, scheduler: str, role: str) -> Scenario:
+def pool_settings(s: Scenario, pool: PoolConfig, scheduler: str, role: str) -> Scenario:
     try:
         engine = s.engine_with({**pool.engine, "scheduler": scheduler})
     except ValidationError as err:
@@ -270,14 +270,14 @@ class World:
         else:
             pd_schedulers = family_of(s.engine.scheduler).pd_pools
             prefill = self._pool(
-                _pool_settings(s, d.prefill, pd_schedulers[0], "prefill"),
+                pool_settings(s, d.prefill, pd_schedulers[0], "prefill"),
                 d.prefill.replicas,
                 0,
                 lambda replica: lambda req: self._prefilled(req, replica),
                 "disaggregation.prefill",
             )
             decode = self._pool(
-                _pool_settings(s, d.decode, pd_schedulers[1], "decode"),
+                pool_settings(s, d.decode, pd_schedulers[1], "decode"),
                 d.decode.replicas,
                 len(prefill.replicas),
                 lambda replica: self._finished,

@@ -115,7 +115,7 @@ def test_a_block_size_flashmla_would_not_run_is_an_error():
 
 def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_stages():
     from servesim.simulator.world.omni_run import stage_scenario
-    from servesim.simulator.world.run import _pool_settings
+    from servesim.simulator.world.run import pool_settings
     from servesim.simulator.omni import StageConfig
     from servesim.simulator.scenario import Scenario
 
@@ -148,7 +148,7 @@ def test_a_deepseek_scenario_runs_vllm_s_block_size_colocated_in_pools_and_in_st
         (pd.disaggregation.decode, "vllm_decode", "decode"),
     ):
         assert (
-            _pool_settings(pd, pool, scheduler, role).with_engine_defaults().engine.block_size == 64
+            pool_settings(pd, pool, scheduler, role).with_engine_defaults().engine.block_size == 64
         )  # was 16
     assert stage_scenario(s, StageConfig(name="only", tp=8)).engine.block_size == 64
 

@@ -1,0 +1,316 @@
+"""Deployment manifests for a plan's recommendation: plain Kubernetes, llm-d or NVIDIA Dynamo, and the benchmark
+commands that measure the deployment, whose saved results `servesim compare` reads back.
+
+Field names follow each project's published schema: Kubernetes' apps/v1 Deployment and v1 Service (and vLLM's
+"Deploying with Kubernetes" page: /health probes, a memory-backed /dev/shm); llm-d's modelservice Helm chart
+values (llm-d-incubation/llm-d-modelservice charts/llm-d-modelservice/values.yaml); Dynamo's v1alpha1
+DynamoGraphDeployment (ai-dynamo/dynamo deploy/cloud/operator/api/v1alpha1). The engine flags are the plan's
+launch commands (simulator/planning/launch.py), one set per role.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.policies.families import SGLANG, family_of
+from servesim.simulator.planning.launch import hf_model_id, sglang_command, vllm_command
+from servesim.simulator.scenario import Scenario
+from servesim.simulator.world.run import _workload, pool_settings
+
+EMIT_KINDS = ("k8s", "llm-d", "dynamo")
+PORT = 8000  # every engine container listens here (SGLang is told to; vLLM's default)
+IMAGES = {  # public images; --image replaces the engine's
+    "vllm": "vllm/vllm-openai:latest",
+    "sglang": "lmsysorg/sglang:latest",
+    "dynamo-vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.3.0",
+    "dynamo-sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.3.0",
+}
+# vLLM's P/D connector, as the planner's transfer models it (one both-ways role per side)
+NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """YAML without anchors: a manifest repeats its labels rather than aliasing them (kubectl and Helm read
+    both, people read this)."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _yaml(*documents: Any) -> str:
+    return yaml.dump_all(documents, Dumper=_PlainDumper, sort_keys=False)
+
+
+def _env(role: "Role") -> dict[str, Any]:
+    return {"env": [{"name": k, "value": v} for k, v in role.env.items()]} if role.env else {}
+
+
+@dataclass(frozen=True)
+class Role:
+    """One kind of replica in the deployment: every replica of a colocated plan, or a P/D pool."""
+
+    name: str  # worker, prefill or decode
+    replicas: int
+    gpus: int  # per replica
+    env: dict[str, str]  # the launch command's environment assignments
+    argv: list[str]  # the engine's command line, program first
+
+
+def _argv(command: str) -> tuple[dict[str, str], list[str]]:
+    """A launch command's leading VAR=value words as the environment, the rest as argv."""
+    words = shlex.split(command)
+    env = {}
+    while words and "=" in words[0] and not words[0].startswith("-"):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    return env, words
+
+
+def engine_of(s: Scenario) -> str:
+    """The engine the deployment runs: SGLang for a plan simulated with SGLang's scheduler, else vLLM."""
+    return "sglang" if family_of(s.engine.scheduler) is SGLANG else "vllm"
+
+
+def roles(s: Scenario, max_model_len: int, engine: str) -> list[Role]:
+    """The deployment's roles with their engine command lines (P/D: each pool's, with its hand-off flags)."""
+    command = sglang_command if engine == "sglang" else vllm_command
+    if s.disaggregation is None:
+        env, argv = _argv(command(s, max_model_len))
+        gpus = s.parallelism.tp * s.parallelism.pp
+        return [Role("worker", s.cluster.replicas, gpus, env, argv)]
+    out = []
+    for name in ("prefill", "decode"):
+        pool = getattr(s.disaggregation, name)
+        env, argv = _argv(command(pool_settings(s, pool, s.engine.scheduler, name), max_model_len))
+        argv += ["--disaggregation-mode", name] if engine == "sglang" else ["--kv-transfer-config", NIXL]
+        out.append(Role(name, pool.replicas, pool.tp * pool.pp, env, argv))
+    return out
+
+
+def _check_fits_a_node(s: Scenario, all_roles: list[Role]) -> None:
+    node = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).gpus_per_node
+    for role in all_roles:
+        if role.gpus > node:
+            raise SpecError(
+                f"--emit: a {role.name} replica of {role.gpus} GPUs spans nodes of {node}; the manifests cover "
+                "single-node replicas (multi-node serving needs LeaderWorkerSet or Dynamo's multinode, by hand)"
+            )
+
+
+def _name(s: Scenario) -> str:
+    """A DNS-1123 name from the scenario's: lowercase letters, digits and dashes, at most 40 characters."""
+    name = "".join(c if c.isalnum() else "-" for c in s.name.lower()).strip("-")
+    return ("-".join(filter(None, name.split("-")))[:40].strip("-")) or "servesim"
+
+
+def _serving_args(role: Role, engine: str) -> list[str]:
+    """argv as a server in a pod runs it: SGLang told to listen on every address at PORT."""
+    return role.argv + (["--host", "0.0.0.0", "--port", str(PORT)] if engine == "sglang" else [])
+
+
+def _container(role: Role, engine: str, image: str) -> dict[str, Any]:
+    argv = _serving_args(role, engine)
+    probe = {"httpGet": {"path": "/health", "port": PORT}}
+    return {
+        "name": engine,
+        "image": image,
+        "command": argv[:2] if engine == "vllm" else argv[:3],  # vllm serve | python -m sglang.launch_server
+        "args": argv[2:] if engine == "vllm" else argv[3:],
+        **_env(role),
+        "ports": [{"containerPort": PORT, "name": "http"}],
+        "resources": {"limits": {"nvidia.com/gpu": role.gpus}, "requests": {"nvidia.com/gpu": role.gpus}},
+        "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],
+        "readinessProbe": probe | {"initialDelaySeconds": 60, "periodSeconds": 10},
+        "livenessProbe": probe | {"initialDelaySeconds": 600, "periodSeconds": 30},
+    }
+
+
+def k8s_manifests(s: Scenario, all_roles: list[Role], engine: str, image: str) -> str:
+    """A Deployment and a Service: Kubernetes spreads requests over the replicas, as the plan's round robin."""
+    if len(all_roles) > 1:
+        raise SpecError(
+            "--emit k8s: a P/D plan needs a router that pairs prefill and decode replicas; emit llm-d or dynamo"
+        )
+    (role,) = all_roles
+    name, labels = _name(s), {"app.kubernetes.io/name": _name(s), "app.kubernetes.io/part-of": "servesim"}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "replicas": role.replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [_container(role, engine, image)],
+                    "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"selector": labels, "ports": [{"name": "http", "port": 80, "targetPort": PORT}]},
+    }
+    return _yaml(deployment, service)
+
+
+def llm_d_values(s: Scenario, all_roles: list[Role], engine: str, image: str) -> str:
+    """Values for llm-d's modelservice chart: a decode role (every replica when colocated) and, under P/D, a
+    prefill role, behind llm-d's routing proxy. The chart adds --tensor-parallel-size and the GPU limits."""
+    if engine != "vllm":
+        raise SpecError(
+            "--emit llm-d: llm-d serves with vLLM; this plan was simulated with SGLang's scheduler"
+        )
+    values: dict[str, Any] = {
+        "modelArtifacts": {"uri": f"hf://{hf_model_id(s.model)}", "name": hf_model_id(s.model)},
+        "routing": {"servicePort": PORT, "proxy": {"enabled": len(all_roles) > 1, "connector": "nixlv2"}},
+    }
+    by_name = {role.name: role for role in all_roles}
+    for section, role in (
+        ("decode", by_name.get("decode", by_name.get("worker"))),
+        ("prefill", by_name.get("prefill")),
+    ):
+        if role is None:
+            values[section] = {"create": False}
+            continue
+        args = role.argv[3:]  # after vllm serve MODEL
+        tp = int(args[args.index("--tensor-parallel-size") + 1])
+        unsupported = [flag for flag in ("--pipeline-parallel-size", "--data-parallel-size") if flag in args]
+        if unsupported:
+            raise SpecError(
+                f"--emit llm-d: the modelservice chart sizes a pod as data x tensor GPUs; {unsupported[0]} "
+                "needs more: emit k8s or dynamo"
+            )
+        i = args.index("--tensor-parallel-size")
+        values[section] = {
+            "create": True,
+            "replicas": role.replicas,
+            "parallelism": {"tensor": tp},
+            "containers": [
+                {
+                    "name": "vllm",
+                    "image": image,
+                    "modelCommand": "vllmServe",
+                    "args": args[:i] + args[i + 2 :],
+                    **_env(role),
+                    "ports": [{"containerPort": PORT, "name": "http"}],
+                    "mountModelVolume": True,
+                }
+            ],
+        }
+    return _yaml(values)
+
+
+def dynamo_graph(s: Scenario, all_roles: list[Role], engine: str, image: str) -> str:
+    """A DynamoGraphDeployment: Dynamo's frontend and one worker service per role, each a python -m dynamo.<engine>
+    process taking the engine's own flags."""
+    services: dict[str, Any] = {
+        "Frontend": {
+            "componentType": "frontend",
+            "replicas": 1,
+            "extraPodSpec": {
+                "mainContainer": {
+                    "image": image,
+                    "command": ["python3", "-m", "dynamo.frontend"],
+                    "args": ["--http-port", str(PORT), "--router-mode", "round-robin"],
+                }
+            },
+        }
+    }
+    for role in all_roles:
+        model_flag = "--model" if engine == "vllm" else "--model-path"
+        args = [model_flag, hf_model_id(s.model)] + (role.argv[3:] if engine == "vllm" else role.argv[5:])
+        if engine == "vllm" and role.name != "worker":  # Dynamo's own role flag replaces the connector's
+            i = args.index("--kv-transfer-config")
+            args = args[:i] + args[i + 2 :] + ["--disaggregation-mode", role.name]
+        service: dict[str, Any] = {"componentType": "worker", "replicas": role.replicas}
+        if role.name != "worker":
+            service["subComponentType"] = role.name
+        service |= {
+            "resources": {"limits": {"gpu": str(role.gpus)}, "requests": {"gpu": str(role.gpus)}},
+            **({"envs": _env(role)["env"]} if role.env else {}),
+            "extraPodSpec": {
+                "mainContainer": {
+                    "image": image,
+                    "command": ["python3", "-m", f"dynamo.{engine}"],
+                    "args": args,
+                }
+            },
+        }
+        services[f"{engine.capitalize()}{role.name.capitalize()}"] = service
+    graph = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "DynamoGraphDeployment",
+        "metadata": {"name": _name(s)},
+        "spec": {"backendFramework": engine, "services": services},
+    }
+    return _yaml(graph)
+
+
+def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles: list[Role]) -> str:
+    """`vllm bench serve` and GuideLLM at the planned load (Poisson at the target rate, the workload's mean
+    lengths) against the deployment's address, and the `servesim compare` line that replays their results on the
+    same replicas (a colocated plan: compare replays one kind of engine, not P/D pools)."""
+    requests = _workload(s, np.random.default_rng(s.seed), base_dir).requests
+    prompt = round(float(np.mean([r.num_prompt_tokens for r in requests])))
+    output = round(float(np.mean([r.num_output_tokens for r in requests])))
+    model, count = hf_model_id(s.model), len(requests)
+    if len(all_roles) == 1:
+        setup = (
+            f"--model {shlex.quote(s.model)} --gpu {s.hardware.gpu} --tp {s.parallelism.tp} "
+            f"--set replicas={all_roles[0].replicas}"
+        )
+        then = f"# Then: servesim compare vllm-bench.json {setup}  (and guidellm.json the same way)"
+    else:
+        then = "# servesim compare replays one kind of engine, not P/D pools: set these beside servesim simulate's"
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# Measure the planned deployment: {target_rate:g} requests/s, Poisson, {count} requests of {prompt} prompt",
+        f"# and {output} output tokens (the scenario's means; its spread of lengths is not sent).",
+        then,
+        "set -euo pipefail",
+        'URL=${1:?"usage: benchmark.sh URL (the deployment\'s address as the client reaches it)"}',
+        f'vllm bench serve --backend openai --base-url "$URL" --model {model} --dataset-name random '
+        f"--random-input-len {prompt} --random-output-len {output} --random-range-ratio 0 --ignore-eos "
+        f"--num-prompts {count} --request-rate {target_rate:g} --save-result --save-detailed "
+        "--result-filename vllm-bench.json",
+        f'guidellm benchmark --target "$URL" --model {model} --rate-type poisson --rate {target_rate:g} '
+        f"--data prompt_tokens={prompt},output_tokens={output} --max-requests {count} --output-path guidellm.json",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+RENDERERS = {
+    "k8s": ("k8s.yaml", k8s_manifests),
+    "llm-d": ("modelservice-values.yaml", llm_d_values),
+    "dynamo": ("dynamo.yaml", dynamo_graph),
+}
+
+
+def deployment_files(
+    kind: str, s: Scenario, base_dir: Path, max_model_len: int, target_rate: float, image: str | None = None
+) -> dict[str, str]:
+    """File name -> text for the deployment `s` (the recommended scenario, replicas included) under `kind`."""
+    if kind not in RENDERERS:
+        raise SpecError(f"--emit {kind!r} is not one of {', '.join(EMIT_KINDS)}")
+    engine = engine_of(s)
+    all_roles = roles(s, max_model_len, engine)
+    _check_fits_a_node(s, all_roles)
+    image = image or IMAGES[f"dynamo-{engine}" if kind == "dynamo" else engine]
+    name, render = RENDERERS[kind]
+    return {
+        name: render(s, all_roles, engine, image),
+        "benchmark.sh": benchmark_script(s, base_dir, target_rate, all_roles),
+    }
