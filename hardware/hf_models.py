@@ -104,8 +104,8 @@ def hub_cache() -> Path:
     return Path(home).expanduser() / "hub"
 
 
-def cached_config(repo: str, cache: Path | None = None) -> Path | None:
-    """`repo`'s config.json in the cache: the snapshot `refs/main` names, else the newest snapshot holding one."""
+def cached_file(repo: str, filename: str = "config.json", cache: Path | None = None) -> Path | None:
+    """`repo`'s `filename` in the cache: the snapshot `refs/main` names, else the newest snapshot holding one."""
     cache = cache or hub_cache()
     folder = cache / f"models--{repo.replace('/', '--')}"
     if not folder.is_dir():  # repo ids are matched without regard to case, as the Hub does
@@ -113,10 +113,10 @@ def cached_config(repo: str, cache: Path | None = None) -> Path | None:
         folder = next((f for f in cache.glob("models--*") if f.name.lower() == wanted), folder)
     main = folder / "refs" / "main"
     if main.is_file():
-        path = folder / "snapshots" / main.read_text().strip() / "config.json"
+        path = folder / "snapshots" / main.read_text().strip() / filename
         if path.is_file():
             return path
-    found = sorted(folder.glob("snapshots/*/config.json"), key=lambda p: p.stat().st_mtime)
+    found = sorted(folder.glob(f"snapshots/*/{filename}"), key=lambda p: p.stat().st_mtime)
     return found[-1] if found else None
 
 
@@ -134,8 +134,8 @@ def _hub_reachable() -> bool:
     return True
 
 
-def download_config(repo: str) -> Path:
-    """Fetch `repo`'s config.json into the cache with huggingface_hub; SpecError (one line) when it cannot."""
+def download_file(repo: str, filename: str = "config.json") -> Path:
+    """Fetch `repo`'s `filename` into the cache with huggingface_hub; SpecError (one line) when it cannot."""
     try:
         from huggingface_hub import hf_hub_download
     except ImportError:
@@ -146,17 +146,17 @@ def download_config(repo: str) -> Path:
     if not _hub_reachable():  # its client retries a dead connection for ~25 s before it gives up
         raise SpecError(
             f"model {repo!r}: not in the Hugging Face cache ({hub_cache()}), and the Hub is not reachable "
-            f"(offline); download it where it is: hf download {repo} config.json"
+            f"(offline); download it where it is: hf download {repo} {filename}"
         )
     hub_log = logging.getLogger("huggingface_hub")
     level = hub_log.level
     hub_log.setLevel(logging.CRITICAL)  # its retries' warnings would print lines of their own
     try:
-        return Path(hf_hub_download(repo_id=repo, filename="config.json"))
+        return Path(hf_hub_download(repo_id=repo, filename=filename))
     except Exception as err:  # noqa: BLE001 (offline, gated, missing: each a reason the user can act on)
         raise SpecError(
             f"model {repo!r}: not in the Hugging Face cache ({hub_cache()}), not fetched "
-            f"({type(err).__name__}); download it: hf download {repo} config.json"
+            f"({type(err).__name__}); download it: hf download {repo} {filename}"
         ) from None
     finally:
         hub_log.setLevel(level)
@@ -176,4 +176,4 @@ def resolve_repo(repo: str) -> str:
     preset = preset_for_repo(repo)
     if preset is not None:
         return preset
-    return str(cached_config(repo) or download_config(repo))
+    return str(cached_file(repo) or download_file(repo))

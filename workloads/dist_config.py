@@ -59,6 +59,14 @@ class TraceSource(SpecModel):
     benchmark: int = Field(
         0, ge=0, description="guidellm only: which benchmark of the report (0 = its first) to replay."
     )
+    tokenizer: str | None = Field(
+        None,
+        description=(
+            "sharegpt_json only: count tokens with this tokenizer (a tokenizer.json, a folder holding one, or a "
+            "Hugging Face repo id; needs the tokenizers package). Unset: the model's own when its tokenizer.json "
+            "is in the Hugging Face cache, else 4 characters a token"
+        ),
+    )
 
     @model_validator(mode="after")
     def _options_match_format(self) -> Self:
@@ -70,6 +78,10 @@ class TraceSource(SpecModel):
             for name, default in (("burstgpt_model", None), ("drop_failed", True))
             if getattr(self, name) != default
         ]
+        if self.tokenizer is not None and self.format != "sharegpt_json":
+            raise ValueError(
+                f"trace.tokenizer is a sharegpt_json option, but format is {self.format!r}; remove it"
+            )
         if self.benchmark and self.format != "guidellm":
             raise ValueError(
                 f"trace.benchmark is a guidellm option, but format is {self.format!r}; remove it"

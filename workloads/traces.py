@@ -12,7 +12,8 @@ Formats (see shared/data/traces/README.md for the public ones):
 - sharegpt_json: the ShareGPT conversations JSON (`ShareGPT_V3_unfiltered_cleaned_split.json`: a list of
   `{"id", "conversations": [{"from", "value"}, ...]}`), read as `vllm bench serve --dataset-name sharegpt` reads it:
   each conversation's first turn is the prompt and its second the completion, conversations of fewer than two
-  turns left out. Text is counted at CHARS_PER_TOKEN characters a token (no tokenizer is loaded), as a note says.
+  turns left out. Tokens are counted by trace.tokenizer, or the model's own tokenizer when it is cached
+  (workloads/tokens.py), else estimated at CHARS_PER_TOKEN characters a token; a note says which.
 - vllm_bench: a `vllm bench serve --save-result --save-detailed` JSON: its per-request `input_lens` and
   `output_lens`, in the order the client sent them (no timestamps: pair it with the run's arrivals).
 - guidellm: a GuideLLM report JSON (`guidellm benchmark --output-path report.json`): one benchmark's successful
@@ -50,6 +51,7 @@ import pandas as pd
 
 from servesim.workloads.config import TraceSource
 from servesim.workloads.guidellm import read_guidellm
+from servesim.workloads.tokens import token_counter
 from servesim.workloads.servegen import servegen_requests
 from servesim.workloads.tables import finish_table, require_columns, require_file
 
@@ -152,8 +154,9 @@ def _tokens(text: object) -> float:
     return math.ceil(len(text) / CHARS_PER_TOKEN) if isinstance(text, str) and text else math.nan
 
 
-def load_sharegpt_json(path: Path) -> pd.DataFrame:
-    """The ShareGPT conversations JSON: first turn as prompt, second as completion, tokens estimated from text."""
+def load_sharegpt_json(path: Path, tokenizer: str | None = None) -> pd.DataFrame:
+    """The ShareGPT conversations JSON: first turn as prompt, second as completion, tokens counted by `tokenizer`
+    (workloads/tokens.py) or estimated from the text's length."""
     data = _json(path, "sharegpt_json", ("conversations",))
     if not isinstance(data, list):
         raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
@@ -163,16 +166,25 @@ def load_sharegpt_json(path: Path) -> pd.DataFrame:
         if isinstance(entry, dict) and isinstance(entry.get("conversations"), list)
     ]
     pairs = [t for t in turns if len(t) == 2 and all(isinstance(turn, dict) for turn in t)]
+    texts = [[turn.get("value") for turn in pair] for pair in pairs]
+    if tokenizer is None:
+        counts = [[_tokens(text) for text in pair] for pair in texts]
+        note = f"token counts estimated at {CHARS_PER_TOKEN:g} characters a token (no tokenizer loaded)"
+    else:
+        count = token_counter(tokenizer)
+        flat = count([text if isinstance(text, str) else "" for pair in texts for text in pair])
+        counts = [
+            [n or math.nan for n in flat[i : i + 2]] for i in range(0, len(flat), 2)
+        ]  # no text: dropped
+        note = f"tokens counted with {tokenizer}'s tokenizer"
     table = finish_table(
         path,
         np.full(len(pairs), np.nan),
-        [_tokens(prompt.get("value")) for prompt, _ in pairs],
-        [_tokens(answer.get("value")) for _, answer in pairs],
+        [prompt for prompt, _ in counts],
+        [answer for _, answer in counts],
         dropped={"entries without two turns": len(data) - len(pairs)},
     )
-    table.attrs["notes"] = (
-        f"{path}: token counts estimated at {CHARS_PER_TOKEN:g} characters a token (no tokenizer loaded)",
-    )
+    table.attrs["notes"] = (f"{path}: {note}",)
     return table
 
 
@@ -274,7 +286,7 @@ def load_source(
         case "sharegpt":
             return load_sharegpt(path)
         case "sharegpt_json":
-            return load_sharegpt_json(path)
+            return load_sharegpt_json(path, src.tokenizer)
         case "vllm_bench":
             return load_vllm_bench(path)
         case "guidellm":

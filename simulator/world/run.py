@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from servesim.hardware.cost import CostOptions
 from servesim.hardware.errors import ShardingError, SpecError
 from servesim.hardware.gpu import get_gpu, get_interconnect
+from servesim.hardware.hf_models import repo_of
 from servesim.hardware.kv_groups import KVGroups
 from servesim.hardware.memory import MemoryPlan, plan_memory
 from servesim.hardware.model import get_model
@@ -46,6 +47,7 @@ from servesim.simulator.scenario import Scenario, first_error
 from servesim.simulator.world.slo_watch import SloWatch
 from servesim.simulator.world.traffic import Traffic
 from servesim.workloads.generate import Workload, build_workload
+from servesim.workloads.tokens import with_model_tokenizer
 from servesim.workloads.request import Phase, Request
 
 GIB = 1 << 30
@@ -172,7 +174,7 @@ def _waking(on_finish: Callable[[Request], None], replica: Replica) -> Callable[
 def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload:
     """Build the requests; the workloads package reports bad traces as ValueError naming the file."""
     try:
-        return build_workload(s.workload, rng, base_dir)
+        return build_workload(with_model_tokenizer(s.workload, repo_of(s.model)), rng, base_dir)
     except ValueError as err:
         raise SpecError(f"workload: {err}") from None
 
