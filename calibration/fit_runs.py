@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import tempfile
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,7 @@ def fit_to_runs(
     prior: float = 0.0,
     only: list[str] | None = None,
     gpu: str | None = None,
+    on_evaluation: Callable[[int], None] | None = None,
     **fields,
 ) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
@@ -180,7 +182,8 @@ def fit_to_runs(
     `fields` go to the Profile (name, provenance); `fit_mape` is set to the held-out runs' figures' MAPE (the train
     runs' when nothing is held out). With `gpu`, every run must be on that GPU; the fit starts from `base` as it
     prices that GPU and writes its parameters into `base`'s section for it, keeping `base`'s own `fit_mape`
-    (RunsFit.mape is the section's)."""
+    (RunsFit.mape is the section's). `on_evaluation(n)` hears of each replay of the train runs (n of at most
+    `max_evaluations`)."""
     if not train:
         raise ValueError("no runs to fit")
     elsewhere = sorted({run.gpu for run in train + test} - {gpu}) if gpu is not None else []
@@ -206,6 +209,8 @@ def fit_to_runs(
         if replayer.count >= max_evaluations:
             raise _Budget
         logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base, gpu))]
+        if on_evaluation is not None:
+            on_evaluation(replayer.count)
         r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
         cost = soft_l1(r)
         if cost < best[0]:

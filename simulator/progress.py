@@ -17,31 +17,45 @@ from rich.progress import (
 
 
 class _Advance:
-    """Callable handed to the simulation: `advance(n_done)`; `total(n)` sets the goal."""
+    """Callable handed to the work: `advance(n_done)`; `total(n)` sets the goal. On a terminal it moves a bar;
+    elsewhere, with `lines`, it prints `label done/total` on stderr per unit (every=1) or per tenth of the total."""
 
-    def __init__(self, progress: Progress | None, every: int = 64):
-        self.progress, self.task, self.every = progress, None, every
+    def __init__(self, progress: Progress | None, every: int = 64, lines: tuple[Console, str] | None = None):
+        self.progress, self.task, self.every, self.lines = progress, None, every, lines
+        self.goal, self.shown = None, 0
 
     def total(self, n: int) -> None:
+        self.goal = n
         if self.progress is not None:
             self.task = self.progress.add_task("requests", total=n)
 
     def __call__(self, done: int) -> None:
         if self.progress is not None and self.task is not None and done % self.every == 0:
             self.progress.update(self.task, completed=done)
+        elif self.lines is not None and self._line_due(done):
+            console, label = self.lines
+            self.shown = done
+            console.print(f"{label} {done}/{self.goal}" if self.goal else f"{label} {done}", markup=False)
+
+    def _line_due(self, done: int) -> bool:
+        if self.every == 1:
+            return done > self.shown
+        return bool(self.goal) and done * 10 // self.goal > self.shown * 10 // self.goal
 
 
 @contextmanager
-def progress_bar(label: str, console: Console, every: int = 64) -> Iterator[_Advance]:
-    """Redraw every `every` completions (64 for requests; 1 for coarse units such as sweep points)."""
+def progress_bar(label: str, console: Console, every: int = 64, lines: bool = True) -> Iterator[_Advance]:
+    """Redraw every `every` completions (64 for requests; 1 for coarse units such as sweep points), with the count,
+    elapsed time and ETA; off a terminal, lines on stderr instead (none with `lines=False`)."""
     if not console.is_terminal:
-        yield _Advance(None)
+        yield _Advance(None, every, (Console(stderr=True, soft_wrap=True), label) if lines else None)
         return
     with Progress(
         TextColumn(label),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
+        TimeRemainingColumn(),
         console=console,
         transient=True,
     ) as progress:

@@ -235,6 +235,7 @@ def fit_runs(
     from servesim.simulator.planning.executors import default_workers
     from servesim.simulator.compare.measured import distinct_files, load_measured_runs, select, with_gpu_files
     from servesim.simulator.compare.measured_report import FAMILY_COLUMNS, family_rows
+    from servesim.simulator.progress import progress_bar
 
     check_replaceable(out)  # before the fit, not after it
     runs = with_gpu_files(select(load_measured_runs(runs_file), match), gpu_file)
@@ -262,7 +263,8 @@ def fit_runs(
         + (f" on {gpu}" if gpu else "")
         + f", {len(test)} held out"
     )
-    with console.status(f"fitting to {len(train)} runs ({len(test)} held out)"):
+    with progress_bar(f"fitting to {len(train)} runs: replays", console, every=1) as advance:
+        advance.total(max_evaluations)
         result = fit_to_runs(
             train,
             test,
@@ -273,6 +275,7 @@ def fit_runs(
             only=[p.strip() for p in only.split(",")] if only else None,
             gpu=gpu,
             name=name or (start.name if base not in (None, "default") else "fitted-runs"),
+            on_evaluation=advance,
         )
     stated = (
         start.provenance.rstrip(". ")

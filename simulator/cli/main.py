@@ -32,6 +32,7 @@ from servesim.simulator.cli.app import (
     print_table,
 )
 
+LONG_RUN_REQUESTS = 50_000
 MAX_BATCH = 2**20  # sequences in one roofline step: far past any engine's max_num_seqs
 WeightDtype = typer.Option(
     "auto",
@@ -433,13 +434,14 @@ def simulate(
     spec, base_dir = load_scenario(scenario, set_, seed)
     out = out or Path("runs") / spec.name
     check_replaceable(out)  # before the run, not after it
-    world_progress = progress_bar("simulating", console)
-    with world_progress as advance:
-        try:
-            world = make_world(spec, base_dir)
-        except SpecError as err:
-            raise SpecError(f"{scenario}: {err}") from None
-        advance.total(len(world.workload.requests))
+    try:
+        world = make_world(spec, base_dir)
+    except SpecError as err:
+        raise SpecError(f"{scenario}: {err}") from None
+    count = len(world.workload.requests)
+    # off a terminal, lines only for a run long enough to wonder about (~a minute and more)
+    with progress_bar("simulating", console, lines=count >= LONG_RUN_REQUESTS) as advance:
+        advance.total(count)
         world.on_progress = advance
         result = world.run()
     folder = write_run(result, out, base_dir, tables)

@@ -133,6 +133,9 @@ def test_fit_cli_writes_a_loadable_profile_and_every_figure(tmp_path, truth_path
     assert sorted(figures["split"].unique()) == ["test", "train"] and len(figures) == 8
     assert {"measured", "predicted_base", "predicted_fitted"} <= set(figures.columns)
     assert "held-out MAPE" in result.output and "over 2 runs" in result.output
+    # off a terminal, a line per replay of the train runs, out of the budget
+    replays = [line for line in result.stderr.splitlines() if line.startswith("fitting to 2 runs: replays ")]
+    assert replays and replays[0] == "fitting to 2 runs: replays 1/10" and len(replays) <= 10
     too_few = CliRunner().invoke(app, ["fit", str(runs_file), "--match", "latency 32/64"])
     assert too_few.exit_code == 2 and "a fit needs at least 2" in too_few.output
     every = CliRunner().invoke(
