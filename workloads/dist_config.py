@@ -25,9 +25,10 @@ TraceFormat = Literal[
     "servesim",
     "vllm_bench",
     "guidellm",
+    "sglang_bench",
 ]
 # length tables without arrival times
-UNTIMED_FORMATS = frozenset({"sharegpt", "sharegpt_json", "arxiv", "vllm_bench"})
+UNTIMED_FORMATS = frozenset({"sharegpt", "sharegpt_json", "arxiv", "vllm_bench", "sglang_bench"})
 MIN_NORMAL_MASS = 1e-3  # below this, a truncated normal is mostly rejection loops, not a normal
 #: The largest value a length or time distribution may name or draw: past it a count overflows int64 on its way to
 #: numpy, and no model or trace comes near it.
@@ -57,7 +58,9 @@ class TraceSource(SpecModel):
         "if False they are kept as 1-output-token requests.",
     )
     benchmark: int = Field(
-        0, ge=0, description="guidellm only: which benchmark of the report (0 = its first) to replay."
+        0,
+        ge=0,
+        description="guidellm and sglang_bench: which benchmark (report entry, JSONL line; 0 = the first) to replay.",
     )
     tokenizer: str | None = Field(
         None,
@@ -82,9 +85,9 @@ class TraceSource(SpecModel):
             raise ValueError(
                 f"trace.tokenizer is a sharegpt_json option, but format is {self.format!r}; remove it"
             )
-        if self.benchmark and self.format != "guidellm":
+        if self.benchmark and self.format not in ("guidellm", "sglang_bench"):
             raise ValueError(
-                f"trace.benchmark is a guidellm option, but format is {self.format!r}; remove it"
+                f"trace.benchmark is a guidellm and sglang_bench option, but format is {self.format!r}; remove it"
             )
         if burst_only and self.format != "burstgpt":
             raise ValueError(

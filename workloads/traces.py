@@ -16,6 +16,8 @@ Formats (see shared/data/traces/README.md for the public ones):
   (workloads/tokens.py), else estimated at CHARS_PER_TOKEN characters a token; a note says which.
 - vllm_bench: a `vllm bench serve --save-result --save-detailed` JSON: its per-request `input_lens` and
   `output_lens`, in the order the client sent them (no timestamps: pair it with the run's arrivals).
+- sglang_bench: an SGLang `bench_serving --output-file` JSONL saved with --output-details: one line's (trace.benchmark,
+  default the first) per-request `input_lens` and `output_lens`, in sending order (no timestamps).
 - guidellm: a GuideLLM report JSON (`guidellm benchmark --output-path report.json`): one benchmark's successful
   requests (trace.benchmark, default the first) at their send times, with their prompt and output tokens
   (workloads/guidellm.py). A report that kept a sample of the requests gives the sample, as a note says.
@@ -66,6 +68,7 @@ __all__ = [
     "load_servesim",
     "load_sharegpt",
     "load_sharegpt_json",
+    "load_sglang_bench",
     "load_vllm_bench",
     "load_source",
     "resolve_path",
@@ -191,11 +194,31 @@ def load_sharegpt_json(path: Path, tokenizer: str | None = None) -> pd.DataFrame
 def load_vllm_bench(path: Path) -> pd.DataFrame:
     """A `vllm bench serve --save-detailed` result's per-request lengths, in sending order."""
     data = _json(path, "vllm_bench", ("input_lens", "output_lens"))
+    return _result_lengths(path, data, "vllm bench serve --save-result --save-detailed")
+
+
+def load_sglang_bench(path: Path, line: int = 0) -> pd.DataFrame:
+    """One run (JSONL line) of SGLang's bench_serving output: its per-request lengths, in sending order."""
+    require_file(path, "sglang_bench", ("input_lens", "output_lens"))
+    try:
+        lines = [text for text in path.read_text(encoding="utf-8").splitlines() if text.strip()]
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: sglang_bench trace file cannot be read ({str(err)[:80]})") from None
+    if line >= len(lines):
+        raise ValueError(f"{path}: trace.benchmark {line}: the file has {len(lines)} run line(s)")
+    try:
+        data = json.loads(lines[line])
+    except ValueError as err:
+        raise ValueError(f"{path}:{line + 1}: not a JSON line ({str(err)[:60]})") from None
+    return _result_lengths(path, data, "bench_serving --output-details")
+
+
+def _result_lengths(path: Path, data: object, how: str) -> pd.DataFrame:
+    """A benchmark result's `input_lens` and `output_lens` as an untimed length table."""
     lengths = [data.get(key) if isinstance(data, dict) else None for key in ("input_lens", "output_lens")]
     if not all(isinstance(column, list) for column in lengths) or len(lengths[0]) != len(lengths[1]):
         raise ValueError(
-            f"{path}: no per-request input_lens and output_lens of one length; save the run with "
-            "vllm bench serve --save-result --save-detailed"
+            f"{path}: no per-request input_lens and output_lens of one length; save the run with {how}"
         )
     return finish_table(path, np.full(len(lengths[0]), np.nan), lengths[0], lengths[1])
 
@@ -291,6 +314,8 @@ def load_source(
             return load_vllm_bench(path)
         case "guidellm":
             return load_guidellm(path, src.benchmark)
+        case "sglang_bench":
+            return load_sglang_bench(path, src.benchmark)
         case "arxiv":
             return load_arxiv(path)
         case "burstgpt":

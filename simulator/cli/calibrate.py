@@ -172,8 +172,15 @@ def validate(
 @clean_errors
 def fit_runs(
     runs_file: Path = typer.Argument(
-        ..., help="Measured runs (YAML list, as benchmarks/published_runs.yaml)"
+        ...,
+        help="Measured runs (YAML list, as benchmarks/published_runs.yaml), or a benchmark result file (vllm bench "
+        "serve JSON, GuideLLM report, SGLang bench_serving JSONL) with --model and --gpu",
     ),
+    model: str | None = typer.Option(
+        None, "--model", help="A benchmark result's model (preset, config.json or HF id)"
+    ),
+    tp: int = typer.Option(1, "--tp", min=1, help="A benchmark result's tensor-parallel size"),
+    set_: list[str] = typer.Option([], "--set", help="A benchmark result's other setup: field=value"),
     match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
     holdout_every: int = typer.Option(
         3, "--holdout-every", min=0, help="Hold every n-th run (n >= 2) out of the fit to test it (0: none)"
@@ -215,7 +222,7 @@ def fit_runs(
         "--gpu",
         help=(
             "Fit only the runs on this GPU (catalog name) into the base profile's `gpus.<GPU>` section: the "
-            "shared values, and every other GPU's, stay as they are"
+            "shared values, and every other GPU's, stay as they are (a benchmark result's GPU: it was served on it)"
         ),
     ),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
@@ -233,12 +240,23 @@ def fit_runs(
     from servesim.calibration.calibrate import save_profile
     from servesim.simulator.atomic import atomic_dir, check_replaceable
     from servesim.simulator.planning.executors import default_workers
-    from servesim.simulator.compare.measured import distinct_files, load_measured_runs, select, with_gpu_files
+    from servesim.simulator.compare.measured import (
+        RESULT_SUFFIXES,
+        distinct_files,
+        runs_from_file,
+        select,
+        with_gpu_files,
+    )
     from servesim.simulator.compare.measured_report import FAMILY_COLUMNS, family_rows
     from servesim.simulator.progress import progress_bar
 
     check_replaceable(out)  # before the fit, not after it
-    runs = with_gpu_files(select(load_measured_runs(runs_file), match), gpu_file)
+    if runs_file.suffix not in RESULT_SUFFIXES and (model or set_ or tp != 1):
+        raise SpecError(
+            f"{runs_file}: --model, --tp and --set describe a benchmark result file; a runs file names each "
+            "run's setup itself"
+        )
+    runs = with_gpu_files(select(runs_from_file(runs_file, model, gpu, tp, set_), match), gpu_file)
     files = tuple(distinct_files([*gpu_file, *(f for run in runs for f in run.gpu_files)]))
     start = load_profile(base, files)
     if gpu is not None:

@@ -63,33 +63,24 @@ def compare(
     from servesim.simulator.compare.holdout import SPLITS, holdout_rows
     from servesim.simulator.compare.measured import (
         distinct_files,
-        load_measured_runs,
+        RESULT_SUFFIXES,
         replay_run,
-        runs_from_result_file,
+        runs_from_file,
         select,
         with_gpu_files,
     )
-    from servesim.simulator.scenario import apply_overrides
     from servesim.simulator.compare.measured_report import write_html
     from servesim.simulator.progress import progress_bar
     from servesim.simulator.atomic import check_output_file
 
     if html is not None:
         check_output_file(html, "--html")
-    if runs_file.suffix in (".json", ".jsonl"):
-        if model is None or gpu is None:
-            raise SpecError(
-                f"{runs_file}: a benchmark result does not say what served it: give --model and --gpu"
-            )
-        setup = apply_overrides({"model": model, "gpu": gpu, "tp": tp}, set_)
-        runs = runs_from_result_file(runs_file, setup)
-    elif model or gpu or set_ or tp != 1:
+    if runs_file.suffix not in RESULT_SUFFIXES and (model or gpu or set_ or tp != 1):
         raise SpecError(
             f"{runs_file}: --model, --gpu, --tp and --set describe a benchmark result file; a runs file "
             "names each run's setup itself"
         )
-    else:
-        runs = load_measured_runs(runs_file)
+    runs = runs_from_file(runs_file, model, gpu, tp, set_)
     runs = with_gpu_files(select(runs, match), gpu_file)
     if by is not None and by not in GROUPS:
         raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")

@@ -502,6 +502,23 @@ def runs_from_guidellm_report(path: Path, setup: dict[str, Any]) -> list[Measure
     ]
 
 
+RESULT_SUFFIXES = (".json", ".jsonl")
+
+
+def runs_from_file(
+    path: Path, model: str | None, gpu: str | None, tp: int, overrides: list[str]
+) -> list[MeasuredRun]:
+    """A runs YAML, or a benchmark client's result file served by `model` on `gpu` at `tp` (plus `overrides`, the
+    MeasuredRun fields it does not record: field=value)."""
+    from servesim.simulator.scenario import apply_overrides
+
+    if path.suffix not in RESULT_SUFFIXES:
+        return load_measured_runs(path)
+    if model is None or gpu is None:
+        raise SpecError(f"{path}: a benchmark result does not say what served it: give --model and --gpu")
+    return runs_from_result_file(path, apply_overrides({"model": model, "gpu": gpu, "tp": tp}, overrides))
+
+
 def runs_from_result_file(path: Path, setup: dict[str, Any]) -> list[MeasuredRun]:
     """A benchmark client's result file as measured runs: SGLang bench_serving JSONL, a GuideLLM report (JSON with
     a benchmarks list) or a `vllm bench serve` result JSON."""

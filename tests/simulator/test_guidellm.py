@@ -207,5 +207,43 @@ def test_trace_benchmark_belongs_to_guidellm_reports():
     from servesim.workloads.config import TraceSource
 
     assert TraceSource(format="guidellm", path="r.json", benchmark=3).benchmark == 3
-    with pytest.raises(ValueError, match="trace.benchmark is a guidellm option, but format is 'azure'"):
+    with pytest.raises(
+        ValueError, match="trace.benchmark is a guidellm and sglang_bench option, but format is 'azure'"
+    ):
         TraceSource(format="azure", path="t.csv", benchmark=1)
+
+
+def test_fit_takes_a_guidellm_report_served_on_one_gpu(tmp_path):
+    """A sweep's benchmarks are runs enough to fit; --gpu names where they were served and the section fitted."""
+    path = write(
+        tmp_path,
+        benchmark({"type_": "concurrent", "streams": 1}, REQUESTS),
+        benchmark({"type_": "concurrent", "streams": 4}, REQUESTS),
+    )
+    out = tmp_path / "fit"
+    args = ["fit", str(path), "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--holdout-every", "0"]
+    args += ["--max-evaluations", "3"]
+    result = runner.invoke(app, [*args, "--workers", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "h100-sxm" in (out / "profile.yaml").read_text()
+    no_model = runner.invoke(app, ["fit", str(path), "--out", str(tmp_path / "x")])
+    assert no_model.exit_code == 2 and "give --model and --gpu" in no_model.output
+
+
+def test_an_sglang_bench_serving_line_is_a_trace_of_its_lengths(tmp_path):
+    from servesim.workloads.traces import load_sglang_bench
+
+    path = tmp_path / "sglang.jsonl"
+    lines = [
+        {"completed": 2, "input_lens": [30, 40], "output_lens": [5, 6]},
+        {"completed": 1, "input_lens": [7], "output_lens": [8]},
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    first, second = load_sglang_bench(path), load_sglang_bench(path, 1)
+    assert first["num_prompt_tokens"].tolist() == [30, 40] and second["num_output_tokens"].tolist() == [8]
+    assert first["arrival_s"].isna().all()
+    with pytest.raises(ValueError, match="trace.benchmark 2: the file has 2 run line"):
+        load_sglang_bench(path, 2)
+    path.write_text(json.dumps({"completed": 2}) + "\n")
+    with pytest.raises(ValueError, match="save the run with bench_serving --output-details"):
+        load_sglang_bench(path)
