@@ -339,6 +339,17 @@ GPU_FIELDS = tuple(
 )
 
 
+def best_validated_profile() -> str:
+    """The bundled profile with the lowest held-out error recorded in it (`fit_mape`), or "default" when none
+    records one: the profile a planner's answer is checked against."""
+    scored = []
+    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+        mape = read_yaml(path, "profile").get("fit_mape")
+        if isinstance(mape, (int, float)):
+            scored.append((mape, path.stem))
+    return min(scored)[1] if scored else "default"
+
+
 def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:
     """`None` -> defaults; a name -> calibration/profiles/<name>.yaml; otherwise a YAML path. Its `gpus:` sections
     must name GPUs of the catalog (with `gpu_files`): a misspelt one would silently price nothing."""

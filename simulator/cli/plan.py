@@ -301,6 +301,12 @@ def _print_plan(result) -> None:
         ]
         for e in result.evaluations
     ]
+    limits = ", ".join(f"{k.upper()} <= {v:,g} ms" for k, v in _limits(result.slo).items()) or "none"
+    console.print(
+        f"planned against: {result.pct} {limits} at {result.target_rate_per_s:.3g} {result.unit}; "
+        f"profile: {result.profile}",
+        soft_wrap=True,
+    )
     columns = ["candidate", "status", f"{result.unit} per replica", "replicas", "$/h per replica", "why"]
     print_table(f"candidates at {result.target_rate_per_s:.2f} {result.unit}", columns, rows)
     pct = result.pct
@@ -326,8 +332,9 @@ def _print_plan(result) -> None:
     if rec is None:
         console.print("[bold red]no candidate meets the SLOs at the target rate[/]")
         return
+    gpus = rec.as_dict()["gpus"]
     console.print(
-        f"[bold]recommendation:[/] {rec.label}: ${rec.cost_per_hour_usd:.2f}/h, "
+        f"[bold]recommendation:[/] {rec.label} ({gpus} GPU{'s' * (gpus > 1)}): ${rec.cost_per_hour_usd:.2f}/h, "
         f"${rec.cost_per_million_output_tokens_usd:.3f} per million output tokens"
     )
     if rec.thin_margin:
@@ -341,10 +348,38 @@ def _print_plan(result) -> None:
             f"next cheaper: {nxt.label} (${nxt.cost_per_hour_usd:.2f}/h) fails: "
             f"{'; '.join(nxt.verdict.details)}"
         )
+    if result.profile_check is not None:
+        _print_profile_check(result)
     for family in COMMANDS:
         console.print(f"{family.label + ':':<7} {result.commands[family.name]}", soft_wrap=True)
     for note in result.commands["notes"]:
         console.print(f"note: {note}")
+
+
+def _limits(slo: dict) -> dict[str, float]:
+    return {k: slo[f"{k}_ms"] for k in ("ttft", "tpot", "e2el") if slo.get(f"{k}_ms") is not None}
+
+
+def _print_profile_check(result) -> None:
+    """Whether the other profile picks the same deployment; if not, how to plan under it."""
+    check, rec, nxt = result.profile_check, result.recommendation, result.next_cheaper
+    pct = result.pct
+    seen = [
+        f"{d.label} {'passes' if v.ok else 'fails'} ({pct} TTFT {v.metrics[f'{pct}_ttft_ms']:,.0f} ms, "
+        f"TPOT {v.metrics[f'{pct}_tpot_ms']:,.1f} ms)"
+        for d, v in ((rec, check.recommendation), (nxt, check.next_cheaper))
+        if v is not None
+    ]
+    if check.agrees:
+        console.print(
+            f"profile check: under {check.profile} the same deployment is chosen: {'; '.join(seen)}"
+        )
+    else:
+        console.print(
+            f"[yellow]warning:[/] the answer depends on the profile: under {check.profile}, {'; '.join(seen)}; "
+            f"plan under it with --set hardware.profile={check.profile}",
+            soft_wrap=True,
+        )
 
 
 @app.command()

@@ -34,6 +34,7 @@ from pydantic import ValidationError
 
 from servesim.hardware.errors import ShardingError, SpecError, choices
 from servesim.hardware.gpu import get_gpu
+from servesim.hardware.profile import best_validated_profile
 from servesim.hardware.model import get_model
 from servesim.policies.config import EngineConfig
 from servesim.simulator.planning.capacity import (
@@ -217,6 +218,33 @@ class Deployment:
 
 
 @dataclass
+class ProfileCheck:
+    """The recommendation and the next-cheaper deployment simulated again, at the target rate, under `profile`."""
+
+    profile: str
+    recommendation: Verdict
+    next_cheaper: Verdict | None
+
+    @property
+    def num_simulations(self) -> int:
+        return 1 + (self.next_cheaper is not None)
+
+    @property
+    def agrees(self) -> bool:
+        """Whether the other profile picks the same deployment: the recommendation passes and the next cheaper
+        still fails."""
+        return self.recommendation.ok and not (self.next_cheaper is not None and self.next_cheaper.ok)
+
+    def as_dict(self) -> dict:
+        return {
+            "profile": self.profile,
+            "agrees": self.agrees,
+            "recommendation": self.recommendation.as_dict(),
+            "next_cheaper": self.next_cheaper.as_dict() if self.next_cheaper else None,
+        }
+
+
+@dataclass
 class PlanResult:
     target_rate_per_s: float
     evaluations: list[Evaluation]
@@ -227,6 +255,10 @@ class PlanResult:
     num_simulations: int = 0
     pct: str = "p90"  # the SLO percentile's prefix in metric names: median, p90 or p99
     unit: str = "req/s"  # what the rates count (WorkloadConfig.rate_unit)
+    slo: dict[str, Any] = field(default_factory=dict)  # the limits planned against
+    profile: str = "default"  # the cost model's profile the plan priced steps with
+    # the recommendation (and next cheaper) simulated again under another profile: how much the answer hangs on it
+    profile_check: ProfileCheck | None = None
 
     def pareto(self, metric: str) -> list[Deployment]:
         """Passing deployments no other passing one beats on both cost/hour and `metric` (e.g. "p90_ttft_ms"),
@@ -247,6 +279,9 @@ class PlanResult:
         return {
             "target_rate_per_s": self.target_rate_per_s,
             "rate_unit": self.unit,
+            "slo": self.slo,
+            "profile": self.profile,
+            "profile_check": self.profile_check.as_dict() if self.profile_check else None,
             "num_simulations": self.num_simulations,
             "recommendation": self.recommendation.as_dict() if self.recommendation else None,
             "next_cheaper": self.next_cheaper.as_dict() if self.next_cheaper else None,
@@ -460,6 +495,7 @@ def plan(
     layouts: dict[str, list[bool]] | None = None,
     on_progress: Callable[[str, int, int | None, str], None] | None = None,
     exhaustive: bool = False,
+    check_profile: bool = True,
 ) -> PlanResult:
     """Find the cheapest deployment of `base`'s model and workload that meets its SLOs at the target rate.
 
@@ -469,7 +505,9 @@ def plan(
     processes. `on_progress(stage, done, total, line)` hears of each candidate sized ("sized", of `total`) and each
     deployment verified ("verified", total None), with a line saying what came of it. `exhaustive` sizes even the
     candidates too costly to be chosen, each bisected to `rel_tol` though its replica count is settled sooner (the
-    same recommendation, more simulations: for checking the shortcuts).
+    same recommendation, more simulations: for checking the shortcuts). `check_profile` simulates the
+    recommendation and the next cheaper once more under another profile (`other_profile`): two runs that say
+    whether the answer hangs on the cost model's numbers.
     """
     cfg = base.plan
     gpus = gpus or (cfg.gpus if cfg and cfg.gpus else [base.hardware.gpu])
@@ -485,7 +523,15 @@ def plan(
     candidates = [c for build in CANDIDATE_BUILDERS for c in build(base, gpus, shapes, knobs)]
     pct = "median" if base.slo.percentile == 50 else f"p{base.slo.percentile}"
     result = PlanResult(
-        target, [screen(base, c) for c in candidates], [], None, None, pct=pct, unit=base.workload.rate_unit
+        target,
+        [screen(base, c) for c in candidates],
+        [],
+        None,
+        None,
+        pct=pct,
+        unit=base.workload.rate_unit,
+        slo=base.slo.model_dump(exclude_none=True),
+        profile=str(base.hardware.profile or "default"),
     )
     ready = _size_cheapest_first(
         result, base, base_dir, max_replicas, rel_tol, workers, on_progress, exhaustive
@@ -502,7 +548,27 @@ def plan(
             "replicas": result.recommendation.replicas,
             "notes": launch_notes(s),
         }
+        if check_profile:
+            result.profile_check = check_under_profile(result, base, base_dir, other_profile(result.profile))
+            result.num_simulations += result.profile_check.num_simulations
     return result
+
+
+def other_profile(profile: str) -> str:
+    """The profile a plan is checked against: the best-validated bundled one, or the defaults when it is that."""
+    best = best_validated_profile()
+    return best if profile != best else "default"
+
+
+def check_under_profile(result: PlanResult, base: Scenario, base_dir: Path, profile: str) -> ProfileCheck:
+    """Simulate the recommendation and the next-cheaper deployment again under `profile` (two runs): whether the
+    answer would change with the cost model's numbers."""
+    other = with_overrides(base, {"hardware.profile": profile})
+    again = [
+        verify(other, base_dir, d.evaluation, d.replicas, result.target_rate_per_s).verdict if d else None
+        for d in (result.recommendation, result.next_cheaper)
+    ]
+    return ProfileCheck(profile, *again)
 
 
 def _check_choices(

@@ -10,6 +10,7 @@ import yaml
 from typer.testing import CliRunner
 
 from servesim.hardware.errors import SpecError
+from servesim.hardware.profile import best_validated_profile
 from servesim.simulator.planning.capacity import CapacityResult, Verdict
 from servesim.simulator.cli.main import app
 from servesim.simulator.planning.executors import WorkerDied
@@ -20,7 +21,9 @@ from servesim.simulator.planning.plan import (
     Evaluation,
     PlanResult,
     _next_cheaper,
+    check_under_profile,
     evaluate,
+    other_profile,
     plan,
     screen,
     size,
@@ -123,9 +126,21 @@ def test_sizing_comes_from_the_per_replica_rate(chat_plan):
     tp1, tp2 = chat_plan.evaluations
     assert tp1.rejection is None and tp1.replicas == 2 and TARGET / 2 <= tp1.rate_per_replica < TARGET
     assert tp2.rejection is None and tp2.replicas == 1 and tp2.rate_per_replica >= TARGET
-    assert chat_plan.num_simulations == len(chat_plan.deployments) + sum(
+    checked = chat_plan.profile_check.num_simulations if chat_plan.profile_check else 0
+    assert chat_plan.num_simulations == len(chat_plan.deployments) + checked + sum(
         e.capacity.num_simulations for e in chat_plan.evaluations
     )
+
+
+def test_the_profile_check_under_the_plans_own_profile_repeats_its_verdicts(chat_plan):
+    """Simulating the two deployments again under the profile the plan used gives the plan's own verdicts (runs
+    are deterministic), so the check agrees; the best-validated profile is the bundled one of lowest held-out
+    error."""
+    again = check_under_profile(chat_plan, chat(), SCENARIOS, "default")
+    assert again.recommendation.metrics == chat_plan.recommendation.verdict.metrics
+    assert again.next_cheaper.metrics == chat_plan.next_cheaper.verdict.metrics and again.agrees
+    assert best_validated_profile() == "published-fit" and other_profile("published-fit") == "default"
+    assert chat_plan.profile_check.profile == "published-fit"
 
 
 def test_the_exhaustive_option_verifies_what_the_shortcuts_leave_out(tmp_path):
@@ -185,9 +200,19 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
     )
     assert data["pareto_ttft"] and data["pareto_tpot"]
     assert (
-        "recommendation: 2 x h100-sxm tp=1" in result.stdout
+        "recommendation: 2 x h100-sxm tp=1 (2 GPUs)" in result.stdout
         and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
     )
+    # what it planned against, and whether the best-validated profile picks the same
+    assert (
+        data["slo"] == {"ttft_ms": 500.0, "tpot_ms": 50.0, "percentile": 90} and data["profile"] == "default"
+    )
+    assert data["profile_check"]["profile"] == "published-fit"
+    assert "planned against: p90 TTFT <= 500 ms, TPOT <= 50 ms at " in result.stdout
+    check = data["profile_check"]
+    agrees = check["recommendation"]["ok"] and not check["next_cheaper"]["ok"]
+    assert check["agrees"] == agrees
+    assert ("profile check: under published-fit the same deployment is chosen" in result.stdout) == agrees
     # not on a terminal: a line per candidate sized and per deployment verified, on stderr
     progress = [line.split(":")[0] for line in result.stderr.splitlines()]
     assert [line for line in progress if line.startswith("sized")] == ["sized 1/2", "sized 2/2"]
