@@ -11,6 +11,7 @@ launch commands (simulator/planning/launch.py), one set per role.
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,21 +21,56 @@ import yaml
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
-from servesim.policies.families import SGLANG, family_of
+from servesim.policies.families import SGLANG, VLLM, EngineFamily, family_of
 from servesim.simulator.planning.launch import hf_model_id, sglang_command, vllm_command
 from servesim.simulator.scenario import Scenario
 from servesim.simulator.world.run import _workload, pool_settings
 
 EMIT_KINDS = ("k8s", "llm-d", "dynamo")
 PORT = 8000  # every engine container listens here (SGLang is told to; vLLM's default)
-IMAGES = {  # public images; --image replaces the engine's
-    "vllm": "vllm/vllm-openai:latest",
-    "sglang": "lmsysorg/sglang:latest",
-    "dynamo-vllm": "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.3.0",
-    "dynamo-sglang": "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.3.0",
+
+
+@dataclass(frozen=True)
+class EngineLaunch:
+    """How a family's launch command (simulator/planning/launch.py) becomes a container: its program's words, where
+    the model is named, the flags a pod and a P/D role add, and its public images."""
+
+    command: Callable[[Scenario, int], str]
+    program_words: int  # `vllm serve` / `python -m sglang.launch_server`
+    model_flag: str | None  # None: the model is the first word after the program
+    dynamo_model_flag: str
+    pod_flags: tuple[str, ...]  # to listen on the pod's address and PORT
+    pd_flags: Callable[[str], list[str]]  # a prefill or decode role's hand-off flags
+    image: str
+    dynamo_image: str
+    on_llm_d: bool  # llm-d's modelservice chart runs vLLM
+
+
+LAUNCH = {
+    VLLM: EngineLaunch(
+        vllm_command,
+        2,
+        None,
+        "--model",
+        (),
+        # vLLM's P/D connector, as the planner's transfer models it (one both-ways role per side)
+        lambda role: ["--kv-transfer-config", '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'],
+        "vllm/vllm-openai:latest",
+        "nvcr.io/nvidia/ai-dynamo/vllm-runtime:1.3.0",
+        True,
+    ),
+    SGLANG: EngineLaunch(
+        sglang_command,
+        3,
+        "--model-path",
+        "--model-path",
+        ("--host", "0.0.0.0", "--port", str(PORT)),
+        lambda role: ["--disaggregation-mode", role],
+        "lmsysorg/sglang:latest",
+        "nvcr.io/nvidia/ai-dynamo/sglang-runtime:1.3.0",
+        False,
+    ),
 }
-# vLLM's P/D connector, as the planner's transfer models it (one both-ways role per side)
-NIXL = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -74,24 +110,23 @@ def _argv(command: str) -> tuple[dict[str, str], list[str]]:
     return env, words
 
 
-def engine_of(s: Scenario) -> str:
-    """The engine the deployment runs: SGLang for a plan simulated with SGLang's scheduler, else vLLM."""
-    return "sglang" if family_of(s.engine.scheduler) is SGLANG else "vllm"
+def family_deployed(s: Scenario) -> EngineFamily:
+    """The engine the deployment runs: the family whose scheduler the plan simulated (vLLM's for the others)."""
+    family = family_of(s.engine.scheduler)
+    return family if family in LAUNCH else VLLM
 
 
-def roles(s: Scenario, max_model_len: int, engine: str) -> list[Role]:
+def roles(s: Scenario, max_model_len: int, engine: EngineLaunch) -> list[Role]:
     """The deployment's roles with their engine command lines (P/D: each pool's, with its hand-off flags)."""
-    command = sglang_command if engine == "sglang" else vllm_command
     if s.disaggregation is None:
-        env, argv = _argv(command(s, max_model_len))
+        env, argv = _argv(engine.command(s, max_model_len))
         gpus = s.parallelism.tp * s.parallelism.pp
         return [Role("worker", s.cluster.replicas, gpus, env, argv)]
     out = []
     for name in ("prefill", "decode"):
         pool = getattr(s.disaggregation, name)
-        env, argv = _argv(command(pool_settings(s, pool, s.engine.scheduler, name), max_model_len))
-        argv += ["--disaggregation-mode", name] if engine == "sglang" else ["--kv-transfer-config", NIXL]
-        out.append(Role(name, pool.replicas, pool.tp * pool.pp, env, argv))
+        env, argv = _argv(engine.command(pool_settings(s, pool, s.engine.scheduler, name), max_model_len))
+        out.append(Role(name, pool.replicas, pool.tp * pool.pp, env, argv + engine.pd_flags(name)))
     return out
 
 
@@ -111,19 +146,15 @@ def _name(s: Scenario) -> str:
     return ("-".join(filter(None, name.split("-")))[:40].strip("-")) or "servesim"
 
 
-def _serving_args(role: Role, engine: str) -> list[str]:
-    """argv as a server in a pod runs it: SGLang told to listen on every address at PORT."""
-    return role.argv + (["--host", "0.0.0.0", "--port", str(PORT)] if engine == "sglang" else [])
-
-
-def _container(role: Role, engine: str, image: str) -> dict[str, Any]:
-    argv = _serving_args(role, engine)
+def _container(role: Role, family: EngineFamily, image: str) -> dict[str, Any]:
+    engine = LAUNCH[family]
+    argv = [*role.argv, *engine.pod_flags]
     probe = {"httpGet": {"path": "/health", "port": PORT}}
     return {
-        "name": engine,
+        "name": family.name,
         "image": image,
-        "command": argv[:2] if engine == "vllm" else argv[:3],  # vllm serve | python -m sglang.launch_server
-        "args": argv[2:] if engine == "vllm" else argv[3:],
+        "command": argv[: engine.program_words],
+        "args": argv[engine.program_words :],
         **_env(role),
         "ports": [{"containerPort": PORT, "name": "http"}],
         "resources": {"limits": {"nvidia.com/gpu": role.gpus}, "requests": {"nvidia.com/gpu": role.gpus}},
@@ -133,7 +164,7 @@ def _container(role: Role, engine: str, image: str) -> dict[str, Any]:
     }
 
 
-def k8s_manifests(s: Scenario, all_roles: list[Role], engine: str, image: str) -> str:
+def k8s_manifests(s: Scenario, all_roles: list[Role], family: EngineFamily, image: str) -> str:
     """A Deployment and a Service: Kubernetes spreads requests over the replicas, as the plan's round robin."""
     if len(all_roles) > 1:
         raise SpecError(
@@ -151,7 +182,7 @@ def k8s_manifests(s: Scenario, all_roles: list[Role], engine: str, image: str) -
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
-                    "containers": [_container(role, engine, image)],
+                    "containers": [_container(role, family, image)],
                     "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "16Gi"}}],
                 },
             },
@@ -166,12 +197,12 @@ def k8s_manifests(s: Scenario, all_roles: list[Role], engine: str, image: str) -
     return _yaml(deployment, service)
 
 
-def llm_d_values(s: Scenario, all_roles: list[Role], engine: str, image: str) -> str:
+def llm_d_values(s: Scenario, all_roles: list[Role], family: EngineFamily, image: str) -> str:
     """Values for llm-d's modelservice chart: a decode role (every replica when colocated) and, under P/D, a
     prefill role, behind llm-d's routing proxy. The chart adds --tensor-parallel-size and the GPU limits."""
-    if engine != "vllm":
+    if not LAUNCH[family].on_llm_d:
         raise SpecError(
-            "--emit llm-d: llm-d serves with vLLM; this plan was simulated with SGLang's scheduler"
+            f"--emit llm-d: llm-d serves with vLLM; this plan was simulated with {family.label}'s"
         )
     values: dict[str, Any] = {
         "modelArtifacts": {"uri": f"hf://{hf_model_id(s.model)}", "name": hf_model_id(s.model)},
@@ -185,7 +216,7 @@ def llm_d_values(s: Scenario, all_roles: list[Role], engine: str, image: str) ->
         if role is None:
             values[section] = {"create": False}
             continue
-        args = role.argv[3:]  # after vllm serve MODEL
+        args = role.argv[LAUNCH[family].program_words + 1 :]  # after vllm serve MODEL
         tp = int(args[args.index("--tensor-parallel-size") + 1])
         unsupported = [flag for flag in ("--pipeline-parallel-size", "--data-parallel-size") if flag in args]
         if unsupported:
@@ -213,9 +244,10 @@ def llm_d_values(s: Scenario, all_roles: list[Role], engine: str, image: str) ->
     return _yaml(values)
 
 
-def dynamo_graph(s: Scenario, all_roles: list[Role], engine: str, image: str) -> str:
+def dynamo_graph(s: Scenario, all_roles: list[Role], family: EngineFamily, image: str) -> str:
     """A DynamoGraphDeployment: Dynamo's frontend and one worker service per role, each a python -m dynamo.<engine>
-    process taking the engine's own flags."""
+    process taking the engine's own flags, its P/D role given by Dynamo's own --disaggregation-mode."""
+    engine = LAUNCH[family]
     services: dict[str, Any] = {
         "Frontend": {
             "componentType": "frontend",
@@ -230,11 +262,11 @@ def dynamo_graph(s: Scenario, all_roles: list[Role], engine: str, image: str) ->
         }
     }
     for role in all_roles:
-        model_flag = "--model" if engine == "vllm" else "--model-path"
-        args = [model_flag, hf_model_id(s.model)] + (role.argv[3:] if engine == "vllm" else role.argv[5:])
-        if engine == "vllm" and role.name != "worker":  # Dynamo's own role flag replaces the connector's
-            i = args.index("--kv-transfer-config")
-            args = args[:i] + args[i + 2 :] + ["--disaggregation-mode", role.name]
+        flags = role.argv[engine.program_words + (2 if engine.model_flag else 1) :]
+        if role.name != "worker":
+            handoff = engine.pd_flags(role.name)
+            i = flags.index(handoff[0])
+            flags = [*flags[:i], *flags[i + len(handoff) :], "--disaggregation-mode", role.name]
         service: dict[str, Any] = {"componentType": "worker", "replicas": role.replicas}
         if role.name != "worker":
             service["subComponentType"] = role.name
@@ -244,17 +276,19 @@ def dynamo_graph(s: Scenario, all_roles: list[Role], engine: str, image: str) ->
             "extraPodSpec": {
                 "mainContainer": {
                     "image": image,
-                    "command": ["python3", "-m", f"dynamo.{engine}"],
-                    "args": args,
+                    "command": ["python3", "-m", f"dynamo.{family.name}"],
+                    "args": [engine.dynamo_model_flag, hf_model_id(s.model), *flags],
                 }
             },
         }
-        services[f"{engine.capitalize()}{role.name.capitalize()}"] = service
+        # as Dynamo's examples name them: VllmWorker, VllmPrefillWorker, SglangDecodeWorker
+        part = "" if role.name == "worker" else role.name.capitalize()
+        services[f"{family.name.capitalize()}{part}Worker"] = service
     graph = {
         "apiVersion": "nvidia.com/v1alpha1",
         "kind": "DynamoGraphDeployment",
         "metadata": {"name": _name(s)},
-        "spec": {"backendFramework": engine, "services": services},
+        "spec": {"backendFramework": family.name, "services": services},
     }
     return _yaml(graph)
 
@@ -305,12 +339,13 @@ def deployment_files(
     """File name -> text for the deployment `s` (the recommended scenario, replicas included) under `kind`."""
     if kind not in RENDERERS:
         raise SpecError(f"--emit {kind!r} is not one of {', '.join(EMIT_KINDS)}")
-    engine = engine_of(s)
+    family = family_deployed(s)
+    engine = LAUNCH[family]
     all_roles = roles(s, max_model_len, engine)
     _check_fits_a_node(s, all_roles)
-    image = image or IMAGES[f"dynamo-{engine}" if kind == "dynamo" else engine]
+    image = image or (engine.dynamo_image if kind == "dynamo" else engine.image)
     name, render = RENDERERS[kind]
     return {
-        name: render(s, all_roles, engine, image),
+        name: render(s, all_roles, family, image),
         "benchmark.sh": benchmark_script(s, base_dir, target_rate, all_roles),
     }

@@ -164,6 +164,12 @@ def test_sglang_plans_run_sglang_listening_on_the_containers_port():
     )
     assert refusal(sglang_parser(), container["args"]) is None
     assert container["args"][-4:] == ["--host", "0.0.0.0", "--port", "8000"]
+    (graph,), _ = emitted(
+        "dynamo", "chat_llama8b_h100.yaml", "engine.scheduler=sglang", "engine.prefix_caching=radix"
+    )
+    worker = graph["spec"]["services"]["SglangWorker"]
+    assert graph["spec"]["backendFramework"] == "sglang" and unknown_fields(worker, DYNAMO_SERVICE) == []
+    assert refusal(sglang_parser(), worker["extraPodSpec"]["mainContainer"]["args"]) is None
 
 
 def test_pd_plans_need_a_pd_router_and_get_each_pools_replicas_and_role_flags():
@@ -207,7 +213,7 @@ def test_what_a_target_cannot_express_is_refused_with_the_reason():
         emitted("k8s", "chat_llama70b_h100x4.yaml", "parallelism.tp=8", "parallelism.pp=2")
     with pytest.raises(SpecError, match="--pipeline-parallel-size needs more"):
         emitted("llm-d", "chat_llama70b_h100x4.yaml", "parallelism.pp=2", "parallelism.tp=2")
-    with pytest.raises(SpecError, match="llm-d serves with vLLM"):
+    with pytest.raises(SpecError, match="llm-d serves with vLLM; this plan was simulated with SGLang.s"):
         emitted("llm-d", "chat_llama8b_h100.yaml", "engine.scheduler=sglang", "engine.prefix_caching=radix")
     with pytest.raises(SpecError, match="--emit 'helm' is not one of k8s, llm-d, dynamo"):
         emitted("helm", "chat_llama8b_h100.yaml")

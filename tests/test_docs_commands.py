@@ -1,0 +1,130 @@
+"""The commands README.md and docs/ show are commands servesim has: every `servesim ...` they name is a command
+with the options it names, and each complete one (no placeholder) runs, made small where it would take minutes
+(fewer requests, one measured run, one fit step)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from servesim.simulator.cli.main import app
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+CLI = typer.main.get_command(app)
+# a placeholder (SCENARIO.yaml, M, RUN), a synopsis ([--x], a|b, ...) or an ellipsis: shown, not runnable
+PLACEHOLDER = re.compile(r"\[|\]|\.\.\.|\\\||(?<![\w.-])[A-Z][A-Z_]*(?:\.\w+)?(?![\w.-])")
+SMALL = ["--set", "workload.num_requests=40"]
+# long commands, run small: appended options that keep what the shown command exercises
+MADE_SMALL = {
+    "simulate": SMALL,
+    "sweep": SMALL,
+    "capacity": SMALL,
+    "plan": [*SMALL, "--workers", "1"],
+    "compare": ["--match", "qwen3-8b h100-sxm serve 1024/128 c=1 x50"],
+}
+# exercised end to end by their own tests (calibration, fit): here their options are checked, not run
+RUN_ELSEWHERE = {
+    "calibrate": "tests/calibration",
+    "validate": "tests/calibration",
+    "fit": "tests/calibration",
+}
+
+
+def shown() -> list[tuple[str, str]]:
+    """(page, command) for every `servesim ...` in an inline code span or a line of a code block."""
+    found = []
+    for page in PAGES:
+        text = page.read_text()
+        spans = re.findall(r"`(servesim [^`]+)`", text)
+        lines = [
+            line.strip()
+            for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+            for line in block.splitlines()
+            if line.strip().startswith("servesim ")
+        ]
+        found += [(page.name, " ".join(command.split())) for command in spans + lines]
+    return found
+
+
+def resolve(words: list[str]) -> tuple:
+    """The command `words` names (descending through groups) and the words after it."""
+    command, rest = CLI, words[1:]
+    while (
+        hasattr(command, "commands") and rest and rest[0] in command.commands
+    ):  # typer may carry its own click
+        command, rest = command.commands[rest[0]], rest[1:]
+    return command, rest
+
+
+def unknown_options(command, words: list[str]) -> list[str]:
+    known = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)} | {"--help"}
+    if command is CLI:
+        known |= {"--version"}
+    flags = [w.strip("[]").split("=")[0] for w in words if w.strip("[").startswith("--")]
+    return [flag for flag in flags if flag not in known]
+
+
+COMMANDS = shown()
+
+
+def test_the_pages_show_commands():
+    assert len(COMMANDS) > 50 and {page for page, _ in COMMANDS} >= {
+        "README.md",
+        "commands.md",
+        "planning.md",
+    }
+
+
+@pytest.mark.parametrize("page,command", COMMANDS, ids=[f"{p}:{c[:60]}" for p, c in COMMANDS])
+def test_each_shown_command_exists_with_the_options_it_names(page, command):
+    words = command.replace("\\|", "|").split()
+    cli_command, rest = resolve(words)
+    named = [w for w in rest if re.fullmatch(r"[a-z][a-z-]+", w) and hasattr(cli_command, "commands")]
+    assert not named, f"{page}: `{command}`: no command {named[0]!r}"
+    assert not unknown_options(cli_command, rest), (
+        f"{page}: `{command}`: unknown {unknown_options(cli_command, rest)}"
+    )
+
+
+def runnable(command: str) -> bool:
+    """Complete: no placeholder, its arguments all given, the files it names in the repository (a run folder is
+    made by the test)."""
+    if command == "servesim --version":
+        return True
+    words = shlex.split(command)
+    cli_command, rest = resolve(words)
+    if PLACEHOLDER.search(command) or cli_command is CLI:
+        return False
+    try:
+        cli_command.make_context(cli_command.name, list(rest))
+    except Exception:  # noqa: BLE001 (click's usage errors: a required argument missing)
+        return False
+    paths = [w for w in rest if not w.startswith("-") and (w.endswith((".yaml", ".json")) or "/" in w)]
+    return all((ROOT / w).exists() or w.startswith("runs/") for w in paths)
+
+
+RUNNABLE = sorted({command for _, command in COMMANDS if runnable(command)})
+
+
+@pytest.mark.parametrize("command", RUNNABLE)
+def test_each_complete_command_runs(command, tmp_path, monkeypatch):
+    """Relative paths are the repository's; outputs go to a scratch folder (`runs/...` there)."""
+    words = shlex.split(command)
+    name = resolve(words)[0].name
+    if name in RUN_ELSEWHERE:
+        pytest.skip(f"run end to end by {RUN_ELSEWHERE[name]}; its options are checked above")
+    monkeypatch.chdir(tmp_path)
+    for folder in ("scenarios", "benchmarks"):
+        (tmp_path / folder).symlink_to(ROOT / folder)
+    if name == "report":  # the run it reports on, as the tour makes it
+        assert CliRunner().invoke(app, ["simulate", "scenarios/quickstart.yaml", *SMALL]).exit_code == 0
+        sweep = ["sweep", "scenarios/quickstart.yaml", "--grid", "seed=1,2", *SMALL]
+        assert CliRunner().invoke(app, sweep).exit_code == 0
+    result = CliRunner().invoke(app, [*words[1:], *MADE_SMALL.get(name, [])])
+    assert result.exit_code == 0, f"`{command}`: {result.output[-800:]}"
