@@ -4,8 +4,8 @@ The loop is the simulator's engine loop with real time: requests join the schedu
 passes their `arrival_s`; `plan = scheduler.schedule(now)`; the executor runs the plan's tokens over
 the block tables the scheduler's `BlockManager` assigned; `scheduler.commit(plan, now)` records the
 sampled tokens at the time the step really ended. When nothing can run, the loop sleeps until the
-next arrival. The scheduler, block manager, token log and queue order are the ones
-`servesim simulate` builds (`policies.catalog`), so measured and simulated runs differ only in
+next arrival. The scheduler, block manager, token log and queue order are built as `servesim simulate` builds
+them (`simulator.world.replicas.new_scheduler`), so measured and simulated runs differ only in
 where step durations come from.
 
 Times are seconds since the loop started (`time.perf_counter`), so `arrival_s` of the requests is
@@ -46,12 +46,12 @@ import pandas as pd
 
 from servesim.calibration.executor import Executor, StepInput
 from servesim.hardware.kv_groups import KVGroups, kv_groups
-from servesim.policies.catalog import build_scheduler
 from servesim.policies.config import EngineConfig
-from servesim.policies.hybrid_blocks import HybridBlockManager, make_kv_manager, usable_pages
+from servesim.policies.hybrid_blocks import HybridBlockManager, usable_pages
 from servesim.policies.kv_blocks import BlockManager
 from servesim.policies.step import StepPlan, TokenLog
 from servesim.simulator.world.metrics import request_frame, summarize
+from servesim.simulator.world.replicas import new_scheduler
 from servesim.simulator.world.run import rejection
 from servesim.workloads.request import Phase, Request
 
@@ -193,9 +193,11 @@ def serve(
             f"engine.disable_hybrid_kv_cache_manager={engine.disable_hybrid_kv_cache_manager} needs an "
             f"executor {'with' if groups.sliding else 'without'} kv_windows for {ex.spec.name}"
         )
-    kv = make_kv_manager(engine, usable_pages(engine, ex.num_blocks), engine.block_size, groups.windows)
     log = TokenLog()
-    sched = build_scheduler(engine, kv, log)
+    sched = new_scheduler(
+        engine, usable_pages(engine, ex.num_blocks), engine.block_size, groups.windows, tokens=log
+    )
+    kv = sched.kv
     pending = deque(sorted(requests, key=lambda r: (r.arrival_s, r.id)))
     tokens: dict[int, list[int]] = {}
     steps = _StepRecorder()

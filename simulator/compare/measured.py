@@ -24,7 +24,7 @@ from servesim.hardware.files import read_json, read_text, read_yaml
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.spec_model import MAX_REPLICAS, SpecModel
-from servesim.policies.families import EngineFamily, families
+from servesim.policies.families import SGLANG, EngineFamily, families
 from servesim.simulator.compare.guidellm import guidellm_results
 from servesim.simulator.scenario import Scenario, first_error
 
@@ -473,8 +473,8 @@ def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[Measured
             raise SpecError(f"{source}: not a JSON line ({str(err)[:60]})") from None
         if not isinstance(data, dict) or "completed" not in data:
             raise SpecError(f"{source}: not an sglang bench_serving result (no completed)")
-        backend = str(data.get("backend", "sglang"))
-        if not backend.startswith("sglang"):
+        backend = str(data.get("backend", SGLANG.name))  # sglang, sglang-oai, ...: its client's backends
+        if not backend.startswith(SGLANG.name):
             raise SpecError(
                 f"{source}: a run against backend {backend!r}; only SGLang servers' runs replay from this file"
             )
@@ -486,7 +486,7 @@ def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[Measured
             and data.get("random_output_len")
         ):
             data |= {"input_lens": [data["random_input_len"]], "output_lens": [data["random_output_len"]]}
-        load = {"num_prompts": data["completed"], "engine": "sglang"}
+        load = {"num_prompts": data["completed"], "engine": SGLANG.name}
         runs.append(_served_run(data, source, SGLANG_RESULT_FIGURES, load, setup))
     if not runs:
         raise SpecError(f"{path}: no results in it")

@@ -231,7 +231,7 @@ def llm_d_values(s: Scenario, all_roles: list[Role], family: EngineFamily, image
             "parallelism": {"tensor": tp},
             "containers": [
                 {
-                    "name": "vllm",
+                    "name": family.name,
                     "image": image,
                     "modelCommand": "vllmServe",
                     "args": args[:i] + args[i + 2 :],

@@ -47,7 +47,8 @@ from servesim.simulator.planning.capacity import (
 )
 from servesim.simulator.planning.executors import WorkerDied, run_jobs
 from servesim.simulator.planning.launch import COMMANDS, launch_notes
-from servesim.simulator.world.run import _memory_plan, simulate
+from servesim.simulator.world.replicas import memory_plan
+from servesim.simulator.world.run import simulate
 from servesim.simulator.planning.pricing import cost_per_hour_usd, gpu_counts
 from servesim.simulator.scenario import LAYOUT_FIELDS, Scenario, first_error, with_overrides
 
@@ -363,7 +364,7 @@ def screen(base: Scenario, candidate: Candidate) -> Evaluation:
             return _reject(
                 ev, "does not fit", f"tp={s.parallelism.tp} > {gpu.gpus_per_node} GPUs per {gpu.name} node"
             )
-        ev.max_model_len = _memory_plan(s).max_model_len
+        ev.max_model_len = memory_plan(s).max_model_len
     except ShardingError as err:
         return _reject(ev, "cannot shard", str(err))
     except SpecError as err:

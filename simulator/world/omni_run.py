@@ -15,7 +15,6 @@ memory plan with its stage-output cache's pinned host bytes.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,22 +28,14 @@ from servesim.hardware.gpu import get_gpu, get_interconnect
 from servesim.hardware.memory import MemoryPlan
 from servesim.hardware.model import get_model
 from servesim.hardware.omni_memory import PipelineMemory, StageMemory, StageTensor
-from servesim.policies.catalog import build_scheduler, routers
+from servesim.policies.catalog import routers
 from servesim.policies.config import EngineConfig
-from servesim.policies.hybrid_blocks import make_kv_manager, usable_pages
 from servesim.policies.step import TokenLog
-from servesim.simulator.world.engine import FastForward, Replica
+from servesim.simulator.world.engine import Replica
 from servesim.simulator.world.metrics import StepLog, request_frame, summarize
 from servesim.simulator.omni import StageConfig, stage_lengths
-from servesim.simulator.world.run import (
-    GIB,
-    RunResult,
-    _memory_plan,
-    _workload,
-    build_step_time,
-    build_timer,
-    rejection,
-)
+from servesim.simulator.world.replicas import ReplicaSite, build_pool
+from servesim.simulator.world.run import RunResult, _workload, rejection
 from servesim.simulator.scenario import ParallelismConfig, Scenario
 from servesim.simulator.world.traffic import Traffic
 from servesim.workloads.request import Phase, Request
@@ -143,57 +134,36 @@ class Pipeline:
 
     def _stage(self, cfg: StageConfig, index: int, rng: np.random.Generator) -> Stage:
         s = stage_scenario(self.scenario, cfg)
-        model, memory = get_model(s.model), _memory_plan(s)
-        # as a plain run's pool: the resolved context (SGLang's default slot count depends on it)
-        e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
-        num_blocks = e.num_gpu_blocks_override or memory.num_blocks
-        page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
+        tokens = TokenLog()  # each stage's own: its ITL is the stage's
+        site = ReplicaSite(self.env, self.steps, tokens, self.env.peek, False)
+        first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
+        pool = build_pool(
+            site,
+            s,
+            cfg.replicas,
+            first,
+            lambda replica: lambda req: self._finished(index, req),
+            f"stage {cfg.name}",
+        )
+        model, e = get_model(s.model), pool.engine
         tensors = tuple(StageTensor(t.name, t.dims or model.hidden_size, t.dtype) for t in cfg.outputs)
         cached = ()
         if cfg.cache_outputs and e.prefix_caching != "none":
-            _check_stage_cache(cfg.name, e, memory)
+            _check_stage_cache(cfg.name, e, pool.memory)
             cached = tensors
         pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
         stage = Stage(
             cfg,
             s,
-            StageMemory(cfg.name, memory, num_blocks, cached, cfg.replicas),
-            usable_pages(e, num_blocks * e.block_size // page_size),
-            page_size,
+            StageMemory(cfg.name, pool.memory, pool.num_blocks, cached, cfg.replicas),
+            pool.num_pages,
+            pool.page_size,
             tensors,
             pcie.bytes_per_s,
             pcie.latency_s,
+            tokens,
+            pool.replicas,
         )
-        timer = build_timer(s)
-        step_time, _ = build_step_time(s, memory, timer)  # a stage's engines run at pp 1
-        stop_s = self.scenario.stop.max_sim_time_s or math.inf
-        fast = (
-            FastForward(timer, stage.tokens, self.env.peek, stop_s, False)
-            if s.simulation.fast_forward
-            else None
-        )
-        host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
-        first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
-        for number in range(first, first + cfg.replicas):
-            kv = make_kv_manager(
-                e,
-                stage.num_pages,
-                page_size,
-                memory.kv_windows,
-                memory.swa_pool(page_size, num_blocks=num_blocks),
-            )
-            scheduler = build_scheduler(e, kv, stage.tokens, host_blocks, s.seed)
-            stage.replicas.append(
-                Replica(
-                    self.env,
-                    number,
-                    scheduler,
-                    step_time,
-                    self.steps,
-                    lambda req, i=index: self._finished(i, req),
-                    fast,
-                )
-            )
         stage.router = routers.get(cfg.router)(stage.replicas, rng)
         return stage
 

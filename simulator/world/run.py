@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,29 +11,23 @@ import pandas as pd
 import simpy
 from pydantic import ValidationError
 
-from servesim.hardware.cost import CostOptions
-from servesim.hardware.errors import ShardingError, SpecError
+from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu, get_interconnect
 from servesim.hardware.hf_models import repo_of
 from servesim.hardware.kv_groups import KVGroups
-from servesim.hardware.memory import MemoryPlan, plan_memory
+from servesim.hardware.memory import MemoryPlan
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import load_profile
-from servesim.hardware.step_timer import StepTimer
 from servesim.policies.app_cache import AppCache
-from servesim.policies.catalog import build_scheduler, routers, schedulers
-from servesim.policies.config import MAX_KV_BLOCKS, EngineConfig
-from servesim.policies.data_parallel import DataParallelRanks, data_parallel_share
+from servesim.policies.catalog import routers
+from servesim.policies.config import EngineConfig
 from servesim.policies.families import family_of
-from servesim.policies.hybrid_blocks import make_kv_manager, usable_pages
-from servesim.policies.prefill_first import max_running_requests
-from servesim.policies.spec_cost import draft_time, with_draft_memory
-from servesim.policies.step import Scheduler, StepPlan, TokenLog
+from servesim.policies.step import Scheduler, TokenLog
 from servesim.simulator.world.disagg import Handoff
 from servesim.simulator.disagg_config import PoolConfig
-from servesim.simulator.world.engine import DataParallelGroup, FastForward, Replica, StepTime
+from servesim.simulator.world.engine import Replica
 from servesim.simulator.world.frontend import Frontend
-from servesim.simulator.world.pipeline_stages import StagePipeline, StageTimes
+from servesim.simulator.world.replicas import Pool, ReplicaSite, build_pool
 from servesim.simulator.world.metrics import (
     StepLog,
     cache_and_load_summary,
@@ -50,8 +42,6 @@ from servesim.workloads.generate import Workload, build_workload
 from servesim.workloads.tokens import with_model_tokenizer
 from servesim.workloads.request import Phase, Request
 
-GIB = 1 << 30
-
 
 @dataclass
 class RunResult:
@@ -61,74 +51,6 @@ class RunResult:
     requests: pd.DataFrame
     steps: pd.DataFrame
     summary: dict
-
-
-def _memory_plan(s: Scenario) -> MemoryPlan:
-    e = s.with_engine_defaults().engine
-    gpu = get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files))
-    cfg = e.memory_config(s.parallelism.pp)
-    par, model = s.parallelism.spec(e.scheduler), get_model(s.model)
-    # speculative decoding hook (policies/spec_cost.py): the draft's weights and KV share the GPU
-    return with_draft_memory(plan_memory(model, gpu, par, cfg), e.speculative, model, gpu, par, cfg)
-
-
-def build_timer(s: Scenario) -> StepTimer:
-    """The cost model for the scenario's model, GPU, parallelism, profile and dtypes."""
-    spec = s.engine.speculative  # verify queries (1 + k tokens) take attention's decode path
-    options = CostOptions(
-        s.engine.weight_dtype,
-        s.engine.kv_dtype,
-        s.engine.kv_sharing_fast_prefill,
-        1 + spec.k if spec is not None else 1,
-    )
-    gpu_files = tuple(s.hardware.gpu_files)
-    return StepTimer(
-        get_model(s.model),
-        get_gpu(s.hardware.gpu, gpu_files),
-        s.parallelism.spec(s.engine.scheduler),
-        load_profile(s.hardware.profile, gpu_files).for_engine(family_of(s.engine.scheduler).kernel_tables),
-        options,
-    )
-
-
-def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[StepTime, StageTimes]:
-    """The scenario's step-time function (the cost model's prediction plus PCIe time of swapped KV blocks and the
-    draft model's passes) and the same time split over the pipeline stages. Under DP attention the ranks swap in
-    parallel, each block whole on its rank's GPU (the memory plan's block bytes average a block over the group)."""
-    block_bytes = memory.block_bytes
-    ranks = timer.parallelism.attention_ranks
-    pcie = get_interconnect(f"pcie{get_gpu(s.hardware.gpu, tuple(s.hardware.gpu_files)).pcie_gen}")
-    drafting_s = draft_time(s.engine.speculative, timer)  # speculative decoding hook (policies/spec_cost.py)
-
-    def plus_extras(time_s: float, plan: StepPlan) -> float:
-        if drafting_s is not None:  # speculative decoding hook: the draft's passes in this step
-            time_s += drafting_s(plan)
-        swapped = plan.swap_in_blocks + plan.swap_out_blocks
-        # a DP step: its busiest rank's swap, blocks whole
-        if ranks > 1 and (plan.rank or plan.rank_swap_blocks):
-            swapped = plan.rank_swap_blocks * ranks
-        if swapped:
-            time_s += swapped * block_bytes / pcie.bytes_per_s + pcie.latency_s
-        return time_s
-
-    def step_time(plan: StepPlan) -> float:
-        return plus_extras(timer(plan.batch()), plan)
-
-    def stage_times(plan: StepPlan) -> list[float]:
-        return timer.stage_s(plan.batch(), plus_extras(0.0, plan))
-
-    return step_time, stage_times
-
-
-def independent_ranks(s: Scenario) -> bool:
-    """Whether the scenario's DP-attention ranks are vLLM's data-parallel engines of a dense model, which run
-    independently (nothing, no MoE all-to-all, keeps them in step), in a colocated pool (P/D pools step them
-    together)."""
-    return (
-        s.parallelism.spec(s.engine.scheduler).dense_replicated
-        and get_model(s.model).moe is None
-        and s.disaggregation is None
-    )
 
 
 def rejection(
@@ -161,42 +83,12 @@ def rejection(
     return None
 
 
-def _waking(on_finish: Callable[[Request], None], replica: Replica) -> Callable[[Request], None]:
-    """`on_finish`, then wake the engines sharing the finished request's KV pool."""
-
-    def finish(req: Request) -> None:
-        on_finish(req)
-        replica.wake_pool()
-
-    return finish
-
-
 def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload:
     """Build the requests; the workloads package reports bad traces as ValueError naming the file."""
     try:
         return build_workload(with_model_tokenizer(s.workload, repo_of(s.model)), rng, base_dir)
     except ValueError as err:
         raise SpecError(f"workload: {err}") from None
-
-
-@dataclass
-class Pool:
-    """Replicas that share one configuration: the whole cluster when colocated, or a prefill / decode pool."""
-
-    scenario: Scenario  # the scenario as this pool sees it (its GPU, parallelism and engine)
-    memory: MemoryPlan
-    num_blocks: int
-    page_size: int  # tokens per KV page: block_size, or radix_page_size for the radix cache
-    num_pages: int  # one scheduler's (under DP attention, one rank's)
-    engine: EngineConfig  # one scheduler's settings (under DP attention, one rank's share of the group's)
-    timer: StepTimer
-    replicas: list[Replica]
-    groups: list[DataParallelGroup] = field(default_factory=list)  # a dense model's vLLM DP ranks, by replica
-
-    @property
-    def targets(self) -> list[Replica] | list[DataParallelGroup]:
-        """What the pool's router chooses among: its replicas, or the DP groups their ranks form."""
-        return self.groups or self.replicas
 
 
 def _frontend(s: Scenario, env: simpy.Environment) -> Frontend:
@@ -323,141 +215,11 @@ class World:
 
     def _pool(self, s: Scenario, count: int, first_index: int, on_finish, section: str) -> Pool:
         """`count` replicas of `s`'s engine; `section` names where the scenario sets their parallelism."""
-        s = s.with_engine_defaults()
-        try:
-            memory = _memory_plan(s)
-        except ShardingError as err:
-            raise ShardingError(f"{section}: {err}") from None
-        e = s.engine.model_copy(update={"max_model_len": memory.max_model_len})
-        num_blocks = e.num_gpu_blocks_override or memory.num_blocks
-        # every block has its place in a free list and a reference count
-        if count * num_blocks > MAX_KV_BLOCKS:
-            raise SpecError(
-                f"{count:,} replicas x {num_blocks:,} KV blocks = {count * num_blocks:,} blocks, more than the "
-                f"{MAX_KV_BLOCKS:,} a run keeps a record of: fewer replicas, or a larger engine.block_size"
-            )
-        page_size = e.radix_page_size if e.prefix_caching == "radix" else e.block_size
-        family = family_of(e.scheduler)
-        # DP attention: a scheduler and KV pool per rank
-        ranks = s.parallelism.spec(e.scheduler).attention_ranks
-        rank_engine = data_parallel_share(e, ranks)
-        num_pages = usable_pages(e, num_blocks * e.block_size // page_size // ranks)  # one rank's
-        # only an override is this small: the memory plan refuses a pool too small for one request
-        if num_pages < 1:
-            least = next(
-                n for n in itertools.count(1) if usable_pages(e, n * e.block_size // page_size // ranks) >= 1
-            )
-            ranks_note = f" over {ranks} DP-attention ranks" if ranks > 1 else ""
-            null_note = " (vLLM keeps one as its null block)" if usable_pages(e, 1) < 1 else ""
-            raise SpecError(
-                f"engine.num_gpu_blocks_override ({num_blocks}) leaves no usable KV block{ranks_note}"
-                f"{null_note}; give at least {least}"
-            )
-        if (
-            not e.enable_chunked_prefill
-            and rank_engine.max_num_batched_tokens < memory.max_model_len
-            and family.vllm_rules
-        ):
-            share = (
-                f" (its {ranks} DP-attention ranks' share: {rank_engine.max_num_batched_tokens} each)"
-                if ranks > 1
-                else ""
-            )
-            raise SpecError(
-                f"engine.max_num_batched_tokens ({e.max_num_batched_tokens}){share} < max_model_len "
-                f"({memory.max_model_len}) with chunked prefill disabled: long prompts could never run; "
-                "enable chunked prefill, raise the budget or lower max_model_len"
-            )
-        pp = s.parallelism.pp
-        scheduler_class = schedulers.get(e.scheduler)
-        batch_queue = pp > 1 and scheduler_class.batch_queue
-        per_replica = 1 if batch_queue else pp  # engines per replica
-        # a dense model's ranks under vLLM: engines of their own, each priced as one GPU (per stage) whose blocks
-        # are whole on it (the plan's block is the group's per-GPU average)
-        independent = per_replica == 1 and independent_ranks(s)
-        rank_par = s.parallelism.model_copy(update={"tp": 1, "dp_attention": False})
-        timed = s.model_copy(update={"parallelism": rank_par}) if independent else s
-        timer = build_timer(timed)
-        step_time, stage_times = build_step_time(
-            timed, replace(memory, block_bytes=memory.block_bytes * ranks) if independent else memory, timer
-        )
-        stop_s = self.scenario.stop.max_sim_time_s or math.inf
         open_loop = (
             s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
         )
-        fast = (
-            FastForward(timer, self.tokens, self._next_event_s, stop_s, open_loop)
-            if s.simulation.fast_forward
-            else None
-        )
-        host_blocks = int(e.swap_space_gib * GIB // memory.block_bytes)
-        # pipeline parallel: pp micro-batches in flight through the replica's stages, which run one at a time
-        # (simulator/world/pipeline_stages.py). vLLM's schedulers run as vLLM V1 does, one scheduler with a batch queue
-        # of pp steps (TokenBudgetScheduler.pipeline). Other schedulers run as pp engines, one step in flight
-        # each, sharing the replica's whole KV pool and prefix cache and splitting max_num_seqs; a finish in one
-        # wakes the others (the blocks it freed may admit their waiting requests), but each preempts and blocks
-        # its queue's head on its own requests only. Shared blocks change under a fused stretch: pp > 1 steps
-        # one by one.
-        pool = Pool(s, memory, num_blocks, page_size, num_pages, rank_engine, timer, [])
-        index = first_index
-
-        def engine(scheduler: Scheduler, stages: StagePipeline | None) -> Replica:
-            nonlocal index
-            index += 1
-            return Replica(
-                self.env, index - 1, scheduler, step_time, self.steps, None, fast if pp == 1 else None, stages
-            )
-
-        def pipeline() -> StagePipeline | None:
-            """The stages of one replica's (or one independent rank's) GPUs."""
-            return StagePipeline(self.env, pp, stage_times) if pp > 1 else None
-
-        for number in range(count):
-            kvs = [
-                make_kv_manager(
-                    rank_engine,
-                    num_pages,
-                    page_size,
-                    memory.kv_windows,
-                    memory.swa_pool(page_size, ranks, num_blocks),
-                )
-                for _ in range(ranks)
-            ]
-            turns = itertools.count()  # the replica's requests sent to its ranks, whichever engine takes them
-            # SGLang's default max_running_requests depends on the pool: resolved before it is split
-            seqs = (
-                max_running_requests(rank_engine, kvs[0])
-                if family.default_slots is not None
-                else rank_engine.max_num_seqs
-            )
-            slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
-            engines, stages = [], None if independent else pipeline()  # independent ranks: each its own
-            for engine_seqs in slots:  # sum: max_num_seqs
-                cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})
-                group = []
-                for kv in kvs:
-                    # the replica's swap space, shared; speculation's acceptance draws seeded by the run
-                    scheduler = build_scheduler(
-                        cfg, kv, self.tokens, host_blocks // per_replica // ranks, s.seed
-                    )
-                    if batch_queue:
-                        scheduler.pipeline(pp)
-                    group.append(scheduler)
-                if independent:
-                    engines += [engine(scheduler, pipeline()) for scheduler in group]
-                    pool.groups.append(DataParallelGroup(number, engines))
-                else:
-                    pick = family.dp_balancer()  # one API server's
-                    engines.append(
-                        engine(group[0] if ranks == 1 else DataParallelRanks(group, pick, turns), stages)
-                    )
-            for replica in engines:
-                replica.siblings = [] if independent else [r for r in engines if r is not replica]
-                replica.on_finish = (
-                    _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
-                )
-            pool.replicas.extend(engines)
-        return pool
+        site = ReplicaSite(self.env, self.steps, self.tokens, self._next_event_s, open_loop)
+        return build_pool(site, s, count, first_index, on_finish, section)
 
     def _next_event_s(self) -> float:
         """When something from outside may next reach a replica: the next arrival or API-server hand-over (closed

@@ -310,7 +310,7 @@ def test_mla_verify_queries_take_the_absorbed_decode_path_when_speculating():
 
 
 def test_a_speculating_scenario_prices_verify_queries_as_decodes():
-    from servesim.simulator.world.run import build_timer
+    from servesim.simulator.world.replicas import build_timer
     from servesim.simulator.scenario import load_scenario
 
     s, _ = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "speculative_70b.yaml")

@@ -24,7 +24,8 @@ from servesim.simulator.compare.measured import (
     scenario_for,
 )
 from servesim.simulator.compare.measured_report import family_rows
-from servesim.simulator.world.run import build_timer, simulate
+from servesim.simulator.world.replicas import build_timer
+from servesim.simulator.world.run import simulate
 from servesim.workloads.generate import build_workload
 
 runner = CliRunner()

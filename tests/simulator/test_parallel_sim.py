@@ -13,7 +13,8 @@ from servesim.hardware.memory import weight_bytes_per_gpu
 from servesim.hardware.model import get_model
 from servesim.policies.hybrid_blocks import usable_pages
 from servesim.policies.step import StepPlan
-from servesim.simulator.world.run import World, _memory_plan, build_step_time, build_timer
+from servesim.simulator.world.replicas import build_step_time, build_timer, memory_plan
+from servesim.simulator.world.run import World
 from servesim.workloads.request import Request
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
@@ -73,7 +74,7 @@ def test_swapped_blocks_cross_pcie_on_every_stage_for_its_layers():
     """Each stage's GPUs hold their layers' share of a swapped block, so a swap's PCIe time (blocks x block bytes
     over the link, plus its latency) is spread over the stages by layers: 16 of Llama 3.1 8B's 32 layers each."""
     s = scenario(parallelism={"pp": 2}, engine={"preemption_mode": "swap"}).with_engine_defaults()
-    memory, timer = _memory_plan(s), build_timer(s)
+    memory, timer = memory_plan(s), build_timer(s)
     step_time, stage_times = build_step_time(s, memory, timer)
     req = Request(0, 0.0, 100, 10)
     plain = StepPlan((req,), (1,), (100,), (True,))
@@ -135,7 +136,7 @@ def test_dp_attention_runs_vllms_data_parallel_layout_unless_sglang_schedules():
     v3 = get_model("deepseek-v3")
     for scheduler in ("vllm", "sglang"):
         run_by = s.model_copy(update={"engine": s.engine.model_copy(update={"scheduler": scheduler})})
-        weights = _memory_plan(run_by.with_engine_defaults()).weight_bytes
+        weights = memory_plan(run_by.with_engine_defaults()).weight_bytes
         assert weights == weight_bytes_per_gpu(v3, s.parallelism.spec(scheduler), "fp8")
         assert build_timer(run_by).parallelism == s.parallelism.spec(scheduler)  # and the steps are priced so
 
@@ -423,7 +424,7 @@ def test_under_dp_attention_the_rank_swapping_most_sets_the_pcie_time():
         parallelism={"tp": 8, "ep": True, "dp_attention": True},
         engine={"max_model_len": 16384, "weight_dtype": "fp8", "preemption_mode": "swap"},
     ).with_engine_defaults()
-    memory, timer = _memory_plan(s), build_timer(s)
+    memory, timer = memory_plan(s), build_timer(s)
     step_time, _ = build_step_time(s, memory, timer)
     a, b = Request(0, 0.0, 100, 10), Request(1, 0.0, 100, 10)
     plain = StepPlan((a, b), (1, 1), (100, 100), (True, True), rank=(0, 1))
@@ -475,12 +476,12 @@ def test_a_dense_models_vllm_dp_ranks_run_as_engines_of_their_own(tmp_path):
     }
     world = World(scenario(parallelism={"tp": 2, "dp_attention": True}, workload=workload), SCENARIOS)
     assert len(world.replicas) == 2 and world.replicas[0].scheduler.kv.num_blocks == usable_pages(
-        world.pools[0].engine, _memory_plan(scenario().with_engine_defaults()).num_blocks
+        world.pools[0].engine, memory_plan(scenario().with_engine_defaults()).num_blocks
     )
     dp = world.run()
     assert dp.requests["dp_rank"].tolist() == [0, 1] and dp.requests["replica"].tolist() == [0, 1]
     # the group's
-    assert dp.memory.num_blocks == 2 * _memory_plan(scenario().with_engine_defaults()).num_blocks
+    assert dp.memory.num_blocks == 2 * memory_plan(scenario().with_engine_defaults()).num_blocks
     assert dp.summary["replica_requests"] == [1, 1]  # the ranks are the engines requests finish on
     for i, (prompt, output) in enumerate(((6000, 30), (100, 30))):
         alone_trace = tmp_path / f"alone{i}.csv"

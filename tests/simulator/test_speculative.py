@@ -12,7 +12,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.model import get_model
 from servesim.hardware.step_timer import StepTimer
 from servesim.policies.spec_decode import expected_tokens_per_round, speedup
-from servesim.simulator.world.run import build_timer
+from servesim.simulator.world.replicas import build_timer
 from tests.simulator.conftest import run, scenario
 
 PROMPT, K = 1024, 4
