@@ -24,6 +24,12 @@ from servesim.policies.token_ids import block_hashes
 from servesim.workloads.request import Request
 
 
+def _private(req: Request) -> bool:
+    """A request no other can hit (`Request.private_prefix`) that has not been preempted: nothing of it is cached,
+    and what it fills need not be hashed until it is freed unfinished (`free` registers it then)."""
+    return req.private_prefix and not req.num_preemptions
+
+
 class PrefixCachingBlockManager(RefCountedPool, BlockManager):
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         super().__init__(num_blocks, block_size, watermark)
@@ -31,6 +37,9 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         self._hash_of: list[int | None] = [None] * num_blocks
         self._cached = BlockHashMap()
         self._num_cached: dict[int, int] = {}  # request id -> how many of its leading blocks are registered
+        self._unhashed: set[int] = (
+            set()
+        )  # private requests whose blocks registration skipped (`free` catches up)
 
     # ---- lookup and registration --------------------------------------------------------------
     def lookup(self, req: Request) -> int:
@@ -40,7 +49,7 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         """Cached blocks for the longest run of leading full-block hash hits (never the last token); none for a
         request wanting prompt logprobs, which must compute every prompt token (vLLM skips reading the cache)."""
         blocks = []
-        if req.prompt_logprobs:
+        if req.prompt_logprobs or _private(req):
             return blocks
         hashes = block_hashes(req, req.num_tokens - 1, self.block_size)
         cached = self._cached
@@ -64,11 +73,17 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         return blocks
 
     def cache(self, req: Request) -> None:
+        if _private(req):
+            self._unhashed.add(req.id)
+            return
         # else nothing new is full
         if req.num_computed_tokens // self.block_size > self._num_cached.get(req.id, 0):
             self._register(req, req.num_computed_tokens)
 
     def cache_scheduled(self, req: Request, num_tokens: int) -> None:
+        if _private(req):
+            self._unhashed.add(req.id)
+            return
         # draft guesses are not its tokens yet
         num_tokens = min(num_tokens, req.num_prompt_tokens + req.num_generated)
         if num_tokens // self.block_size > self._num_cached.get(req.id, 0):
@@ -116,6 +131,12 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         self._cached.remove(block_hash, block)
 
     def free(self, req: Request, keep_uncached: bool = True) -> None:
+        if req.id in self._unhashed:
+            self._unhashed.discard(req.id)
+            if (
+                not req.is_done
+            ):  # preempted or handed off: what it computed is findable again, as if registered
+                self._register(req, req.num_computed_tokens)
         table = self._tables.pop(req.id, [])
         registered = self._num_cached.pop(req.id, 0)
         for block in table[req.num_computed_tokens // self.block_size : registered]:

@@ -16,6 +16,7 @@ Prefix identity (the KV caches in policies/ rely on these rules):
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
@@ -56,6 +57,9 @@ class Request:
     turn: int = 0  # position in its session (0 = first turn, or no session)
     think_time_s: float = 0.0  # delay from the previous turn's finish to this turn's send (s)
     semantic_cluster: int | None = None  # requests asking "the same thing", for semantic response caches
+    # no other request's prompt shares its first block (mark_private_prefixes): a prefix cache need not hash it
+    # unless it is preempted and may come back to its own blocks
+    private_prefix: bool = False
 
     # engine state
     phase: Phase = Phase.WAITING
@@ -94,3 +98,15 @@ class Request:
     @property
     def is_done(self) -> bool:
         return self.num_generated >= self.num_output_tokens
+
+
+def mark_private_prefixes(requests: list[Request]) -> None:
+    """Flag the requests whose first prompt run no other request begins with and that belong to no session (a
+    later turn starts with its prompt): no block of theirs can be another request's hit, since a block's hash
+    chains every token before it."""
+    firsts = Counter(r.segments()[0] for r in requests)
+    for r in requests:
+        segment, tokens = r.segments()[0]
+        r.private_prefix = (
+            r.session_id is None and tokens > 0 and firsts[(segment, tokens)] == 1 and segment < 0
+        )

@@ -40,7 +40,7 @@ from servesim.simulator.world.slo_watch import SloWatch
 from servesim.simulator.world.traffic import Traffic
 from servesim.workloads.generate import Workload, build_workload
 from servesim.workloads.tokens import with_model_tokenizer
-from servesim.workloads.request import Phase, Request
+from servesim.workloads.request import Phase, Request, mark_private_prefixes
 
 
 @dataclass
@@ -148,6 +148,7 @@ class World:
             s = s.with_engine_defaults()
         self.scenario = s
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
+        mark_private_prefixes([*self.workload.requests, *self.workload.followups.values()])
         self.env = simpy.Environment()
         self.tokens = TokenLog()
         self.steps = StepLog()

@@ -12,7 +12,7 @@ from servesim.policies.radix import RadixCache
 from servesim.policies.step import TokenLog
 from servesim.policies.token_ids import request_runs
 from tests.policies.helpers import make_scheduler
-from servesim.workloads.request import Request
+from servesim.workloads.request import Request, mark_private_prefixes
 
 
 def req(rid: int, runs, output: int = 1) -> Request:
@@ -293,3 +293,32 @@ def test_a_request_wanting_prompt_logprobs_reads_nothing_from_the_cache():
         wants = Request(1, 1.0, 12, 1, (a, b, c), prompt_logprobs=True)
         assert serve(sched, [wants]) == {1: 12} and wants.num_cached_tokens == 0
         assert serve(sched, [req(2, [a, b, c])]) == {2: 4}
+
+
+def test_a_private_request_is_hashed_when_preempted_and_comes_back_to_its_own_blocks():
+    """Two unique prompts of 10 blocks in a pool of 22: B is preempted at a decode's block boundary, then readmitted
+    onto its own cached blocks. Hashing only what can be hit (private requests, at the preemption) gives the
+    same steps as hashing every block as it fills."""
+
+    def run(private: bool) -> list[tuple]:
+        sched, _ = make_scheduler("vllm", num_blocks=22, block_size=4, prefix_caching="vllm")
+        a, b = Request(0, 0.0, 40, 12), Request(1, 0.0, 40, 12)
+        if private:
+            mark_private_prefixes([a, b])
+        assert (a.private_prefix, b.private_prefix) == (private, private)
+        steps, now = [], 0.0
+        for r in (a, b):
+            sched.add(r, now)
+        while not (a.is_done and b.is_done):
+            plan = sched.schedule(now)
+            steps.append(tuple((r.id, n) for r, n in zip(plan.requests, plan.num_new)))
+            now += 1
+            sched.commit(plan, now)
+            sched.kv.check_invariants()
+        assert b.num_preemptions == 1
+        return steps
+
+    lazy = run(True)
+    assert lazy == run(False)
+    # back after the preemption: its 44 tokens less the 35 its own cached blocks hold
+    assert ((1, 9),) in lazy
