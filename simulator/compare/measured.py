@@ -26,7 +26,7 @@ from servesim.hardware.model import get_model
 from servesim.hardware.spec_model import MAX_REPLICAS, SpecModel
 from servesim.policies.families import SGLANG, EngineFamily, families
 from servesim.simulator.compare.guidellm import guidellm_results
-from servesim.simulator.scenario import Scenario, first_error
+from servesim.simulator.scenario import Scenario, apply_overrides, first_error
 
 LATENCY = "latency_s"
 # measured figure -> the simulator summary's key
@@ -510,8 +510,6 @@ def runs_from_file(
 ) -> list[MeasuredRun]:
     """A runs YAML, or a benchmark client's result file served by `model` on `gpu` at `tp` (plus `overrides`, the
     MeasuredRun fields it does not record: field=value)."""
-    from servesim.simulator.scenario import apply_overrides
-
     if path.suffix not in RESULT_SUFFIXES:
         return load_measured_runs(path)
     if model is None or gpu is None:
