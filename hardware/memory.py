@@ -2,6 +2,7 @@
 
     usable      = gpu_memory_utilization * capacity                 (per GPU; capacity as the driver reports it)
     kv_cache    = usable - weights - activation peak - runtime reserve
+                  (TensorRT-LLM: gpu_memory_utilization * (capacity - weights - activation peak - runtime reserve))
     num_blocks  = kv_cache // (block_size * KV bytes per token of the layers one block spans)
 
 A block spans every KV-owning layer, or for models mixing sliding-window and full-attention layers
@@ -63,6 +64,9 @@ class EngineMemoryConfig:
     disable_hybrid_kv_cache_manager: bool = False  # vLLM's flag: one group, sliding layers kept whole
     # SGLang: gpu_memory_utilization is mem_fraction_static, weights + KV only; activations live in the rest
     activations_outside: bool = False
+    # TensorRT-LLM: gpu_memory_utilization is free_gpu_memory_fraction, the KV pool's share of what weights,
+    # activations and the reserve leave free
+    share_of_free: bool = False
     # steps in flight, each up to max_num_batched_tokens, whose tokens a sliding window keeps (EngineConfig.in_flight_batches)
     in_flight_batches: int = 1
     # SGLang's hybrid SWA memory (its swa_full_tokens_ratio): a model mixing sliding and full layers gets two pools,
@@ -341,11 +345,14 @@ def plan_memory(
             f"max_model_len={max_len} exceeds {model.name}'s {model.max_position_embeddings} positions: lower it or "
             "set engine.allow_long_max_model_len (vLLM: VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)"
         )
-    usable = cfg.gpu_memory_utilization * gpu.reported_memory_bytes
+    share = cfg.gpu_memory_utilization
+    usable = (1.0 if cfg.share_of_free else share) * gpu.reported_memory_bytes
     weight_dtype = resolve_weight_dtype(model, cfg.weight_dtype)
     weights = weight_bytes_per_gpu(model, par, weight_dtype)
     act = 0.0 if cfg.activations_outside else activation_bytes(model, par, cfg)
     kv_cache = usable - weights - act - cfg.runtime_reserve_bytes
+    if cfg.share_of_free:
+        kv_cache *= share
     if kv_cache <= 0:
         raise SpecError(
             f"{model.name} does not fit on {gpu.name} at tp={par.tp}{f' pp={par.pp}' if par.pp > 1 else ''}: weights "

@@ -1,6 +1,6 @@
 """Imports every built-in policy so its registry entry exists; the rest of the project reads registries from here."""
 
-from servesim.policies import disagg, prefill_first, routing, seed_toy, static, token_budget  # noqa: F401  (registration side effects)
+from servesim.policies import disagg, prefill_first, routing, seed_toy, static, token_budget, trtllm  # noqa: F401  (registration side effects)
 from servesim.policies.kv_blocks import BlockManager
 from servesim.policies.ordering import orderings
 from servesim.policies.prefix_blocks import PrefixCachingBlockManager

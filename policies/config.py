@@ -24,7 +24,8 @@ class EngineConfig(SpecModel):
     """One engine (replica): batching limits, KV paging and preemption. Units in the names."""
 
     scheduler: str = Field(
-        "vllm", description=("Scheduler policy name: vllm, sglang, sarathi, orca, static (or pkg.mod:attr)")
+        "vllm",
+        description=("Scheduler policy name: vllm, sglang, trtllm, sarathi, orca, static (or pkg.mod:attr)"),
     )
     queue_order: str = Field("fcfs", description="Waiting-queue order: fcfs, priority, sjf (or pkg.mod:attr)")
     max_num_seqs: int | None = Field(
@@ -33,7 +34,8 @@ class EngineConfig(SpecModel):
         le=MAX_SEQS,
         description=(
             "Max requests running at once (batch slots); default: vLLM's for the GPU (1024 on GPUs of >= 70 GiB "
-            "other than A100, else 256); sglang: its max_running_requests (default 4096, capped by the KV pool)"
+            "other than A100, else 256); sglang: its max_running_requests (default 4096, capped by the KV pool); "
+            "trtllm: its max_batch_size (2048)"
         ),
     )
     max_num_batched_tokens: int | None = Field(
@@ -43,11 +45,13 @@ class EngineConfig(SpecModel):
         description=(
             "Token budget of one step; default: vLLM's for the GPU (8192 on GPUs of >= 70 GiB other than A100, "
             "else 2048; with chunked prefill off, at least max_model_len); sglang: its chunked_prefill_size "
-            "(default by GPU memory: 2048 below 35 GiB, 4096 below 60, 8192 below 160, else 16384)"
+            "(default by GPU memory: 2048 below 35 GiB, 4096 below 60, 8192 below 160, else 16384); trtllm: its "
+            "max_num_tokens (8192, not raised with chunked prefill off: a longer prompt is refused)"
         ),
     )
     enable_chunked_prefill: bool = Field(
-        True, description="Split long prompts across steps within the budget"
+        True,
+        description="Split long prompts across steps within the budget; unset under trtllm: off, as TensorRT-LLM runs",
     )
     chunk_size: int = Field(512, ge=1, description="sarathi only: the fixed token budget of each step")
     long_prefill_token_threshold: int = Field(
@@ -58,7 +62,9 @@ class EngineConfig(SpecModel):
             "--long-prefill-token-threshold; 0: no cap)"
         ),
     )
-    block_size: int = Field(16, ge=1, description="Tokens per KV block")
+    block_size: int = Field(
+        16, ge=1, description="Tokens per KV block; unset under trtllm: its tokens_per_block, 32"
+    )
     prefix_caching: Literal["none", "vllm", "radix"] = Field(
         "vllm", description="none; vllm (hash-chained full blocks, on by default in vLLM v1); radix (SGLang)"
     )
@@ -69,7 +75,9 @@ class EngineConfig(SpecModel):
         le=1,
         description=(
             "Fraction of GPU memory the engine may use; default: vLLM's 0.9. sglang: SGLang's mem_fraction_static, the "
-            "share for weights and KV only (activations and CUDA graphs live in the rest); default: SGLang's formula"
+            "share for weights and KV only (activations and CUDA graphs live in the rest); default: SGLang's formula. "
+            "trtllm: kv_cache_free_gpu_memory_fraction, the KV cache's share of the memory weights, activations and "
+            "the runtime leave (default 0.9)"
         ),
     )
     max_model_len: int | None = Field(
@@ -208,11 +216,17 @@ class EngineConfig(SpecModel):
         0.3)."""
         family, scheduler = family_of(self.scheduler), self.scheduler_class()
         tokens, seqs = family.batch_defaults(gpu)
-        if not self.enable_chunked_prefill:
+        update = {}
+        chunked = self.enable_chunked_prefill
+        if "enable_chunked_prefill" not in self.model_fields_set and chunked != family.chunked_prefill:
+            update["enable_chunked_prefill"] = chunked = family.chunked_prefill
+        if "block_size" not in self.model_fields_set and self.block_size != family.block_size:
+            update["block_size"] = family.block_size
+        if not chunked and family.unchunked_budget_covers_prompts:
             tokens = max(tokens, max_model_len)
         if dp_attention and tp > 1 and family.defaults_per_rank:
             tokens, seqs = tokens * tp, seqs * tp  # else the family divides its own among its ranks
-        update = {
+        update |= {
             k: v
             for k, v in (("max_num_batched_tokens", tokens), ("max_num_seqs", seqs))
             if getattr(self, k) is None
@@ -260,7 +274,7 @@ class EngineConfig(SpecModel):
             )
         if self.gpu_memory_utilization is None:
             chunk = update.get("max_num_batched_tokens", self.max_num_batched_tokens)
-            prefill = chunk if self.enable_chunked_prefill else self.max_prefill_tokens
+            prefill = chunk if chunked else self.max_prefill_tokens
             update["gpu_memory_utilization"] = family.memory_share(gpu, prefill, tp, pp, dp_attention)
         if not update:
             return self
@@ -292,6 +306,7 @@ class EngineConfig(SpecModel):
             allow_long_max_model_len=self.allow_long_max_model_len,
             disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
             activations_outside=not family.activations_in_share,
+            share_of_free=family.share_of_free_memory,
             in_flight_batches=self.in_flight_batches(pp),
             swa_full_tokens_ratio=self.swa_full_tokens_ratio if family.swa_pools else None,
             chunked_prefill=self.enable_chunked_prefill,
@@ -342,7 +357,7 @@ class EngineConfig(SpecModel):
             )
         if self.async_scheduling and not scheduler.schedules_ahead:
             raise ValueError(
-                f"async_scheduling is modelled for the vllm and sglang schedulers of a colocated "
+                f"async_scheduling is modelled for the vllm, sglang and trtllm schedulers of a colocated "
                 f"replica; {self.scheduler!r} runs synchronously (prefill and decode pools too): set it "
                 "false or leave it unset"
             )

@@ -37,6 +37,12 @@ SGLANG_FULL_KV_ARCHITECTURES = frozenset(
 SGLANG_DP_ATTENTION_CONSERVATIVENESS = 0.3  # scales --schedule-conservativeness under DP attention
 SGLANG_MAX_RUNNING = 4096  # the cap of SGLang's request-slot pool (model_runner: max_num_reqs)
 VLLM_GPU_MEMORY_UTILIZATION = 0.9
+# TensorRT-LLM's trtllm-serve (PyTorch backend, 1.x): --max_num_tokens and --max_batch_size default to BuildConfig's
+# 8192 and 2048, --kv_cache_free_gpu_memory_fraction to 0.9 (of the memory free after weights and a profiling
+# forward pass: tensorrt_llm/_torch/pyexecutor/_util.py KvCacheCreator), KvCacheConfig.tokens_per_block to 32
+TRTLLM_BATCH_DEFAULTS = (8192, 2048)
+TRTLLM_FREE_MEMORY_FRACTION = 0.9
+TRTLLM_TOKENS_PER_BLOCK = 32
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
 
 
@@ -99,6 +105,14 @@ class EngineFamily:
     # vLLM's own checks: slots within the budget, FlashMLA's block size, an unchunked budget fitting a prompt
     vllm_rules = False
     swaps = True  # preemption may swap KV to the host (SGLang only retracts and recomputes)
+    block_size = 16  # tokens per KV block when unset
+    chunked_prefill = True  # prompts split across steps when enable_chunked_prefill is unset
+    # with chunking off, an unset token budget grows to max_model_len, so any prompt fits one step (vLLM); else
+    # it stays, and a longer prompt is refused at arrival (TensorRT-LLM's max_num_tokens check)
+    unchunked_budget_covers_prompts = True
+    # the memory share is of the memory left after weights, activations and the runtime's reserve (TensorRT-LLM's
+    # free_gpu_memory_fraction), not of the whole device
+    share_of_free_memory = False
     # DP attention: each rank takes the engine's defaults (vLLM), so the group's are tp times them; else the group
     # takes them and divides them among its ranks (SGLang)
     defaults_per_rank = True
@@ -208,11 +222,39 @@ class SglangFamily(EngineFamily):
         return round_robin
 
 
+class TrtllmFamily(EngineFamily):
+    """TensorRT-LLM (`trtllm-serve`, PyTorch backend): in-flight batching under max_num_tokens, whole prompts by
+    default, KV reserved for each request's whole sequence (GUARANTEED_NO_EVICT), and its KV pool a share of the
+    memory left after the weights."""
+
+    name = "trtllm"
+    scheduler = "trtllm"
+    label = "TensorRT-LLM"
+    kernel_tables = "trtllm"
+    swaps = False
+    block_size = TRTLLM_TOKENS_PER_BLOCK
+    chunked_prefill = False  # TorchLlmArgs.enable_chunked_prefill
+    unchunked_budget_covers_prompts = False
+    share_of_free_memory = True
+    caps_slots_at_budget = False  # max_batch_size stands as set (2048 by default)
+    schedules_ahead_since = (1, 0, 0)  # the PyTorch backend's overlap scheduler, on by default in 1.x
+
+    def batch_defaults(self, gpu: GpuSpec) -> tuple[int, int]:
+        return TRTLLM_BATCH_DEFAULTS
+
+    def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
+        return TRTLLM_FREE_MEMORY_FRACTION
+
+    def flashmla_block(self, gpu: GpuSpec) -> bool:
+        return False
+
+
 #: The engines a replica can imitate, by the name run files and `servesim memory --engine` use.
 families: Registry[EngineFamily] = Registry("engine")
-GENERIC, VLLM, SGLANG = EngineFamily(), VllmFamily(), SglangFamily()
+GENERIC, VLLM, SGLANG, TRTLLM = EngineFamily(), VllmFamily(), SglangFamily(), TrtllmFamily()
 families.register(VLLM.name)(VLLM)
 families.register(SGLANG.name)(SGLANG)
+families.register(TRTLLM.name)(TRTLLM)
 
 
 def family_of(scheduler: str) -> EngineFamily:

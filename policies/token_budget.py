@@ -380,15 +380,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
                 return
             n = min(n, step.budget)
             req.num_computed_tokens = hit
-            mark = bool(self.running)  # vLLM keeps the watermark free only while another request runs
-            if self.reserve_output:
-                room = self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
-            elif self.admission_window_tokens is not None and not self.kv.fits_whole(
-                req, req.num_tokens, self.admission_window_tokens, mark
-            ):
-                room = None
-            else:
-                room = self.kv.allocate(req, n, admitting=True, watermark=mark)
+            room = self._room_for(req, n)
             if room is None:
                 req.num_computed_tokens = 0 if not self.kv.table(req) else hit
                 return
@@ -399,6 +391,18 @@ class TokenBudgetScheduler(SchedulerDefaults):
             req.phase = Phase.RUNNING
             self.running.append(req)
             step.add(req, n)
+
+    def _room_for(self, req: Request, n: int) -> list[int] | None:
+        """Blocks for the first `n` tokens of `req` (its prefix hit already counted as computed), or None if it
+        must wait: Orca reserves the whole sequence, vLLM's gate asks for the whole prompt."""
+        mark = bool(self.running)  # vLLM keeps the watermark free only while another request runs
+        if self.reserve_output:
+            return self.kv.reserve(req, req.num_prompt_tokens + req.num_output_tokens - 1)
+        if self.admission_window_tokens is not None and not self.kv.fits_whole(
+            req, req.num_tokens, self.admission_window_tokens, mark
+        ):
+            return None
+        return self.kv.allocate(req, n, admitting=True, watermark=mark)
 
     def _computed_on_admission(self, req: Request) -> int:
         """Tokens whose KV is already there when `req` is admitted: a prefix-cache hit, or all its tokens but

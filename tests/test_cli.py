@@ -51,8 +51,17 @@ def test_memory_plans_sglangs_split_on_request():
     )
     assert data["activation_bytes"] == 0 and data["num_blocks"] == 25644
     assert data["usable_bytes"] == 0.834 * data["capacity_bytes"]
-    result = run("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "trt")
-    assert result.exit_code == 2 and "unknown engine 'trt'; choose from sglang, vllm" in result.output
+    result = run("memory", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "tgi")
+    assert result.exit_code == 2 and "unknown engine 'tgi'; choose from sglang, trtllm, vllm" in result.output
+
+
+def test_memory_plans_trtllms_free_memory_fraction_on_request():
+    """--engine trtllm: the KV cache is 0.9 of what weights, activations and the reserve leave of the device."""
+    args = ("memory", "deepseek-v3", "--gpu", "b200", "--tp", "4", "--engine", "trtllm", "--json")
+    data = json.loads(run(*args).stdout)
+    left = data["capacity_bytes"] - data["weight_bytes"] - data["activation_bytes"] - data["reserve_bytes"]
+    assert data["usable_bytes"] == data["capacity_bytes"] and data["block_size"] == 32
+    assert data["kv_cache_bytes"] == pytest.approx(0.9 * left)
 
 
 def test_roofline_json_and_html(tmp_path):

@@ -200,15 +200,25 @@ def memory(
     gpu: str = typer.Option(..., "--gpu"),
     tp: int = typer.Option(1, min=1, max=MAX_PARALLEL),
     pp: int = typer.Option(1, min=1, max=MAX_PARALLEL),
-    engine: str = typer.Option("vllm", help="vllm, or sglang: its mem_fraction_static split and defaults"),
+    engine: str = typer.Option(
+        "vllm",
+        help="vllm; sglang: its mem_fraction_static split and defaults; trtllm: TensorRT-LLM's free-memory "
+        "fraction and defaults",
+    ),
     gpu_memory_utilization: float | None = typer.Option(
-        None, help=("Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula")
+        None,
+        help=(
+            "Default: vLLM's 0.9; sglang: SGLang's mem_fraction_static formula; trtllm: the KV cache's share of the "
+            "memory weights and activations leave (kv_cache_free_gpu_memory_fraction, 0.9)"
+        ),
     ),
     kv_dtype: str = "bf16",
     weight_dtype: str = WeightDtype,
     max_model_len: int | None = typer.Option(None, min=1, max=MAX_TOKENS),
     block_size: int | None = typer.Option(
-        None, min=1, help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA)"
+        None,
+        min=1,
+        help="Default: 16; vLLM's 64 for MLA models on Hopper and newer (FlashMLA); trtllm: 32 (tokens_per_block)",
     ),
     max_num_batched_tokens: int | None = typer.Option(
         None, min=1, max=MAX_BUDGET, help="Default: vLLM's for the GPU"
@@ -222,7 +232,8 @@ def memory(
     ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Plan GPU memory like vLLM (or SGLang) at start-up: weights, activations, KV blocks, max concurrency."""
+    """Plan GPU memory like vLLM (or SGLang, TensorRT-LLM) at start-up: weights, activations, KV blocks, max
+    concurrency."""
     if engine not in families.names():
         raise SpecError(f"--engine: unknown engine {engine!r}; choose from {', '.join(families.names())}")
     family = families.get(engine)
@@ -264,7 +275,12 @@ def memory(
         f"{model} on {gpu} (tp={tp}, pp={pp}, {engine}), per GPU",
         ["quantity", "value"],
         [
-            [f"usable ({batch.gpu_memory_utilization} of the device)", gb(plan.usable_bytes)],
+            [
+                "device memory"
+                if family.share_of_free_memory
+                else f"usable ({batch.gpu_memory_utilization} of the device)",
+                gb(plan.usable_bytes),
+            ],
             [f"weights ({plan.weight_dtype})", gb(plan.weight_bytes)],
             [
                 "activation peak",
@@ -273,7 +289,12 @@ def memory(
                 else f"outside the share ({family.label})",
             ],
             ["runtime reserve", gb(plan.reserve_bytes)],
-            ["KV cache", gb(plan.kv_cache_bytes)],
+            [
+                f"KV cache ({batch.gpu_memory_utilization} of the rest)"
+                if family.share_of_free_memory
+                else "KV cache",
+                gb(plan.kv_cache_bytes),
+            ],
             ["KV bytes/token", f"{plan.kv_bytes_per_token:,.0f}"],
             ["KV cache groups", _groups_text(plan.kv_windows)],
             ["KV blocks", f"{plan.num_blocks:,} x {plan.block_size} tokens of one group"],

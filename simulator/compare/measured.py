@@ -70,10 +70,11 @@ class MeasuredRun(SpecModel):
     id: str | None = Field(None, description="A name that tells the run apart when its label alone would not")
     quote: str | None = Field(None, description="A line of the source holding some of the figures")
     notes: str | None = None
-    engine: Literal["vllm", "sglang"] = Field(
+    engine: Literal["vllm", "sglang", "trtllm"] = Field(
         "vllm",
         description=(
-            "sglang replays with SGLang's scheduler (prefill first, admission by estimated memory) and radix cache"
+            "sglang replays with SGLang's scheduler (prefill first, admission by estimated memory) and radix cache; "
+            "trtllm with TensorRT-LLM's (whole prompts, whole sequences reserved) and its memory split"
         ),
     )
     engine_version: str | None = Field(

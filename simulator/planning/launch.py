@@ -1,4 +1,5 @@
-"""Launch commands for a planned replica: `vllm serve` and SGLang's `launch_server` with the planned knobs."""
+"""Launch commands for a planned replica: `vllm serve`, SGLang's `launch_server` and `trtllm-serve` with the planned
+knobs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from servesim.hardware.model import get_model, resolve_weight_dtype
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.kv_groups import kv_groups
 from servesim.policies.config import EngineConfig
-from servesim.policies.families import SGLANG, VLLM, EngineFamily, family_of
+from servesim.policies.families import SGLANG, TRTLLM, TRTLLM_TOKENS_PER_BLOCK, VLLM, EngineFamily, family_of
 from servesim.policies.data_parallel import data_parallel_share
 from servesim.policies.spec_decode import SpeculativeConfig
 from servesim.simulator.scenario import Scenario
@@ -193,6 +194,43 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
     return " ".join(parts)
 
 
+def trtllm_command(s: Scenario, max_model_len: int) -> str:
+    """`trtllm-serve` (PyTorch backend) with the equivalent knobs; what it takes only from an LLM API options file
+    (KV block reuse, tokens per block, KV dtype, the overlap scheduler, attention DP) goes in one, inline."""
+    e, par = s.with_engine_defaults().engine, s.parallelism
+    simulated_trtllm = family_of(e.scheduler) is TRTLLM
+    parts = [f"trtllm-serve {hf_model_id(s.model)}", "--backend pytorch", f"--tp_size {par.tp}"]
+    if par.pp > 1:
+        parts.append(f"--pp_size {par.pp}")
+    if _moe_ep(s):
+        parts.append(f"--ep_size {par.tp}")
+    parts += [
+        f"--max_batch_size {e.max_num_seqs}",
+        f"--max_num_tokens {e.max_num_batched_tokens}",
+        f"--max_seq_len {max_model_len}",
+    ]
+    # a vLLM or SGLang share of the device is not TensorRT-LLM's share of the memory left: it keeps its own
+    if simulated_trtllm:
+        parts.append(f"--kv_cache_free_gpu_memory_fraction {e.gpu_memory_utilization}")
+    if e.enable_chunked_prefill:
+        parts.append("--enable_chunked_prefill")
+    kv_cache: dict[str, object] = {}
+    if e.prefix_caching == "none":  # block reuse is on by default
+        kv_cache["enable_block_reuse"] = False
+    if e.block_size != TRTLLM_TOKENS_PER_BLOCK:
+        kv_cache["tokens_per_block"] = e.block_size
+    if e.kv_dtype == "fp8":
+        kv_cache["dtype"] = "fp8"
+    options: dict[str, object] = {"kv_cache_config": kv_cache} if kv_cache else {}
+    if not e.async_scheduling:  # simulated one step at a time; the overlap scheduler is on by default
+        options["disable_overlap_scheduler"] = True
+    if _dp_attention(s):
+        options["enable_attention_dp"] = True
+    if options:  # YAML reads JSON; bash hands the file over as /dev/fd/N
+        parts.append(f"--extra_llm_api_options <(echo {shlex.quote(json.dumps(options))})")
+    return " ".join(parts)
+
+
 def _sglang_swa_memory(s: Scenario, e: EngineConfig) -> list[str]:
     """SGLang's flags for a model mixing sliding-window and full layers: its two pools off (kept on but for the
     models SGLang itself runs whole), or their ratio when not SGLang's default."""
@@ -321,4 +359,8 @@ def _speculative_notes(s: Scenario, spec: SpeculativeConfig) -> list[str]:
 
 
 #: Each engine family's launch command for one replica of a scenario (and its context length).
-COMMANDS: dict[EngineFamily, Callable[[Scenario, int], str]] = {VLLM: vllm_command, SGLANG: sglang_command}
+COMMANDS: dict[EngineFamily, Callable[[Scenario, int], str]] = {
+    VLLM: vllm_command,
+    SGLANG: sglang_command,
+    TRTLLM: trtllm_command,
+}

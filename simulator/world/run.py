@@ -69,6 +69,12 @@ def rejection(
     output = 1 if engine.scheduler_class().hands_off_first_token else req.num_output_tokens
     if req.num_prompt_tokens + output > max_model_len:
         return f"prompt ({req.num_prompt_tokens}) + output ({output}) tokens exceed max_model_len ({max_model_len})"
+    if not engine.enable_chunked_prefill and req.num_prompt_tokens > engine.max_num_batched_tokens:
+        # vLLM's unchunked budget covers max_model_len; TensorRT-LLM's max_num_tokens stays and its LLM API refuses
+        return (
+            f"prompt ({req.num_prompt_tokens} tokens) exceeds max_num_batched_tokens "
+            f"({engine.max_num_batched_tokens}) with chunked prefill off"
+        )
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     total = req.num_prompt_tokens + output - 1

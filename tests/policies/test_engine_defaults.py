@@ -75,7 +75,7 @@ def test_async_scheduling_where_it_is_not_modelled_is_a_clear_error():
     from servesim.hardware.errors import SpecError
 
     with pytest.raises(
-        ValueError, match="async_scheduling is modelled for the vllm and sglang schedulers.*'sarathi'"
+        ValueError, match="async_scheduling is modelled for the vllm, sglang and trtllm schedulers.*'sarathi'"
     ):
         EngineConfig(scheduler="sarathi", async_scheduling=True)
     with pytest.raises(SpecError, match=r"async_scheduling with pipeline parallelism \(pp > 1\)"):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from servesim.hardware.gpu import get_gpu
 from servesim.policies.config import EngineConfig
-from servesim.policies.families import GENERIC, SGLANG, VLLM, EngineFamily, families, family_of
+from servesim.policies.families import GENERIC, SGLANG, TRTLLM, VLLM, EngineFamily, families, family_of
 from servesim.policies.token_budget import TokenBudgetScheduler
 from servesim.simulator.cli.main import app
 
@@ -70,11 +70,10 @@ def test_no_module_compares_engine_or_scheduler_names_outside_the_families():
 def test_each_scheduler_names_its_family():
     assert [family_of(name) for name in ("vllm", "vllm_prefill", "vllm_decode")] == [VLLM] * 3
     assert family_of("sglang") is SGLANG
+    assert family_of("trtllm") is TRTLLM
     assert [family_of(name) for name in ("sarathi", "orca", "static", "seed_toy")] == [GENERIC] * 4
-    assert families.names() == [
-        "sglang",
-        "vllm",
-    ]  # the engines a user names (servesim memory --engine, run files)
+    # the engines a user names (servesim memory --engine, run files)
+    assert families.names() == ["sglang", "trtllm", "vllm"]
 
 
 class ToyFamily(EngineFamily):

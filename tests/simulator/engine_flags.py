@@ -5,6 +5,9 @@ Written by hand from each project's documentation of its arguments, not from ser
   OpenAI server's (--host, --port). Booleans take --X / --no-X.
 - SGLang `python -m sglang.launch_server`: SGLang's server arguments (docs.sglang.ai "Server Arguments";
   python/sglang/srt/server_args.py).
+- `trtllm-serve MODEL`: TensorRT-LLM's serve command (tensorrt_llm/commands/serve.py click options; docs
+  "trtllm-serve"), and the LLM API fields its --extra_llm_api_options YAML may set (llmapi/llm_args.py:
+  KvCacheConfig's enable_block_reuse, tokens_per_block, dtype; disable_overlap_scheduler; enable_attention_dp).
 - Dynamo: `python -m dynamo.frontend` (--http-port, --router-mode round-robin|random|kv) and the workers
   `dynamo.vllm` / `dynamo.sglang`, which take their engine's flags plus --disaggregation-mode prefill|decode
   (ai-dynamo/dynamo examples/backends/*/deploy/disagg.yaml).
@@ -78,6 +81,24 @@ SGLANG_SWITCHES = (
 )
 
 
+TRTLLM_VALUED = {
+    "--backend": ("pytorch", "tensorrt", "_autodeploy"),
+    "--tp_size": int,
+    "--pp_size": int,
+    "--ep_size": int,
+    "--max_batch_size": int,
+    "--max_num_tokens": int,
+    "--max_seq_len": int,
+    "--kv_cache_free_gpu_memory_fraction": float,
+    "--extra_llm_api_options": str,
+    "--host": str,
+    "--port": int,
+}
+TRTLLM_SWITCHES = ("--enable_chunked_prefill", "--trust_remote_code")
+TRTLLM_OPTIONS = {"kv_cache_config", "disable_overlap_scheduler", "enable_attention_dp"}
+TRTLLM_KV_CACHE = {"enable_block_reuse": bool, "tokens_per_block": int, "dtype": ("auto", "fp8")}
+
+
 class _Refused(Exception):
     pass
 
@@ -117,6 +138,34 @@ def sglang_parser() -> argparse.ArgumentParser:
     for flag in SGLANG_SWITCHES:
         parser.add_argument(flag, action="store_true")
     return parser
+
+
+def trtllm_parser() -> argparse.ArgumentParser:
+    """`trtllm-serve MODEL [flags]` (click: no abbreviations)."""
+    parser = _Parser(prog="trtllm-serve", allow_abbrev=False)
+    parser.add_argument("model")
+    for flag, kind in TRTLLM_VALUED.items():
+        _add(parser, flag, kind)
+    for flag in TRTLLM_SWITCHES:
+        parser.add_argument(flag, action="store_true")
+    return parser
+
+
+def trtllm_inline_options(words: list[str]) -> tuple[list[str], dict | None]:
+    """`words` with an inline `<(echo 'JSON')` options file as one placeholder path, and the JSON it holds
+    (checked against the LLM API fields the options file may set), or None when there is none."""
+    if "<(echo" not in words:
+        return words, None
+    at = words.index("<(echo")
+    options = json.loads(words[at + 1].removesuffix(")"))
+    unknown = set(options) - TRTLLM_OPTIONS | set(options.get("kv_cache_config", {})) - set(TRTLLM_KV_CACHE)
+    if unknown:
+        raise _Refused(f"unknown LLM API options {sorted(unknown)}")
+    for key, value in options.get("kv_cache_config", {}).items():
+        kind = TRTLLM_KV_CACHE[key]
+        if (value not in kind) if isinstance(kind, tuple) else (type(value) is not kind):
+            raise _Refused(f"kv_cache_config.{key}: {value!r}")
+    return [*words[:at], "options.yaml", *words[at + 2 :]], options
 
 
 def dynamo_frontend_parser() -> argparse.ArgumentParser:

@@ -268,7 +268,7 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
     [
         (
             lambda r: r["engine"].update(scheduler="fifo"),  # P/D pools' own schedulers are not offered
-            "engine: unknown scheduler 'fifo'; choose from orca, sarathi, seed_toy, sglang, static, vllm\n",
+            "engine: unknown scheduler 'fifo'; choose from orca, sarathi, seed_toy, sglang, static, trtllm, vllm\n",
         ),
         (
             lambda r: r["engine"].update(queue_order="random"),

@@ -16,7 +16,14 @@ from servesim.simulator.cli.main import app
 from servesim.simulator.planning.deploy import deployment_files
 from servesim.simulator.planning.launch import COMMANDS
 from servesim.simulator.scenario import load_scenario
-from tests.simulator.engine_flags import dynamo_frontend_parser, refusal, sglang_parser, vllm_parser
+from tests.simulator.engine_flags import (
+    dynamo_frontend_parser,
+    refusal,
+    sglang_parser,
+    trtllm_inline_options,
+    trtllm_parser,
+    vllm_parser,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.yaml"))
@@ -224,16 +231,26 @@ def test_every_bundled_scenarios_launch_commands_parse_with_the_engines_flags(pa
     s, _ = load_scenario(path, [])
     if s.stages:
         pytest.skip("a multi-stage pipeline has no launch command")
+    parsers = {"vllm": (vllm_parser, 2), "sglang": (sglang_parser, 3), "trtllm": (trtllm_parser, 1)}
+    assert set(parsers) == {family.name for family in COMMANDS}
     for family, command in COMMANDS.items():
         words = shlex.split(command(s, 8192))
         words = [w for w in words if not ("=" in w and w.split("=")[0].isupper())]  # environment assignments
-        parser, args = (vllm_parser(), words[2:]) if family.name == "vllm" else (sglang_parser(), words[3:])
-        assert refusal(parser, args) is None, (family.name, command(s, 8192))
+        words, _ = trtllm_inline_options(words)
+        parser, program_words = parsers[family.name]
+        assert refusal(parser(), words[program_words:]) is None, (family.name, command(s, 8192))
 
 
 def test_the_engine_parsers_refuse_what_the_engines_would():
     assert "unrecognized arguments: --max-num-seq 8" in refusal(vllm_parser(), ["m", "--max-num-seq", "8"])
     assert "invalid choice" in refusal(sglang_parser(), ["--model-path", "m", "--kv-cache-dtype", "fp8"])
+    assert "unrecognized arguments: --max-batch-size" in refusal(
+        trtllm_parser(), ["m", "--max-batch-size", "8"]
+    )
+    with pytest.raises(Exception, match="unknown LLM API options"):
+        trtllm_inline_options(
+            ["m", "--extra_llm_api_options", "<(echo", '{"kv_cache_config": {"reuse": 1}})']
+        )
 
 
 def test_plan_emit_writes_the_recommended_deployment(tmp_path):

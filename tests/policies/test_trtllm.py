@@ -1,0 +1,186 @@
+"""TensorRT-LLM's family and scheduler: trtllm-serve's defaults, its KV pool as a share of the memory the weights
+leave, GUARANTEED_NO_EVICT admission (whole sequences reserved, nobody preempted) and whole prompts."""
+
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+from servesim.hardware.cost import Parallelism
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.memory import activation_bytes, plan_memory, weight_bytes_per_gpu
+from servesim.hardware.model import get_model
+from servesim.policies.config import EngineConfig
+from servesim.policies.families import TRTLLM, family_of
+from servesim.policies.token_budget import max_blocks_of
+from servesim.simulator.cli.main import app
+from servesim.simulator.planning.launch import trtllm_command
+from servesim.simulator.scenario import load_scenario
+from servesim.simulator.world.run import rejection
+from servesim.workloads.request import Request
+
+from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
+from tests.simulator.engine_flags import trtllm_inline_options, trtllm_parser
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "scenarios" / "quickstart.yaml"
+
+
+def test_unset_knobs_take_trtllm_serve_defaults():
+    e = EngineConfig(scheduler="trtllm").with_defaults(get_gpu("h100-sxm"), 131072)
+    assert family_of("trtllm") is TRTLLM
+    # --max_num_tokens 8192, --max_batch_size 2048 (not capped at the budget), tokens_per_block 32, chunked
+    # prefill off and the budget kept (no growth to max_model_len), free-memory fraction 0.9, overlap scheduler on
+    assert (e.max_num_batched_tokens, e.max_num_seqs, e.block_size) == (8192, 2048, 32)
+    assert (e.enable_chunked_prefill, e.gpu_memory_utilization, e.async_scheduling) == (False, 0.9, True)
+    # what a user sets stands
+    e = EngineConfig(scheduler="trtllm", enable_chunked_prefill=True, block_size=64).with_defaults(
+        get_gpu("h100-sxm"), 131072
+    )
+    assert (e.enable_chunked_prefill, e.block_size) == (True, 64)
+    # vLLM's defaults are unchanged
+    v = EngineConfig().with_defaults(get_gpu("h100-sxm"), 131072)
+    assert (v.block_size, v.enable_chunked_prefill, v.max_num_seqs) == (16, True, 1024)
+
+
+def test_deepseek_fp8_on_4_b200_fits_under_trtllm_not_under_vllm():
+    """TensorRT-LLM sizes its pool as 0.9 of what weights, activations and the runtime leave, so DeepSeek-V3's
+    169.4 GB of FP8 weights per GPU at TP 4 leave it ~16 GB, where vLLM's 0.9 of the device is short."""
+    model, gpu, par = get_model("deepseek-v3"), get_gpu("b200"), Parallelism(tp=4)
+    vllm = EngineConfig().with_defaults(gpu, 4096, tp=4, mla=True)
+    with pytest.raises(SpecError, match="does not fit"):
+        plan_memory(model, gpu, par, vllm.memory_config())
+    trt = EngineConfig(scheduler="trtllm").with_defaults(gpu, 4096, tp=4, mla=True)
+    cfg = trt.memory_config()
+    plan = plan_memory(model, gpu, par, cfg)
+    weights, act = weight_bytes_per_gpu(model, par, "fp8"), activation_bytes(model, par, cfg)
+    free = gpu.reported_memory_bytes - weights - act - cfg.runtime_reserve_bytes
+    assert plan.kv_cache_bytes == pytest.approx(0.9 * free)
+    assert plan.num_blocks == int(0.9 * free // (32 * plan.kv_bytes_per_token))
+    assert 14e9 < plan.kv_cache_bytes < 18e9
+
+
+def test_a_request_waits_until_its_whole_sequence_fits():
+    """A pool of 10 blocks of 4 tokens. A (8 + 8 tokens: 15 held at most, 4 blocks) is admitted; B (8 + 20: 27
+    tokens, 7 blocks) needs 7 + A's 2 blocks still to come > 8 free, so it waits until A ends, where vLLM admits
+    it on its prompt's 2 blocks and preempts later."""
+    knobs = dict(num_blocks=10, block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
+    sched, _ = make_scheduler("trtllm", enable_chunked_prefill=False, **knobs)
+    a, b = make_requests([8, 8], [8, 20])
+    steps = drive(sched, [a, b])
+    assert steps[0].batch == [0]
+    admitted_b = next(i for i, s in enumerate(steps) if 1 in s.batch)
+    assert all(s.batch == [0] for s in steps[:admitted_b])
+    assert a.finish_s is not None and a.finish_s <= admitted_b + 1
+    assert not any(s.preempted for s in steps)
+
+    vllm, _ = make_scheduler("vllm", **knobs)
+    a, b = make_requests([8, 8], [8, 20])
+    assert drive(vllm, [a, b])[0].batch == [0, 1]
+
+
+def test_whole_prompts_wait_for_the_budget_and_decodes_count_against_it():
+    """max_num_tokens 16: A's 10-token prompt runs; B's 10 do not fit beside it (20 > 16); next step A decodes
+    (1 token) and B's prompt fits the 15 left."""
+    sched, _ = make_scheduler(
+        "trtllm", num_blocks=64, block_size=4, max_num_batched_tokens=16, enable_chunked_prefill=False
+    )
+    a, b = make_requests([10, 10], [4, 4])
+    steps = drive(sched, [a, b])
+    assert (steps[0].batch, steps[0].num_new) == ([0], [10])
+    assert (steps[1].batch, steps[1].num_new) == ([0, 1], [1, 10])
+
+
+def test_a_prompt_over_max_num_tokens_is_refused_at_arrival():
+    engine = EngineConfig(scheduler="trtllm").with_defaults(get_gpu("h100-sxm"), 32768)
+    sched, _ = make_scheduler("trtllm", num_blocks=100_000, block_size=32)
+    long, short = Request(0, 0.0, 9000, 10), Request(1, 0.0, 8000, 10)
+    reason = rejection(long, engine, 32768, 100_000, 32, scheduler=sched)
+    assert reason == "prompt (9000 tokens) exceeds max_num_batched_tokens (8192) with chunked prefill off"
+    assert rejection(short, engine, 32768, 100_000, 32, scheduler=sched) is None
+    chunked = engine.model_copy(update={"enable_chunked_prefill": True})
+    assert rejection(long, chunked, 32768, 100_000, 32, scheduler=sched) is None
+    # a pool too small for the whole sequence: refused, as it could never be admitted
+    assert rejection(short, engine, 32768, 250, 32, scheduler=sched) == (
+        "needs 251 KV blocks at full length; the pool has 250"
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    lengths=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 30)), min_size=1, max_size=12),
+    block_size=st.sampled_from([1, 4, 16]),
+    spare_blocks=st.integers(0, 20),
+    max_num_seqs=st.integers(1, 8),
+    chunked=st.booleans(),
+    ahead=st.booleans(),
+    caching=st.booleans(),
+    gap=st.sampled_from([0.0, 0.5, 1.5]),
+)
+def test_nobody_is_preempted_and_every_request_finishes(
+    lengths, block_size, spare_blocks, max_num_seqs, chunked, ahead, caching, gap
+):
+    requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
+    sched, log = make_scheduler(
+        "trtllm",
+        num_blocks=max(max_blocks_of(r, block_size) for r in requests) + spare_blocks,
+        block_size=block_size,
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max(64, max(p for p, _ in lengths)),
+        enable_chunked_prefill=chunked,
+        async_scheduling=ahead,
+        prefix_caching="vllm" if caching else "none",
+    )
+    steps = drive(sched, requests, arrivals=[i * gap for i in range(len(requests))])
+    assert not any(s.preempted for s in steps)
+    assert_every_token_served(requests, log)
+
+
+def test_simulate_under_trtllm_refuses_prompts_over_its_budget(tmp_path):
+    """The quickstart's Azure trace at max_num_tokens 2048: every prompt longer is refused with the reason, the
+    rest finish, nobody is preempted, and the run records TensorRT-LLM's defaults."""
+    out = tmp_path / "run"
+    args = ["simulate", str(QUICKSTART), "--out", str(out), "--set", "engine.scheduler=trtllm"]
+    args += ["--set", "engine.max_num_seqs=null", "--set", "engine.max_num_batched_tokens=2048"]
+    args += ["--set", "workload.num_requests=300"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    engine = yaml.safe_load((out / "scenario.yaml").read_text())["engine"]
+    assert (engine["max_num_seqs"], engine["block_size"], engine["enable_chunked_prefill"]) == (
+        2048,
+        32,
+        False,
+    )
+    requests = pd.read_csv(out / "requests.csv")
+    long = requests["prompt_tokens"] > 2048
+    assert long.any() and (~long).any()
+    assert (
+        requests.loc[long, "reject_reason"].str.contains("exceeds max_num_batched_tokens (2048)", regex=False)
+    ).all()
+    assert requests.loc[~long, "reject_reason"].isna().all()
+    assert requests.loc[~long, "finish_s"].notna().all()
+    assert requests["preemptions"].sum() == 0
+
+
+def test_trtllm_serve_command_carries_the_simulated_knobs():
+    unset = ["engine.max_num_seqs=null", "engine.max_num_batched_tokens=null"]
+    knobs = ["engine.prefix_caching=none", "engine.kv_dtype=fp8", "engine.async_scheduling=false"]
+    s, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", *unset, *knobs])
+    words, options = trtllm_inline_options(shlex.split(trtllm_command(s, 16384)))
+    assert words[:2] == ["trtllm-serve", "meta-llama/Llama-3.1-8B"]
+    args = trtllm_parser().parse_args(words[1:])
+    assert (args.max_batch_size, args.max_num_tokens, args.max_seq_len) == (2048, 8192, 16384)
+    assert (args.kv_cache_free_gpu_memory_fraction, args.enable_chunked_prefill) == (0.9, False)
+    assert options == {
+        "kv_cache_config": {"enable_block_reuse": False, "dtype": "fp8"},
+        "disable_overlap_scheduler": True,
+    }
+    # TensorRT-LLM's own defaults need no options file
+    s, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", *unset])
+    assert "--extra_llm_api_options" not in trtllm_command(s, 16384)
