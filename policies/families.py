@@ -7,9 +7,11 @@ A third engine is one more `EngineFamily` subclass registered in `families`, plu
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import GpuSpec
+from servesim.hardware.model import ModelSpec
 from servesim.policies.registry import Registry
 
 
@@ -21,6 +23,57 @@ def vllm_batch_defaults(gpu: GpuSpec, offline: bool = False) -> tuple[int, int]:
     if offline:
         return (16384, 1024) if large else (8192, 256)
     return (8192, 1024) if large else (2048, 256)
+
+
+@dataclass(frozen=True)
+class OfflineRun:
+    """What an offline benchmark (bench throughput / latency, trtllm-bench) knows when it sizes the engine."""
+
+    model: ModelSpec
+    tp: int
+    pp: int
+    input_len: int
+    output_len: int
+    weight_dtype: str  # resolved: bf16, fp8, nvfp4, ...
+    kv_dtype: str
+    memory_share: float  # the engine's KV memory share (TensorRT-LLM: of the free memory)
+    chunked_prefill: bool = False
+
+
+# trtllm-bench's bytes per weight and KV element by quantization (tensorrt_llm/bench/build/tuning.py BYTES_PER_ELEM)
+_TRTLLM_BENCH_BYTES = {"fp8": 1.0, "nvfp4": 0.5}
+
+
+def trtllm_bench_limits(run: OfflineRun, device_gib: float) -> tuple[int, int]:
+    """(max_num_tokens, max_batch_size) `trtllm-bench throughput` picks when neither is given
+    (tensorrt_llm/bench/build/tuning.py, calc_engine_setting and finetune_setting, TensorRT-LLM 1.0-1.2): the
+    requests of input + output tokens the KV share of what the weights leave could hold (all GPUs of the group, at
+    least one KV head per GPU), capped at 4096 and rounded up (to 32s from 64, 128s, then 256s), and that count
+    times 1 + input/output tokens, capped at 32768 and rounded up (256s from 2048, 512s, then 1024s); without
+    chunked prefill the tokens are at least the longest prompt plus the batch (bench/benchmark/utils/general.py)."""
+    model = run.model
+    kv_bytes = _TRTLLM_BENCH_BYTES.get(run.kv_dtype, 2.0)
+    gib_per_token = (
+        2 * model.num_kv_layers * max(run.tp, model.num_kv_heads) * model.head_dim * kv_bytes / 2**30
+    )
+    weights_gib = model.total_params() * _TRTLLM_BENCH_BYTES.get(run.weight_dtype, 2.0) / 2**30
+    cache_gib = (device_gib * run.tp * run.pp - weights_gib) * run.memory_share
+    requests = cache_gib / (gib_per_token * (run.input_len + run.output_len))
+    raw_bs = min(requests, 4096) / run.pp
+    raw_tokens = min(raw_bs * (1 + run.input_len / run.output_len), 32768)
+    if raw_bs < 256:
+        batch = max(64, 32 * math.ceil(raw_bs / 32))
+    else:
+        step = 128 if raw_bs < 1024 else 256
+        batch = step * math.ceil(raw_bs / step)
+    if raw_tokens < 4096:
+        tokens = max(2048, 256 * math.ceil(raw_tokens / 256))
+    else:
+        step = 512 if raw_tokens < 8192 else 1024
+        tokens = step * math.ceil(raw_tokens / step)
+    if not run.chunked_prefill:
+        tokens = max(tokens, run.input_len + batch)
+    return tokens, batch
 
 
 # SGLang turns its hybrid SWA memory off for these (server_args: "Disable hybrid SWA memory for ... as it is not
@@ -144,9 +197,9 @@ class EngineFamily:
         scheduling, pp with a pipeline's batch queue; vLLM sizes and admits sliding windows by it."""
         return 2 if async_scheduling else pp
 
-    def offline_batch_defaults(self, gpu: GpuSpec) -> tuple[int, int] | None:
-        """(max_num_batched_tokens, max_num_seqs) of the engine's offline class (bench latency and throughput), if
-        it has one of its own."""
+    def offline_batch_defaults(self, gpu: GpuSpec, run: OfflineRun) -> tuple[int, int] | None:
+        """(max_num_batched_tokens, max_num_seqs) of the engine's offline benchmark (bench latency and throughput)
+        for `run`, if it picks its own."""
         return None
 
     def rank_share(self, value: int, ranks: int) -> int:
@@ -174,7 +227,7 @@ class VllmFamily(EngineFamily):
     full_prompt_gate_since = (0, 19, 0)
     paced_client_since = (0, 10, 1)  # vllm bench serve paces its arrivals from this release on (PR #21108)
 
-    def offline_batch_defaults(self, gpu: GpuSpec) -> tuple[int, int] | None:
+    def offline_batch_defaults(self, gpu: GpuSpec, run: OfflineRun) -> tuple[int, int] | None:
         """The `LLM` class's: 16384/8192 tokens where `vllm serve` takes 8192/2048."""
         return vllm_batch_defaults(gpu, offline=True)
 
@@ -247,6 +300,10 @@ class TrtllmFamily(EngineFamily):
 
     def flashmla_block(self, gpu: GpuSpec) -> bool:
         return False
+
+    def offline_batch_defaults(self, gpu: GpuSpec, run: OfflineRun) -> tuple[int, int] | None:
+        """trtllm-bench's own sizing for the run's lengths (`trtllm_bench_limits`)."""
+        return trtllm_bench_limits(run, gpu.reported_memory_bytes / 2**30)
 
 
 #: The engines a replica can imitate, by the name run files and `servesim memory --engine` use.

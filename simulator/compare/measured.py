@@ -21,10 +21,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.files import read_json, read_text, read_yaml
-from servesim.hardware.gpu import get_gpu
-from servesim.hardware.model import get_model
+from servesim.hardware.gpu import GpuSpec, get_gpu
+from servesim.hardware.model import get_model, resolve_weight_dtype
 from servesim.hardware.spec_model import MAX_REPLICAS, SpecModel
-from servesim.policies.families import SGLANG, EngineFamily, families
+from servesim.policies.families import SGLANG, EngineFamily, OfflineRun, families
 from servesim.simulator.compare.guidellm import guidellm_results
 from servesim.simulator.scenario import Scenario, apply_overrides, first_error
 
@@ -297,12 +297,14 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         raise SpecError(
             f"{run.source} ({run.label()}): {err}; a GPU of your own: the run's gpu_files or --gpu-file"
         ) from None
-    # the offline LLM class's larger budget, unless stated
-    offline = family.offline_batch_defaults(gpu) if run.benchmark != "serve" else None
+    # the offline benchmark's own limits (vLLM's LLM class: a larger budget; trtllm-bench: sized to the run), unless
+    # stated
+    offline = family.offline_batch_defaults(gpu, _offline_run(run, gpu)) if run.benchmark != "serve" else None
     if offline is not None:
         tokens, seqs = offline
         engine.setdefault("max_num_batched_tokens", tokens)
-        engine.setdefault("max_num_seqs", min(seqs, engine["max_num_batched_tokens"]))
+        cap = engine["max_num_batched_tokens"] if family.caps_slots_at_budget else seqs
+        engine.setdefault("max_num_seqs", min(seqs, cap))
     caching = family.prefix_caching
     caching_on = (
         args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"
@@ -352,6 +354,23 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         return Scenario.model_validate(raw)
     except ValidationError as err:
         raise first_error(err, f"{run.source} ({run.label()})", Scenario) from None
+
+
+def _offline_run(run: MeasuredRun, gpu: GpuSpec) -> OfflineRun:
+    """What the run's offline benchmark knew when it sized the engine."""
+    model = get_model(run.model)
+    stated = run.engine_args.gpu_memory_utilization
+    return OfflineRun(
+        model=model,
+        tp=run.tp,
+        pp=1,
+        input_len=run.input_len,
+        output_len=run.output_len,
+        weight_dtype=resolve_weight_dtype(model, run.weight_dtype),
+        kv_dtype=run.kv_dtype,
+        memory_share=stated if stated is not None else run.family.memory_share(gpu, 0, run.tp, 1, False),
+        chunked_prefill=bool(run.engine_args.enable_chunked_prefill),
+    )
 
 
 @dataclass(frozen=True)

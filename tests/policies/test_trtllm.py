@@ -17,7 +17,7 @@ from servesim.hardware.gpu import get_gpu
 from servesim.hardware.memory import activation_bytes, plan_memory, weight_bytes_per_gpu
 from servesim.hardware.model import get_model
 from servesim.policies.config import EngineConfig
-from servesim.policies.families import TRTLLM, family_of
+from servesim.policies.families import TRTLLM, OfflineRun, family_of, trtllm_bench_limits
 from servesim.policies.token_budget import max_blocks_of
 from servesim.simulator.cli.main import app
 from servesim.simulator.planning.launch import trtllm_command
@@ -184,3 +184,18 @@ def test_trtllm_serve_command_carries_the_simulated_knobs():
     # TensorRT-LLM's own defaults need no options file
     s, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", *unset])
     assert "--extra_llm_api_options" not in trtllm_command(s, 16384)
+
+
+def test_trtllm_bench_sizes_the_engine_to_the_runs_lengths():
+    """trtllm-bench's heuristic, by hand for Llama-3.1-8B in FP8 on a 79 GiB GPU at a 0.95 KV share: a token's KV
+    is 2 x 32 layers x 8 heads x 128 x 2 bytes = 1.2207e-4 GiB; (79 - 8.03e9 B of weights) x 0.95 = 67.94 GiB holds
+    278.3 requests of 1000 + 1000 tokens -> 384 slots (128s above 256) and 556.6 tokens -> 2048 (the floor); at
+    128 + 128 tokens 2174 requests -> 2304 slots (256s above 1024) and 4348 tokens -> 4608 (512s)."""
+    model = get_model("llama-3.1-8b")
+    assert 8.0e9 < model.total_params() < 8.06e9
+    chat = OfflineRun(model, 1, 1, 1000, 1000, "fp8", "bf16", 0.95)
+    assert trtllm_bench_limits(chat, 79.0) == (2048, 384)
+    short = OfflineRun(model, 1, 1, 128, 128, "fp8", "bf16", 0.95)
+    assert trtllm_bench_limits(short, 79.0) == (4608, 2304)
+    # an FP8 KV cache halves a token's bytes: twice the requests
+    assert trtllm_bench_limits(OfflineRun(model, 1, 1, 1000, 1000, "fp8", "fp8", 0.95), 79.0) == (2048, 640)

@@ -31,6 +31,7 @@ from servesim.workloads.generate import build_workload
 runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
 SGLANG_RUNS = PUBLISHED.with_name("sglang_runs.yaml")
+TRTLLM_RUNS = PUBLISHED.with_name("trtllm_runs.yaml")
 SERVE = {
     "source": "test",
     "gpu": "h100-sxm",
@@ -207,6 +208,27 @@ def test_every_published_run_replays_to_finite_predictions_of_every_figure():
         errors = replay(run)
         assert [e.metric for e in errors] == list(run.measured)
         assert all(math.isfinite(e.predicted) and e.predicted > 0 for e in errors), run.label()
+
+
+def test_trtllm_bench_runs_replay_under_tensorrt_llms_family_and_sizing():
+    """benchmarks/trtllm_runs.yaml: NVIDIA's trtllm-bench throughput tables. Every run loads and its twin runs the
+    trtllm scheduler with the limits trtllm-bench's heuristic picks for its lengths (no prompt over the budget: those
+    runs were left out); one replays to a finite throughput."""
+    runs = load_measured_runs(TRTLLM_RUNS)
+    assert len(runs) >= 40 and all(run.engine == "trtllm" and run.source.startswith("http") for run in runs)
+    for run in runs:
+        engine = scenario_for(run).with_engine_defaults().engine
+        assert engine.scheduler == "trtllm" and not engine.enable_chunked_prefill and not engine.api_server
+        assert run.input_len <= engine.max_num_batched_tokens and engine.max_num_seqs >= 64
+    chat = next(r for r in runs if r.model == "llama-3.1-8b" and r.gpu == "h100-sxm" and r.input_len == 1000)
+    engine = scenario_for(chat).with_engine_defaults().engine
+    assert (engine.max_num_batched_tokens, engine.max_num_seqs, engine.gpu_memory_utilization) == (
+        2048,
+        384,
+        0.95,
+    )
+    (error,) = replay(chat)
+    assert error.metric == "output_throughput" and math.isfinite(error.predicted) and error.predicted > 0
 
 
 def test_prefill_first_batching_predicts_sglangs_inter_token_tail():
