@@ -21,7 +21,7 @@ import yaml
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
-from servesim.policies.families import SGLANG, VLLM, EngineFamily, family_of
+from servesim.policies.families import GENERIC, SGLANG, VLLM, EngineFamily, family_of
 from servesim.simulator.planning.launch import hf_model_id, sglang_command, vllm_command
 from servesim.simulator.scenario import Scenario
 from servesim.simulator.world.run import _workload, pool_settings
@@ -111,9 +111,17 @@ def _argv(command: str) -> tuple[dict[str, str], list[str]]:
 
 
 def family_deployed(s: Scenario) -> EngineFamily:
-    """The engine the deployment runs: the family whose scheduler the plan simulated (vLLM's for the others)."""
+    """The engine the deployment runs: the family whose scheduler the plan simulated (vLLM's for the schedulers that
+    imitate no engine); a SpecError for an engine whose deployments are not written."""
     family = family_of(s.engine.scheduler)
-    return family if family in LAUNCH else VLLM
+    if family in LAUNCH:
+        return family
+    if family is not GENERIC:
+        raise SpecError(
+            f"--emit: {family.label} deployments are not written; run the plan's {family.label} command on your "
+            f"servers, or plan with {' or '.join(f.scheduler for f in LAUNCH)} to emit manifests"
+        )
+    return VLLM
 
 
 def roles(s: Scenario, max_model_len: int, engine: EngineLaunch) -> list[Role]:

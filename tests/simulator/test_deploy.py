@@ -222,6 +222,10 @@ def test_what_a_target_cannot_express_is_refused_with_the_reason():
         emitted("llm-d", "chat_llama70b_h100x4.yaml", "parallelism.pp=2", "parallelism.tp=2")
     with pytest.raises(SpecError, match="llm-d serves with vLLM; this plan was simulated with SGLang.s"):
         emitted("llm-d", "chat_llama8b_h100.yaml", "engine.scheduler=sglang", "engine.prefix_caching=radix")
+    with pytest.raises(
+        SpecError, match="TensorRT-LLM deployments are not written; run the plan's TensorRT-LLM"
+    ):
+        emitted("k8s", "chat_llama8b_h100.yaml", "engine.scheduler=trtllm")
     with pytest.raises(SpecError, match="--emit 'helm' is not one of k8s, llm-d, dynamo"):
         emitted("helm", "chat_llama8b_h100.yaml")
 

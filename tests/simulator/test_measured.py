@@ -224,7 +224,7 @@ def test_trtllm_bench_runs_replay_under_tensorrt_llms_family_and_sizing():
     engine = scenario_for(chat).with_engine_defaults().engine
     assert (engine.max_num_batched_tokens, engine.max_num_seqs, engine.gpu_memory_utilization) == (
         2048,
-        384,
+        640,
         0.95,
     )
     (error,) = replay(chat)
