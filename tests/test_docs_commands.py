@@ -28,6 +28,7 @@ MADE_SMALL = {
     "capacity": SMALL,
     "plan": [*SMALL, "--workers", "1"],
     "compare": ["--match", "qwen3-8b h100-sxm serve 1024/128 c=1 x50"],
+    "compare trtllm_runs": ["--match", "llama-3.1-8b h100-sxm TP1 fp8 trtllm-bench throughput 2048/128"],
     # three MoE runs of short answers (--only moe_* needs routed experts), two replays, no hold-out
     "fit": [
         "--match",
@@ -134,5 +135,7 @@ def test_each_complete_command_runs(command, tmp_path, monkeypatch):
         assert CliRunner().invoke(app, ["simulate", "scenarios/quickstart.yaml", *SMALL]).exit_code == 0
         sweep = ["sweep", "scenarios/quickstart.yaml", "--grid", "seed=1,2", *SMALL]
         assert CliRunner().invoke(app, sweep).exit_code == 0
-    result = CliRunner().invoke(app, [*words[1:], *MADE_SMALL.get(name, [])])
+    runs_file = next((w for w in words if w.endswith("_runs.yaml")), "")
+    small = MADE_SMALL.get(f"{name} {Path(runs_file).stem}", MADE_SMALL.get(name, []))  # a run the file holds
+    result = CliRunner().invoke(app, [*words[1:], *small])
     assert result.exit_code == 0, f"`{command}`: {result.output[-800:]}"
