@@ -40,8 +40,10 @@ class OfflineRun:
     chunked_prefill: bool = False
 
 
-# trtllm-bench's bytes per weight and KV element by quantization (tensorrt_llm/bench/build/tuning.py BYTES_PER_ELEM)
+# trtllm-bench's bytes per weight and KV element by quantization (tensorrt_llm/bench/build/tuning.py BYTES_PER_ELEM);
+# it sizes only these checkpoints (build.py TUNED_QUANTS) and runs others (MXFP4, AWQ, ...) at its defaults
 _TRTLLM_BENCH_BYTES = {"fp8": 1.0, "nvfp4": 0.5}
+_TRTLLM_BENCH_TUNED = ("bf16", "fp16", "fp8", "nvfp4")
 
 
 def trtllm_bench_limits(run: OfflineRun, device_gib: float) -> tuple[int, int]:
@@ -50,7 +52,11 @@ def trtllm_bench_limits(run: OfflineRun, device_gib: float) -> tuple[int, int]:
     requests of input + output tokens the KV share of what the weights leave could hold (all GPUs of the group, at
     least one KV head per GPU), capped at 4096 and rounded up (to 32s from 64, 128s, then 256s), and that count
     times 1 + input/output tokens, capped at 32768 and rounded up (256s from 2048, 512s, then 1024s); without
-    chunked prefill the tokens are at least the longest prompt plus the batch (bench/benchmark/utils/general.py)."""
+    chunked prefill the tokens are at least the longest prompt plus the batch (bench/benchmark/utils/general.py).
+    Checkpoints it does not size (MXFP4, AWQ, ...) run at TensorRT-LLM's default limits."""
+    if run.weight_dtype not in _TRTLLM_BENCH_TUNED:
+        tokens, batch = TRTLLM_BATCH_DEFAULTS
+        return (tokens if run.chunked_prefill else max(tokens, run.input_len + batch)), batch
     model = run.model
     kv_bytes = _TRTLLM_BENCH_BYTES.get(run.kv_dtype, 2.0)
     gib_per_token = (

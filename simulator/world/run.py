@@ -78,7 +78,8 @@ def rejection(
     if req.prompt_logprobs and engine.kv_sharing_fast_prefill:
         return "prompt_logprobs is not supported with kv_sharing_fast_prefill"
     total = req.num_prompt_tokens + output - 1
-    blocks_to_run = scheduler.blocks_to_run  # one that knows how it admits and steps, else None
+    # one that knows how it admits and steps, else None
+    blocks_to_run = scheduler.blocks_to_run if scheduler is not None else None
     need = (
         blocks_to_run(total, windows, block_size)
         if blocks_to_run is not None

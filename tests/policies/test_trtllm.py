@@ -104,6 +104,9 @@ def test_a_prompt_over_max_num_tokens_is_refused_at_arrival():
     reason = rejection(long, engine, 32768, 100_000, 32, scheduler=sched)
     assert reason == "prompt (9000 tokens) exceeds max_num_batched_tokens (8192) with chunked prefill off"
     assert rejection(short, engine, 32768, 100_000, 32, scheduler=sched) is None
+    assert (
+        rejection(short, engine, 32768, 100_000, 32) is None
+    )  # no scheduler: the budget's chunks are counted
     chunked = engine.model_copy(update={"enable_chunked_prefill": True})
     assert rejection(long, chunked, 32768, 100_000, 32, scheduler=sched) is None
     # a pool too small for the whole sequence: refused, as it could never be admitted
@@ -199,3 +202,15 @@ def test_trtllm_bench_sizes_the_engine_to_the_runs_lengths():
     assert trtllm_bench_limits(short, 79.0) == (4608, 2304)
     # an FP8 KV cache halves a token's bytes: twice the requests
     assert trtllm_bench_limits(OfflineRun(model, 1, 1, 1000, 1000, "fp8", "fp8", 0.95), 79.0) == (2048, 640)
+    # without chunked prefill the budget holds the prompt and the batch
+    assert trtllm_bench_limits(OfflineRun(model, 1, 1, 20000, 2000, "fp8", "fp8", 0.95), 79.0) == (20064, 64)
+    # a checkpoint trtllm-bench does not size (MXFP4) runs at the defaults, 8192 tokens and 2048 requests
+    gpt_oss = get_model("gpt-oss-20b")
+    assert trtllm_bench_limits(OfflineRun(gpt_oss, 1, 1, 1024, 1024, "mxfp4", "fp8", 0.95), 79.0) == (
+        8192,
+        2048,
+    )
+    assert trtllm_bench_limits(OfflineRun(gpt_oss, 1, 1, 8192, 1024, "mxfp4", "fp8", 0.95), 79.0) == (
+        10240,
+        2048,
+    )

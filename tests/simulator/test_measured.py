@@ -32,6 +32,7 @@ runner = CliRunner()
 PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.yaml"
 SGLANG_RUNS = PUBLISHED.with_name("sglang_runs.yaml")
 TRTLLM_RUNS = PUBLISHED.with_name("trtllm_runs.yaml")
+TRTLLM_MOE_RUNS = PUBLISHED.with_name("trtllm_moe_runs.yaml")
 SERVE = {
     "source": "test",
     "gpu": "h100-sxm",
@@ -215,11 +216,17 @@ def test_trtllm_bench_runs_replay_under_tensorrt_llms_family_and_sizing():
     trtllm scheduler with the limits trtllm-bench's heuristic picks for its lengths (no prompt over the budget: those
     runs were left out); one replays to a finite throughput."""
     runs = load_measured_runs(TRTLLM_RUNS)
-    assert len(runs) >= 40 and all(run.engine == "trtllm" and run.source.startswith("http") for run in runs)
-    for run in runs:
+    moe = load_measured_runs(TRTLLM_MOE_RUNS)
+    assert len(runs) >= 40 and len(moe) >= 30 and all(run.is_moe for run in moe)
+    for run in runs + moe:
+        assert run.engine == "trtllm" and run.source.startswith("http")
         engine = scenario_for(run).with_engine_defaults().engine
         assert engine.scheduler == "trtllm" and not engine.enable_chunked_prefill and not engine.api_server
         assert run.input_len <= engine.max_num_batched_tokens and engine.max_num_seqs >= 64
+        if (
+            run.weight_dtype == "mxfp4"
+        ):  # trtllm-bench does not size MXFP4 checkpoints: TensorRT-LLM's defaults
+            assert engine.max_num_seqs == 2048
     chat = next(r for r in runs if r.model == "llama-3.1-8b" and r.gpu == "h100-sxm" and r.input_len == 1000)
     engine = scenario_for(chat).with_engine_defaults().engine
     assert (engine.max_num_batched_tokens, engine.max_num_seqs, engine.gpu_memory_utilization) == (
