@@ -29,6 +29,10 @@ MADE_SMALL = {
     "plan": [*SMALL, "--workers", "1"],
     "compare": ["--match", "qwen3-8b h100-sxm serve 1024/128 c=1 x50"],
     "compare trtllm_runs": ["--match", "llama-3.1-8b h100-sxm TP1 fp8 trtllm-bench throughput 2048/128"],
+    "compare trtllm_moe_runs": [
+        "--match",
+        "Qwen3-30B-A3B b200 TP1 EP1 nvfp4 trtllm-bench throughput 20000/2000",
+    ],
     # three MoE runs of short answers (--only moe_* needs routed experts), two replays, no hold-out
     "fit": [
         "--match",
