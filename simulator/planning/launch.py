@@ -12,7 +12,15 @@ from servesim.hardware.model import get_model, resolve_weight_dtype
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.kv_groups import kv_groups
 from servesim.policies.config import EngineConfig
-from servesim.policies.families import SGLANG, TRTLLM, TRTLLM_TOKENS_PER_BLOCK, VLLM, EngineFamily, family_of
+from servesim.policies.families import (
+    GENERIC,
+    SGLANG,
+    TRTLLM,
+    TRTLLM_TOKENS_PER_BLOCK,
+    VLLM,
+    EngineFamily,
+    family_of,
+)
 from servesim.policies.data_parallel import data_parallel_share
 from servesim.policies.spec_decode import SpeculativeConfig
 from servesim.simulator.scenario import Scenario
@@ -82,11 +90,12 @@ def _sglang_speculative(spec: SpeculativeConfig) -> list[str]:
 
 
 def _vllm_engine(s: Scenario) -> EngineConfig:
-    """The engine `vllm serve` should run. A scenario simulated with SGLang's scheduler keeps the limits it sets
-    (its slots at most the step's tokens, as vLLM requires), but SGLang's default slot cap and mem_fraction_static
-    (weights and KV only) are not vLLM's: vLLM's defaults stand for them."""
+    """The engine `vllm serve` should run. A scenario simulated with another engine's scheduler (SGLang's,
+    TensorRT-LLM's) keeps the limits it sets (its slots at most the step's tokens, as vLLM requires), but that
+    engine's defaults (SGLang's slot cap and mem_fraction_static; TensorRT-LLM's 2048 slots, whole prompts, 32-token
+    blocks and free-memory fraction) are not vLLM's: vLLM's defaults stand for them."""
     e = s.engine
-    if family_of(e.scheduler) is not SGLANG:
+    if family_of(e.scheduler) in (VLLM, GENERIC):
         return s.with_engine_defaults().engine
     vllm = {"scheduler": VLLM.scheduler, "gpu_memory_utilization": None}
     if e.max_num_seqs is not None:
@@ -147,7 +156,12 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
 
 
 def sglang_command(s: Scenario, max_model_len: int) -> str:
-    """SGLang's `launch_server` with the equivalent knobs (chunked-prefill-size -1 = chunking off)."""
+    """SGLang's `launch_server` with the equivalent knobs (chunked-prefill-size -1 = chunking off). TensorRT-LLM's
+    defaults (2048 slots, whole prompts, its memory fraction) are not SGLang's: for a plan simulated under it, only
+    the knobs the scenario sets carry over."""
+    if family_of(s.engine.scheduler) is TRTLLM:
+        unfilled = s.engine.model_copy(update={"scheduler": SGLANG.scheduler, "gpu_memory_utilization": None})
+        s = s.model_copy(update={"engine": unfilled})
     e, par = s.with_engine_defaults().engine, s.parallelism
     simulated_sglang = family_of(e.scheduler) is SGLANG
     parts = [f"python -m sglang.launch_server --model-path {hf_model_id(s.model)}", f"--tp {par.tp}"]
@@ -269,6 +283,11 @@ def launch_notes(s: Scenario) -> list[str]:
             "simulated with SGLang's scheduler (prefill first): the SGLang command runs it; vLLM mixes "
             "prefill chunks into decode steps instead, and takes its own default max_num_seqs and memory "
             "share"
+        )
+    elif simulated is TRTLLM:
+        notes.append(
+            "simulated with TensorRT-LLM's scheduler (whole prompts, whole sequences reserved): the TensorRT-LLM "
+            "command runs it; vLLM and SGLang batch differently and take their own default limits and memory share"
         )
     elif simulated is not VLLM:
         notes.append(

@@ -20,7 +20,7 @@ from servesim.policies.config import EngineConfig
 from servesim.policies.families import TRTLLM, OfflineRun, family_of, trtllm_bench_limits
 from servesim.policies.token_budget import max_blocks_of
 from servesim.simulator.cli.main import app
-from servesim.simulator.planning.launch import trtllm_command
+from servesim.simulator.planning.launch import launch_notes, sglang_command, trtllm_command, vllm_command
 from servesim.simulator.scenario import load_scenario
 from servesim.simulator.world.run import rejection
 from servesim.workloads.request import Request
@@ -214,3 +214,18 @@ def test_trtllm_bench_sizes_the_engine_to_the_runs_lengths():
         10240,
         2048,
     )
+
+
+def test_a_trtllm_plans_other_commands_take_their_own_engines_defaults():
+    """TensorRT-LLM's unset-knob defaults (2048 slots, whole prompts, 32-token blocks) are not vLLM's or SGLang's:
+    their commands for a plan simulated under trtllm keep only what the scenario sets."""
+    unset = ["engine.max_num_seqs=null", "engine.max_num_batched_tokens=null"]
+    s, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", *unset])
+    vllm, sglang = vllm_command(s, 16384), sglang_command(s, 16384)
+    assert "--max-num-seqs 1024 --max-num-batched-tokens 8192" in vllm and "--enable-chunked-prefill" in vllm
+    assert "--block-size" not in vllm and "--max-running-requests" not in sglang
+    assert "--chunked-prefill-size 8192" in sglang
+    assert any("TensorRT-LLM command runs it" in note for note in launch_notes(s))
+    set_by_user, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", "engine.max_num_seqs=256"])
+    assert "--max-num-seqs 256" in vllm_command(set_by_user, 16384)
+    assert "--max-running-requests 256" in sglang_command(set_by_user, 16384)
