@@ -93,6 +93,11 @@ class MeasuredRun(SpecModel):
         ),
     )
     tp: int = Field(1, ge=1)
+    ep: bool = Field(False, description="MoE experts spread whole over the TP group (expert parallel)")
+    dp_attention: bool = Field(
+        False,
+        description="Attention data parallel over the TP group (vLLM's DP ranks, SGLang's and TensorRT-LLM's DP)",
+    )
     replicas: int = Field(
         1, ge=1, le=MAX_REPLICAS, description="Replicas of the engine behind a round-robin balancer"
     )
@@ -258,7 +263,8 @@ class MeasuredRun(SpecModel):
             if math.isfinite(self.request_rate)
             else "all at once"
         )
-        extras = [f"TP{self.tp}"] * (self.tp > 1) + [f"{self.replicas} replicas"] * (self.replicas > 1)
+        extras = [f"TP{self.tp}"] * (self.tp > 1) + ["EP"] * self.ep + ["DP-attention"] * self.dp_attention
+        extras += [f"{self.replicas} replicas"] * (self.replicas > 1)
         extras += [self.engine] * (self.engine != MeasuredRun.model_fields["engine"].default)
         extras += [self.weight_dtype] * (self.weight_dtype not in ("auto", "bf16"))
         count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
@@ -345,7 +351,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         "seed": seed,
         "model": run.model,
         "hardware": hardware,
-        "parallelism": {"tp": run.tp},
+        "parallelism": {"tp": run.tp, "ep": run.ep, "dp_attention": run.dp_attention},
         "cluster": {"replicas": run.replicas, "router": "round_robin"},
         "engine": engine,
         "workload": workload,

@@ -57,6 +57,18 @@ def test_max_concurrency_becomes_closed_loop_clients_and_rate_a_poisson_process(
     assert scenario_for(run_of(request_rate="inf")).workload.arrivals.kind == "all_at_once"
 
 
+def test_an_expert_parallel_and_dp_attention_layout_carries_over():
+    """A MoE run over 8 GPUs with experts spread whole and attention data parallel: its twin runs that layout, and
+    its label says so (two runs differing only in layout stay apart)."""
+    moe = {"model": "deepseek-v3", "gpu": "h200", "tp": 8, "weight_dtype": "fp8"}
+    run = run_of(**moe, ep=True, dp_attention=True)
+    parallelism = scenario_for(run).parallelism
+    assert (parallelism.tp, parallelism.ep, parallelism.dp_attention) == (8, True, True)
+    assert "TP8 EP DP-attention" in run.label()
+    plain = run_of(**moe)
+    assert not scenario_for(plain).parallelism.ep and plain.label() != run.label()
+
+
 def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
     run = run_of(
         engine_args={
