@@ -152,7 +152,7 @@ def trtllm_parser() -> argparse.ArgumentParser:
 
 
 def trtllm_inline_options(words: list[str]) -> tuple[list[str], dict | None]:
-    """`words` with an inline `<(echo 'JSON')` options file as one placeholder path, and the JSON it holds
+    """`words` with an inline `<(echo 'JSON')` options file replaced by one file name (options.yaml), and the JSON it holds
     (checked against the LLM API fields the options file may set), or None when there is none."""
     if "<(echo" not in words:
         return words, None
