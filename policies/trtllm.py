@@ -18,6 +18,7 @@ from __future__ import annotations
 from servesim.policies.families import TRTLLM
 from servesim.policies.kv_blocks import blocks_for
 from servesim.policies.registry import schedulers
+from servesim.policies.step import StepPlan
 from servesim.policies.token_budget import TokenBudgetScheduler
 from servesim.workloads.request import Request
 
@@ -27,6 +28,9 @@ class TrtllmScheduler(TokenBudgetScheduler):
     family = TRTLLM
     speculates = False
     batch_queue = False
+    # blocks the running requests have still to take, counted once a plan and grown by each admission: only
+    # admissions change it within a plan, and recounting per admission made a burst's plan quadratic
+    _to_take: int | None = None
 
     def _whole_blocks(self, total_tokens: int) -> int:
         """Blocks a sequence of `total_tokens` holds at its longest, in every KV cache group."""
@@ -45,11 +49,20 @@ class TrtllmScheduler(TokenBudgetScheduler):
             for r in self.running
         )
 
+    def _plan(self) -> StepPlan:
+        self._to_take = None
+        return super()._plan()
+
     def _room_for(self, req: Request, n: int) -> list[int] | None:
+        if self._to_take is None:
+            self._to_take = self._still_to_take()
         need = self._whole_blocks(req.num_prompt_tokens + req.num_output_tokens - 1)
-        if need + self._still_to_take() + self.kv.evictable_hit(req) > self.kv.num_free_blocks:
+        if need + self._to_take + self.kv.evictable_hit(req) > self.kv.num_free_blocks:
             return None
-        return self.kv.allocate(req, n, admitting=True, watermark=False)
+        room = self.kv.allocate(req, n, admitting=True, watermark=False)
+        if room is not None:  # what `_still_to_take` would now count for it
+            self._to_take += need - len(self.kv.windows) * self.kv.decode_table_len(req)
+        return room
 
     @property
     def admission_window_tokens(self) -> int | None:
