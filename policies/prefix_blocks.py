@@ -37,9 +37,8 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         self._hash_of: list[int | None] = [None] * num_blocks
         self._cached = BlockHashMap()
         self._num_cached: dict[int, int] = {}  # request id -> how many of its leading blocks are registered
-        self._unhashed: set[int] = (
-            set()
-        )  # private requests whose blocks registration skipped (`free` catches up)
+        # private requests whose blocks registration skipped (`free` catches up)
+        self._unhashed: set[int] = set()
 
     # ---- lookup and registration --------------------------------------------------------------
     def lookup(self, req: Request) -> int:
@@ -133,9 +132,8 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
     def free(self, req: Request, keep_uncached: bool = True) -> None:
         if req.id in self._unhashed:
             self._unhashed.discard(req.id)
-            if (
-                not req.is_done
-            ):  # preempted or handed off: what it computed is findable again, as if registered
+            # preempted or handed off: what it computed is findable again, as if registered
+            if not req.is_done:
                 self._register(req, req.num_computed_tokens)
         table = self._tables.pop(req.id, [])
         registered = self._num_cached.pop(req.id, 0)
