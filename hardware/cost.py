@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -257,6 +258,9 @@ def kv_read_tokens(num_new: np.ndarray, num_context: np.ndarray, window: int | N
     return total if window is None else np.minimum(total, window + num_new - 1)
 
 
+SMALL_BATCH = 64  # requests up to which a step's sums are faster in plain Python than in numpy
+
+
 @dataclass(frozen=True, slots=True)
 class _AttnStats:
     tokens: int
@@ -268,7 +272,7 @@ class _AttnStats:
 
 def _attn_stats(batch: StepBatch, window: int | None, decode: bool, decode_query_len: int) -> _AttnStats:
     """Sums over the requests whose queries take the decode path (up to `decode_query_len` tokens), or the others."""
-    if batch.num_requests <= 64:  # plain Python beats numpy on small batches; integer sums are identical
+    if batch.num_requests <= SMALL_BATCH:  # plain Python beats numpy here; integer sums are identical
         return _attn_stats_small(
             batch.num_new.tolist(), batch.num_context.tolist(), window, decode, decode_query_len
         )
@@ -1011,23 +1015,66 @@ def _attention_per_layer(
             stats = memo.get(key)
             if stats is None:
                 stats = memo[key] = _attn_stats(seen, group.window, decode, options.decode_query_len)
-            if not stats.requests:
-                continue
-            measured = measured_attention(
-                ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys
-            )
-            if measured is not None:
-                yield group, layers, decode, measured
-                continue
-            _, _, compute_s, memory_s = attention_terms(
-                ctx.with_tokens(seen.num_tokens),
-                group.owns_kv,
-                decode,
-                stats.keys,
-                stats.kv_read,
-                stats.tokens,
-            )
-            yield group, layers, decode, compute_s if compute_s > memory_s else memory_s
+            if stats.requests:
+                yield group, layers, decode, _layer_attention_s(ctx, seen.num_tokens, group, decode, stats)
+
+
+def _layer_attention_s(ctx: _Ctx, tokens: int, group: _Group, decode: bool, stats: _AttnStats) -> float:
+    """One layer's attention over the requests `stats` sums: the kernel tables' time if they have it, else the
+    roofline's with `tokens` rows (the efficiency curves' argument)."""
+    measured = measured_attention(ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys)
+    if measured is not None:
+        return measured
+    _, _, compute_s, memory_s = attention_terms(
+        ctx.with_tokens(tokens), group.owns_kv, decode, stats.keys, stats.kv_read, stats.tokens
+    )
+    return compute_s if compute_s > memory_s else memory_s
+
+
+def small_attention_pricer(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+) -> Callable[[Sequence[int], Sequence[int]], float] | None:
+    """`attention_seconds` of a batch given as its requests' new and context tokens, without building it: the
+    simulator prices most steps, each of a few requests, so numpy's per-call cost would dominate. The same terms in
+    the same order. None where pricing needs the batch itself: DP attention (ranks), MLA (its shape key) and YOCO
+    fast prefill (reduced batches)."""
+    groups = _layer_groups(model, options.kv_sharing_fast_prefill)
+    if parallelism.dp_attention or model.mla is not None or any(g.last_token_only for g, _ in groups):
+        return None
+    ctx = _context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options)
+    decode_query_len = options.decode_query_len
+    by_tokens: dict[
+        int, _Ctx
+    ] = {}  # the context with each step size: copying a dataclass costs more than pricing
+
+    def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
+        tokens = sum(num_new)
+        tokens_ctx = by_tokens.get(tokens)
+        if tokens_ctx is None:
+            if len(by_tokens) >= 1 << 12:
+                by_tokens.clear()
+            tokens_ctx = by_tokens[tokens] = ctx.with_tokens(tokens)
+        for group, layers in groups:
+            for decode in (True, False):
+                stats = _attn_stats_small(num_new, num_context, group.window, decode, decode_query_len)
+                if stats.requests:
+                    yield layers, decode, _layer_attention_s(tokens_ctx, tokens, group, decode, stats)
+
+    return lambda num_new, num_context: _summed_attention(per_layer(num_new, num_context))
+
+
+def _summed_attention(parts: Iterable[tuple[int, bool, float]]) -> float:
+    """Attention seconds from (layers, decode?, seconds per layer) parts, summed as `step_cost` sums them: per
+    operator name across groups, then over names in first-seen order."""
+    totals: dict[str, float] = {}
+    for layers, decode, time_s in parts:
+        name = "attention_decode" if decode else "attention_prefill"
+        totals[name] = totals.get(name, 0.0) + time_s * layers
+    return sum(totals.values())
 
 
 def attention_seconds(
@@ -1042,13 +1089,8 @@ def attention_seconds(
     """`step_cost(...).attention_s` for the simulator's hot path: the same terms, summed in the same order
     (per operator name across groups, then over names in first-seen order), without the other operators.
     `rank`: as `step_cost`'s."""
-    totals = {}
-    for _, layers, decode, time_s in _attention_per_layer(
-        batch, model, gpu, parallelism, profile, options, rank
-    ):
-        name = "attention_decode" if decode else "attention_prefill"
-        totals[name] = totals.get(name, 0.0) + time_s * layers
-    return sum(totals.values())
+    parts = _attention_per_layer(batch, model, gpu, parallelism, profile, options, rank)
+    return _summed_attention((layers, decode, time_s) for _, layers, decode, time_s in parts)
 
 
 def decode_stretch_attention_s(

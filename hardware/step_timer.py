@@ -10,15 +10,19 @@ fast-forwarded and stepped simulations give identical times.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import (
+    SMALL_BATCH,
     CostOptions,
     Parallelism,
     attention_seconds,
     decode_stretch_attention_s,
     rank_peaks,
+    small_attention_pricer,
     stage_attention_seconds,
     stage_fixed_seconds,
     step_cost,
@@ -49,6 +53,8 @@ class StepTimer:
         self._fixed_s: dict[tuple, float] = {}
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
+        self._small_attention_s = None  # `small_attention_pricer`, built on first use
+        self._small = True  # whether small batches may be priced from lists
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -112,6 +118,26 @@ class StepTimer:
         if fixed is None:
             fixed = self.fixed_s(StepBatch.of(np.ones(num_requests, np.int64), num_context))
         return fixed
+
+    def lists_s(
+        self, num_new: Sequence[int], num_context: Sequence[int], needs_logits: Sequence[bool]
+    ) -> float:
+        """`self(StepBatch.of(num_new, num_context, needs_logits))`, without building the batch when it is small and
+        `small_attention_pricer` can price it (the common step of a simulation)."""
+        if self._small and self._small_attention_s is None:
+            self._small_attention_s = small_attention_pricer(*self.args)
+            self._small = self._small_attention_s is not None
+        if not self._small or not 0 < len(num_new) <= SMALL_BATCH:
+            return self(StepBatch.of(num_new, num_context, needs_logits))
+        top = max(num_new)
+        decode_query_len = self.options.decode_query_len
+        # `_own_shape`'s key
+        key = (sum(num_new), len(num_new), sum(needs_logits), top > 1, min(num_new) <= decode_query_len < top)
+        fixed = self._fixed_s.get(key)
+        if fixed is None:
+            batch = StepBatch.of(num_new, num_context, needs_logits)
+            fixed = self._fixed(key, batch, batch)
+        return fixed + self._small_attention_s(num_new, num_context)
 
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""

@@ -97,7 +97,9 @@ def build_step_time(s: Scenario, memory: MemoryPlan, timer: StepTimer) -> tuple[
         return time_s
 
     def step_time(plan: StepPlan) -> float:
-        return plus_extras(timer(plan.batch()), plan)
+        if plan.num_draft or plan.rank:  # logit counts, rank labels: only the batch says them
+            return plus_extras(timer(plan.batch()), plan)
+        return plus_extras(timer.lists_s(plan.num_new, plan.num_context, plan.samples), plan)
 
     def stage_times(plan: StepPlan) -> list[float]:
         return timer.stage_s(plan.batch(), plus_extras(0.0, plan))

@@ -9,7 +9,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
-from servesim.hardware.profile import Profile
+from servesim.hardware.profile import Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
 
 H100 = get_gpu("h100-sxm")
@@ -60,6 +60,34 @@ def test_cached_timer_equals_step_cost(name, reqs):
     expected = step_cost(batch, model, H100, profile=profile).total_s
     assert timer(batch) == expected  # first call fills the cache
     assert timer(batch) == expected  # second call uses it
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from([*MODELS, "llama-3.1-70b", "qwen3-30b-a3b"]),
+    tp=st.sampled_from([1, 2]),
+    measured=st.booleans(),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 3000), st.integers(0, 20000), st.booleans()), min_size=1, max_size=70
+    ),
+)
+def test_pricing_from_lists_equals_pricing_the_batch(name, tp, measured, reqs):
+    """`lists_s` (no batch built, plain-Python sums up to SMALL_BATCH requests) gives the batch's very step time,
+    from the roofline and from the measured kernel tables (MLA and YOCO models take the batch path)."""
+    model = get_model(name)
+    profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)
+    args = (model, H100, Parallelism(tp=tp), profile)
+    timer = StepTimer(*args)
+    new, context = [n for n, _, _ in reqs], [c for _, c, _ in reqs]
+    # one timer for all, so a cache keyed on the wrong shape shows: logits differ, then query lengths
+    for logits, num_new in [
+        ([lg for _, _, lg in reqs], new),
+        ([True] * len(reqs), new),
+        ([False] * len(reqs), new),
+        ([True] * len(reqs), [1] * (len(reqs) - 1) + [sum(new) - len(reqs) + 1]),
+    ]:
+        expected = StepTimer(*args)(StepBatch.of(num_new, context, logits))
+        assert timer.lists_s(num_new, context, logits) == expected
 
 
 def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():
