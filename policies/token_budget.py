@@ -283,6 +283,30 @@ class TokenBudgetScheduler(SchedulerDefaults):
             return None
         return self.running
 
+    def chunk_stretch(self, plan: StepPlan) -> tuple[list[Request], Request] | None:
+        """(decodes, prefill) if `plan` decodes every running request but the newest, which is fed a chunk of its
+        prompt: then until the prompt is done, an arrival, a full pool or (if any request waits) a step with
+        budget to admit it, the steps follow from `prefill_chunk` (simulator/world/chunk_stretch.py). Not with
+        speculative decoding, pipelining or sliding windows (whose blocks free as they slide)."""
+        if self.speculator is not None or self.pipelined or not self.chunked:
+            return None
+        if self.kv.windows != (None,) or plan.preempted or plan.swap_in_blocks or plan.rank:
+            return None
+        if len(plan.requests) < 2 or len(plan.requests) != len(self.running):
+            return None
+        *decodes, prefill = plan.requests
+        if prefill.num_generated or plan.samples[-1] or any(r.num_generated == 0 for r in decodes):
+            return None
+        if any(n != 1 for n in plan.num_new[:-1]) or not all(plan.samples[:-1]):
+            return None
+        return decodes, prefill
+
+    def prefill_chunk(self, pending: int, num_decodes: int) -> tuple[int, int]:
+        """The tokens a prefill with `pending` to go gets in a step whose `num_decodes` decodes came first, and the
+        budget left for admissions."""
+        n = min(self._capped(pending), self.budget - num_decodes)
+        return n, self.budget - num_decodes - n
+
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: PlanBuilder) -> None:
         running, i, drafting, spec = self.running, 0, self._drafting, self.speculator

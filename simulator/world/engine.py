@@ -17,6 +17,7 @@ import simpy
 from servesim.hardware.step_timer import StepTimer
 from servesim.policies.data_parallel import VllmBalancer
 from servesim.policies.step import Scheduler, StepPlan, TokenLog
+from servesim.simulator.world.chunk_stretch import plan_chunk_stretch
 from servesim.simulator.world.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
 from servesim.simulator.world.metrics import StepLog
 from servesim.simulator.world.pipeline_stages import StagePipeline
@@ -141,11 +142,10 @@ class Replica:
             plan.mark_scheduled(self.env.now)
             fused = self._stretch(plan)
             if fused is not None:
-                stretch, last_batch, end_last_step = fused
+                stretch, end_last_step = fused
                 yield from wait_until(self.env, float(stretch.ends_s[-1]))
                 # the last fused step may span an arrival: it ends now, and is logged live, as a stepped run would
                 end_last_step()
-                self._record(float(stretch.durations_s[-1]), last_batch, 0, last_batch, 0)
                 continue
             decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
             if self.pipeline is None:
@@ -195,38 +195,23 @@ class Replica:
         )
         self._hand_on(finished)
 
-    def _stretch(self, plan: StepPlan) -> tuple[Stretch, int, Callable[[], None]] | None:
-        """Fuse the decode steps from here to the next event, if this step starts such a stretch.
-        Logs all but the last fused step, which the caller ends (its window frees and finishes) and logs when its
-        time comes; returns its batch size and its end too."""
-        ff = self.fast_forward
-        usable = ff is not None and self.scheduler.kv.supports_fast_forward
-        requests = self.scheduler.decode_stretch(plan) if usable else None
-        if not requests:
+    def _stretch(self, plan: StepPlan) -> tuple[Stretch, Callable[[], None]] | None:
+        """Fuse the steps from here to the next event, if this step starts a decode stretch or a chunked prefill
+        beside decodes. Logs all but the last fused step, which the caller ends (its window frees and finishes)
+        and logs when its time comes: returns what does that."""
+        planned = self._plan_stretch(plan)
+        if planned is None:
             return None
-        requests, kv = list(requests), self.scheduler.kv
-        finishes_allowed = ff.open_loop and self.scheduler.num_waiting == 0 and self.scheduler.finishes_fuse
-        in_flight = self.scheduler.decode_tokens_in_flight
-        stretch = plan_stretch(
-            requests,
-            kv,
-            ff.timer,
-            self.env.now,
-            ff.next_event_s(),
-            ff.stop_s,
-            finishes_allowed,
-            waiting=self.scheduler.admission_waits_for_blocks,
-            in_flight=in_flight,
-        )
-        if stretch is None:
-            return None
+        requests, stretch = planned
+        scheduler, ff = self.scheduler, self.fast_forward
+        kv, in_flight = scheduler.kv, scheduler.decode_tokens_in_flight
         finished: list[Request] = []
 
         def retire(req: Request, now: float) -> None:
-            self.scheduler.retire(req, now)
+            scheduler.retire(req, now)
             finished.append(req)
 
-        late = self.scheduler.release_retired if self.scheduler.holds_finished else None
+        late = scheduler.release_retired if scheduler.holds_finished else None
         active, used, usage, end_last = apply_stretch(
             requests,
             stretch,
@@ -236,17 +221,18 @@ class Replica:
             late,  # late: async
             in_flight,
         )
-        self.scheduler.fused_decode_steps(len(stretch.ends_s) - 1)
-        n = len(active) - 1
+        scheduler.fused_decode_steps(len(stretch.ends_s) - 1)
+        n, prefilling = len(active) - 1, int(stretch.prefill is not None)
+        prefill_tokens = list(stretch.chunks) or [0] * len(active)
         self.steps.record_many(
             time_s=stretch.ends_s[:-1].tolist(),
             duration_s=stretch.durations_s[:-1].tolist(),
             replica=[self.index] * n,
-            num_requests=active[:-1],
-            prefill_tokens=[0] * n,
+            num_requests=[a + prefilling for a in active[:-1]],
+            prefill_tokens=prefill_tokens[:-1],
             decode_tokens=active[:-1],
-            num_running=active[1:],
-            num_waiting=[self.scheduler.num_waiting] * n,
+            num_running=[a + prefilling for a in active[1:]],
+            num_waiting=[scheduler.num_waiting] * n,
             kv_blocks_used=used,
             kv_usage=usage,
             num_preempted=[0] * n,
@@ -256,8 +242,50 @@ class Replica:
         def end_last_step() -> None:
             end_last()
             self._hand_on(finished)
+            last = active[-1]
+            self._record(float(stretch.durations_s[-1]), last + prefilling, prefill_tokens[-1], last, 0)
 
-        return stretch, active[-1], end_last_step
+        return stretch, end_last_step
+
+    def _plan_stretch(self, plan: StepPlan) -> tuple[list[Request], Stretch] | None:
+        """The decoding requests and the steps to fuse from `plan` on, if any."""
+        ff, scheduler = self.fast_forward, self.scheduler
+        if ff is None or not scheduler.kv.supports_fast_forward:
+            return None
+        finishes_allowed = ff.open_loop and scheduler.num_waiting == 0 and scheduler.finishes_fuse
+        requests = scheduler.decode_stretch(plan)
+        if requests:
+            requests = list(requests)
+            stretch = plan_stretch(
+                requests,
+                scheduler.kv,
+                ff.timer,
+                self.env.now,
+                ff.next_event_s(),
+                ff.stop_s,
+                finishes_allowed,
+                waiting=scheduler.admission_waits_for_blocks,
+                in_flight=scheduler.decode_tokens_in_flight,
+            )
+        else:
+            mixed = scheduler.chunk_stretch(plan) if self.pipeline is None else None
+            if mixed is None:
+                return None
+            requests, prefill = mixed
+            stretch = plan_chunk_stretch(
+                requests,
+                prefill,
+                plan.num_new[-1],
+                scheduler.kv,
+                scheduler.prefill_chunk,
+                ff.timer.lists_s,  # a mixed step has no draft or swap to add
+                self.env.now,
+                ff.next_event_s(),
+                ff.stop_s,
+                finishes_allowed,
+                scheduler.num_waiting > 0,
+            )
+        return None if stretch is None else (requests, stretch)
 
     def _hand_on(self, finished: list[Request]) -> None:
         """Hand on the finished requests (and forget them)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from itertools import accumulate
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,14 @@ from servesim.workloads.request import Request
 @dataclass(frozen=True, slots=True)
 class Stretch:
     """`len(ends_s)` fused decode steps: their durations and end times, and the step in which each request
-    finishes (a large number for those that run past the stretch)."""
+    finishes (a large number for those that run past the stretch). With `prefill`, a request prefills beside the
+    decodes, `chunks[i]` of its prompt tokens in step i (simulator/world/chunk_stretch.py)."""
 
     durations_s: np.ndarray
     ends_s: np.ndarray
     finish_step: np.ndarray
+    prefill: Request | None = None
+    chunks: tuple[int, ...] = ()
 
 
 def wait_until(env: simpy.Environment, target: float):
@@ -166,13 +170,13 @@ def plan_stretch(
 
 
 # What happens to a request in a fused step, in the order it happens within the step (events sort on it):
-SCHEDULED = (
-    0  # the step is scheduled: a block opens (OPEN_BLOCK) or the block it fills registers (REGISTER_FILLED)
-)
+# SCHEDULED: the step is scheduled; a block opens (OPEN_BLOCK), the block it fills registers (REGISTER_FILLED), or
+# the prefill gets its chunk's blocks (OPEN_CHUNK)
+SCHEDULED = 0
 PLANNED = 1  # the next step is planned: under async scheduling, a request finished the step before lets go
 ENDED = 2  # the step ends: sliding windows free the blocks they left behind
 RETIRED = 3  # then finished requests retire
-OPEN_BLOCK, REGISTER_FILLED = 0, 1  # a SCHEDULED event's sub-kind
+OPEN_BLOCK, REGISTER_FILLED, OPEN_CHUNK = 0, 1, 2  # a SCHEDULED event's sub-kind
 
 
 def _events(
@@ -184,9 +188,11 @@ def _events(
     windows: tuple[int | None, ...],
     late_release: bool = False,
     in_flight: int = 0,
+    prefilling: bool = False,
 ) -> list[tuple[int, int, int, int]]:
     """(step, kind, request, sub) in stepping order. SCHEDULED: open a block, or register the block it fills (only
-    in pools whose windows free blocks, which must be findable by then). PLANNED: with `late_release` (async
+    in pools whose windows free blocks, which must be findable by then), or, with `prefilling`, give the prefill
+    (request len(context), scheduled after the decodes) its chunk's blocks. PLANNED: with `late_release` (async
     scheduling), the blocks of requests that finished in the step before go back. ENDED: windows free blocks
     (commit order), then RETIRED: finished requests retire."""
     # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
@@ -198,6 +204,8 @@ def _events(
         for i in range(int(first[j]), int(last[j]) + 1, size)
     ]
     events += [(int(f), RETIRED, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+    if prefilling:
+        events += [(i, SCHEDULED, len(context), OPEN_CHUNK) for i in range(1, steps)]
     if late_release:  # never past the stretch: no request finishes in its last step
         events += [(int(f) + 1, PLANNED, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
     sliding = sorted({w for w in windows if w is not None})
@@ -243,8 +251,17 @@ def apply_stretch(
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     last = np.minimum(stretch.finish_step, steps - 1)
+    prefill = stretch.prefill
     events = _events(
-        context, last, stretch.finish_step, steps, size, kv.windows, release is not None, in_flight
+        context,
+        last,
+        stretch.finish_step,
+        steps,
+        size,
+        kv.windows,
+        release is not None,
+        in_flight,
+        prefill is not None,
     )
     for req in requests:  # as each step's commit leaves it
         req.num_in_flight_tokens = in_flight
@@ -257,13 +274,21 @@ def apply_stretch(
         req.num_computed_tokens += k
         req.num_generated += k
         req.last_token_s = float(ends[k - 1])
-    delta = np.zeros(steps, np.int64)
+    delta = [0] * steps  # blocks each step's events took (shared blocks free only with their last user)
     used_before = kv.num_used_blocks
     # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
     usage = [math.nan] * steps
     usage_before = kv.usage
 
+    if prefill is not None:  # its tokens before each step
+        prefilled = np.cumsum((prefill.num_computed_tokens, *stretch.chunks)).tolist()
+
     def run(i: int, kind: int, j: int, sub: int) -> None:
+        if sub == OPEN_CHUNK:  # as the scheduler allocates a chunk, from the tokens before it
+            prefill.num_computed_tokens = prefilled[i]
+            kv.allocate(prefill, stretch.chunks[i])
+            kv.cache_scheduled(prefill, prefilled[i + 1])
+            return
         tokens = int(context[j]) + i + 1
         if kind == SCHEDULED and sub == OPEN_BLOCK:
             kv.open_decode_blocks(requests[j], tokens)
@@ -278,12 +303,22 @@ def apply_stretch(
 
     # the last step's ending events wait for the caller (see the docstring)
     ending = [event for event in events if event[0] == steps - 1 and event[1] >= ENDED]
+    used, step = used_before, -1
     for event in events:
-        if event[0] < steps - 1 or event[1] < ENDED:
-            before = kv.num_used_blocks  # shared blocks free only with their last user
-            run(*event)
-            delta[event[0]] += kv.num_used_blocks - before
-            usage[event[0]] = kv.usage
+        if event[0] == steps - 1 and event[1] >= ENDED:
+            continue
+        if event[0] != step and step >= 0:  # the pool as the step before left it
+            usage[step] = kv.usage
+        step = event[0]
+        run(*event)
+        after = kv.num_used_blocks
+        delta[step] += after - used
+        used = after
+    if step >= 0:
+        usage[step] = kv.usage
+    if prefill is not None:
+        prefill.num_computed_tokens = prefilled[-1]
+        _prefill_done(prefill, stretch, log, in_flight)
     for i in range(steps):  # a step without events leaves the pool as it was
         if math.isnan(usage[i]):
             usage[i] = usage[i - 1] if i else usage_before
@@ -296,5 +331,16 @@ def apply_stretch(
             if finish >= steps:
                 # them at the end rather than step by step changes nothing (a window's are freed)
                 kv.cache(req)
+        if prefill is not None:
+            kv.cache(prefill)
 
-    return active.tolist(), (used_before + np.cumsum(delta)).tolist()[:-1], usage[:-1], end_last_step
+    return active.tolist(), list(accumulate(delta, initial=used_before))[1:-1], usage[:-1], end_last_step
+
+
+def _prefill_done(prefill: Request, stretch: Stretch, log: TokenLog, in_flight: int) -> None:
+    """What the prefill's last fused step leaves: under async scheduling its chunk in flight, and its first token
+    if the step finished its prompt (a stretch never runs past that step)."""
+    if in_flight:
+        prefill.num_in_flight_tokens = stretch.chunks[-1]
+    if prefill.num_computed_tokens >= prefill.num_tokens:
+        log.sample(prefill, float(stretch.ends_s[-1]))
