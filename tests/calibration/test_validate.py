@@ -70,6 +70,14 @@ def _machine_drift(folder, steps: pd.DataFrame, probes_s: list[float]) -> float:
     return max(stolen, max(probes_s) / min(probes_s) - 1.0)
 
 
+def _served_slowdown(steps: pd.DataFrame, served_mape_pct: float) -> float:
+    """How much further the served steps' median is from the fit's prediction than the fit missed the
+    calibration's own served steps (`served_mape_pct`) minutes before, as a fraction: a speed change the probes
+    can miss (a fresh-clone CI run whose probes and CPU times moved 0.7% served its steps 17% slower than the
+    fit, and its median TPOT came out 30% off)."""
+    return abs(float((steps["execute_s"] / steps["predicted_s"]).median()) - 1.0) - served_mape_pct / 100
+
+
 #: 100 requests, a third of them behind one of 4 shared prefixes of 128 tokens (8 blocks), served with
 #: chunked prefill and vLLM's automatic prefix caching.
 TRACE = TraceSpec(
@@ -141,6 +149,8 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
         pytest.skip(
             f"the machine's speed changed by {drift:.0%} under the test: too unsteady to judge latencies"
         )
+    # a served run slower or faster than the calibration is judged by the coarse bounds, never skipped
+    drift = max(drift, _served_slowdown(steps, report.mape["served_fitted"]))
     quiet = drift <= QUIET_DRIFT
     failed = [
         f"{name} > {bound:g}%"
