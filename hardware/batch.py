@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -21,14 +21,25 @@ class StepBatch:
     num_context: np.ndarray
     needs_logits: np.ndarray
     rank: np.ndarray | None = None
+    # sums the cost model reads many times a step, taken once (the arrays are never changed in place)
+    num_tokens: int = field(init=False, repr=False)
+    num_logits: int = field(init=False, repr=False)
+    max_query_len: int = field(init=False, repr=False)
+    min_query_len: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not (len(self.num_new) == len(self.num_context) == len(self.needs_logits)):
             raise ValueError("num_new, num_context and needs_logits must have one entry per request")
         if self.rank is not None and len(self.rank) != len(self.num_new):
             raise ValueError("rank must have one entry per request")
-        if len(self.num_new) and (self.num_new.min() < 1 or self.num_context.min() < 0):
+        shortest = int(self.num_new.min()) if len(self.num_new) else 0
+        if len(self.num_new) and (shortest < 1 or self.num_context.min() < 0):
             raise ValueError("every request needs >= 1 new token and >= 0 context tokens")
+        set_ = object.__setattr__  # frozen
+        set_(self, "num_tokens", int(self.num_new.sum()))
+        set_(self, "num_logits", int(self.needs_logits.sum()))
+        set_(self, "max_query_len", int(self.num_new.max()) if len(self.num_new) else 0)
+        set_(self, "min_query_len", shortest)
 
     @classmethod
     def of(
@@ -50,24 +61,10 @@ class StepBatch:
     def num_requests(self) -> int:
         return len(self.num_new)
 
-    @property
-    def num_tokens(self) -> int:
-        return int(self.num_new.sum())
-
-    @property
-    def num_logits(self) -> int:
-        return int(self.needs_logits.sum())
-
-    @property
-    def max_query_len(self) -> int:
-        return int(self.num_new.max()) if len(self.num_new) else 0
-
     def is_mixed(self, decode_query_len: int = 1) -> bool:
         """Decode queries (up to `decode_query_len` tokens) beside longer ones (prefill chunks): attention runs
         both paths."""
-        return bool(len(self.num_new)) and int(self.num_new.min()) <= decode_query_len < int(
-            self.num_new.max()
-        )
+        return bool(len(self.num_new)) and self.min_query_len <= decode_query_len < self.max_query_len
 
     def by_rank(self) -> list[StepBatch]:
         """Each labelled rank's requests, by rank number (ranks with none left out); unlabelled: the batch."""
