@@ -1108,17 +1108,36 @@ def decode_stretch_attention_s(
     batch = StepBatch.of(np.ones(len(num_context), np.int64), num_context)
     ctx = _context(batch, model, gpu, parallelism, profile, options)
     # unlabelled: its contexts all grow by one a step, so the dealt busiest rank keeps its requests
-    rank = ctx.rank
-    ctx = ctx.with_tokens(rank.num_tokens)
+    return _stretch_attention_s(ctx, ctx.rank.num_context, num_steps)
+
+
+def decode_stretch_pricer(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+) -> Callable[[np.ndarray, int], np.ndarray] | None:
+    """`decode_stretch_attention_s` without building a batch and a context per call: every GPU attends for every
+    request, so one context serves all stretches. None under DP attention (a stretch's busiest rank)."""
+    if parallelism.dp_attention:
+        return None
+    ctx = _context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options)
+    return lambda num_context, num_steps: _stretch_attention_s(ctx, num_context, num_steps)
+
+
+def _stretch_attention_s(ctx: _Ctx, num_context: np.ndarray, num_steps: int) -> np.ndarray:
+    """Each step's attention for the decodes one GPU attends for (`num_context`: theirs), one token each."""
+    requests = len(num_context)
+    ctx = ctx.with_tokens(requests)
     steps = np.arange(num_steps, dtype=np.int64)
     attention = np.zeros(num_steps)
-    for group, layers in _layer_groups(model, options.kv_sharing_fast_prefill):
-        keys = _decode_keys(rank.num_context, steps, group.window)
-        _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, rank.num_tokens)
+    for group, layers in _layer_groups(ctx.model, ctx.opts.kv_sharing_fast_prefill):
+        keys = _decode_keys(num_context, steps, group.window)
+        _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, requests)
         per_layer = np.maximum(compute_s, memory_s)
         table = _attention_table(ctx, group.window, True)
         if table is not None:  # looked up one step at a time, with a stepped step's very numbers
-            requests = rank.num_requests
             for step, read in enumerate(keys.tolist()):
                 measured = table.seconds(requests, _table_length(group.window, True, requests, read, read))
                 if measured is not None:

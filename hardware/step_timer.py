@@ -21,6 +21,7 @@ from servesim.hardware.cost import (
     Parallelism,
     attention_seconds,
     decode_stretch_attention_s,
+    decode_stretch_pricer,
     rank_peaks,
     small_attention_pricer,
     stage_attention_seconds,
@@ -53,8 +54,7 @@ class StepTimer:
         self._fixed_s: dict[tuple, float] = {}
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
-        self._small_attention_s = None  # `small_attention_pricer`, built on first use
-        self._small = True  # whether small batches may be priced from lists
+        self._lean: tuple | None = None  # (small_attention_pricer, decode_stretch_pricer), built on first use
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -124,10 +124,8 @@ class StepTimer:
     ) -> float:
         """`self(StepBatch.of(num_new, num_context, needs_logits))`, without building the batch when it is small and
         `small_attention_pricer` can price it (the common step of a simulation)."""
-        if self._small and self._small_attention_s is None:
-            self._small_attention_s = small_attention_pricer(*self.args)
-            self._small = self._small_attention_s is not None
-        if not self._small or not 0 < len(num_new) <= SMALL_BATCH:
+        small_attention_s = self._lean_pricers()[0]
+        if small_attention_s is None or not 0 < len(num_new) <= SMALL_BATCH:
             return self(StepBatch.of(num_new, num_context, needs_logits))
         top = max(num_new)
         decode_query_len = self.options.decode_query_len
@@ -137,7 +135,14 @@ class StepTimer:
         if fixed is None:
             batch = StepBatch.of(num_new, num_context, needs_logits)
             fixed = self._fixed(key, batch, batch)
-        return fixed + self._small_attention_s(num_new, num_context)
+        return fixed + small_attention_s(num_new, num_context)
+
+    def _lean_pricers(self) -> tuple:
+        """The cost model's pricers that skip building a batch (`small_attention_pricer`, `decode_stretch_pricer`),
+        each None where it does not apply; built on first use, so a bad configuration fails where it always did."""
+        if self._lean is None:
+            self._lean = (small_attention_pricer(*self.args), decode_stretch_pricer(*self.args))
+        return self._lean
 
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""
@@ -182,5 +187,9 @@ class StepTimer:
     def decode_stretch_s(self, num_context: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` consecutive decode steps of the same requests, whose contexts start at
         `num_context` and grow by one token per step."""
-        attention = decode_stretch_attention_s(num_context, num_steps, *self.args)
+        stretch_attention_s = self._lean_pricers()[1]
+        if stretch_attention_s is None:
+            attention = decode_stretch_attention_s(num_context, num_steps, *self.args)
+        else:
+            attention = stretch_attention_s(num_context, num_steps)
         return self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
