@@ -1045,19 +1045,12 @@ def small_attention_pricer(
     groups = _layer_groups(model, options.kv_sharing_fast_prefill)
     if parallelism.dp_attention or model.mla is not None or any(g.last_token_only for g, _ in groups):
         return None
-    ctx = _context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options)
+    at = _context_by_tokens(_context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options))
     decode_query_len = options.decode_query_len
-    by_tokens: dict[
-        int, _Ctx
-    ] = {}  # the context with each step size: copying a dataclass costs more than pricing
 
     def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
         tokens = sum(num_new)
-        tokens_ctx = by_tokens.get(tokens)
-        if tokens_ctx is None:
-            if len(by_tokens) >= 1 << 12:
-                by_tokens.clear()
-            tokens_ctx = by_tokens[tokens] = ctx.with_tokens(tokens)
+        tokens_ctx = at(tokens)
         for group, layers in groups:
             for decode in (True, False):
                 stats = _attn_stats_small(num_new, num_context, group.window, decode, decode_query_len)
@@ -1065,6 +1058,21 @@ def small_attention_pricer(
                     yield layers, decode, _layer_attention_s(tokens_ctx, tokens, group, decode, stats)
 
     return lambda num_new, num_context: _summed_attention(per_layer(num_new, num_context))
+
+
+def _context_by_tokens(ctx: _Ctx) -> Callable[[int], _Ctx]:
+    """`ctx.with_tokens`, remembered per step size: copying the dataclass costs more than pricing a small step."""
+    by_tokens: dict[int, _Ctx] = {}
+
+    def at(tokens: int) -> _Ctx:
+        hit = by_tokens.get(tokens)
+        if hit is None:
+            if len(by_tokens) >= 1 << 12:
+                by_tokens.clear()
+            hit = by_tokens[tokens] = ctx.with_tokens(tokens)
+        return hit
+
+    return at
 
 
 def _summed_attention(parts: Iterable[tuple[int, bool, float]]) -> float:
@@ -1122,8 +1130,8 @@ def decode_stretch_pricer(
     request, so one context serves all stretches. None under DP attention (a stretch's busiest rank)."""
     if parallelism.dp_attention:
         return None
-    ctx = _context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options)
-    return lambda num_context, num_steps: _stretch_attention_s(ctx, num_context, num_steps)
+    at = _context_by_tokens(_context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options))
+    return lambda num_context, num_steps: _stretch_attention_s(at(len(num_context)), num_context, num_steps)
 
 
 def _stretch_attention_s(ctx: _Ctx, num_context: np.ndarray, num_steps: int) -> np.ndarray:
