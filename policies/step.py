@@ -243,13 +243,19 @@ class TokenLog:
         self.itl_s = array("d")
         self._open: dict[int, array] = {}  # request id -> gaps so far, while it has tokens to come
 
-    def record(self, req: Request, gaps: list[float], done: bool) -> None:
-        """Gaps of `req`'s latest tokens; `done`: the last of them was its last token."""
+    def record(self, req: Request, gap: float, more: array | tuple = (), done: bool = False) -> None:
+        """Gaps of `req`'s latest tokens, `gap` then `more` (an array: a fused stretch's gaps are copied, not
+        iterated); `done`: the last of them was its last token."""
         if not done:
-            self._open.setdefault(req.id, array("d")).extend(gaps)
+            held = self._open.get(req.id)
+            if held is None:
+                held = self._open[req.id] = array("d")
+            held.append(gap)
+            held.extend(more)
             return
         self.itl_s.extend(self._open.pop(req.id, ()))
-        self.itl_s.extend(gaps)
+        self.itl_s.append(gap)
+        self.itl_s.extend(more)
 
     def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
         """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`
@@ -271,7 +277,7 @@ class TokenLog:
             else:
                 held.append(now - req.last_token_s)
         else:
-            self.record(req, [now - req.last_token_s], True)
+            self.record(req, now - req.last_token_s, done=True)
         req.last_token_s = now
 
 

@@ -19,6 +19,7 @@ the same order SimPy would, so every timestamp matches.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Callable
 from itertools import accumulate
 from dataclasses import dataclass
@@ -268,12 +269,12 @@ def apply_stretch(
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
     active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
     first_gaps = (ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist()
-    gaps = np.diff(ends).tolist()
+    gaps, end_of = array("d", np.diff(ends).tobytes()), ends.tolist()
     for req, k, first_gap in zip(requests, (last + 1).tolist(), first_gaps):
-        log.record(req, [first_gap, *gaps[: k - 1]], req.num_generated + k >= req.num_output_tokens)
+        log.record(req, first_gap, gaps[: k - 1], req.num_generated + k >= req.num_output_tokens)
         req.num_computed_tokens += k
         req.num_generated += k
-        req.last_token_s = float(ends[k - 1])
+        req.last_token_s = end_of[k - 1]
     delta = [0] * steps  # blocks each step's events took (shared blocks free only with their last user)
     used_before = kv.num_used_blocks
     # after each step's events (a pool of two, SGLang's, is not used blocks / blocks)
