@@ -145,7 +145,6 @@ class CostOptions:
 
 
 #: Model-level operators of a pipeline's first stage (it embeds the tokens) and of its last (it computes the logits).
-ATTENTION_OPERATORS = frozenset({"attention_decode", "attention_prefill"})
 FIRST_STAGE_OPERATORS = frozenset({"embedding", "embedding_all_reduce", "model_extras"})
 LAST_STAGE_OPERATORS = frozenset({"lm_head", "logits_gather"})
 
@@ -614,26 +613,32 @@ def measured_attention(
     return table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
 
 
-def _attention(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
-    """`batch`: the requests one GPU attends for (`busiest_rank`), as the layer group sees them."""
+def _attention(
+    ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int, attention: bool = True
+) -> None:
+    """`batch`: the requests one GPU attends for (`busiest_rank`), as the layer group sees them. Without
+    `attention`, only MLA's K/V up-projection (a GEMM)."""
     m, ctx = ctx.model, ctx.with_tokens(batch.num_tokens)
+    if not attention and not m.mla:
+        return
     for decode in (True, False):
         s = _attn_stats(batch, group.window, decode, ctx.opts.decode_query_len)
         if not s.requests:
             continue
-        flops, nbytes, compute_s, memory_s = attention_terms(
-            ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens
-        )
-        acc.add(
-            ctx,
-            "attention_decode" if decode else "attention_prefill",
-            "attention",
-            flops,
-            nbytes,
-            (compute_s, memory_s),
-            layers,
-            measured_attention(ctx, group.window, decode, s.requests, s.kv_read, s.keys),
-        )
+        if attention:
+            flops, nbytes, compute_s, memory_s = attention_terms(
+                ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens
+            )
+            acc.add(
+                ctx,
+                "attention_decode" if decode else "attention_prefill",
+                "attention",
+                flops,
+                nbytes,
+                (compute_s, memory_s),
+                layers,
+                measured_attention(ctx, group.window, decode, s.requests, s.kv_read, s.keys),
+            )
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
             rows = s.tokens if decode else s.expand_tokens
@@ -770,7 +775,9 @@ def _all_to_all_s(ctx: _Ctx, nbytes: float) -> float:
     return _collective_s(ctx, (tp - 1) / tp * nbytes, tp - 1)
 
 
-def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int) -> None:
+def _layer_group(
+    ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers: int, attention: bool = True
+) -> None:
     seen, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
     # the fullest rank's rows: one a request if reduced
     peak = ctx.peak[1] if seen is not batch else ctx.peak[0]
@@ -792,7 +799,7 @@ def _layer_group(ctx: _Ctx, acc: _Terms, batch: StepBatch, group: _Group, layers
         layers,
         local.measured_gemms(rows, ((out_dim, h),)) if plain else None,
     )
-    _attention(ctx, acc, rank, group, layers)
+    _attention(ctx, acc, rank, group, layers, attention)
     acc.add(
         local,
         "o_proj",
@@ -1180,11 +1187,11 @@ def operator_terms(
     return _operator_terms(_context(batch, model, gpu, parallelism, profile, options, rank), batch)
 
 
-def _operator_terms(ctx: _Ctx, batch: StepBatch) -> list[OperatorTerm]:
+def _operator_terms(ctx: _Ctx, batch: StepBatch, attention: bool = True) -> list[OperatorTerm]:
     terms = _Terms()
     if batch.num_requests:
         for group, layers in _layer_groups(ctx.model, ctx.opts.kv_sharing_fast_prefill):
-            _layer_group(ctx, terms, batch, group, layers)
+            _layer_group(ctx, terms, batch, group, layers, attention)
         _model_level(ctx, terms, batch)
     return terms.terms
 
@@ -1197,9 +1204,11 @@ def step_cost(
     profile: Profile = Profile(),
     options: CostOptions = CostOptions(),
     rank: StepBatch | None = None,
+    attention: bool = True,
 ) -> StepCost:
     """Predicted time of one engine step of `batch` on one replica, split by operator. `rank`: the requests one GPU
-    attends for (one of `Parallelism.rank_batches`); None: the busiest (`busiest_rank`).
+    attends for (one of `Parallelism.rank_batches`); None: the busiest (`busiest_rank`). `attention=False` leaves
+    the attention operators out, for a `fixed_s` (the same) without the work of pricing them.
 
     Pipeline stages run the batch one after another, so layer costs add up across stages and `pp_send` adds
     the activations crossing each stage boundary, the fixed overheads counted once (the simulator runs pp
@@ -1207,7 +1216,7 @@ def step_cost(
     """
     acc, ctx = _Acc(), _context(batch, model, gpu, parallelism, profile, options, rank)
     profile = ctx.profile  # resolved for the GPU
-    for term in _operator_terms(ctx, batch):
+    for term in _operator_terms(ctx, batch, attention):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
         # each DP-attention rank's own host work
@@ -1266,8 +1275,8 @@ def stage_fixed_seconds(
     per_layer = {}
     for group, _ in _layer_groups(model, options.kv_sharing_fast_prefill):
         terms = _Terms()
-        _layer_group(ctx, terms, batch, group, 1)
-        per_layer[group] = sum(term.time_s for term in terms.terms if term.name not in ATTENTION_OPERATORS)
+        _layer_group(ctx, terms, batch, group, 1, attention=False)
+        per_layer[group] = sum(term.time_s for term in terms.terms)
     edges = _Terms()
     _model_level(ctx, edges, batch)
     first, last, send = (

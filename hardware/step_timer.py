@@ -109,7 +109,7 @@ class StepTimer:
         if fixed is None:
             if len(self._fixed_s) >= CACHE_ENTRIES:
                 self._fixed_s.clear()
-            fixed = self._fixed_s[key] = step_cost(batch, *self.args, rank).fixed_s
+            fixed = self._fixed_s[key] = step_cost(batch, *self.args, rank, attention=False).fixed_s
         return fixed
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:
