@@ -59,6 +59,9 @@ class PrefillScheduler(TokenBudgetScheduler):
     def decode_stretch(self, plan: StepPlan) -> None:
         return None  # prefill replicas never decode
 
+    def chunk_stretch(self, plan: StepPlan) -> None:
+        return None  # nor prefill beside decodes
+
     def release(self, req: Request) -> None:
         """The decode side holds the KV now: free it here (cached first, for later prefix hits)."""
         self.kv.cache(req)
@@ -83,6 +86,9 @@ class DecodeScheduler(TokenBudgetScheduler):
     @property
     def admission_waits_for_blocks(self) -> bool:
         return bool(self.offers) or super().admission_waits_for_blocks  # offers reserve blocks, not slots
+
+    def chunk_stretch(self, plan: StepPlan) -> None:
+        return None  # every step grants offers (`schedule`), which a fused stretch would skip
 
     def offer(self, req: Request, on_reserved: Callable[[Request], None]) -> None:
         """Queue a prefilled request; `on_reserved(req)` runs once its blocks are reserved here."""

@@ -30,6 +30,9 @@ class BlockManager:
     supports_fast_forward = (
         True  # decode steps open blocks in a pattern simulator/world/fast_forward.py replays
     )
+    # what a step computes is made findable when it is scheduled (`cache_scheduled`), so the `cache` after each step
+    # adds nothing for a prefill and its fused chunks (simulator/world/chunk_stretch.py) need none
+    caches_when_scheduled = True
     windows: tuple[int | None, ...] = (None,)  # KV cache groups' sliding windows: one full-attention group
     swa_window: int | None = None  # SGLang's separate sliding-window pool (policies/swa_radix.py): its window
     # EAGLE/MTP drafting reads the target's hidden states at the last cached token, which a hit does not have:

@@ -83,6 +83,10 @@ def _split_pieces(key: tuple[Piece, ...], at: int) -> tuple[tuple[Piece, ...], t
 
 
 class RadixCache(BlockManager):
+    caches_when_scheduled = (
+        False  # each step's `cache` inserts its chunk into the tree (cache_unfinished_req)
+    )
+
     def __init__(self, num_blocks: int, block_size: int = 1, watermark: float = 0.0):
         super().__init__(num_blocks, block_size, watermark)
         self.root = Node((), [], None, lock_ref=1)

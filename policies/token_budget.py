@@ -287,10 +287,15 @@ class TokenBudgetScheduler(SchedulerDefaults):
         """(decodes, prefill) if `plan` decodes every running request but the newest, which is fed a chunk of its
         prompt: then until the prompt is done, an arrival, a full pool or (if any request waits) a step with
         budget to admit it, the steps follow from `prefill_chunk` (simulator/world/chunk_stretch.py). Not with
-        speculative decoding, pipelining or sliding windows (whose blocks free as they slide)."""
+        speculative decoding, pipelining, sliding windows (whose blocks free as they slide) or a cache that works
+        after each step (SGLang's radix tree). Unlike `decode_stretch` it needs no `ahead.settled()`: arrivals the
+        next plans would see wait too, and every admission or resume needs budget, which its steps leave none of
+        while anyone waits."""
         if self.speculator is not None or self.pipelined or not self.chunked:
             return None
-        if self.kv.windows != (None,) or plan.preempted or plan.swap_in_blocks or plan.rank:
+        if self.kv.windows != (None,) or not self.kv.caches_when_scheduled:
+            return None
+        if plan.preempted or plan.swap_in_blocks or plan.rank:
             return None
         if len(plan.requests) < 2 or len(plan.requests) != len(self.running):
             return None

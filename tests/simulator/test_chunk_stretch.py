@@ -72,18 +72,22 @@ def test_nothing_is_fused_past_the_next_event_or_into_a_full_pool():
     assert stretch.chunks == (510, 510)
 
 
-def long_prompts(rate: float = 3.0, **engine_overrides):
+def long_prompts(rate: float = 3.0, shared: bool = False, **engine_overrides):
+    """80 prompts of ~1,500 tokens; `shared`: most behind one of 4 prefixes of 1,200 tokens (prefix-cache hits)."""
+    workload = {
+        "trace": None,
+        "lengths": {
+            "prompt": {"kind": "lognormal", "median": 1500, "sigma": 0.6},
+            "output": {"kind": "uniform", "low": 1, "high": 200},
+        },
+        "arrivals": {"kind": "poisson", "rate_per_s": rate},
+        "num_requests": 80,
+    }
+    if shared:
+        workload["shared_prefix"] = {"num_prefixes": 4, "prefix_tokens": 1200, "zipf_s": 1.0, "share": 0.8}
     return scenario(
         engine={"max_model_len": 16384, "max_num_batched_tokens": BUDGET, **engine_overrides},
-        workload={
-            "trace": None,
-            "lengths": {
-                "prompt": {"kind": "lognormal", "median": 1500, "sigma": 0.6},
-                "output": {"kind": "uniform", "low": 2, "high": 200},
-            },
-            "arrivals": {"kind": "poisson", "rate_per_s": rate},
-            "num_requests": 80,
-        },
+        workload=workload,
     )
 
 
@@ -109,17 +113,29 @@ def test_fused_chunked_prefills_give_the_same_run_as_stepping(async_scheduling, 
     assert_same_run(fast, slow)
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_radix_cache_is_not_fused():
+    """Its `cache` after each step inserts the chunk into the tree (one node per chunk), which registering chunks as
+    they are scheduled does not do: fused chunks once gave other prefix hits than stepping."""
+    s = long_prompts(shared=True, prefix_caching="radix", num_gpu_blocks_override=800, async_scheduling=False)
+    monkeypatch = pytest.MonkeyPatch()
+    with monkeypatch.context() as patched:
+        fast, fused, slow = stretched(s, patched)
+    assert fused == 0
+    assert_same_run(fast, slow)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    scheduler=st.sampled_from(["vllm", "sarathi"]),
+    scheduler=st.sampled_from(["vllm", "sarathi", "trtllm"]),
     async_scheduling=st.booleans(),
-    prefix_caching=st.sampled_from(["none", "vllm"]),
+    prefix_caching=st.sampled_from(["none", "vllm", "radix"]),
+    shared=st.booleans(),
     threshold=st.sampled_from([0, 300]),
     rate=st.sampled_from([1.0, 6.0, 30.0]),
     blocks=st.sampled_from([None, 900]),
 )
 def test_any_chunked_run_is_the_same_fused_or_stepped(
-    scheduler, async_scheduling, prefix_caching, threshold, rate, blocks, monkeypatch
+    scheduler, async_scheduling, prefix_caching, shared, threshold, rate, blocks, monkeypatch
 ):
     engine_overrides = {
         "scheduler": scheduler,
@@ -127,9 +143,11 @@ def test_any_chunked_run_is_the_same_fused_or_stepped(
         "long_prefill_token_threshold": threshold,
         "num_gpu_blocks_override": blocks,  # a small pool: preemptions, requests waiting for blocks
     }
-    if scheduler == "vllm":
-        engine_overrides["async_scheduling"] = async_scheduling
-    else:
+    if scheduler == "sarathi":
         engine_overrides["chunk_size"] = BUDGET
-    fast, _, slow = stretched(long_prompts(rate, **engine_overrides), monkeypatch)
+    else:
+        engine_overrides["async_scheduling"] = async_scheduling
+    if scheduler == "trtllm":
+        engine_overrides["enable_chunked_prefill"] = True
+    fast, _, slow = stretched(long_prompts(rate, shared, **engine_overrides), monkeypatch)
     assert_same_run(fast, slow)
