@@ -113,13 +113,11 @@ def test_fused_chunked_prefills_give_the_same_run_as_stepping(async_scheduling, 
     assert_same_run(fast, slow)
 
 
-def test_a_radix_cache_is_not_fused():
+def test_a_radix_cache_is_not_fused(monkeypatch):
     """Its `cache` after each step inserts the chunk into the tree (one node per chunk), which registering chunks as
     they are scheduled does not do: fused chunks once gave other prefix hits than stepping."""
     s = long_prompts(shared=True, prefix_caching="radix", num_gpu_blocks_override=800, async_scheduling=False)
-    monkeypatch = pytest.MonkeyPatch()
-    with monkeypatch.context() as patched:
-        fast, fused, slow = stretched(s, patched)
+    fast, fused, slow = stretched(s, monkeypatch)
     assert fused == 0
     assert_same_run(fast, slow)
 
