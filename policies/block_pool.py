@@ -88,6 +88,9 @@ class RefCountedPool(ABC):
         self._refs[block] = 1
         return block
 
+    def _pop_free_many(self, count: int) -> list[int]:
+        return [self._pop_free() for _ in range(count)]
+
     def _release(self, blocks: list[int]) -> None:
         for block in blocks:
             self._refs[block] -= 1
