@@ -295,7 +295,9 @@ class TokenBudgetScheduler(SchedulerDefaults):
             return None
         if self.kv.windows != (None,) or not self.kv.caches_when_scheduled:
             return None
-        if plan.preempted or plan.swap_in_blocks or plan.rank:
+        # every plan re-sorts an LPM queue by the cache as it stands, and the order it last sorted stays once over
+        # LPM_MAX_WAITING requests wait: fused steps would skip sorts that stepping makes
+        if plan.preempted or plan.swap_in_blocks or plan.rank or (self._waiting.lpm and self.num_waiting):
             return None
         if len(plan.requests) < 2 or len(plan.requests) != len(self.running):
             return None

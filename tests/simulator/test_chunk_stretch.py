@@ -131,15 +131,18 @@ def test_a_radix_cache_is_not_fused(monkeypatch):
     threshold=st.sampled_from([0, 300]),
     rate=st.sampled_from([1.0, 6.0, 30.0]),
     blocks=st.sampled_from([None, 900]),
+    lpm=st.booleans(),
 )
 def test_any_chunked_run_is_the_same_fused_or_stepped(
-    scheduler, async_scheduling, prefix_caching, shared, threshold, rate, blocks, monkeypatch
+    scheduler, async_scheduling, prefix_caching, shared, threshold, rate, blocks, lpm, monkeypatch
 ):
     engine_overrides = {
         "scheduler": scheduler,
         "prefix_caching": prefix_caching,
         "long_prefill_token_threshold": threshold,
         "num_gpu_blocks_override": blocks,  # a small pool: preemptions, requests waiting for blocks
+        # longest prefix match: the waiting queue re-sorted by the cache every plan
+        "queue_order": "lpm" if lpm and prefix_caching != "none" else "fcfs",
     }
     if scheduler == "sarathi":
         engine_overrides["chunk_size"] = BUDGET
