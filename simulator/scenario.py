@@ -124,7 +124,10 @@ class StopConfig(SpecModel):
 
 
 class SimulationConfig(SpecModel):
-    fast_forward: bool = Field(True, description="Fuse decode-only stretches (results identical to stepping)")
+    fast_forward: bool = Field(
+        True,
+        description="Fuse decode stretches and chunked prefills beside decodes (results identical to stepping)",
+    )
 
 
 GridValues = Annotated[list[Any], Field(min_length=1)]
