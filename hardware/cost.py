@@ -1052,7 +1052,7 @@ def small_attention_pricer(
     groups = _layer_groups(model, options.kv_sharing_fast_prefill)
     if parallelism.dp_attention or model.mla is not None or any(g.last_token_only for g, _ in groups):
         return None
-    at = _context_by_tokens(_context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options))
+    at = _context_by_tokens(model, gpu, parallelism, profile, options)
     decode_query_len = options.decode_query_len
 
     def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
@@ -1067,8 +1067,12 @@ def small_attention_pricer(
     return lambda num_new, num_context: _summed_attention(per_layer(num_new, num_context))
 
 
-def _context_by_tokens(ctx: _Ctx) -> Callable[[int], _Ctx]:
-    """`ctx.with_tokens`, remembered per step size: copying the dataclass costs more than pricing a small step."""
+def _context_by_tokens(
+    model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile, options: CostOptions
+) -> Callable[[int], _Ctx]:
+    """The context of a step of so many tokens, for pricers that need no batch (every GPU attends for every
+    request), remembered per step size: copying the dataclass costs more than pricing a small step."""
+    ctx = _context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options)
     by_tokens: dict[int, _Ctx] = {}
 
     def at(tokens: int) -> _Ctx:
@@ -1137,7 +1141,7 @@ def decode_stretch_pricer(
     request, so one context serves all stretches. None under DP attention (a stretch's busiest rank)."""
     if parallelism.dp_attention:
         return None
-    at = _context_by_tokens(_context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options))
+    at = _context_by_tokens(model, gpu, parallelism, profile, options)
     return lambda num_context, num_steps: _stretch_attention_s(at(len(num_context)), num_context, num_steps)
 
 

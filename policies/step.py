@@ -139,6 +139,11 @@ class PlanBuilder:
         )
 
 
+#: What a scheduler offers fast-forward for a chunked prefill beside decodes: the decoding requests, the one being
+#: prefilled, and `(pending, decodes) -> (its tokens, budget left for admissions)` for a step with that many decodes.
+ChunkStretch = tuple[list[Request], Request, Callable[[int, int], tuple[int, int]]]
+
+
 class Scheduler(Protocol):
     """Decides each step's batch; the engine only spends the step's time and calls `commit`. Every member the
     engine loop, fast-forward and the admission check use is declared here; `SchedulerDefaults` gives the
@@ -173,13 +178,9 @@ class Scheduler(Protocol):
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The requests of `plan` if it is a plain decode step that fast-forward may fuse with the next ones."""
 
-    def chunk_stretch(self, plan: StepPlan) -> tuple[list[Request], Request] | None:
-        """(decodes, prefill) if `plan` decodes all running requests but one, fed a prompt chunk, that fast-forward
-        may fuse with the next steps (`prefill_chunk` sizes them)."""
-
-    def prefill_chunk(self, pending: int, num_decodes: int) -> tuple[int, int]:
-        """The prompt tokens a prefill with `pending` left gets in a step beside `num_decodes` decodes, and the
-        budget that leaves for admitting waiting requests."""
+    def chunk_stretch(self, plan: StepPlan) -> ChunkStretch | None:
+        """(decodes, prefill, chunk sizer) if `plan` decodes all running requests but one, fed a prompt chunk, that
+        fast-forward may fuse with the next steps."""
 
     def fused_decode_steps(self, num_steps: int) -> None:
         """Fast-forward ran `num_steps` decode steps past the one scheduled (for state that moves per step)."""
@@ -217,11 +218,8 @@ class SchedulerDefaults:
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         return None
 
-    def chunk_stretch(self, plan: StepPlan) -> tuple[list[Request], Request] | None:
+    def chunk_stretch(self, plan: StepPlan) -> ChunkStretch | None:
         return None
-
-    def prefill_chunk(self, pending: int, num_decodes: int) -> tuple[int, int]:
-        raise NotImplementedError(f"{type(self).__name__} fuses no chunked prefill (chunk_stretch is None)")
 
     def fused_decode_steps(self, num_steps: int) -> None:
         pass

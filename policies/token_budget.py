@@ -40,6 +40,7 @@ from servesim.policies.ordering import OrderKey
 from servesim.policies.registry import schedulers
 from servesim.policies.spec_decode import Speculator
 from servesim.policies.step import (
+    ChunkStretch,
     PlanBuilder,
     SchedulerDefaults,
     StepPlan,
@@ -283,11 +284,11 @@ class TokenBudgetScheduler(SchedulerDefaults):
             return None
         return self.running
 
-    def chunk_stretch(self, plan: StepPlan) -> tuple[list[Request], Request] | None:
-        """(decodes, prefill) if `plan` decodes every running request but the newest, which is fed a chunk of its
-        prompt: then until the prompt is done, an arrival, a full pool or (if any request waits) a step with
-        budget to admit it, the steps follow from `prefill_chunk` (simulator/world/chunk_stretch.py). Not with
-        speculative decoding, pipelining, sliding windows (whose blocks free as they slide) or a cache that works
+    def chunk_stretch(self, plan: StepPlan) -> ChunkStretch | None:
+        """(decodes, prefill, `prefill_chunk`) if `plan` decodes every running request but the newest, which is fed
+        a chunk of its prompt: then until the prompt is done, an arrival, a full pool or (if any request waits) a
+        step with budget to admit it, the steps follow from `prefill_chunk` (simulator/world/chunk_stretch.py).
+        Not with speculative decoding, pipelining, sliding windows (whose blocks free as they slide) or a cache that works
         after each step (SGLang's radix tree). Unlike `decode_stretch` it needs no `ahead.settled()`: arrivals the
         next plans would see wait too, and every admission or resume needs budget, which its steps leave none of
         while anyone waits."""
@@ -306,7 +307,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
             return None
         if any(n != 1 for n in plan.num_new[:-1]) or not all(plan.samples[:-1]):
             return None
-        return decodes, prefill
+        return decodes, prefill, self.prefill_chunk
 
     def prefill_chunk(self, pending: int, num_decodes: int) -> tuple[int, int]:
         """The tokens a prefill with `pending` to go gets in a step whose `num_decodes` decodes came first, and the

@@ -3,13 +3,13 @@ other running request decodes, with results identical to stepping one by one.
 
 With chunked prefill a long prompt takes several steps (vLLM gives it the budget the decodes leave), and each is
 a mixed step that the decode-only fast-forward (simulator/world/fast_forward.py) cannot fuse. Until an outside
-event comes, these steps are known in advance: the decodes each add one token, the prefill takes
-`Scheduler.prefill_chunk` of what is left, and the decodes that finish leave the budget to it. The stretch ends
-at the step that completes the prompt (which samples its first token); if a request waits, before the first step
-that leaves budget to admit it; and by the rules of a decode stretch: it
-keeps to the steps starting before the next outside event and ending before the stop, the blocks it opens fit
-in the free pool (so nobody is preempted), and its last step finishes nobody. Each step is priced like a
-stepped one, from the same batch.
+event comes, these steps are known in advance: the decodes each add one token, the prefill takes what the
+scheduler's chunk sizer gives it (`Scheduler.chunk_stretch`), and the decodes that finish leave the budget to it.
+The stretch ends at the step that completes the prompt (which samples its first token); if a request waits, before
+the first step that leaves budget to admit it; and by the rules of a decode stretch: it keeps to the steps
+starting before the next outside event and ending before the stop, the blocks it opens fit in the free pool (so
+nobody is preempted), and its last step finishes nobody. Each step is priced like a stepped one, from the same
+batch.
 """
 
 from __future__ import annotations
@@ -47,9 +47,8 @@ def plan_chunk_stretch(
     upper = min(finish) if decodes and not finishes_allowed else math.inf
     fed, pending = prefill.num_computed_tokens, prefill.num_tokens - prefill.num_computed_tokens
     free, opened, held, size = kv.num_free_blocks, 0, kv.decode_table_len(prefill), kv.block_size
-    alive = list(
-        zip(context, finish)
-    )  # the decodes of the step being planned: (context before step 0, finish)
+    # the decodes of the step being planned: (context before step 0, finish)
+    alive = list(zip(context, finish))
     chunks: list[int] = []
     durations: list[float] = []
     ends: list[float] = []

@@ -271,13 +271,13 @@ class Replica:
             mixed = scheduler.chunk_stretch(plan) if self.pipeline is None else None
             if mixed is None:
                 return None
-            requests, prefill = mixed
+            requests, prefill, chunk_of = mixed
             stretch = plan_chunk_stretch(
                 requests,
                 prefill,
                 plan.num_new[-1],
                 scheduler.kv,
-                scheduler.prefill_chunk,
+                chunk_of,
                 ff.timer.lists_s,  # a mixed step has no draft or swap to add
                 self.env.now,
                 ff.next_event_s(),

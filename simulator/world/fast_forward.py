@@ -282,7 +282,7 @@ def apply_stretch(
     usage_before = kv.usage
 
     if prefill is not None:  # its tokens before each step
-        prefilled = np.cumsum((prefill.num_computed_tokens, *stretch.chunks)).tolist()
+        prefilled = list(accumulate(stretch.chunks, initial=prefill.num_computed_tokens))
 
     def run(i: int, kind: int, j: int, sub: int) -> None:
         if sub == OPEN_CHUNK:  # as the scheduler allocates a chunk, from the tokens before it
@@ -302,12 +302,10 @@ def apply_stretch(
         else:
             retire(requests[j], float(ends[i]))  # registers its filled blocks, then frees them
 
-    # the last step's ending events wait for the caller (see the docstring)
+    # the last step's ending events wait for the caller (see the docstring): the sorted events' tail
     ending = [event for event in events if event[0] == steps - 1 and event[1] >= ENDED]
     used, step = used_before, -1
-    for event in events:
-        if event[0] == steps - 1 and event[1] >= ENDED:
-            continue
+    for event in events[: len(events) - len(ending)]:
         if event[0] != step and step >= 0:  # the pool as the step before left it
             usage[step] = kv.usage
         step = event[0]
