@@ -51,6 +51,7 @@ from servesim.policies.hybrid_blocks import HybridBlockManager, usable_pages
 from servesim.policies.kv_blocks import BlockManager
 from servesim.policies.step import StepPlan, TokenLog
 from servesim.simulator.world.metrics import request_frame, summarize
+from servesim.simulator.world.step_table import StepFigures
 from servesim.simulator.world.replicas import new_scheduler
 from servesim.simulator.world.run import rejection
 from servesim.workloads.request import Phase, Request
@@ -229,14 +230,11 @@ def serve(
     frame = request_frame(requests)
     step_frame = pd.DataFrame(steps.rows)
     itl = np.frombuffer(log.itl_s, dtype=float) if log.itl_s else np.array([])
-    summary = summarize(
-        frame,
-        step_frame.assign(
-            duration_s=step_frame["end_s"] - step_frame["start_s"],
-            kv_usage=step_frame["kv_blocks_used"] / kv.num_blocks,
-        ),
-        itl,
+    timed = step_frame.assign(
+        duration_s=step_frame["end_s"] - step_frame["start_s"],
+        kv_usage=step_frame["kv_blocks_used"] / kv.num_blocks,
     )
+    summary = summarize(frame, StepFigures.of([timed]), itl)
     served = frame[frame["reject_reason"].isna()]
     cached, prompt = int(served["cached_tokens"].sum()), int(served["prompt_tokens"].sum())
     summary |= {"prefix_cache_hit_rate": cached / prompt if prompt else 0.0, "prefill_tokens_saved": cached}

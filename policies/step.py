@@ -235,11 +235,13 @@ class TokenLog:
     streamed chunk does in vLLM's benchmark; TPOT, (E2E - TTFT) / (tokens - 1), still counts every token.
     `itl_s` holds the gaps of requests that produced their last token, as vLLM's benchmark counts only
     successful requests' ITLs; a request's gaps wait in `_open` until then (a run's stop leaves some there).
+    `spill(itl_s)`, if given, is called when `itl_s` holds `spill_at` gaps or more, to move them out of memory.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, spill: Callable[[array], None] | None = None, spill_at: int = 0) -> None:
         self.itl_s = array("d")
         self._open: dict[int, array] = {}  # request id -> gaps so far, while it has tokens to come
+        self._spill, self._spill_at = spill, spill_at
 
     def record(self, req: Request, gap: float, more: array | tuple = (), done: bool = False) -> None:
         """Gaps of `req`'s latest tokens, `gap` then `more` (an array: a fused stretch's gaps are copied, not
@@ -254,6 +256,8 @@ class TokenLog:
         self.itl_s.extend(self._open.pop(req.id, ()))
         self.itl_s.append(gap)
         self.itl_s.extend(more)
+        if self._spill is not None and len(self.itl_s) >= self._spill_at:
+            self._spill(self.itl_s)
 
     def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
         """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`

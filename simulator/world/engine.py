@@ -19,7 +19,7 @@ from servesim.policies.data_parallel import VllmBalancer
 from servesim.policies.step import Scheduler, StepPlan, TokenLog
 from servesim.simulator.world.chunk_stretch import plan_chunk_stretch
 from servesim.simulator.world.fast_forward import Stretch, apply_stretch, plan_stretch, wait_until
-from servesim.simulator.world.metrics import StepLog
+from servesim.simulator.world.step_table import StepLog
 from servesim.simulator.world.pipeline_stages import StagePipeline
 from servesim.workloads.request import Request
 

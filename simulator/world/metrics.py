@@ -25,83 +25,14 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
 
 from __future__ import annotations
 
-from array import array
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pandas as pd
 
+from servesim.simulator.world.spill import spilled_stats
+from servesim.simulator.world.step_table import StepFigures
 from servesim.workloads.request import Request
-
-STEP_COLUMNS = (
-    "time_s",
-    "duration_s",
-    "replica",
-    "num_requests",
-    "prefill_tokens",
-    "decode_tokens",
-    "num_running",
-    "num_waiting",
-    "kv_blocks_used",
-    "kv_usage",
-    "num_preempted",
-)
-
-
-@dataclass
-class StepLog:
-    """One row per engine step (the time is the step's end; the duration is its busy time: a pipeline-parallel
-    micro-batch's stage times, without its waits for stages busy with others). Columnar arrays keep 1M steps
-    cheap."""
-
-    columns: dict[str, array] = field(
-        default_factory=lambda: {
-            name: array("d" if name in ("time_s", "duration_s", "kv_usage") else "q") for name in STEP_COLUMNS
-        }
-    )
-
-    def record(
-        self,
-        time_s: float,
-        duration_s: float,
-        replica: int,
-        num_requests: int,
-        prefill_tokens: int,
-        decode_tokens: int,
-        num_running: int,
-        num_waiting: int,
-        kv_blocks_used: int,
-        kv_usage: float,
-        num_preempted: int,
-    ) -> None:
-        c = self.columns
-        c["time_s"].append(time_s)
-        c["duration_s"].append(duration_s)
-        c["replica"].append(replica)
-        c["num_requests"].append(num_requests)
-        c["prefill_tokens"].append(prefill_tokens)
-        c["decode_tokens"].append(decode_tokens)
-        c["num_running"].append(num_running)
-        c["num_waiting"].append(num_waiting)
-        c["kv_blocks_used"].append(kv_blocks_used)
-        c["kv_usage"].append(kv_usage)
-        c["num_preempted"].append(num_preempted)
-
-    def record_many(self, **columns: list) -> None:
-        """Append several rows at once; every column of STEP_COLUMNS must be given, as equal-length lists."""
-        for name, values in columns.items():
-            self.columns[name].extend(values)
-
-    def frame(self) -> pd.DataFrame:
-        """Rows by end time, then replica: the order does not depend on how the run was stepped. Each column is
-        copied once, in that order, and not again by pandas: a million-step log is held twice at most, not thrice."""
-        views = {
-            name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
-            for name, col in self.columns.items()
-        }
-        # stable: ties keep the order they were logged in
-        order = np.lexsort((views["replica"], views["time_s"]))
-        return pd.DataFrame({name: values[order] for name, values in views.items()}, copy=False)
 
 
 def request_frame(requests: list[Request]) -> pd.DataFrame:
@@ -169,12 +100,13 @@ def _stats(prefix: str, values_s: np.ndarray) -> dict[str, float]:
 
 def summarize(
     requests: pd.DataFrame,
-    steps: pd.DataFrame,
-    itl_s: np.ndarray,
+    steps: StepFigures,
+    itl_s: np.ndarray | Callable[[], Iterator[np.ndarray]],
     slo_ms: dict[str, float] | None = None,
     stop_s: float | None = None,
 ) -> dict[str, float]:
     """The run's summary with vLLM bench serve's key names where one exists. SLO keys: ttft, tpot, e2el.
+    `itl_s`: the gaps, or a reader of their chunks where they were spilled (simulator/world/spill.py).
     `stop_s`: when the run was cut off, if it was (unfinished requests are judged against it)."""
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
@@ -198,16 +130,14 @@ def summarize(
         "total_token_throughput": per_s(in_tokens + out_tokens),
         **_stats("ttft", done["ttft_s"]),
         **_stats("tpot", done["tpot_s"]),
-        **_stats("itl", itl_s),
+        **(_stats("itl", itl_s) if isinstance(itl_s, np.ndarray) else spilled_stats("itl", itl_s)),
         **_stats("e2el", done["e2el_s"]),
         **_stats("queue", done["queue_s"]),
         "preemptions": int(requests["preemptions"].sum()),
-        "num_steps": len(steps),
+        "num_steps": steps.num_steps,
+        "kv_cache_usage_mean": steps.kv_cache_usage_mean,
+        "kv_cache_usage_max": steps.kv_cache_usage_max,
     }
-    weights = steps["duration_s"].to_numpy()
-    usage = steps["kv_usage"].to_numpy()
-    summary["kv_cache_usage_mean"] = float(np.average(usage, weights=weights)) if weights.sum() > 0 else 0.0
-    summary["kv_cache_usage_max"] = float(usage.max()) if len(usage) else 0.0
     if slo_ms:
         good = np.ones(len(done), bool)
         for metric, limit in slo_ms.items():
@@ -252,9 +182,7 @@ def known_misses(unfinished: pd.DataFrame, slo_ms: dict[str, float], stop_s: flo
     return miss
 
 
-def cache_and_load_summary(
-    requests: pd.DataFrame, steps: pd.DataFrame, replicas: list[int], gpus_of_replica: dict[int, int]
-) -> dict:
+def cache_and_load_summary(requests: pd.DataFrame, steps: StepFigures, replicas: list[int]) -> dict:
     """Prefix-cache, response-cache and per-replica load figures.
 
     - prefix_cache_hit_rate: prompt tokens served from the KV prefix cache at first admission / prompt tokens
@@ -272,9 +200,8 @@ def cache_and_load_summary(
     prompt = int(looked_up["prompt_tokens"].sum())
     cached = int(looked_up["cached_tokens"].sum())
     cache_hits = requests[requests["served_by"].fillna("engine").str.endswith("_cache")]
-    positions = int(steps["prefill_tokens"].sum()) + int((engine["output_tokens"] - 1).clip(lower=0).sum())
-    gpu_s = float((steps["duration_s"] * steps["replica"].map(gpus_of_replica)).sum())
-    gpu_s_per_position = gpu_s / positions if positions else 0.0
+    positions = steps.prefill_tokens + int((engine["output_tokens"] - 1).clip(lower=0).sum())
+    gpu_s_per_position = steps.gpu_s / positions if positions else 0.0
     per_replica = engine["replica"].value_counts().reindex(replicas, fill_value=0)
     return {
         "prefix_cache_hit_rate": cached / prompt if prompt else 0.0,

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import simpy
 
 from servesim.hardware.errors import SpecError
@@ -32,7 +31,9 @@ from servesim.policies.catalog import routers
 from servesim.policies.config import EngineConfig
 from servesim.policies.step import TokenLog
 from servesim.simulator.world.engine import Replica
-from servesim.simulator.world.metrics import StepLog, request_frame, summarize
+from servesim.simulator.world.metrics import request_frame, summarize
+from servesim.simulator.world.spill import SPILL_VALUES, SpilledFloats
+from servesim.simulator.world.step_table import StepLog, StepTable
 from servesim.simulator.omni import StageConfig, stage_lengths
 from servesim.simulator.world.replicas import ReplicaSite, build_pool
 from servesim.simulator.world.run import RunResult, _workload, rejection
@@ -61,6 +62,7 @@ class Stage:
     requests: list[Request] = field(default_factory=list)
     transfer_s: list[float] = field(default_factory=list)  # hand-over times of the requests it passed on
     transfer_bytes: int = 0
+    itl_spill: SpilledFloats | None = None  # where its tokens' gaps go past SPILL_VALUES
 
     def hop_s(self, nbytes: int) -> float:
         return self.link_latency_s + nbytes / self.link_bytes_per_s
@@ -134,7 +136,8 @@ class Pipeline:
 
     def _stage(self, cfg: StageConfig, index: int, rng: np.random.Generator) -> Stage:
         s = stage_scenario(self.scenario, cfg)
-        tokens = TokenLog()  # each stage's own: its ITL is the stage's
+        itl_spill = SpilledFloats("servesim-itl-")
+        tokens = TokenLog(itl_spill.spill, SPILL_VALUES)  # each stage's own: its ITL is the stage's
         site = ReplicaSite(self.env, self.steps, tokens, self.env.peek, False)
         first = sum(c.replicas for c in self.scenario.stages[:index])  # replica numbers run on across stages
         pool = build_pool(
@@ -163,6 +166,7 @@ class Pipeline:
             pcie.latency_s,
             tokens,
             pool.replicas,
+            itl_spill=itl_spill,
         )
         stage.router = routers.get(cfg.router)(stage.replicas, rng)
         return stage
@@ -227,13 +231,13 @@ class Pipeline:
     # ---- results ---------------------------------------------------------------------------------
     def run(self) -> RunResult:
         self.env.run(until=self.scenario.stop.max_sim_time_s)
-        steps = self.steps.frame()
+        steps = self.steps.table()
         requests = request_frame(self._client_view())
         last = self.stages[-1]
         summary = summarize(
             requests,
-            steps,
-            _itl(last.tokens),
+            steps.figures(),
+            _itl(last),
             self.scenario.slo.as_ms(),
             stop_s=self.scenario.stop.max_sim_time_s,
         )
@@ -271,10 +275,9 @@ class Pipeline:
             view.append(req)
         return view
 
-    def _stage_summary(self, stage: Stage, steps: pd.DataFrame) -> dict:
-        numbers = {r.index for r in stage.replicas}
-        own = steps[steps["replica"].isin(numbers)]
-        stats = summarize(request_frame(stage.requests), own, _itl(stage.tokens))
+    def _stage_summary(self, stage: Stage, steps: StepTable) -> dict:
+        own = steps.figures(replicas={r.index for r in stage.replicas})
+        stats = summarize(request_frame(stage.requests), own, _itl(stage))
         out = {f"stage_{stage.cfg.name}_{key}": stats[key] for key in STAGE_KEYS}
         transfer_ms = np.array(stage.transfer_s) * 1e3
         out[f"stage_{stage.cfg.name}_mean_transfer_ms"] = (
@@ -285,5 +288,5 @@ class Pipeline:
         return out
 
 
-def _itl(tokens: TokenLog) -> np.ndarray:
-    return np.frombuffer(tokens.itl_s, dtype=float) if tokens.itl_s else np.array([])
+def _itl(stage: Stage):
+    return stage.itl_spill.gathered(stage.tokens.itl_s)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from servesim.hardware.errors import SpecError
@@ -63,13 +66,25 @@ def replica_labels(scenario: dict[str, Any]) -> list[str]:
     return [f"replica {i}" for i in range((scenario.get("cluster") or {}).get("replicas", 1))]
 
 
-def _write_table(df: pd.DataFrame, folder: Path, name: str, table_format: str) -> None:
+def _write_table(
+    blocks: Iterable[pd.DataFrame], rows: int, folder: Path, name: str, table_format: str
+) -> None:
+    """Table `name` from its `blocks` (its rows in order, `rows` of them), written block by block: a spilled step
+    table never has to be in memory whole."""
     if table_format not in TABLE_FORMATS:
         raise SpecError(f"table format {table_format!r}: choose one of {', '.join(TABLE_FORMATS)}")
-    if table_format == "parquet" or (table_format == "auto" and len(df) > PARQUET_ABOVE_ROWS):
-        df.to_parquet(folder / f"{name}.parquet", index=False)
+    if table_format == "parquet" or (table_format == "auto" and rows > PARQUET_ABOVE_ROWS):
+        writer = None
+        for block in blocks:
+            table = pa.Table.from_pandas(block, preserve_index=False)
+            writer = writer or pq.ParquetWriter(folder / f"{name}.parquet", table.schema)
+            writer.write_table(table)
+        if writer is not None:
+            writer.close()
     else:
-        df.to_csv(folder / f"{name}.csv", index=False)
+        with open(folder / f"{name}.csv", "w", newline="") as handle:
+            for i, block in enumerate(blocks):
+                block.to_csv(handle, index=False, header=i == 0)
 
 
 def write_run(result: RunResult, out: Path, base_dir: Path, table_format: str = "auto") -> Path:
@@ -77,8 +92,9 @@ def write_run(result: RunResult, out: Path, base_dir: Path, table_format: str = 
     rows), summary.json, memory.json and the resolved scenario.yaml under `out`; `base_dir` (the scenario file's
     folder) makes the scenario's relative paths absolute, so it reruns from `out`."""
     with atomic_dir(out) as tmp:
-        _write_table(result.requests, tmp, "requests", table_format)
-        _write_table(result.steps, tmp, "steps", table_format)
+        _write_table([result.requests], len(result.requests), tmp, "requests", table_format)
+        steps = result.step_table
+        _write_table(steps.blocks(), len(steps), tmp, "steps", table_format)
         (tmp / "summary.json").write_text(json_text(result.summary, indent=2, sort_keys=True))
         memory = result.memory.as_dict() | {"num_blocks_used_by_engine": result.num_blocks}
         (tmp / "memory.json").write_text(json_text(memory, indent=2))

@@ -28,7 +28,7 @@ from servesim.policies.spec_cost import draft_time, with_draft_memory
 from servesim.policies.step import Scheduler, StepPlan, TokenLog
 from servesim.simulator.scenario import Scenario
 from servesim.simulator.world.engine import DataParallelGroup, FastForward, Replica, StepTime
-from servesim.simulator.world.metrics import StepLog
+from servesim.simulator.world.step_table import StepLog
 from servesim.simulator.world.pipeline_stages import StagePipeline, StageTimes
 from servesim.workloads.request import Request
 

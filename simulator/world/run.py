@@ -29,12 +29,13 @@ from servesim.simulator.world.engine import Replica
 from servesim.simulator.world.frontend import Frontend
 from servesim.simulator.world.replicas import Pool, ReplicaSite, build_pool
 from servesim.simulator.world.metrics import (
-    StepLog,
     cache_and_load_summary,
     request_frame,
     summarize,
     transfer_summary,
 )
+from servesim.simulator.world.spill import SPILL_VALUES, SpilledFloats
+from servesim.simulator.world.step_table import StepLog, StepTable
 from servesim.simulator.scenario import Scenario, first_error
 from servesim.simulator.world.slo_watch import SloWatch
 from servesim.simulator.world.traffic import Traffic
@@ -49,8 +50,14 @@ class RunResult:
     memory: MemoryPlan
     num_blocks: int
     requests: pd.DataFrame
-    steps: pd.DataFrame
+    step_table: StepTable
     summary: dict
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """The step table in memory; a long run's spilled one is read back whole (`step_table.blocks()` streams
+        it)."""
+        return self.step_table.frame()
 
 
 def rejection(
@@ -157,7 +164,8 @@ class World:
         self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
         mark_private_prefixes([*self.workload.requests, *self.workload.followups.values()])
         self.env = simpy.Environment()
-        self.tokens = TokenLog()
+        self.itl_spill = SpilledFloats("servesim-itl-")
+        self.tokens = TokenLog(self.itl_spill.spill, SPILL_VALUES)
         self.steps = StepLog()
         self.completed = 0
         self.on_progress = on_progress
@@ -316,18 +324,20 @@ class World:
         requests = request_frame(
             sorted([*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id)
         )
-        steps = self.steps.frame()
+        steps = self.steps.table()
+        gpus_of_replica = {
+            r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas
+        }
+        figures = steps.figures(gpus_of_replica)
         summary = summarize(
             requests,
-            steps,
-            np.frombuffer(self.tokens.itl_s, dtype=float) if self.tokens.itl_s else np.array([]),
+            figures,
+            self.itl_spill.gathered(self.tokens.itl_s),
             self.scenario.slo.as_ms(),
             stop_s=until,
         )
-        # per engine
-        gpus = {r.index: pool.scenario.parallelism.tp for pool in self.pools for r in pool.replicas}
         finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
-        summary |= cache_and_load_summary(requests, steps, finishing, gpus)
+        summary |= cache_and_load_summary(requests, figures, finishing)
         if self.handoff is not None:
             summary |= transfer_summary(requests)
         if self.lost_at_s is not None:

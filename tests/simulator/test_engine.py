@@ -6,7 +6,7 @@ import simpy
 from servesim.policies.kv_blocks import BlockManager
 from servesim.policies.step import SchedulerDefaults, StepPlan
 from servesim.simulator.world.engine import Replica
-from servesim.simulator.world.metrics import StepLog
+from servesim.simulator.world.step_table import StepLog
 from servesim.workloads.request import Request
 
 

@@ -6,6 +6,7 @@ import pandas as pd
 import pytest
 
 from servesim.simulator.world.metrics import cache_and_load_summary, known_misses
+from servesim.simulator.world.step_table import StepFigures
 from tests.simulator.conftest import run, scenario
 
 SLO = {"ttft": 500.0, "tpot": 50.0, "e2el": 9000.0}
@@ -100,15 +101,21 @@ def test_gpu_time_saved_prices_kept_tokens_not_rejected_drafts():
         }
     )
     steps = pd.DataFrame(
-        {"duration_s": [1.0, 1.0], "replica": [0, 0], "prefill_tokens": [100, 0], "decode_tokens": [0, 8]}
+        {
+            "duration_s": [1.0, 1.0],
+            "replica": [0, 0],
+            "prefill_tokens": [100, 0],
+            "decode_tokens": [0, 8],
+            "kv_usage": [0.5, 0.5],
+        }
     )
-    summary = cache_and_load_summary(requests, steps, [0], {0: 2})
+    summary = cache_and_load_summary(requests, StepFigures.of([steps], {0: 2}), [0])
     assert summary["gpu_time_saved_s"] == pytest.approx(2.0)
     assert summary["response_cache_hit_rate"] == 0.5
 
 
 def test_the_step_table_is_by_end_time_then_replica_with_ties_in_logged_order():
-    from servesim.simulator.world.metrics import StepLog
+    from servesim.simulator.world.step_table import StepLog
 
     log = StepLog()
     for n, (time_s, replica) in enumerate([(2.0, 1), (1.0, 0), (2.0, 0), (1.0, 0), (2.0, 1), (0.5, 3)]):

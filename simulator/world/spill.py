@@ -1,0 +1,159 @@
+"""Run logs that outgrow memory move to temporary files in chunks, so a run's memory does not grow with its length.
+
+A million requests log ~27 M engine steps and ~200 M inter-token gaps (~4 GB held as arrays); spilled, a run keeps
+one chunk of each in memory. Figures over spilled values are exact: percentiles select the ranked values in a few
+passes over the chunks (radix counts on the values' bits), as `np.percentile` would over all of them; sums add
+the chunks' numpy sums exactly (`math.fsum`), so a mean differs from numpy's over one array only in rounding.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import tempfile
+import weakref
+from array import array
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+#: gaps held in memory before they move to disk (32 MiB)
+SPILL_VALUES = 1 << 22
+#: values read back at a time
+READ_VALUES = 1 << 21
+#: a radix bucket this small is read back whole and sorted
+SORT_VALUES = 1 << 20
+
+
+class SpillDir:
+    """A temporary folder made on first use and removed with its owner (or at exit)."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self._path: Path | None = None
+
+    def file(self, name: str) -> Path:
+        if self._path is None:
+            self._path = Path(tempfile.mkdtemp(prefix=self.prefix))
+            weakref.finalize(self, shutil.rmtree, self._path, True)
+        return self._path / name
+
+
+class SpilledFloats:
+    """Float64 values appended in chunks to a temporary file: `spill` moves an array's values there (and empties
+    it), `gathered` gives them back with what stayed in memory."""
+
+    def __init__(self, prefix: str) -> None:
+        self._dir = SpillDir(prefix)
+        self.count = 0
+
+    def spill(self, values: array) -> None:
+        with open(self._dir.file("values.bin"), "ab") as handle:
+            values.tofile(handle)
+        self.count += len(values)
+        del values[:]
+
+    def gathered(self, rest: array) -> np.ndarray | Callable[[], Iterator[np.ndarray]]:
+        """The values spilled, then `rest`: an array if none were spilled, else a reader of their chunks."""
+        if not self.count:
+            return np.frombuffer(rest, float) if rest else np.array([])
+        return lambda: self._chunks(rest)
+
+    def _chunks(self, rest: array) -> Iterator[np.ndarray]:
+        path = self._dir.file("values.bin")
+        for offset in range(0, self.count, READ_VALUES):
+            yield np.fromfile(path, float, min(READ_VALUES, self.count - offset), offset=offset * 8)
+        if rest:
+            yield np.frombuffer(rest, float)
+
+
+def _sort_keys(values: np.ndarray) -> np.ndarray:
+    """Unsigned keys in the order of the floats (no NaN): negatives' bits flipped, positives' sign bit set."""
+    bits = values.view(np.uint64)
+    negative = (bits >> np.uint64(63)).astype(bool)
+    return np.where(negative, ~bits, bits | np.uint64(1 << 63))
+
+
+def _from_key(key: int) -> float:
+    bits = key & ~(1 << 63) if key >> 63 else ~key & ((1 << 64) - 1)
+    return float(np.array([bits], np.uint64).view(float)[0])
+
+
+def ranked_values(
+    chunks: Callable[[], Iterator[np.ndarray]], total: int, ranks: list[int]
+) -> dict[int, float]:
+    """The values at `ranks` (0 = smallest) of the `total` NaN-free values `chunks()` yields, in passes over them:
+    each pass counts the next 16 bits of the keys in the ranks' buckets, until a bucket is small enough to sort."""
+    # rank -> (bucket prefix, bits of it, rank within the bucket, bucket size)
+    state = {rank: (0, 0, rank, total) for rank in set(ranks)}
+    found: dict[int, float] = {}
+    while len(found) < len(state):
+        buckets: dict[tuple[int, int], list[int]] = {}
+        for rank, (prefix, bits, _, _) in state.items():
+            if rank not in found:
+                buckets.setdefault((prefix, bits), []).append(rank)
+        counts = {b: np.zeros(1 << 16, np.int64) for b in buckets if state[buckets[b][0]][3] > SORT_VALUES}
+        kept: dict[tuple[int, int], list[np.ndarray]] = {b: [] for b in buckets if b not in counts}
+        for chunk in chunks():
+            keys = _sort_keys(chunk)
+            for prefix, bits in buckets:
+                inside = keys if bits == 0 else keys[(keys >> np.uint64(64 - bits)) == np.uint64(prefix)]
+                if (prefix, bits) in counts:
+                    digit = ((inside >> np.uint64(48 - bits)) & np.uint64(0xFFFF)).astype(np.int64)
+                    counts[prefix, bits] += np.bincount(digit, minlength=1 << 16)
+                else:
+                    kept[prefix, bits].append(inside)
+        for (prefix, bits), members in buckets.items():
+            if (prefix, bits) in kept:
+                keys = np.sort(np.concatenate(kept[prefix, bits]))
+                for rank in members:
+                    found[rank] = _from_key(int(keys[state[rank][2]]))
+                continue
+            below = np.cumsum(counts[prefix, bits])
+            for rank in members:
+                within = state[rank][2]
+                digit = int(np.searchsorted(below, within, side="right"))
+                start = int(below[digit - 1]) if digit else 0
+                key = (prefix << 16) | digit
+                if bits + 16 == 64:  # every value in the bucket is this one
+                    found[rank] = _from_key(key)
+                else:
+                    state[rank] = (key, bits + 16, within - start, int(below[digit]) - start)
+    return {rank: found[rank] for rank in ranks}
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy's linear interpolation between neighbours (its `_lerp`, which turns about at t = 0.5)."""
+    a, b, t = np.float64(a), np.float64(b), np.float64(t)
+    diff = b - a
+    return float(b - diff * (1 - t) if t >= 0.5 else a + diff * t)
+
+
+def spilled_stats(prefix: str, chunks: Callable[[], Iterator[np.ndarray]]) -> dict[str, float]:
+    """`metrics._stats` over values too many to hold: milliseconds' mean, median, std, p90 and p99. The
+    percentiles are `np.percentile`'s (linear) and `np.median`'s exactly; mean and std differ in rounding only."""
+
+    def finite_ms() -> Iterator[np.ndarray]:
+        for chunk in chunks():
+            yield chunk[~np.isnan(chunk)] * 1e3
+
+    n = sum(len(c) for c in finite_ms())
+    if not n:
+        return {f"{k}_{prefix}_ms": float("nan") for k in ("mean", "median", "std", "p90", "p99")}
+    mean = math.fsum(float(c.sum()) for c in finite_ms()) / n
+    std = math.sqrt(math.fsum(float(np.square(c - mean).sum()) for c in finite_ms()) / n)
+    places = {q: (n - 1) * np.true_divide(q, 100) for q in (90, 99)}
+    ranks = [n // 2, (n - 1) // 2] + [r for v in places.values() for r in (int(v), min(int(v) + 1, n - 1))]
+    value = ranked_values(finite_ms, n, ranks)
+    median = value[n // 2] if n % 2 else float((np.float64(value[n // 2 - 1]) + value[n // 2]) / 2)
+    percentile = {
+        q: _lerp(value[int(v)], value[min(int(v) + 1, n - 1)], v - int(v)) for q, v in places.items()
+    }
+    return {
+        f"mean_{prefix}_ms": mean,
+        f"median_{prefix}_ms": median,
+        f"std_{prefix}_ms": std,
+        f"p90_{prefix}_ms": percentile[90],
+        f"p99_{prefix}_ms": percentile[99],
+    }

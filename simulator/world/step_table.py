@@ -1,0 +1,284 @@
+"""The step log: one row per engine step, kept in columnar arrays and, past SPILL_ROWS rows, in sorted chunk files
+merged as they are read, so a long run's memory holds one chunk of it."""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servesim.simulator.world.spill import SpillDir
+
+STEP_COLUMNS = (
+    "time_s",
+    "duration_s",
+    "replica",
+    "num_requests",
+    "prefill_tokens",
+    "decode_tokens",
+    "num_running",
+    "num_waiting",
+    "kv_blocks_used",
+    "kv_usage",
+    "num_preempted",
+)
+_FLOAT_COLUMNS = ("time_s", "duration_s", "kv_usage")
+ROW = np.dtype([(name, "f8" if name in _FLOAT_COLUMNS else "i8") for name in STEP_COLUMNS])
+#: rows held in memory before they move to disk as a sorted chunk (~44 MiB)
+SPILL_ROWS = 1 << 19
+#: rows read from each chunk at a time while merging
+MERGE_ROWS = 1 << 14
+
+
+def _in_order(columns: dict[str, np.ndarray]) -> np.ndarray:
+    """Row order by end time, then replica; stable: ties keep the order they were logged in."""
+    return np.lexsort((columns["replica"], columns["time_s"]))
+
+
+class StepLog:
+    """One row per engine step (the time is the step's end; the duration is its busy time: a pipeline-parallel
+    micro-batch's stage times, without its waits for stages busy with others). Columnar arrays keep 1M steps
+    cheap; every SPILL_ROWS rows go to a chunk file, sorted."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, array] = {
+            name: array("d" if name in _FLOAT_COLUMNS else "q") for name in STEP_COLUMNS
+        }
+        self._spill_dir = SpillDir("servesim-steps-")
+        self._chunks: list[Path] = []
+
+    def record(
+        self,
+        time_s: float,
+        duration_s: float,
+        replica: int,
+        num_requests: int,
+        prefill_tokens: int,
+        decode_tokens: int,
+        num_running: int,
+        num_waiting: int,
+        kv_blocks_used: int,
+        kv_usage: float,
+        num_preempted: int,
+    ) -> None:
+        c = self.columns
+        c["time_s"].append(time_s)
+        c["duration_s"].append(duration_s)
+        c["replica"].append(replica)
+        c["num_requests"].append(num_requests)
+        c["prefill_tokens"].append(prefill_tokens)
+        c["decode_tokens"].append(decode_tokens)
+        c["num_running"].append(num_running)
+        c["num_waiting"].append(num_waiting)
+        c["kv_blocks_used"].append(kv_blocks_used)
+        c["kv_usage"].append(kv_usage)
+        c["num_preempted"].append(num_preempted)
+        if len(c["time_s"]) >= SPILL_ROWS:
+            self._spill()
+
+    def record_many(self, **columns: list) -> None:
+        """Append several rows at once; every column of STEP_COLUMNS must be given, as equal-length lists."""
+        for name, values in columns.items():
+            self.columns[name].extend(values)
+        if len(self.columns["time_s"]) >= SPILL_ROWS:
+            self._spill()
+
+    def _views(self) -> dict[str, np.ndarray]:
+        return {
+            name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
+            for name, col in self.columns.items()
+        }
+
+    def _spill(self) -> None:
+        path = self._spill_dir.file(f"chunk{len(self._chunks)}.bin")
+        self._sorted_rows().tofile(path)
+        self._chunks.append(path)
+        for col in self.columns.values():
+            del col[:]  # no view of them is left: _sorted_rows copied what it read
+
+    def _sorted_rows(self) -> np.ndarray:
+        views = self._views()
+        rows = np.empty(len(views["time_s"]), ROW)
+        order = _in_order(views)
+        for name, values in views.items():
+            rows[name] = values[order]
+        return rows
+
+    def frame(self) -> pd.DataFrame:
+        """The whole table in memory (StepTable.frame)."""
+        return self.table().frame()
+
+    def table(self) -> StepTable:
+        """The rows logged: in memory if none spilled, else the chunk files and the rest as a last chunk."""
+        if not self._chunks:
+            return StepTable(self._sorted_rest(), ())
+        if len(self.columns["time_s"]):
+            self._spill()
+        return StepTable(None, tuple(self._chunks), self._spill_dir)
+
+    def _sorted_rest(self) -> pd.DataFrame:
+        """Each column is copied once, in order, and not again by pandas: a million-step log is held twice at
+        most, not thrice."""
+        views = self._views()
+        order = _in_order(views)
+        return pd.DataFrame({name: values[order] for name, values in views.items()}, copy=False)
+
+
+@dataclass(frozen=True)
+class StepFigures:
+    """What the summary needs of the step table: its length, KV usage (duration-weighted mean, maximum), prefill
+    tokens and GPU-seconds (each step's duration times its replica's GPUs)."""
+
+    num_steps: int
+    kv_cache_usage_mean: float
+    kv_cache_usage_max: float
+    prefill_tokens: int
+    gpu_s: float
+
+    @classmethod
+    def of(cls, chunks: Iterable[pd.DataFrame], gpus_of_replica: dict[int, int] | None = None) -> StepFigures:
+        """Over chunks of the table (one: numpy's sums over the whole columns; several: their sums added exactly).
+        Without `gpus_of_replica`, gpu_s is NaN."""
+        n, usage_max, prefill = 0, 0.0, 0
+        weighted, weights, gpu_s = [], [], []
+        for chunk in chunks:
+            w, usage = chunk["duration_s"].to_numpy(), chunk["kv_usage"].to_numpy()
+            n += len(chunk)
+            weighted.append(np.multiply(usage, w).sum())
+            weights.append(w.sum())
+            usage_max = max(usage_max, float(usage.max()) if len(usage) else 0.0)
+            prefill += int(chunk["prefill_tokens"].sum())
+            if gpus_of_replica is not None:
+                gpu_s.append(float((chunk["duration_s"] * chunk["replica"].map(gpus_of_replica)).sum()))
+        total = weights[0] if len(weights) == 1 else math.fsum(weights)
+        mean = (weighted[0] if len(weighted) == 1 else math.fsum(weighted)) / total if total > 0 else 0.0
+        return cls(
+            n,
+            float(mean),
+            usage_max,
+            prefill,
+            math.fsum(gpu_s) if gpus_of_replica is not None else float("nan"),
+        )
+
+
+class StepTable:
+    """The run's steps by end time, then replica (the order does not depend on how the run was stepped): a frame,
+    or sorted chunk files merged on reading."""
+
+    def __init__(
+        self, frame: pd.DataFrame | None, chunks: tuple[Path, ...], spill_dir: SpillDir | None = None
+    ):
+        self._frame, self._chunks = frame, chunks
+        self._spill_dir = spill_dir  # the chunks' folder lives as long as the table
+
+    @property
+    def spilled(self) -> bool:
+        return self._frame is None
+
+    def __len__(self) -> int:
+        if self._frame is not None:
+            return len(self._frame)
+        return sum(p.stat().st_size for p in self._chunks) // ROW.itemsize
+
+    def frame(self) -> pd.DataFrame:
+        """The whole table in memory: for a spilled one, read back (as large as the run's log)."""
+        if self._frame is not None:
+            return self._frame
+        blocks = list(self.blocks())
+        return pd.concat(blocks, ignore_index=True) if blocks else _empty()
+
+    def chunks(self) -> Iterator[pd.DataFrame]:
+        """The table in its chunks, each sorted (not merged): for figures that need no order across them."""
+        if self._frame is not None:
+            yield self._frame
+            return
+        for path in self._chunks:
+            yield _frame_of(np.fromfile(path, ROW))
+
+    def figures(self, gpus_of_replica: dict[int, int] | None = None, replicas: set[int] | None = None):
+        """StepFigures of the table, or of `replicas`' rows."""
+        chunks = self.chunks()
+        if replicas is not None:
+            chunks = (c[c["replica"].isin(replicas)] for c in chunks)
+        return StepFigures.of(chunks, gpus_of_replica)
+
+    def blocks(self) -> Iterator[pd.DataFrame]:
+        """The table in order, a block of rows at a time."""
+        if self._frame is not None:
+            yield self._frame
+            return
+        for rows in _merged(self._chunks):
+            yield _frame_of(rows)
+
+
+def _empty() -> pd.DataFrame:
+    return _frame_of(np.empty(0, ROW))
+
+
+def _frame_of(rows: np.ndarray) -> pd.DataFrame:
+    return pd.DataFrame({name: rows[name] for name in STEP_COLUMNS})
+
+
+class _Chunk:
+    """A sorted chunk file read MERGE_ROWS rows at a time; `rows` holds what is read and not yet merged."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.size = path.stat().st_size // ROW.itemsize
+        self.rows = np.empty(0, ROW)
+        self.read()
+
+    @property
+    def exhausted(self) -> bool:
+        return self.offset >= self.size
+
+    def read(self) -> None:
+        count = min(MERGE_ROWS, self.size - self.offset)
+        block = np.fromfile(self.path, ROW, count, offset=self.offset * ROW.itemsize)
+        self.offset += count
+        self.rows = np.concatenate([self.rows, block]) if len(self.rows) else block
+
+    def last_key(self) -> tuple[float, int]:
+        return float(self.rows["time_s"][-1]), int(self.rows["replica"][-1])
+
+    def take_below(self, key: tuple[float, int] | None) -> np.ndarray:
+        """Remove and return the rows before `key` (all, with no key)."""
+        if key is None:
+            count = len(self.rows)
+        else:
+            times = self.rows["time_s"]
+            lo, hi = np.searchsorted(times, key[0], "left"), np.searchsorted(times, key[0], "right")
+            count = int(lo + np.searchsorted(self.rows["replica"][lo:hi], key[1], "left"))
+        taken, self.rows = self.rows[:count], self.rows[count:]
+        return taken
+
+
+def _merged(paths: tuple[Path, ...]) -> Iterator[np.ndarray]:
+    """The chunks' rows in one order, as a stable sort of all the rows logged would give: a row before every
+    row still unread (each chunk's next row is no earlier than the last it read) is final; ties go by chunk,
+    which is the order they were logged in. Yields blocks of at least MERGE_ROWS rows (the last may be fewer)."""
+    chunks = [_Chunk(path) for path in paths]
+    pending: list[np.ndarray] = []
+    held = 0
+    while any(len(c.rows) for c in chunks):
+        unread = [c for c in chunks if not c.exhausted]
+        bound = min((c.last_key() for c in unread), default=None)
+        taken = [c.take_below(bound) for c in chunks]
+        rows = np.concatenate(taken)
+        if len(rows):
+            rows = rows[np.lexsort((rows["replica"], rows["time_s"]))]  # stable: chunk order kept in ties
+            pending.append(rows)
+            held += len(rows)
+        for c in unread:
+            if not len(c.rows) or c.last_key() == bound:
+                c.read()
+        if held >= MERGE_ROWS:
+            yield np.concatenate(pending)
+            pending, held = [], 0
+    if pending:
+        yield np.concatenate(pending)

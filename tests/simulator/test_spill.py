@@ -1,0 +1,162 @@
+"""A long run's step log and inter-token gaps move to disk in chunks (simulator/world/spill.py, step_table.py); what
+comes back must be what memory would have held: the same tables, the same percentiles, sums equal up to rounding."""
+
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servesim.simulator.scenario import load_scenario
+from servesim.simulator.world import run as run_module
+from servesim.simulator.world import spill, step_table
+from servesim.simulator.world.metrics import _stats
+from servesim.simulator.world.output import read_table, write_run
+from servesim.simulator.world.run import World
+from servesim.simulator.world.step_table import StepFigures, StepLog
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+ROUNDED = {"mean_itl_ms", "std_itl_ms", "kv_cache_usage_mean", "gpu_time_saved_s"}  # sums of chunk sums
+
+
+def _chunked(values: np.ndarray, size: int):
+    return lambda: (values[i : i + size].copy() for i in range(0, len(values), size))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.sampled_from([0.001, 0.002, 0.0035, 0.0, -0.5, np.nan]),
+            st.floats(-1e3, 1e3, allow_nan=False),
+        ),
+        max_size=300,
+    ),
+    chunk=st.integers(1, 40),
+    sort_below=st.integers(0, 30),
+)
+def test_spilled_stats_are_numpys_over_all_the_values(values, chunk, sort_below):
+    """Percentiles and median exactly as numpy's over one array, through every radix pass (sort_below 0: all four)."""
+    values = np.array(values, float)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spill, "SORT_VALUES", sort_below)
+        got = spill.spilled_stats("itl", _chunked(values, chunk))
+    want = _stats("itl", values)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        if np.isnan(value):
+            assert np.isnan(got[key]), key
+        elif key in ROUNDED:
+            assert got[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key
+        else:
+            assert got[key] == value, key
+
+
+def test_ranked_values_find_each_rank_of_a_large_skewed_set(monkeypatch):
+    """Ties and a bucket too big to sort: each value at its rank, as a full sort gives it."""
+    rng = np.random.default_rng(3)
+    values = np.concatenate([np.full(5000, 0.0071), rng.exponential(0.01, 20000), -rng.random(300)])
+    monkeypatch.setattr(spill, "SORT_VALUES", 100)
+    ranks = [0, 1, 299, 300, 4000, 12000, len(values) - 1]
+    got = spill.ranked_values(_chunked(values, 997), len(values), ranks)
+    assert got == {r: float(np.sort(values)[r]) for r in ranks}
+
+
+ROWS = st.lists(
+    st.tuples(st.sampled_from([0.5, 1.0, 1.5, 2.0, 3.0]), st.integers(0, 3), st.floats(0.0, 1.0)),
+    max_size=120,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=ROWS, spill_rows=st.integers(1, 20), merge_rows=st.integers(1, 8))
+def test_a_spilled_step_table_is_the_one_memory_holds(rows, spill_rows, merge_rows):
+    """Ties in time and replica keep the order they were logged in, across chunks and merge reads."""
+    logs = {}
+    for name, limit in (("memory", 1 << 30), ("spilled", spill_rows)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(step_table, "SPILL_ROWS", limit)
+            patch.setattr(step_table, "MERGE_ROWS", merge_rows)
+            log = StepLog()
+            for n, (time_s, replica, usage) in enumerate(rows):
+                log.record(time_s, 0.1 + usage, replica, n, n % 7, 1, 1, 0, n, usage, 0)
+            logs[name] = log.table()
+            pd.testing.assert_frame_equal(
+                logs[name].frame(), pd.concat(list(logs[name].blocks()), ignore_index=True)
+            )
+    memory, spilled = logs["memory"], logs["spilled"]
+    assert not memory.spilled and spilled.spilled == (len(rows) >= spill_rows)
+    assert len(spilled) == len(rows)
+    pd.testing.assert_frame_equal(spilled.frame(), memory.frame())
+    got, want = spilled.figures({0: 1, 1: 2, 2: 4, 3: 8}), memory.figures({0: 1, 1: 2, 2: 4, 3: 8})
+    assert (got.num_steps, got.kv_cache_usage_max, got.prefill_tokens) == (
+        want.num_steps,
+        want.kv_cache_usage_max,
+        want.prefill_tokens,
+    )
+    assert got.kv_cache_usage_mean == pytest.approx(want.kv_cache_usage_mean, rel=1e-12)
+    assert got.gpu_s == pytest.approx(want.gpu_s, rel=1e-12)
+
+
+def test_figures_of_one_chunk_are_the_whole_columns_numpy_sums():
+    frame = pd.DataFrame(
+        {"duration_s": [1.0, 3.0], "kv_usage": [0.2, 0.6], "prefill_tokens": [10, 0], "replica": [0, 1]}
+    )
+    figures = StepFigures.of([frame], {0: 2, 1: 4})
+    assert figures.kv_cache_usage_mean == np.average([0.2, 0.6], weights=[1.0, 3.0])
+    assert (figures.num_steps, figures.kv_cache_usage_max, figures.prefill_tokens, figures.gpu_s) == (
+        2,
+        0.6,
+        10,
+        14.0,
+    )
+
+
+def _run(monkeypatch, overrides: list[str], spill_small: bool):
+    s, base = load_scenario(SCENARIOS / "quickstart.yaml", overrides)
+    with monkeypatch.context() as patch:
+        if spill_small:
+            patch.setattr(step_table, "SPILL_ROWS", 1000)
+            patch.setattr(step_table, "MERGE_ROWS", 64)
+            patch.setattr(run_module, "SPILL_VALUES", 3000)
+        world = World(s, base)
+        return world, world.run()
+
+
+@pytest.mark.parametrize("overrides", [[], ["cluster.replicas=2", "cluster.router=round_robin"]])
+def test_a_run_that_spills_gives_the_same_tables_and_summary(monkeypatch, tmp_path, overrides):
+    """The Azure trace's first 2,000 requests, spilled every 1,000 steps and 3,000 gaps, against memory alone."""
+    _, memory = _run(monkeypatch, overrides, False)
+    world, spilled = _run(monkeypatch, overrides, True)
+    assert spilled.step_table.spilled and world.itl_spill.count > 0
+    pd.testing.assert_frame_equal(spilled.requests, memory.requests)
+    pd.testing.assert_frame_equal(spilled.steps, memory.steps)
+    assert spilled.summary.keys() == memory.summary.keys()
+    for key, value in memory.summary.items():
+        if key in ROUNDED:
+            assert spilled.summary[key] == pytest.approx(value, rel=1e-12), key
+        else:
+            assert spilled.summary[key] == value, key
+    for fmt in ("parquet", "csv"):
+        folders = [
+            write_run(r, tmp_path / f"{name}-{fmt}", SCENARIOS, fmt)
+            for name, r in (("m", memory), ("s", spilled))
+        ]
+        pd.testing.assert_frame_equal(read_table(folders[1], "steps"), read_table(folders[0], "steps"))
+        assert (folders[1] / f"steps.{fmt}").is_file()
+
+
+def test_spill_files_go_with_the_run(monkeypatch):
+    world, result = _run(monkeypatch, ["workload.num_requests=300"], True)
+    folders = {Path(p).parent for p in result.step_table._chunks} | {
+        world.itl_spill._dir.file("values.bin").parent
+    }
+    assert all(folder.is_dir() for folder in folders)
+    del world, result
+    gc.collect()
+    assert not any(folder.exists() for folder in folders)
