@@ -306,15 +306,14 @@ def apply_stretch(
     ending = [event for event in events if event[0] == steps - 1 and event[1] >= ENDED]
     used, step = used_before, -1
     for event in events[: len(events) - len(ending)]:
-        if event[0] != step and step >= 0:  # the pool as the step before left it
-            usage[step] = kv.usage
-        step = event[0]
+        if event[0] != step:
+            if step >= 0:  # the pool as the step before left it
+                after = kv.num_used_blocks
+                delta[step], used, usage[step] = after - used, after, kv.usage
+            step = event[0]
         run(*event)
-        after = kv.num_used_blocks
-        delta[step] += after - used
-        used = after
     if step >= 0:
-        usage[step] = kv.usage
+        delta[step], usage[step] = kv.num_used_blocks - used, kv.usage
     if prefill is not None:
         prefill.num_computed_tokens = prefilled[-1]
         _prefill_done(prefill, stretch, log, in_flight)
