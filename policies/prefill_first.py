@@ -335,7 +335,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
             return None
         return self.running
 
-    def fused_decode_steps(self, num_steps: int) -> None:
+    def fused_decode_steps(self, num_steps: int, last_start_s: float) -> None:
         """`num_steps` decode steps ran fused after a scheduled one: the ratio decays for each, and a finish
         among them (never in the last) was noticed by the decode step after it."""
         self._decays += num_steps

@@ -15,7 +15,8 @@ from servesim.workloads.request import Request
 
 
 class ReplicaView(Protocol):
-    """What a router may read about a replica."""
+    """What a router may read about a replica. A router says whether it reads `kv_usage` (`reads_kv_usage`; one that
+    does not say is taken to): fast-forward may then take blocks a moment early (simulator/world/engine.py)."""
 
     index: int
 
@@ -30,6 +31,8 @@ class ReplicaView(Protocol):
 
 @routers.register("round_robin")
 class RoundRobinRouter:
+    reads_kv_usage = False
+
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
         self.replicas, self._next = replicas, 0
 
@@ -41,6 +44,8 @@ class RoundRobinRouter:
 
 @routers.register("random")
 class RandomRouter:
+    reads_kv_usage = False
+
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
         self.replicas, self.rng = replicas, rng
 
@@ -52,6 +57,8 @@ class RandomRouter:
 class LeastOutstandingRouter:
     """Fewest queued + running requests; ties go to the lowest index."""
 
+    reads_kv_usage = False
+
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
         self.replicas = replicas
 
@@ -62,6 +69,8 @@ class LeastOutstandingRouter:
 @routers.register("least_kv")
 class LeastKvRouter:
     """Lowest KV-cache usage; ties go to the lowest index."""
+
+    reads_kv_usage = True
 
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
         self.replicas = replicas
@@ -83,6 +92,7 @@ class PrefixAffinityRouter:
     """
 
     cache_threshold, balance_abs, balance_rel = 0.3, 64, 1.5
+    reads_kv_usage = False
     eviction_interval_s, max_tree_tokens = 120.0, 1 << 24
 
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
@@ -116,6 +126,7 @@ class SessionAffinityRouter:
     replica, and adding a replica moves only ~1/N of the sessions. Requests without a session hash their id."""
 
     virtual_nodes = 100
+    reads_kv_usage = False
 
     def __init__(self, replicas: list[ReplicaView], rng: np.random.Generator):
         self.replicas = replicas

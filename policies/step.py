@@ -163,6 +163,9 @@ class Scheduler(Protocol):
     finishes_fuse: bool  # a fused decode stretch may run through requests finishing
     decode_tokens_in_flight: int  # decode tokens scheduled but not yet committed (async scheduling)
     admission_waits_for_blocks: bool  # a waiting request is held back by blocks, so freed ones end a stretch
+    #: steps planned before an arrival is seen: under async scheduling the step after the one it arrives in was
+    #: planned without it, so a fused stretch may run that step too
+    arrival_lag_steps: int
     #: (tokens, sliding windows, block size) -> the blocks a request needs to run; None: all of its tokens'
     blocks_to_run: Callable[[int, tuple[int | None, ...], int], int] | None
 
@@ -182,8 +185,9 @@ class Scheduler(Protocol):
         """(decodes, prefill, chunk sizer) if `plan` decodes all running requests but one, fed a prompt chunk, that
         fast-forward may fuse with the next steps."""
 
-    def fused_decode_steps(self, num_steps: int) -> None:
-        """Fast-forward ran `num_steps` decode steps past the one scheduled (for state that moves per step)."""
+    def fused_decode_steps(self, num_steps: int, last_start_s: float) -> None:
+        """Fast-forward ran `num_steps` steps past the one scheduled, the last of them planned at `last_start_s`
+        (for state that moves per step)."""
 
     def pipeline(self, depth: int) -> None:
         """Schedule a pipeline-parallel replica's `depth` steps in flight (a scheduler with `batch_queue`)."""
@@ -209,6 +213,7 @@ class SchedulerDefaults:
     holds_finished = False
     finishes_fuse = True
     decode_tokens_in_flight = 0
+    arrival_lag_steps = 0
     blocks_to_run = None
 
     @property
@@ -221,7 +226,7 @@ class SchedulerDefaults:
     def chunk_stretch(self, plan: StepPlan) -> ChunkStretch | None:
         return None
 
-    def fused_decode_steps(self, num_steps: int) -> None:
+    def fused_decode_steps(self, num_steps: int, last_start_s: float) -> None:
         pass
 
     def pipeline(self, depth: int) -> None:

@@ -28,7 +28,10 @@ StepTime = Callable[[StepPlan], float]
 
 class FastForward:
     """What a replica needs to fuse decode stretches: the timer, the token log, the time of the next
-    outside event that could reach any replica, and the stop time."""
+    outside event that could reach any replica, and the stop time. `open_loop`: nobody outside reacts to a finish,
+    so finishes may happen inside stretches. `past_arrivals`: what happens at an arrival reads nothing a fused step
+    after it changes early (the router does not read KV usage; no SLO watch), so a stretch may run the steps
+    planned before the arrival was seen (`Scheduler.arrival_lag_steps`)."""
 
     def __init__(
         self,
@@ -37,11 +40,10 @@ class FastForward:
         next_event_s: Callable[[], float],
         stop_s: float,
         open_loop: bool,
+        past_arrivals: bool = False,
     ):
         self.timer, self.log, self.next_event_s, self.stop_s = timer, log, next_event_s, stop_s
-        self.open_loop = (
-            open_loop  # nobody outside reacts to a finish, so finishes may happen inside stretches
-        )
+        self.open_loop, self.past_arrivals = open_loop, open_loop and past_arrivals
 
 
 class Wakeup:
@@ -142,10 +144,10 @@ class Replica:
             plan.mark_scheduled(self.env.now)
             fused = self._stretch(plan)
             if fused is not None:
-                stretch, end_last_step = fused
-                yield from wait_until(self.env, float(stretch.ends_s[-1]))
-                # the last fused step may span an arrival: it ends now, and is logged live, as a stepped run would
-                end_last_step()
+                # the last fused steps may span an arrival: each ends, and is logged, live, as a stepped run would
+                for at, end in fused:
+                    yield from wait_until(self.env, at)
+                    end()
                 continue
             decode_tokens = plan.num_decode_tokens  # before commit turns prefills into decodes
             if self.pipeline is None:
@@ -195,10 +197,10 @@ class Replica:
         )
         self._hand_on(finished)
 
-    def _stretch(self, plan: StepPlan) -> tuple[Stretch, Callable[[], None]] | None:
+    def _stretch(self, plan: StepPlan) -> list[tuple[float, Callable[[], None]]] | None:
         """Fuse the steps from here to the next event, if this step starts a decode stretch or a chunked prefill
-        beside decodes. Logs all but the last fused step, which the caller ends (its window frees and finishes)
-        and logs when its time comes: returns what does that."""
+        beside decodes. Logs the fused steps that end before the next event; the caller ends the others when their
+        time comes (logging them, and for the last its window frees and finishes): returns (when, what) for each."""
         planned = self._plan_stretch(plan)
         if planned is None:
             return None
@@ -221,23 +223,40 @@ class Replica:
             late,  # late: async
             in_flight,
         )
-        scheduler.fused_decode_steps(len(stretch.ends_s) - 1)
-        n, prefilling = len(active) - 1, int(stretch.prefill is not None)
+        scheduler.fused_decode_steps(len(stretch.ends_s) - 1, float(stretch.ends_s[-2]))
+        # logged now: the steps that end before the next event; those planned before it was seen end after it
+        n, prefilling = len(active) - 1 - stretch.lagged, int(stretch.prefill is not None)
         prefill_tokens = list(stretch.chunks) or [0] * len(active)
         self.steps.record_many(
-            time_s=stretch.ends_s[:-1].tolist(),
-            duration_s=stretch.durations_s[:-1].tolist(),
+            time_s=stretch.ends_s[:n].tolist(),
+            duration_s=stretch.durations_s[:n].tolist(),
             replica=[self.index] * n,
-            num_requests=[a + prefilling for a in active[:-1]],
-            prefill_tokens=prefill_tokens[:-1],
-            decode_tokens=active[:-1],
-            num_running=[a + prefilling for a in active[1:]],
+            num_requests=[a + prefilling for a in active[:n]],
+            prefill_tokens=prefill_tokens[:n],
+            decode_tokens=active[:n],
+            num_running=[a + prefilling for a in active[1 : n + 1]],
             num_waiting=[scheduler.num_waiting] * n,
-            kv_blocks_used=used,
-            kv_usage=usage,
+            kv_blocks_used=used[:n],
+            kv_usage=usage[:n],
             num_preempted=[0] * n,
         )
         self._hand_on(finished)
+
+        def log_step(i: int) -> Callable[[], None]:
+            """Step i's row as it ends: the requests waiting then include those that arrived while it ran."""
+            return lambda: self.steps.record(
+                float(stretch.ends_s[i]),
+                float(stretch.durations_s[i]),
+                self.index,
+                active[i] + prefilling,
+                prefill_tokens[i],
+                active[i],
+                active[i + 1] + prefilling,
+                scheduler.num_waiting,
+                used[i],
+                usage[i],
+                0,
+            )
 
         def end_last_step() -> None:
             end_last()
@@ -245,7 +264,8 @@ class Replica:
             last = active[-1]
             self._record(float(stretch.durations_s[-1]), last + prefilling, prefill_tokens[-1], last, 0)
 
-        return stretch, end_last_step
+        moments = [(float(stretch.ends_s[i]), log_step(i)) for i in range(n, len(active) - 1)]
+        return moments + [(float(stretch.ends_s[-1]), end_last_step)]
 
     def _plan_stretch(self, plan: StepPlan) -> tuple[list[Request], Stretch] | None:
         """The decoding requests and the steps to fuse from `plan` on, if any."""
@@ -253,6 +273,7 @@ class Replica:
         if ff is None or not scheduler.kv.supports_fast_forward:
             return None
         finishes_allowed = ff.open_loop and scheduler.num_waiting == 0 and scheduler.finishes_fuse
+        lag_steps = scheduler.arrival_lag_steps if ff.past_arrivals else 0
         requests = scheduler.decode_stretch(plan)
         if requests:
             requests = list(requests)
@@ -266,6 +287,7 @@ class Replica:
                 finishes_allowed,
                 waiting=scheduler.admission_waits_for_blocks,
                 in_flight=scheduler.decode_tokens_in_flight,
+                lag_steps=lag_steps,
             )
         else:
             mixed = scheduler.chunk_stretch(plan) if self.pipeline is None else None

@@ -44,6 +44,7 @@ class Stretch:
     finish_step: np.ndarray
     prefill: Request | None = None
     chunks: tuple[int, ...] = ()
+    lagged: int = 0  # its last steps planned before the next event was seen (`plan_stretch`'s lag_steps)
 
 
 def wait_until(env: simpy.Environment, target: float):
@@ -118,6 +119,7 @@ def plan_stretch(
     max_steps: int = 4096,
     waiting: bool = False,
     in_flight: int = 0,
+    lag_steps: int = 0,
 ) -> Stretch | None:
     """The fusable decode steps starting now (step 0 is already scheduled and allocated), or None if < 2.
 
@@ -126,6 +128,8 @@ def plan_stretch(
     request waits for admission that a free block could let in, so blocks a sliding window frees end it.
     `in_flight`: the tokens each decode step leaves in flight when the next is planned (1 under async
     scheduling), below which windows free blocks (a request with more in flight now frees them as step 0 ends).
+    `lag_steps` (0 or 1): the step after the one the next event comes in was planned before the event was seen
+    (async scheduling), so it is fused too, when the step the event comes in finishes nobody.
     """
     finish = np.fromiter(
         (r.num_output_tokens - r.num_generated - 1 for r in requests), np.int64, len(requests)
@@ -150,7 +154,7 @@ def plan_stretch(
     if now + shortest_s >= horizon_s:
         return None
     if horizon_s < math.inf:
-        upper = min(upper, int((horizon_s - now) / shortest_s) + 2)
+        upper = min(upper, int((horizon_s - now) / shortest_s) + 2 + lag_steps)
     held = np.fromiter((kv.decode_table_len(r) for r in requests), np.int64, len(requests))
     steps = _max_steps_fitting(
         context, finish, held, kv.num_free_blocks, kv.block_size, upper, len(kv.windows)
@@ -159,15 +163,19 @@ def plan_stretch(
     bounds = np.cumsum(np.concatenate(([now], durations)))  # sequential sums, as SimPy accumulates `now`
     starts, ends = bounds[:-1], bounds[1:]
     steps = int(np.searchsorted(starts, next_event_s, side="left"))  # steps starting before the next event
-    steps = min(steps, int(np.searchsorted(ends, stop_s, side="left")))  # and ending before the stop time
+    finishing = set(finish.tolist())
+    extended = None
     if steps and ends[steps - 1] == next_event_s:
         steps -= 1
-    finishing = set(finish.tolist())
+    elif lag_steps and 0 < steps < len(starts) and steps - 1 not in finishing:
+        # planned before the event was seen: the same decode, whatever the event brings
+        steps = extended = steps + lag_steps
+    steps = min(steps, int(np.searchsorted(ends, stop_s, side="left")))  # and ending before the stop time
     while steps and steps - 1 in finishing:  # the last fused step finishes nobody
         steps -= 1
     if steps < 2:
         return None
-    return Stretch(durations[:steps], ends[:steps], finish)
+    return Stretch(durations[:steps], ends[:steps], finish, lagged=lag_steps if steps == extended else 0)
 
 
 # What happens to a request in a fused step, in the order it happens within the step (events sort on it):

@@ -45,6 +45,8 @@ class ReplicaSite:
     tokens: TokenLog
     next_event_s: Callable[[], float]
     open_loop: bool
+    # FastForward's: an arrival's routing reads nothing a fused step changes early
+    past_arrivals: bool = False
 
 
 def memory_plan(s: Scenario) -> MemoryPlan:
@@ -238,7 +240,7 @@ def build_pool(site: ReplicaSite, s: Scenario, count: int, first_index: int, on_
     )
     stop_s = s.stop.max_sim_time_s or math.inf
     fast = (
-        FastForward(timer, site.tokens, site.next_event_s, stop_s, site.open_loop)
+        FastForward(timer, site.tokens, site.next_event_s, stop_s, site.open_loop, site.past_arrivals)
         if s.simulation.fast_forward
         else None
     )

@@ -169,6 +169,8 @@ class World:
         self.steps = StepLog()
         self.completed = 0
         self.on_progress = on_progress
+        # an SLO watch reads finishes at arrivals (simulator/world/slo_watch.py)
+        self._watching = stop_when_slo_lost
         self.handoff: Handoff | None = None
         self.frontend = _frontend(s, self.env)  # before the pools: their fast-forward asks it for hand-overs
         d = s.disaggregation
@@ -234,7 +236,11 @@ class World:
         open_loop = (
             s.workload.closed_loop is None and not self.workload.followups and s.disaggregation is None
         )
-        site = ReplicaSite(self.env, self.steps, self.tokens, self._next_event_s, open_loop)
+        # an arrival's routing must not see a fused step it came before (a router reading KV usage, with a choice)
+        router = routers.get(s.cluster.router)
+        blind = count == 1 or not getattr(router, "reads_kv_usage", True)
+        past_arrivals = open_loop and blind and not self._watching
+        site = ReplicaSite(self.env, self.steps, self.tokens, self._next_event_s, open_loop, past_arrivals)
         return build_pool(site, s, count, first_index, on_finish, section)
 
     def _next_event_s(self) -> float:

@@ -339,7 +339,7 @@ def test_fused_decode_steps_decay_the_ratio_to_the_same_float_as_stepping():
         step(sched)  # one decode
     for _ in range(377):
         step(stepped)
-    fused.fused_decode_steps(377)
+    fused.fused_decode_steps(377, 0.0)
     assert stepped.new_token_ratio == fused.new_token_ratio
 
 

@@ -132,10 +132,13 @@ def test_a_radix_cache_is_not_fused(monkeypatch):
     rate=st.sampled_from([1.0, 6.0, 30.0]),
     blocks=st.sampled_from([None, 900]),
     lpm=st.booleans(),
+    router=st.sampled_from([None, "round_robin", "least_outstanding", "least_kv"]),
 )
 def test_any_chunked_run_is_the_same_fused_or_stepped(
-    scheduler, async_scheduling, prefix_caching, shared, threshold, rate, blocks, lpm, monkeypatch
+    scheduler, async_scheduling, prefix_caching, shared, threshold, rate, blocks, lpm, router, monkeypatch
 ):
+    """Fused steps (chunked prefills and decodes, under async scheduling also the step planned before an arrival
+    was seen) give the run stepping gives, one replica or two behind a router."""
     engine_overrides = {
         "scheduler": scheduler,
         "prefix_caching": prefix_caching,
@@ -150,5 +153,8 @@ def test_any_chunked_run_is_the_same_fused_or_stepped(
         engine_overrides["async_scheduling"] = async_scheduling
     if scheduler == "trtllm":
         engine_overrides["enable_chunked_prefill"] = True
-    fast, _, slow = stretched(long_prompts(rate, shared, **engine_overrides), monkeypatch)
+    s = long_prompts(rate, shared, **engine_overrides)
+    if router is not None:
+        s = s.model_copy(update={"cluster": s.cluster.model_copy(update={"replicas": 2, "router": router})})
+    fast, _, slow = stretched(s, monkeypatch)
     assert_same_run(fast, slow)
