@@ -50,6 +50,7 @@ class SpilledFloats:
 
     def spill(self, values: array) -> None:
         with open(self._dir.file("values.bin"), "ab") as handle:
+            handle.truncate(self.count * 8)  # what a failed write left after the values counted
             values.tofile(handle)
         self.count += len(values)
         del values[:]
@@ -66,6 +67,15 @@ class SpilledFloats:
             yield np.fromfile(path, float, min(READ_VALUES, self.count - offset), offset=offset * 8)
         if rest:
             yield np.frombuffer(rest, float)
+
+
+def exact_sum(parts) -> float:
+    """The parts' sum, correctly rounded (`math.fsum`): the same whatever the chunking; numpy's where fsum cannot
+    (infinities, overflow)."""
+    try:
+        return math.fsum(parts)
+    except (OverflowError, ValueError):
+        return float(np.sum(np.asarray(parts, float)))
 
 
 def _sort_keys(values: np.ndarray) -> np.ndarray:
@@ -138,11 +148,14 @@ def spilled_stats(prefix: str, chunks: Callable[[], Iterator[np.ndarray]]) -> di
         for chunk in chunks():
             yield chunk[~np.isnan(chunk)] * 1e3
 
-    n = sum(len(c) for c in finite_ms())
+    n, sums = 0, []
+    for chunk in finite_ms():
+        n += len(chunk)
+        sums.append(chunk.sum())
     if not n:
         return {f"{k}_{prefix}_ms": float("nan") for k in ("mean", "median", "std", "p90", "p99")}
-    mean = math.fsum(float(c.sum()) for c in finite_ms()) / n
-    std = math.sqrt(math.fsum(float(np.square(c - mean).sum()) for c in finite_ms()) / n)
+    mean = exact_sum(sums) / n
+    std = math.sqrt(exact_sum([np.square(c - mean).sum() for c in finite_ms()]) / n)
     places = {q: (n - 1) * np.true_divide(q, 100) for q in (90, 99)}
     ranks = [n // 2, (n - 1) // 2] + [r for v in places.values() for r in (int(v), min(int(v) + 1, n - 1))]
     value = ranked_values(finite_ms, n, ranks)

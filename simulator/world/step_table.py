@@ -3,7 +3,6 @@ merged as they are read, so a long run's memory holds one chunk of it."""
 
 from __future__ import annotations
 
-import math
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servesim.simulator.world.spill import SpillDir
+from servesim.simulator.world.spill import SpillDir, exact_sum
 
 STEP_COLUMNS = (
     "time_s",
@@ -144,25 +143,29 @@ class StepFigures:
     def of(cls, chunks: Iterable[pd.DataFrame], gpus_of_replica: dict[int, int] | None = None) -> StepFigures:
         """Over chunks of the table (one: numpy's sums over the whole columns; several: their sums added exactly).
         Without `gpus_of_replica`, gpu_s is NaN."""
-        n, usage_max, prefill = 0, 0.0, 0
-        weighted, weights, gpu_s = [], [], []
+        n, prefill = 0, 0
+        weighted, weights, peaks, gpu_s = [], [], [], []
         for chunk in chunks:
             w, usage = chunk["duration_s"].to_numpy(), chunk["kv_usage"].to_numpy()
             n += len(chunk)
             weighted.append(np.multiply(usage, w).sum())
             weights.append(w.sum())
-            usage_max = max(usage_max, float(usage.max()) if len(usage) else 0.0)
+            if len(usage):
+                peaks.append(usage.max())
             prefill += int(chunk["prefill_tokens"].sum())
             if gpus_of_replica is not None:
                 gpu_s.append(float((chunk["duration_s"] * chunk["replica"].map(gpus_of_replica)).sum()))
-        total = weights[0] if len(weights) == 1 else math.fsum(weights)
-        mean = (weighted[0] if len(weighted) == 1 else math.fsum(weighted)) / total if total > 0 else 0.0
+
+        def total(parts: list) -> float:
+            return parts[0] if len(parts) == 1 else exact_sum(parts)
+
+        mean = total(weighted) / total(weights) if total(weights) > 0 else 0.0
         return cls(
             n,
             float(mean),
-            usage_max,
+            float(np.max(peaks)) if peaks else 0.0,
             prefill,
-            math.fsum(gpu_s) if gpus_of_replica is not None else float("nan"),
+            total(gpu_s) if gpus_of_replica is not None else float("nan"),
         )
 
 

@@ -4,6 +4,9 @@ comes back must be what memory would have held: the same tables, the same percen
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +163,41 @@ def test_spill_files_go_with_the_run(monkeypatch):
     del world, result
     gc.collect()
     assert not any(folder.exists() for folder in folders)
+
+
+def test_spilled_stats_take_what_numpy_takes():
+    """Infinities and sums past the largest float give numpy's answers, not an error."""
+    for values in ([np.inf, -np.inf, 1.0], [1e305, 1e305], [np.inf, 2.0, 3.0]):
+        array = np.array(values)
+        got, want = spill.spilled_stats("x", _chunked(array, 1)), _stats("x", array)
+        for key, value in want.items():
+            assert got[key] == value or (np.isnan(got[key]) and np.isnan(value)), (values, key)
+
+
+def test_a_spilled_table_is_written_in_row_groups_and_csv_in_utf8(monkeypatch, tmp_path):
+    """Merge blocks gathered into row groups of ROW_GROUP_ROWS; a reject reason beyond ASCII survives the CSV."""
+    from servesim.simulator.world import output
+
+    monkeypatch.setattr(step_table, "SPILL_ROWS", 50)
+    monkeypatch.setattr(step_table, "MERGE_ROWS", 7)
+    monkeypatch.setattr(output, "ROW_GROUP_ROWS", 40)
+    log = StepLog()
+    for n in range(230):
+        log.record(n * 0.5 % 17, 0.1, n % 3, n, 0, 1, 1, 0, n, 0.5, 0)
+    table = log.table()
+    output._write_table(table.blocks(), len(table), tmp_path, "steps", "parquet")
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(tmp_path / "steps.parquet").metadata
+    groups = [meta.row_group(i).num_rows for i in range(meta.num_row_groups)]
+    assert sum(groups) == 230 and len(groups) > 1 and all(rows >= 40 for rows in groups[:-1])
+    pd.testing.assert_frame_equal(pd.read_parquet(tmp_path / "steps.parquet"), table.frame())
+    # in a process whose locale writes ASCII, as a C locale without Python's UTF-8 mode does
+    write = (
+        "import pandas as pd, sys; from pathlib import Path; from servesim.simulator.world.output import _write_table;"
+        "_write_table([pd.DataFrame({'reject_reason': ['stage \\u601d\\u8003: too long', None]})], 2,"
+        " Path(sys.argv[1]), 'requests', 'csv')"
+    )
+    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "ascii"}
+    subprocess.run([sys.executable, "-X", "utf8=0", "-c", write, str(tmp_path)], env=env, check=True)
+    assert (tmp_path / "requests.csv").read_bytes().decode("utf-8").splitlines()[1] == "stage 思考: too long"
