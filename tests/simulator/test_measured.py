@@ -33,6 +33,7 @@ PUBLISHED = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs
 SGLANG_RUNS = PUBLISHED.with_name("sglang_runs.yaml")
 TRTLLM_RUNS = PUBLISHED.with_name("trtllm_runs.yaml")
 TRTLLM_MOE_RUNS = PUBLISHED.with_name("trtllm_moe_runs.yaml")
+SWEEP_RUNS = PUBLISHED.with_name("silybench_sweep_runs.yaml")
 SERVE = {
     "source": "test",
     "gpu": "h100-sxm",
@@ -221,6 +222,26 @@ def test_every_published_run_replays_to_finite_predictions_of_every_figure():
         errors = replay(run)
         assert [e.metric for e in errors] == list(run.measured)
         assert all(math.isfinite(e.predicted) and e.predicted > 0 for e in errors), run.label()
+
+
+def test_the_sweep_runs_are_new_rows_of_the_published_sweep():
+    """benchmarks/silybench_sweep_runs.yaml: rows of the silybench CSV that published_runs.yaml does not hold, each
+    figure the value of its quoted row; a 4-client run replays to finite predictions."""
+    runs, published = load_measured_runs(SWEEP_RUNS), load_measured_runs(PUBLISHED)
+    assert len(runs) == 32 and all("silybench-data" in run.source for run in runs)
+    assert not {run.label() for run in runs} & {run.label() for run in published}
+    columns = {"p99_ttft_ms": "ttft_p99_ms", "p99_tpot_ms": "tpot_p99_ms", "median_itl_ms": "itl_median_ms"}
+    for run in runs:
+        header, row = (line.split(",") for line in run.quote.split("\n") if line.strip())
+        quoted = dict(zip(header, row))
+        assert int(quoted["concurrency"]) == run.max_concurrency and int(quoted["input_len"]) == run.input_len
+        assert all(
+            float(quoted[column]) == pytest.approx(run.measured[m], abs=1e-4) for m, column in columns.items()
+        )
+    four = next(
+        run for run in runs if run.max_concurrency == 4 and run.input_len == 128 and run.output_len == 128
+    )
+    assert all(math.isfinite(e.predicted) and e.predicted > 0 for e in replay(four))
 
 
 def test_trtllm_bench_runs_replay_under_tensorrt_llms_family_and_sizing():
