@@ -1208,37 +1208,56 @@ def step_cost(
     profile: Profile = Profile(),
     options: CostOptions = CostOptions(),
     rank: StepBatch | None = None,
-    attention: bool = True,
 ) -> StepCost:
     """Predicted time of one engine step of `batch` on one replica, split by operator. `rank`: the requests one GPU
-    attends for (one of `Parallelism.rank_batches`); None: the busiest (`busiest_rank`). `attention=False` leaves
-    the attention operators out, for a `fixed_s` (the same) without the work of pricing them.
+    attends for (one of `Parallelism.rank_batches`); None: the busiest (`busiest_rank`).
 
     Pipeline stages run the batch one after another, so layer costs add up across stages and `pp_send` adds
     the activations crossing each stage boundary, the fixed overheads counted once (the simulator runs pp
     micro-batches in flight, each stage busy with one at a time, and prices them per stage: `stage_seconds`).
     """
     acc, ctx = _Acc(), _context(batch, model, gpu, parallelism, profile, options, rank)
-    profile = ctx.profile  # resolved for the GPU
-    for term in _operator_terms(ctx, batch, attention):
+    for term in _operator_terms(ctx, batch):
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
-        # each DP-attention rank's own host work
-        requests, tokens = (
-            ctx.rank.num_requests,
-            ctx.rank.num_tokens,
-        )
-        fixed = (
-            profile.step_overhead_s
-            + profile.layer_overhead_s * model.num_layers
-            + profile.request_overhead_s * requests
-            + profile.token_overhead_s * tokens
-            + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, options)
-            + profile.host_step_s
-            + profile.host_request_s * requests
-        )
-        acc.add("overhead", "overhead", 0.0, 0.0, (fixed, "fixed"), 1)
+        acc.add("overhead", "overhead", 0.0, 0.0, (_overhead_s(ctx), "fixed"), 1)
     return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]))
+
+
+def _overhead_s(ctx: _Ctx) -> float:
+    """The profile's fixed costs of a step: per step, layer, request and token, mixed layers and host work (each
+    DP-attention rank's own)."""
+    profile, model, requests = ctx.profile, ctx.model, ctx.rank.num_requests  # profile resolved for the GPU
+    return (
+        profile.step_overhead_s
+        + profile.layer_overhead_s * model.num_layers
+        + profile.request_overhead_s * requests
+        + profile.token_overhead_s * ctx.rank.num_tokens
+        + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, ctx.opts)
+        + profile.host_step_s
+        + profile.host_request_s * requests
+    )
+
+
+def fixed_seconds(
+    batch: StepBatch,
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+    rank: StepBatch | None = None,
+) -> float:
+    """`step_cost(...).fixed_s` without the per-operator records: each operator's `time_s * layers` summed per name,
+    then over names in first-seen order and the overhead last, as `StepCost.fixed_s` sums them."""
+    ctx = _context(batch, model, gpu, parallelism, profile, options, rank)
+    totals: dict[str, float] = {}
+    for term in _operator_terms(ctx, batch, attention=False):
+        if term.kind != "attention":
+            totals[term.name] = totals.get(term.name, 0.0) + term.time_s * term.layers
+    if batch.num_requests:
+        totals["overhead"] = 0.0 + _overhead_s(ctx) * 1
+    return sum(totals.values())
 
 
 _STAGE_GROUPS: dict[tuple[int, int, bool], tuple[ModelSpec, tuple[tuple[tuple[_Group, int], ...], ...]]] = {}

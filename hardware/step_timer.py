@@ -22,11 +22,11 @@ from servesim.hardware.cost import (
     attention_seconds,
     decode_stretch_attention_s,
     decode_stretch_pricer,
+    fixed_seconds,
     rank_peaks,
     small_attention_pricer,
     stage_attention_seconds,
     stage_fixed_seconds,
-    step_cost,
 )
 from servesim.hardware.gpu import GpuSpec
 from servesim.hardware.model import ModelSpec, pipeline_stages
@@ -109,7 +109,7 @@ class StepTimer:
         if fixed is None:
             if len(self._fixed_s) >= CACHE_ENTRIES:
                 self._fixed_s.clear()
-            fixed = self._fixed_s[key] = step_cost(batch, *self.args, rank, attention=False).fixed_s
+            fixed = self._fixed_s[key] = fixed_seconds(batch, *self.args, rank)
         return fixed
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:

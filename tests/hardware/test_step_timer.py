@@ -130,3 +130,25 @@ def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs):
         batch = StepBatch.of([n for n, _, _, _ in reqs], contexts, [lg for _, _, _, lg in reqs])
         expected = stage_seconds(batch, model, H100, par, profile, options)
         assert timer.stage_s(batch) == pytest.approx(expected, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from([*MODELS, "qwen3-30b-a3b"]),
+    tp=st.sampled_from([1, 2, 4]),
+    dp_attention=st.booleans(),
+    measured=st.booleans(),
+    reqs=st.lists(
+        st.tuples(st.integers(1, 3000), st.integers(0, 20000), st.booleans()), min_size=0, max_size=40
+    ),
+)
+def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured, reqs):
+    """The fixed part priced without operator records is `step_cost(...).fixed_s` to the last bit (DP ranks, MLA's
+    K/V up-projection, the overheads, an empty step)."""
+    from servesim.hardware.cost import fixed_seconds
+
+    model = get_model(name)
+    par = Parallelism(tp=tp, dp_attention=dp_attention and tp > 1 and model.moe is not None)
+    profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)
+    batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
+    assert fixed_seconds(batch, model, H100, par, profile) == step_cost(batch, model, H100, par, profile).fixed_s
