@@ -286,6 +286,10 @@ class TokenBudgetScheduler(SchedulerDefaults):
             self.ahead is not None and not self.ahead.settled(self.num_waiting > 0)
         ):
             return None
+        # an LPM queue is re-sorted by the cache every plan, and decode steps evict cached blocks: the head may change
+        # to a request that fits (as for `chunk_stretch`)
+        if self._waiting.lpm and self.num_waiting:
+            return None
         if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
             return None
         if any(n != 1 for n in plan.num_new) or not all(plan.samples):

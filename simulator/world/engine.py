@@ -29,9 +29,10 @@ StepTime = Callable[[StepPlan], float]
 class FastForward:
     """What a replica needs to fuse decode stretches: the timer, the token log, the time of the next
     outside event that could reach any replica, and the stop time. `open_loop`: nobody outside reacts to a finish,
-    so finishes may happen inside stretches. `past_arrivals`: what happens at an arrival reads nothing a fused step
-    after it changes early (the router does not read KV usage; no SLO watch), so a stretch may run the steps
-    planned before the arrival was seen (`Scheduler.arrival_lag_steps`)."""
+    so finishes may happen inside stretches. `past_arrivals` (open loop only): what happens at an arrival reads
+    nothing a fused step after it changes early (the router does not read KV usage; no SLO watch stops the run
+    there with that step's tokens counted), so a stretch may run the steps planned before the arrival was seen
+    (`Scheduler.arrival_lag_steps`)."""
 
     def __init__(
         self,
@@ -43,7 +44,7 @@ class FastForward:
         past_arrivals: bool = False,
     ):
         self.timer, self.log, self.next_event_s, self.stop_s = timer, log, next_event_s, stop_s
-        self.open_loop, self.past_arrivals = open_loop, open_loop and past_arrivals
+        self.open_loop, self.past_arrivals = open_loop, past_arrivals
 
 
 class Wakeup:

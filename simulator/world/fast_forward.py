@@ -7,7 +7,8 @@ A stretch may be fused when the scheduler says the step is a plain decode of eve
 - at the last step that starts before the next outside event (an arrival: a new request may be
   admitted and routers read replica load; in a closed loop, any event); a step that starts earlier
   was decided without it, so it may end later, but not exactly at the event (tie order) nor at the
-  stop time;
+  stop time. Under async scheduling the step after it was planned before the event was seen too, so it is
+  fused as well (`lag_steps`) where nothing at the event can see its blocks taken early (engine.FastForward);
 - while the blocks the stretch opens still fit in the free pool (no preemption can occur), handed
   out in the same order stepping would; admissions blocked now stay blocked, as free blocks only shrink;
 - in a hybrid KV pool (sliding-window groups free a block every block_size steps), at the first step
@@ -255,7 +256,8 @@ def apply_stretch(
     Returns, per step, the requests decoding in it; per step but the last, the KV blocks in use after it and the
     pool's usage (what the step log shows); and what the last step does as it ends (its window frees and
     finishes), for the caller to run then: that step may span an arrival, whose router must see the pool as it is
-    while the step runs.
+    while the step runs (or, with `stretch.lagged`, come just after the step that spans it: its blocks are then
+    taken early, which the caller allows only where no router reads KV usage).
     """
     steps, size, ends = len(stretch.ends_s), kv.block_size, stretch.ends_s
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))

@@ -169,7 +169,7 @@ class World:
         self.steps = StepLog()
         self.completed = 0
         self.on_progress = on_progress
-        # an SLO watch reads finishes at arrivals (simulator/world/slo_watch.py)
+        # an SLO watch may stop the run at an arrival, where a fused step after it would have counted its tokens
         self._watching = stop_when_slo_lost
         self.handoff: Handoff | None = None
         self.frontend = _frontend(s, self.env)  # before the pools: their fast-forward asks it for hand-overs

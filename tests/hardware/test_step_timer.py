@@ -151,4 +151,6 @@ def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured
     par = Parallelism(tp=tp, dp_attention=dp_attention and tp > 1 and model.moe is not None)
     profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
-    assert fixed_seconds(batch, model, H100, par, profile) == step_cost(batch, model, H100, par, profile).fixed_s
+    assert (
+        fixed_seconds(batch, model, H100, par, profile) == step_cost(batch, model, H100, par, profile).fixed_s
+    )

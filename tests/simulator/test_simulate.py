@@ -382,19 +382,24 @@ def test_a_fused_stretch_ends_exactly_where_stepping_would_even_where_no_delay_r
     assert ends == [target]
 
 
+def _chats(prompt_high: int, output_high: int, rate: float, num: int) -> dict:
+    """A workload of `num` chats at `rate`/s, prompts of 20 to `prompt_high` tokens, answers of 20 to `output_high`."""
+    return {
+        "trace": None,
+        "lengths": {
+            "prompt": {"kind": "uniform", "low": 20, "high": prompt_high},
+            "output": {"kind": "uniform", "low": 20, "high": output_high},
+        },
+        "arrivals": {"kind": "poisson", "rate_per_s": rate},
+        "num_requests": num,
+    }
+
+
 def _short_requests(router: str) -> Scenario:
     """150 short chats at 5/s on two replicas with a small pool: routers choosing by KV usage see close calls."""
     return scenario(
         engine={"max_model_len": 4096, "num_gpu_blocks_override": 300},
-        workload={
-            "trace": None,
-            "lengths": {
-                "prompt": {"kind": "uniform", "low": 20, "high": 200},
-                "output": {"kind": "uniform", "low": 20, "high": 300},
-            },
-            "arrivals": {"kind": "poisson", "rate_per_s": 5.0},
-            "num_requests": 150,
-        },
+        workload=_chats(200, 300, 5.0, 150),
         cluster={"replicas": 2, "router": router},
     )
 
@@ -419,3 +424,23 @@ def test_steps_planned_before_an_arrival_fuse_only_where_routing_cannot_tell(rou
     slow = run(s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": False})}))
     assert_same_run(fast, slow)
     assert any(lagged) == (router == "least_outstanding")
+
+
+def test_an_lpm_queue_keeps_decodes_stepped_while_anyone_waits():
+    """Each plan re-sorts a longest-prefix-match queue by the cache, which decode steps change (they evict cached
+    blocks): a request that fits may come to the head mid-stretch. Fused once kept decoding where stepping admitted
+    (found by a helper's fuzzing: seed 807)."""
+    s = scenario(
+        engine={
+            "max_num_seqs": 8,
+            "num_gpu_blocks_override": 150,
+            "prefix_caching": "vllm",
+            "queue_order": "lpm",
+            "max_model_len": 4096,
+        },
+        workload=_chats(300, 500, 50.0, 300)
+        | {"shared_prefix": {"num_prefixes": 12, "prefix_tokens": 160, "zipf_s": 1.0, "share": 0.9}},
+    ).model_copy(update={"seed": 807})
+    fast = run(s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": True})}))
+    slow = run(s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": False})}))
+    assert_same_run(fast, slow)
