@@ -28,6 +28,7 @@ MADE_SMALL = {
     "capacity": SMALL,
     "plan": [*SMALL, "--workers", "1"],
     "compare": ["--match", "qwen3-8b h100-sxm serve 1024/128 c=1 x50"],
+    "compare silybench_sweep_runs": ["--match", "qwen3-8b h100-sxm fp8 serve 128/128 c=4 x50"],
     "compare trtllm_runs": ["--match", "llama-3.1-8b h100-sxm TP1 fp8 trtllm-bench throughput 2048/128"],
     "compare trtllm_moe_runs": [
         "--match",
