@@ -395,20 +395,24 @@ def _chats(prompt_high: int, output_high: int, rate: float, num: int) -> dict:
     }
 
 
-def _short_requests(router: str) -> Scenario:
+def _short_requests(router: str, scheduler: str = "vllm") -> Scenario:
     """150 short chats at 5/s on two replicas with a small pool: routers choosing by KV usage see close calls."""
     return scenario(
-        engine={"max_model_len": 4096, "num_gpu_blocks_override": 300},
+        engine={"max_model_len": 4096, "num_gpu_blocks_override": 300, "scheduler": scheduler},
         workload=_chats(200, 300, 5.0, 150),
         cluster={"replicas": 2, "router": router},
     )
 
 
-@pytest.mark.parametrize("router", ["least_kv", "least_outstanding"])
-def test_steps_planned_before_an_arrival_fuse_only_where_routing_cannot_tell(router, monkeypatch):
-    """Under async scheduling the step after the one a request arrives in was planned without it, so a stretch runs it
-    too (`Scheduler.arrival_lag_steps`); its blocks are then taken before the arrival is routed, which a router
-    choosing by KV usage would see (fusing it there changed this run), so there it is left to stepping."""
+@pytest.mark.parametrize(
+    "router, scheduler",
+    [("least_kv", "vllm"), ("least_outstanding", "vllm"), ("least_outstanding", "sglang")],
+)
+def test_steps_planned_before_an_arrival_fuse_only_where_routing_cannot_tell(router, scheduler, monkeypatch):
+    """Under async (vLLM) or overlap (SGLang) scheduling the step after the one a request arrives in was planned
+    without it, so a stretch runs it too (`Scheduler.arrival_lag_steps`); its blocks are then taken before the
+    arrival is routed, which a router choosing by KV usage would see (fusing it there changed this run), so there it
+    is left to stepping."""
     from servesim.simulator.world import engine
 
     lagged = []
@@ -419,7 +423,7 @@ def test_steps_planned_before_an_arrival_fuse_only_where_routing_cannot_tell(rou
         return stretch
 
     monkeypatch.setattr(engine, "plan_stretch", counting)
-    s = _short_requests(router)
+    s = _short_requests(router, scheduler)
     fast = run(s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": True})}))
     slow = run(s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": False})}))
     assert_same_run(fast, slow)
