@@ -2,8 +2,9 @@
 
 A million requests log ~27 M engine steps and ~200 M inter-token gaps (~4 GB held as arrays); spilled, a run keeps
 one chunk of each in memory. Figures over spilled values are exact: percentiles select the ranked values in a few
-passes over the chunks (radix counts on the values' bits), as `np.percentile` would over all of them; sums add
-the chunks' numpy sums exactly (`math.fsum`), so a mean differs from numpy's over one array only in rounding.
+passes over the chunks (radix counts on the values' bits), as `np.percentile` would over all of them; sums are
+correctly rounded (`math.fsum` over every value), so they do not depend on the order values were logged in (a
+fused run logs them in another order than a stepped one) and differ from numpy's over one array only in rounding.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import shutil
 import tempfile
 import weakref
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -69,13 +70,13 @@ class SpilledFloats:
             yield np.frombuffer(rest, float)
 
 
-def exact_sum(parts) -> float:
-    """The parts' sum, correctly rounded (`math.fsum`): the same whatever the chunking; numpy's where fsum cannot
-    (infinities, overflow)."""
+def exact_sum(chunks: Callable[[], Iterable[np.ndarray]]) -> float:
+    """The sum of every value `chunks()` yields, correctly rounded (`math.fsum`): the same in any order or chunking;
+    numpy's where fsum cannot (infinities, overflow), whose result is then inf or nan in any order too."""
     try:
-        return math.fsum(parts)
+        return math.fsum(value for chunk in chunks() for value in chunk.tolist())
     except (OverflowError, ValueError):
-        return float(np.sum(np.asarray(parts, float)))
+        return float(sum(np.sum(chunk) for chunk in chunks()))
 
 
 def _sort_keys(values: np.ndarray) -> np.ndarray:
@@ -148,14 +149,11 @@ def spilled_stats(prefix: str, chunks: Callable[[], Iterator[np.ndarray]]) -> di
         for chunk in chunks():
             yield chunk[~np.isnan(chunk)] * 1e3
 
-    n, sums = 0, []
-    for chunk in finite_ms():
-        n += len(chunk)
-        sums.append(chunk.sum())
+    n = sum(len(chunk) for chunk in finite_ms())
     if not n:
         return {f"{k}_{prefix}_ms": float("nan") for k in ("mean", "median", "std", "p90", "p99")}
-    mean = exact_sum(sums) / n
-    std = math.sqrt(exact_sum([np.square(c - mean).sum() for c in finite_ms()]) / n)
+    mean = exact_sum(finite_ms) / n
+    std = math.sqrt(exact_sum(lambda: (np.square(chunk - mean) for chunk in finite_ms())) / n)
     places = {q: (n - 1) * np.true_divide(q, 100) for q in (90, 99)}
     ranks = [n // 2, (n - 1) // 2] + [r for v in places.values() for r in (int(v), min(int(v) + 1, n - 1))]
     value = ranked_values(finite_ms, n, ranks)

@@ -4,7 +4,7 @@ merged as they are read, so a long run's memory holds one chunk of it."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,32 +140,45 @@ class StepFigures:
     gpu_s: float
 
     @classmethod
-    def of(cls, chunks: Iterable[pd.DataFrame], gpus_of_replica: dict[int, int] | None = None) -> StepFigures:
-        """Over chunks of the table (one: numpy's sums over the whole columns; several: their sums added exactly).
-        Without `gpus_of_replica`, gpu_s is NaN."""
-        n, prefill = 0, 0
-        weighted, weights, peaks, gpu_s = [], [], [], []
-        for chunk in chunks:
-            w, usage = chunk["duration_s"].to_numpy(), chunk["kv_usage"].to_numpy()
-            n += len(chunk)
-            weighted.append(np.multiply(usage, w).sum())
-            weights.append(w.sum())
-            if len(usage):
-                peaks.append(usage.max())
-            prefill += int(chunk["prefill_tokens"].sum())
-            if gpus_of_replica is not None:
-                gpu_s.append(float((chunk["duration_s"] * chunk["replica"].map(gpus_of_replica)).sum()))
-
-        def total(parts: list) -> float:
-            return parts[0] if len(parts) == 1 else exact_sum(parts)
-
-        mean = total(weighted) / total(weights) if total(weights) > 0 else 0.0
+    def of(cls, frame: pd.DataFrame, gpus_of_replica: dict[int, int] | None = None) -> StepFigures:
+        """Over a table in memory: numpy's sums over its whole columns. Without `gpus_of_replica`, gpu_s is NaN."""
+        w, usage = frame["duration_s"].to_numpy(), frame["kv_usage"].to_numpy()
+        total = w.sum()
         return cls(
-            n,
-            float(mean),
-            float(np.max(peaks)) if peaks else 0.0,
-            prefill,
-            total(gpu_s) if gpus_of_replica is not None else float("nan"),
+            len(frame),
+            float(np.multiply(usage, w).sum() / total) if total > 0 else 0.0,
+            float(usage.max()) if len(usage) else 0.0,
+            int(frame["prefill_tokens"].sum()),
+            float((frame["duration_s"] * frame["replica"].map(gpus_of_replica)).sum())
+            if gpus_of_replica is not None
+            else float("nan"),
+        )
+
+    @classmethod
+    def over(
+        cls, chunks: Callable[[], Iterator[pd.DataFrame]], gpus_of_replica: dict[int, int] | None = None
+    ) -> StepFigures:
+        """Over a table in chunks, a pass per sum: each correctly rounded over every row (`exact_sum`), so it does
+        not depend on which rows the chunks hold (a fused run logs them in another order than a stepped one)."""
+        n, prefill, peaks = 0, 0, []
+        for chunk in chunks():
+            n += len(chunk)
+            prefill += int(chunk["prefill_tokens"].sum())
+            if len(chunk):
+                peaks.append(chunk["kv_usage"].max())
+
+        def column(of: Callable[[pd.DataFrame], np.ndarray]) -> float:
+            return exact_sum(lambda: (of(chunk) for chunk in chunks()))
+
+        total = column(lambda c: c["duration_s"].to_numpy())
+        weighted = column(lambda c: np.multiply(c["kv_usage"].to_numpy(), c["duration_s"].to_numpy()))
+        gpu_s = (
+            column(lambda c: (c["duration_s"] * c["replica"].map(gpus_of_replica)).to_numpy())
+            if gpus_of_replica is not None
+            else float("nan")
+        )
+        return cls(
+            n, weighted / total if total > 0 else 0.0, float(np.max(peaks)) if peaks else 0.0, prefill, gpu_s
         )
 
 
@@ -195,20 +208,20 @@ class StepTable:
         blocks = list(self.blocks())
         return pd.concat(blocks, ignore_index=True) if blocks else _empty()
 
-    def chunks(self) -> Iterator[pd.DataFrame]:
-        """The table in its chunks, each sorted (not merged): for figures that need no order across them."""
-        if self._frame is not None:
-            yield self._frame
-            return
+    def _chunk_frames(self) -> Iterator[pd.DataFrame]:
+        """A spilled table's chunks, each sorted (not merged): for figures that need no order across them."""
         for path in self._chunks:
             yield _frame_of(np.fromfile(path, ROW))
 
     def figures(self, gpus_of_replica: dict[int, int] | None = None, replicas: set[int] | None = None):
         """StepFigures of the table, or of `replicas`' rows."""
-        chunks = self.chunks()
-        if replicas is not None:
-            chunks = (c[c["replica"].isin(replicas)] for c in chunks)
-        return StepFigures.of(chunks, gpus_of_replica)
+
+        def rows(frame: pd.DataFrame) -> pd.DataFrame:
+            return frame if replicas is None else frame[frame["replica"].isin(replicas)]
+
+        if self._frame is not None:
+            return StepFigures.of(rows(self._frame), gpus_of_replica)
+        return StepFigures.over(lambda: (rows(chunk) for chunk in self._chunk_frames()), gpus_of_replica)
 
     def blocks(self) -> Iterator[pd.DataFrame]:
         """The table in order, a block of rows at a time."""

@@ -109,7 +109,7 @@ def test_gpu_time_saved_prices_kept_tokens_not_rejected_drafts():
             "kv_usage": [0.5, 0.5],
         }
     )
-    summary = cache_and_load_summary(requests, StepFigures.of([steps], {0: 2}), [0])
+    summary = cache_and_load_summary(requests, StepFigures.of(steps, {0: 2}), [0])
     assert summary["gpu_time_saved_s"] == pytest.approx(2.0)
     assert summary["response_cache_hit_rate"] == 0.5
 

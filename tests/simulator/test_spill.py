@@ -60,6 +60,30 @@ def test_spilled_stats_are_numpys_over_all_the_values(values, chunk, sort_below)
             assert got[key] == value, key
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.floats(0.0, 1e3, allow_nan=False), min_size=1, max_size=200),
+    chunk=st.integers(1, 40),
+    seed=st.integers(0, 2**16),
+)
+def test_spilled_sums_do_not_depend_on_the_order_values_came_in(values, chunk, seed):
+    """A fused run logs gaps and steps in another order than a stepped one: the spilled figures must not see it."""
+    values = np.array(values)
+    shuffled = np.random.default_rng(seed).permutation(values)
+    assert spill.spilled_stats("x", _chunked(values, chunk)) == spill.spilled_stats(
+        "x", _chunked(shuffled, 7)
+    )
+    frames = [
+        pd.DataFrame({"duration_s": v, "kv_usage": v / 1e3, "prefill_tokens": 1, "replica": 0})
+        for v in (values, shuffled)
+    ]
+    got = [
+        StepFigures.over(lambda f=f, size=size: (f[i : i + size] for i in range(0, len(f), size)), {0: 2})
+        for f, size in zip(frames, (chunk, 7))
+    ]
+    assert got[0] == got[1]
+
+
 def test_ranked_values_find_each_rank_of_a_large_skewed_set(monkeypatch):
     """Ties and a bucket too big to sort: each value at its rank, as a full sort gives it."""
     rng = np.random.default_rng(3)
@@ -110,7 +134,7 @@ def test_figures_of_one_chunk_are_the_whole_columns_numpy_sums():
     frame = pd.DataFrame(
         {"duration_s": [1.0, 3.0], "kv_usage": [0.2, 0.6], "prefill_tokens": [10, 0], "replica": [0, 1]}
     )
-    figures = StepFigures.of([frame], {0: 2, 1: 4})
+    figures = StepFigures.of(frame, {0: 2, 1: 4})
     assert figures.kv_cache_usage_mean == np.average([0.2, 0.6], weights=[1.0, 3.0])
     assert (figures.num_steps, figures.kv_cache_usage_max, figures.prefill_tokens, figures.gpu_s) == (
         2,
