@@ -1252,11 +1252,10 @@ def fixed_seconds(
     then over names in first-seen order and the overhead last, as `StepCost.fixed_s` sums them."""
     ctx = _context(batch, model, gpu, parallelism, profile, options, rank)
     totals: dict[str, float] = {}
-    for term in _operator_terms(ctx, batch, attention=False):
-        if term.kind != "attention":
-            totals[term.name] = totals.get(term.name, 0.0) + term.time_s * term.layers
+    for term in _operator_terms(ctx, batch, attention=False):  # no attention operator, so none to leave out
+        totals[term.name] = totals.get(term.name, 0.0) + term.time_s * term.layers
     if batch.num_requests:
-        totals["overhead"] = 0.0 + _overhead_s(ctx) * 1
+        totals["overhead"] = _overhead_s(ctx)
     return sum(totals.values())
 
 

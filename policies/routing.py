@@ -1,4 +1,6 @@
-"""Routers: which replica a new request goes to. A router sees read-only load views of the replicas."""
+"""Routers: which replica a new request goes to. A router sees read-only load views of the replicas, and says whether
+it reads their `kv_usage` (`reads_kv_usage`; one that does not say is taken to): fast-forward may take a replica's
+blocks a moment early only where no router reads it (simulator/world/engine.py FastForward)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from servesim.workloads.request import Request
 
 
 class ReplicaView(Protocol):
-    """What a router may read about a replica. A router says whether it reads `kv_usage` (`reads_kv_usage`; one that
-    does not say is taken to): fast-forward may then take blocks a moment early (simulator/world/engine.py)."""
+    """What a router may read about a replica."""
 
     index: int
 

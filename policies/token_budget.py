@@ -277,6 +277,13 @@ class TokenBudgetScheduler(SchedulerDefaults):
         else:
             release_finished(req, self.kv, now)
 
+    @property
+    def _queue_resorts(self) -> bool:
+        """Whether the next plans re-sort a waiting queue: an LPM queue is sorted by the cache as it stands every plan
+        (and keeps its last order once over LPM_MAX_WAITING wait), which fused steps, evicting and filling cached
+        blocks, would skip: its head may change to a request that fits."""
+        return self._waiting.lpm and self.num_waiting > 0
+
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` is a plain decode of all of them (nothing admitted, preempted,
         swapped or chunked): then until a finish, an arrival or a full pool, every step looks the same.
@@ -286,9 +293,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
             self.ahead is not None and not self.ahead.settled(self.num_waiting > 0)
         ):
             return None
-        # an LPM queue is re-sorted by the cache every plan, and decode steps evict cached blocks: the head may change
-        # to a request that fits (as for `chunk_stretch`)
-        if self._waiting.lpm and self.num_waiting:
+        if self._queue_resorts:
             return None
         if plan.preempted or plan.swap_in_blocks or len(plan.requests) != len(self.running):
             return None
@@ -310,9 +315,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
             return None
         if self.kv.windows != (None,) or not self.kv.caches_when_scheduled:
             return None
-        # every plan re-sorts an LPM queue by the cache as it stands, and the order it last sorted stays once over
-        # LPM_MAX_WAITING requests wait: fused steps would skip sorts that stepping makes
-        if plan.preempted or plan.swap_in_blocks or plan.rank or (self._waiting.lpm and self.num_waiting):
+        if plan.preempted or plan.swap_in_blocks or plan.rank or self._queue_resorts:
             return None
         if len(plan.requests) < 2 or len(plan.requests) != len(self.running):
             return None

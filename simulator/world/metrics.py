@@ -1,4 +1,5 @@
-"""Metrics: records in during the run, DataFrames and a vLLM-`bench serve`-style summary out.
+"""Metrics: the run's requests as a DataFrame, and a vLLM-`bench serve`-style summary of them and of the step log
+(simulator/world/step_table.py).
 
 Definitions (the same as vLLM's benchmark, so numbers compare with measured runs):
 - TTFT: first token time - arrival.

@@ -15,7 +15,7 @@ memory plan with its stage-output cache's pinned host bytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,13 +56,13 @@ class Stage:
     tensors: tuple[StageTensor, ...]
     link_bytes_per_s: float
     link_latency_s: float
+    itl_spill: SpilledFloats  # where its tokens' gaps go past SPILL_VALUES
     tokens: TokenLog = field(default_factory=TokenLog)
     replicas: list[Replica] = field(default_factory=list)
     router: object = None
     requests: list[Request] = field(default_factory=list)
     transfer_s: list[float] = field(default_factory=list)  # hand-over times of the requests it passed on
     transfer_bytes: int = 0
-    itl_spill: SpilledFloats | None = None  # where its tokens' gaps go past SPILL_VALUES
 
     def hop_s(self, nbytes: int) -> float:
         return self.link_latency_s + nbytes / self.link_bytes_per_s
@@ -164,9 +164,9 @@ class Pipeline:
             tensors,
             pcie.bytes_per_s,
             pcie.latency_s,
+            itl_spill,
             tokens,
             pool.replicas,
-            itl_spill=itl_spill,
         )
         stage.router = routers.get(cfg.router)(stage.replicas, rng)
         return stage
@@ -288,5 +288,5 @@ class Pipeline:
         return out
 
 
-def _itl(stage: Stage):
+def _itl(stage: Stage) -> np.ndarray | Callable[[], Iterator[np.ndarray]]:
     return stage.itl_spill.gathered(stage.tokens.itl_s)

@@ -39,6 +39,7 @@ TABLE_FORMATS = ("auto", "csv", "parquet")
 # auto: a table longer than this is written as Parquet (columnar, compressed, typed: ~10x smaller and faster to
 # write and read than CSV at a million steps); shorter ones stay CSV, which anything opens
 PARQUET_ABOVE_ROWS = 100_000
+# rows per Parquet row group of a table written in blocks: readers pay per group, writers hold one in memory
 ROW_GROUP_ROWS = 1 << 18
 
 

@@ -108,10 +108,6 @@ class StepLog:
             rows[name] = values[order]
         return rows
 
-    def frame(self) -> pd.DataFrame:
-        """The whole table in memory (StepTable.frame)."""
-        return self.table().frame()
-
     def table(self) -> StepTable:
         """The rows logged: in memory if none spilled, else the chunk files and the rest as a last chunk."""
         if not self._chunks:

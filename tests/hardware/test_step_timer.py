@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.hardware.batch import StepBatch
-from servesim.hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
+from servesim.hardware.cost import CostOptions, Parallelism, fixed_seconds, stage_seconds, step_cost
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import Profile, load_profile
@@ -145,8 +145,6 @@ def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs):
 def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured, reqs):
     """The fixed part priced without operator records is `step_cost(...).fixed_s` to the last bit (DP ranks, MLA's
     K/V up-projection, the overheads, an empty step)."""
-    from servesim.hardware.cost import fixed_seconds
-
     model = get_model(name)
     par = Parallelism(tp=tp, dp_attention=dp_attention and tp > 1 and model.moe is not None)
     profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)

@@ -30,7 +30,7 @@ def test_a_step_that_only_preempts_takes_its_swap_out_time_and_is_logged(swapped
     env, steps = simpy.Environment(), StepLog()
     Replica(env, 0, _PreemptsOnce(swapped), lambda plan: plan.swap_out_blocks * 1e-3, steps, lambda req: None)
     env.run(until=1.0)
-    frame = steps.frame()
+    frame = steps.table().frame()
     assert frame[["time_s", "duration_s", "num_requests", "num_preempted"]].values.tolist() == [
         [seconds, seconds, 0, 1]
     ]

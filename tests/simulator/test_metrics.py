@@ -120,6 +120,6 @@ def test_the_step_table_is_by_end_time_then_replica_with_ties_in_logged_order():
     log = StepLog()
     for n, (time_s, replica) in enumerate([(2.0, 1), (1.0, 0), (2.0, 0), (1.0, 0), (2.0, 1), (0.5, 3)]):
         log.record(time_s, 0.1, replica, n, 0, 1, 1, 0, 1, 0.1, 0)
-    frame = log.frame()
+    frame = log.table().frame()
     assert frame["num_requests"].tolist() == [5, 1, 3, 2, 0, 4]  # the row each came from
     assert list(frame.index) == list(range(6))

@@ -411,8 +411,8 @@ def _short_requests(router: str, scheduler: str = "vllm") -> Scenario:
 def test_steps_planned_before_an_arrival_fuse_only_where_routing_cannot_tell(router, scheduler, monkeypatch):
     """Under async (vLLM) or overlap (SGLang) scheduling the step after the one a request arrives in was planned
     without it, so a stretch runs it too (`Scheduler.arrival_lag_steps`); its blocks are then taken before the
-    arrival is routed, which a router choosing by KV usage would see (fusing it there changed this run), so there it
-    is left to stepping."""
+    arrival is routed, which a router choosing by KV usage would see (in this run it would route differently), so
+    there it is left to stepping."""
     from servesim.simulator.world import engine
 
     lagged = []
@@ -432,8 +432,8 @@ def test_steps_planned_before_an_arrival_fuse_only_where_routing_cannot_tell(rou
 
 def test_an_lpm_queue_keeps_decodes_stepped_while_anyone_waits():
     """Each plan re-sorts a longest-prefix-match queue by the cache, which decode steps change (they evict cached
-    blocks): a request that fits may come to the head mid-stretch. Fused once kept decoding where stepping admitted
-    (found by a helper's fuzzing: seed 807)."""
+    blocks): a request that fits may come to the head mid-stretch, so with anyone waiting decodes stay stepped. With
+    seed 807 such a request is admitted after ~100 steps."""
     s = scenario(
         engine={
             "max_num_seqs": 8,
