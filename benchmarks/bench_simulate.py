@@ -13,6 +13,8 @@ steps from the measured kernel tables, whose attention lookups cost time per ste
 `--own-workload` runs the scenario's own workload (its first N requests) instead of the tiled Azure trace, e.g.
 `--scenario benchmarks/vidur_llama2_70b_a100.yaml --own-workload --requests 10000` for Vidur's workload.
 Each run is a fresh process, so its peak RSS is its own; the time per request shows how cost grows with N.
+`--write-to DIR` also writes each run's folder there (as `servesim simulate` does: a long run's step log streamed
+from disk into steps.parquet) and prints how long that took and the peak RSS after it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from servesim.simulator.world.output import write_run
 from servesim.simulator.world.run import World
 from servesim.simulator.scenario import load_scenario
 from servesim.workloads.generate import Workload
@@ -57,6 +60,7 @@ def bench(
     path: Path,
     profile: str,
     own_workload: bool = False,
+    write_to: Path | None = None,
 ) -> None:
     overrides = [
         f"simulation.fast_forward={str(fast_forward).lower()}",
@@ -83,6 +87,15 @@ def bench(
         f"simulated {result.summary['duration_s']:,.0f} s, mean TTFT {result.summary['mean_ttft_ms']:.1f} ms",
         flush=True,
     )
+    if write_to is not None:
+        start = time.perf_counter()
+        folder = write_run(result, write_to / f"{path.stem}-{num_requests}-{prefix_caching}", base)
+        print(
+            f"  wrote {folder} in {time.perf_counter() - start:.1f} s ({len(result.step_table):,} steps, spilled to "
+            f"disk: {result.step_table.spilled}); peak RSS "
+            f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB",
+            flush=True,
+        )
 
 
 def _bench_in_child(*args) -> None:
@@ -113,6 +126,7 @@ def main() -> None:
         action="store_true",
         help="the scenario's own workload (first N requests) instead of the tiled Azure trace",
     )
+    parser.add_argument("--write-to", type=Path, help="write each run's folder under this folder, timed")
     args = parser.parse_args()
     spawn = multiprocessing.get_context("spawn")  # a fresh process per run: its peak RSS is that run's
     for n in args.requests:
@@ -129,6 +143,7 @@ def main() -> None:
                             args.scenario,
                             profile,
                             args.own_workload,
+                            args.write_to,
                         ),
                     )
                     child.start()

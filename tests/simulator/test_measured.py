@@ -230,13 +230,25 @@ def test_the_sweep_runs_are_new_rows_of_the_published_sweep():
     runs, published = load_measured_runs(SWEEP_RUNS), load_measured_runs(PUBLISHED)
     assert len(runs) == 32 and all("silybench-data" in run.source for run in runs)
     assert not {run.label() for run in runs} & {run.label() for run in published}
-    columns = {"p99_ttft_ms": "ttft_p99_ms", "p99_tpot_ms": "tpot_p99_ms", "median_itl_ms": "itl_median_ms"}
+    columns = {
+        "duration_s": "duration_s",
+        "p99_ttft_ms": "ttft_p99_ms",
+        "p99_tpot_ms": "tpot_p99_ms",
+        "median_itl_ms": "itl_median_ms",
+        "p99_itl_ms": "itl_p99_ms",
+        "p99_e2el_ms": "e2el_p99_ms",
+        "request_throughput": "request_throughput",
+        "output_throughput": "output_throughput",
+        "total_token_throughput": "total_token_throughput",
+    }
     for run in runs:
         header, row = (line.split(",") for line in run.quote.split("\n") if line.strip())
         quoted = dict(zip(header, row))
-        assert int(quoted["concurrency"]) == run.max_concurrency and int(quoted["input_len"]) == run.input_len
+        lengths = (int(quoted["concurrency"]), int(quoted["input_len"]), int(quoted["output_len"]))
+        assert lengths == (run.max_concurrency, run.input_len, run.output_len)
+        assert quoted["run_id"].endswith(run.weight_dtype or "bf16") and set(run.measured) == set(columns)
         assert all(
-            float(quoted[column]) == pytest.approx(run.measured[m], abs=1e-4) for m, column in columns.items()
+            float(quoted[columns[m]]) == pytest.approx(value, abs=1e-4) for m, value in run.measured.items()
         )
     four = next(
         run for run in runs if run.max_concurrency == 4 and run.input_len == 128 and run.output_len == 128
