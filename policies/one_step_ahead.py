@@ -30,6 +30,9 @@ class OneStepAhead:
     """What a scheduler planning one step ahead has not seen yet: arrivals during the step in flight, and
     finishes whose slots and blocks are still held."""
 
+    #: steps planned before an arrival is seen: the step after the one it arrives in was planned without it
+    arrival_lag_steps = 1
+
     def __init__(self) -> None:
         self.inbox: list[tuple[float, Request]] = []  # (arrival at the engine, request), in arrival order
         self.retiring: list[Request] = []  # finished in the step that just ended, blocks and slot still held
@@ -45,6 +48,12 @@ class OneStepAhead:
     def pending(self) -> bool:
         """Whether an empty plan now would be made again, with arrivals or freed slots it did not see."""
         return bool(self.inbox or self.retiring)
+
+    def fused_until(self, last_start_s: float) -> None:
+        """Fast-forward ran steps up to one planned at `last_start_s`: the next plan sees the arrivals that came
+        before it, as stepping would."""
+        if self.in_flight_since is not None:
+            self.in_flight_since = last_start_s
 
     def arrive(self, req: Request, now: float) -> None:
         self.inbox.append((now, req))

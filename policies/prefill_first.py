@@ -337,18 +337,16 @@ class PrefillFirstScheduler(SchedulerDefaults):
 
     @property
     def arrival_lag_steps(self) -> int:
-        """Under overlap scheduling the batch after the one a request arrives in was formed before it came."""
-        return 1 if self.ahead is not None else 0
+        return self.ahead.arrival_lag_steps if self.ahead is not None else 0
 
     def fused_decode_steps(self, num_steps: int, last_start_s: float) -> None:
         """`num_steps` decode steps ran fused after a scheduled one: the ratio decays for each, and a finish
-        among them (never in the last) was noticed by the decode step after it. The next batch sees the arrivals
-        that came before the last fused one was formed."""
+        among them (never in the last) was noticed by the decode step after it."""
         self._decays += num_steps
         if self._shrunk:
             self._filter_batch()
-        if self.ahead is not None and self.ahead.in_flight_since is not None:
-            self.ahead.in_flight_since = last_start_s
+        if self.ahead is not None:
+            self.ahead.fused_until(last_start_s)
 
     # ---- prefill ------------------------------------------------------------------------------
     def _prefill(self, step: PlanBuilder) -> bool:

@@ -111,13 +111,11 @@ class TokenBudgetScheduler(SchedulerDefaults):
 
     @property
     def arrival_lag_steps(self) -> int:
-        """Under async scheduling the step after the one a request arrives in was planned before it came."""
-        return 1 if self.ahead is not None else 0
+        return self.ahead.arrival_lag_steps if self.ahead is not None else 0
 
     def fused_decode_steps(self, num_steps: int, last_start_s: float) -> None:
-        """The next plan sees the arrivals that came before the last fused step was planned, as stepping would."""
-        if self.ahead is not None and self.ahead.in_flight_since is not None:
-            self.ahead.in_flight_since = last_start_s
+        if self.ahead is not None:
+            self.ahead.fused_until(last_start_s)
 
     def release_retired(self, req: Request) -> None:
         """Free the slot and blocks of `req`, which finished in the step before the one just planned."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 import simpy
 
@@ -228,36 +229,26 @@ class Replica:
         # logged now: the steps that end before the next event; those planned before it was seen end after it
         n, prefilling = len(active) - 1 - stretch.lagged, int(stretch.prefill is not None)
         prefill_tokens = list(stretch.chunks) or [0] * len(active)
-        self.steps.record_many(
-            time_s=stretch.ends_s[:n].tolist(),
-            duration_s=stretch.durations_s[:n].tolist(),
-            replica=[self.index] * n,
-            num_requests=[a + prefilling for a in active[:n]],
-            prefill_tokens=prefill_tokens[:n],
-            decode_tokens=active[:n],
-            num_running=[a + prefilling for a in active[1 : n + 1]],
-            num_waiting=[scheduler.num_waiting] * n,
-            kv_blocks_used=used[:n],
-            kv_usage=usage[:n],
-            num_preempted=[0] * n,
-        )
-        self._hand_on(finished)
 
-        def log_step(i: int) -> Callable[[], None]:
-            """Step i's row as it ends: the requests waiting then include those that arrived while it ran."""
-            return lambda: self.steps.record(
-                float(stretch.ends_s[i]),
-                float(stretch.durations_s[i]),
-                self.index,
-                active[i] + prefilling,
-                prefill_tokens[i],
-                active[i],
-                active[i + 1] + prefilling,
-                scheduler.num_waiting,
-                used[i],
-                usage[i],
-                0,
+        def log_steps(lo: int, hi: int) -> None:
+            """Steps lo..hi-1's rows; the requests waiting are those waiting when this is called."""
+            count = hi - lo
+            self.steps.record_many(
+                time_s=stretch.ends_s[lo:hi].tolist(),
+                duration_s=stretch.durations_s[lo:hi].tolist(),
+                replica=[self.index] * count,
+                num_requests=[a + prefilling for a in active[lo:hi]],
+                prefill_tokens=prefill_tokens[lo:hi],
+                decode_tokens=active[lo:hi],
+                num_running=[a + prefilling for a in active[lo + 1 : hi + 1]],
+                num_waiting=[scheduler.num_waiting] * count,
+                kv_blocks_used=used[lo:hi],
+                kv_usage=usage[lo:hi],
+                num_preempted=[0] * count,
             )
+
+        log_steps(0, n)
+        self._hand_on(finished)
 
         def end_last_step() -> None:
             end_last()
@@ -265,7 +256,10 @@ class Replica:
             last = active[-1]
             self._record(float(stretch.durations_s[-1]), last + prefilling, prefill_tokens[-1], last, 0)
 
-        moments = [(float(stretch.ends_s[i]), log_step(i)) for i in range(n, len(active) - 1)]
+        # a step that ends after the next event is logged as it ends: those waiting then include the arrival
+        moments = [
+            (float(stretch.ends_s[i]), partial(log_steps, i, i + 1)) for i in range(n, len(active) - 1)
+        ]
         return moments + [(float(stretch.ends_s[-1]), end_last_step)]
 
     def _plan_stretch(self, plan: StepPlan) -> tuple[list[Request], Stretch] | None:
