@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -133,6 +134,13 @@ class CostOptions:
     # Queries of up to this many tokens take attention's decode path (for MLA: absorbed, over the latent): vLLM's
     # reorder_batch_threshold, 1 + the draft tokens when speculating, so verify queries are decodes (FlashMLA).
     decode_query_len: int = 1
+    # CUDA graphs the engine replays (`EngineFamily.graph_options`): a decode step of up to graph_sizes[-1] tokens
+    # runs padded to the next size, and so does a step that prefills with `graph_prefills` (vLLM's piecewise
+    # graphs); the padding rows pass every GEMM, norm and collective but no attention, and the routed experts
+    # unless `graph_masks_experts` (SGLang masks their routing under expert parallel). Empty: run eagerly.
+    graph_sizes: tuple[int, ...] = ()
+    graph_prefills: bool = False
+    graph_masks_experts: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_DTYPE_CHOICES:
@@ -142,6 +150,16 @@ class CostOptions:
         dtype_bytes(KV_DTYPE_BYTES, self.kv_dtype, "KV")
         if self.decode_query_len < 1:
             raise SpecError(f"decode_query_len must be >= 1, got {self.decode_query_len}")
+        if list(self.graph_sizes) != sorted(set(self.graph_sizes)) or min(self.graph_sizes, default=1) < 1:
+            raise SpecError(f"graph_sizes must rise from >= 1, got {list(self.graph_sizes)}")
+
+    def graph_tokens(self, batch: StepBatch) -> int:
+        """The rows `batch` runs its GEMMs on: its tokens, padded up to the CUDA graph it replays if one covers it."""
+        sizes, tokens = self.graph_sizes, batch.num_tokens
+        prefills = batch.max_query_len > self.decode_query_len
+        if not sizes or tokens > sizes[-1] or (prefills and not self.graph_prefills):
+            return tokens
+        return sizes[bisect_left(sizes, tokens)]
 
 
 #: Model-level operators of a pipeline's first stage (it embeds the tokens) and of its last (it computes the logits).
@@ -653,23 +671,27 @@ def _expected_experts(num_experts: int, top_k: int, tokens: float) -> float:
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
 
 
-def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Group, layers: int) -> None:
-    """`tokens`: the step's; `rank_tokens`: the busiest DP-attention rank's (`busiest_rank`)."""
+def _mlp(
+    ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Group, layers: int, routed: float
+) -> None:
+    """`tokens`: the step's; `rank_tokens`: the busiest DP-attention rank's (`busiest_rank`); `routed`: those the
+    routed experts take (padding rows masked or not)."""
     m, tp, h = ctx.model, ctx.par.tp, ctx.model.hidden_size
     if group.is_moe:
         moe = m.moe
         expert = m.expert_params() / tp
         # routed experts: the fused-MoE kernel, priced with the moe curves (the GEMM ones unless a profile sets them)
-        touched = _expected_experts(moe.num_experts, moe.experts_per_token, tokens)
-        flops = 2 * tokens * moe.experts_per_token * expert * expert_padding(m, ctx.weight_dtype)
-        nbytes = touched * expert * ctx.expert_wbytes + 2 * tokens * h * ACT_BYTES
+        touched = _expected_experts(moe.num_experts, moe.experts_per_token, routed)
+        flops = 2 * routed * moe.experts_per_token * expert * expert_padding(m, ctx.weight_dtype)
+        nbytes = touched * expert * ctx.expert_wbytes + 2 * routed * h * ACT_BYTES
         measured = None
+        routing = ctx.with_tokens(routed)
         # every token: sliced over TP or on EP ranks
         if ctx.kernels is not None and "moe" in ctx.profile.kernel_ops:
             moe_tp, moe_ep = (1, tp) if ctx.par.ep else (tp, 1)
             measured = ctx.kernels.moe_s(
                 ctx.table_dtype,
-                tokens,
+                routed,
                 h,
                 moe.expert_intermediate,
                 moe.experts_per_token,
@@ -677,7 +699,8 @@ def _mlp(ctx: _Ctx, acc: _Terms, tokens: float, rank_tokens: float, group: _Grou
                 moe_tp,
                 moe_ep,
             )
-        acc.add(ctx, "moe", "moe", flops, nbytes, ctx.gemm_s(flops, nbytes, kind="moe"), layers, measured)
+        moe_s = routing.gemm_s(flops, nbytes, kind="moe")
+        acc.add(routing, "moe", "moe", flops, nbytes, moe_s, layers, measured)
         # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
         # DP attention) and on vLLM's DP ranks every GPU holds the shared experts whole and runs them on its own
         # rank's tokens
@@ -782,8 +805,9 @@ def _layer_group(
     # the fullest rank's rows: one a request if reduced
     peak = ctx.peak[1] if seen is not batch else ctx.peak[0]
     batch = seen
-    ctx = ctx.with_tokens(batch.num_tokens)
-    tokens, rows, h = float(batch.num_tokens), float(rank.num_tokens), ctx.model.hidden_size
+    pad = _graph_padding(ctx, batch)
+    ctx = ctx.with_tokens(batch.num_tokens + pad)
+    tokens, rows, h = float(batch.num_tokens + pad), float(rank.num_tokens + pad), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)
     out_dim = qkv / h  # under DP attention the busiest rank's rows with whole weights
     local = ctx.with_tokens(rows)  # the projections' rows on this GPU: the curves read there
@@ -810,7 +834,8 @@ def _layer_group(
         layers,
         local.measured_gemms(rows, ((h, o / h),)) if plain else None,
     )
-    _mlp(ctx, acc, tokens, rows, group, layers)
+    routed = tokens - pad if ctx.opts.graph_masks_experts else tokens
+    _mlp(ctx, acc, tokens, rows, group, layers, routed)
     if ctx.profile.elementwise_kernels:
         _elementwise(local, acc, rows, out_dim, group, layers)
     if ctx.par.tp > 1:
@@ -882,8 +907,9 @@ def _layer_comm(
 
 
 def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
-    m, ranks, tokens = ctx.model, ctx.par.dense_ranks, float(batch.num_tokens)
-    rows = ctx.par.dense_rows(tokens, ctx.rank.num_tokens)
+    pad = _graph_padding(ctx, batch)
+    m, ranks, tokens = ctx.model, ctx.par.dense_ranks, float(batch.num_tokens + pad)
+    rows = ctx.par.dense_rows(tokens, ctx.rank.num_tokens + pad)
     local = ctx.with_tokens(rows)
     looked_up = rows * m.hidden_size * ACT_BYTES * 2  # read from the table, written out
     acc.add(local, "embedding", "gemm", 0.0, looked_up, local.gemm_s(0.0, looked_up), 1)
@@ -992,6 +1018,12 @@ def _context(
         rank_peaks(batch) or (rank.num_tokens, rank.num_requests),
         kernels,
     )
+
+
+def _graph_padding(ctx: _Ctx, batch: StepBatch) -> int:
+    """Rows a CUDA graph adds to `batch` (`CostOptions.graph_tokens`); none under DP attention, whose ranks pad
+    to one another's batches, which is not modelled."""
+    return 0 if ctx.par.dp_attention else ctx.opts.graph_tokens(batch) - batch.num_tokens
 
 
 def _group_batch(batch: StepBatch, group: _Group) -> StepBatch:

@@ -134,7 +134,7 @@ class Profile(SpecModel):
         ),
     )
     moe_memory: EfficiencyCurve | None = Field(
-        EfficiencyCurve.constant(0.265),
+        EfficiencyCurve.constant(0.273),
         description=("Routed-expert kernels' fraction of HBM bandwidth; None: the GEMM curve's"),
     )
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")

@@ -125,6 +125,15 @@ class EngineConfig(SpecModel):
             "otherwise"
         ),
     )
+    cuda_graph_max_size: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "The largest step the engine replays as a CUDA graph, padded to the next captured size: tokens under "
+            "vllm (max_cudagraph_capture_size; every step, decode or not), decode requests under sglang "
+            "(cuda_graph_max_bs); None: the engine's default; 0: no graphs (--enforce-eager, --disable-cuda-graph)"
+        ),
+    )
     api_server: bool = Field(
         True,
         description=(

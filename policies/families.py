@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import GpuSpec
@@ -103,6 +104,15 @@ TRTLLM_BATCH_DEFAULTS = (8192, 2048)
 TRTLLM_FREE_MEMORY_FRACTION = 0.9
 TRTLLM_TOKENS_PER_BLOCK = 32
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
+VLLM_GRAPH_MAX_SIZE = 512  # vLLM's default max_cudagraph_capture_size is at most this
+
+
+class GraphLimits(Protocol):
+    """What of an engine config bounds its CUDA graphs (policies.config.EngineConfig, defaults filled in)."""
+
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    cuda_graph_max_size: int | None
 
 
 # SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
@@ -190,6 +200,23 @@ class EngineFamily:
         """(max_num_batched_tokens, max_num_seqs) the engine picks for `gpu`."""
         return vllm_batch_defaults(gpu)
 
+    def graph_options(
+        self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
+    ) -> dict[str, Any]:
+        """The `CostOptions` of the CUDA graphs the engine replays (vLLM V1's default FULL_AND_PIECEWISE mode): every
+        step of up to max_cudagraph_capture_size tokens, decode or not, runs padded to the next of its
+        cudagraph_capture_sizes (1, 2, 4, 8s below 256, then 16s), whose largest is by default min(2 x
+        max_num_seqs, 512), never past the step's token budget; when speculating, each rounded up to a multiple of
+        the `decode_query_len` tokens a verifying request holds (adjust_cudagraph_sizes_for_spec_decode). Padding
+        rows are routed to experts as real ones."""
+        top = engine.cuda_graph_max_size
+        top = min(2 * engine.max_num_seqs, VLLM_GRAPH_MAX_SIZE) if top is None else top
+        top = min(top, engine.max_num_batched_tokens)
+        sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)}
+        if top and decode_query_len > 1:
+            sizes = {-(-size // decode_query_len) * decode_query_len for size in sizes} | {decode_query_len}
+        return {"graph_sizes": tuple(sorted(size for size in sizes if size <= top)), "graph_prefills": True}
+
     def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
         """The default gpu_memory_utilization."""
         return VLLM_GPU_MEMORY_UTILIZATION
@@ -266,6 +293,27 @@ class SglangFamily(EngineFamily):
     def flashmla_block(self, gpu: GpuSpec) -> bool:
         return False
 
+    def graph_options(
+        self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
+    ) -> dict[str, Any]:
+        """SGLang's decode CUDA graphs (server_args._generate_cuda_graph_batch_sizes, 0.5.x): batch sizes 1, 2, 4,
+        8, 12, then 8s to 256, 16s to 512 and 32s on, up to cuda_graph_max_bs (by the GPU's memory and TP) and
+        max_running_requests (captured itself); a decode batch is padded to the next, `decode_query_len` tokens
+        a request. Steps that prefill run eagerly (piecewise graphs are off by default); under expert parallel
+        the padding rows' routing is masked (num_token_non_padded)."""
+        _, _, small, large = _sglang_tier(gpu)
+        top = engine.cuda_graph_max_size
+        top = (small if tp < 4 else large) if top is None else top
+        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
+        sizes = [size for size in sizes if size <= top]
+        if sizes and sizes[-1] > engine.max_num_seqs:
+            sizes = [size for size in sizes if size < engine.max_num_seqs] + [engine.max_num_seqs]
+        return {
+            "graph_sizes": tuple(size * decode_query_len for size in sizes),
+            "graph_prefills": False,
+            "graph_masks_experts": ep,
+        }
+
     def in_flight_batches(self, async_scheduling: bool, pp: int) -> int:
         """SGLang sizes its pools by one batch, overlapped or not."""
         return 1
@@ -300,6 +348,13 @@ class TrtllmFamily(EngineFamily):
 
     def batch_defaults(self, gpu: GpuSpec) -> tuple[int, int]:
         return TRTLLM_BATCH_DEFAULTS
+
+    def graph_options(
+        self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
+    ) -> dict[str, Any]:
+        """None padded: CudaGraphConfig.enable_padding is off by default, so a batch size not captured runs eagerly
+        as it is."""
+        return {}
 
     def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
         return TRTLLM_FREE_MEMORY_FRACTION

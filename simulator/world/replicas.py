@@ -61,19 +61,22 @@ def memory_plan(s: Scenario) -> MemoryPlan:
 
 def build_timer(s: Scenario) -> StepTimer:
     """The cost model for the scenario's model, GPU, parallelism, profile and dtypes."""
-    spec = s.engine.speculative  # verify queries (1 + k tokens) take attention's decode path
+    spec, engine = s.engine.speculative, s.with_engine_defaults().engine
+    decode_query_len = 1 + spec.k if spec is not None else 1  # verify queries take attention's decode path
+    gpu_files, family = tuple(s.hardware.gpu_files), family_of(s.engine.scheduler)
+    gpu, par = get_gpu(s.hardware.gpu, gpu_files), s.parallelism.spec(s.engine.scheduler)
     options = CostOptions(
         s.engine.weight_dtype,
         s.engine.kv_dtype,
         s.engine.kv_sharing_fast_prefill,
-        1 + spec.k if spec is not None else 1,
+        decode_query_len,
+        **family.graph_options(gpu, engine, par.tp, par.ep, decode_query_len),
     )
-    gpu_files = tuple(s.hardware.gpu_files)
     return StepTimer(
         get_model(s.model),
-        get_gpu(s.hardware.gpu, gpu_files),
-        s.parallelism.spec(s.engine.scheduler),
-        load_profile(s.hardware.profile, gpu_files).for_engine(family_of(s.engine.scheduler).kernel_tables),
+        gpu,
+        par,
+        load_profile(s.hardware.profile, gpu_files).for_engine(family.kernel_tables),
         options,
     )
 

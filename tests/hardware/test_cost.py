@@ -273,7 +273,7 @@ def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_que
 
 def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones():
     """Fused-MoE kernels (routed experts) are priced with moe_compute/moe_memory (by default what published MoE
-    runs need: 0.180 and 0.265); unset (None, as executor fits write them) they read the GEMM curves. The router and
+    runs need: 0.180 and 0.273); unset (None, as executor fits write them) they read the GEMM curves. The router and
     shared experts, dense models too, never read them."""
     mixtral, batch = get_model("mixtral-8x7b"), StepBatch.uniform(1, 0, 4096)
     unset = Profile(moe_compute=None, moe_memory=None)

@@ -1,5 +1,7 @@
 """The simulator's step timer must agree exactly with the cost model, stepped or fast-forwarded."""
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,9 +13,16 @@ from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
+from servesim.policies.families import SGLANG, VLLM
 
 H100 = get_gpu("h100-sxm")
 MODELS = ["llama-3.1-8b", "gemma-2-9b", "gemma-3n-e2b", "deepseek-v2", "mixtral-8x7b"]
+_LIMITS = SimpleNamespace(max_num_seqs=256, max_num_batched_tokens=8192, cuda_graph_max_size=None)
+#: CUDA graphs as each engine pads (none; every step, vLLM's; decode only, expert rows masked, SGLang's): a cache
+#: keyed on a shape that misses the padding shows
+GRAPHS = st.sampled_from(
+    [{}, VLLM.graph_options(H100, _LIMITS, 1, False, 1), SGLANG.graph_options(H100, _LIMITS, 1, True, 1)]
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -22,10 +31,11 @@ MODELS = ["llama-3.1-8b", "gemma-2-9b", "gemma-3n-e2b", "deepseek-v2", "mixtral-
     contexts=st.lists(st.integers(0, 9000), min_size=1, max_size=40),
     steps=st.integers(1, 50),
     fast_prefill=st.booleans(),
+    graphs=GRAPHS,
 )
-def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_prefill):
+def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_prefill, graphs):
     model = get_model(name)
-    options = CostOptions(kv_sharing_fast_prefill=fast_prefill)
+    options = CostOptions(kv_sharing_fast_prefill=fast_prefill, **graphs)
     par = Parallelism(tp=2 if name == "deepseek-v2" else 1)
     timer = StepTimer(model, H100, par, options=options)
     c = np.array(contexts)
@@ -70,13 +80,14 @@ def test_cached_timer_equals_step_cost(name, reqs):
     reqs=st.lists(
         st.tuples(st.integers(1, 3000), st.integers(0, 20000), st.booleans()), min_size=1, max_size=70
     ),
+    graphs=GRAPHS,
 )
-def test_pricing_from_lists_equals_pricing_the_batch(name, tp, measured, reqs):
+def test_pricing_from_lists_equals_pricing_the_batch(name, tp, measured, reqs, graphs):
     """`lists_s` (no batch built, plain-Python sums up to SMALL_BATCH requests) gives the batch's very step time,
     from the roofline and from the measured kernel tables (MLA and YOCO models take the batch path)."""
     model = get_model(name)
     profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)
-    args = (model, H100, Parallelism(tp=tp), profile)
+    args = (model, H100, Parallelism(tp=tp), profile, CostOptions(**graphs))
     timer = StepTimer(*args)
     new, context = [n for n, _, _ in reqs], [c for _, c, _ in reqs]
     # one timer for all, so a cache keyed on the wrong shape shows: logits differ, then query lengths
@@ -141,14 +152,17 @@ def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs):
     reqs=st.lists(
         st.tuples(st.integers(1, 3000), st.integers(0, 20000), st.booleans()), min_size=0, max_size=40
     ),
+    graphs=GRAPHS,
 )
-def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured, reqs):
+def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured, reqs, graphs):
     """The fixed part priced without operator records is `step_cost(...).fixed_s` to the last bit (DP ranks, MLA's
     K/V up-projection, the overheads, an empty step)."""
     model = get_model(name)
     par = Parallelism(tp=tp, dp_attention=dp_attention and tp > 1 and model.moe is not None)
     profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
+    options = CostOptions(**graphs)
     assert (
-        fixed_seconds(batch, model, H100, par, profile) == step_cost(batch, model, H100, par, profile).fixed_s
+        fixed_seconds(batch, model, H100, par, profile, options)
+        == step_cost(batch, model, H100, par, profile, options).fixed_s
     )

@@ -173,7 +173,7 @@ def test_a_router_reading_kv_mid_stretch_sees_what_stepping_shows(tmp_path, asyn
     scheduling a window keeps the blocks of the step in flight, so its frees come a step later and this arrival
     finds replica 1 lighter either way: fused and stepped must still agree.)"""
     trace = tmp_path / "t.csv"
-    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2160,100,5\n")
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2125,100,5\n")
     runs = [
         run(
             scenario(

@@ -1,0 +1,108 @@
+"""CUDA-graph padding: the capture sizes each engine family takes from its defaults (counted by hand from vLLM's
+and SGLang's size lists), and what a padded step costs: its GEMMs, norms and collectives those of the padded size,
+its attention and LM head those of its own requests."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions, Parallelism, step_cost
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.policies.families import SGLANG, TRTLLM, VLLM
+
+H100, B200 = get_gpu("h100-sxm"), get_gpu("b200")
+
+
+def limits(max_num_seqs=1024, max_num_batched_tokens=8192, cuda_graph_max_size=None):
+    return SimpleNamespace(
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=max_num_batched_tokens,
+        cuda_graph_max_size=cuda_graph_max_size,
+    )
+
+
+def test_vllm_captures_every_step_up_to_twice_its_slots_or_512_tokens():
+    sizes = VLLM.graph_options(H100, limits(), 1, False, 1)["graph_sizes"]
+    # 1, 2, 4; 8..248 by 8 (31); 256..512 by 16 (17)
+    assert sizes == (1, 2, 4, *range(8, 249, 8), *range(256, 513, 16)) and len(sizes) == 51
+    assert VLLM.graph_options(H100, limits(), 1, False, 1)["graph_prefills"]
+    # Vidur's engine: 128 slots (largest 256), a 512-token budget
+    assert VLLM.graph_options(H100, limits(128, 512), 2, False, 1)["graph_sizes"][-3:] == (240, 248, 256)
+    # the budget caps it
+    assert VLLM.graph_options(H100, limits(1024, 100), 1, False, 1)["graph_sizes"][-1] == 96
+    assert VLLM.graph_options(H100, limits(cuda_graph_max_size=64), 1, False, 1)["graph_sizes"][-1] == 64
+    assert VLLM.graph_options(H100, limits(cuda_graph_max_size=0), 1, False, 1)["graph_sizes"] == ()
+    # verifying 4 drafts, 5 tokens a request: multiples of 5 (1, 2, 4 -> 5; 8 -> 10; 496 -> 500; 512 -> 515: out)
+    spec = VLLM.graph_options(H100, limits(), 1, False, 5)["graph_sizes"]
+    assert spec[:4] == (5, 10, 20, 25) and spec[-1] == 500 and all(size % 5 == 0 for size in spec)
+
+
+def test_sglang_captures_decode_batches_up_to_its_memory_tiers_max_bs():
+    options = SGLANG.graph_options(H100, limits(4096), 1, False, 1)
+    # 80 GB: cuda_graph_max_bs 256 below TP 4; 1, 2, 4, 8, 12, then 16..256 by 8 (31)
+    assert options["graph_sizes"] == (1, 2, 4, 8, 12, *range(16, 257, 8))
+    assert not options["graph_prefills"] and not options["graph_masks_experts"]
+    # TP 4: 512, so 272..496 by 16 (15) and 512
+    assert SGLANG.graph_options(H100, limits(4096), 4, False, 1)["graph_sizes"][-3:] == (480, 496, 512)
+    # max_running_requests below it is captured itself
+    assert SGLANG.graph_options(H100, limits(100), 1, False, 1)["graph_sizes"][-3:] == (88, 96, 100)
+    # a verify step holds 1 + k tokens a request; under expert parallel padding rows are routed nowhere
+    spec = SGLANG.graph_options(B200, limits(4096), 1, True, 3)
+    assert spec["graph_sizes"][:5] == (3, 6, 12, 24, 36) and spec["graph_masks_experts"]
+
+
+def test_trtllm_pads_nothing_by_default():
+    assert TRTLLM.graph_options(H100, limits(), 1, False, 1) == {}
+
+
+def test_a_step_pads_up_to_the_next_size_it_fits():
+    vllm = CostOptions(**VLLM.graph_options(H100, limits(), 1, False, 1))
+    sglang = CostOptions(**SGLANG.graph_options(H100, limits(4096), 1, False, 1))
+    decode = StepBatch.uniform(9, 1000)
+    mixed = StepBatch.of([1] * 20 + [280], [900] * 20 + [0])  # 300 tokens
+    assert vllm.graph_tokens(decode) == 16 and sglang.graph_tokens(decode) == 12
+    assert vllm.graph_tokens(mixed) == 304 and sglang.graph_tokens(mixed) == 300  # SGLang extends eagerly
+    assert vllm.graph_tokens(StepBatch.uniform(513, 10)) == 513  # past the largest graph: eager
+    assert CostOptions().graph_tokens(decode) == 9
+    with pytest.raises(SpecError, match="graph_sizes"):
+        CostOptions(graph_sizes=(8, 4))
+
+
+@pytest.mark.parametrize("name, tp", [("llama-3.1-8b", 1), ("llama-3.1-70b", 4), ("qwen3-30b-a3b", 2)])
+@pytest.mark.parametrize("masks_experts", [False, True])
+def test_padding_rows_cost_what_real_ones_do_except_attention_and_logits(name, tp, masks_experts):
+    """A 9-request decode padded to 16 prices each GEMM, norm and collective as 16 requests do, its attention,
+    LM head and logits gather as its own 9, and its routed experts as 9 when the padding is masked."""
+    model, par = get_model(name), Parallelism(tp=tp)
+    options = CostOptions(graph_sizes=(1, 2, 4, 8, 16, 24), graph_masks_experts=masks_experts)
+    contexts = np.arange(9) * 300 + 100
+    padded = step_cost(StepBatch.of([1] * 9, contexts), model, H100, par, options=options)
+    own = step_cost(StepBatch.of([1] * 9, contexts), model, H100, par)
+    sixteen = step_cost(StepBatch.of([1] * 16, np.resize(contexts, 16)), model, H100, par)
+    own_rows = {
+        "attention_decode",
+        "lm_head",
+        "logits_gather",
+        "overhead",
+        *(["moe"] if masks_experts else []),
+    }
+    assert {op.name for op in padded.operators} == {op.name for op in own.operators}
+    for op in padded.operators:
+        like = own if op.name in own_rows else sixteen
+        assert op.time_s == like.by_name(op.name).time_s, op.name
+    assert padded.total_s > own.total_s
+
+
+def test_no_padding_under_dp_attention():
+    """DP-attention ranks pad to one another's batches, which is not modelled: their steps price as eager ones."""
+    model, par = get_model("deepseek-v2"), Parallelism(tp=2, dp_attention=True, ep=True)
+    batch = StepBatch.uniform(9, 2000)
+    options = CostOptions(graph_sizes=(8, 16, 24))
+    assert (
+        step_cost(batch, model, H100, par, options=options).total_s
+        == step_cost(batch, model, H100, par).total_s
+    )
