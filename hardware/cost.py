@@ -1086,6 +1086,12 @@ def small_attention_pricer(
         return None
     at = _context_by_tokens(model, gpu, parallelism, profile, options)
     decode_query_len = options.decode_query_len
+    if all(
+        _attention_table(at(1), group.window, decode) is None
+        for group, _ in groups
+        for decode in (True, False)
+    ):
+        return _roofline_attention_pricer(at(1), groups)
 
     def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
         tokens = sum(num_new)
@@ -1097,6 +1103,73 @@ def small_attention_pricer(
                     yield layers, decode, _layer_attention_s(tokens_ctx, tokens, group, decode, stats)
 
     return lambda num_new, num_context: _summed_attention(per_layer(num_new, num_context))
+
+
+def _roofline_attention_pricer(
+    ctx: _Ctx, groups: tuple[tuple[_Group, int], ...]
+) -> Callable[[Sequence[int], Sequence[int]], float]:
+    """`small_attention_pricer` where the roofline prices every layer's attention: `attention_terms` with its
+    constant factors taken once and its efficiency denominators once per step size, each product still formed in
+    the same order, so every step costs what `step_cost` says to the last bit."""
+    m, decode_query_len = ctx.model, ctx.opts.decode_query_len
+    heads = m.num_heads / ctx.par.tp
+    kv_values, kvbytes = m.kv_values_per_token_per_layer(ctx.par.tp), ctx.kvbytes
+    peak, bandwidth = ctx.gpu.peak_for("bf16"), ctx.gpu.memory_bytes_per_s
+    compute, memory = ctx.profile.attn_compute, ctx.profile.attn_memory
+    paths = []  # per group and path (decode, then prefill): the factors of `attention_terms`
+    for group, layers in groups:
+        for decode in (True, False):
+            qk_dim, v_dim = _attention_dims(m, decode)
+            paths.append(
+                (group.window, decode, group.owns_kv, layers, 2 * heads * (qk_dim + v_dim), qk_dim + v_dim)
+            )
+    denominators: dict[int, tuple[float, float]] = {}
+
+    def attention_s(num_new: Sequence[int], num_context: Sequence[int]) -> float:
+        tokens = sum(num_new)
+        hit = denominators.get(tokens)
+        if hit is None:
+            rows = float(max(tokens, 1))  # `_Ctx.with_tokens`
+            if len(denominators) >= 1 << 12:
+                denominators.clear()
+            hit = denominators[tokens] = (peak * compute.at(rows), bandwidth * memory.at(rows))
+        compute_d, memory_d = hit
+        totals = [0.0, 0.0]  # decode, prefill: summed as `_summed_attention` sums them
+        stats: dict[int | None, tuple[tuple[int, int, int, int], ...]] = {}
+        for window, decode, owns_kv, layers, flop_factor, head_dims in paths:
+            by_path = stats.get(window)
+            if by_path is None:
+                by_path = stats[window] = _paired_stats(num_new, num_context, window, decode_query_len)
+            requests, new_tokens, keys, kv_read = by_path[0 if decode else 1]
+            if not requests:
+                continue
+            written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
+            nbytes = kv_read * kv_values * kvbytes + written + new_tokens * heads * head_dims * ACT_BYTES
+            compute_s, memory_s = flop_factor * keys / compute_d, nbytes / memory_d
+            totals[0 if decode else 1] += (compute_s if compute_s > memory_s else memory_s) * layers
+        return totals[0] + totals[1]
+
+    return attention_s
+
+
+def _paired_stats(
+    num_new: Sequence[int], num_context: Sequence[int], window: int | None, decode_query_len: int
+) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
+    """`_attn_stats_small`'s (requests, tokens, keys, KV read) of the decode path and of the prefill path, in one
+    pass."""
+    sums = [[0, 0, 0, 0], [0, 0, 0, 0]]
+    for n, c in zip(num_new, num_context):
+        path = sums[0 if n <= decode_query_len else 1]
+        path[0] += 1
+        path[1] += n
+        if window is None:
+            path[2] += n * c + n * (n + 1) // 2
+            path[3] += c + n
+        else:
+            uncapped = max(min(c + n, window) - c, 0)
+            path[2] += uncapped * (2 * c + 1 + uncapped) // 2 + (n - uncapped) * window
+            path[3] += min(c + n, window + n - 1)
+    return tuple(sums[0]), tuple(sums[1])
 
 
 def _context_by_tokens(
