@@ -137,10 +137,14 @@ class CostOptions:
     # CUDA graphs the engine replays (`EngineFamily.graph_options`): a decode step of up to graph_sizes[-1] tokens
     # runs padded to the next size, and so does a step that prefills with `graph_prefills` (vLLM's piecewise
     # graphs); the padding rows pass every GEMM, norm and collective but no attention, and the routed experts
-    # unless `graph_masks_experts` (SGLang masks their routing under expert parallel). Empty: run eagerly.
+    # unless `graph_masks_experts` (SGLang masks their routing under expert parallel), and the LM head only with
+    # `graph_pads_logits` (SGLang's decode graph computes their logits; vLLM's outside the graph does not).
+    # Empty: run eagerly. The padded size depends only on the step's tokens and whether it prefills, which the step
+    # timer's cache key holds.
     graph_sizes: tuple[int, ...] = ()
     graph_prefills: bool = False
     graph_masks_experts: bool = False
+    graph_pads_logits: bool = False
 
     def __post_init__(self) -> None:
         if self.weight_dtype not in WEIGHT_DTYPE_CHOICES:
@@ -929,7 +933,7 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
             local.gemm_s(2 * rows * params, params * ctx.wbytes),
             1,
         )
-    logits = float(batch.num_logits)
+    logits = float(batch.num_logits + (pad if ctx.opts.graph_pads_logits else 0))
     if logits:
         # on vLLM's DP ranks the rank with most logits rows: at least an even share (the busiest rank's
         # requests are the longest, often prompt chunks short of their last token)
@@ -1085,13 +1089,13 @@ def small_attention_pricer(
     if parallelism.dp_attention or model.mla is not None or any(g.last_token_only for g, _ in groups):
         return None
     at = _context_by_tokens(model, gpu, parallelism, profile, options)
-    decode_query_len = options.decode_query_len
     if all(
         _attention_table(at(1), group.window, decode) is None
         for group, _ in groups
         for decode in (True, False)
     ):
         return _roofline_attention_pricer(at(1), groups)
+    decode_query_len = options.decode_query_len
 
     def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
         tokens = sum(num_new)
@@ -1134,7 +1138,9 @@ def _roofline_attention_pricer(
                 denominators.clear()
             hit = denominators[tokens] = (peak * compute.at(rows), bandwidth * memory.at(rows))
         compute_d, memory_d = hit
-        totals = [0.0, 0.0]  # decode, prefill: summed as `_summed_attention` sums them
+        # per path, across groups, as `_summed_attention` sums each name; its sum over the two names comes out the
+        # same in either order (one addition of two floats)
+        totals = [0.0, 0.0]  # decode, prefill
         stats: dict[int | None, tuple[tuple[int, int, int, int], ...]] = {}
         for window, decode, owns_kv, layers, flop_factor, head_dims in paths:
             by_path = stats.get(window)

@@ -104,7 +104,13 @@ TRTLLM_BATCH_DEFAULTS = (8192, 2048)
 TRTLLM_FREE_MEMORY_FRACTION = 0.9
 TRTLLM_TOKENS_PER_BLOCK = 32
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
-VLLM_GRAPH_MAX_SIZE = 512  # vLLM's default max_cudagraph_capture_size is at most this
+# vLLM's default max_cudagraph_capture_size is at most this, on data-center Blackwell (compute capability 10.x) the
+# second
+VLLM_GRAPH_MAX_SIZE, VLLM_BLACKWELL_GRAPH_MAX_SIZE = 512, 1024
+
+
+def _datacenter_blackwell(gpu: GpuSpec) -> bool:
+    return 10 <= (gpu.compute_capability or 0) < 11
 
 
 class GraphLimits(Protocol):
@@ -203,17 +209,21 @@ class EngineFamily:
     def graph_options(
         self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
     ) -> dict[str, Any]:
-        """The `CostOptions` of the CUDA graphs the engine replays (vLLM V1's default FULL_AND_PIECEWISE mode): every
-        step of up to max_cudagraph_capture_size tokens, decode or not, runs padded to the next of its
-        cudagraph_capture_sizes (1, 2, 4, 8s below 256, then 16s), whose largest is by default min(2 x
-        max_num_seqs, 512), never past the step's token budget; when speculating, each rounded up to a multiple of
-        the `decode_query_len` tokens a verifying request holds (adjust_cudagraph_sizes_for_spec_decode). Padding
-        rows are routed to experts as real ones."""
+        """The `CostOptions` of the CUDA graphs the engine replays (vLLM V1's default FULL_AND_PIECEWISE mode; the
+        schedulers of no engine of their own, sarathi, orca and static, run in it too): every step of up to
+        max_cudagraph_capture_size tokens, decode or not, runs padded to the next of its cudagraph_capture_sizes
+        (1, 2, 4, 8s below 256, then 16s, and the token budget if it is the largest), whose largest is by default
+        min(2 x max_num_seqs x `decode_query_len`, 512; 1024 on data-center Blackwell), never past the token
+        budget; when speculating, each rounded up to a multiple of the `decode_query_len` tokens a verifying
+        request holds (adjust_cudagraph_sizes_for_spec_decode). Padding rows are routed to experts as real ones
+        and get no logits (vLLM computes them outside the graph)."""
         top = engine.cuda_graph_max_size
-        top = min(2 * engine.max_num_seqs, VLLM_GRAPH_MAX_SIZE) if top is None else top
+        if top is None:
+            limit = VLLM_BLACKWELL_GRAPH_MAX_SIZE if _datacenter_blackwell(gpu) else VLLM_GRAPH_MAX_SIZE
+            top = min(2 * engine.max_num_seqs * decode_query_len, limit)
         top = min(top, engine.max_num_batched_tokens)
-        sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)}
-        if top and decode_query_len > 1:
+        sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16), engine.max_num_batched_tokens}
+        if decode_query_len > 1:
             sizes = {-(-size // decode_query_len) * decode_query_len for size in sizes} | {decode_query_len}
         return {"graph_sizes": tuple(sorted(size for size in sizes if size <= top)), "graph_prefills": True}
 
@@ -296,11 +306,12 @@ class SglangFamily(EngineFamily):
     def graph_options(
         self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
     ) -> dict[str, Any]:
-        """SGLang's decode CUDA graphs (server_args._generate_cuda_graph_batch_sizes, 0.5.x): batch sizes 1, 2, 4,
-        8, 12, then 8s to 256, 16s to 512 and 32s on, up to cuda_graph_max_bs (by the GPU's memory and TP) and
-        max_running_requests (captured itself); a decode batch is padded to the next, `decode_query_len` tokens
-        a request. Steps that prefill run eagerly (piecewise graphs are off by default); under expert parallel
-        the padding rows' routing is masked (num_token_non_padded)."""
+        """SGLang's decode CUDA graphs (server_args._generate_cuda_graph_batch_sizes, 0.5.x, without speculation,
+        which the sglang scheduler does not run): batch sizes 1, 2, 4, 8, 12, then 8s to 256, 16s to 512 and 32s
+        on, up to cuda_graph_max_bs (by the GPU's memory and TP) and max_running_requests (captured itself); a
+        decode batch is padded to the next, its logits too (trimmed after the replay). Steps that prefill run
+        eagerly (piecewise graphs are off by default); under expert parallel the padding rows' routing is masked
+        (num_token_non_padded)."""
         _, _, small, large = _sglang_tier(gpu)
         top = engine.cuda_graph_max_size
         top = (small if tp < 4 else large) if top is None else top
@@ -309,9 +320,10 @@ class SglangFamily(EngineFamily):
         if sizes and sizes[-1] > engine.max_num_seqs:
             sizes = [size for size in sizes if size < engine.max_num_seqs] + [engine.max_num_seqs]
         return {
-            "graph_sizes": tuple(size * decode_query_len for size in sizes),
+            "graph_sizes": tuple(sizes),
             "graph_prefills": False,
             "graph_masks_experts": ep,
+            "graph_pads_logits": True,
         }
 
     def in_flight_batches(self, async_scheduling: bool, pp: int) -> int:
@@ -353,7 +365,12 @@ class TrtllmFamily(EngineFamily):
         self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
     ) -> dict[str, Any]:
         """None padded: CudaGraphConfig.enable_padding is off by default, so a batch size not captured runs eagerly
-        as it is."""
+        as it is; a largest graph set for it would change nothing, so it is refused."""
+        if engine.cuda_graph_max_size is not None:
+            raise SpecError(
+                f"engine.cuda_graph_max_size {engine.cuda_graph_max_size}: TensorRT-LLM pads no step to a CUDA graph "
+                "(CudaGraphConfig.enable_padding is off by default); leave it unset under trtllm"
+            )
         return {}
 
     def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:

@@ -32,31 +32,38 @@ def test_vllm_captures_every_step_up_to_twice_its_slots_or_512_tokens():
     assert VLLM.graph_options(H100, limits(), 1, False, 1)["graph_prefills"]
     # Vidur's engine: 128 slots (largest 256), a 512-token budget
     assert VLLM.graph_options(H100, limits(128, 512), 2, False, 1)["graph_sizes"][-3:] == (240, 248, 256)
-    # the budget caps it
-    assert VLLM.graph_options(H100, limits(1024, 100), 1, False, 1)["graph_sizes"][-1] == 96
+    # the budget caps it, and is captured itself
+    assert VLLM.graph_options(H100, limits(1024, 100), 1, False, 1)["graph_sizes"][-2:] == (96, 100)
+    # data-center Blackwell: up to 1024
+    assert VLLM.graph_options(B200, limits(), 1, False, 1)["graph_sizes"][-2:] == (1008, 1024)
     assert VLLM.graph_options(H100, limits(cuda_graph_max_size=64), 1, False, 1)["graph_sizes"][-1] == 64
     assert VLLM.graph_options(H100, limits(cuda_graph_max_size=0), 1, False, 1)["graph_sizes"] == ()
     # verifying 4 drafts, 5 tokens a request: multiples of 5 (1, 2, 4 -> 5; 8 -> 10; 496 -> 500; 512 -> 515: out)
     spec = VLLM.graph_options(H100, limits(), 1, False, 5)["graph_sizes"]
     assert spec[:4] == (5, 10, 20, 25) and spec[-1] == 500 and all(size % 5 == 0 for size in spec)
+    # the largest counts the verify tokens: one slot verifying 3 drafts, min(2 x 1 x 4, 512) = 8
+    assert VLLM.graph_options(H100, limits(max_num_seqs=1), 1, False, 4)["graph_sizes"] == (4, 8)
 
 
 def test_sglang_captures_decode_batches_up_to_its_memory_tiers_max_bs():
     options = SGLANG.graph_options(H100, limits(4096), 1, False, 1)
     # 80 GB: cuda_graph_max_bs 256 below TP 4; 1, 2, 4, 8, 12, then 16..256 by 8 (31)
     assert options["graph_sizes"] == (1, 2, 4, 8, 12, *range(16, 257, 8))
-    assert not options["graph_prefills"] and not options["graph_masks_experts"]
+    assert (
+        not options["graph_prefills"] and not options["graph_masks_experts"] and options["graph_pads_logits"]
+    )
     # TP 4: 512, so 272..496 by 16 (15) and 512
     assert SGLANG.graph_options(H100, limits(4096), 4, False, 1)["graph_sizes"][-3:] == (480, 496, 512)
     # max_running_requests below it is captured itself
     assert SGLANG.graph_options(H100, limits(100), 1, False, 1)["graph_sizes"][-3:] == (88, 96, 100)
-    # a verify step holds 1 + k tokens a request; under expert parallel padding rows are routed nowhere
-    spec = SGLANG.graph_options(B200, limits(4096), 1, True, 3)
-    assert spec["graph_sizes"][:5] == (3, 6, 12, 24, 36) and spec["graph_masks_experts"]
+    # under expert parallel padding rows are routed nowhere
+    assert SGLANG.graph_options(B200, limits(4096), 1, True, 1)["graph_masks_experts"]
 
 
 def test_trtllm_pads_nothing_by_default():
     assert TRTLLM.graph_options(H100, limits(), 1, False, 1) == {}
+    with pytest.raises(SpecError, match="cuda_graph_max_size 64: TensorRT-LLM pads no step"):
+        TRTLLM.graph_options(H100, limits(cuda_graph_max_size=64), 1, False, 1)
 
 
 def test_a_step_pads_up_to_the_next_size_it_fits():
@@ -73,23 +80,21 @@ def test_a_step_pads_up_to_the_next_size_it_fits():
 
 
 @pytest.mark.parametrize("name, tp", [("llama-3.1-8b", 1), ("llama-3.1-70b", 4), ("qwen3-30b-a3b", 2)])
-@pytest.mark.parametrize("masks_experts", [False, True])
-def test_padding_rows_cost_what_real_ones_do_except_attention_and_logits(name, tp, masks_experts):
-    """A 9-request decode padded to 16 prices each GEMM, norm and collective as 16 requests do, its attention,
-    LM head and logits gather as its own 9, and its routed experts as 9 when the padding is masked."""
+@pytest.mark.parametrize("masks_experts, pads_logits", [(False, False), (True, True)])
+def test_padding_rows_cost_what_real_ones_do_except_attention(name, tp, masks_experts, pads_logits):
+    """A 9-request decode padded to 16 prices each GEMM, norm and collective as 16 requests do, its attention as
+    its own 9, its LM head and logits gather as 9 unless the graph computes the padding's logits (SGLang), and its
+    routed experts as 9 when the padding is masked."""
     model, par = get_model(name), Parallelism(tp=tp)
-    options = CostOptions(graph_sizes=(1, 2, 4, 8, 16, 24), graph_masks_experts=masks_experts)
+    options = CostOptions(
+        graph_sizes=(1, 2, 4, 8, 16, 24), graph_masks_experts=masks_experts, graph_pads_logits=pads_logits
+    )
     contexts = np.arange(9) * 300 + 100
     padded = step_cost(StepBatch.of([1] * 9, contexts), model, H100, par, options=options)
     own = step_cost(StepBatch.of([1] * 9, contexts), model, H100, par)
     sixteen = step_cost(StepBatch.of([1] * 16, np.resize(contexts, 16)), model, H100, par)
-    own_rows = {
-        "attention_decode",
-        "lm_head",
-        "logits_gather",
-        "overhead",
-        *(["moe"] if masks_experts else []),
-    }
+    own_rows = {"attention_decode", "overhead", *(["moe"] if masks_experts else [])}
+    own_rows |= set() if pads_logits else {"lm_head", "logits_gather"}
     assert {op.name for op in padded.operators} == {op.name for op in own.operators}
     for op in padded.operators:
         like = own if op.name in own_rows else sixteen

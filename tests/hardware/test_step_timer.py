@@ -11,7 +11,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import CostOptions, Parallelism, fixed_seconds, stage_seconds, step_cost
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
-from servesim.hardware.profile import Profile, load_profile
+from servesim.hardware.profile import EfficiencyCurve, Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
 from servesim.policies.families import SGLANG, VLLM
 
@@ -22,6 +22,13 @@ _LIMITS = SimpleNamespace(max_num_seqs=256, max_num_batched_tokens=8192, cuda_gr
 #: keyed on a shape that misses the padding shows
 GRAPHS = st.sampled_from(
     [{}, VLLM.graph_options(H100, _LIMITS, 1, False, 1), SGLANG.graph_options(H100, _LIMITS, 1, True, 1)]
+)
+#: attention efficiencies that vary with the step's tokens, so a pricer reading them at the wrong size shows
+VARYING_ATTENTION = Profile(
+    attn_compute=EfficiencyCurve(points=((1, 0.3), (64, 0.45), (2048, 0.6))),
+    attn_memory=EfficiencyCurve(points=((1, 0.5), (16, 0.7), (512, 0.85))),
+    host_step_s=1e-5,
+    mixed_layer_overhead_s=7e-6,
 )
 
 
@@ -53,9 +60,10 @@ def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_
     reqs=st.lists(
         st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20
     ),
+    graphs=GRAPHS,
 )
-def test_cached_timer_equals_step_cost(name, reqs):
-    model = get_model(name)
+def test_cached_timer_equals_step_cost(name, reqs, graphs):
+    model, options = get_model(name), CostOptions(**graphs)
     # every fixed cost set, so one keyed on the wrong shape (tokens, requests) shows
     profile = Profile(
         layer_overhead_s=3e-5,
@@ -65,9 +73,9 @@ def test_cached_timer_equals_step_cost(name, reqs):
         host_request_s=2e-6,
         mixed_layer_overhead_s=7e-6,
     )
-    timer = StepTimer(model, H100, profile=profile)
+    timer = StepTimer(model, H100, profile=profile, options=options)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
-    expected = step_cost(batch, model, H100, profile=profile).total_s
+    expected = step_cost(batch, model, H100, profile=profile, options=options).total_s
     assert timer(batch) == expected  # first call fills the cache
     assert timer(batch) == expected  # second call uses it
 
@@ -81,13 +89,21 @@ def test_cached_timer_equals_step_cost(name, reqs):
         st.tuples(st.integers(1, 3000), st.integers(0, 20000), st.booleans()), min_size=1, max_size=70
     ),
     graphs=GRAPHS,
+    decode_query_len=st.sampled_from([1, 3]),
 )
-def test_pricing_from_lists_equals_pricing_the_batch(name, tp, measured, reqs, graphs):
+def test_pricing_from_lists_equals_pricing_the_batch(name, tp, measured, reqs, graphs, decode_query_len):
     """`lists_s` (no batch built, plain-Python sums up to SMALL_BATCH requests) gives the batch's very step time,
-    from the roofline and from the measured kernel tables (MLA and YOCO models take the batch path)."""
+    from the roofline (efficiencies varying with the step's size) and from the measured kernel tables (MLA and
+    YOCO models take the batch path), with verify queries of 1 + 2 drafts taking the decode path or not."""
     model = get_model(name)
-    profile = load_profile("measured") if measured else Profile(host_step_s=1e-5, mixed_layer_overhead_s=7e-6)
-    args = (model, H100, Parallelism(tp=tp), profile, CostOptions(**graphs))
+    profile = load_profile("measured") if measured else VARYING_ATTENTION
+    args = (
+        model,
+        H100,
+        Parallelism(tp=tp),
+        profile,
+        CostOptions(decode_query_len=decode_query_len, **graphs),
+    )
     timer = StepTimer(*args)
     new, context = [n for n, _, _ in reqs], [c for _, c, _ in reqs]
     # one timer for all, so a cache keyed on the wrong shape shows: logits differ, then query lengths
@@ -122,13 +138,14 @@ def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():
         min_size=1,
         max_size=20,
     ),
+    graphs=GRAPHS,
 )
-def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs):
+def test_cached_stage_times_equal_stage_seconds(name, pp, fast_prefill, reqs, graphs):
     """Two batches of one shape (tokens, requests, logits) but other contexts: the second reuses the first's
     cached non-attention stage times and must still get its own attention."""
     model = get_model(name)
     par = Parallelism(tp=2 if name == "deepseek-v2" else 1, pp=pp)
-    options = CostOptions(kv_sharing_fast_prefill=fast_prefill)
+    options = CostOptions(kv_sharing_fast_prefill=fast_prefill, **graphs)
     profile = Profile(
         layer_overhead_s=3e-5,
         request_overhead_s=4e-6,

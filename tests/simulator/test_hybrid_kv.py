@@ -165,29 +165,41 @@ def test_the_memory_command_plans_gemma_under_sglang_with_full_kv():
     assert sglang["max_concurrency"] < vllm["max_concurrency"]
 
 
+def _two_replicas_and_a_late_arrival(tmp_path, arrival_s: float, async_scheduling: bool, fast: bool):
+    """Two gpt-oss-20b replicas behind least_kv, a long request on each, a short one arriving at `arrival_s`."""
+    trace = tmp_path / f"t{arrival_s}.csv"
+    trace.write_text(
+        f"arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n{arrival_s!r},100,5\n"
+    )
+    return run(
+        scenario(
+            model="gpt-oss-20b",
+            cluster={"replicas": 2, "router": "least_kv"},
+            engine={"max_model_len": 4096, "async_scheduling": async_scheduling},
+            workload={
+                "trace": {"format": "servesim", "path": str(trace)},
+                "arrivals": {"kind": "trace"},
+                "num_requests": 3,
+            },
+            simulation={"fast_forward": fast},
+        )
+    )
+
+
 @pytest.mark.parametrize("async_scheduling, routes", [(False, [0, 1, 0]), (True, [0, 1, 1])])
 def test_a_router_reading_kv_mid_stretch_sees_what_stepping_shows(tmp_path, async_scheduling, routes):
-    """Two gpt-oss-20b replicas behind least_kv: the third request arrives while both decode. A fused stretch's
-    last step spans that arrival, so the window frees it makes as it ends must not show before: the router
-    would see one block fewer on replica 1 and send the request there instead of replica 0. (Under async
-    scheduling a window keeps the blocks of the step in flight, so its frees come a step later and this arrival
-    finds replica 1 lighter either way: fused and stepped must still agree.)"""
-    trace = tmp_path / "t.csv"
-    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,500,400\n0.003,484,400\n0.2125,100,5\n")
+    """The third request arrives mid-way through a step at whose end replica 1's sliding window frees a block
+    (found by stepping the first two alone). A fused stretch's last step spans that arrival, so the window frees it
+    makes as it ends must not show before: the router would see one block fewer on replica 1 and send the request
+    there instead of replica 0. (Under async scheduling a window keeps the blocks of the step in flight, so its
+    frees come a step later and this arrival finds replica 1 lighter either way: fused and stepped must still
+    agree.)"""
+    steps = _two_replicas_and_a_late_arrival(tmp_path, 60.0, False, False).steps
+    steps = steps[steps["replica"] == 1]
+    freeing = steps[(steps["kv_blocks_used"].diff() < 0) & (steps["time_s"] > 0.2)].iloc[0]
+    arrival_s = float(freeing["time_s"] - freeing["duration_s"] / 2)
     runs = [
-        run(
-            scenario(
-                model="gpt-oss-20b",
-                cluster={"replicas": 2, "router": "least_kv"},
-                engine={"max_model_len": 4096, "async_scheduling": async_scheduling},
-                workload={
-                    "trace": {"format": "servesim", "path": str(trace)},
-                    "arrivals": {"kind": "trace"},
-                    "num_requests": 3,
-                },
-                simulation={"fast_forward": fast},
-            )
-        )
+        _two_replicas_and_a_late_arrival(tmp_path, arrival_s, async_scheduling, fast)
         for fast in (True, False)
     ]
     assert runs[1].requests["replica"].tolist() == routes
