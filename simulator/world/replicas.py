@@ -236,7 +236,8 @@ def build_pool(site: ReplicaSite, s: Scenario, count: int, first_index: int, on_
     # are whole on it (the plan's block is the group's per-GPU average)
     independent = per_replica == 1 and independent_ranks(s)
     rank_par = s.parallelism.model_copy(update={"tp": 1, "dp_attention": False})
-    timed = s.model_copy(update={"parallelism": rank_par}) if independent else s
+    # each such rank an engine of its own: its share of the limits sizes its CUDA graphs
+    timed = s.model_copy(update={"parallelism": rank_par, "engine": rank_engine}) if independent else s
     timer = build_timer(timed)
     step_time, stage_times = build_step_time(
         timed, replace(memory, block_bytes=memory.block_bytes * ranks) if independent else memory, timer

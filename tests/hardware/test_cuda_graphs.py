@@ -111,3 +111,17 @@ def test_no_padding_under_dp_attention():
         step_cost(batch, model, H100, par, options=options).total_s
         == step_cost(batch, model, H100, par).total_s
     )
+
+
+def test_vllms_data_parallel_ranks_size_their_graphs_by_their_own_limits():
+    """Llama-3.1-8B on 4 GPUs as vLLM's DP ranks, 128 slots and 1,024 tokens for the group: each rank is an engine
+    of 32 slots and 256 tokens, capturing graphs up to min(2 x 32, 512) = 64 tokens."""
+    from servesim.simulator.world.run import World
+    from tests.simulator.conftest import SCENARIOS, scenario
+
+    s = scenario(
+        parallelism={"tp": 4, "dp_attention": True},
+        engine={"max_model_len": 4096, "max_num_seqs": 128, "max_num_batched_tokens": 1024},
+    )
+    (pool,) = World(s, SCENARIOS).pools
+    assert pool.engine.max_num_seqs == 32 and pool.timer.options.graph_sizes[-1] == 64
