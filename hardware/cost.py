@@ -309,23 +309,34 @@ def _attn_stats(batch: StepBatch, window: int | None, decode: bool, decode_query
 
 
 def _attn_stats_small(
-    num_new: list[int], num_context: list[int], window: int | None, decode: bool, decode_query_len: int
+    num_new: Sequence[int],
+    num_context: Sequence[int],
+    window: int | None,
+    decode: bool,
+    decode_query_len: int,
 ) -> _AttnStats:
-    tokens = requests = keys = kv_read = expand = 0
+    return _AttnStats(*_paired_stats(num_new, num_context, window, decode_query_len)[0 if decode else 1])
+
+
+def _paired_stats(
+    num_new: Sequence[int], num_context: Sequence[int], window: int | None, decode_query_len: int
+) -> tuple[list[int], list[int]]:
+    """`_AttnStats`' fields (tokens, requests, keys, KV read, expanded tokens) of the decode path and of the
+    prefill path, in one pass in plain Python (for a few requests it beats numpy; integer sums are identical)."""
+    sums = [[0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
     for n, c in zip(num_new, num_context):
-        if (n <= decode_query_len) != decode:
-            continue
-        tokens += n
-        requests += 1
-        expand += n + c
+        path = sums[0 if n <= decode_query_len else 1]
+        path[0] += n
+        path[1] += 1
+        path[4] += n + c
         if window is None:
-            keys += n * c + n * (n + 1) // 2
-            kv_read += c + n
+            path[2] += n * c + n * (n + 1) // 2
+            path[3] += c + n
         else:
             uncapped = max(min(c + n, window) - c, 0)
-            keys += uncapped * (2 * c + 1 + uncapped) // 2 + (n - uncapped) * window
-            kv_read += min(c + n, window + n - 1)
-    return _AttnStats(tokens, requests, keys, kv_read, expand)
+            path[2] += uncapped * (2 * c + 1 + uncapped) // 2 + (n - uncapped) * window
+            path[3] += min(c + n, window + n - 1)
+    return sums[0], sums[1]
 
 
 # ---- layer groups -------------------------------------------------------------------------------
@@ -1101,8 +1112,9 @@ def small_attention_pricer(
         tokens = sum(num_new)
         tokens_ctx = at(tokens)
         for group, layers in groups:
+            paths = _paired_stats(num_new, num_context, group.window, decode_query_len)
             for decode in (True, False):
-                stats = _attn_stats_small(num_new, num_context, group.window, decode, decode_query_len)
+                stats = _AttnStats(*paths[0 if decode else 1])
                 if stats.requests:
                     yield layers, decode, _layer_attention_s(tokens_ctx, tokens, group, decode, stats)
 
@@ -1141,12 +1153,12 @@ def _roofline_attention_pricer(
         # per path, across groups, as `_summed_attention` sums each name; its sum over the two names comes out the
         # same in either order (one addition of two floats)
         totals = [0.0, 0.0]  # decode, prefill
-        stats: dict[int | None, tuple[tuple[int, int, int, int], ...]] = {}
+        stats: dict[int | None, tuple[list[int], list[int]]] = {}
         for window, decode, owns_kv, layers, flop_factor, head_dims in paths:
             by_path = stats.get(window)
             if by_path is None:
                 by_path = stats[window] = _paired_stats(num_new, num_context, window, decode_query_len)
-            requests, new_tokens, keys, kv_read = by_path[0 if decode else 1]
+            new_tokens, requests, keys, kv_read, _ = by_path[0 if decode else 1]
             if not requests:
                 continue
             written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
@@ -1156,26 +1168,6 @@ def _roofline_attention_pricer(
         return totals[0] + totals[1]
 
     return attention_s
-
-
-def _paired_stats(
-    num_new: Sequence[int], num_context: Sequence[int], window: int | None, decode_query_len: int
-) -> tuple[tuple[int, int, int, int], tuple[int, int, int, int]]:
-    """`_attn_stats_small`'s (requests, tokens, keys, KV read) of the decode path and of the prefill path, in one
-    pass."""
-    sums = [[0, 0, 0, 0], [0, 0, 0, 0]]
-    for n, c in zip(num_new, num_context):
-        path = sums[0 if n <= decode_query_len else 1]
-        path[0] += 1
-        path[1] += n
-        if window is None:
-            path[2] += n * c + n * (n + 1) // 2
-            path[3] += c + n
-        else:
-            uncapped = max(min(c + n, window) - c, 0)
-            path[2] += uncapped * (2 * c + 1 + uncapped) // 2 + (n - uncapped) * window
-            path[3] += min(c + n, window + n - 1)
-    return tuple(sums[0]), tuple(sums[1])
 
 
 def _context_by_tokens(
