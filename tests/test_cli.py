@@ -88,6 +88,27 @@ def test_roofline_json_and_html(tmp_path):
     assert "plotly" in text.lower() and "attention_decode" in text
 
 
+def test_roofline_prices_a_step_as_an_engine_pads_it():
+    """9 decodes as vLLM runs them on an H100 (CUDA graphs up to 512 tokens): the GEMMs of 16 rows, the attention
+    of the 9; eagerly, 9 rows throughout."""
+
+    def operators(*extra: str) -> dict[str, float]:
+        args = ("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", "1000", "--json", *extra)
+        result = run(*args)
+        assert result.exit_code == 0, result.output
+        return {op["name"]: op["time_s"] for op in json.loads(result.stdout)["operators"]}
+
+    padded, nine, sixteen = (
+        operators("--batch", "9", "--engine", "vllm"),
+        operators("--batch", "9"),
+        operators("--batch", "16"),
+    )
+    assert padded["mlp"] == sixteen["mlp"] != nine["mlp"] and padded["qkv_proj"] == sixteen["qkv_proj"]
+    assert padded["attention_decode"] == nine["attention_decode"] and padded["lm_head"] == nine["lm_head"]
+    wrong = run("roofline", "llama-3.1-8b", "--gpu", "h100-sxm", "--engine", "tgi")
+    assert wrong.exit_code == 2 and "choose from sglang, trtllm, vllm" in wrong.stderr
+
+
 def test_roofline_table_output():
     result = run("roofline", "deepseek-v3", "--gpu", "h200", "--tp", "8", "--batch", "8", "--prefill", "512")
     assert result.exit_code == 0, result.output

@@ -20,7 +20,7 @@ from servesim.hardware.profile import load_profile
 from servesim.hardware.spec_model import MAX_PARALLEL, MAX_TOKENS
 
 from servesim.policies.config import MAX_BUDGET, MAX_SEQS, EngineConfig
-from servesim.policies.families import families
+from servesim.policies.families import EngineFamily, families
 from servesim.simulator.cli.app import (
     GpuFiles,
     app,
@@ -193,6 +193,13 @@ def _groups_text(windows: tuple[int | None, ...]) -> str:
     return ", ".join(f"{kinds.count(k)} x {k}" for k in dict.fromkeys(kinds))
 
 
+def _engine_family(engine: str) -> EngineFamily:
+    """The family `--engine` names; a one-line error with the known ones otherwise."""
+    if engine not in families.names():
+        raise SpecError(f"--engine: unknown engine {engine!r}; choose from {', '.join(families.names())}")
+    return families.get(engine)
+
+
 @app.command()
 @clean_errors
 def memory(
@@ -234,9 +241,7 @@ def memory(
 ) -> None:
     """Plan GPU memory like vLLM (or SGLang, TensorRT-LLM) at start-up: weights, activations, KV blocks, max
     concurrency."""
-    if engine not in families.names():
-        raise SpecError(f"--engine: unknown engine {engine!r}; choose from {', '.join(families.names())}")
-    family = families.get(engine)
+    family = _engine_family(engine)
     for flag, value, allowed in (
         ("--weight-dtype", weight_dtype, WEIGHT_DTYPE_CHOICES),
         ("--kv-dtype", kv_dtype, tuple(KV_DTYPE_BYTES)),
@@ -334,6 +339,13 @@ def roofline(
     weight_dtype: str = WeightDtype,
     fast_prefill: bool = typer.Option(False, "--fast-prefill", help="kv_sharing_fast_prefill (YOCO)"),
     profile: str | None = None,
+    engine: str | None = typer.Option(
+        None,
+        help=(
+            "Price the step as this engine runs it at its defaults for the GPU: padded to its CUDA graphs, and "
+            "with its kernel tables under a profile that names the engine's (vllm, sglang, trtllm); unset: eagerly"
+        ),
+    ),
     gpu_file: list[Path] = GpuFiles,
     as_json: bool = typer.Option(False, "--json"),
     html: Path | None = None,
@@ -344,15 +356,22 @@ def roofline(
         from servesim.simulator.atomic import check_output_file
 
         check_output_file(html, "--html")
-    cost = step_cost(
-        StepBatch.uniform(batch, context, prefill),
-        spec,
-        gpu_spec,
-        Parallelism(tp, pp),
-        load_profile(profile, tuple(gpu_file)),
+    options, priced_by = (
         CostOptions(weight_dtype, kv_dtype, fast_prefill),
+        load_profile(profile, tuple(gpu_file)),
     )
+    if engine is not None:
+        family = _engine_family(engine)
+        limits = EngineConfig(scheduler=family.scheduler).with_defaults(
+            gpu_spec, spec.max_position_embeddings, tp, pp, False, spec.mla is not None, spec.architecture
+        )
+        options = replace(options, **family.graph_options(gpu_spec, limits, tp, False, 1))
+        priced_by = priced_by.for_engine(family.kernel_tables)
+    step = StepBatch.uniform(batch, context, prefill)
+    cost = step_cost(step, spec, gpu_spec, Parallelism(tp, pp), priced_by, options)
     title = f"{model} on {gpu}: batch {batch} x {prefill} new over {context} context (tp={tp}, pp={pp})"
+    if engine is not None:
+        title += f", as {family.label} runs it ({options.graph_tokens(step)} rows through its GEMMs)"
     if html:
         from servesim.simulator.atomic import write_text_atomic
         from servesim.simulator.report.roofline_chart import roofline_figure
