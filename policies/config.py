@@ -128,6 +128,7 @@ class EngineConfig(SpecModel):
     cuda_graph_max_size: int | None = Field(
         None,
         ge=0,
+        le=MAX_BUDGET,
         description=(
             "The largest step the engine replays as a CUDA graph, padded to the next captured size: tokens under "
             "vllm (max_cudagraph_capture_size; every step, decode or not), decode requests under sglang "

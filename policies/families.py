@@ -315,6 +315,9 @@ class SglangFamily(EngineFamily):
         _, _, small, large = _sglang_tier(gpu)
         top = engine.cuda_graph_max_size
         top = (small if tp < 4 else large) if top is None else top
+        top = min(
+            top, engine.max_num_seqs + 32
+        )  # past the slots plus a step of the list, sizes give way to them
         sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
         sizes = [size for size in sizes if size <= top]
         if sizes and sizes[-1] > engine.max_num_seqs:

@@ -125,3 +125,15 @@ def test_vllms_data_parallel_ranks_size_their_graphs_by_their_own_limits():
     )
     (pool,) = World(s, SCENARIOS).pools
     assert pool.engine.max_num_seqs == 32 and pool.timer.options.graph_sizes[-1] == 64
+
+
+def test_a_largest_graph_past_the_slots_gives_way_to_them():
+    """SGLang captures max_running_requests itself when its largest graph would exceed it, however large that is
+    set (the list is never built past the slots)."""
+    assert SGLANG.graph_options(H100, limits(1000, cuda_graph_max_size=10**7), 1, False, 1)["graph_sizes"][
+        -3:
+    ] == (
+        960,
+        992,
+        1000,
+    )
