@@ -157,13 +157,17 @@ class CostOptions:
         if list(self.graph_sizes) != sorted(set(self.graph_sizes)) or min(self.graph_sizes, default=1) < 1:
             raise SpecError(f"graph_sizes must rise from >= 1, got {list(self.graph_sizes)}")
 
+    def graphed(self, batch: StepBatch) -> bool:
+        """Whether a step of `batch` replays a CUDA graph: one covers its tokens and, if it prefills, the engine
+        graphs prefills."""
+        sizes, prefills = self.graph_sizes, batch.max_query_len > self.decode_query_len
+        return bool(sizes) and batch.num_tokens <= sizes[-1] and (self.graph_prefills or not prefills)
+
     def graph_tokens(self, batch: StepBatch) -> int:
         """The rows `batch` runs its GEMMs on: its tokens, padded up to the CUDA graph it replays if one covers it."""
-        sizes, tokens = self.graph_sizes, batch.num_tokens
-        prefills = batch.max_query_len > self.decode_query_len
-        if not sizes or tokens > sizes[-1] or (prefills and not self.graph_prefills):
-            return tokens
-        return sizes[bisect_left(sizes, tokens)]
+        if not self.graphed(batch):
+            return batch.num_tokens
+        return self.graph_sizes[bisect_left(self.graph_sizes, batch.num_tokens)]
 
 
 #: Model-level operators of a pipeline's first stage (it embeds the tokens) and of its last (it computes the logits).
@@ -819,8 +823,9 @@ def _layer_group(
     seen, rank = _group_batch(batch, group), _group_batch(ctx.rank, group)
     # the fullest rank's rows: one a request if reduced
     peak = ctx.peak[1] if seen is not batch else ctx.peak[0]
+    # a reduced (YOCO) group's rows are padded to a graph of their own only within a graphed step
+    pad = _graph_padding(ctx, seen) if seen is batch or ctx.opts.graphed(batch) else 0
     batch = seen
-    pad = _graph_padding(ctx, batch)
     ctx = ctx.with_tokens(batch.num_tokens + pad)
     tokens, rows, h = float(batch.num_tokens + pad), float(rank.num_tokens + pad), ctx.model.hidden_size
     qkv, o, _ = _qkv_o_params(ctx)

@@ -132,7 +132,8 @@ class EngineConfig(SpecModel):
         description=(
             "The largest step the engine replays as a CUDA graph, padded to the next captured size: tokens under "
             "vllm (max_cudagraph_capture_size; every step, decode or not), decode requests under sglang "
-            "(cuda_graph_max_bs); None: the engine's default; 0: no graphs (--enforce-eager, --disable-cuda-graph)"
+            "(cuda_graph_max_bs); None: the engine's default; 0: no graphs (--enforce-eager, --disable-cuda-graph); "
+            "refused under trtllm, which pads nothing"
         ),
     )
     api_server: bool = Field(

@@ -104,8 +104,8 @@ TRTLLM_BATCH_DEFAULTS = (8192, 2048)
 TRTLLM_FREE_MEMORY_FRACTION = 0.9
 TRTLLM_TOKENS_PER_BLOCK = 32
 FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on Hopper and newer
-# vLLM's default max_cudagraph_capture_size is at most this, on data-center Blackwell (compute capability 10.x) the
-# second
+# vLLM's default max_cudagraph_capture_size is at most the first; on data-center Blackwell (compute capability 10.x)
+# the second
 VLLM_GRAPH_MAX_SIZE, VLLM_BLACKWELL_GRAPH_MAX_SIZE = 512, 1024
 
 
@@ -315,9 +315,8 @@ class SglangFamily(EngineFamily):
         _, _, small, large = _sglang_tier(gpu)
         top = engine.cuda_graph_max_size
         top = (small if tp < 4 else large) if top is None else top
-        top = min(
-            top, engine.max_num_seqs + 32
-        )  # past the slots plus a step of the list, sizes give way to them
+        # past the slots plus one step of the list, the sizes give way to the slots: built no further
+        top = min(top, engine.max_num_seqs + 32)
         sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
         sizes = [size for size in sizes if size <= top]
         if sizes and sizes[-1] > engine.max_num_seqs:

@@ -137,3 +137,22 @@ def test_a_largest_graph_past_the_slots_gives_way_to_them():
         992,
         1000,
     )
+
+
+def test_a_fast_prefill_groups_rows_are_padded_only_within_a_graphed_step():
+    """Gemma 3n's KV-sharing layers see one row a request in a prefill step (YOCO): five 120-token prompts are
+    600 tokens, past vLLM's largest graph, so the step runs eagerly and those 5 rows are not padded to 8; 5 x 60
+    tokens fit a graph, whose reduced layers take 5 rows padded to 8."""
+    model = get_model("gemma-3n-e2b")
+    vllm = CostOptions(kv_sharing_fast_prefill=True, **VLLM.graph_options(H100, limits(), 1, False, 1))
+    eager = CostOptions(kv_sharing_fast_prefill=True)
+    long = StepBatch.of([120] * 5, [0] * 5)
+    assert (
+        step_cost(long, model, H100, options=vllm).total_s
+        == step_cost(long, model, H100, options=eager).total_s
+    )
+    short = StepBatch.of([60] * 5, [0] * 5)
+    assert (
+        step_cost(short, model, H100, options=vllm).total_s
+        > step_cost(short, model, H100, options=eager).total_s
+    )
