@@ -295,31 +295,27 @@ class _AttnStats:
     expand_tokens: int  # MLA prefill: latents expanded to K/V (context + new of prefill requests)
 
 
-def _attn_stats(batch: StepBatch, window: int | None, decode: bool, decode_query_len: int) -> _AttnStats:
-    """Sums over the requests whose queries take the decode path (up to `decode_query_len` tokens), or the others."""
+def _attn_stats(batch: StepBatch, window: int | None, decode_query_len: int) -> tuple[_AttnStats, _AttnStats]:
+    """Sums over the requests whose queries take the decode path (up to `decode_query_len` tokens), then over the
+    others."""
     if batch.num_requests <= SMALL_BATCH:  # plain Python beats numpy here; integer sums are identical
-        return _attn_stats_small(
-            batch.num_new.tolist(), batch.num_context.tolist(), window, decode, decode_query_len
+        decode, prefill = _paired_stats(
+            batch.num_new.tolist(), batch.num_context.tolist(), window, decode_query_len
         )
-    mask = batch.num_new <= decode_query_len if decode else batch.num_new > decode_query_len
-    n, c = batch.num_new[mask], batch.num_context[mask]
-    return _AttnStats(
-        int(n.sum()),
-        int(mask.sum()),
-        int(causal_keys(n, c, window).sum()),
-        int(kv_read_tokens(n, c, window).sum()),
-        int((n + c).sum()),
-    )
-
-
-def _attn_stats_small(
-    num_new: Sequence[int],
-    num_context: Sequence[int],
-    window: int | None,
-    decode: bool,
-    decode_query_len: int,
-) -> _AttnStats:
-    return _AttnStats(*_paired_stats(num_new, num_context, window, decode_query_len)[0 if decode else 1])
+        return _AttnStats(*decode), _AttnStats(*prefill)
+    paths = []
+    for mask in (batch.num_new <= decode_query_len, batch.num_new > decode_query_len):
+        n, c = batch.num_new[mask], batch.num_context[mask]
+        paths.append(
+            _AttnStats(
+                int(n.sum()),
+                int(mask.sum()),
+                int(causal_keys(n, c, window).sum()),
+                int(kv_read_tokens(n, c, window).sum()),
+                int((n + c).sum()),
+            )
+        )
+    return paths[0], paths[1]
 
 
 def _paired_stats(
@@ -658,8 +654,7 @@ def _attention(
     m, ctx = ctx.model, ctx.with_tokens(batch.num_tokens)
     if not attention and not m.mla:
         return
-    for decode in (True, False):
-        s = _attn_stats(batch, group.window, decode, ctx.opts.decode_query_len)
+    for decode, s in zip((True, False), _attn_stats(batch, group.window, ctx.opts.decode_query_len)):
         if not s.requests:
             continue
         if attention:
@@ -1069,11 +1064,11 @@ def _attention_per_layer(
         if seen is not batch:
             reduced = reduced or seen
             seen = reduced
-        for decode in (True, False):
-            key = (id(seen), group.window, decode)
-            stats = memo.get(key)
-            if stats is None:
-                stats = memo[key] = _attn_stats(seen, group.window, decode, options.decode_query_len)
+        key = (id(seen), group.window)
+        paths = memo.get(key)
+        if paths is None:
+            paths = memo[key] = _attn_stats(seen, group.window, options.decode_query_len)
+        for decode, stats in zip((True, False), paths):
             if stats.requests:
                 yield group, layers, decode, _layer_attention_s(ctx, seen.num_tokens, group, decode, stats)
 
@@ -1118,8 +1113,8 @@ def small_attention_pricer(
         tokens_ctx = at(tokens)
         for group, layers in groups:
             paths = _paired_stats(num_new, num_context, group.window, decode_query_len)
-            for decode in (True, False):
-                stats = _AttnStats(*paths[0 if decode else 1])
+            for decode, sums in zip((True, False), paths):
+                stats = _AttnStats(*sums)
                 if stats.requests:
                     yield layers, decode, _layer_attention_s(tokens_ctx, tokens, group, decode, stats)
 

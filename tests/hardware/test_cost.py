@@ -256,7 +256,7 @@ def test_efficiency_curve_interpolates_in_log_tokens():
 )
 def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_query_len):
     """Batches up to 64 requests take a plain-Python path for speed; it must count exactly what numpy does."""
-    from servesim.hardware.cost import _AttnStats, _attn_stats_small, causal_keys, kv_read_tokens
+    from servesim.hardware.cost import _AttnStats, _paired_stats, causal_keys, kv_read_tokens
 
     new, ctx = np.array([n for n, _ in reqs]), np.array([c for _, c in reqs])
     mask = new <= decode_query_len if decode else new > decode_query_len
@@ -268,7 +268,8 @@ def test_small_batch_stats_equal_the_numpy_ones(reqs, window, decode, decode_que
         int(kv_read_tokens(n, c, window).sum()),
         int((n + c).sum()),
     )
-    assert _attn_stats_small(new.tolist(), ctx.tolist(), window, decode, decode_query_len) == numpy_stats
+    paths = _paired_stats(new.tolist(), ctx.tolist(), window, decode_query_len)
+    assert _AttnStats(*paths[0 if decode else 1]) == numpy_stats
 
 
 def test_routed_experts_take_their_own_efficiencies_and_unset_read_the_gemm_ones():
