@@ -60,6 +60,8 @@ class KVGroups:
         maximised over every c. Tighter than `peak_blocks` (vLLM's start-up bound); a request needing more than
         the pool could stall, so engines reject it."""
         full = cdiv(total, block_size)
+        if all(w is None for w in self.windows):  # full attention holds every block at the end
+            return full * len(self.windows)
         c = np.arange(max(total, 1))
         reach = -(-np.minimum(c + max_chunk, total) // block_size)
         return sum(

@@ -15,6 +15,7 @@ import tempfile
 import weakref
 from array import array
 from collections.abc import Callable, Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -74,7 +75,7 @@ def exact_sum(chunks: Callable[[], Iterable[np.ndarray]]) -> float:
     """The sum of every value `chunks()` yields, correctly rounded (`math.fsum`): the same in any order or chunking;
     numpy's where fsum cannot (infinities, overflow), whose result is then inf or nan in any order too."""
     try:
-        return math.fsum(value for chunk in chunks() for value in chunk.tolist())
+        return math.fsum(chain.from_iterable(chunk.tolist() for chunk in chunks()))
     except (OverflowError, ValueError):
         return float(sum(np.sum(chunk) for chunk in chunks()))
 
