@@ -133,6 +133,13 @@ def compare(
                 ["family", *names],
                 holdout_rows(by_profile, profiles, way),
             )
+            if len(names) > 1:
+                shared = holdout_rows(by_profile, profiles, way, shared=True)
+                title = f"held out by {way} from every profile: the same figures in each column"
+                if shared:
+                    print_table(title, ["family", *names], shared)
+                else:
+                    console.print(f"{title}: none (no run is out of every profile's sample)")
     results = by_profile[names[0]]
     if html is not None:
         written = f"report: {write_html(results, html, f'servesim vs measured runs: {runs_file.name}')}"

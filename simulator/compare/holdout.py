@@ -61,10 +61,22 @@ def _cell(errors: list[float]) -> str:
     return f"{np.median(errs):.0f}% ({np.percentile(errs, 90):.0f}%) n={len(errs)}"
 
 
-def holdout_rows(results: dict[str, Results], profiles: dict[str, Profile], split: str) -> list[list[str]]:
+def holdout_rows(
+    results: dict[str, Results], profiles: dict[str, Profile], split: str, shared: bool = False
+) -> list[list[str]]:
     """Per family, each profile's median (p90) absolute % error over its held-out figures under `split`, with their
-    count; "-" where every figure of that family is in its sample."""
+    count; "-" where every figure of that family is in its sample. `shared`: only the runs held out from every
+    profile, so each column judges the same figures (profiles fitted to different runs hold out different ones)."""
     by_label = {run.label(): run for members in results.values() for run, _ in members}
+    everyone = {
+        label
+        for label, run in by_label.items()
+        if all(held_out(profile, run, by_label, split) for profile in profiles.values())
+    }
+
+    def counted(key: str, run: MeasuredRun) -> bool:
+        return run.label() in everyone if shared else held_out(profiles[key], run, by_label, split)
+
     rows = []
     for name in FAMILIES:
         cells = []
@@ -74,7 +86,7 @@ def holdout_rows(results: dict[str, Results], profiles: dict[str, Profile], spli
                     [
                         e.error_pct
                         for run, errors in members
-                        if held_out(profiles[key], run, by_label, split)
+                        if counted(key, run)
                         for e in errors
                         if family(e.metric) == name
                     ]

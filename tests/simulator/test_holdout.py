@@ -1,5 +1,6 @@
 """Out-of-sample accuracy: a profile is judged only on runs whose source (or GPU) none of its fitted numbers saw."""
 
+import re
 from pathlib import Path
 
 import yaml
@@ -85,6 +86,11 @@ def test_the_holdout_table_counts_only_held_out_figures():
     assert holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "gpu") == [
         ["tpot", "20% (28%) n=2", "-"]
     ]
+    # like for like: only b is held out from both, so plain's 10% on a drops out of its column
+    assert holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "source", shared=True) == [
+        ["tpot", "30% (30%) n=1", "40% (40%) n=1"]
+    ]
+    assert holdout_rows(results, {"plain": Profile(), "fitted": fitted_a}, "gpu", shared=True) == []
 
 
 def test_compare_cli_sets_profiles_side_by_side_with_their_held_out_errors(tmp_path):
@@ -131,6 +137,12 @@ def test_compare_cli_sets_profiles_side_by_side_with_their_held_out_errors(tmp_p
     assert "error per family (default profile)" in out and "error per family (measured)" in out
     assert "held out by source" in out and "held out by gpu" in out
     # the fitted profile saw the a.org H100 run: one figure of its own is held out, each of the others two
-    assert out.count("n=2") == 4 and out.count("n=1") == 2
+    _, by_source, by_source_shared, by_gpu, by_gpu_shared = re.split(
+        r"held out by (?:source|gpu) \(|held out by (?:source|gpu) from every profile", out
+    )
+    own, shared = by_source + by_gpu, by_source_shared + by_gpu_shared
+    assert own.count("n=2") == 4 and own.count("n=1") == 2
+    # like for like: the b.org H200 run alone, in every column, under either split
+    assert shared.count("n=1") == 6 and "n=2" not in shared
     bad = runner.invoke(app, ["compare", str(path), "--split", "vendor"])
     assert bad.exit_code == 2 and "--split 'vendor': choose from source, gpu" in bad.output
