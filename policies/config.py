@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -132,8 +132,18 @@ class EngineConfig(SpecModel):
         description=(
             "The largest step the engine replays as a CUDA graph, padded to the next captured size: tokens under "
             "vllm (max_cudagraph_capture_size; every step, decode or not), decode requests under sglang "
-            "(cuda_graph_max_bs); None: the engine's default; 0: no graphs (--enforce-eager, --disable-cuda-graph); "
-            "refused under trtllm, which pads nothing"
+            "(cuda_graph_max_bs) and trtllm (cuda_graph_config.max_batch_size with enable_padding: true); None: the "
+            "engine's default (trtllm pads nothing by default); 0: no graphs (--enforce-eager, --disable-cuda-graph)"
+        ),
+    )
+    cuda_graph_sizes: list[Annotated[int, Field(ge=1, le=MAX_BUDGET)]] | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "The sizes the engine captures CUDA graphs at, a step up to the largest padded to the next: vllm's "
+            "cudagraph_capture_sizes (tokens), sglang's cuda_graph_bs and trtllm's cuda_graph_config.batch_sizes "
+            "with enable_padding: true (decode requests), each trimmed to the batch limits as the engine trims "
+            "them; None: the engine's default list; not with cuda_graph_max_size"
         ),
     )
     api_server: bool = Field(
@@ -371,6 +381,10 @@ class EngineConfig(SpecModel):
                 f"async_scheduling is modelled for the vllm, sglang and trtllm schedulers of a colocated "
                 f"replica; {self.scheduler!r} runs synchronously (prefill and decode pools too): set it "
                 "false or leave it unset"
+            )
+        if self.cuda_graph_sizes is not None and self.cuda_graph_max_size is not None:
+            raise ValueError(
+                "cuda_graph_sizes and cuda_graph_max_size both set: the largest size is the largest graph; set one"
             )
         if self.preemption_mode == "swap" and not family.swaps:
             raise ValueError(

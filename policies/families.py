@@ -119,6 +119,7 @@ class GraphLimits(Protocol):
     max_num_seqs: int
     max_num_batched_tokens: int
     cuda_graph_max_size: int | None
+    cuda_graph_sizes: list[int] | None
 
 
 # SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
@@ -180,6 +181,8 @@ class EngineFamily:
     # vLLM's own checks: slots within the budget, FlashMLA's block size, an unchunked budget fitting a prompt
     vllm_rules = False
     swaps = True  # preemption may swap KV to the host (SGLang only retracts and recomputes)
+    # the offline benchmark turns CUDA-graph padding on up to its batch limit (trtllm-bench's cuda_graph_config)
+    offline_pads_graphs = False
     block_size = 16  # tokens per KV block when unset
     chunked_prefill = True  # prompts split across steps when enable_chunked_prefill is unset
     # with chunking off, an unset token budget grows to max_model_len, so any prompt fits one step (vLLM); else
@@ -216,13 +219,19 @@ class EngineFamily:
         min(2 x max_num_seqs x `decode_query_len`, 512; 1024 on data-center Blackwell), never past the token
         budget; when speculating, each rounded up to a multiple of the `decode_query_len` tokens a verifying
         request holds (adjust_cudagraph_sizes_for_spec_decode). Padding rows are routed to experts as real ones
-        and get no logits (vLLM computes them outside the graph)."""
-        top = engine.cuda_graph_max_size
-        if top is None:
-            limit = VLLM_BLACKWELL_GRAPH_MAX_SIZE if _datacenter_blackwell(gpu) else VLLM_GRAPH_MAX_SIZE
-            top = min(2 * engine.max_num_seqs * decode_query_len, limit)
-        top = min(top, engine.max_num_batched_tokens)
-        sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16), engine.max_num_batched_tokens}
+        and get no logits (vLLM computes them outside the graph). Sizes the user lists (cudagraph_capture_sizes)
+        replace the default list, those past the token budget dropped."""
+        budget = engine.max_num_batched_tokens
+        if engine.cuda_graph_sizes is not None:
+            sizes = set(engine.cuda_graph_sizes)
+            top = min(max(sizes), budget)
+        else:
+            top = engine.cuda_graph_max_size
+            if top is None:
+                limit = VLLM_BLACKWELL_GRAPH_MAX_SIZE if _datacenter_blackwell(gpu) else VLLM_GRAPH_MAX_SIZE
+                top = min(2 * engine.max_num_seqs * decode_query_len, limit)
+            top = min(top, budget)
+            sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16), budget}
         if decode_query_len > 1:
             sizes = {-(-size // decode_query_len) * decode_query_len for size in sizes} | {decode_query_len}
         return {"graph_sizes": tuple(sorted(size for size in sizes if size <= top)), "graph_prefills": True}
@@ -311,14 +320,17 @@ class SglangFamily(EngineFamily):
         on, up to cuda_graph_max_bs (by the GPU's memory and TP) and max_running_requests (captured itself); a
         decode batch is padded to the next, its logits too (trimmed after the replay). Steps that prefill run
         eagerly (piecewise graphs are off by default); under expert parallel the padding rows' routing is masked
-        (num_token_non_padded)."""
-        _, _, small, large = _sglang_tier(gpu)
-        top = engine.cuda_graph_max_size
-        top = (small if tp < 4 else large) if top is None else top
-        # past the slots plus one step of the list, the sizes give way to the slots: built no further
-        top = min(top, engine.max_num_seqs + 32)
-        sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
-        sizes = [size for size in sizes if size <= top]
+        (num_token_non_padded). A list the user gives (cuda_graph_bs) replaces the default one."""
+        if engine.cuda_graph_sizes is not None:
+            sizes = sorted(set(engine.cuda_graph_sizes))
+        else:
+            _, _, small, large = _sglang_tier(gpu)
+            top = engine.cuda_graph_max_size
+            top = (small if tp < 4 else large) if top is None else top
+            # past the slots plus one step of the list, the sizes give way to the slots: built no further
+            top = min(top, engine.max_num_seqs + 32)
+            sizes = [1, 2, 4, 8, 12, *range(16, 257, 8), *range(272, 512, 16), *range(512, top + 1, 32)]
+            sizes = [size for size in sizes if size <= top]
         if sizes and sizes[-1] > engine.max_num_seqs:
             sizes = [size for size in sizes if size < engine.max_num_seqs] + [engine.max_num_seqs]
         return {
@@ -353,6 +365,7 @@ class TrtllmFamily(EngineFamily):
     label = "TensorRT-LLM"
     kernel_tables = "trtllm"
     swaps = False
+    offline_pads_graphs = True  # bench/benchmark/utils/general.py: enable_padding, max_batch_size its own
     block_size = TRTLLM_TOKENS_PER_BLOCK
     chunked_prefill = False  # TorchLlmArgs.enable_chunked_prefill
     unchunked_budget_covers_prompts = False
@@ -366,14 +379,24 @@ class TrtllmFamily(EngineFamily):
     def graph_options(
         self, gpu: GpuSpec, engine: GraphLimits, tp: int, ep: bool, decode_query_len: int
     ) -> dict[str, Any]:
-        """None padded: CudaGraphConfig.enable_padding is off by default, so a batch size not captured runs eagerly
-        as it is; a largest graph set for it would change nothing, so it is refused."""
-        if engine.cuda_graph_max_size is not None:
-            raise SpecError(
-                f"engine.cuda_graph_max_size {engine.cuda_graph_max_size}: TensorRT-LLM pads no step to a CUDA graph "
-                "(CudaGraphConfig.enable_padding is off by default); leave it unset under trtllm"
-            )
-        return {}
+        """Nothing padded by default: CudaGraphConfig.enable_padding is off, so a batch size not captured runs
+        eagerly as it is. With padding (`cuda_graph_sizes`: its batch_sizes; `cuda_graph_max_size`: its
+        max_batch_size, whence TensorRT-LLM 1.0-1.2 capture 1, 2, 4, 8s to 128, then powers of two and the largest),
+        a generation-only batch runs padded with dummy requests to the next size, their logits and routing as real
+        ones; the sizes past min(max_batch_size, max_num_tokens) give way to it (_filter_cuda_graph_batch_sizes).
+        Batches with a context request run eagerly."""
+        listed, top = engine.cuda_graph_sizes, engine.cuda_graph_max_size
+        if listed is None:
+            if not top:
+                return {}
+            listed = [1, 2, 4, *range(8, 129, 8), *(2**i for i in range(8, (top - 1).bit_length()))]
+            listed = [size for size in listed if size < top] + [top]
+        cap = min(engine.max_num_seqs, engine.max_num_batched_tokens)
+        listed = sorted(set(listed))
+        sizes = [size for size in listed if size <= cap]
+        if len(sizes) < len(listed) and (not sizes or sizes[-1] != cap):
+            sizes.append(cap)
+        return {"graph_sizes": tuple(sizes), "graph_prefills": False, "graph_pads_logits": True}
 
     def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
         return TRTLLM_FREE_MEMORY_FRACTION

@@ -61,6 +61,11 @@ class EngineArgs(SpecModel):
     enable_prefix_caching: bool | None = None
     scheduler_reserve_full_isl: bool | None = None
     async_scheduling: bool | None = None
+    cuda_graph_sizes: list[int] | None = Field(
+        None,
+        min_length=1,
+        description="The CUDA-graph sizes the run's engine captured (EngineConfig's field)",
+    )
 
 
 class MeasuredRun(SpecModel):
@@ -285,6 +290,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             ("max_model_len", args.max_model_len),
             ("gpu_memory_utilization", args.gpu_memory_utilization),
             ("enable_chunked_prefill", args.enable_chunked_prefill),
+            ("cuda_graph_sizes", args.cuda_graph_sizes),
         )
         if v is not None
     }
@@ -311,6 +317,8 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         engine.setdefault("max_num_batched_tokens", tokens)
         cap = engine["max_num_batched_tokens"] if family.caps_slots_at_budget else seqs
         engine.setdefault("max_num_seqs", min(seqs, cap))
+        if family.offline_pads_graphs and "cuda_graph_sizes" not in engine:
+            engine["cuda_graph_max_size"] = engine["max_num_seqs"]
     caching = family.prefix_caching
     caching_on = (
         args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"

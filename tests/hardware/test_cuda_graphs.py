@@ -17,12 +17,17 @@ from servesim.policies.families import SGLANG, TRTLLM, VLLM
 H100, B200 = get_gpu("h100-sxm"), get_gpu("b200")
 
 
-def limits(max_num_seqs=1024, max_num_batched_tokens=8192, cuda_graph_max_size=None):
+def limits(max_num_seqs=1024, max_num_batched_tokens=8192, cuda_graph_max_size=None, cuda_graph_sizes=None):
     return SimpleNamespace(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         cuda_graph_max_size=cuda_graph_max_size,
+        cuda_graph_sizes=cuda_graph_sizes,
     )
+
+
+#: the batch_sizes of NVIDIA's TensorRT-LLM perf-overview runs (llm_options.yml, enable_padding: true)
+PERF_OVERVIEW_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 1024, 2048, 4096, 8192]
 
 
 def test_vllm_captures_every_step_up_to_twice_its_slots_or_512_tokens():
@@ -60,10 +65,42 @@ def test_sglang_captures_decode_batches_up_to_its_memory_tiers_max_bs():
     assert SGLANG.graph_options(B200, limits(4096), 1, True, 1)["graph_masks_experts"]
 
 
-def test_trtllm_pads_nothing_by_default():
-    assert TRTLLM.graph_options(H100, limits(), 1, False, 1) == {}
-    with pytest.raises(SpecError, match="cuda_graph_max_size 64: TensorRT-LLM pads no step"):
-        TRTLLM.graph_options(H100, limits(cuda_graph_max_size=64), 1, False, 1)
+def test_trtllm_pads_only_when_padding_is_on():
+    def sizes(*args, **kwargs):
+        return TRTLLM.graph_options(H100, limits(*args, **kwargs), 1, False, 1).get("graph_sizes")
+
+    assert TRTLLM.graph_options(H100, limits(), 1, False, 1) == {}  # enable_padding is off by default
+    assert sizes(cuda_graph_max_size=0) is None
+    # max_batch_size 3000: 1, 2, 4, 8s to 128 (16), powers of two below 2^ceil(log2 3000) = 4096, then 3000
+    assert sizes(4096, cuda_graph_max_size=3000) == (1, 2, 4, *range(8, 129, 8), 256, 512, 1024, 2048, 3000)
+    assert sizes(4096, cuda_graph_max_size=2048)[-3:] == (512, 1024, 2048)
+    options = TRTLLM.graph_options(H100, limits(cuda_graph_max_size=64), 1, False, 1)
+    assert not options["graph_prefills"] and options["graph_pads_logits"]
+    assert not options.get("graph_masks_experts")
+    # the perf-overview list under a 600-request batch limit: the first size past it gives way to 600
+    assert sizes(600, cuda_graph_sizes=PERF_OVERVIEW_SIZES) == (*PERF_OVERVIEW_SIZES[:11], 600)
+    # ... and a token budget below the slots bounds a pure decode batch too
+    assert sizes(600, 300, cuda_graph_sizes=PERF_OVERVIEW_SIZES)[-2:] == (256, 300)
+    # a list within the limits is taken as it is
+    assert sizes(cuda_graph_sizes=[8, 1, 64]) == (1, 8, 64)
+
+
+def test_listed_sizes_replace_vllm_and_sglangs_default_lists():
+    listed = limits(256, 2048, cuda_graph_sizes=[1, 4, 16, 64, 512, 4096])
+    # vLLM drops the sizes past the token budget; SGLang's past its slots give way to them
+    assert VLLM.graph_options(H100, listed, 1, False, 1)["graph_sizes"] == (1, 4, 16, 64, 512)
+    assert SGLANG.graph_options(H100, listed, 1, False, 1)["graph_sizes"] == (1, 4, 16, 64, 256)
+    # verifying 2 drafts: multiples of 3
+    assert VLLM.graph_options(H100, listed, 1, False, 3)["graph_sizes"] == (3, 6, 18, 66, 513)
+
+
+def test_the_two_graph_fields_are_not_set_together():
+    from servesim.policies.config import EngineConfig
+
+    with pytest.raises(ValueError, match="cuda_graph_sizes and cuda_graph_max_size both set"):
+        EngineConfig(cuda_graph_sizes=[1, 2], cuda_graph_max_size=2)
+    with pytest.raises(ValueError, match="greater than or equal to 1"):
+        EngineConfig(cuda_graph_sizes=[0, 2])
 
 
 def test_a_step_pads_up_to_the_next_size_it_fits():

@@ -10,8 +10,11 @@ import yaml
 from typer.testing import CliRunner
 
 from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import CostOptions
 from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
 from servesim.hardware.profile import Profile, load_profile
+from servesim.policies.families import family_of
 from servesim.simulator.cli.main import app
 from servesim.simulator.compare.measured import (
     MeasuredRun,
@@ -281,6 +284,16 @@ def test_trtllm_bench_runs_replay_under_tensorrt_llms_family_and_sizing():
     )
     (error,) = replay(chat)
     assert error.metric == "output_throughput" and math.isfinite(error.predicted) and error.predicted > 0
+    # the pages' llm_options pad generation batches to their batch_sizes, those past the 640 slots giving way to them
+    padded = CostOptions(**family_of("trtllm").graph_options(get_gpu("h100-sxm"), engine, 1, False, 1))
+    assert padded.graph_sizes == (1, 2, 4, 8, 16, 32, 64, 128, 256, 384, 512, 640)
+    assert padded.graph_tokens(StepBatch.uniform(520, 1500)) == 640
+    # a trtllm-bench run stating no graph sizes pads up to its own batch limit, as trtllm-bench sets it
+    unstated = chat.model_copy(
+        update={"engine_args": chat.engine_args.model_copy(update={"cuda_graph_sizes": None})}
+    )
+    engine = scenario_for(unstated).with_engine_defaults().engine
+    assert engine.cuda_graph_sizes is None and engine.cuda_graph_max_size == 640
 
 
 def test_measured_kernels_predict_tensorrt_llm_runs_no_profile_was_fitted_to():
