@@ -146,6 +146,14 @@ class EngineConfig(SpecModel):
             "them; None: the engine's default list; not with cuda_graph_max_size"
         ),
     )
+    cuda_graph_mode: Literal["full_and_piecewise", "full_decode_only"] | None = Field(
+        None,
+        description=(
+            "vllm's compilation_config.cudagraph_mode: full_and_piecewise (its default) replays every step up to "
+            "the largest graph, full_decode_only only steps that decode alone, the others run eagerly; None: the "
+            "default; vllm, sarathi, orca and static only"
+        ),
+    )
     api_server: bool = Field(
         True,
         description=(
@@ -381,6 +389,11 @@ class EngineConfig(SpecModel):
                 f"async_scheduling is modelled for the vllm, sglang and trtllm schedulers of a colocated "
                 f"replica; {self.scheduler!r} runs synchronously (prefill and decode pools too): set it "
                 "false or leave it unset"
+            )
+        if self.cuda_graph_mode is not None and not family.vllm_graph_modes:
+            raise ValueError(
+                f"cuda_graph_mode is vLLM's compilation_config.cudagraph_mode; {self.scheduler!r} replays decode "
+                "batches alone: leave it unset"
             )
         if self.cuda_graph_sizes is not None and self.cuda_graph_max_size is not None:
             raise ValueError(

@@ -120,6 +120,7 @@ class GraphLimits(Protocol):
     max_num_batched_tokens: int
     cuda_graph_max_size: int | None
     cuda_graph_sizes: list[int] | None
+    cuda_graph_mode: str | None
 
 
 # SGLang's server_args._handle_gpu_memory_settings (0.5.x), by device memory: (below GiB, chunked_prefill_size,
@@ -183,6 +184,7 @@ class EngineFamily:
     swaps = True  # preemption may swap KV to the host (SGLang only retracts and recomputes)
     # the offline benchmark turns CUDA-graph padding on up to its batch limit (trtllm-bench's cuda_graph_config)
     offline_pads_graphs = False
+    vllm_graph_modes = True  # vLLM's cudagraph_mode chooses which steps replay a graph
     block_size = 16  # tokens per KV block when unset
     chunked_prefill = True  # prompts split across steps when enable_chunked_prefill is unset
     # with chunking off, an unset token budget grows to max_model_len, so any prompt fits one step (vLLM); else
@@ -220,7 +222,8 @@ class EngineFamily:
         budget; when speculating, each rounded up to a multiple of the `decode_query_len` tokens a verifying
         request holds (adjust_cudagraph_sizes_for_spec_decode). Padding rows are routed to experts as real ones
         and get no logits (vLLM computes them outside the graph). Sizes the user lists (cudagraph_capture_sizes)
-        replace the default list, those past the token budget dropped."""
+        replace the default list, those past the token budget dropped; under FULL_DECODE_ONLY a step that prefills
+        runs eagerly."""
         budget = engine.max_num_batched_tokens
         if engine.cuda_graph_sizes is not None:
             sizes = set(engine.cuda_graph_sizes)
@@ -234,7 +237,10 @@ class EngineFamily:
             sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16), budget}
         if decode_query_len > 1:
             sizes = {-(-size // decode_query_len) * decode_query_len for size in sizes} | {decode_query_len}
-        return {"graph_sizes": tuple(sorted(size for size in sizes if size <= top)), "graph_prefills": True}
+        return {
+            "graph_sizes": tuple(sorted(size for size in sizes if size <= top)),
+            "graph_prefills": engine.cuda_graph_mode != "full_decode_only",
+        }
 
     def memory_share(self, gpu: GpuSpec, prefill_tokens: int, tp: int, pp: int, dp_attention: bool) -> float:
         """The default gpu_memory_utilization."""
@@ -296,6 +302,7 @@ class SglangFamily(EngineFamily):
     swa_pools = True
     full_kv_architectures = SGLANG_FULL_KV_ARCHITECTURES
     swaps = False
+    vllm_graph_modes = False
     defaults_per_rank = False
     caps_slots_at_budget = False
     dp_attention_slices_dense = True
@@ -365,6 +372,7 @@ class TrtllmFamily(EngineFamily):
     label = "TensorRT-LLM"
     kernel_tables = "trtllm"
     swaps = False
+    vllm_graph_modes = False
     offline_pads_graphs = True  # bench/benchmark/utils/general.py: enable_padding, max_batch_size its own
     block_size = TRTLLM_TOKENS_PER_BLOCK
     chunked_prefill = False  # TorchLlmArgs.enable_chunked_prefill

@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from servesim.hardware.errors import SpecError
+from servesim.hardware.gpu import get_gpu
 from servesim.hardware.profile import API_FIELDS, MOE_FIELDS, Profile
 from servesim.simulator.compare.measured import MeasuredRun, MetricError
 from servesim.simulator.compare.measured_report import FAMILIES, family
@@ -40,16 +42,31 @@ SPLITS: dict[str, Callable[[MeasuredRun], str]] = {
 }
 
 
+def _placed(label: str, by_label: dict[str, MeasuredRun], split: str) -> str | None:
+    """The group of the fitted run `label`: from the run itself, or for another file's run, under the GPU split,
+    from the GPU its label names (a run's label starts with its model and GPU); None where it cannot be told."""
+    run = by_label.get(label)
+    if run is not None:
+        return SPLITS[split](run)
+    words = label.split()
+    if split != "gpu" or len(words) < 2:
+        return None
+    try:
+        return get_gpu(words[1]).name
+    except SpecError:
+        return None
+
+
 def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun], split: str) -> bool:
-    """Whether `run` is out of `profile`'s sample under `split`. Fitted runs missing from `by_label` (another file's)
-    cannot be placed and are not counted."""
+    """Whether `run` is out of `profile`'s sample under `split`. A fitted run of another file is placed by the GPU
+    its label names; by source it cannot be placed and is not counted."""
     group = SPLITS[split](run)
     for record in profile.fits:
         if set(record.fields) <= MOE_FIELDS and not run.is_moe:
             continue
         if set(record.fields) <= API_FIELDS and run.benchmark != "serve":
             continue
-        if any(SPLITS[split](by_label[label]) == group for label in record.runs if label in by_label):
+        if any(_placed(label, by_label, split) == group for label in record.runs):
             return False
     return True
 

@@ -66,6 +66,7 @@ class EngineArgs(SpecModel):
         min_length=1,
         description="The CUDA-graph sizes the run's engine captured (EngineConfig's field)",
     )
+    cuda_graph_mode: Literal["full_and_piecewise", "full_decode_only"] | None = None
 
 
 class MeasuredRun(SpecModel):
@@ -128,6 +129,15 @@ class MeasuredRun(SpecModel):
         ),
     )
     output_lens: list[int] | None = Field(None, description="Each request's output tokens, as input_lens")
+    range_ratio: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description=(
+            "The random dataset's --random-range-ratio as benchmark_serving.py drew it before vLLM 0.10: each "
+            "prompt's and output's length uniform over the integers from int(len x ratio) to len; 1: fixed lengths"
+        ),
+    )
     num_prompts: int | None = Field(None, ge=1)
     max_concurrency: int | None = Field(None, ge=1)
     request_rate: float = Field(
@@ -210,6 +220,8 @@ class MeasuredRun(SpecModel):
                 raise ValueError("input_lens and output_lens are token counts of at least 1")
         elif per_request != (True, True):
             raise ValueError("input_lens and output_lens go together")
+        if self.range_ratio < 1 and (self.input_lens is not None or self.dataset != "random"):
+            raise ValueError("range_ratio draws the random dataset's lengths; per-request lengths need none")
         return self
 
     @property
@@ -275,6 +287,9 @@ class MeasuredRun(SpecModel):
         count = f" x{self.num_prompts}" if self.benchmark != "latency" else ""
         mean = "~" if self.input_lens is not None else ""  # per-request lengths: their means
         lengths = f"{mean}{self.input_len}/{mean}{self.output_len}"
+        if self.range_ratio < 1:
+            low_in, low_out = (int(n * self.range_ratio) for n in (self.input_len, self.output_len))
+            lengths = f"{low_in}-{self.input_len}/{low_out}-{self.output_len}"
         return " ".join([self.model, self.gpu, *extras, self.benchmark, lengths, load]) + count
 
 
@@ -291,6 +306,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             ("gpu_memory_utilization", args.gpu_memory_utilization),
             ("enable_chunked_prefill", args.enable_chunked_prefill),
             ("cuda_graph_sizes", args.cuda_graph_sizes),
+            ("cuda_graph_mode", args.cuda_graph_mode),
         )
         if v is not None
     }
@@ -331,8 +347,10 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         }
         if run.input_lens is not None
         else {
-            "prompt": {"kind": "fixed", "value": run.input_len},
-            "output": {"kind": "fixed", "value": run.output_len},
+            part: {"kind": "fixed", "value": length}
+            if run.range_ratio == 1
+            else {"kind": "uniform", "low": int(length * run.range_ratio), "high": length}
+            for part, length in (("prompt", run.input_len), ("output", run.output_len))
         }
     )
     workload: dict[str, Any] = {"lengths": lengths, "num_requests": run.num_requests}

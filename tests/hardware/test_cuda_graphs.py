@@ -17,12 +17,15 @@ from servesim.policies.families import SGLANG, TRTLLM, VLLM
 H100, B200 = get_gpu("h100-sxm"), get_gpu("b200")
 
 
-def limits(max_num_seqs=1024, max_num_batched_tokens=8192, cuda_graph_max_size=None, cuda_graph_sizes=None):
+def limits(
+    max_num_seqs=1024, max_num_batched_tokens=8192, cuda_graph_max_size=None, cuda_graph_sizes=None, mode=None
+):
     return SimpleNamespace(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         cuda_graph_max_size=cuda_graph_max_size,
         cuda_graph_sizes=cuda_graph_sizes,
+        cuda_graph_mode=mode,
     )
 
 
@@ -94,8 +97,19 @@ def test_listed_sizes_replace_vllm_and_sglangs_default_lists():
     assert VLLM.graph_options(H100, listed, 1, False, 3)["graph_sizes"] == (3, 6, 18, 66, 513)
 
 
+def test_vllms_full_decode_only_mode_runs_prefilling_steps_eagerly():
+    options = VLLM.graph_options(H100, limits(mode="full_decode_only"), 1, False, 1)
+    assert not options["graph_prefills"] and options["graph_sizes"][-1] == 512
+    mixed = StepBatch.of([1] * 20 + [280], [900] * 20 + [0])  # 300 tokens, one of them prefilling
+    assert CostOptions(**options).graph_tokens(mixed) == 300
+    assert CostOptions(**options).graph_tokens(StepBatch.uniform(9, 1000)) == 16
+
+
 def test_the_two_graph_fields_are_not_set_together():
     from servesim.policies.config import EngineConfig
+
+    with pytest.raises(ValueError, match="cuda_graph_mode is vLLM's"):
+        EngineConfig(scheduler="sglang", cuda_graph_mode="full_decode_only")
 
     with pytest.raises(ValueError, match="cuda_graph_sizes and cuda_graph_max_size both set"):
         EngineConfig(cuda_graph_sizes=[1, 2], cuda_graph_max_size=2)

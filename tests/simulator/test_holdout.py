@@ -75,6 +75,19 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
     assert not held_out(own, rocm_latency, by_label, "source")  # another ROCm run of that source
 
 
+def test_a_fitted_run_of_another_file_is_placed_by_the_gpu_its_label_names():
+    """The measured profile's API server was fitted to silybench's H100 runs (published_runs.yaml): judged on
+    another file's H100 serve run it is in sample by GPU, by source it cannot be placed and the run stays held out;
+    an id that names no GPU places nothing."""
+    h100, h200 = run_of(source="https://c.org/z"), run_of(source="https://c.org/z", gpu="h200")
+    by_label = {run.label(): run for run in (h100, h200)}
+    measured = load_profile("measured")
+    assert not held_out(measured, h100, by_label, "gpu") and held_out(measured, h200, by_label, "gpu")
+    assert held_out(measured, h100, by_label, "source")
+    named = Profile(fits=(FitRecord(fields=("api_latency_s",), runs=("GPT-OSS 120B h100-sxm TP1",)),))
+    assert held_out(named, h100, by_label, "gpu")
+
+
 def test_the_holdout_table_counts_only_held_out_figures():
     a, b = run_of(source="https://a.org/x"), run_of(source="https://b.org/y", input_len=2048)
     errors = lambda *pct: [MetricError("median_tpot_ms", 10.0, 10.0 * (1 + p / 100)) for p in pct]  # noqa: E731
@@ -136,12 +149,13 @@ def test_compare_cli_sets_profiles_side_by_side_with_their_held_out_errors(tmp_p
     out = " ".join(result.output.split())
     assert "error per family (default profile)" in out and "error per family (measured)" in out
     assert "held out by source" in out and "held out by gpu" in out
-    # the fitted profile saw the a.org H100 run: one figure of its own is held out, each of the others two
+    # the fitted profile saw the a.org H100 run: one figure of its own is held out, each of the others two, but by GPU
+    # the measured profile's, whose API server was fitted to H100 serve runs of another file, only the H200 one
     _, by_source, by_source_shared, by_gpu, by_gpu_shared = re.split(
         r"held out by (?:source|gpu) \(|held out by (?:source|gpu) from every profile", out
     )
     own, shared = by_source + by_gpu, by_source_shared + by_gpu_shared
-    assert own.count("n=2") == 4 and own.count("n=1") == 2
+    assert own.count("n=2") == 3 and own.count("n=1") == 3
     # like for like: the b.org H200 run alone, in every column, under either split
     assert shared.count("n=1") == 6 and "n=2" not in shared
     bad = runner.invoke(app, ["compare", str(path), "--split", "vendor"])

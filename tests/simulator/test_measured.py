@@ -37,6 +37,7 @@ SGLANG_RUNS = PUBLISHED.with_name("sglang_runs.yaml")
 TRTLLM_RUNS = PUBLISHED.with_name("trtllm_runs.yaml")
 TRTLLM_MOE_RUNS = PUBLISHED.with_name("trtllm_moe_runs.yaml")
 SWEEP_RUNS = PUBLISHED.with_name("silybench_sweep_runs.yaml")
+INFERENCEMAX_RUNS = PUBLISHED.with_name("inferencemax_runs.yaml")
 SERVE = {
     "source": "test",
     "gpu": "h100-sxm",
@@ -59,6 +60,21 @@ def test_max_concurrency_becomes_closed_loop_clients_and_rate_a_poisson_process(
     assert closed.lengths.prompt.value == 1024 and closed.lengths.output.value == 128
     assert scenario_for(run_of(request_rate=4.0)).workload.arrivals.rate_per_s == 4.0
     assert scenario_for(run_of(request_rate="inf")).workload.arrivals.kind == "all_at_once"
+
+
+def test_a_range_ratio_draws_each_length_between_its_share_and_the_length():
+    """benchmark_serving.py's --random-range-ratio 0.8 (before vLLM 0.10): prompts and outputs uniform over the
+    integers from int(0.8 x len) to len, so 1k/1k means 819-1024 tokens each; the label says so."""
+    run = run_of(range_ratio=0.8, input_len=1024, output_len=1024, max_concurrency=4)
+    lengths = scenario_for(run).workload.lengths
+    assert (lengths.prompt.kind, lengths.prompt.low, lengths.prompt.high) == ("uniform", 819, 1024)
+    assert (lengths.output.low, lengths.output.high) == (819, 1024)
+    assert "819-1024/819-1024 c=4" in run.label()
+    drawn = build_workload(scenario_for(run).workload, np.random.default_rng(0), Path("."))
+    prompts = [r.num_prompt_tokens for r in drawn.requests]
+    assert min(prompts) >= 819 and max(prompts) <= 1024 and len(set(prompts)) > 20
+    with pytest.raises(ValueError, match="range_ratio draws the random dataset's lengths"):
+        run_of(range_ratio=0.8, dataset="sharegpt")
 
 
 def test_an_expert_parallel_and_dp_attention_layout_carries_over():
@@ -315,6 +331,33 @@ def test_measured_kernels_predict_tensorrt_llm_runs_no_profile_was_fitted_to():
         if run.gpu == "b200":
             (default,) = replay(run)
             assert abs(default.error_pct) > 2 * abs(measured.error_pct), (run.label(), default)
+
+
+def test_measured_kernels_predict_inferencemax_runs_no_profile_was_fitted_to():
+    """benchmarks/inferencemax_runs.yaml: SemiAnalysis's vLLM 0.10.2 runs of Llama 3.3 70B (FP8 on H100, H200 and
+    B200, NVFP4 on B200) at 4-64 closed-loop clients, a source no profile saw. Every run loads with its lengths drawn
+    as its client drew them; on the 1k/1k runs at 4 clients of each GPU, dtype and TP the measured profile's median
+    TPOTs come out within 10% (median of their errors; 6.5% when written) and its median TTFTs within 25% (16%),
+    where the roofline defaults' are 47% and 50% fast."""
+    runs = load_measured_runs(INFERENCEMAX_RUNS)
+    assert len(runs) == 150 and len({run.label() for run in runs}) == 150
+    assert {run.gpu for run in runs} == {"h100-sxm", "h200", "b200"} and not any(run.is_moe for run in runs)
+    assert all(run.range_ratio == 0.8 and run.engine_version == "0.10.2" for run in runs)
+    b200 = scenario_for(next(run for run in runs if run.gpu == "b200")).with_engine_defaults().engine
+    assert b200.cuda_graph_mode == "full_decode_only" and b200.max_num_seqs == 512
+    few = [run for run in runs if run.max_concurrency == 4 and run.output_len == 1024]
+    assert len(few) == 15
+
+    def median_errors(profile: str | None) -> tuple[float, float]:
+        errors = [e for run in few for e in replay(run, profile)]
+        tpot = [abs(e.error_pct) for e in errors if e.metric == "median_tpot_ms"]
+        ttft = [abs(e.error_pct) for e in errors if e.metric == "median_ttft_ms"]
+        return float(np.median(tpot)), float(np.median(ttft))
+
+    tpot, ttft = median_errors("measured")
+    default_tpot, default_ttft = median_errors(None)
+    assert tpot < 10 and ttft < 25, (tpot, ttft)
+    assert default_tpot > 30 and default_ttft > 30, (default_tpot, default_ttft)
 
 
 def test_prefill_first_batching_predicts_sglangs_inter_token_tail():
