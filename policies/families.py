@@ -226,8 +226,8 @@ class EngineFamily:
         runs eagerly."""
         budget = engine.max_num_batched_tokens
         if engine.cuda_graph_sizes is not None:
-            sizes = set(engine.cuda_graph_sizes)
-            top = min(max(sizes), budget)
+            sizes = {size for size in engine.cuda_graph_sizes if size <= budget}
+            top = max(sizes, default=0)
         else:
             top = engine.cuda_graph_max_size
             if top is None:
@@ -235,8 +235,12 @@ class EngineFamily:
                 top = min(2 * engine.max_num_seqs * decode_query_len, limit)
             top = min(top, budget)
             sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16), budget}
-        if decode_query_len > 1:
-            sizes = {-(-size // decode_query_len) * decode_query_len for size in sizes} | {decode_query_len}
+        if decode_query_len > 1 and top:
+            rounded = {-(-size // decode_query_len) * decode_query_len for size in sizes}
+            sizes = {size for size in rounded if size <= top}
+            if not sizes:  # vLLM falls back to one verifying request's graph
+                top = decode_query_len
+                sizes = {top}
         return {
             "graph_sizes": tuple(sorted(size for size in sizes if size <= top)),
             "graph_prefills": engine.cuda_graph_mode != "full_decode_only",

@@ -9,6 +9,7 @@ reach, so the figures say how it extrapolates, not how well it was fitted.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable
 
@@ -44,22 +45,27 @@ SPLITS: dict[str, Callable[[MeasuredRun], str]] = {
 
 def _placed(label: str, by_label: dict[str, MeasuredRun], split: str) -> str | None:
     """The group of the fitted run `label`: from the run itself, or for another file's run, under the GPU split,
-    from the GPU its label names (a run's label starts with its model and GPU); None where it cannot be told."""
+    from the one catalog GPU its label names (a run's label or id names its GPU); None where it cannot be told."""
     run = by_label.get(label)
     if run is not None:
         return SPLITS[split](run)
-    words = label.split()
-    if split != "gpu" or len(words) < 2:
+    if split != "gpu":
         return None
+    named = {gpu for gpu in map(_catalog_gpu, label.split()) if gpu is not None}
+    return named.pop() if len(named) == 1 else None
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog_gpu(word: str) -> str | None:
     try:
-        return get_gpu(words[1]).name
+        return get_gpu(word).name
     except SpecError:
         return None
 
 
 def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun], split: str) -> bool:
     """Whether `run` is out of `profile`'s sample under `split`. A fitted run of another file is placed by the GPU
-    its label names; by source it cannot be placed and is not counted."""
+    its label names (if one); by source it cannot be placed and is not counted."""
     group = SPLITS[split](run)
     for record in profile.fits:
         if set(record.fields) <= MOE_FIELDS and not run.is_moe:

@@ -334,7 +334,9 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         cap = engine["max_num_batched_tokens"] if family.caps_slots_at_budget else seqs
         engine.setdefault("max_num_seqs", min(seqs, cap))
         if family.offline_pads_graphs and "cuda_graph_sizes" not in engine:
-            engine["cuda_graph_max_size"] = engine["max_num_seqs"]
+            # trtllm-bench sizes its graphs by the batch it takes: the one stated only with the token budget too
+            both = args.max_num_seqs is not None and args.max_num_batched_tokens is not None
+            engine["cuda_graph_max_size"] = engine["max_num_seqs"] if both else seqs
     caching = family.prefix_caching
     caching_on = (
         args.enable_prefix_caching if args.enable_prefix_caching is not None else run.benchmark != "latency"

@@ -152,7 +152,23 @@ def vllm_command(s: Scenario, max_model_len: int) -> str:
         parts.append("--no-async-scheduling")  # vLLM schedules ahead by default since 0.14
     if e.speculative is not None:
         parts.append(_vllm_speculative(e.speculative))
+    if family_of(s.engine.scheduler) in (VLLM, GENERIC):  # another engine's graph sizes count other things
+        parts += _vllm_graph_flags(e)
     return " ".join(parts)
+
+
+def _vllm_graph_flags(e: EngineConfig) -> list[str]:
+    """The CUDA graphs the replica was simulated with, as vLLM's compilation config (or eager)."""
+    if e.cuda_graph_max_size == 0:
+        return ["--enforce-eager"]
+    config: dict[str, object] = {}
+    if e.cuda_graph_mode == "full_decode_only":
+        config["cudagraph_mode"] = "FULL_DECODE_ONLY"
+    if e.cuda_graph_sizes is not None:
+        config["cudagraph_capture_sizes"] = sorted(set(e.cuda_graph_sizes))
+    if e.cuda_graph_max_size is not None:
+        config["max_cudagraph_capture_size"] = e.cuda_graph_max_size
+    return [f"--compilation-config {shlex.quote(json.dumps(config))}"] if config else []
 
 
 def sglang_command(s: Scenario, max_model_len: int) -> str:
@@ -203,6 +219,12 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
             parts.append("--enable-mixed-chunk")
         if not e.async_scheduling:  # simulated one batch at a time; SGLang overlaps by default
             parts.append("--disable-overlap-schedule")
+        if e.cuda_graph_max_size == 0:
+            parts.append("--disable-cuda-graph")
+        elif e.cuda_graph_sizes is not None:
+            parts.append("--cuda-graph-bs " + " ".join(map(str, sorted(set(e.cuda_graph_sizes)))))
+        elif e.cuda_graph_max_size is not None:
+            parts.append(f"--cuda-graph-max-bs {e.cuda_graph_max_size}")
     if e.speculative is not None:
         parts += _sglang_speculative(e.speculative)
     return " ".join(parts)
@@ -210,7 +232,8 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
 
 def trtllm_command(s: Scenario, max_model_len: int) -> str:
     """`trtllm-serve` (PyTorch backend) with the equivalent knobs; what it takes only from an LLM API options file
-    (KV block reuse, tokens per block, KV dtype, the overlap scheduler, attention DP) goes in one, inline."""
+    (KV block reuse, tokens per block, KV dtype, the overlap scheduler, attention DP, CUDA-graph padding) goes in one,
+    inline."""
     e, par = s.with_engine_defaults().engine, s.parallelism
     simulated_trtllm = family_of(e.scheduler) is TRTLLM
     parts = [f"trtllm-serve {hf_model_id(s.model)}", "--backend pytorch", f"--tp_size {par.tp}"]
@@ -240,6 +263,15 @@ def trtllm_command(s: Scenario, max_model_len: int) -> str:
         options["disable_overlap_scheduler"] = True
     if _dp_attention(s):
         options["enable_attention_dp"] = True
+    if simulated_trtllm and e.cuda_graph_max_size == 0:
+        options["cuda_graph_config"] = None
+    elif simulated_trtllm and e.cuda_graph_sizes is not None:
+        options["cuda_graph_config"] = {
+            "enable_padding": True,
+            "batch_sizes": sorted(set(e.cuda_graph_sizes)),
+        }
+    elif simulated_trtllm and e.cuda_graph_max_size is not None:
+        options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": e.cuda_graph_max_size}
     if options:  # YAML reads JSON; bash hands the file over as /dev/fd/N
         parts.append(f"--extra_llm_api_options <(echo {shlex.quote(json.dumps(options))})")
     return " ".join(parts)

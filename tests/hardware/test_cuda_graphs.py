@@ -93,8 +93,18 @@ def test_listed_sizes_replace_vllm_and_sglangs_default_lists():
     # vLLM drops the sizes past the token budget; SGLang's past its slots give way to them
     assert VLLM.graph_options(H100, listed, 1, False, 1)["graph_sizes"] == (1, 4, 16, 64, 512)
     assert SGLANG.graph_options(H100, listed, 1, False, 1)["graph_sizes"] == (1, 4, 16, 64, 256)
-    # verifying 2 drafts: multiples of 3
-    assert VLLM.graph_options(H100, listed, 1, False, 3)["graph_sizes"] == (3, 6, 18, 66, 513)
+    # verifying 2 drafts: multiples of 3 up to the largest size listed within the budget (513 > 512 drops); one verify
+    # batch when rounding leaves nothing (adjust_cudagraph_sizes_for_spec_decode)
+    assert VLLM.graph_options(H100, listed, 1, False, 3)["graph_sizes"] == (3, 6, 18, 66)
+    assert VLLM.graph_options(H100, limits(256, 2048, cuda_graph_sizes=[8, 16]), 1, False, 3)[
+        "graph_sizes"
+    ] == (9,)
+    assert VLLM.graph_options(H100, limits(256, 2048, cuda_graph_sizes=[1]), 1, False, 3)["graph_sizes"] == (
+        3,
+    )
+    assert (
+        VLLM.graph_options(H100, limits(256, 4, cuda_graph_sizes=[8, 16]), 1, False, 1)["graph_sizes"] == ()
+    )
 
 
 def test_vllms_full_decode_only_mode_runs_prefilling_steps_eagerly():

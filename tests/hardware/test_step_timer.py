@@ -13,15 +13,29 @@ from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import EfficiencyCurve, Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
-from servesim.policies.families import SGLANG, VLLM
+from servesim.policies.families import SGLANG, TRTLLM, VLLM
 
 H100 = get_gpu("h100-sxm")
 MODELS = ["llama-3.1-8b", "gemma-2-9b", "gemma-3n-e2b", "deepseek-v2", "mixtral-8x7b"]
-_LIMITS = SimpleNamespace(max_num_seqs=256, max_num_batched_tokens=8192, cuda_graph_max_size=None)
-#: CUDA graphs as each engine pads (none; every step, vLLM's; decode only, expert rows masked, SGLang's): a cache
+_LIMITS = SimpleNamespace(
+    max_num_seqs=256,
+    max_num_batched_tokens=8192,
+    cuda_graph_max_size=None,
+    cuda_graph_sizes=None,
+    cuda_graph_mode=None,
+)
+#: CUDA graphs as each engine pads (none; every step, vLLM's; decode only, expert rows masked, SGLang's; decode
+#: only, TensorRT-LLM's with padding on): a cache
 #: keyed on a shape that misses the padding shows
 GRAPHS = st.sampled_from(
-    [{}, VLLM.graph_options(H100, _LIMITS, 1, False, 1), SGLANG.graph_options(H100, _LIMITS, 1, True, 1)]
+    [
+        {},
+        VLLM.graph_options(H100, _LIMITS, 1, False, 1),
+        SGLANG.graph_options(H100, _LIMITS, 1, True, 1),
+        TRTLLM.graph_options(
+            H100, SimpleNamespace(**{**vars(_LIMITS), "cuda_graph_max_size": 256}), 1, False, 1
+        ),
+    ]
 )
 #: attention efficiencies that vary with the step's tokens, so a pricer reading them at the wrong size shows
 VARYING_ATTENTION = Profile(

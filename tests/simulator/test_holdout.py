@@ -78,14 +78,19 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
 def test_a_fitted_run_of_another_file_is_placed_by_the_gpu_its_label_names():
     """The measured profile's API server was fitted to silybench's H100 runs (published_runs.yaml): judged on
     another file's H100 serve run it is in sample by GPU, by source it cannot be placed and the run stays held out;
-    an id that names no GPU places nothing."""
+    an id is placed by the one catalog GPU it names, and one naming none or two places nothing."""
     h100, h200 = run_of(source="https://c.org/z"), run_of(source="https://c.org/z", gpu="h200")
     by_label = {run.label(): run for run in (h100, h200)}
     measured = load_profile("measured")
     assert not held_out(measured, h100, by_label, "gpu") and held_out(measured, h200, by_label, "gpu")
     assert held_out(measured, h100, by_label, "source")
-    named = Profile(fits=(FitRecord(fields=("api_latency_s",), runs=("GPT-OSS 120B h100-sxm TP1",)),))
-    assert held_out(named, h100, by_label, "gpu")
+
+    def fitted_on(label: str) -> Profile:
+        return Profile(fits=(FitRecord(fields=("api_latency_s",), runs=(label,)),))
+
+    assert not held_out(fitted_on("GPT-OSS 120B h100-sxm TP1"), h100, by_label, "gpu")
+    assert held_out(fitted_on("GPT-OSS 120B TP1"), h100, by_label, "gpu")
+    assert held_out(fitted_on("h100-sxm vs h200 TP1"), h100, by_label, "gpu")
 
 
 def test_the_holdout_table_counts_only_held_out_figures():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from servesim.simulator.planning.launch import launch_notes, sglang_command, vllm_command
+from servesim.simulator.planning.launch import launch_notes, sglang_command, trtllm_command, vllm_command
 from servesim.simulator.scenario import load_scenario
 from tests.simulator.study_helpers import SCENARIOS, chat
 
@@ -203,3 +203,21 @@ def test_a_dense_models_dp_ranks_are_noted_only_where_they_still_step_together()
         },
     )
     assert any("independent engines" in note for note in launch_notes(pd))
+
+
+def test_the_cuda_graphs_simulated_are_the_ones_launched():
+    vllm = vllm_command(
+        chat(engine={"cuda_graph_sizes": [16, 1, 8], "cuda_graph_mode": "full_decode_only"}), LEN
+    )
+    config = json.loads(shlex.split(vllm.split("--compilation-config ")[1])[0])
+    assert config == {"cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": [1, 8, 16]}
+    assert "--enforce-eager" in vllm_command(chat(engine={"cuda_graph_max_size": 0}), LEN)
+    assert "compilation-config" not in vllm_command(chat(), LEN)
+    sglang = chat(engine={"scheduler": "sglang", "prefix_caching": "radix", "cuda_graph_max_size": 64})
+    assert "--cuda-graph-max-bs 64" in sglang_command(sglang, LEN)
+    # sizes in an engine's own units go to that engine only: vLLM's tokens are not SGLang's requests
+    assert "cuda-graph" not in sglang_command(chat(engine={"cuda_graph_max_size": 64}), LEN)
+    trtllm = trtllm_command(chat(engine={"scheduler": "trtllm", "cuda_graph_max_size": 256}), LEN)
+    options = json.loads(shlex.split(trtllm.split("--extra_llm_api_options <(echo ")[1].removesuffix(")"))[0])
+    assert options["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 256}
+    assert "cuda_graph_config" not in trtllm_command(chat(engine={"scheduler": "trtllm"}), LEN)

@@ -310,6 +310,10 @@ def test_trtllm_bench_runs_replay_under_tensorrt_llms_family_and_sizing():
     )
     engine = scenario_for(unstated).with_engine_defaults().engine
     assert engine.cuda_graph_sizes is None and engine.cuda_graph_max_size == 640
+    # with only its batch stated, trtllm-bench still sizes the graphs by its own heuristic's batch
+    stated = unstated.engine_args.model_copy(update={"max_num_seqs": 100})
+    engine = scenario_for(unstated.model_copy(update={"engine_args": stated})).with_engine_defaults().engine
+    assert (engine.max_num_seqs, engine.cuda_graph_max_size) == (100, 640)
 
 
 def test_measured_kernels_predict_tensorrt_llm_runs_no_profile_was_fitted_to():
