@@ -117,6 +117,6 @@ class TableSums:
             layer += self.attention_s(False, heads, kv, batch, new)
         total = model.num_layers * layer + self.gemm_s(batch, model.vocab_size / tp, h)
         if tp > 1:
-            message = math.log(rows * h * 2)
+            message = math.log(rows * h)  # the table counts bf16 elements
             total += (2 * model.num_layers + 1) * math.exp(self.comm[tp]([message])[0])
         return total

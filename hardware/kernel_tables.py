@@ -64,6 +64,8 @@ MOE_DTYPES = {
 MS = 1e-3
 INSTALL_HINT = 'pip install -e ".[kernels]"'
 
+BF16_BYTES = 2  # an all-reduce table row's element: the bf16 activations the engines reduce
+
 
 def split_kernels(kernels: str) -> tuple[str, str | None]:
     """A `kernels` setting's (tables, pinned build): `vllm@0.24.0` -> ("vllm", "0.24.0"), `engine` -> ("engine", None)."""
@@ -427,9 +429,10 @@ class KernelTables:
         return None if rows.empty else Grid.of(_main_source(rows), ["message_size"])
 
     def all_reduce_s(self, gpus: int, nbytes: float) -> float | None:
-        """The engine's all-reduce of an `nbytes` bf16 message over `gpus` GPUs of one node."""
+        """The engine's all-reduce of an `nbytes` bf16 message over `gpus` GPUs of one node. The tables count a
+        message in elements (aiconfigurator's collect_all_reduce.py allreduces `message_size` bf16 values)."""
         grid = self._all_reduce_grid(gpus)
-        return None if grid is None else grid.split_at(nbytes)
+        return None if grid is None else grid.split_at(nbytes / BF16_BYTES)
 
 
 @functools.lru_cache(maxsize=None)
