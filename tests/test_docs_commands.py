@@ -35,6 +35,7 @@ MADE_SMALL = {
         "Qwen3-30B-A3B b200 TP1 EP1 nvfp4 trtllm-bench throughput 20000/2000",
     ],
     "compare inferencemax_runs": ["--match", "llama-3.1-70b h200 TP8 fp8 serve 819-1024/819-1024 c=4 x40"],
+    "compare inferencemax_moe_runs": ["--match", "gpt-oss-120b h200 TP8 serve 819-1024/819-1024 c=4 x40"],
     # three MoE runs of short answers (--only moe_* needs routed experts), two replays, no hold-out
     "fit": [
         "--match",

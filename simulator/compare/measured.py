@@ -67,6 +67,9 @@ class EngineArgs(SpecModel):
         description="The CUDA-graph sizes the run's engine captured (EngineConfig's field)",
     )
     cuda_graph_mode: Literal["full_and_piecewise", "full_decode_only"] | None = None
+    cuda_graph_max_size: int | None = Field(
+        None, ge=0, description="The largest CUDA graph (EngineConfig's field)"
+    )
 
 
 class MeasuredRun(SpecModel):
@@ -307,6 +310,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             ("enable_chunked_prefill", args.enable_chunked_prefill),
             ("cuda_graph_sizes", args.cuda_graph_sizes),
             ("cuda_graph_mode", args.cuda_graph_mode),
+            ("cuda_graph_max_size", args.cuda_graph_max_size),
         )
         if v is not None
     }
@@ -333,7 +337,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         engine.setdefault("max_num_batched_tokens", tokens)
         cap = engine["max_num_batched_tokens"] if family.caps_slots_at_budget else seqs
         engine.setdefault("max_num_seqs", min(seqs, cap))
-        if family.offline_pads_graphs and "cuda_graph_sizes" not in engine:
+        if family.offline_pads_graphs and not {"cuda_graph_sizes", "cuda_graph_max_size"} & engine.keys():
             # trtllm-bench sizes its graphs by the batch it takes: the one stated only with the token budget too
             both = args.max_num_seqs is not None and args.max_num_batched_tokens is not None
             engine["cuda_graph_max_size"] = engine["max_num_seqs"] if both else seqs

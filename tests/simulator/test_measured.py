@@ -345,6 +345,8 @@ def test_measured_kernels_predict_inferencemax_runs_no_profile_was_fitted_to():
     where the roofline defaults' are 47% and 50% fast."""
     runs = load_measured_runs(INFERENCEMAX_RUNS)
     assert len(runs) == 150 and len({run.label() for run in runs}) == 150
+    moe = load_measured_runs(INFERENCEMAX_RUNS.with_name("inferencemax_moe_runs.yaml"))
+    assert len(moe) == 110 and all(run.is_moe and run.range_ratio == 0.8 for run in moe)
     assert {run.gpu for run in runs} == {"h100-sxm", "h200", "b200"} and not any(run.is_moe for run in runs)
     assert all(run.range_ratio == 0.8 and run.engine_version == "0.10.2" for run in runs)
     b200 = scenario_for(next(run for run in runs if run.gpu == "b200")).with_engine_defaults().engine
