@@ -229,18 +229,19 @@ class Replica:
         # logged now: the steps that end before the next event; those planned before it was seen end after it
         n, prefilling = len(active) - 1 - stretch.lagged, int(stretch.prefill is not None)
         prefill_tokens = list(stretch.chunks) or [0] * len(active)
+        requests_in = active + prefilling  # the decodes and the prefill beside them, per step
 
         def log_steps(lo: int, hi: int) -> None:
             """Steps lo..hi-1's rows; the requests waiting are those waiting when this is called."""
             count = hi - lo
             self.steps.record_many(
-                time_s=stretch.ends_s[lo:hi].tolist(),
-                duration_s=stretch.durations_s[lo:hi].tolist(),
+                time_s=stretch.ends_s[lo:hi],
+                duration_s=stretch.durations_s[lo:hi],
                 replica=[self.index] * count,
-                num_requests=[a + prefilling for a in active[lo:hi]],
+                num_requests=requests_in[lo:hi],
                 prefill_tokens=prefill_tokens[lo:hi],
                 decode_tokens=active[lo:hi],
-                num_running=[a + prefilling for a in active[lo + 1 : hi + 1]],
+                num_running=requests_in[lo + 1 : hi + 1],
                 num_waiting=[scheduler.num_waiting] * count,
                 kv_blocks_used=used[lo:hi],
                 kv_usage=usage[lo:hi],
@@ -253,7 +254,7 @@ class Replica:
         def end_last_step() -> None:
             end_last()
             self._hand_on(finished)
-            last = active[-1]
+            last = int(active[-1])
             self._record(float(stretch.durations_s[-1]), last + prefilling, prefill_tokens[-1], last, 0)
 
         # a step that ends after the next event is logged as it ends: those waiting then include the arrival

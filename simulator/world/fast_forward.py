@@ -246,7 +246,7 @@ def apply_stretch(
     retire: Callable[[Request, float], None],
     release: Callable[[Request], None] | None = None,
     in_flight: int = 0,
-) -> tuple[list[int], list[int], list[float], Callable[[], None]]:
+) -> tuple[np.ndarray, list[int], list[float], Callable[[], None]]:
     """Tokens, inter-token gaps, block allocations, window frees and finishes of the fused steps, in stepping
     order: within a step, blocks are opened (when it is scheduled) before windows and finished requests free
     theirs (when it ends). With `release` (async scheduling), a finished request keeps its blocks until the next
@@ -342,7 +342,7 @@ def apply_stretch(
         if prefill is not None:
             kv.cache(prefill)
 
-    return active.tolist(), list(accumulate(delta, initial=used_before))[1:-1], usage[:-1], end_last_step
+    return active, list(accumulate(delta, initial=used_before))[1:-1], usage[:-1], end_last_step
 
 
 def _prefill_done(prefill: Request, stretch: Stretch, log: TokenLog, in_flight: int) -> None:

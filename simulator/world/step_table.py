@@ -80,10 +80,15 @@ class StepLog:
         if len(c["time_s"]) >= SPILL_ROWS:
             self._spill()
 
-    def record_many(self, **columns: list) -> None:
-        """Append several rows at once; every column of STEP_COLUMNS must be given, as equal-length lists."""
+    def record_many(self, **columns: list | np.ndarray) -> None:
+        """Append several rows at once; every column of STEP_COLUMNS must be given, as equal-length lists or numpy
+        arrays (copied as bytes, not element by element)."""
         for name, values in columns.items():
-            self.columns[name].extend(values)
+            col = self.columns[name]
+            if isinstance(values, np.ndarray):
+                col.frombytes(values.astype(ROW[name], copy=False).tobytes())
+            else:
+                col.extend(values)
         if len(self.columns["time_s"]) >= SPILL_ROWS:
             self._spill()
 
