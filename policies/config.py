@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import GpuSpec
@@ -360,6 +360,12 @@ class EngineConfig(SpecModel):
                 "(EngineConfig.with_defaults, Scenario.with_engine_defaults)"
             )
         return self.max_num_batched_tokens, self.max_num_seqs
+
+    @field_validator("cuda_graph_sizes")
+    @classmethod
+    def _sizes_in_order(cls, sizes: list[int] | None) -> list[int] | None:
+        """The engines sort and deduplicate a listed capture; so does the config, for what reads it."""
+        return None if sizes is None else sorted(set(sizes))
 
     @model_validator(mode="after")
     def _engine_rules(self) -> EngineConfig:

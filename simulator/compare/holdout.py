@@ -91,14 +91,13 @@ def holdout_rows(
     count; "-" where every figure of that family is in its sample. `shared`: only the runs held out from every
     profile, so each column judges the same figures (profiles fitted to different runs hold out different ones)."""
     by_label = {run.label(): run for members in results.values() for run, _ in members}
-    everyone = {
-        label
-        for label, run in by_label.items()
-        if all(held_out(profile, run, by_label, split) for profile in profiles.values())
+    held = {
+        key: {label for label, run in by_label.items() if held_out(profiles[key], run, by_label, split)}
+        for key in results
     }
-
-    def counted(key: str, run: MeasuredRun) -> bool:
-        return run.label() in everyone if shared else held_out(profiles[key], run, by_label, split)
+    if shared:
+        everyone = set.intersection(*held.values()) if held else set()
+        held = dict.fromkeys(held, everyone)
 
     rows = []
     for name in FAMILIES:
@@ -109,7 +108,7 @@ def holdout_rows(
                     [
                         e.error_pct
                         for run, errors in members
-                        if counted(key, run)
+                        if run.label() in held[key]
                         for e in errors
                         if family(e.metric) == name
                     ]

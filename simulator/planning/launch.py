@@ -165,7 +165,7 @@ def _vllm_graph_flags(e: EngineConfig) -> list[str]:
     if e.cuda_graph_mode == "full_decode_only":
         config["cudagraph_mode"] = "FULL_DECODE_ONLY"
     if e.cuda_graph_sizes is not None:
-        config["cudagraph_capture_sizes"] = sorted(set(e.cuda_graph_sizes))
+        config["cudagraph_capture_sizes"] = e.cuda_graph_sizes
     if e.cuda_graph_max_size is not None:
         config["max_cudagraph_capture_size"] = e.cuda_graph_max_size
     return [f"--compilation-config {shlex.quote(json.dumps(config))}"] if config else []
@@ -222,7 +222,7 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         if e.cuda_graph_max_size == 0:
             parts.append("--disable-cuda-graph")
         elif e.cuda_graph_sizes is not None:
-            parts.append("--cuda-graph-bs " + " ".join(map(str, sorted(set(e.cuda_graph_sizes)))))
+            parts.append("--cuda-graph-bs " + " ".join(map(str, e.cuda_graph_sizes)))
         elif e.cuda_graph_max_size is not None:
             parts.append(f"--cuda-graph-max-bs {e.cuda_graph_max_size}")
     if e.speculative is not None:
@@ -266,10 +266,7 @@ def trtllm_command(s: Scenario, max_model_len: int) -> str:
     if simulated_trtllm and e.cuda_graph_max_size == 0:
         options["cuda_graph_config"] = None
     elif simulated_trtllm and e.cuda_graph_sizes is not None:
-        options["cuda_graph_config"] = {
-            "enable_padding": True,
-            "batch_sizes": sorted(set(e.cuda_graph_sizes)),
-        }
+        options["cuda_graph_config"] = {"enable_padding": True, "batch_sizes": e.cuda_graph_sizes}
     elif simulated_trtllm and e.cuda_graph_max_size is not None:
         options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": e.cuda_graph_max_size}
     if options:  # YAML reads JSON; bash hands the file over as /dev/fd/N
