@@ -25,7 +25,7 @@ import yaml
 from scipy.optimize import least_squares, minimize
 
 from servesim.hardware.errors import SpecError
-from servesim.hardware.profile import EfficiencyCurve, FitRecord, Profile
+from servesim.hardware.profile import MOE_KERNEL_FIELDS, EfficiencyCurve, FitRecord, Profile
 from servesim.simulator.compare.measured import MeasuredRun, MetricError, replay
 
 EFFICIENCIES = (
@@ -38,10 +38,19 @@ EFFICIENCIES = (
     "comm",
 )
 OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)}  # bounds, seconds
+# the fused-MoE kernel's fixed costs per layer and per expert run: fitted only when named (--only), bounds (s)
+MOE_TERMS = {"moe_layer_s": (1e-7, 5e-4), "moe_expert_s": (1e-9, 2e-5)}
 # the API server's time per request, per prompt token and its latency: fitted only when named (--only), bounds (s)
 API_TERMS = {"api_request_s": (1e-5, 0.05), "api_token_s": (1e-8, 5e-5), "api_latency_s": (1e-5, 0.05)}
 # where a zero default starts: at its lower bound no finite step would move it
-ZERO_STARTS = {"layer_overhead_s": 1e-5, "api_request_s": 1e-3, "api_token_s": 1e-6, "api_latency_s": 1e-3}
+ZERO_STARTS = {
+    "layer_overhead_s": 1e-5,
+    "moe_layer_s": 2e-5,
+    "moe_expert_s": 5e-7,
+    "api_request_s": 1e-3,
+    "api_token_s": 1e-6,
+    "api_latency_s": 1e-3,
+}
 EFF_BOUNDS = (0.05, 1.0)
 F_SCALE = 0.1  # soft-L1 scale in log(predicted / measured): misses beyond ~10% count linearly
 
@@ -69,18 +78,31 @@ def _through_api(runs: list[MeasuredRun]) -> bool:
     return any(run.benchmark == "serve" for run in runs)
 
 
-def profile_of(x: np.ndarray, names: list[str], base: Profile, gpu: str | None = None, **fields) -> Profile:
-    """`base` with the fitted parameters (log values `x`, in `names` order), in `gpu`'s section when given, and
-    `fields`."""
+def profile_of(
+    x: np.ndarray,
+    names: list[str],
+    base: Profile,
+    gpu: str | None = None,
+    experts: str | None = None,
+    **fields,
+) -> Profile:
+    """`base` with the fitted parameters (log values `x`, in `names` order), in `gpu`'s section when given, the
+    routed experts' in the `moe_kernels` entry of dtype `experts` when given, and `fields`."""
     values = {n: min(v, 1.0) if n in EFFICIENCIES else v for n, v in zip(names, np.exp(x).tolist())}
+    if experts is not None:
+        own = {n: values.pop(n) for n in MOE_KERNEL_FIELDS if n in values}
+        held = (base.gpus.get(gpu, {}) if gpu is not None else base.model_dump()).get("moe_kernels", {})
+        values["moe_kernels"] = held | {experts: held.get(experts, {}) | own}
     if gpu is not None:
         return base.with_gpu_section(gpu, values).model_copy(update=fields)
+    if experts is not None:  # validated, as a section is
+        return Profile.model_validate(base.model_dump() | values).model_copy(update=fields)
     update = {n: EfficiencyCurve.constant(v) if n in EFFICIENCIES else v for n, v in values.items()}
     return base.model_copy(update=update | fields)
 
 
 def _bounds(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    ranges = OVERHEADS | API_TERMS
+    ranges = OVERHEADS | API_TERMS | MOE_TERMS
     low = [EFF_BOUNDS[0] if n in EFFICIENCIES else ranges[n][0] for n in names]
     high = [EFF_BOUNDS[1] if n in EFFICIENCIES else ranges[n][1] for n in names]
     return np.log(low), np.log(high)
@@ -170,6 +192,7 @@ def fit_to_runs(
     prior: float = 0.0,
     only: list[str] | None = None,
     gpu: str | None = None,
+    experts: str | None = None,
     on_evaluation: Callable[[int], None] | None = None,
     **fields,
 ) -> RunsFit:
@@ -183,7 +206,8 @@ def fit_to_runs(
     runs' when nothing is held out). With `gpu`, every run must be on that GPU; the fit starts from `base` as it
     prices that GPU and writes its parameters into `base`'s section for it, keeping `base`'s own `fit_mape`
     (RunsFit.mape is the section's). `on_evaluation(n)` hears of each replay of the train runs (n of at most
-    `max_evaluations`)."""
+    `max_evaluations`). With `experts` (a weight dtype), every train run's routed experts must be of that dtype, and
+    the routed-expert numbers fitted go into the profile's (or `gpu`'s section's) `moe_kernels` entry for it."""
     if not train:
         raise ValueError("no runs to fit")
     elsewhere = sorted({run.gpu for run in train + test} - {gpu}) if gpu is not None else []
@@ -191,24 +215,38 @@ def fit_to_runs(
         raise ValueError(f"a fit for {gpu} was given runs on {', '.join(elsewhere)}")
     names = fitted_names(train)
     if only is not None:
-        known = [*EFFICIENCIES, *OVERHEADS, *API_TERMS]
+        known = [*EFFICIENCIES, *OVERHEADS, *MOE_TERMS, *API_TERMS]
         unknown = sorted(set(only) - set(known))
         if unknown:
             raise SpecError(f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join(known)}")
-        names = [n for n in names if n in only] + [n for n in API_TERMS if n in only and _through_api(train)]
+        names = (
+            [n for n in names if n in only]
+            + [n for n in MOE_TERMS if n in only and any(run.is_moe for run in train)]
+            + [n for n in API_TERMS if n in only and _through_api(train)]
+        )
         if not names:
             raise SpecError(
                 f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})"
             )
+    if experts is not None:
+        others = sorted({run.label() for run in train if run.expert_dtype != experts})
+        if others:
+            raise SpecError(
+                f"--experts {experts}: these runs' routed experts are not {experts}: {', '.join(others)}"
+            )
+        if not set(names) & set(MOE_KERNEL_FIELDS):
+            raise SpecError(
+                f"--experts {experts}: no routed-expert number to fit ({', '.join(MOE_KERNEL_FIELDS)})"
+            )
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
-    start = _start(base.for_gpu(gpu) if gpu is not None else base, names)
+    start = _start((base.for_gpu(gpu) if gpu is not None else base).for_experts(experts or ""), names)
     best: list = [math.inf, start]  # the lowest cost seen, and where
 
     def residuals(x: np.ndarray) -> np.ndarray:
         if replayer.count >= max_evaluations:
             raise _Budget
-        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base, gpu))]
+        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base, gpu, experts))]
         if on_evaluation is not None:
             on_evaluation(replayer.count)
         r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
@@ -231,11 +269,13 @@ def fit_to_runs(
         except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
             pass
         _polish(residuals, best[1], names, max_evaluations - replayer.count)
-        fitted, evaluations = profile_of(best[1], names, base, gpu, **fields), replayer.count
+        fitted, evaluations = profile_of(best[1], names, base, gpu, experts, **fields), replayer.count
         errors = {"base": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
         checked = errors["fitted"][len(train) :] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
-        record = FitRecord(fields=tuple(names), runs=tuple(run.label() for run in train))
+        # an expert dtype's numbers are recorded under its entry: they price those experts only
+        fields = [f"moe_kernels.{experts}.{n}" if experts and n in MOE_KERNEL_FIELDS else n for n in names]
+        record = FitRecord(fields=tuple(fields), runs=tuple(run.label() for run in train))
         # compare --split holds these runs out
         fitted = fitted.model_copy(update={"fits": (*base.fits, record)})
         if gpu is None:

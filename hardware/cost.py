@@ -713,7 +713,10 @@ def _mlp(
                 moe_tp,
                 moe_ep,
             )
-        moe_s = routing.gemm_s(flops, nbytes, kind="moe")
+        compute_s, memory_s = routing.gemm_s(flops, nbytes, kind="moe")
+        # the kernel's fixed costs: per layer, and per expert it runs on this GPU (whole under EP, a slice under TP)
+        fixed = ctx.profile.moe_layer_s + (touched / tp if ctx.par.ep else touched) * ctx.profile.moe_expert_s
+        moe_s = (compute_s + fixed, memory_s + fixed)
         acc.add(routing, "moe", "moe", flops, nbytes, moe_s, layers, measured)
         # the router's logits and any shared experts are dense GEMMs beside it; under DeepEP (expert parallel over
         # DP attention) and on vLLM's DP ranks every GPU holds the shared experts whole and runs them on its own
@@ -1018,7 +1021,7 @@ def _context(
     dtype = resolve_weight_dtype(model, options.weight_dtype)
     if rank is None:
         rank = busiest_rank(batch, model, gpu, parallelism, profile, options)
-    profile = profile.for_gpu(gpu.name)
+    profile = profile.for_gpu(gpu.name).for_experts(dtype)
     kernels = kernel_tables(profile.kernels, gpu.name) if profile.kernels else None
     return _Ctx(
         model,

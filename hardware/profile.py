@@ -25,6 +25,7 @@ from servesim.hardware.errors import SpecError
 from servesim.hardware.files import read_yaml
 from servesim.hardware.gpu import gpu_catalog
 from servesim.hardware.kernel_tables import ENGINE, framework_for, split_kernels
+from servesim.hardware.model import WEIGHT_DTYPE_BYTES
 from servesim.hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
@@ -102,6 +103,8 @@ DEFAULT_MOE_FIT = FitRecord(
     ),
 )
 MOE_FIELDS = frozenset({"moe_compute", "moe_memory"})
+#: What a `moe_kernels` entry may set: the routed experts' efficiencies and fixed costs.
+MOE_KERNEL_FIELDS = ("moe_compute", "moe_memory", "moe_layer_s", "moe_expert_s")
 API_FIELDS = frozenset(
     {"api_request_s", "api_token_s", "api_latency_s"}
 )  # price runs through an API server only
@@ -136,6 +139,30 @@ class Profile(SpecModel):
     moe_memory: EfficiencyCurve | None = Field(
         EfficiencyCurve.constant(0.273),
         description=("Routed-expert kernels' fraction of HBM bandwidth; None: the GEMM curve's"),
+    )
+    moe_layer_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per MoE layer per step, on top of the routed experts' roofline: routing (top-k, sort), token "
+            "permutation and the fused-MoE launches, which cost the same at TP 1 and TP 8"
+        ),
+    )
+    moe_expert_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per routed expert a GPU's fused-MoE kernel runs per layer per step: its tiles' setup and first weight "
+            "loads, which a small per-GPU slice of the expert does not amortize"
+        ),
+    )
+    moe_kernels: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "Per expert weight dtype (mxfp4, fp8, ...): the routed-expert numbers (moe_compute, moe_memory, "
+            "moe_layer_s, moe_expert_s) that differ for that dtype's fused-MoE kernels, e.g. MXFP4 experts on "
+            "Triton kernels next to block-FP8 ones; the rest as the profile's"
+        ),
     )
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")
     layer_overhead_s: float = Field(
@@ -264,6 +291,34 @@ class Profile(SpecModel):
             object.__setattr__(self, "fits", ())
         return self
 
+    @field_validator("moe_kernels")
+    @classmethod
+    def _moe_kernels_resolve(cls, kernels: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for dtype, values in kernels.items():
+            if dtype not in WEIGHT_DTYPE_BYTES:
+                raise ValueError(f"{dtype}: not a weight dtype; allowed: {', '.join(WEIGHT_DTYPE_BYTES)}")
+            kernels[dtype] = cls._partial(dtype, values, MOE_KERNEL_FIELDS, "expert dtype", {})
+        return kernels
+
+    @classmethod
+    def _partial(
+        cls, where: str, values: dict[str, Any], allowed: tuple[str, ...], per: str, around: dict[str, Any]
+    ) -> dict[str, Any]:
+        """`values`, some of the `allowed` fields, validated over the fields `around` and kept as their fields dump,
+        so equal entries compare equal; an error names `where` and the field."""
+        unknown = sorted(set(values) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"{where}: {', '.join(map(str, unknown))} cannot differ per {per}; allowed: {', '.join(allowed)}"
+            )
+        try:
+            resolved = cls.model_validate(around | values)
+        except ValidationError as err:
+            first = err.errors()[0]
+            location = ".".join([where, *map(str, first["loc"])])
+            raise ValueError(f"{location}: {first['msg'].removeprefix('Value error, ')}") from None
+        return {key: value for key, value in resolved.model_dump(mode="json").items() if key in values}
+
     @field_validator("kernels")
     @classmethod
     def _known_tables(cls, kernels: str | None) -> str | None:
@@ -276,24 +331,9 @@ class Profile(SpecModel):
     def _sections_resolve(
         cls, gpus: dict[str, dict[str, Any]], info: ValidationInfo
     ) -> dict[str, dict[str, Any]]:
+        around = {k: v for k, v in info.data.items() if k in GPU_FIELDS}
         for gpu, section in gpus.items():
-            unknown = sorted(set(section) - set(GPU_FIELDS))
-            if unknown:
-                raise ValueError(
-                    f"{gpu}: {', '.join(map(str, unknown))} cannot differ per GPU; allowed: "
-                    f"{', '.join(GPU_FIELDS)}"
-                )
-            try:
-                resolved = cls.model_validate(
-                    {k: v for k, v in info.data.items() if k in GPU_FIELDS} | section
-                )
-            except ValidationError as err:
-                first = err.errors()[0]
-                where = ".".join([gpu, *map(str, first["loc"])])
-                raise ValueError(f"{where}: {first['msg'].removeprefix('Value error, ')}") from None
-            gpus[gpu] = {
-                key: value for key, value in resolved.model_dump(mode="json").items() if key in section
-            }
+            gpus[gpu] = cls._partial(gpu, section, GPU_FIELDS, "GPU", around)
         return gpus  # each section as its fields dump, so a YAML round trip compares equal
 
     def for_gpu(self, gpu: str) -> Profile:
@@ -304,7 +344,19 @@ class Profile(SpecModel):
         section = self.gpus.get(gpu)
         if section is None:
             return self.model_copy(update={"gpus": {}})
-        return Profile.model_validate(self.model_dump(exclude={"gpus"}) | section)
+        shared = self.model_dump(exclude={"gpus"})
+        # the section's expert dtypes over the shared ones
+        kernels = shared["moe_kernels"] | section.get("moe_kernels", {})
+        return Profile.model_validate(shared | section | {"moe_kernels": kernels})
+
+    def for_experts(self, dtype: str) -> Profile:
+        """The profile as it prices routed experts of weight dtype `dtype`: its `moe_kernels` entry (if any) over
+        the profile's numbers, with no entries left, so a resolved profile passes through again for free."""
+        if not self.moe_kernels:
+            return self
+        values = self.moe_kernels.get(dtype, {})
+        update = {k: _curve(v) if k in MOE_FIELDS else v for k, v in values.items()}
+        return Profile.model_validate(self.model_dump() | update | {"moe_kernels": {}})
 
     def for_engine(self, engine_tables: str) -> Profile:
         """The profile as an engine runs whose kernels are `engine_tables`' (its family's `kernel_tables`):

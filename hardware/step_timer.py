@@ -29,7 +29,7 @@ from servesim.hardware.cost import (
     stage_fixed_seconds,
 )
 from servesim.hardware.gpu import GpuSpec
-from servesim.hardware.model import ModelSpec, pipeline_stages
+from servesim.hardware.model import ModelSpec, pipeline_stages, resolve_weight_dtype
 from servesim.hardware.profile import Profile
 
 
@@ -47,7 +47,10 @@ class StepTimer:
         options: CostOptions = CostOptions(),
     ):
         self.model, self.gpu, self.parallelism = model, gpu, parallelism
-        self.profile = profile.for_gpu(gpu.name)  # as it prices this GPU
+        # as it prices this GPU and these experts
+        self.profile = profile.for_gpu(gpu.name).for_experts(
+            resolve_weight_dtype(model, options.weight_dtype)
+        )
         self.options = options
         # the cost functions' leading arguments, in their order
         self.args = (model, gpu, parallelism, self.profile, options)

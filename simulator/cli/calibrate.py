@@ -40,7 +40,7 @@ def profile_rows(fitted: Profile, default: Profile = Profile()) -> list[list[str
                 ),
             ]
         )
-    for name in FIXED_COSTS:
+    for name in (*FIXED_COSTS, "moe_layer_s", "moe_expert_s"):
         rows.append(
             [
                 name.replace("_s", "_us"),
@@ -171,17 +171,21 @@ def validate(
 @app.command("fit")
 @clean_errors
 def fit_runs(
-    runs_file: Path = typer.Argument(
+    runs_files: list[Path] = typer.Argument(
         ...,
-        help="Measured runs (YAML list, as benchmarks/published_runs.yaml), or a benchmark result file (vllm bench "
-        "serve JSON, GuideLLM report, SGLang bench_serving JSONL) with --model and --gpu",
+        help="Measured runs (YAML lists, as benchmarks/published_runs.yaml; one or more), or a benchmark result "
+        "file (vllm bench serve JSON, GuideLLM report, SGLang bench_serving JSONL) with --model and --gpu",
     ),
     model: str | None = typer.Option(
         None, "--model", help="A benchmark result's model (preset, config.json or HF id)"
     ),
     tp: int = typer.Option(1, "--tp", min=1, help="A benchmark result's tensor-parallel size"),
     set_: list[str] = typer.Option([], "--set", help="A benchmark result's other setup: field=value"),
-    match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+    match: str | None = typer.Option(
+        None,
+        "--match",
+        help="Only runs whose label matches this regular expression (plain text: contains it)",
+    ),
     holdout_every: int = typer.Option(
         3, "--holdout-every", min=0, help="Hold every n-th run (n >= 2) out of the fit to test it (0: none)"
     ),
@@ -225,6 +229,14 @@ def fit_runs(
             "shared values, and every other GPU's, stay as they are (a benchmark result's GPU: it was served on it)"
         ),
     ),
+    experts: str | None = typer.Option(
+        None,
+        "--experts",
+        help=(
+            "Fit the routed experts' numbers into the profile's `moe_kernels` entry for this expert weight dtype "
+            "(mxfp4, fp8, ...): every run must serve experts of that dtype, and other dtypes keep theirs"
+        ),
+    ),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
     gpu_file: list[Path] = GpuFiles,
 ) -> None:
@@ -251,12 +263,19 @@ def fit_runs(
     from servesim.simulator.progress import progress_bar
 
     check_replaceable(out)  # before the fit, not after it
-    if runs_file.suffix not in RESULT_SUFFIXES and (model or set_ or tp != 1):
+    results = [f for f in runs_files if f.suffix in RESULT_SUFFIXES]
+    if results and len(runs_files) > 1:
         raise SpecError(
-            f"{runs_file}: --model, --tp and --set describe a benchmark result file; a runs file names each "
+            f"{results[0]}: a benchmark result file is fitted alone (its --model and --gpu are its own)"
+        )
+    if not results and (model or set_ or tp != 1):
+        raise SpecError(
+            f"{runs_files[0]}: --model, --tp and --set describe a benchmark result file; a runs file names each "
             "run's setup itself"
         )
-    runs = with_gpu_files(select(runs_from_file(runs_file, model, gpu, tp, set_), match), gpu_file)
+    loaded = [run for f in runs_files for run in runs_from_file(f, model, gpu, tp, set_)]
+    runs = with_gpu_files(select(loaded, match), gpu_file)
+    names = " + ".join(f.name for f in runs_files)
     files = tuple(distinct_files([*gpu_file, *(f for run in runs for f in run.gpu_files)]))
     start = load_profile(base, files)
     if gpu is not None:
@@ -270,13 +289,11 @@ def fit_runs(
         )
     if len(runs) < 2:
         raise SpecError(
-            f"{runs_file}: {len(runs)} run(s) match"
-            + (f" on {gpu}" if gpu else "")
-            + "; a fit needs at least 2"
+            f"{names}: {len(runs)} run(s) match" + (f" on {gpu}" if gpu else "") + "; a fit needs at least 2"
         )
     train, test = split(runs, holdout_every)
     what = (
-        f"{len(train)} runs of {runs_file.name}"
+        f"{len(train)} runs of {names}"
         + (f" matching {match!r}" if match else "")
         + (f" on {gpu}" if gpu else "")
         + f", {len(test)} held out"
@@ -292,6 +309,7 @@ def fit_runs(
             prior=prior,
             only=[p.strip() for p in only.split(",")] if only else None,
             gpu=gpu,
+            experts=experts,
             name=name or (start.name if base not in (None, "default") else "fitted-runs"),
             on_evaluation=advance,
         )
@@ -302,9 +320,12 @@ def fit_runs(
     )
     provenance = (
         f"servesim fit: {what}"
-        if base is None and gpu is None
+        if base is None and gpu is None and experts is None
         else (
-            f"{stated}; then " + (f"gpus.{gpu} " if gpu else "") + f"fitted from it by servesim fit "
+            f"{stated}; then "
+            + (f"gpus.{gpu} " if gpu else "")
+            + (f"moe_kernels.{experts} " if experts else "")
+            + f"fitted from it by servesim fit "
             f"--base {base or 'default'}: {what} ({fit_score(result.mape, len(test))})"
         )
     )
@@ -312,7 +333,11 @@ def fit_runs(
     rows = []
     labels = {"base": "default" if base is None else f"base ({start.name})", "fitted": "fitted"}
     with atomic_dir(out) as folder:
-        save_profile(fitted, folder / "profile.yaml", {"runs": runs_file, "evaluations": result.evaluations})
+        save_profile(
+            fitted,
+            folder / "profile.yaml",
+            {"runs": " ".join(map(str, runs_files)), "evaluations": result.evaluations},
+        )
         for i, (part, members) in enumerate((("train", train), ("test", test))):
             by_profile = {key: result.split_errors(key)[i] for key in labels}
             rows += figure_rows(members, by_profile, part)
@@ -324,9 +349,9 @@ def fit_runs(
                         family_rows(list(zip(members, errors))),
                     )
         pd.DataFrame(rows).to_csv(folder / "figures.csv", index=False)
-    shown = (fitted.for_gpu(gpu), start.for_gpu(gpu)) if gpu else (fitted, start)
+    shown = tuple(p.for_gpu(gpu or "").for_experts(experts or "") for p in (fitted, start))
     print_table(
-        "fitted profile" + (f" on {gpu}" if gpu else ""),
+        "fitted profile" + (f" on {gpu}" if gpu else "") + (f" for {experts} experts" if experts else ""),
         ["parameter", "fitted", labels["base"]],
         profile_rows(*shown),
     )

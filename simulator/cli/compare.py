@@ -48,7 +48,11 @@ def compare(
         "numbers never saw: leave one source out (source) or one GPU out (gpu); "
         "repeatable",
     ),
-    match: str | None = typer.Option(None, "--match", help="Only runs whose label contains this text"),
+    match: str | None = typer.Option(
+        None,
+        "--match",
+        help="Only runs whose label matches this regular expression (plain text: contains it)",
+    ),
     by: str | None = typer.Option(
         None, "--by", help="Also one error table per model, gpu, engine or moe (MoE vs dense models)"
     ),
@@ -85,7 +89,7 @@ def compare(
     if by is not None and by not in GROUPS:
         raise SpecError(f"--by {by!r}: choose from {', '.join(GROUPS)}")
     if not runs:
-        raise SpecError(f"{runs_file}: no run's label contains {match!r}")
+        raise SpecError(f"{runs_file}: no run's label matches {match!r}")
     unknown = sorted(set(split) - set(SPLITS))
     if unknown:
         raise SpecError(f"--split {unknown[0]!r}: choose from {', '.join(SPLITS)}")

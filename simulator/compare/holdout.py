@@ -2,9 +2,10 @@
 
 A profile's `fits` records name the runs each of its fitted numbers came from. Split by source (who published the
 runs) or by GPU, a run is held out from a profile when no record that prices it (routed-expert numbers price MoE
-models only, API-server numbers `serve` runs only) drew on a run of the same source (or GPU): leave one source out, leave one GPU out. A profile fitted to
-no run (the roofline defaults' dense numbers, measured kernel tables) is held out from every run its records do not
-reach, so the figures say how it extrapolates, not how well it was fitted.
+models only, an expert dtype's own numbers those experts only, API-server numbers `serve` runs only) drew on a run
+of the same source (or GPU): leave one source out, leave one GPU out. A profile fitted to no run (the roofline
+defaults' dense numbers, measured kernel tables) is held out from every run its records do not reach, so the
+figures say how it extrapolates, not how well it was fitted.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
-from servesim.hardware.profile import API_FIELDS, MOE_FIELDS, Profile
+from servesim.hardware.profile import API_FIELDS, MOE_KERNEL_FIELDS, Profile
 from servesim.simulator.compare.measured import MeasuredRun, MetricError
 from servesim.simulator.compare.measured_report import FAMILIES, family
 
@@ -68,13 +69,21 @@ def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun
     its label names (if one); by source it cannot be placed and is not counted."""
     group = SPLITS[split](run)
     for record in profile.fits:
-        if set(record.fields) <= MOE_FIELDS and not run.is_moe:
-            continue
-        if set(record.fields) <= API_FIELDS and run.benchmark != "serve":
+        if not any(_prices(field, run) for field in record.fields):
             continue
         if any(_placed(label, by_label, split) == group for label in record.runs):
             return False
     return True
+
+
+def _prices(field: str, run: MeasuredRun) -> bool:
+    """Whether a fitted number prices `run`: routed-expert numbers MoE models only (a `moe_kernels.<dtype>.` one
+    only experts of that dtype), API-server numbers `serve` runs only, the others every run."""
+    if field.startswith("moe_kernels."):
+        return run.expert_dtype == field.split(".")[1]
+    if field in MOE_KERNEL_FIELDS:
+        return run.is_moe
+    return field not in API_FIELDS or run.benchmark == "serve"
 
 
 def _cell(errors: list[float]) -> str:

@@ -232,6 +232,12 @@ class MeasuredRun(SpecModel):
         return get_model(self.model).moe is not None
 
     @property
+    def expert_dtype(self) -> str | None:
+        """The dtype its routed experts run in (None: a dense model)."""
+        model = get_model(self.model)
+        return resolve_weight_dtype(model, self.weight_dtype) if model.moe is not None else None
+
+    @property
     def paced_arrivals(self) -> bool:
         """Whether the client scaled its gaps to end at num_prompts / rate: vLLM's bench serve since v0.10.1."""
         since = self.family.paced_client_since
@@ -663,5 +669,12 @@ def with_gpu_files(runs: list[MeasuredRun], gpu_files: list[Path]) -> list[Measu
 
 
 def select(runs: list[MeasuredRun], match: str | None) -> list[MeasuredRun]:
-    """The runs whose label contains `match` (all of them for None)."""
-    return [run for run in runs if match is None or match in run.label()]
+    """The runs whose label `match` finds, as a regular expression (all of them for None): plain text finds the
+    labels that contain it."""
+    if match is None:
+        return runs
+    try:
+        pattern = re.compile(match)
+    except re.error as err:
+        raise SpecError(f"--match {match!r}: not a regular expression ({err})") from None
+    return [run for run in runs if pattern.search(run.label())]

@@ -349,3 +349,83 @@ def test_the_fit_knows_every_api_server_term_the_profile_has():
     assert API_FIELDS <= set(ZERO_STARTS)  # each defaults to 0, where a bounded fit could not move it
     for name, (low, high) in API_TERMS.items():
         assert 0 < low < high <= Profile.model_fields[name].metadata[-1].le, name
+
+
+def _moe_runs(profile_path: str) -> list[MeasuredRun]:
+    """gpt-oss-20b (MXFP4 experts) decode-bound latency runs whose figures `profile_path` made."""
+    runs = []
+    for batch_size in (1, 8):
+        template = MeasuredRun.model_validate(
+            {
+                "source": "synthetic",
+                "gpu": "h100-sxm",
+                "model": "gpt-oss-20b",
+                "benchmark": "latency",
+                "batch_size": batch_size,
+                "input_len": 128,
+                "output_len": 32,
+                "engine_args": {"max_model_len": 4096},
+                "measured": {"latency_s": 1.0},
+            }
+        )
+        made = {e.metric: e.predicted for e in replay(template, profile_path)}
+        runs.append(template.model_copy(update={"measured": made}))
+    return runs
+
+
+def test_an_experts_fit_writes_that_dtypes_entry_and_leaves_the_shared_values(tmp_path):
+    """Runs made by the defaults but for 60 us per MoE layer on MXFP4 experts: `fit --experts mxfp4 --only
+    moe_layer_s` finds it in moe_kernels.mxfp4; the shared moe_layer_s stays 0. Runs of another expert dtype, or a
+    fit with no routed-expert number, are refused."""
+    made_by = tmp_path / "made.yaml"
+    made_by.write_text(
+        yaml.safe_dump(Profile(moe_kernels={"mxfp4": {"moe_layer_s": 6e-5}}).model_dump(mode="json"))
+    )
+    runs = _moe_runs(str(made_by))
+    result = fit_to_runs(runs, [], max_evaluations=24, only=["moe_layer_s"], experts="mxfp4")
+    entry = result.profile.moe_kernels["mxfp4"]
+    assert set(entry) == {"moe_layer_s"} and entry["moe_layer_s"] == pytest.approx(6e-5, rel=0.03)
+    assert result.profile.moe_layer_s == 0.0
+    assert result.profile.model_dump(exclude={"moe_kernels", "fit_mape", "fits"}) == Profile().model_dump(
+        exclude={"moe_kernels", "fit_mape", "fits"}
+    )
+    with pytest.raises(SpecError, match="--experts fp8: these runs' routed experts are not fp8: gpt-oss-20b"):
+        fit_to_runs(runs, [], only=["moe_layer_s"], experts="fp8")
+    with pytest.raises(SpecError, match="--experts mxfp4: no routed-expert number to fit"):
+        fit_to_runs(runs, [], only=["step_overhead_s"], experts="mxfp4")
+
+
+def test_fit_cli_takes_several_runs_files_and_a_regular_expression(tmp_path):
+    """Two runs files, a --match pattern picking one run of each, and --experts: the entry lands in the profile."""
+    made_by = tmp_path / "made.yaml"
+    made_by.write_text(
+        yaml.safe_dump(Profile(moe_kernels={"mxfp4": {"moe_layer_s": 6e-5}}).model_dump(mode="json"))
+    )
+    files = []
+    for i, run in enumerate(_moe_runs(str(made_by))):  # each beside a run the pattern leaves out
+        files.append(tmp_path / f"runs{i}.yaml")
+        other = run.model_copy(update={"input_len": 256})
+        files[-1].write_text(
+            yaml.safe_dump([r.model_dump(mode="json", exclude_none=True) for r in (run, other)])
+        )
+    out = tmp_path / "fit"
+    args = [
+        "fit",
+        *map(str, files),
+        "--match",
+        "latency 128/32 batch (1|8)$",
+        "--experts",
+        "mxfp4",
+        "--only",
+        "moe_layer_s",
+    ]
+    result = CliRunner().invoke(
+        app, [*args, "--out", str(out), "--holdout-every", "0", "--max-evaluations", "24", "--workers", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    fitted = load_profile(out / "profile.yaml")
+    assert fitted.moe_kernels["mxfp4"]["moe_layer_s"] == pytest.approx(6e-5, rel=0.03)
+    assert "2 runs of runs0.yaml + runs1.yaml matching 'latency 128/32 batch (1|8)$'" in fitted.provenance
+    assert "fitted profile for mxfp4 experts" in result.output
+    bad = CliRunner().invoke(app, ["fit", str(files[0]), "--match", "(", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "--match '(': not a regular expression" in bad.output

@@ -75,6 +75,27 @@ def test_fitted_numbers_hold_out_only_runs_of_sources_and_gpus_they_never_saw():
     assert not held_out(own, rocm_latency, by_label, "source")  # another ROCm run of that source
 
 
+def test_an_expert_dtypes_numbers_hold_in_only_runs_of_those_experts():
+    """A fit of MXFP4 experts (gpt-oss on an H100) prices no dense run, and no block-FP8 DeepSeek run: by GPU those
+    stay held out while the H100's other gpt-oss runs do not; the fixed MoE costs, fitted shared, price every MoE
+    run and no dense one."""
+    runs = load_measured_runs(PUBLISHED)
+    by_label = {run.label(): run for run in runs}
+    fitted = by_label["gpt-oss-120b h100-sxm mxfp4 serve 229/217 c=4 x100"]
+    other_gpt_oss = by_label["gpt-oss-20b h100-sxm mxfp4 serve 2000/100 all at once x500"]
+    dense = by_label["qwen3-8b h100-sxm serve 233/221 c=4 x100"]
+    deepseek = by_label["deepseek-v3 h200 TP8 fp8 serve 2000/100 all at once x500"]
+    on_h200 = run_of(gpu="h200", model="gpt-oss-120b", source="https://example.com/x")
+    by_label[on_h200.label()] = on_h200
+    fields = ("moe_kernels.mxfp4.moe_memory", "moe_kernels.mxfp4.moe_layer_s")
+    mxfp4 = Profile(fits=(FitRecord(fields=fields, runs=(fitted.label(), on_h200.label())),))
+    assert not held_out(mxfp4, other_gpt_oss, by_label, "gpu")
+    assert held_out(mxfp4, dense, by_label, "gpu") and held_out(mxfp4, deepseek, by_label, "gpu")
+    shared = Profile(fits=(FitRecord(fields=("moe_layer_s",), runs=(on_h200.label(),)),))
+    assert not held_out(shared, deepseek, by_label, "gpu")
+    assert held_out(shared, run_of(gpu="h200", source="https://example.com/y"), by_label, "gpu")
+
+
 def test_a_fitted_run_of_another_file_is_placed_by_the_gpu_its_label_names():
     """The measured profile's API server was fitted to silybench's H100 runs (published_runs.yaml): judged on
     another file's H100 serve run it is in sample by GPU, by source it cannot be placed and the run stays held out;

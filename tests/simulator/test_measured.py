@@ -229,7 +229,7 @@ def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     assert np.isclose(figures[1]["error_pct"], (figures[1]["predicted"] / 300.0 - 1) * 100)
     assert "servesim vs measured runs" in html.read_text()
     missing = runner.invoke(app, ["compare", str(path), "--match", "b200"])
-    assert missing.exit_code == 2 and "no run's label contains 'b200'" in missing.output
+    assert missing.exit_code == 2 and "no run's label matches 'b200'" in missing.output
 
 
 def test_every_published_run_replays_to_finite_predictions_of_every_figure():
