@@ -98,3 +98,22 @@ def test_a_bad_expert_dtype_entry_names_the_file_the_dtype_and_the_field(tmp_pat
         load_profile(path)
     assert str(path) in str(err.value)
 
+
+def test_the_measured_profile_prices_mxfp4_experts_with_their_own_fit():
+    """The bundled measured profile holds a fit of MXFP4 experts on Hopper and another on the B200, each recorded
+    under the dtype's entry; other expert dtypes keep the shared numbers (fitted to GPUStack's runs, DeepSeek's
+    block FP8 among them) and no fixed MoE cost."""
+    measured = load_profile("measured")
+    hopper, b200 = (measured.for_gpu(gpu).for_experts("mxfp4") for gpu in ("h200", "b200"))
+    assert (
+        hopper.moe_layer_s > 0 and hopper.moe_expert_s > 0 and hopper.moe_memory.at(1) < b200.moe_memory.at(1)
+    )
+    assert b200.moe_layer_s != hopper.moe_layer_s
+    fp8 = measured.for_gpu("h200").for_experts("fp8")
+    assert (fp8.moe_compute, fp8.moe_memory, fp8.moe_layer_s) == (
+        Profile().moe_compute,
+        Profile().moe_memory,
+        0.0,
+    )
+    mxfp4_fits = [record for record in measured.fits if record.fields[0].startswith("moe_kernels.mxfp4.")]
+    assert [len(record.runs) for record in mxfp4_fits] == [27, 12]
