@@ -1262,9 +1262,9 @@ def _stretch_attention_s(ctx: _Ctx, num_context: np.ndarray, num_steps: int) -> 
         _, _, compute_s, memory_s = attention_terms(ctx, group.owns_kv, True, keys, keys, requests)
         per_layer = np.maximum(compute_s, memory_s)
         table = _attention_table(ctx, group.window, True)
-        if table is not None:  # looked up one step at a time, with a stepped step's very numbers
-            for step, read in enumerate(keys.tolist()):
-                measured = table.seconds(requests, _table_length(group.window, True, requests, read, read))
+        if table is not None:  # a stepped step's very numbers
+            lengths = [_table_length(group.window, True, requests, read, read) for read in keys.tolist()]
+            for step, measured in enumerate(table.seconds_along(requests, lengths)):
                 if measured is not None:
                     per_layer[step] = measured
         attention += per_layer * layers

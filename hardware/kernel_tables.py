@@ -223,6 +223,37 @@ class Grid:
                 total += wi * wj * value
         return math.exp(total)
 
+    def at2_along(self, x: float, ys: list[float]) -> list[float | None]:
+        """`at(x, y)` for each of `ys`, bit for bit, the bracket on the first axis found once: a decode stretch's
+        steps share their batch and differ in length."""
+        first = _bracket(self.log_axes[0], x)
+        if first is None:
+            return [None] * len(ys)
+        rows = [
+            (self._rows[i], wi) for i, wi in ((first[0], 1.0 - first[2]), (first[1], first[2])) if wi != 0.0
+        ]
+        log_axis, out = self.log_axes[1], []
+        for y in ys:
+            second = _bracket(log_axis, y)
+            if second is None:
+                out.append(None)
+                continue
+            corners = [
+                (j, wj) for j, wj in ((second[0], 1.0 - second[2]), (second[1], second[2])) if wj != 0.0
+            ]
+            total, measured = 0.0, True
+            for row, wi in rows:
+                for j, wj in corners:
+                    value = row[j]
+                    if value != value:  # NaN: not measured
+                        measured = False
+                        break
+                    total += wi * wj * value
+                if not measured:
+                    break
+            out.append(math.exp(total) if measured else None)
+        return out
+
     def split_at(self, *point: float) -> float | None:
         """`at`, a coordinate past the grid's largest value split into equal pieces run one after another (rows,
         columns, tokens, message bytes add up)."""
@@ -258,6 +289,12 @@ class AttentionTable:
                 return time_s * pieces
             pieces *= 2
         return None
+
+    def seconds_along(self, batch: float, lengths: list[float]) -> list[float | None]:
+        """`seconds(batch, length)` for each of `lengths`, bit for bit: those the grid holds whole looked up
+        together."""
+        whole = self.grid.at2_along(batch, lengths) if len(self.grid.axes) == 2 else [None] * len(lengths)
+        return [t if t is not None else self.seconds(batch, n) for t, n in zip(whole, lengths)]
 
 
 class KernelTables:

@@ -150,6 +150,15 @@ def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, st
     assert timer.decode_stretch_s(c, steps).tolist() == stepped
 
 
+@pytest.mark.parametrize("batch", [1, 3, 64, 200, 512])
+def test_lookups_along_a_stretch_are_the_one_by_one_lookups(batch):
+    """Lengths on and between the grid's, past it (split into pieces, or None) and below it: the same seconds."""
+    table = kernel_tables("vllm", "h100-sxm").attention(True, "bf16", 32, 8, 128, None)
+    lengths = [0.5, 1.0, 100.0, 1000.0, 1024.0, 1500.25, 8193.0, 30000.0, 200_000.0]
+    assert table.seconds_along(batch, lengths) == [table.seconds(batch, n) for n in lengths]
+    assert None in table.seconds_along(batch, lengths) and table.seconds_along(batch, []) == []
+
+
 @pytest.mark.parametrize("framework", ["vllm", "sglang", "trtllm"])
 @pytest.mark.parametrize("gpu", sorted(SYSTEMS))
 def test_every_gpu_and_engines_tables_answer(gpu, framework):
