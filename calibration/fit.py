@@ -115,6 +115,11 @@ def predict_table(tt: TermTable, profile: Profile) -> np.ndarray:
         raise ValueError(
             "predict_table takes a profile resolved for one GPU (Profile.for_gpu), not its sections"
         )
+    if profile.moe_kernels or profile.moe_layer_s or profile.moe_expert_s:
+        raise ValueError(
+            "predict_table prices routed experts by the efficiency curves alone: a profile with moe_kernels or fixed "
+            "MoE costs (moe_layer_s, moe_expert_s) is priced by step_cost"
+        )
     eff_c, eff_m = np.empty(len(tt.kind)), np.empty(len(tt.kind))
     for code, kind in KIND_NAMES.items():
         entries = tt.kind == code

@@ -25,6 +25,7 @@ import yaml
 from scipy.optimize import least_squares, minimize
 
 from servesim.hardware.errors import SpecError
+from servesim.hardware.model import WEIGHT_DTYPE_BYTES
 from servesim.hardware.profile import MOE_KERNEL_FIELDS, EfficiencyCurve, FitRecord, Profile
 from servesim.simulator.compare.measured import MeasuredRun, MetricError, replay
 
@@ -91,8 +92,10 @@ def profile_of(
     values = {n: min(v, 1.0) if n in EFFICIENCIES else v for n, v in zip(names, np.exp(x).tolist())}
     if experts is not None:
         own = {n: values.pop(n) for n in MOE_KERNEL_FIELDS if n in values}
-        held = (base.gpus.get(gpu, {}) if gpu is not None else base.model_dump()).get("moe_kernels", {})
-        values["moe_kernels"] = held | {experts: held.get(experts, {}) | own}
+        shared = base.model_dump()["moe_kernels"]
+        held = base.gpus.get(gpu, {}).get("moe_kernels", {}) if gpu is not None else shared
+        # a section's entry replaces the shared one whole: it starts from the entry the fit started from
+        values["moe_kernels"] = held | {experts: held.get(experts, shared.get(experts, {})) | own}
     if gpu is not None:
         return base.with_gpu_section(gpu, values).model_copy(update=fields)
     if experts is not None:  # validated, as a section is
@@ -228,6 +231,15 @@ def fit_to_runs(
             raise SpecError(
                 f"--only: the runs cannot tell {', '.join(only)} apart (they fit {', '.join(fitted_names(train))})"
             )
+    if experts is not None and experts not in WEIGHT_DTYPE_BYTES:
+        raise SpecError(f"--experts {experts}: not a weight dtype; allowed: {', '.join(WEIGHT_DTYPE_BYTES)}")
+    entries = (base.for_gpu(gpu) if gpu is not None else base).moe_kernels
+    moe_dtypes = {run.expert_dtype for run in train if run.is_moe}
+    if experts is None and set(names) & set(MOE_KERNEL_FIELDS) and moe_dtypes and moe_dtypes <= set(entries):
+        raise SpecError(
+            f"--base {base.name}: its moe_kernels entries for {', '.join(sorted(moe_dtypes))} price these runs' "
+            f"routed experts, so a fit outside them would move nothing; fit with --experts {min(moe_dtypes)}"
+        )
     if experts is not None:
         others = sorted({run.label() for run in train if run.expert_dtype != experts})
         if others:
@@ -274,8 +286,8 @@ def fit_to_runs(
         checked = errors["fitted"][len(train) :] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
         # an expert dtype's numbers are recorded under its entry: they price those experts only
-        fields = [f"moe_kernels.{experts}.{n}" if experts and n in MOE_KERNEL_FIELDS else n for n in names]
-        record = FitRecord(fields=tuple(fields), runs=tuple(run.label() for run in train))
+        recorded = [f"moe_kernels.{experts}.{n}" if experts and n in MOE_KERNEL_FIELDS else n for n in names]
+        record = FitRecord(fields=tuple(recorded), runs=tuple(run.label() for run in train))
         # compare --split holds these runs out
         fitted = fitted.model_copy(update={"fits": (*base.fits, record)})
         if gpu is None:

@@ -161,7 +161,8 @@ class Profile(SpecModel):
         description=(
             "Per expert weight dtype (mxfp4, fp8, ...): the routed-expert numbers (moe_compute, moe_memory, "
             "moe_layer_s, moe_expert_s) that differ for that dtype's fused-MoE kernels, e.g. MXFP4 experts on "
-            "Triton kernels next to block-FP8 ones; the rest as the profile's"
+            "Triton kernels next to block-FP8 ones; the rest as the profile's. An entry prices its experts over a "
+            "GPU section's own moe_* numbers; a section's entry for the dtype replaces the shared one whole"
         ),
     )
     step_overhead_s: float = Field(2.5e-4, ge=0, description="Per step: scheduling, launch, sampling")

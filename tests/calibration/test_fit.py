@@ -95,6 +95,14 @@ def test_terms_rebuild_step_cost_exactly(model, fast):
         want = step_cost(batch, get_model(model), H200, profile=profile, options=options).total_s
         table = stack_terms([step_terms(batch, get_model(model), H200, options)])
         assert predict_table(table, profile)[0] == pytest.approx(want, rel=1e-12)
+    # what its terms do not hold it refuses rather than price without
+    for moe in (
+        {"moe_layer_s": 1e-5},
+        {"moe_expert_s": 1e-7},
+        {"moe_kernels": {"mxfp4": {"moe_memory": 0.5}}},
+    ):
+        with pytest.raises(ValueError, match="priced by step_cost"):
+            predict_table(table, profile.model_copy(update=moe))
 
 
 def test_curve_weights_interpolate_like_the_profile():

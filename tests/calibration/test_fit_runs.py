@@ -395,6 +395,31 @@ def test_an_experts_fit_writes_that_dtypes_entry_and_leaves_the_shared_values(tm
         fit_to_runs(runs, [], only=["step_overhead_s"], experts="mxfp4")
 
 
+def test_an_experts_fit_of_a_gpu_section_starts_from_the_shared_entry(tmp_path):
+    """A section's MXFP4 entry replaces the shared one whole, so a fit of its moe_layer_s keeps the shared entry's
+    moe_memory beside it; a fit outside --experts that the entries would hide, and an unknown dtype, are refused."""
+    shared = {"moe_memory": 0.8, "moe_layer_s": 6e-5}
+    made_by = tmp_path / "made.yaml"
+    own = {"moe_kernels": {"mxfp4": {"moe_memory": 0.8, "moe_layer_s": 9e-5}}}
+    made_by.write_text(
+        yaml.safe_dump(Profile(moe_kernels={"mxfp4": shared}, gpus={"h100-sxm": own}).model_dump(mode="json"))
+    )
+    runs, base = _moe_runs(str(made_by)), Profile(moe_kernels={"mxfp4": shared})
+    result = fit_to_runs(
+        runs, [], base, max_evaluations=24, only=["moe_layer_s"], gpu="h100-sxm", experts="mxfp4"
+    )
+    entry = result.profile.gpus["h100-sxm"]["moe_kernels"]["mxfp4"]
+    assert entry["moe_memory"] == {"points": [[1.0, 0.8]]}
+    assert entry["moe_layer_s"] == pytest.approx(9e-5, rel=0.03)
+    assert result.profile.moe_kernels == base.moe_kernels
+    with pytest.raises(
+        SpecError, match="its moe_kernels entries for mxfp4 price .* fit with --experts mxfp4"
+    ):
+        fit_to_runs(runs, [], base, only=["moe_layer_s"])
+    with pytest.raises(SpecError, match="--experts MXFP4: not a weight dtype; allowed: .*mxfp4"):
+        fit_to_runs(runs, [], base, only=["moe_layer_s"], experts="MXFP4")
+
+
 def test_fit_cli_takes_several_runs_files_and_a_regular_expression(tmp_path):
     """Two runs files, a --match pattern picking one run of each, and --experts: the entry lands in the profile."""
     made_by = tmp_path / "made.yaml"
