@@ -35,7 +35,7 @@ class Frontend:
     def submit(self, req: Request, target_id: int, hand_over: Callable[[Request], None]) -> None:
         """Queue `req` at the server of target `target_id`; `hand_over(req)` once it is through."""
         now = self.env.now
-        served = max(now, self._free_at.get(target_id, now)) + self.service_s(req)
+        served = self._served_s(req, target_id, now)
         self._free_at[target_id] = served
         heapq.heappush(self._pending, served + self.latency_s)
         self.env.timeout(served + self.latency_s - now).callbacks.append(
@@ -48,6 +48,14 @@ class Frontend:
     def _hand_over(self, req: Request, hand_over: Callable[[Request], None]) -> None:
         heapq.heappop(self._pending)  # handed over in time order: the earliest is this one's (or a tie's)
         hand_over(req)
+
+    def _served_s(self, req: Request, target_id: int, now: float) -> float:
+        return max(now, self._free_at.get(target_id, now)) + self.service_s(req)
+
+    def hand_over_s(self, req: Request, target_id: int, enters_s: float) -> float:
+        """When `req`, entering at `enters_s`, will reach target `target_id` (a FIFO server hands requests over in
+        arrival order, so none entering after it comes sooner)."""
+        return self._served_s(req, target_id, enters_s) + self.latency_s
 
     def next_hand_over_s(self) -> float:
         """When a request in a server next reaches its engine (infinity when none is in one)."""

@@ -226,6 +226,12 @@ class World:
         )
         self.watch = _slo_watch(s, self.workload) if stop_when_slo_lost else None
         self.lost_at_s: float | None = None
+        # an arrival reaches no engine before its API server hands it over; with one engine to route to, no SLO
+        # watch and no cache answering, nothing it does sees an engine's state either, so fused steps may pass it
+        alone = d is None and len(self.pools[0].targets) == 1
+        self._unseen_arrivals = (
+            self.frontend.active and alone and not stop_when_slo_lost and self.app_cache is None
+        )
 
     @property
     def replicas(self) -> list[Replica]:
@@ -248,7 +254,14 @@ class World:
         loop: the next event of any kind, since another replica's finish may release a client)."""
         if self.traffic.reacts_to_finishes or self.handoff is not None:
             return self.env.peek()
-        return min(self.traffic.next_arrival_s(), self.frontend.next_hand_over_s())
+        entry = self.traffic.next_entry() if self._unseen_arrivals else None
+        if entry is None:
+            return min(self.traffic.next_arrival_s(), self.frontend.next_hand_over_s())
+        req, enters_s = entry  # its hand-over, to the bit, is the first thing it can bring an engine
+        return min(
+            self.frontend.hand_over_s(req, id(self.pools[0].targets[0]), enters_s),
+            self.frontend.next_hand_over_s(),
+        )
 
     def _arrive(self, req: Request) -> None:
         self._check_slo()

@@ -32,6 +32,10 @@ class Traffic:
         self.closed = workload.closed_loop
         self.followups = workload.followups
         self._next = 0
+        self._due: tuple[int, float] = (
+            -1,
+            math.nan,
+        )  # (index, time) of the request the arrival process waits for
         if self.closed is None:
             env.process(self._open_loop())
         else:
@@ -42,15 +46,29 @@ class Traffic:
 
     def _open_loop(self):
         for req in self.workload.requests:
-            if req.arrival_s > self.env.now:
-                yield self.env.timeout(req.arrival_s - self.env.now)
+            now = self.env.now
+            # the time SimPy will enter it at, to the bit (now + delay), for whoever plans around it
+            self._due = (self._next, now + (req.arrival_s - now) if req.arrival_s > now else now)
+            if req.arrival_s > now:
+                yield self.env.timeout(req.arrival_s - now)
             self._next += 1
             self.arrive(req)
 
     def next_arrival_s(self) -> float:
         """Open loop: when the next request enters (infinity when none is left)."""
+        nxt = self.next_request()
+        return nxt.arrival_s if nxt is not None else math.inf
+
+    def next_request(self) -> Request | None:
+        """Open loop: the request that enters next (None when none is left)."""
         requests = self.workload.requests
-        return requests[self._next].arrival_s if self._next < len(requests) else math.inf
+        return requests[self._next] if self._next < len(requests) else None
+
+    def next_entry(self) -> tuple[Request, float] | None:
+        """Open loop: the request that enters next and the simulated time it enters at, once the arrival process
+        waits for it (None before that, or when none is left)."""
+        nxt = self.next_request()
+        return (nxt, self._due[1]) if nxt is not None and self._due[0] == self._next else None
 
     @property
     def reacts_to_finishes(self) -> bool:

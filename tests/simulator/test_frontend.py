@@ -3,6 +3,8 @@ fast-forward, absent for the offline LLM class."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import simpy
 
@@ -90,6 +92,52 @@ def test_hand_overs_during_decode_stretches_are_exact(tmp_path):
     columns = ["arrival_s", "scheduled_s", "first_token_s", "finish_s"]
     assert (fast.requests["queue_s"] > 0.008 - 1e-12).all()
     assert fast.requests[columns].to_numpy() == pytest.approx(stepped.requests[columns].to_numpy(), rel=1e-12)
+
+
+def _busy(profile: str, fast_forward: bool, async_scheduling: bool, replicas: int = 1):
+    """Poisson arrivals at 8 req/s onto a decoding engine: many arrivals fall inside decode stretches."""
+    return scenario(
+        hardware={"gpu": "h100-sxm", "profile": profile},
+        engine={"max_model_len": 16384, "async_scheduling": async_scheduling},
+        cluster={"replicas": replicas},
+        simulation={"fast_forward": fast_forward},
+        workload={
+            "trace": None,
+            "lengths": {
+                "prompt": {"kind": "uniform", "low": 200, "high": 3000},
+                "output": {"kind": "uniform", "low": 20, "high": 400},
+            },
+            "arrivals": {"kind": "poisson", "rate_per_s": 8.0},
+            "num_requests": 120,
+        },
+    )
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_stretches_fused_past_arrivals_end_at_their_hand_overs_to_the_bit(tmp_path, async_scheduling):
+    """With one engine behind the API server, an arrival shows the engine nothing until its hand-over, so decode
+    stretches run on past arrivals: every request and step is still the stepped run's, bit for bit."""
+    profile = _profile(tmp_path, 0.004, 5e-6)
+    fast, stepped = (run(_busy(profile, ff, async_scheduling)) for ff in (True, False))
+    assert fast.requests.equals(stepped.requests) and fast.steps.equals(stepped.steps)
+    assert fast.summary == stepped.summary
+
+
+def test_the_engines_horizon_is_the_next_arrivals_hand_over_when_nothing_sees_the_arrival(tmp_path):
+    """One engine: the next outside event is when the next request reaches it, not when it reaches the API server;
+    with two replicas the router sees each arrival, so the arrival itself is the horizon."""
+    from servesim.simulator.world.run import World
+
+    profile = _profile(tmp_path, 0.004, 5e-6)
+    for replicas, seen in ((1, False), (2, True)):
+        world = World(_busy(profile, True, True, replicas), Path.cwd())
+        world.env.run(until=3.0)
+        req, enters_s = world.traffic.next_entry()
+        pending = world.frontend.next_hand_over_s()
+        target = id(world.pools[0].targets[0])
+        expected = enters_s if seen else world.frontend.hand_over_s(req, target, enters_s)
+        assert world._next_event_s() == min(expected, pending)
+        assert seen or expected >= enters_s + 0.004 + 5e-6 * req.num_prompt_tokens - 1e-12
 
 
 def test_offline_benchmarks_replay_without_an_api_server():
