@@ -228,6 +228,7 @@ class World:
         self.lost_at_s: float | None = None
         # an arrival reaches no engine before its API server hands it over; with one engine to route to, no SLO
         # watch and no cache answering, nothing it does sees an engine's state either, so fused steps may pass it
+        self._refused: tuple[Request | None, str | None] = (None, None)
         alone = d is None and len(self.pools[0].targets) == 1
         self._unseen_arrivals = (
             self.frontend.active and alone and not stop_when_slo_lost and self.app_cache is None
@@ -255,7 +256,8 @@ class World:
         if self.traffic.reacts_to_finishes or self.handoff is not None:
             return self.env.peek()
         entry = self.traffic.next_entry() if self._unseen_arrivals else None
-        if entry is None:
+        # a request refused on arrival holds no API server: one after it may come sooner than its hand-over
+        if entry is None or self._refusal(entry[0]) is not None:
             return min(self.traffic.next_arrival_s(), self.frontend.next_hand_over_s())
         req, enters_s = entry  # its hand-over, to the bit, is the first thing it can bring an engine
         return min(
@@ -263,12 +265,33 @@ class World:
             self.frontend.next_hand_over_s(),
         )
 
+    def _refusal(self, req: Request) -> str | None:
+        """Why `req` is refused on arrival, or None (its lengths against the pools' fixed limits: the same whenever
+        asked, so kept for the request asked about last)."""
+        if self._refused[0] is not req:
+            self._refused = (req, self._rejection(req))
+        return self._refused[1]
+
     def _arrive(self, req: Request) -> None:
         self._check_slo()
         if self.app_cache is not None and self.app_cache.lookup(req):
             self.env.process(self._answer_from_cache(req))
             return
-        reason = next(
+        reason = self._refusal(req)
+        if reason:
+            req.phase, req.reject_reason = Phase.REJECTED, reason
+            self._finished(req)
+            return
+        req.served_by = "engine"
+        target = self.router.route(req)
+        if self.frontend.active:
+            self.frontend.submit(req, id(target), target.submit)
+        else:
+            target.submit(req)
+
+    def _rejection(self, req: Request) -> str | None:
+        """The first pool's reason to refuse `req`, or None."""
+        return next(
             (
                 why
                 for pool in self.pools
@@ -286,16 +309,6 @@ class World:
             ),
             None,
         )
-        if reason:
-            req.phase, req.reject_reason = Phase.REJECTED, reason
-            self._finished(req)
-            return
-        req.served_by = "engine"
-        target = self.router.route(req)
-        if self.frontend.active:
-            self.frontend.submit(req, id(target), target.submit)
-        else:
-            target.submit(req)
 
     def _answer_from_cache(self, req: Request):
         yield self.env.timeout(self.scenario.app_cache.lookup_latency_s)

@@ -94,11 +94,13 @@ def test_hand_overs_during_decode_stretches_are_exact(tmp_path):
     assert fast.requests[columns].to_numpy() == pytest.approx(stepped.requests[columns].to_numpy(), rel=1e-12)
 
 
-def _busy(profile: str, fast_forward: bool, async_scheduling: bool, replicas: int = 1):
+def _busy(
+    profile: str, fast_forward: bool, async_scheduling: bool, replicas: int = 1, max_model_len: int = 16384
+):
     """Poisson arrivals at 8 req/s onto a decoding engine: many arrivals fall inside decode stretches."""
     return scenario(
         hardware={"gpu": "h100-sxm", "profile": profile},
-        engine={"max_model_len": 16384, "async_scheduling": async_scheduling},
+        engine={"max_model_len": max_model_len, "async_scheduling": async_scheduling},
         cluster={"replicas": replicas},
         simulation={"fast_forward": fast_forward},
         workload={
@@ -114,11 +116,19 @@ def _busy(profile: str, fast_forward: bool, async_scheduling: bool, replicas: in
 
 
 @pytest.mark.parametrize("async_scheduling", [True, False])
-def test_stretches_fused_past_arrivals_end_at_their_hand_overs_to_the_bit(tmp_path, async_scheduling):
+@pytest.mark.parametrize("max_model_len", [16384, 2000])
+def test_stretches_fused_past_arrivals_end_at_their_hand_overs_to_the_bit(
+    tmp_path, async_scheduling, max_model_len
+):
     """With one engine behind the API server, an arrival shows the engine nothing until its hand-over, so decode
-    stretches run on past arrivals: every request and step is still the stepped run's, bit for bit."""
+    stretches run on past arrivals: every request and step is still the stepped run's, bit for bit. Under a 2,000
+    token limit some prompts are refused on arrival and hold no API server, so the request after one may be handed
+    over sooner than the refused one would have been."""
     profile = _profile(tmp_path, 0.004, 5e-6)
-    fast, stepped = (run(_busy(profile, ff, async_scheduling)) for ff in (True, False))
+    fast, stepped = (
+        run(_busy(profile, ff, async_scheduling, max_model_len=max_model_len)) for ff in (True, False)
+    )
+    assert (fast.requests["reject_reason"].notna().sum() > 0) == (max_model_len == 2000)
     assert fast.requests.equals(stepped.requests) and fast.steps.equals(stepped.steps)
     assert fast.summary == stepped.summary
 
