@@ -4,6 +4,7 @@ Model (the cost model's own, see `calibration.fit_terms`): a step takes
     sum_entries layers * max(compute_s / eff_c[kind](T), memory_s / eff_m[kind](T))
     + step_overhead_s + layer_overhead_s * num_layers + request_overhead_s * num_requests
     + token_overhead_s * num_tokens + mixed_layer_overhead_s * mixed_layers
+    + fast_prefill_layer_s * cross_layers
 with T the token rows of each entry (its operator's, see fit_terms) and the four efficiency curves
 (gemm/attention x compute/memory) given by their values at a few token-count knots (linear in log T
 between knots, flat outside, exactly as `EfficiencyCurve.at`).
@@ -16,7 +17,9 @@ depends on stays near its neighbours. `layer_overhead_s` and `token_overhead_s` 
 when the rows span models of different depths (otherwise a per-layer cost is a per-step one, and a
 per-token cost outside the layers is the GEMM curves' business); without that they are fixed at 0.
 `mixed_layer_overhead_s` (a step attending decodes beside prefill chunks runs both attention paths) is fitted
-when the rows hold mixed steps and steps of one kind.
+when the rows hold mixed steps and steps of one kind; `fast_prefill_layer_s` (YOCO's cross-decoder layers of a
+prefilling step run on their own metadata and attention path) when they hold prefills timed with fast prefill on
+and off.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class TermTable:
     num_requests: np.ndarray
     num_tokens: np.ndarray
     mixed_layers: np.ndarray
+    cross_layers: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -67,6 +71,7 @@ class TermTable:
             self.num_requests[rows],
             self.num_tokens[rows],
             self.mixed_layers[rows],
+            self.cross_layers[rows],
         )
 
 
@@ -83,6 +88,7 @@ def stack_terms(terms: list[StepTerms]) -> TermTable:
         np.array([t.num_requests for t in terms], float),
         np.array([t.num_tokens for t in terms], float),
         np.array([t.mixed_layers for t in terms], float),
+        np.array([t.cross_layers for t in terms], float),
     )
 
 
@@ -140,6 +146,7 @@ def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: dict[str
         + over["request_overhead_s"] * tt.num_requests
         + over["token_overhead_s"] * tt.num_tokens
         + over["mixed_layer_overhead_s"] * tt.mixed_layers
+        + over["fast_prefill_layer_s"] * tt.cross_layers
     )
 
 
@@ -152,15 +159,17 @@ class _Params:
     """Packs efficiencies (4 curves x knots) and overheads into least_squares' vector (overheads in ms, the
     per-token one in us, so every entry is of order one)."""
 
-    def __init__(self, knots: np.ndarray, two_depths: bool, mixed: bool = False):
+    def __init__(self, knots: np.ndarray, two_depths: bool, mixed: bool = False, cross: bool = False):
         self.knots, self.k = knots, len(knots)
         # Profile field -> unit in the vector; the per-layer and per-token ones need two model depths, the mixed
-        # one mixed steps beside others
+        # one mixed steps beside others, the cross-decoder one prefills with fast prefill on beside others
         self.overheads = {"step_overhead_s": 1e-3, "request_overhead_s": 1e-3}
         if two_depths:
             self.overheads |= {"layer_overhead_s": 1e-3, "token_overhead_s": 1e-6}
         if mixed:
             self.overheads |= {"mixed_layer_overhead_s": 1e-3}
+        if cross:
+            self.overheads |= {"fast_prefill_layer_s": 1e-3}
 
     def initial(self, init: Profile) -> np.ndarray:
         effs = [np.clip([getattr(init, c).at(t) for t in self.knots], *EFF_BOUNDS) for c in CURVES]
@@ -217,9 +226,12 @@ def fit_profile(
     a, b = np.asarray(pairs, np.int64).reshape(-1, 2).T if pairs is not None else (np.zeros(0, np.int64),) * 2
     measured_ratio = measured_s[a] / measured_s[b]
     knots = default_knots(tt.tokens) if knots is None else np.asarray(knots, float)
-    mixed = tt.mixed_layers > 0
+    mixed, cross = tt.mixed_layers > 0, tt.cross_layers > 0
     params = _Params(
-        knots, two_depths=len(np.unique(tt.num_layers)) > 1, mixed=bool(mixed.any() and not mixed.all())
+        knots,
+        two_depths=len(np.unique(tt.num_layers)) > 1,
+        mixed=bool(mixed.any() and not mixed.all()),
+        cross=bool(cross.any() and not cross.all()),
     )
     w = curve_weights(tt.tokens, knots)
 

@@ -33,7 +33,8 @@ KIND_NAMES = {code: name for name, code in KIND_CODES.items()}
 class StepTerms:
     """Per entry (one operator of one layer group): kind code (0 gemm, 1 attention, 2 routed experts), seconds at peak
     compute and at peak memory bandwidth, how many layers it runs in, and the token rows its efficiencies
-    are read at. Plus the step's shape, and its layers that attend decodes beside prefill chunks."""
+    are read at. Plus the step's shape, its layers that attend decodes beside prefill chunks and its YOCO
+    cross-decoder layers."""
 
     kind: np.ndarray
     compute_s: np.ndarray
@@ -44,6 +45,7 @@ class StepTerms:
     num_requests: int
     num_tokens: int
     mixed_layers: int
+    cross_layers: int
 
 
 # peak seconds for routed experts too
@@ -77,4 +79,5 @@ def step_terms(
         batch.num_requests,
         batch.num_tokens,
         cost.mixed_attention_layers(batch, model, options),
+        cost.cross_decoder_layers(batch, model, options),
     )

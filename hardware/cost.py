@@ -409,6 +409,14 @@ def mixed_attention_layers(batch: StepBatch, model: ModelSpec, options: CostOpti
     )
 
 
+def cross_decoder_layers(batch: StepBatch, model: ModelSpec, options: CostOptions = CostOptions()) -> int:
+    """Layers that run YOCO's cross-decoder path in this step: the fast-prefill layers when a query is longer than
+    a decode's (an all-decode step runs them as every other layer), on their own attention metadata."""
+    if not options.kv_sharing_fast_prefill or batch.max_query_len <= options.decode_query_len:
+        return 0
+    return fast_prefill_layers(model)
+
+
 # ---- pricing ------------------------------------------------------------------------------------
 
 
@@ -1340,6 +1348,7 @@ def _overhead_s(ctx: _Ctx) -> float:
         + profile.request_overhead_s * requests
         + profile.token_overhead_s * ctx.rank.num_tokens
         + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, ctx.opts)
+        + profile.fast_prefill_layer_s * cross_decoder_layers(ctx.rank, model, ctx.opts)
         + profile.host_step_s
         + profile.host_request_s * requests
     )
@@ -1412,6 +1421,7 @@ def stage_fixed_seconds(
         for names in (FIRST_STAGE_OPERATORS, LAST_STAGE_OPERATORS, {"pp_send"})
     )
     mixed = ctx.rank.is_mixed(options.decode_query_len)  # on the GPU attending for its rank
+    cross = cross_decoder_layers(ctx.rank, model, options) > 0
     requests, tokens = ctx.rank.num_requests, ctx.rank.num_tokens
     every_stage = (
         profile.step_overhead_s + profile.request_overhead_s * requests + profile.token_overhead_s * tokens
@@ -1424,6 +1434,10 @@ def stage_fixed_seconds(
         if mixed:
             time_s += profile.mixed_layer_overhead_s * sum(
                 count for group, count in groups if not group.last_token_only
+            )
+        if cross:
+            time_s += profile.fast_prefill_layer_s * sum(
+                count for group, count in groups if group.last_token_only
             )
         stages.append(time_s)
     for boundary in range(pp - 1):

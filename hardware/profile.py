@@ -30,13 +30,15 @@ from servesim.hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 #: A profile's fixed costs of a step's forward pass, seconds: per step, per layer, per request, per token of the step,
-#: and per layer attending decodes beside prefill chunks (the host_* fields are the serving loop's, outside it).
+#: per layer attending decodes beside prefill chunks and per YOCO cross-decoder layer of a prefilling step (the host_*
+#: fields are the serving loop's, outside it).
 FIXED_COSTS = (
     "step_overhead_s",
     "layer_overhead_s",
     "request_overhead_s",
     "token_overhead_s",
     "mixed_layer_overhead_s",
+    "fast_prefill_layer_s",
 )
 
 
@@ -187,6 +189,15 @@ class Profile(SpecModel):
             "Per layer that attends decodes beside prefill chunks in one step: the second attention path's launches "
             "(backends that split prefill and decode kernels, and the calibration executor); `servesim calibrate` "
             "fits it"
+        ),
+    )
+    fast_prefill_layer_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per YOCO fast-prefill layer in a step that prefills with `kv_sharing_fast_prefill` on: the cross-decoder's "
+            "own attention metadata and the decode attention path it runs beside the prefill layers' path; "
+            "`servesim calibrate` fits it from steps timed with fast prefill on and off"
         ),
     )
     elementwise_kernels: float = Field(

@@ -44,6 +44,7 @@ TRUE = Profile(
     request_overhead_s=5e-6,
     token_overhead_s=4e-8,
     mixed_layer_overhead_s=6e-6,
+    fast_prefill_layer_s=8e-6,
 )
 
 
@@ -88,6 +89,7 @@ def test_terms_rebuild_step_cost_exactly(model, fast):
         request_overhead_s=3e-6,
         token_overhead_s=2e-8,
         mixed_layer_overhead_s=4e-6,
+        fast_prefill_layer_s=5e-6,
     )
     options = CostOptions(kv_sharing_fast_prefill=fast)
     mixed = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
@@ -141,6 +143,7 @@ def test_fit_recovers_constant_efficiencies_and_overheads():
     assert fitted.request_overhead_s == pytest.approx(5e-6, rel=0.02)
     assert fitted.token_overhead_s == pytest.approx(4e-8, rel=0.02)
     assert fitted.mixed_layer_overhead_s == pytest.approx(6e-6, rel=0.02)
+    assert fitted.fast_prefill_layer_s == pytest.approx(8e-6, rel=0.02)
 
 
 def test_one_depth_fixes_the_per_layer_and_per_token_costs_at_zero():

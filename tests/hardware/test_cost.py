@@ -209,6 +209,43 @@ def test_a_mixed_step_pays_a_second_attention_path_in_every_layer_that_attends_b
     assert extra(prefill, False) == extra(decode, False) == extra(decode, True) == 0.0
 
 
+def test_a_fast_prefill_step_pays_the_cross_decoder_path_in_its_kv_sharing_layers():
+    """With YOCO fast prefill on, a step that prefills runs its KV-sharing layers on their own metadata and the
+    decode attention path: `fast_prefill_layer_s` each. An all-decode step runs them as every other layer."""
+    model, profile = get_model("gemma-3n-e2b"), Profile(fast_prefill_layer_s=1e-4)
+    mixed, prefill, decode = (
+        StepBatch.of([1, 1, 200], [300, 50, 0]),
+        StepBatch.of([200], [0]),
+        StepBatch.uniform(2, 300),
+    )
+
+    def extra(batch, fast, **options):
+        opts = CostOptions(kv_sharing_fast_prefill=fast, **options)
+        return (
+            step_cost(batch, model, H200, profile=profile, options=opts).total_s
+            - step_cost(batch, model, H200, options=opts).total_s
+        )
+
+    assert extra(prefill, True) == pytest.approx(10 * 1e-4)  # Gemma 3n E2B: its last 10 of 30 layers share KV
+    assert extra(mixed, True) == pytest.approx(10 * 1e-4)
+    assert extra(prefill, False) == extra(mixed, False) == extra(decode, True) == 0.0
+    # verify queries of 1 + 2 drafts are decodes when the engine reads them so, prefills when not
+    verify = StepBatch.of([3, 3], [300, 50])
+    assert extra(verify, True, decode_query_len=3) == 0.0
+    assert extra(verify, True) == pytest.approx(10 * 1e-4)
+    # a model without KV-sharing layers has none to pay for
+    assert (
+        step_cost(
+            prefill,
+            get_model("llama-3.1-8b"),
+            H200,
+            profile=profile,
+            options=CostOptions(kv_sharing_fast_prefill=True),
+        ).total_s
+        == step_cost(prefill, get_model("llama-3.1-8b"), H200).total_s
+    )
+
+
 def test_kv_sharing_layers_write_no_kv():
     model = get_model("gemma-3n-e2b")
     cost = step_cost(StepBatch.of([100], [0]), model, H200)

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from servesim.hardware.batch import StepBatch
-from servesim.hardware.cost import CostOptions, Parallelism, stage_seconds, step_cost
+from servesim.hardware.cost import CostOptions, Parallelism, fast_prefill_layers, stage_seconds, step_cost
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu, get_interconnect
 from servesim.hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
@@ -279,6 +279,16 @@ def test_each_stage_runs_its_own_kinds_of_layers():
         prefill, gemma, H100, Parallelism(pp=2), options=CostOptions(kv_sharing_fast_prefill=True)
     )
     assert fast[0] == pytest.approx(plain[0], rel=1e-12) and fast[1] < 0.5 * plain[1]
+    # the cross-decoder's fixed cost falls on the stage that holds the KV-sharing layers
+    paid = stage_seconds(
+        prefill,
+        gemma,
+        H100,
+        Parallelism(pp=2),
+        Profile(fast_prefill_layer_s=1e-3),
+        options=CostOptions(kv_sharing_fast_prefill=True),
+    )
+    assert paid[0] == fast[0] and paid[1] == pytest.approx(fast[1] + fast_prefill_layers(gemma) * 1e-3)
 
 
 #: vLLM's custom all-reduce on 8x H100 SXM, microseconds per call (sgl-project/sglang PR #2904, "custom

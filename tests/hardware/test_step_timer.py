@@ -43,6 +43,7 @@ VARYING_ATTENTION = Profile(
     attn_memory=EfficiencyCurve(points=((1, 0.5), (16, 0.7), (512, 0.85))),
     host_step_s=1e-5,
     mixed_layer_overhead_s=7e-6,
+    fast_prefill_layer_s=9e-6,
 )
 
 
@@ -75,9 +76,10 @@ def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_
         st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20
     ),
     graphs=GRAPHS,
+    fast_prefill=st.booleans(),
 )
-def test_cached_timer_equals_step_cost(name, reqs, graphs):
-    model, options = get_model(name), CostOptions(**graphs)
+def test_cached_timer_equals_step_cost(name, reqs, graphs, fast_prefill):
+    model, options = get_model(name), CostOptions(kv_sharing_fast_prefill=fast_prefill, **graphs)
     # every fixed cost set, so one keyed on the wrong shape (tokens, requests) shows
     profile = Profile(
         layer_overhead_s=3e-5,
@@ -86,6 +88,7 @@ def test_cached_timer_equals_step_cost(name, reqs, graphs):
         host_step_s=1e-5,
         host_request_s=2e-6,
         mixed_layer_overhead_s=7e-6,
+        fast_prefill_layer_s=9e-6,
     )
     timer = StepTimer(model, H100, profile=profile, options=options)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
