@@ -159,6 +159,11 @@ def _bracket(log_axis: list[float], x: float) -> tuple[int, int, float] | None:
     return hi - 1, hi, (lx - log_axis[hi - 1]) / (log_axis[hi] - log_axis[hi - 1])
 
 
+#: How much slower than a larger-m measurement of the same GEMM a point may be before `Grid.rising` calls it an anomaly
+#: (neighbouring points of the vLLM tables disagree by a few percent; B200's FP8 GEMMs of 1-7 rows take 2x eight's).
+RISING_TOLERANCE = 0.25
+
+
 class Grid:
     """Log latency (seconds) on a grid whose axes are spaced geometrically; NaN where nothing was measured."""
 
@@ -178,6 +183,15 @@ class Grid:
         np.add.at(counts, index, 1)
         with np.errstate(invalid="ignore"):
             return cls(values, sums / counts)
+
+    def rising(self, tolerance: float = RISING_TOLERANCE) -> Grid:
+        """The grid with each measured value more than `tolerance` above the least measured past it on the last axis
+        lowered to that least: a kernel of fewer rows (a GEMM's m) can run padded as one of more, so a point far
+        slower than a larger one is a dispatch the engine need not make, not its cost. Smaller rises are noise
+        between neighbouring measurements, kept as measured."""
+        least = np.fmin.accumulate(self.log_t[..., ::-1], axis=-1)[..., ::-1]
+        anomalous = self.log_t - least > math.log1p(tolerance)
+        return Grid(self.axes, np.where(anomalous, least, self.log_t))
 
     def at(self, *point: float) -> float | None:
         """Seconds at `point`: multilinear in log space over the cell around it, held flat below the grid; None
@@ -320,7 +334,7 @@ class KernelTables:
     @functools.lru_cache(maxsize=None)
     def _gemm_grid(self, dtype: str) -> Grid | None:
         rows = self._gemm_frames.get(dtype)
-        return None if rows is None else Grid.of(rows, ["n", "k", "m"])
+        return None if rows is None else Grid.of(rows, ["n", "k", "m"]).rising()
 
     def gemm_s(self, dtype: str, m: float, n: float, k: float) -> float | None:
         """One GEMM of `m` rows x `k` in -> `n` out on this GPU in servesim's weight `dtype`. Columns or inputs past
@@ -463,7 +477,7 @@ class KernelTables:
             return None
         # CUDA-graph captured, as the engines run their forward passes
         rows = frame[(frame["num_gpus"] == gpus) & frame["backend"].str.endswith("graph")]
-        return None if rows.empty else Grid.of(_main_source(rows), ["message_size"])
+        return None if rows.empty else Grid.of(_main_source(rows), ["message_size"]).rising()
 
     def all_reduce_s(self, gpus: int, nbytes: float) -> float | None:
         """The engine's all-reduce of an `nbytes` bf16 message over `gpus` GPUs of one node. The tables count a

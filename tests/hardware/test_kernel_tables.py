@@ -14,7 +14,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import Parallelism, step_cost
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
-from servesim.hardware.kernel_tables import SYSTEMS, kernel_tables
+from servesim.hardware.kernel_tables import SYSTEMS, Grid, kernel_tables
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
@@ -201,6 +201,42 @@ def test_without_the_package_the_profile_says_how_to_install_it(monkeypatch):
             )
     finally:
         kernel_tables.cache_clear()
+
+
+def test_a_gemm_far_slower_than_one_of_more_rows_is_priced_as_that_one():
+    """A GEMM of m rows can run padded as one of more rows, so a point more than RISING_TOLERANCE above the least
+    measured past it on m is lowered to that; neighbours' noise and unmeasured points stay as they are."""
+    micro = np.array([[[20.0, np.nan, 21.0, 10.5, 10.0, 30.0]]])  # m = 1, 2, 4, 8, 16, 32
+    grid = Grid(
+        [np.array([1024.0]), np.array([4096.0]), np.array([1, 2, 4, 8, 16, 32.0])], np.log(micro * 1e-6)
+    )
+    lowered = np.exp(grid.rising().log_t[0, 0]) * 1e6
+    assert lowered[[0, 2]] == pytest.approx([10.0, 10.0])  # 2x the 16-row GEMM's time: a dispatch, not a cost
+    assert np.isnan(lowered[1]) and lowered[3:] == pytest.approx([10.5, 10.0, 30.0])  # 5% above: noise, kept
+
+
+def test_b200_fp8_gemms_of_fewer_than_eight_rows_cost_no_more_than_eight():
+    """The vLLM tables' B200 FP8 GEMMs of 1-7 rows take about twice eight rows' time; InferenceMAX's B200 runs at
+    4 clients decode FP8 Llama 3.3 70B about as fast as NVFP4 (7.75 against 7.49 ms at TP 4), so the lookup does
+    not."""
+    tables = kernel_tables("vllm", "b200")
+    gemm = pd.read_parquet(tables._path("gemm", "gemm_perf.parquet"))
+    fp8 = gemm[gemm.gemm_dtype == "fp8"].groupby(["n", "k", "m"])["latency"].mean()
+    n, k = 2560, 8192  # Llama-70B's QKV projection at TP 4
+    assert fp8[(n, k, 4)] > 1.5 * fp8[(n, k, 8)]  # the anomaly, as measured
+    assert tables.gemm_s("fp8", 4, n, k) == pytest.approx(fp8[(n, k)].loc[4:].min() * 1e-3, rel=1e-9)
+    assert tables.gemm_s("fp8", 8, n, k) == pytest.approx(fp8[(n, k, 8)] * 1e-3, rel=1e-9)
+
+
+def test_b200_all_reduces_of_a_quarter_megabyte_cost_no_more_than_a_megabyte():
+    """vLLM's 8-GPU custom all-reduce on B200 measured 26 us at 128K and 256K bf16 values but 17 us at 512K: the
+    smaller messages are priced as the larger one (a decode of 16 requests at TP 8 all-reduces 128K values)."""
+    tables = kernel_tables("vllm", "b200")
+    comm = pd.read_parquet(tables._path("comm", "custom_allreduce_perf.parquet"))
+    graph = comm[(comm.num_gpus == 8) & (comm.backend == "vllm_graph")].set_index("message_size")["latency"]
+    assert graph[131072] > 1.4 * graph[524288]
+    assert tables.all_reduce_s(8, 2 * 131072) == pytest.approx(graph.loc[131072:].min() * 1e-3, rel=1e-9)
+    assert tables.all_reduce_s(8, 2 * 65536) == pytest.approx(graph[65536] * 1e-3, rel=1e-9)  # as measured
 
 
 def test_nvfp4_gemms_are_measured_on_blackwell_only():
