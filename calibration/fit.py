@@ -4,7 +4,7 @@ Model (the cost model's own, see `calibration.fit_terms`): a step takes
     sum_entries layers * max(compute_s / eff_c[kind](T), memory_s / eff_m[kind](T))
     + step_overhead_s + layer_overhead_s * num_layers + request_overhead_s * num_requests
     + token_overhead_s * num_tokens + mixed_layer_overhead_s * mixed_layers
-    + fast_prefill_layer_s * cross_layers
+    + fast_prefill_layer_s * cross_layers + kv_write_token_s * kv_tokens
 with T the token rows of each entry (its operator's, see fit_terms) and the four efficiency curves
 (gemm/attention x compute/memory) given by their values at a few token-count knots (linear in log T
 between knots, flat outside, exactly as `EfficiencyCurve.at`).
@@ -18,8 +18,9 @@ when the rows span models of different depths (otherwise a per-layer cost is a p
 per-token cost outside the layers is the GEMM curves' business); without that they are fixed at 0.
 `mixed_layer_overhead_s` (a step attending decodes beside prefill chunks runs both attention paths) is fitted
 when the rows hold mixed steps and steps of one kind; `fast_prefill_layer_s` (YOCO's cross-decoder layers of a
-prefilling step run on their own metadata and attention path) when they hold prefills timed with fast prefill on
-and off.
+prefilling step run on their own metadata and attention path) and `kv_write_token_s` (the key rotation and cache
+write of each KV-owning layer) when they hold prefills timed with fast prefill on and off: the on/off ratio tells
+the layers that write KV from those that share it.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class TermTable:
     num_tokens: np.ndarray
     mixed_layers: np.ndarray
     cross_layers: np.ndarray
+    kv_tokens: np.ndarray
 
     @property
     def num_rows(self) -> int:
@@ -72,6 +74,7 @@ class TermTable:
             self.num_tokens[rows],
             self.mixed_layers[rows],
             self.cross_layers[rows],
+            self.kv_tokens[rows],
         )
 
 
@@ -89,6 +92,7 @@ def stack_terms(terms: list[StepTerms]) -> TermTable:
         np.array([t.num_tokens for t in terms], float),
         np.array([t.mixed_layers for t in terms], float),
         np.array([t.cross_layers for t in terms], float),
+        np.array([t.kv_tokens for t in terms], float),
     )
 
 
@@ -147,6 +151,7 @@ def _predict(tt: TermTable, eff_c: np.ndarray, eff_m: np.ndarray, over: dict[str
         + over["token_overhead_s"] * tt.num_tokens
         + over["mixed_layer_overhead_s"] * tt.mixed_layers
         + over["fast_prefill_layer_s"] * tt.cross_layers
+        + over["kv_write_token_s"] * tt.kv_tokens
     )
 
 
@@ -168,8 +173,8 @@ class _Params:
             self.overheads |= {"layer_overhead_s": 1e-3, "token_overhead_s": 1e-6}
         if mixed:
             self.overheads |= {"mixed_layer_overhead_s": 1e-3}
-        if cross:
-            self.overheads |= {"fast_prefill_layer_s": 1e-3}
+        if cross:  # the on/off pairs tell the layers that write KV from those that share it
+            self.overheads |= {"fast_prefill_layer_s": 1e-3, "kv_write_token_s": 1e-6}
 
     def initial(self, init: Profile) -> np.ndarray:
         effs = [np.clip([getattr(init, c).at(t) for t in self.knots], *EFF_BOUNDS) for c in CURVES]

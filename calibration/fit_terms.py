@@ -34,7 +34,7 @@ class StepTerms:
     """Per entry (one operator of one layer group): kind code (0 gemm, 1 attention, 2 routed experts), seconds at peak
     compute and at peak memory bandwidth, how many layers it runs in, and the token rows its efficiencies
     are read at. Plus the step's shape, its layers that attend decodes beside prefill chunks and its YOCO
-    cross-decoder layers."""
+    cross-decoder layers and the tokens its KV-owning layers write."""
 
     kind: np.ndarray
     compute_s: np.ndarray
@@ -46,6 +46,7 @@ class StepTerms:
     num_tokens: int
     mixed_layers: int
     cross_layers: int
+    kv_tokens: int  # tokens times the layers that write their KV
 
 
 # peak seconds for routed experts too
@@ -80,4 +81,5 @@ def step_terms(
         batch.num_tokens,
         cost.mixed_attention_layers(batch, model, options),
         cost.cross_decoder_layers(batch, model, options),
+        batch.num_tokens * model.num_kv_layers,
     )

@@ -1349,6 +1349,7 @@ def _overhead_s(ctx: _Ctx) -> float:
         + profile.token_overhead_s * ctx.rank.num_tokens
         + profile.mixed_layer_overhead_s * mixed_attention_layers(ctx.rank, model, ctx.opts)
         + profile.fast_prefill_layer_s * cross_decoder_layers(ctx.rank, model, ctx.opts)
+        + profile.kv_write_token_s * ctx.rank.num_tokens * model.num_kv_layers
         + profile.host_step_s
         + profile.host_request_s * requests
     )
@@ -1439,6 +1440,7 @@ def stage_fixed_seconds(
             time_s += profile.fast_prefill_layer_s * sum(
                 count for group, count in groups if group.last_token_only
             )
+        time_s += profile.kv_write_token_s * tokens * sum(count for group, count in groups if group.owns_kv)
         stages.append(time_s)
     for boundary in range(pp - 1):
         stages[boundary] += send / (pp - 1)

@@ -30,8 +30,8 @@ from servesim.hardware.spec_model import SpecModel
 
 PROFILE_DIR = Path(__file__).parent.parent / "calibration" / "profiles"
 #: A profile's fixed costs of a step's forward pass, seconds: per step, per layer, per request, per token of the step,
-#: per layer attending decodes beside prefill chunks and per YOCO cross-decoder layer of a prefilling step (the host_*
-#: fields are the serving loop's, outside it).
+#: per layer attending decodes beside prefill chunks, per YOCO cross-decoder layer of a prefilling step and per token
+#: each layer that owns KV writes (the host_* fields are the serving loop's, outside it).
 FIXED_COSTS = (
     "step_overhead_s",
     "layer_overhead_s",
@@ -39,6 +39,7 @@ FIXED_COSTS = (
     "token_overhead_s",
     "mixed_layer_overhead_s",
     "fast_prefill_layer_s",
+    "kv_write_token_s",
 )
 
 
@@ -198,6 +199,15 @@ class Profile(SpecModel):
             "Per YOCO fast-prefill layer in a step that prefills with `kv_sharing_fast_prefill` on: the cross-decoder's "
             "own attention metadata and the decode attention path it runs beside the prefill layers' path; "
             "`servesim calibrate` fits it from steps timed with fast prefill on and off"
+        ),
+    )
+    kv_write_token_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per token per layer that owns its KV: the key rotation and cache write, kernels of their own beside "
+            "attention that KV-sharing layers skip; `servesim calibrate` fits it from steps timed with fast prefill "
+            "on and off, whose ratio tells it from the GEMMs"
         ),
     )
     elementwise_kernels: float = Field(

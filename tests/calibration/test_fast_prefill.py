@@ -5,8 +5,8 @@ with the fitted profile predicts the reduction.
 |predicted - measured| / measured <= 0.15, where reduction = 1 - t_on / t_off of one prefill step.
 
 The lengths are 512 and 1,024 tokens. The profile is fitted on the quick grid at full and half depth (which tells
-a layer's cost from the step's) and prices the cross-decoder's own path (`fast_prefill_layer_s`): without either,
-the prediction at 512 tokens is biased high by 8-19%. At 256 tokens the fixed costs the fitted terms do not span
+a layer's cost from the step's) and prices the cross-decoder's own path (`fast_prefill_layer_s`) and the KV writes
+the KV-sharing layers skip (`kv_write_token_s`): without them the prediction at 512 tokens is biased high by 8-19%. At 256 tokens the fixed costs the fitted terms do not span
 are a third of the step, so the test does not judge it.
 
 Those bounds hold on a machine that keeps its speed. Under pytest-xdist the other worker's tests share the two

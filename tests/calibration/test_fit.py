@@ -45,6 +45,7 @@ TRUE = Profile(
     token_overhead_s=4e-8,
     mixed_layer_overhead_s=6e-6,
     fast_prefill_layer_s=8e-6,
+    kv_write_token_s=3e-9,
 )
 
 
@@ -90,6 +91,7 @@ def test_terms_rebuild_step_cost_exactly(model, fast):
         token_overhead_s=2e-8,
         mixed_layer_overhead_s=4e-6,
         fast_prefill_layer_s=5e-6,
+        kv_write_token_s=2e-9,
     )
     options = CostOptions(kv_sharing_fast_prefill=fast)
     mixed = StepBatch.of([1, 1, 300], [500, 4000, 100], [True, True, False])
@@ -144,6 +146,7 @@ def test_fit_recovers_constant_efficiencies_and_overheads():
     assert fitted.token_overhead_s == pytest.approx(4e-8, rel=0.02)
     assert fitted.mixed_layer_overhead_s == pytest.approx(6e-6, rel=0.02)
     assert fitted.fast_prefill_layer_s == pytest.approx(8e-6, rel=0.02)
+    assert fitted.kv_write_token_s == pytest.approx(3e-9, rel=0.02)
 
 
 def test_one_depth_fixes_the_per_layer_and_per_token_costs_at_zero():

@@ -246,6 +246,22 @@ def test_a_fast_prefill_step_pays_the_cross_decoder_path_in_its_kv_sharing_layer
     )
 
 
+def test_every_layer_that_owns_kv_writes_each_token_of_the_step():
+    """`kv_write_token_s` per token per KV-owning layer, prefill or decode, fast prefill or not: Gemma 3n E2B's 20
+    of 30 layers own KV (its KV-sharing ones skip the write), every one of Llama-3.1-8B's 32."""
+    profile = Profile(kv_write_token_s=1e-7)
+    for name, kv_layers in (("gemma-3n-e2b", 20), ("llama-3.1-8b", 32)):
+        model = get_model(name)
+        for batch in (StepBatch.of([1, 1, 200], [300, 50, 0]), StepBatch.uniform(8, 300)):
+            for fast in (False, True):
+                options = CostOptions(kv_sharing_fast_prefill=fast)
+                extra = (
+                    step_cost(batch, model, H200, profile=profile, options=options).total_s
+                    - step_cost(batch, model, H200, options=options).total_s
+                )
+                assert extra == pytest.approx(kv_layers * batch.num_tokens * 1e-7), (name, fast)
+
+
 def test_kv_sharing_layers_write_no_kv():
     model = get_model("gemma-3n-e2b")
     cost = step_cost(StepBatch.of([100], [0]), model, H200)

@@ -13,7 +13,7 @@ from servesim.hardware.cost import CostOptions, Parallelism, fast_prefill_layers
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu, get_interconnect
 from servesim.hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
-from servesim.hardware.model import get_model
+from servesim.hardware.model import get_model, stage_layer_specs
 from servesim.hardware.profile import EfficiencyCurve, Profile
 from servesim.hardware.step_timer import StepTimer
 
@@ -289,6 +289,11 @@ def test_each_stage_runs_its_own_kinds_of_layers():
         options=CostOptions(kv_sharing_fast_prefill=True),
     )
     assert paid[0] == fast[0] and paid[1] == pytest.approx(fast[1] + fast_prefill_layers(gemma) * 1e-3)
+    # each stage writes the KV of the layers it holds that own theirs
+    written = stage_seconds(prefill, gemma, H100, Parallelism(pp=2), Profile(kv_write_token_s=1e-9))
+    owning = [sum(layer.owns_kv for layer in stage) for stage in stage_layer_specs(gemma, 2)]
+    assert owning == [18, 2]  # the KV-sharing layers are the last 15
+    assert written == pytest.approx([p + n * 8192 * 1e-9 for p, n in zip(plain, owning)])
 
 
 #: vLLM's custom all-reduce on 8x H100 SXM, microseconds per call (sgl-project/sglang PR #2904, "custom

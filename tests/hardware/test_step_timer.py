@@ -44,6 +44,7 @@ VARYING_ATTENTION = Profile(
     host_step_s=1e-5,
     mixed_layer_overhead_s=7e-6,
     fast_prefill_layer_s=9e-6,
+    kv_write_token_s=4e-9,
 )
 
 
@@ -89,6 +90,7 @@ def test_cached_timer_equals_step_cost(name, reqs, graphs, fast_prefill):
         host_request_s=2e-6,
         mixed_layer_overhead_s=7e-6,
         fast_prefill_layer_s=9e-6,
+        kv_write_token_s=4e-9,
     )
     timer = StepTimer(model, H100, profile=profile, options=options)
     batch = StepBatch.of([n for n, _, _ in reqs], [c for _, c, _ in reqs], [lg for _, _, lg in reqs])
