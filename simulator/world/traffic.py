@@ -32,10 +32,8 @@ class Traffic:
         self.closed = workload.closed_loop
         self.followups = workload.followups
         self._next = 0
-        self._due: tuple[int, float] = (
-            -1,
-            math.nan,
-        )  # (index, time) of the request the arrival process waits for
+        # (index, time) of the request the arrival process waits for
+        self._due: tuple[int, float] = (-1, math.nan)
         if self.closed is None:
             env.process(self._open_loop())
         else:
