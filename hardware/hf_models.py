@@ -44,6 +44,8 @@ HF_REPO_IDS = {
     "kimi-k2": "moonshotai/Kimi-K2-Instruct",
     "minimax-m2.5": "MiniMaxAI/MiniMax-M2.5",
     "qwen3-coder-480b-a35b": "Qwen/Qwen3-Coder-480B-A35B-Instruct",
+    "glm-4.7": "zai-org/GLM-4.7",
+    "glm-4.5-air": "zai-org/GLM-4.5-Air",
 }
 #: Other repos whose config.json differs from a preset's only in bookkeeping (chat tuning, ids, dtype): the same
 #: architecture, sizes and quantization.

@@ -501,11 +501,19 @@ def checkpoint_dtype(raw: dict[str, Any]) -> str:
 
 
 def _vector_params(f: _Fields) -> int:
-    """Per-layer parameters outside the GEMMs: Qwen3's and Gemma 3's per-head QK RMSNorms, Gemma 2/3's extra
-    feedforward norms, gpt-oss's attention sinks (one logit per head; in its weights, not its config)."""
+    """Per-layer parameters outside the GEMMs: QK RMSNorms (Qwen3's, Gemma 3's, and any with `use_qk_norm`: per head,
+    or over all heads at once as MiniMax-M2's), Gemma 2/3's extra feedforward norms, gpt-oss's attention sinks (one
+    logit per head; in its weights, not its config)."""
     model_type = f.raw.get("model_type", "")
     head_dim = f.get("head_dim", int, f.get("hidden_size") // f.get("num_attention_heads"))
-    params = 2 * head_dim if model_type in ("qwen3", "qwen3_moe") or model_type.startswith("gemma3") else 0
+    qk_norms = (
+        model_type in ("qwen3", "qwen3_moe") or model_type.startswith("gemma3") or f.raw.get("use_qk_norm")
+    )
+    params = 2 * head_dim if qk_norms else 0
+    if (
+        qk_norms and f.raw.get("qk_norm_type") == "per_layer"
+    ):  # MiniMax-M2: one norm over all heads' q, one over k
+        params = (f.get("num_attention_heads") + f.get("num_key_value_heads", int, 0)) * head_dim
     # pre- and post-feedforward norms besides the usual two
     if model_type in (
         "gemma2",
@@ -589,6 +597,11 @@ def _gated_mlp(raw: dict[str, Any]) -> bool:
     if model_type in PLAIN_MLP_TYPES:
         return False
     return raw.get("hidden_act", raw.get("hidden_activation", "silu")) not in ("gelu", "relu", "gelu_new")
+
+
+#: Architectures whose `attention_bias` biases the q/k/v projections only (transformers' modeling files); for the
+#: others it biases o_proj too (Llama's, gpt-oss's). Qwen2's q/k/v biases come without the key.
+QKV_ONLY_BIAS_TYPES = frozenset({"glm4_moe"})
 
 
 def _require_positive(source: str, key: str, value: int) -> None:
@@ -696,9 +709,7 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         max_position_embeddings=max_len,
         gated_mlp=_gated_mlp(raw),
         qkv_bias=bool(raw.get("attention_bias", raw.get("model_type") == "qwen2")),
-        o_bias=bool(
-            raw.get("attention_bias")
-        ),  # HF: attention_bias biases o_proj too; Qwen2's default does not
+        o_bias=bool(raw.get("attention_bias")) and raw.get("model_type") not in QKV_ONLY_BIAS_TYPES,
         mla=_mla(f),
         moe=moe,
         lookup_params=lookup,

@@ -41,6 +41,8 @@ PUBLISHED = [
 ROUNDED = [
     ("kimi-k2", 1000, 32, 0.05),  # "1T total, 32B activated"
     ("minimax-m2.5", 230, 10, 0.03),  # "230B total, 10B active"
+    ("glm-4.7", 355, 32, 0.01),  # GLM-4.5's "355B total, 32B activated" (the MTP layer is not served)
+    ("glm-4.5-air", 106, 12, 0.02),  # "106B total, 12B activated"
 ]
 
 
@@ -65,6 +67,44 @@ def test_kimi_k2_is_deepseek_v3_with_384_experts_and_the_same_mla_cache():
     assert (kimi.moe.num_experts, kimi.moe.experts_per_token, kimi.num_heads) == (384, 8, 64)
     assert kimi.kv_bytes_per_token("bf16") == v3.kv_bytes_per_token("bf16") == 61 * 576 * 2
     assert kimi.quantization == "fp8"
+
+
+@pytest.mark.parametrize(
+    "name,hidden,dense_layers,moe_layers,experts,expert_width,dense_width,qk_norm",
+    [("glm-4.7", 5120, 3, 89, 160, 1536, 12288, True), ("glm-4.5-air", 4096, 1, 45, 128, 1408, 10944, False)],
+)
+def test_glm_4_moe_counts_its_weights_by_hand(
+    name, hidden, dense_layers, moe_layers, experts, expert_width, dense_width, qk_norm
+):
+    """GLM-4 MoE: biases on q/k/v but not o_proj, per-head QK norms only with use_qk_norm, a router and one
+    shared expert per MoE layer, untied LM head."""
+    heads, kv_heads, head_dim, vocab = 96, 8, 128, 151552
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = hidden * q + q + 2 * (hidden * kv + kv) + q * hidden
+    norms = 2 * hidden + (2 * head_dim if qk_norm else 0)
+    moe = experts * 3 * hidden * expert_width + 3 * hidden * expert_width + experts * hidden
+    expected = (
+        2 * vocab * hidden
+        + dense_layers * (attention + norms + 3 * hidden * dense_width)
+        + moe_layers * (attention + norms + moe)
+        + hidden
+    )
+    model = get_model(name)
+    assert model.total_params() == expected
+    assert (model.o_bias, model.qkv_bias, model.num_layers) == (False, True, dense_layers + moe_layers)
+    assert model.kv_bytes_per_token("bf16") == 2 * kv * 2 * (dense_layers + moe_layers)
+
+
+def test_qk_norms_are_per_head_or_over_all_heads_as_the_config_says():
+    # Qwen3 and GLM-4.7: one weight per head dimension for q and one for k; MiniMax-M2 (qk_norm_type per_layer):
+    # one over all 48 query heads, one over all 8 KV heads; GLM-4.5-Air: none (use_qk_norm false)
+    assert (
+        get_model("qwen3-8b").vector_params_per_layer
+        == get_model("glm-4.7").vector_params_per_layer
+        == 2 * 128
+    )
+    assert get_model("minimax-m2.5").vector_params_per_layer == (48 + 8) * 128
+    assert get_model("glm-4.5-air").vector_params_per_layer == 0
 
 
 def test_llama_8b_kv_bytes_per_token_and_sequence_sizes():
