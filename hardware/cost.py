@@ -15,7 +15,6 @@ and absorbs the up-projections in decode; embeddings and LM head stay bf16 when 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from bisect import bisect_left
 from collections import Counter
@@ -440,7 +439,24 @@ class _Ctx:
 
     def with_tokens(self, tokens: float) -> _Ctx:
         tokens = float(max(tokens, 1))
-        return self if tokens == self.tokens else dataclasses.replace(self, tokens=tokens)
+        if tokens == self.tokens:
+            return self
+        # `dataclasses.replace(self, tokens=tokens)` spelled out: this runs per operator priced, and replace reads
+        # the fields each time
+        return _Ctx(
+            model=self.model,
+            gpu=self.gpu,
+            par=self.par,
+            opts=self.opts,
+            profile=self.profile,
+            tokens=tokens,
+            weight_dtype=self.weight_dtype,
+            wbytes=self.wbytes,
+            expert_wbytes=self.expert_wbytes,
+            rank=self.rank,
+            peak=self.peak,
+            kernels=self.kernels,
+        )
 
     @property
     def kvbytes(self) -> float:
@@ -1284,7 +1300,7 @@ def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None)
 
     For a decode, the keys attended and the distinct KV tokens read are both min(context + 1, window).
     """
-    c = num_context.astype(np.int64)
+    c = num_context.astype(np.int64, copy=False)
     if window is None:
         return int(c.sum()) + len(c) * (steps + 1)
     return np.minimum(c[None, :] + 1 + steps[:, None], window).sum(axis=1)

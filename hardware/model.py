@@ -7,7 +7,7 @@ and parameter counts derived from the shapes (checked in the tests against publi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from math import comb
 from pathlib import Path
@@ -161,14 +161,15 @@ class ModelSpec:
     architecture: str = (
         ""  # the checkpoint's class (config.json `architectures`), for engines' per-class settings
     )
+    # layers that own their KV: counted once, as every step's pricing reads it
+    num_kv_layers: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_kv_layers", sum(layer.owns_kv for layer in self.layers))
 
     @property
     def num_layers(self) -> int:
         return len(self.layers)
-
-    @property
-    def num_kv_layers(self) -> int:
-        return sum(layer.owns_kv for layer in self.layers)
 
     # ---- KV cache -------------------------------------------------------------------------------
     def kv_values_per_token_per_layer(self, tp: int = 1) -> int:

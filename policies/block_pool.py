@@ -92,10 +92,12 @@ class RefCountedPool(ABC):
         return [self._pop_free() for _ in range(count)]
 
     def _release(self, blocks: list[int]) -> None:
+        refs, free_queue = self._refs, self._free_queue  # a finished request returns a block per 16 tokens
         for block in blocks:
-            self._refs[block] -= 1
-            if self._refs[block] == 0:
-                self._free_queue[block] = None
+            left = refs[block] - 1
+            refs[block] = left
+            if not left:
+                free_queue[block] = None
 
     def _check_refs(self, held: list[int]) -> None:
         refs = [0] * len(self._refs)

@@ -110,15 +110,13 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
     def _pop_free_many(self, count: int) -> list[int]:
         """`_pop_free` `count` times, inlined: a prefill takes a block per 16 tokens, so this runs per block."""
         popitem, hash_of, refs, cached = self._free_queue.popitem, self._hash_of, self._refs, self._cached
-        blocks = []
-        for _ in range(count):
-            block = popitem(last=False)[0]
+        blocks = [popitem(last=False)[0] for _ in range(count)]
+        for block in blocks:
             block_hash = hash_of[block]
             if block_hash is not None:  # evict: its contents are about to be overwritten
                 hash_of[block] = None
                 cached.remove(block_hash, block)
             refs[block] = 1
-            blocks.append(block)
         return blocks
 
     def _forget(self, block: int) -> None:

@@ -102,7 +102,7 @@ def _max_steps_fitting(
 def _durations(timer: StepTimer, context: np.ndarray, finish: np.ndarray, steps: int) -> np.ndarray:
     """Step times of `steps` decode steps; the batch shrinks after each finishing step."""
     parts, start = [], 0
-    for end in sorted({int(f) for f in finish if f < steps - 1} | {steps - 1}):
+    for end in sorted({f for f in finish.tolist() if f < steps - 1} | {steps - 1}):
         active = finish >= start
         parts.append(timer.decode_stretch_s(context[active] + start, end - start + 1))
         start = end + 1

@@ -440,3 +440,16 @@ def test_a_true_or_false_in_a_profile_is_refused_not_read_as_full_efficiency(tmp
     path.write_text("name: p\ngemm_compute: true\n")
     with pytest.raises(SpecError, match=r"p.yaml: gemm_compute: .*expected a number, not a true/false"):
         load_profile(str(path))
+
+
+def test_a_context_at_other_tokens_differs_in_its_tokens_alone():
+    import dataclasses
+
+    from servesim.hardware.cost import _context
+
+    batch = StepBatch.of([512, 1, 1], [0, 300, 700])
+    ctx = _context(
+        batch, get_model("llama-3.1-8b"), get_gpu("h100-sxm"), Parallelism(), Profile(), CostOptions()
+    )
+    assert ctx.with_tokens(96) == dataclasses.replace(ctx, tokens=96.0)
+    assert ctx.with_tokens(ctx.tokens) is ctx
