@@ -614,11 +614,12 @@ def _attention_dims(model: ModelSpec, decode: bool) -> tuple[int, int]:
     return model.head_dim, model.head_dim
 
 
-def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, tokens):
+def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, tokens, efficiency=None):
     """(FLOPs, bytes, compute seconds, memory seconds) of one layer's attention over summed batch stats.
 
     Works elementwise on numpy arrays too (one entry per step of a decode stretch) with the very same
-    operations, so a fast-forwarded step costs bit-for-bit what a stepped one does.
+    operations, so a fast-forwarded step costs bit-for-bit what a stepped one does. `efficiency`: the (compute,
+    memory) efficiencies, per step where steps differ in size; None: the profile's at `ctx.tokens`.
     """
     m = ctx.model
     qk_dim, v_dim = _attention_dims(m, decode)
@@ -630,8 +631,10 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     flops = 2 * heads * (qk_dim + v_dim) * keys
     written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
     nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
-    compute_s = flops / (ctx.gpu.peak_for("bf16") * ctx.profile.attn_compute.at(ctx.tokens))
-    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * ctx.profile.attn_memory.at(ctx.tokens))
+    if efficiency is None:
+        efficiency = ctx.profile.attn_compute.at(ctx.tokens), ctx.profile.attn_memory.at(ctx.tokens)
+    compute_s = flops / (ctx.gpu.peak_for("bf16") * efficiency[0])
+    memory_s = nbytes / (ctx.gpu.memory_bytes_per_s * efficiency[1])
     return flops, nbytes, compute_s, memory_s
 
 
@@ -1273,6 +1276,67 @@ def decode_stretch_pricer(
         return None
     at = _context_by_tokens(model, gpu, parallelism, profile, options)
     return lambda num_context, num_steps: _stretch_attention_s(at(len(num_context)), num_context, num_steps)
+
+
+def shrinking_stretch_pricer(
+    model: ModelSpec,
+    gpu: GpuSpec,
+    parallelism: Parallelism = Parallelism(),
+    profile: Profile = Profile(),
+    options: CostOptions = CostOptions(),
+) -> Callable[[np.ndarray, np.ndarray, int], np.ndarray] | None:
+    """`decode_stretch_pricer` for a stretch in which request j decodes up to step `finish[j]` (the batch shrinks
+    after each finishing step), every step in one pass: `(num_context, finish, num_steps) -> attention seconds`.
+    None where a kernel table prices decode attention (looked up per batch size) or under DP attention."""
+    if parallelism.dp_attention:
+        return None
+    at = _context_by_tokens(model, gpu, parallelism, profile, options)
+    groups = _layer_groups(model, options.kv_sharing_fast_prefill)
+    if any(_attention_table(at(1), group.window, True) is not None for group, _ in groups):
+        return None
+    profile = at(1).profile
+    by_size: dict[int, tuple[float, float]] = {}  # the (compute, memory) efficiencies of a step of n decodes
+
+    def efficiencies(n: int) -> tuple[float, float]:
+        hit = by_size.get(n)
+        if hit is None:
+            hit = by_size[n] = profile.attn_compute.at(float(n)), profile.attn_memory.at(float(n))
+        return hit
+
+    return lambda num_context, finish, num_steps: _shrinking_stretch_attention_s(
+        at, efficiencies, num_context, finish, num_steps
+    )
+
+
+def _shrinking_stretch_attention_s(
+    at: Callable[[int], _Ctx],
+    efficiencies: Callable[[int], tuple[float, float]],
+    num_context: np.ndarray,
+    finish: np.ndarray,
+    num_steps: int,
+) -> np.ndarray:
+    """`_stretch_attention_s` of each stretch of steps with the same requests, in one pass: step i holds the
+    requests whose finish is >= i, at the efficiencies of its size. Every entry is formed by the same operations
+    as the stretch of its size would form it."""
+    steps = np.arange(num_steps, dtype=np.int64)
+    alive = finish[None, :] >= steps[:, None]
+    requests = alive.sum(axis=1)
+    sizes = requests.tolist()
+    by_size = {n: efficiencies(n) for n in set(sizes)}
+    efficiency = np.array([by_size[n][0] for n in sizes]), np.array([by_size[n][1] for n in sizes])
+    ctx = at(sizes[0])  # what else the terms read is the same at every size
+    c = num_context.astype(np.int64, copy=False)
+    attention = np.zeros(num_steps)
+    for group, layers in _layer_groups(ctx.model, ctx.opts.kv_sharing_fast_prefill):
+        if group.window is None:  # `_decode_keys`: each request's context + its step + 1
+            keys = (alive * c[None, :]).sum(axis=1) + requests * (steps + 1)
+        else:
+            keys = np.where(alive, np.minimum(c[None, :] + 1 + steps[:, None], group.window), 0).sum(axis=1)
+        _, _, compute_s, memory_s = attention_terms(
+            ctx, group.owns_kv, True, keys, keys, requests, efficiency
+        )
+        attention += np.maximum(compute_s, memory_s) * layers
+    return attention
 
 
 def _stretch_attention_s(ctx: _Ctx, num_context: np.ndarray, num_steps: int) -> np.ndarray:

@@ -10,6 +10,7 @@ fast-forwarded and stepped simulations give identical times.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from servesim.hardware.cost import (
     decode_stretch_pricer,
     fixed_seconds,
     rank_peaks,
+    shrinking_stretch_pricer,
     small_attention_pricer,
     stage_attention_seconds,
     stage_fixed_seconds,
@@ -57,7 +59,8 @@ class StepTimer:
         self._fixed_s: dict[tuple, float] = {}
         self._stage_fixed_s: dict[tuple, list[float]] = {}
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
-        self._lean: tuple | None = None  # (small_attention_pricer, decode_stretch_pricer), built on first use
+        # (small_attention_pricer, decode_stretch_pricer, shrinking_stretch_pricer), built on first use
+        self._lean: tuple | None = None
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -141,10 +144,15 @@ class StepTimer:
         return fixed + small_attention_s(num_new, num_context)
 
     def _lean_pricers(self) -> tuple:
-        """The cost model's pricers that skip building a batch (`small_attention_pricer`, `decode_stretch_pricer`),
-        each None where it does not apply; built on first use, so a bad configuration fails where it always did."""
+        """The cost model's pricers that skip building a batch (`small_attention_pricer`, `decode_stretch_pricer`,
+        `shrinking_stretch_pricer`), each None where it does not apply; built on first use, so a bad configuration
+        fails where it always did."""
         if self._lean is None:
-            self._lean = (small_attention_pricer(*self.args), decode_stretch_pricer(*self.args))
+            self._lean = (
+                small_attention_pricer(*self.args),
+                decode_stretch_pricer(*self.args),
+                shrinking_stretch_pricer(*self.args),
+            )
         return self._lean
 
     def __call__(self, batch: StepBatch) -> float:
@@ -196,3 +204,25 @@ class StepTimer:
         else:
             attention = stretch_attention_s(num_context, num_steps)
         return self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
+
+    def shrinking_stretch_s(self, num_context: np.ndarray, finish: np.ndarray, num_steps: int) -> np.ndarray:
+        """Seconds of `num_steps` decode steps in which request j (context `num_context[j]` before the first) decodes
+        up to step `finish[j]`: the batch shrinks after each finishing step. Each step as `decode_stretch_s` prices
+        the steps of its requests, in one pass where the roofline prices attention."""
+        pricer = self._lean_pricers()[2]
+        bounds = [f + 1 for f in sorted(set(finish.tolist())) if f < num_steps - 1] + [num_steps]
+        if pricer is None:
+            parts, start = [], 0
+            for end in bounds:
+                parts.append(self.decode_stretch_s(num_context[finish >= start] + start, end - start))
+                start = end
+            return np.concatenate(parts)
+        fixed, start, finishes = [], 0, sorted(finish.tolist())
+        for end in bounds:  # each size's fixed part, from the batch a stepped step of that size would price
+            size = len(finishes) - bisect_left(finishes, start)  # requests decoding from `start` on
+            fixed_s = self._fixed_s.get(self._decode_shape(size))
+            if fixed_s is None:
+                fixed_s = self.decode_fixed_s(size, num_context[finish >= start] + start)
+            fixed += [fixed_s] * (end - start)
+            start = end
+        return np.array(fixed) + (0 + pricer(num_context, finish, num_steps))

@@ -99,16 +99,6 @@ def _max_steps_fitting(
     return lo
 
 
-def _durations(timer: StepTimer, context: np.ndarray, finish: np.ndarray, steps: int) -> np.ndarray:
-    """Step times of `steps` decode steps; the batch shrinks after each finishing step."""
-    parts, start = [], 0
-    for end in sorted({f for f in finish.tolist() if f < steps - 1} | {steps - 1}):
-        active = finish >= start
-        parts.append(timer.decode_stretch_s(context[active] + start, end - start + 1))
-        start = end + 1
-    return np.concatenate(parts)
-
-
 def plan_stretch(
     requests: list[Request],
     kv: BlockManager,
@@ -160,7 +150,9 @@ def plan_stretch(
     steps = _max_steps_fitting(
         context, finish, held, kv.num_free_blocks, kv.block_size, upper, len(kv.windows)
     )
-    durations = _durations(timer, context, finish, steps)
+    durations = timer.shrinking_stretch_s(
+        context, finish, steps
+    )  # the batch shrinks after each finishing step
     bounds = np.cumsum(np.concatenate(([now], durations)))  # sequential sums, as SimPy accumulates `now`
     starts, ends = bounds[:-1], bounds[1:]
     steps = int(np.searchsorted(starts, next_event_s, side="left"))  # steps starting before the next event

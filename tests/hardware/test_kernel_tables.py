@@ -148,6 +148,20 @@ def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, st
         for i in range(steps)
     ]
     assert timer.decode_stretch_s(c, steps).tolist() == stepped
+    # requests leaving as the stretch goes: each step priced with the tables at its own batch size
+    finish = np.arange(len(c)) % (steps + 1)
+    finish[0] = steps
+    stepped = [
+        step_cost(
+            StepBatch.of(np.ones(int((finish >= i).sum()), int), c[finish >= i] + i),
+            model,
+            h100,
+            par,
+            MEASURED,
+        ).total_s
+        for i in range(steps)
+    ]
+    assert timer.shrinking_stretch_s(c, finish, steps).tolist() == stepped
 
 
 @pytest.mark.parametrize("batch", [1, 3, 64, 200, 512])

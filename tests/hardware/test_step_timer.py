@@ -73,6 +73,41 @@ def test_decode_stretch_equals_stepping_bit_for_bit(name, contexts, steps, fast_
 @settings(max_examples=40, deadline=None)
 @given(
     name=st.sampled_from(MODELS),
+    requests=st.lists(st.tuples(st.integers(0, 9000), st.integers(0, 60)), min_size=1, max_size=24),
+    steps=st.integers(1, 50),
+    fast_prefill=st.booleans(),
+    graphs=GRAPHS,
+    dp_attention=st.booleans(),
+)
+def test_a_shrinking_stretch_is_each_step_stepped_bit_for_bit(
+    name, requests, steps, fast_prefill, graphs, dp_attention
+):
+    """Request j decodes in steps 0..finish[j]: each step priced as a stepped step of the requests still there
+    (in one pass where the roofline prices attention; DP attention takes the per-size path)."""
+    model = get_model(name)
+    options = CostOptions(kv_sharing_fast_prefill=fast_prefill, **graphs)
+    tp = 2 if name == "deepseek-v2" or dp_attention else 1
+    par = Parallelism(tp=tp, dp_attention=dp_attention and name == "deepseek-v2")
+    timer = StepTimer(model, H100, par, VARYING_ATTENTION, options)
+    c, finish = np.array([r[0] for r in requests]), np.array([r[1] for r in requests])
+    steps = min(steps, int(finish.max()) + 1)  # somebody decodes in every step
+    stepped = [
+        step_cost(
+            StepBatch.of(np.ones(int((finish >= i).sum()), int), c[finish >= i] + i),
+            model,
+            H100,
+            par,
+            VARYING_ATTENTION,
+            options,
+        ).total_s
+        for i in range(steps)
+    ]
+    assert timer.shrinking_stretch_s(c, finish, steps).tolist() == stepped
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from(MODELS),
     reqs=st.lists(
         st.tuples(st.integers(1, 600), st.integers(0, 5000), st.booleans()), min_size=1, max_size=20
     ),
