@@ -266,13 +266,14 @@ def apply_stretch(
         in_flight,
         prefill is not None,
     )
+    contexts = context.tolist()
     for req in requests:  # as each step's commit leaves it
         req.num_in_flight_tokens = in_flight
     leaving = np.bincount(last, minlength=steps)  # requests whose last fused step is i
     active = len(requests) - np.concatenate(([0], np.cumsum(leaving)[:-1]))  # requests decoding in step i
-    first_gaps = (ends[0] - np.fromiter((r.last_token_s for r in requests), float, len(requests))).tolist()
     gaps, end_of = array("d", np.diff(ends).tobytes()), ends.tolist()
-    for req, k, first_gap in zip(requests, (last + 1).tolist(), first_gaps):
+    for req, k in zip(requests, (last + 1).tolist()):
+        first_gap = end_of[0] - req.last_token_s
         log.record(req, first_gap, gaps[: k - 1], req.num_generated + k >= req.num_output_tokens)
         req.num_computed_tokens += k
         req.num_generated += k
@@ -292,7 +293,7 @@ def apply_stretch(
             kv.allocate(prefill, stretch.chunks[i])
             kv.cache_scheduled(prefill, prefilled[i + 1])
             return
-        tokens = int(context[j]) + i + 1
+        tokens = contexts[j] + i + 1
         if kind == SCHEDULED and sub == OPEN_BLOCK:
             kv.open_decode_blocks(requests[j], tokens)
         elif kind == SCHEDULED:
