@@ -211,6 +211,8 @@ class StepTimer:
         the steps of its requests, in one pass where the roofline prices attention."""
         pricer = self._lean_pricers()[2]
         bounds = [f + 1 for f in sorted(set(finish.tolist())) if f < num_steps - 1] + [num_steps]
+        if len(bounds) == 1:  # nobody leaves: one size throughout
+            return self.decode_stretch_s(num_context, num_steps)
         if pricer is None:
             parts, start = [], 0
             for end in bounds:
