@@ -36,6 +36,10 @@ MADE_SMALL = {
     ],
     "compare inferencemax_runs": ["--match", "llama-3.1-70b h200 TP8 fp8 serve 819-1024/819-1024 c=4 x40"],
     "compare inferencemax_moe_runs": ["--match", "gpt-oss-120b h200 TP8 serve 819-1024/819-1024 c=4 x40"],
+    "compare inferencemax_dsr1_runs": [
+        "--match",
+        "deepseek-v3 h200 TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",
+    ],
     # three MoE runs of short answers (--only moe_* needs routed experts), two replays, no hold-out
     "fit": [
         "--match",
