@@ -13,7 +13,7 @@ A stretch may be fused when the scheduler says the step is a plain decode of eve
   out in the same order stepping would; admissions blocked now stay blocked, as free blocks only shrink;
 - in a hybrid KV pool (sliding-window groups free a block every block_size steps), at the first step
   after which a window frees a block, if a request waits with a batch slot free: the block could admit it.
-Step times come from `StepTimer.decode_stretch_s`, bit-for-bit the stepped ones, and are summed in
+Step times come from `StepTimer.shrinking_stretch_s`, bit-for-bit the stepped ones, and are summed in
 the same order SimPy would, so every timestamp matches.
 """
 
@@ -150,9 +150,7 @@ def plan_stretch(
     steps = _max_steps_fitting(
         context, finish, held, kv.num_free_blocks, kv.block_size, upper, len(kv.windows)
     )
-    durations = timer.shrinking_stretch_s(
-        context, finish, steps
-    )  # the batch shrinks after each finishing step
+    durations = timer.shrinking_stretch_s(context, finish, steps)  # finishing requests leave the batch
     bounds = np.cumsum(np.concatenate(([now], durations)))  # sequential sums, as SimPy accumulates `now`
     starts, ends = bounds[:-1], bounds[1:]
     steps = int(np.searchsorted(starts, next_event_s, side="left"))  # steps starting before the next event
