@@ -1325,13 +1325,9 @@ def _shrinking_stretch_attention_s(
     by_size = {n: efficiencies(n) for n in set(sizes)}
     efficiency = np.array([by_size[n][0] for n in sizes]), np.array([by_size[n][1] for n in sizes])
     ctx = at(sizes[0])  # what else the terms read is the same at every size
-    c = num_context.astype(np.int64, copy=False)
     attention = np.zeros(num_steps)
     for group, layers in _layer_groups(ctx.model, ctx.opts.kv_sharing_fast_prefill):
-        if group.window is None:  # `_decode_keys`: each request's context + its step + 1
-            keys = (alive * c[None, :]).sum(axis=1) + requests * (steps + 1)
-        else:
-            keys = np.where(alive, np.minimum(c[None, :] + 1 + steps[:, None], group.window), 0).sum(axis=1)
+        keys = _decode_keys(num_context, steps, group.window, alive)
         _, _, compute_s, memory_s = attention_terms(
             ctx, group.owns_kv, True, keys, keys, requests, efficiency
         )
@@ -1359,12 +1355,18 @@ def _stretch_attention_s(ctx: _Ctx, num_context: np.ndarray, num_steps: int) -> 
     return attention
 
 
-def _decode_keys(num_context: np.ndarray, steps: np.ndarray, window: int | None) -> np.ndarray:
-    """Per step: keys all requests attend over when each decodes at context + step (capped by a window).
+def _decode_keys(
+    num_context: np.ndarray, steps: np.ndarray, window: int | None, alive: np.ndarray | None = None
+) -> np.ndarray:
+    """Per step: keys all requests attend over when each decodes at context + step (capped by a window); with
+    `alive` (steps x requests), only the requests still decoding in each step.
 
     For a decode, the keys attended and the distinct KV tokens read are both min(context + 1, window).
     """
     c = num_context.astype(np.int64, copy=False)
+    if alive is not None:
+        keys = c[None, :] + 1 + steps[:, None]
+        return np.where(alive, keys if window is None else np.minimum(keys, window), 0).sum(axis=1)
     if window is None:
         return int(c.sum()) + len(c) * (steps + 1)
     return np.minimum(c[None, :] + 1 + steps[:, None], window).sum(axis=1)

@@ -510,11 +510,15 @@ def _vector_params(f: _Fields) -> int:
     qk_norms = (
         model_type in ("qwen3", "qwen3_moe") or model_type.startswith("gemma3") or f.raw.get("use_qk_norm")
     )
-    params = 2 * head_dim if qk_norms else 0
-    if (
-        qk_norms and f.raw.get("qk_norm_type") == "per_layer"
-    ):  # MiniMax-M2: one norm over all heads' q, one over k
-        params = (f.get("num_attention_heads") + f.get("num_key_value_heads", int, 0)) * head_dim
+    if not qk_norms:
+        params = 0
+    elif (
+        f.raw.get("qk_norm_type") == "per_layer"
+    ):  # MiniMax-M2: one norm over all query heads, one over all KV
+        heads = f.get("num_attention_heads")
+        params = (heads + f.get("num_key_value_heads", int, heads)) * head_dim
+    else:
+        params = 2 * head_dim
     # pre- and post-feedforward norms besides the usual two
     if model_type in (
         "gemma2",

@@ -209,8 +209,8 @@ class StepTimer:
         """Seconds of `num_steps` decode steps in which request j (context `num_context[j]` before the first) decodes
         up to step `finish[j]`: the batch shrinks after each finishing step. Each step as `decode_stretch_s` prices
         the steps of its requests, in one pass where the roofline prices attention."""
-        pricer = self._lean_pricers()[2]
-        bounds = [f + 1 for f in sorted(set(finish.tolist())) if f < num_steps - 1] + [num_steps]
+        pricer, finishes = self._lean_pricers()[2], sorted(finish.tolist())
+        bounds = [f + 1 for f in sorted(set(finishes)) if f < num_steps - 1] + [num_steps]
         if len(bounds) == 1:  # nobody leaves: one size throughout
             return self.decode_stretch_s(num_context, num_steps)
         if pricer is None:
@@ -219,7 +219,7 @@ class StepTimer:
                 parts.append(self.decode_stretch_s(num_context[finish >= start] + start, end - start))
                 start = end
             return np.concatenate(parts)
-        fixed, start, finishes = [], 0, sorted(finish.tolist())
+        fixed, start = [], 0
         for end in bounds:  # each size's fixed part, from the batch a stepped step of that size would price
             size = len(finishes) - bisect_left(finishes, start)  # requests decoding from `start` on
             fixed_s = self._fixed_s.get(self._decode_shape(size))
