@@ -202,6 +202,15 @@ class EngineConfig(SpecModel):
             "step stalls every decode"
         ),
     )
+    scheduler_recv_interval: int = Field(
+        1,
+        ge=1,
+        le=MAX_SEQS,
+        description=(
+            "sglang only: new requests are read once the loop has run this many decode steps (a prefill step counts "
+            "as all of them; SGLang's --scheduler-recv-interval, default 1: every step); not under DP attention"
+        ),
+    )
     swa_full_tokens_ratio: float = Field(
         0.8,
         gt=0,
@@ -389,6 +398,11 @@ class EngineConfig(SpecModel):
             raise ValueError(
                 f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "
                 f"not {self.scheduler!r}"
+            )
+        if self.scheduler_recv_interval > 1 and not scheduler.reads_at_intervals:
+            raise ValueError(
+                f"scheduler_recv_interval is SGLang's --scheduler-recv-interval; {self.scheduler!r} reads every "
+                "request as it comes: leave it at 1 or use scheduler sglang"
             )
         if self.async_scheduling and not scheduler.schedules_ahead:
             raise ValueError(

@@ -41,6 +41,7 @@ from servesim.policies.families import SGLANG, SGLANG_MAX_RUNNING
 from servesim.policies.kv_blocks import BlockManager, fits_in_last_block
 from servesim.policies.one_step_ahead import OneStepAhead
 from servesim.policies.ordering import OrderKey
+from servesim.policies.recv_skipper import RecvSkipper
 from servesim.policies.registry import schedulers
 from servesim.policies.step import (
     PlanBuilder,
@@ -171,6 +172,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
     family = SGLANG
     schedules_ahead = True
     supports_prefix_caching = True
+    reads_at_intervals = True
 
     def __init__(
         self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
@@ -199,6 +201,9 @@ class PrefillFirstScheduler(SchedulerDefaults):
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
         # prompts prefilled in the step that ended, not yet in the cache
         self._unprocessed: list[Request] = []
+        interval = cfg.scheduler_recv_interval
+        self._skipper = RecvSkipper(interval) if interval > 1 else None  # requests sent but not yet read
+        self._last_prefilled = False  # whether the last plan made prefills (the skipper's weight)
 
     @property
     def new_token_ratio(self) -> float:
@@ -211,7 +216,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
 
     @property
     def num_waiting(self) -> int:
-        return len(self._waiting) + (len(self.ahead.inbox) if self.ahead else 0)
+        unread = len(self._skipper.socket) if self._skipper else 0
+        return len(self._waiting) + unread + (len(self.ahead.inbox) if self.ahead else 0)
 
     @property
     def finishes_fuse(self) -> bool:
@@ -242,12 +248,19 @@ class PrefillFirstScheduler(SchedulerDefaults):
         if self.ahead is not None:
             self.ahead.arrive(req, now)
         else:
+            self._send(req)
+
+    def _send(self, req: Request) -> None:
+        """`req` reaches the scheduler's socket: read at once, or when the recv skipper reads it."""
+        if self._skipper is None:
             self._waiting.push(req)
+        else:
+            self._skipper.socket.append(req)
 
     def schedule(self, now: float) -> StepPlan:
         if self.ahead is None:
             return self._plan(now)
-        return self.ahead.schedule(now, lambda: self._plan(now), self._waiting.push, self._free)
+        return self.ahead.schedule(now, lambda: self._plan(now), self._send, self._free)
 
     def _free(self, finished: list[Request]) -> None:
         """SGLang processed the finished requests' last outputs: their KV joins the cache and their slots free,
@@ -264,6 +277,21 @@ class PrefillFirstScheduler(SchedulerDefaults):
             self._shrunk |= bool(finished)
 
     def _plan(self, now: float) -> StepPlan:
+        """One pass of SGLang's loop: read the requests sent (every pass, or as the recv skipper allows), then
+        form the batch."""
+        skipper = self._skipper
+        if skipper is None:
+            return self._form(now)
+        skipper.pass_after(self._last_prefilled, self._waiting.push)
+        plan = self._form(now)
+        if plan.is_empty and not plan.preempted and skipper.socket:
+            skipper.read(self._waiting.push)  # nothing to run: the idle loop reads within microseconds
+            plan = self._form(now)
+        self._last_prefilled = plan.num_prefill_tokens > 0
+        return plan
+
+    def _form(self, now: float) -> StepPlan:
+        """The next batch from the requests read (SGLang's get_next_batch_to_run)."""
         step = PlanBuilder(0)
         self._prefilling = self._prefill(step)
         if self._prefilling:
@@ -326,6 +354,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
         if (
             self.chunked is not None
             or admissible
+            or (self._skipper is not None and self._skipper.socket)  # read some steps on
             or (self.ahead is not None and not self.ahead.settled(admissible))
         ):
             return None
@@ -343,6 +372,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         """`num_steps` decode steps ran fused after a scheduled one: the ratio decays for each, and a finish
         among them (never in the last) was noticed by the decode step after it."""
         self._decays += num_steps
+        if self._skipper is not None:
+            self._skipper.decoded(num_steps)
         if self._shrunk:
             self._filter_batch()
         if self.ahead is not None:

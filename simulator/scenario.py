@@ -287,6 +287,15 @@ class Scenario(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _recv_interval_without_dp_attention(self) -> Scenario:
+        if self.engine.scheduler_recv_interval > 1 and self.parallelism.dp_attention:
+            raise ValueError(
+                "engine.scheduler_recv_interval: SGLang 0.5 refuses --scheduler-recv-interval under DP attention "
+                "(parallelism.dp_attention); leave it at 1 or turn DP attention off"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _stage_engines_valid(self) -> Scenario:
         for i, stage in enumerate(self.stages or ()):
             self._check_engine_overrides(stage.engine, f"stages.{i}.engine")

@@ -70,6 +70,9 @@ class EngineArgs(SpecModel):
     cuda_graph_max_size: int | None = Field(
         None, ge=0, description="The largest CUDA graph (EngineConfig's field)"
     )
+    scheduler_recv_interval: int | None = Field(
+        None, ge=1, description="SGLang's --scheduler-recv-interval (EngineConfig's field)"
+    )
 
 
 class MeasuredRun(SpecModel):
@@ -317,6 +320,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             ("cuda_graph_sizes", args.cuda_graph_sizes),
             ("cuda_graph_mode", args.cuda_graph_mode),
             ("cuda_graph_max_size", args.cuda_graph_max_size),
+            ("scheduler_recv_interval", args.scheduler_recv_interval),
         )
         if v is not None
     }

@@ -217,6 +217,8 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
             parts.append(f"--schedule-conservativeness {round(e.schedule_conservativeness / scale, 3)}")
         if e.enable_mixed_chunk:
             parts.append("--enable-mixed-chunk")
+        if e.scheduler_recv_interval > 1:
+            parts.append(f"--scheduler-recv-interval {e.scheduler_recv_interval}")
         if not e.async_scheduling:  # simulated one batch at a time; SGLang overlaps by default
             parts.append("--disable-overlap-schedule")
         if e.cuda_graph_max_size == 0:

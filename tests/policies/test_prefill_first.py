@@ -218,6 +218,47 @@ def test_overlapped_the_ratio_is_not_reset_while_the_engine_plans_again():
     assert sched.new_token_ratio == sched.min_ratio
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("interval, first_token", [(1, 4.0), (3, 5.0), (10, 12.0)])
+def test_a_request_sent_while_decoding_is_read_after_interval_decode_steps(overlap, interval, first_token):
+    """r0 is prefilled in step 0 (an idle engine reads at once); the pass after that prefill reads (weight 1000)
+    and restarts the count, so the passes forming steps 1, 2, 3 ... have counted 0, 1, 2 ... decodes. r1, sent
+    at 2.5, is read by the pass that reaches `interval`: at 4 (interval 3: the count is 3), at 11 (10), and
+    prefilled then. Read every pass, it is prefilled at 3; overlapped, the pass forming step 3 ran as step 2
+    began, before r1 came, so at 4, as with interval 3."""
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=200, block_size=1, async_scheduling=overlap, scheduler_recv_interval=interval
+    )
+    requests = make_requests([4, 4], [30, 3])
+    drive(sched, requests, arrivals=[0.0, 2.5])
+    assert requests[1].first_token_s == (first_token + 1.0 if overlap and interval == 1 else first_token)
+
+
+def test_a_request_sent_during_a_prefill_is_read_at_once():
+    """The pass after a prefill step adds 1000 and reads: r1, sent during r0's prefill, is prefilled next."""
+    sched, _ = make_scheduler("sglang", num_blocks=200, block_size=1, scheduler_recv_interval=10)
+    requests = make_requests([4, 4], [30, 3])
+    steps = drive(sched, requests, arrivals=[0.0, 0.5])
+    assert [s.batch for s in steps[:3]] == [[0], [1], [0, 1]]
+    assert sched.num_waiting == 0
+
+
+def test_unread_requests_count_as_waiting():
+    sched, _ = make_scheduler("sglang", num_blocks=200, block_size=1, scheduler_recv_interval=10)
+    r0, r1 = make_requests([4, 4], [30, 3])
+    sched.add(r0, 0.0)
+    step(sched, 0.0)
+    step(sched, 1.0)  # the pass after the prefill read nothing more
+    sched.add(r1, 1.5)
+    assert scheduled(step(sched, 2.0)) == [(0, 1)] and sched.num_waiting == 1
+
+
+def test_recv_interval_is_sglangs_and_not_under_dp_attention():
+    with pytest.raises(ValueError, match="scheduler_recv_interval is SGLang's"):
+        EngineConfig(scheduler="vllm", scheduler_recv_interval=10)
+    assert EngineConfig(scheduler="sglang", scheduler_recv_interval=10).scheduler_recv_interval == 10
+
+
 def test_a_prompt_cut_to_fit_the_chunk_ends_on_a_page_boundary():
     sched, _ = make_scheduler(
         "sglang", num_blocks=1000, block_size=16, max_num_batched_tokens=1000, prefix_caching="radix"
@@ -391,6 +432,7 @@ def test_sglang_refuses_swap_and_speculation():
     decayed=st.booleans(),
     overlap=st.booleans(),
     gap=st.sampled_from([0.0, 0.5, 1.5]),
+    recv_interval=st.sampled_from([1, 3, 10]),
 )
 def test_every_request_finishes_with_no_page_leaked(
     lengths,
@@ -405,9 +447,11 @@ def test_every_request_finishes_with_no_page_leaked(
     decayed,
     overlap,
     gap,
+    recv_interval,
 ):
     """Shared leading segments (ids 0-2) give prefix hits; tiny pools, with the ratio decayed as after a long run
-    of decodes (`decayed`), force retractions; `overlap`: SGLang's overlap scheduler, `gap` s between arrivals."""
+    of decodes (`decayed`), force retractions; `overlap`: SGLang's overlap scheduler, `gap` s between arrivals,
+    read every `recv_interval` decode steps."""
     requests = [
         Request(i, 0.0, p, o, prompt_segments=((seg, min(p, 8)),) + (((-(i + 1), p - 8),) if p > 8 else ()))
         if seg
@@ -427,6 +471,7 @@ def test_every_request_finishes_with_no_page_leaked(
         prefix_caching=caching,
         schedule_conservativeness=conservativeness,
         async_scheduling=overlap,
+        scheduler_recv_interval=recv_interval,
     )
     if decayed:
         sched.new_token_ratio = sched.min_ratio

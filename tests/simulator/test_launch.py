@@ -100,6 +100,12 @@ def test_sglang_under_dp_attention_is_given_the_conservativeness_it_scales_back_
     assert chat(engine={"scheduler": "sglang"}).with_engine_defaults().engine.schedule_conservativeness == 1.0
 
 
+def test_sglang_is_told_the_recv_interval_simulated():
+    every_step = sglang_command(chat(engine={"scheduler": "sglang"}), LEN)
+    tenth = sglang_command(chat(engine={"scheduler": "sglang", "scheduler_recv_interval": 10}), LEN)
+    assert "--scheduler-recv-interval" not in every_step and "--scheduler-recv-interval 10" in tenth
+
+
 def test_a_draft_model_runs_as_the_speculative_config_and_sglang_standalone():
     s, _ = load_scenario(SCENARIOS / "speculative_70b.yaml")
     vllm, sglang = commands(s)

@@ -69,6 +69,8 @@ def test_same_scenario_and_seed_give_identical_results():
             }
         },
         {"engine": {"scheduler": "sglang", "prefix_caching": "radix"}},
+        {"engine": {"scheduler": "sglang", "scheduler_recv_interval": 10}},  # arrivals read late
+        {"engine": {"scheduler": "sglang", "scheduler_recv_interval": 4, "async_scheduling": False}},
         {
             "engine": {"scheduler": "sglang", "max_model_len": 16384, "num_gpu_blocks_override": 600}
         },  # retractions
@@ -87,6 +89,30 @@ def test_fast_forward_gives_the_same_results_as_stepping(overrides):
     slow = run(scenario(**overrides, simulation={"fast_forward": False}))
     assert_same_run(fast, slow)
     assert fast.summary["completed"] + fast.summary["rejected"] == len(fast.requests)
+
+
+def test_recv_interval_delays_arrivals_that_come_while_decoding():
+    """Read every 10th decode step, a request sent while others decode waits longer for its first token."""
+    every, tenth = (
+        run(
+            scenario(
+                engine={"scheduler": "sglang", "scheduler_recv_interval": n}, workload={"num_requests": 100}
+            )
+        )
+        for n in (1, 10)
+    )
+    assert tenth.summary["mean_ttft_ms"] > every.summary["mean_ttft_ms"]
+    assert tenth.summary["completed"] == every.summary["completed"] == 100
+
+
+def test_recv_interval_is_refused_under_dp_attention():
+    with pytest.raises(ValueError, match="refuses --scheduler-recv-interval under DP attention"):
+        scenario(
+            model="deepseek-v3",
+            hardware={"gpu": "h200"},
+            parallelism={"tp": 8, "dp_attention": True},
+            engine={"scheduler": "sglang", "scheduler_recv_interval": 10},
+        )
 
 
 @pytest.mark.parametrize("engine", [{"max_num_seqs": 32}, {"scheduler": "sglang"}])
