@@ -79,25 +79,40 @@ def _through_api(runs: list[MeasuredRun]) -> bool:
     return any(run.benchmark == "serve" for run in runs)
 
 
+@dataclass(frozen=True)
+class Section:
+    """Where a fit writes: a profile's section of one GPU (`gpus`) or one engine (`engines`)."""
+
+    kind: str
+    name: str
+
+    def of(self, profile: Profile) -> dict:
+        return getattr(profile, self.kind).get(self.name, {})
+
+    def resolve(self, profile: Profile) -> Profile:
+        """`profile` as it prices what the section covers."""
+        return profile.for_gpu(self.name) if self.kind == "gpus" else profile.for_engine(self.name)
+
+
 def profile_of(
     x: np.ndarray,
     names: list[str],
     base: Profile,
-    gpu: str | None = None,
+    section: Section | None = None,
     experts: str | None = None,
     **fields,
 ) -> Profile:
-    """`base` with the fitted parameters (log values `x`, in `names` order), in `gpu`'s section when given, the
+    """`base` with the fitted parameters (log values `x`, in `names` order), in `section` when given, the
     routed experts' in the `moe_kernels` entry of dtype `experts` when given, and `fields`."""
     values = {n: min(v, 1.0) if n in EFFICIENCIES else v for n, v in zip(names, np.exp(x).tolist())}
     if experts is not None:
         own = {n: values.pop(n) for n in MOE_KERNEL_FIELDS if n in values}
         shared = base.model_dump()["moe_kernels"]
-        held = base.gpus.get(gpu, {}).get("moe_kernels", {}) if gpu is not None else shared
+        held = section.of(base).get("moe_kernels", {}) if section is not None else shared
         # a section's entry replaces the shared one whole: it starts from the entry the fit started from
         values["moe_kernels"] = held | {experts: held.get(experts, shared.get(experts, {})) | own}
-    if gpu is not None:
-        return base.with_gpu_section(gpu, values).model_copy(update=fields)
+    if section is not None:
+        return base.with_section(section.kind, section.name, values).model_copy(update=fields)
     if experts is not None:  # validated, as a section is
         return Profile.model_validate(base.model_dump() | values).model_copy(update=fields)
     update = {n: EfficiencyCurve.constant(v) if n in EFFICIENCIES else v for n, v in values.items()}
@@ -197,6 +212,7 @@ def fit_to_runs(
     gpu: str | None = None,
     experts: str | None = None,
     on_evaluation: Callable[[int], None] | None = None,
+    engine: str | None = None,
     **fields,
 ) -> RunsFit:
     """The profile (efficiencies constant in tokens, overheads) whose replays best match the train runs' figures.
@@ -210,12 +226,20 @@ def fit_to_runs(
     prices that GPU and writes its parameters into `base`'s section for it, keeping `base`'s own `fit_mape`
     (RunsFit.mape is the section's). `on_evaluation(n)` hears of each replay of the train runs (n of at most
     `max_evaluations`). With `experts` (a weight dtype), every train run's routed experts must be of that dtype, and
-    the routed-expert numbers fitted go into the profile's (or `gpu`'s section's) `moe_kernels` entry for it."""
+    the routed-expert numbers fitted go into the profile's (or the section's) `moe_kernels` entry for it. With
+    `engine` (vllm, sglang, trtllm) instead of `gpu`, every run must be of that engine, and the fit goes into the
+    engine's section as it would into a GPU's; its record's fields are named under `engines.<engine>.`."""
     if not train:
         raise ValueError("no runs to fit")
+    if gpu is not None and engine is not None:
+        raise SpecError(f"--gpu {gpu} and --engine {engine}: a fit writes one section; choose one")
     elsewhere = sorted({run.gpu for run in train + test} - {gpu}) if gpu is not None else []
     if elsewhere:
         raise ValueError(f"a fit for {gpu} was given runs on {', '.join(elsewhere)}")
+    others = sorted({run.engine for run in train + test} - {engine}) if engine is not None else []
+    if others:
+        raise ValueError(f"a fit for {engine} was given runs of {', '.join(others)}")
+    section = Section("gpus", gpu) if gpu is not None else Section("engines", engine) if engine else None
     names = fitted_names(train)
     if only is not None:
         known = [*EFFICIENCIES, *OVERHEADS, *MOE_TERMS, *API_TERMS]
@@ -233,7 +257,7 @@ def fit_to_runs(
             )
     if experts is not None and experts not in WEIGHT_DTYPE_BYTES:
         raise SpecError(f"--experts {experts}: not a weight dtype; allowed: {', '.join(WEIGHT_DTYPE_BYTES)}")
-    entries = (base.for_gpu(gpu) if gpu is not None else base).moe_kernels
+    entries = (section.resolve(base) if section is not None else base).moe_kernels
     moe_dtypes = {run.expert_dtype for run in train if run.is_moe}
     if experts is None and set(names) & set(MOE_KERNEL_FIELDS) and moe_dtypes and moe_dtypes <= set(entries):
         raise SpecError(
@@ -252,13 +276,13 @@ def fit_to_runs(
             )
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
-    start = _start((base.for_gpu(gpu) if gpu is not None else base).for_experts(experts or ""), names)
+    start = _start((section.resolve(base) if section is not None else base).for_experts(experts or ""), names)
     best: list = [math.inf, start]  # the lowest cost seen, and where
 
     def residuals(x: np.ndarray) -> np.ndarray:
         if replayer.count >= max_evaluations:
             raise _Budget
-        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base, gpu, experts))]
+        logs = [_logs(errors) for errors in replayer(train, profile_of(x, names, base, section, experts))]
         if on_evaluation is not None:
             on_evaluation(replayer.count)
         r = np.concatenate([np.array(v) * w for v, w in zip(logs, weights)] + [prior * (x - start)])
@@ -281,16 +305,18 @@ def fit_to_runs(
         except _Budget:  # the Jacobian's replays count too, which max_nfev does not see
             pass
         _polish(residuals, best[1], names, max_evaluations - replayer.count)
-        fitted, evaluations = profile_of(best[1], names, base, gpu, experts, **fields), replayer.count
+        fitted, evaluations = profile_of(best[1], names, base, section, experts, **fields), replayer.count
         errors = {"base": replayer(train + test, base), "fitted": replayer(train + test, fitted)}
         checked = errors["fitted"][len(train) :] if test else errors["fitted"]
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
         # an expert dtype's numbers are recorded under its entry: they price those experts only
         recorded = [f"moe_kernels.{experts}.{n}" if experts and n in MOE_KERNEL_FIELDS else n for n in names]
+        if engine is not None:  # they price that engine's runs only
+            recorded = [f"engines.{engine}.{n}" for n in recorded]
         record = FitRecord(fields=tuple(recorded), runs=tuple(run.label() for run in train))
         # compare --split holds these runs out
         fitted = fitted.model_copy(update={"fits": (*base.fits, record)})
-        if gpu is None:
+        if section is None:
             fitted = fitted.model_copy(update={"fit_mape": mape})
         return RunsFit(fitted, train, test, evaluations, errors, mape)
     finally:

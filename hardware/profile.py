@@ -8,7 +8,8 @@ executor's step times (`servesim calibrate`) or from measured benchmark runs' fi
 `servesim compare benchmarks/published_runs.yaml` shows how far a profile is from published measurements.
 One profile may differ per GPU (`gpus:` sections, which `servesim fit --gpu` fits): the same kernels reach
 different fractions of each GPU's peaks (a fused-MoE kernel on an A100 and on an H100), and a plan weighs GPUs
-against each other with one profile.
+against each other with one profile. It may differ per engine too (`engines:` sections, `servesim fit --engine`):
+engines run different kernels for the same operator (SGLang's block-FP8 fused MoE and vLLM's).
 Bundled in calibration/profiles/: `vllm-published` (the defaults plus the per-layer gaps small-batch decodes
 measure) and `published-fit` (fitted to the published runs, routed experts apart).
 """
@@ -24,7 +25,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 from servesim.hardware.errors import SpecError
 from servesim.hardware.files import read_yaml
 from servesim.hardware.gpu import gpu_catalog
-from servesim.hardware.kernel_tables import ENGINE, framework_for, split_kernels
+from servesim.hardware.kernel_tables import ENGINE, FRAMEWORKS, framework_for, split_kernels
 from servesim.hardware.model import WEIGHT_DTYPE_BYTES
 from servesim.hardware.spec_model import SpecModel
 
@@ -288,6 +289,14 @@ class Profile(SpecModel):
             "are the profile's); the cost model reads a GPU's section wherever it prices that GPU"
         ),
     )
+    engines: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description=(
+            "Per-engine sections: an engine's name (vllm, sglang, trtllm) -> the efficiencies and overheads that "
+            "differ under it (its own kernels, e.g. a fused-MoE entry of moe_kernels); read wherever the scenario's "
+            "engine is known, a GPU's section over it"
+        ),
+    )
 
     @field_validator(
         "gemm_compute",
@@ -358,15 +367,34 @@ class Profile(SpecModel):
             gpus[gpu] = cls._partial(gpu, section, GPU_FIELDS, "GPU", around)
         return gpus  # each section as its fields dump, so a YAML round trip compares equal
 
+    @field_validator("engines")
+    @classmethod
+    def _engine_sections_resolve(
+        cls, engines: dict[str, dict[str, Any]], info: ValidationInfo
+    ) -> dict[str, dict[str, Any]]:
+        unknown = sorted(set(engines) - set(FRAMEWORKS))
+        if unknown:
+            raise ValueError(f"{', '.join(unknown)}: not an engine; allowed: {', '.join(FRAMEWORKS)}")
+        around = {k: v for k, v in info.data.items() if k in GPU_FIELDS}
+        for engine, section in engines.items():
+            engines[engine] = cls._partial(engine, section, GPU_FIELDS, "engine", around)
+        return engines
+
     def for_gpu(self, gpu: str) -> Profile:
         """The profile as it prices `gpu`: its section (if any) over the shared values, with no sections left, so
         a resolved profile passes through again for free."""
-        if not self.gpus:
+        return self._resolved("gpus", gpu)
+
+    def _resolved(self, kind: str, name: str) -> Profile:
+        """The profile with its `kind` section `name` (a GPU's, an engine's) over the shared values, no `kind`
+        sections left."""
+        sections = getattr(self, kind)
+        if not sections:
             return self
-        section = self.gpus.get(gpu)
+        section = sections.get(name)
         if section is None:
-            return self.model_copy(update={"gpus": {}})
-        shared = self.model_dump(exclude={"gpus"})
+            return self.model_copy(update={kind: {}})
+        shared = self.model_dump(exclude={kind})
         # the section's expert dtypes over the shared ones
         kernels = shared["moe_kernels"] | section.get("moe_kernels", {})
         return Profile.model_validate(shared | section | {"moe_kernels": kernels})
@@ -381,19 +409,22 @@ class Profile(SpecModel):
         return Profile.model_validate(self.model_dump() | update | {"moe_kernels": {}})
 
     def for_engine(self, engine_tables: str) -> Profile:
-        """The profile as an engine runs whose kernels are `engine_tables`' (its family's `kernel_tables`):
-        `kernels: engine` names them."""
-        if self.kernels is None or split_kernels(self.kernels)[0] != ENGINE:
-            return self
-        version = split_kernels(self.kernels)[1]
-        return self.model_copy(
+        """The profile as an engine runs whose kernels are `engine_tables`' (its family's `kernel_tables`): its
+        section (if any) over the shared values, and `kernels: engine` naming them. A GPU's section still applies
+        over it (`for_gpu`)."""
+        profile = self._resolved("engines", engine_tables)
+        if profile.kernels is None or split_kernels(profile.kernels)[0] != ENGINE:
+            return profile
+        version = split_kernels(profile.kernels)[1]
+        return profile.model_copy(
             update={"kernels": framework_for(ENGINE, engine_tables) + (f"@{version}" if version else "")}
         )
 
-    def with_gpu_section(self, gpu: str, values: dict[str, Any]) -> Profile:
-        """This profile with `values` set in `gpu`'s section (over what the section already held)."""
+    def with_section(self, kind: str, name: str, values: dict[str, Any]) -> Profile:
+        """This profile with `values` set in its `kind` (gpus, engines) section `name`, over what it already held."""
+        sections = self.model_dump()[kind]
         return Profile.model_validate(
-            self.model_dump() | {"gpus": self.model_dump()["gpus"] | {gpu: self.gpus.get(gpu, {}) | values}}
+            self.model_dump() | {kind: sections | {name: sections.get(name, {}) | values}}
         )
 
     def curves(self, kind: str) -> tuple[EfficiencyCurve, EfficiencyCurve]:
@@ -405,11 +436,12 @@ class Profile(SpecModel):
         return self.gemm_compute, self.gemm_memory
 
 
-#: What a `gpus:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit records.
+#: What a `gpus:` or `engines:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit
+#: records.
 GPU_FIELDS = tuple(
     name
     for name in Profile.model_fields
-    if name not in ("name", "provenance", "kernels", "kernel_ops", "fits", "fit_mape", "gpus")
+    if name not in ("name", "provenance", "kernels", "kernel_ops", "fits", "fit_mape", "gpus", "engines")
 )
 
 

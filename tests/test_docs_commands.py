@@ -36,6 +36,16 @@ MADE_SMALL = {
     ],
     "compare inferencemax_runs": ["--match", "llama-3.1-70b h200 TP8 fp8 serve 819-1024/819-1024 c=4 x40"],
     "compare inferencemax_moe_runs": ["--match", "gpt-oss-120b h200 TP8 serve 819-1024/819-1024 c=4 x40"],
+    "compare sglang_runs": ["--match", "deepseek-v3 h200 TP8 sglang fp8 serve 1000/2000 10 req/s x50"],
+    # two of the five runs, one search step
+    "fit inferencemax_dsr1_runs": [
+        "--match",
+        "h200 TP8 sglang fp8 serve 819-1024/819-1024 c=(4|8) ",
+        "--max-evaluations",
+        "1",
+        "--workers",
+        "1",
+    ],
     "compare inferencemax_dsr1_runs": [
         "--match",
         "deepseek-v3 h200 TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",

@@ -14,6 +14,7 @@ from rich.markup import escape
 
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
+from servesim.hardware.kernel_tables import FRAMEWORKS
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import FIXED_COSTS, Profile, load_profile
 from servesim.simulator.cli.app import GpuFiles, app, clean_errors, console, print_table
@@ -237,12 +238,20 @@ def fit_runs(
             "(mxfp4, fp8, ...): every run must serve experts of that dtype, and other dtypes keep theirs"
         ),
     ),
+    engine: str | None = typer.Option(
+        None,
+        "--engine",
+        help=(
+            "Fit only the runs of this engine (vllm, sglang, trtllm) into the base profile's `engines.<engine>` "
+            "section, as --gpu does a GPU's: the engine's own kernels (not with --gpu)"
+        ),
+    ),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
     gpu_file: list[Path] = GpuFiles,
 ) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report the base profile's and the fitted one's errors on the runs fitted and the runs held out; --gpu fits one
-    GPU's section of a profile."""
+    GPU's section of a profile, --engine one engine's."""
     import pandas as pd
 
     try:
@@ -278,25 +287,29 @@ def fit_runs(
     names = " + ".join(f.name for f in runs_files)
     files = tuple(distinct_files([*gpu_file, *(f for run in runs for f in run.gpu_files)]))
     start = load_profile(base, files)
+    if gpu is not None and engine is not None:
+        raise SpecError(f"--gpu {gpu} and --engine {engine}: a fit writes one section; choose one")
     if gpu is not None:
         get_gpu(gpu, files)  # a misspelt name fails here, with the catalog's names
         runs = [run for run in runs if run.gpu == gpu]
+    if engine is not None:
+        if engine not in FRAMEWORKS:
+            raise SpecError(f"--engine {engine}: not an engine; allowed: {', '.join(FRAMEWORKS)}")
+        runs = [run for run in runs if run.engine == engine]
     shadowed = sorted({run.gpu for run in runs} & set(start.gpus)) if gpu is None else []
     if shadowed:
         raise SpecError(
             f"--base {base}: its gpus sections for {', '.join(shadowed)} override the shared values "
             f"on those runs, so a shared fit cannot move them; fit a section with --gpu NAME"
         )
+    scope = (f" on {gpu}" if gpu else "") + (f" of {engine}" if engine else "")
     if len(runs) < 2:
-        raise SpecError(
-            f"{names}: {len(runs)} run(s) match" + (f" on {gpu}" if gpu else "") + "; a fit needs at least 2"
-        )
+        raise SpecError(f"{names}: {len(runs)} run(s) match{scope}; a fit needs at least 2")
     train, test = split(runs, holdout_every)
     what = (
         f"{len(train)} runs of {names}"
         + (f" matching {match!r}" if match else "")
-        + (f" on {gpu}" if gpu else "")
-        + f", {len(test)} held out"
+        + f"{scope}, {len(test)} held out"
     )
     with progress_bar(f"fitting to {len(train)} runs: replays", console, every=1) as advance:
         advance.total(max_evaluations)
@@ -310,6 +323,7 @@ def fit_runs(
             only=[p.strip() for p in only.split(",")] if only else None,
             gpu=gpu,
             experts=experts,
+            engine=engine,
             name=name or (start.name if base not in (None, "default") else "fitted-runs"),
             on_evaluation=advance,
         )
@@ -320,10 +334,11 @@ def fit_runs(
     )
     provenance = (
         f"servesim fit: {what}"
-        if base is None and gpu is None and experts is None
+        if base is None and gpu is None and experts is None and engine is None
         else (
             f"{stated}; then "
             + (f"gpus.{gpu} " if gpu else "")
+            + (f"engines.{engine} " if engine else "")
             + (f"moe_kernels.{experts} " if experts else "")
             + f"fitted from it by servesim fit "
             f"--base {base or 'default'}: {what} ({fit_score(result.mape, len(test))})"
@@ -349,9 +364,12 @@ def fit_runs(
                         family_rows(list(zip(members, errors))),
                     )
         pd.DataFrame(rows).to_csv(folder / "figures.csv", index=False)
-    shown = tuple(p.for_gpu(gpu or "").for_experts(experts or "") for p in (fitted, start))
+    shown = tuple(
+        (p.for_engine(engine) if engine else p).for_gpu(gpu or "").for_experts(experts or "")
+        for p in (fitted, start)
+    )
     print_table(
-        "fitted profile" + (f" on {gpu}" if gpu else "") + (f" for {experts} experts" if experts else ""),
+        "fitted profile" + scope + (f" for {experts} experts" if experts else ""),
         ["parameter", "fitted", labels["base"]],
         profile_rows(*shown),
     )

@@ -106,13 +106,21 @@ def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload
 
 
 def _frontend(s: Scenario, env: simpy.Environment) -> Frontend:
-    """The API server of each routed target, priced by the profile of the GPU requests enter on (under P/D, the
-    prefill pool's); none for the offline LLM class."""
+    """The API server of each routed target, priced by the profile of the GPU and engine requests enter on (under
+    P/D, the prefill pool's); none for the offline LLM class."""
     if not s.engine.api_server:
         return Frontend(env, 0.0, 0.0)
     gpu = (s.disaggregation.prefill.gpu if s.disaggregation else None) or s.hardware.gpu
     gpu_files = tuple(s.hardware.gpu_files)
-    profile = load_profile(s.hardware.profile, gpu_files).for_gpu(get_gpu(gpu, gpu_files).name)
+    # under P/D, the prefill pool's engine's section
+    scheduler = (
+        s.disaggregation.prefill.engine.get("scheduler") if s.disaggregation else None
+    ) or s.engine.scheduler
+    profile = (
+        load_profile(s.hardware.profile, gpu_files)
+        .for_engine(family_of(scheduler).kernel_tables)
+        .for_gpu(get_gpu(gpu, gpu_files).name)
+    )
     return Frontend(env, profile.api_request_s, profile.api_token_s, profile.api_latency_s)
 
 

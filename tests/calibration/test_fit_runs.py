@@ -351,13 +351,14 @@ def test_the_fit_knows_every_api_server_term_the_profile_has():
         assert 0 < low < high <= Profile.model_fields[name].metadata[-1].le, name
 
 
-def _moe_runs(profile_path: str) -> list[MeasuredRun]:
-    """gpt-oss-20b (MXFP4 experts) decode-bound latency runs whose figures `profile_path` made."""
+def _moe_runs(profile_path: str, engine: str = "vllm") -> list[MeasuredRun]:
+    """gpt-oss-20b (MXFP4 experts) decode-bound latency runs on `engine` whose figures `profile_path` made."""
     runs = []
     for batch_size in (1, 8):
         template = MeasuredRun.model_validate(
             {
                 "source": "synthetic",
+                "engine": engine,
                 "gpu": "h100-sxm",
                 "model": "gpt-oss-20b",
                 "benchmark": "latency",
@@ -418,6 +419,40 @@ def test_an_experts_fit_of_a_gpu_section_starts_from_the_shared_entry(tmp_path):
         fit_to_runs(runs, [], base, only=["moe_layer_s"])
     with pytest.raises(SpecError, match="--experts MXFP4: not a weight dtype; allowed: .*mxfp4"):
         fit_to_runs(runs, [], base, only=["moe_layer_s"], experts="MXFP4")
+
+
+def test_an_engine_fit_writes_that_engines_section_and_prices_its_runs_only(tmp_path):
+    """SGLang runs made with 90 us per MoE layer in SGLang's section (MXFP4 entry): `fit --engine sglang --experts
+    mxfp4` finds it there, keeping the shared entry's moe_memory beside it and the shared entry itself; its record
+    names the section's fields, and a vLLM run replays as under the base. Runs of another engine, or a GPU and an
+    engine at once, are refused."""
+    shared = {"moe_memory": 0.8, "moe_layer_s": 6e-5}
+    own = {"moe_kernels": {"mxfp4": {"moe_memory": 0.8, "moe_layer_s": 9e-5}}}
+    made_by = tmp_path / "made.yaml"
+    made_by.write_text(
+        yaml.safe_dump(
+            Profile(moe_kernels={"mxfp4": shared}, engines={"sglang": own}).model_dump(mode="json")
+        )
+    )
+    runs, base = _moe_runs(str(made_by), engine="sglang"), Profile(moe_kernels={"mxfp4": shared})
+    result = fit_to_runs(
+        runs, [], base, max_evaluations=24, only=["moe_layer_s"], engine="sglang", experts="mxfp4"
+    )
+    entry = result.profile.engines["sglang"]["moe_kernels"]["mxfp4"]
+    assert entry["moe_memory"] == {"points": [[1.0, 0.8]]}
+    assert entry["moe_layer_s"] == pytest.approx(9e-5, rel=0.03)
+    assert result.profile.moe_kernels == base.moe_kernels and result.profile.gpus == {}
+    assert result.profile.fits[-1].fields == ("engines.sglang.moe_kernels.mxfp4.moe_layer_s",)
+    vllm_run, paths = _moe_runs(str(made_by))[0], []
+    for name, profile in (("fitted", result.profile), ("base", base)):
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+    replays = [[e.predicted for e in replay(vllm_run, str(path))] for path in paths]
+    assert replays[0] == replays[1]
+    with pytest.raises(ValueError, match="a fit for sglang was given runs of vllm"):
+        fit_to_runs([vllm_run], [], base, only=["moe_layer_s"], engine="sglang", experts="mxfp4")
+    with pytest.raises(SpecError, match="--gpu h100-sxm and --engine sglang: a fit writes one section"):
+        fit_to_runs(runs, [], base, only=["moe_layer_s"], gpu="h100-sxm", engine="sglang")
 
 
 def test_fit_cli_takes_several_runs_files_and_a_regular_expression(tmp_path):

@@ -57,7 +57,7 @@ def test_for_gpu_overlays_the_section_and_leaves_no_sections():
     assert resolved.moe_memory == profile.moe_memory and resolved.gpus == {}
     assert resolved.for_gpu("a100-80gb") is resolved  # resolving again is free
     assert profile.for_gpu("h100-sxm") == profile.model_copy(update={"gpus": {}})
-    widened = profile.with_gpu_section("a100-80gb", {"moe_memory": 0.5}).for_gpu("a100-80gb")
+    widened = profile.with_section("gpus", "a100-80gb", {"moe_memory": 0.5}).for_gpu("a100-80gb")
     assert widened.moe_memory.at(1) == 0.5 and widened.moe_compute.at(1) == 0.36
 
 

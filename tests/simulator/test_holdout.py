@@ -29,6 +29,23 @@ def run_of(**fields) -> MeasuredRun:
     return MeasuredRun.model_validate(SERVE | fields)
 
 
+def test_an_engine_sections_numbers_hold_out_only_that_engines_runs():
+    """The measured profile's SGLang block-FP8 experts came from InferenceMAX's H200 SGLang runs: an SGLang DeepSeek
+    run on the H200 is in their sample under the GPU split, a vLLM one, which they do not price, is not."""
+    sglang_runs = load_measured_runs(PUBLISHED.with_name("sglang_runs.yaml"))
+    vllm_deepseek = [run for run in load_measured_runs(PUBLISHED) if run.model == "deepseek-v3"]
+    measured = load_measured_runs(PUBLISHED.with_name("inferencemax_dsr1_runs.yaml"))
+    by_label = {run.label(): run for run in [*sglang_runs, *vllm_deepseek, *measured]}
+    record = FitRecord(
+        fields=("engines.sglang.moe_kernels.fp8.moe_layer_s",),
+        runs=tuple(run.label() for run in measured if run.gpu == "h200"),
+    )
+    own = Profile(fits=(record,))
+    assert not held_out(own, sglang_runs[0], by_label, "gpu")
+    assert held_out(own, sglang_runs[0], by_label, "source")
+    assert held_out(own, vllm_deepseek[0], by_label, "gpu") and vllm_deepseek[0].gpu == "h200"
+
+
 def test_a_runs_source_is_its_publisher():
     assert (
         source_group("https://docs.gpustack.ai/latest/performance-lab/qwen3-8b/h100-latency (source file: x)")
