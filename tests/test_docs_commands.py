@@ -46,6 +46,10 @@ MADE_SMALL = {
         "--workers",
         "1",
     ],
+    "compare inferencemax_dsr1_trtllm_runs": [
+        "--match",
+        "deepseek-v3 h200 TP8 EP trtllm fp8 serve 819-1024/819-1024 c=4 x40",
+    ],
     "compare inferencemax_dsr1_runs": [
         "--match",
         "deepseek-v3 h200 TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",

@@ -393,6 +393,23 @@ def test_inferencemax_deepseek_runs_replay_as_the_sglang_runs_they_were():
     assert all(run.engine_args.scheduler_recv_interval is None for run in runs if run.gpu == "h200")
 
 
+def test_inferencemax_trtllm_deepseek_runs_are_priced_by_the_sglang_fit_they_never_saw():
+    """benchmarks/inferencemax_dsr1_trtllm_runs.yaml: TensorRT-LLM 1.1 on 8 x H200, experts spread over the GPUs, 4-64
+    clients. Its block-FP8 experts take SGLang's fitted numbers: every run's mean TPOT within 20% (3-14% when
+    written); with the numbers fitted to vLLM 0.8-0.11's runs, the 64-client run's comes out 86% slow."""
+    runs = load_measured_runs(INFERENCEMAX_RUNS.with_name("inferencemax_dsr1_trtllm_runs.yaml"))
+    assert [run.max_concurrency for run in runs] == [4, 8, 16, 32, 64]
+    assert all(
+        run.engine == "trtllm" and run.ep and run.gpu == "h200" and run.kv_dtype == "fp8" for run in runs
+    )
+
+    def tpot_error(run: MeasuredRun, profile: str) -> float:
+        return next(e for e in replay(run, profile) if e.metric == "mean_tpot_ms").error_pct
+
+    assert all(abs(tpot_error(run, "measured")) < 20 for run in runs)
+    assert tpot_error(runs[-1], "default") > 60
+
+
 def test_sglangs_recv_interval_accounts_for_the_b200_deepseek_ttft():
     """InferenceMAX's B200 SGLang server at 16 clients read new requests every 30th decode step: replayed so, its
     median TTFT comes out within 25% (+5% when written); read every step, 72% short."""
