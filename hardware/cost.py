@@ -1135,7 +1135,7 @@ def small_attention_pricer(
         for group, _ in groups
         for decode in (True, False)
     ):
-        return _roofline_attention_pricer(at(1), groups)
+        return RooflineAttention(at(1), groups)
     decode_query_len = options.decode_query_len
 
     def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
@@ -1151,44 +1151,74 @@ def small_attention_pricer(
     return lambda num_new, num_context: _summed_attention(per_layer(num_new, num_context))
 
 
-def _roofline_attention_pricer(
-    ctx: _Ctx, groups: tuple[tuple[_Group, int], ...]
-) -> Callable[[Sequence[int], Sequence[int]], float]:
+class RooflineAttention:
     """`small_attention_pricer` where the roofline prices every layer's attention: `attention_terms` with its
     constant factors taken once and its efficiency denominators once per step size, each product still formed in
-    the same order, so every step costs what `step_cost` says to the last bit."""
-    m, decode_query_len = ctx.model, ctx.opts.decode_query_len
-    heads = m.num_heads / ctx.par.tp
-    kv_values, kvbytes = m.kv_values_per_token_per_layer(ctx.par.tp), ctx.kvbytes
-    peak, bandwidth = ctx.gpu.peak_for("bf16"), ctx.gpu.memory_bytes_per_s
-    compute, memory = ctx.profile.attn_compute, ctx.profile.attn_memory
-    paths = []  # per group and path (decode, then prefill): the factors of `attention_terms`
-    for group, layers in groups:
-        for decode in (True, False):
-            qk_dim, v_dim = _attention_dims(m, decode)
-            paths.append(
-                (group.window, decode, group.owns_kv, layers, 2 * heads * (qk_dim + v_dim), qk_dim + v_dim)
-            )
-    denominators: dict[int, tuple[float, float]] = {}
+    the same order, so every step costs what `step_cost` says to the last bit. `from_sums` prices a step given its
+    paths' sums instead of its requests (no sliding window: `windowless`)."""
 
-    def attention_s(num_new: Sequence[int], num_context: Sequence[int]) -> float:
-        tokens = sum(num_new)
-        hit = denominators.get(tokens)
+    def __init__(self, ctx: _Ctx, groups: tuple[tuple[_Group, int], ...]):
+        m, self.decode_query_len = ctx.model, ctx.opts.decode_query_len
+        self.heads = m.num_heads / ctx.par.tp
+        self.kv_values, self.kvbytes = m.kv_values_per_token_per_layer(ctx.par.tp), ctx.kvbytes
+        self.peak, self.bandwidth = ctx.gpu.peak_for("bf16"), ctx.gpu.memory_bytes_per_s
+        self.compute, self.memory = ctx.profile.attn_compute, ctx.profile.attn_memory
+        self.paths = []  # per group and path (decode, then prefill): the factors of `attention_terms`
+        for group, layers in groups:
+            for decode in (True, False):
+                qk_dim, v_dim = _attention_dims(m, decode)
+                self.paths.append(
+                    (
+                        group.window,
+                        decode,
+                        group.owns_kv,
+                        layers,
+                        2 * self.heads * (qk_dim + v_dim),
+                        qk_dim + v_dim,
+                    )
+                )
+        self.windows = tuple(dict.fromkeys(group.window for group, _ in groups))
+        self.windowless = self.windows == (None,)
+        self.denominators: dict[int, tuple[float, float]] = {}
+
+    def __call__(self, num_new: Sequence[int], num_context: Sequence[int]) -> float:
+        dql = self.decode_query_len
+        return self._priced(
+            sum(num_new), {w: _paired_stats(num_new, num_context, w, dql) for w in self.windows}
+        )
+
+    def from_sums(self, decodes: int, decode_keys: int, chunk: int, fed: int) -> float:
+        """A step of `decodes` one-token decodes whose contexts plus one sum to `decode_keys`, beside `chunk` prompt
+        tokens after `fed` (a chunk of at most decode_query_len tokens takes the decode path, as `_paired_stats`
+        sends it); `windowless` models only."""
+        keys = chunk * fed + chunk * (chunk + 1) // 2
+        if chunk <= self.decode_query_len:
+            paths = (
+                [decodes + chunk, decodes + 1, decode_keys + keys, decode_keys + fed + chunk, 0],
+                [0, 0, 0, 0, 0],
+            )
+        else:
+            paths = ([decodes, decodes, decode_keys, decode_keys, 0], [chunk, 1, keys, fed + chunk, 0])
+        return self._priced(decodes + chunk, {None: paths})
+
+    def _priced(self, tokens: int, stats: dict[int | None, tuple[list[int], list[int]]]) -> float:
+        """The attention seconds of a step of `tokens` tokens from its paths' sums per window (`_paired_stats`)."""
+        hit = self.denominators.get(tokens)
         if hit is None:
             rows = float(max(tokens, 1))  # `_Ctx.with_tokens`
-            if len(denominators) >= 1 << 12:
-                denominators.clear()
-            hit = denominators[tokens] = (peak * compute.at(rows), bandwidth * memory.at(rows))
+            if len(self.denominators) >= 1 << 12:
+                self.denominators.clear()
+            hit = self.denominators[tokens] = (
+                self.peak * self.compute.at(rows),
+                self.bandwidth * self.memory.at(rows),
+            )
         compute_d, memory_d = hit
+        kv_values, kvbytes, heads = self.kv_values, self.kvbytes, self.heads
         # per path, across groups, as `_summed_attention` sums each name; its sum over the two names comes out the
         # same in either order (one addition of two floats)
         totals = [0.0, 0.0]  # decode, prefill
-        stats: dict[int | None, tuple[list[int], list[int]]] = {}
-        for window, decode, owns_kv, layers, flop_factor, head_dims in paths:
-            by_path = stats.get(window)
-            if by_path is None:
-                by_path = stats[window] = _paired_stats(num_new, num_context, window, decode_query_len)
-            new_tokens, requests, keys, kv_read, _ = by_path[0 if decode else 1]
+        for window, decode, owns_kv, layers, flop_factor, head_dims in self.paths:
+            new_tokens, requests, keys, kv_read, _ = stats[window][0 if decode else 1]
             if not requests:
                 continue
             written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
@@ -1196,8 +1226,6 @@ def _roofline_attention_pricer(
             compute_s, memory_s = flop_factor * keys / compute_d, nbytes / memory_d
             totals[0 if decode else 1] += (compute_s if compute_s > memory_s else memory_s) * layers
         return totals[0] + totals[1]
-
-    return attention_s
 
 
 def _context_by_tokens(

@@ -11,7 +11,7 @@ fast-forwarded and stepped simulations give identical times.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from servesim.hardware.cost import (
     SMALL_BATCH,
     CostOptions,
     Parallelism,
+    RooflineAttention,
     attention_seconds,
     decode_stretch_attention_s,
     decode_stretch_pricer,
@@ -142,6 +143,29 @@ class StepTimer:
             batch = StepBatch.of(num_new, num_context, needs_logits)
             fixed = self._fixed(key, batch, batch)
         return fixed + small_attention_s(num_new, num_context)
+
+    def chunk_step_pricer(self) -> Callable[[int, int, int, int, bool], float] | None:
+        """`lists_s` of a step of `decodes` one-token decodes, whose contexts plus one sum to `decode_keys`, beside a
+        prompt chunk of `chunk` tokens after `fed` that samples if `last`, from those sums alone (the step a chunked
+        prefill's fast-forward prices again and again); None unless the roofline prices windowless attention."""
+        attention = self._lean_pricers()[0]
+        if not isinstance(attention, RooflineAttention) or not attention.windowless:
+            return None
+        fixed_s, decode_query_len = self._fixed_s, self.options.decode_query_len
+
+        def price(decodes: int, decode_keys: int, chunk: int, fed: int, last: bool) -> float:
+            top, low = (max(chunk, 1), min(chunk, 1)) if decodes else (chunk, chunk)
+            # `_own_shape`'s key
+            key = (decodes + chunk, decodes + 1, decodes + last, top > 1, low <= decode_query_len < top)
+            fixed = fixed_s.get(key)
+            if fixed is None:  # the fixed part depends on the shape alone: any contexts give it
+                batch = StepBatch.of(
+                    [1] * decodes + [chunk], [0] * decodes + [fed], [True] * decodes + [last]
+                )
+                fixed = self._fixed(key, batch, batch)
+            return fixed + attention.from_sums(decodes, decode_keys, chunk, fed)
+
+        return price
 
     def _lean_pricers(self) -> tuple:
         """The cost model's pricers that skip building a batch (`small_attention_pricer`, `decode_stretch_pricer`,

@@ -15,6 +15,7 @@ batch.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -36,42 +37,50 @@ def plan_chunk_stretch(
     stop_s: float = math.inf,
     finishes_allowed: bool = False,
     waiting: bool = False,
+    price_sums: Callable[[int, int, int, int, bool], float] | None = None,
 ) -> Stretch | None:
     """The fusable steps starting now (step 0 is scheduled and allocated: the decodes, then `first_chunk` tokens of
     `prefill`), or None if < 2. `chunk_of(pending, decodes)`: the prefill's tokens in a step with that many
-    decodes, and the budget left. `price(num_new, num_context, samples)`: a step's seconds (`StepTimer.lists_s`).
-    `finishes_allowed`: as for `plan_stretch`. `waiting`: a request waits (or is swapped out), which a step with
-    budget left would admit."""
+    decodes, and the budget left. `price(num_new, num_context, samples)`: a step's seconds (`StepTimer.lists_s`);
+    `price_sums`, where given, the same from the step's sums (`StepTimer.chunk_step_pricer`), so no step builds its
+    lists. `finishes_allowed`: as for `plan_stretch`. `waiting`: a request waits (or is swapped out), which a step
+    with budget left would admit."""
     context = [r.num_computed_tokens for r in decodes]
     finish = [r.num_output_tokens - r.num_generated - 1 for r in decodes]
     upper = min(finish) if decodes and not finishes_allowed else math.inf
     fed, pending = prefill.num_computed_tokens, prefill.num_tokens - prefill.num_computed_tokens
     free, opened, held, size = kv.num_free_blocks, 0, kv.decode_table_len(prefill), kv.block_size
-    # the decodes of the step being planned: (context before step 0, finish)
-    alive = list(zip(context, finish))
+    # the decodes of the step being planned, by when they leave: their count, contexts' sum and residues mod the block
+    # size (a decode opens a block in step i when its context before step 0 is -i mod the block size)
+    leaving = sorted(range(len(decodes)), key=finish.__getitem__)
+    gone, count, context_sum = 0, len(decodes), sum(context)
+    residues = Counter(c % size for c in context)
     chunks: list[int] = []
     durations: list[float] = []
     ends: list[float] = []
     t = now
     while pending > 0 and len(chunks) < upper and t < next_event_s:
         i = len(chunks)
-        alive = [(c, f) for c, f in alive if f >= i]
-        n, left = chunk_of(pending, len(alive))
+        while gone < len(leaving) and finish[leaving[gone]] < i:
+            c = context[leaving[gone]]
+            count, context_sum, gone = count - 1, context_sum - c, gone + 1
+            residues[c % size] -= 1
+        n, left = chunk_of(pending, count)
         if i == 0 and n != first_chunk:  # the scheduler did something else: leave it to stepping
             return None
         if n <= 0 or (i and waiting and left):
             break
         if i:  # step 0's blocks are taken already
             grown = blocks_for(fed + n, size)
-            opened += sum((c + i) % size == 0 for c, _ in alive) + max(grown - held, 0)
+            opened += residues[-i % size] + max(grown - held, 0)
             held = max(grown, held)
             if opened > free:
                 break
-        num_new = [1] * len(alive)
-        num_new.append(n)
-        samples = [True] * len(alive)
-        samples.append(n == pending)
-        duration = price(num_new, [c + i for c, _ in alive] + [fed], samples)
+        if price_sums is not None:
+            duration = price_sums(count, context_sum + count * (i + 1), n, fed, n == pending)
+        else:
+            alive = [c + i for c, f in zip(context, finish) if f >= i]
+            duration = price([1] * count + [n], alive + [fed], [True] * count + [n == pending])
         end = t + duration  # as SimPy adds each step's time to `now`
         if end >= stop_s:
             break

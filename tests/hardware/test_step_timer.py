@@ -171,6 +171,41 @@ def test_pricing_from_lists_equals_pricing_the_batch(name, tp, measured, reqs, g
         assert timer.lists_s(num_new, context, logits) == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(["llama-3.1-8b", "mixtral-8x7b", "gemma-2-9b"]),
+    tp=st.sampled_from([1, 2]),
+    contexts=st.lists(st.integers(0, 20000), max_size=70),
+    chunk=st.integers(1, 3000),
+    fed=st.integers(0, 20000),
+    last=st.booleans(),
+    graphs=GRAPHS,
+    decode_query_len=st.sampled_from([1, 3]),
+)
+def test_a_chunk_step_priced_from_its_sums_equals_pricing_its_lists(
+    name, tp, contexts, chunk, fed, last, graphs, decode_query_len
+):
+    """`chunk_step_pricer` prices decodes beside a prompt chunk from their sums alone, to the bit as `lists_s` prices
+    the step's lists (a chunk of up to decode_query_len tokens on the decode path, more than SMALL_BATCH decodes on
+    the batch path); models with sliding windows (gemma-2) and measured attention tables have none."""
+    model = get_model(name)
+    options = CostOptions(decode_query_len=decode_query_len, **graphs)
+    timer = StepTimer(model, H100, Parallelism(tp=tp), VARYING_ATTENTION, options)
+    price = timer.chunk_step_pricer()
+    if name == "gemma-2-9b":
+        assert price is None
+        return
+    assert (
+        StepTimer(model, H100, Parallelism(tp=tp), load_profile("measured"), options).chunk_step_pricer()
+        is None
+    )
+    n = len(contexts)
+    expected = StepTimer(model, H100, Parallelism(tp=tp), VARYING_ATTENTION, options).lists_s(
+        [1] * n + [chunk], contexts + [fed], [True] * n + [last]
+    )
+    assert price(n, sum(contexts) + n, chunk, fed, last) == expected
+
+
 def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():
     """[1, 127] and [64, 64] have the same tokens, requests and logits; only the first runs both attention paths."""
     model = get_model("llama-3.1-8b")
