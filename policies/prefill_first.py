@@ -27,7 +27,8 @@ request to its full output, and must never run out; no new_token_ratio, no max_p
 keep the simulation from hanging where SGLang would: an idle engine admits its head request without the estimate
 (one whose prompt and output fill the pool would wait forever); a prompt whose chunks stalled, or a lone
 request, may be retracted (pipeline micro-batches share a pool, so the pages a request waits for may be a
-sibling's).
+sibling's). With `scheduler_recv_interval`, new requests are read only as SGLang's recv skipper lets the loop read
+them (policies/recv_skipper.py).
 """
 
 from __future__ import annotations
