@@ -94,6 +94,30 @@ class Section:
         return profile.for_gpu(self.name) if self.kind == "gpus" else profile.for_engine(self.name)
 
 
+def _hiding_sections(
+    base: Profile, runs: list[MeasuredRun], names: list[str], experts: str | None, section: Section | None
+) -> list[str]:
+    """The sections of `base` that price some of `runs` with their own values of what the fit moves (with `experts`,
+    that dtype's moe_kernels entry), so the fit's values would not reach them: a GPU's, over a shared or an engine
+    section's fit; an engine's, over a shared fit (a GPU's section applies over an engine's)."""
+
+    def hides(values: dict) -> bool:
+        return (
+            experts in values.get("moe_kernels", {})
+            if experts is not None
+            else bool(set(names) & set(values))
+        )
+
+    found = []
+    if section is None or section.kind == "engines":
+        found += [gpu for gpu in sorted({run.gpu for run in runs}) if hides(base.gpus.get(gpu, {}))]
+    if section is None:
+        found += [
+            f"engine {e}" for e in sorted({run.engine for run in runs}) if hides(base.engines.get(e, {}))
+        ]
+    return found
+
+
 def profile_of(
     x: np.ndarray,
     names: list[str],
@@ -274,6 +298,12 @@ def fit_to_runs(
             raise SpecError(
                 f"--experts {experts}: no routed-expert number to fit ({', '.join(MOE_KERNEL_FIELDS)})"
             )
+    hiding = _hiding_sections(base, train + test, names, experts, section)
+    if hiding:
+        raise SpecError(
+            f"--base {base.name}: its sections for {', '.join(hiding)} override the shared values on those runs, so a "
+            "fit outside them cannot move them; fit a section with --gpu NAME or --engine NAME"
+        )
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
     start = _start((section.resolve(base) if section is not None else base).for_experts(experts or ""), names)

@@ -62,6 +62,9 @@ class StepTimer:
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
         # (small_attention_pricer, decode_stretch_pricer, shrinking_stretch_pricer), built on first use
         self._lean: tuple | None = None
+        self._chunk_step: Callable | bool | None = (
+            None  # `chunk_step_pricer`, built on first use (False: none)
+        )
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -148,8 +151,11 @@ class StepTimer:
         """`lists_s` of a step of `decodes` one-token decodes, whose contexts plus one sum to `decode_keys`, beside a
         prompt chunk of `chunk` tokens after `fed` that samples if `last`, from those sums alone (the step a chunked
         prefill's fast-forward prices again and again); None unless the roofline prices windowless attention."""
+        if self._chunk_step is not None:
+            return self._chunk_step or None
         attention = self._lean_pricers()[0]
         if not isinstance(attention, RooflineAttention) or not attention.windowless:
+            self._chunk_step = False
             return None
         fixed_s, decode_query_len = self._fixed_s, self.options.decode_query_len
 
@@ -165,6 +171,7 @@ class StepTimer:
                 fixed = self._fixed(key, batch, batch)
             return fixed + attention.from_sums(decodes, decode_keys, chunk, fed)
 
+        self._chunk_step = price
         return price
 
     def _lean_pricers(self) -> tuple:

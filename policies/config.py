@@ -208,7 +208,8 @@ class EngineConfig(SpecModel):
         le=MAX_SEQS,
         description=(
             "sglang only: new requests are read once the loop has run this many decode steps (a prefill step counts "
-            "as all of them; SGLang's --scheduler-recv-interval, default 1: every step); not under DP attention"
+            "as 1000; SGLang's --scheduler-recv-interval, default 1: every step); not under DP attention or pipeline "
+            "parallelism"
         ),
     )
     swa_full_tokens_ratio: float = Field(

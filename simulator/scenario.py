@@ -287,11 +287,17 @@ class Scenario(SpecModel):
         return self
 
     @model_validator(mode="after")
-    def _recv_interval_without_dp_attention(self) -> Scenario:
+    def _recv_interval_without_dp_attention_or_pp(self) -> Scenario:
         if self.engine.scheduler_recv_interval > 1 and self.parallelism.dp_attention:
             raise ValueError(
                 "engine.scheduler_recv_interval: SGLang 0.5 refuses --scheduler-recv-interval under DP attention "
                 "(parallelism.dp_attention); leave it at 1 or turn DP attention off"
+            )
+        if self.engine.scheduler_recv_interval > 1 and self.parallelism.pp > 1:
+            raise ValueError(
+                "engine.scheduler_recv_interval with pipeline parallelism (parallelism.pp > 1) is not modelled: "
+                "SGLang's micro-batches read into one queue, which the simulator's per-micro-batch engines do not "
+                "share; leave it at 1"
             )
         return self
 

@@ -296,12 +296,6 @@ def fit_runs(
         if engine not in FRAMEWORKS:
             raise SpecError(f"--engine {engine}: not an engine; allowed: {', '.join(FRAMEWORKS)}")
         runs = [run for run in runs if run.engine == engine]
-    shadowed = sorted({run.gpu for run in runs} & set(start.gpus)) if gpu is None else []
-    if shadowed:
-        raise SpecError(
-            f"--base {base}: its gpus sections for {', '.join(shadowed)} override the shared values "
-            f"on those runs, so a shared fit cannot move them; fit a section with --gpu NAME"
-        )
     scope = (f" on {gpu}" if gpu else "") + (f" of {engine}" if engine else "")
     if len(runs) < 2:
         raise SpecError(f"{names}: {len(runs)} run(s) match{scope}; a fit needs at least 2")

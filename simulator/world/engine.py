@@ -46,7 +46,6 @@ class FastForward:
     ):
         self.timer, self.log, self.next_event_s, self.stop_s = timer, log, next_event_s, stop_s
         self.open_loop, self.past_arrivals = open_loop, past_arrivals
-        self.chunk_step_s = timer.chunk_step_pricer()  # a chunked prefill's steps priced from their sums
 
 
 class Wakeup:
@@ -303,7 +302,7 @@ class Replica:
                 ff.stop_s,
                 finishes_allowed,
                 scheduler.num_waiting > 0,
-                ff.chunk_step_s,
+                ff.timer.chunk_step_pricer(),
             )
         return None if stretch is None else (requests, stretch)
 

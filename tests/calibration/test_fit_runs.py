@@ -453,6 +453,16 @@ def test_an_engine_fit_writes_that_engines_section_and_prices_its_runs_only(tmp_
         fit_to_runs([vllm_run], [], base, only=["moe_layer_s"], engine="sglang", experts="mxfp4")
     with pytest.raises(SpecError, match="--gpu h100-sxm and --engine sglang: a fit writes one section"):
         fit_to_runs(runs, [], base, only=["moe_layer_s"], gpu="h100-sxm", engine="sglang")
+    # a section holding the entry fitted hides the fit from its runs: the engine's a shared fit, a GPU's an engine's
+    with pytest.raises(SpecError, match="its sections for engine sglang override the shared values"):
+        fit_to_runs(runs, [], result.profile, only=["moe_layer_s"], experts="mxfp4")
+    on_h100 = base.with_section("gpus", "h100-sxm", own)
+    with pytest.raises(SpecError, match="its sections for h100-sxm override the shared values"):
+        fit_to_runs(runs, [], on_h100, only=["moe_layer_s"], engine="sglang", experts="mxfp4")
+    other_dtype = base.with_section("gpus", "h100-sxm", {"moe_kernels": {"fp8": {"moe_layer_s": 1e-4}}})
+    assert fit_to_runs(
+        runs, [], other_dtype, max_evaluations=1, only=["moe_layer_s"], engine="sglang", experts="mxfp4"
+    )
 
 
 def test_fit_cli_takes_several_runs_files_and_a_regular_expression(tmp_path):

@@ -253,7 +253,7 @@ def test_unread_requests_count_as_waiting():
     assert scheduled(step(sched, 2.0)) == [(0, 1)] and sched.num_waiting == 1
 
 
-def test_recv_interval_is_sglangs_and_not_under_dp_attention():
+def test_recv_interval_is_sglangs():
     with pytest.raises(ValueError, match="scheduler_recv_interval is SGLang's"):
         EngineConfig(scheduler="vllm", scheduler_recv_interval=10)
     assert EngineConfig(scheduler="sglang", scheduler_recv_interval=10).scheduler_recv_interval == 10

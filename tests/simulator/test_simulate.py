@@ -105,7 +105,8 @@ def test_recv_interval_delays_arrivals_that_come_while_decoding():
     assert tenth.summary["completed"] == every.summary["completed"] == 100
 
 
-def test_recv_interval_is_refused_under_dp_attention():
+def test_recv_interval_is_refused_under_dp_attention_and_pipeline_parallelism():
+    """SGLang 0.5 refuses it under DP attention; under pp its micro-batches share one queue, not modelled."""
     with pytest.raises(ValueError, match="refuses --scheduler-recv-interval under DP attention"):
         scenario(
             model="deepseek-v3",
@@ -113,6 +114,8 @@ def test_recv_interval_is_refused_under_dp_attention():
             parallelism={"tp": 8, "dp_attention": True},
             engine={"scheduler": "sglang", "scheduler_recv_interval": 10},
         )
+    with pytest.raises(ValueError, match="with pipeline parallelism .* is not modelled"):
+        scenario(parallelism={"pp": 2}, engine={"scheduler": "sglang", "scheduler_recv_interval": 10})
 
 
 @pytest.mark.parametrize("engine", [{"max_num_seqs": 32}, {"scheduler": "sglang"}])
