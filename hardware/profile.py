@@ -422,10 +422,9 @@ class Profile(SpecModel):
 
     def with_section(self, kind: str, name: str, values: dict[str, Any]) -> Profile:
         """This profile with `values` set in its `kind` (gpus, engines) section `name`, over what it already held."""
-        sections = self.model_dump()[kind]
-        return Profile.model_validate(
-            self.model_dump() | {kind: sections | {name: sections.get(name, {}) | values}}
-        )
+        dumped = self.model_dump()
+        sections = dumped[kind]
+        return Profile.model_validate(dumped | {kind: sections | {name: sections.get(name, {}) | values}})
 
     def curves(self, kind: str) -> tuple[EfficiencyCurve, EfficiencyCurve]:
         """(compute, memory) efficiency curves of an operator kind: gemm, attention or moe (GEMM's unless set)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Callable, Sequence
+from functools import cached_property
 
 import numpy as np
 
@@ -62,9 +63,6 @@ class StepTimer:
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
         # (small_attention_pricer, decode_stretch_pricer, shrinking_stretch_pricer), built on first use
         self._lean: tuple | None = None
-        self._chunk_step: Callable | bool | None = (
-            None  # `chunk_step_pricer`, built on first use (False: none)
-        )
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -147,15 +145,14 @@ class StepTimer:
             fixed = self._fixed(key, batch, batch)
         return fixed + small_attention_s(num_new, num_context)
 
+    @cached_property
     def chunk_step_pricer(self) -> Callable[[int, int, int, int, bool], float] | None:
         """`lists_s` of a step of `decodes` one-token decodes, whose contexts plus one sum to `decode_keys`, beside a
         prompt chunk of `chunk` tokens after `fed` that samples if `last`, from those sums alone (the step a chunked
-        prefill's fast-forward prices again and again); None unless the roofline prices windowless attention."""
-        if self._chunk_step is not None:
-            return self._chunk_step or None
+        prefill's fast-forward prices again and again); None unless the roofline prices windowless attention. Built
+        on first use."""
         attention = self._lean_pricers()[0]
         if not isinstance(attention, RooflineAttention) or not attention.windowless:
-            self._chunk_step = False
             return None
         fixed_s, decode_query_len = self._fixed_s, self.options.decode_query_len
 
@@ -171,7 +168,6 @@ class StepTimer:
                 fixed = self._fixed(key, batch, batch)
             return fixed + attention.from_sums(decodes, decode_keys, chunk, fed)
 
-        self._chunk_step = price
         return price
 
     def _lean_pricers(self) -> tuple:

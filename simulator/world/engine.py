@@ -302,7 +302,7 @@ class Replica:
                 ff.stop_s,
                 finishes_allowed,
                 scheduler.num_waiting > 0,
-                ff.timer.chunk_step_pricer(),
+                ff.timer.chunk_step_pricer,
             )
         return None if stretch is None else (requests, stretch)
 

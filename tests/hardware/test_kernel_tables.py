@@ -19,6 +19,7 @@ from servesim.hardware.model import get_model
 from servesim.hardware.profile import Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
 from servesim.policies.families import family_of
+from tests.hardware.test_step_timer import stepped_shrinking_stretch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from table_sums import TableSums, cases, vllm_table  # noqa: E402  (the independent oracle the benchmark prints)
@@ -151,16 +152,7 @@ def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, st
     # requests leaving as the stretch goes: each step priced with the tables at its own batch size
     finish = np.arange(len(c)) % (steps + 1)
     finish[0] = steps
-    stepped = [
-        step_cost(
-            StepBatch.of(np.ones(int((finish >= i).sum()), int), c[finish >= i] + i),
-            model,
-            h100,
-            par,
-            MEASURED,
-        ).total_s
-        for i in range(steps)
-    ]
+    stepped = stepped_shrinking_stretch(c, finish, steps, model, h100, par, MEASURED)
     assert timer.shrinking_stretch_s(c, finish, steps).tolist() == stepped
 
 

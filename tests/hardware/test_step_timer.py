@@ -91,18 +91,18 @@ def test_a_shrinking_stretch_is_each_step_stepped_bit_for_bit(
     timer = StepTimer(model, H100, par, VARYING_ATTENTION, options)
     c, finish = np.array([r[0] for r in requests]), np.array([r[1] for r in requests])
     steps = min(steps, int(finish.max()) + 1)  # somebody decodes in every step
-    stepped = [
+    stepped = stepped_shrinking_stretch(c, finish, steps, model, H100, par, VARYING_ATTENTION, options)
+    assert timer.shrinking_stretch_s(c, finish, steps).tolist() == stepped
+
+
+def stepped_shrinking_stretch(c, finish, steps, *cost_args) -> list[float]:
+    """Each step of a stretch in which request j decodes up to step `finish[j]`, priced on its own by `step_cost`."""
+    return [
         step_cost(
-            StepBatch.of(np.ones(int((finish >= i).sum()), int), c[finish >= i] + i),
-            model,
-            H100,
-            par,
-            VARYING_ATTENTION,
-            options,
+            StepBatch.of(np.ones(int((finish >= i).sum()), int), c[finish >= i] + i), *cost_args
         ).total_s
         for i in range(steps)
     ]
-    assert timer.shrinking_stretch_s(c, finish, steps).tolist() == stepped
 
 
 @settings(max_examples=40, deadline=None)
@@ -191,12 +191,12 @@ def test_a_chunk_step_priced_from_its_sums_equals_pricing_its_lists(
     model = get_model(name)
     options = CostOptions(decode_query_len=decode_query_len, **graphs)
     timer = StepTimer(model, H100, Parallelism(tp=tp), VARYING_ATTENTION, options)
-    price = timer.chunk_step_pricer()
+    price = timer.chunk_step_pricer
     if name == "gemma-2-9b":
         assert price is None
         return
     assert (
-        StepTimer(model, H100, Parallelism(tp=tp), load_profile("measured"), options).chunk_step_pricer()
+        StepTimer(model, H100, Parallelism(tp=tp), load_profile("measured"), options).chunk_step_pricer
         is None
     )
     n = len(contexts)
