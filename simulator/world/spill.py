@@ -3,7 +3,7 @@
 A million requests log ~27 M engine steps and ~200 M inter-token gaps (~4 GB held as arrays); spilled, a run keeps
 one chunk of each in memory. Figures over spilled values are exact: percentiles select the ranked values in a few
 passes over the chunks (radix counts on the values' bits), as `np.percentile` would over all of them; sums are
-correctly rounded (`math.fsum` over every value), so they do not depend on the order values were logged in (a
+correctly rounded (`math.fsum`'s result over every value, summed exactly with numpy: `ExactSum`), so they do not depend on the order values were logged in (a
 fused run logs them in another order than a stepped one) and differ from numpy's over one array only in rounding.
 """
 
@@ -15,7 +15,6 @@ import tempfile
 import weakref
 from array import array
 from collections.abc import Callable, Iterable, Iterator
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -71,13 +70,65 @@ class SpilledFloats:
             yield np.frombuffer(rest, float)
 
 
+#: values summed at a time: each exponent's 27-bit halves then sum below 2**53, exactly in float64
+_SUM_SLICE = 1 << 24
+#: every finite float64 is an integer times 2**-_SCALE (its 53-bit significand times 2**(exponent - 53))
+_SCALE = 1074 + 53
+
+
+class ExactSum:
+    """A running sum of float arrays kept exact, as an integer times 2**-_SCALE, so it takes chunks in any order and
+    gives `math.fsum`'s correctly rounded result over every value, without a Python float per value: each slice's
+    significands are split into halves and summed per exponent with numpy (`np.bincount`, exact below 2**53)."""
+
+    def __init__(self) -> None:
+        self._scaled = 0
+        self._numpy = (
+            0  # numpy's sum, chunk by chunk: the result where fsum would fail (infinities, NaN, overflow)
+        )
+        self._finite, self._negative_zeros = True, None
+
+    def add(self, values: np.ndarray) -> None:
+        values = np.asarray(values, float).ravel()
+        self._numpy += np.sum(values)
+        if not len(values):
+            return
+        if self._finite and not np.isfinite(values).all():
+            self._finite = False
+        if not self._finite:
+            return
+        zeros = bool(
+            np.signbit(values).all() and not values.any()
+        )  # fsum keeps -0.0 only if every value is one
+        self._negative_zeros = zeros if self._negative_zeros is None else self._negative_zeros and zeros
+        for start in range(0, len(values), _SUM_SLICE):
+            significand, exponent = np.frexp(values[start : start + _SUM_SLICE])
+            whole = (significand * 2.0**53).astype(np.int64)  # exact: a float64 has 53 significant bits
+            high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
+            index = exponent + 1074  # frexp's exponents run from -1073 to 1024
+            highs, lows = np.bincount(index, high), np.bincount(index, low)
+            for i in np.flatnonzero(highs.astype(bool) | lows.astype(bool)).tolist():
+                part = (int(highs[i]) << 26) + int(lows[i])
+                self._scaled += part << (i - 1074 - 53 + _SCALE)
+
+    def value(self) -> float:
+        if self._finite:
+            if self._negative_zeros:
+                return -0.0
+            try:
+                return self._scaled / (1 << _SCALE)  # an integer quotient, correctly rounded
+            except OverflowError:
+                pass
+        return float(self._numpy)
+
+
 def exact_sum(chunks: Callable[[], Iterable[np.ndarray]]) -> float:
-    """The sum of every value `chunks()` yields, correctly rounded (`math.fsum`): the same in any order or chunking;
+    """The sum of every value `chunks()` yields, correctly rounded (`math.fsum`'s): the same in any order or chunking;
     numpy's where fsum cannot (infinities, overflow), whose result is then inf or nan in any order too."""
-    try:
-        return math.fsum(chain.from_iterable(chunk.tolist() for chunk in chunks()))
-    except (OverflowError, ValueError):
-        return float(sum(np.sum(chunk) for chunk in chunks()))
+    total = ExactSum()
+    for chunk in chunks():
+        total.add(chunk)
+    return total.value()
 
 
 def _sort_keys(values: np.ndarray) -> np.ndarray:

@@ -4,14 +4,14 @@ merged as they are read, so a long run's memory holds one chunk of it."""
 from __future__ import annotations
 
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from servesim.simulator.world.spill import SpillDir, exact_sum
+from servesim.simulator.world.spill import ExactSum, SpillDir
 
 STEP_COLUMNS = (
     "time_s",
@@ -157,30 +157,39 @@ class StepFigures:
 
     @classmethod
     def over(
-        cls, chunks: Callable[[], Iterator[pd.DataFrame]], gpus_of_replica: dict[int, int] | None = None
+        cls, chunks: Iterable[np.ndarray | pd.DataFrame], gpus_of_replica: dict[int, int] | None = None
     ) -> StepFigures:
-        """Over a table in chunks, a pass per sum: each correctly rounded over every row (`exact_sum`), so it does
-        not depend on which rows the chunks hold (a fused run logs them in another order than a stepped one)."""
+        """Over a table in chunks (its columns by name), in one pass: each sum correctly rounded over every row
+        (`ExactSum`), so it does not depend on which rows the chunks hold (a fused run logs them in another order
+        than a stepped one)."""
         n, prefill, peaks = 0, 0, []
-        for chunk in chunks():
-            n += len(chunk)
-            prefill += int(chunk["prefill_tokens"].sum())
-            if len(chunk):
-                peaks.append(chunk["kv_usage"].max())
-
-        def column(of: Callable[[pd.DataFrame], np.ndarray]) -> float:
-            return exact_sum(lambda: (of(chunk) for chunk in chunks()))
-
-        total = column(lambda c: c["duration_s"].to_numpy())
-        weighted = column(lambda c: np.multiply(c["kv_usage"].to_numpy(), c["duration_s"].to_numpy()))
-        gpu_s = (
-            column(lambda c: (c["duration_s"] * c["replica"].map(gpus_of_replica)).to_numpy())
-            if gpus_of_replica is not None
-            else float("nan")
-        )
+        total, weighted, gpu_s = ExactSum(), ExactSum(), ExactSum()
+        for chunk in chunks:
+            duration = np.asarray(chunk["duration_s"], float)
+            n += len(duration)
+            prefill += int(np.asarray(chunk["prefill_tokens"]).sum())
+            if len(duration):
+                peaks.append(np.asarray(chunk["kv_usage"]).max())
+            total.add(duration)
+            weighted.add(np.multiply(np.asarray(chunk["kv_usage"], float), duration))
+            if gpus_of_replica is not None:
+                gpu_s.add(duration * _gpus(np.asarray(chunk["replica"]), gpus_of_replica))
+        total_s = total.value()
         return cls(
-            n, weighted / total if total > 0 else 0.0, float(np.max(peaks)) if peaks else 0.0, prefill, gpu_s
+            n,
+            weighted.value() / total_s if total_s > 0 else 0.0,
+            float(np.max(peaks)) if peaks else 0.0,
+            prefill,
+            gpu_s.value() if gpus_of_replica is not None else float("nan"),
         )
+
+
+def _gpus(replicas: np.ndarray, gpus_of_replica: dict[int, int]) -> np.ndarray:
+    """Each row's replica's GPUs (NaN for a replica the map lacks), as `Series.map` gives them."""
+    size = max(max(gpus_of_replica, default=0), int(replicas.max(initial=0))) + 1
+    table = np.full(size, np.nan)
+    table[list(gpus_of_replica)] = list(gpus_of_replica.values())
+    return table[replicas]
 
 
 class StepTable:
@@ -209,20 +218,23 @@ class StepTable:
         blocks = list(self.blocks())
         return pd.concat(blocks, ignore_index=True) if blocks else _empty()
 
-    def _chunk_frames(self) -> Iterator[pd.DataFrame]:
+    def _chunk_rows(self) -> Iterator[np.ndarray]:
         """A spilled table's chunks, each sorted (not merged): for figures that need no order across them."""
         for path in self._chunks:
-            yield _frame_of(np.fromfile(path, ROW))
+            yield np.fromfile(path, ROW)
 
     def figures(self, gpus_of_replica: dict[int, int] | None = None, replicas: set[int] | None = None):
         """StepFigures of the table, or of `replicas`' rows."""
 
-        def rows(frame: pd.DataFrame) -> pd.DataFrame:
-            return frame if replicas is None else frame[frame["replica"].isin(replicas)]
-
         if self._frame is not None:
-            return StepFigures.of(rows(self._frame), gpus_of_replica)
-        return StepFigures.over(lambda: (rows(chunk) for chunk in self._chunk_frames()), gpus_of_replica)
+            frame = self._frame
+            return StepFigures.of(
+                frame if replicas is None else frame[frame["replica"].isin(replicas)], gpus_of_replica
+            )
+        chunks = self._chunk_rows()
+        if replicas is not None:
+            chunks = (rows[np.isin(rows["replica"], list(replicas))] for rows in chunks)
+        return StepFigures.over(chunks, gpus_of_replica)
 
     def blocks(self) -> Iterator[pd.DataFrame]:
         """The table in order, a block of rows at a time."""

@@ -4,9 +4,11 @@ comes back must be what memory would have held: the same tables, the same percen
 from __future__ import annotations
 
 import gc
+import math
 import os
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -78,10 +80,48 @@ def test_spilled_sums_do_not_depend_on_the_order_values_came_in(values, chunk, s
         for v in (values, shuffled)
     ]
     got = [
-        StepFigures.over(lambda f=f, size=size: (f[i : i + size] for i in range(0, len(f), size)), {0: 2})
+        StepFigures.over((f[i : i + size] for i in range(0, len(f), size)), {0: 2})
         for f, size in zip(frames, (chunk, 7))
     ]
     assert got[0] == got[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.floats(-1e-300, 1e-300),  # subnormals among them
+            st.sampled_from([0.0, -0.0, 1e16, -1e16, 1.0, 5e-324]),
+        ),
+        max_size=80,
+    ),
+    chunk=st.integers(1, 30),
+)
+def test_exact_sums_are_the_correctly_rounded_sum_of_every_value(values, chunk):
+    """`ExactSum` is the exact sum rounded once, as `math.fsum` gives it (where fsum's partials do not overflow),
+    whatever the chunking; numpy's sum where that sum is out of a float's range."""
+    exact = sum(map(Fraction, values), Fraction(0))
+    try:
+        want = float(exact)
+    except OverflowError:
+        want = float(sum(np.sum(c) for c in _chunked(np.array(values, float), chunk)()))
+    if values and not exact and all(math.copysign(1, v) < 0 and v == 0 for v in values):
+        want = -0.0  # fsum keeps the sign of zeros only when every value is -0.0
+    got = spill.exact_sum(_chunked(np.array(values, float), chunk))
+    assert got == want or (np.isnan(got) and np.isnan(want))
+    assert math.copysign(1, got) == math.copysign(1, want) or np.isnan(want)
+    try:
+        assert got == math.fsum(values)
+    except OverflowError:  # fsum gives up when its partial sums overflow, though the sum may not
+        pass
+
+
+def test_sums_that_are_not_finite_are_numpys():
+    values = np.array([1.0, np.inf, 2.0])
+    assert spill.exact_sum(_chunked(values, 2)) == np.inf
+    assert np.isnan(spill.exact_sum(_chunked(np.array([np.inf, -np.inf]), 1)))
+    assert spill.exact_sum(_chunked(np.array([1e308, 1e308]), 1)) == np.inf  # out of range
 
 
 def test_ranked_values_find_each_rank_of_a_large_skewed_set(monkeypatch):
