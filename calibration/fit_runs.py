@@ -252,7 +252,8 @@ def fit_to_runs(
     `max_evaluations`). With `experts` (a weight dtype), every train run's routed experts must be of that dtype, and
     the routed-expert numbers fitted go into the profile's (or the section's) `moe_kernels` entry for it. With
     `engine` (vllm, sglang, trtllm) instead of `gpu`, every run must be of that engine, and the fit goes into the
-    engine's section as it would into a GPU's; its record's fields are named under `engines.<engine>.`."""
+    engine's section as it would into a GPU's. The record's fields are named under the section (`gpus.<gpu>.`,
+    `engines.<engine>.`): they price its runs only."""
     if not train:
         raise ValueError("no runs to fit")
     if gpu is not None and engine is not None:
@@ -341,8 +342,8 @@ def fit_to_runs(
         mape = float(np.mean([abs(e.error_pct) for run in checked for e in run]))
         # an expert dtype's numbers are recorded under its entry: they price those experts only
         recorded = [f"moe_kernels.{experts}.{n}" if experts and n in MOE_KERNEL_FIELDS else n for n in names]
-        if engine is not None:  # they price that engine's runs only
-            recorded = [f"engines.{engine}.{n}" for n in recorded]
+        if section is not None:  # they price that GPU's (that engine's) runs only
+            recorded = [f"{section.kind}.{section.name}.{n}" for n in recorded]
         record = FitRecord(fields=tuple(recorded), runs=tuple(run.label() for run in train))
         # compare --split holds these runs out
         fitted = fitted.model_copy(update={"fits": (*base.fits, record)})

@@ -50,6 +50,19 @@ MADE_SMALL = {
         "--match",
         "deepseek-v3 h200 TP8 EP trtllm fp8 serve 819-1024/819-1024 c=4 x40",
     ],
+    "compare inferencemax_amd_runs": [
+        "--match",
+        "llama-3.1-70b mi325x TP8 fp8 serve 819-1024/819-1024 c=4 x40",
+    ],
+    # two of the twelve runs, one search step
+    "fit inferencemax_amd_runs": [
+        "--match",
+        "mi300x TP8 fp8 serve 819-1024/819-1024 c=(4|16) ",
+        "--max-evaluations",
+        "1",
+        "--workers",
+        "1",
+    ],
     "compare inferencemax_dsr1_runs": [
         "--match",
         "deepseek-v3 h200 TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",

@@ -2,8 +2,8 @@
 
 A profile's `fits` records name the runs each of its fitted numbers came from. Split by source (who published the
 runs) or by GPU, a run is held out from a profile when no record that prices it (routed-expert numbers price MoE
-models only, an expert dtype's own numbers those experts only, an engine section's that engine's runs only,
-API-server numbers `serve` runs only) drew on a run
+models only, an expert dtype's own numbers those experts only, a GPU or engine section's that GPU's or engine's
+runs only, API-server numbers `serve` runs only) drew on a run
 of the same source (or GPU): leave one source out, leave one GPU out. A profile fitted to no run (the roofline
 defaults' dense numbers, measured kernel tables) is held out from every run its records do not reach, so the
 figures say how it extrapolates, not how well it was fitted.
@@ -78,12 +78,12 @@ def held_out(profile: Profile, run: MeasuredRun, by_label: dict[str, MeasuredRun
 
 
 def _prices(field: str, run: MeasuredRun) -> bool:
-    """Whether a fitted number prices `run`: an `engines.<engine>.` one only that engine's runs, routed-expert numbers
-    MoE models only (a `moe_kernels.<dtype>.` one only experts of that dtype), API-server numbers `serve` runs only,
-    the others every run."""
-    if field.startswith("engines."):
-        _, engine, rest = field.split(".", 2)
-        return run.engine == engine and _prices(rest, run)
+    """Whether a fitted number prices `run`: a `gpus.<gpu>.` one only that GPU's runs, an `engines.<engine>.` one only
+    that engine's, routed-expert numbers MoE models only (a `moe_kernels.<dtype>.` one only experts of that dtype),
+    API-server numbers `serve` runs only, the others every run."""
+    if field.startswith(("gpus.", "engines.")):
+        kind, name, rest = field.split(".", 2)
+        return (run.gpu if kind == "gpus" else run.engine) == name and _prices(rest, run)
     if field.startswith("moe_kernels."):
         return run.expert_dtype == field.split(".")[1]
     if field in MOE_KERNEL_FIELDS:

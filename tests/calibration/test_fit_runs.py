@@ -283,6 +283,7 @@ def test_fit_cli_fits_one_gpus_section_of_a_base_profile(tmp_path):
     assert set(fitted.gpus) == {"a100-80gb"}
     assert fitted.for_gpu("a100-80gb").gemm_memory.at(1) == pytest.approx(0.6, rel=0.02)
     assert fitted.comm.at(1) == 0.5 and fitted.gemm_memory.at(1) == 0.85 and fitted.name == "mine"
+    assert fitted.fits[-1].fields == ("gpus.a100-80gb.gemm_memory",)  # it prices that GPU's runs only
     assert fitted.provenance.startswith(
         f"hand-made; then gpus.a100-80gb fitted from it by servesim fit --base {base}: "
         "2 runs of runs.yaml on a100-80gb, 0 held out (training MAPE"

@@ -20,6 +20,8 @@ REQUIRED_GPUS = (
     "l40s",
     "l4",
     "mi300x",
+    "mi325x",
+    "mi355x",
 )
 
 NEW_GPU_YAML = """\
@@ -93,6 +95,7 @@ def test_interconnects_have_sources_and_known_kinds():
         "nvlink-bridge-a100",
         "nvlink-bridge-h100",
         "xgmi-mi300x",
+        "xgmi-mi355x",
         "pcie3",
         "pcie4",
         "pcie5",

@@ -101,8 +101,8 @@ def test_a_bad_expert_dtype_entry_names_the_file_the_dtype_and_the_field(tmp_pat
 
 def test_the_measured_profile_prices_mxfp4_experts_with_their_own_fit():
     """The bundled measured profile holds a fit of MXFP4 experts on Hopper and another on the B200, each recorded
-    under the dtype's entry; other expert dtypes keep the shared numbers (fitted to GPUStack's runs, DeepSeek's
-    block FP8 among them) and no fixed MoE cost."""
+    under the dtype's entry (the B200's under its section); other expert dtypes keep the shared numbers (fitted to
+    GPUStack's runs, DeepSeek's block FP8 among them) and no fixed MoE cost."""
     measured = load_profile("measured")
     hopper, b200 = (measured.for_gpu(gpu).for_experts("mxfp4") for gpu in ("h200", "b200"))
     assert (
@@ -115,5 +115,6 @@ def test_the_measured_profile_prices_mxfp4_experts_with_their_own_fit():
         Profile().moe_memory,
         0.0,
     )
-    mxfp4_fits = [record for record in measured.fits if record.fields[0].startswith("moe_kernels.mxfp4.")]
+    mxfp4_fits = [record for record in measured.fits if "moe_kernels.mxfp4." in record.fields[0]]
     assert [len(record.runs) for record in mxfp4_fits] == [27, 12]
+    assert [record.fields[0].split("moe_kernels")[0] for record in mxfp4_fits] == ["", "gpus.b200."]

@@ -46,6 +46,24 @@ def test_an_engine_sections_numbers_hold_out_only_that_engines_runs():
     assert held_out(own, vllm_deepseek[0], by_label, "gpu") and vllm_deepseek[0].gpu == "h200"
 
 
+def test_a_gpu_sections_numbers_hold_out_other_gpus_runs_of_the_same_source():
+    """The measured profile's AMD numbers came from InferenceMAX's MI300X runs and price AMD GPUs only: the same
+    lab's NVIDIA runs stay out of their sample even by source, its MI325X runs (which take the MI300X's numbers)
+    are in it by source and out of it by GPU."""
+    nvidia = load_measured_runs(PUBLISHED.with_name("inferencemax_runs.yaml"))
+    amd = load_measured_runs(PUBLISHED.with_name("inferencemax_amd_runs.yaml"))
+    by_label = {run.label(): run for run in [*nvidia, *amd]}
+    measured = load_profile("measured")
+    h200 = next(run for run in nvidia if run.gpu == "h200")
+    mi300x, mi325x = (next(run for run in amd if run.gpu == gpu) for gpu in ("mi300x", "mi325x"))
+    assert held_out(measured, h200, by_label, "source") and held_out(measured, h200, by_label, "gpu")
+    assert not held_out(measured, mi325x, by_label, "source") and held_out(measured, mi325x, by_label, "gpu")
+    assert not held_out(measured, mi300x, by_label, "gpu")
+    # a record without its section's prefix would price every run, the NVIDIA ones too
+    bare = Profile(fits=tuple(r.model_copy(update={"fields": ("gemm_memory",)}) for r in measured.fits[-1:]))
+    assert not held_out(bare, h200, by_label, "source")
+
+
 def test_a_runs_source_is_its_publisher():
     assert (
         source_group("https://docs.gpustack.ai/latest/performance-lab/qwen3-8b/h100-latency (source file: x)")

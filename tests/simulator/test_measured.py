@@ -410,6 +410,32 @@ def test_inferencemax_trtllm_deepseek_runs_are_priced_by_the_sglang_fit_they_nev
     assert tpot_error(runs[-1], "default") > 60
 
 
+def test_amd_runs_are_priced_by_the_mi300x_fit_they_never_saw():
+    """benchmarks/inferencemax_amd_runs.yaml: Llama 3.3 70B FP8 on ROCm 7's vLLM 0.10.1. The measured profile's AMD
+    numbers were fitted to MI300X runs only; on the MI325X (the same chip, more bandwidth) and the MI355X (CDNA4)
+    at 16 clients, TP 1 and 8, mean TPOT and output throughput come out within 20% (7-13% when written), where the
+    roofline defaults decode 35-61% fast."""
+    runs = load_measured_runs(INFERENCEMAX_RUNS.with_name("inferencemax_amd_runs.yaml"))
+    assert len(runs) == 120 and {run.gpu for run in runs} == {"mi300x", "mi325x", "mi355x"}
+    checked = [
+        run
+        for run in runs
+        if run.gpu in ("mi325x", "mi355x")
+        and run.max_concurrency == 16
+        and run.tp in (1, 8)
+        and run.output_len == 1024
+    ]
+    assert len(checked) == 4
+
+    def errors(run: MeasuredRun, profile: str) -> dict[str, float]:
+        return {e.metric: e.error_pct for e in replay(run, profile)}
+
+    for run in checked:
+        measured, default = errors(run, "measured"), errors(run, "default")
+        assert abs(measured["mean_tpot_ms"]) < 20 and abs(measured["output_throughput"]) < 20, run.label()
+        assert default["mean_tpot_ms"] < -30, run.label()
+
+
 def test_sglangs_recv_interval_accounts_for_the_b200_deepseek_ttft():
     """InferenceMAX's B200 SGLang server at 16 clients read new requests every 30th decode step: replayed so, its
     median TTFT comes out within 25% (+5% when written); read every step, 72% short."""
