@@ -309,7 +309,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
                 False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
             )
             # it once more: the sibling's finish wakes this engine)
-            if self._prefill(step):
+            self._prefilling = self._prefill(step)
+            if self._prefilling:
                 return step.plan()
         if not step.tokens and not step.preempted and not (self.ahead and self.ahead.pending):
             # idle (not when the engine is about to plan again with more)

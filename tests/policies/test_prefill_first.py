@@ -371,6 +371,25 @@ def test_a_finish_in_a_prefill_step_lets_the_next_step_admit():
     assert scheduled(step(sched)) == [(2, 100)]
 
 
+def test_a_finish_in_the_prefill_that_refills_an_emptied_batch_lets_the_next_step_admit():
+    """The same when the batch had emptied while full: SGLang clears the flag, prefills again, and filters that
+    prefill batch too, so r3, refused beside the one-token request, is prefilled in the very next step."""
+    sched, _ = make_scheduler("sglang", num_blocks=2000, block_size=1, prefix_caching="radix")
+    first = Request(0, 0.0, 1700, 2)
+    sched.add(first, 0.0)
+    assert scheduled(step(sched)) == [(0, 1700)]
+    sched.add(Request(1, 0.0, 100, 900), 0.0)
+    assert (
+        scheduled(step(sched)) == [(0, 1)] and sched.batch_is_full and first.is_done
+    )  # refused: the pool held
+    short = Request(2, 0.0, 100, 1)
+    sched.add(short, 0.0)
+    sched.add(Request(3, 0.0, 100, 800), 0.0)
+    assert scheduled(step(sched)) == [(1, 100), (2, 100)] and short.is_done  # the emptied batch refilled
+    assert not sched.batch_is_full
+    assert scheduled(step(sched)) == [(3, 100)]
+
+
 def test_fused_decode_steps_decay_the_ratio_to_the_same_float_as_stepping():
     stepped, _ = make_scheduler("sglang", num_blocks=10_000, block_size=1)
     fused, _ = make_scheduler("sglang", num_blocks=10_000, block_size=1)
