@@ -379,9 +379,8 @@ def test_a_finish_in_the_prefill_that_refills_an_emptied_batch_lets_the_next_ste
     sched.add(first, 0.0)
     assert scheduled(step(sched)) == [(0, 1700)]
     sched.add(Request(1, 0.0, 100, 900), 0.0)
-    assert (
-        scheduled(step(sched)) == [(0, 1)] and sched.batch_is_full and first.is_done
-    )  # refused: the pool held
+    # refused while the first request holds the pool, which empties as it finishes
+    assert scheduled(step(sched)) == [(0, 1)] and sched.batch_is_full and first.is_done
     short = Request(2, 0.0, 100, 1)
     sched.add(short, 0.0)
     sched.add(Request(3, 0.0, 100, 800), 0.0)
