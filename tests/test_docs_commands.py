@@ -50,6 +50,10 @@ MADE_SMALL = {
         "--match",
         "deepseek-v3 h200 TP8 EP trtllm fp8 serve 819-1024/819-1024 c=4 x40",
     ],
+    "compare inferencemax_dsr1_amd_runs": [
+        "--match",
+        "deepseek-v3 mi325x TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",
+    ],
     "compare inferencemax_amd_runs": [
         "--match",
         "llama-3.1-70b mi325x TP8 fp8 serve 819-1024/819-1024 c=4 x40",
