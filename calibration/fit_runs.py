@@ -81,17 +81,28 @@ def _through_api(runs: list[MeasuredRun]) -> bool:
 
 @dataclass(frozen=True)
 class Section:
-    """Where a fit writes: a profile's section of one GPU (`gpus`) or one engine (`engines`)."""
+    """Where a fit writes: a profile's section of one GPU (`gpus`) or one engine (`engines`), or with `gpu` the
+    engine section's own section for that GPU."""
 
     kind: str
     name: str
+    gpu: str | None = None
 
     def of(self, profile: Profile) -> dict:
-        return getattr(profile, self.kind).get(self.name, {})
+        section = getattr(profile, self.kind).get(self.name, {})
+        return section.get("gpus", {}).get(self.gpu, {}) if self.gpu is not None else section
 
     def resolve(self, profile: Profile) -> Profile:
         """`profile` as it prices what the section covers."""
-        return profile.for_gpu(self.name) if self.kind == "gpus" else profile.for_engine(self.name)
+        if self.kind == "gpus":
+            return profile.for_gpu(self.name)
+        engine = profile.for_engine(self.name)
+        return engine.for_gpu(self.gpu) if self.gpu is not None else engine
+
+    @property
+    def prefix(self) -> str:
+        """How a fit record names the section's fields: they price its runs only."""
+        return f"{self.kind}.{self.name}." + (f"gpus.{self.gpu}." if self.gpu is not None else "")
 
 
 def _hiding_sections(
@@ -109,11 +120,17 @@ def _hiding_sections(
         )
 
     found = []
-    if section is None or section.kind == "engines":
+    if section is None or (section.kind == "engines" and section.gpu is None):
         found += [gpu for gpu in sorted({run.gpu for run in runs}) if hides(base.gpus.get(gpu, {}))]
     if section is None:
         found += [
             f"engine {e}" for e in sorted({run.engine for run in runs}) if hides(base.engines.get(e, {}))
+        ]
+    if section is None or section.gpu is None:  # an engine's own section for a GPU applies over every other
+        found += [
+            f"engine {e} on {gpu}"
+            for e, gpu in sorted({(run.engine, run.gpu) for run in runs})
+            if hides(base.engines.get(e, {}).get("gpus", {}).get(gpu, {}))
         ]
     return found
 
@@ -136,7 +153,7 @@ def profile_of(
         # a section's entry replaces the shared one whole: it starts from the entry the fit started from
         values["moe_kernels"] = held | {experts: held.get(experts, shared.get(experts, {})) | own}
     if section is not None:
-        return base.with_section(section.kind, section.name, values).model_copy(update=fields)
+        return base.with_section(section.kind, section.name, values, section.gpu).model_copy(update=fields)
     if experts is not None:  # validated, as a section is
         return Profile.model_validate(base.model_dump() | values).model_copy(update=fields)
     update = {n: EfficiencyCurve.constant(v) if n in EFFICIENCIES else v for n, v in values.items()}
@@ -252,19 +269,24 @@ def fit_to_runs(
     `max_evaluations`). With `experts` (a weight dtype), every train run's routed experts must be of that dtype, and
     the routed-expert numbers fitted go into the profile's (or the section's) `moe_kernels` entry for it. With
     `engine` (vllm, sglang, trtllm) instead of `gpu`, every run must be of that engine, and the fit goes into the
-    engine's section as it would into a GPU's. The record's fields are named under the section (`gpus.<gpu>.`,
-    `engines.<engine>.`): they price its runs only."""
+    engine's section as it would into a GPU's; with both, into the engine section's own section for that GPU
+    (what differs with both). The record's fields are named under the section (`gpus.<gpu>.`, `engines.<engine>.`,
+    `engines.<engine>.gpus.<gpu>.`): they price its runs only."""
     if not train:
         raise ValueError("no runs to fit")
-    if gpu is not None and engine is not None:
-        raise SpecError(f"--gpu {gpu} and --engine {engine}: a fit writes one section; choose one")
     elsewhere = sorted({run.gpu for run in train + test} - {gpu}) if gpu is not None else []
     if elsewhere:
         raise ValueError(f"a fit for {gpu} was given runs on {', '.join(elsewhere)}")
     others = sorted({run.engine for run in train + test} - {engine}) if engine is not None else []
     if others:
         raise ValueError(f"a fit for {engine} was given runs of {', '.join(others)}")
-    section = Section("gpus", gpu) if gpu is not None else Section("engines", engine) if engine else None
+    section = (
+        Section("engines", engine, gpu)
+        if engine is not None
+        else Section("gpus", gpu)
+        if gpu is not None
+        else None
+    )
     names = fitted_names(train)
     if only is not None:
         known = [*EFFICIENCIES, *OVERHEADS, *MOE_TERMS, *API_TERMS]
@@ -343,7 +365,7 @@ def fit_to_runs(
         # an expert dtype's numbers are recorded under its entry: they price those experts only
         recorded = [f"moe_kernels.{experts}.{n}" if experts and n in MOE_KERNEL_FIELDS else n for n in names]
         if section is not None:  # they price that GPU's (that engine's) runs only
-            recorded = [f"{section.kind}.{section.name}.{n}" for n in recorded]
+            recorded = [section.prefix + n for n in recorded]
         record = FitRecord(fields=tuple(recorded), runs=tuple(run.label() for run in train))
         # compare --split holds these runs out
         fitted = fitted.model_copy(update={"fits": (*base.fits, record)})

@@ -9,7 +9,9 @@ executor's step times (`servesim calibrate`) or from measured benchmark runs' fi
 One profile may differ per GPU (`gpus:` sections, which `servesim fit --gpu` fits): the same kernels reach
 different fractions of each GPU's peaks (a fused-MoE kernel on an A100 and on an H100), and a plan weighs GPUs
 against each other with one profile. It may differ per engine too (`engines:` sections, `servesim fit --engine`):
-engines run different kernels for the same operator (SGLang's block-FP8 fused MoE and vLLM's).
+engines run different kernels for the same operator (SGLang's block-FP8 fused MoE and vLLM's), and an engine's section
+may hold GPU sections of its own (`engines: {sglang: {gpus: {mi300x: ...}}}`, `fit --engine E --gpu G`) for what
+differs with both (an engine's kernels on one vendor's GPUs).
 Bundled in calibration/profiles/: `vllm-published` (the defaults plus the per-layer gaps small-batch decodes
 measure) and `published-fit` (fitted to the published runs, routed experts apart).
 """
@@ -377,7 +379,16 @@ class Profile(SpecModel):
             raise ValueError(f"{', '.join(unknown)}: not an engine; allowed: {', '.join(FRAMEWORKS)}")
         around = {k: v for k, v in info.data.items() if k in GPU_FIELDS}
         for engine, section in engines.items():
-            engines[engine] = cls._partial(engine, section, GPU_FIELDS, "engine", around)
+            nested = section.get("gpus", {})
+            if not isinstance(nested, dict):
+                raise ValueError(f"{engine}.gpus: a GPU's name -> its section, not {type(nested).__name__}")
+            own = {key: value for key, value in section.items() if key != "gpus"}
+            engines[engine] = cls._partial(engine, own, (*GPU_FIELDS, "gpus"), "engine", around)
+            if nested:  # a GPU's numbers under this engine: over the engine's and the GPU's own
+                engines[engine]["gpus"] = {
+                    gpu: cls._partial(f"{engine}.gpus.{gpu}", values, GPU_FIELDS, "GPU", around)
+                    for gpu, values in nested.items()
+                }
         return engines
 
     def for_gpu(self, gpu: str) -> Profile:
@@ -395,6 +406,9 @@ class Profile(SpecModel):
         if section is None:
             return self.model_copy(update={kind: {}})
         shared = self.model_dump(exclude={kind})
+        section = dict(section)
+        if "gpus" in section:  # an engine's GPU sections over the profile's own for those GPUs
+            section["gpus"] = _over(shared["gpus"], section["gpus"])
         # the section's expert dtypes over the shared ones
         kernels = shared["moe_kernels"] | section.get("moe_kernels", {})
         return Profile.model_validate(shared | section | {"moe_kernels": kernels})
@@ -411,7 +425,7 @@ class Profile(SpecModel):
     def for_engine(self, engine_tables: str) -> Profile:
         """The profile as an engine runs whose kernels are `engine_tables`' (its family's `kernel_tables`): its
         section (if any) over the shared values, and `kernels: engine` naming them. A GPU's section still applies
-        over it (`for_gpu`)."""
+        over it (`for_gpu`), with what the engine's section sets for that GPU (its `gpus:`) over the GPU's own."""
         profile = self._resolved("engines", engine_tables)
         if profile.kernels is None or split_kernels(profile.kernels)[0] != ENGINE:
             return profile
@@ -420,11 +434,16 @@ class Profile(SpecModel):
             update={"kernels": framework_for(ENGINE, engine_tables) + (f"@{version}" if version else "")}
         )
 
-    def with_section(self, kind: str, name: str, values: dict[str, Any]) -> Profile:
-        """This profile with `values` set in its `kind` (gpus, engines) section `name`, over what it already held."""
+    def with_section(self, kind: str, name: str, values: dict[str, Any], gpu: str | None = None) -> Profile:
+        """This profile with `values` set in its `kind` (gpus, engines) section `name` (with `gpu`: in that section's
+        own section for the GPU), over what it already held."""
         dumped = self.model_dump()
         sections = dumped[kind]
-        return Profile.model_validate(dumped | {kind: sections | {name: sections.get(name, {}) | values}})
+        section = sections.get(name, {})
+        if gpu is not None:
+            nested = section.get("gpus", {})
+            values = {"gpus": nested | {gpu: nested.get(gpu, {}) | values}}
+        return Profile.model_validate(dumped | {kind: sections | {name: section | values}})
 
     def curves(self, kind: str) -> tuple[EfficiencyCurve, EfficiencyCurve]:
         """(compute, memory) efficiency curves of an operator kind: gemm, attention or moe (GEMM's unless set)."""
@@ -433,6 +452,15 @@ class Profile(SpecModel):
         if kind == "moe":
             return self.moe_compute or self.gemm_compute, self.moe_memory or self.gemm_memory
         return self.gemm_compute, self.gemm_memory
+
+
+def _over(gpus: dict[str, dict[str, Any]], more: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """GPU sections `more` over `gpus`: field by field, and a `moe_kernels` entry by expert dtype."""
+    merged = dict(gpus)
+    for gpu, values in more.items():
+        kernels = merged.get(gpu, {}).get("moe_kernels", {}) | values.get("moe_kernels", {})
+        merged[gpu] = merged.get(gpu, {}) | values | ({"moe_kernels": kernels} if kernels else {})
+    return merged
 
 
 #: What a `gpus:` or `engines:` section may set: the efficiencies and overheads, not a name, provenance, tables or fit
@@ -475,8 +503,9 @@ def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = 
         raise SpecError(
             f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
         ) from None
-    catalog = gpu_catalog(gpu_files) if profile.gpus else {}
-    unknown = sorted(set(profile.gpus) - set(catalog))
+    named = set(profile.gpus).union(*(section.get("gpus", {}) for section in profile.engines.values()))
+    catalog = gpu_catalog(gpu_files) if named else {}
+    unknown = sorted(named - set(catalog))
     if unknown:
         raise SpecError(
             f"{path}: gpus: {', '.join(unknown)} is not a GPU of the catalog; allowed: "

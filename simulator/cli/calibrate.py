@@ -243,7 +243,8 @@ def fit_runs(
         "--engine",
         help=(
             "Fit only the runs of this engine (vllm, sglang, trtllm) into the base profile's `engines.<engine>` "
-            "section, as --gpu does a GPU's: the engine's own kernels (not with --gpu)"
+            "section, as --gpu does a GPU's: the engine's own kernels; with --gpu, into that section's own section "
+            "for the GPU (`engines.<engine>.gpus.<gpu>`)"
         ),
     ),
     workers: int | None = typer.Option(None, "--workers", min=1, help="Processes (default: all cores)"),
@@ -251,7 +252,7 @@ def fit_runs(
 ) -> None:
     """Fit a profile's efficiencies and overheads to measured runs' figures (no executor, no step times), and
     report the base profile's and the fitted one's errors on the runs fitted and the runs held out; --gpu fits one
-    GPU's section of a profile, --engine one engine's."""
+    GPU's section of a profile, --engine one engine's, both the engine's section for that GPU."""
     import pandas as pd
 
     try:
@@ -287,8 +288,6 @@ def fit_runs(
     names = " + ".join(f.name for f in runs_files)
     files = tuple(distinct_files([*gpu_file, *(f for run in runs for f in run.gpu_files)]))
     start = load_profile(base, files)
-    if gpu is not None and engine is not None:
-        raise SpecError(f"--gpu {gpu} and --engine {engine}: a fit writes one section; choose one")
     if gpu is not None:
         get_gpu(gpu, files)  # a misspelt name fails here, with the catalog's names
         runs = [run for run in runs if run.gpu == gpu]

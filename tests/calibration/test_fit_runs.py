@@ -425,8 +425,7 @@ def test_an_experts_fit_of_a_gpu_section_starts_from_the_shared_entry(tmp_path):
 def test_an_engine_fit_writes_that_engines_section_and_prices_its_runs_only(tmp_path):
     """SGLang runs made with 90 us per MoE layer in SGLang's section (MXFP4 entry): `fit --engine sglang --experts
     mxfp4` finds it there, keeping the shared entry's moe_memory beside it and the shared entry itself; its record
-    names the section's fields, and a vLLM run replays as under the base. Runs of another engine, or a GPU and an
-    engine at once, are refused."""
+    names the section's fields, and a vLLM run replays as under the base. Runs of another engine are refused."""
     shared = {"moe_memory": 0.8, "moe_layer_s": 6e-5}
     own = {"moe_kernels": {"mxfp4": {"moe_memory": 0.8, "moe_layer_s": 9e-5}}}
     made_by = tmp_path / "made.yaml"
@@ -452,8 +451,6 @@ def test_an_engine_fit_writes_that_engines_section_and_prices_its_runs_only(tmp_
     assert replays[0] == replays[1]
     with pytest.raises(ValueError, match="a fit for sglang was given runs of vllm"):
         fit_to_runs([vllm_run], [], base, only=["moe_layer_s"], engine="sglang", experts="mxfp4")
-    with pytest.raises(SpecError, match="--gpu h100-sxm and --engine sglang: a fit writes one section"):
-        fit_to_runs(runs, [], base, only=["moe_layer_s"], gpu="h100-sxm", engine="sglang")
     # a section holding the entry fitted hides the fit from its runs: the engine's a shared fit, a GPU's an engine's
     with pytest.raises(SpecError, match="its sections for engine sglang override the shared values"):
         fit_to_runs(runs, [], result.profile, only=["moe_layer_s"], experts="mxfp4")
@@ -464,6 +461,45 @@ def test_an_engine_fit_writes_that_engines_section_and_prices_its_runs_only(tmp_
     assert fit_to_runs(
         runs, [], other_dtype, max_evaluations=1, only=["moe_layer_s"], engine="sglang", experts="mxfp4"
     )
+
+
+def test_an_engine_and_gpu_fit_writes_the_engines_section_for_that_gpu(tmp_path):
+    """SGLang runs on an H100 made with 90 us per MoE layer in SGLang's own section for the H100: `fit --engine sglang
+    --gpu h100-sxm` finds it there (engines.sglang.gpus.h100-sxm), over a GPU section that holds 60 us for every
+    engine, and names its record so; an SGLang run elsewhere and a vLLM run on the H100 replay as under the base.
+    That section then hides an engine-wide fit from these runs."""
+    own = {"moe_kernels": {"mxfp4": {"moe_layer_s": 9e-5}}}
+    made_by = tmp_path / "made.yaml"
+    made_by.write_text(
+        yaml.safe_dump(Profile(engines={"sglang": {"gpus": {"h100-sxm": own}}}).model_dump(mode="json"))
+    )
+    runs = _moe_runs(str(made_by), engine="sglang")
+    base = Profile(gpus={"h100-sxm": {"moe_kernels": {"mxfp4": {"moe_layer_s": 6e-5}}}})
+    result = fit_to_runs(
+        runs,
+        [],
+        base,
+        max_evaluations=24,
+        only=["moe_layer_s"],
+        engine="sglang",
+        gpu="h100-sxm",
+        experts="mxfp4",
+    )
+    nested = result.profile.engines["sglang"]["gpus"]["h100-sxm"]["moe_kernels"]["mxfp4"]
+    assert nested["moe_layer_s"] == pytest.approx(9e-5, rel=0.03)
+    assert result.profile.gpus == base.gpus
+    assert result.profile.fits[-1].fields == ("engines.sglang.gpus.h100-sxm.moe_kernels.mxfp4.moe_layer_s",)
+    paths = []
+    for name, profile in (("fitted", result.profile), ("base", base)):
+        paths.append(tmp_path / f"{name}.yaml")
+        paths[-1].write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+    elsewhere = runs[0].model_copy(update={"gpu": "h200"})
+    for run in (_moe_runs(str(made_by))[0], elsewhere):
+        assert [e.predicted for e in replay(run, str(paths[0]))] == [
+            e.predicted for e in replay(run, str(paths[1]))
+        ]
+    with pytest.raises(SpecError, match="h100-sxm, engine sglang on h100-sxm override"):
+        fit_to_runs(runs, [], result.profile, only=["moe_layer_s"], engine="sglang", experts="mxfp4")
 
 
 def test_fit_cli_takes_several_runs_files_and_a_regular_expression(tmp_path):

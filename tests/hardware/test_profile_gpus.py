@@ -128,3 +128,47 @@ def test_a_section_for_a_gpu_outside_the_catalog_is_refused_unless_a_gpu_file_ad
     with pytest.raises(SpecError, match="test-accel is not a GPU"):
         load_profile(own)
     assert load_profile(own, (gpu_file,)).for_gpu("test-accel").comm.at(1) == 0.5
+
+
+def test_an_engines_section_for_a_gpu_applies_over_both_under_that_engine_only(tmp_path):
+    """`engines: {sglang: {gpus: {mi300x: ...}}}` is what differs with both: over the MI300X's own section and
+    SGLang's, field by field and by expert dtype, for SGLang on the MI300X alone; a round trip keeps it, and a GPU
+    outside the catalog is refused there too."""
+    profile = Profile(
+        moe_layer_s=1e-5,
+        gpus={
+            "mi300x": {"comm": 0.4, "moe_kernels": {"fp8": {"moe_memory": 0.5}, "mxfp4": {"moe_memory": 0.6}}}
+        },
+        engines={
+            "sglang": {
+                "moe_layer_s": 1e-4,
+                "gpus": {"mi300x": {"layer_overhead_s": 9e-5, "moe_kernels": {"fp8": {"moe_memory": 0.7}}}},
+            }
+        },
+    )
+    both = profile.for_engine("sglang").for_gpu("mi300x")
+    assert (both.layer_overhead_s, both.comm.at(1), both.moe_layer_s) == (9e-5, 0.4, 1e-4)
+    assert (both.for_experts("fp8").moe_memory.at(1), both.for_experts("mxfp4").moe_memory.at(1)) == (
+        0.7,
+        0.6,
+    )
+    vllm = profile.for_engine("vllm").for_gpu("mi300x")
+    assert (vllm.layer_overhead_s, vllm.moe_layer_s, vllm.for_experts("fp8").moe_memory.at(1)) == (
+        0.0,
+        1e-5,
+        0.5,
+    )
+    elsewhere = profile.for_engine("sglang").for_gpu("h200")
+    assert (elsewhere.layer_overhead_s, elsewhere.moe_layer_s) == (0.0, 1e-4)
+    path = _write(tmp_path, profile.model_dump(mode="json"))
+    assert load_profile(path) == profile
+    misspelt = _write(
+        tmp_path, {"name": "p", "engines": {"sglang": {"gpus": {"mi301x": {"comm": 0.5}}}}}, "bad.yaml"
+    )
+    with pytest.raises(SpecError, match="gpus: mi301x is not a GPU of the catalog"):
+        load_profile(misspelt)
+    bad = _write(
+        tmp_path, {"name": "p", "engines": {"sglang": {"gpus": {"mi300x": {"name": "x"}}}}}, "bad2.yaml"
+    )
+    with pytest.raises(SpecError, match=r"sglang\.gpus\.mi300x: name cannot differ per GPU"):
+        load_profile(bad)

@@ -221,3 +221,18 @@ def test_compare_cli_sets_profiles_side_by_side_with_their_held_out_errors(tmp_p
     assert shared.count("n=1") == 6 and "n=2" not in shared
     bad = runner.invoke(app, ["compare", str(path), "--split", "vendor"])
     assert bad.exit_code == 2 and "--split 'vendor': choose from source, gpu" in bad.output
+
+
+def test_an_engines_gpu_section_prices_that_engines_runs_on_that_gpu_only():
+    fitted = run_of(gpu="mi300x", engine="sglang", source="https://example.com/a")
+    same_engine_elsewhere = run_of(gpu="mi325x", engine="sglang", source="https://example.com/b")
+    same_gpu_other_engine = run_of(gpu="mi300x", engine="vllm", source="https://example.com/c")
+    runs = [fitted, same_engine_elsewhere, same_gpu_other_engine]
+    by_label = {run.label(): run for run in runs}
+    record = FitRecord(fields=("engines.sglang.gpus.mi300x.layer_overhead_s",), runs=(fitted.label(),))
+    own = Profile(fits=(record,))
+    assert not held_out(own, fitted, by_label, "gpu")
+    assert held_out(own, same_engine_elsewhere, by_label, "gpu")
+    # the same source would put it in sample, but the number does not price a vLLM run
+    same_source = same_gpu_other_engine.model_copy(update={"source": fitted.source})
+    assert held_out(own, same_source, by_label | {same_source.label(): same_source}, "source")
