@@ -50,6 +50,14 @@ MADE_SMALL = {
         "--match",
         "deepseek-v3 h200 TP8 EP trtllm fp8 serve 819-1024/819-1024 c=4 x40",
     ],
+    "fit inferencemax_dsr1_amd_runs": [
+        "--match",
+        "mi300x TP8 sglang fp8 serve 819-1024/819-1024 c=(4|8) ",
+        "--max-evaluations",
+        "1",
+        "--workers",
+        "1",
+    ],
     "compare inferencemax_dsr1_amd_runs": [
         "--match",
         "deepseek-v3 mi325x TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",

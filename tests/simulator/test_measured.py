@@ -436,21 +436,31 @@ def test_amd_runs_are_priced_by_the_mi300x_fit_they_never_saw():
         assert default["mean_tpot_ms"] < -30, run.label()
 
 
-def test_amd_deepseek_runs_decode_faster_than_measured_most_at_low_load():
-    """benchmarks/inferencemax_dsr1_amd_runs.yaml: SGLang on 8 x MI300X, MI325X, MI355X, fitted to nothing. The measured
-    profile prices every MI300X run's TPOT fast, by 32% at 4 clients and 6% at 64 when written (a fixed cost per step
-    it lacks); the roofline defaults miss the 4-client run by more."""
+def test_amd_deepseek_runs_are_priced_by_sglangs_mi300x_section_they_never_saw(tmp_path):
+    """benchmarks/inferencemax_dsr1_amd_runs.yaml: SGLang on 8 x MI300X, MI325X, MI355X. SGLang's own section for these
+    GPUs (a per-layer cost fitted to the MI300X runs alone) prices the MI325X's and MI355X's 4-client runs' TPOT
+    within 10% (-4% and +9% when written); without it, the AMD numbers fitted to vLLM's Llama runs leave them 28-35%
+    fast."""
     runs = load_measured_runs(INFERENCEMAX_RUNS.with_name("inferencemax_dsr1_amd_runs.yaml"))
     assert len(runs) == 15 and all(run.engine == "sglang" and run.tp == 8 for run in runs)
-    mi300x = [run for run in runs if run.gpu == "mi300x"]
-    assert [run.max_concurrency for run in mi300x] == [4, 8, 16, 32, 64]
+    assert sorted(run.max_concurrency for run in runs if run.gpu == "mi300x") == [4, 8, 16, 32, 64]
+    measured = load_profile("measured")
+    sglang = {k: v for k, v in measured.engines["sglang"].items() if k != "gpus"}
+    without = tmp_path / "without.yaml"
+    without.write_text(
+        yaml.safe_dump(
+            measured.model_copy(update={"engines": measured.engines | {"sglang": sglang}}).model_dump(
+                mode="json"
+            )
+        )
+    )
 
     def tpot_error(run: MeasuredRun, profile: str) -> float:
         return next(e for e in replay(run, profile) if e.metric == "mean_tpot_ms").error_pct
 
-    errors = [tpot_error(mi300x[0], "measured"), tpot_error(mi300x[-1], "measured")]
-    assert -40 < errors[0] < -20 and -15 < errors[1] < 0
-    assert tpot_error(mi300x[0], "default") < errors[0]
+    for run in (r for r in runs if r.gpu != "mi300x" and r.max_concurrency == 4):
+        assert abs(tpot_error(run, "measured")) < 10, run.label()
+        assert tpot_error(run, str(without)) < -25, run.label()
 
 
 def test_sglangs_recv_interval_accounts_for_the_b200_deepseek_ttft():
