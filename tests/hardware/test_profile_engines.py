@@ -52,7 +52,11 @@ def test_a_gpus_section_applies_over_the_engines_and_kernels_engine_resolves_bes
     [
         ({"tgi": {}}, r"engines: .*tgi: not an engine; allowed: vllm, sglang, trtllm"),
         ({"sglang": {"kernels": "vllm"}}, r"sglang: kernels cannot differ per engine; allowed: gemm_compute"),
-        ({"sglang": {"gpus": {}}}, r"sglang: gpus cannot differ per engine"),
+        (
+            {"sglang": {"gpus": {"mi300x": {"kernels": "vllm"}}}},
+            r"sglang\.gpus\.mi300x: kernels cannot differ per GPU",
+        ),
+        ({"sglang": {"gpus": ["mi300x"]}}, r"sglang\.gpus: a GPU's name -> its section, not list"),
         ({"sglang": {"moe_memory": 1.5}}, r"sglang\.moe_memory\.points: efficiencies must lie in \(0, 1\]"),
     ],
 )
