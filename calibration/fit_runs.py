@@ -325,7 +325,7 @@ def fit_to_runs(
     if hiding:
         raise SpecError(
             f"--base {base.name}: its sections for {', '.join(hiding)} override the shared values on those runs, so a "
-            "fit outside them cannot move them; fit a section with --gpu NAME or --engine NAME"
+            "fit outside them cannot move them; fit a section with --gpu NAME, --engine NAME or both"
         )
     weights = [1 / math.sqrt(len(run.measured)) for run in train]
     replayer = _Replayer(workers)
