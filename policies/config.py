@@ -212,6 +212,24 @@ class EngineConfig(SpecModel):
             "parallelism"
         ),
     )
+    batch_wait_timeout_iters: int = Field(
+        0,
+        ge=0,
+        le=MAX_SEQS,
+        description=(
+            "trtllm only: while requests decode, new prompts wait at most this many iterations for a fuller batch "
+            "(TensorRT-LLM's batch_wait_timeout_iters; 0, the default, waits none); not under DP attention"
+        ),
+    )
+    batch_wait_max_tokens_ratio: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "trtllm only: the waiting ends once the step's tokens reach this share of max_num_batched_tokens "
+            "(TensorRT-LLM's batch_wait_max_tokens_ratio)"
+        ),
+    )
     swa_full_tokens_ratio: float = Field(
         0.8,
         gt=0,
@@ -404,6 +422,20 @@ class EngineConfig(SpecModel):
             raise ValueError(
                 f"scheduler_recv_interval is SGLang's --scheduler-recv-interval; {self.scheduler!r} reads every "
                 "request as it comes: leave it at 1 or use scheduler sglang"
+            )
+        if (
+            self.batch_wait_timeout_iters or self.batch_wait_max_tokens_ratio
+        ) and not scheduler.waits_to_batch:
+            raise ValueError(
+                f"batch_wait_timeout_iters and batch_wait_max_tokens_ratio are TensorRT-LLM's; {self.scheduler!r} "
+                "schedules a prompt as soon as it fits: leave them at 0 or use scheduler trtllm"
+            )
+        if (
+            self.batch_wait_timeout_iters or self.batch_wait_max_tokens_ratio
+        ) and self.prefix_caching != "none":
+            raise ValueError(
+                "batch waiting is modelled without prefix caching (TensorRT-LLM's enable_block_reuse false): set "
+                "prefix_caching none"
             )
         if self.async_scheduling and not scheduler.schedules_ahead:
             raise ValueError(

@@ -160,6 +160,7 @@ class Scheduler(Protocol):
     supports_prefix_caching: bool  # honours engine.prefix_caching (shares KV blocks between requests)
     pipelined: bool  # runs its steps as a pipeline of micro-batches, each committed on its own
     reads_at_intervals: bool  # honours engine.scheduler_recv_interval (SGLang's recv skipper)
+    waits_to_batch: bool  # honours engine.batch_wait_* (TensorRT-LLM holds prompts back for a fuller batch)
     holds_finished: bool  # finished requests keep their blocks until `release_retired` (async scheduling)
     finishes_fuse: bool  # a fused decode stretch may run through requests finishing
     decode_tokens_in_flight: int  # decode tokens scheduled but not yet committed (async scheduling)
@@ -212,6 +213,7 @@ class SchedulerDefaults:
     supports_prefix_caching = False
     pipelined = False
     reads_at_intervals = False
+    waits_to_batch = False
     holds_finished = False
     finishes_fuse = True
     decode_tokens_in_flight = 0

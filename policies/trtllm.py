@@ -11,6 +11,9 @@ Prompts run whole (chunked prefill is off by default; a prompt over max_num_toke
 the overlap scheduler (on by default) plans each step while the one before runs, as vLLM's async scheduling.
 Requests reserve their output length (max_tokens equal to it, as a fixed-length benchmark sends), and the
 count ignores prefix hits (enable_block_reuse on by default: hits save compute, not reservation).
+With batch waiting (`batch_wait_timeout_iters`, `batch_wait_max_tokens_ratio`), while requests decode the prompts the
+step would take are held back until its tokens (those prompts' and one per decode) reach the ratio of max_num_tokens
+or the iterations held reach the timeout (PyExecutor._waiting_requests).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from __future__ import annotations
 from servesim.policies.families import TRTLLM
 from servesim.policies.kv_blocks import blocks_for
 from servesim.policies.registry import schedulers
-from servesim.policies.step import StepPlan
+from servesim.policies.step import PlanBuilder, StepPlan
 from servesim.policies.token_budget import TokenBudgetScheduler
 from servesim.workloads.request import Request
 
@@ -28,6 +31,8 @@ class TrtllmScheduler(TokenBudgetScheduler):
     family = TRTLLM
     speculates = False
     batch_queue = False
+    waits_to_batch = True
+    _held_iters = 0  # iterations that held prompts back for a fuller batch (batch_wait_iters_count)
     # blocks the running requests have still to take, counted once a plan and grown by each admission: only
     # admissions change it within a plan, and recounting per admission made a burst's plan quadratic
     _to_take: int | None = None
@@ -63,6 +68,58 @@ class TrtllmScheduler(TokenBudgetScheduler):
         if room is not None:  # what `_still_to_take` would now count for it
             self._to_take += need - len(self.kv.windows) * self.kv.decode_table_len(req)
         return room
+
+    @property
+    def _batch_waits(self) -> bool:
+        return self.cfg.batch_wait_timeout_iters > 0 or self.cfg.batch_wait_max_tokens_ratio > 0
+
+    def _admit_waiting(self, step: PlanBuilder) -> None:
+        """Admit as TensorRT-LLM does, unless batch waiting holds this step's prompts back (only while requests
+        decode in it)."""
+        if not self._batch_waits or not step.tokens:
+            super()._admit_waiting(step)
+            return
+        prompts = self._prompt_tokens_admissible(step)
+        if not prompts:
+            return
+        if (
+            self._held_iters >= self.cfg.batch_wait_timeout_iters
+            or prompts + len(step.tokens) >= self.cfg.batch_wait_max_tokens_ratio * self.budget
+        ):
+            self._held_iters = 0
+            super()._admit_waiting(step)
+        else:
+            self._held_iters += 1
+
+    def _prompt_tokens_admissible(self, step: PlanBuilder) -> int:
+        """The prompt tokens `_admit_waiting` would schedule now, found without admitting anyone (no prefix hits:
+        batch waiting is refused with prefix caching). Each admission takes its blocks from the free ones and adds
+        its reservation less them to what the running take, so the test reduces to the whole sequences' blocks."""
+        budget, seats, tokens = step.budget, self._seats_taken, 0
+        room = self.kv.num_free_blocks - self._still_to_take()
+        for req in self._waiting.in_order():
+            if budget <= 0 or seats >= self.max_num_seqs:
+                break
+            n = self._capped(req.num_tokens)
+            if n > budget and not self.chunked:
+                break
+            n = min(n, budget)
+            room -= self._whole_blocks(req.num_prompt_tokens + req.num_output_tokens - 1)
+            if room < 0:
+                break
+            budget, seats, tokens = budget - n, seats + 1, tokens + n
+        return tokens
+
+    def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
+        """Not while batch waiting holds prompts back: each step counts toward the timeout."""
+        if self._batch_waits and self.num_waiting:
+            return None
+        return super().decode_stretch(plan)
+
+    def chunk_stretch(self, plan: StepPlan):
+        if self._batch_waits and self.num_waiting:
+            return None
+        return super().chunk_stretch(plan)
 
     @property
     def admission_window_tokens(self) -> int | None:

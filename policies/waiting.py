@@ -42,6 +42,13 @@ class WaitingQueue:
     def pop(self) -> Request:
         return heapq.heappop(self._heap)[1]
 
+    def in_order(self):
+        """The waiting requests in queue order, as `pop` would give them, without taking them (lazily: a caller
+        that stops early pays for what it read)."""
+        heap = list(self._heap)
+        while heap:
+            yield heapq.heappop(heap)[1]
+
     def requests(self) -> list[Request]:
         """The waiting requests, in no particular order."""
         return [req for _, req in self._heap]

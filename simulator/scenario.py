@@ -287,6 +287,16 @@ class Scenario(SpecModel):
         return self
 
     @model_validator(mode="after")
+    def _batch_waiting_without_dp_attention(self) -> Scenario:
+        e = self.engine
+        if (e.batch_wait_timeout_iters or e.batch_wait_max_tokens_ratio) and self.parallelism.dp_attention:
+            raise ValueError(
+                "engine.batch_wait_timeout_iters/batch_wait_max_tokens_ratio: TensorRT-LLM waits to batch only "
+                "without attention DP (parallelism.dp_attention); leave them at 0 or turn DP attention off"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _recv_interval_without_dp_attention_or_pp(self) -> Scenario:
         if self.engine.scheduler_recv_interval > 1 and self.parallelism.dp_attention:
             raise ValueError(

@@ -73,6 +73,12 @@ class EngineArgs(SpecModel):
     scheduler_recv_interval: int | None = Field(
         None, ge=1, description="SGLang's --scheduler-recv-interval (EngineConfig's field)"
     )
+    batch_wait_timeout_iters: int | None = Field(
+        None, ge=0, description="TensorRT-LLM's batch_wait_timeout_iters (EngineConfig's field)"
+    )
+    batch_wait_max_tokens_ratio: float | None = Field(
+        None, ge=0, le=1, description="TensorRT-LLM's batch_wait_max_tokens_ratio (EngineConfig's field)"
+    )
 
 
 class MeasuredRun(SpecModel):
@@ -321,6 +327,8 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
             ("cuda_graph_mode", args.cuda_graph_mode),
             ("cuda_graph_max_size", args.cuda_graph_max_size),
             ("scheduler_recv_interval", args.scheduler_recv_interval),
+            ("batch_wait_timeout_iters", args.batch_wait_timeout_iters),
+            ("batch_wait_max_tokens_ratio", args.batch_wait_max_tokens_ratio),
         )
         if v is not None
     }

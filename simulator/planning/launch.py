@@ -234,8 +234,8 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
 
 def trtllm_command(s: Scenario, max_model_len: int) -> str:
     """`trtllm-serve` (PyTorch backend) with the equivalent knobs; what it takes only from an LLM API options file
-    (KV block reuse, tokens per block, KV dtype, the overlap scheduler, attention DP, CUDA-graph padding) goes in one,
-    inline."""
+    (KV block reuse, tokens per block, KV dtype, the overlap scheduler, attention DP, CUDA-graph padding, batch
+    waiting) goes in one, inline."""
     e, par = s.with_engine_defaults().engine, s.parallelism
     simulated_trtllm = family_of(e.scheduler) is TRTLLM
     parts = [f"trtllm-serve {hf_model_id(s.model)}", "--backend pytorch", f"--tp_size {par.tp}"]
@@ -271,6 +271,10 @@ def trtllm_command(s: Scenario, max_model_len: int) -> str:
         options["cuda_graph_config"] = {"enable_padding": True, "batch_sizes": e.cuda_graph_sizes}
     elif simulated_trtllm and e.cuda_graph_max_size is not None:
         options["cuda_graph_config"] = {"enable_padding": True, "max_batch_size": e.cuda_graph_max_size}
+    if e.batch_wait_timeout_iters:
+        options["batch_wait_timeout_iters"] = e.batch_wait_timeout_iters
+    if e.batch_wait_max_tokens_ratio:
+        options["batch_wait_max_tokens_ratio"] = e.batch_wait_max_tokens_ratio
     if options:  # YAML reads JSON; bash hands the file over as /dev/fd/N
         parts.append(f"--extra_llm_api_options <(echo {shlex.quote(json.dumps(options))})")
     return " ".join(parts)

@@ -22,7 +22,7 @@ from servesim.policies.token_budget import max_blocks_of
 from servesim.simulator.cli.main import app
 from servesim.simulator.planning.launch import launch_notes, sglang_command, trtllm_command, vllm_command
 from servesim.simulator.scenario import load_scenario
-from servesim.simulator.world.run import rejection
+from servesim.simulator.world.run import rejection, simulate
 from servesim.workloads.request import Request
 
 from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
@@ -229,3 +229,76 @@ def test_a_trtllm_plans_other_commands_take_their_own_engines_defaults():
     set_by_user, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", "engine.max_num_seqs=256"])
     assert "--max-num-seqs 256" in vllm_command(set_by_user, 16384)
     assert "--max-running-requests 256" in sglang_command(set_by_user, 16384)
+
+
+def _step(sched, now=0.0):
+    plan = sched.schedule(now)
+    sched.commit(plan, now + 1.0)
+    sched.kv.check_invariants()
+    return [(r.id, n) for r, n in zip(plan.requests, plan.num_new)]
+
+
+def test_batch_waiting_holds_prompts_while_requests_decode_until_the_timeout_or_enough_tokens():
+    """TensorRT-LLM's batch waiting (timeout 3 iterations, 0.9 of 1000 tokens): with one request decoding, a
+    100-token prompt is held 3 steps and taken in the 4th; the count starts again; a prompt that brings the step to
+    900 tokens goes at once; and with nothing decoding nobody waits. The overlap scheduler is off, so each step is
+    planned after the one before ends."""
+    sched, _ = make_scheduler(
+        "trtllm",
+        num_blocks=10_000,
+        block_size=32,
+        max_num_batched_tokens=1000,
+        async_scheduling=False,
+        batch_wait_timeout_iters=3,
+        batch_wait_max_tokens_ratio=0.9,
+    )
+    sched.add(Request(0, 0.0, 100, 50), 0.0)
+    assert _step(sched) == [(0, 100)]  # nothing decodes: no wait
+    sched.add(Request(1, 0.0, 100, 50), 0.0)
+    assert [_step(sched) for _ in range(4)] == [[(0, 1)], [(0, 1)], [(0, 1)], [(0, 1), (1, 100)]]
+    sched.add(Request(2, 0.0, 100, 50), 0.0)
+    assert _step(sched) == [(0, 1), (1, 1)]  # held again, counted from 0
+    sched.add(Request(3, 0.0, 800, 50), 0.0)  # 100 + 800 + 2 decodes >= 900
+    assert _step(sched) == [(0, 1), (1, 1), (2, 100), (3, 800)]
+
+
+def test_trtllm_serve_command_carries_batch_waiting():
+    knobs = [
+        "engine.prefix_caching=none",
+        "engine.batch_wait_timeout_iters=20",
+        "engine.batch_wait_max_tokens_ratio=0.9",
+    ]
+    s, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", *knobs])
+    _, options = trtllm_inline_options(shlex.split(trtllm_command(s, 16384)))
+    assert (options["batch_wait_timeout_iters"], options["batch_wait_max_tokens_ratio"]) == (20, 0.9)
+    with pytest.raises(SpecError, match="TensorRT-LLM waits to batch only without attention DP"):
+        load_scenario(ROOT / "scenarios" / "deepseek_v3_8xh200.yaml", ["engine.scheduler=trtllm", *knobs])
+
+
+def test_batch_waiting_is_trtllms_and_modelled_without_prefix_caching():
+    with pytest.raises(
+        ValueError, match="batch_wait_timeout_iters and batch_wait_max_tokens_ratio are TensorRT-LLM"
+    ):
+        EngineConfig(scheduler="vllm", batch_wait_timeout_iters=20)
+    with pytest.raises(ValueError, match="batch waiting is modelled without prefix caching"):
+        EngineConfig(scheduler="trtllm", batch_wait_timeout_iters=20, prefix_caching="vllm")
+    assert EngineConfig(scheduler="trtllm", batch_wait_timeout_iters=20, prefix_caching="none")
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), timeout=st.integers(1, 30), ratio=st.sampled_from([0.0, 0.5, 0.9]))
+def test_batch_waiting_runs_the_same_stepped_and_fused(seed, timeout, ratio):
+    """Fast-forward refuses stretches while batch waiting holds prompts: results equal stepping's."""
+    overrides = [
+        "engine.scheduler=trtllm",
+        "engine.prefix_caching=none",
+        f"engine.batch_wait_timeout_iters={timeout}",
+        f"engine.batch_wait_max_tokens_ratio={ratio}",
+        "workload.num_requests=60",
+        f"seed={seed}",
+    ]
+    tables = []
+    for fused in ("true", "false"):
+        s, base = load_scenario(QUICKSTART, [*overrides, f"simulation.fast_forward={fused}"])
+        tables.append(simulate(s, base).requests)
+    pd.testing.assert_frame_equal(tables[0], tables[1], check_exact=True)

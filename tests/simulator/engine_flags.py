@@ -95,7 +95,13 @@ TRTLLM_VALUED = {
     "--port": int,
 }
 TRTLLM_SWITCHES = ("--enable_chunked_prefill", "--trust_remote_code")
-TRTLLM_OPTIONS = {"kv_cache_config", "disable_overlap_scheduler", "enable_attention_dp"}
+TRTLLM_OPTIONS = {
+    "kv_cache_config",
+    "disable_overlap_scheduler",
+    "enable_attention_dp",
+    "batch_wait_timeout_iters",  # TorchLlmArgs (TensorRT-LLM 1.1)
+    "batch_wait_max_tokens_ratio",
+}
 TRTLLM_KV_CACHE = {"enable_block_reuse": bool, "tokens_per_block": int, "dtype": ("auto", "fp8")}
 
 

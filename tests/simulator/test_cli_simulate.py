@@ -293,7 +293,7 @@ def _bad(tmp_path: Path, edit) -> tuple[object, Path]:
         (lambda r: r.update(gpu_count=3), "gpu_count: unknown field"),
         (
             lambda r: r["engine"].update(max_num_seq=8),
-            "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (33 fields here: servesim schema)",
+            "engine.max_num_seq: unknown field; did you mean 'max_num_seqs'? (35 fields here: servesim schema)",
         ),
         (
             lambda r: r.update(workloads=r.pop("workload")),  # not only "workload: Field required"
