@@ -58,6 +58,10 @@ MADE_SMALL = {
         "--workers",
         "1",
     ],
+    "compare inferencemax_trtllm_runs": [
+        "--match",
+        "llama-3.1-70b h200 TP8 trtllm fp8 serve 819-1024/819-1024 c=4 x40",
+    ],
     "compare inferencemax_dsr1_amd_runs": [
         "--match",
         "deepseek-v3 mi325x TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",
