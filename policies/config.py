@@ -380,6 +380,11 @@ class EngineConfig(SpecModel):
         (EngineFamily.in_flight_batches): vLLM sizes and admits a sliding window's blocks by it."""
         return family_of(self.scheduler).in_flight_batches(bool(self.async_scheduling), pp)
 
+    @property
+    def batch_waiting(self) -> bool:
+        """Whether TensorRT-LLM's batch waiting is on: PyExecutor's enable_batch_waiting (either knob above 0)."""
+        return self.batch_wait_timeout_iters > 0 or self.batch_wait_max_tokens_ratio > 0
+
     def batch_limits(self) -> tuple[int, int]:
         """(max_num_batched_tokens, max_num_seqs) for a scheduler; an error while vLLM's defaults are unset."""
         if self.max_num_batched_tokens is None or self.max_num_seqs is None:
@@ -423,16 +428,12 @@ class EngineConfig(SpecModel):
                 f"scheduler_recv_interval is SGLang's --scheduler-recv-interval; {self.scheduler!r} reads every "
                 "request as it comes: leave it at 1 or use scheduler sglang"
             )
-        if (
-            self.batch_wait_timeout_iters or self.batch_wait_max_tokens_ratio
-        ) and not scheduler.waits_to_batch:
+        if self.batch_waiting and not scheduler.waits_to_batch:
             raise ValueError(
                 f"batch_wait_timeout_iters and batch_wait_max_tokens_ratio are TensorRT-LLM's; {self.scheduler!r} "
                 "schedules a prompt as soon as it fits: leave them at 0 or use scheduler trtllm"
             )
-        if (
-            self.batch_wait_timeout_iters or self.batch_wait_max_tokens_ratio
-        ) and self.prefix_caching != "none":
+        if self.batch_waiting and self.prefix_caching != "none":
             raise ValueError(
                 "batch waiting is modelled without prefix caching (TensorRT-LLM's enable_block_reuse false): set "
                 "prefix_caching none"

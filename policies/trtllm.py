@@ -21,7 +21,7 @@ from __future__ import annotations
 from servesim.policies.families import TRTLLM
 from servesim.policies.kv_blocks import blocks_for
 from servesim.policies.registry import schedulers
-from servesim.policies.step import PlanBuilder, StepPlan
+from servesim.policies.step import ChunkStretch, PlanBuilder, StepPlan
 from servesim.policies.token_budget import TokenBudgetScheduler
 from servesim.workloads.request import Request
 
@@ -69,14 +69,10 @@ class TrtllmScheduler(TokenBudgetScheduler):
             self._to_take += need - len(self.kv.windows) * self.kv.decode_table_len(req)
         return room
 
-    @property
-    def _batch_waits(self) -> bool:
-        return self.cfg.batch_wait_timeout_iters > 0 or self.cfg.batch_wait_max_tokens_ratio > 0
-
     def _admit_waiting(self, step: PlanBuilder) -> None:
         """Admit as TensorRT-LLM does, unless batch waiting holds this step's prompts back (only while requests
         decode in it)."""
-        if not self._batch_waits or not step.tokens:
+        if not self.cfg.batch_waiting or not step.tokens:
             super()._admit_waiting(step)
             return
         prompts = self._prompt_tokens_admissible(step)
@@ -110,16 +106,17 @@ class TrtllmScheduler(TokenBudgetScheduler):
             budget, seats, tokens = budget - n, seats + 1, tokens + n
         return tokens
 
-    def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
-        """Not while batch waiting holds prompts back: each step counts toward the timeout."""
-        if self._batch_waits and self.num_waiting:
-            return None
-        return super().decode_stretch(plan)
+    @property
+    def _may_hold_prompts(self) -> bool:
+        """Batch waiting may hold prompts back in the coming steps, each of which counts toward its timeout: no
+        stretch of them is fused."""
+        return self.cfg.batch_waiting and self.num_waiting > 0
 
-    def chunk_stretch(self, plan: StepPlan):
-        if self._batch_waits and self.num_waiting:
-            return None
-        return super().chunk_stretch(plan)
+    def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
+        return None if self._may_hold_prompts else super().decode_stretch(plan)
+
+    def chunk_stretch(self, plan: StepPlan) -> ChunkStretch | None:
+        return None if self._may_hold_prompts else super().chunk_stretch(plan)
 
     @property
     def admission_window_tokens(self) -> int | None:

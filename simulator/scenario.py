@@ -288,8 +288,7 @@ class Scenario(SpecModel):
 
     @model_validator(mode="after")
     def _batch_waiting_without_dp_attention(self) -> Scenario:
-        e = self.engine
-        if (e.batch_wait_timeout_iters or e.batch_wait_max_tokens_ratio) and self.parallelism.dp_attention:
+        if self.engine.batch_waiting and self.parallelism.dp_attention:
             raise ValueError(
                 "engine.batch_wait_timeout_iters/batch_wait_max_tokens_ratio: TensorRT-LLM waits to batch only "
                 "without attention DP (parallelism.dp_attention); leave them at 0 or turn DP attention off"

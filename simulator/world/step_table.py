@@ -168,10 +168,11 @@ class StepFigures:
             duration = np.asarray(chunk["duration_s"], float)
             n += len(duration)
             prefill += int(np.asarray(chunk["prefill_tokens"]).sum())
+            usage = np.asarray(chunk["kv_usage"], float)
             if len(duration):
-                peaks.append(np.asarray(chunk["kv_usage"]).max())
+                peaks.append(usage.max())
             total.add(duration)
-            weighted.add(np.multiply(np.asarray(chunk["kv_usage"], float), duration))
+            weighted.add(np.multiply(usage, duration))
             if gpus_of_replica is not None:
                 gpu_s.add(duration * _gpus(np.asarray(chunk["replica"]), gpus_of_replica))
         total_s = total.value()

@@ -38,6 +38,19 @@ def make_scheduler(name: str, num_blocks: int, block_size: int, **knobs):
     return schedulers.get(name)(kv, cfg, orderings.get(cfg.queue_order), log, host_blocks), log
 
 
+def step(sched, now: float = 0.0):
+    """Plan one step at `now` and commit it 1 s later (KV invariants checked); returns the plan."""
+    plan = sched.schedule(now)
+    sched.commit(plan, now + 1.0)
+    sched.kv.check_invariants()
+    return plan
+
+
+def scheduled(plan) -> list[tuple[int, int]]:
+    """(request id, tokens) of each request a plan runs."""
+    return [(r.id, n) for r, n in zip(plan.requests, plan.num_new)]
+
+
 def drive(
     sched,
     requests: list[Request],

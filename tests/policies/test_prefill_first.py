@@ -13,21 +13,17 @@ from servesim.policies.ordering import by_arrival
 from servesim.policies.prefill_first import PrefillFirstScheduler, default_max_running, kv_tokens
 from servesim.policies.step import TokenLog
 from servesim.policies.token_budget import max_blocks_of
-from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
+from tests.policies.helpers import (
+    assert_every_token_served,
+    drive,
+    make_requests,
+    make_scheduler,
+    scheduled,
+    step,
+)
 from servesim.workloads.request import Request
 
 DECAY = (0.7 - 0.7 * 0.14) / 600
-
-
-def step(sched, now=0.0):
-    plan = sched.schedule(now)
-    sched.commit(plan, now + 1.0)
-    sched.kv.check_invariants()
-    return plan
-
-
-def scheduled(plan):
-    return [(r.id, n) for r, n in zip(plan.requests, plan.num_new)]
 
 
 @pytest.mark.parametrize("mixed", [False, True])

@@ -25,7 +25,14 @@ from servesim.simulator.scenario import load_scenario
 from servesim.simulator.world.run import rejection, simulate
 from servesim.workloads.request import Request
 
-from tests.policies.helpers import assert_every_token_served, drive, make_requests, make_scheduler
+from tests.policies.helpers import (
+    assert_every_token_served,
+    drive,
+    make_requests,
+    make_scheduler,
+    scheduled,
+    step,
+)
 from tests.simulator.engine_flags import trtllm_inline_options, trtllm_parser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -231,13 +238,6 @@ def test_a_trtllm_plans_other_commands_take_their_own_engines_defaults():
     assert "--max-running-requests 256" in sglang_command(set_by_user, 16384)
 
 
-def _step(sched, now=0.0):
-    plan = sched.schedule(now)
-    sched.commit(plan, now + 1.0)
-    sched.kv.check_invariants()
-    return [(r.id, n) for r, n in zip(plan.requests, plan.num_new)]
-
-
 def test_batch_waiting_holds_prompts_while_requests_decode_until_the_timeout_or_enough_tokens():
     """TensorRT-LLM's batch waiting (timeout 3 iterations, 0.9 of 1000 tokens): with one request decoding, a
     100-token prompt is held 3 steps and taken in the 4th; the count starts again; a prompt that brings the step to
@@ -253,13 +253,13 @@ def test_batch_waiting_holds_prompts_while_requests_decode_until_the_timeout_or_
         batch_wait_max_tokens_ratio=0.9,
     )
     sched.add(Request(0, 0.0, 100, 50), 0.0)
-    assert _step(sched) == [(0, 100)]  # nothing decodes: no wait
+    assert scheduled(step(sched)) == [(0, 100)]  # nothing decodes: no wait
     sched.add(Request(1, 0.0, 100, 50), 0.0)
-    assert [_step(sched) for _ in range(4)] == [[(0, 1)], [(0, 1)], [(0, 1)], [(0, 1), (1, 100)]]
+    assert [scheduled(step(sched)) for _ in range(4)] == [[(0, 1)], [(0, 1)], [(0, 1)], [(0, 1), (1, 100)]]
     sched.add(Request(2, 0.0, 100, 50), 0.0)
-    assert _step(sched) == [(0, 1), (1, 1)]  # held again, counted from 0
+    assert scheduled(step(sched)) == [(0, 1), (1, 1)]  # held again, counted from 0
     sched.add(Request(3, 0.0, 800, 50), 0.0)  # 100 + 800 + 2 decodes >= 900
-    assert _step(sched) == [(0, 1), (1, 1), (2, 100), (3, 800)]
+    assert scheduled(step(sched)) == [(0, 1), (1, 1), (2, 100), (3, 800)]
 
 
 def test_trtllm_serve_command_carries_batch_waiting():
