@@ -485,19 +485,34 @@ class _Ctx:
         )
 
     def measured_gemms(
-        self, rows: float, shapes: tuple[tuple[float, float], ...], dtype: str | None = None
+        self,
+        rows: float,
+        shapes: tuple[tuple[float, float], ...],
+        dtype: str | None = None,
+        quantized_inputs: tuple[bool, ...] = (),
     ) -> float | None:
         """Seconds of the measured GEMMs of `rows` rows, one per (out, in) shape, run one after another; None
-        unless the tables hold every one."""
+        unless the tables hold every one. `quantized_inputs` marks the shapes whose input the kernel before can emit
+        in the weights' low precision (attention's output, the gated activation's), as engines fusing the
+        quantization there run them."""
         if self.kernels is None or "gemm" not in self.profile.kernel_ops:
             return None
+        dtype = dtype or self.table_dtype
         total = 0.0
-        for n, k in shapes:
-            time_s = self.kernels.gemm_s(dtype or self.table_dtype, rows, n, k)
+        for i, (n, k) in enumerate(shapes):
+            quantized = i < len(quantized_inputs) and quantized_inputs[i]
+            time_s = self.kernels.gemm_s(dtype, rows, n, k, quantized, self._gemm_floor_s(dtype, rows, n, k))
             if time_s is None:
                 return None
             total += time_s
         return total
+
+    def _gemm_floor_s(self, dtype: str, rows: float, n: float, k: float) -> float:
+        """A GEMM's roofline at peak compute and bandwidth: what a table lookup less measured parts stays above."""
+        if dtype not in GEMM_COMPUTE_DTYPE:
+            return 0.0
+        flops_s = 2 * rows * n * k / self.gpu.peak_for(GEMM_COMPUTE_DTYPE[dtype])
+        return max(flops_s, (n * k * self.wbytes + rows * (n + k) * ACT_BYTES) / self.gpu.memory_bytes_per_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -763,7 +778,9 @@ def _mlp(
         flops = 2 * rows * params
         nbytes = params * ctx.wbytes + rows * (2 * h + 3 * group.mlp_intermediate / ranks) * ACT_BYTES
         width = group.mlp_intermediate / ranks  # up (with its gate, fused) then down
-        measured = dense.measured_gemms(rows, (((2 if m.gated_mlp else 1) * width, h), (h, width)))
+        measured = dense.measured_gemms(
+            rows, (((2 if m.gated_mlp else 1) * width, h), (h, width)), quantized_inputs=(False, True)
+        )
         acc.add(dense, "mlp", "gemm", flops, nbytes, dense.gemm_s(flops, nbytes), layers, measured)
     if group.extra_linear_params:
         params = group.extra_linear_params / ranks
@@ -877,7 +894,7 @@ def _layer_group(
         o * ctx.wbytes + 2 * rows * h * ACT_BYTES,
         local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES),
         layers,
-        local.measured_gemms(rows, ((h, o / h),)) if plain else None,
+        local.measured_gemms(rows, ((h, o / h),), quantized_inputs=(True,)) if plain else None,
     )
     routed = tokens - pad if ctx.opts.graph_masks_experts else tokens
     _mlp(ctx, acc, tokens, rows, group, layers, routed)

@@ -61,6 +61,14 @@ MOE_DTYPES = {
     "int4": "int4_wo",
     "nvfp4": "nvfp4",
 }
+#: Engines whose per-tensor FP8 GEMM tables were measured with dynamic activation scales: aiconfigurator's TensorRT-LLM
+#: collector gives its Linear no input scale, so each call computes one (an amax pass) before quantizing, where a
+#: static-scale checkpoint (ModelOpt's) does not; vLLM's collector measures the static path. Its `computescale`
+#: table holds that difference (dynamic less static), its `scale_matrix` table the static quantization alone.
+DYNAMIC_FP8_GEMMS = frozenset({"trtllm"})
+#: The floor a `computescale` difference is held at (ms): TensorRT-LLM's collector stores it unclamped, so a few are
+#: not positive, and the tables are read in log space.
+LEAST_DIFFERENCE_MS = 1e-6
 MS = 1e-3
 INSTALL_HINT = 'pip install -e ".[kernels]"'
 
@@ -336,11 +344,37 @@ class KernelTables:
         rows = self._gemm_frames.get(dtype)
         return None if rows is None else Grid.of(rows, ["n", "k", "m"]).rising()
 
-    def gemm_s(self, dtype: str, m: float, n: float, k: float) -> float | None:
+    def gemm_s(
+        self, dtype: str, m: float, n: float, k: float, quantized_input: bool = False, floor_s: float = 0.0
+    ) -> float | None:
         """One GEMM of `m` rows x `k` in -> `n` out on this GPU in servesim's weight `dtype`. Columns or inputs past
-        the grid are split into equal pieces (split-K's reduction not counted), rows past it too."""
+        the grid are split into equal pieces (split-K's reduction not counted), rows past it too. A per-tensor FP8
+        GEMM of a table measured with dynamic scales (`DYNAMIC_FP8_GEMMS`) runs as a static-scale checkpoint runs it:
+        without the scale's computation and, with `quantized_input` (the kernel before emits FP8), without the
+        quantization too, as aiconfigurator prices fp8_static; never below `floor_s` (its roofline at peak), as the
+        differences come from tables interpolated apart."""
         grid = self._gemm_grid(GEMM_DTYPES[dtype]) if dtype in GEMM_DTYPES else None
-        return None if grid is None or m < 1 else grid.split_at(n, k, m)
+        time_s = None if grid is None or m < 1 else grid.split_at(n, k, m)
+        if time_s is None or dtype != "fp8" or self.framework not in DYNAMIC_FP8_GEMMS:
+            return time_s
+        passes = ("computescale_perf.parquet", "scale_matrix_perf.parquet")[: 1 + quantized_input]
+        for table in passes:
+            quantize = self._quantize_grid(table)
+            part = None if quantize is None else quantize.split_at(k, m)
+            if part is None:  # no table, or past it in a way the split cannot reach: the GEMM as measured
+                return time_s
+            time_s -= part
+        return max(time_s, floor_s)
+
+    @functools.lru_cache(maxsize=None)
+    def _quantize_grid(self, filename: str) -> Grid | None:
+        """A per-tensor FP8 activation quantization table over (k, m)."""
+        frame = _read(self._path("quantize", filename), ["kernel_source", "quant_dtype", "m", "k", "latency"])
+        if frame is None:
+            return None
+        rows = frame[frame["quant_dtype"] == "fp8"]
+        rows = rows.assign(latency=rows["latency"].clip(lower=LEAST_DIFFERENCE_MS))
+        return None if rows.empty else Grid.of(_main_source(rows), ["k", "m"])
 
     # ---- attention ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.hardware.batch import StepBatch
-from servesim.hardware.cost import Parallelism, step_cost
+from servesim.hardware.cost import CostOptions, Parallelism, step_cost
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.kernel_tables import SYSTEMS, Grid, kernel_tables
@@ -293,3 +293,50 @@ def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
         step_cost(step, deepseek, get_gpu("h200"), Parallelism(tp=8), MEASURED).by_name("moe").bound
         != "measured"
     )
+
+
+def _latency_ms(tables, family: str, name: str, **columns) -> float:
+    """The mean latency of a raw table's rows with these column values."""
+    frame = pd.read_parquet(tables._path(family, name))
+    for column, value in columns.items():
+        frame = frame[frame[column] == value]
+    return frame.latency.mean()
+
+
+def test_tensorrt_llm_fp8_gemms_run_as_a_static_scale_checkpoint_runs_them():
+    """aiconfigurator's TensorRT-LLM collector times per-tensor FP8 GEMMs with dynamic activation scales (an amax
+    pass per call); a static-scale checkpoint's GEMM is the table's less that pass (`computescale`, dynamic less
+    static), and less the quantization too (`scale_matrix`) where the kernel before emits FP8, as aiconfigurator
+    prices fp8_static: ~7 us less per H200 GEMM of a few rows, the gap to vLLM's static-scale table."""
+    trtllm, vllm = kernel_tables("trtllm", "h200"), kernel_tables("vllm", "h200")
+    m, n, k = 64, 8192, 1024  # a point the rising rule leaves as measured
+    measured = _latency_ms(trtllm, "gemm", "gemm_perf.parquet", gemm_dtype="fp8", m=m, n=n, k=k)
+    amax = _latency_ms(trtllm, "quantize", "computescale_perf.parquet", quant_dtype="fp8", m=m, k=k)
+    quantize = _latency_ms(trtllm, "quantize", "scale_matrix_perf.parquet", quant_dtype="fp8", m=m, k=k)
+    assert 5e-3 < amax < 10e-3 and 0 < quantize < amax  # ms
+    assert trtllm.gemm_s("fp8", m, n, k) == pytest.approx((measured - amax) * 1e-3, rel=1e-9)
+    assert trtllm.gemm_s("fp8", m, n, k, quantized_input=True) == pytest.approx(
+        (measured - amax - quantize) * 1e-3, rel=1e-9
+    )
+    assert trtllm.gemm_s("fp8", m, n, k, True, floor_s=1.0) == 1.0  # never below the GEMM's roofline
+    # vLLM's collector measured the static path; other dtypes carry no dynamic scale
+    static = _latency_ms(vllm, "gemm", "gemm_perf.parquet", gemm_dtype="fp8", m=m, n=n, k=k)
+    assert vllm.gemm_s("fp8", m, n, k, quantized_input=True) == pytest.approx(static * 1e-3, rel=1e-9)
+    bf16 = _latency_ms(trtllm, "gemm", "gemm_perf.parquet", gemm_dtype="bfloat16", m=m, n=n, k=k)
+    assert trtllm.gemm_s("bf16", m, n, k, quantized_input=True) == pytest.approx(bf16 * 1e-3, rel=1e-9)
+
+
+def test_tensorrt_llm_steps_take_fp8_inputs_for_the_output_and_down_projections():
+    """Under TensorRT-LLM's tables Llama-3.1-70B FP8 at TP 8: the QKV and gate-up projections keep their static
+    quantization, the attention output and down projections (FP8 from the kernel before) drop it, in every layer."""
+    model, h200 = get_model("llama-3.1-70b"), get_gpu("h200")
+    tables, layers, h = kernel_tables("trtllm", "h200"), model.num_layers, model.hidden_size
+    step = StepBatch.of(np.ones(16, int), np.full(16, 1500))
+    options = CostOptions(weight_dtype="fp8", kv_dtype="fp8")
+    cost = step_cost(step, model, h200, Parallelism(tp=8), MEASURED.for_engine("trtllm"), options)
+    heads = model.num_heads * model.head_dim / 8
+    qkv, width = heads + 2 * model.num_kv_heads * model.head_dim / 8, 28672 / 8
+    assert cost.by_name("qkv_proj").time_s == pytest.approx(layers * tables.gemm_s("fp8", 16, qkv, h))
+    assert cost.by_name("o_proj").time_s == pytest.approx(layers * tables.gemm_s("fp8", 16, h, heads, True))
+    mlp = tables.gemm_s("fp8", 16, 2 * width, h) + tables.gemm_s("fp8", 16, h, width, True)
+    assert cost.by_name("mlp").time_s == pytest.approx(layers * mlp)

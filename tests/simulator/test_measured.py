@@ -1031,3 +1031,20 @@ def test_an_sglang_result_against_another_server_or_garbled_is_one_line(tmp_path
     path.write_text(_sglang_line(random_range_ratio=0.5) + "\n")  # lengths vary, but were not saved
     with pytest.raises(SpecError, match="give it: --set input_len=N"):
         runs_from_sglang_results(path, setup)
+
+
+def test_tensorrt_llms_fp8_gemms_priced_with_static_scales_predict_inferencemaxs_tpot(monkeypatch):
+    """benchmarks/inferencemax_trtllm_runs.yaml at 4 clients, FP8 on H200 and B200, TP 1-8: with TensorRT-LLM's FP8
+    GEMM table less its dynamic-scale pass (a static-scale checkpoint's GEMM), the measured profile's mean TPOTs come
+    out within 10% median (5% when written) and 20% each; priced as the table times them, 25% slow or more."""
+    runs = load_measured_runs(INFERENCEMAX_RUNS.with_name("inferencemax_trtllm_runs.yaml"))
+    few = [r for r in runs if r.max_concurrency == 4 and r.weight_dtype == "fp8"]
+    assert sorted((r.gpu, r.tp) for r in few) == [(g, tp) for g in ("b200", "h200") for tp in (1, 2, 4, 8)]
+
+    def tpot_errors() -> list[float]:
+        return [next(e.error_pct for e in replay(r, "measured") if e.metric == "mean_tpot_ms") for r in few]
+
+    static = tpot_errors()
+    assert np.median(np.abs(static)) < 10 and max(np.abs(static)) < 20, static
+    monkeypatch.setattr("servesim.hardware.kernel_tables.DYNAMIC_FP8_GEMMS", frozenset())
+    assert np.median(tpot_errors()) > 25
