@@ -168,7 +168,8 @@ def get_gpu(name: str, extra_files: tuple[Path, ...] = ()) -> GpuSpec:
     except KeyError:
         close = difflib.get_close_matches(name, list(catalog), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise SpecError(f"unknown GPU {name!r}{hint} (known: {', '.join(sorted(catalog))})") from None
+        known = choices(sorted(catalog), name, "servesim hardware list")
+        raise SpecError(f"unknown GPU {name!r}{hint} (known: {known})") from None
 
 
 def get_interconnect(name: str) -> InterconnectSpec:
