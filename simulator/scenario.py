@@ -565,7 +565,8 @@ def _files_beside(raw: dict[str, Any], folder: Path) -> dict[str, Any]:
 
     beside(raw, "model", local)
     beside(engine.get("speculative") if isinstance(engine, dict) else None, "draft_model", local)
-    for stage in raw.get("stages") or ():
+    stages = raw.get("stages")
+    for stage in stages if isinstance(stages, list) else ():  # anything else is refused when validated
         beside(stage, "model", local)
     return raw
 
