@@ -15,7 +15,8 @@ class ShardingError(SpecError):
 
 def choices(values: Sequence[str], given: object = None, listed_by: str = "", width: int = 100) -> str:
     """`values` as a phrase short enough for a one-line error: all of them when they fit in `width` characters,
-    else the few nearest `given` and how many more there are (and what lists them), so no line runs to 600."""
+    else the few nearest `given` and how many more there are (and what lists them), so no line runs to 600; with
+    none near and a command that lists them, just their count and that command."""
     text = ", ".join(values)
     if len(text) <= width:
         return text
@@ -25,6 +26,8 @@ def choices(values: Sequence[str], given: object = None, listed_by: str = "", wi
         if given is not None
         else []
     )
+    if not near and listed_by:
+        return f"{len(values)}, see {listed_by}"
     shown = [lowered[value] for value in near] or list(values[:3])
     rest = f"{len(values) - len(shown)} more" + (f": {listed_by}" if listed_by else "")
     return f"{', '.join(shown)}, ... ({rest})"

@@ -187,6 +187,9 @@ def test_unknown_model_names_the_nearest_presets_and_where_to_see_all():
     assert message.startswith("unknown model 'LLAMA-3.1-8B'; presets: llama-3.1-8b, ")
     assert f"({len(preset_names()) - 3} more: servesim models list)" in message
     assert message.endswith("(or a config.json, folder or HF id)") and len(message) <= 200
+    with pytest.raises(SpecError) as err:  # nothing near: how many there are and where they are listed
+        get_model("zzzz")
+    assert f"presets: {len(preset_names())}, see servesim models list (or" in str(err.value)
 
 
 def test_malformed_config_names_the_missing_field(tmp_path):
