@@ -361,8 +361,8 @@ class KernelTables:
         for table in passes:
             quantize = self._quantize_grid(table)
             part = None if quantize is None else quantize.split_at(k, m)
-            if part is None:  # no table, or past it in a way the split cannot reach: the GEMM as measured
-                return time_s
+            if part is None:  # no table, or past it in a way the split cannot reach: that part stays in
+                break
             time_s -= part
         return max(time_s, floor_s)
 
