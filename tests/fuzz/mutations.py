@@ -12,7 +12,25 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from servesim.workloads import servegen, tables, traces
 from tests.fuzz.bases import SCENARIO_FILE, Base
+
+#: The CSV columns some trace loader reads: a number in any other column (the arXiv table's pd_ratio) is not input
+#: servesim uses, so a non-finite one there need not be refused.
+READ_COLUMNS = frozenset(
+    name
+    for names in (
+        traces.AZURE_COLUMNS,
+        traces.MOONCAKE_COLUMNS,
+        traces.SHAREGPT_COLUMNS,
+        traces.ARXIV_COLUMNS,
+        traces.BURSTGPT_COLUMNS,
+        traces.SERVESIM_COLUMNS,
+        tables.LENGTH_COLUMNS,
+        servegen.TRACE_COLUMNS,
+    )
+    for name in names
+)
 
 NON_FINITE = (math.nan, math.inf, -math.inf)
 NUMBERS = (
@@ -409,7 +427,8 @@ def _mutate_trace(name: str, data: bytes, rng: random.Random) -> tuple[bytes, st
     )
     if column < len(rows[row]):
         rows[row][column] = value
-    non_finite = value.lower() in ("nan", "inf", "-inf", "1e400")
+    read = row > 0 and rows[0][column].strip() in READ_COLUMNS
+    non_finite = read and value.lower() in ("nan", "inf", "-inf", "1e400")
     return _joined(",".join(r) for r in rows), f"row {row} column {column} = {value!r}", non_finite
 
 

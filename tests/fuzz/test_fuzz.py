@@ -47,3 +47,13 @@ def test_a_case_a_campaign_found_stays_fixed(tmp_path, case):
     )
     if "expect" in meta:
         assert verdict.kind == meta["expect"], verdict.detail
+
+
+def test_a_non_finite_number_counts_only_in_a_column_servesim_reads():
+    """A trace cell made non-finite must be refused or its row dropped only where a loader reads that column: the
+    arXiv table's pd_ratio (column 3) is read by nobody, its Azure trace's token counts are."""
+    bases = bundled_bases()
+    unread, read = case_for(3487, 7777, bases), case_for(41, 7777, bases)
+    assert unread.changes == ["trace_arxiv_summarization_lengths.csv: row 37 column 3 = '-inf'"]
+    assert read.changes == ["trace_AzureLLMInferenceTrace_conv.csv: row 32 column 2 = 'inf'"]
+    assert not unread.trace_non_finite and read.trace_non_finite
