@@ -41,11 +41,12 @@ class StageConfig(SpecModel):
     engine: dict[str, Any] = Field(
         default_factory=dict, description="Engine fields overriding the scenario's"
     )
+    # bounded so a stage's lengths stay finite integers (a talker's codec emits tens of tokens per text token)
     prompt_ratio: float = Field(
-        1.0, gt=0, description="Later stages: prompt tokens per output token of the previous stage"
+        1.0, gt=0, le=1e6, description="Later stages: prompt tokens per output token of the previous stage"
     )
     output_ratio: float = Field(
-        1.0, gt=0, description="Later stages: output tokens per output token of the previous stage"
+        1.0, gt=0, le=1e6, description="Later stages: output tokens per output token of the previous stage"
     )
     outputs: list[OutputTensorConfig] = Field(
         default_factory=lambda: [OutputTensorConfig()],
