@@ -651,10 +651,14 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
         top = {"quantization_config": raw["quantization_config"]} if "quantization_config" in raw else {}
         raw = {
             **raw["text_config"],
-            "model_type": raw["text_config"].get("model_type", raw.get("model_type")),
+            "model_type": raw["text_config"].get("model_type", raw.get("model_type", "")),
             **top,
         }
-    raw = {**CLASS_DEFAULTS.get(str(raw.get("model_type", "")), {}), **raw}
+    if not isinstance(raw.get("model_type", ""), str):
+        raise SpecError(
+            f"{source}: model_type: {raw['model_type']!r} is not a name (a string such as 'llama')"
+        )
+    raw = {**CLASS_DEFAULTS.get(raw.get("model_type", ""), {}), **raw}
     _refuse_unmodelled(raw, source)
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")

@@ -94,6 +94,7 @@ def mutate(base: Base, donors: list[Base], rng: random.Random) -> Case:
     doc, files = copy.deepcopy(base.doc), dict(base.files)
     case = Case(base.name, "", files)
     text_mutations = []
+    non_finite_files = set()  # count only if the scenario still reads them when all mutations are done
     for _ in range(rng.choice((1, 1, 2, 3))):
         kind = rng.choices(list(MUTATORS) + ["yaml_text", "file"], weights=[6, 12, 3, 2, 3, 3, 3, 4])[0]
         if kind == "yaml_text":
@@ -102,10 +103,8 @@ def mutate(base: Base, donors: list[Base], rng: random.Random) -> Case:
             name = rng.choice(sorted(files))
             files[name], change, non_finite = mutate_file(name, files[name], rng)
             case.changes.append(f"{name}: {change}")
-            if name.startswith("trace_"):
-                case.trace_non_finite |= non_finite
-            else:
-                case.non_finite |= non_finite
+            if non_finite:
+                non_finite_files.add(name)
         elif kind in MUTATORS:
             change = MUTATORS[kind](doc, rng, donors)
             if change:
@@ -116,6 +115,11 @@ def mutate(base: Base, donors: list[Base], rng: random.Random) -> Case:
         case.changes.append(change)
     case.text = text
     case.non_finite |= _has_non_finite(_safe_parse(text))
+    for name in non_finite_files & {name for name in files if name in text}:
+        if name.startswith("trace_"):
+            case.trace_non_finite = True
+        else:
+            case.non_finite = True
     return case
 
 

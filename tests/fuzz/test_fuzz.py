@@ -49,7 +49,7 @@ def test_a_case_a_campaign_found_stays_fixed(tmp_path, case):
         assert verdict.kind == meta["expect"], verdict.detail
 
 
-def test_a_non_finite_number_counts_only_in_a_column_servesim_reads():
+def test_a_non_finite_number_counts_only_where_servesim_reads_it():
     """A trace cell made non-finite must be refused or its row dropped only where a loader reads that column: the
     arXiv table's pd_ratio (column 3) is read by nobody, its Azure trace's token counts are."""
     bases = bundled_bases()
@@ -57,3 +57,6 @@ def test_a_non_finite_number_counts_only_in_a_column_servesim_reads():
     assert unread.changes == ["trace_arxiv_summarization_lengths.csv: row 37 column 3 = '-inf'"]
     assert read.changes == ["trace_AzureLLMInferenceTrace_conv.csv: row 32 column 2 = 'inf'"]
     assert not unread.trace_non_finite and read.trace_non_finite
+    # nor in a file the scenario no longer reads: its workload taken from a base that uses no trace
+    dropped = case_for(4140, 424242, bases)
+    assert dropped.changes[-1] == "workload from pd_disaggregated_70b" and not dropped.trace_non_finite
