@@ -654,11 +654,10 @@ def model_from_config(raw: dict[str, Any], name: str, source: str = "config.json
             "model_type": raw["text_config"].get("model_type", raw.get("model_type", "")),
             **top,
         }
-    if not isinstance(raw.get("model_type", ""), str):
-        raise SpecError(
-            f"{source}: model_type: {raw['model_type']!r} is not a name (a string such as 'llama')"
-        )
-    raw = {**CLASS_DEFAULTS.get(raw.get("model_type", ""), {}), **raw}
+    model_type = raw.get("model_type", "")
+    if not isinstance(model_type, str):
+        raise SpecError(f"{source}: model_type: {model_type!r} is not a name (a string such as 'llama')")
+    raw = {**CLASS_DEFAULTS.get(model_type, {}), **raw}
     _refuse_unmodelled(raw, source)
     f = _Fields(raw, source)
     hidden, num_heads = f.get("hidden_size"), f.get("num_attention_heads")
