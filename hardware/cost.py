@@ -743,7 +743,7 @@ def _mlp(
         measured = None
         routing = ctx.with_tokens(routed)
         # every token: sliced over TP or on EP ranks
-        if ctx.kernels is not None and "moe" in ctx.profile.kernel_ops:
+        if ctx.kernels is not None and ("moe" in ctx.profile.kernel_ops or ctx.profile.moe_tables):
             moe_tp, moe_ep = (1, tp) if ctx.par.ep else (tp, 1)
             measured = ctx.kernels.moe_s(
                 ctx.table_dtype,
@@ -754,6 +754,7 @@ def _mlp(
                 moe.num_experts,
                 moe_tp,
                 moe_ep,
+                ctx.gpu.compute_capability,
             )
         compute_s, memory_s = routing.gemm_s(flops, nbytes, kind="moe")
         # the kernel's fixed costs: per layer, and per expert it runs on this GPU (whole under EP, a slice under TP)

@@ -61,6 +61,10 @@ MOE_DTYPES = {
     "int4": "int4_wo",
     "nvfp4": "nvfp4",
 }
+#: Engines that feed MXFP4 experts MXFP8 activations on data-center Blackwell (compute capability 10.x): TensorRT-LLM's
+#: default MoE backends for gpt-oss there (TRTLLM; CUTLASS before 1.2) run W4A8_MXFP4_MXFP8, its gpt-oss deployment
+#: guide's support matrix; vLLM and SGLang keep them in BF16 unless told otherwise.
+MXFP8_MOE_ACTIVATIONS = {"trtllm"}
 #: Engines whose per-tensor FP8 GEMM tables were measured with dynamic activation scales: aiconfigurator's TensorRT-LLM
 #: collector gives its Linear no input scale, so each call computes one (an amax pass) before quantizing, where a
 #: static-scale checkpoint (ModelOpt's) does not; vLLM's collector measures the static path. Its `computescale`
@@ -125,14 +129,16 @@ def builds(system: str, framework: str) -> list[str]:
     )
 
 
+def _table_paths(system: str, family: str, framework: str, version: str | None, filename: str) -> list[Path]:
+    """The tables `filename` of `framework`'s builds that have it, newest first (or of `version` alone)."""
+    folder = data_root() / system / family / framework
+    paths = (folder / name / filename for name in reversed([version] if version else _builds_in(folder)))
+    return [path for path in paths if path.is_file()]
+
+
 def _table_path(system: str, family: str, framework: str, version: str | None, filename: str) -> Path | None:
     """The table `filename` of the newest build of `framework` that has it (or of `version`)."""
-    folder = data_root() / system / family / framework
-    for name in reversed([version] if version else _builds_in(folder)):
-        path = folder / name / filename
-        if path.is_file():
-            return path
-    return None
+    return next(iter(_table_paths(system, family, framework, version, filename)), None)
 
 
 def _read(path: Path | None, columns: list[str], missing: dict | None = None):
@@ -445,10 +451,10 @@ class KernelTables:
 
     # ---- routed experts -------------------------------------------------------------------------
 
-    @functools.cached_property
-    def _moe_frame(self):
+    @functools.lru_cache(maxsize=None)
+    def _moe_frame(self, path: Path):
         frame = _read(
-            self._path("moe", "moe_perf.parquet"),
+            path,
             [
                 "kernel_source",
                 "moe_dtype",
@@ -464,37 +470,55 @@ class KernelTables:
             ],
             {"distribution": "balanced"},
         )
-        return None if frame is None else frame[frame["distribution"] == "balanced"]
+        return frame[frame["distribution"] == "balanced"]
 
     @functools.lru_cache(maxsize=None)
     def _moe_grid(
         self, dtype: str, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int
     ) -> Grid | None:
-        frame = self._moe_frame
-        if frame is None:
-            return None
-        rows = frame[
-            (frame["moe_dtype"] == dtype)
-            & (frame["hidden_size"] == hidden)
-            & (frame["inter_size"] == inter)
-            & (frame["topk"] == topk)
-            & (frame["num_experts"] == experts)
-            & (frame["moe_tp_size"] == tp)
-            & (frame["moe_ep_size"] == ep)
-        ]
-        return None if rows.empty else Grid.of(_main_source(rows), ["num_tokens"])
+        """From the newest build that measured these experts: a build collects the models of its day, so the newest
+        table may lack an older model's shapes (TensorRT-LLM 1.3.0rc23's holds none of gpt-oss)."""
+        for path in _table_paths(self.system, "moe", self.framework, self.version, "moe_perf.parquet"):
+            frame = self._moe_frame(path)
+            rows = frame[
+                (frame["moe_dtype"] == dtype)
+                & (frame["hidden_size"] == hidden)
+                & (frame["inter_size"] == inter)
+                & (frame["topk"] == topk)
+                & (frame["num_experts"] == experts)
+                & (frame["moe_tp_size"] == tp)
+                & (frame["moe_ep_size"] == ep)
+            ]
+            if not rows.empty:
+                return Grid.of(_main_source(rows), ["num_tokens"])
+        return None
 
     def moe_s(
-        self, dtype: str, tokens: float, hidden: int, inter: int, topk: int, experts: int, tp: int, ep: int
+        self,
+        dtype: str,
+        tokens: float,
+        hidden: int,
+        inter: int,
+        topk: int,
+        experts: int,
+        tp: int,
+        ep: int,
+        compute_capability: float | None = None,
     ) -> float | None:
         """One MoE layer's routed experts (the fused kernel: routing, both GEMMs, activation) on one GPU for `tokens`
         tokens routed evenly over `experts` experts of width `inter`, sliced over `tp` GPUs or spread whole over `ep`
         (each GPU computing its own experts' share of every token); only the model shapes the tables were collected
-        for (exact), more tokens than measured run as equal chunks."""
+        for (exact), more tokens than measured run as equal chunks. MXFP4 experts take the activations the engine
+        feeds them on a GPU of `compute_capability` (`MXFP8_MOE_ACTIVATIONS`)."""
+        table_dtype = MOE_DTYPES.get(dtype)
+        if (
+            dtype == "mxfp4"
+            and self.framework in MXFP8_MOE_ACTIVATIONS
+            and 10 <= (compute_capability or 0) < 11
+        ):
+            table_dtype = "w4a8_mxfp4_mxfp8"
         grid = (
-            self._moe_grid(MOE_DTYPES[dtype], hidden, inter, topk, experts, tp, ep)
-            if dtype in MOE_DTYPES
-            else None
+            None if table_dtype is None else self._moe_grid(table_dtype, hidden, inter, topk, experts, tp, ep)
         )
         return None if grid is None or tokens < 1 else grid.split_at(tokens)
 

@@ -110,7 +110,7 @@ DEFAULT_MOE_FIT = FitRecord(
 )
 MOE_FIELDS = frozenset({"moe_compute", "moe_memory"})
 #: What a `moe_kernels` entry may set: the routed experts' efficiencies and fixed costs.
-MOE_KERNEL_FIELDS = ("moe_compute", "moe_memory", "moe_layer_s", "moe_expert_s")
+MOE_KERNEL_FIELDS = ("moe_compute", "moe_memory", "moe_layer_s", "moe_expert_s", "moe_tables")
 API_FIELDS = frozenset(
     {"api_request_s", "api_token_s", "api_latency_s"}
 )  # price runs through an API server only
@@ -160,6 +160,13 @@ class Profile(SpecModel):
         description=(
             "Per routed expert a GPU's fused-MoE kernel runs per layer per step: its tiles' setup and first weight "
             "loads, which a small per-GPU slice of the expert does not amortize"
+        ),
+    )
+    moe_tables: bool = Field(
+        False,
+        description=(
+            "Price routed experts from the kernel tables where they hold the model's (as kernel_ops' moe does for "
+            "every expert dtype): set in a moe_kernels entry, for one dtype's kernels on one engine and GPU"
         ),
     )
     moe_kernels: dict[str, dict[str, Any]] = Field(

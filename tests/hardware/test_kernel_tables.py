@@ -14,7 +14,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import CostOptions, Parallelism, step_cost
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
-from servesim.hardware.kernel_tables import SYSTEMS, Grid, kernel_tables
+from servesim.hardware.kernel_tables import SYSTEMS, Grid, data_root, kernel_tables
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
@@ -256,21 +256,58 @@ def test_nvfp4_gemms_are_measured_on_blackwell_only():
     assert kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None
 
 
-def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
-    """With `kernel_ops` naming moe, gpt-oss-20b's 24 MoE layers at 64 decodes on one H100: the mxfp4 (W4A16) fused-MoE row of 64 tokens, 32
-    experts of width 2,880, top 4, balanced routing; DeepSeek-V3's block-fp8 checkpoint looks up block-scaled
-    kernels, and a model shape the tables were not collected for keeps the routed-expert roofline."""
-    frame = vllm_table("h100-sxm", "moe", "moe_perf.parquet")
-    row = frame[
-        (frame.moe_dtype == "w4a16_mxfp4")
+def gpt_oss_20b_experts(frame: pd.DataFrame, dtype: str) -> pd.Series:
+    """A fused-MoE table's rows of gpt-oss-20b's experts (32 of width 2,880, top 4) on one GPU at 64 tokens, evenly
+    routed."""
+    return (
+        (frame.moe_dtype == dtype)
         & (frame.hidden_size == 2880)
+        & (frame.inter_size == 2880)
         & (frame.num_experts == 32)
         & (frame.topk == 4)
         & (frame.moe_tp_size == 1)
         & (frame.moe_ep_size == 1)
         & (frame.num_tokens == 64)
         & (frame.distribution == "balanced")
-    ]
+    )
+
+
+def test_tensorrt_llm_feeds_mxfp4_experts_mxfp8_activations_on_blackwell():
+    """gpt-oss-20b's experts (64 tokens, 32 of width 2,880, top 4) in TensorRT-LLM's B200 tables: at compute
+    capability 10.0 the W4A8 MXFP4 x MXFP8 row, elsewhere the W4A16 one, and vLLM's stay W4A16. The newest
+    TensorRT-LLM build (1.3.0rc23) measured no gpt-oss experts: the lookup takes 1.3.0rc20's."""
+    folder = data_root() / SYSTEMS["b200"] / "moe" / "trtllm"
+    assert not (pd.read_parquet(folder / "1.3.0rc23" / "moe_perf.parquet").hidden_size == 2880).any()
+    frame = pd.read_parquet(folder / "1.3.0rc20" / "moe_perf.parquet")
+    w4a8, w4a16 = (
+        frame[gpt_oss_20b_experts(frame, d)].latency.iloc[0] * 1e-3
+        for d in ("w4a8_mxfp4_mxfp8", "w4a16_mxfp4")
+    )
+    trtllm = kernel_tables("trtllm", "b200")
+    experts = ("mxfp4", 64, 2880, 2880, 4, 32, 1, 1)
+    assert trtllm.moe_s(*experts, compute_capability=10.0) == pytest.approx(w4a8, rel=1e-12)
+    assert trtllm.moe_s(*experts, compute_capability=9.0) == pytest.approx(w4a16, rel=1e-12)
+    assert trtllm.moe_s(*experts) == pytest.approx(w4a16, rel=1e-12)
+    vllm = kernel_tables("vllm", "b200")
+    assert vllm.moe_s(*experts, compute_capability=10.0) == vllm.moe_s(*experts, compute_capability=9.0)
+    # the measured profile prices them so under TensorRT-LLM on a B200 (its 24 MoE layers), and keeps the fitted
+    # numbers under vLLM there and under TensorRT-LLM on an H200
+    step, model = StepBatch.of(np.ones(64, int), np.full(64, 1000)), get_model("gpt-oss-20b")
+
+    def moe(engine: str, gpu: str):
+        return step_cost(step, model, get_gpu(gpu), Parallelism(), MEASURED.for_engine(engine)).by_name("moe")
+
+    assert moe("trtllm", "b200").bound == "measured"
+    assert moe("trtllm", "b200").time_s == pytest.approx(24 * w4a8, rel=1e-12)
+    assert moe("vllm", "b200").bound != "measured" and moe("trtllm", "h200").bound != "measured"
+
+
+def test_routed_experts_are_the_fused_moe_tables_latency_where_a_profile_asks():
+    """With `kernel_ops` naming moe, gpt-oss-20b's 24 MoE layers at 64 decodes on one H100: the mxfp4 (W4A16) fused-MoE row of 64 tokens, 32
+    experts of width 2,880, top 4, balanced routing; DeepSeek-V3's block-fp8 checkpoint looks up block-scaled
+    kernels, and a model shape the tables were not collected for keeps the routed-expert roofline."""
+    frame = vllm_table("h100-sxm", "moe", "moe_perf.parquet")
+    row = frame[gpt_oss_20b_experts(frame, "w4a16_mxfp4")]
     step = StepBatch.of(np.ones(64, int), np.full(64, 1000))
     with_moe = MEASURED.model_copy(update={"kernel_ops": ("gemm", "attention", "all_reduce", "moe")})
     moe = step_cost(step, get_model("gpt-oss-20b"), get_gpu("h100-sxm"), Parallelism(), with_moe).by_name(
