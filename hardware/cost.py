@@ -754,7 +754,7 @@ def _mlp(
                 moe.num_experts,
                 moe_tp,
                 moe_ep,
-                ctx.gpu.compute_capability,
+                ctx.gpu.datacenter_blackwell,
             )
         compute_s, memory_s = routing.gemm_s(flops, nbytes, kind="moe")
         # the kernel's fixed costs: per layer, and per expert it runs on this GPU (whole under EP, a slice under TP)

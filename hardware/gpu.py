@@ -85,6 +85,11 @@ class GpuSpec(SpecModel):
         return self
 
     @property
+    def datacenter_blackwell(self) -> bool:
+        """Compute capability 10.x (B200, B300, GB200, GB300), whose kernels engines pick apart from other GPUs'."""
+        return 10 <= (self.compute_capability or 0) < 11
+
+    @property
     def reported_memory_bytes(self) -> float:
         """What a serving engine sees as the device's total: datasheets print binary sizes as decimal GB
         (an H100's "80 GB" is 80 GiB of HBM3, of which the driver exposes 79.2 GiB = 85.0e9 bytes)."""

@@ -503,19 +503,15 @@ class KernelTables:
         experts: int,
         tp: int,
         ep: int,
-        compute_capability: float | None = None,
+        blackwell: bool = False,
     ) -> float | None:
         """One MoE layer's routed experts (the fused kernel: routing, both GEMMs, activation) on one GPU for `tokens`
         tokens routed evenly over `experts` experts of width `inter`, sliced over `tp` GPUs or spread whole over `ep`
         (each GPU computing its own experts' share of every token); only the model shapes the tables were collected
         for (exact), more tokens than measured run as equal chunks. MXFP4 experts take the activations the engine
-        feeds them on a GPU of `compute_capability` (`MXFP8_MOE_ACTIVATIONS`)."""
+        feeds them, on data-center Blackwell if `blackwell` (`MXFP8_MOE_ACTIVATIONS`)."""
         table_dtype = MOE_DTYPES.get(dtype)
-        if (
-            dtype == "mxfp4"
-            and self.framework in MXFP8_MOE_ACTIVATIONS
-            and 10 <= (compute_capability or 0) < 11
-        ):
+        if dtype == "mxfp4" and self.framework in MXFP8_MOE_ACTIVATIONS and blackwell:
             table_dtype = "w4a8_mxfp4_mxfp8"
         grid = (
             None if table_dtype is None else self._moe_grid(table_dtype, hidden, inter, topk, experts, tp, ep)

@@ -109,7 +109,7 @@ DEFAULT_MOE_FIT = FitRecord(
     ),
 )
 MOE_FIELDS = frozenset({"moe_compute", "moe_memory"})
-#: What a `moe_kernels` entry may set: the routed experts' efficiencies and fixed costs.
+#: What a `moe_kernels` entry may set: the routed experts' efficiencies and fixed costs, and whether tables price them.
 MOE_KERNEL_FIELDS = ("moe_compute", "moe_memory", "moe_layer_s", "moe_expert_s", "moe_tables")
 API_FIELDS = frozenset(
     {"api_request_s", "api_token_s", "api_latency_s"}

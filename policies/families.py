@@ -109,10 +109,6 @@ FLASHMLA_MIN_CAPABILITY, FLASHMLA_BLOCK_SIZE = 9.0, 64  # vLLM's MLA models on H
 VLLM_GRAPH_MAX_SIZE, VLLM_BLACKWELL_GRAPH_MAX_SIZE = 512, 1024
 
 
-def _datacenter_blackwell(gpu: GpuSpec) -> bool:
-    return 10 <= (gpu.compute_capability or 0) < 11
-
-
 class GraphLimits(Protocol):
     """What of an engine config bounds its CUDA graphs (policies.config.EngineConfig, defaults filled in)."""
 
@@ -231,7 +227,7 @@ class EngineFamily:
         else:
             top = engine.cuda_graph_max_size
             if top is None:
-                limit = VLLM_BLACKWELL_GRAPH_MAX_SIZE if _datacenter_blackwell(gpu) else VLLM_GRAPH_MAX_SIZE
+                limit = VLLM_BLACKWELL_GRAPH_MAX_SIZE if gpu.datacenter_blackwell else VLLM_GRAPH_MAX_SIZE
                 top = min(2 * engine.max_num_seqs * decode_query_len, limit)
             top = min(top, budget)
             sizes = {1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16), budget}

@@ -274,7 +274,7 @@ def gpt_oss_20b_experts(frame: pd.DataFrame, dtype: str) -> pd.Series:
 
 def test_tensorrt_llm_feeds_mxfp4_experts_mxfp8_activations_on_blackwell():
     """gpt-oss-20b's experts (64 tokens, 32 of width 2,880, top 4) in TensorRT-LLM's B200 tables: at compute
-    capability 10.0 the W4A8 MXFP4 x MXFP8 row, elsewhere the W4A16 one, and vLLM's stay W4A16. The newest
+    capability 10.x the W4A8 MXFP4 x MXFP8 row, elsewhere the W4A16 one, and vLLM's stay W4A16. The newest
     TensorRT-LLM build (1.3.0rc23) measured no gpt-oss experts: the lookup takes 1.3.0rc20's."""
     folder = data_root() / SYSTEMS["b200"] / "moe" / "trtllm"
     assert not (pd.read_parquet(folder / "1.3.0rc23" / "moe_perf.parquet").hidden_size == 2880).any()
@@ -285,11 +285,12 @@ def test_tensorrt_llm_feeds_mxfp4_experts_mxfp8_activations_on_blackwell():
     )
     trtllm = kernel_tables("trtllm", "b200")
     experts = ("mxfp4", 64, 2880, 2880, 4, 32, 1, 1)
-    assert trtllm.moe_s(*experts, compute_capability=10.0) == pytest.approx(w4a8, rel=1e-12)
-    assert trtllm.moe_s(*experts, compute_capability=9.0) == pytest.approx(w4a16, rel=1e-12)
+    assert get_gpu("b200").datacenter_blackwell and not get_gpu("h200").datacenter_blackwell
+    assert trtllm.moe_s(*experts, blackwell=True) == pytest.approx(w4a8, rel=1e-12)
+    assert trtllm.moe_s(*experts, blackwell=False) == pytest.approx(w4a16, rel=1e-12)
     assert trtllm.moe_s(*experts) == pytest.approx(w4a16, rel=1e-12)
     vllm = kernel_tables("vllm", "b200")
-    assert vllm.moe_s(*experts, compute_capability=10.0) == vllm.moe_s(*experts, compute_capability=9.0)
+    assert vllm.moe_s(*experts, blackwell=True) == vllm.moe_s(*experts, blackwell=False)
     # the measured profile prices them so under TensorRT-LLM on a B200 (its 24 MoE layers), and keeps the fitted
     # numbers under vLLM there and under TensorRT-LLM on an H200
     step, model = StepBatch.of(np.ones(64, int), np.full(64, 1000)), get_model("gpt-oss-20b")
