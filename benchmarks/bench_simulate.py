@@ -4,7 +4,8 @@ Workload: the Azure LLM inference 2023 conversation trace (19,366 requests), til
 time as often as needed, at its own arrival rate; Llama-3.1-8B on one H100 SXM, vLLM scheduler
 (`scenarios/quickstart.yaml`), or the model, GPU, parallelism and engine of another scenario (`--scenario`, e.g.
 scenarios/deepseek_v3_8xh200.yaml, whose DP-attention ranks step one step at a time).
-Run: python benchmarks/bench_simulate.py [--requests 10000 100000] [--no-fast-forward] [--prefix-caching vllm none]
+Run: python benchmarks/bench_simulate.py [--requests 10000 100000] [--engine compiled simpy] [--no-fast-forward]
+[--prefix-caching vllm none]
 [--async-scheduling on off] [--scenario PATH] [--profile scenario measured]
 (prefix caching is on by default, as in vLLM; its block hashing and eviction bookkeeping cost time per block
 even when, as here, no prompt is shared: `none` shows the engine alone. Async scheduling, vLLM's default too,
@@ -20,6 +21,7 @@ from disk into steps.parquet) and prints how long that took and the peak RSS aft
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import resource
 import time
@@ -54,6 +56,7 @@ def tiled_azure_conv(num_requests: int) -> Workload:
 
 def bench(
     num_requests: int,
+    engine: str,
     fast_forward: bool,
     prefix_caching: str,
     ahead: str,
@@ -64,6 +67,7 @@ def bench(
 ) -> None:
     overrides = [
         f"simulation.fast_forward={str(fast_forward).lower()}",
+        f"simulation.compiled={str(engine == 'compiled').lower()}",
         f"engine.prefix_caching={prefix_caching}",
         f"engine.async_scheduling={str(ahead == 'on').lower()}",
     ]
@@ -80,7 +84,8 @@ def bench(
     steps = result.summary["num_steps"]
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
     print(
-        f"{path.stem}  {num_requests:>7} requests  fast_forward={fast_forward!s:5}  prefix_caching={prefix_caching:5} "
+        f"{path.stem}  {num_requests:>7} requests  {engine:8}  fast_forward={fast_forward!s:5}  "
+        f"prefix_caching={prefix_caching:5} "
         f"async={ahead:3} profile={profile:9} "
         f"wall {wall:7.2f} s  {wall / num_requests * 1e6:6.0f} us/req  "
         f"{num_requests / wall:9,.0f} req/s  {steps:>9,} steps  {steps / wall:9,.0f} steps/s  peak RSS {peak_mib:6,.0f} MiB  "
@@ -107,6 +112,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, nargs="+", default=[10_000, 100_000])
     parser.add_argument("--no-fast-forward", action="store_true")
+    parser.add_argument(
+        "--engine",
+        nargs="+",
+        choices=["compiled", "simpy"],
+        default=["compiled"],
+        help="the compiled replica loop where the scenario allows it, or the SimPy engine throughout",
+    )
     parser.add_argument("--prefix-caching", nargs="+", default=["none", "vllm"])
     parser.add_argument("--async-scheduling", nargs="+", choices=["on", "off"], default=["on"])
     parser.add_argument(
@@ -129,7 +141,7 @@ def main() -> None:
     parser.add_argument("--write-to", type=Path, help="write each run's folder under this folder, timed")
     args = parser.parse_args()
     spawn = multiprocessing.get_context("spawn")  # a fresh process per run: its peak RSS is that run's
-    for n in args.requests:
+    for n, engine in itertools.product(args.requests, args.engine):
         for caching in args.prefix_caching:
             for ahead in args.async_scheduling:
                 for profile in args.profile:
@@ -137,6 +149,7 @@ def main() -> None:
                         target=_bench_in_child,
                         args=(
                             n,
+                            engine,
                             not args.no_fast_forward,
                             caching,
                             ahead,

@@ -1219,17 +1219,19 @@ class RooflineAttention:
             paths = ([decodes, decodes, decode_keys, decode_keys, 0], [chunk, 1, keys, fed + chunk, 0])
         return self._priced(decodes + chunk, {None: paths})
 
+    def denominators_at(self, tokens: int) -> tuple[float, float]:
+        """The compute and memory seconds' denominators of a step of `tokens` tokens: peak and bandwidth at the
+        efficiencies of that many rows."""
+        rows = float(max(tokens, 1))  # `_Ctx.with_tokens`
+        return self.peak * self.compute.at(rows), self.bandwidth * self.memory.at(rows)
+
     def _priced(self, tokens: int, stats: dict[int | None, tuple[list[int], list[int]]]) -> float:
         """The attention seconds of a step of `tokens` tokens from its paths' sums per window (`_paired_stats`)."""
         hit = self.denominators.get(tokens)
         if hit is None:
-            rows = float(max(tokens, 1))  # `_Ctx.with_tokens`
             if len(self.denominators) >= 1 << 12:
                 self.denominators.clear()
-            hit = self.denominators[tokens] = (
-                self.peak * self.compute.at(rows),
-                self.bandwidth * self.memory.at(rows),
-            )
+            hit = self.denominators[tokens] = self.denominators_at(tokens)
         compute_d, memory_d = hit
         kv_values, kvbytes, heads = self.kv_values, self.kvbytes, self.heads
         # per path, across groups, as `_summed_attention` sums each name; its sum over the two names comes out the
@@ -1501,6 +1503,81 @@ def fixed_seconds(
     if batch.num_requests:
         totals["overhead"] = _overhead_s(ctx)
     return sum(totals.values())
+
+
+class FixedParts:
+    """`fixed_seconds` of one model, GPU, parallelism, profile and options, from parts each cached by what it reads.
+
+    `fixed_seconds` sums its per-name totals left to right: first the layers' operators and the model-level ones
+    on the step's rows, which read only its tokens and whether it prefills (its CUDA-graph padding and
+    collectives); then the LM head and the logits gather, which read its logits rows; then the overhead. So the
+    sum up to the logits operators is cached per (tokens, prefills), their values per logits rows, and the
+    overhead computed per step: the same additions in the same order, bit for bit. A simulation meets thousands
+    of step shapes (tokens x requests x logits) but far fewer (tokens, prefills). Only where every GPU attends for
+    every request, in one pipeline stage, with no MLA or fast-prefill layers (`applies`)."""
+
+    def __init__(
+        self, model: ModelSpec, gpu: GpuSpec, parallelism: Parallelism, profile: Profile, options: CostOptions
+    ):
+        self.args = (model, gpu, parallelism, profile, options)
+        self._rows: dict[tuple[int, bool], float] = {}
+        self._logits: dict[tuple[int, int], tuple[float, ...]] = {}
+        self._ctx: _Ctx | None = None
+
+    @staticmethod
+    def applies(model: ModelSpec, parallelism: Parallelism, options: CostOptions) -> bool:
+        return (
+            not parallelism.dp_attention
+            and parallelism.pp == 1
+            and model.mla is None
+            and not any(g.last_token_only for g, _ in _layer_groups(model, options.kv_sharing_fast_prefill))
+        )
+
+    def __call__(self, batch: StepBatch) -> float:
+        """`fixed_seconds(batch, *args)` (`rank`: the batch, which every GPU attends for)."""
+        options = self.args[4]
+        prefills = batch.max_query_len > options.decode_query_len
+        rows_key = (batch.num_tokens, prefills)
+        pad = options.graph_tokens(batch) - batch.num_tokens if options.graph_pads_logits else 0
+        logits_key = (batch.num_logits, pad)
+        head, logits = self._rows.get(rows_key), self._logits.get(logits_key)
+        if head is None or logits is None:
+            ctx = _context(batch, *self.args, batch)
+            totals: dict[str, float] = {}
+            for term in _operator_terms(ctx, batch, attention=False):
+                totals[term.name] = totals.get(term.name, 0.0) + term.time_s * term.layers
+            names = list(totals)
+            tail = [name for name in names if name in LAST_STAGE_OPERATORS]
+            if names[len(names) - len(tail) :] != tail:
+                raise AssertionError(f"the logits operators are not summed last: {names}")
+            head = self._rows[rows_key] = sum(totals[name] for name in names[: len(names) - len(tail)])
+            logits = self._logits[logits_key] = tuple(totals[name] for name in tail)
+        fixed = head
+        for value in logits:
+            fixed += value
+        if batch.num_requests:
+            fixed += _overhead_s(self._context_of(batch))
+        return fixed
+
+    def _context_of(self, batch: StepBatch) -> _Ctx:
+        """The context `_overhead_s` reads for `batch`: the profile, model and options, and the batch as the rank."""
+        if self._ctx is None:
+            self._ctx = _context(batch, *self.args, batch)
+        c = self._ctx
+        return _Ctx(
+            c.model,
+            c.gpu,
+            c.par,
+            c.opts,
+            c.profile,
+            c.tokens,
+            c.weight_dtype,
+            c.wbytes,
+            c.expert_wbytes,
+            batch,
+            c.peak,
+            c.kernels,
+        )
 
 
 _STAGE_GROUPS: dict[tuple[int, int, bool], tuple[ModelSpec, tuple[tuple[tuple[_Group, int], ...], ...]]] = {}

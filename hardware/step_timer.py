@@ -20,6 +20,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import (
     SMALL_BATCH,
     CostOptions,
+    FixedParts,
     Parallelism,
     RooflineAttention,
     attention_seconds,
@@ -63,6 +64,8 @@ class StepTimer:
         self.stage_layers = pipeline_stages(model.num_layers, parallelism.pp)
         # (small_attention_pricer, decode_stretch_pricer, shrinking_stretch_pricer), built on first use
         self._lean: tuple | None = None
+        # the fixed part from parts cached by what each reads, where that applies
+        self._parts = FixedParts(*self.args) if FixedParts.applies(model, parallelism, options) else None
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -117,7 +120,12 @@ class StepTimer:
         if fixed is None:
             if len(self._fixed_s) >= CACHE_ENTRIES:
                 self._fixed_s.clear()
-            fixed = self._fixed_s[key] = fixed_seconds(batch, *self.args, rank)
+            parts = self._parts
+            fixed = self._fixed_s[key] = (
+                parts(batch)
+                if parts is not None and rank is batch
+                else fixed_seconds(batch, *self.args, rank)
+            )
         return fixed
 
     def decode_fixed_s(self, num_requests: int, num_context: np.ndarray) -> float:

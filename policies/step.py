@@ -268,6 +268,13 @@ class TokenLog:
         if self._spill is not None and len(self.itl_s) >= self._spill_at:
             self._spill(self.itl_s)
 
+    def record_finished(self, gaps: np.ndarray) -> None:
+        """Gaps of requests that produced their last token, in the order they finished (a compiled engine's,
+        simulator/world/compiled_run.py)."""
+        self.itl_s.frombytes(np.ascontiguousarray(gaps, float).tobytes())
+        if self._spill is not None and len(self.itl_s) >= self._spill_at:
+            self._spill(self.itl_s)
+
     def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
         """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`
         (1, or accepted guesses + 1 after a verify pass). Returns whether it sampled."""

@@ -128,6 +128,13 @@ class SimulationConfig(SpecModel):
         True,
         description="Fuse decode stretches and chunked prefills beside decodes (results identical to stepping)",
     )
+    compiled: bool = Field(
+        True,
+        description=(
+            "Run a lone vLLM-style replica's loop compiled (numba) where the scenario allows it "
+            "(simulator/world/compiled_run.py; results identical to the SimPy engine)"
+        ),
+    )
 
 
 GridValues = Annotated[list[Any], Field(min_length=1)]

@@ -23,6 +23,7 @@ from servesim.policies.catalog import routers
 from servesim.policies.config import EngineConfig
 from servesim.policies.families import family_of
 from servesim.policies.step import Scheduler, TokenLog
+from servesim.simulator.world.compiled_run import run_compiled
 from servesim.simulator.world.disagg import Handoff
 from servesim.simulator.disagg_config import PoolConfig
 from servesim.simulator.world.engine import Replica
@@ -354,7 +355,8 @@ class World:
 
     def run(self) -> RunResult:
         until = self.scenario.stop.max_sim_time_s
-        self.env.run(until=until)
+        if not run_compiled(self, until):
+            self.env.run(until=until)
         scenario = self.scenario
         if self.lost_at_s is not None:  # judged as a run stopped here (simulator/world/slo_watch.py)
             until = self.lost_at_s

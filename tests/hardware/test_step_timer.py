@@ -8,7 +8,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servesim.hardware.batch import StepBatch
-from servesim.hardware.cost import CostOptions, Parallelism, fixed_seconds, stage_seconds, step_cost
+from servesim.hardware.cost import (
+    CostOptions,
+    FixedParts,
+    Parallelism,
+    fixed_seconds,
+    stage_seconds,
+    step_cost,
+)
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import EfficiencyCurve, Profile, load_profile
@@ -27,16 +34,13 @@ _LIMITS = SimpleNamespace(
 #: CUDA graphs as each engine pads (none; every step, vLLM's; decode only, expert rows masked, SGLang's; decode
 #: only, TensorRT-LLM's with padding on): a cache
 #: keyed on a shape that misses the padding shows
-GRAPHS = st.sampled_from(
-    [
-        {},
-        VLLM.graph_options(H100, _LIMITS, 1, False, 1),
-        SGLANG.graph_options(H100, _LIMITS, 1, True, 1),
-        TRTLLM.graph_options(
-            H100, SimpleNamespace(**{**vars(_LIMITS), "cuda_graph_max_size": 256}), 1, False, 1
-        ),
-    ]
-)
+GRAPH_OPTIONS = [
+    {},
+    VLLM.graph_options(H100, _LIMITS, 1, False, 1),
+    SGLANG.graph_options(H100, _LIMITS, 1, True, 1),
+    TRTLLM.graph_options(H100, SimpleNamespace(**{**vars(_LIMITS), "cuda_graph_max_size": 256}), 1, False, 1),
+]
+GRAPHS = st.sampled_from(GRAPH_OPTIONS)
 #: attention efficiencies that vary with the step's tokens, so a pricer reading them at the wrong size shows
 VARYING_ATTENTION = Profile(
     attn_compute=EfficiencyCurve(points=((1, 0.3), (64, 0.45), (2048, 0.6))),
@@ -272,3 +276,43 @@ def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured
         fixed_seconds(batch, model, H100, par, profile, options)
         == step_cost(batch, model, H100, par, profile, options).fixed_s
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    name=st.sampled_from([*MODELS, "qwen3-30b-a3b", "llama-3.1-70b"]),
+    tp=st.sampled_from([1, 2, 4]),
+    measured=st.booleans(),
+    steps=st.lists(
+        st.tuples(st.sampled_from([3, 8, 40, 300, 2000]), st.integers(1, 40), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_the_fixed_part_from_cached_parts_is_fixed_seconds(name, tp, measured, steps):
+    """`FixedParts` reuses the sum up to the logits operators for every step of the same tokens (and prefill or not)
+    and the logits operators' values for the same logits rows. Steps of a few sizes, each as decodes beside a chunk or
+    equal prompts, as one prompt and (when few) as decodes, all sampling or every other one, one after another
+    through one object under each engine's CUDA graphs (some padding decodes, one its logits too): each priced to the
+    last bit as `fixed_seconds`."""
+    model = get_model(name)
+    if model.mla is not None or tp > model.num_kv_heads:
+        return
+    profile = load_profile("measured") if measured else VARYING_ATTENTION
+    for graphs in GRAPH_OPTIONS:
+        args = (model, H100, Parallelism(tp=tp), profile, CostOptions(**graphs))
+        if not FixedParts.applies(model, args[2], args[4]):
+            return
+        parts = FixedParts(*args)
+        for tokens, requests, decodes_first in steps:
+            requests = min(requests, tokens)
+            if decodes_first:
+                new = [1] * (requests - 1) + [tokens - requests + 1]
+            else:
+                share, extra = divmod(tokens, requests)
+                new = [share + (i < extra) for i in range(requests)]
+            for num_new in (new, [tokens], [1] * tokens if tokens <= 40 else new):
+                for every in (1, 2):
+                    logits = [i % every == 0 for i in range(len(num_new))]
+                    batch = StepBatch.of(num_new, [100 * i for i in range(len(num_new))], logits)
+                    assert parts(batch) == fixed_seconds(batch, *args, batch)

@@ -18,6 +18,8 @@ BASE = {
     "model": "llama-3.1-8b",
     "hardware": {"gpu": "h100-sxm"},
     "engine": {"max_model_len": 16384},
+    # the SimPy engine, which these tests exercise; the compiled loop reproduces it (test_compiled_run.py)
+    "simulation": {"compiled": False},
     "workload": {
         "trace": {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"},
         "arrivals": {"kind": "trace"},

@@ -1,0 +1,319 @@
+"""Run a World's single replica through the compiled loop (simulator/world/compiled_engine.py) when the scenario
+is one it reproduces exactly, and leave the tables as the SimPy engine would.
+
+It covers what most capacity questions run: one vLLM-style engine (the `vllm` or `sarathi` scheduler, async
+scheduling or not, chunked prefill or not), with no prefix cache or vLLM's over prompts no two requests share,
+full-attention layers priced by the roofline, fed by open-loop arrivals through the API server or straight. `compiled_reason` names what keeps any other
+scenario in SimPy; `simulation.compiled: false` keeps every one there.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import ACT_BYTES, RooflineAttention
+from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.ordering import by_arrival
+from servesim.policies.prefix_blocks import PrefixCachingBlockManager
+from servesim.policies.step import StepPlan
+from servesim.policies.token_budget import SarathiScheduler, TokenBudgetScheduler
+from servesim.simulator.world import compiled_engine as ce
+from servesim.simulator.world.engine import Replica
+from servesim.workloads.request import Phase
+
+ROWS = 1 << 16  # step-log rows handed to the step log at a time
+GAPS = 1 << 20  # finished requests' inter-token gaps handed to the token log at a time
+_PHASES = {ce.WAITING: Phase.WAITING, ce.RUNNING: Phase.RUNNING, ce.FINISHED: Phase.FINISHED}
+
+
+def compiled_reason(world) -> str | None:
+    """Why `world` runs in SimPy, or None when the compiled loop reproduces it."""
+    s = world.scenario
+    if not s.simulation.compiled:
+        return "simulation.compiled is off"
+    if world.handoff is not None or len(world.pools) != 1:
+        return "prefill/decode disaggregation"
+    pool = world.pools[0]
+    if pool.groups or len(pool.replicas) != 1 or type(pool.replicas[0]) is not Replica:
+        return "more than one replica or data-parallel rank"
+    if world.app_cache is not None or world.watch is not None:
+        return "an application cache or an SLO watch"
+    if world.traffic.reacts_to_finishes:
+        return "closed-loop clients or multi-turn sessions"
+    replica = pool.replicas[0]
+    scheduler = replica.scheduler
+    if replica.pipeline is not None:
+        return "pipeline parallelism"
+    if type(scheduler) not in (TokenBudgetScheduler, SarathiScheduler):
+        ranks = s.parallelism.spec(s.engine.scheduler).attention_ranks
+        return "data-parallel attention ranks" if ranks > 1 else f"the {s.engine.scheduler} scheduler"
+    if scheduler.speculator is not None or scheduler.pipelined or scheduler.reserve_output:
+        return "speculative decoding"
+    if scheduler.cfg.preemption_mode != "recompute" or scheduler.order is not by_arrival:
+        return "preemption by swapping or a queue order other than FCFS"
+    kv = scheduler.kv
+    if (
+        scheduler._waiting.lpm
+        or type(kv) not in (BlockManager, PrefixCachingBlockManager)
+        or kv.windows != (None,)
+    ):
+        return "a radix cache, a queue sorted by prefix matches or sliding-window layers"
+    if type(kv) is PrefixCachingBlockManager and (
+        kv.eagle_hits or not all(req.private_prefix for req in world.workload.requests)
+    ):
+        return "a prefix cache with prompts that share a prefix"
+    timer = pool.timer
+    attention = timer._lean_pricers()[0]
+    if not isinstance(attention, RooflineAttention) or not attention.windowless:
+        return "attention priced by kernel tables, MLA, DP attention or fast prefill"
+    if timer.options.decode_query_len != 1:
+        return "verify steps"
+    if not (
+        isinstance(attention.kv_values, int)
+        and isinstance(attention.kvbytes, float)
+        and isinstance(attention.heads, float)
+        and all(isinstance(p[3], int) and isinstance(p[5], int) for p in attention.paths)
+    ):
+        return "attention factors of other types"
+    if scheduler.budget >= 1 << 24 or scheduler.max_num_seqs >= ce.SHAPE_FIELD:
+        return "a token budget or batch size too large to key"
+    return None
+
+
+def run_compiled(world, until: float | None) -> bool:
+    """Run `world` to `until` through the compiled loop if it can (True), leaving its requests, step log and token
+    log as the SimPy engine would; False (nothing done) where it cannot."""
+    if compiled_reason(world) is not None:
+        return False
+    _CompiledReplica(world, math.inf if until is None else float(until)).run()
+    return True
+
+
+class _CompiledReplica:
+    """The compiled loop's arrays for one World, the Python it calls back for, and the results written back."""
+
+    def __init__(self, world, until: float):
+        self.world = world
+        pool = world.pools[0]
+        self.replica = pool.replicas[0]
+        self.scheduler = scheduler = self.replica.scheduler
+        self.timer = pool.timer
+        self.attention: RooflineAttention = self.timer._lean_pricers()[0]
+        self.requests = requests = world.workload.requests
+        n = len(requests)
+        kv = scheduler.kv
+        frontend = world.frontend
+        self.pi = np.zeros(ce.PI_FIELDS, np.int64)
+        self.pi[ce.P_NUM_BLOCKS], self.pi[ce.P_BLOCK_SIZE] = kv.num_blocks, kv.block_size
+        self.pi[ce.P_WATERMARK], self.pi[ce.P_BUDGET] = kv.watermark_blocks, scheduler.budget
+        self.pi[ce.P_MAX_SEQS], self.pi[ce.P_CHUNKED] = scheduler.max_num_seqs, scheduler.chunked
+        self.pi[ce.P_GATED] = scheduler.admission_window_tokens is not None
+        self.pi[ce.P_LONG_PREFILL] = scheduler.cfg.long_prefill_token_threshold
+        self.pi[ce.P_AHEAD], self.pi[ce.P_FRONTEND] = scheduler.ahead is not None, frontend.active
+        self.pi[ce.P_NUM_REQUESTS], self.pi[ce.P_KV_VALUES] = n, self.attention.kv_values
+        self.pi[ce.P_PREFIX] = prefix = type(kv) is PrefixCachingBlockManager
+        self.pf = np.zeros(ce.PF_FIELDS)
+        self.pf[ce.F_UNTIL] = until
+        self.pf[ce.F_EMPTY_STEP] = self.replica.step_time(StepPlan((), (), (), ()))
+        self.pf[ce.F_HEADS], self.pf[ce.F_KV_BYTES] = self.attention.heads, self.attention.kvbytes
+        self.pf[ce.F_ACT_BYTES] = ACT_BYTES
+        self.si = np.zeros(ce.SI_FIELDS, np.int64)
+        self.si[ce.S_STAGE], self.si[ce.S_ENGINE] = ce.STAGE_EVENTS, ce.E_WAITING
+        self.si[ce.S_NEXT_EID], self.si[ce.S_FREE] = -1, kv.num_free_blocks
+        self.si[ce.S_QUEUE_HEAD], self.si[ce.S_QUEUE_TAIL] = 0, kv.num_blocks - 1
+        self.sf = np.zeros(ce.SF_FIELDS)
+        self.sf[ce.T_IN_FLIGHT_SINCE] = np.nan
+        self.ri, self.rf = self._request_arrays(frontend)
+        self.pi[ce.P_MAX_TABLE] = self.ri[:, ce.TABLE_CAP].max(initial=0)
+        # prefix caching: blocks in a free queue in id order, none referenced or holding a hash
+        self.blocks = np.full((kv.num_blocks if prefix else 1, 5), -1, np.int64)
+        if prefix:
+            ids = np.arange(kv.num_blocks)
+            self.blocks[:, ce.NEXT], self.blocks[:, ce.PREV] = ids + 1, ids - 1
+            self.blocks[-1, ce.NEXT], self.blocks[:, ce.REFS] = -1, 0
+        room = 4 * scheduler.max_num_seqs * int(self.pi[ce.P_MAX_TABLE])
+        self.tables = np.full(max(1 << 16, room) if prefix else 1, -1, np.int64)
+        seats = scheduler.max_num_seqs + 1
+        self.running, self.retiring = np.zeros(seats, np.int64), np.zeros(seats, np.int64)
+        self.heap, self.inbox, self.ho_queue = (np.zeros(max(n, 1), np.int64) for _ in range(3))
+        self.inbox_t = np.zeros(max(n, 1))
+        self.plan_req, self.plan_new, self.plan_ctx, self.plan_samples, self.finished = (
+            np.zeros(seats, np.int64) for _ in range(5)
+        )
+        self.fixed_keys = np.full(1 << 12, ce.EMPTY_KEY, np.int64)
+        self.fixed_values = np.zeros(1 << 12)
+        self.fixed_count = 0
+        self.paths_i = np.array(
+            [
+                (decode, owns_kv, layers, head_dims)
+                for _, decode, owns_kv, layers, _, head_dims in self.attention.paths
+            ],
+            np.int64,
+        ).reshape(-1, 4)
+        self.paths_f = np.array([p[4] for p in self.attention.paths], float)
+        self.denominators = np.full((2, scheduler.budget + 1), np.nan)
+        self.arena = np.zeros(1 << 22)
+        self.gaps = np.zeros(GAPS)
+        self.rows_i = np.zeros((7, ROWS), np.int64)
+        self.rows_f = np.zeros((3, ROWS))
+
+    def _request_arrays(self, frontend) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's lengths, order key and refusal, and when it enters and reaches the engine: `Traffic`'s
+        and the API server's times computed as SimPy computes them (now + delay)."""
+        world, requests = self.world, self.requests
+        n = len(requests)
+        ri = np.zeros((n, ce.RI_FIELDS), np.int64)
+        rf = np.full((n, ce.RF_FIELDS), np.nan)
+        ri[:, ce.GAP_OFF] = ri[:, ce.TABLE_OFF] = -1
+        size = self.scheduler.kv.block_size
+        now, free_at = 0.0, None
+        refusals: dict[tuple[int, int, bool], str | None] = {}  # a refusal reads only these (`run.rejection`)
+        for i, req in enumerate(requests):
+            ri[i, ce.PROMPT], ri[i, ce.OUTPUT], ri[i, ce.ID] = (
+                req.num_prompt_tokens,
+                req.num_output_tokens,
+                req.id,
+            )
+            rf[i, ce.ARRIVAL] = req.arrival_s
+            ri[i, ce.TABLE_CAP] = -(-(req.num_prompt_tokens + req.num_output_tokens - 1) // size)
+            flags = (ce.PRIVATE if req.private_prefix else 0) | (ce.NO_HITS if req.prompt_logprobs else 0)
+            if req.arrival_s > now:
+                now, flags = now + (req.arrival_s - now), flags | ce.TIMED
+            rf[i, ce.ENTERS] = now
+            lengths = (req.num_prompt_tokens, req.num_output_tokens, req.prompt_logprobs)
+            if lengths not in refusals:
+                refusals[lengths] = world._refusal(req)
+            if refusals[lengths] is not None:
+                flags |= ce.REFUSED
+            elif frontend.active:
+                served = max(now, now if free_at is None else free_at) + frontend.service_s(req)
+                free_at = served
+                rf[i, ce.HAND_OVER] = now + (served + frontend.latency_s - now)
+            ri[i, ce.FLAGS] = flags
+        handed = rf[:, ce.HAND_OVER][~np.isnan(rf[:, ce.HAND_OVER])]
+        if np.any(np.diff(handed) < 0):
+            raise AssertionError("the API server hands requests over out of order")
+        return ri, rf
+
+    def run(self) -> None:
+        world, completed = self.world, 0
+        while True:
+            status = ce.run_replica(self._loop())
+            if status == ce.NEED_FIXED:
+                self._price_shape()
+            elif status == ce.NEED_DENOMINATORS:
+                tokens = int(self.si[ce.S_MISS_TOKENS])
+                self.denominators[:, tokens] = self.attention.denominators_at(tokens)
+            elif status == ce.GROW_GAPS:
+                self.gaps = np.zeros(max(2 * len(self.gaps), int(self.si[ce.S_NEED])))
+            elif status == ce.GROW_TABLES:
+                tables = np.full(2 * len(self.tables), -1, np.int64)
+                tables[: len(self.tables)] = self.tables
+                self.tables = tables
+            elif status == ce.GROW_ARENA:
+                arena = np.zeros(max(2 * len(self.arena), 2 * int(self.si[ce.S_NEED])))
+                arena[: len(self.arena)] = self.arena
+                self.arena = arena
+            else:
+                self._flush()
+            if world.on_progress and self.si[ce.S_COMPLETED] != completed:
+                completed = int(self.si[ce.S_COMPLETED])
+                world.on_progress(completed)
+            if status == ce.DONE:
+                break
+        world.completed = int(self.si[ce.S_COMPLETED])
+        self._write_back()
+
+    def _loop(self) -> ce.Loop:
+        return ce.Loop(*(getattr(self, name) for name in ce.Loop._fields))
+
+    def _price_shape(self) -> None:
+        """The fixed part of the step shape the loop missed, from the cost model (any batch of that shape)."""
+        key = int(self.si[ce.S_MISS_KEY])
+        count = int(self.si[ce.S_PLAN_N])
+        batch = StepBatch.of(
+            self.plan_new[:count].tolist(),
+            self.plan_ctx[:count].tolist(),
+            self.plan_samples[:count].astype(bool).tolist(),
+        )
+        if 2 * (self.fixed_count + 1) > len(self.fixed_keys):  # keep the table at most half full
+            keys = np.full(2 * len(self.fixed_keys), ce.EMPTY_KEY, np.int64)
+            values = np.zeros(len(keys))
+            ce.table_rehash(self.fixed_keys, self.fixed_values, keys, values)
+            self.fixed_keys, self.fixed_values = keys, values
+        ce.table_insert(self.fixed_keys, self.fixed_values, key, self.timer.fixed_s(batch))
+        self.fixed_count += 1
+
+    def _flush(self) -> None:
+        """Hand the rows and gaps the loop logged to the world's step and token logs."""
+        rows = int(self.si[ce.S_ROWS])
+        if rows:
+            i, f = self.rows_i[:, :rows], self.rows_f[:, :rows]
+            self.world.steps.record_many(
+                time_s=f[ce.R_TIME],
+                duration_s=f[ce.R_DURATION],
+                replica=np.full(rows, self.replica.index, np.int64),
+                num_requests=i[ce.R_REQUESTS],
+                prefill_tokens=i[ce.R_PREFILL],
+                decode_tokens=i[ce.R_DECODE],
+                num_running=i[ce.R_RUNNING],
+                num_waiting=i[ce.R_WAITING],
+                kv_blocks_used=i[ce.R_USED],
+                kv_usage=f[ce.R_USAGE],
+                num_preempted=i[ce.R_PREEMPTED],
+            )
+            self.si[ce.S_ROWS] = 0
+        gaps = int(self.si[ce.S_GAPS])
+        if gaps:
+            self.world.tokens.record_finished(self.gaps[:gaps])
+            self.si[ce.S_GAPS] = 0
+
+    def _write_back(self) -> None:
+        """The engine's state of every request, as the SimPy engine leaves it."""
+        ri, rf, index = self.ri, self.rf, self.replica.index
+        columns = {name: ri[:, field].tolist() for name, field in _INT_FIELDS.items()}
+        times = {
+            name: [None if math.isnan(v) else v for v in rf[:, field].tolist()]
+            for name, field in _TIME_FIELDS.items()
+        }
+        for i, req in enumerate(self.requests):
+            flags = columns["flags"][i]
+            if not flags & ce.ENTERED:
+                continue
+            if flags & ce.REFUSED:
+                req.phase, req.reject_reason = Phase.REJECTED, self.world._refusal(req)
+                continue
+            req.served_by = "engine"
+            if not flags & ce.HANDED_OVER:
+                continue
+            req.replica = index
+            req.phase = _PHASES[columns["phase"][i]]
+            req.num_computed_tokens = columns["computed"][i]
+            req.num_in_flight_tokens = columns["in_flight"][i]
+            req.num_generated = columns["generated"][i]
+            req.num_preemptions = columns["preemptions"][i]
+            req.num_cached_tokens = columns["cached_tokens"][i]
+            req.scheduled_s = times["scheduled"][i]
+            req.first_token_s = times["first_token"][i]
+            req.last_token_s = times["last_token"][i]
+            req.finish_s = times["finish"][i]
+
+
+_INT_FIELDS = {
+    "flags": ce.FLAGS,
+    "phase": ce.PHASE,
+    "computed": ce.COMPUTED,
+    "in_flight": ce.IN_FLIGHT,
+    "generated": ce.GENERATED,
+    "preemptions": ce.PREEMPTIONS,
+    "cached_tokens": ce.CACHED_TOKENS,
+}
+_TIME_FIELDS = {
+    "scheduled": ce.SCHEDULED,
+    "first_token": ce.FIRST_TOKEN,
+    "last_token": ce.LAST_TOKEN,
+    "finish": ce.FINISH,
+}

@@ -1,0 +1,206 @@
+"""The compiled replica loop (simulator/world/compiled_run.py) against the SimPy engine: the same requests, steps and
+summary to the bit, on random workloads and engine settings, on ties, and on the Azure trace; and which scenarios
+it leaves to SimPy."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from servesim.simulator.world.compiled_run import compiled_reason
+from servesim.simulator.world.run import World
+from servesim.workloads.generate import Workload
+from servesim.workloads.request import Request
+from tests.simulator.conftest import SCENARIOS, scenario
+from tests.simulator.test_simulate import assert_same_run
+
+
+def both(s, requests=None):
+    """The run of `s` in SimPy (fast-forwarded or stepped, as `s` says) and compiled, each on fresh copies of
+    `requests` (None: the scenario's workload); asserts the second ran compiled."""
+    runs = []
+    for compiled in (False, True):
+        t = s.model_copy(update={"simulation": s.simulation.model_copy(update={"compiled": compiled})})
+        workload = None if requests is None else Workload([Request(*r) for r in requests])
+        world = World(t, SCENARIOS, workload=workload)
+        assert (compiled_reason(world) is None) == compiled
+        runs.append(world.run())
+    return runs
+
+
+def with_engine(s, fast_forward=True, **engine):
+    return s.model_copy(
+        update={
+            "engine": s.engine.model_copy(update=engine),
+            "simulation": s.simulation.model_copy(update={"fast_forward": fast_forward}),
+        }
+    )
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_the_azure_trace_runs_as_in_simpy(async_scheduling):
+    s = with_engine(scenario(), prefix_caching="none", async_scheduling=async_scheduling)
+    simpy_run, compiled_run = both(s)
+    assert len(simpy_run.steps) > 5000
+    assert_same_run(simpy_run, compiled_run)
+
+
+@pytest.mark.parametrize("prefix_caching", ["none", "vllm"])
+def test_a_small_pool_preempts_and_refuses_as_in_simpy(prefix_caching):
+    """With vLLM's prefix cache a preempted request comes back to the blocks it left, where nothing took them."""
+    s = with_engine(
+        scenario(workload={"num_requests": 400}), prefix_caching=prefix_caching, num_gpu_blocks_override=200
+    )
+    simpy_run, compiled_run = both(s)
+    assert simpy_run.requests["preemptions"].sum() > 0
+    assert simpy_run.requests["reject_reason"].notna().sum() > 0
+    assert_same_run(simpy_run, compiled_run)
+
+
+def test_a_preempted_request_finds_its_own_blocks_as_in_simpy():
+    """Two requests outgrow a pool of 55 blocks: the newer is preempted, its blocks hashed as they are freed, and
+    when the other finishes it is admitted again on the blocks of its own that nothing evicted: it finishes sooner
+    than without a prefix cache, at the same time compiled."""
+    requests = [(0, 0.0, 320, 200), (1, 0.01, 320, 200)]
+    runs = {}
+    for prefix_caching in ("none", "vllm"):
+        s = with_engine(scenario(), prefix_caching=prefix_caching, num_gpu_blocks_override=55)
+        simpy_run, compiled_run = both(s, requests)
+        assert_same_run(simpy_run, compiled_run)
+        runs[prefix_caching] = simpy_run.requests
+    assert runs["vllm"]["preemptions"].tolist() == runs["none"]["preemptions"].tolist() == [0, 1]
+    assert runs["vllm"]["finish_s"][1] < runs["none"]["finish_s"][1]
+
+
+request_rows = st.lists(
+    st.tuples(
+        st.integers(0, 60),  # arrival in tenths of a second: many arrive together
+        st.integers(1, 700),
+        st.integers(1, 120),
+    ),
+    min_size=1,
+    max_size=40,
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    rows=request_rows,
+    scheduler=st.sampled_from(["vllm", "sarathi"]),
+    prefix_caching=st.sampled_from(["none", "vllm"]),
+    async_scheduling=st.booleans(),
+    chunked=st.booleans(),
+    seqs=st.integers(1, 12),
+    budget=st.sampled_from([64, 256, 1024]),
+    threshold=st.sampled_from([0, 48]),
+    blocks=st.sampled_from([None, 12, 40, 120]),
+    watermark=st.sampled_from([0.0, 0.05]),
+    reserve_full=st.booleans(),
+    api_server=st.booleans(),
+    stop_s=st.sampled_from([None, 2.5]),
+    fast_forward=st.booleans(),
+)
+def test_any_run_is_the_same_compiled(
+    rows,
+    scheduler,
+    prefix_caching,
+    async_scheduling,
+    chunked,
+    seqs,
+    budget,
+    threshold,
+    blocks,
+    watermark,
+    reserve_full,
+    api_server,
+    stop_s,
+    fast_forward,
+):
+    """Random arrivals (ties included), lengths and engine limits: a pool small enough to preempt and refuse (and
+    with vLLM's prefix cache, to find a preempted request's blocks again or not), chunked and whole prompts, one step
+    ahead or not, the API server or none, a stop time."""
+    engine = {
+        "scheduler": scheduler,
+        "prefix_caching": prefix_caching,
+        "max_num_seqs": seqs,
+        "max_num_batched_tokens": budget if chunked else 1024,
+        "max_model_len": 1024,
+        "enable_chunked_prefill": chunked,
+        "long_prefill_token_threshold": threshold,
+        "num_gpu_blocks_override": blocks,
+        "watermark": watermark,
+        "scheduler_reserve_full_isl": reserve_full,
+        "api_server": api_server,
+    }
+    if scheduler == "sarathi":
+        engine |= {"chunk_size": budget, "enable_chunked_prefill": True}
+    else:
+        engine["async_scheduling"] = async_scheduling
+    s = scenario(engine=engine, stop={"max_sim_time_s": stop_s})
+    s = s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": fast_forward})})
+    requests = [(i, t / 10, prompt, output) for i, (t, prompt, output) in enumerate(sorted(rows))]
+    simpy_run, compiled_run = both(s, requests)
+    assert_same_run(simpy_run, compiled_run)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+@pytest.mark.parametrize("made_within_the_step", [True, False])
+def test_an_arrival_at_the_very_end_of_a_step_is_ordered_as_simpy_orders_it(
+    async_scheduling, made_within_the_step
+):
+    """SimPy runs the events of one instant in the order they were made, and the arrival process makes a request's
+    timeout when the request before it arrives. So a request arriving exactly as a step ends is seen by the plan made
+    then if the request before it came before the step began, and not if it came during the step."""
+    s = with_engine(scenario(), fast_forward=False, prefix_caching="none", async_scheduling=async_scheduling)
+    base = [(i, 0.3 * i, 300 + 17 * i, 60) for i in range(6)]
+    first, _ = both(s, base)
+    ends = first.steps["time_s"].to_numpy()
+    step = 30  # a step no arrival falls in
+    assert not any(ends[step - 1] < t <= ends[step] for _, t, _, _ in base)
+    extra = [(6, float(ends[step]), 200, 20)]
+    if made_within_the_step:
+        extra.append((7, float((ends[step - 1] + ends[step]) / 2), 100, 10))
+    requests = sorted(base + extra, key=lambda r: r[1])
+    requests = [(i, *r[1:]) for i, r in enumerate(requests)]
+    simpy_run, compiled_run = both(s, requests)
+    assert ends[step] in set(simpy_run.steps["time_s"])
+    assert_same_run(simpy_run, compiled_run)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "reason"),
+    [
+        ({"engine": {"prefix_caching": "radix", "scheduler": "sglang"}}, "sglang scheduler"),
+        (
+            {
+                "workload": {
+                    "trace": None,
+                    "lengths": {
+                        "prompt": {"kind": "fixed", "value": 500},
+                        "output": {"kind": "fixed", "value": 20},
+                    },
+                    "num_requests": 50,
+                    "arrivals": {"kind": "poisson", "rate_per_s": 5},
+                    "shared_prefix": {"num_prefixes": 2, "prefix_tokens": 300, "zipf_s": 1.0, "share": 0.8},
+                }
+            },
+            "share a prefix",
+        ),
+        (
+            {
+                "engine": {
+                    "prefix_caching": "none",
+                    "speculative": {"method": "ngram", "k": 3, "acceptance": 0.6},
+                }
+            },
+            "speculative",
+        ),
+        ({"engine": {"prefix_caching": "none"}, "cluster": {"replicas": 2}}, "more than one replica"),
+        ({"engine": {"prefix_caching": "none"}, "simulation": {"compiled": False}}, "compiled is off"),
+        ({"engine": {"prefix_caching": "none", "preemption_mode": "swap"}}, "swapping"),
+    ],
+)
+def test_what_it_cannot_reproduce_runs_in_simpy(overrides, reason):
+    world = World(scenario(**{"simulation": {"compiled": True}, **overrides}), SCENARIOS)
+    assert reason in compiled_reason(world)
