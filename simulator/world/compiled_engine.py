@@ -27,7 +27,9 @@ from numba import njit
 helper = njit(cache=True, _nrt=False)
 
 # what the loop returns
-DONE, NEED_FIXED, NEED_DENOMINATORS, FLUSH, GROW_GAPS, GROW_ARENA, GROW_TABLES = range(7)
+# (NEED_ARENA, NEED_TABLES: the gap arena or the tables arena needs `S_NEED` slots past its live regions: compacted,
+# grown if need be)
+DONE, NEED_FIXED, NEED_DENOMINATORS, FLUSH, GROW_GAPS, NEED_ARENA, NEED_TABLES = range(7)
 
 # per-request integer fields (columns of `ri`: a request's fields side by side)
 (
@@ -391,15 +393,13 @@ def compact(ri, arena, off_field, size_field, size_add):
     return top
 
 
-@njit(cache=True)
+@helper
 def table_room(e):
-    """Whether the tables arena has room for a plan's admissions (after compacting it if need be)."""
+    """Whether the tables arena has room for a plan's admissions; if not, what it needs (`S_NEED`)."""
     if not e.pi[P_PREFIX]:
         return True
     need = e.pi[P_MAX_SEQS] * e.pi[P_MAX_TABLE]
-    if e.si[S_TABLES_TOP] + need <= e.tables.shape[0]:
-        return True
-    e.si[S_TABLES_TOP] = compact(e.ri, e.tables, TABLE_OFF, TABLE_CAP, 0)
+    e.si[S_NEED] = need
     return e.si[S_TABLES_TOP] + need <= e.tables.shape[0]
 
 
@@ -409,7 +409,7 @@ def table_room(e):
 SHAPE_FIELD = 1 << 16
 
 
-@njit(cache=True)
+@helper
 def shape_key(tokens, requests, logits, prefill, mixed):
     return ((tokens * SHAPE_FIELD + requests) * SHAPE_FIELD + logits) * 4 + prefill * 2 + mixed
 
@@ -417,7 +417,7 @@ def shape_key(tokens, requests, logits, prefill, mixed):
 EMPTY_KEY = -1
 
 
-@njit(cache=True)
+@helper
 def table_slot(keys, key):
     """The slot of `key` in an open-addressing table (linear probing; `EMPTY_KEY` marks a free slot), or of the
     free slot it would take."""
@@ -799,7 +799,7 @@ def _record(e, duration, requests, prefill, decode, preempted):
     e.si[S_ROWS] = k + 1
 
 
-@njit(cache=True)
+@helper
 def _room_for_step(e):
     """Whether the arena and the gap buffer hold what committing the plan adds; else the status to return."""
     first, finishing = 0, 0
@@ -815,10 +815,8 @@ def _room_for_step(e):
         e.si[S_NEED] = finishing
         return FLUSH if e.si[S_GAPS] else GROW_GAPS
     if e.si[S_ARENA_TOP] + first > e.arena.shape[0]:
-        e.si[S_ARENA_TOP] = compact(e.ri, e.arena, GAP_OFF, OUTPUT, -1)
-        if e.si[S_ARENA_TOP] + first > e.arena.shape[0]:
-            e.si[S_NEED] = e.si[S_ARENA_TOP] + first
-            return GROW_ARENA
+        e.si[S_NEED] = first
+        return NEED_ARENA
     return DONE
 
 
@@ -928,7 +926,7 @@ def _enter_arrivals(e):
     e.si[S_NEXT_EID] = -2  # every request has entered
 
 
-@njit(cache=True)
+@helper
 def run_replica(e):
     """Run until done (every event processed, or the stop time reached) or until Python is needed; returns the
     status. Resumes where it stopped."""
@@ -940,7 +938,7 @@ def run_replica(e):
             if e.si[S_ROWS] >= rows_cap:
                 return FLUSH
             if not table_room(e):
-                return GROW_TABLES
+                return NEED_TABLES
             _schedule(e)
             if e.si[S_PLAN_N] == 0:
                 if e.si[S_PREEMPTED] == 0:

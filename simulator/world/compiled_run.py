@@ -10,6 +10,7 @@ scenario in SimPy; `simulation.compiled: false` keeps every one there.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +27,8 @@ from servesim.workloads.request import Phase
 
 ROWS = 1 << 16  # step-log rows handed to the step log at a time
 GAPS = 1 << 20  # finished requests' inter-token gaps handed to the token log at a time
+ARENA = 1 << 22  # gaps of requests still producing tokens, to start with (compacted, grown as needed)
+TABLES = 4  # prefix caching: block-table room for so many plans' admissions, to start with (compacted, grown)
 _PHASES = {ce.WAITING: Phase.WAITING, ce.RUNNING: Phase.RUNNING, ce.FINISHED: Phase.FINISHED}
 
 
@@ -92,6 +95,32 @@ def run_compiled(world, until: float | None) -> bool:
     return True
 
 
+def warm_up() -> None:
+    """Compile the loop now, or load it from numba's disk cache (the first run after an install compiles it, ~40 s):
+    a few requests through it."""
+    from servesim.simulator.scenario import Scenario
+    from servesim.simulator.world.run import World
+
+    s = Scenario.model_validate(
+        {
+            "name": "warm-up",
+            "model": "llama-3.1-8b",
+            "hardware": {"gpu": "h100-sxm"},
+            "workload": {
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": 64},
+                    "output": {"kind": "fixed", "value": 4},
+                },
+                "arrivals": {"kind": "poisson", "rate_per_s": 10},
+                "num_requests": 4,
+            },
+        }
+    )
+    world = World(s, Path("."))
+    if not run_compiled(world, None):
+        raise AssertionError(f"the warm-up scenario runs in SimPy: {compiled_reason(world)}")
+
+
 class _CompiledReplica:
     """The compiled loop's arrays for one World, the Python it calls back for, and the results written back."""
 
@@ -134,8 +163,8 @@ class _CompiledReplica:
             ids = np.arange(kv.num_blocks)
             self.blocks[:, ce.NEXT], self.blocks[:, ce.PREV] = ids + 1, ids - 1
             self.blocks[-1, ce.NEXT], self.blocks[:, ce.REFS] = -1, 0
-        room = 4 * scheduler.max_num_seqs * int(self.pi[ce.P_MAX_TABLE])
-        self.tables = np.full(max(1 << 16, room) if prefix else 1, -1, np.int64)
+        room = TABLES * scheduler.max_num_seqs * int(self.pi[ce.P_MAX_TABLE])
+        self.tables = np.full(room if prefix else 1, -1, np.int64)
         seats = scheduler.max_num_seqs + 1
         self.running, self.retiring = np.zeros(seats, np.int64), np.zeros(seats, np.int64)
         self.heap, self.inbox, self.ho_queue = (np.zeros(max(n, 1), np.int64) for _ in range(3))
@@ -155,7 +184,7 @@ class _CompiledReplica:
         ).reshape(-1, 4)
         self.paths_f = np.array([p[4] for p in self.attention.paths], float)
         self.denominators = np.full((2, scheduler.budget + 1), np.nan)
-        self.arena = np.zeros(1 << 22)
+        self.arena = np.zeros(ARENA)
         self.gaps = np.zeros(GAPS)
         self.rows_i = np.zeros((7, ROWS), np.int64)
         self.rows_f = np.zeros((3, ROWS))
@@ -209,14 +238,10 @@ class _CompiledReplica:
                 self.denominators[:, tokens] = self.attention.denominators_at(tokens)
             elif status == ce.GROW_GAPS:
                 self.gaps = np.zeros(max(2 * len(self.gaps), int(self.si[ce.S_NEED])))
-            elif status == ce.GROW_TABLES:
-                tables = np.full(2 * len(self.tables), -1, np.int64)
-                tables[: len(self.tables)] = self.tables
-                self.tables = tables
-            elif status == ce.GROW_ARENA:
-                arena = np.zeros(max(2 * len(self.arena), 2 * int(self.si[ce.S_NEED])))
-                arena[: len(self.arena)] = self.arena
-                self.arena = arena
+            elif status == ce.NEED_TABLES:
+                self.tables = self._compacted(self.tables, ce.TABLE_OFF, ce.TABLE_CAP, 0, ce.S_TABLES_TOP, -1)
+            elif status == ce.NEED_ARENA:
+                self.arena = self._compacted(self.arena, ce.GAP_OFF, ce.OUTPUT, -1, ce.S_ARENA_TOP, 0)
             else:
                 self._flush()
             if world.on_progress and self.si[ce.S_COMPLETED] != completed:
@@ -226,6 +251,17 @@ class _CompiledReplica:
                 break
         world.completed = int(self.si[ce.S_COMPLETED])
         self._write_back()
+
+    def _compacted(self, arena, off_field, size_field, size_add, top_slot, blank) -> np.ndarray:
+        """`arena` with its live regions moved to its front, or a copy twice as large (at least) if they leave
+        fewer than `S_NEED` slots after them."""
+        top = self.si[top_slot] = ce.compact(self.ri, arena, off_field, size_field, size_add)
+        need = int(self.si[ce.S_NEED])
+        if top + need <= len(arena):
+            return arena
+        grown = np.full(max(2 * len(arena), 2 * (top + need)), blank, arena.dtype)
+        grown[:top] = arena[:top]
+        return grown
 
     def _loop(self) -> ce.Loop:
         return ce.Loop(*(getattr(self, name) for name in ce.Loop._fields))

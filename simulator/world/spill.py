@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
+from numba import njit
 
 #: gaps held in memory before they move to disk (32 MiB)
 SPILL_VALUES = 1 << 22
@@ -76,6 +77,19 @@ _SUM_SLICE = 1 << 24
 _SCALE = 1074 + 53
 
 
+@njit(cache=True)
+def _exponent_sums(values):
+    """Per exponent (frexp's, -1073 to 1024, offset by 1074), the values' 53-bit significands summed as their high
+    and low 26-bit halves: exact in int64 for up to _SUM_SLICE values (each half below 2**27)."""
+    highs, lows = np.zeros(2100, np.int64), np.zeros(2100, np.int64)
+    for value in values:
+        significand, exponent = math.frexp(value)
+        whole = np.int64(significand * 2.0**53)  # exact: a float64 has 53 significant bits
+        highs[exponent + 1074] += whole >> 26  # whole = high * 2**26 + low
+        lows[exponent + 1074] += whole & ((1 << 26) - 1)
+    return highs, lows
+
+
 class ExactSum:
     """A running sum of float arrays kept exact, as an integer times 2**-_SCALE, so it takes chunks in any order and
     gives `math.fsum`'s correctly rounded result over every value, without a Python float per value: each slice's
@@ -102,12 +116,8 @@ class ExactSum:
         )  # fsum keeps -0.0 only if every value is one
         self._negative_zeros = zeros if self._negative_zeros is None else self._negative_zeros and zeros
         for start in range(0, len(values), _SUM_SLICE):
-            significand, exponent = np.frexp(values[start : start + _SUM_SLICE])
-            whole = (significand * 2.0**53).astype(np.int64)  # exact: a float64 has 53 significant bits
-            high, low = whole >> 26, whole & ((1 << 26) - 1)  # whole = high * 2**26 + low
-            index = exponent + 1074  # frexp's exponents run from -1073 to 1024
-            highs, lows = np.bincount(index, high), np.bincount(index, low)
-            for i in np.flatnonzero(highs.astype(bool) | lows.astype(bool)).tolist():
+            highs, lows = _exponent_sums(values[start : start + _SUM_SLICE])
+            for i in np.flatnonzero(highs | lows).tolist():
                 part = (int(highs[i]) << 26) + int(lows[i])
                 self._scaled += part << (i - 1074 - 53 + _SCALE)
 

@@ -278,7 +278,7 @@ def test_fixed_seconds_is_step_costs_fixed_part(name, tp, dp_attention, measured
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=15, deadline=None)
 @given(
     name=st.sampled_from([*MODELS, "qwen3-30b-a3b", "llama-3.1-70b"]),
     tp=st.sampled_from([1, 2, 4]),

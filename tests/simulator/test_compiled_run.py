@@ -4,10 +4,12 @@ it leaves to SimPy."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from servesim.simulator.world import compiled_run
 from servesim.simulator.world.compiled_run import compiled_reason
 from servesim.simulator.world.run import World
 from servesim.workloads.generate import Workload
@@ -56,6 +58,31 @@ def test_a_small_pool_preempts_and_refuses_as_in_simpy(prefix_caching):
     assert simpy_run.requests["preemptions"].sum() > 0
     assert simpy_run.requests["reject_reason"].notna().sum() > 0
     assert_same_run(simpy_run, compiled_run)
+
+
+@pytest.mark.parametrize("prefix_caching", ["none", "vllm"])
+def test_small_buffers_flush_compact_and_grow_as_they_fill(prefix_caching, monkeypatch):
+    """Buffers of a few slots: the loop hands over its rows and gaps, compacts and grows its arenas (gaps of requests
+    still producing tokens, block tables) many times a run, and the run is the same."""
+    monkeypatch.setattr(compiled_run, "ROWS", 5)
+    monkeypatch.setattr(compiled_run, "GAPS", 7)
+    monkeypatch.setattr(compiled_run, "ARENA", 50)
+    monkeypatch.setattr(compiled_run, "TABLES", 1)
+    compacted = []
+    compact = compiled_run.ce.compact
+    monkeypatch.setattr(
+        compiled_run.ce,
+        "compact",
+        lambda ri, arena, *fields: compacted.append(arena.dtype) or compact(ri, arena, *fields),
+    )
+    s = with_engine(
+        scenario(workload={"num_requests": 120}), prefix_caching=prefix_caching, num_gpu_blocks_override=150
+    )
+    simpy_run, compiled_run_ = both(s)
+    assert simpy_run.requests["preemptions"].sum() > 0
+    assert compacted.count(np.dtype(float)) > 2
+    assert (np.dtype(np.int64) in compacted) == (prefix_caching == "vllm")
+    assert_same_run(simpy_run, compiled_run_)
 
 
 def test_a_preempted_request_finds_its_own_blocks_as_in_simpy():
