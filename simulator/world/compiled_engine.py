@@ -403,6 +403,25 @@ def table_room(e):
     return e.si[S_TABLES_TOP] + need <= e.tables.shape[0]
 
 
+@njit(cache=True)
+def entry_times(arrival, refused, service, latency, frontend):
+    """When each request enters (`Traffic`: it waits for an arrival ahead of now, `now + (arrival - now)` as SimPy
+    adds a delay, or enters at once), whether it waited, and when the API server (FIFO; none for the refused) hands it
+    to the engine: `served + latency`, as a delay from its entry. NaN where there is no hand-over."""
+    n = arrival.shape[0]
+    enters, hand_over, timed = np.empty(n), np.full(n, np.nan), np.zeros(n, np.bool_)
+    now, free_at = 0.0, -np.inf
+    for i in range(n):
+        if arrival[i] > now:
+            now, timed[i] = now + (arrival[i] - now), True
+        enters[i] = now
+        if frontend and not refused[i]:
+            served = max(now, free_at) + service[i]
+            free_at = served
+            hand_over[i] = now + (served + latency - now)
+    return enters, hand_over, timed
+
+
 # ---- the loop ------------------------------------------------------------------------------------------------
 
 # a step shape packed as one key: tokens, requests, logits, prefill?, mixed?

@@ -192,36 +192,34 @@ class _CompiledReplica:
     def _request_arrays(self, frontend) -> tuple[np.ndarray, np.ndarray]:
         """Each request's lengths, order key and refusal, and when it enters and reaches the engine: `Traffic`'s
         and the API server's times computed as SimPy computes them (now + delay)."""
-        world, requests = self.world, self.requests
+        requests = self.requests
         n = len(requests)
         ri = np.zeros((n, ce.RI_FIELDS), np.int64)
         rf = np.full((n, ce.RF_FIELDS), np.nan)
         ri[:, ce.GAP_OFF] = ri[:, ce.TABLE_OFF] = -1
-        size = self.scheduler.kv.block_size
-        now, free_at = 0.0, None
-        refusals: dict[tuple[int, int, bool], str | None] = {}  # a refusal reads only these (`run.rejection`)
-        for i, req in enumerate(requests):
-            ri[i, ce.PROMPT], ri[i, ce.OUTPUT], ri[i, ce.ID] = (
-                req.num_prompt_tokens,
-                req.num_output_tokens,
-                req.id,
-            )
-            rf[i, ce.ARRIVAL] = req.arrival_s
-            ri[i, ce.TABLE_CAP] = -(-(req.num_prompt_tokens + req.num_output_tokens - 1) // size)
-            flags = (ce.PRIVATE if req.private_prefix else 0) | (ce.NO_HITS if req.prompt_logprobs else 0)
-            if req.arrival_s > now:
-                now, flags = now + (req.arrival_s - now), flags | ce.TIMED
-            rf[i, ce.ENTERS] = now
-            lengths = (req.num_prompt_tokens, req.num_output_tokens, req.prompt_logprobs)
-            if lengths not in refusals:
-                refusals[lengths] = world._refusal(req)
-            if refusals[lengths] is not None:
-                flags |= ce.REFUSED
-            elif frontend.active:
-                served = max(now, now if free_at is None else free_at) + frontend.service_s(req)
-                free_at = served
-                rf[i, ce.HAND_OVER] = now + (served + frontend.latency_s - now)
-            ri[i, ce.FLAGS] = flags
+        ri[:, ce.PROMPT] = [req.num_prompt_tokens for req in requests]
+        ri[:, ce.OUTPUT] = [req.num_output_tokens for req in requests]
+        ri[:, ce.ID] = [req.id for req in requests]
+        rf[:, ce.ARRIVAL] = [req.arrival_s for req in requests]
+        prompt, output, arrival = ri[:, ce.PROMPT], ri[:, ce.OUTPUT], rf[:, ce.ARRIVAL]
+        ri[:, ce.TABLE_CAP] = -(-(prompt + output - 1) // self.scheduler.kv.block_size)
+        logprobs = np.array([req.prompt_logprobs for req in requests], bool)
+        flags = np.where([req.private_prefix for req in requests], ce.PRIVATE, 0) | np.where(
+            logprobs, ce.NO_HITS, 0
+        )
+        # a refusal reads only the lengths and prompt_logprobs (`run.rejection`): asked once per distinct triple
+        triples, first, which = np.unique(
+            np.stack([prompt, output, logprobs]), axis=1, return_index=True, return_inverse=True
+        )
+        refused = np.array([self.world._refusal(requests[i]) is not None for i in first.tolist()], bool)[
+            which
+        ]
+        flags |= np.where(refused, ce.REFUSED, 0)
+        service = frontend.request_s + frontend.token_s * prompt  # `Frontend.service_s`
+        rf[:, ce.ENTERS], rf[:, ce.HAND_OVER], timed = ce.entry_times(
+            arrival, refused, service, frontend.latency_s, frontend.active
+        )
+        ri[:, ce.FLAGS] = flags | np.where(timed, ce.TIMED, 0)
         handed = rf[:, ce.HAND_OVER][~np.isnan(rf[:, ce.HAND_OVER])]
         if np.any(np.diff(handed) < 0):
             raise AssertionError("the API server hands requests over out of order")

@@ -141,11 +141,46 @@ def exact_sum(chunks: Callable[[], Iterable[np.ndarray]]) -> float:
     return total.value()
 
 
-def _sort_keys(values: np.ndarray) -> np.ndarray:
-    """Unsigned keys in the order of the floats (no NaN): negatives' bits flipped, positives' sign bit set."""
-    bits = values.view(np.uint64)
-    negative = (bits >> np.uint64(63)).astype(bool)
-    return np.where(negative, ~bits, bits | np.uint64(1 << 63))
+_SIGN = np.uint64(1 << 63)
+
+
+@njit(cache=True)
+def _sort_key(raw):
+    """An unsigned key in the order of the floats (no NaN) from a float's bits: a negative's flipped, a positive's
+    sign bit set."""
+    return ~raw if raw & _SIGN else raw | _SIGN
+
+
+@njit(cache=True)
+def _in_bucket(key, prefix, bits):
+    """Whether `key`'s top `bits` bits are `prefix` (every key is in the bucket of no bits)."""
+    return bits == 0 or key >> (np.uint64(64) - bits) == prefix
+
+
+@njit(cache=True)
+def _count_digits(values, prefix, bits, counts):
+    """Add to `counts[d]` the values in bucket (`prefix`, `bits`) whose keys' next 16 bits are d."""
+    shift = np.uint64(48) - bits
+    for raw in values.view(np.uint64):
+        key = _sort_key(raw)
+        if _in_bucket(key, prefix, bits):
+            counts[(key >> shift) & np.uint64(0xFFFF)] += 1
+
+
+@njit(cache=True)
+def _bucket_keys(values, prefix, bits):
+    """The keys of the values in bucket (`prefix`, `bits`)."""
+    raws = values.view(np.uint64)
+    count = 0
+    for raw in raws:
+        count += _in_bucket(_sort_key(raw), prefix, bits)
+    keys, count = np.empty(count, np.uint64), 0
+    for raw in raws:
+        key = _sort_key(raw)
+        if _in_bucket(key, prefix, bits):
+            keys[count] = key
+            count += 1
+    return keys
 
 
 def _from_key(key: int) -> float:
@@ -169,14 +204,12 @@ def ranked_values(
         counts = {b: np.zeros(1 << 16, np.int64) for b in buckets if state[buckets[b][0]][3] > SORT_VALUES}
         kept: dict[tuple[int, int], list[np.ndarray]] = {b: [] for b in buckets if b not in counts}
         for chunk in chunks():
-            keys = _sort_keys(chunk)
+            values = np.ascontiguousarray(chunk, float)
             for prefix, bits in buckets:
-                inside = keys if bits == 0 else keys[(keys >> np.uint64(64 - bits)) == np.uint64(prefix)]
                 if (prefix, bits) in counts:
-                    digit = ((inside >> np.uint64(48 - bits)) & np.uint64(0xFFFF)).astype(np.int64)
-                    counts[prefix, bits] += np.bincount(digit, minlength=1 << 16)
+                    _count_digits(values, np.uint64(prefix), np.uint64(bits), counts[prefix, bits])
                 else:
-                    kept[prefix, bits].append(inside)
+                    kept[prefix, bits].append(_bucket_keys(values, np.uint64(prefix), np.uint64(bits)))
         for (prefix, bits), members in buckets.items():
             if (prefix, bits) in kept:
                 keys = np.sort(np.concatenate(kept[prefix, bits]))
