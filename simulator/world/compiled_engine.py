@@ -104,7 +104,6 @@ PF_FIELDS = 5
     S_RETIRING,
     S_PLAN_N,
     S_PREEMPTED,
-    S_DECODE_TOKENS,
     S_ROWS,
     S_GAPS,
     S_ARENA_TOP,
@@ -117,8 +116,26 @@ PF_FIELDS = 5
     S_QUEUE_HEAD,  # prefix caching: the free queue's first and last blocks (-1: empty)
     S_QUEUE_TAIL,
     S_TABLES_TOP,
-) = range(29)
-SI_FIELDS = 29
+    # the plan's sums, kept as requests join it: tokens, logits, the longest and shortest query, decodes (one token,
+    # having sampled), the decode and prefill paths' tokens, requests, causal keys and KV read (`_paired_stats`),
+    # and the gap arena and gap buffer slots committing it may take
+    S_TOKENS,
+    S_LOGITS,
+    S_TOP,
+    S_LOW,
+    S_DECODES,
+    S_D_TOKENS,
+    S_D_REQUESTS,
+    S_D_KEYS,
+    S_D_READ,
+    S_P_TOKENS,
+    S_P_REQUESTS,
+    S_P_KEYS,
+    S_P_READ,
+    S_FIRST_GAPS,
+    S_LAST_GAPS,
+) = range(43)
+SI_FIELDS = 43
 # float state (`sf`)
 T_NOW, T_ENGINE, T_NEXT, T_IN_FLIGHT_SINCE, T_DURATION = range(5)
 SF_FIELDS = 5
@@ -545,10 +562,40 @@ def _capped(e, pending):
 
 @helper
 def _plan_add(e, r, n):
-    k = e.si[S_PLAN_N]
-    e.plan_req[k], e.plan_new[k], e.plan_ctx[k] = r, n, e.ri[r, COMPUTED]
+    """`PlanBuilder.add`, and `StepPlan.samples` of it (its pending tokens all fed)."""
+    k, context = e.si[S_PLAN_N], e.ri[r, COMPUTED]
+    samples = context + n == e.ri[r, PROMPT] + e.ri[r, GENERATED]
+    e.plan_req[k], e.plan_new[k], e.plan_ctx[k], e.plan_samples[k] = r, n, context, samples
     e.si[S_PLAN_N] = k + 1
     e.si[S_BUDGET_LEFT] -= n
+    _sum_in(e, r, n, context, samples)
+
+
+@helper
+def _clear_sums(e):
+    for slot in range(S_TOKENS, S_LAST_GAPS + 1):
+        e.si[slot] = 0
+    e.si[S_LOW] = 1 << 62
+
+
+@helper
+def _sum_in(e, r, n, context, samples):
+    """Add a planned request to the plan's sums."""
+    e.si[S_TOKENS] += n
+    e.si[S_LOGITS] += samples
+    e.si[S_TOP] = max(e.si[S_TOP], n)
+    e.si[S_LOW] = min(e.si[S_LOW], n)
+    path = S_D_TOKENS if n <= 1 else S_P_TOKENS  # a query of decode_query_len tokens takes the decode path
+    e.si[path] += n
+    e.si[path + 1] += 1
+    e.si[path + 2] += n * context + n * (n + 1) // 2
+    e.si[path + 3] += context + n
+    e.si[S_DECODES] += n == 1 and e.ri[r, GENERATED] > 0
+    if samples:
+        if math.isnan(e.rf[r, FIRST_TOKEN]):
+            e.si[S_FIRST_GAPS] += e.ri[r, OUTPUT] - 1
+        if e.ri[r, GENERATED] + 1 >= e.ri[r, OUTPUT]:
+            e.si[S_LAST_GAPS] += e.ri[r, OUTPUT]
 
 
 @helper
@@ -566,12 +613,12 @@ def _preempt(e, v):
         if e.plan_req[k] == v:
             e.si[S_BUDGET_LEFT] += e.plan_new[k]
             for j in range(k, e.si[S_PLAN_N] - 1):
-                e.plan_req[j], e.plan_new[j], e.plan_ctx[j] = (
-                    e.plan_req[j + 1],
-                    e.plan_new[j + 1],
-                    e.plan_ctx[j + 1],
-                )
+                e.plan_req[j], e.plan_new[j] = e.plan_req[j + 1], e.plan_new[j + 1]
+                e.plan_ctx[j], e.plan_samples[j] = e.plan_ctx[j + 1], e.plan_samples[j + 1]
             e.si[S_PLAN_N] -= 1
+            _clear_sums(e)
+            for j in range(e.si[S_PLAN_N]):
+                _sum_in(e, e.plan_req[j], e.plan_new[j], e.plan_ctx[j], e.plan_samples[j])
             break
     e.si[S_PREEMPTED] += 1
     e.ri[v, PREEMPTIONS] += 1
@@ -697,6 +744,7 @@ def _plan(e):
         for j in range(e.si[S_RUNNING]):
             e.ri[e.running[j], IN_FLIGHT] = 0
     e.si[S_PLAN_N], e.si[S_PREEMPTED], e.si[S_BUDGET_LEFT], e.si[S_CURSOR] = 0, 0, e.pi[P_BUDGET], 0
+    _clear_sums(e)
     _schedule_running(e)
     if e.si[S_PREEMPTED] == 0:
         _admit_waiting(e)
@@ -737,22 +785,19 @@ def _schedule(e):
 def _attention_s(e):
     """`RooflineAttention.__call__` of the plan (windowless): per path, the sums of `_paired_stats`, then
     `_priced`'s terms in its order. NaN: the step's denominators are not known yet."""
-    tokens = 0
-    # decode and prefill paths' sums: tokens, requests, keys, KV read
-    d_tokens, d_requests, d_keys, d_read, p_tokens, p_requests, p_keys, p_read = 0, 0, 0, 0, 0, 0, 0, 0
-    for k in range(e.si[S_PLAN_N]):
-        n, c = e.plan_new[k], e.plan_ctx[k]
-        if n <= 1:
-            d_tokens += n
-            d_requests += 1
-            d_keys += n * c + n * (n + 1) // 2
-            d_read += c + n
-        else:
-            p_tokens += n
-            p_requests += 1
-            p_keys += n * c + n * (n + 1) // 2
-            p_read += c + n
-        tokens += n
+    tokens = e.si[S_TOKENS]
+    d_tokens, d_requests, d_keys, d_read = (
+        e.si[S_D_TOKENS],
+        e.si[S_D_REQUESTS],
+        e.si[S_D_KEYS],
+        e.si[S_D_READ],
+    )
+    p_tokens, p_requests, p_keys, p_read = (
+        e.si[S_P_TOKENS],
+        e.si[S_P_REQUESTS],
+        e.si[S_P_KEYS],
+        e.si[S_P_READ],
+    )
     compute_d, memory_d = e.denominators[0, tokens], e.denominators[1, tokens]
     if math.isnan(compute_d):
         e.si[S_MISS_TOKENS] = tokens
@@ -787,14 +832,8 @@ def _attention_s(e):
 def _price(e):
     """`StepTimer.lists_s` of the plan: its shape's fixed part plus its attention; NaN on a miss (which
     `S_MISS_KEY` or `S_MISS_TOKENS` names)."""
-    tokens, logits, top, low = 0, 0, 0, 1 << 62
-    for k in range(e.si[S_PLAN_N]):
-        n = e.plan_new[k]
-        tokens += n
-        logits += e.plan_samples[k]
-        top = max(top, n)
-        low = min(low, n)
-    key = shape_key(tokens, e.si[S_PLAN_N], logits, int(top > 1), int(low <= 1 < top))
+    top, low = e.si[S_TOP], e.si[S_LOW]
+    key = shape_key(e.si[S_TOKENS], e.si[S_PLAN_N], e.si[S_LOGITS], int(top > 1), int(low <= 1 < top))
     slot = table_slot(e.fixed_keys, key)
     if e.fixed_keys[slot] != key:
         e.si[S_MISS_KEY] = key
@@ -821,15 +860,7 @@ def _record(e, duration, requests, prefill, decode, preempted):
 @helper
 def _room_for_step(e):
     """Whether the arena and the gap buffer hold what committing the plan adds; else the status to return."""
-    first, finishing = 0, 0
-    for k in range(e.si[S_PLAN_N]):
-        r = e.plan_req[k]
-        if not e.plan_samples[k]:
-            continue
-        if math.isnan(e.rf[r, FIRST_TOKEN]):
-            first += e.ri[r, OUTPUT] - 1
-        if e.ri[r, GENERATED] + 1 >= e.ri[r, OUTPUT]:
-            finishing += e.ri[r, OUTPUT]
+    first, finishing = e.si[S_FIRST_GAPS], e.si[S_LAST_GAPS]
     if e.si[S_GAPS] + finishing > e.gaps.shape[0]:
         e.si[S_NEED] = finishing
         return FLUSH if e.si[S_GAPS] else GROW_GAPS
@@ -874,10 +905,8 @@ def _commit(e):
         for k in range(e.si[S_PLAN_N]):
             e.ri[e.plan_req[k], IN_FLIGHT] = e.plan_new[k]
     count = 0
-    tokens = 0
     for k in range(e.si[S_PLAN_N]):
         r = e.plan_req[k]
-        tokens += e.plan_new[k]
         e.ri[r, COMPUTED] += e.plan_new[k]
         if e.ri[r, COMPUTED] >= e.ri[r, PROMPT] + e.ri[r, GENERATED]:
             _sample(e, r)
@@ -899,8 +928,8 @@ def _commit(e):
             e.si[S_RETIRING] += 1
         else:
             _release_finished(e, r)
-    decode = e.si[S_DECODE_TOKENS]
-    _record(e, e.sf[T_DURATION], e.si[S_PLAN_N], tokens - decode, decode, e.si[S_PREEMPTED])
+    decode = e.si[S_DECODES]
+    _record(e, e.sf[T_DURATION], e.si[S_PLAN_N], e.si[S_TOKENS] - decode, decode, e.si[S_PREEMPTED])
     e.si[S_COMPLETED] += count
 
 
@@ -972,15 +1001,10 @@ def run_replica(e):
                 else:
                     _record(e, 0.0, 0, 0, 0, e.si[S_PREEMPTED])
                 continue
-            decode = 0
-            for k in range(e.si[S_PLAN_N]):
+            for k in range(e.si[S_PLAN_N]):  # StepPlan.mark_scheduled
                 r = e.plan_req[k]
                 if math.isnan(e.rf[r, SCHEDULED]):
                     e.rf[r, SCHEDULED] = e.sf[T_NOW]
-                e.plan_samples[k] = e.plan_ctx[k] + e.plan_new[k] == e.ri[r, PROMPT] + e.ri[r, GENERATED]
-                if e.plan_new[k] == 1 and e.ri[r, GENERATED] > 0:
-                    decode += 1
-            e.si[S_DECODE_TOKENS] = decode
             e.si[S_STAGE] = STAGE_PRICE
             continue
         if stage == STAGE_PRICE:
