@@ -16,8 +16,9 @@ from servesim.policies.spec_decode import EAGLE_METHODS, SpeculativeConfig
 
 MAX_SEQS = 2**20  # batch slots: far past any engine's (SGLang caps its pool at 4096)
 MAX_BUDGET = MAX_TOKENS  # tokens a step
-# KV blocks a run keeps a record of, all replicas together: ~130 bytes each (free list and reference count)
-MAX_KV_BLOCKS = 2**25
+# KV blocks a run keeps a record of, all replicas together: ~180 bytes each with a prefix cache (free queue, reference
+# count, hash), so the most a run may hold (~3 GB) fits in 6 GiB beside the rest
+MAX_KV_BLOCKS = 2**24
 
 
 class EngineConfig(SpecModel):

@@ -656,7 +656,7 @@ def test_a_non_finite_number_is_refused_by_name(tmp_path, override):
     [
         (
             "engine.num_gpu_blocks_override=100000000000000000000",
-            "Input should be less than or equal to 33554432",
+            "Input should be less than or equal to 16777216",
         ),
         ("workload.num_requests=1000000000000", "Input should be less than or equal to 100000000"),
     ],
@@ -672,7 +672,7 @@ def test_replicas_whose_blocks_together_are_too_many_are_refused_before_any_pool
     """Found by the fuzzer: 2,000 replicas of 27,794 blocks each were a MemoryError traceback (~130 bytes a block)."""
     result = simulate(str(QUICKSTART), "--out", str(tmp_path / "out"), "--set", "cluster.replicas=2000")
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
-    assert "2,000 replicas x 27,794 KV blocks = 55,588,000 blocks, more than the 33,554,432" in result.stderr
+    assert "2,000 replicas x 27,794 KV blocks = 55,588,000 blocks, more than the 16,777,216" in result.stderr
     assert result.stderr.count("\n") == 1
 
 
