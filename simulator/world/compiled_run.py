@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import ACT_BYTES, RooflineAttention
@@ -86,13 +87,15 @@ def compiled_reason(world) -> str | None:
     return None
 
 
-def run_compiled(world, until: float | None) -> bool:
-    """Run `world` to `until` through the compiled loop if it can (True), leaving its requests, step log and token
-    log as the SimPy engine would; False (nothing done) where it cannot."""
+def run_compiled(world, until: float | None) -> dict[str, list] | None:
+    """Run `world` to `until` through the compiled loop if it can, leaving its requests, step log and token log as
+    the SimPy engine would, and return the requests table's columns (`metrics.request_columns` of its requests
+    sorted by id); None (nothing done) where it cannot."""
     if compiled_reason(world) is not None:
-        return False
-    _CompiledReplica(world, math.inf if until is None else float(until)).run()
-    return True
+        return None
+    replica = _CompiledReplica(world, math.inf if until is None else float(until))
+    replica.run()
+    return replica.request_columns()
 
 
 def warm_up() -> None:
@@ -117,7 +120,7 @@ def warm_up() -> None:
         }
     )
     world = World(s, Path("."))
-    if not run_compiled(world, None):
+    if run_compiled(world, None) is None:
         raise AssertionError(f"the warm-up scenario runs in SimPy: {compiled_reason(world)}")
 
 
@@ -211,9 +214,9 @@ class _CompiledReplica:
         triples, first, which = np.unique(
             np.stack([prompt, output, logprobs]), axis=1, return_index=True, return_inverse=True
         )
-        refused = np.array([self.world._refusal(requests[i]) is not None for i in first.tolist()], bool)[
-            which
-        ]
+        reasons = [self.world._refusal(requests[i]) for i in first.tolist()]
+        self._reasons = [reasons[i] for i in np.ravel(which).tolist()]
+        refused = np.array([reason is not None for reason in self._reasons], bool)
         flags |= np.where(refused, ce.REFUSED, 0)
         service = frontend.request_s + frontend.token_s * prompt  # `Frontend.service_s`
         rf[:, ce.ENTERS], rf[:, ce.HAND_OVER], timed = ce.entry_times(
@@ -304,6 +307,43 @@ class _CompiledReplica:
         if gaps:
             self.world.tokens.record_finished(self.gaps[:gaps])
             self.si[ce.S_GAPS] = 0
+
+    def request_columns(self) -> dict[str, list]:
+        """`metrics.request_columns` of the requests sorted by id, from the loop's arrays (no P/D, DP rank, session
+        follow-up or cache answer here)."""
+        requests, ri, rf = self.requests, self.ri, self.rf
+        order = np.argsort(ri[:, ce.ID], kind="stable")
+        ri, rf = ri[order], rf[order]
+        flags = ri[:, ce.FLAGS]
+        entered, refused = (flags & ce.ENTERED != 0).tolist(), (flags & ce.REFUSED != 0).tolist()
+        handed = (flags & ce.HANDED_OVER != 0).tolist()
+        index, n = self.replica.index, len(order)
+        nothing = [None] * n
+        return {
+            "request_id": ri[:, ce.ID].tolist(),
+            "arrival_s": rf[:, ce.ARRIVAL].tolist(),
+            "first_token_s": rf[:, ce.FIRST_TOKEN].tolist(),
+            "finish_s": rf[:, ce.FINISH].tolist(),
+            "prompt_tokens": ri[:, ce.PROMPT].tolist(),
+            "output_tokens": ri[:, ce.GENERATED].tolist(),
+            "requested_output_tokens": ri[:, ce.OUTPUT].tolist(),
+            "cached_tokens": ri[:, ce.CACHED_TOKENS].tolist(),
+            "preemptions": ri[:, ce.PREEMPTIONS].tolist(),
+            "replica": [index if h else None for h in handed],
+            "dp_rank": pd.array(nothing, dtype="Int64"),
+            "scheduled_s": rf[:, ce.SCHEDULED].tolist(),
+            "session_id": [requests[i].session_id for i in order.tolist()],
+            "reject_reason": [
+                self._reasons[i] if r and e else None for i, r, e in zip(order.tolist(), refused, entered)
+            ],
+            "served_by": ["engine" if e and not r else None for e, r in zip(entered, refused)],
+            "false_hit": [False] * n,
+            "prefill_replica": nothing,
+            "decode_wait_s": nothing,
+            "kv_transfer_s": nothing,
+            "kv_transfer_bytes": nothing,
+            "decode_hit_tokens": nothing,
+        }
 
     def _write_back(self) -> None:
         """The engine's state of every request, as the SimPy engine leaves it."""

@@ -38,7 +38,13 @@ from servesim.workloads.request import Request
 
 def request_frame(requests: list[Request]) -> pd.DataFrame:
     """Per-request table: times in seconds, token counts, latencies, preemptions, replica, rejection reason."""
-    rows = {
+    return request_table(request_columns(requests))
+
+
+def request_columns(requests: list[Request]) -> dict[str, list]:
+    """The per-request table's columns as lists, read off the requests (the compiled loop gives the same from its
+    arrays: `compiled_run`)."""
+    return {
         "request_id": [r.id for r in requests],
         "arrival_s": [r.arrival_s for r in requests],
         "first_token_s": [r.first_token_s for r in requests],
@@ -64,6 +70,10 @@ def request_frame(requests: list[Request]) -> pd.DataFrame:
         "kv_transfer_bytes": [r.extra.get("kv_transfer_bytes") for r in requests],
         "decode_hit_tokens": [r.extra.get("decode_hit_tokens") for r in requests],
     }
+
+
+def request_table(rows: dict[str, list]) -> pd.DataFrame:
+    """The per-request table of `request_columns`' columns, with the latencies derived from them."""
     df = pd.DataFrame(rows).astype(
         {
             "scheduled_s": float,

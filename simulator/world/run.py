@@ -32,6 +32,7 @@ from servesim.simulator.world.replicas import Pool, ReplicaSite, build_pool
 from servesim.simulator.world.metrics import (
     cache_and_load_summary,
     request_frame,
+    request_table,
     summarize,
     transfer_summary,
 )
@@ -355,7 +356,8 @@ class World:
 
     def run(self) -> RunResult:
         until = self.scenario.stop.max_sim_time_s
-        if not run_compiled(self, until):
+        columns = run_compiled(self, until)
+        if columns is None:
             self.env.run(until=until)
         scenario = self.scenario
         if self.lost_at_s is not None:  # judged as a run stopped here (simulator/world/slo_watch.py)
@@ -363,8 +365,12 @@ class World:
             scenario = scenario.model_copy(
                 update={"stop": scenario.stop.model_copy(update={"max_sim_time_s": until})}
             )
-        requests = request_frame(
-            sorted([*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id)
+        requests = (
+            request_frame(
+                sorted([*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id)
+            )
+            if columns is None
+            else request_table(columns)
         )
         steps = self.steps.table()
         gpus_of_replica = {
