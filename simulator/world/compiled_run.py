@@ -87,7 +87,7 @@ def compiled_reason(world) -> str | None:
     return None
 
 
-def run_compiled(world, until: float | None) -> dict[str, list] | None:
+def run_compiled(world, until: float | None) -> dict[str, list | np.ndarray] | None:
     """Run `world` to `until` through the compiled loop if it can, leaving its requests, step log and token log as
     the SimPy engine would, and return the requests table's columns (`metrics.request_columns` of its requests
     sorted by id); None (nothing done) where it cannot."""
@@ -308,9 +308,10 @@ class _CompiledReplica:
             self.world.tokens.record_finished(self.gaps[:gaps])
             self.si[ce.S_GAPS] = 0
 
-    def request_columns(self) -> dict[str, list]:
+    def request_columns(self) -> dict[str, list | np.ndarray]:
         """`metrics.request_columns` of the requests sorted by id, from the loop's arrays (no P/D, DP rank, session
-        follow-up or cache answer here)."""
+        follow-up or cache answer here); numbers as arrays of the dtypes pandas gives their lists, not a Python object
+        each."""
         requests, ri, rf = self.requests, self.ri, self.rf
         order = np.argsort(ri[:, ce.ID], kind="stable")
         ri, rf = ri[order], rf[order]
@@ -320,18 +321,18 @@ class _CompiledReplica:
         index, n = self.replica.index, len(order)
         nothing = [None] * n
         return {
-            "request_id": ri[:, ce.ID].tolist(),
-            "arrival_s": rf[:, ce.ARRIVAL].tolist(),
-            "first_token_s": rf[:, ce.FIRST_TOKEN].tolist(),
-            "finish_s": rf[:, ce.FINISH].tolist(),
-            "prompt_tokens": ri[:, ce.PROMPT].tolist(),
-            "output_tokens": ri[:, ce.GENERATED].tolist(),
-            "requested_output_tokens": ri[:, ce.OUTPUT].tolist(),
-            "cached_tokens": ri[:, ce.CACHED_TOKENS].tolist(),
-            "preemptions": ri[:, ce.PREEMPTIONS].tolist(),
+            "request_id": ri[:, ce.ID],
+            "arrival_s": rf[:, ce.ARRIVAL],
+            "first_token_s": rf[:, ce.FIRST_TOKEN],
+            "finish_s": rf[:, ce.FINISH],
+            "prompt_tokens": ri[:, ce.PROMPT],
+            "output_tokens": ri[:, ce.GENERATED],
+            "requested_output_tokens": ri[:, ce.OUTPUT],
+            "cached_tokens": ri[:, ce.CACHED_TOKENS],
+            "preemptions": ri[:, ce.PREEMPTIONS],
             "replica": [index if h else None for h in handed],
             "dp_rank": pd.array(nothing, dtype="Int64"),
-            "scheduled_s": rf[:, ce.SCHEDULED].tolist(),
+            "scheduled_s": rf[:, ce.SCHEDULED],
             "session_id": [requests[i].session_id for i in order.tolist()],
             "reject_reason": [
                 self._reasons[i] if r and e else None for i, r, e in zip(order.tolist(), refused, entered)

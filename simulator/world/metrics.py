@@ -72,7 +72,7 @@ def request_columns(requests: list[Request]) -> dict[str, list]:
     }
 
 
-def request_table(rows: dict[str, list]) -> pd.DataFrame:
+def request_table(rows: dict[str, list | np.ndarray]) -> pd.DataFrame:
     """The per-request table of `request_columns`' columns, with the latencies derived from them."""
     df = pd.DataFrame(rows).astype(
         {
