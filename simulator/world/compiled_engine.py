@@ -519,9 +519,15 @@ def _pop(e):
 
 
 @helper
-def _remove_at(items, count, position):
+def _leave_running(e, r):
+    """`running.remove(r)`: out of the batch, the requests after it moved up; returns where it was."""
+    count, position = e.si[S_RUNNING], 0
+    while e.running[position] != r:
+        position += 1
     for j in range(position, count - 1):
-        items[j] = items[j + 1]
+        e.running[j] = e.running[j + 1]
+    e.si[S_RUNNING] = count - 1
+    return position
 
 
 @helper
@@ -601,13 +607,7 @@ def _sum_in(e, r, n, context, samples):
 @helper
 def _preempt(e, v):
     """`TokenBudgetScheduler._preempt` by recompute: out of the batch and the plan, blocks freed, queued again."""
-    count = e.si[S_RUNNING]
-    position = 0
-    while e.running[position] != v:
-        position += 1
-    _remove_at(e.running, count, position)
-    e.si[S_RUNNING] = count - 1
-    if position < e.si[S_CURSOR]:
+    if _leave_running(e, v) < e.si[S_CURSOR]:
         e.si[S_CURSOR] -= 1
     for k in range(e.si[S_PLAN_N]):  # PlanBuilder.drop
         if e.plan_req[k] == v:
@@ -730,11 +730,9 @@ def _release_finished(e, r):
 @helper
 def _release_retired(e):
     """`OneStepAhead.release` then `release_finished`: the slots and blocks of requests that finished before."""
-    done = e.si[S_RETIRING]
-    for j in range(done):
+    for j in range(e.si[S_RETIRING]):
         _release_finished(e, e.retiring[j])
     e.si[S_RETIRING] = 0
-    return done
 
 
 @helper
@@ -916,11 +914,7 @@ def _commit(e):
         cache(e, r)
     for j in range(count):
         r = e.finished[j]
-        position = 0
-        while e.running[position] != r:
-            position += 1
-        _remove_at(e.running, e.si[S_RUNNING], position)
-        e.si[S_RUNNING] -= 1
+        _leave_running(e, r)
         e.ri[r, PHASE] = FINISHED
         e.rf[r, FINISH] = now
         if e.pi[P_AHEAD]:

@@ -3,8 +3,8 @@ is one it reproduces exactly, and leave the tables as the SimPy engine would.
 
 It covers what most capacity questions run: one vLLM-style engine (the `vllm` or `sarathi` scheduler, async
 scheduling or not, chunked prefill or not), with no prefix cache or vLLM's over prompts no two requests share,
-full-attention layers priced by the roofline, fed by open-loop arrivals through the API server or straight. `compiled_reason` names what keeps any other
-scenario in SimPy; `simulation.compiled: false` keeps every one there.
+full-attention layers priced by the roofline, fed by open-loop arrivals through the API server or straight.
+`compiled_reason` names what keeps any other scenario in SimPy; `simulation.compiled: false` keeps every one there.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 
 from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import ACT_BYTES, RooflineAttention
-from servesim.policies.kv_blocks import BlockManager
+from servesim.policies.kv_blocks import BlockManager, blocks_for
 from servesim.policies.ordering import by_arrival
 from servesim.policies.prefix_blocks import PrefixCachingBlockManager
 from servesim.policies.step import StepPlan
@@ -58,13 +58,9 @@ def compiled_reason(world) -> str | None:
         return "speculative decoding"
     if scheduler.cfg.preemption_mode != "recompute" or scheduler.order is not by_arrival:
         return "preemption by swapping or a queue order other than FCFS"
-    kv = scheduler.kv
-    if (
-        scheduler._waiting.lpm
-        or type(kv) not in (BlockManager, PrefixCachingBlockManager)
-        or kv.windows != (None,)
-    ):
-        return "a radix cache, a queue sorted by prefix matches or sliding-window layers"
+    kv = scheduler.kv  # (SGLang's longest-prefix-match queue orders by another key: not FCFS, above)
+    if type(kv) not in (BlockManager, PrefixCachingBlockManager) or kv.windows != (None,):
+        return "a radix cache or sliding-window layers"
     if type(kv) is PrefixCachingBlockManager and (
         kv.eagle_hits or not all(req.private_prefix for req in world.workload.requests)
     ):
@@ -205,13 +201,13 @@ class _CompiledReplica:
         ri[:, ce.ID] = [req.id for req in requests]
         rf[:, ce.ARRIVAL] = [req.arrival_s for req in requests]
         prompt, output, arrival = ri[:, ce.PROMPT], ri[:, ce.OUTPUT], rf[:, ce.ARRIVAL]
-        ri[:, ce.TABLE_CAP] = -(-(prompt + output - 1) // self.scheduler.kv.block_size)
+        ri[:, ce.TABLE_CAP] = blocks_for(prompt + output - 1, self.scheduler.kv.block_size)
         logprobs = np.array([req.prompt_logprobs for req in requests], bool)
         flags = np.where([req.private_prefix for req in requests], ce.PRIVATE, 0) | np.where(
             logprobs, ce.NO_HITS, 0
         )
         # a refusal reads only the lengths and prompt_logprobs (`run.rejection`): asked once per distinct triple
-        triples, first, which = np.unique(
+        _, first, which = np.unique(
             np.stack([prompt, output, logprobs]), axis=1, return_index=True, return_inverse=True
         )
         reasons = [self.world._refusal(requests[i]) for i in first.tolist()]
@@ -359,7 +355,7 @@ class _CompiledReplica:
             if not flags & ce.ENTERED:
                 continue
             if flags & ce.REFUSED:
-                req.phase, req.reject_reason = Phase.REJECTED, self.world._refusal(req)
+                req.phase, req.reject_reason = Phase.REJECTED, self._reasons[i]
                 continue
             req.served_by = "engine"
             if not flags & ce.HANDED_OVER:
