@@ -32,9 +32,13 @@ ROW = np.dtype([(name, "f8" if name in _FLOAT_COLUMNS else "i8") for name in STE
 SPILL_ROWS = 1 << 19
 #: rows read from each chunk at a time while merging
 MERGE_ROWS = 1 << 14
+#: the integer types a chunk file may keep a count column in, narrowest first
+_NARROW = tuple(np.dtype(t) for t in ("i1", "i2", "i4", "i8"))
+
+Columns = dict[str, np.ndarray]  # step-table columns by name, of equal length
 
 
-def _in_order(columns: dict[str, np.ndarray]) -> np.ndarray | slice:
+def _in_order(columns: Columns) -> np.ndarray | slice:
     """Row order by end time, then replica; stable: ties keep the order they were logged in. Rows logged in that
     order already (one replica's steps, as it ends them) keep it without a sort."""
     time_s, replica = columns["time_s"], columns["replica"]
@@ -46,15 +50,18 @@ def _in_order(columns: dict[str, np.ndarray]) -> np.ndarray | slice:
 
 class StepLog:
     """One row per engine step (the time is the step's end; the duration is its busy time: a pipeline-parallel
-    micro-batch's stage times, without its waits for stages busy with others). Columnar arrays keep 1M steps
-    cheap; every SPILL_ROWS rows go to a chunk file, sorted."""
+    micro-batch's stage times, without its waits for stages busy with others). Rows logged one at a time go to
+    columnar arrays, rows logged many at a time to blocks of columns, both in logged order; every SPILL_ROWS rows
+    go to a chunk file, sorted."""
 
     def __init__(self) -> None:
         self.columns: dict[str, array] = {
             name: array("d" if name in _FLOAT_COLUMNS else "q") for name in STEP_COLUMNS
         }
+        self._blocks: list[Columns] = []  # rows logged before those in `columns`
+        self._held = 0  # rows in `_blocks`
         self._spill_dir = SpillDir("servesim-steps-")
-        self._chunks: list[Path] = []
+        self._chunks: list[ChunkFile] = []
 
     def record(
         self,
@@ -82,58 +89,107 @@ class StepLog:
         c["kv_blocks_used"].append(kv_blocks_used)
         c["kv_usage"].append(kv_usage)
         c["num_preempted"].append(num_preempted)
-        if len(c["time_s"]) >= SPILL_ROWS:
+        if self._held + len(c["time_s"]) >= SPILL_ROWS:
             self._spill()
 
     def record_many(self, **columns: list | np.ndarray) -> None:
         """Append several rows at once; every column of STEP_COLUMNS must be given, as equal-length lists or numpy
-        arrays (copied as bytes, not element by element)."""
-        for name, values in columns.items():
-            col = self.columns[name]
-            if isinstance(values, np.ndarray):
-                col.frombytes(values.astype(ROW[name], copy=False).tobytes())
-            else:
-                col.extend(values)
-        if len(self.columns["time_s"]) >= SPILL_ROWS:
+        arrays (copied once)."""
+        self._seal()
+        self._blocks.append({name: np.array(columns[name], ROW[name]) for name in STEP_COLUMNS})
+        self._held += len(columns["time_s"])
+        if self._held >= SPILL_ROWS:
             self._spill()
 
-    def _views(self) -> dict[str, np.ndarray]:
-        return {
-            name: np.frombuffer(col, dtype=col.typecode) if len(col) else np.array([], col.typecode)
-            for name, col in self.columns.items()
-        }
+    def _seal(self) -> None:
+        """Move the rows logged one at a time into a block, behind those logged before them."""
+        count = len(self.columns["time_s"])
+        if not count:
+            return
+        self._blocks.append(
+            {name: np.frombuffer(col, col.typecode).copy() for name, col in self.columns.items()}
+        )
+        for col in self.columns.values():
+            del col[:]  # no view of them is left: the block copied them
+        self._held += count
+
+    def _taken_blocks(self) -> list[Columns]:
+        """Every row held, in logged order; the log holds none after."""
+        self._seal()
+        blocks, self._blocks, self._held = self._blocks, [], 0
+        return blocks
 
     def _spill(self) -> None:
+        blocks = self._taken_blocks()
+        order = _in_order({name: _joined_column(blocks, name) for name in ("time_s", "replica")})
+        if not isinstance(order, slice):  # sorted, as one block; else written block by block
+            blocks = [_taken(_joined(blocks), order)]
         path = self._spill_dir.file(f"chunk{len(self._chunks)}.bin")
-        self._sorted_rows().tofile(path)
-        self._chunks.append(path)
-        for col in self.columns.values():
-            del col[:]  # no view of them is left: _sorted_rows copied what it read
-
-    def _sorted_rows(self) -> np.ndarray:
-        views = self._views()
-        rows = np.empty(len(views["time_s"]), ROW)
-        order = _in_order(views)
-        for name, values in views.items():
-            rows[name] = values[order]
-        return rows
+        self._chunks.append(ChunkFile.write(path, blocks))
 
     def table(self) -> StepTable:
         """The rows logged: in memory if none spilled, else the chunk files and the rest as a last chunk."""
         if not self._chunks:
-            return StepTable(self._sorted_rest(), ())
-        if len(self.columns["time_s"]):
+            rows = _joined(self._taken_blocks())
+            return StepTable(pd.DataFrame(_taken(rows, _in_order(rows)), copy=False), ())
+        if self._held or len(self.columns["time_s"]):
             self._spill()
         return StepTable(None, tuple(self._chunks), self._spill_dir)
 
-    def _sorted_rest(self) -> pd.DataFrame:
-        """Each column is copied once, in order, and not again by pandas: a million-step log is held twice at
-        most, not thrice."""
-        views = self._views()
-        order = _in_order(views)
-        # in order already: copied all the same, off the logs' buffers
-        pick = (lambda values: values.copy()) if isinstance(order, slice) else (lambda values: values[order])
-        return pd.DataFrame({name: pick(values) for name, values in views.items()}, copy=False)
+
+def _taken(columns: Columns, rows: np.ndarray | slice) -> Columns:
+    return {name: values[rows] for name, values in columns.items()}
+
+
+def _joined_column(blocks: list[Columns], name: str) -> np.ndarray:
+    if len(blocks) == 1:
+        return blocks[0][name]
+    return np.concatenate([b[name] for b in blocks]) if blocks else np.array([], ROW[name])
+
+
+def _joined(blocks: list[Columns]) -> Columns:
+    return {name: _joined_column(blocks, name) for name in STEP_COLUMNS}
+
+
+@dataclass(frozen=True)
+class ChunkFile:
+    """Sorted rows on disk, column after column, each count column in the narrowest integer type that holds it
+    (writing is the cost of a long run's log: ~40 bytes a step, not 88)."""
+
+    path: Path
+    rows: int
+    dtypes: tuple[np.dtype, ...]  # per column of STEP_COLUMNS
+
+    @classmethod
+    def write(cls, path: Path, blocks: list[Columns]) -> ChunkFile:
+        """`blocks`' rows, in order, as one chunk."""
+        dtypes = tuple(_narrowest([b[name] for b in blocks]) for name in STEP_COLUMNS)
+        with open(path, "wb") as handle:
+            for name, dtype in zip(STEP_COLUMNS, dtypes):
+                for block in blocks:
+                    block[name].astype(dtype, copy=False).tofile(handle)
+        return cls(path, sum(len(b["time_s"]) for b in blocks), dtypes)
+
+    def read(self, start: int = 0, stop: int | None = None) -> Columns:
+        """Rows start..stop-1 (to the end without `stop`), counts as int64."""
+        stop = self.rows if stop is None else stop
+        columns, offset = {}, 0
+        with open(self.path, "rb") as handle:
+            for name, dtype in zip(STEP_COLUMNS, self.dtypes):
+                handle.seek(offset + start * dtype.itemsize)
+                values = np.fromfile(handle, dtype, stop - start)
+                columns[name] = values.astype(ROW[name], copy=False)
+                offset += self.rows * dtype.itemsize
+        return columns
+
+
+def _narrowest(parts: list[np.ndarray]) -> np.dtype:
+    """The narrowest of _NARROW holding every integer of `parts` (floats keep their type)."""
+    parts = [p for p in parts if len(p)]
+    if not parts or parts[0].dtype.kind == "f":
+        return parts[0].dtype if parts else np.dtype(float)
+    low, high = min(p.min() for p in parts), max(p.max() for p in parts)
+    return next(t for t in _NARROW if np.iinfo(t).min <= low and high <= np.iinfo(t).max)
 
 
 @dataclass(frozen=True)
@@ -205,7 +261,7 @@ class StepTable:
     or sorted chunk files merged on reading."""
 
     def __init__(
-        self, frame: pd.DataFrame | None, chunks: tuple[Path, ...], spill_dir: SpillDir | None = None
+        self, frame: pd.DataFrame | None, chunks: tuple[ChunkFile, ...], spill_dir: SpillDir | None = None
     ):
         self._frame, self._chunks = frame, chunks
         self._spill_dir = spill_dir  # the chunks' folder lives as long as the table
@@ -217,7 +273,7 @@ class StepTable:
     def __len__(self) -> int:
         if self._frame is not None:
             return len(self._frame)
-        return sum(p.stat().st_size for p in self._chunks) // ROW.itemsize
+        return sum(chunk.rows for chunk in self._chunks)
 
     def frame(self) -> pd.DataFrame:
         """The whole table in memory: for a spilled one, read back (as large as the run's log)."""
@@ -225,11 +281,6 @@ class StepTable:
             return self._frame
         blocks = list(self.blocks())
         return pd.concat(blocks, ignore_index=True) if blocks else _empty()
-
-    def _chunk_rows(self) -> Iterator[np.ndarray]:
-        """A spilled table's chunks, each sorted (not merged): for figures that need no order across them."""
-        for path in self._chunks:
-            yield np.fromfile(path, ROW)
 
     def figures(self, gpus_of_replica: dict[int, int] | None = None, replicas: set[int] | None = None):
         """StepFigures of the table, or of `replicas`' rows."""
@@ -239,9 +290,9 @@ class StepTable:
             return StepFigures.of(
                 frame if replicas is None else frame[frame["replica"].isin(replicas)], gpus_of_replica
             )
-        chunks = self._chunk_rows()
+        chunks = (chunk.read() for chunk in self._chunks)  # each sorted, not merged: figures need no order
         if replicas is not None:
-            chunks = (rows[np.isin(rows["replica"], list(replicas))] for rows in chunks)
+            chunks = (_taken(rows, np.isin(rows["replica"], list(replicas))) for rows in chunks)
         return StepFigures.over(chunks, gpus_of_replica)
 
     def blocks(self) -> Iterator[pd.DataFrame]:
@@ -250,72 +301,70 @@ class StepTable:
             yield self._frame
             return
         for rows in _merged(self._chunks):
-            yield _frame_of(rows)
+            yield pd.DataFrame(rows, copy=False)
 
 
 def _empty() -> pd.DataFrame:
-    return _frame_of(np.empty(0, ROW))
-
-
-def _frame_of(rows: np.ndarray) -> pd.DataFrame:
-    return pd.DataFrame({name: rows[name] for name in STEP_COLUMNS})
+    return pd.DataFrame({name: np.array([], ROW[name]) for name in STEP_COLUMNS})
 
 
 class _Chunk:
     """A sorted chunk file read MERGE_ROWS rows at a time; `rows` holds what is read and not yet merged."""
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
-        self.size = path.stat().st_size // ROW.itemsize
-        self.rows = np.empty(0, ROW)
+    def __init__(self, file: ChunkFile) -> None:
+        self.file, self.offset = file, 0
+        self.rows: Columns = {name: np.array([], ROW[name]) for name in STEP_COLUMNS}
         self.read()
 
     @property
     def exhausted(self) -> bool:
-        return self.offset >= self.size
+        return self.offset >= self.file.rows
+
+    @property
+    def held(self) -> int:
+        return len(self.rows["time_s"])
 
     def read(self) -> None:
-        count = min(MERGE_ROWS, self.size - self.offset)
-        block = np.fromfile(self.path, ROW, count, offset=self.offset * ROW.itemsize)
-        self.offset += count
-        self.rows = np.concatenate([self.rows, block]) if len(self.rows) else block
+        stop = min(self.offset + MERGE_ROWS, self.file.rows)
+        block = self.file.read(self.offset, stop)
+        self.offset = stop
+        self.rows = _joined([self.rows, block]) if self.held else block
 
     def last_key(self) -> tuple[float, int]:
         return float(self.rows["time_s"][-1]), int(self.rows["replica"][-1])
 
-    def take_below(self, key: tuple[float, int] | None) -> np.ndarray:
+    def take_below(self, key: tuple[float, int] | None) -> Columns:
         """Remove and return the rows before `key` (all, with no key)."""
         if key is None:
-            count = len(self.rows)
+            count = self.held
         else:
             times = self.rows["time_s"]
             lo, hi = np.searchsorted(times, key[0], "left"), np.searchsorted(times, key[0], "right")
             count = int(lo + np.searchsorted(self.rows["replica"][lo:hi], key[1], "left"))
-        taken, self.rows = self.rows[:count], self.rows[count:]
+        taken, self.rows = _taken(self.rows, slice(None, count)), _taken(self.rows, slice(count, None))
         return taken
 
 
-def _merged(paths: tuple[Path, ...]) -> Iterator[np.ndarray]:
+def _merged(files: tuple[ChunkFile, ...]) -> Iterator[Columns]:
     """The chunks' rows in one order, as a stable sort of all the rows logged would give: a row before every
     row still unread (each chunk's next row is no earlier than the last it read) is final; ties go by chunk,
     which is the order they were logged in. Yields blocks of at least MERGE_ROWS rows (the last may be fewer)."""
-    chunks = [_Chunk(path) for path in paths]
-    pending: list[np.ndarray] = []
+    chunks = [_Chunk(file) for file in files]
+    pending: list[Columns] = []
     held = 0
-    while any(len(c.rows) for c in chunks):
+    while any(c.held for c in chunks):
         unread = [c for c in chunks if not c.exhausted]
         bound = min((c.last_key() for c in unread), default=None)
-        taken = [c.take_below(bound) for c in chunks]
-        rows = np.concatenate(taken)
-        if len(rows):
-            rows = rows[np.lexsort((rows["replica"], rows["time_s"]))]  # stable: chunk order kept in ties
+        rows = _joined([c.take_below(bound) for c in chunks])
+        if len(rows["time_s"]):
+            rows = _taken(rows, np.lexsort((rows["replica"], rows["time_s"])))  # stable: chunk order in ties
             pending.append(rows)
-            held += len(rows)
+            held += len(rows["time_s"])
         for c in unread:
-            if not len(c.rows) or c.last_key() == bound:
+            if not c.held or c.last_key() == bound:
                 c.read()
         if held >= MERGE_ROWS:
-            yield np.concatenate(pending)
+            yield _joined(pending)
             pending, held = [], 0
     if pending:
-        yield np.concatenate(pending)
+        yield _joined(pending)

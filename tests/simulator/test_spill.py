@@ -33,6 +33,11 @@ def _chunked(values: np.ndarray, size: int):
     return lambda: (values[i : i + size].copy() for i in range(0, len(values), size))
 
 
+def _tallied(values: np.ndarray, size: int):
+    """Chunks as a spilled log holds them: each chunk's distinct values and their counts."""
+    return lambda: (spill.tally(chunk) for chunk in _chunked(values, size)())
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     values=st.lists(
@@ -50,7 +55,7 @@ def test_spilled_stats_are_numpys_over_all_the_values(values, chunk, sort_below)
     values = np.array(values, float)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(spill, "SORT_VALUES", sort_below)
-        got = spill.spilled_stats("itl", _chunked(values, chunk))
+        got = spill.spilled_stats("itl", _tallied(values, chunk))
     want = _stats("itl", values)
     assert got.keys() == want.keys()
     for key, value in want.items():
@@ -72,8 +77,8 @@ def test_spilled_sums_do_not_depend_on_the_order_values_came_in(values, chunk, s
     """A fused run logs gaps and steps in another order than a stepped one: the spilled figures must not see it."""
     values = np.array(values)
     shuffled = np.random.default_rng(seed).permutation(values)
-    assert spill.spilled_stats("x", _chunked(values, chunk)) == spill.spilled_stats(
-        "x", _chunked(shuffled, 7)
+    assert spill.spilled_stats("x", _tallied(values, chunk)) == spill.spilled_stats(
+        "x", _tallied(shuffled, 7)
     )
     frames = [
         pd.DataFrame({"duration_s": v, "kv_usage": v / 1e3, "prefill_tokens": 1, "replica": 0})
@@ -117,6 +122,52 @@ def test_exact_sums_are_the_correctly_rounded_sum_of_every_value(values, chunk):
         pass
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(
+        st.one_of(
+            st.floats(allow_nan=False, allow_infinity=False),
+            st.sampled_from([0.0, -0.0, 0.1, 1e16, 5e-324, -2.5]),
+        ),
+        max_size=40,
+    ),
+    weights=st.lists(st.integers(0, 2**40), min_size=40, max_size=40),
+    slice_weight=st.integers(2**40 + 1, 2**44),
+)
+def test_weighted_exact_sums_are_the_correctly_rounded_sum_of_each_value_repeated(
+    values, weights, slice_weight
+):
+    """A value of weight w counts as w copies, exactly, across the weight slices that keep int64 sums exact."""
+    weights = weights[: len(values)]
+    exact = sum((Fraction(v) * w for v, w in zip(values, weights)), Fraction(0))
+    total = spill.ExactSum()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spill, "_SUM_WEIGHT", slice_weight)
+        total.add(np.array(values, float), np.array(weights, np.int64))
+    try:
+        want = float(exact)
+    except OverflowError:
+        return  # numpy's sum then, as unweighted sums (above)
+    assert total.value() == want
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    values=st.lists(st.sampled_from([0.0, -0.0, 0.25, 0.5, 1e-9, np.nan, np.inf]), max_size=60),
+    block=st.integers(1, 9),
+)
+def test_a_tally_holds_every_value_by_its_bits_and_how_often_it_came(values, block):
+    values = np.array(values, float)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spill, "TALLY_VALUES", block)
+        distinct, counts = spill.tally(values)
+    assert counts.sum() == len(values) and (counts > 0).all()
+    within = [set(values[i : i + block].view(np.uint64).tolist()) for i in range(0, len(values), block)]
+    assert len(distinct) == sum(len(bits) for bits in within)  # each block's distinct bit patterns, once
+    got = np.sort(np.repeat(distinct, counts).view(np.uint64))
+    assert got.tolist() == np.sort(values.view(np.uint64)).tolist()
+
+
 def test_sums_that_are_not_finite_are_numpys():
     values = np.array([1.0, np.inf, 2.0])
     assert spill.exact_sum(_chunked(values, 2)) == np.inf
@@ -130,7 +181,7 @@ def test_ranked_values_find_each_rank_of_a_large_skewed_set(monkeypatch):
     values = np.concatenate([np.full(5000, 0.0071), rng.exponential(0.01, 20000), -rng.random(300)])
     monkeypatch.setattr(spill, "SORT_VALUES", 100)
     ranks = [0, 1, 299, 300, 4000, 12000, len(values) - 1]
-    got = spill.ranked_values(_chunked(values, 997), len(values), ranks)
+    got = spill.ranked_values(_tallied(values, 997), len(values), ranks)
     assert got == {r: float(np.sort(values)[r]) for r in ranks}
 
 
@@ -220,7 +271,7 @@ def test_a_run_that_spills_gives_the_same_tables_and_summary(monkeypatch, tmp_pa
 
 def test_spill_files_go_with_the_run(monkeypatch):
     world, result = _run(monkeypatch, ["workload.num_requests=300"], True)
-    folders = {Path(p).parent for p in result.step_table._chunks} | {
+    folders = {chunk.path.parent for chunk in result.step_table._chunks} | {
         world.itl_spill._dir.file("values.bin").parent
     }
     assert all(folder.is_dir() for folder in folders)
@@ -233,7 +284,7 @@ def test_spilled_stats_take_what_numpy_takes():
     """Infinities and sums past the largest float give numpy's answers, not an error."""
     for values in ([np.inf, -np.inf, 1.0], [1e305, 1e305], [np.inf, 2.0, 3.0]):
         array = np.array(values)
-        got, want = spill.spilled_stats("x", _chunked(array, 1)), _stats("x", array)
+        got, want = spill.spilled_stats("x", _tallied(array, 1)), _stats("x", array)
         for key, value in want.items():
             assert got[key] == value or (np.isnan(got[key]) and np.isnan(value)), (values, key)
 
@@ -265,3 +316,18 @@ def test_a_spilled_table_is_written_in_row_groups_and_csv_in_utf8(monkeypatch, t
     env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONIOENCODING": "ascii"}
     subprocess.run([sys.executable, "-X", "utf8=0", "-c", write, str(tmp_path)], env=env, check=True)
     assert (tmp_path / "requests.csv").read_bytes().decode("utf-8").splitlines()[1] == "stage 思考: too long"
+
+
+def test_a_chunk_keeps_each_count_column_in_the_narrowest_type_that_holds_it(monkeypatch):
+    """Counts past int32 survive a spill as they were logged; small ones take a byte or two on disk."""
+    monkeypatch.setattr(step_table, "SPILL_ROWS", 3)
+    log = StepLog()
+    rows = [(0.1, 2**31), (0.2, -(2**40)), (0.3, 7)]
+    for time_s, waiting in rows:
+        log.record(time_s, 0.1, 0, 300, 0, 1, 1, waiting, 0, 0.5, 0)
+    table = log.table()
+    assert table.spilled and table.frame()["num_waiting"].tolist() == [w for _, w in rows]
+    (chunk,) = table._chunks
+    dtypes = dict(zip(step_table.STEP_COLUMNS, chunk.dtypes))
+    assert (dtypes["num_waiting"], dtypes["replica"], dtypes["num_requests"]) == (np.int64, np.int8, np.int16)
+    assert chunk.path.stat().st_size == 3 * (3 * 8 + 8 + 1 + 2 + 5 * 1)
