@@ -104,9 +104,7 @@ def mark_private_prefixes(requests: list[Request]) -> None:
     """Flag the requests whose first prompt run no other request begins with and that belong to no session (a
     later turn starts with its prompt): no block of theirs can be another request's hit, since a block's hash
     chains every token before it."""
-    firsts = Counter(r.segments()[0] for r in requests)
-    for r in requests:
-        segment, tokens = r.segments()[0]
-        r.private_prefix = (
-            r.session_id is None and tokens > 0 and firsts[(segment, tokens)] == 1 and segment < 0
-        )
+    firsts = [r.segments()[0] for r in requests]
+    counts = Counter(firsts)
+    for r, first in zip(requests, firsts):
+        r.private_prefix = r.session_id is None and first[1] > 0 and first[0] < 0 and counts[first] == 1
