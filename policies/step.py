@@ -244,10 +244,11 @@ class TokenLog:
     streamed chunk does in vLLM's benchmark; TPOT, (E2E - TTFT) / (tokens - 1), still counts every token.
     `itl_s` holds the gaps of requests that produced their last token, as vLLM's benchmark counts only
     successful requests' ITLs; a request's gaps wait in `_open` until then (a run's stop leaves some there).
-    `spill(itl_s)`, if given, is called when `itl_s` holds `spill_at` gaps or more, to move them out of memory.
+    `spill(itl_s)`, if given, is called when `itl_s` holds `spill_at` gaps or more, to move them out of memory
+    (`record_finished` may pass it a numpy array of gaps instead, to move them too).
     """
 
-    def __init__(self, spill: Callable[[array], None] | None = None, spill_at: int = 0) -> None:
+    def __init__(self, spill: Callable[[array | np.ndarray], None] | None = None, spill_at: int = 0) -> None:
         self.itl_s = array("d")
         self._open: dict[int, array] = {}  # request id -> gaps so far, while it has tokens to come
         self._spill, self._spill_at = spill, spill_at
@@ -271,9 +272,13 @@ class TokenLog:
     def record_finished(self, gaps: np.ndarray) -> None:
         """Gaps of requests that produced their last token, in the order they finished (a compiled engine's,
         simulator/world/compiled_run.py)."""
-        self.itl_s.frombytes(np.ascontiguousarray(gaps, float).tobytes())
-        if self._spill is not None and len(self.itl_s) >= self._spill_at:
-            self._spill(self.itl_s)
+        gaps = np.ascontiguousarray(gaps, float)
+        if self._spill is not None and len(self.itl_s) + len(gaps) >= self._spill_at:
+            if self.itl_s:
+                self._spill(self.itl_s)
+            self._spill(gaps)  # straight from the caller's buffer: a million-request run logs ~200 M gaps
+            return
+        self.itl_s.frombytes(memoryview(gaps).cast("B"))
 
     def feed(self, req: Request, num_new: int, now: float, num_sampled: int = 1) -> bool:
         """Count `num_new` computed tokens; if the request has no pending token left, it samples `num_sampled`

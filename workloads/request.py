@@ -104,7 +104,7 @@ def mark_private_prefixes(requests: list[Request]) -> None:
     """Flag the requests whose first prompt run no other request begins with and that belong to no session (a
     later turn starts with its prompt): no block of theirs can be another request's hit, since a block's hash
     chains every token before it."""
-    firsts = [r.segments()[0] for r in requests]
+    firsts = [r.prompt_segments[0] if r.prompt_segments else r.segments()[0] for r in requests]
     counts = Counter(firsts)
     for r, first in zip(requests, firsts):
         r.private_prefix = r.session_id is None and first[1] > 0 and first[0] < 0 and counts[first] == 1

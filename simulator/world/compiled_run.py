@@ -10,6 +10,7 @@ full-attention layers priced by the roofline, fed by open-loop arrivals through 
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from pathlib import Path
 
 import numpy as np
@@ -196,14 +197,14 @@ class _CompiledReplica:
         ri = np.zeros((n, ce.RI_FIELDS), np.int64)
         rf = np.full((n, ce.RF_FIELDS), np.nan)
         ri[:, ce.GAP_OFF] = ri[:, ce.TABLE_OFF] = -1
-        ri[:, ce.PROMPT] = [req.num_prompt_tokens for req in requests]
-        ri[:, ce.OUTPUT] = [req.num_output_tokens for req in requests]
-        ri[:, ce.ID] = [req.id for req in requests]
-        rf[:, ce.ARRIVAL] = [req.arrival_s for req in requests]
+        ri[:, ce.PROMPT] = _attribute(requests, "num_prompt_tokens", np.int64)
+        ri[:, ce.OUTPUT] = _attribute(requests, "num_output_tokens", np.int64)
+        ri[:, ce.ID] = _attribute(requests, "id", np.int64)
+        rf[:, ce.ARRIVAL] = _attribute(requests, "arrival_s", float)
         prompt, output, arrival = ri[:, ce.PROMPT], ri[:, ce.OUTPUT], rf[:, ce.ARRIVAL]
         ri[:, ce.TABLE_CAP] = blocks_for(prompt + output - 1, self.scheduler.kv.block_size)
-        logprobs = np.array([req.prompt_logprobs for req in requests], bool)
-        flags = np.where([req.private_prefix for req in requests], ce.PRIVATE, 0) | np.where(
+        logprobs = _attribute(requests, "prompt_logprobs", bool)
+        flags = np.where(_attribute(requests, "private_prefix", bool), ce.PRIVATE, 0) | np.where(
             logprobs, ce.NO_HITS, 0
         )
         # a refusal reads only the lengths and prompt_logprobs (`run.rejection`): asked once per distinct triple,
@@ -352,30 +353,27 @@ class _CompiledReplica:
             name: [None if math.isnan(v) else v for v in rf[:, field].tolist()]
             for name, field in _TIME_FIELDS.items()
         }
-        for i, req in enumerate(self.requests):
-            flags = columns["flags"][i]
+        rows = zip(self.requests, self._reasons, *columns.values(), *times.values())
+        for req, reason, flags, phase, computed, in_flight, generated, preempted, cached, *at in rows:
             if not flags & ce.ENTERED:
                 continue
             if flags & ce.REFUSED:
-                req.phase, req.reject_reason = Phase.REJECTED, self._reasons[i]
+                req.phase, req.reject_reason = Phase.REJECTED, reason
                 continue
             req.served_by = "engine"
             if not flags & ce.HANDED_OVER:
                 continue
-            req.replica = index
-            req.phase = _PHASES[columns["phase"][i]]
-            req.num_computed_tokens = columns["computed"][i]
-            req.num_in_flight_tokens = columns["in_flight"][i]
-            req.num_generated = columns["generated"][i]
-            req.num_preemptions = columns["preemptions"][i]
-            req.num_cached_tokens = columns["cached_tokens"][i]
-            req.scheduled_s = times["scheduled"][i]
-            req.first_token_s = times["first_token"][i]
-            req.last_token_s = times["last_token"][i]
-            req.finish_s = times["finish"][i]
+            req.replica, req.phase = index, _PHASES[phase]
+            req.num_computed_tokens, req.num_in_flight_tokens = computed, in_flight
+            req.num_generated, req.num_preemptions, req.num_cached_tokens = generated, preempted, cached
+            req.scheduled_s, req.first_token_s, req.last_token_s, req.finish_s = at
 
 
-_INT_FIELDS = {
+def _attribute(requests: list, name: str, dtype) -> np.ndarray:
+    return np.fromiter(map(attrgetter(name), requests), dtype, len(requests))
+
+
+_INT_FIELDS = {  # in the order _write_back unpacks them
     "flags": ce.FLAGS,
     "phase": ce.PHASE,
     "computed": ce.COMPUTED,
@@ -384,7 +382,7 @@ _INT_FIELDS = {
     "preemptions": ce.PREEMPTIONS,
     "cached_tokens": ce.CACHED_TOKENS,
 }
-_TIME_FIELDS = {
+_TIME_FIELDS = {  # in the order _write_back unpacks them
     "scheduled": ce.SCHEDULED,
     "first_token": ce.FIRST_TOKEN,
     "last_token": ce.LAST_TOKEN,

@@ -53,15 +53,17 @@ class SpilledFloats:
         self.count = 0  # values spilled
         self._pairs = 0  # (value, count) pairs on disk
 
-    def spill(self, values: array) -> None:
-        distinct, counts = tally(np.frombuffer(values, float))
+    def spill(self, values: array | np.ndarray) -> None:
+        """Move `values` to disk: an array.array is emptied; a numpy array is left to its owner."""
+        distinct, counts = tally(np.frombuffer(values, float) if isinstance(values, array) else values)
         for name, column in (("values.bin", distinct), ("counts.bin", counts)):
             with open(self._dir.file(name), "ab") as handle:
                 handle.truncate(self._pairs * 8)  # what a failed write left after the pairs counted
                 column.tofile(handle)
         self._pairs += len(distinct)
         self.count += len(values)
-        del values[:]
+        if isinstance(values, array):
+            del values[:]
 
     def gathered(self, rest: array) -> np.ndarray | Callable[[], Iterator[Tally]]:
         """The values spilled, then `rest`: an array if none were spilled, else a reader of their tallies."""
