@@ -113,8 +113,8 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     between speeds for seconds at a time (one step timed back to back: 14.6 ms, then 23 ms for ~5 s, then
     16.5 ms), which no calibration can predict; when the test measures such a change under it, it checks
     the bounds such swings leave (COARSE: a unit or scheduling error still misses them by far) and warns
-    that the strict ones went unchecked; past UNSTEADY_DRIFT it skips, saying why (the served run then measured
-    the machine's other load)."""
+    that the strict ones went unchecked; past UNSTEADY_DRIFT (the served run then measured the machine's other load)
+    it checks only ROUGH bounds, and warns."""
     probes_s = [_probe_s()]
     setup = Setup("llama-3.1-8b", SCALE, "cpu", "", (), threads=1)
     report, setup = run_calibration(setup, tmp_path, repeats=3, grid=GRID)  # each shape timed 3 times
@@ -145,10 +145,22 @@ def test_calibrated_simulator_predicts_served_latencies(tmp_path):
         fed_back = (v.measured["output_tokens"] - 1).sum()  # every output but the last runs as a decode
         assert steps["num_tokens"].sum() == v.measured["prompt_tokens"].sum() - cached.sum() + fed_back
     drift = _machine_drift(tmp_path, steps, probes_s)
-    if drift > UNSTEADY_DRIFT:  # what was measured is the other tenants' load, not the engine
-        pytest.skip(
-            f"the machine's speed changed by {drift:.0%} under the test: too unsteady to judge latencies"
+    if drift > UNSTEADY_DRIFT:  # what was measured is the other tenants' load, not the engine: judged roughly
+        medians = table[["measured_median_ms", "simulated_median_ms"]]
+        ratios = {
+            m: round(float(medians.loc[m, "simulated_median_ms"] / medians.loc[m, "measured_median_ms"]), 3)
+            for m in ROUGH
+        }
+        failed = [
+            f"{m} simulated / measured {r:.2f}"
+            for m, r in ratios.items()
+            if not 1 / ROUGH[m] <= r <= ROUGH[m]
+        ]
+        assert not failed, f"{failed}; machine drift {drift:.1%}\n{table.round(1).to_string()}"
+        warnings.warn(
+            f"the machine's speed changed by {drift:.0%} under the test: only rough bounds checked ({ratios})"
         )
+        return
     # a served run slower or faster than the calibration is judged by the coarse bounds, never skipped
     drift = max(drift, _served_slowdown(steps, report.mape["served_fitted"]))
     quiet = drift <= QUIET_DRIFT
@@ -177,6 +189,10 @@ QUIET_DRIFT = 0.03
 #: ... and too unsteady to judge at all past this: fresh-clone CI runs at 32% and 52% drift measured served
 #: latencies 1.6-5x the fit's (other load on the shared machine), while runs at 5-18% met the coarse bounds.
 UNSTEADY_DRIFT = 0.25
+#: Past UNSTEADY_DRIFT, what is still judged: each median and the output throughput within this factor of the
+#: measured one. Served latencies measured at 32-52% drift were 1.6-5x the fit's, and a slower served run serves
+#: its tokens as much slower; a unit error, or a run that serves nothing, is off by far more.
+ROUGH = {"ttft": 10.0, "tpot": 10.0, "output_throughput": 10.0}
 #: name: (validation metric, its column, bound in %): per-request errors, as issue 7 asks, and the fit's
 #: MAPE on held-out grid shapes within 15% (50% on a changing machine: still below the default's ~60%).
 STRICT = {
