@@ -43,6 +43,8 @@ OVERHEADS = {"step_overhead_s": (1e-6, 0.02), "layer_overhead_s": (1e-7, 5e-4)} 
 MOE_TERMS = {"moe_layer_s": (1e-7, 5e-4), "moe_expert_s": (1e-9, 2e-5)}
 # the API server's time per request, per prompt token and its latency: fitted only when named (--only), bounds (s)
 API_TERMS = {"api_request_s": (1e-5, 0.05), "api_token_s": (1e-8, 5e-5), "api_latency_s": (1e-5, 0.05)}
+# the host's launch time per layer of a step run outside CUDA graphs: fitted only when named (--only), bounds (s)
+HOST_TERMS = {"eager_layer_s": (1e-6, 3e-3)}
 # where a zero default starts: at its lower bound no finite step would move it
 ZERO_STARTS = {
     "layer_overhead_s": 1e-5,
@@ -51,6 +53,7 @@ ZERO_STARTS = {
     "api_request_s": 1e-3,
     "api_token_s": 1e-6,
     "api_latency_s": 1e-3,
+    "eager_layer_s": 1e-3,  # a floor below every step's GPU time would not move: start above them
 }
 EFF_BOUNDS = (0.05, 1.0)
 F_SCALE = 0.1  # soft-L1 scale in log(predicted / measured): misses beyond ~10% count linearly
@@ -161,7 +164,7 @@ def profile_of(
 
 
 def _bounds(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    ranges = OVERHEADS | API_TERMS | MOE_TERMS
+    ranges = OVERHEADS | API_TERMS | MOE_TERMS | HOST_TERMS
     low = [EFF_BOUNDS[0] if n in EFFICIENCIES else ranges[n][0] for n in names]
     high = [EFF_BOUNDS[1] if n in EFFICIENCIES else ranges[n][1] for n in names]
     return np.log(low), np.log(high)
@@ -289,7 +292,7 @@ def fit_to_runs(
     )
     names = fitted_names(train)
     if only is not None:
-        known = [*EFFICIENCIES, *OVERHEADS, *MOE_TERMS, *API_TERMS]
+        known = [*EFFICIENCIES, *OVERHEADS, *MOE_TERMS, *API_TERMS, *HOST_TERMS]
         unknown = sorted(set(only) - set(known))
         if unknown:
             raise SpecError(f"--only {', '.join(unknown)}: not a parameter; choose from {', '.join(known)}")
@@ -297,6 +300,7 @@ def fit_to_runs(
             [n for n in names if n in only]
             + [n for n in MOE_TERMS if n in only and any(run.is_moe for run in train)]
             + [n for n in API_TERMS if n in only and _through_api(train)]
+            + [n for n in HOST_TERMS if n in only]
         )
         if not names:
             raise SpecError(

@@ -159,8 +159,12 @@ class CostOptions:
     def graphed(self, batch: StepBatch) -> bool:
         """Whether a step of `batch` replays a CUDA graph: one covers its tokens and, if it prefills, the engine
         graphs prefills."""
-        sizes, prefills = self.graph_sizes, batch.max_query_len > self.decode_query_len
-        return bool(sizes) and batch.num_tokens <= sizes[-1] and (self.graph_prefills or not prefills)
+        return self.graphed_shape(batch.num_tokens, batch.max_query_len > self.decode_query_len)
+
+    def graphed_shape(self, num_tokens: int, prefills: bool) -> bool:
+        """`graphed` of a step of `num_tokens` tokens, one of whose queries is longer than a decode's if `prefills`."""
+        sizes = self.graph_sizes
+        return bool(sizes) and num_tokens <= sizes[-1] and (self.graph_prefills or not prefills)
 
     def graph_tokens(self, batch: StepBatch) -> int:
         """The rows `batch` runs its GEMMs on: its tokens, padded up to the CUDA graph it replays if one covers it."""
@@ -211,6 +215,8 @@ class StepCost:
     operators: tuple[OperatorCost, ...]
     memory_bytes_per_s: float
     peak_flop_per_s: float
+    # outside CUDA graphs the step lasts at least the host's launches (`Profile.eager_layer_s` x layers)
+    eager_floor_s: float = 0.0
 
     @property
     def attention_s(self) -> float:
@@ -223,8 +229,9 @@ class StepCost:
 
     @property
     def total_s(self) -> float:
-        """`fixed_s + attention_s`, summed in this order everywhere so cached and stepped times agree exactly."""
-        return self.fixed_s + self.attention_s
+        """`fixed_s + attention_s`, summed in this order everywhere so cached and stepped times agree exactly, or the
+        eager floor if longer."""
+        return max(self.fixed_s + self.attention_s, self.eager_floor_s)
 
     @property
     def hbm_bytes(self) -> float:
@@ -253,6 +260,7 @@ class StepCost:
         return {
             "step_time_s": self.total_s,
             "floor_s": self.floor_s,
+            "eager_floor_s": self.eager_floor_s,
             "bound": self.bound,
             "flops": self.flops,
             "hbm_bytes": self.hbm_bytes,
@@ -1465,7 +1473,13 @@ def step_cost(
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
         acc.add("overhead", "overhead", 0.0, 0.0, (_overhead_s(ctx), "fixed"), 1)
-    return StepCost(acc.result(), gpu.memory_bytes_per_s, gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]))
+    eager = batch.num_requests and not options.graphed(batch)
+    return StepCost(
+        acc.result(),
+        gpu.memory_bytes_per_s,
+        gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]),
+        ctx.profile.eager_layer_s * model.num_layers if eager else 0.0,
+    )
 
 
 def _overhead_s(ctx: _Ctx) -> float:

@@ -185,6 +185,15 @@ class Profile(SpecModel):
     request_overhead_s: float = Field(
         2e-6, ge=0, description="Per scheduled request per step: metadata, sampling"
     )
+    eager_layer_s: float = Field(
+        0.0,
+        ge=0,
+        description=(
+            "Per layer of a step the engine runs outside CUDA graphs: the host's time to launch its kernels. The GPU "
+            "cannot run them faster than they are launched, so such a step lasts the longer of its GPU time and this "
+            "times the layers (a floor, not an addition: launches overlap the kernels they queue); 0: no floor"
+        ),
+    )
     token_overhead_s: float = Field(
         0.0,
         ge=0,

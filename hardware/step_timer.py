@@ -66,6 +66,23 @@ class StepTimer:
         self._lean: tuple | None = None
         # the fixed part from parts cached by what each reads, where that applies
         self._parts = FixedParts(*self.args) if FixedParts.applies(model, parallelism, options) else None
+        # a step run outside CUDA graphs lasts at least as long as the host takes to launch it (`eager_layer_s`)
+        self.eager_floor_s = self.profile.eager_layer_s * model.num_layers
+
+    def _floored(self, seconds, num_tokens: int, prefills: bool):
+        """`seconds` (a step's, or a stretch's array of them) held at the eager floor if such a step runs outside
+        CUDA graphs."""
+        if not self.eager_floor_s or not num_tokens or self.options.graphed_shape(num_tokens, prefills):
+            return seconds
+        return (
+            np.maximum(seconds, self.eager_floor_s)
+            if isinstance(seconds, np.ndarray)
+            else max(seconds, self.eager_floor_s)
+        )
+
+    def _decode_floored(self, seconds, num_requests: int):
+        """`_floored` for decode steps of `num_requests` requests."""
+        return self._floored(seconds, num_requests * self.options.decode_query_len, False)
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -151,7 +168,7 @@ class StepTimer:
         if fixed is None:
             batch = StepBatch.of(num_new, num_context, needs_logits)
             fixed = self._fixed(key, batch, batch)
-        return fixed + small_attention_s(num_new, num_context)
+        return self._floored(fixed + small_attention_s(num_new, num_context), key[0], top > decode_query_len)
 
     @cached_property
     def chunk_step_pricer(self) -> Callable[[int, int, int, int, bool], float] | None:
@@ -162,7 +179,7 @@ class StepTimer:
         attention = self._lean_pricers()[0]
         if not isinstance(attention, RooflineAttention) or not attention.windowless:
             return None
-        fixed_s, decode_query_len = self._fixed_s, self.options.decode_query_len
+        fixed_s, decode_query_len, floored = self._fixed_s, self.options.decode_query_len, self._floored
 
         def price(decodes: int, decode_keys: int, chunk: int, fed: int, last: bool) -> float:
             top, low = (max(chunk, 1), min(chunk, 1)) if decodes else (chunk, chunk)
@@ -174,7 +191,8 @@ class StepTimer:
                     [1] * decodes + [chunk], [0] * decodes + [fed], [True] * decodes + [last]
                 )
                 fixed = self._fixed(key, batch, batch)
-            return fixed + attention.from_sums(decodes, decode_keys, chunk, fed)
+            seconds = fixed + attention.from_sums(decodes, decode_keys, chunk, fed)
+            return floored(seconds, decodes + chunk, chunk > decode_query_len)
 
         return price
 
@@ -192,7 +210,8 @@ class StepTimer:
 
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""
-        return max(self._rank_steps(batch, self.parallelism.rank_batches(batch)))
+        seconds = max(self._rank_steps(batch, self.parallelism.rank_batches(batch)))
+        return self._floored(seconds, batch.num_tokens, batch.max_query_len > self.options.decode_query_len)
 
     def _rank_steps(self, batch: StepBatch, candidates: list[StepBatch]) -> list[float]:
         """Seconds of the step with each of `candidates` as the requests one GPU attends for."""
@@ -215,7 +234,11 @@ class StepTimer:
         stage lasts as long as its slowest rank there."""
         step, layers = self._step_shape(batch), sum(self.stage_layers)
         ranks = [self._rank_stage_s(batch, step, rank) for rank in self.parallelism.rank_batches(batch)]
-        return [max(times) + extra_s * count / layers for times, count in zip(zip(*ranks), self.stage_layers)]
+        eager = self.eager_floor_s and batch.num_tokens and not self.options.graphed(batch)
+        return [
+            max(max(times), self.eager_floor_s * count / layers if eager else 0.0) + extra_s * count / layers
+            for times, count in zip(zip(*ranks), self.stage_layers)
+        ]
 
     def _rank_stage_s(self, batch: StepBatch, step: tuple, rank: StepBatch) -> list[float]:
         """Each stage's seconds with `rank` as the requests one GPU attends for (`step`: `_step_shape(batch)`)."""
@@ -238,7 +261,8 @@ class StepTimer:
             attention = decode_stretch_attention_s(num_context, num_steps, *self.args)
         else:
             attention = stretch_attention_s(num_context, num_steps)
-        return self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
+        seconds = self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
+        return self._decode_floored(seconds, len(num_context))
 
     def shrinking_stretch_s(self, num_context: np.ndarray, finish: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` decode steps in which request j (context `num_context[j]` before the first) decodes
@@ -254,12 +278,14 @@ class StepTimer:
                 parts.append(self.decode_stretch_s(num_context[finish >= start] + start, end - start))
                 start = end
             return np.concatenate(parts)
-        fixed, start = [], 0
+        fixed, floors, start = [], [], 0
         for end in bounds:  # each size's fixed part, from the batch a stepped step of that size would price
             size = len(finishes) - bisect_left(finishes, start)  # requests decoding from `start` on
             fixed_s = self._fixed_s.get(self._decode_shape(size))
             if fixed_s is None:
                 fixed_s = self.decode_fixed_s(size, num_context[finish >= start] + start)
             fixed += [fixed_s] * (end - start)
+            floors += [self._decode_floored(0.0, size)] * (end - start)
             start = end
-        return np.array(fixed) + (0 + pricer(num_context, finish, num_steps))
+        seconds = np.array(fixed) + (0 + pricer(num_context, finish, num_steps))
+        return np.maximum(seconds, floors) if self.eager_floor_s else seconds

@@ -393,9 +393,11 @@ def roofline(
         for op in cost.operators
     ]
     print_table(title, ["operator", "layers", "GFLOP", "MB", "FLOP/B", "ms", "bound"], rows)
+    host = cost.eager_floor_s > cost.fixed_s + cost.attention_s
     console.print(
         f"step time {cost.total_s * 1e3:.3f} ms, floor {cost.floor_s * 1e3:.3f} ms "
         f"(HBM bytes / bandwidth), {cost.bound}-bound"
+        + (", held at the host's launches (eager step: the profile's eager_layer_s x layers)" if host else "")
     )
 
 

@@ -72,6 +72,8 @@ def compiled_reason(world) -> str | None:
         return "attention priced by kernel tables, MLA, DP attention or fast prefill"
     if timer.options.decode_query_len != 1:
         return "verify steps"
+    if timer.eager_floor_s:
+        return "a floor on eager steps (the profile's eager_layer_s)"
     if not (
         isinstance(attention.kv_values, int)
         and isinstance(attention.kvbytes, float)

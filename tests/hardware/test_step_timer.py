@@ -316,3 +316,75 @@ def test_the_fixed_part_from_cached_parts_is_fixed_seconds(name, tp, measured, s
                     logits = [i % every == 0 for i in range(len(num_new))]
                     batch = StepBatch.of(num_new, [100 * i for i in range(len(num_new))], logits)
                     assert parts(batch) == fixed_seconds(batch, *args, batch)
+
+
+#: a floor of 32 x 1 ms on Llama-3.1-8B: above a small step's GPU time, below a long prefill's
+EAGER = Profile(eager_layer_s=1e-3)
+DECODE_GRAPHS = CostOptions(
+    graph_sizes=(1, 2, 4, 8)
+)  # FULL_DECODE_ONLY: prefills, and decodes past 8, run eagerly
+
+
+def _eager_reference(batch: StepBatch, options: CostOptions) -> float:
+    """A step's time: the cost model's without a floor, held at 32 ms if it runs outside CUDA graphs."""
+    gpu_s = step_cost(batch, get_model("llama-3.1-8b"), H100, Parallelism(), Profile(), options).total_s
+    return gpu_s if options.graphed(batch) else max(gpu_s, 0.032)
+
+
+def test_an_eager_step_lasts_at_least_the_hosts_launches():
+    model = get_model("llama-3.1-8b")
+    timer = StepTimer(model, H100, Parallelism(), EAGER, DECODE_GRAPHS)
+    assert timer.eager_floor_s == 32 * 1e-3
+    prefill, long_prefill = StepBatch.of([16], [0]), StepBatch.of([8192], [0])
+    decodes, wide = StepBatch.of([1] * 4, [900] * 4), StepBatch.of([1] * 12, [900] * 12)
+    assert timer(prefill) == 0.032 > step_cost(prefill, model, H100, options=DECODE_GRAPHS).total_s
+    assert timer(long_prefill) == step_cost(long_prefill, model, H100, options=DECODE_GRAPHS).total_s > 0.032
+    assert timer(decodes) == step_cost(decodes, model, H100, options=DECODE_GRAPHS).total_s < 0.032  # graphed
+    assert timer(wide) == 0.032  # 12 decodes: past the largest graph
+    for batch in (prefill, long_prefill, decodes, wide):
+        assert step_cost(batch, model, H100, Parallelism(), EAGER, DECODE_GRAPHS).total_s == timer(batch)
+    # every graph captured: the same prefill replays one, no floor
+    graphs_all = CostOptions(graph_sizes=(1, 2, 4, 8, 16), graph_prefills=True)
+    assert StepTimer(model, H100, Parallelism(), EAGER, graphs_all)(prefill) < 0.032
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    decodes=st.integers(0, 12),
+    chunk=st.integers(0, 40),
+    fed=st.integers(0, 300),
+    contexts=st.lists(st.integers(0, 3000), min_size=1, max_size=14),
+    finish=st.lists(st.integers(0, 12), min_size=14, max_size=14),
+    steps=st.integers(1, 12),
+)
+def test_every_pricing_path_holds_an_eager_step_at_the_floor(decodes, chunk, fed, contexts, finish, steps):
+    """Lists, the chunk pricer, a decode stretch and a shrinking one (across the largest graph: 9+ decodes eager,
+    fewer graphed) agree with the floored cost model, step by step."""
+    timer = StepTimer(get_model("llama-3.1-8b"), H100, Parallelism(), EAGER, DECODE_GRAPHS)
+    if decodes + chunk:
+        new, ctx = [1] * decodes + ([chunk] if chunk else []), [500] * decodes + ([fed] if chunk else [])
+        logits = [True] * len(new)
+        want = _eager_reference(StepBatch.of(new, ctx, logits), DECODE_GRAPHS)
+        assert timer.lists_s(new, ctx, logits) == want
+        if chunk:
+            assert timer.chunk_step_pricer(decodes, 501 * decodes, chunk, fed, True) == want
+    c, ends = np.array(contexts), np.array(finish[: len(contexts)])
+    steps = min(steps, int(ends.max()) + 1)
+    stepped = [
+        _eager_reference(StepBatch.of(np.ones(int((ends >= i).sum()), int), c[ends >= i] + i), DECODE_GRAPHS)
+        for i in range(steps)
+    ]
+    assert timer.shrinking_stretch_s(c, ends, steps).tolist() == stepped
+    assert timer.decode_stretch_s(c, steps).tolist() == [
+        _eager_reference(StepBatch.of(np.ones(len(c), int), c + i), DECODE_GRAPHS) for i in range(steps)
+    ]
+
+
+def test_each_pipeline_stage_holds_its_share_of_the_floor():
+    model = get_model("llama-3.1-8b")
+    timer = StepTimer(model, H100, Parallelism(pp=2), EAGER, DECODE_GRAPHS)
+    assert timer.stage_s(StepBatch.of([16], [0])) == [0.016, 0.016]
+    graphed = StepBatch.of([1, 1], [100, 200])
+    assert timer.stage_s(graphed) == StepTimer(model, H100, Parallelism(pp=2), options=DECODE_GRAPHS).stage_s(
+        graphed
+    )

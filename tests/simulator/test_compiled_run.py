@@ -231,3 +231,12 @@ def test_an_arrival_at_the_very_end_of_a_step_is_ordered_as_simpy_orders_it(
 def test_what_it_cannot_reproduce_runs_in_simpy(overrides, reason):
     world = World(scenario(**{"simulation": {"compiled": True}, **overrides}), SCENARIOS)
     assert reason in compiled_reason(world)
+
+
+def test_a_floor_on_eager_steps_runs_in_simpy(tmp_path):
+    (tmp_path / "eager.yaml").write_text("name: eager\neager_layer_s: 0.0005\n")
+    s = scenario(simulation={"compiled": True}, engine={"prefix_caching": "none"})
+    s = s.model_copy(
+        update={"hardware": s.hardware.model_copy(update={"profile": str(tmp_path / "eager.yaml")})}
+    )
+    assert "eager_layer_s" in compiled_reason(World(s, SCENARIOS))
