@@ -208,6 +208,12 @@ class StepTimer:
             )
         return self._lean
 
+    @property
+    def attention_pricer(self):
+        """`small_attention_pricer` of this timer's setup (a `RooflineAttention` where the roofline prices every
+        layer), or None: what a compiled engine may price attention with."""
+        return self._lean_pricers()[0]
+
     def __call__(self, batch: StepBatch) -> float:
         """Seconds of one step of `batch`: of its DP-attention ranks' steps, the longest."""
         seconds = max(self._rank_steps(batch, self.parallelism.rank_batches(batch)))

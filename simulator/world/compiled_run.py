@@ -67,7 +67,7 @@ def compiled_reason(world) -> str | None:
     ):
         return "a prefix cache with prompts that share a prefix"
     timer = pool.timer
-    attention = timer._lean_pricers()[0]
+    attention = timer.attention_pricer
     if not isinstance(attention, RooflineAttention) or not attention.windowless:
         return "attention priced by kernel tables, MLA, DP attention or fast prefill"
     if timer.options.decode_query_len != 1:
@@ -132,7 +132,7 @@ class _CompiledReplica:
         self.replica = pool.replicas[0]
         self.scheduler = scheduler = self.replica.scheduler
         self.timer = pool.timer
-        self.attention: RooflineAttention = self.timer._lean_pricers()[0]
+        self.attention: RooflineAttention = self.timer.attention_pricer
         self.requests = requests = world.workload.requests
         n = len(requests)
         kv = scheduler.kv
