@@ -69,20 +69,23 @@ class StepTimer:
         # a step run outside CUDA graphs lasts at least as long as the host takes to launch it (`eager_layer_s`)
         self.eager_floor_s = self.profile.eager_layer_s * model.num_layers
 
-    def _floored(self, seconds, num_tokens: int, prefills: bool):
-        """`seconds` (a step's, or a stretch's array of them) held at the eager floor if such a step runs outside
-        CUDA graphs."""
+    def _floor_s(self, num_tokens: int, prefills: bool) -> float:
+        """The least a step of `num_tokens` tokens (a query longer than a decode's if `prefills`) lasts: the eager
+        floor if it runs outside CUDA graphs, else 0."""
         if not self.eager_floor_s or not num_tokens or self.options.graphed_shape(num_tokens, prefills):
-            return seconds
-        return (
-            np.maximum(seconds, self.eager_floor_s)
-            if isinstance(seconds, np.ndarray)
-            else max(seconds, self.eager_floor_s)
-        )
+            return 0.0
+        return self.eager_floor_s
 
-    def _decode_floored(self, seconds, num_requests: int):
-        """`_floored` for decode steps of `num_requests` requests."""
-        return self._floored(seconds, num_requests * self.options.decode_query_len, False)
+    def _floored(self, seconds, num_tokens: int, prefills: bool):
+        """`seconds` (a step's, or a stretch's array of them) held at `_floor_s`."""
+        floor = self._floor_s(num_tokens, prefills)
+        if not floor:
+            return seconds
+        return np.maximum(seconds, floor) if isinstance(seconds, np.ndarray) else max(seconds, floor)
+
+    def _decode_floor_s(self, num_requests: int) -> float:
+        """`_floor_s` of a decode step of `num_requests` requests."""
+        return self._floor_s(num_requests * self.options.decode_query_len, False)
 
     def _step_shape(self, batch: StepBatch) -> tuple:
         """What the non-attention operators depend on (MLA's expansion also on prefill contexts): the step's own
@@ -240,9 +243,9 @@ class StepTimer:
         stage lasts as long as its slowest rank there."""
         step, layers = self._step_shape(batch), sum(self.stage_layers)
         ranks = [self._rank_stage_s(batch, step, rank) for rank in self.parallelism.rank_batches(batch)]
-        eager = self.eager_floor_s and batch.num_tokens and not self.options.graphed(batch)
+        floor = self._floor_s(batch.num_tokens, batch.max_query_len > self.options.decode_query_len)
         return [
-            max(max(times), self.eager_floor_s * count / layers if eager else 0.0) + extra_s * count / layers
+            max(max(times), floor * count / layers) + extra_s * count / layers
             for times, count in zip(zip(*ranks), self.stage_layers)
         ]
 
@@ -268,7 +271,8 @@ class StepTimer:
         else:
             attention = stretch_attention_s(num_context, num_steps)
         seconds = self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
-        return self._decode_floored(seconds, len(num_context))
+        floor = self._decode_floor_s(len(num_context))
+        return np.maximum(seconds, floor) if floor else seconds
 
     def shrinking_stretch_s(self, num_context: np.ndarray, finish: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` decode steps in which request j (context `num_context[j]` before the first) decodes
@@ -291,7 +295,7 @@ class StepTimer:
             if fixed_s is None:
                 fixed_s = self.decode_fixed_s(size, num_context[finish >= start] + start)
             fixed += [fixed_s] * (end - start)
-            floors += [self._decode_floored(0.0, size)] * (end - start)
+            floors += [self._decode_floor_s(size)] * (end - start)
             start = end
         seconds = np.array(fixed) + (0 + pricer(num_context, finish, num_steps))
         return np.maximum(seconds, floors) if self.eager_floor_s else seconds
