@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -1147,7 +1147,7 @@ def small_attention_pricer(
     parallelism: Parallelism = Parallelism(),
     profile: Profile = Profile(),
     options: CostOptions = CostOptions(),
-) -> Callable[[Sequence[int], Sequence[int]], float] | None:
+) -> PathAttention | None:
     """`attention_seconds` of a batch given as its requests' new and context tokens, without building it: the
     simulator prices most steps, each of a few requests, so numpy's per-call cost would dominate. The same terms in
     the same order. None where pricing needs the batch itself: DP attention (ranks), MLA (its shape key) and YOCO
@@ -1155,31 +1155,13 @@ def small_attention_pricer(
     groups = _layer_groups(model, options.kv_sharing_fast_prefill)
     if parallelism.dp_attention or model.mla is not None or any(g.last_token_only for g, _ in groups):
         return None
-    at = _context_by_tokens(model, gpu, parallelism, profile, options)
-    if all(
-        _attention_table(at(1), group.window, decode) is None
-        for group, _ in groups
-        for decode in (True, False)
-    ):
-        return RooflineAttention(at(1), groups)
-    decode_query_len = options.decode_query_len
-
-    def per_layer(num_new: Sequence[int], num_context: Sequence[int]) -> Iterator[tuple[int, bool, float]]:
-        tokens = sum(num_new)
-        tokens_ctx = at(tokens)
-        for group, layers in groups:
-            paths = _paired_stats(num_new, num_context, group.window, decode_query_len)
-            for decode, sums in zip((True, False), paths):
-                stats = _AttnStats(*sums)
-                if stats.requests:
-                    yield layers, decode, _layer_attention_s(tokens_ctx, tokens, group, decode, stats)
-
-    return lambda num_new, num_context: _summed_attention(per_layer(num_new, num_context))
+    return PathAttention(_context(StepBatch.of([1], [0]), model, gpu, parallelism, profile, options), groups)
 
 
-class RooflineAttention:
-    """`small_attention_pricer` where the roofline prices every layer's attention: `attention_terms` with its
-    constant factors taken once and its efficiency denominators once per step size, each product still formed in
+class PathAttention:
+    """`small_attention_pricer`'s pricer: each layer group's decode and prefill paths priced from their sums, by the
+    kernel tables where they hold the path (`measured_attention`), else by the roofline (`attention_terms` with its
+    constant factors taken once and its efficiency denominators once per step size), each product still formed in
     the same order, so every step costs what `step_cost` says to the last bit. `from_sums` prices a step given its
     paths' sums instead of its requests (no sliding window: `windowless`)."""
 
@@ -1203,6 +1185,9 @@ class RooflineAttention:
                         qk_dim + v_dim,
                     )
                 )
+        # each path's kernel table (None: the roofline prices it)
+        self.tables = [_attention_table(ctx, window, decode) for window, decode, *_ in self.paths]
+        self.roofline_only = all(table is None for table in self.tables)
         self.windows = tuple(dict.fromkeys(group.window for group, _ in groups))
         self.windowless = self.windows == (None,)
         self.denominators: dict[int, tuple[float, float]] = {}
@@ -1245,10 +1230,15 @@ class RooflineAttention:
         # per path, across groups, as `_summed_attention` sums each name; its sum over the two names comes out the
         # same in either order (one addition of two floats)
         totals = [0.0, 0.0]  # decode, prefill
-        for window, decode, owns_kv, layers, flop_factor, head_dims in self.paths:
+        for (window, decode, owns_kv, layers, flop_factor, head_dims), table in zip(self.paths, self.tables):
             new_tokens, requests, keys, kv_read, _ = stats[window][0 if decode else 1]
             if not requests:
                 continue
+            if table is not None:
+                measured = table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
+                if measured is not None:
+                    totals[0 if decode else 1] += measured * layers
+                    continue
             written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
             nbytes = kv_read * kv_values * kvbytes + written + new_tokens * heads * head_dims * ACT_BYTES
             compute_s, memory_s = flop_factor * keys / compute_d, nbytes / memory_d

@@ -22,7 +22,6 @@ from servesim.hardware.cost import (
     CostOptions,
     FixedParts,
     Parallelism,
-    RooflineAttention,
     attention_seconds,
     decode_stretch_attention_s,
     decode_stretch_pricer,
@@ -177,10 +176,10 @@ class StepTimer:
     def chunk_step_pricer(self) -> Callable[[int, int, int, int, bool], float] | None:
         """`lists_s` of a step of `decodes` one-token decodes, whose contexts plus one sum to `decode_keys`, beside a
         prompt chunk of `chunk` tokens after `fed` that samples if `last`, from those sums alone (the step a chunked
-        prefill's fast-forward prices again and again); None unless the roofline prices windowless attention. Built
-        on first use."""
+        prefill's fast-forward prices again and again); None where attention needs more than the batch's sums (sliding
+        windows, DP attention, MLA, fast prefill). Built on first use."""
         attention = self._lean_pricers()[0]
-        if not isinstance(attention, RooflineAttention) or not attention.windowless:
+        if attention is None or not attention.windowless:
             return None
         fixed_s, decode_query_len, floored = self._fixed_s, self.options.decode_query_len, self._floored
 
@@ -213,8 +212,8 @@ class StepTimer:
 
     @property
     def attention_pricer(self):
-        """`small_attention_pricer` of this timer's setup (a `RooflineAttention` where the roofline prices every
-        layer), or None: what a compiled engine may price attention with."""
+        """`small_attention_pricer` of this timer's setup, or None: what a compiled engine may price attention
+        with."""
         return self._lean_pricers()[0]
 
     def __call__(self, batch: StepBatch) -> float:

@@ -5,7 +5,7 @@ the same to the bit (tests/simulator/test_compiled_run.py runs both).
 It replaces, for one replica fed by open-loop arrivals (simulator/world/compiled_run.py says which scenarios):
 SimPy's event queue (events ordered by time, then creation, as SimPy orders them), the arrival process, the API
 server's FIFO hand-over, `TokenBudgetScheduler` with `OneStepAhead` over its KV blocks (below), `StepTimer.lists_s`
-(the roofline's attention from each step's sums; the rest of a step's time from a table keyed by its shape, which
+(attention from each step's sums, by the kernel tables' grids or the roofline; the rest of a step's time from a table keyed by its shape, which
 the caller fills from the cost model on a miss), `TokenLog`'s inter-token gaps and the step log's rows.
 
 The loop stops and returns to its caller whenever it needs Python: a step shape or token count not priced yet, or
@@ -178,8 +178,17 @@ class Loop(NamedTuple):
     finished: np.ndarray  # scratch: the requests a step finishes
     fixed_keys: np.ndarray  # the fixed part of each step shape priced so far (an open-addressing table)
     fixed_values: np.ndarray
-    paths_i: np.ndarray  # the roofline's attention paths: decode?, owns KV?, layers, head dims
+    paths_i: (
+        np.ndarray
+    )  # attention paths: decode?, owns KV?, layers, head dims, kernel table (-1: the roofline)
     paths_f: np.ndarray  # and their FLOPs per key
+    table_axes: (
+        np.ndarray
+    )  # kernel tables: each one's logs of batch sizes and of lengths (tables x 2 x values)
+    table_sizes: np.ndarray  # how many values each axis holds (tables x 2)
+    table_log_t: (
+        np.ndarray
+    )  # log seconds over (batch, length), NaN where not measured (tables x batches x lengths)
     denominators: np.ndarray  # compute and memory denominators per step tokens (NaN: not priced yet)
     blocks: np.ndarray  # prefix caching: each block's fields (blocks x NEXT..INDEX)
     tables: np.ndarray  # prefix caching: block tables, a region per request
@@ -780,8 +789,64 @@ def _schedule(e):
 
 
 @helper
+def _bracket(log_axis, size, x):
+    """`kernel_tables._bracket` of `x` on the first `size` values of `log_axis`: (low, high, weight of high); low
+    -1 above the axis."""
+    lx = math.log(x) if x > 0 else -math.inf
+    if lx <= log_axis[0]:
+        return 0, 0, 0.0
+    if lx > log_axis[size - 1]:
+        return -1, -1, 0.0
+    lo, hi = 0, size  # bisect_left
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if log_axis[mid] < lx:
+            lo = mid + 1
+        else:
+            hi = mid
+    if log_axis[lo] == lx:
+        return lo, lo, 0.0
+    return lo - 1, lo, (lx - log_axis[lo - 1]) / (log_axis[lo] - log_axis[lo - 1])
+
+
+@helper
+def _table_at(axes, sizes, log_t, batch, length):
+    """`Grid._at2` of one kernel table (`Loop.table_*[t]`): NaN where it returns None."""
+    i0, i1, wi1 = _bracket(axes[0], sizes[0], batch)
+    j0, j1, wj1 = _bracket(axes[1], sizes[1], length)
+    if i0 < 0 or j0 < 0:
+        return np.nan
+    total = 0.0
+    for a in range(2):
+        i, wi = (i0, 1.0 - wi1) if a == 0 else (i1, wi1)
+        if wi == 0.0:
+            continue
+        for b in range(2):
+            j, wj = (j0, 1.0 - wj1) if b == 0 else (j1, wj1)
+            if wj == 0.0:
+                continue
+            value = log_t[i, j]
+            if value != value:  # not measured
+                return np.nan
+            total += wi * wj * value
+    return math.exp(total)
+
+
+@helper
+def table_s(axes, sizes, log_t, requests, length):
+    """`AttentionTable.seconds` of one kernel table (`Loop.table_*[t]`): NaN where it returns None."""
+    pieces = 1
+    while pieces <= requests:
+        time_s = _table_at(axes, sizes, log_t, requests / pieces, length)
+        if not math.isnan(time_s):
+            return time_s * pieces
+        pieces *= 2
+    return np.nan
+
+
+@helper
 def _attention_s(e):
-    """`RooflineAttention.__call__` of the plan (windowless): per path, the sums of `_paired_stats`, then
+    """`PathAttention.__call__` of the plan (windowless): per path, the sums of `_paired_stats`, then
     `_priced`'s terms in its order. NaN: the step's denominators are not known yet."""
     tokens = e.si[S_TOKENS]
     d_tokens, d_requests, d_keys, d_read = (
@@ -810,6 +875,21 @@ def _attention_s(e):
             new_tokens, requests, keys, kv_read = p_tokens, p_requests, p_keys, p_read
         if not requests:
             continue
+        table = e.paths_i[j, 4]
+        if table >= 0:  # `_table_length` of a windowless path
+            if decode:
+                length = kv_read / requests
+            else:
+                length = (math.sqrt(1 + 8 * (keys / requests)) - 1) / 2
+            measured = table_s(
+                e.table_axes[table], e.table_sizes[table], e.table_log_t[table], requests, length
+            )
+            if not math.isnan(measured):
+                if decode:
+                    decode_s += measured * float(e.paths_i[j, 2])
+                else:
+                    prefill_s += measured * float(e.paths_i[j, 2])
+                continue
         written = float(new_tokens * kv_values) * kv_bytes if e.paths_i[j, 1] else 0.0
         nbytes = (
             float(kv_read * kv_values) * kv_bytes

@@ -3,7 +3,7 @@ is one it reproduces exactly, and leave the tables as the SimPy engine would.
 
 It covers what most capacity questions run: one vLLM-style engine (the `vllm` or `sarathi` scheduler, async
 scheduling or not, chunked prefill or not), with no prefix cache or vLLM's over prompts no two requests share,
-full-attention layers priced by the roofline, fed by open-loop arrivals through the API server or straight.
+full-attention layers priced by the roofline or the kernel tables, fed by open-loop arrivals through the API server or straight.
 `compiled_reason` names what keeps any other scenario in SimPy; `simulation.compiled: false` keeps every one there.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 
 from servesim.hardware.batch import StepBatch
-from servesim.hardware.cost import ACT_BYTES, RooflineAttention
+from servesim.hardware.cost import ACT_BYTES, PathAttention
 from servesim.policies.kv_blocks import BlockManager, blocks_for
 from servesim.policies.ordering import by_arrival
 from servesim.policies.prefix_blocks import PrefixCachingBlockManager
@@ -68,8 +68,8 @@ def compiled_reason(world) -> str | None:
         return "a prefix cache with prompts that share a prefix"
     timer = pool.timer
     attention = timer.attention_pricer
-    if not isinstance(attention, RooflineAttention) or not attention.windowless:
-        return "attention priced by kernel tables, MLA, DP attention or fast prefill"
+    if attention is None or not attention.windowless:
+        return "MLA, DP attention or fast prefill"
     if timer.options.decode_query_len != 1:
         return "verify steps"
     if timer.eager_floor_s:
@@ -132,7 +132,7 @@ class _CompiledReplica:
         self.replica = pool.replicas[0]
         self.scheduler = scheduler = self.replica.scheduler
         self.timer = pool.timer
-        self.attention: RooflineAttention = self.timer.attention_pricer
+        self.attention: PathAttention = self.timer.attention_pricer
         self.requests = requests = world.workload.requests
         n = len(requests)
         kv = scheduler.kv
@@ -177,14 +177,18 @@ class _CompiledReplica:
         self.fixed_keys = np.full(1 << 12, ce.EMPTY_KEY, np.int64)
         self.fixed_values = np.zeros(1 << 12)
         self.fixed_count = 0
+        tables = list({id(t): t for t in self.attention.tables if t is not None}.values())
         self.paths_i = np.array(
             [
-                (decode, owns_kv, layers, head_dims)
-                for _, decode, owns_kv, layers, _, head_dims in self.attention.paths
+                (decode, owns_kv, layers, head_dims, -1 if table is None else tables.index(table))
+                for (_, decode, owns_kv, layers, _, head_dims), table in zip(
+                    self.attention.paths, self.attention.tables
+                )
             ],
             np.int64,
-        ).reshape(-1, 4)
+        ).reshape(-1, 5)
         self.paths_f = np.array([p[4] for p in self.attention.paths], float)
+        self.table_axes, self.table_sizes, self.table_log_t = _table_arrays([t.grid for t in tables])
         self.denominators = np.full((2, scheduler.budget + 1), np.nan)
         self.arena = np.zeros(ARENA)
         self.gaps = np.zeros(GAPS)
@@ -369,6 +373,22 @@ class _CompiledReplica:
             req.num_computed_tokens, req.num_in_flight_tokens = computed, in_flight
             req.num_generated, req.num_preemptions, req.num_cached_tokens = generated, preempted, cached
             req.scheduled_s, req.first_token_s, req.last_token_s, req.finish_s = at
+
+
+def _table_arrays(grids: list) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The kernel tables' (batch, length) grids as the loop reads them: axes' logs and log seconds, each padded to
+    the largest (at least one table's room, so the arrays' types never change)."""
+    count = max(len(grids), 1)
+    batches = max((len(g.log_axes[0]) for g in grids), default=1)
+    lengths = max((len(g.log_axes[1]) for g in grids), default=1)
+    axes = np.full((count, 2, max(batches, lengths)), np.nan)
+    sizes = np.zeros((count, 2), np.int64)
+    log_t = np.full((count, batches, lengths), np.nan)
+    for t, grid in enumerate(grids):
+        for a, log_axis in enumerate(grid.log_axes):
+            axes[t, a, : len(log_axis)], sizes[t, a] = log_axis, len(log_axis)
+        log_t[t, : grid.log_t.shape[0], : grid.log_t.shape[1]] = grid.log_t
+    return axes, sizes, log_t
 
 
 def _attribute(requests: list, name: str, dtype) -> np.ndarray:

@@ -191,23 +191,20 @@ def test_a_chunk_step_priced_from_its_sums_equals_pricing_its_lists(
 ):
     """`chunk_step_pricer` prices decodes beside a prompt chunk from their sums alone, to the bit as `lists_s` prices
     the step's lists (a chunk of up to decode_query_len tokens on the decode path, more than SMALL_BATCH decodes on
-    the batch path); models with sliding windows (gemma-2) and measured attention tables have none."""
+    the batch path), with the roofline's attention or the measured kernel tables'; models with sliding windows
+    (gemma-2) have none."""
     model = get_model(name)
     options = CostOptions(decode_query_len=decode_query_len, **graphs)
-    timer = StepTimer(model, H100, Parallelism(tp=tp), VARYING_ATTENTION, options)
-    price = timer.chunk_step_pricer
-    if name == "gemma-2-9b":
-        assert price is None
-        return
-    assert (
-        StepTimer(model, H100, Parallelism(tp=tp), load_profile("measured"), options).chunk_step_pricer
-        is None
-    )
     n = len(contexts)
-    expected = StepTimer(model, H100, Parallelism(tp=tp), VARYING_ATTENTION, options).lists_s(
-        [1] * n + [chunk], contexts + [fed], [True] * n + [last]
-    )
-    assert price(n, sum(contexts) + n, chunk, fed, last) == expected
+    for profile in (VARYING_ATTENTION, load_profile("measured")):
+        price = StepTimer(model, H100, Parallelism(tp=tp), profile, options).chunk_step_pricer
+        if name == "gemma-2-9b":
+            assert price is None
+            continue
+        expected = StepTimer(model, H100, Parallelism(tp=tp), profile, options).lists_s(
+            [1] * n + [chunk], contexts + [fed], [True] * n + [last]
+        )
+        assert price(n, sum(contexts) + n, chunk, fed, last) == expected
 
 
 def test_the_cache_tells_a_mixed_step_from_prefills_of_the_same_size():

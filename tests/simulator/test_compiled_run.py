@@ -9,7 +9,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servesim.simulator.world import compiled_run
+from servesim.hardware.cost import Parallelism, small_attention_pricer
+from servesim.hardware.gpu import get_gpu
+from servesim.hardware.model import get_model
+from servesim.hardware.profile import load_profile
+from servesim.simulator.world import compiled_engine, compiled_run
 from servesim.simulator.world.compiled_run import compiled_reason
 from servesim.simulator.world.run import World
 from servesim.workloads.generate import Workload
@@ -40,10 +44,17 @@ def with_engine(s, fast_forward=True, **engine):
     )
 
 
-@pytest.mark.parametrize("async_scheduling", [True, False])
-def test_the_azure_trace_runs_as_in_simpy(async_scheduling):
+def with_profile(s, profile: str):
+    return s.model_copy(update={"hardware": s.hardware.model_copy(update={"profile": profile})})
+
+
+@pytest.mark.parametrize(
+    ("async_scheduling", "profile"), [(True, "default"), (False, "default"), (True, "measured")]
+)
+def test_the_azure_trace_runs_as_in_simpy(async_scheduling, profile):
+    """With the measured profile, attention comes from the kernel tables' grids (and the roofline past them)."""
     s = with_engine(scenario(), prefix_caching="none", async_scheduling=async_scheduling)
-    simpy_run, compiled_run = both(s)
+    simpy_run, compiled_run = both(with_profile(s, profile))
     assert len(simpy_run.steps) > 5000
     assert_same_run(simpy_run, compiled_run)
 
@@ -100,6 +111,36 @@ def test_a_preempted_request_finds_its_own_blocks_as_in_simpy():
     assert runs["vllm"]["finish_s"][1] < runs["none"]["finish_s"][1]
 
 
+def _kernel_tables(model: str, gpu: str, tp: int) -> list:
+    pricer = small_attention_pricer(
+        get_model(model), get_gpu(gpu), Parallelism(tp=tp), load_profile("measured")
+    )
+    return [table for table in pricer.tables if table is not None]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    setup=st.sampled_from(
+        [("llama-3.1-8b", "h100-sxm", 1), ("llama-3.1-70b", "h200", 4), ("qwen3-32b", "b200", 2)]
+    ),
+    decode=st.booleans(),
+    requests=st.integers(1, 5000),
+    log_length=st.floats(0.0, 14.0),
+)
+def test_the_loops_kernel_table_lookup_is_the_tables(setup, decode, requests, log_length):
+    """The loop's attention lookup gives `AttentionTable.seconds` to the bit: interpolated inside the grid, the batch
+    halved past it, NaN where the tables have no answer (None)."""
+    tables = _kernel_tables(*setup)
+    assert len(tables) == 2  # decode and prefill
+    table = tables[0 if decode else 1]
+    axes, sizes, log_t = compiled_run._table_arrays([t.grid for t in tables])
+    t = 0 if decode else 1
+    length = float(np.exp(log_length))
+    want = table.seconds(requests, length)
+    got = compiled_engine.table_s(axes[t], sizes[t], log_t[t], requests, length)
+    assert (want is None and np.isnan(got)) or got == want
+
+
 request_rows = st.lists(
     st.tuples(
         st.integers(0, 60),  # arrival in tenths of a second: many arrive together
@@ -127,6 +168,7 @@ request_rows = st.lists(
     api_server=st.booleans(),
     stop_s=st.sampled_from([None, 2.5]),
     fast_forward=st.booleans(),
+    profile=st.sampled_from(["default", "measured"]),
 )
 def test_any_run_is_the_same_compiled(
     rows,
@@ -143,10 +185,11 @@ def test_any_run_is_the_same_compiled(
     api_server,
     stop_s,
     fast_forward,
+    profile,
 ):
     """Random arrivals (ties included), lengths and engine limits: a pool small enough to preempt and refuse (and
     with vLLM's prefix cache, to find a preempted request's blocks again or not), chunked and whole prompts, one step
-    ahead or not, the API server or none, a stop time."""
+    ahead or not, the API server or none, a stop time; attention from the roofline or the kernel tables."""
     engine = {
         "scheduler": scheduler,
         "prefix_caching": prefix_caching,
@@ -166,6 +209,7 @@ def test_any_run_is_the_same_compiled(
         engine["async_scheduling"] = async_scheduling
     s = scenario(engine=engine, stop={"max_sim_time_s": stop_s})
     s = s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": fast_forward})})
+    s = with_profile(s, profile)
     requests = [(i, t / 10, prompt, output) for i, (t, prompt, output) in enumerate(sorted(rows))]
     simpy_run, compiled_run = both(s, requests)
     assert_same_run(simpy_run, compiled_run)
@@ -236,7 +280,5 @@ def test_what_it_cannot_reproduce_runs_in_simpy(overrides, reason):
 def test_a_floor_on_eager_steps_runs_in_simpy(tmp_path):
     (tmp_path / "eager.yaml").write_text("name: eager\neager_layer_s: 0.0005\n")
     s = scenario(simulation={"compiled": True}, engine={"prefix_caching": "none"})
-    s = s.model_copy(
-        update={"hardware": s.hardware.model_copy(update={"profile": str(tmp_path / "eager.yaml")})}
-    )
+    s = with_profile(s, str(tmp_path / "eager.yaml"))
     assert "eager_layer_s" in compiled_reason(World(s, SCENARIOS))
