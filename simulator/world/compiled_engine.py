@@ -80,11 +80,13 @@ WAITING, RUNNING, FINISHED, REJECTED = range(4)
     P_KV_VALUES,
     P_PREFIX,  # vLLM's prefix cache: blocks by id, a free queue and the hashes they hold
     P_MAX_TABLE,  # the largest block table a request can hold
-) = range(14)
-PI_FIELDS = 14
+    P_GRAPHED_TOKENS,  # the most tokens a step runs in a CUDA graph (0: none does)
+    P_GRAPH_PREFILLS,  # whether a step that prefills runs in one
+) = range(16)
+PI_FIELDS = 16
 # float parameters (`pf`)
-F_UNTIL, F_EMPTY_STEP, F_HEADS, F_KV_BYTES, F_ACT_BYTES = range(5)
-PF_FIELDS = 5
+F_UNTIL, F_EMPTY_STEP, F_HEADS, F_KV_BYTES, F_ACT_BYTES, F_EAGER_FLOOR = range(6)
+PF_FIELDS = 6
 
 # integer state (`si`)
 (
@@ -908,8 +910,8 @@ def _attention_s(e):
 
 @helper
 def _price(e):
-    """`StepTimer.lists_s` of the plan: its shape's fixed part plus its attention; NaN on a miss (which
-    `S_MISS_KEY` or `S_MISS_TOKENS` names)."""
+    """`StepTimer.lists_s` of the plan: its shape's fixed part plus its attention, held at the eager floor; NaN on a
+    miss (which `S_MISS_KEY` or `S_MISS_TOKENS` names)."""
     top, low = e.si[S_TOP], e.si[S_LOW]
     key = shape_key(e.si[S_TOKENS], e.si[S_PLAN_N], e.si[S_LOGITS], int(top > 1), int(low <= 1 < top))
     slot = table_slot(e.fixed_keys, key)
@@ -919,7 +921,13 @@ def _price(e):
     attention = _attention_s(e)
     if math.isnan(attention):
         return np.nan, NEED_DENOMINATORS
-    return e.fixed_values[slot] + attention, DONE
+    seconds = e.fixed_values[slot] + attention
+    # `StepTimer._floored`: a step outside CUDA graphs lasts at least the eager floor
+    floor, tokens = e.pf[F_EAGER_FLOOR], e.si[S_TOKENS]
+    graphed = tokens <= e.pi[P_GRAPHED_TOKENS] and (e.pi[P_GRAPH_PREFILLS] or top <= 1)
+    if floor and tokens and not graphed and floor > seconds:
+        seconds = floor
+    return seconds, DONE
 
 
 @helper

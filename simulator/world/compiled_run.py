@@ -72,8 +72,6 @@ def compiled_reason(world) -> str | None:
         return "MLA, DP attention or fast prefill"
     if timer.options.decode_query_len != 1:
         return "verify steps"
-    if timer.eager_floor_s:
-        return "a floor on eager steps (the profile's eager_layer_s)"
     if not (
         isinstance(attention.kv_values, int)
         and isinstance(attention.kvbytes, float)
@@ -151,6 +149,10 @@ class _CompiledReplica:
         self.pf[ce.F_EMPTY_STEP] = self.replica.step_time(StepPlan((), (), (), ()))
         self.pf[ce.F_HEADS], self.pf[ce.F_KV_BYTES] = self.attention.heads, self.attention.kvbytes
         self.pf[ce.F_ACT_BYTES] = ACT_BYTES
+        options = self.timer.options
+        self.pf[ce.F_EAGER_FLOOR] = self.timer.eager_floor_s
+        self.pi[ce.P_GRAPHED_TOKENS] = options.graph_sizes[-1] if options.graph_sizes else 0
+        self.pi[ce.P_GRAPH_PREFILLS] = options.graph_prefills
         self.si = np.zeros(ce.SI_FIELDS, np.int64)
         self.si[ce.S_STAGE], self.si[ce.S_ENGINE] = ce.STAGE_EVENTS, ce.E_WAITING
         self.si[ce.S_NEXT_EID], self.si[ce.S_FREE] = -1, kv.num_free_blocks

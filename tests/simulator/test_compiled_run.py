@@ -168,7 +168,8 @@ request_rows = st.lists(
     api_server=st.booleans(),
     stop_s=st.sampled_from([None, 2.5]),
     fast_forward=st.booleans(),
-    profile=st.sampled_from(["default", "measured"]),
+    setup=st.sampled_from([("default", "h100-sxm"), ("measured", "h100-sxm"), ("measured", "b200")]),
+    decode_only_graphs=st.booleans(),
 )
 def test_any_run_is_the_same_compiled(
     rows,
@@ -185,11 +186,13 @@ def test_any_run_is_the_same_compiled(
     api_server,
     stop_s,
     fast_forward,
-    profile,
+    setup,
+    decode_only_graphs,
 ):
     """Random arrivals (ties included), lengths and engine limits: a pool small enough to preempt and refuse (and
     with vLLM's prefix cache, to find a preempted request's blocks again or not), chunked and whole prompts, one step
-    ahead or not, the API server or none, a stop time; attention from the roofline or the kernel tables."""
+    ahead or not, the API server or none, a stop time; attention from the roofline or the kernel tables, and on the
+    B200 the measured profile's floor on eager steps (prefills past the largest CUDA graph, or every prefill)."""
     engine = {
         "scheduler": scheduler,
         "prefix_caching": prefix_caching,
@@ -207,7 +210,9 @@ def test_any_run_is_the_same_compiled(
         engine |= {"chunk_size": budget, "enable_chunked_prefill": True}
     else:
         engine["async_scheduling"] = async_scheduling
-    s = scenario(engine=engine, stop={"max_sim_time_s": stop_s})
+        engine["cuda_graph_mode"] = "full_decode_only" if decode_only_graphs else None
+    profile, gpu = setup
+    s = scenario(engine=engine, stop={"max_sim_time_s": stop_s}, hardware={"gpu": gpu})
     s = s.model_copy(update={"simulation": s.simulation.model_copy(update={"fast_forward": fast_forward})})
     s = with_profile(s, profile)
     requests = [(i, t / 10, prompt, output) for i, (t, prompt, output) in enumerate(sorted(rows))]
@@ -277,8 +282,13 @@ def test_what_it_cannot_reproduce_runs_in_simpy(overrides, reason):
     assert reason in compiled_reason(world)
 
 
-def test_a_floor_on_eager_steps_runs_in_simpy(tmp_path):
-    (tmp_path / "eager.yaml").write_text("name: eager\neager_layer_s: 0.0005\n")
-    s = scenario(simulation={"compiled": True}, engine={"prefix_caching": "none"})
-    s = with_profile(s, str(tmp_path / "eager.yaml"))
-    assert "eager_layer_s" in compiled_reason(World(s, SCENARIOS))
+@pytest.mark.parametrize("graphs", [{"cuda_graph_mode": "full_decode_only"}, {"cuda_graph_max_size": 8}])
+def test_a_floor_on_eager_steps_holds_as_in_simpy(tmp_path, graphs):
+    """A step outside CUDA graphs lasts at least the profile's eager floor, one just inside them may last less."""
+    (tmp_path / "eager.yaml").write_text("name: eager\neager_layer_s: 0.0002\n")
+    s = with_engine(scenario(workload={"num_requests": 200}), prefix_caching="none", **graphs)
+    simpy_run, compiled_run = both(with_profile(s, str(tmp_path / "eager.yaml")))
+    durations = simpy_run.steps["duration_s"]
+    floor = 0.0002 * 32  # llama-3.1-8b's layers
+    assert (durations == floor).sum() > 0 and (durations < floor).sum() > 0
+    assert_same_run(simpy_run, compiled_run)
