@@ -1,7 +1,10 @@
 """Closed-loop TTFT run by run: each measured run at 4-16 clients replayed under a profile, its mean TTFT error, and
 how many are within 20% (issue 29's check of the client and host model).
 
-Run: python benchmarks/closed_loop_ttft.py benchmarks/inferencemax_runs.yaml [--profile measured]
+Run: python benchmarks/closed_loop_ttft.py benchmarks/inferencemax_runs.yaml [--profile measured] [--match TEXT]
+[--async-scheduling stated|on|off]
+(`--async-scheduling` replays every run with vLLM's async scheduling on or off whatever the run states: how far a
+run's TTFT sits from what its stated scheduling allows, e.g. `--match h100 --async-scheduling off`.)
 """
 
 from __future__ import annotations
@@ -10,7 +13,18 @@ import argparse
 from collections import Counter
 from pathlib import Path
 
-from servesim.simulator.compare.measured import load_measured_runs, replay
+from servesim.simulator.compare.measured import MeasuredRun, load_measured_runs, replay, select
+
+SCHEDULING = {"stated": None, "on": True, "off": False}
+
+
+def with_scheduling(run: MeasuredRun, ahead: bool | None) -> MeasuredRun:
+    """`run` with its engine's async scheduling set to `ahead` (None: as the run states it)."""
+    if ahead is None:
+        return run
+    return run.model_copy(
+        update={"engine_args": run.engine_args.model_copy(update={"async_scheduling": ahead})}
+    )
 
 
 def main() -> None:
@@ -18,8 +32,11 @@ def main() -> None:
     parser.add_argument("runs", type=Path)
     parser.add_argument("--profile", default="measured")
     parser.add_argument("--within", type=float, default=20.0, help="bound on the mean TTFT error, %%")
+    parser.add_argument("--match", help="only runs whose label matches this regular expression")
+    parser.add_argument("--async-scheduling", choices=list(SCHEDULING), default="stated")
     args = parser.parse_args()
     runs = [r for r in load_measured_runs(args.runs) if r.max_concurrency and 4 <= r.max_concurrency <= 16]
+    runs = [with_scheduling(r, SCHEDULING[args.async_scheduling]) for r in select(runs, args.match)]
     within, total = Counter(), Counter()
     for run in runs:
         error = next((e for e in replay(run, args.profile) if e.metric == "mean_ttft_ms"), None)
