@@ -10,6 +10,8 @@ full-attention layers priced by the roofline or the kernel tables, fed by open-l
 from __future__ import annotations
 
 import math
+import sys
+import threading
 from operator import attrgetter
 from pathlib import Path
 
@@ -31,6 +33,7 @@ ROWS = 1 << 16  # step-log rows handed to the step log at a time
 GAPS = 1 << 20  # finished requests' inter-token gaps handed to the token log at a time
 ARENA = 1 << 22  # gaps of requests still producing tokens, to start with (compacted, grown as needed)
 TABLES = 4  # prefix caching: block-table room for so many plans' admissions, to start with (compacted, grown)
+COMPILE_NOTICE_S = 5.0  # a process's first call to the loop still running after this long is compiling it
 _PHASES = {ce.WAITING: Phase.WAITING, ce.RUNNING: Phase.RUNNING, ce.FINISHED: Phase.FINISHED}
 
 
@@ -93,6 +96,26 @@ def run_compiled(world, until: float | None) -> dict[str, list | np.ndarray] | N
     replica = _CompiledReplica(world, math.inf if until is None else float(until))
     replica.run()
     return replica.request_columns()
+
+
+def run_loop(loop: ce.Loop) -> int:
+    """`ce.run_replica(loop)`. The first call in a process compiles the loop when numba's disk cache lacks it (the
+    first run after an install, ~40 s): if that call is still running after `COMPILE_NOTICE_S`, a terminal is told
+    why the run stands still."""
+    if ce.run_replica.signatures:
+        return ce.run_replica(loop)
+    notice = threading.Timer(COMPILE_NOTICE_S, _say_compiling)
+    notice.daemon = True
+    notice.start()
+    try:
+        return ce.run_replica(loop)
+    finally:
+        notice.cancel()
+
+
+def _say_compiling() -> None:
+    if sys.stderr.isatty():
+        print("compiling the simulation loop (once per install, ~40 s)...", file=sys.stderr, flush=True)
 
 
 def warm_up() -> None:
@@ -238,7 +261,7 @@ class _CompiledReplica:
     def run(self) -> None:
         world, completed = self.world, 0
         while True:
-            status = ce.run_replica(self._loop())
+            status = run_loop(self._loop())
             if status == ce.NEED_FIXED:
                 self._price_shape()
             elif status == ce.NEED_DENOMINATORS:

@@ -4,6 +4,8 @@ it leaves to SimPy."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -292,3 +294,34 @@ def test_a_floor_on_eager_steps_holds_as_in_simpy(tmp_path, graphs):
     floor = 0.0002 * 32  # llama-3.1-8b's layers
     assert (durations == floor).sum() > 0 and (durations < floor).sum() > 0
     assert_same_run(simpy_run, compiled_run)
+
+
+class _Compiling:
+    """A loop whose first call in the process takes a while, as numba compiling it does."""
+
+    def __init__(self, seconds: float):
+        self.signatures, self.seconds = [], seconds
+
+    def __call__(self, loop):
+        time.sleep(self.seconds)
+        self.signatures.append("compiled")
+        return loop
+
+
+@pytest.mark.parametrize(
+    ("seconds", "terminal", "told"), [(0.3, True, True), (0.0, True, False), (0.3, False, False)]
+)
+def test_a_terminal_is_told_when_the_first_call_compiles_the_loop(
+    monkeypatch, capsys, seconds, terminal, told
+):
+    """The first run after an install stands still ~40 s while numba compiles the loop: a terminal hears why once the
+    first call has taken COMPILE_NOTICE_S; a quick first call (the loop loaded from the disk cache), a later call or
+    output that is not a terminal hear nothing."""
+    fake = _Compiling(seconds)
+    monkeypatch.setattr(compiled_run.ce, "run_replica", fake)
+    monkeypatch.setattr(compiled_run, "COMPILE_NOTICE_S", 0.1)
+    monkeypatch.setattr(compiled_run.sys.stderr, "isatty", lambda: terminal)
+    assert compiled_run.run_loop("loop") == "loop"
+    assert compiled_run.run_loop("again") == "again"  # compiled by now: no timer, however long it takes
+    err = capsys.readouterr().err
+    assert ("compiling the simulation loop" in err) == told and err.count("compiling") <= 1
