@@ -1187,7 +1187,6 @@ class PathAttention:
                 )
         # each path's kernel table (None: the roofline prices it)
         self.tables = [_attention_table(ctx, window, decode) for window, decode, *_ in self.paths]
-        self.roofline_only = all(table is None for table in self.tables)
         self.windows = tuple(dict.fromkeys(group.window for group, _ in groups))
         self.windowless = self.windows == (None,)
         self.denominators: dict[int, tuple[float, float]] = {}
