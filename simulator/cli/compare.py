@@ -58,6 +58,9 @@ def compare(
     ),
     html: Path | None = typer.Option(None, "--html", help="Write a plotly report here"),
     gpu_file: list[Path] = GpuFiles,
+    workers: int | None = typer.Option(
+        None, "--workers", min=1, help="Processes replaying runs side by side (default: all cores)"
+    ),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Simulate measured benchmark runs and report the error of every figure they give: a YAML list like
@@ -74,6 +77,7 @@ def compare(
         with_gpu_files,
     )
     from servesim.simulator.compare.measured_report import write_html
+    from servesim.simulator.planning.executors import run_jobs
     from servesim.simulator.progress import progress_bar
     from servesim.simulator.atomic import check_output_file
 
@@ -96,15 +100,18 @@ def compare(
     files = tuple(distinct_files([f for run in runs for f in run.gpu_files]))
     names = list(dict.fromkeys(profile)) or ["default"]
     profiles = {name: load_profile(None if name == "default" else name, files) for name in names}
+    jobs = [(run, None if name == "default" else name) for name in names for run in runs]
+    replays: list = [None] * len(jobs)
+    with progress_bar("simulating runs", console, every=1) as advance:
+        advance.total(len(jobs))
+        for done, (index, replayed) in enumerate(run_jobs(replay_run, jobs, workers=workers), 1):
+            replays[index] = replayed
+            advance(done)
     by_profile: dict[str, list] = {name: [] for name in names}
     preempted: dict[str, dict[str, int]] = {name: {} for name in names}
-    with progress_bar("simulating runs", console, every=1) as advance:
-        advance.total(len(runs) * len(names))
-        for i, (name, run) in enumerate(((name, run) for name in names for run in runs), 1):
-            replayed = replay_run(run, None if name == "default" else name)
-            by_profile[name].append((run, replayed.errors))
-            preempted[name][run.label()] = replayed.preemptions
-            advance(i)
+    for (run, _), name, replayed in zip(jobs, (name for name in names for _ in runs), replays):
+        by_profile[name].append((run, replayed.errors))
+        preempted[name][run.label()] = replayed.preemptions
     if as_json:
         print_json(
             [

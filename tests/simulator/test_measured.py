@@ -232,6 +232,35 @@ def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     assert missing.exit_code == 2 and "no run's label matches 'b200'" in missing.output
 
 
+def test_compare_replays_side_by_side_as_one_after_another(tmp_path):
+    """`--workers`: runs replayed on worker processes give every figure in the order one process gives them, and a
+    run whose twin cannot be replayed stops the command with its one-line reason from there too."""
+    path = tmp_path / "runs.yaml"
+    runs = [
+        SERVE | {"max_concurrency": c, "num_prompts": 2 * c, "measured": {"median_ttft_ms": 50.0}}
+        for c in (1, 2, 4)
+    ]
+    path.write_text(yaml.safe_dump(runs))
+    outputs = [
+        runner.invoke(
+            app, ["compare", str(path), "--profile", "default", "--profile", "measured", "--json", *w]
+        )
+        for w in (["--workers", "1"], ["--workers", "2"])
+    ]
+    assert all(out.exit_code == 0 for out in outputs), outputs[1].output
+    serial, parallel = (json.loads(out.stdout) for out in outputs)
+    assert parallel == serial and len(serial) == 6
+    assert [d["profile"] for d in serial] == ["default"] * 3 + ["measured"] * 3
+    too_long = SERVE | {
+        "input_len": 5000,
+        "engine_args": {"max_model_len": 4096},
+        "measured": {"median_ttft_ms": 1.0},
+    }
+    path.write_text(yaml.safe_dump([*runs, too_long]))
+    refused = runner.invoke(app, ["compare", str(path), "--workers", "2"])
+    assert refused.exit_code != 0 and "finished" in refused.output and "Traceback" not in refused.output
+
+
 def test_every_published_run_replays_to_finite_predictions_of_every_figure():
     """benchmarks/published_runs.yaml and sglang_runs.yaml stay loadable and servable: each run's model, GPU and
     flags plan, and every figure it quotes gets a prediction."""
