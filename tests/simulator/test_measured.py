@@ -232,9 +232,10 @@ def test_compare_cli_prints_every_figure_and_writes_the_report(tmp_path):
     assert missing.exit_code == 2 and "no run's label matches 'b200'" in missing.output
 
 
-def test_compare_replays_side_by_side_as_one_after_another(tmp_path):
-    """`--workers`: runs replayed on worker processes give every figure in the order one process gives them, and a
-    run whose twin cannot be replayed stops the command with its one-line reason from there too."""
+def test_compare_replays_side_by_side_as_one_after_another(tmp_path, monkeypatch):
+    """`--workers`: runs replayed on worker processes give every figure in the order one process gives them (a
+    profile given by a relative path found there too), and a run whose twin cannot be replayed stops the command
+    with its one-line reason from there too."""
     path = tmp_path / "runs.yaml"
     runs = [
         SERVE | {"max_concurrency": c, "num_prompts": 2 * c, "measured": {"median_ttft_ms": 50.0}}
@@ -251,6 +252,18 @@ def test_compare_replays_side_by_side_as_one_after_another(tmp_path):
     serial, parallel = (json.loads(out.stdout) for out in outputs)
     assert parallel == serial and len(serial) == 6
     assert [d["profile"] for d in serial] == ["default"] * 3 + ["measured"] * 3
+    (tmp_path / "slow.yaml").write_text("name: slow\ngemm_compute: 0.2\n")
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = (
+        runner.invoke(app, ["compare", str(path), "--profile", p, "--json", "--workers", "2"])
+        for p in ("slow.yaml", str(tmp_path / "slow.yaml"))
+    )
+    assert relative.exit_code == 0, relative.output
+    slow = json.loads(relative.stdout)
+    assert [d["figures"] for d in slow] == [d["figures"] for d in json.loads(absolute.stdout)]
+    assert (
+        slow[0]["figures"][0]["predicted"] > serial[0]["figures"][0]["predicted"]
+    )  # its GEMMs at 20%, not 70%
     too_long = SERVE | {
         "input_len": 5000,
         "engine_args": {"max_model_len": 4096},
