@@ -1233,15 +1233,15 @@ class PathAttention:
             new_tokens, requests, keys, kv_read, _ = stats[window][0 if decode else 1]
             if not requests:
                 continue
+            layer_s = None
             if table is not None:
-                measured = table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
-                if measured is not None:
-                    totals[0 if decode else 1] += measured * layers
-                    continue
-            written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
-            nbytes = kv_read * kv_values * kvbytes + written + new_tokens * heads * head_dims * ACT_BYTES
-            compute_s, memory_s = flop_factor * keys / compute_d, nbytes / memory_d
-            totals[0 if decode else 1] += (compute_s if compute_s > memory_s else memory_s) * layers
+                layer_s = table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
+            if layer_s is None:
+                written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
+                nbytes = kv_read * kv_values * kvbytes + written + new_tokens * heads * head_dims * ACT_BYTES
+                compute_s, memory_s = flop_factor * keys / compute_d, nbytes / memory_d
+                layer_s = compute_s if compute_s > memory_s else memory_s
+            totals[0 if decode else 1] += layer_s * layers
         return totals[0] + totals[1]
 
 

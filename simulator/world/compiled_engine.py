@@ -5,8 +5,9 @@ the same to the bit (tests/simulator/test_compiled_run.py runs both).
 It replaces, for one replica fed by open-loop arrivals (simulator/world/compiled_run.py says which scenarios):
 SimPy's event queue (events ordered by time, then creation, as SimPy orders them), the arrival process, the API
 server's FIFO hand-over, `TokenBudgetScheduler` with `OneStepAhead` over its KV blocks (below), `StepTimer.lists_s`
-(attention from each step's sums, by the kernel tables' grids or the roofline; the rest of a step's time from a table keyed by its shape, which
-the caller fills from the cost model on a miss), `TokenLog`'s inter-token gaps and the step log's rows.
+(attention from each step's sums, by the kernel tables' grids or the roofline; the rest of a step's time from a
+table keyed by its shape, which the caller fills from the cost model on a miss), `TokenLog`'s inter-token gaps and
+the step log's rows.
 
 The loop stops and returns to its caller whenever it needs Python: a step shape or token count not priced yet, or
 full output buffers. Everything it needs to go on is in its arrays, so the caller fills the gap and calls again.
@@ -180,17 +181,14 @@ class Loop(NamedTuple):
     finished: np.ndarray  # scratch: the requests a step finishes
     fixed_keys: np.ndarray  # the fixed part of each step shape priced so far (an open-addressing table)
     fixed_values: np.ndarray
-    paths_i: (
-        np.ndarray
-    )  # attention paths: decode?, owns KV?, layers, head dims, kernel table (-1: the roofline)
+    # attention paths: decode?, owns KV?, layers, head dims, kernel table (-1: the roofline)
+    paths_i: np.ndarray
     paths_f: np.ndarray  # and their FLOPs per key
-    table_axes: (
-        np.ndarray
-    )  # kernel tables: each one's logs of batch sizes and of lengths (tables x 2 x values)
-    table_sizes: np.ndarray  # how many values each axis holds (tables x 2)
-    table_log_t: (
-        np.ndarray
-    )  # log seconds over (batch, length), NaN where not measured (tables x batches x lengths)
+    # kernel tables: each one's logs of batch sizes and of lengths (tables x 2 x values), how many values each
+    # axis holds (tables x 2), log seconds over (batch, length), NaN where not measured (tables x batches x lengths)
+    table_axes: np.ndarray
+    table_sizes: np.ndarray
+    table_log_t: np.ndarray
     denominators: np.ndarray  # compute and memory denominators per step tokens (NaN: not priced yet)
     blocks: np.ndarray  # prefix caching: each block's fields (blocks x NEXT..INDEX)
     tables: np.ndarray  # prefix caching: block tables, a region per request
@@ -877,30 +875,24 @@ def _attention_s(e):
             new_tokens, requests, keys, kv_read = p_tokens, p_requests, p_keys, p_read
         if not requests:
             continue
+        layer_s = np.nan
         table = e.paths_i[j, 4]
-        if table >= 0:  # `_table_length` of a windowless path
-            if decode:
-                length = kv_read / requests
-            else:
-                length = (math.sqrt(1 + 8 * (keys / requests)) - 1) / 2
-            measured = table_s(
+        if table >= 0:  # the kernel table's, at `_table_length` of a windowless path
+            length = kv_read / requests if decode else (math.sqrt(1 + 8 * (keys / requests)) - 1) / 2
+            layer_s = table_s(
                 e.table_axes[table], e.table_sizes[table], e.table_log_t[table], requests, length
             )
-            if not math.isnan(measured):
-                if decode:
-                    decode_s += measured * float(e.paths_i[j, 2])
-                else:
-                    prefill_s += measured * float(e.paths_i[j, 2])
-                continue
-        written = float(new_tokens * kv_values) * kv_bytes if e.paths_i[j, 1] else 0.0
-        nbytes = (
-            float(kv_read * kv_values) * kv_bytes
-            + written
-            + float(new_tokens) * heads * float(e.paths_i[j, 3]) * act
-        )
-        compute_s = e.paths_f[j] * float(keys) / compute_d
-        memory_s = nbytes / memory_d
-        layer_s = (compute_s if compute_s > memory_s else memory_s) * float(e.paths_i[j, 2])
+        if math.isnan(layer_s):  # the roofline's
+            written = float(new_tokens * kv_values) * kv_bytes if e.paths_i[j, 1] else 0.0
+            nbytes = (
+                float(kv_read * kv_values) * kv_bytes
+                + written
+                + float(new_tokens) * heads * float(e.paths_i[j, 3]) * act
+            )
+            compute_s = e.paths_f[j] * float(keys) / compute_d
+            memory_s = nbytes / memory_d
+            layer_s = compute_s if compute_s > memory_s else memory_s
+        layer_s *= float(e.paths_i[j, 2])
         if decode:
             decode_s += layer_s
         else:

@@ -3,7 +3,8 @@ is one it reproduces exactly, and leave the tables as the SimPy engine would.
 
 It covers what most capacity questions run: one vLLM-style engine (the `vllm` or `sarathi` scheduler, async
 scheduling or not, chunked prefill or not), with no prefix cache or vLLM's over prompts no two requests share,
-full-attention layers priced by the roofline or the kernel tables, fed by open-loop arrivals through the API server or straight.
+full-attention layers priced by the roofline or the kernel tables, fed by open-loop arrivals through the API server
+or straight.
 `compiled_reason` names what keeps any other scenario in SimPy; `simulation.compiled: false` keeps every one there.
 """
 
