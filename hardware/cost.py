@@ -1462,13 +1462,23 @@ def step_cost(
         acc.add(term.name, term.kind, term.flops, term.bytes, (term.time_s, term.bound), term.layers)
     if batch.num_requests:
         acc.add("overhead", "overhead", 0.0, 0.0, (_overhead_s(ctx), "fixed"), 1)
-    eager = batch.num_requests and not options.graphed(batch)
+    prefills = batch.max_query_len > options.decode_query_len
     return StepCost(
         acc.result(),
         gpu.memory_bytes_per_s,
         gpu.peak_for(GEMM_COMPUTE_DTYPE[ctx.weight_dtype]),
-        ctx.profile.eager_layer_s * model.num_layers if eager else 0.0,
+        eager_floor_s(model, ctx.profile, options, batch.num_tokens, prefills),
     )
+
+
+def eager_floor_s(
+    model: ModelSpec, profile: Profile, options: CostOptions, num_tokens: int, prefills: bool
+) -> float:
+    """The least a step of `num_tokens` tokens (a query longer than a decode's if `prefills`) lasts: the host's
+    launches (`profile.eager_layer_s` x layers) if it runs outside CUDA graphs, else 0."""
+    if not num_tokens or options.graphed_shape(num_tokens, prefills):
+        return 0.0
+    return profile.eager_layer_s * model.num_layers
 
 
 def _overhead_s(ctx: _Ctx) -> float:

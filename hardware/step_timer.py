@@ -25,6 +25,7 @@ from servesim.hardware.cost import (
     attention_seconds,
     decode_stretch_attention_s,
     decode_stretch_pricer,
+    eager_floor_s,
     fixed_seconds,
     rank_peaks,
     shrinking_stretch_pricer,
@@ -69,11 +70,10 @@ class StepTimer:
         self.eager_floor_s = self.profile.eager_layer_s * model.num_layers
 
     def _floor_s(self, num_tokens: int, prefills: bool) -> float:
-        """The least a step of `num_tokens` tokens (a query longer than a decode's if `prefills`) lasts: the eager
-        floor if it runs outside CUDA graphs, else 0."""
-        if not self.eager_floor_s or not num_tokens or self.options.graphed_shape(num_tokens, prefills):
+        """`eager_floor_s` of a step of `num_tokens` tokens (checked first against a profile without a floor)."""
+        if not self.eager_floor_s:
             return 0.0
-        return self.eager_floor_s
+        return eager_floor_s(self.model, self.profile, self.options, num_tokens, prefills)
 
     def _floored(self, seconds, num_tokens: int, prefills: bool):
         """`seconds` (a step's, or a stretch's array of them) held at `_floor_s`."""
@@ -270,8 +270,7 @@ class StepTimer:
         else:
             attention = stretch_attention_s(num_context, num_steps)
         seconds = self.decode_fixed_s(len(num_context), num_context) + (0 + attention)
-        floor = self._decode_floor_s(len(num_context))
-        return np.maximum(seconds, floor) if floor else seconds
+        return self._floored(seconds, len(num_context) * self.options.decode_query_len, False)
 
     def shrinking_stretch_s(self, num_context: np.ndarray, finish: np.ndarray, num_steps: int) -> np.ndarray:
         """Seconds of `num_steps` decode steps in which request j (context `num_context[j]` before the first) decodes
