@@ -414,13 +414,24 @@ def test_measured_kernels_predict_inferencemax_runs_no_profile_was_fitted_to():
     assert default_tpot > 30 and default_ttft > 30, (default_tpot, default_ttft)
 
 
+def _without_eager_floor(monkeypatch) -> None:
+    """Every StepTimer made from here on prices eager steps without the profile's floor."""
+    from servesim.hardware.step_timer import StepTimer
+
+    init = StepTimer.__init__
+
+    def without_floor(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.eager_floor_s = 0.0
+
+    monkeypatch.setattr(StepTimer, "__init__", without_floor)
+
+
 def test_the_b200s_eager_prefills_hold_ttft_flat_across_tp_on_runs_the_floor_was_not_fitted_to(monkeypatch):
     """InferenceMAX ran vLLM on the B200 with FULL_DECODE_ONLY graphs: a step that prefills runs eagerly, and its TTFT
     does not fall from TP 2 to TP 8 as the GPU time does. The measured profile's floor on such steps (the host's
     launches, `eager_layer_s`, fitted to the 1k/1k runs at 4-16 clients) brings the 1k/8k runs at TP 4 and 8 and 4
     clients, which it never saw, within 25% on mean TTFT (median of the four; 20% when written), from 45% without."""
-    from servesim.hardware.step_timer import StepTimer
-
     runs = [
         run
         for run in load_measured_runs(INFERENCEMAX_RUNS)
@@ -435,13 +446,7 @@ def test_the_b200s_eager_prefills_hold_ttft_flat_across_tp_on_runs_the_floor_was
         return float(np.median([abs(e.error_pct) for e in errors]))
 
     floored = median_error()
-    init = StepTimer.__init__
-
-    def without_floor(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.eager_floor_s = 0.0
-
-    monkeypatch.setattr(StepTimer, "__init__", without_floor)
+    _without_eager_floor(monkeypatch)
     assert floored < 25 < 35 < median_error(), floored
 
 
@@ -451,8 +456,6 @@ def test_the_mi300xs_eager_prefills_hold_its_tp8_ttft_on_runs_the_floor_was_not_
     (the 1k/1k runs at 4, 16 and 64 clients), brings the 1k/8k runs at TP 8 and 4 and 8 clients, which it never saw,
     within 15% on mean TTFT (each; 12% and 8% when written), from over 20% without the floor. The floor is that
     machine's: the MI325X, the MI355X and SGLang on the MI300X have none."""
-    from servesim.hardware.step_timer import StepTimer
-
     measured = load_profile("measured")
     vllm, sglang = measured.for_engine("vllm"), measured.for_engine("sglang")
     assert vllm.for_gpu("mi300x").eager_layer_s > 0
@@ -471,13 +474,7 @@ def test_the_mi300xs_eager_prefills_hold_its_tp8_ttft_on_runs_the_floor_was_not_
         return [abs(e.error_pct) for e in replays]
 
     floored = errors()
-    init = StepTimer.__init__
-
-    def without_floor(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.eager_floor_s = 0.0
-
-    monkeypatch.setattr(StepTimer, "__init__", without_floor)
+    _without_eager_floor(monkeypatch)
     assert max(floored) < 15 and min(errors()) > 20, floored
 
 
