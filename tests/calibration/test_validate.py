@@ -104,6 +104,10 @@ GRID = GridSpec(
 )
 
 
+#: One more whole try (calibration and serving again) when the first misses: a CI machine whose probes said
+#: "steady" (2.8% drift) still served a run 10.2% off in median TPOT. A unit, fit or scheduling error misses
+#: both tries; a speed change only one of them.
+@pytest.mark.flaky(reruns=1)
 @pytest.mark.timing
 def test_calibrated_simulator_predicts_served_latencies(tmp_path):
     """Issue 7's target: on a hundred requests with chunked prefill and prefix reuse, the simulator with
