@@ -252,35 +252,39 @@ class Grid:
         return math.exp(total)
 
     def at2_along(self, x: float, ys: list[float]) -> list[float | None]:
-        """`at(x, y)` for each of `ys`, bit for bit, the bracket on the first axis found once: a decode stretch's
-        steps share their batch and differ in length."""
+        """`at(x, y)` for each of `ys`, bit for bit, the bracket on the first axis found once and the second's
+        looked up together: a decode stretch's steps share their batch and differ in length. The same products,
+        summed in the same order, and Python's own log and exp (numpy's may differ in the last bit)."""
         first = _bracket(self.log_axes[0], x)
-        if first is None:
+        if first is None or not ys:
             return [None] * len(ys)
-        rows = [
-            (self._rows[i], wi) for i, wi in ((first[0], 1.0 - first[2]), (first[1], first[2])) if wi != 0.0
-        ]
-        log_axis, out = self.log_axes[1], []
-        for y in ys:
-            second = _bracket(log_axis, y)
-            if second is None:
-                out.append(None)
+        axis = np.asarray(self.log_axes[1])
+        log_y = np.array([math.log(y) if y > 0 else -math.inf for y in ys])
+        above = log_y > axis[-1]
+        if len(axis) == 1:  # every y is held at the point or above it
+            low = high = np.zeros(len(ys), dtype=np.int64)
+            weight = np.zeros(len(ys))
+        else:
+            high = np.clip(np.searchsorted(axis, log_y, side="left"), 1, len(axis) - 1)
+            low = high - 1
+            with np.errstate(invalid="ignore"):  # -inf below the grid: held there below
+                weight = (log_y - axis[low]) / (axis[high] - axis[low])
+            on_point = axis[high] == log_y
+            held = log_y <= axis[0]
+            low = np.where(held, 0, np.where(on_point, high, low))
+            high = np.where(held, 0, high)
+            weight = np.where(held | on_point, 0.0, weight)
+        low_weight = 1.0 - weight
+        total, unmeasured = np.zeros(len(ys)), above.copy()
+        for i, wi in ((first[0], 1.0 - first[2]), (first[1], first[2])):
+            if wi == 0.0:
                 continue
-            corners = [
-                (j, wj) for j, wj in ((second[0], 1.0 - second[2]), (second[1], second[2])) if wj != 0.0
-            ]
-            total, measured = 0.0, True
-            for row, wi in rows:
-                for j, wj in corners:
-                    value = row[j]
-                    if value != value:  # NaN: not measured
-                        measured = False
-                        break
-                    total += wi * wj * value
-                if not measured:
-                    break
-            out.append(math.exp(total) if measured else None)
-        return out
+            row = self.log_t[i]
+            for j, wj in ((low, low_weight), (high, weight)):
+                used, value = wj != 0.0, row[j]
+                total = total + np.where(used, wi * wj * value, 0.0)
+                unmeasured |= used & np.isnan(value)
+        return [None if bad else math.exp(t) for t, bad in zip(total.tolist(), unmeasured.tolist())]
 
     def split_at(self, *point: float) -> float | None:
         """`at`, a coordinate past the grid's largest value split into equal pieces run one after another (rows,

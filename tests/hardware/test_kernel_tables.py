@@ -156,6 +156,25 @@ def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, st
     assert timer.shrinking_stretch_s(c, finish, steps).tolist() == stepped
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.integers(1, 4),
+    cols=st.integers(1, 5),
+    holes=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 4)), max_size=3),
+    x=st.one_of(st.sampled_from([0.0, 1.0, 2.0, 4.0, 8.0]), st.floats(0.1, 20.0)),
+    ys=st.lists(st.one_of(st.sampled_from([-1.0, 0.0, 1.0, 3.0, 9.0, 27.0, 81.0]), st.floats(0.01, 200.0))),
+    seed=st.integers(0, 100),
+)
+def test_a_grids_lookups_along_an_axis_are_its_point_lookups(rows, cols, holes, x, ys, seed):
+    """On and between grid points, below (held) and above (None) either axis, next to unmeasured points (NaN) and
+    on one-point axes: every value the same to the bit as `at`."""
+    log_t = np.random.default_rng(seed).normal(-9.0, 2.0, (rows, cols))
+    for i, j in holes:
+        log_t[i % rows, j % cols] = np.nan
+    grid = Grid([2.0 ** np.arange(rows), 3.0 ** np.arange(cols)], log_t)
+    assert grid.at2_along(x, ys) == [grid.at(x, y) for y in ys]
+
+
 @pytest.mark.parametrize("batch", [1, 3, 64, 200, 512])
 def test_lookups_along_a_stretch_are_the_one_by_one_lookups(batch):
     """Lengths on and between the grid's, past it (split into pieces, or None) and below it: the same seconds."""
