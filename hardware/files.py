@@ -132,7 +132,11 @@ def read_text(path: Path, what: str = "file") -> str:
 def read_yaml(path: Path, what: str = "file") -> Any:
     """The safe loader's reading of `path` (never the unsafe one: these files come from users), bounded as
     `_BoundedLoader` says; an error is one line with the line and column."""
-    text = read_text(path, what)
+    return parse_yaml(read_text(path, what), path)
+
+
+def parse_yaml(text: str, path: Path) -> Any:
+    """`read_yaml` of `path`'s `text`, read already."""
     try:
         return yaml.load(text, Loader=_BoundedLoader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as err:

@@ -18,6 +18,7 @@ measure) and `published-fit` (fitted to the published runs, routed experts apart
 
 from __future__ import annotations
 
+import functools
 import math
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from servesim.hardware.errors import SpecError
-from servesim.hardware.files import read_yaml
+from servesim.hardware.files import parse_yaml, read_text, read_yaml
 from servesim.hardware.gpu import gpu_catalog
 from servesim.hardware.kernel_tables import ENGINE, FRAMEWORKS, framework_for, split_kernels
 from servesim.hardware.model import WEIGHT_DTYPE_BYTES
@@ -499,6 +500,19 @@ def best_validated_profile() -> str:
     return min(scored)[1] if scored else "default"
 
 
+@functools.lru_cache(maxsize=16)
+def _profile_of(path: Path, text: str) -> Profile:
+    """The profile `path` holds (`text`), kept while the file reads the same: compare and fit replay hundreds of
+    runs under one profile, and reading one anew costs tens of milliseconds. Profiles are frozen, so one is shared."""
+    try:
+        return Profile.model_validate(parse_yaml(text, path))
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise SpecError(
+            f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
+        ) from None
+
+
 def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = ()) -> Profile:
     """`None` -> defaults; a name -> calibration/profiles/<name>.yaml; otherwise a YAML path. Its `gpus:` sections
     must name GPUs of the catalog (with `gpu_files`): a misspelt one would silently price nothing."""
@@ -512,13 +526,7 @@ def load_profile(name_or_path: str | Path | None, gpu_files: tuple[Path, ...] = 
         raise SpecError(
             f"profile {str(name_or_path)!r} not found (looked for {path}); bundled: {known or 'none'}"
         )
-    try:
-        profile = Profile.model_validate(read_yaml(path, "profile"))
-    except ValidationError as err:
-        first = err.errors()[0]
-        raise SpecError(
-            f"{path}: {'.'.join(map(str, first['loc']))}: {first['msg'].removeprefix('Value error, ')}"
-        ) from None
+    profile = _profile_of(path, read_text(path, "profile"))
     named = set(profile.gpus).union(*(section.get("gpus", {}) for section in profile.engines.values()))
     catalog = gpu_catalog(gpu_files) if named else {}
     unknown = sorted(named - set(catalog))

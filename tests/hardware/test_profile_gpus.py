@@ -172,3 +172,17 @@ def test_an_engines_section_for_a_gpu_applies_over_both_under_that_engine_only(t
     )
     with pytest.raises(SpecError, match=r"sglang\.gpus\.mi300x: name cannot differ per GPU"):
         load_profile(bad)
+
+
+def test_a_profile_file_is_read_anew_once_it_changes(tmp_path):
+    """Loads of an unchanged file share one reading; a rewrite in place, the same size and within the clock's
+    tick, is seen at once, and so is a file that stops being valid."""
+    path = tmp_path / "p.yaml"
+    path.write_text("name: p\ngemm_compute: 0.51\n")
+    first = load_profile(path)
+    assert load_profile(path) is first and first.gemm_compute.at(1) == 0.51
+    path.write_text("name: p\ngemm_compute: 0.52\n")
+    assert load_profile(path).gemm_compute.at(1) == 0.52
+    path.write_text("name: p\ngemm_compute: 1.52\n")
+    with pytest.raises(SpecError, match=r"p\.yaml: gemm_compute"):
+        load_profile(path)
