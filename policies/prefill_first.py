@@ -27,7 +27,8 @@ request to its full output, and must never run out; no new_token_ratio, no max_p
 keep the simulation from hanging where SGLang would: an idle engine admits its head request without the estimate
 (one whose prompt and output fill the pool would wait forever); a prompt whose chunks stalled, or a lone
 request, may be retracted (pipeline micro-batches share a pool, so the pages a request waits for may be a
-sibling's). With `scheduler_recv_interval`, new requests are read only as SGLang's recv skipper lets the loop read
+sibling's), unless it is older than every request the siblings hold: it then waits, and they admit nothing
+until it runs, so two prompts too large for the pool together never retract each other forever. With `scheduler_recv_interval`, new requests are read only as SGLang's recv skipper lets the loop read
 them (policies/recv_skipper.py).
 """
 
@@ -46,6 +47,7 @@ from servesim.policies.recv_skipper import RecvSkipper
 from servesim.policies.registry import schedulers
 from servesim.policies.step import (
     PlanBuilder,
+    Scheduler,
     SchedulerDefaults,
     StepPlan,
     TokenLog,
@@ -79,6 +81,11 @@ def max_running_requests(cfg: EngineConfig, kv: BlockManager) -> int:
         return cfg.max_num_seqs
     pool = kv_tokens(kv, kv.num_blocks)
     return default_max_running(pool, cfg.max_model_len or pool)
+
+
+def _age(req: Request) -> tuple[float, int]:
+    """Older first: arrival, then id."""
+    return req.arrival_s, req.id
 
 
 def _remaining_output(req: Request) -> int:
@@ -193,6 +200,10 @@ class PrefillFirstScheduler(SchedulerDefaults):
         )
         self.running: list[Request] = []
         self.chunked: Request | None = None  # the request whose prompt is prefilled in chunks
+        self._peers: list[PrefillFirstScheduler] = []  # pipeline micro-batches over the same pool
+        self.stalled: Request | None = (
+            None  # our chunked request, waiting for pages younger peers' requests hold
+        )
         self.batch_is_full = False
         self._shrunk = False  # a running request finished: the next decode step clears batch_is_full
         self._prefilling = False  # whether the step being run prefills
@@ -294,6 +305,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
     def _form(self, now: float) -> StepPlan:
         """The next batch from the requests read (SGLang's get_next_batch_to_run)."""
         step = PlanBuilder(0)
+        self.stalled = None
         self._prefilling = self._prefill(step)
         if self._prefilling:
             self._mix_decodes(step)
@@ -301,8 +313,11 @@ class PrefillFirstScheduler(SchedulerDefaults):
         if self.running or self._ghosts:
             self._decode(step, now)
         # its next chunk found no room and nothing of ours runs to free some: the
-        elif self.chunked is not None:
-            self._retract(step, now)  # pages are a pipeline sibling's (World._pool); give ours back to it
+        elif self.chunked is not None:  # pages are a pipeline sibling's (World._pool)
+            if self._yields_pages():
+                self._retract(step, now)
+            else:
+                self.stalled = self.chunked
         # the batch emptied: SGLang clears the flag and admits again
         elif self.batch_is_full and self._waiting:
             self.batch_is_full = (
@@ -396,6 +411,9 @@ class PrefillFirstScheduler(SchedulerDefaults):
         if self.chunked is not None:
             self._continue_chunk(step, budget)
         self._waiting.prepare()
+        # a peer's older request waits for pages: admitting would take them
+        if any(peer.stalled is not None for peer in self._peers):
+            return bool(step.tokens)
         while self._waiting and self.chunked is None:
             if self._seats_taken >= self.max_running:
                 self.batch_is_full = True
@@ -564,6 +582,17 @@ class PrefillFirstScheduler(SchedulerDefaults):
     def _grow(self, req: Request) -> bool:
         """KV for one more token of `req`."""
         return fits_in_last_block(self.kv, req, 1) or self.kv.allocate(req, 1) is not None
+
+    def share_pool(self, peers: list[Scheduler]) -> None:
+        self._peers = [p for p in peers if isinstance(p, PrefillFirstScheduler)]
+
+    def _yields_pages(self) -> bool:
+        """Whether our stalled chunked request gives its pages back rather than wait for the peers': unless it is
+        older than every request they hold, it does. Were each to give way, two micro-batches over a pool too
+        small for both their prompts would retract each other's forever; the oldest waiting, the younger
+        retracting and admitting nothing meanwhile (`_prefill`), it gets the pages and finishes."""
+        held = [_age(r) for peer in self._peers for r in (*peer.running, peer.chunked) if r is not None]
+        return not held or min(held) < _age(self.chunked)
 
     def _retract(self, step: PlanBuilder, now: float) -> None:
         """Retract the running request with the fewest outputs (the longest prompt among equals; the last of

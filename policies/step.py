@@ -194,6 +194,9 @@ class Scheduler(Protocol):
     def pipeline(self, depth: int) -> None:
         """Schedule a pipeline-parallel replica's `depth` steps in flight (a scheduler with `batch_queue`)."""
 
+    def share_pool(self, peers: list[Scheduler]) -> None:
+        """`peers` schedule the other micro-batches of this one's pipeline over the same KV pool."""
+
     @property
     def num_waiting(self) -> int: ...
 
@@ -235,6 +238,9 @@ class SchedulerDefaults:
 
     def pipeline(self, depth: int) -> None:
         raise NotImplementedError(f"{type(self).__name__} has no batch queue (batch_queue is false)")
+
+    def share_pool(self, peers: list[Scheduler]) -> None:
+        pass
 
 
 class TokenLog:

@@ -309,6 +309,7 @@ def build_pool(site: ReplicaSite, s: Scenario, count: int, first_index: int, on_
                 )
         for replica in engines:
             replica.siblings = [] if independent else [r for r in engines if r is not replica]
+            replica.scheduler.share_pool([sibling.scheduler for sibling in replica.siblings])
             replica.on_finish = (
                 _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
             )

@@ -303,6 +303,40 @@ def test_goodput_counts_requests_within_slos():
     assert 0 < good < len(df)
 
 
+def test_sglang_micro_batches_on_a_pool_too_small_for_two_prompts_take_turns():
+    """Two pipeline micro-batches of SGLang over 40 blocks (640 tokens) and ~450-token prompts: each stalls on its
+    second chunk. Each giving its pages back, they retracted each other's prompts tens of thousands of times (the
+    run never ended); the oldest now waits while the younger gives way, so every request the pool can hold
+    finishes (a hanging run would still be spinning at the stop, its requests neither finished nor refused)."""
+    s = scenario(
+        seed=9094,
+        engine={
+            "prefix_caching": "vllm",
+            "scheduler": "sglang",
+            "max_model_len": 4096,
+            "num_gpu_blocks_override": 40,
+            "max_num_seqs": 1,
+            "max_num_batched_tokens": 256,
+            "chunk_size": 256,
+        },
+        parallelism={"pp": 2},
+        stop={"max_sim_time_s": 120},
+        workload={
+            "lengths": {
+                "prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
+                "output": {"kind": "lognormal", "median": 60, "sigma": 1.0},
+            },
+            "arrivals": {"kind": "gamma", "rate_per_s": 200.0, "cv": 2.0},
+            "num_requests": 60,
+            "trace": None,
+        },
+    )
+    df = run(s).requests
+    finished = df["finish_s"].notna()
+    assert (finished ^ df["reject_reason"].notna()).all()  # 19 prompts longer than the pool are refused
+    assert df["finish_s"].max() < 30 and df["preemptions"].max() <= 10  # 13.6 s, 3
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
