@@ -26,7 +26,7 @@ from servesim.hardware.kv_groups import admission_blocks, cdiv, skipped_blocks
 from servesim.policies.block_pool import BlockHashMap, RefCountedPool
 from servesim.policies.config import EngineConfig
 from servesim.policies.families import family_of
-from servesim.policies.kv_blocks import BlockManager, blocks_for, open_each_in_turn
+from servesim.policies.kv_blocks import BlockManager, blocks_for
 from servesim.policies.spec_decode import EAGLE_METHODS
 from servesim.policies.swa_radix import SWARadixCache
 from servesim.policies.token_ids import block_hashes
@@ -154,8 +154,6 @@ class HybridBlockManager(BlockManager):
     def decode_table_len(self, req: Request) -> int:
         groups = self._groups.get(req.id)
         return len(groups[0]) if groups else 0
-
-    open_decode_blocks_in_order = open_each_in_turn
 
     def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
         return self._grow(req, num_tokens - 1, num_tokens, 0, {})

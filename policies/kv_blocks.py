@@ -18,12 +18,6 @@ def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size)
 
 
-def open_each_in_turn(kv: BlockManager, reqs: list[Request], tokens: list[int]) -> None:
-    """`open_decode_blocks_in_order` for a pool whose `open_decode_blocks` does more than take free blocks."""
-    for req, num_tokens in zip(reqs, tokens):
-        kv.open_decode_blocks(req, num_tokens)
-
-
 def fits_in_last_block(kv: BlockManager, req: Request, num_tokens: int) -> bool:
     """A decode token that lands in `req`'s last, partly filled block needs no new block. Both schedulers take
     this shortcut, and the fused decode stretches (simulator/world/fast_forward.py) count blocks the same way."""
@@ -44,14 +38,6 @@ class BlockManager:
     # EAGLE/MTP drafting reads the target's hidden states at the last cached token, which a hit does not have:
     # vLLM gives up the last hit block (find_longest_cache_hit's use_eagle), so that block is computed again
     eagle_hits = False
-
-    def __init_subclass__(cls, **kwargs) -> None:
-        super().__init_subclass__(**kwargs)
-        # the fused steps open blocks through `open_decode_blocks_in_order`, whose fast path here is `reserve`'s
-        if "open_decode_blocks" in cls.__dict__ and "open_decode_blocks_in_order" not in cls.__dict__:
-            raise TypeError(
-                f"{cls.__name__} overrides open_decode_blocks: give open_decode_blocks_in_order too"
-            )
 
     def __init__(self, num_blocks: int, block_size: int, watermark: float = 0.0):
         if num_blocks < 1 or block_size < 1:
@@ -96,16 +82,6 @@ class BlockManager:
     def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
         """The blocks a decode step opens so that `req` holds `num_tokens` tokens (they fit: checked before)."""
         return self.reserve(req, num_tokens)
-
-    def open_decode_blocks_in_order(self, reqs: list[Request], tokens: list[int]) -> None:
-        """`open_decode_blocks` for each of `reqs` in turn (to `tokens` each), as a fused decode step opens them:
-        `reserve` inlined, since a long stretch opens a block per request every `block_size` steps."""
-        size, tables, pop = self.block_size, self._tables, self._pop_free_many
-        for req, num_tokens in zip(reqs, tokens):
-            table = tables.setdefault(req.id, [])
-            need = -(-num_tokens // size) - len(table)
-            if need > 0:
-                table.extend(pop(need))
 
     def end_decode_step(self, req: Request, computed: int) -> int:
         """Bookkeeping after a decode step brought `req` to `computed` tokens; returns the blocks it freed."""

@@ -30,7 +30,6 @@ import heapq
 import math
 from collections import deque
 
-from servesim.policies.kv_blocks import open_each_in_turn
 from servesim.policies.radix import Node, RadixCache, _split_pieces
 from servesim.policies.token_ids import Piece
 from servesim.workloads.request import Request
@@ -174,8 +173,6 @@ class SWARadixCache(RadixCache):
         if not admitting and req.id in self._tables:
             self._free_out_of_window(req, req.num_computed_tokens)
         return super().allocate(req, num_new_tokens, admitting, watermark)
-
-    open_decode_blocks_in_order = open_each_in_turn
 
     def open_decode_blocks(self, req: Request, num_tokens: int) -> list[int]:
         """A fused decode step (simulator/world/fast_forward.py) brings `req` to `num_tokens`: as `allocate` would, free

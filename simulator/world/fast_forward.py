@@ -177,28 +177,6 @@ PLANNED = 1  # the next step is planned: under async scheduling, a request finis
 ENDED = 2  # the step ends: sliding windows free the blocks they left behind
 RETIRED = 3  # then finished requests retire
 OPEN_BLOCK, REGISTER_FILLED, OPEN_CHUNK = 0, 1, 2  # a SCHEDULED event's sub-kind
-# Without sliding windows a step's OPEN_BLOCK events are its first ones, in request order: one event (request -1,
-# so it sorts first) opens them all (`_block_openings`)
-OPEN_BLOCKS = 3
-
-
-def _block_openings(context: np.ndarray, last: np.ndarray, size: int) -> dict[int, list[int]]:
-    """Step -> the requests, in order, whose decode opens a block in it: request j grows to context_j + i + 1 in
-    step i, so it opens one when context_j + i is a multiple of `size`, from step 1 (step 0 is allocated)."""
-    first = (-context) % size
-    first[first == 0] = size
-    counts = np.maximum((last - first) // size + 1, 0)
-    request = np.repeat(np.arange(len(context)), counts)
-    nth = np.arange(len(request)) - np.repeat(np.cumsum(counts) - counts, counts)
-    step = first[request] + nth * size
-    order = np.lexsort((request, step))
-    step, request = step[order], request[order]
-    cuts = np.flatnonzero(np.diff(step)) + 1
-    return {
-        int(steps[0]): requests.tolist()
-        for steps, requests in zip(np.split(step, cuts), np.split(request, cuts))
-        if len(steps)
-    }
 
 
 def _events(
@@ -208,34 +186,29 @@ def _events(
     steps: int,
     size: int,
     windows: tuple[int | None, ...],
-    openings: dict[int, list[int]],
     late_release: bool = False,
     in_flight: int = 0,
     prefilling: bool = False,
 ) -> list[tuple[int, int, int, int]]:
-    """(step, kind, request, sub) in stepping order. SCHEDULED: open a block (without sliding windows, the step's
-    `openings` at once), or register the block it fills (only
+    """(step, kind, request, sub) in stepping order. SCHEDULED: open a block, or register the block it fills (only
     in pools whose windows free blocks, which must be findable by then), or, with `prefilling`, give the prefill
     (request len(context), scheduled after the decodes) its chunk's blocks. PLANNED: with `late_release` (async
     scheduling), the blocks of requests that finished in the step before go back. ENDED: windows free blocks
     (commit order), then RETIRED: finished requests retire."""
-    sliding = sorted({w for w in windows if w is not None})
-    if sliding:
-        # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
-        first = (-context) % size
-        first[first == 0] = size  # step 0 is already allocated
-        events = [
-            (i, SCHEDULED, j, OPEN_BLOCK)
-            for j in range(len(context))
-            for i in range(int(first[j]), int(last[j]) + 1, size)
-        ]
-    else:
-        events = [(i, SCHEDULED, -1, OPEN_BLOCKS) for i in openings]
+    # step i grows request j to context_j + i + 1: a new block when context_j + i % size == 0
+    first = (-context) % size
+    first[first == 0] = size  # step 0 is already allocated
+    events = [
+        (i, SCHEDULED, j, OPEN_BLOCK)
+        for j in range(len(context))
+        for i in range(int(first[j]), int(last[j]) + 1, size)
+    ]
     events += [(int(f), RETIRED, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
     if prefilling:
         events += [(i, SCHEDULED, len(context), OPEN_CHUNK) for i in range(1, steps)]
     if late_release:  # never past the stretch: no request finishes in its last step
         events += [(int(f) + 1, PLANNED, j, 0) for j, f in enumerate(finish.tolist()) if f < steps]
+    sliding = sorted({w for w in windows if w is not None})
     if sliding:
         fills = (-(context + 1)) % size  # step i fills a block when context_j + i + 1 is a multiple of size
         events += [
@@ -280,7 +253,6 @@ def apply_stretch(
     context = np.fromiter((r.num_computed_tokens for r in requests), np.int64, len(requests))
     last = np.minimum(stretch.finish_step, steps - 1)
     prefill = stretch.prefill
-    openings = {} if any(w is not None for w in kv.windows) else _block_openings(context, last, size)
     events = _events(
         context,
         last,
@@ -288,7 +260,6 @@ def apply_stretch(
         steps,
         size,
         kv.windows,
-        openings,
         release is not None,
         in_flight,
         prefill is not None,
@@ -315,12 +286,6 @@ def apply_stretch(
         prefilled = list(accumulate(stretch.chunks, initial=prefill.num_computed_tokens))
 
     def run(i: int, kind: int, j: int, sub: int) -> None:
-        if sub == OPEN_BLOCKS:
-            opening = openings[i]
-            kv.open_decode_blocks_in_order(
-                [requests[j] for j in opening], [contexts[j] + i + 1 for j in opening]
-            )
-            return
         if sub == OPEN_CHUNK:  # as the scheduler allocates a chunk, from the tokens before it
             prefill.num_computed_tokens = prefilled[i]
             kv.allocate(prefill, stretch.chunks[i])
