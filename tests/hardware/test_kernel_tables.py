@@ -14,7 +14,7 @@ from servesim.hardware.batch import StepBatch
 from servesim.hardware.cost import CostOptions, Parallelism, step_cost
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
-from servesim.hardware.kernel_tables import SYSTEMS, Grid, data_root, kernel_tables
+from servesim.hardware.kernel_tables import SYSTEMS, Grid, _bracket, data_root, kernel_tables
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import Profile, load_profile
 from servesim.hardware.step_timer import StepTimer
@@ -167,12 +167,16 @@ def test_decode_stretch_equals_stepping_with_measured_kernels(name, contexts, st
 )
 def test_a_grids_lookups_along_an_axis_are_its_point_lookups(rows, cols, holes, x, ys, seed):
     """On and between grid points, below (held) and above (None) either axis, next to unmeasured points (NaN) and
-    on one-point axes: every value the same to the bit as `at`."""
+    on one-point axes: every value the same to the bit as `at`, looked up in Python (short lists) or numpy."""
     log_t = np.random.default_rng(seed).normal(-9.0, 2.0, (rows, cols))
     for i, j in holes:
         log_t[i % rows, j % cols] = np.nan
     grid = Grid([2.0 ** np.arange(rows), 3.0 ** np.arange(cols)], log_t)
-    assert grid.at2_along(x, ys) == [grid.at(x, y) for y in ys]
+    expected = [grid.at(x, y) for y in ys]
+    assert grid.at2_along(x, ys) == expected
+    first = _bracket(grid.log_axes[0], x)
+    if first is not None:  # both ways, whatever the list's length picks
+        assert grid._along_numpy(first, ys) == grid._along_python(first, ys) == expected
 
 
 @pytest.mark.parametrize("batch", [1, 3, 64, 200, 512])
