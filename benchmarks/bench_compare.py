@@ -13,10 +13,9 @@ import argparse
 import contextlib
 import functools
 import io
+import sys
 import time
 from pathlib import Path
-
-import sys
 
 import servesim.hardware.kernel_tables as kernel_tables
 import servesim.hardware.step_timer as step_timer

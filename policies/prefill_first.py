@@ -28,8 +28,9 @@ keep the simulation from hanging where SGLang would: an idle engine admits its h
 (one whose prompt and output fill the pool would wait forever); a prompt whose chunks stalled, or a lone
 request, may be retracted (pipeline micro-batches share a pool, so the pages a request waits for may be a
 sibling's), unless it is older than every request the siblings hold: it then waits, and they admit nothing
-until it runs, so two prompts too large for the pool together never retract each other forever. With `scheduler_recv_interval`, new requests are read only as SGLang's recv skipper lets the loop read
-them (policies/recv_skipper.py).
+until it runs, so two prompts too large for the pool together never retract each other forever. With
+`scheduler_recv_interval`, new requests are read only as SGLang's recv skipper lets the loop read them
+(policies/recv_skipper.py).
 """
 
 from __future__ import annotations
@@ -201,9 +202,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
         self.running: list[Request] = []
         self.chunked: Request | None = None  # the request whose prompt is prefilled in chunks
         self._peers: list[PrefillFirstScheduler] = []  # pipeline micro-batches over the same pool
-        self.stalled: Request | None = (
-            None  # our chunked request, waiting for pages younger peers' requests hold
-        )
+        # our chunked request, waiting for pages younger peers' requests hold
+        self.stalled: Request | None = None
         self.batch_is_full = False
         self._shrunk = False  # a running request finished: the next decode step clears batch_is_full
         self._prefilling = False  # whether the step being run prefills

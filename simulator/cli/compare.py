@@ -100,7 +100,8 @@ def compare(
     files = tuple(distinct_files([f for run in runs for f in run.gpu_files]))
     names = list(dict.fromkeys(profile)) or ["default"]
     profiles = {name: load_profile(None if name == "default" else name, files) for name in names}
-    jobs = [(run, None if name == "default" else name) for name in names for run in runs]
+    pairs = [(name, run) for name in names for run in runs]
+    jobs = [(run, None if name == "default" else name) for name, run in pairs]
     replays: list = [None] * len(jobs)
     with progress_bar("simulating runs", console, every=1) as advance:
         advance.total(len(jobs))
@@ -109,7 +110,7 @@ def compare(
             advance(done)
     by_profile: dict[str, list] = {name: [] for name in names}
     preempted: dict[str, dict[str, int]] = {name: {} for name in names}
-    for (run, _), name, replayed in zip(jobs, (name for name in names for _ in runs), replays):
+    for (name, run), replayed in zip(pairs, replays):
         by_profile[name].append((run, replayed.errors))
         preempted[name][run.label()] = replayed.preemptions
     if as_json:
