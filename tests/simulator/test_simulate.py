@@ -303,6 +303,19 @@ def test_goodput_counts_requests_within_slos():
     assert 0 < good < len(df)
 
 
+def _bursty_lognormal(rate: float) -> dict:
+    """60 requests of widely spread lengths (prompts around 300 tokens, outputs around 60), arriving in bursts."""
+    return {
+        "lengths": {
+            "prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
+            "output": {"kind": "lognormal", "median": 60, "sigma": 1.0},
+        },
+        "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0},
+        "num_requests": 60,
+        "trace": None,
+    }
+
+
 def test_sglang_micro_batches_on_a_pool_too_small_for_two_prompts_take_turns():
     """Two pipeline micro-batches of SGLang over 40 blocks (640 tokens) and ~450-token prompts: each stalls on its
     second chunk. Each giving its pages back, they retracted each other's prompts tens of thousands of times (the
@@ -321,15 +334,7 @@ def test_sglang_micro_batches_on_a_pool_too_small_for_two_prompts_take_turns():
         },
         parallelism={"pp": 2},
         stop={"max_sim_time_s": 120},
-        workload={
-            "lengths": {
-                "prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
-                "output": {"kind": "lognormal", "median": 60, "sigma": 1.0},
-            },
-            "arrivals": {"kind": "gamma", "rate_per_s": 200.0, "cv": 2.0},
-            "num_requests": 60,
-            "trace": None,
-        },
+        workload=_bursty_lognormal(200.0),
     )
     df = run(s).requests
     finished = df["finish_s"].notna()
@@ -373,15 +378,7 @@ def test_every_request_finishes_or_is_rejected(
             "chunk_size": 256,
         },
         parallelism={"pp": pp},
-        workload={
-            "lengths": {
-                "prompt": {"kind": "lognormal", "median": 300, "sigma": 1.2},
-                "output": {"kind": "lognormal", "median": 60, "sigma": 1.0},
-            },
-            "arrivals": {"kind": "gamma", "rate_per_s": rate, "cv": 2.0},
-            "num_requests": 60,
-            "trace": None,
-        },
+        workload=_bursty_lognormal(rate),
     )
     result = run(s)
     df = result.requests
