@@ -70,6 +70,12 @@ MXFP8_MOE_ACTIVATIONS = {"trtllm"}
 #: static-scale checkpoint (ModelOpt's) does not; vLLM's collector measures the static path. Its `computescale`
 #: table holds that difference (dynamic less static), its `scale_matrix` table the static quantization alone.
 DYNAMIC_FP8_GEMMS = frozenset({"trtllm"})
+#: GEMM rows an engine's collector timed on its autotuner's fallback kernel: TensorRT-LLM tunes `nvfp4_gemm` among its
+#: backends when the server warms up, but aiconfigurator's collector never tunes, so its NVFP4 rows run the untuned
+#: tactic (21 us for a 4-row GEMM on the B200, against the tuned FlashInfer CuTe DSL kernel's 11). Those dtypes are
+#: priced from the named engine's table on the same GPU: a tuned kernel of the same family, one of TensorRT-LLM's
+#: candidate backends.
+UNTUNED_GEMMS = {"trtllm": {"nvfp4": "vllm"}}
 #: The floor a `computescale` difference is held at (ms): TensorRT-LLM's collector stores it unclamped, so a few are
 #: not positive, and the tables are read in log space.
 LEAST_DIFFERENCE_MS = 1e-6
@@ -382,7 +388,12 @@ class KernelTables:
         )
         if frame is None:
             return {}
-        return {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
+        frames = {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
+        for dtype, engine in UNTUNED_GEMMS.get(self.framework, {}).items():
+            tuned = KernelTables(self.system, engine)._gemm_frames.get(dtype) if dtype in frames else None
+            if tuned is not None:
+                frames[dtype] = tuned
+        return frames
 
     @functools.lru_cache(maxsize=None)
     def _gemm_grid(self, dtype: str) -> Grid | None:

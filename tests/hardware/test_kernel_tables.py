@@ -279,6 +279,22 @@ def test_nvfp4_gemms_are_measured_on_blackwell_only():
     assert kernel_tables("vllm", "h100-sxm").gemm_s("nvfp4", 64, 6144, 4096) is None
 
 
+@pytest.mark.parametrize("gpu", ["b200", "gb300"])
+def test_tensorrt_llm_nvfp4_gemms_are_priced_as_tuned_kernels(gpu):
+    """TensorRT-LLM's own NVFP4 rows time its autotuner's fallback tactic (a 4-row GEMM takes ~21 us on the B200,
+    however narrow); its server tunes, so those GEMMs take the tuned CuTe DSL kernel vLLM's table measured, while
+    its other dtypes keep its own rows."""
+    trtllm, vllm = kernel_tables("trtllm", gpu), kernel_tables("vllm", gpu)
+    m, n, k = 4, 8192, 8192
+    untuned = _latency_ms(trtllm, "gemm", "gemm_perf.parquet", gemm_dtype="nvfp4", m=m, n=n, k=k)
+    tuned = _latency_ms(vllm, "gemm", "gemm_perf.parquet", gemm_dtype="nvfp4", m=m, n=n, k=k)
+    assert untuned > 1.5 * tuned
+    assert trtllm.gemm_s("nvfp4", m, n, k) == pytest.approx(tuned * 1e-3, rel=1e-9)
+    assert trtllm.gemm_s("nvfp4", 1000, 6000, 5000) == vllm.gemm_s("nvfp4", 1000, 6000, 5000)
+    bf16 = _latency_ms(trtllm, "gemm", "gemm_perf.parquet", gemm_dtype="bfloat16", m=m, n=n, k=k)
+    assert trtllm.gemm_s("bf16", m, n, k) == pytest.approx(bf16 * 1e-3, rel=1e-9)
+
+
 def gpt_oss_20b_experts(frame: pd.DataFrame, dtype: str) -> pd.Series:
     """A fused-MoE table's rows of gpt-oss-20b's experts (32 of width 2,880, top 4) on one GPU at 64 tokens, evenly
     routed."""
