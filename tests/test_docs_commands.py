@@ -62,6 +62,15 @@ MADE_SMALL = {
         "--match",
         "llama-3.1-70b h200 TP8 trtllm fp8 serve 819-1024/819-1024 c=4 x40",
     ],
+    # two of the fifteen TP 8 runs, one search step
+    "fit inferencemax_trtllm_runs": [
+        "--match",
+        "h200 TP8 trtllm fp8 serve 819-1024/819-1024 c=(4|8) ",
+        "--max-evaluations",
+        "1",
+        "--workers",
+        "1",
+    ],
     "compare inferencemax_dsr1_amd_runs": [
         "--match",
         "deepseek-v3 mi325x TP8 sglang fp8 serve 819-1024/819-1024 c=4 x40",
