@@ -70,12 +70,14 @@ MXFP8_MOE_ACTIVATIONS = {"trtllm"}
 #: static-scale checkpoint (ModelOpt's) does not; vLLM's collector measures the static path. Its `computescale`
 #: table holds that difference (dynamic less static), its `scale_matrix` table the static quantization alone.
 DYNAMIC_FP8_GEMMS = frozenset({"trtllm"})
-#: GEMM rows an engine's collector timed on its autotuner's fallback kernel: TensorRT-LLM tunes `nvfp4_gemm` among its
-#: backends when the server warms up, but aiconfigurator's collector never tunes, so its NVFP4 rows run the untuned
-#: tactic (21 us for a 4-row GEMM on the B200, against the tuned FlashInfer CuTe DSL kernel's 11). Those dtypes are
-#: priced from the named engine's table on the same GPU: a tuned kernel of the same family, one of TensorRT-LLM's
-#: candidate backends.
-UNTUNED_GEMMS = {"trtllm": {"nvfp4": "vllm"}}
+#: GEMM rows that do not time what the engine serves with, priced from the named engine's table of the same GPU (the
+#: same kernels, timed as served). TensorRT-LLM's NVFP4 rows run its autotuner's fallback tactic: the server tunes
+#: `nvfp4_gemm` among its backends at warmup, aiconfigurator's collector never does (21 us for a 4-row GEMM on the
+#: B200, against 11 us for vLLM's tuned FlashInfer CuTe DSL kernel, one of those backends). vLLM's block-FP8 rows
+#: carry 60-180 us of host work a call, flat in the shape (a 64 x 128 GEMM takes 85 us on the H200), which its CUDA
+#: graphs remove when serving; SGLang's table times the same DeepGEMM kernel at 12-40 us. Where the named engine
+#: has no such table (vLLM's Triton block-FP8 rows on the L40S: 300-350 us), the roofline prices them.
+GEMM_STAND_INS = {"trtllm": {"nvfp4": "vllm"}, "vllm": {"fp8_block": "sglang"}}
 #: The floor a `computescale` difference is held at (ms): TensorRT-LLM's collector stores it unclamped, so a few are
 #: not positive, and the tables are read in log space.
 LEAST_DIFFERENCE_MS = 1e-6
@@ -389,10 +391,13 @@ class KernelTables:
         if frame is None:
             return {}
         frames = {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
-        for dtype, engine in UNTUNED_GEMMS.get(self.framework, {}).items():
-            tuned = KernelTables(self.system, engine)._gemm_frames.get(dtype) if dtype in frames else None
-            if tuned is not None:
-                frames[dtype] = tuned
+        for dtype, engine in GEMM_STAND_INS.get(self.framework, {}).items():
+            if dtype in frames:
+                stand_in = KernelTables(self.system, engine)._gemm_frames.get(dtype)
+                if stand_in is None:
+                    del frames[dtype]
+                else:
+                    frames[dtype] = stand_in
         return frames
 
     @functools.lru_cache(maxsize=None)

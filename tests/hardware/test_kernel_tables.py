@@ -295,6 +295,21 @@ def test_tensorrt_llm_nvfp4_gemms_are_priced_as_tuned_kernels(gpu):
     assert trtllm.gemm_s("bf16", m, n, k) == pytest.approx(bf16 * 1e-3, rel=1e-9)
 
 
+@pytest.mark.parametrize("gpu", ["h200", "b200"])
+def test_vllm_block_fp8_gemms_are_priced_without_the_collectors_host_time(gpu):
+    """vLLM's block-FP8 rows take 60-180 us a call whatever the shape (host work its served CUDA graphs remove), so
+    its block-FP8 GEMMs take SGLang's rows of the same DeepGEMM kernel; where SGLang measured none (L40S), the
+    roofline's."""
+    vllm, sglang = kernel_tables("vllm", gpu), kernel_tables("sglang", gpu)
+    m, n, k = 64, 2048, 2048
+    collected = _latency_ms(vllm, "gemm", "gemm_perf.parquet", gemm_dtype="fp8_block", m=m, n=n, k=k)
+    served = _latency_ms(sglang, "gemm", "gemm_perf.parquet", gemm_dtype="fp8_block", m=m, n=n, k=k)
+    assert collected > 4 * served
+    assert vllm.gemm_s("fp8_block", m, n, k) == pytest.approx(served * 1e-3, rel=1e-9)
+    assert kernel_tables("vllm", "l40s").gemm_s("fp8_block", m, n, k) is None
+    assert kernel_tables("vllm", "l40s").gemm_s("fp8", m, n, k) is not None
+
+
 def gpt_oss_20b_experts(frame: pd.DataFrame, dtype: str) -> pd.Series:
     """A fused-MoE table's rows of gpt-oss-20b's experts (32 of width 2,880, top 4) on one GPU at 64 tokens, evenly
     routed."""
