@@ -1,8 +1,9 @@
 """Closed-loop TTFT run by run: each measured run at 4-16 clients replayed under a profile, its mean TTFT error, and
 how many are within 20% (issue 29's check of the client and host model).
 
-Run: python benchmarks/closed_loop_ttft.py benchmarks/inferencemax_runs.yaml [--profile measured] [--match TEXT]
-[--async-scheduling stated|on|off]
+Run: python benchmarks/closed_loop_ttft.py benchmarks/inferencemax_runs.yaml [more runs files] [--profile measured]
+[--match TEXT] [--async-scheduling stated|on|off]
+(several files: each file's count, then all of them together.)
 (`--async-scheduling` replays every run with vLLM's async scheduling on or off whatever the run states: how far a
 run's TTFT sits from what its stated scheduling allows, e.g. `--match h100 --async-scheduling off`.)
 """
@@ -27,15 +28,9 @@ def with_scheduling(run: MeasuredRun, ahead: bool | None) -> MeasuredRun:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", type=Path)
-    parser.add_argument("--profile", default="measured")
-    parser.add_argument("--within", type=float, default=20.0, help="bound on the mean TTFT error, %%")
-    parser.add_argument("--match", help="only runs whose label matches this regular expression")
-    parser.add_argument("--async-scheduling", choices=list(SCHEDULING), default="stated")
-    args = parser.parse_args()
-    runs = [r for r in load_measured_runs(args.runs) if r.max_concurrency and 4 <= r.max_concurrency <= 16]
+def count(path: Path, args: argparse.Namespace) -> tuple[int, int]:
+    """Print `path`'s runs at 4-16 clients one by one and how many are within the bound; (within, total)."""
+    runs = [r for r in load_measured_runs(path) if r.max_concurrency and 4 <= r.max_concurrency <= 16]
     runs = [with_scheduling(r, SCHEDULING[args.async_scheduling]) for r in select(runs, args.match)]
     within, total = Counter(), Counter()
     for run in runs:
@@ -51,7 +46,21 @@ def main() -> None:
             flush=True,
         )
     by_gpu = ", ".join(f"{gpu} {within[gpu]}/{total[gpu]}" for gpu in sorted(total))
-    print(f"within {args.within:g}%: {sum(within.values())} of {sum(total.values())} ({by_gpu})")
+    print(f"{path.name}: within {args.within:g}%: {sum(within.values())} of {sum(total.values())} ({by_gpu})")
+    return sum(within.values()), sum(total.values())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--profile", default="measured")
+    parser.add_argument("--within", type=float, default=20.0, help="bound on the mean TTFT error, %%")
+    parser.add_argument("--match", help="only runs whose label matches this regular expression")
+    parser.add_argument("--async-scheduling", choices=list(SCHEDULING), default="stated")
+    args = parser.parse_args()
+    counts = [count(path, args) for path in args.runs]
+    if len(counts) > 1:
+        print(f"all: within {args.within:g}%: {sum(w for w, _ in counts)} of {sum(t for _, t in counts)}")
 
 
 if __name__ == "__main__":
