@@ -372,6 +372,17 @@ class AttentionTable:
         return [t if t is not None else self.seconds(batch, n) for t, n in zip(whole, lengths)]
 
 
+@functools.lru_cache(maxsize=None)
+def _own_gemm_frames(system: str, framework: str, version: str | None) -> dict:
+    """An engine build's GEMM table as measured, per dtype: read once, whether for its own lookups or another
+    engine's stand-in rows."""
+    frame = _read(
+        _table_path(system, "gemm", framework, version, "gemm_perf.parquet"),
+        ["kernel_source", "gemm_dtype", "m", "n", "k", "latency"],
+    )
+    return {} if frame is None else {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
+
+
 class KernelTables:
     """The measured tables of one GPU and one engine build, loaded lazily per operator family."""
 
@@ -385,15 +396,11 @@ class KernelTables:
 
     @functools.cached_property
     def _gemm_frames(self) -> dict:
-        frame = _read(
-            self._path("gemm", "gemm_perf.parquet"), ["kernel_source", "gemm_dtype", "m", "n", "k", "latency"]
-        )
-        if frame is None:
-            return {}
-        frames = {dtype: _main_source(rows) for dtype, rows in frame.groupby("gemm_dtype")}
+        """The engine's GEMM rows per dtype, those `GEMM_STAND_INS` names taken from the stand-in engine's own."""
+        frames = dict(_own_gemm_frames(self.system, self.framework, self.version))
         for dtype, engine in GEMM_STAND_INS.get(self.framework, {}).items():
             if dtype in frames:
-                stand_in = KernelTables(self.system, engine)._gemm_frames.get(dtype)
+                stand_in = _own_gemm_frames(self.system, engine, None).get(dtype)
                 if stand_in is None:
                     del frames[dtype]
                 else:
