@@ -6,7 +6,8 @@ counts the FLOPs and HBM bytes one GPU of the replica moves, and takes
 `max(flops / (peak * eff_c), bytes / (bandwidth * eff_m))` with the efficiencies of a calibration `Profile`.
 The step adds fixed overheads. Pure functions only. A profile with measured kernel tables (`Profile.kernels`,
 `hardware.kernel_tables`) prices the GEMMs, attention and all-reduces those tables hold from them instead (bound
-"measured" in the breakdown), and everything else with the roofline.
+"measured" in the breakdown; "measured (vllm)" where another engine's table stands in), and everything else with the
+roofline.
 
 Conventions (per GPU of a TP group): weights and query heads split by TP, KV heads split or
 duplicated (see `kv_heads_per_rank`); MLA keeps its latent on every rank, expands K/V in prefill
@@ -515,6 +516,14 @@ class _Ctx:
             total += time_s
         return total
 
+    def gemm_source(self, dtype: str | None = None) -> str:
+        """What the breakdown calls a measured GEMM's source: "measured", naming the engine whose table stands in
+        where it is not the scenario's own."""
+        if self.kernels is None:
+            return "measured"
+        engine = self.kernels.gemm_engine(dtype or self.table_dtype)
+        return "measured" if engine == self.kernels.framework else f"measured ({engine})"
+
     def _gemm_floor_s(self, dtype: str, rows: float, n: float, k: float) -> float:
         """A GEMM's roofline at peak compute and bandwidth: what a table lookup less measured parts stays above."""
         if dtype not in GEMM_COMPUTE_DTYPE:
@@ -539,7 +548,7 @@ class OperatorTerm:
     compute_s: float
     memory_s: float
     time_s: float
-    bound: str  # compute | memory | link | measured (a kernel table's latency, not the roofline's)
+    bound: str  # compute | memory | link | measured[ (engine)] (a kernel table's latency, not the roofline's)
     layers: int
     tokens: float
 
@@ -560,11 +569,13 @@ class _Terms:
         roof: tuple[float, float],
         layers: int,
         measured: float | None = None,
+        source: str = "measured",
     ) -> None:
-        """`measured`: the kernel tables' seconds, which price the term when given (the roofline's stay beside)."""
+        """`measured`: the kernel tables' seconds, which price the term when given (the roofline's stay beside),
+        `source` its bound in the breakdown."""
         compute_s, memory_s = roof
         if measured is not None:
-            time_s, bound = measured, "measured"
+            time_s, bound = measured, source
         else:
             time_s, bound = (compute_s, "compute") if compute_s > memory_s else (memory_s, "memory")
         self.terms.append(
@@ -790,7 +801,8 @@ def _mlp(
         measured = dense.measured_gemms(
             rows, (((2 if m.gated_mlp else 1) * width, h), (h, width)), quantized_inputs=(False, True)
         )
-        acc.add(dense, "mlp", "gemm", flops, nbytes, dense.gemm_s(flops, nbytes), layers, measured)
+        roof, source = dense.gemm_s(flops, nbytes), dense.gemm_source()
+        acc.add(dense, "mlp", "gemm", flops, nbytes, roof, layers, measured, source)
     if group.extra_linear_params:
         params = group.extra_linear_params / ranks
         acc.add(
@@ -893,6 +905,7 @@ def _layer_group(
         local.gemm_s(2 * rows * qkv, qkv * ctx.wbytes + rows * (h + out_dim) * ACT_BYTES),
         layers,
         local.measured_gemms(rows, ((out_dim, h),)) if plain else None,
+        local.gemm_source(),
     )
     _attention(ctx, acc, rank, group, layers, attention)
     acc.add(
@@ -904,6 +917,7 @@ def _layer_group(
         local.gemm_s(2 * rows * o, o * ctx.wbytes + 2 * rows * h * ACT_BYTES),
         layers,
         local.measured_gemms(rows, ((h, o / h),), quantized_inputs=(True,)) if plain else None,
+        local.gemm_source(),
     )
     routed = tokens - pad if ctx.opts.graph_masks_experts else tokens
     _mlp(ctx, acc, tokens, rows, group, layers, routed)
@@ -1017,6 +1031,7 @@ def _model_level(ctx: _Ctx, acc: _Terms, batch: StepBatch) -> None:
             head.gemm_s(flops, nbytes, "bf16"),
             1,
             head.measured_gemms(rows, ((m.vocab_size / ranks, m.hidden_size),), "bf16"),
+            head.gemm_source("bf16"),
         )
         if ranks > 1:  # vocab-parallel logits gathered to the sampling rank (bf16)
             bus = (ranks - 1) / ranks * logits * m.vocab_size * ACT_BYTES

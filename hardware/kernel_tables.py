@@ -407,6 +407,10 @@ class KernelTables:
                     frames[dtype] = stand_in
         return frames
 
+    def gemm_engine(self, dtype: str) -> str:
+        """The engine whose table prices this build's `dtype` GEMMs: its own, or the one `GEMM_STAND_INS` names."""
+        return GEMM_STAND_INS.get(self.framework, {}).get(GEMM_DTYPES.get(dtype, dtype), self.framework)
+
     @functools.lru_cache(maxsize=None)
     def _gemm_grid(self, dtype: str) -> Grid | None:
         rows = self._gemm_frames.get(dtype)
