@@ -288,7 +288,8 @@ def build_pool(site: ReplicaSite, s: Scenario, count: int, first_index: int, on_
             if family.default_slots is not None
             else rank_engine.max_num_seqs
         )
-        slots = [max(1, seqs // per_replica + (v < seqs % per_replica)) for v in range(per_replica)]
+        # a share of no seat builds no engine: max_num_seqs below the pipeline depth leaves stages idle
+        slots = [n for v in range(per_replica) if (n := seqs // per_replica + (v < seqs % per_replica))]
         engines, stages = [], None if independent else pipeline()  # independent ranks: each its own
         for engine_seqs in slots:  # sum: max_num_seqs
             cfg = rank_engine.model_copy(update={"max_num_seqs": engine_seqs})

@@ -197,6 +197,10 @@ def test_sglang_runs_a_pipelined_replica_as_engines_splitting_max_num_seqs_where
         scenario(parallelism={"pp": 2}, engine={"max_num_seqs": 5, "scheduler": "sglang"}), SCENARIOS
     )
     assert [r.scheduler.max_running for r in sglang.replicas] == [3, 2]
+    # fewer seats than stages: one engine a seat, never more requests running than max_num_seqs
+    single = scenario(parallelism={"pp": 4}, engine={"max_num_seqs": 2, "scheduler": "sglang"})
+    assert [r.scheduler.max_running for r in World(single, SCENARIOS).replicas] == [1, 1]
+    assert run(single).summary["completed"] == single.workload.num_requests
     engine = {"max_num_seqs": 5, "preemption_mode": "swap"}
     whole = World(scenario(engine=engine), SCENARIOS).replicas[0].scheduler.host_blocks_free
     (vllm,) = World(scenario(parallelism={"pp": 2}, engine=engine), SCENARIOS).replicas
