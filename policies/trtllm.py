@@ -9,8 +9,9 @@ Each iteration (tensorrt_llm/_torch/pyexecutor: the capacity scheduler, then the
    finds its block, and the pool's usage shows what is held.
 Prompts run whole (chunked prefill is off by default; a prompt over max_num_tokens is refused at arrival);
 the overlap scheduler (on by default) plans each step while the one before runs, as vLLM's async scheduling.
-Requests reserve their output length (max_tokens equal to it, as a fixed-length benchmark sends), and the
-count ignores prefix hits (enable_block_reuse on by default: hits save compute, not reservation).
+Requests reserve their prompt plus output length (max_tokens equal to it, as a fixed-length benchmark sends; one
+token more than the KV they write: getRemainingBlocksToCompletion), and the count ignores prefix hits
+(enable_block_reuse on by default: hits save compute, not reservation; cached blocks sitting free count as free).
 With batch waiting (`batch_wait_timeout_iters`, `batch_wait_max_tokens_ratio`), while requests decode the prompts the
 step would take are held back until its tokens (those prompts' and one per decode) reach the ratio of max_num_tokens
 or the iterations held reach the timeout (PyExecutor._waiting_requests).
@@ -41,18 +42,15 @@ class TrtllmScheduler(TokenBudgetScheduler):
         """Blocks a sequence of `total_tokens` holds at its longest, in every KV cache group."""
         return len(self.kv.windows) * blocks_for(total_tokens, self.kv.block_size)
 
+    def _reserved(self, req: Request) -> int:
+        """The blocks `req` reserves: its prompt and every new token it may make, in every KV cache group."""
+        return self._whole_blocks(req.num_prompt_tokens + req.num_output_tokens)
+
     def _still_to_take(self) -> int:
         """Blocks the running requests have reserved but not yet taken (kvCacheManager's remaining blocks to
         completion)."""
         groups = len(self.kv.windows)
-        return sum(
-            max(
-                self._whole_blocks(r.num_prompt_tokens + r.num_output_tokens - 1)
-                - groups * self.kv.decode_table_len(r),
-                0,
-            )
-            for r in self.running
-        )
+        return sum(max(self._reserved(r) - groups * self.kv.decode_table_len(r), 0) for r in self.running)
 
     def _plan(self) -> StepPlan:
         self._to_take = None
@@ -61,8 +59,8 @@ class TrtllmScheduler(TokenBudgetScheduler):
     def _room_for(self, req: Request, n: int) -> list[int] | None:
         if self._to_take is None:
             self._to_take = self._still_to_take()
-        need = self._whole_blocks(req.num_prompt_tokens + req.num_output_tokens - 1)
-        if need + self._to_take + self.kv.evictable_hit(req) > self.kv.num_free_blocks:
+        need = self._reserved(req)
+        if need + self._to_take > self.kv.num_free_blocks:
             return None
         room = self.kv.allocate(req, n, admitting=True, watermark=False)
         if room is not None:  # what `_still_to_take` would now count for it
@@ -100,7 +98,7 @@ class TrtllmScheduler(TokenBudgetScheduler):
             if n > budget and not self.chunked:
                 break
             n = min(n, budget)
-            room -= self._whole_blocks(req.num_prompt_tokens + req.num_output_tokens - 1)
+            room -= self._reserved(req)
             if room < 0:
                 break
             budget, seats, tokens = budget - n, seats + 1, tokens + n
@@ -124,5 +122,5 @@ class TrtllmScheduler(TokenBudgetScheduler):
         return None
 
     def blocks_to_run(self, total: int, windows: tuple[int | None, ...], block_size: int) -> int:
-        """A request is admitted only with its whole sequence's blocks free."""
-        return len(windows) * blocks_for(total, block_size)
+        """A request is admitted only with its whole reservation free: `total` KV tokens and the last token's."""
+        return len(windows) * blocks_for(total + 1, block_size)

@@ -18,7 +18,7 @@ from servesim.hardware.memory import activation_bytes, plan_memory, weight_bytes
 from servesim.hardware.model import get_model
 from servesim.policies.config import EngineConfig
 from servesim.policies.families import TRTLLM, OfflineRun, family_of, trtllm_bench_limits
-from servesim.policies.token_budget import max_blocks_of
+from servesim.policies.kv_blocks import blocks_for
 from servesim.simulator.cli.main import app
 from servesim.simulator.planning.launch import launch_notes, sglang_command, trtllm_command, vllm_command
 from servesim.simulator.scenario import load_scenario
@@ -74,8 +74,8 @@ def test_deepseek_fp8_on_4_b200_fits_under_trtllm_not_under_vllm():
 
 
 def test_a_request_waits_until_its_whole_sequence_fits():
-    """A pool of 10 blocks of 4 tokens. A (8 + 8 tokens: 15 held at most, 4 blocks) is admitted; B (8 + 20: 27
-    tokens, 7 blocks) needs 7 + A's 2 blocks still to come > 8 free, so it waits until A ends, where vLLM admits
+    """A pool of 10 blocks of 4 tokens. A (8 + 8 tokens reserved: 4 blocks) is admitted; B (8 + 20: 28 tokens, 7
+    blocks) needs 7 + A's 2 blocks still to come > 8 free, so it waits until A ends, where vLLM admits
     it on its prompt's 2 blocks and preempts later."""
     knobs = dict(num_blocks=10, block_size=4, max_num_batched_tokens=64, max_num_seqs=8)
     sched, _ = make_scheduler("trtllm", enable_chunked_prefill=False, **knobs)
@@ -90,6 +90,27 @@ def test_a_request_waits_until_its_whole_sequence_fits():
     vllm, _ = make_scheduler("vllm", **knobs)
     a, b = make_requests([8, 8], [8, 20])
     assert drive(vllm, [a, b])[0].batch == [0, 1]
+
+
+def test_the_reservation_counts_every_new_token_and_cached_blocks_once():
+    """TensorRT-LLM reserves ceil((prompt + max new tokens) / block) (getRemainingBlocksToCompletion): three
+    31 + 2-token requests take 2 blocks of 32 each, so one fits a 3-block pool. Cached blocks sitting free count
+    as free and a prefix hit does not shrink the reservation: a 1,088 + 1,000-token request whose 1,024-token
+    prefix is cached and free needs its 66 blocks of the 70 free, no more."""
+    sched, _ = make_scheduler("trtllm", num_blocks=3, block_size=32, enable_chunked_prefill=False)
+    for i in range(3):
+        sched.add(Request(i, 0.0, 31, 2), 0.0)
+    assert scheduled(sched.schedule(0.0)) == [(0, 31)]
+
+    sched, _ = make_scheduler(
+        "trtllm", num_blocks=70, block_size=32, enable_chunked_prefill=False, prefix_caching="vllm"
+    )
+    first = Request(0, 0.0, 1024, 1, prompt_segments=((7, 1024),))
+    sched.add(first, 0.0)
+    sched.commit(sched.schedule(0.0), 1.0)
+    assert first.finish_s is not None and sched.kv.num_free_blocks == 70
+    sched.add(Request(1, 1.0, 1088, 1000, prompt_segments=((7, 1024), (200, 64))), 1.0)
+    assert scheduled(sched.schedule(1.0)) == [(1, 64)]  # its 1,024 cached tokens hit
 
 
 def test_whole_prompts_wait_for_the_budget_and_decodes_count_against_it():
@@ -139,7 +160,8 @@ def test_nobody_is_preempted_and_every_request_finishes(
     requests = make_requests([p for p, _ in lengths], [o for _, o in lengths])
     sched, log = make_scheduler(
         "trtllm",
-        num_blocks=max(max_blocks_of(r, block_size) for r in requests) + spare_blocks,
+        # what its reservation takes (prompt and every new token): a smaller pool refuses it at arrival
+        num_blocks=max(blocks_for(p + o, block_size) for p, o in lengths) + spare_blocks,
         block_size=block_size,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max(64, max(p for p, _ in lengths)),
