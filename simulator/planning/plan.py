@@ -98,8 +98,12 @@ class Candidate:
                     "pp": self.pp,
                 }
             overrides |= {"cluster.replicas": 1, "disaggregation": d}
-        else:
-            overrides |= {"cluster.replicas": replicas, "cluster.router": "round_robin"}
+        else:  # colocated: a scenario's P/D pools are not this candidate's
+            overrides |= {
+                "cluster.replicas": replicas,
+                "cluster.router": "round_robin",
+                "disaggregation": None,
+            }
         return with_overrides(base.run_settings(), overrides)
 
 
@@ -537,6 +541,9 @@ def plan(
     ready = _size_cheapest_first(
         result, base, base_dir, max_replicas, rel_tol, workers, on_progress, exhaustive
     )
+    invalid = {e.detail for e in result.evaluations if e.rejection == "invalid"}
+    if len(invalid) == 1 and all(e.rejection == "invalid" for e in result.evaluations):
+        raise SpecError(invalid.pop())  # the input's error, not the candidates': said once, nothing written
     _choose(result, base, base_dir, max_replicas, ready, on_progress)
     result.num_simulations = len(result.deployments) + sum(
         e.capacity.num_simulations for e in result.evaluations if e.capacity
@@ -576,7 +583,12 @@ def _check_choices(
     base: Scenario, gpus: list[str], tps: list[int], pps: list[int], knobs: dict[str, list]
 ) -> None:
     """Typos in GPU names, TP or PP sizes, knob fields or values stop the plan with one line instead of rejecting
-    every candidate."""
+    every candidate, as does a scenario a plan cannot scale."""
+    if base.stages:
+        raise SpecError(
+            "stages: a plan scales replicas of one engine, not a multi-stage pipeline (its replicas are set per "
+            "stage); size the pipeline with servesim capacity, or plan each stage's model as a scenario of its own"
+        )
     for gpu in gpus:
         try:
             get_gpu(gpu, tuple(base.hardware.gpu_files))

@@ -15,6 +15,7 @@ from servesim.simulator.planning.capacity import CapacityResult, Verdict
 from servesim.simulator.cli.main import app
 from servesim.simulator.planning.executors import WorkerDied
 from servesim.simulator.planning.launch import launch_notes, sglang_command, vllm_command
+from servesim.simulator.scenario import load_scenario
 from servesim.simulator.planning.plan import (
     Candidate,
     Deployment,
@@ -568,6 +569,24 @@ def test_pd_candidates_keep_the_scenarios_transfer_and_pool_settings():
         {"max_num_batched_tokens": 4096},
     )
     assert (unit.decode.replicas, unit.decode.tp, unit.decode.router) == (3, 2, "round_robin")
+
+
+def test_a_colocated_candidate_of_a_pd_scenario_runs_colocated():
+    """Planning a scenario written with P/D pools, a colocated candidate is that many plain replicas, not the
+    scenario's pools (priced as one replica, and refused past one)."""
+    base = chat(disaggregation={"prefill": {"replicas": 1, "tp": 4}, "decode": {"replicas": 1, "tp": 4}})
+    s = Candidate("h100-sxm", 2).scenario(base, replicas=3)
+    assert s.disaggregation is None and (s.cluster.replicas, s.parallelism.tp) == (3, 2)
+
+
+def test_a_plan_of_what_it_cannot_scale_or_run_stops_with_one_line():
+    """A multi-stage pipeline is refused before any sizing; an input error every candidate meets (one request:
+    no arrival rate) is that error, not "no candidate meets the SLOs"."""
+    omni, _ = load_scenario(SCENARIOS / "omni_thinker_talker.yaml")
+    with pytest.raises(SpecError, match="stages: a plan scales replicas of one engine"):
+        plan(omni, SCENARIOS, gpus=["h100-sxm"], tps=[1], target_rate=TARGET)
+    with pytest.raises(SpecError, match="mean rate needs >= 2 arrivals"):
+        plan(chat(workload={"num_requests": 1}), SCENARIOS, gpus=["h100-sxm"], tps=[1, 2])
 
 
 def test_on_a_terminal_the_plan_shows_a_bar_of_candidates_with_an_eta():
