@@ -67,6 +67,9 @@ class EngineMemoryConfig:
     # TensorRT-LLM: gpu_memory_utilization is free_gpu_memory_fraction, the KV pool's share of what weights,
     # activations and the reserve leave free
     share_of_free: bool = False
+    # a max_model_len longer than the pool holds: None, refused (vLLM); else the engine starts with the longest the
+    # pool holds less this many tokens (EngineFamily.max_len_short_of_pool)
+    max_len_short_of_pool: int | None = None
     # steps in flight, each up to max_num_batched_tokens, whose tokens a sliding window keeps (EngineConfig.in_flight_batches)
     in_flight_batches: int = 1
     # SGLang's hybrid SWA memory (its swa_full_tokens_ratio): a model mixing sliding and full layers gets two pools,
@@ -392,17 +395,18 @@ def plan_memory(
         return groups.peak_blocks(length, cfg.block_size, in_flight) * block_bytes * ranks
 
     per_request = request_bytes(max_len)
+    short = cfg.max_len_short_of_pool
     if (
         per_request > num_blocks * block_bytes
-        and cfg.activations_outside
-        and request_bytes(2) <= num_blocks * block_bytes
+        and short is not None
+        and request_bytes(short + 1) <= num_blocks * block_bytes
     ):
-        # SGLang starts anyway: its longest request (max_req_len) is the pool's tokens less one
+        # SGLang and TensorRT-LLM start anyway, their longest request what the pool holds (less one: SGLang)
         fits, over = 1, max_len
         while over - fits > 1:
             mid = (fits + over) // 2
             fits, over = (mid, over) if request_bytes(mid) <= num_blocks * block_bytes else (fits, mid)
-        max_len = fits - 1
+        max_len = fits - short
         per_request = request_bytes(max_len)
     if per_request > num_blocks * block_bytes:
         raise SpecError(

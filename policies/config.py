@@ -365,6 +365,7 @@ class EngineConfig(SpecModel):
             disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
             activations_outside=not family.activations_in_share,
             share_of_free=family.share_of_free_memory,
+            max_len_short_of_pool=family.max_len_short_of_pool,
             in_flight_batches=self.in_flight_batches(pp),
             swa_full_tokens_ratio=self.swa_full_tokens_ratio if family.swa_pools else None,
             chunked_prefill=self.enable_chunked_prefill,

@@ -189,6 +189,10 @@ class EngineFamily:
     # the memory share is of the memory left after weights, activations and the runtime's reserve (TensorRT-LLM's
     # free_gpu_memory_fraction), not of the whole device
     share_of_free_memory = False
+    # a max_model_len whose request the KV pool cannot hold: None, refused at start (vLLM); else it starts with the
+    # longest the pool holds less this many tokens (SGLang's max_req_len 1; TensorRT-LLM cuts its attention window
+    # and max_seq_len to the pool: 0)
+    max_len_short_of_pool: int | None = None
     # DP attention: each rank takes the engine's defaults (vLLM), so the group's are tp times them; else the group
     # takes them and divides them among its ranks (SGLang)
     defaults_per_rank = True
@@ -308,6 +312,7 @@ class SglangFamily(EngineFamily):
     dp_attention_slices_dense = True
     dp_attention_conservativeness = SGLANG_DP_ATTENTION_CONSERVATIVENESS
     default_slots = SGLANG_MAX_RUNNING
+    max_len_short_of_pool = 1
     schedules_ahead_since = (0, 4, 0)  # the overlap scheduler forms the next batch while one runs (PR #2067)
 
     def batch_defaults(self, gpu: GpuSpec) -> tuple[int, int]:
@@ -378,6 +383,7 @@ class TrtllmFamily(EngineFamily):
     chunked_prefill = False  # TorchLlmArgs.enable_chunked_prefill
     unchunked_budget_covers_prompts = False
     share_of_free_memory = True
+    max_len_short_of_pool = 0  # KVCacheManager._validate_and_adjust_attention_windows warns and cuts max_seq_len
     caps_slots_at_budget = False  # max_batch_size stands as set (2048 by default)
     schedules_ahead_since = (1, 0, 0)  # the PyTorch backend's overlap scheduler, on by default in 1.x
 

@@ -7,6 +7,7 @@ from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.memory import EngineMemoryConfig, plan_memory, request_kv_bytes
 from servesim.hardware.model import get_model
+from servesim.policies.config import EngineConfig
 
 LLAMA_8B = get_model("llama-3.1-8b")
 GIB = 1 << 30
@@ -82,7 +83,7 @@ def test_max_model_len_request_that_cannot_fit_fails_fast():
 
 def test_sglang_starts_with_a_context_longer_than_its_pool_and_caps_requests_at_the_pool():
     """vLLM refuses to start; SGLang sets max_req_len = min(context_len, max_total_num_tokens) - 1."""
-    sglang = EngineMemoryConfig(gpu_memory_utilization=0.9, activations_outside=True)
+    sglang = EngineMemoryConfig(gpu_memory_utilization=0.9, activations_outside=True, max_len_short_of_pool=1)
     plan = plan_memory(LLAMA_8B, get_gpu("l4"), cfg=sglang)
     assert plan.max_model_len == plan.kv_cache_tokens - 1 < 131072
     assert plan.max_concurrency == pytest.approx(1.0)  # the one request of the pool's length fills it
@@ -90,10 +91,28 @@ def test_sglang_starts_with_a_context_longer_than_its_pool_and_caps_requests_at_
         plan_memory(
             LLAMA_8B,
             get_gpu("l4"),
-            cfg=EngineMemoryConfig(gpu_memory_utilization=0.9, activations_outside=True, max_model_len=8192),
+            cfg=EngineMemoryConfig(
+                gpu_memory_utilization=0.9,
+                activations_outside=True,
+                max_len_short_of_pool=1,
+                max_model_len=8192,
+            ),
         ).max_model_len
         == 8192
     )
+
+
+def test_tensorrt_llm_starts_with_its_max_seq_len_cut_to_the_pool():
+    """Llama-3.1-70B at TP 2 on H100s leaves TensorRT-LLM 1,772 blocks of 32 tokens, short of one 131,072-token
+    sequence: it warns and cuts its attention window and max_seq_len to the pool's 56,704 tokens, where vLLM's
+    defaults refuse to start."""
+    model, h100, par = get_model("llama-3.1-70b"), get_gpu("h100-sxm"), Parallelism(tp=2)
+    trtllm = EngineConfig(scheduler="trtllm").with_defaults(h100, 131072, tp=2).memory_config()
+    plan = plan_memory(model, h100, par, trtllm)
+    assert plan.max_model_len == plan.kv_cache_tokens == 1772 * 32
+    vllm = EngineConfig().with_defaults(h100, 131072, tp=2).memory_config()
+    with pytest.raises(SpecError, match="max_model_len=131072"):
+        plan_memory(model, h100, par, vllm)
 
 
 def test_bad_utilization_is_rejected():
