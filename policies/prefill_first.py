@@ -318,12 +318,13 @@ class PrefillFirstScheduler(SchedulerDefaults):
                 self._retract(step, now)
             else:
                 self.stalled = self.chunked
-        # the batch emptied: SGLang clears the flag and admits again
+        # the batch emptied: SGLang clears the flag, idles a pass (resetting new_token_ratio) and admits again
         elif self.batch_is_full and self._waiting:
             self.batch_is_full = (
                 False  # (with pipeline micro-batches sharing a pool, a sibling's pages may refuse
             )
             # it once more: the sibling's finish wakes this engine)
+            self.new_token_ratio = self.init_ratio
             self._prefilling = self._prefill(step)
             if self._prefilling:
                 return step.plan()

@@ -66,6 +66,22 @@ def test_without_prefix_caching_an_ignore_eos_request_is_admitted_if_the_batch_p
     assert scheduled(step(sched)) == [(0, 1)] and sched.batch_is_full
 
 
+def test_a_full_batch_that_drains_resets_the_ratio_before_admitting_again():
+    """SGLang idles the pass in which a full batch empties, resetting new_token_ratio to 0.7, and admits on the
+    next: r1 (600 + 300) waits out r0 (100 + 300) on a 1,000-token pool and goes in at a ratio of 0.7, so r2
+    (100 + 100) then waits: 200 > 400 - 0.7 x 299, where the ratio r0's decodes had decayed to (0.40) admits it."""
+    sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1, prefix_caching="radix")
+    r0, r1 = Request(0, 0.0, 100, 300), Request(1, 0.0, 600, 300)
+    sched.add(r0, 0.0)
+    sched.add(r1, 0.0)
+    now = 0.0
+    while (1, 600) not in scheduled(step(sched, now)):
+        now += 1.0
+    assert r0.is_done and sched.new_token_ratio == pytest.approx(0.7)
+    sched.add(Request(2, now, 100, 100), now)
+    assert scheduled(step(sched, now + 1.0)) == [(1, 1)]
+
+
 def test_a_full_batch_admits_nobody_until_a_request_finishes():
     """Two decode steps later the decayed ratio would let r1 in (898 - 497 x (0.7 - 2 x decay) = 551.1 > 551),
     but SGLang tries no admission while the batch is marked full: r1 waits for r0's last token."""
