@@ -383,7 +383,8 @@ class TrtllmFamily(EngineFamily):
     chunked_prefill = False  # TorchLlmArgs.enable_chunked_prefill
     unchunked_budget_covers_prompts = False
     share_of_free_memory = True
-    max_len_short_of_pool = 0  # KVCacheManager._validate_and_adjust_attention_windows warns and cuts max_seq_len
+    # KVCacheManager._validate_and_adjust_attention_windows warns and cuts max_seq_len to the pool
+    max_len_short_of_pool = 0
     caps_slots_at_budget = False  # max_batch_size stands as set (2048 by default)
     schedules_ahead_since = (1, 0, 0)  # the PyTorch backend's overlap scheduler, on by default in 1.x
 
