@@ -207,7 +207,10 @@ class PrefillFirstScheduler(SchedulerDefaults):
         self.batch_is_full = False
         self._shrunk = False  # a running request finished: the next decode step clears batch_is_full
         self._prefilling = False  # whether the step being run prefills
-        self._waiting = WaitingQueue(order, kv, lpm=cfg.queue_order == "lpm")
+        # without a tree cache SGLang runs a cache-aware policy as fcfs (SchedulePolicy._validate_and_adjust_policy)
+        lpm = cfg.queue_order == "lpm" and cfg.prefix_caching != "none"
+        self._fcfs = cfg.queue_order in ("fcfs", "lpm") and not lpm
+        self._waiting = WaitingQueue(order, kv, lpm=lpm)
         self._back = itertools.count()
         # SGLang's overlap scheduler (its default since 0.4; async_scheduling): batch N+1 is formed while N runs
         self.ahead = OneStepAhead() if cfg.async_scheduling is True else None
@@ -616,9 +619,5 @@ class PrefillFirstScheduler(SchedulerDefaults):
         # fcfs: behind everyone waiting now (SGLang appends to its list), ahead of later arrivals; overlapped, SGLang
         # formed this batch as the step before began, so what arrived since comes after the victim
         formed = self.ahead.in_flight_since if self.ahead is not None else None
-        back = (
-            (now if formed is None else formed, math.inf, next(self._back))
-            if self.cfg.queue_order == "fcfs"
-            else None
-        )
+        back = (now if formed is None else formed, math.inf, next(self._back)) if self._fcfs else None
         self._waiting.push(victim, key=back)

@@ -512,6 +512,20 @@ def test_every_request_finishes_with_no_page_leaked(
     assert all(len(s.batch) <= max_num_seqs + 1 for s in steps)  # + a prompt in chunks beside the batch
 
 
+@pytest.mark.parametrize("caching,batch", [("radix", [0, 2, 1]), ("none", [0, 1, 2])])
+def test_lpm_without_a_prefix_cache_runs_first_come_first_served(caching, batch):
+    """r0 and r1 share their first 64 prompt tokens, r2 shares nothing. Under lpm with the radix cache SGLang holds
+    r1 back behind r2 in the batch (its in-batch prefix check: r0 will cache what r1 shares); without a tree cache
+    it runs lpm as fcfs (SchedulePolicy._validate_and_adjust_policy)."""
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=100_000, block_size=1, prefix_caching=caching, queue_order="lpm"
+    )
+    shared = [Request(i, 0.1 * i, 100, 10, ((7, 64), (100 + i, 36))) for i in range(2)]
+    for req in [*shared, Request(2, 0.2, 100, 10)]:
+        sched.add(req, req.arrival_s)
+    assert [r.id for r in step(sched).requests] == batch
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_overlapped_batches_cannot_hit_a_prompt_the_step_in_flight_prefills(overlap):
     """Three prompts share 2,000 tokens; a prefill batch takes 2,100 (the first request is exempt). Without
