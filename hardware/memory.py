@@ -26,12 +26,13 @@ Planning fails fast, like vLLM refusing to start, when the weights do not fit or
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import asdict, dataclass
 
 from servesim.hardware.cost import ACT_BYTES, LOGIT_BYTES, Parallelism
 from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import GpuSpec
-from servesim.hardware.kv_groups import KVGroups, kv_groups
+from servesim.hardware.kv_groups import KVGroups, group_of_layers, kv_groups
 from servesim.hardware.model import (
     LayerSpec,
     ModelSpec,
@@ -234,6 +235,16 @@ def kv_bytes_per_replica_token(model: ModelSpec, kv_dtype: str, par: Parallelism
     return kv_bytes_per_gpu_token(model, kv_dtype, par) * owning / model.num_kv_layers
 
 
+def stage_group_layers(model: ModelSpec, groups: KVGroups, pp: int) -> int:
+    """The most KV-owning layers one KV cache group has on one pipeline stage: vLLM forms the groups over the whole
+    model and sizes each stage's block by its largest group there (all stages then take the fewest blocks)."""
+    group_of = group_of_layers(model, groups)
+    return max(
+        max(Counter(group_of[layer.index] for layer in stage if layer.owns_kv).values(), default=0)
+        for stage in stage_layer_specs(model, pp)
+    )
+
+
 def kv_bytes_per_gpu_token(model: ModelSpec, kv_dtype: str, par: Parallelism) -> float:
     """KV bytes of one token over all of the model's KV-owning layers on one GPU, as the memory plan averages it:
     the rank's share of the heads (or latent) under TP; under DP attention a token's whole KV sits on one rank,
@@ -374,6 +385,9 @@ def plan_memory(
         block_bytes = cfg.block_size * per_token
         if groups.layers_per_group != model.num_kv_layers:
             block_bytes *= groups.layers_per_group / model.num_kv_layers
+            if par.pp > 1:  # each stage's block spans the most layers one group has there (vLLM)
+                layer_bytes = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers
+                block_bytes = cfg.block_size * layer_bytes * stage_group_layers(model, groups, par.pp)
         num_blocks = int(kv_cache // block_bytes)
     else:  # SGLang's two pools: the blocks are the full layers' pool, one group of all of them
         n_full, n_swa, window = swa

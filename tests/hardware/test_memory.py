@@ -115,6 +115,17 @@ def test_tensorrt_llm_starts_with_its_max_seq_len_cut_to_the_pool():
         plan_memory(model, h100, par, vllm)
 
 
+@pytest.mark.parametrize("pp,layers", [(2, 9), (4, 5)])
+def test_a_hybrid_models_pipeline_stage_sizes_its_block_by_its_largest_group(pp, layers):
+    """gpt-oss-120b's 36 layers alternate sliding and full attention: two KV cache groups of 18 (2,048 bytes a
+    token a layer at bf16). vLLM sizes each stage's block by the most layers one group has on it: at pp 2 a stage's
+    18 layers hold 9 of each; at pp 4 a stage's 9 hold 5 of one kind and 4 of the other, so a block of 16 tokens
+    spans 5 layers, not the 4.5 an average gives."""
+    plan = plan_memory(get_model("gpt-oss-120b"), get_gpu("h100-sxm"), Parallelism(pp=pp))
+    assert plan.block_bytes == 16 * 2048 * layers
+    assert plan.num_blocks == int(plan.kv_cache_bytes // (16 * 2048 * layers))
+
+
 def test_bad_utilization_is_rejected():
     with pytest.raises(SpecError, match="gpu_memory_utilization"):
         plan_memory(LLAMA_8B, get_gpu("h200"), cfg=EngineMemoryConfig(gpu_memory_utilization=1.5))
