@@ -6,7 +6,8 @@ samples on the GPU. The simulated engine plans N+1 when N ends, so it must forge
 seen then:
 - a request that arrived while N ran came after N+1 was planned: it is first scheduled in N+2;
 - a request that finished in N still holds its batch slot and KV blocks while N+1 is planned. vLLM frees
-  them as it processes N's outputs, in time for N+2.
+  them as it processes N's outputs, in time for N+2; short of blocks, N+1's preemption pops it first if it
+  sits last in vLLM's running list (`TokenBudgetScheduler._pop_finished`).
 If N+1 turns out empty, vLLM's engine waits for N's outputs and plans again with everything. Then the
 freed slots and blocks and the new arrivals are all there, as they would be without async scheduling.
 

@@ -99,6 +99,7 @@ class PlanBuilder:
         self.context: dict[Request, int] = {}
         self.drafts: dict[Request, int] = {}  # draft guesses among a request's tokens (speculative decoding)
         self.preempted: list[Request] = []
+        self.freed_finished = False  # a finished request's blocks taken back to make room (`_pop_finished`)
         self.swap_out = self.swap_in = 0
 
     def add(self, req: Request, n: int) -> None:

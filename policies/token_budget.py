@@ -82,6 +82,8 @@ class TokenBudgetScheduler(SchedulerDefaults):
         self.pipelined = False
         # id(plan) -> its requests' preemption counts when planned
         self._stamps: dict[int, tuple[int, ...]] = {}
+        # async scheduling: a finished request held a step -> how many running requests were ahead of it
+        self._live_before: dict[Request, int] = {}
 
     def pipeline(self, depth: int) -> None:
         """Schedule for a pipeline-parallel replica, as vLLM V1 does with a batch queue of `depth` (pp) steps: a
@@ -152,6 +154,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
     def _free(self, finished: list[Request]) -> None:
         """Free the slots and blocks of requests that finished before the plan just made (async scheduling)."""
         for req in finished:
+            self._live_before.pop(req, None)
             release_finished(req, self.kv, req.finish_s)
 
     def _plan(self) -> StepPlan:
@@ -161,7 +164,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
         step = PlanBuilder(self.budget)
         self._drafting = self.speculator is not None and self.speculator.is_on(self.running)
         self._schedule_running(step)
-        if not step.preempted:
+        if not step.preempted and not step.freed_finished:
             self._resume_swapped(step)
             self._admit_waiting(step)
         plan = step.plan(self.speculator, self._drafting)
@@ -267,10 +270,12 @@ class TokenBudgetScheduler(SchedulerDefaults):
     def retire(self, req: Request, now: float) -> None:
         """A request produced its last token at `now`: it leaves the batch; its blocks go back (cached first), at
         once or, under async scheduling, once the next step is planned."""
-        self.running.remove(req)
+        position = self.running.index(req)  # the finished ahead of it left already: running order
+        del self.running[position]
         if self.speculator is not None:
             self.speculator.forget(req)
         if self.ahead is not None:
+            self._live_before[req] = position
             self.ahead.hold(req, now)
         else:
             release_finished(req, self.kv, now)
@@ -397,6 +402,8 @@ class TokenBudgetScheduler(SchedulerDefaults):
         if fits_in_last_block(self.kv, req, n):
             return True
         while self.kv.allocate(req, n) is None:
+            if self._pop_finished(step):
+                continue
             victim = self._victim()
             self._preempt(victim, step)
             if victim is req:
@@ -459,6 +466,26 @@ class TokenBudgetScheduler(SchedulerDefaults):
         return 0 if self.reserve_output else self.kv.lookup(req)  # Orca allocates contiguously: no sharing
 
     # ---- preemption ---------------------------------------------------------------------------
+    def _pop_finished(self, step: PlanBuilder) -> bool:
+        """Under async scheduling vLLM's running list still holds the requests that finished in the step in flight
+        (until it processes that step's outputs), and preemption pops whichever sorts last: a finished one gives
+        its blocks back at once, nobody recomputes, and the step admits nobody, as after any preemption. True if
+        one went."""
+        if self.ahead is None or not self.ahead.retiring:
+            return False
+        if self.order.__name__ == "by_arrival":  # the list's last: after every running request
+            last = self.ahead.retiring[-1]
+            if self._live_before[last] < len(self.running):
+                return False
+        else:
+            last = max(self.ahead.retiring, key=self.order)
+            if self.order(last) <= self.order(self._victim()):
+                return False
+        self.ahead.retiring.remove(last)
+        self._free([last])
+        step.freed_finished = True
+        return True
+
     def _victim(self) -> Request:
         """FCFS preempts the newest running request (vLLM); other orders the one that sorts last."""
         if self.order.__name__ == "by_arrival":

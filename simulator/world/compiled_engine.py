@@ -51,8 +51,9 @@ DONE, NEED_FIXED, NEED_DENOMINATORS, FLUSH, GROW_GAPS, NEED_ARENA, NEED_TABLES =
     TABLE_CAP,
     CACHED_N,  # its leading blocks registered in the cache (`_num_cached`)
     CACHED_TOKENS,  # prompt tokens its first admission found cached
-) = range(17)
-RI_FIELDS = 17
+    LIVE_BEFORE,  # one step ahead: running requests ahead of it when it finished (`_live_before`)
+) = range(18)
+RI_FIELDS = 18
 # per-request float fields (columns of `rf`)
 ARRIVAL, ENTERS, HAND_OVER, SCHEDULED, FIRST_TOKEN, LAST_TOKEN, FINISH = range(7)
 RF_FIELDS = 7
@@ -137,8 +138,9 @@ PF_FIELDS = 6
     S_P_READ,
     S_FIRST_GAPS,
     S_LAST_GAPS,
-) = range(43)
-SI_FIELDS = 43
+    S_FREED_FINISHED,  # the plan took a finished request's blocks back (`PlanBuilder.freed_finished`)
+) = range(44)
+SI_FIELDS = 44
 # float state (`sf`)
 T_NOW, T_ENGINE, T_NEXT, T_IN_FLIGHT_SINCE, T_DURATION = range(5)
 SF_FIELDS = 5
@@ -639,6 +641,19 @@ def _preempt(e, v):
 
 
 @helper
+def _pop_finished(e):
+    """`TokenBudgetScheduler._pop_finished` (FCFS): the last finished request held a step, if no running request
+    is after it, gives its blocks back."""
+    count = e.si[S_RETIRING]
+    if count == 0 or e.ri[e.retiring[count - 1], LIVE_BEFORE] < e.si[S_RUNNING]:
+        return False
+    _release_finished(e, e.retiring[count - 1])
+    e.si[S_RETIRING] = count - 1
+    e.si[S_FREED_FINISHED] = 1
+    return True
+
+
+@helper
 def _make_room(e, r, n):
     """Blocks for `n` more tokens of `r`, preempting the newest running requests; False if `r` itself went."""
     size = e.pi[P_BLOCK_SIZE]
@@ -649,6 +664,8 @@ def _make_room(e, r, n):
         if need <= e.si[S_FREE]:
             take_blocks(e, r, need)
             return True
+        if _pop_finished(e):
+            continue
         victim = e.running[e.si[S_RUNNING] - 1]
         _preempt(e, victim)
         if victim == r:
@@ -751,9 +768,10 @@ def _plan(e):
         for j in range(e.si[S_RUNNING]):
             e.ri[e.running[j], IN_FLIGHT] = 0
     e.si[S_PLAN_N], e.si[S_PREEMPTED], e.si[S_BUDGET_LEFT], e.si[S_CURSOR] = 0, 0, e.pi[P_BUDGET], 0
+    e.si[S_FREED_FINISHED] = 0
     _clear_sums(e)
     _schedule_running(e)
-    if e.si[S_PREEMPTED] == 0:
+    if e.si[S_PREEMPTED] == 0 and e.si[S_FREED_FINISHED] == 0:
         _admit_waiting(e)
 
 
@@ -994,10 +1012,11 @@ def _commit(e):
         cache(e, r)
     for j in range(count):
         r = e.finished[j]
-        _leave_running(e, r)
+        position = _leave_running(e, r)
         e.ri[r, PHASE] = FINISHED
         e.rf[r, FINISH] = now
         if e.pi[P_AHEAD]:
+            e.ri[r, LIVE_BEFORE] = position
             e.retiring[e.si[S_RETIRING]] = r
             e.si[S_RETIRING] += 1
         else:

@@ -71,6 +71,19 @@ def test_async_scheduling_plans_again_when_nothing_else_could_run():
         assert [s.batch for s in steps] == [[0], [0], [1], [1]]
 
 
+def test_async_scheduling_preempts_a_finished_request_before_a_running_one():
+    """3 blocks of 4 tokens: r0 (7 + 5) and r1 (3 + 2). r1 finishes in step 2; planned ahead, step 3 finds r0 in
+    need of a third block and none free. vLLM's running list still holds r1, last, so preemption pops r1 (its
+    block comes back, nothing is recomputed) and r0 decodes on, as it does synchronously."""
+    for ahead in (False, True):
+        sched, _ = make_scheduler("vllm", num_blocks=3, block_size=4, async_scheduling=ahead)
+        requests = make_requests([7, 3], [5, 2])
+        steps = drive(sched, requests)
+        assert [(s.batch, s.num_new) for s in steps[:3]] == [([0, 1], [7, 3]), ([0, 1], [1, 1]), ([0], [1])]
+        assert not any(s.preempted for s in steps) and requests[0].num_preemptions == 0
+        assert requests[1].finish_s == 2.0
+
+
 def test_chunked_prefill_bounds_the_decode_stall():
     sched, _ = make_scheduler(
         "vllm", num_blocks=10_000, block_size=16, max_num_seqs=64, max_num_batched_tokens=512

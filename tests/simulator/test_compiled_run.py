@@ -15,6 +15,7 @@ from servesim.hardware.cost import Parallelism, small_attention_pricer
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.model import get_model
 from servesim.hardware.profile import load_profile
+from servesim.policies.token_budget import TokenBudgetScheduler
 from servesim.simulator.world import compiled_engine, compiled_run
 from servesim.simulator.world.compiled_run import compiled_reason
 from servesim.simulator.world.run import World
@@ -70,6 +71,28 @@ def test_a_small_pool_preempts_and_refuses_as_in_simpy(prefix_caching):
     simpy_run, compiled_run = both(s)
     assert simpy_run.requests["preemptions"].sum() > 0
     assert simpy_run.requests["reject_reason"].notna().sum() > 0
+    assert_same_run(simpy_run, compiled_run)
+
+
+def test_a_finished_request_preempted_ahead_of_a_running_one_as_in_simpy(monkeypatch):
+    """Async scheduling on a pool of 150 blocks: at least once a plan takes back the blocks of a request that
+    finished in the step in flight instead of preempting a running one (vLLM's running list still holds it, last);
+    the compiled loop does the same, to the bit."""
+    freed, pop = [], TokenBudgetScheduler._pop_finished
+
+    def counted(self, step):
+        freed.append(pop(self, step))
+        return freed[-1]
+
+    monkeypatch.setattr(TokenBudgetScheduler, "_pop_finished", counted)
+    s = with_engine(
+        scenario(workload={"num_requests": 400}),
+        prefix_caching="none",
+        num_gpu_blocks_override=150,
+        async_scheduling=True,
+    )
+    simpy_run, compiled_run = both(s)
+    assert any(freed) and simpy_run.requests["preemptions"].sum() > 0
     assert_same_run(simpy_run, compiled_run)
 
 
