@@ -426,18 +426,22 @@ class TokenBudgetScheduler(SchedulerDefaults):
 
     def _admit_waiting(self, step: PlanBuilder) -> None:
         self._waiting.prepare()
+        deferred = []
         while self._waiting and step.budget > 0 and self._seats_taken < self.max_num_seqs:
             req = self._waiting.head()
             hit = self._computed_on_admission(req)
+            if self._defers(req, hit):
+                deferred.append(self._waiting.pop())
+                continue
             n = self._capped(req.num_tokens - hit)
             if n > step.budget and not self.chunked:
-                return
+                break
             n = min(n, step.budget)
             req.num_computed_tokens = hit
             room = self._room_for(req, n)
             if room is None:
                 req.num_computed_tokens = 0 if not self.kv.table(req) else hit
-                return
+                break
             self._waiting.pop()
             self.kv.cache_scheduled(req, hit + n)
             if not req.num_preemptions:
@@ -445,6 +449,12 @@ class TokenBudgetScheduler(SchedulerDefaults):
             req.phase = Phase.RUNNING
             self.running.append(req)
             step.add(req, n)
+        for req in deferred:
+            self._waiting.push(req)
+
+    def _defers(self, req: Request, hit: int) -> bool:
+        """Whether the request at the head of the queue sits this step out for a later one (TensorRT-LLM's)."""
+        return False
 
     def _room_for(self, req: Request, n: int) -> list[int] | None:
         """Blocks for the first `n` tokens of `req` (its prefix hit already counted as computed), or None if it

@@ -12,6 +12,9 @@ the overlap scheduler (on by default) plans each step while the one before runs,
 Requests reserve their prompt plus output length (max_tokens equal to it, as a fixed-length benchmark sends; one
 token more than the KV they write: getRemainingBlocksToCompletion), and the count ignores prefix hits
 (enable_block_reuse on by default: hits save compute, not reservation; cached blocks sitting free count as free).
+A prompt's blocks become reusable only after the step that computes them (KVCacheManager.store_context_blocks), and a
+new prompt that would reuse blocks a prompt admitted in the same step is computing sits the step out, letting later
+ones in (GUARANTEED_NO_EVICT's beneficialToSkip): it hits them in the next.
 With batch waiting (`batch_wait_timeout_iters`, `batch_wait_max_tokens_ratio`), while requests decode the prompts the
 step would take are held back until its tokens (those prompts' and one per decode) reach the ratio of max_num_tokens
 or the iterations held reach the timeout (PyExecutor._waiting_requests).
@@ -23,6 +26,7 @@ from servesim.policies.families import TRTLLM
 from servesim.policies.kv_blocks import blocks_for
 from servesim.policies.registry import schedulers
 from servesim.policies.step import ChunkStretch, PlanBuilder, StepPlan
+from servesim.policies.token_ids import block_hashes
 from servesim.policies.token_budget import TokenBudgetScheduler
 from servesim.workloads.request import Request
 
@@ -37,6 +41,8 @@ class TrtllmScheduler(TokenBudgetScheduler):
     # blocks the running requests have still to take, counted once a plan and grown by each admission: only
     # admissions change it within a plan, and recounting per admission made a burst's plan quadratic
     _to_take: int | None = None
+    # hashes of the blocks the prompts admitted this plan compute: not reusable before the step ends
+    _contributed: set[int] | frozenset[int] = frozenset()
 
     def _whole_blocks(self, total_tokens: int) -> int:
         """Blocks a sequence of `total_tokens` holds at its longest, in every KV cache group."""
@@ -53,8 +59,17 @@ class TrtllmScheduler(TokenBudgetScheduler):
         return sum(max(self._reserved(r) - groups * self.kv.decode_table_len(r), 0) for r in self.running)
 
     def _plan(self) -> StepPlan:
-        self._to_take = None
+        self._to_take, self._contributed = None, set()
         return super()._plan()
+
+    def _defers(self, req: Request, hit: int) -> bool:
+        """`req`'s prefix hit reaches a block a prompt admitted this step computes: the first block it would
+        compute is being computed, so it waits a step to reuse it (full blocks; the hit ends before any that is
+        not cached)."""
+        if not self._contributed or not hit:
+            return False
+        hashes = block_hashes(req, hit, self.kv.block_size)
+        return any(h in self._contributed for h in hashes[: hit // self.kv.block_size])
 
     def _room_for(self, req: Request, n: int) -> list[int] | None:
         if self._to_take is None:
@@ -65,6 +80,9 @@ class TrtllmScheduler(TokenBudgetScheduler):
         room = self.kv.allocate(req, n, admitting=True, watermark=False)
         if room is not None:  # what `_still_to_take` would now count for it
             self._to_take += need - len(self.kv.windows) * self.kv.decode_table_len(req)
+            if self.cfg.prefix_caching != "none":
+                size, done = self.kv.block_size, req.num_computed_tokens
+                self._contributed.update(block_hashes(req, done + n, size)[done // size : (done + n) // size])
         return room
 
     def _admit_waiting(self, step: PlanBuilder) -> None:

@@ -113,6 +113,22 @@ def test_the_reservation_counts_every_new_token_and_cached_blocks_once():
     assert scheduled(sched.schedule(1.0)) == [(1, 64)]  # its 1,024 cached tokens hit
 
 
+def test_a_prompt_that_would_reuse_blocks_computed_this_step_waits_a_step_for_them():
+    """Four prompts share a 1,024-token system prompt, a fifth shares nothing. The first computes the shared
+    blocks; the other three would reuse blocks not stored before that step ends, so they sit it out
+    (GUARANTEED_NO_EVICT's beneficialToSkip) while the fifth, behind them, goes in, and the next step they hit
+    the 1,024 tokens."""
+    sched, _ = make_scheduler(
+        "trtllm", num_blocks=10_000, block_size=32, enable_chunked_prefill=False, prefix_caching="vllm"
+    )
+    shared = [Request(i, 0.0, 1088, 16, prompt_segments=((7, 1024), (100 + i, 64))) for i in range(4)]
+    for req in [*shared, Request(4, 0.0, 500, 16)]:
+        sched.add(req, 0.0)
+    assert scheduled(step(sched, 0.0)) == [(0, 1088), (4, 500)]
+    assert scheduled(step(sched, 1.0)) == [(0, 1), (4, 1), (1, 64), (2, 64), (3, 64)]
+    assert [r.num_cached_tokens for r in shared] == [0, 1024, 1024, 1024]
+
+
 def test_whole_prompts_wait_for_the_budget_and_decodes_count_against_it():
     """max_num_tokens 16: A's 10-token prompt runs; B's 10 do not fit beside it (20 > 16); next step A decodes
     (1 token) and B's prompt fits the 15 left."""
