@@ -73,7 +73,8 @@ class SpeculativeConfig(SpecModel):
         ge=1,
         description=(
             "Draft nothing in a step that starts with more running requests than this (None: never); the requests "
-            "of such a step speculate no more (vLLM v0's disable_by_batch_size: their draft KV fell behind)"
+            "of such a step speculate no more (vLLM v0's disable_by_batch_size N, which stops at N running: N - 1 "
+            "here; their draft KV fell behind)"
         ),
     )
     disable_above_tokens: int | None = Field(
