@@ -383,11 +383,12 @@ def plan_memory(
     if swa is None:
         groups = kv_groups(model, cfg.disable_hybrid_kv_cache_manager)
         block_bytes = cfg.block_size * per_token
-        if groups.layers_per_group != model.num_kv_layers:
+        if groups.layers_per_group != model.num_kv_layers and par.pp > 1:
+            # each stage's block spans the most layers one group has there (vLLM)
+            layer_bytes = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers
+            block_bytes = cfg.block_size * layer_bytes * stage_group_layers(model, groups, par.pp)
+        elif groups.layers_per_group != model.num_kv_layers:
             block_bytes *= groups.layers_per_group / model.num_kv_layers
-            if par.pp > 1:  # each stage's block spans the most layers one group has there (vLLM)
-                layer_bytes = kv_bytes_per_gpu_token(model, cfg.kv_dtype, par) / model.num_kv_layers
-                block_bytes = cfg.block_size * layer_bytes * stage_group_layers(model, groups, par.pp)
         num_blocks = int(kv_cache // block_bytes)
     else:  # SGLang's two pools: the blocks are the full layers' pool, one group of all of them
         n_full, n_swa, window = swa

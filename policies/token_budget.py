@@ -483,7 +483,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
         one went."""
         if self.ahead is None or not self.ahead.retiring:
             return False
-        if self.order.__name__ == "by_arrival":  # the list's last: after every running request
+        if self._preempts_newest:  # the list's last: after every running request
             last = self.ahead.retiring[-1]
             if self._live_before[last] < len(self.running):
                 return False
@@ -496,9 +496,14 @@ class TokenBudgetScheduler(SchedulerDefaults):
         step.freed_finished = True
         return True
 
+    @property
+    def _preempts_newest(self) -> bool:
+        """FCFS: preemption pops the running list's last (vLLM); other orders take the request that sorts last."""
+        return self.order.__name__ == "by_arrival"
+
     def _victim(self) -> Request:
         """FCFS preempts the newest running request (vLLM); other orders the one that sorts last."""
-        if self.order.__name__ == "by_arrival":
+        if self._preempts_newest:
             return self.running[-1]
         return max(self.running, key=self.order)
 
