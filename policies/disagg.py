@@ -2,8 +2,8 @@
 
 As vLLM's KV connectors and their proxy run it: the prefill replica serves the request with
 max_tokens=1, then keeps the KV blocks until the decode side holds a copy (`release`); the token it
-sampled is not passed on. A decode replica reserves blocks for an incoming request *before* its KV is
-sent (so a full decode pool pushes back on the prefill pool instead of dropping work): its own cached
+sampled is not passed on. A decode replica reserves blocks for an incoming request in its next schedule,
+*before* its KV is sent (so a full decode pool pushes back on the prefill pool instead of dropping work): its own cached
 prefix first, fresh blocks for the rest, which is all the connector pulls. When the transfer lands
 (`accept`) the request waits for a batch slot with all but its last prompt token computed: its first
 step there recomputes that token and samples the first output token (vLLM's
@@ -91,9 +91,9 @@ class DecodeScheduler(TokenBudgetScheduler):
         return None  # every step grants offers (`schedule`), which a fused stretch would skip
 
     def offer(self, req: Request, on_reserved: Callable[[Request], None]) -> None:
-        """Queue a prefilled request; `on_reserved(req)` runs once its blocks are reserved here."""
+        """Queue a prefilled request; `on_reserved(req)` runs once its blocks are reserved here, which vLLM's
+        scheduler does in its next `schedule` (its connector starts the pull in that step's forward)."""
         self.offers.append((req, on_reserved))
-        self.grant_offers()
 
     def grant_offers(self) -> None:
         """Reserve blocks for queued offers, first come first served, while the pool allows and the batch has a

@@ -2,7 +2,12 @@
 move the KV, and admit the request there.
 
 TTFT counts all of it: the first token is the one the decode replica samples once it holds the KV
-(policies/disagg.py). Per request the run records the wait for decode blocks (backpressure), the
+(policies/disagg.py). vLLM's proxy sends the request on to the decode instance once the prefill instance
+answers, so it passes the decode side's own API server first (priced as the prefill side's, by the decode
+pool's profile), and the decode engine reserves its blocks and starts the pull at its next schedule. Streaming
+(push) connectors send each layer as the prefill computes it: the decode engine reserves at once and admits the
+request once both the KV and its API server's hand-over are in. Per request the run records the wait from the
+prefill's end to the decode side's reservation (its API server, its next step, backpressure), the
 decode side's own prefix hit (not sent), and the transfer time and the bytes the decode GPUs receive.
 A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
 one decode replica share its bandwidth.
@@ -26,6 +31,7 @@ from servesim.policies.disagg import DecodeScheduler, PrefillScheduler
 from servesim.policies.families import VLLM
 from servesim.simulator.disagg_config import TransferConfig
 from servesim.simulator.world.engine import Replica
+from servesim.simulator.world.frontend import Frontend
 from servesim.simulator.scenario import ParallelismConfig
 from servesim.workloads.request import Request
 
@@ -80,10 +86,13 @@ class Handoff:
         route_decode: Callable[[Request], Replica],
         prefill_par: ParallelismConfig,
         decode_par: ParallelismConfig,
+        frontend: Frontend,
     ):
         """`engine`: the prefill pool's settings (KV dtype, block size, hybrid KV cache manager on or off): its
-        block tables are what the connector sends. `link_bytes_per_s`: one GPU's."""
+        block tables are what the connector sends. `link_bytes_per_s`: one GPU's. `frontend`: the decode
+        replicas' API servers."""
         self.env, self.cfg, self.model, self.engine = env, cfg, model, engine
+        self.frontend = frontend
         self.groups = kv_groups(model, engine.disable_hybrid_kv_cache_manager)
         self.sender, self.receiver = KVPlacement.of(model, prefill_par), KVPlacement.of(model, decode_par)
         self.link_bytes_per_s = cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s
@@ -98,11 +107,27 @@ class Handoff:
         """Called when `source` has computed the request's prompt (its sampled token is dropped)."""
         target = self.route_decode(req)
         req.extra["prefill_replica"], req.replica = source.index, target.index
+        if not self.cfg.streaming:
+            self._enter(req, target, lambda r: self._offer(r, source, target, None))
+            return
+        entered = self.env.event()
+        self._enter(req, target, lambda r: entered.succeed())
+        self._offer(req, source, target, entered)
+        target.scheduler.grant_offers()  # a push connector's layers leave as they are computed
+
+    def _enter(self, req: Request, target: Replica, then: Callable[[Request], None]) -> None:
+        """Pass `req` through `target`'s API server, then `then(req)`."""
+        if self.frontend.active:
+            self.frontend.submit(req, id(target), then)
+        else:
+            then(req)
+
+    def _offer(self, req: Request, source: Replica, target: Replica, entered: simpy.Event | None) -> None:
         scheduler: DecodeScheduler = target.scheduler
-        scheduler.offer(req, lambda r: self.env.process(self._move(r, source, target)))
+        scheduler.offer(req, lambda r: self.env.process(self._move(r, source, target, entered)))
         target.wake.notify()
 
-    def _move(self, req: Request, source: Replica, target: Replica):
+    def _move(self, req: Request, source: Replica, target: Replica, entered: simpy.Event | None):
         reserved = self.env.now
         req.extra["decode_wait_s"] = reserved - req.extra["prefill_end_s"]
         distinct = live_kv_bytes(
@@ -141,6 +166,8 @@ class Handoff:
         prefill_sched: PrefillScheduler = source.scheduler
         prefill_sched.release(req)
         source.wake_pool()
+        if entered is not None:  # pushed: the decode engine takes it once its API server hands it over
+            yield entered
         target.scheduler.accept(req, self.env.now)
         target.wake.notify()
 

@@ -107,17 +107,15 @@ def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload
         raise SpecError(f"workload: {err}") from None
 
 
-def _frontend(s: Scenario, env: simpy.Environment) -> Frontend:
+def _frontend(s: Scenario, env: simpy.Environment, pool: PoolConfig | None = None) -> Frontend:
     """The API server of each routed target, priced by the profile of the GPU and engine requests enter on (under
-    P/D, the prefill pool's); none for the offline LLM class."""
+    P/D, `pool`'s: the prefill pool's, and the decode pool's for the request the proxy sends on); none for the
+    offline LLM class."""
     if not s.engine.api_server:
         return Frontend(env, 0.0, 0.0)
-    gpu = (s.disaggregation.prefill.gpu if s.disaggregation else None) or s.hardware.gpu
+    gpu = (pool.gpu if pool else None) or s.hardware.gpu
     gpu_files = tuple(s.hardware.gpu_files)
-    # under P/D, the prefill pool's engine's section
-    scheduler = (
-        s.disaggregation.prefill.engine.get("scheduler") if s.disaggregation else None
-    ) or s.engine.scheduler
+    scheduler = (pool.engine.get("scheduler") if pool else None) or s.engine.scheduler
     profile = (
         load_profile(s.hardware.profile, gpu_files)
         .for_engine(family_of(scheduler).kernel_tables)
@@ -182,8 +180,9 @@ class World:
         # an SLO watch may stop the run at an arrival, where a fused step after it would have counted its tokens
         self._watching = stop_when_slo_lost
         self.handoff: Handoff | None = None
-        self.frontend = _frontend(s, self.env)  # before the pools: their fast-forward asks it for hand-overs
         d = s.disaggregation
+        # before the pools: their fast-forward asks it for hand-overs
+        self.frontend = _frontend(s, self.env, d.prefill if d else None)
         if d is None:
             self.pools = [self._pool(s, s.cluster.replicas, 0, lambda replica: self._finished, "parallelism")]
             self.router = routers.get(s.cluster.router)(
@@ -228,6 +227,7 @@ class World:
                 decode_router.route,
                 prefill.scenario.parallelism,
                 decode.scenario.parallelism,
+                _frontend(s, self.env, d.decode),
             )
             self.scenario = _with_pool_limits(s, prefill.scenario.engine, decode.scenario.engine)
         self.traffic = Traffic(self.env, self.workload, self._arrive, np.random.default_rng(seeds[2]))

@@ -67,7 +67,7 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert unstreamed.summary["mean_kv_transfer_ms"] > 5 * result.summary["mean_kv_transfer_ms"]
 
 
-def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, **transfer):
+def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, profile="default", **transfer):
     """Requests from a servesim trace (`rows` after its header) on 1P1D Llama-3.1-8B (`prefill`, `decode`: the
     pools' engine settings)."""
     from servesim.simulator.world.run import simulate
@@ -78,7 +78,7 @@ def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, **transfer):
     return simulate(
         scenario(
             model="llama-3.1-8b",
-            hardware={"gpu": "h100-sxm"},
+            hardware={"gpu": "h100-sxm", "profile": profile},
             engine={"max_model_len": 8192},
             disaggregation={
                 "prefill": {"replicas": 1, "engine": prefill or {}},
@@ -109,6 +109,49 @@ def test_the_decode_side_samples_the_first_token_after_recomputing_the_last_prom
         prefill["time_s"].iloc[0] + req["kv_transfer_s"] + first["duration_s"]
     )
     assert req["first_token_s"] == first["time_s"] and req["output_tokens"] == 5
+
+
+def test_the_decode_engine_reserves_and_pulls_at_its_next_schedule(tmp_path):
+    """vLLM's decode scheduler sees a handed-off request in its next `schedule` (its connector starts the pull in
+    that step): a prefill ending while the decode engine is mid-step waits for that step to end, then moves."""
+    result = _one_by_one(tmp_path, "0.0,1000,400,,\n0.5,1000,5,,\n", streaming=False)
+    steps, second = result.steps, result.requests.sort_values("arrival_s").iloc[1]
+    prefill_ends = steps[steps["replica"] == 0]["time_s"].to_numpy()
+    decode_ends = steps[steps["replica"] == 1]["time_s"].to_numpy()
+    reserved = prefill_ends[1] + second["decode_wait_s"]
+    assert second["decode_wait_s"] > 0  # the first request was decoding: a step was under way
+    assert min(abs(decode_ends - reserved)) < 1e-12  # at a decode step's end, the next one's start
+    assert second["first_token_s"] > reserved + second["kv_transfer_s"]
+
+
+def _api_profile(tmp_path) -> str:
+    """The default profile with 5 ms of API-server time per request and 2 ms on the way."""
+    path = tmp_path / "api.yaml"
+    path.write_text("name: api\napi_request_s: 0.005\napi_latency_s: 0.002\n")
+    return str(path)
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_the_proxy_sends_the_request_through_the_decode_instances_api_server(tmp_path, streaming):
+    """vLLM's proxy sends the request on to the decode instance once the prefill instance answers: it passes that
+    instance's API server too (5 + 2 ms here, as on the prefill side). Pulled, the KV moves after it; streamed
+    (a push connector), the layers left during the prefill and the decode engine takes the request once its API
+    server hands it over."""
+    one = _one_by_one(tmp_path, "0.0,1000,5,,\n", profile=_api_profile(tmp_path), streaming=streaming)
+    req, steps = one.requests.iloc[0], one.steps
+    prefill_end = steps[steps["replica"] == 0]["time_s"].iloc[0]
+    first_decode = steps[steps["replica"] == 1].iloc[0]
+    assert prefill_end == pytest.approx(0.007 + steps["duration_s"].iloc[0])  # the prefill side's API server
+    assert req["decode_wait_s"] == pytest.approx(0.0 if streaming else 0.007)
+    entered = prefill_end + 0.007
+    if streaming:
+        assert req["kv_transfer_s"] < 0.007  # what the streamed layers leave after the prefill
+        assert first_decode["time_s"] == pytest.approx(entered + first_decode["duration_s"])
+    else:
+        assert first_decode["time_s"] == pytest.approx(
+            entered + req["kv_transfer_s"] + first_decode["duration_s"]
+        )
+    assert req["first_token_s"] == first_decode["time_s"]
 
 
 def test_the_decode_side_hits_its_own_prefix_cache_and_is_sent_only_the_rest(tmp_path):
