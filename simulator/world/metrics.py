@@ -229,11 +229,16 @@ def cache_and_load_summary(requests: pd.DataFrame, steps: StepFigures, replicas:
     }
 
 
-def transfer_summary(requests: pd.DataFrame) -> dict:
+def transfer_summary(requests: pd.DataFrame, prefill: StepFigures, decode: StepFigures) -> dict:
     """P/D disaggregation: KV hand-off time (wire, after the prefill), decode-block wait, bytes moved, prompt
-    tokens the decode side found in its own prefix cache (not sent)."""
+    tokens the decode side found in its own prefix cache (not sent), and each pool's KV usage from its own steps
+    (the decode pool's is the run's, as its memory plan is; the two pools' steps averaged together mean neither)."""
     moved = requests[requests["kv_transfer_s"].notna()]
     return {
+        "kv_cache_usage_mean": decode.kv_cache_usage_mean,
+        "kv_cache_usage_max": decode.kv_cache_usage_max,
+        "prefill_kv_cache_usage_mean": prefill.kv_cache_usage_mean,
+        "prefill_kv_cache_usage_max": prefill.kv_cache_usage_max,
         **_stats("kv_transfer", moved["kv_transfer_s"]),
         **_stats("decode_wait", moved["decode_wait_s"]),
         "kv_transfer_bytes": float(moved["kv_transfer_bytes"].sum()),

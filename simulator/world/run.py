@@ -387,7 +387,10 @@ class World:
         finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
         summary |= cache_and_load_summary(requests, figures, finishing)
         if self.handoff is not None:
-            summary |= transfer_summary(requests)
+            prefill, decode = ({r.index for r in pool.replicas} for pool in self.pools)
+            summary |= transfer_summary(
+                requests, steps.figures(replicas=prefill), steps.figures(replicas=decode)
+            )
         if self.lost_at_s is not None:
             summary["slo_lost_at_s"] = self.lost_at_s
         main = self.pools[-1]

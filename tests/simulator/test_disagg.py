@@ -67,6 +67,19 @@ def test_handoff_moves_every_request_once_and_ttft_includes_the_transfer():
     assert unstreamed.summary["mean_kv_transfer_ms"] > 5 * result.summary["mean_kv_transfer_ms"]
 
 
+def test_each_pools_kv_usage_comes_from_its_own_steps():
+    """The run's KV usage is the decode pool's (its memory plan is the run's), the prefill pool's is beside it:
+    each the step-time weighted mean and the peak of that pool's steps, not of both pools' together."""
+    result = run(disaggregated(rate=3.0))
+    steps, summary = result.steps, result.summary
+    for key, replica in (("", 1), ("prefill_", 0)):
+        own = steps[steps["replica"] == replica]
+        weighted = (own["kv_usage"] * own["duration_s"]).sum() / own["duration_s"].sum()
+        assert summary[f"{key}kv_cache_usage_mean"] == pytest.approx(weighted, rel=1e-12)
+        assert summary[f"{key}kv_cache_usage_max"] == own["kv_usage"].max()
+    assert summary["kv_cache_usage_mean"] != pytest.approx(summary["prefill_kv_cache_usage_mean"], rel=0.05)
+
+
 def _one_by_one(tmp_path, rows: str, prefill=None, decode=None, profile="default", **transfer):
     """Requests from a servesim trace (`rows` after its header) on 1P1D Llama-3.1-8B (`prefill`, `decode`: the
     pools' engine settings)."""
