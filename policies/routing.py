@@ -23,7 +23,7 @@ class ReplicaView(Protocol):
 
     @property
     def num_outstanding(self) -> int:
-        """Requests queued or running there."""
+        """Requests sent there and not finished: in its API server, queued or running."""
 
     @property
     def kv_usage(self) -> float:
@@ -56,7 +56,7 @@ class RandomRouter:
 
 @routers.register("least_outstanding")
 class LeastOutstandingRouter:
-    """Fewest queued + running requests; ties go to the lowest index."""
+    """Fewest requests in flight (in the API server, queued or running); ties go to the lowest index."""
 
     reads_kv_usage = False
 

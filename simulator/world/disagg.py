@@ -118,7 +118,7 @@ class Handoff:
     def _enter(self, req: Request, target: Replica, then: Callable[[Request], None]) -> None:
         """Pass `req` through `target`'s API server, then `then(req)`."""
         if self.frontend.active:
-            self.frontend.submit(req, id(target), then)
+            self.frontend.submit(req, target, then)
         else:
             then(req)
 

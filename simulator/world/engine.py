@@ -70,10 +70,11 @@ class DataParallelGroup:
 
     def __init__(self, index: int, ranks: list[Replica]):
         self.index, self.ranks, self.balance = index, ranks, VllmBalancer()
+        self.entering = 0  # requests in its API server
 
     @property
     def num_outstanding(self) -> int:
-        return sum(rank.num_outstanding for rank in self.ranks)
+        return sum(rank.num_outstanding for rank in self.ranks) + self.entering
 
     @property
     def kv_usage(self) -> float:
@@ -107,6 +108,7 @@ class Replica:
             pipeline  # pipeline parallel: the stages its micro-batches (or its siblings') pass through
         )
         self.wake = Wakeup(env)
+        self.entering = 0  # requests in its API server (a DP rank's are its group's)
         # engines sharing this one's KV pool: a replica's pipeline micro-batches
         self.siblings: list[Replica] = []
         pipelined = pipeline is not None and scheduler.pipelined
@@ -120,7 +122,7 @@ class Replica:
 
     @property
     def num_outstanding(self) -> int:
-        return self.scheduler.num_waiting + self.scheduler.num_running
+        return self.scheduler.num_waiting + self.scheduler.num_running + self.entering
 
     @property
     def kv_usage(self) -> float:

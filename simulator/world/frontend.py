@@ -14,10 +14,18 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable
+from typing import Protocol
 
 import simpy
 
 from servesim.workloads.request import Request
+
+
+class Target(Protocol):
+    """What an API server serves: a replica or a DP group, which counts the requests in its server as outstanding
+    (a router counts a request from when it sends it, as SGLang's gateway does, not from when the engine has it)."""
+
+    entering: int
 
 
 class Frontend:
@@ -32,30 +40,32 @@ class Frontend:
     def active(self) -> bool:
         return self.request_s > 0 or self.token_s > 0 or self.latency_s > 0
 
-    def submit(self, req: Request, target_id: int, hand_over: Callable[[Request], None]) -> None:
-        """Queue `req` at the server of target `target_id`; `hand_over(req)` once it is through."""
+    def submit(self, req: Request, target: Target, hand_over: Callable[[Request], None]) -> None:
+        """Queue `req` at `target`'s server; `hand_over(req)` once it is through."""
         now = self.env.now
-        served = self._served_s(req, target_id, now)
-        self._free_at[target_id] = served
+        served = self._served_s(req, id(target), now)
+        self._free_at[id(target)] = served
         heapq.heappush(self._pending, served + self.latency_s)
+        target.entering += 1
         self.env.timeout(served + self.latency_s - now).callbacks.append(
-            lambda _: self._hand_over(req, hand_over)
+            lambda _: self._hand_over(req, target, hand_over)
         )
 
     def service_s(self, req: Request) -> float:
         return self.request_s + self.token_s * req.num_prompt_tokens
 
-    def _hand_over(self, req: Request, hand_over: Callable[[Request], None]) -> None:
+    def _hand_over(self, req: Request, target: Target, hand_over: Callable[[Request], None]) -> None:
         heapq.heappop(self._pending)  # handed over in time order: the earliest is this one's (or a tie's)
+        target.entering -= 1
         hand_over(req)
 
     def _served_s(self, req: Request, target_id: int, now: float) -> float:
         return max(now, self._free_at.get(target_id, now)) + self.service_s(req)
 
-    def hand_over_s(self, req: Request, target_id: int, enters_s: float) -> float:
-        """When `req`, entering at `enters_s`, will reach target `target_id` (a FIFO server hands requests over in
-        arrival order, so none entering after it comes sooner)."""
-        return self._served_s(req, target_id, enters_s) + self.latency_s
+    def hand_over_s(self, req: Request, target: Target, enters_s: float) -> float:
+        """When `req`, entering at `enters_s`, will reach `target` (a FIFO server hands requests over in arrival
+        order, so none entering after it comes sooner)."""
+        return self._served_s(req, id(target), enters_s) + self.latency_s
 
     def next_hand_over_s(self) -> float:
         """When a request in a server next reaches its engine (infinity when none is in one)."""

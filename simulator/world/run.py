@@ -271,7 +271,7 @@ class World:
             return min(self.traffic.next_arrival_s(), self.frontend.next_hand_over_s())
         req, enters_s = entry  # its hand-over, to the bit, is the first thing it can bring an engine
         return min(
-            self.frontend.hand_over_s(req, id(self.pools[0].targets[0]), enters_s),
+            self.frontend.hand_over_s(req, self.pools[0].targets[0], enters_s),
             self.frontend.next_hand_over_s(),
         )
 
@@ -295,7 +295,7 @@ class World:
         req.served_by = "engine"
         target = self.router.route(req)
         if self.frontend.active:
-            self.frontend.submit(req, id(target), target.submit)
+            self.frontend.submit(req, target, target.submit)
         else:
             target.submit(req)
 

@@ -16,16 +16,27 @@ from tests.simulator.conftest import run, scenario
 from servesim.workloads.request import Request
 
 
+class _Target:
+    """A routed target as the API server sees it."""
+
+    entering = 0
+
+
 def test_each_target_serves_its_requests_one_at_a_time():
     """10 ms + 10 us per prompt token: 1,000-token prompts take 20 ms each, queued behind each other at one
-    target and side by side at two."""
+    target and side by side at two; each target counts those in its server until they are handed over."""
     env = simpy.Environment()
     frontend = Frontend(env, 0.010, 1e-5)
     handed: list[tuple[int, float]] = []
-    for i, target in enumerate((1, 1, 1, 2)):
+    one, two = _Target(), _Target()
+    for i, target in enumerate((one, one, one, two)):
         frontend.submit(Request(i, 0.0, 1000, 1), target, lambda r: handed.append((r.id, env.now)))
     assert frontend.next_hand_over_s() == pytest.approx(0.020)
+    assert (one.entering, two.entering) == (3, 1)
+    env.run(until=0.030)
+    assert (one.entering, two.entering) == (2, 0)
     env.run()
+    assert (one.entering, two.entering) == (0, 0)
     assert handed == [
         (0, pytest.approx(0.020)),
         (3, pytest.approx(0.020)),
@@ -40,8 +51,9 @@ def test_the_latency_delays_each_request_without_holding_the_server():
     env = simpy.Environment()
     frontend = Frontend(env, 0.002, 0.0, latency_s=0.005)
     handed: list[float] = []
+    target = _Target()
     for i in range(3):
-        frontend.submit(Request(i, 0.0, 1000, 1), 1, lambda r: handed.append(env.now))
+        frontend.submit(Request(i, 0.0, 1000, 1), target, lambda r: handed.append(env.now))
     env.run()
     assert handed == pytest.approx([0.007, 0.009, 0.011])
 
@@ -144,7 +156,7 @@ def test_the_engines_horizon_is_the_next_arrivals_hand_over_when_nothing_sees_th
         world.env.run(until=3.0)
         req, enters_s = world.traffic.next_entry()
         pending = world.frontend.next_hand_over_s()
-        target = id(world.pools[0].targets[0])
+        target = world.pools[0].targets[0]
         expected = enters_s if seen else world.frontend.hand_over_s(req, target, enters_s)
         assert world._next_event_s() == min(expected, pending)
         assert seen or expected >= enters_s + 0.004 + 5e-6 * req.num_prompt_tokens - 1e-12
@@ -163,3 +175,33 @@ def test_api_terms_are_fitted_only_to_runs_through_an_api_server():
     latency = MeasuredRun(**base, benchmark="latency", batch_size=8, measured={"latency_s": 1.0})
     with pytest.raises(SpecError, match="cannot tell api_request_s apart"):
         fit_to_runs([latency], [], only=["api_request_s"])
+
+
+@pytest.mark.parametrize("router", ["least_outstanding", "prefix_affinity"])
+def test_routers_count_the_requests_in_each_api_server(tmp_path, router):
+    """32 requests sent at once to 4 replicas behind their API servers: a router counts each request from when it
+    sends it (SGLang's gateway increments a worker's load as it forwards), so least-outstanding deals them 8 a
+    replica, and the cache-aware router's balance check spreads a burst sharing one prefix once a replica is 64
+    ahead, where neither saw a request before its engine had it."""
+    burst = 32 if router == "least_outstanding" else 300
+    result = run(
+        scenario(
+            hardware={"gpu": "h100-sxm", "profile": _profile(tmp_path, 0.005, 3e-6)},
+            cluster={"replicas": 4, "router": router},
+            workload={
+                "trace": None,
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": 500},
+                    "output": {"kind": "fixed", "value": 20},
+                },
+                "shared_prefix": {"num_prefixes": 1, "prefix_tokens": 1500},
+                "arrivals": {"kind": "all_at_once"},
+                "num_requests": burst,
+            },
+        )
+    )
+    counts = result.requests["replica"].value_counts().sort_index().tolist()
+    if router == "least_outstanding":
+        assert counts == [8, 8, 8, 8]
+    else:
+        assert len(counts) == 4 and max(counts) < burst / 2
