@@ -87,7 +87,8 @@ class PrefixAffinityRouter:
     It keeps, per replica, an approximate radix tree of the prompts it routed there. If the load is
     imbalanced (busiest - idlest > 64 outstanding requests and busiest > 1.5 x idlest), the least
     loaded replica gets the request. Otherwise the replica whose tree shares the largest fraction of
-    the prompt gets it, if that fraction exceeds 0.3; else the replica with the smallest tree.
+    the prompt gets it, if that fraction exceeds 0.3; else the least loaded one (the gateway since
+    sgl-project/sglang#14650, Dec 2025; sglang-router before it took the smallest tree).
     Every 120 s each tree drops its least recently used leaves down to `max_tree_size`; the router
     counts 2^26 characters, taken here as 2^24 tokens (about 4 characters a token).
     """
@@ -108,15 +109,13 @@ class PrefixAffinityRouter:
             self._next_eviction_s = (req.arrival_s // self.eviction_interval_s + 1) * self.eviction_interval_s
         key = pieces(request_runs(req), 0, req.num_prompt_tokens)
         loads = [r.num_outstanding for r in self.replicas]
+        least_loaded = min(range(len(loads)), key=lambda i: (loads[i], i))
         if max(loads) - min(loads) > self.balance_abs and max(loads) > self.balance_rel * min(loads):
-            choice = min(range(len(loads)), key=lambda i: (loads[i], i))
+            choice = least_loaded
         else:
             matches = [tree.match(key) for tree in self.trees]
             best = max(range(len(matches)), key=lambda i: (matches[i], -i))
-            if matches[best] > self.cache_threshold * req.num_prompt_tokens:
-                choice = best
-            else:
-                choice = min(range(len(self.trees)), key=lambda i: (self.trees[i].num_tokens, i))
+            choice = best if matches[best] > self.cache_threshold * req.num_prompt_tokens else least_loaded
         self.trees[choice].insert(key)
         return self.replicas[choice]
 
