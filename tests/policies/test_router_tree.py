@@ -44,8 +44,10 @@ def test_the_router_evicts_at_its_interval_so_a_stale_prefix_stops_attracting_re
     replicas[0].num_outstanding = 1
     # an unrelated prompt matches nothing: it goes to the least loaded replica, 1
     assert router.route(Request(1, 1.0, 90, 10, prompt_segments=((8, 90),))) is replicas[1]
-    assert router.route(Request(2, 2.0, 120, 10, prompt_segments=prompt)) is replicas[0]  # a hit, though busier
-    for i in range(3, 6):  # newer unrelated prompts alternate between the replicas: both trees pass 150 tokens
+    # a hit goes to its tree's replica, though it is the busier
+    assert router.route(Request(2, 2.0, 120, 10, prompt_segments=prompt)) is replicas[0]
+    # newer unrelated prompts alternate between the replicas: both trees pass 150 tokens
+    for i in range(3, 6):
         replicas[i % 2].num_outstanding, replicas[1 - i % 2].num_outstanding = 1, 0
         router.route(Request(i, 3.0 + i, 100, 10, prompt_segments=((20 + i, 100),)))
     assert min(tree.num_tokens for tree in router.trees) > 150
