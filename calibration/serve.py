@@ -234,7 +234,7 @@ def serve(
         duration_s=step_frame["end_s"] - step_frame["start_s"],
         kv_usage=step_frame["kv_blocks_used"] / kv.num_blocks,
     )
-    summary = summarize(frame, StepFigures.of(timed), itl)
+    summary = summarize(frame, StepFigures.of(timed), itl, start_s=0.0)  # the loop's start, as a simulation's
     served = frame[frame["reject_reason"].isna()]
     cached, prompt = int(served["cached_tokens"].sum()), int(served["prompt_tokens"].sum())
     summary |= {"prefix_cache_hit_rate": cached / prompt if prompt else 0.0, "prefill_tokens_saved": cached}

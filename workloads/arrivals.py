@@ -56,9 +56,12 @@ def gamma_arrivals(
 
 
 def constant_arrivals(
-    rate_per_s: float, num_requests: int | None = None, duration_s: float | None = None
+    rate_per_s: float, num_requests: int | None = None, duration_s: float | None = None, paced: bool = False
 ) -> np.ndarray:
-    """Arrival times (s) i / rate_per_s for i = 0, 1, ...; needs no randomness."""
+    """Arrival times (s) i / rate_per_s for i = 0, 1, ...; paced, i = 1 .. num_requests (every request waits its
+    gap, the first included); needs no randomness."""
+    if paced:
+        return _paced(lambda k: np.full(k, 1.0 / rate_per_s), rate_per_s, num_requests, duration_s)
     _check_stop(num_requests, duration_s)
     count = num_requests if duration_s is None else math.ceil(rate_per_s * duration_s) + 1
     if num_requests is not None:

@@ -133,6 +133,7 @@ class ConstantArrivals(SpecModel):
             "Arrival rate (requests/s; with parallel_sampling prompts/s, with sessions sessions started/s)."
         ),
     )
+    paced: Paced = False
 
 
 class AllAtOnceArrivals(SpecModel):

@@ -234,7 +234,7 @@ def _arrival_times(cfg: WorkloadConfig, rows: pd.DataFrame | None, rng: np.rando
         case "all_at_once":
             return np.zeros(n_max)
         case "constant":
-            return constant_arrivals(arrivals.rate_per_s, n_max, cfg.duration_s)
+            return constant_arrivals(arrivals.rate_per_s, n_max, cfg.duration_s, arrivals.paced)
         case "poisson":
             return poisson_arrivals(arrivals.rate_per_s, rng, n_max, cfg.duration_s, arrivals.paced)
         case "gamma":

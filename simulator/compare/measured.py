@@ -381,16 +381,14 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     if run.max_concurrency is not None:
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
     elif math.isfinite(run.request_rate):
-        workload["arrivals"] = (
-            {"kind": "constant", "rate_per_s": run.request_rate}
+        process = (
+            {"kind": "constant"}
             if math.isinf(run.burstiness)
-            else (
-                {"kind": "poisson"}
-                if run.burstiness == 1.0
-                else {"kind": "gamma", "cv": run.burstiness**-0.5}
-            )
-            | {"rate_per_s": run.request_rate, "paced": run.paced_arrivals}
+            else {"kind": "poisson"}
+            if run.burstiness == 1.0
+            else {"kind": "gamma", "cv": run.burstiness**-0.5}
         )
+        workload["arrivals"] = process | {"rate_per_s": run.request_rate, "paced": run.paced_arrivals}
     else:
         workload["arrivals"] = {"kind": "all_at_once"}
     hardware = {"gpu": run.gpu, "gpu_files": [str(f) for f in run.gpu_files]}

@@ -12,7 +12,7 @@ Definitions (the same as vLLM's benchmark, so numbers compare with measured runs
 - E2EL: finish time - arrival (`e2el`).
 - queue: the wait from arrival until a step first schedules the request (vLLM's `request_queue_time_seconds`);
   TTFT less it is the prefill, with any preemption and requeue after admission.
-- duration: first arrival to last finish. Throughputs divide by it.
+- duration: the clients' start (or the first arrival) to the last finish. Throughputs divide by it.
 - goodput: completed requests meeting every given SLO (`slo_met`), per second of duration.
 - slo_attainment: the share of judged requests meeting every SLO. Judged: completed, rejected (too long for
   max_model_len or the KV pool: an error, not an answer within the SLOs), and unfinished ones already known to
@@ -115,16 +115,20 @@ def summarize(
     itl_s: np.ndarray | Callable[[], Iterator[np.ndarray]],
     slo_ms: dict[str, float] | None = None,
     stop_s: float | None = None,
+    start_s: float | None = None,
 ) -> dict[str, float]:
     """The run's summary with vLLM bench serve's key names where one exists. SLO keys: ttft, tpot, e2el.
     `itl_s`: the gaps, or a reader of their chunks where they were spilled (simulator/world/spill.py).
-    `stop_s`: when the run was cut off, if it was (unfinished requests are judged against it)."""
+    `stop_s`: when the run was cut off, if it was (unfinished requests are judged against it). `start_s`: when the
+    client started, which the duration counts from (vllm bench serve's clock starts before its first request's
+    gap); None: the first arrival."""
     done = requests[requests["finish_s"].notna()]
     rejected = int(requests["reject_reason"].notna().sum())
     open_ = requests["finish_s"].isna() & requests["reject_reason"].isna()
     arrived = sent_mask(requests, stop_s)
     unfinished = unfinished_requests(requests, stop_s)
-    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else 0.0
+    start_s = requests["arrival_s"].min() if start_s is None else start_s
+    duration = float(done["finish_s"].max() - start_s) if len(done) else 0.0
     # none: 0/s
     per_s = (lambda x: x / duration) if duration > 0 else (lambda x: 0.0 if x == 0 else float("nan"))
     out_tokens, in_tokens = int(done["output_tokens"].sum()), int(done["prompt_tokens"].sum())

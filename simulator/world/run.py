@@ -383,6 +383,7 @@ class World:
             self.itl_spill.gathered(self.tokens.itl_s),
             self.scenario.slo.as_ms(),
             stop_s=until,
+            start_s=0.0,  # the clients start sending at 0
         )
         finishing = [r.index for r in self.pools[-1].replicas]  # under P/D, the decode pool
         summary |= cache_and_load_summary(requests, figures, finishing)

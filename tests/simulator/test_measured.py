@@ -757,14 +757,20 @@ def test_a_vllm_bench_result_becomes_a_run_with_its_load_and_figures(tmp_path):
         ("sglang", "0.5.3.post3", False),
     ],
 )
-def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(engine, version, paced):
-    """vllm bench serve since 0.10.1 ends its last arrival at num_prompts / rate; SGLang and older vLLM do not."""
-    run = run_of(request_rate=4.0, engine=engine, engine_version=version)
+@pytest.mark.parametrize("burstiness", [1.0, math.inf])
+def test_a_rates_arrivals_are_paced_as_that_release_of_the_client_sent_them(
+    engine, version, paced, burstiness
+):
+    """vllm bench serve since 0.10.1 ends its last arrival at num_prompts / rate; SGLang and older vLLM do not.
+    Evenly spaced (burstiness inf), that puts request i at (i + 1) / rate."""
+    run = run_of(request_rate=4.0, engine=engine, engine_version=version, burstiness=burstiness)
     assert run.paced_arrivals is paced
     requests = build_workload(scenario_for(run).workload, np.random.default_rng(0), Path.cwd()).requests
     times = np.array([req.arrival_s for req in requests])
     assert math.isclose(times[-1], 40 / 4.0, rel_tol=1e-9) is paced
     assert bool(times[0] == 0.0) is not paced
+    if math.isinf(burstiness):
+        assert times == pytest.approx((np.arange(40) + paced) / 4.0, rel=1e-12)
 
 
 @pytest.mark.parametrize(

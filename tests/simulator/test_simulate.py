@@ -137,6 +137,29 @@ def test_ttlt_is_ttft_plus_tpot_times_remaining_tokens():
     assert (df["ttft_s"] > 0).all() and (df["e2el_s"] >= df["ttft_s"]).all()
 
 
+@pytest.mark.parametrize("paced", [False, True])
+def test_the_duration_runs_from_the_clients_start_to_the_last_finish(paced):
+    """vllm bench serve starts its clock before the first request's gap: a paced run's first request leaves after
+    one, and the throughputs divide by the whole span from t = 0 (a plain renewal process sends its first at 0)."""
+    result = run(
+        scenario(
+            workload={
+                "trace": None,
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": 128},
+                    "output": {"kind": "fixed", "value": 32},
+                },
+                "arrivals": {"kind": "poisson", "rate_per_s": 1.0, "paced": paced},
+                "num_requests": 10,
+            }
+        )
+    )
+    df, summary = result.requests, result.summary
+    assert bool(df["arrival_s"].min() > 0) is paced
+    assert summary["duration_s"] == df["finish_s"].max()
+    assert summary["request_throughput"] == 10 / df["finish_s"].max()
+
+
 def test_throughput_rises_and_latency_degrades_past_saturation():
     summaries = [
         run(

@@ -82,6 +82,7 @@ def test_rescaling_hits_the_target_rate():
     [
         lambda rng, **kw: poisson_arrivals(4.0, rng, **kw),
         lambda rng, **kw: gamma_arrivals(4.0, 2.0, rng, **kw),
+        lambda rng, **kw: constant_arrivals(4.0, **kw),
     ],
 )
 def test_paced_arrivals_end_at_count_over_rate(arrivals):
