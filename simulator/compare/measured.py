@@ -143,11 +143,12 @@ class MeasuredRun(SpecModel):
     output_lens: list[int] | None = Field(None, description="Each request's output tokens, as input_lens")
     range_ratio: float = Field(
         1.0,
-        gt=0,
+        ge=0,
         le=1,
         description=(
-            "The random dataset's --random-range-ratio as benchmark_serving.py drew it before vLLM 0.10: each "
-            "prompt's and output's length uniform over the integers from int(len x ratio) to len; 1: fixed lengths"
+            "The random dataset's --random-range-ratio as benchmark_serving.py drew it before vLLM 0.10 (and SGLang's "
+            "bench_serving draws it): each prompt's and output's length uniform over the integers from "
+            "max(int(len x ratio), 1) to len; 1: fixed lengths"
         ),
     )
     num_prompts: int | None = Field(None, ge=1)
@@ -236,6 +237,11 @@ class MeasuredRun(SpecModel):
             raise ValueError("range_ratio draws the random dataset's lengths; per-request lengths need none")
         return self
 
+    def shortest(self, length: int) -> int:
+        """The shortest of the random dataset's lengths drawn up to `length` (SGLang draws an output of 0 tokens
+        at ratio 0, which ends at once: taken as 1)."""
+        return max(int(length * self.range_ratio), 1)
+
     @property
     def is_moe(self) -> bool:
         return get_model(self.model).moe is not None
@@ -306,7 +312,7 @@ class MeasuredRun(SpecModel):
         mean = "~" if self.input_lens is not None else ""  # per-request lengths: their means
         lengths = f"{mean}{self.input_len}/{mean}{self.output_len}"
         if self.range_ratio < 1:
-            low_in, low_out = (int(n * self.range_ratio) for n in (self.input_len, self.output_len))
+            low_in, low_out = (self.shortest(n) for n in (self.input_len, self.output_len))
             lengths = f"{low_in}-{self.input_len}/{low_out}-{self.output_len}"
         return " ".join([self.model, self.gpu, *extras, self.benchmark, lengths, load]) + count
 
@@ -373,7 +379,7 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         else {
             part: {"kind": "fixed", "value": length}
             if run.range_ratio == 1
-            else {"kind": "uniform", "low": int(length * run.range_ratio), "high": length}
+            else {"kind": "uniform", "low": run.shortest(length), "high": length}
             for part, length in (("prompt", run.input_len), ("output", run.output_len))
         }
     )
@@ -552,16 +558,21 @@ def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[Measured
             raise SpecError(
                 f"{source}: a run against backend {backend!r}; only SGLang servers' runs replay from this file"
             )
-        fixed = data.get("dataset_name") == "random" and data.get("random_range_ratio") == 1
-        if (
-            fixed
-            and "input_lens" not in data
-            and data.get("random_input_len")
-            and data.get("random_output_len")
-        ):
-            data |= {"input_lens": [data["random_input_len"]], "output_lens": [data["random_output_len"]]}
-        load = {"num_prompts": data["completed"], "engine": SGLANG.name}
-        runs.append(_served_run(data, source, SGLANG_RESULT_FIGURES, load, setup))
+        load, ratio = (
+            {"num_prompts": data["completed"], "engine": SGLANG.name},
+            data.get("random_range_ratio"),
+        )
+        drawn = (data.get("random_input_len"), data.get("random_output_len"))
+        line_setup = setup
+        if data.get("dataset_name") == "random" and "input_lens" not in data and all(drawn):
+            if ratio == 1:
+                data |= {"input_lens": [drawn[0]], "output_lens": [drawn[1]]}
+            elif (
+                isinstance(ratio, (int, float)) and 0 <= ratio < 1
+            ):  # lengths drawn, not saved: draw them alike
+                load["range_ratio"] = ratio
+                line_setup = {"input_len": drawn[0], "output_len": drawn[1], **setup}
+        runs.append(_served_run(data, source, SGLANG_RESULT_FIGURES, load, line_setup))
     if not runs:
         raise SpecError(f"{path}: no results in it")
     return runs

@@ -1155,9 +1155,24 @@ def test_an_sglang_result_against_another_server_or_garbled_is_one_line(tmp_path
     path.write_text(_sglang_line() + "\n{not json\n")
     with pytest.raises(SpecError, match=r"other.jsonl:2: not a JSON line"):
         runs_from_sglang_results(path, setup)
-    path.write_text(_sglang_line(random_range_ratio=0.5) + "\n")  # lengths vary, but were not saved
+    path.write_text(_sglang_line(dataset_name="sharegpt") + "\n")  # lengths vary, but were not saved
     with pytest.raises(SpecError, match="give it: --set input_len=N"):
         runs_from_sglang_results(path, setup)
+
+
+@pytest.mark.parametrize("ratio, low_in, low_out", [(0.5, 256, 32), (0.0, 1, 1)])
+def test_an_sglang_random_run_without_saved_lengths_draws_them_as_bench_serving_did(
+    tmp_path, ratio, low_in, low_out
+):
+    """SGLang's bench_serving draws random prompts and outputs uniform from int(len x ratio) to len (its default
+    ratio is 0): without --output-details the twin draws them the same way, not fixed at len."""
+    path = tmp_path / "sglang.jsonl"
+    path.write_text(_sglang_line(random_range_ratio=ratio) + "\n")
+    (run,) = runs_from_sglang_results(path, {"model": "llama-3.1-8b", "gpu": "h100-sxm"})
+    lengths = scenario_for(run).workload.lengths
+    assert (lengths.prompt.kind, lengths.prompt.low, lengths.prompt.high) == ("uniform", low_in, 512)
+    assert (lengths.output.low, lengths.output.high) == (low_out, 64)
+    assert f"{low_in}-512/{low_out}-64" in run.label()
 
 
 def test_tensorrt_llms_fp8_gemms_priced_with_static_scales_predict_inferencemaxs_tpot(monkeypatch):
