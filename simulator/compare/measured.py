@@ -340,6 +340,11 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
     }
     engine["weight_dtype"] = run.weight_dtype
     family = run.family
+    if run.dp_attention and run.tp > 1 and family.defaults_per_rank:
+        # `vllm serve --data-parallel-size N --max-num-seqs S` gives every rank S; a scenario states the group's
+        for key in ("max_num_seqs", "max_num_batched_tokens"):
+            if key in engine:
+                engine[key] *= run.tp
     engine["scheduler"] = family.scheduler
     if family.full_prompt_gate_since is not None:  # SGLang checks the whole prompt and its output anyway
         engine["scheduler_reserve_full_isl"] = run.gates_whole_prompt

@@ -16,6 +16,7 @@ from servesim.hardware.gpu import get_gpu
 from servesim.hardware.profile import Profile, load_profile
 from servesim.policies.families import family_of
 from servesim.simulator.cli.main import app
+from servesim.policies.data_parallel import data_parallel_share
 from servesim.simulator.compare.measured import (
     MeasuredRun,
     MetricError,
@@ -87,6 +88,25 @@ def test_an_expert_parallel_and_dp_attention_layout_carries_over():
     assert "TP8 EP DP-attention" in run.label()
     plain = run_of(**moe)
     assert not scenario_for(plain).parallelism.ep and plain.label() != run.label()
+
+
+@pytest.mark.parametrize("engine, per_rank", [("vllm", (128, 8192)), ("sglang", (16, 1024))])
+def test_dp_attention_batch_flags_are_each_ranks_under_vllm_and_the_groups_under_sglang(engine, per_rank):
+    """`vllm serve --data-parallel-size 8 --max-num-seqs 128 --max-num-batched-tokens 8192` gives every rank 128
+    and 8192 (each engine core builds its scheduler from the same config); SGLang divides its flags among its
+    ranks (max_running_requests // dp_size, chunked_prefill_size // dp_size)."""
+    run = run_of(
+        model="deepseek-v3",
+        gpu="h200",
+        tp=8,
+        weight_dtype="fp8",
+        ep=True,
+        dp_attention=True,
+        engine=engine,
+        engine_args={"max_num_seqs": 128, "max_num_batched_tokens": 8192},
+    )
+    share = data_parallel_share(scenario_for(run).engine, 8)
+    assert (share.max_num_seqs, share.max_num_batched_tokens) == per_rank
 
 
 def test_stated_flags_carry_over_and_unset_ones_keep_vllms_defaults():
