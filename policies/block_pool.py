@@ -1,7 +1,8 @@
 """vLLM's BlockPool for the prefix caches: reference-counted blocks, one queue of free ones, the hash map.
 
 Allocation takes from the front; a block whose last user lets go joins the back *with its contents
-and hash*, so it can still be hit until it is taken again (least recently freed first). A
+and hash*, so it can still be hit until it is taken again (least recently freed first); one without a hash
+(a request's partly filled tail) joins the front, as nothing can hit it. A
 referenced block is never in the queue, so it is never evicted. Mixed into a BlockManager ahead of
 it; the manager says how a block's hash is dropped (`_forget`).
 """
@@ -91,13 +92,23 @@ class RefCountedPool(ABC):
     def _pop_free_many(self, count: int) -> list[int]:
         return [self._pop_free() for _ in range(count)]
 
-    def _release(self, blocks: list[int]) -> None:
+    def _release(self, blocks: list[int], unhashed: int = 0) -> None:
+        """Let go of `blocks` in order; those no one holds join the back of the free queue, except the first
+        `unhashed`, which hold no hash and go to the front (vLLM's free_blocks prepends blocks without a hash:
+        spent first, they keep cached ones longer)."""
         refs, free_queue = self._refs, self._free_queue  # a finished request returns a block per 16 tokens
-        for block in blocks:
+        front = []
+        for i, block in enumerate(blocks):
             left = refs[block] - 1
             refs[block] = left
             if not left:
-                free_queue[block] = None
+                if i < unhashed:
+                    front.append(block)
+                else:
+                    free_queue[block] = None
+        for block in reversed(front):  # in their order, ahead of the queue
+            free_queue[block] = None
+            free_queue.move_to_end(block, last=False)
 
     def _check_refs(self, held: list[int]) -> None:
         refs = [0] * len(self._refs)

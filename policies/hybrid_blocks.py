@@ -305,13 +305,18 @@ class HybridPrefixCachingBlockManager(RefCountedPool, HybridBlockManager):
             self._hash_of[block] = None
 
     def free(self, req: Request, keep_uncached: bool = True) -> None:
-        groups = self._groups.get(req.id)
+        """Group by group, tail first; blocks past the full computed ones hold no hash and go to the free queue's
+        front (`RefCountedPool._release`)."""
+        groups = self._groups.pop(req.id, None)
+        self._freed_upto.pop(req.id, None)
         registered = self._registered.pop(req.id, 0)
-        for blocks in groups or ():  # registered for a step that never ran: nobody may hit them
-            for block in blocks[req.num_computed_tokens // self.block_size : registered]:
+        full = req.num_computed_tokens // self.block_size
+        for blocks in groups or ():
+            for block in blocks[full:registered]:  # registered for a step that never ran: nobody may hit them
                 if block is not None and self._refs[block] == 1:
                     self._forget(block)
-        super().free(req)
+            tail = [b for b in reversed(blocks[full:]) if b is not None]
+            self._release(tail + [b for b in reversed(blocks[:full]) if b is not None], len(tail))
 
     def check_invariants(self) -> None:
         self._check_refs(self._held())

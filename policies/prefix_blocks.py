@@ -12,7 +12,8 @@
 - Blocks are reference-counted (policies/block_pool.py). A finished (or preempted) request releases
   its blocks tail first; at reference count 0 they join the back of the free queue *with their
   contents and hash*, so they can still be hit, and allocation evicts from the front: least recently
-  freed first, and within one request its tail before its head.
+  freed first, and within one request its tail before its head. Its blocks past the full computed ones
+  (a partly filled tail) hold no hash and join the front: spent first.
 - A referenced block is never in the free queue, so it is never evicted.
 """
 
@@ -138,7 +139,9 @@ class PrefixCachingBlockManager(RefCountedPool, BlockManager):
         for block in table[req.num_computed_tokens // self.block_size : registered]:
             if self._refs[block] == 1:  # registered for this step, never computed: nobody may hit it
                 self._forget(block)
-        self._release(table[::-1])  # tail first: the tail is evicted before the head
+        # tail first: the tail is evicted before the head; blocks past the computed full ones hold no hash in vLLM
+        # (a private request's full blocks would hold one there: they go to the back too)
+        self._release(table[::-1], len(table) - min(req.num_computed_tokens // self.block_size, len(table)))
 
     def check_invariants(self) -> None:
         """Refs match the tables; free blocks are exactly the unreferenced ones; the hash map is consistent."""

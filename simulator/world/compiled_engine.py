@@ -212,7 +212,8 @@ def blocks_for(tokens, size):
 # (`PrefixCachingBlockManager` over `RefCountedPool`) for requests whose prompts no other request shares.
 #
 # Without a prefix cache only counts matter. With one, blocks have ids: a free queue (allocation takes from the front,
-# a released block joins the back with the hash it holds, so it can be hit until it is taken again), reference counts
+# a released block joins the back with the hash it holds, so it can be hit until it is taken again, or the front if it
+# holds none), reference counts
 # and block tables, as policies/prefix_blocks.py keeps them. A private request's blocks hold tokens no other request
 # has, so a block's hash is told by the request and block index it holds, and the only hits are a preempted request's
 # own blocks: hashed when it is freed unfinished, found again from its old table while nothing has evicted them. Such a
@@ -247,6 +248,22 @@ def _release(e, b):
     else:
         e.si[S_QUEUE_HEAD] = b
     e.si[S_QUEUE_TAIL] = b
+    e.si[S_FREE] += 1
+
+
+@helper
+def _release_to_front(e, b):
+    """One user fewer: at none, `b`, which holds no hash, joins the front of the free queue (spent first)."""
+    e.blocks[b, REFS] -= 1
+    if e.blocks[b, REFS]:
+        return
+    head = e.si[S_QUEUE_HEAD]
+    e.blocks[b, PREV], e.blocks[b, NEXT] = -1, head
+    if head >= 0:
+        e.blocks[head, PREV] = b
+    else:
+        e.si[S_QUEUE_TAIL] = b
+    e.si[S_QUEUE_HEAD] = b
     e.si[S_FREE] += 1
 
 
@@ -330,7 +347,10 @@ def free_table(e, r):
         if e.blocks[b, REFS] == 1:
             e.blocks[b, OWNER] = -1
     e.ri[r, CACHED_N] = 0
-    for index in range(held - 1, -1, -1):
+    full = min(e.ri[r, COMPUTED] // e.pi[P_BLOCK_SIZE], held)
+    for index in range(full, held):  # no hash: to the front, the tail first in the queue
+        _release_to_front(e, e.tables[base + index])
+    for index in range(full - 1, -1, -1):
         _release(e, e.tables[base + index])
     e.ri[r, HELD] = 0
 

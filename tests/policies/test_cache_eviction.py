@@ -9,8 +9,9 @@ from servesim.workloads.request import Request
 
 
 def test_vllm_evicts_the_least_recently_used_cached_blocks_first():
-    """Pool of 8 blocks of 4. A, then B, then A again are served; a request that needs 5 fresh blocks evicts
-    from the front of the free queue: B's blocks (used longer ago), not A's (refreshed by the second hit)."""
+    """Pool of 8 blocks of 4. A, then B, then A again are served; a request that needs 6 fresh blocks takes the
+    two blocks no one ever filled, then the partly filled tails (no hash: at the front of the free queue), then
+    evicts from the front of the cached ones: B's blocks (used longer ago), not A's (refreshed by the second hit)."""
     sched, _ = make_scheduler("vllm", num_blocks=8, block_size=4, prefix_caching="vllm")
     a, b = (1, 9), (2, 9)  # 9 tokens: two full blocks and the last token's
     serve(sched, [req(0, [a])])
@@ -18,8 +19,20 @@ def test_vllm_evicts_the_least_recently_used_cached_blocks_first():
     again = req(2, [a])
     serve(sched, [again])
     assert again.num_cached_tokens == 8
-    serve(sched, [req(3, [(3, 20)])])  # 20 tokens: 5 blocks
+    serve(sched, [req(3, [(3, 24)])])  # 24 tokens: 6 blocks
     assert sched.kv.lookup(req(4, [a])) == 8 and sched.kv.lookup(req(5, [b])) == 0
+
+
+def test_vllm_spends_blocks_that_hold_no_hash_before_evicting_cached_ones():
+    """Pool of 8 blocks of 4. A and B (9 tokens: two full blocks and a partly filled one) finish; a request that
+    needs 4 blocks takes the 2 never filled and the 2 partly filled tails, which vLLM's free_blocks puts at the
+    front of the free queue (nothing can hit them): both A's and B's cached blocks survive."""
+    sched, _ = make_scheduler("vllm", num_blocks=8, block_size=4, prefix_caching="vllm")
+    a, b = (1, 9), (2, 9)
+    serve(sched, [req(0, [a])])
+    serve(sched, [req(1, [b])])
+    serve(sched, [req(2, [(3, 13)])])  # 13 tokens: 4 blocks
+    assert sched.kv.lookup(req(4, [a])) == 8 and sched.kv.lookup(req(5, [b])) == 8
 
 
 def test_radix_never_evicts_the_prefix_a_running_request_holds():

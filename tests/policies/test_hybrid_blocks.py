@@ -114,6 +114,19 @@ def test_a_hit_needs_the_blocks_before_it_cached_in_the_sliding_group():
     sched.kv.check_invariants()
 
 
+def test_a_finished_requests_partly_filled_tails_are_spent_first():
+    """A (30 tokens) takes blocks 0-7 for the full group and 8-15 for the sliding one from an empty pool. Finished,
+    its two partly filled tails (7 and 15) hold no hash, so vLLM's free_blocks puts them at the very front of the
+    free queue, sliding group's first (freed after the full group's), ahead of the 4 never used (16-19); its full
+    blocks go to the back, after the sliding blocks that left the window during the prefill."""
+    sched = scheduler("vllm", num_blocks=20)
+    serve(sched, [req(0, [(1, 30)])])
+    queue = list(sched.kv._free_queue)
+    assert queue[:6] == [15, 7, 16, 17, 18, 19]
+    assert queue[-9:] == [6, 5, 4, 3, 2, 1, 0, 14, 13]  # then the sliding group's, tail first
+    sched.kv.check_invariants()
+
+
 def test_radix_is_refused_with_sliding_layers():
     import pytest
 
