@@ -477,9 +477,10 @@ class PrefillFirstScheduler(SchedulerDefaults):
         if n <= 0:
             return False
         swa_locked = self._locked_by(req, hit, self.kv.swa_evictable_hit) if self.kv.swa_window and hit else 0
-        # the sliding-window pool is short: a smaller chunk, or none
+        # the sliding-window pool is short: SGLang refuses the request (NO_TOKEN; only the prompt it is already
+        # chunking gets a smaller chunk); an idle engine takes a smaller chunk, where SGLang would wait forever
         if (room := budget.swa_limit(n, swa_locked)) < n:
-            if room <= 0:
+            if room <= 0 or not idle:
                 self.batch_is_full = True
                 return False
             n, whole = room, False

@@ -127,6 +127,41 @@ def test_admission_cuts_a_chunk_to_what_the_sliding_pool_holds():
     assert first.tombstone and first.num_tokens == 23
 
 
+def test_a_new_prompt_the_sliding_pool_cannot_hold_waits_while_others_run():
+    """130 sliding slots, window 16, chunks of 64. A (130 tokens) decodes, leaving 63 slots free or evictable; B's
+    100-token prompt would need max(64, 16) + 1 = 65 >= 63: SGLang's add_one_req refuses it (NO_TOKEN) rather than
+    cut it to fit, so the step decodes A alone and B waits; once A finishes B runs whole chunks."""
+    sched, _ = make_scheduler(
+        "sglang",
+        num_blocks=5000,
+        block_size=1,
+        prefix_caching="radix",
+        swa=(16, 130),
+        max_num_batched_tokens=64,
+        enable_chunked_prefill=True,
+        async_scheduling=False,
+    )
+    a = Request(0, 0.0, 130, 40, ((1, 130),))
+    sched.add(a, 0.0)
+    now = 0.0
+    for _ in range(4):
+        plan = sched.schedule(now)
+        now += 1.0
+        sched.commit(plan, now)
+    assert sched.kv.swa_free_blocks == 63
+    b = Request(1, now, 100, 4, ((2, 100),))
+    sched.add(b, now)
+    chunks = []
+    while not b.is_done:
+        plan = sched.schedule(now)
+        chunks += [n for r, n in zip(plan.requests, plan.num_new) if r is b and n > 1]
+        assert b not in plan.requests or a.is_done
+        now += 1.0
+        sched.commit(plan, now)
+        sched.kv.check_invariants()
+    assert chunks == [64, 36]
+
+
 def test_an_admission_counts_the_sliding_slots_its_hit_locks():
     """30 sliding slots, window 4; a cached 15-token node, unlocked. A request hitting it locks the node for its
     window (whole nodes): 16 new tokens would need 15 + 16 = 31 slots, more than the pool, so the allocation is
