@@ -17,11 +17,12 @@ Each step, as SGLang's `get_next_batch_to_run`:
    `schedule_conservativeness`), and is back at 0.7 when the engine idles.
 
 A prefill that finds no memory marks the batch full (SGLang's `batch_is_full`): no admission is tried again
-until the batch shrinks, in the decode step after a finish, at a retraction, or when it empties. The pool is
+until the batch shrinks, in the decode step after a finish, at a retraction, or when it empties (for a hybrid
+sliding-window model SGLang clears the flag every pass, so admission is tried every pass). The pool is
 read live while a batch forms, so a prefix hit's lock counts at once. `max_new_tokens` is the request's own
 output length (the oracle length of an ignore-eos benchmark), and KV is counted in the KV manager's pages (in a
 hybrid pool, blocks over its groups; with SGLang's separate sliding-window pool, policies/swa_radix.py, a prompt's
-chunk must also leave its window a page of room there, or is cut to what does). With prefix caching off, SGLang
+chunk must also leave its window a page of room there, or waits: only the prompt being chunked is cut to fit). With prefix caching off, SGLang
 admits such ignore-eos requests its own way (add_one_req_ignore_eos): the batch is played out to the end, every
 request to its full output, and must never run out; no new_token_ratio, no max_prefill_tokens. Departures that
 keep the simulation from hanging where SGLang would: an idle engine admits its head request without the estimate
@@ -254,9 +255,15 @@ class PrefillFirstScheduler(SchedulerDefaults):
         return len(self.running) + (self.chunked is not None)
 
     @property
+    def _tries_admission(self) -> bool:
+        """Whether the next pass tries to admit: someone waits and the batch is not full, or, with a sliding-window
+        pool, whatever the flag (SGLang resets batch_is_full every pass for hybrid SWA models)."""
+        return self.num_waiting > 0 and (not self.batch_is_full or bool(self.kv.swa_window))
+
+    @property
     def admission_waits_for_blocks(self) -> bool:
-        """Freed blocks matter to a waiting request only while admission is tried (the batch is not full)."""
-        return self.num_waiting > 0 and not self.batch_is_full
+        """Freed blocks matter to a waiting request only while admission is tried."""
+        return self._tries_admission
 
     def add(self, req: Request, now: float) -> None:
         req.phase = Phase.WAITING
@@ -371,7 +378,7 @@ class PrefillFirstScheduler(SchedulerDefaults):
     def decode_stretch(self, plan: StepPlan) -> list[Request] | None:
         """The running requests, if `plan` decodes all of them and nothing could be admitted before a finish
         (nobody waits, or the batch is full): every following step is the same decode."""
-        admissible = self.num_waiting > 0 and not self.batch_is_full
+        admissible = self._tries_admission
         if (
             self.chunked is not None
             or admissible
@@ -403,6 +410,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
     # ---- prefill ------------------------------------------------------------------------------
     def _prefill(self, step: PlanBuilder) -> bool:
         """Build a prefill batch into `step` (SGLang's get_new_batch_prefill); whether it holds any request."""
+        if self.kv.swa_window:  # SGLang resets the flag every pass for hybrid SWA models, to retry admission
+            self.batch_is_full = False
         if self.chunked is None and (self.batch_is_full or not self._waiting):
             return False
         if self.chunked is None and self._seats_taken >= self.max_running:
@@ -466,8 +475,8 @@ class PrefillFirstScheduler(SchedulerDefaults):
             n = extend if whole else budget.chunk
         else:
             locked = self._locked_by(req, hit) if hit and not idle else 0
-            # SGLang checks again once the hit is locked
-            if extend + outputs >= budget.total - locked and not idle:
+            # SGLang checks again once the hit is locked (its total_tokens carries a page of slack)
+            if extend + outputs + budget.page >= budget.total - locked and not idle:
                 self.batch_is_full = True
                 return False
             if budget.paged(extend) >= budget.input and step.tokens:

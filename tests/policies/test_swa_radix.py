@@ -162,6 +162,30 @@ def test_a_new_prompt_the_sliding_pool_cannot_hold_waits_while_others_run():
     assert chunks == [64, 36]
 
 
+@pytest.mark.parametrize("swa", [(8, 1000), None])
+def test_a_hybrid_swa_engine_retries_a_refused_prompt_every_pass(swa):
+    """A 1,000-token pool: A (40 + 1,000 outputs) decodes; B (200 + 100) is refused, its 301 tokens over what the
+    reserve for A's outputs leaves. SGLang clears batch_is_full every pass for a hybrid sliding-window model, so B
+    gets in at the first pass k where the free tokens (961 - k) less the reserve for A's 1,000 - k outputs at the
+    ratio decayed k - 1 times exceed 200 + 100 + a page; otherwise the flag holds until the batch shrinks, here when
+    A is retracted some 960 passes on."""
+    sched, _ = make_scheduler(
+        "sglang", num_blocks=1000, block_size=1, prefix_caching="radix", swa=swa, async_scheduling=False
+    )
+    a, b = Request(0, 0.0, 40, 1000, ((1, 40),)), Request(1, 0.0, 200, 100, ((2, 200),))
+    sched.add(a, 0.0)
+    for k in range(1200):
+        if k == 1:
+            sched.add(b, float(k))
+        plan = sched.schedule(float(k))
+        if b in plan.requests:
+            break
+        sched.commit(plan, float(k + 1))
+    ratio = [0.7 - j * (0.7 - 0.098) / 600 for j in range(600)]
+    first = next(j for j in range(1, 600) if 961 - j - (1000 - j) * ratio[j - 1] > 200 + 100 + 1)
+    assert (k == first == 65 and not a.num_preemptions) if swa else (k > 900 and a.num_preemptions == 1)
+
+
 def test_an_admission_counts_the_sliding_slots_its_hit_locks():
     """30 sliding slots, window 4; a cached 15-token node, unlocked. A request hitting it locks the node for its
     window (whole nodes): 16 new tokens would need 15 + 16 = 31 slots, more than the pool, so the allocation is
