@@ -39,7 +39,8 @@ def test_a_prefill_step_stalls_the_decodes_unless_mixed(mixed):
 
 def _running_with_reservation(output_1: int, caching: str = "radix"):
     """r0 (100 prompt, 500 out) prefilled alone; r1 (300 prompt, `output_1` out) then waits. Pool 1000 tokens:
-    900 free, and r0's 499 outputs to go count 0.7 x 499 = 349.3, so r1 fits iff 300 + output_1 < 550.7."""
+    900 free, and r0's 499 outputs to go count 0.7 x 499 = 349.3, so r1 fits iff 300 + output_1 + a page (1) <
+    550.7 (with prefix caching)."""
     sched, _ = make_scheduler("sglang", num_blocks=1000, block_size=1, prefix_caching=caching)
     r0, r1 = Request(0, 0.0, 100, 500), Request(1, 0.0, 300, output_1)
     sched.add(r0, 0.0)
@@ -49,9 +50,9 @@ def _running_with_reservation(output_1: int, caching: str = "radix"):
 
 
 def test_admission_holds_back_the_running_requests_expected_outputs():
-    sched, _, _ = _running_with_reservation(250)  # 550 < 550.7
+    sched, _, _ = _running_with_reservation(249)  # 550 < 550.7
     assert scheduled(step(sched)) == [(1, 300)]
-    sched, _, _ = _running_with_reservation(251)  # 551 >= 550.7: no room, the running request decodes
+    sched, _, _ = _running_with_reservation(250)  # 551 >= 550.7: no room, the running request decodes
     assert scheduled(step(sched)) == [(0, 1)]
     assert sched.batch_is_full
 
@@ -59,7 +60,7 @@ def test_admission_holds_back_the_running_requests_expected_outputs():
 def test_without_prefix_caching_an_ignore_eos_request_is_admitted_if_the_batch_plays_out():
     """SGLang's add_one_req_ignore_eos: with r1 (300 prompt, O out) beside r0 (499 outputs to go), 600 tokens stay
     free; r1 finishing first needs 600 - 2 x O > 2 (a token each to spare), then r0 has 600 + 300 freed - 499.
-    So O = 298 fits and 299 does not, where the ratio estimate already refused 251."""
+    So O = 298 fits and 299 does not, where the ratio estimate already refused 250."""
     sched, _, _ = _running_with_reservation(298, caching="none")
     assert scheduled(step(sched)) == [(1, 300)]
     sched, _, _ = _running_with_reservation(299, caching="none")
