@@ -133,6 +133,14 @@ class MeasuredRun(SpecModel):
     )
     input_len: int = Field(ge=1)
     output_len: int = Field(ge=1)
+    prefix_len: int = Field(
+        0,
+        ge=0,
+        description=(
+            "vllm bench serve --random-prefix-len: tokens every prompt starts with, the same for all (it shares them "
+            "through the prefix cache); input_len and input_lens count the rest"
+        ),
+    )
     input_lens: list[int] | None = Field(
         None,
         description=(
@@ -314,6 +322,8 @@ class MeasuredRun(SpecModel):
         if self.range_ratio < 1:
             low_in, low_out = (self.shortest(n) for n in (self.input_len, self.output_len))
             lengths = f"{low_in}-{self.input_len}/{low_out}-{self.output_len}"
+        if self.prefix_len:
+            lengths = f"{self.prefix_len}+{lengths}"
         return " ".join([self.model, self.gpu, *extras, self.benchmark, lengths, load]) + count
 
 
@@ -389,6 +399,8 @@ def scenario_for(run: MeasuredRun, profile: str | None = None, seed: int = 0) ->
         }
     )
     workload: dict[str, Any] = {"lengths": lengths, "num_requests": run.num_requests}
+    if run.prefix_len:
+        workload["shared_prefix"] = {"num_prefixes": 1, "prefix_tokens": run.prefix_len}
     if run.max_concurrency is not None:
         workload |= {"closed_loop": {"clients": run.max_concurrency}, "arrivals": {"kind": "all_at_once"}}
     elif math.isfinite(run.request_rate):
@@ -625,10 +637,15 @@ def _served_run(
     figures (`figures`: its key -> MeasuredRun's), with `setup` adding what it does not record."""
     setup = dict(setup)
     lengths, per_request = {}, {}
+    prefix = setup.get("prefix_len", 0)  # a wrong one is refused by MeasuredRun's check
+    saved = {"input": data.get("input_lens"), "output": data.get("output_lens")}
+    given = isinstance(prefix, int) and not isinstance(prefix, bool) and prefix > 0
+    if given and isinstance(saved["input"], list):  # the client saves whole prompts: the shared prefix is apart
+        if any(isinstance(n, int) and n <= prefix for n in saved["input"]):
+            raise SpecError(f"{source}: prefix_len {prefix} is not shorter than every saved prompt (input_lens)")
+        saved["input"] = [n - prefix if isinstance(n, int) else n for n in saved["input"]]
     for what in ("input", "output"):
-        lengths[what], per_request[what] = _lengths(
-            data.get(f"{what}_lens"), setup.pop(f"{what}_len", None), what, source
-        )
+        lengths[what], per_request[what] = _lengths(saved[what], setup.pop(f"{what}_len", None), what, source)
     varied = [lens for lens in per_request.values() if lens is not None]
     if len(varied) == 1:  # the other is fixed: each request gets it
         per_request = {what: lens or [lengths[what]] * len(varied[0]) for what, lens in per_request.items()}

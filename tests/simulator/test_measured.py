@@ -853,6 +853,21 @@ def test_a_vllm_bench_result_with_varied_lengths_replays_each_request_as_sent(tm
         run_from_vllm_result(bare, setup)
 
 
+def test_a_random_prefix_is_shared_by_every_prompt_and_cached_after_the_first(tmp_path):
+    """`vllm bench serve --random-prefix-len 1024`: every prompt starts with the same 1,024 tokens (saved lengths
+    count them), so the twin sends 1,024 + the rest, and every request after the first finds the prefix cached
+    (64 blocks of 16; the second client's prompt, in the first's step, hits the blocks registered for it)."""
+    setup = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "prefix_len": 1024}
+    run = run_from_vllm_result(vllm_result(tmp_path, input_lens=[1024 + 512] * 8), setup)
+    assert (run.prefix_len, run.input_len, run.input_lens) == (1024, 512, None)
+    assert run.label() == "llama-3.1-8b h100-sxm serve 1024+512/64 c=2 x8"
+    sent = simulate(scenario_for(run), tmp_path).requests.sort_values("arrival_s", kind="stable")
+    assert (sent["prompt_tokens"] == 1536).all()
+    assert sent["cached_tokens"].tolist() == [0] + [1024] * 7
+    with pytest.raises(SpecError, match="prefix_len 1024 is not shorter than every saved prompt"):
+        run_from_vllm_result(vllm_result(tmp_path, input_lens=[1024] * 8), setup)
+
+
 def test_compare_cli_replays_a_vllm_bench_result(tmp_path):
     path = vllm_result(tmp_path)
     result = runner.invoke(
