@@ -640,9 +640,12 @@ def _served_run(
     prefix = setup.get("prefix_len", 0)  # a wrong one is refused by MeasuredRun's check
     saved = {"input": data.get("input_lens"), "output": data.get("output_lens")}
     given = isinstance(prefix, int) and not isinstance(prefix, bool) and prefix > 0
-    if given and isinstance(saved["input"], list):  # the client saves whole prompts: the shared prefix is apart
+    # the client saves whole prompts: the shared prefix is apart
+    if given and isinstance(saved["input"], list):
         if any(isinstance(n, int) and n <= prefix for n in saved["input"]):
-            raise SpecError(f"{source}: prefix_len {prefix} is not shorter than every saved prompt (input_lens)")
+            raise SpecError(
+                f"{source}: prefix_len {prefix} is not shorter than every saved prompt (input_lens)"
+            )
         saved["input"] = [n - prefix if isinstance(n, int) else n for n in saved["input"]]
     for what in ("input", "output"):
         lengths[what], per_request[what] = _lengths(saved[what], setup.pop(f"{what}_len", None), what, source)
