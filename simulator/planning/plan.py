@@ -12,9 +12,9 @@
    costs more than a deployment verified to pass is not sized ("costlier"), as it could not be chosen.
 4. Verify: each sized deployment is simulated whole at the target rate (round-robin router). One that
    fails is retried with one more replica.
-5. The recommendation is the cheapest verified deployment. The next-cheaper deployment of any
-   candidate is simulated too: if it passes after all it becomes the recommendation, so the answer is
-   always a deployment that passes next to a cheaper one that fails, both shown with their verdicts.
+5. The recommendation is the cheapest verified deployment. It is simulated with one replica fewer, and the
+   next-cheaper deployment of any candidate too: one that passes after all becomes the recommendation, so the
+   answer is always a deployment that passes next to cheaper ones that fail, shown with their verdicts.
 
 Costs are GPUs x the catalog's price per GPU-hour. Candidates come from CANDIDATE_BUILDERS: colocated
 replicas and, for each of the scenario's `plan.pd_ratios`, prefill/decode-disaggregated xPyD units that
@@ -751,11 +751,19 @@ def _choose(
     rec = min(passing, key=lambda d: _rank(d, result.pct)) if passing else None
     fits = [i for i, ev in enumerate(result.evaluations) if ev.can_start]
     for _ in range(MAX_DOWNGRADES if rec else 0):
-        cheaper = _next_cheaper(result.evaluations, fits, rec.cost_per_hour_usd, max_replicas)
-        if cheaper is None:
+        # the recommendation with one replica fewer (sizing one replica alone can overstate the count), then the
+        # most expensive deployment of any candidate under its cost: the first that passes is the new one
+        own = result.evaluations.index(rec.evaluation), rec.replicas - 1
+        closest = _next_cheaper(result.evaluations, fits, rec.cost_per_hour_usd, max_replicas)
+        nxt = None
+        for cheaper in dict.fromkeys([own if own[1] >= 1 else None, closest]):
+            if cheaper is not None:
+                nxt = check(*cheaper)
+                if nxt.verdict.ok:
+                    break
+        if nxt is None:
             break
-        nxt = check(*cheaper)
-        result.next_cheaper = nxt
+        result.next_cheaper = nxt  # where both fail, the closer in cost to the recommendation
         if not nxt.verdict.ok:
             break
         rec, result.next_cheaper = nxt, None

@@ -366,6 +366,34 @@ def test_next_cheaper_is_the_most_expensive_deployment_under_the_cost():
     assert _next_cheaper(evaluations, [0], 3.0, 16) is None
 
 
+def test_the_recommendation_is_tried_with_one_replica_fewer_before_any_other_cheaper(monkeypatch):
+    """Sizing put candidate b ($10/h a replica) at 3 replicas, but 2 pass; the next-cheaper deployment of any
+    candidate ($27.60: 12 x a at $2.30) would fail. The plan tries b with one replica fewer first, recommends 2 x b,
+    then shows the cheaper that fails beside it (1 x b and 8 x a both fail: the closer in cost, 8 x a at $18.40)."""
+    from servesim.simulator.planning import plan as planner
+
+    a, b = _evaluation("a", 2.3), _evaluation("b", 10.0)
+    a.replicas, b.replicas = 16, 3  # what sizing said
+    passes = {("b", 2), ("b", 3), ("a", 16)}
+
+    def verify(base, base_dir, ev, replicas, rate):
+        ok = (ev.candidate.gpu, replicas) in passes
+        return Deployment(ev, replicas, Verdict(rate, () if ok else ("TTFT SLO",), (), {"p90_ttft_ms": 100.0}))
+
+    monkeypatch.setattr(planner, "verify", verify)
+    result = PlanResult(10.0, [a, b], [], None, None)
+    planner._choose(result, None, None, max_replicas=16)
+    assert result.recommendation.label == "2 x b tp=1"
+    assert result.next_cheaper.label == "8 x a tp=1" and not result.next_cheaper.verdict.ok
+    assert [d.label for d in result.deployments] == [
+        "16 x a tp=1",
+        "3 x b tp=1",
+        "2 x b tp=1",
+        "1 x b tp=1",
+        "8 x a tp=1",
+    ]
+
+
 def test_pareto_frontier_keeps_deployments_nobody_beats_on_cost_and_latency():
     def deployment(price: float, ttft: float) -> Deployment:
         return Deployment(_evaluation("g", price), 1, Verdict(1.0, (), (), {"p90_ttft_ms": ttft}))
