@@ -96,6 +96,8 @@ class Candidate:
                     "gpu": None,
                     "tp": self.tp,
                     "pp": self.pp,
+                    # the knobs planned over win over the pool's own, which would override them
+                    "engine": (d.get(pool, {}).get("engine") or {}) | dict(self.knobs),
                 }
             overrides |= {"cluster.replicas": 1, "disaggregation": d}
         else:  # colocated: a scenario's P/D pools are not this candidate's

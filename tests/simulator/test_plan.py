@@ -378,7 +378,9 @@ def test_the_recommendation_is_tried_with_one_replica_fewer_before_any_other_che
 
     def verify(base, base_dir, ev, replicas, rate):
         ok = (ev.candidate.gpu, replicas) in passes
-        return Deployment(ev, replicas, Verdict(rate, () if ok else ("TTFT SLO",), (), {"p90_ttft_ms": 100.0}))
+        return Deployment(
+            ev, replicas, Verdict(rate, () if ok else ("TTFT SLO",), (), {"p90_ttft_ms": 100.0})
+        )
 
     monkeypatch.setattr(planner, "verify", verify)
     result = PlanResult(10.0, [a, b], [], None, None)
@@ -597,6 +599,10 @@ def test_pd_candidates_keep_the_scenarios_transfer_and_pool_settings():
         {"max_num_batched_tokens": 4096},
     )
     assert (unit.decode.replicas, unit.decode.tp, unit.decode.router) == (3, 2, "round_robin")
+    # a knob the plan varies is the candidate's in both pools, over what a pool set for itself
+    knobbed = Candidate("h100-sxm", 2, knobs=(("max_num_batched_tokens", 8192),), kind="pd").scenario(base)
+    pools = knobbed.disaggregation
+    assert pools.prefill.engine == pools.decode.engine == {"max_num_batched_tokens": 8192}
 
 
 def test_a_colocated_candidate_of_a_pd_scenario_runs_colocated():
