@@ -74,10 +74,11 @@ class Traffic:
         return self.closed is not None or bool(self.followups)
 
     def on_done(self, req: Request) -> None:
-        """A request finished or was rejected: its session's next turn follows after its think time; in a
-        closed loop its client thinks, then sends the next one."""
+        """A request finished or was rejected: its session's next turn follows after its think time, unless this
+        one was rejected (its answer, which the next prompt carries, never came: the client drops the conversation,
+        as vLLM's multi-turn benchmark does); in a closed loop its client thinks, then sends the next one."""
         follow = self.followups.get(req.id)
-        if follow is not None:
+        if follow is not None and req.reject_reason is None:
             self.env.process(self._send_after(follow, follow.think_time_s))
         if self.closed is None:
             return

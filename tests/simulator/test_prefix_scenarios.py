@@ -142,6 +142,35 @@ def test_multi_turn_sessions_hit_their_previous_turns():
     assert fast.requests.equals(result.requests)
 
 
+def test_a_session_whose_turn_is_rejected_sends_no_more_turns():
+    """1,000-token prompts, 100-token answers, 50-token messages, 4 turns, max_model_len 1,300: turn 3's prompt
+    (1,300) and answer do not fit, so it is rejected, and turn 4, which would carry its answer, is never sent."""
+    result = run(
+        scenario(
+            engine={"max_model_len": 1300},
+            workload={
+                "trace": None,
+                "lengths": {
+                    "prompt": {"kind": "fixed", "value": 1000},
+                    "output": {"kind": "fixed", "value": 100},
+                },
+                "sessions": {
+                    "turns": {"kind": "fixed", "value": 4},
+                    "think_time_s": {"kind": "fixed", "value": 0.5},
+                    "new_message_tokens": {"kind": "fixed", "value": 50},
+                },
+                "arrivals": {"kind": "poisson", "rate_per_s": 1},
+                "num_requests": 20,
+            },
+        )
+    )
+    df, summary = result.requests, result.summary
+    assert (summary["completed"], summary["rejected"]) == (10, 5)
+    assert (df[df["reject_reason"].notna()]["prompt_tokens"] == 1300).all()
+    unsent = df[df["arrival_s"].isna()]
+    assert len(unsent) == 5 and (unsent["prompt_tokens"] == 1450).all()
+
+
 @pytest.mark.parametrize("kind", ["exact", "semantic"])
 def test_application_caches_answer_repeats_without_the_engine(kind, tmp_path):
     if kind == "exact":  # 10 distinct prompts, each asked 40 times, 0.2 s apart
