@@ -53,6 +53,7 @@ import pandas as pd
 
 from servesim.workloads.config import TraceSource
 from servesim.workloads.guidellm import read_guidellm
+from servesim.workloads.request import OUTPUT_SEGMENT_BASE
 from servesim.workloads.tokens import token_counter
 from servesim.workloads.servegen import servegen_requests
 from servesim.workloads.tables import finish_table, require_columns, require_file
@@ -103,12 +104,19 @@ def load_azure(path: Path) -> pd.DataFrame:
 def load_mooncake(path: Path) -> pd.DataFrame:
     """Mooncake JSONL trace; adds `hash_ids` (tuple of block ids, 512 tokens per block)."""
     df = _read(path, "mooncake", MOONCAKE_COLUMNS)
-    ids_ok = df["hash_ids"].map(lambda ids: isinstance(ids, list) and all(isinstance(h, int) for h in ids))
-    if not ids_ok.all():
+    ids_ok = df["hash_ids"].map(
+        lambda ids: (
+            isinstance(ids, list)
+            and all(
+                isinstance(h, int) and not isinstance(h, bool) and 0 <= h < OUTPUT_SEGMENT_BASE for h in ids
+            )
+        )
+    )
+    if not ids_ok.all():  # negative ids and those from 2^48 up name requests' own text and outputs here
         line = int(np.flatnonzero(~ids_ok)[0])
         raise ValueError(
-            f"{path}: record {line + 1}: mooncake hash_ids must be a list of integer block ids, "
-            f"got {df['hash_ids'].iloc[line]!r}"
+            f"{path}: record {line + 1}: mooncake hash_ids must be a list of integer block ids from 0 to "
+            f"2^48 - 1, got {df['hash_ids'].iloc[line]!r}"
         )
     stamps = pd.to_numeric(df["timestamp"], errors="coerce")
     if stamps.isna().any():

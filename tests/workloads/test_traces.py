@@ -250,7 +250,15 @@ def test_mooncake_block_count_mismatch_is_an_error(tmp_path):
         (
             '{"timestamp": 5, "input_length": 10, "output_length": 2}',
             r"record 2: mooncake hash_ids must be a list of "
-            r"integer block ids, got nan",
+            r"integer block ids from 0 to 2\^48 - 1, got nan",
+        ),
+        (  # ids from 2^48 up name generated outputs, negative ones a request's own text
+            '{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [281474976710656]}',
+            r"record 2: mooncake hash_ids must be a list of integer block ids from 0 to 2\^48 - 1",
+        ),
+        (
+            '{"timestamp": 5, "input_length": 10, "output_length": 2, "hash_ids": [-1]}',
+            r"record 2: mooncake hash_ids must be a list of integer block ids from 0 to 2\^48 - 1",
         ),
         (
             '{"timestamp": "5 ms", "input_length": 10, "output_length": 2, "hash_ids": [3]}',
