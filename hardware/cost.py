@@ -688,7 +688,11 @@ def _attention_table(ctx: _Ctx, window: int | None, decode: bool) -> AttentionTa
 def _table_length(window: int | None, decode: bool, requests: int, kv_read: int, keys: int) -> float:
     """The tables time `requests` alike requests, so a step's are taken as that many of their mean: decodes over the
     mean KV tokens read, prefills of the causal length whose keys (as `causal_keys` counts them, window-capped) are
-    the mean, which keeps a chunk's attention over its cached context."""
+    the mean, which keeps a chunk's attention over its cached context.
+
+    `_prefill_read_floor`: that fresh prefill's time keeps the chunk's FLOPs, not its reads: a short chunk over a
+    long cached context reads all of it, so a prefill priced from the tables takes at least its bytes at the full
+    HBM bandwidth."""
     if decode:
         return kv_read / requests
     mean = keys / requests
@@ -698,13 +702,17 @@ def _table_length(window: int | None, decode: bool, requests: int, kv_read: int,
 
 
 def measured_attention(
-    ctx: _Ctx, window: int | None, decode: bool, requests: int, kv_read: int, keys: int
+    ctx: _Ctx, window: int | None, decode: bool, requests: int, kv_read: int, keys: int, nbytes: float
 ) -> float | None:
-    """One layer's attention from the kernel tables, or None."""
+    """One layer's attention from the kernel tables, or None; a prefill's at least its `nbytes` (`attention_terms`)
+    at the full HBM bandwidth (`_prefill_read_floor`)."""
     table = _attention_table(ctx, window, decode)
     if table is None:
         return None
-    return table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
+    seconds = table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
+    if seconds is None or decode:
+        return seconds
+    return max(seconds, nbytes / ctx.gpu.memory_bytes_per_s)
 
 
 def _attention(
@@ -722,6 +730,7 @@ def _attention(
             flops, nbytes, compute_s, memory_s = attention_terms(
                 ctx, group.owns_kv, decode, s.keys, s.kv_read, s.tokens
             )
+            measured = measured_attention(ctx, group.window, decode, s.requests, s.kv_read, s.keys, nbytes)
             acc.add(
                 ctx,
                 "attention_decode" if decode else "attention_prefill",
@@ -730,7 +739,7 @@ def _attention(
                 nbytes,
                 (compute_s, memory_s),
                 layers,
-                measured_attention(ctx, group.window, decode, s.requests, s.kv_read, s.keys),
+                measured,
             )
         if m.mla:  # K/V up-projection: on the queries/outputs when absorbed, on every latent when expanded
             _, _, up = _qkv_o_params(ctx)
@@ -1147,12 +1156,14 @@ def _attention_per_layer(
 def _layer_attention_s(ctx: _Ctx, tokens: int, group: _Group, decode: bool, stats: _AttnStats) -> float:
     """One layer's attention over the requests `stats` sums: the kernel tables' time if they have it, else the
     roofline's with `tokens` rows (the efficiency curves' argument)."""
-    measured = measured_attention(ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys)
-    if measured is not None:
-        return measured
-    _, _, compute_s, memory_s = attention_terms(
+    _, nbytes, compute_s, memory_s = attention_terms(
         ctx.with_tokens(tokens), group.owns_kv, decode, stats.keys, stats.kv_read, stats.tokens
     )
+    measured = measured_attention(
+        ctx, group.window, decode, stats.requests, stats.kv_read, stats.keys, nbytes
+    )
+    if measured is not None:
+        return measured
     return compute_s if compute_s > memory_s else memory_s
 
 
@@ -1249,11 +1260,13 @@ class PathAttention:
             if not requests:
                 continue
             layer_s = None
+            written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
+            nbytes = kv_read * kv_values * kvbytes + written + new_tokens * heads * head_dims * ACT_BYTES
             if table is not None:
                 layer_s = table.seconds(requests, _table_length(window, decode, requests, kv_read, keys))
+                if layer_s is not None and not decode:  # `measured_attention`'s floor
+                    layer_s = max(layer_s, nbytes / self.bandwidth)
             if layer_s is None:
-                written = new_tokens * kv_values * kvbytes if owns_kv else 0.0
-                nbytes = kv_read * kv_values * kvbytes + written + new_tokens * heads * head_dims * ACT_BYTES
                 compute_s, memory_s = flop_factor * keys / compute_d, nbytes / memory_d
                 layer_s = compute_s if compute_s > memory_s else memory_s
             totals[0 if decode else 1] += layer_s * layers

@@ -88,6 +88,26 @@ def test_measured_steps_are_the_tables_per_layer_sums(gpu):
         assert sum(op.time_s for op in kernels) == pytest.approx(expected, rel=0.05), (model.name, tp, batch)
 
 
+def test_a_short_chunk_over_a_long_cached_context_reads_all_of_it():
+    """Llama-3.1-8B on an H100: 16 prompt tokens over 60,000 cached ones read 60,016 tokens' KV (4 KiB a token a
+    layer, 7.9 GB in all), which the attention table's equivalent fresh prefill (~350 tokens: the same FLOPs) does
+    not: the layer takes at least its bytes at full HBM bandwidth. A 4K prompt with nothing cached keeps the
+    table's time. The step timer's fast path prices both the same to the bit."""
+    model, h100 = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
+    timer = StepTimer(model, h100, Parallelism(), MEASURED)
+    chunk = StepBatch.of(np.array([16]), np.array([60_000]))
+    cost = step_cost(chunk, model, h100, Parallelism(), MEASURED)
+    attention = cost.by_name("attention_prefill")
+    # per layer: 60,016 tokens' KV read and 16 written (4 KiB each), 16 tokens' queries and outputs (32 heads x 256)
+    read = 32 * ((60_016 + 16) * 4096 + 16 * 32 * 256 * 2)
+    assert attention.bound == "measured"
+    assert attention.time_s == pytest.approx(read / h100.memory_bytes_per_s, rel=1e-9)  # all 32 layers
+    assert timer(chunk) == cost.total_s
+    fresh = StepBatch.of(np.array([4096]), np.array([0]))
+    prompt = step_cost(fresh, model, h100, Parallelism(), MEASURED).by_name("attention_prefill")
+    assert prompt.time_s > prompt.bytes / h100.memory_bytes_per_s
+
+
 def test_without_tables_an_operator_keeps_its_roofline():
     model, h100 = get_model("deepseek-v2"), get_gpu("h100-sxm")
     step = StepBatch.of(np.ones(8, int), np.full(8, 500))
