@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
@@ -13,6 +14,9 @@ from servesim.hardware.errors import SpecError
 from servesim.hardware.spec_model import MAX_PARALLEL, MAX_REPLICAS
 from servesim.simulator.cli.app import app, clean_errors, console, print_json, print_table
 from servesim.simulator.planning.launch import COMMANDS
+
+if TYPE_CHECKING:
+    from servesim.simulator.planning.plan import Deployment
 
 SetOption = typer.Option([], "--set", help="Override a field: dotted.key=value; repeatable")
 
@@ -41,6 +45,11 @@ def _bools(text: str, option: str) -> list[bool]:
     if not values or any(value not in ("true", "false") for value in values):
         raise SpecError(f"{option} {text!r}: expected true and/or false, comma-separated")
     return [value == "true" for value in values]
+
+
+def _so_far(deployment: Deployment, text: str) -> str:
+    """A figure of the deployment's run, marked where the run stopped early (its requests so far)."""
+    return f"{text}*" if "stopped_at_s" in deployment.verdict.metrics and text else text
 
 
 def _cell(value: object) -> str:
@@ -311,23 +320,28 @@ def _print_plan(result) -> None:
     print_table(f"candidates at {result.target_rate_per_s:.2f} {result.unit}", columns, rows)
     pct = result.pct
     frontier = {d.label for d in result.pareto(f"{pct}_ttft_ms")}
+    deployments = sorted(result.deployments, key=lambda d: d.cost_per_hour_usd)
     rows = [
         [
             d.label,
             f"{d.cost_per_hour_usd:.2f}",
             _cell(d.cost_per_million_output_tokens_usd),
-            number_text(d.verdict.metrics[f"{pct}_ttft_ms"]),
-            number_text(d.verdict.metrics[f"{pct}_tpot_ms"]),
+            _so_far(d, number_text(d.verdict.metrics[f"{pct}_ttft_ms"])),
+            _so_far(d, number_text(d.verdict.metrics[f"{pct}_tpot_ms"])),
             "ok" if d.verdict.ok else ", ".join(d.verdict.reasons),
             "yes" if d.label in frontier else "",
         ]
-        for d in sorted(result.deployments, key=lambda d: d.cost_per_hour_usd)
+        for d in deployments
     ]
     print_table(
         "deployments simulated whole at the target rate",
         ["deployment", "$/h", "$/M output tokens", f"{pct} TTFT ms", f"{pct} TPOT ms", "verdict", "Pareto"],
         rows,
     )
+    if any("stopped_at_s" in d.verdict.metrics for d in deployments):
+        console.print(
+            "* the run stopped once it was certain to fail: latencies of its requests so far, not the whole run's"
+        )
     rec, nxt = result.recommendation, result.next_cheaper
     if rec is None:
         console.print("[bold red]no candidate meets the SLOs at the target rate[/]")

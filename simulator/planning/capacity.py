@@ -198,6 +198,8 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     arrivals = requests["arrival_s"].to_numpy(dtype=float)
     arrivals = arrivals[np.isfinite(arrivals)]
     metrics["arrival_span_s"] = float(arrivals.max() - arrivals.min()) if len(arrivals) else 0.0
+    if lost_at_s is not None:  # its latencies are those of the requests so far, not the whole run's
+        metrics["stopped_at_s"] = lost_at_s
     metrics |= {
         "ttft_first_third_ms": first_s * 1e3,
         "ttft_last_third_ms": last_s * 1e3,

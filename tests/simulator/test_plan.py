@@ -200,6 +200,10 @@ def test_plan_json_and_the_terminal_show_both_and_the_launch_commands(tmp_path):
         and not data["next_cheaper"]["verdict"]["ok"]
     )
     assert data["pareto_ttft"] and data["pareto_tpot"]
+    # a run stopped once it was certain to fail shows its figures as its requests' so far, marked
+    stopped = [d for d in data["deployments"] if "stopped_at_s" in d["verdict"]]
+    assert stopped and all(not d["verdict"]["ok"] for d in stopped)
+    assert "* the run stopped once it was certain to fail" in result.stdout
     assert (
         "recommendation: 2 x h100-sxm tp=1 (2 GPUs)" in result.stdout
         and "next cheaper: 1 x h100-sxm tp=1" in result.stdout
