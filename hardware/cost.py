@@ -690,9 +690,9 @@ def _table_length(window: int | None, decode: bool, requests: int, kv_read: int,
     mean KV tokens read, prefills of the causal length whose keys (as `causal_keys` counts them, window-capped) are
     the mean, which keeps a chunk's attention over its cached context.
 
-    `_prefill_read_floor`: that fresh prefill's time keeps the chunk's FLOPs, not its reads: a short chunk over a
-    long cached context reads all of it, so a prefill priced from the tables takes at least its bytes at the full
-    HBM bandwidth."""
+    That fresh prefill's time keeps the chunk's FLOPs, not its reads: a short chunk over a long cached context reads
+    all of it, so a prefill priced from the tables takes at least its bytes at the full HBM bandwidth
+    (`measured_attention`)."""
     if decode:
         return kv_read / requests
     mean = keys / requests
@@ -705,7 +705,7 @@ def measured_attention(
     ctx: _Ctx, window: int | None, decode: bool, requests: int, kv_read: int, keys: int, nbytes: float
 ) -> float | None:
     """One layer's attention from the kernel tables, or None; a prefill's at least its `nbytes` (`attention_terms`)
-    at the full HBM bandwidth (`_prefill_read_floor`)."""
+    at the full HBM bandwidth (`_table_length` says why)."""
     table = _attention_table(ctx, window, decode)
     if table is None:
         return None

@@ -755,7 +755,8 @@ def _choose(
     for _ in range(MAX_DOWNGRADES if rec else 0):
         # the recommendation with one replica fewer (sizing one replica alone can overstate the count), then the
         # most expensive deployment of any candidate under its cost: the first that passes is the new one
-        own = result.evaluations.index(rec.evaluation), rec.replicas - 1
+        # by identity: verifications made on worker processes hold copies of their candidates
+        own = next(i for (i, _), d in tried.items() if d is rec), rec.replicas - 1
         closest = _next_cheaper(result.evaluations, fits, rec.cost_per_hour_usd, max_replicas)
         nxt = None
         for cheaper in dict.fromkeys([own if own[1] >= 1 else None, closest]):

@@ -87,8 +87,8 @@ WAITING, RUNNING, FINISHED, REJECTED = range(4)
 ) = range(16)
 PI_FIELDS = 16
 # float parameters (`pf`)
-F_UNTIL, F_EMPTY_STEP, F_HEADS, F_KV_BYTES, F_ACT_BYTES, F_EAGER_FLOOR = range(6)
-PF_FIELDS = 6
+F_UNTIL, F_EMPTY_STEP, F_HEADS, F_KV_BYTES, F_ACT_BYTES, F_EAGER_FLOOR, F_BANDWIDTH = range(7)
+PF_FIELDS = 7
 
 # integer state (`si`)
 (
@@ -914,19 +914,21 @@ def _attention_s(e):
         if not requests:
             continue
         layer_s = np.nan
+        written = float(new_tokens * kv_values) * kv_bytes if e.paths_i[j, 1] else 0.0
+        nbytes = (
+            float(kv_read * kv_values) * kv_bytes
+            + written
+            + float(new_tokens) * heads * float(e.paths_i[j, 3]) * act
+        )
         table = e.paths_i[j, 4]
         if table >= 0:  # the kernel table's, at `_table_length` of a windowless path
             length = kv_read / requests if decode else (math.sqrt(1 + 8 * (keys / requests)) - 1) / 2
             layer_s = table_s(
                 e.table_axes[table], e.table_sizes[table], e.table_log_t[table], requests, length
             )
+            if not decode and not math.isnan(layer_s):  # `measured_attention`'s floor
+                layer_s = max(layer_s, nbytes / e.pf[F_BANDWIDTH])
         if math.isnan(layer_s):  # the roofline's
-            written = float(new_tokens * kv_values) * kv_bytes if e.paths_i[j, 1] else 0.0
-            nbytes = (
-                float(kv_read * kv_values) * kv_bytes
-                + written
-                + float(new_tokens) * heads * float(e.paths_i[j, 3]) * act
-            )
             compute_s = e.paths_f[j] * float(keys) / compute_d
             memory_s = nbytes / memory_d
             layer_s = compute_s if compute_s > memory_s else memory_s

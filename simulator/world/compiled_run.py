@@ -172,7 +172,7 @@ class _CompiledReplica:
         self.pf[ce.F_UNTIL] = until
         self.pf[ce.F_EMPTY_STEP] = self.replica.step_time(StepPlan((), (), (), ()))
         self.pf[ce.F_HEADS], self.pf[ce.F_KV_BYTES] = self.attention.heads, self.attention.kvbytes
-        self.pf[ce.F_ACT_BYTES] = ACT_BYTES
+        self.pf[ce.F_ACT_BYTES], self.pf[ce.F_BANDWIDTH] = ACT_BYTES, self.attention.bandwidth
         options = self.timer.options
         self.pf[ce.F_EAGER_FLOOR] = self.timer.eager_floor_s
         self.pi[ce.P_GRAPHED_TOKENS] = options.graph_sizes[-1] if options.graph_sizes else 0

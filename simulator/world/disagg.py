@@ -111,14 +111,17 @@ class Handoff:
             self._enter(req, target, lambda r: self._offer(r, source, target, None))
             return
         entered = self.env.event()
-        self._enter(req, target, lambda r: entered.succeed())
+        # the decode engine holds the request from now (an offer, then in flight): not counted twice
+        self._enter(req, target, lambda r: entered.succeed(), counted=False)
         self._offer(req, source, target, entered)
         target.scheduler.grant_offers()  # a push connector's layers leave as they are computed
 
-    def _enter(self, req: Request, target: Replica, then: Callable[[Request], None]) -> None:
-        """Pass `req` through `target`'s API server, then `then(req)`."""
+    def _enter(
+        self, req: Request, target: Replica, then: Callable[[Request], None], counted: bool = True
+    ) -> None:
+        """Pass `req` through `target`'s API server (`counted` among its outstanding there), then `then(req)`."""
         if self.frontend.active:
-            self.frontend.submit(req, target, then)
+            self.frontend.submit(req, target, then, counted)
         else:
             then(req)
 

@@ -40,23 +40,28 @@ class Frontend:
     def active(self) -> bool:
         return self.request_s > 0 or self.token_s > 0 or self.latency_s > 0
 
-    def submit(self, req: Request, target: Target, hand_over: Callable[[Request], None]) -> None:
-        """Queue `req` at `target`'s server; `hand_over(req)` once it is through."""
+    def submit(
+        self, req: Request, target: Target, hand_over: Callable[[Request], None], counted: bool = True
+    ) -> None:
+        """Queue `req` at `target`'s server; `hand_over(req)` once it is through. `counted`: it counts among the
+        target's `entering` (not where the target's engine already holds it)."""
         now = self.env.now
         served = self._served_s(req, id(target), now)
         self._free_at[id(target)] = served
         heapq.heappush(self._pending, served + self.latency_s)
-        target.entering += 1
+        target.entering += counted
         self.env.timeout(served + self.latency_s - now).callbacks.append(
-            lambda _: self._hand_over(req, target, hand_over)
+            lambda _: self._hand_over(req, target, hand_over, counted)
         )
 
     def service_s(self, req: Request) -> float:
         return self.request_s + self.token_s * req.num_prompt_tokens
 
-    def _hand_over(self, req: Request, target: Target, hand_over: Callable[[Request], None]) -> None:
+    def _hand_over(
+        self, req: Request, target: Target, hand_over: Callable[[Request], None], counted: bool
+    ) -> None:
         heapq.heappop(self._pending)  # handed over in time order: the earliest is this one's (or a tie's)
-        target.entering -= 1
+        target.entering -= counted
         hand_over(req)
 
     def _served_s(self, req: Request, target_id: int, now: float) -> float:

@@ -240,6 +240,7 @@ class Pipeline:
             _itl(last),
             self.scenario.slo.as_ms(),
             stop_s=self.scenario.stop.max_sim_time_s,
+            start_s=0.0,  # the clients start sending at 0
         )
         for stage in self.stages:
             summary |= self._stage_summary(stage, steps)

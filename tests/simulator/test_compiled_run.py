@@ -62,6 +62,19 @@ def test_the_azure_trace_runs_as_in_simpy(async_scheduling, profile):
     assert_same_run(simpy_run, compiled_run)
 
 
+def test_a_tables_chunk_over_a_long_context_reads_it_all_as_in_simpy():
+    """With the measured profile, a 61,456-token prompt in 2,048-token chunks ends with 16 tokens over 61,440 cached:
+    the tables' time for that chunk is floored at its KV reads at full bandwidth, compiled as in SimPy."""
+    s = with_profile(
+        with_engine(scenario(), max_model_len=65536, max_num_batched_tokens=2048, prefix_caching="none"),
+        "measured",
+    )
+    simpy_run, compiled_run = both(s, [(0, 0.0, 61_456, 2)])
+    tail = simpy_run.steps[simpy_run.steps["prefill_tokens"] == 16]
+    assert len(tail) == 1
+    assert_same_run(simpy_run, compiled_run)
+
+
 @pytest.mark.parametrize("prefix_caching", ["none", "vllm"])
 def test_a_small_pool_preempts_and_refuses_as_in_simpy(prefix_caching):
     """With vLLM's prefix cache a preempted request comes back to the blocks it left, where nothing took them."""

@@ -167,6 +167,36 @@ def test_the_proxy_sends_the_request_through_the_decode_instances_api_server(tmp
     assert req["first_token_s"] == first_decode["time_s"]
 
 
+def test_a_streamed_request_counts_once_on_its_decode_replica_while_in_its_api_server(tmp_path):
+    """Streamed, the decode engine reserves for the request at the prefill's end while the request is still in that
+    instance's API server: the decode router counts it once, not in both."""
+    from servesim.simulator.world.run import World
+
+    (tmp_path / "trace.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n0.0,1000,5,,\n"
+    )
+    s = scenario(
+        model="llama-3.1-8b",
+        hardware={"gpu": "h100-sxm", "profile": _api_profile(tmp_path)},
+        engine={"max_model_len": 8192},
+        disaggregation={
+            "prefill": {"replicas": 1},
+            "decode": {"replicas": 1},
+            "transfer": {"link": "ib-ndr-400", "streaming": True},
+        },
+        workload={
+            "trace": {"format": "servesim", "path": "trace.csv"},
+            "arrivals": {"kind": "trace"},
+            "num_requests": 1,
+        },
+    )
+    prefill_end = World(s, tmp_path).run().steps.query("replica == 0")["time_s"].iloc[0]
+    world = World(s, tmp_path)
+    world.env.run(until=prefill_end + 0.003)  # inside its 7 ms at the decode instance's API server
+    decode = world.pools[1].replicas[0]
+    assert decode.entering == 0 and decode.num_outstanding == 1
+
+
 def test_the_decode_side_hits_its_own_prefix_cache_and_is_sent_only_the_rest(tmp_path):
     """Two prompts share 3000 tokens: the second finds 187 full blocks (2992 tokens) of them cached on the decode
     replica, as vLLM's scheduler asks its local cache before the connector, and only its other 1008 tokens move."""

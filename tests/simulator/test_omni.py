@@ -94,6 +94,16 @@ def test_stage_lengths_follow_the_ratios_and_every_request_completes():
     assert s["stage_talker_transfer_bytes"] > 0 and s["stage_codec_transfer_bytes"] == 0
 
 
+def test_a_paced_pipelines_duration_runs_from_the_clients_start():
+    """Paced arrivals (vllm bench serve's): the first request leaves after its own gap, and the throughputs divide
+    by the span from t = 0, as a single engine's run counts it."""
+    s = pipeline(num_requests=8)
+    arrivals = s.workload.arrivals.model_copy(update={"paced": True})
+    result = run(s.model_copy(update={"workload": s.workload.model_copy(update={"arrivals": arrivals})}))
+    df, summary = result.requests, result.summary
+    assert df["arrival_s"].min() > 0 and summary["duration_s"] == df["finish_s"].max()
+
+
 def test_the_memory_plan_reports_each_stages_pinned_output_cache(tmp_path):
     result = run(pipeline(num_requests=2))
     memory = result.memory.as_dict()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import signal
 
 import pytest
@@ -387,6 +388,14 @@ def test_the_recommendation_is_tried_with_one_replica_fewer_before_any_other_che
         )
 
     monkeypatch.setattr(planner, "verify", verify)
+    for ev in (a, b):  # a NaN figure: a worker's copy of the candidate is never == the planner's own
+        ev.capacity = CapacityResult(1.0, 1, [Verdict(1.0, (), (), {"p90_tpot_ms": float("nan")})])
+    copies = {id(ev): pickle.loads(pickle.dumps(ev)) for ev in (a, b)}  # as from a worker process
+    monkeypatch.setattr(
+        planner,
+        "verify",
+        lambda base, base_dir, ev, replicas, rate: verify(base, base_dir, copies[id(ev)], replicas, rate),
+    )
     result = PlanResult(10.0, [a, b], [], None, None)
     planner._choose(result, None, None, max_replicas=16)
     assert result.recommendation.label == "2 x b tp=1"
