@@ -236,34 +236,23 @@ def _unlink(e, b):
 
 
 @helper
-def _release(e, b):
-    """One user fewer: at none, `b` joins the back of the free queue with its contents."""
+def _release(e, b, front):
+    """One user fewer: at none, `b` joins the free queue with its contents: at the back, or at the `front` where it
+    holds no hash (spent first)."""
     e.blocks[b, REFS] -= 1
     if e.blocks[b, REFS]:
         return
-    tail = e.si[S_QUEUE_TAIL]
-    e.blocks[b, PREV], e.blocks[b, NEXT] = tail, -1
-    if tail >= 0:
-        e.blocks[tail, NEXT] = b
+    # at the back b's PREV is the old tail and the old tail's NEXT is b; at the front the same, mirrored
+    end, other_end, to_queue, to_b = (
+        (S_QUEUE_HEAD, S_QUEUE_TAIL, NEXT, PREV) if front else (S_QUEUE_TAIL, S_QUEUE_HEAD, PREV, NEXT)
+    )
+    neighbour = e.si[end]
+    e.blocks[b, to_queue], e.blocks[b, to_b] = neighbour, -1
+    if neighbour >= 0:
+        e.blocks[neighbour, to_b] = b
     else:
-        e.si[S_QUEUE_HEAD] = b
-    e.si[S_QUEUE_TAIL] = b
-    e.si[S_FREE] += 1
-
-
-@helper
-def _release_to_front(e, b):
-    """One user fewer: at none, `b`, which holds no hash, joins the front of the free queue (spent first)."""
-    e.blocks[b, REFS] -= 1
-    if e.blocks[b, REFS]:
-        return
-    head = e.si[S_QUEUE_HEAD]
-    e.blocks[b, PREV], e.blocks[b, NEXT] = -1, head
-    if head >= 0:
-        e.blocks[head, PREV] = b
-    else:
-        e.si[S_QUEUE_TAIL] = b
-    e.si[S_QUEUE_HEAD] = b
+        e.si[other_end] = b
+    e.si[end] = b
     e.si[S_FREE] += 1
 
 
@@ -349,9 +338,9 @@ def free_table(e, r):
     e.ri[r, CACHED_N] = 0
     full = min(e.ri[r, COMPUTED] // e.pi[P_BLOCK_SIZE], held)
     for index in range(full, held):  # no hash: to the front, the tail first in the queue
-        _release_to_front(e, e.tables[base + index])
+        _release(e, e.tables[base + index], True)
     for index in range(full - 1, -1, -1):
-        _release(e, e.tables[base + index])
+        _release(e, e.tables[base + index], False)
     e.ri[r, HELD] = 0
 
 
