@@ -108,22 +108,13 @@ class Handoff:
         target = self.route_decode(req)
         req.extra["prefill_replica"], req.replica = source.index, target.index
         if not self.cfg.streaming:
-            self._enter(req, target, lambda r: self._offer(r, source, target, None))
+            self.frontend.submit(req, target, lambda r: self._offer(r, source, target, None))
             return
         entered = self.env.event()
         # the decode engine holds the request from now (an offer, then in flight): not counted twice
-        self._enter(req, target, lambda r: entered.succeed(), counted=False)
+        self.frontend.submit(req, target, lambda r: entered.succeed(), counted=False)
         self._offer(req, source, target, entered)
         target.scheduler.grant_offers()  # a push connector's layers leave as they are computed
-
-    def _enter(
-        self, req: Request, target: Replica, then: Callable[[Request], None], counted: bool = True
-    ) -> None:
-        """Pass `req` through `target`'s API server (`counted` among its outstanding there), then `then(req)`."""
-        if self.frontend.active:
-            self.frontend.submit(req, target, then, counted)
-        else:
-            then(req)
 
     def _offer(self, req: Request, source: Replica, target: Replica, entered: simpy.Event | None) -> None:
         scheduler: DecodeScheduler = target.scheduler

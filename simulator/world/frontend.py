@@ -43,8 +43,12 @@ class Frontend:
     def submit(
         self, req: Request, target: Target, hand_over: Callable[[Request], None], counted: bool = True
     ) -> None:
-        """Queue `req` at `target`'s server; `hand_over(req)` once it is through. `counted`: it counts among the
-        target's `entering` (not where the target's engine already holds it)."""
+        """Queue `req` at `target`'s server; `hand_over(req)` once it is through (at once where no server is
+        priced). `counted`: it counts among the target's `entering` (not where the target's engine already holds
+        it)."""
+        if not self.active:
+            hand_over(req)
+            return
         now = self.env.now
         served = self._served_s(req, id(target), now)
         self._free_at[id(target)] = served

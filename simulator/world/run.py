@@ -294,10 +294,7 @@ class World:
             return
         req.served_by = "engine"
         target = self.router.route(req)
-        if self.frontend.active:
-            self.frontend.submit(req, target, target.submit)
-        else:
-            target.submit(req)
+        self.frontend.submit(req, target, target.submit)
 
     def _rejection(self, req: Request) -> str | None:
         """The first pool's reason to refuse `req`, or None."""
