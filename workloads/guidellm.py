@@ -27,6 +27,7 @@ class GuidellmBenchmark:
     total: int  # successful requests the benchmark made, sampled or not
     errored: int
     duration_s: float
+    incomplete: int = 0  # requests cancelled in flight at the benchmark's end (--max-seconds)
 
     @property
     def sampled(self) -> bool:
@@ -102,6 +103,7 @@ def read_guidellm(path: Path) -> list[GuidellmBenchmark]:
             metrics.get("request_totals") if isinstance(metrics, dict) else None
         )
         totals = {k: v for k, v in (totals or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
+        cut = requests.get("incomplete") if isinstance(requests, dict) else None
         read.append(
             GuidellmBenchmark(
                 source,
@@ -110,6 +112,7 @@ def read_guidellm(path: Path) -> list[GuidellmBenchmark]:
                 max(totals.get("successful", 0), len(successful)),
                 totals.get("errored", 0),
                 _duration(benchmark, source),
+                max(totals.get("incomplete", 0), len(cut) if isinstance(cut, list) else 0),
             )
         )
     return read

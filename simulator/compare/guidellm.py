@@ -71,6 +71,12 @@ def guidellm_results(path: Path) -> list[tuple[str, dict[str, Any], dict[str, An
             raise SpecError(
                 f"{b.source}: {b.errored} request(s) failed, and the figures cover only the others"
             )
+        if b.incomplete:
+            raise SpecError(
+                f"{b.source}: {b.incomplete} request(s) were cut off in flight (request_totals.incomplete: a "
+                "time limit ended the benchmark), and its duration counts the time they held; a replay of the "
+                "completed ones would overstate its throughput"
+            )
         lengths = {
             key: [int(n) for n in b.column(field)]
             for key, field in (("input_lens", "prompt_tokens"), ("output_lens", "output_tokens"))

@@ -575,6 +575,12 @@ def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[Measured
             raise SpecError(
                 f"{source}: a run against backend {backend!r}; only SGLang servers' runs replay from this file"
             )
+        accept = data.get("accept_length")
+        if isinstance(accept, (int, float)) and not isinstance(accept, bool):
+            raise SpecError(
+                f"{source}: the server ran speculative decoding (accept_length {accept:g}), which servesim does "
+                "not model under SGLang; a replay without it would not be this run"
+            )
         load, ratio = (
             {"num_prompts": data["completed"], "engine": SGLANG.name},
             data.get("random_range_ratio"),

@@ -152,6 +152,14 @@ def test_a_sampled_report_stands_for_all_its_requests_and_says_so(tmp_path):
     [
         (lambda b: b["metrics"]["request_totals"].update(errored=3), "benchmark 0: 3 request(s) failed"),
         (
+            lambda b: b["metrics"]["request_totals"].update(incomplete=2),
+            "benchmark 0: 2 request(s) were cut off in flight",
+        ),
+        (
+            lambda b: b["requests"].update(incomplete=[{"prompt_tokens": 100}]),
+            "benchmark 0: 1 request(s) were cut off in flight",
+        ),
+        (
             lambda b: b["config"]["strategy"].update(type_="sweep"),
             "strategy 'sweep' is not one of synchronous,",
         ),

@@ -1187,6 +1187,11 @@ def test_an_sglang_result_against_another_server_or_garbled_is_one_line(tmp_path
     path.write_text(_sglang_line(backend="vllm") + "\n")
     with pytest.raises(SpecError, match=r"other.jsonl:1: a run against backend 'vllm'"):
         runs_from_sglang_results(path, setup)
+    path.write_text(_sglang_line(accept_length=None) + "\n" + _sglang_line(accept_length=2.6) + "\n")
+    with pytest.raises(
+        SpecError, match=r"other.jsonl:2: the server ran speculative decoding \(accept_length 2.6\)"
+    ):
+        runs_from_sglang_results(path, setup)
     path.write_text(_sglang_line() + "\n{not json\n")
     with pytest.raises(SpecError, match=r"other.jsonl:2: not a JSON line"):
         runs_from_sglang_results(path, setup)
