@@ -420,6 +420,16 @@ class EngineConfig(SpecModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) < max_num_seqs ({self.max_num_seqs}): "
                 "each running request takes a token a step"
             )
+        if (
+            self.max_num_batched_tokens is not None
+            and self.enable_chunked_prefill
+            and scheduler.rounds_chunks_to_blocks
+            and self.max_num_batched_tokens < self.block_size
+        ):
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) < block_size ({self.block_size}): "
+                f"{self.scheduler} chunks prompts in whole blocks, so none would ever run"
+            )
         if self.speculative is not None and not scheduler.speculates:
             raise ValueError(
                 f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "

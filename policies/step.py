@@ -162,6 +162,7 @@ class Scheduler(Protocol):
     pipelined: bool  # runs its steps as a pipeline of micro-batches, each committed on its own
     reads_at_intervals: bool  # honours engine.scheduler_recv_interval (SGLang's recv skipper)
     waits_to_batch: bool  # honours engine.batch_wait_* (TensorRT-LLM holds prompts back for a fuller batch)
+    rounds_chunks_to_blocks: bool  # a chunk the budget cuts runs whole blocks (TensorRT-LLM's chunk unit)
     holds_finished: bool  # finished requests keep their blocks until `release_retired` (async scheduling)
     finishes_fuse: bool  # a fused decode stretch may run through requests finishing
     decode_tokens_in_flight: int  # decode tokens scheduled but not yet committed (async scheduling)
@@ -218,6 +219,7 @@ class SchedulerDefaults:
     pipelined = False
     reads_at_intervals = False
     waits_to_batch = False
+    rounds_chunks_to_blocks = False
     holds_finished = False
     finishes_fuse = True
     decode_tokens_in_flight = 0

@@ -59,6 +59,9 @@ class TokenBudgetScheduler(SchedulerDefaults):
     speculates = True
     batch_queue = True
     supports_prefix_caching = True
+    # the token budget charges a prompt's prefix-cache hit as well (TensorRT-LLM finds hits only after it
+    # schedules); vLLM charges only the tokens it computes
+    budget_counts_hits = False
 
     def __init__(
         self, kv: BlockManager, cfg: EngineConfig, order: OrderKey, log: TokenLog, host_blocks: int = 0
@@ -332,8 +335,9 @@ class TokenBudgetScheduler(SchedulerDefaults):
     def prefill_chunk(self, pending: int, num_decodes: int) -> tuple[int, int]:
         """The tokens a prefill with `pending` to go gets in a step whose `num_decodes` decodes came first, and the
         budget left for admissions."""
-        n = min(self._capped(pending), self.budget - num_decodes)
-        return n, self.budget - num_decodes - n
+        want, room = self._capped(pending), self.budget - num_decodes
+        n = want if want <= room else self._cut_chunk(room)
+        return n, room - n
 
     # ---- the three passes ---------------------------------------------------------------------
     def _schedule_running(self, step: PlanBuilder) -> None:
@@ -365,7 +369,9 @@ class TokenBudgetScheduler(SchedulerDefaults):
                 else self._capped(pending)
             )
             n = want if want < step.budget else step.budget
-            if n < pending and not self.chunked:
+            if n < want:
+                n = self._cut_chunk(n)
+            if not n or (n < pending and not self.chunked):
                 i += 1
                 continue
             self._cursor = i  # preemptions before it shift it left
@@ -433,10 +439,14 @@ class TokenBudgetScheduler(SchedulerDefaults):
             if self._defers(req, hit):
                 deferred.append(self._waiting.pop())
                 continue
-            n = self._capped(req.num_tokens - hit)
-            if n > step.budget and not self.chunked:
+            uncached = req.num_tokens - hit
+            counted = self._capped(req.num_tokens if self.budget_counts_hits else uncached)
+            if counted > step.budget and not self.chunked:
                 break
-            n = min(n, step.budget)
+            charged = self._cut_chunk(step.budget) if counted > step.budget else counted
+            n = min(charged, uncached)
+            if not n:
+                break
             req.num_computed_tokens = hit
             room = self._room_for(req, n)
             if room is None:
@@ -449,8 +459,14 @@ class TokenBudgetScheduler(SchedulerDefaults):
             req.phase = Phase.RUNNING
             self.running.append(req)
             step.add(req, n)
+            step.budget -= charged - n
         for req in deferred:
             self._waiting.push(req)
+
+    def _cut_chunk(self, n: int) -> int:
+        """The tokens a prefill the budget cuts to `n` runs (`rounds_chunks_to_blocks`: whole blocks; 0 makes no
+        progress this step)."""
+        return n - n % self.kv.block_size if self.rounds_chunks_to_blocks else n
 
     def _defers(self, req: Request, hit: int) -> bool:
         """Whether the request at the head of the queue sits this step out for a later one (TensorRT-LLM's)."""

@@ -7,8 +7,9 @@ Each iteration (tensorrt_llm/_torch/pyexecutor: the capacity scheduler, then the
    that does not fit, or whose prompt does not fit the token budget left, stops admission (head of line);
 3. nobody is ever paused or evicted: blocks are reserved by that count, not allocated, so a decode always
    finds its block, and the pool's usage shows what is held.
-Prompts run whole (chunked prefill is off by default; a prompt over max_num_tokens is refused at arrival);
-the overlap scheduler (on by default) plans each step while the one before runs, as vLLM's async scheduling.
+Prompts run whole (chunked prefill is off by default; a prompt over max_num_tokens is refused at arrival; with it
+on, a chunk the budget cuts is rounded down to a block's tokens); a prompt counts against the budget whole, its
+prefix hit too (1.0-1.2 find hits once its KV is allocated, after the budget is spent); the overlap scheduler (on by default) plans each step while the one before runs, as vLLM's async scheduling.
 Requests reserve their prompt plus output length (max_tokens equal to it, as a fixed-length benchmark sends; one
 token more than the KV they write: getRemainingBlocksToCompletion), and the count ignores prefix hits
 (enable_block_reuse on by default: hits save compute, not reservation; cached blocks sitting free count as free).
@@ -43,6 +44,12 @@ class TrtllmScheduler(TokenBudgetScheduler):
     _to_take: int | None = None
     # hashes of the blocks the prompts admitted this plan compute: not reusable before the step ends
     _contributed: set[int] | frozenset[int] = frozenset()
+
+    # MicroBatchScheduler finds prefix hits only when the KV is allocated, after it has counted the prompt whole
+    # (TensorRT-LLM 1.0-1.2; 1.3 credits reusable tokens)
+    budget_counts_hits = True
+    # setCtxRequestsChunkSize (first come first served) rounds a cut chunk down to the chunk unit, tokens_per_block
+    rounds_chunks_to_blocks = True
 
     def _whole_blocks(self, total_tokens: int) -> int:
         """Blocks a sequence of `total_tokens` holds at its longest, in every KV cache group."""
@@ -115,7 +122,9 @@ class TrtllmScheduler(TokenBudgetScheduler):
             n = self._capped(req.num_tokens)
             if n > budget and not self.chunked:
                 break
-            n = min(n, budget)
+            n = self._cut_chunk(budget) if n > budget else n
+            if not n:
+                break
             room -= self._reserved(req)
             if room < 0:
                 break

@@ -340,3 +340,68 @@ def test_batch_waiting_runs_the_same_stepped_and_fused(seed, timeout, ratio):
         s, base = load_scenario(QUICKSTART, [*overrides, f"simulation.fast_forward={fused}"])
         tables.append(simulate(s, base).requests)
     pd.testing.assert_frame_equal(tables[0], tables[1], check_exact=True)
+
+
+def _sharing_prefix(n: int, budget: int, scheduler: str = "trtllm"):
+    """A scheduler whose pool holds a cached 1,024-token prefix, and `n` waiting 1,088-token prompts sharing it."""
+    sched, _ = make_scheduler(
+        scheduler,
+        num_blocks=4000,
+        block_size=32,
+        max_num_batched_tokens=budget,
+        enable_chunked_prefill=False,
+        prefix_caching="vllm",
+    )
+    first = Request(0, 0.0, 1024, 1, prompt_segments=((7, 1024),))
+    sched.add(first, 0.0)
+    sched.commit(sched.schedule(0.0), 1.0)
+    for i in range(1, n + 1):
+        sched.add(Request(i, 1.0, 1088, 8, prompt_segments=((7, 1024), (100 + i, 64))), 1.0)
+    return sched
+
+
+def test_a_prompts_prefix_hit_still_counts_against_the_token_budget():
+    """TensorRT-LLM 1.0-1.2's MicroBatchScheduler counts a prompt whole (getNumTokens) and finds its prefix hit
+    only when the KV is allocated: at max_num_tokens 2,048, 1,088-token prompts whose 1,024-token prefix is
+    cached go in one a step (each computing 64 tokens), where vLLM, charging the 64, takes all eight."""
+    sched = _sharing_prefix(8, 2048)
+    assert scheduled(step(sched, 1.0)) == [(1, 64)]
+    assert scheduled(step(sched, 2.0)) == [(1, 1), (2, 64)]  # 1 + 1,088 fits; a second 1,088 does not
+    vllm = _sharing_prefix(8, 2048, "vllm")
+    assert scheduled(step(vllm, 1.0)) == [(i, 64) for i in range(1, 9)]
+
+
+def test_a_chunk_the_budget_cuts_is_whole_blocks():
+    """With chunked prefill, a context chunk cut by the budget is rounded down to tokens_per_block (32): a
+    200-token prompt under max_num_tokens 100 runs 96, 96, then its last 8 whole; vLLM runs 100, 100."""
+    trt, _ = make_scheduler(
+        "trtllm", num_blocks=100, block_size=32, max_num_batched_tokens=100, enable_chunked_prefill=True
+    )
+    steps = drive(trt, make_requests([200], [2]))
+    assert [s.num_new for s in steps[:3]] == [[96], [96], [8]]
+    vllm, _ = make_scheduler(
+        "vllm", num_blocks=100, block_size=32, max_num_batched_tokens=100, max_num_seqs=8
+    )
+    assert [s.num_new for s in drive(vllm, make_requests([200], [2]))[:2]] == [[100], [100]]
+
+
+def test_a_budget_left_under_a_block_admits_no_chunk():
+    """Ten 4-token prompts fill a 40-token budget; as they decode, the 30 tokens left are under a block of 32, so
+    a 100-token prompt behind them gets no chunk until they finish (vLLM would feed it 30 a step)."""
+    sched, _ = make_scheduler(
+        "trtllm", num_blocks=200, block_size=32, max_num_batched_tokens=40, enable_chunked_prefill=True
+    )
+    decoders = make_requests([4] * 10, [3] * 10)
+    late = Request(10, 0.0, 100, 2)
+    steps = drive(sched, [*decoders, late], arrivals=[0.0] * 10 + [0.5])
+    first = next(i for i, s in enumerate(steps) if 10 in s.batch)
+    assert all(len(s.batch) == 10 for s in steps[1:first])
+    assert all(r.finish_s is not None and r.finish_s <= first + 1 for r in decoders)
+    assert steps[first].num_new[steps[first].batch.index(10)] == 32
+
+
+def test_chunks_in_blocks_need_a_budget_of_a_block():
+    with pytest.raises(ValueError, match=r"max_num_batched_tokens \(16\) < block_size \(32\): trtllm chunks"):
+        EngineConfig(
+            scheduler="trtllm", block_size=32, max_num_batched_tokens=16, enable_chunked_prefill=True
+        )
