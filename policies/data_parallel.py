@@ -211,6 +211,6 @@ def merge(parts: list[StepPlan]) -> StepPlan:
         swap_in_blocks=sum(part.swap_in_blocks for part in parts),
         rank_swap_blocks=max(part.swap_in_blocks + part.swap_out_blocks for part in parts) if parts else 0,
         num_draft=joined("num_draft", 0),
-        draft_context=joined("draft_context", -1),
+        fed_to_draft=joined("fed_to_draft", False),
         rank=tuple(chain.from_iterable((index,) * len(part.requests) for index, part in enumerate(parts))),
     )

@@ -2,14 +2,19 @@
 
 Step time: the target's verify pass is the step's own batch (a decoding request's 1 + k tokens are
 priced as a small prefill over its context, reading the weights once). On top, in a step that
-drafts, the draft runs `max(k)` forward passes (`draft_batches`):
-- pass 0 brings the draft model's KV cache level with the target (the last sampled token; the whole
-  chunk for a request in prefill) and proposes guess 1; a request that ran in a step without drafting
-  speculates no more (`Speculator.stop`), so nothing is caught up wholesale;
-- pass j (1 <= j < k) feeds guess j of every request guessing more than j, proposing guess j + 1.
+drafts, the drafter runs k forward passes (`draft_batches`), as vLLM's proposer does
+(v1/spec_decode/eagle.py `propose`, which its draft-model proposer shares):
+- pass 0 over every token the target computed this step for the requests that speculate (a verifying
+  decode's 1 + k, a prompt's chunk), so the drafter's KV always keeps level with the target's;
+- passes 1 .. k - 1 over one token per such request, proposing guesses 2 .. k (a request mid-prefill is
+  fed too; its guesses are dropped). A request that ran in a step without drafting speculates no more
+  (`Speculator.stop`).
 A `draft` model's passes are priced by the cost model for that model (same GPU, parallelism, profile
-and dtypes); an `eagle` / `mtp` head's pass costs `head_cost_fraction` of the target's over the same
-tokens; `ngram` costs `ngram_lookup_s` of CPU time in a step that drafts.
+and dtypes); an `eagle` / `mtp` head's as one decoder layer of the target (the last one's kind) with
+its input projection (EAGLE's fc, MTP's eh_proj: 2h x h) and the target's embedding and LM head, or at
+`head_cost_fraction` of the target's pass where a profile sets it; `ngram` costs `ngram_lookup_s` of
+CPU time in a step that drafts. The host's per-step and per-request time (scheduling, sampling) counts
+once, in the target's step, not per draft pass.
 
 Memory (`with_draft_memory`): the draft's weights are added to the weights (a head's as one target
 layer), and its KV bytes per token to the target's, so one block holds both models' KV for its
@@ -43,38 +48,21 @@ from servesim.policies.spec_decode import SpeculativeConfig
 from servesim.policies.step import StepPlan
 
 
-def draft_batches(plan: StepPlan) -> list[StepBatch]:
-    """The draft model's forward passes in `plan` (none when no draft model runs in it), each request on its DP
-    rank."""
-    if not plan.draft_context:
+def draft_batches(plan: StepPlan, k: int) -> list[StepBatch]:
+    """The drafter's `k` forward passes in `plan` (none when no drafter runs in it), each request on its DP rank."""
+    if not plan.fed_to_draft:
         return []
     n = len(plan.requests)
-    drafts = np.fromiter(plan.num_draft, np.int64, n)
-    context = np.fromiter(plan.num_context, np.int64, n)
-    target_new = np.fromiter(plan.num_new, np.int64, n) - drafts  # 1 for a guessing request
-    draft_context = np.fromiter(plan.draft_context, np.int64, n)
-    seen = draft_context >= 0  # requests that stopped speculating (-1) are not fed to the draft model
-    if not seen.any():
+    fed = np.fromiter(plan.fed_to_draft, bool, n)  # requests that stopped speculating are not fed
+    if not fed.any():
         return []
-    rank = np.fromiter(plan.rank, np.int64, n) if plan.rank else None  # DP attention: each request's rank
-    batches = [
-        StepBatch(
-            (context + target_new - draft_context)[seen],
-            draft_context[seen],
-            (drafts > 0)[seen],
-            None if rank is None else rank[seen],
-        )
-    ]
-    for j in range(1, int(drafts.max(initial=0))):
-        more = drafts > j
-        batches.append(
-            StepBatch(
-                np.ones(int(more.sum()), np.int64),
-                context[more] + j,
-                np.ones(int(more.sum()), bool),
-                None if rank is None else rank[more],
-            )
-        )
+    new = np.fromiter(plan.num_new, np.int64, n)[fed]
+    context = np.fromiter(plan.num_context, np.int64, n)[fed]
+    rank = np.fromiter(plan.rank, np.int64, n)[fed] if plan.rank else None  # DP attention: each one's rank
+    logits = np.ones(len(new), bool)  # one proposal per request a pass
+    batches = [StepBatch(new, context, logits, rank)]
+    ones = np.ones(len(new), np.int64)
+    batches += [StepBatch(ones, context + new + j - 1, logits, rank) for j in range(1, k)]
     return batches
 
 
@@ -84,14 +72,31 @@ def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[S
         return None
     if spec.method == "ngram":
         return lambda plan: spec.ngram_lookup_s if any(plan.num_draft) else 0.0
+    gpu, par, options, k = target.gpu, target.parallelism, target.options, spec.k
+    if spec.method != "draft" and spec.head_cost_fraction is not None:
+        fraction = spec.head_cost_fraction
+        return lambda plan: fraction * sum(target(batch) for batch in draft_batches(plan, k))
+    profile = target.profile.model_copy(update={"host_step_s": 0.0, "host_request_s": 0.0})
     if spec.method == "draft":
-        gpu, par, profile, options = target.gpu, target.parallelism, target.profile, target.options
         draft = get_model(spec.draft_model)
         options = replace(options, weight_dtype=draft_weight_dtype(draft, options.weight_dtype))
-        timer = StepTimer(draft, gpu, par, profile, options)
-        return lambda plan: sum(timer(batch) for batch in draft_batches(plan))
-    fraction = spec.head_cost_fraction
-    return lambda plan: fraction * sum(target(batch) for batch in draft_batches(plan))
+    else:
+        draft = head_model(target.model)
+    timer = StepTimer(draft, gpu, par, profile, options)
+    return lambda plan: sum(timer(batch) for batch in draft_batches(plan, k))
+
+
+def head_model(model: ModelSpec) -> ModelSpec:
+    """An EAGLE / MTP head as the cost model prices it: one decoder layer of the target (its last one's kind) and
+    an input projection of [embedding; hidden state] (2h x h), sharing the target's embedding and LM head."""
+    h = model.hidden_size
+    layer = replace(model.layers[-1], index=0, kv_source=0)
+    return replace(
+        model,
+        name=f"{model.name} head",
+        layers=(layer,),
+        extra_linear_params=model.extra_linear_params + 2 * h * h,
+    )
 
 
 def draft_weight_dtype(draft: ModelSpec, target_dtype: str) -> str:

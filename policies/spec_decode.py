@@ -14,9 +14,9 @@ per request seeded by (run seed, request id): a request sees the same draws what
 with, and the same scenario and seed give identical runs.
 
 Draft kinds (`method`): `draft`, a smaller model with its own weights and KV cache, priced by the
-cost model; `eagle` / `mtp`, heads on the target (EAGLE, Medusa, DeepSeek-V3's MTP module) whose
-forward pass costs `head_cost_fraction` of the target's over the same tokens; `ngram`, prompt
-lookup on the CPU (`ngram_lookup_s` per step), no model and no KV.
+cost model; `eagle` / `mtp`, heads on the target (EAGLE, Medusa, DeepSeek-V3's MTP module), priced as
+one decoder layer of the target (policies/spec_cost.py); `ngram`, prompt lookup on the CPU
+(`ngram_lookup_s` per step), no model and no KV.
 """
 
 from __future__ import annotations
@@ -57,12 +57,13 @@ class SpeculativeConfig(SpecModel):
         description=("Per-token acceptance rate alpha in [0, 1], or {kind: beta, a, b} drawn per request")
     )
     draft_model: str | None = Field(None, description="method draft: model preset name or config.json path")
-    head_cost_fraction: float = Field(
-        0.1,
+    head_cost_fraction: float | None = Field(
+        None,
         gt=0,
         le=1,
         description=(
-            "eagle / mtp: one head forward pass costs this fraction of the target's over the same tokens"
+            "eagle / mtp: one head forward pass costs this fraction of the target's over the same tokens (None: "
+            "priced as one decoder layer of the target with its input projection and the LM head)"
         ),
     )
     ngram_lookup_s: float = Field(
@@ -114,7 +115,7 @@ def speedup(alpha: float, k: int, c: float) -> float:
 
 class Speculator:
     """One engine's speculative state: whether a step drafts, how many tokens a request drafts and has
-    accepted, and how far the draft model's KV cache has got for each request."""
+    accepted, and which requests speculate no more."""
 
     def __init__(self, cfg: SpeculativeConfig, seed: int = 0):
         self.cfg, self.seed = cfg, seed
@@ -123,7 +124,6 @@ class Speculator:
         # the proposals a draft model or EAGLE/MTP head writes next (n-gram proposals need none)
         self.lookahead = cfg.k if self.runs_draft_model else 0
         self._rng: dict[int, tuple[np.random.Generator, float]] = {}  # request id -> (its draws, its alpha)
-        self._draft_len: dict[int, int] = {}  # request id -> tokens in the draft model's KV cache
         self._stopped: set[int] = set()  # requests that ran in a step without drafting: they draft no more
 
     def is_on(self, running: list[Request]) -> bool:
@@ -152,10 +152,6 @@ class Speculator:
         pass over everything they computed meanwhile)."""
         self._stopped.update(req.id for req in requests)
 
-    def restart(self, req: Request) -> None:
-        """A recompute preemption dropped `req`'s KV, the draft model's with it: it starts over."""
-        self._draft_len.pop(req.id, None)
-
     def accept(self, req: Request, num_drafts: int) -> int:
         """Guesses the target accepts this round: leading Bernoulli(alpha) successes, at most `num_drafts`.
 
@@ -182,24 +178,6 @@ class Speculator:
             hit = self._rng[req.id] = (rng, alpha)
         return hit
 
-    # ---- the draft model's KV cache ----------------------------------------------------------------
-    def draft_context(self, req: Request) -> int:
-        """Tokens of `req` in the draft model's KV before this step (never more than the target holds: a
-        recompute after preemption starts both over). A request first seen here starts level with the target,
-        whose prefix-cache hit covers the draft's KV too (both live in the same blocks)."""
-        held = self._draft_len.setdefault(req.id, req.num_computed_tokens)
-        return min(held, req.num_computed_tokens)
-
-    def record(self, req: Request, context: int, num_new: int, num_drafts: int, accepted: int) -> None:
-        """After a step in which the draft model ran: it caught up with the target's `context + num_new`
-        tokens (`num_new` without drafts), then fed its first `num_drafts - 1` guesses, of which only the
-        accepted ones stay."""
-        if num_drafts:
-            self._draft_len[req.id] = context + min(num_drafts, 1 + accepted)
-        else:
-            self._draft_len[req.id] = context + num_new
-
     def forget(self, req: Request) -> None:
         self._rng.pop(req.id, None)
-        self._draft_len.pop(req.id, None)
         self._stopped.discard(req.id)

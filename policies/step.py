@@ -26,8 +26,8 @@ class StepPlan:
     (host <-> GPU) before the step runs.
 
     Speculative decoding (policies/spec_decode.py): `num_draft[i]` of request i's `num_new[i]` tokens are
-    draft guesses the target verifies (empty: the step drafts nothing); `draft_context[i]` is request i's
-    tokens in the draft model's KV cache before the step (empty: no draft model runs in this step).
+    draft guesses the target verifies (empty: the step drafts nothing); `fed_to_draft[i]`: request i is fed to the
+    draft model or head in this step (empty: none runs in it).
 
     `rank[i]` (DP attention, policies/data_parallel.py): the attention rank request i lives on (empty: one rank);
     `rank_swap_blocks`: the most blocks one rank swaps (each over its own GPU's PCIe link, its blocks whole there).
@@ -41,7 +41,7 @@ class StepPlan:
     swap_out_blocks: int = 0
     swap_in_blocks: int = 0
     num_draft: tuple[int, ...] = ()
-    draft_context: tuple[int, ...] = ()
+    fed_to_draft: tuple[bool, ...] = ()
     rank: tuple[int, ...] = ()
     rank_swap_blocks: int = 0
 
@@ -125,8 +125,9 @@ class PlanBuilder:
             c + n - d == r.num_prompt_tokens + r.num_generated
             for r, n, c, d in zip(reqs, new, context, drafts)
         )
-        # registers newcomers in any step; -1: the request no longer speculates, the draft model skips it
-        draft_context = tuple(speculator.draft_context(r) if speculator.speculates(r) else -1 for r in reqs)
+        fed = (
+            tuple(speculator.speculates(r) for r in reqs) if drafting and speculator.runs_draft_model else ()
+        )
         return StepPlan(
             reqs,
             new,
@@ -136,7 +137,7 @@ class PlanBuilder:
             self.swap_out,
             self.swap_in,
             drafts if drafting else (),
-            draft_context if drafting and speculator.runs_draft_model else (),
+            fed,
         )
 
 

@@ -195,7 +195,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
         return landed
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
-        if plan.num_draft or plan.draft_context:
+        if plan.num_draft or plan.fed_to_draft:
             return self._commit_speculative(plan, now)
         if self.pipelined:
             finished = []
@@ -253,18 +253,16 @@ class TokenBudgetScheduler(SchedulerDefaults):
         return 1 if self.ahead is not None else 0
 
     def _commit_speculative(self, plan: StepPlan, now: float) -> list[Request]:
-        """Verify: each guessing request gains accepted + 1 tokens; the draft model's KV follows the target's."""
+        """Verify: each guessing request gains accepted + 1 tokens."""
         finished, spec = [], self.speculator
         drafts = plan.num_draft or (0,) * len(plan.requests)
         self._note_in_flight(())
-        for req, n, c, d in zip(plan.requests, plan.num_new, plan.num_context, drafts):
+        for req, n, d in zip(plan.requests, plan.num_new, drafts):
             accepted = spec.accept(req, d) if d else 0
             if self.ahead is not None:  # rejected guesses roll back: what counts is what it gained
                 req.num_in_flight_tokens = n - d + accepted
             if self.log.feed(req, n - d + accepted, now, 1 + accepted) and req.is_done:
                 finished.append(req)
-            if plan.draft_context and spec.speculates(req):
-                spec.record(req, c, n - d, d, accepted)
             self.kv.cache(req)
         for req in finished:
             self.retire(req, now)
@@ -543,8 +541,6 @@ class TokenBudgetScheduler(SchedulerDefaults):
             self.swapped.append((victim, held))
             return
         victim.num_computed_tokens = 0  # recompute: prompt and outputs so far are prefilled again
-        if self.speculator is not None:
-            self.speculator.restart(victim)
         victim.phase = Phase.WAITING
         self._waiting.push(victim)
 

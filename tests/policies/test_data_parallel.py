@@ -76,7 +76,7 @@ def test_one_step_is_every_ranks_plan_each_request_labelled_with_its_rank():
     assert plan.requests == (a, b, c) and plan.num_new == (5, 1, 3) and plan.num_context == (0, 9, 4)
     assert plan.rank == (0, 0, 2) and plan.preempted == (a,) and plan.swap_out_blocks == 2
     assert plan.num_draft == (0, 0, 0)  # a rank that does not draft this step guesses nothing
-    assert plan.draft_context == ()  # no rank runs a draft model
+    assert plan.fed_to_draft == ()  # no rank runs a draft model
     assert list(plan.batch().rank) == [0, 0, 2]
     assert plan.rank_swap_blocks == 2  # the most one rank moves over its own PCIe link
     assert merge([idle, idle]).is_empty

@@ -9,12 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servesim.hardware.cost import Parallelism
+from servesim.hardware.batch import StepBatch
+from servesim.hardware.cost import Parallelism, step_cost
 from servesim.hardware.gpu import get_gpu
 from servesim.hardware.memory import EngineMemoryConfig, plan_memory, weight_bytes_per_gpu
 from servesim.hardware.model import get_model
+from servesim.hardware.profile import Profile
+from servesim.hardware.step_timer import StepTimer
 from servesim.policies.config import EngineConfig
-from servesim.policies.spec_cost import draft_batches, with_draft_memory
+from servesim.policies.spec_cost import draft_batches, draft_time, head_model, with_draft_memory
 from servesim.policies.spec_decode import (
     SpeculativeConfig,
     Speculator,
@@ -165,7 +168,7 @@ def test_rejected_positions_roll_back_but_their_blocks_stay(method, lookahead):
     assert len(sched.kv.table(req)) == 2
     plan = sched.schedule(1.0)
     assert plan.num_new == (5,) and plan.num_draft == (4,)
-    assert plan.draft_context == ((8,) if method == "draft" else ())  # n-grams run no draft model
+    assert plan.fed_to_draft == ((True,) if method == "draft" else ())  # n-grams run no draft model
     blocks = -(-(8 + 5 + lookahead) // 4)  # positions 8..12 and the lookahead: 17 tokens, 5 blocks (13: 4)
     assert len(sched.kv.table(req)) == blocks
     sched.commit(plan, 2.0)
@@ -215,60 +218,92 @@ def test_drafting_switches_off_above_a_token_load():
     assert steps[4].num_new == [1, 1, 1, 4] and steps[5].num_new == [1, 1, 3]
 
 
-def test_the_draft_model_follows_the_target_and_starts_over_after_a_recompute():
+def test_a_request_that_ran_without_drafting_speculates_no_more():
     sp = Speculator(spec())
     req = Request(0, 0.0, 100, 50)
     req.num_computed_tokens, req.num_generated = 100, 1
-    assert sp.draft_context(req) == 100  # first seen level with the target
-    sp.record(req, 100, 1, 4, accepted=2)  # fed the last token and guesses 1-3, kept 2 of them
-    assert sp._draft_len[req.id] == 100 + 3
-    sp.record(req, 103, 1, 4, accepted=4)  # all accepted: guess 4 was never fed to the draft
-    assert sp._draft_len[req.id] == 103 + 4
-    sp.restart(req)  # a recompute preemption dropped both KV caches: re-prefilled, it is level again
-    req.num_computed_tokens = 60
-    assert sp.draft_context(req) == 60
+    assert sp.speculates(req) and sp.num_drafts(req) == 4
     sp.stop((req,))  # it ran in a step without drafting: no more guesses
     assert not sp.speculates(req) and sp.num_drafts(req) == 0
 
 
 def test_draft_passes_of_a_mixed_step():
+    """vLLM's proposer (v1/spec_decode/eagle.py `propose`): pass 0 over every token the target ran for the
+    requests that speculate (a verify's 1 + k, a prompt's chunk), then k - 1 passes of one token each for all of
+    them, the one mid-prefill too."""
     reqs = make_requests([10, 10, 500], [50, 50, 10])
     reqs[0].num_generated, reqs[1].num_generated = 11, 21  # decoding: context = prompt + generated - 1
-    # r0 decodes with 4 guesses (its draft KV is level), r1 with 2 guesses and 3 tokens behind, r2 prefills 64
+    # r0 decodes with 4 guesses, r1 with 2 (the budget cut the rest), r2 prefills 64
     plan = StepPlan(
         tuple(reqs),
         (5, 3, 64),
         (20, 30, 100),
         (True, True, False),
         num_draft=(4, 2, 0),
-        draft_context=(20, 27, 100),
+        fed_to_draft=(True, True, True),
     )
-    passes = draft_batches(plan)
-    assert [b.num_new.tolist() for b in passes] == [[1, 4, 64], [1, 1], [1], [1]]
-    assert [b.num_context.tolist() for b in passes] == [[20, 27, 100], [21, 31], [22], [23]]
-    assert passes[0].needs_logits.tolist() == [True, True, False]
+    passes = draft_batches(plan, 4)
+    assert [b.num_new.tolist() for b in passes] == [[5, 3, 64], [1, 1, 1], [1, 1, 1], [1, 1, 1]]
+    assert [b.num_context.tolist() for b in passes] == [
+        [20, 30, 100],
+        [25, 33, 164],
+        [26, 34, 165],
+        [27, 35, 166],
+    ]
+    assert all(b.needs_logits.tolist() == [True] * 3 for b in passes)  # one proposal each a pass
     assert plan.batch().num_logits == 5 + 3  # the verify pass scores every guess and the bonus position
     assert plan.num_decode_tokens == 8 and plan.num_prefill_tokens == 64
     # ngram: no draft model
     assert (
         draft_batches(
-            StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False), num_draft=(4, 2, 0))
+            StepPlan(tuple(reqs), (5, 3, 64), (20, 30, 100), (True, True, False), num_draft=(4, 2, 0)), 4
         )
         == []
     )
     # r1 no longer speculates: the draft model skips it
-    stopped = StepPlan(
-        tuple(reqs),
-        (5, 1, 64),
-        (20, 30, 100),
-        (True, True, False),
-        num_draft=(4, 0, 0),
-        draft_context=(20, -1, 100),
+    stopped = dataclasses.replace(
+        plan, num_new=(5, 1, 64), num_draft=(4, 0, 0), fed_to_draft=(True, False, True)
     )
-    assert [b.num_new.tolist() for b in draft_batches(stopped)] == [[1, 64], [1], [1], [1]]
+    assert [b.num_new.tolist() for b in draft_batches(stopped, 4)] == [[5, 64], [1, 1], [1, 1], [1, 1]]
     ranked = dataclasses.replace(plan, rank=(1, 0, 1))  # DP attention: each pass keeps its requests' ranks
-    assert [b.rank.tolist() for b in draft_batches(ranked)] == [[1, 0, 1], [1, 0], [1], [1]]
+    assert [b.rank.tolist() for b in draft_batches(ranked, 4)] == [[1, 0, 1]] * 4
     assert all(b.rank is None for b in passes)
+
+
+def test_an_eagle_head_is_one_target_layer_its_projection_and_the_lm_head():
+    """Its layer's operators cost what one layer of the target's does, its LM head what the target's does, and
+    its 2h x h input projection (EAGLE's fc, MTP's eh_proj) is priced beside them."""
+    target, gpu, par = get_model("llama-3.1-70b"), get_gpu("h200"), Parallelism(tp=4)
+    head = head_model(target)
+    assert head.num_layers == 1 and head.extra_linear_params == 2 * 8192 * 8192
+    batch = StepBatch.uniform(8, 3000)
+    ops = {o.name: o for o in step_cost(batch, target, gpu, par).operators}
+    head_ops = {o.name: o for o in step_cost(batch, head, gpu, par).operators}
+    for name in ("qkv_proj", "attention_decode", "o_proj", "mlp", "lm_head"):
+        assert head_ops[name].layers == 1
+        assert head_ops[name].time_s == pytest.approx(ops[name].time_s / ops[name].layers, rel=1e-12)
+    extras = head_ops["model_extras"]
+    assert extras.flops == 2 * 8 * 2 * 8192 * 8192 / 4  # 8 rows through its quarter of the projection
+
+
+def test_draft_passes_leave_the_hosts_step_time_to_the_target():
+    """The scheduler's and sampler's host time is the engine step's, counted once by the target's step, not again
+    per draft pass: drafting costs the same under a profile with 2 ms of it per step."""
+    plan = StepPlan(
+        tuple(make_requests([100, 100], [50, 50])),
+        (4, 4),
+        (200, 300),
+        (True, True),
+        num_draft=(3, 3),
+        fed_to_draft=(True, True),
+    )
+    target, gpu = get_model("llama-3.1-8b"), get_gpu("h100-sxm")
+    base = StepTimer(target, gpu)
+    hosted = StepTimer(target, gpu, profile=Profile(host_step_s=2e-3, host_request_s=1e-4))
+    assert hosted(plan.batch()) == pytest.approx(base(plan.batch()) + 2.2e-3)
+    for method in (spec(k=3), spec(method="eagle", k=3, draft_model=None)):
+        drafting = draft_time(method, base)(plan)
+        assert drafting > 0 and draft_time(method, hosted)(plan) == drafting
 
 
 def test_draft_weights_and_kv_shrink_the_pool():
@@ -357,7 +392,7 @@ def test_rounds_never_lose_or_duplicate_tokens_nor_leak_blocks(
     drive_allowing_preempt_only_steps(sched, requests)
     assert [r.num_generated for r in requests] == outputs
     assert all(r.num_computed_tokens == p + o - 1 for r, p, o in zip(requests, prompts, outputs))
-    assert not sched.speculator._draft_len and not sched.speculator._rng  # forgotten at finish
+    assert not sched.speculator._rng and not sched.speculator._stopped  # forgotten at finish
 
 
 def test_lookahead_never_asks_for_slots_past_the_last_token():
