@@ -9,14 +9,17 @@ round yields `accepted + 1` tokens. Rejected positions are cut off both KV cache
 
 Acceptance is per token: Bernoulli(alpha) in sequence until the first rejection, capped at the
 round's drafts, so P(accepted >= j) = alpha^j and a round yields on average
-`(1 - alpha^(k+1)) / (1 - alpha)` tokens (`expected_tokens_per_round`). Draws come from a generator
+`(1 - alpha^(k+1)) / (1 - alpha)` tokens (`expected_tokens_per_round`); or P(accepted >= j) is given per
+position, as vLLM logs it (acceptance usually falls with depth faster than alpha^j, so one alpha fitted at
+one k misjudges another). Draws come from a generator
 per request seeded by (run seed, request id): a request sees the same draws whatever it is batched
 with, and the same scenario and seed give identical runs.
 
 Draft kinds (`method`): `draft`, a smaller model with its own weights and KV cache, priced by the
 cost model; `eagle` / `mtp`, heads on the target (EAGLE, Medusa, DeepSeek-V3's MTP module), priced as
 one decoder layer of the target (policies/spec_cost.py); `ngram`, prompt lookup on the CPU
-(`ngram_lookup_s` per step), no model and no KV.
+(`ngram_lookup_s` per step), no model and no KV, proposing only where the lookup finds a match
+(`ngram_match_rate`).
 """
 
 from __future__ import annotations
@@ -53,8 +56,11 @@ class SpeculativeConfig(SpecModel):
         "draft", description="draft: a smaller model; eagle / mtp: heads on the target; ngram: prompt lookup"
     )
     k: int = Field(ge=1, description="Draft tokens proposed per round (vLLM's num_speculative_tokens)")
-    acceptance: float | BetaAcceptance = Field(
-        description=("Per-token acceptance rate alpha in [0, 1], or {kind: beta, a, b} drawn per request")
+    acceptance: float | BetaAcceptance | list[float] = Field(
+        description=(
+            "Per-token acceptance rate alpha in [0, 1], {kind: beta, a, b} drawn per request, or k per-position "
+            "rates as vLLM logs them (position j's accepted / drafted: P(accepted >= j), non-increasing)"
+        )
     )
     draft_model: str | None = Field(None, description="method draft: model preset name or config.json path")
     head_cost_fraction: float | None = Field(
@@ -68,6 +74,16 @@ class SpeculativeConfig(SpecModel):
     )
     ngram_lookup_s: float = Field(
         1e-4, ge=0, description="ngram: CPU seconds of the lookup, per step that drafts"
+    )
+    ngram_match_rate: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description=(
+            "ngram: share of a request's decode steps whose prompt lookup finds a match and proposes k guesses; "
+            "the others propose none and verify one token (vLLM's n-gram proposer); `acceptance` is per guess "
+            "proposed"
+        ),
     )
     disable_above_batch: int | None = Field(
         None,
@@ -91,6 +107,18 @@ class SpeculativeConfig(SpecModel):
     def _draft_model_iff_draft(self) -> SpeculativeConfig:
         if isinstance(self.acceptance, float) and not 0 <= self.acceptance <= 1:
             raise ValueError(f"acceptance must lie in [0, 1], got {self.acceptance}")
+        if isinstance(self.acceptance, list):
+            rates = self.acceptance
+            if len(rates) != self.k or not all(0 <= r <= 1 for r in rates):
+                raise ValueError(
+                    f"acceptance per position: {self.k} rates in [0, 1] (one per guess), got {rates}"
+                )
+            if any(b > a for a, b in zip(rates, rates[1:])):
+                raise ValueError(
+                    f"acceptance per position must not increase (position j's is P(accepted >= j)), got {rates}"
+                )
+        if self.method != "ngram" and self.ngram_match_rate != 1.0:
+            raise ValueError(f"ngram_match_rate is the n-gram lookup's, not {self.method!r}'s")
         if self.method == "draft" and self.draft_model is None:
             raise ValueError("method 'draft' needs draft_model (a preset name or a config.json path)")
         if self.draft_model is not None:
@@ -124,6 +152,9 @@ class Speculator:
         # the proposals a draft model or EAGLE/MTP head writes next (n-gram proposals need none)
         self.lookahead = cfg.k if self.runs_draft_model else 0
         self._rng: dict[int, tuple[np.random.Generator, float]] = {}  # request id -> (its draws, its alpha)
+        self._lookups: dict[
+            int, np.random.Generator
+        ] = {}  # request id -> its n-gram lookups' hits and misses
         self._stopped: set[int] = set()  # requests that ran in a step without drafting: they draft no more
 
     def is_on(self, running: list[Request]) -> bool:
@@ -139,9 +170,20 @@ class Speculator:
     def num_drafts(self, req: Request) -> int:
         """Guesses for a decoding request: k, fewer near its end (a round never yields past the last token); none
         once it has stopped speculating."""
-        if req.id in self._stopped:
+        if req.id in self._stopped or not self._finds_match(req):
             return 0
         return max(min(self.cfg.k, req.num_output_tokens - req.num_generated - 1), 0)
+
+    def _finds_match(self, req: Request) -> bool:
+        """Whether this step's proposer has guesses for `req`: an n-gram lookup finds a match at
+        `ngram_match_rate` (drawn per request and step from a stream of its own); a model always proposes."""
+        rate = self.cfg.ngram_match_rate
+        if rate >= 1.0:
+            return True
+        rng = self._lookups.get(req.id)
+        if rng is None:
+            rng = self._lookups[req.id] = np.random.default_rng((self.seed, _SALT, req.id, 1))
+        return bool(rng.random() < rate)
 
     def speculates(self, req: Request) -> bool:
         return req.id not in self._stopped
@@ -155,10 +197,13 @@ class Speculator:
     def accept(self, req: Request, num_drafts: int) -> int:
         """Guesses the target accepts this round: leading Bernoulli(alpha) successes, at most `num_drafts`.
 
-        One uniform u in (0, 1] gives floor(ln u / ln alpha) successes: P(>= j) = P(u <= alpha^j) = alpha^j.
+        One uniform u in (0, 1] gives floor(ln u / ln alpha) successes: P(>= j) = P(u <= alpha^j) = alpha^j; with
+        rates per position, the positions j whose P(>= j) is at least u.
         """
         rng, alpha = self._stream(req)
         u = 1.0 - rng.random()
+        if isinstance(self.cfg.acceptance, list):
+            return sum(u <= p for p in self.cfg.acceptance[:num_drafts])
         if alpha >= 1.0:
             return num_drafts
         if alpha <= 0.0:
@@ -174,10 +219,14 @@ class Speculator:
         if hit is None:
             rng = np.random.default_rng((self.seed, _SALT, req.id))
             acc = self.cfg.acceptance
-            alpha = float(rng.beta(acc.a, acc.b)) if isinstance(acc, BetaAcceptance) else float(acc)
+            if isinstance(acc, BetaAcceptance):
+                alpha = float(rng.beta(acc.a, acc.b))
+            else:  # rates per position: the first one's
+                alpha = float(acc[0] if isinstance(acc, list) else acc)
             hit = self._rng[req.id] = (rng, alpha)
         return hit
 
     def forget(self, req: Request) -> None:
         self._rng.pop(req.id, None)
+        self._lookups.pop(req.id, None)
         self._stopped.discard(req.id)

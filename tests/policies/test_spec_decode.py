@@ -113,6 +113,46 @@ def test_per_request_acceptance_from_a_beta_distribution():
     )
 
 
+def test_acceptance_per_position_as_vllm_logs_it():
+    """Rates per position are P(accepted >= j): [a, a^2, a^3, a^4] draws exactly what alpha a does (the same
+    uniform each round), and rates falling faster than a geometric give their own P(>= j)."""
+    geometric = [Speculator(spec(acceptance=a), seed=2) for a in (0.7, [0.7, 0.49, 0.343, 0.2401])]
+    req = Request(0, 0.0, 10, 10)
+    assert [geometric[0].accept(req, 4) for _ in range(5000)] == [
+        geometric[1].accept(req, 4) for _ in range(5000)
+    ]
+    rates = [0.8, 0.5, 0.25, 0.1]
+    sp = Speculator(spec(acceptance=rates), seed=5)
+    draws = np.array([sp.accept(req, 4) for _ in range(40_000)])
+    for j, rate in enumerate(rates, 1):
+        assert (draws >= j).mean() == pytest.approx(rate, abs=0.01)
+    assert all(sp.accept(req, 2) <= 2 for _ in range(100))  # capped at the round's guesses
+    with pytest.raises(ValueError, match=r"4 rates in \[0, 1\] \(one per guess\)"):
+        spec(acceptance=[0.8, 0.5])
+    with pytest.raises(ValueError, match="must not increase"):
+        spec(acceptance=[0.8, 0.5, 0.6, 0.1])
+
+
+def test_an_ngram_lookup_without_a_match_proposes_nothing():
+    """vLLM's n-gram proposer has no guesses where the prompt holds no match: at a match rate of 0.3, 30% of the
+    decode steps verify k guesses and the rest one token (drawn per request and step, seeded)."""
+    ngram = {"method": "ngram", "draft_model": None, "k": 4, "acceptance": 0.5}
+    sp = Speculator(spec(**ngram, ngram_match_rate=0.3), seed=1)
+    reqs = [Request(i, 0.0, 10, 1000) for i in range(8)]
+    drafts = np.array([[sp.num_drafts(r) for r in reqs] for _ in range(2000)])
+    assert set(np.unique(drafts)) == {0, 4}
+    assert (drafts == 4).mean() == pytest.approx(0.3, abs=0.01)
+    again = Speculator(spec(**ngram, ngram_match_rate=0.3), seed=1)
+    assert [again.num_drafts(r) for r in reqs] == drafts[0].tolist()
+    sched, _ = spec_scheduler(num_blocks=400, **ngram, ngram_match_rate=0.3)
+    requests = make_requests([8] * 16, [200] * 16)
+    steps = drive(sched, requests)
+    decoding = [n for st in steps for n in st.num_new if n < 8]
+    assert np.mean([n > 1 for n in decoding]) == pytest.approx(0.3, abs=0.03)
+    with pytest.raises(ValueError, match="ngram_match_rate is the n-gram lookup's, not 'draft'"):
+        spec(ngram_match_rate=0.5)
+
+
 def test_config_is_validated():
     with pytest.raises(ValueError, match="needs draft_model"):
         SpeculativeConfig(method="draft", k=4, acceptance=0.7)
