@@ -103,7 +103,8 @@ class EngineConfig(SpecModel):
         False,
         description=(
             "vLLM's flag: keep sliding-window layers' whole KV in one group instead of freeing out-of-window blocks; "
-            "unset under sglang: on for Gemma 2/3/3n, which SGLang runs so"
+            "unset under sglang: on for Gemma 2/3/3n, which SGLang runs so; under trtllm: on (one attention window "
+            "for every layer, as trtllm-serve runs without kv_cache_config.max_attention_window)"
         ),
     )
     watermark: float = Field(0.0, ge=0, lt=1, description="Fraction of blocks kept free when admitting")
@@ -302,9 +303,8 @@ class EngineConfig(SpecModel):
         ):
             update["schedule_conservativeness"] = conservativeness  # what SGLang runs by default
         if (
-            architecture in family.full_kv_architectures
-            and "disable_hybrid_kv_cache_manager" not in self.model_fields_set
-        ):
+            family.sliding_layers_whole or architecture in family.full_kv_architectures
+        ) and "disable_hybrid_kv_cache_manager" not in self.model_fields_set:
             update["disable_hybrid_kv_cache_manager"] = True
         if mla and family.flashmla_block(gpu):
             if "block_size" not in self.model_fields_set:

@@ -174,6 +174,9 @@ class EngineFamily:
     swa_pools = False  # sliding-window models keep two pools sized by swa_full_tokens_ratio (SGLang)
     # models whose every layer keeps every token by default
     full_kv_architectures: frozenset[str] = frozenset()
+    # every model's sliding layers keep every token by default (TensorRT-LLM without kv_cache_config's
+    # max_attention_window), as for `full_kv_architectures`
+    sliding_layers_whole = False
     null_block = False  # the KV pool keeps one block as its null block (vLLM's BlockPool)
     # vLLM's own checks: slots within the budget, FlashMLA's block size, an unchunked budget fitting a prompt
     vllm_rules = False
@@ -386,6 +389,9 @@ class TrtllmFamily(EngineFamily):
     # KVCacheManager._validate_and_adjust_attention_windows warns and cuts max_seq_len to the pool
     max_len_short_of_pool = 0
     caps_slots_at_budget = False  # max_batch_size stands as set (2048 by default)
+    # one attention window for every layer unless max_attention_window lists them: gpt-oss-120b's startup log,
+    # "kv size is 73728" (36 layers x 2 x 8 heads x 64 x 2 B) and "Adjusted max_attention_window_vec to [86720]"
+    sliding_layers_whole = True
     schedules_ahead_since = (1, 0, 0)  # the PyTorch backend's overlap scheduler, on by default in 1.x
 
     def batch_defaults(self, gpu: GpuSpec) -> tuple[int, int]:

@@ -405,3 +405,42 @@ def test_chunks_in_blocks_need_a_budget_of_a_block():
         EngineConfig(
             scheduler="trtllm", block_size=32, max_num_batched_tokens=16, enable_chunked_prefill=True
         )
+
+
+def test_trtllm_keeps_every_layer_of_a_sliding_window_model_whole():
+    """trtllm-serve sizes gpt-oss-120b's KV with one attention window for all 36 layers (its startup log: "kv size
+    is 73728", 36 x 2 x 8 KV heads x 64 x 2 B), where vLLM frees the sliding layers' old blocks: on an H200 the pool
+    holds 63.51 GiB / 73,728 B = 925k tokens, 7.06 requests of 131,072 tokens."""
+    model, gpu = get_model("gpt-oss-120b"), get_gpu("h200")
+    trt = EngineConfig(scheduler="trtllm").with_defaults(gpu, 131072, architecture=model.architecture)
+    plan = plan_memory(model, gpu, Parallelism(), trt.memory_config())
+    assert trt.disable_hybrid_kv_cache_manager
+    assert plan.kv_bytes_per_token == 36 * 2 * 8 * 64 * 2 and plan.kv_windows == (None,)
+    assert plan.max_concurrency == pytest.approx(plan.kv_cache_bytes / (73728 * 131072), rel=0.01)
+    vllm = EngineConfig().with_defaults(gpu, 131072, architecture=model.architecture)
+    assert len(plan_memory(model, gpu, Parallelism(), vllm.memory_config()).kv_windows) == 2
+    what_if = EngineConfig(scheduler="trtllm", disable_hybrid_kv_cache_manager=False).with_defaults(
+        gpu, 131072, architecture=model.architecture
+    )
+    assert not what_if.disable_hybrid_kv_cache_manager  # a user's setting stands
+
+
+def test_batch_waiting_counts_the_chunk_a_block_rounding_leaves():
+    """Ten requests decode under a 100-token budget; a 200-token prompt arrives. Its chunk would be the 90 tokens
+    left, rounded down to 64, so the step would hold 74 tokens, under 0.8 x 100: batch waiting holds it for its 3
+    iterations (counting 90 it would have gone in at once)."""
+    sched, _ = make_scheduler(
+        "trtllm",
+        num_blocks=1000,
+        block_size=32,
+        max_num_batched_tokens=100,
+        enable_chunked_prefill=True,
+        batch_wait_timeout_iters=3,
+        batch_wait_max_tokens_ratio=0.8,
+    )
+    decoders = make_requests([4] * 10, [30] * 10)
+    late = Request(10, 0.5, 200, 2)
+    steps = drive(sched, [*decoders, late], arrivals=[0.0] * 10 + [0.5])
+    first = next(i for i, s in enumerate(steps) if 10 in s.batch)
+    assert first == 4  # arrived during step 0, held in steps 1-3, in once the timeout is reached
+    assert steps[first].num_new[steps[first].batch.index(10)] == 64
