@@ -12,7 +12,7 @@ drafts, the drafter runs k forward passes (`draft_batches`), as vLLM's proposer 
 A `draft` model's passes are priced by the cost model for that model (same GPU, parallelism, profile
 and dtypes); an `eagle` / `mtp` head's as one decoder layer of the target (the last one's kind) with
 its input projection (EAGLE's fc, MTP's eh_proj: 2h x h) and the target's embedding and LM head, or at
-`head_cost_fraction` of the target's pass where a profile sets it; `ngram` costs `ngram_lookup_s` of
+`head_cost_fraction` of the target's pass where the scenario sets it; `ngram` costs `ngram_lookup_s` of
 CPU time in a step that drafts. The host's per-step and per-request time (scheduling, sampling) counts
 once, in the target's step, not per draft pass.
 
@@ -42,7 +42,7 @@ from servesim.hardware.memory import (
     swa_pools,
     weight_bytes_per_gpu,
 )
-from servesim.hardware.model import EXPERT_ONLY_DTYPES, ModelSpec, get_model
+from servesim.hardware.model import EXPERT_ONLY_DTYPES, WEIGHT_DTYPE_BYTES, ModelSpec, get_model
 from servesim.hardware.step_timer import StepTimer
 from servesim.policies.spec_decode import SpeculativeConfig
 from servesim.policies.step import StepPlan
@@ -70,16 +70,16 @@ def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[S
     """Seconds a step spends drafting, beyond the target's verify pass; None when speculation is off."""
     if spec is None:
         return None
-    if spec.method == "ngram":
-        return lambda plan: spec.ngram_lookup_s if any(plan.num_draft) else 0.0
+    if spec.method == "ngram":  # the lookup runs in every step that drafts, found a match or not
+        return lambda plan: spec.ngram_lookup_s if plan.num_draft else 0.0
     gpu, par, options, k = target.gpu, target.parallelism, target.options, spec.k
-    if spec.method != "draft" and spec.head_cost_fraction is not None:
-        fraction = spec.head_cost_fraction
-        return lambda plan: fraction * sum(target(batch) for batch in draft_batches(plan, k))
     profile = target.profile.model_copy(update={"host_step_s": 0.0, "host_request_s": 0.0})
     if spec.method == "draft":
         draft = get_model(spec.draft_model)
         options = replace(options, weight_dtype=draft_weight_dtype(draft, options.weight_dtype))
+    elif spec.head_cost_fraction is not None:
+        fraction, whole = spec.head_cost_fraction, StepTimer(target.model, gpu, par, profile, options)
+        return lambda plan: fraction * sum(whole(batch) for batch in draft_batches(plan, k))
     else:
         draft = head_model(target.model)
     timer = StepTimer(draft, gpu, par, profile, options)
@@ -87,16 +87,19 @@ def draft_time(spec: SpeculativeConfig | None, target: StepTimer) -> Callable[[S
 
 
 def head_model(model: ModelSpec) -> ModelSpec:
-    """An EAGLE / MTP head as the cost model prices it: one decoder layer of the target (its last one's kind) and
-    an input projection of [embedding; hidden state] (2h x h), sharing the target's embedding and LM head."""
-    h = model.hidden_size
+    """An EAGLE / MTP head as the cost model prices it: one decoder layer of the target (its last one's kind: an MoE
+    layer for an MoE target, as DeepSeek's MTP module is; EAGLE-3 heads of MoE models are dense, so this prices them
+    high) and an input projection of [embedding; hidden state] (2h x h), sharing the target's embedding and LM
+    head."""
     layer = replace(model.layers[-1], index=0, kv_source=0)
     return replace(
-        model,
-        name=f"{model.name} head",
-        layers=(layer,),
-        extra_linear_params=model.extra_linear_params + 2 * h * h,
+        model, name=f"{model.name} head", layers=(layer,), extra_linear_params=_head_projection(model)
     )
+
+
+def _head_projection(model: ModelSpec) -> int:
+    """Parameters of a head's input projection, [embedding; hidden state] -> hidden (EAGLE's fc, MTP's eh_proj)."""
+    return 2 * model.hidden_size * model.hidden_size
 
 
 def draft_weight_dtype(draft: ModelSpec, target_dtype: str) -> str:
@@ -106,9 +109,11 @@ def draft_weight_dtype(draft: ModelSpec, target_dtype: str) -> str:
 
 
 def _head_weight_bytes(model: ModelSpec, par: Parallelism, weight_dtype: str) -> float:
-    """An EAGLE / MTP head: about one decoder layer of the target (it shares the embedding and LM head), laid out
-    over the GPUs as the target's layers are."""
-    return layer_bytes_per_gpu(model, model.layers[-1], par, weight_dtype)
+    """An EAGLE / MTP head: one decoder layer of the target, laid out over the GPUs as the target's layers are, and
+    its input projection, a plain bf16 linear on every GPU (vLLM's EAGLE fc, DeepSeek MTP's eh_proj); it shares the
+    embedding and LM head."""
+    projection = _head_projection(model) * WEIGHT_DTYPE_BYTES["bf16"]
+    return layer_bytes_per_gpu(model, model.layers[-1], par, weight_dtype) + projection
 
 
 def with_draft_memory(

@@ -117,6 +117,8 @@ class SpeculativeConfig(SpecModel):
                 raise ValueError(
                     f"acceptance per position must not increase (position j's is P(accepted >= j)), got {rates}"
                 )
+        if self.head_cost_fraction is not None and self.method not in EAGLE_METHODS:
+            raise ValueError(f"head_cost_fraction prices eagle / mtp heads, not {self.method!r}'s passes")
         if self.method != "ngram" and self.ngram_match_rate != 1.0:
             raise ValueError(f"ngram_match_rate is the n-gram lookup's, not {self.method!r}'s")
         if self.method == "draft" and self.draft_model is None:
@@ -152,9 +154,8 @@ class Speculator:
         # the proposals a draft model or EAGLE/MTP head writes next (n-gram proposals need none)
         self.lookahead = cfg.k if self.runs_draft_model else 0
         self._rng: dict[int, tuple[np.random.Generator, float]] = {}  # request id -> (its draws, its alpha)
-        self._lookups: dict[
-            int, np.random.Generator
-        ] = {}  # request id -> its n-gram lookups' hits and misses
+        # request id -> its n-gram lookups' hits and misses
+        self._lookups: dict[int, np.random.Generator] = {}
         self._stopped: set[int] = set()  # requests that ran in a step without drafting: they draft no more
 
     def is_on(self, running: list[Request]) -> bool:

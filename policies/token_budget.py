@@ -195,7 +195,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
         return landed
 
     def commit(self, plan: StepPlan, now: float) -> list[Request]:
-        if plan.num_draft or plan.fed_to_draft:
+        if plan.num_draft:
             return self._commit_speculative(plan, now)
         if self.pipelined:
             finished = []

@@ -162,6 +162,8 @@ def test_config_is_validated():
         spec(draft_model="llama-0b")
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         spec(acceptance=1.5)
+    with pytest.raises(ValueError, match="head_cost_fraction prices eagle / mtp heads, not 'draft'"):
+        spec(head_cost_fraction=0.2)
     with pytest.raises(ValueError, match="token-budget scheduler"):
         EngineConfig(scheduler="static", speculative=DRAFT)
 
@@ -316,6 +318,8 @@ def test_an_eagle_head_is_one_target_layer_its_projection_and_the_lm_head():
     target, gpu, par = get_model("llama-3.1-70b"), get_gpu("h200"), Parallelism(tp=4)
     head = head_model(target)
     assert head.num_layers == 1 and head.extra_linear_params == 2 * 8192 * 8192
+    gemma = head_model(get_model("gemma-3n-e4b"))  # the target's model-level extras are not the head's
+    assert gemma.extra_linear_params == 2 * gemma.hidden_size**2
     batch = StepBatch.uniform(8, 3000)
     ops = {o.name: o for o in step_cost(batch, target, gpu, par).operators}
     head_ops = {o.name: o for o in step_cost(batch, head, gpu, par).operators}
@@ -341,9 +345,17 @@ def test_draft_passes_leave_the_hosts_step_time_to_the_target():
     base = StepTimer(target, gpu)
     hosted = StepTimer(target, gpu, profile=Profile(host_step_s=2e-3, host_request_s=1e-4))
     assert hosted(plan.batch()) == pytest.approx(base(plan.batch()) + 2.2e-3)
-    for method in (spec(k=3), spec(method="eagle", k=3, draft_model=None)):
+    eagle = {"method": "eagle", "k": 3, "draft_model": None}
+    for method in (spec(k=3), spec(**eagle), spec(**eagle, head_cost_fraction=0.1)):
         drafting = draft_time(method, base)(plan)
         assert drafting > 0 and draft_time(method, hosted)(plan) == drafting
+    # an n-gram step whose lookups all miss still ran them
+    ngram = spec(method="ngram", draft_model=None, k=3, ngram_match_rate=0.3, ngram_lookup_s=2e-4)
+    missed = dataclasses.replace(plan, num_draft=(0, 0), fed_to_draft=())
+    assert draft_time(ngram, base)(missed) == 2e-4
+    assert (
+        draft_time(ngram, base)(dataclasses.replace(missed, num_draft=())) == 0.0
+    )  # a step that drafts nothing
 
 
 def test_draft_weights_and_kv_shrink_the_pool():
@@ -387,7 +399,8 @@ def test_an_mtp_head_under_dp_attention_is_laid_out_as_the_targets_layers():
         assert alone.kv_bytes_per_token == pytest.approx(61 * 576 * 2 / 8)
         one_more = dataclasses.replace(v3, layers=(*v3.layers, v3.layers[-1]))
         moe_layer = weight_bytes_per_gpu(one_more, par, "fp8") - weight_bytes_per_gpu(v3, par, "fp8")
-        assert both.weight_bytes - alone.weight_bytes == pytest.approx(moe_layer)
+        projection = 2 * 7168 * 7168 * 2  # eh_proj, a bf16 nn.Linear on every GPU
+        assert both.weight_bytes - alone.weight_bytes == pytest.approx(moe_layer + projection)
         assert both.request_bytes_at_max_len == pytest.approx(alone.request_bytes_at_max_len * 62 / 61)
         # a request on one of 8 ranks
         assert both.max_concurrency == pytest.approx(
