@@ -29,6 +29,7 @@ from servesim.hardware.errors import SpecError
 from servesim.hardware.gpu import GpuSpec, get_interconnect
 from servesim.hardware.kernel_tables import AttentionTable, KernelTables, kernel_tables
 from servesim.hardware.model import (
+    EXPERT_ONLY_DTYPES,
     KV_DTYPE_BYTES,
     WEIGHT_DTYPE_CHOICES,
     LayerSpec,
@@ -485,13 +486,21 @@ class _Ctx:
 
     @property
     def table_dtype(self) -> str:
-        """The weight dtype as the kernel tables tell kernels apart: a block-quantized checkpoint's fp8 is `fp8_block`."""
+        """The dense weights' dtype as the kernel tables tell kernels apart: a block-quantized checkpoint's fp8 is
+        `fp8_block`; an expert-only dtype (mxfp4) leaves the dense layers in bf16."""
         m = self.model
+        if self.weight_dtype in EXPERT_ONLY_DTYPES:
+            return "bf16"
         return (
             "fp8_block"
             if self.weight_dtype == "fp8" == m.quantization and m.block_quantized
             else self.weight_dtype
         )
+
+    @property
+    def expert_table_dtype(self) -> str:
+        """The routed experts' dtype as the MoE tables tell kernels apart."""
+        return self.weight_dtype if self.weight_dtype in EXPERT_ONLY_DTYPES else self.table_dtype
 
     def measured_gemms(
         self,
@@ -774,7 +783,7 @@ def _mlp(
         if ctx.kernels is not None and ("moe" in ctx.profile.kernel_ops or ctx.profile.moe_tables):
             moe_tp, moe_ep = (1, tp) if ctx.par.ep else (tp, 1)
             measured = ctx.kernels.moe_s(
-                ctx.table_dtype,
+                ctx.expert_table_dtype,
                 routed,
                 h,
                 moe.expert_intermediate,

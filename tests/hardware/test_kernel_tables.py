@@ -471,3 +471,20 @@ def test_tensorrt_llm_steps_take_fp8_inputs_for_the_output_and_down_projections(
     assert cost.by_name("o_proj").time_s == pytest.approx(layers * tables.gemm_s("fp8", 16, h, heads, True))
     mlp = tables.gemm_s("fp8", 16, 2 * width, h) + tables.gemm_s("fp8", 16, h, width, True)
     assert cost.by_name("mlp").time_s == pytest.approx(layers * mlp)
+
+
+def test_gpt_oss_bf16_projections_come_from_the_bf16_gemm_tables():
+    """gpt-oss quantizes only its experts (MXFP4): its attention projections are bf16 GEMMs, which the tables time
+    (looked up under "mxfp4", a dtype the GEMM tables lack, they fell back to the roofline); its experts still take
+    the MXFP4 fit."""
+    model, gpu = get_model("gpt-oss-120b"), get_gpu("h200")
+    ops = {
+        o.name: o
+        for o in step_cost(StepBatch.uniform(16, 1024), model, gpu, Parallelism(), MEASURED).operators
+    }
+    tables = kernel_tables("vllm", "h200")
+    h, d = model.hidden_size, model.head_dim
+    qkv = tables.gemm_s("bf16", 16, (model.num_heads + 2 * model.num_kv_heads) * d, h)
+    assert ops["qkv_proj"].bound == "measured" and qkv is not None
+    assert ops["qkv_proj"].time_s == pytest.approx(model.num_layers * qkv, rel=0.02)
+    assert ops["o_proj"].bound == "measured" and ops["moe"].bound in ("memory", "compute")
