@@ -430,6 +430,11 @@ class EngineConfig(SpecModel):
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) < block_size ({self.block_size}): "
                 f"{self.scheduler} chunks prompts in whole blocks, so none would ever run"
             )
+        if self.long_prefill_token_threshold and not family.caps_long_prefills:
+            raise ValueError(
+                f"long_prefill_token_threshold is vLLM's --long-prefill-token-threshold; {self.scheduler!r} has "
+                "none (its chunks take the budget left): leave it at 0"
+            )
         if self.speculative is not None and not scheduler.speculates:
             raise ValueError(
                 f"speculative decoding needs a token-budget scheduler (vllm, sarathi, orca), "

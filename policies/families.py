@@ -181,6 +181,7 @@ class EngineFamily:
     # vLLM's own checks: slots within the budget, FlashMLA's block size, an unchunked budget fitting a prompt
     vllm_rules = False
     swaps = True  # preemption may swap KV to the host (SGLang only retracts and recomputes)
+    caps_long_prefills = True  # vLLM's --long-prefill-token-threshold (SGLang and TensorRT-LLM have none)
     # the offline benchmark turns CUDA-graph padding on up to its batch limit (trtllm-bench's cuda_graph_config)
     offline_pads_graphs = False
     vllm_graph_modes = True  # vLLM's cudagraph_mode chooses which steps replay a graph
@@ -309,6 +310,7 @@ class SglangFamily(EngineFamily):
     swa_pools = True
     full_kv_architectures = SGLANG_FULL_KV_ARCHITECTURES
     swaps = False
+    caps_long_prefills = False
     vllm_graph_modes = False
     defaults_per_rank = False
     caps_slots_at_budget = False
@@ -380,6 +382,7 @@ class TrtllmFamily(EngineFamily):
     label = "TensorRT-LLM"
     kernel_tables = "trtllm"
     swaps = False
+    caps_long_prefills = False
     vllm_graph_modes = False
     offline_pads_graphs = True  # bench/benchmark/utils/general.py: enable_padding, max_batch_size its own
     block_size = TRTLLM_TOKENS_PER_BLOCK

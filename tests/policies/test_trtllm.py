@@ -400,6 +400,15 @@ def test_a_budget_left_under_a_block_admits_no_chunk():
     assert steps[first].num_new[steps[first].batch.index(10)] == 32
 
 
+@pytest.mark.parametrize("scheduler", ["trtllm", "sglang"])
+def test_a_long_prefill_cap_is_refused_where_the_engine_has_none(scheduler):
+    with pytest.raises(ValueError, match=f"long_prefill_token_threshold is vLLM's.*'{scheduler}' has none"):
+        EngineConfig(scheduler=scheduler, long_prefill_token_threshold=512)
+    assert (
+        EngineConfig(scheduler="vllm", long_prefill_token_threshold=512).long_prefill_token_threshold == 512
+    )
+
+
 def test_chunks_in_blocks_need_a_budget_of_a_block():
     with pytest.raises(ValueError, match=r"max_num_batched_tokens \(16\) < block_size \(32\): trtllm chunks"):
         EngineConfig(
