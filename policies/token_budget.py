@@ -333,8 +333,8 @@ class TokenBudgetScheduler(SchedulerDefaults):
     def prefill_chunk(self, pending: int, num_decodes: int) -> tuple[int, int]:
         """The tokens a prefill with `pending` to go gets in a step whose `num_decodes` decodes came first, and the
         budget left for admissions."""
-        want, room = self._capped(pending), self.budget - num_decodes
-        n = want if want <= room else self._cut_chunk(room)
+        room = self.budget - num_decodes
+        n = self._within(self._capped(pending), room)
         return n, room - n
 
     # ---- the three passes ---------------------------------------------------------------------
@@ -366,9 +366,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
                 if drafting and pending == 1 and req.num_generated
                 else self._capped(pending)
             )
-            n = want if want < step.budget else step.budget
-            if n < want:
-                n = self._cut_chunk(n)
+            n = self._within(want, step.budget)
             if not n or (n < pending and not self.chunked):
                 i += 1
                 continue
@@ -441,7 +439,7 @@ class TokenBudgetScheduler(SchedulerDefaults):
             counted = self._capped(req.num_tokens if self.budget_counts_hits else uncached)
             if counted > step.budget and not self.chunked:
                 break
-            charged = self._cut_chunk(step.budget) if counted > step.budget else counted
+            charged = self._within(counted, step.budget)
             n = min(charged, uncached)
             if not n:
                 break
@@ -461,10 +459,12 @@ class TokenBudgetScheduler(SchedulerDefaults):
         for req in deferred:
             self._waiting.push(req)
 
-    def _cut_chunk(self, n: int) -> int:
-        """The tokens a prefill the budget cuts to `n` runs (`rounds_chunks_to_blocks`: whole blocks; 0 makes no
-        progress this step)."""
-        return n - n % self.kv.block_size if self.rounds_chunks_to_blocks else n
+    def _within(self, want: int, room: int) -> int:
+        """The tokens of the `want` a request asks for that a budget of `room` runs: all of them if they fit, else
+        `room` (`rounds_chunks_to_blocks`: its whole blocks; 0 makes no progress this step)."""
+        if want <= room:
+            return want
+        return room - room % self.kv.block_size if self.rounds_chunks_to_blocks else room
 
     def _defers(self, req: Request, hit: int) -> bool:
         """Whether the request at the head of the queue sits this step out for a later one (TensorRT-LLM's)."""

@@ -9,7 +9,8 @@ Each iteration (tensorrt_llm/_torch/pyexecutor: the capacity scheduler, then the
    finds its block, and the pool's usage shows what is held.
 Prompts run whole (chunked prefill is off by default; a prompt over max_num_tokens is refused at arrival; with it
 on, a chunk the budget cuts is rounded down to a block's tokens); a prompt counts against the budget whole, its
-prefix hit too (1.0-1.2 find hits once its KV is allocated, after the budget is spent); the overlap scheduler (on by default) plans each step while the one before runs, as vLLM's async scheduling.
+prefix hit too (1.0-1.2 find hits once its KV is allocated, after the budget is spent); the overlap scheduler (on
+by default) plans each step while the one before runs, as vLLM's async scheduling.
 Requests reserve their prompt plus output length (max_tokens equal to it, as a fixed-length benchmark sends; one
 token more than the KV they write: getRemainingBlocksToCompletion), and the count ignores prefix hits
 (enable_block_reuse on by default: hits save compute, not reservation; cached blocks sitting free count as free).
@@ -122,7 +123,7 @@ class TrtllmScheduler(TokenBudgetScheduler):
             n = self._capped(req.num_tokens)
             if n > budget and not self.chunked:
                 break
-            n = self._cut_chunk(budget) if n > budget else n
+            n = self._within(n, budget)
             if not n:
                 break
             room -= self._reserved(req)
