@@ -1,4 +1,4 @@
-"""A progress bar for long runs on a terminal; silent when output is not a TTY (CI logs, pipes)."""
+"""A progress bar for long runs on a terminal; off one (CI logs, pipes), a few plain lines on stderr or none."""
 
 from __future__ import annotations
 
