@@ -71,6 +71,21 @@ class TraceSource(SpecModel):
         ),
     )
 
+    shuffle_seed: int | None = Field(
+        0,
+        description=(
+            "sharegpt_json only: vllm bench serve's --seed, which shuffles the conversations before they are "
+            "sampled (Python's random, as vLLM does); null keeps the file's order (its --disable-shuffle)"
+        ),
+    )
+    length_filter: bool = Field(
+        True,
+        description=(
+            "sharegpt_json only: drop the pairs vllm bench serve drops (a prompt under 4 or over 1024 tokens, a "
+            "completion under 4, both over 2048); false keeps every pair"
+        ),
+    )
+
     @model_validator(mode="after")
     def _options_match_format(self) -> Self:
         if self.clients is not None and self.format != "servegen":
@@ -81,9 +96,14 @@ class TraceSource(SpecModel):
             for name, default in (("burstgpt_model", None), ("drop_failed", True))
             if getattr(self, name) != default
         ]
-        if self.tokenizer is not None and self.format != "sharegpt_json":
+        sharegpt_only = [
+            name
+            for name, default in (("tokenizer", None), ("shuffle_seed", 0), ("length_filter", True))
+            if getattr(self, name) != default
+        ]
+        if sharegpt_only and self.format != "sharegpt_json":
             raise ValueError(
-                f"trace.tokenizer is a sharegpt_json option, but format is {self.format!r}; remove it"
+                f"trace.{sharegpt_only[0]} is a sharegpt_json option, but format is {self.format!r}; remove it"
             )
         if self.benchmark and self.format not in ("guidellm", "sglang_bench"):
             raise ValueError(

@@ -11,9 +11,12 @@ Formats (see shared/data/traces/README.md for the public ones):
 - sharegpt: CSV `input_tokens`, `output_tokens` (no timestamps).
 - sharegpt_json: the ShareGPT conversations JSON (`ShareGPT_V3_unfiltered_cleaned_split.json`: a list of
   `{"id", "conversations": [{"from", "value"}, ...]}`), read as `vllm bench serve --dataset-name sharegpt` reads it:
-  each conversation's first turn is the prompt and its second the completion, conversations of fewer than two
-  turns left out. Tokens are counted by trace.tokenizer, or the model's own tokenizer when it is cached
-  (workloads/tokens.py), else estimated at CHARS_PER_TOKEN characters a token; a note says which.
+  conversations of fewer than two turns left out, the rest shuffled with Python's random seeded by
+  trace.shuffle_seed (its --seed, 0; None keeps the file's order, its --disable-shuffle), each one's first turn the
+  prompt and its second the completion, and pairs outside its lengths dropped (a prompt under 4 or over 1024
+  tokens, a completion under 4, both over 2048; trace.length_filter false keeps them). Tokens are counted by
+  trace.tokenizer, or the model's own tokenizer when it is cached (workloads/tokens.py), else estimated at
+  CHARS_PER_TOKEN characters a token; a note says which.
 - vllm_bench: a `vllm bench serve --save-result --save-detailed` JSON: its per-request `input_lens` and
   `output_lens`, in the order the client sent them (no timestamps: pair it with the run's arrivals).
 - sglang_bench: an SGLang `bench_serving --output-file` JSONL saved with --output-details: one line's (trace.benchmark,
@@ -46,6 +49,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import numpy as np
@@ -165,18 +169,19 @@ def _tokens(text: object) -> float:
     return math.ceil(len(text) / CHARS_PER_TOKEN) if isinstance(text, str) and text else math.nan
 
 
-def load_sharegpt_json(path: Path, tokenizer: str | None = None) -> pd.DataFrame:
-    """The ShareGPT conversations JSON: first turn as prompt, second as completion, tokens counted by `tokenizer`
-    (workloads/tokens.py) or estimated from the text's length."""
+def load_sharegpt_json(
+    path: Path, tokenizer: str | None = None, shuffle_seed: int | None = 0, length_filter: bool = True
+) -> pd.DataFrame:
+    """The ShareGPT conversations JSON as `vllm bench serve` samples it (module docstring): first turn as prompt,
+    second as completion, tokens counted by `tokenizer` (workloads/tokens.py) or estimated from the text's length."""
     data = _json(path, "sharegpt_json", ("conversations",))
     if not isinstance(data, list):
         raise ValueError(f"{path}: a ShareGPT file is a JSON list of conversations")
-    turns = [
-        entry["conversations"][:2]
-        for entry in data
-        if isinstance(entry, dict) and isinstance(entry.get("conversations"), list)
-    ]
-    pairs = [t for t in turns if len(t) == 2 and all(isinstance(turn, dict) for turn in t)]
+    entries = [entry for entry in data if _has_two_turns(entry)]
+    if shuffle_seed is not None:  # vLLM: random.seed(seed); random.shuffle(data), after the same filter
+        random.Random(shuffle_seed).shuffle(entries)
+    pairs = [e["conversations"][:2] for e in entries if isinstance(e["conversations"], list)]
+    pairs = [t for t in pairs if all(isinstance(turn, dict) for turn in t)]
     texts = [[turn.get("value") for turn in pair] for pair in pairs]
     if tokenizer is None:
         counts = [[_tokens(text) for text in pair] for pair in texts]
@@ -188,15 +193,44 @@ def load_sharegpt_json(path: Path, tokenizer: str | None = None) -> pd.DataFrame
             [n or math.nan for n in flat[i : i + 2]] for i in range(0, len(flat), 2)
         ]  # no text: dropped
         note = f"tokens counted with {tokenizer}'s tokenizer"
+    dropped = {"entries without two turns": len(data) - len(pairs)}
+    if length_filter:
+        kept = [pair for pair in counts if math.isnan(sum(pair)) or _vllm_samples(*pair)]
+        dropped[SHAREGPT_LENGTHS] = len(counts) - len(kept)
+        counts = kept
     table = finish_table(
         path,
-        np.full(len(pairs), np.nan),
+        np.full(len(counts), np.nan),
         [prompt for prompt, _ in counts],
         [answer for _, answer in counts],
-        dropped={"entries without two turns": len(data) - len(pairs)},
+        dropped=dropped,
     )
     table.attrs["notes"] = (f"{path}: {note}",)
     return table
+
+
+# vllm bench serve's is_valid_sequence for a ShareGPT pair (vllm/benchmarks/datasets.py)
+SHAREGPT_MIN_TOKENS, SHAREGPT_MAX_PROMPT, SHAREGPT_MAX_TOTAL = 4, 1024, 2048
+SHAREGPT_LENGTHS = (
+    "pairs outside vllm bench serve's lengths (prompt 4-1024, completion 4+, total 2048 tokens)"
+)
+
+
+def _vllm_samples(prompt: float, completion: float) -> bool:
+    """Whether `vllm bench serve` keeps a ShareGPT pair of these token counts."""
+    return (
+        SHAREGPT_MIN_TOKENS <= prompt <= SHAREGPT_MAX_PROMPT
+        and completion >= SHAREGPT_MIN_TOKENS
+        and prompt + completion <= SHAREGPT_MAX_TOTAL
+    )
+
+
+def _has_two_turns(entry: object) -> bool:
+    """vLLM's filter before its shuffle: a `conversations` of at least two items."""
+    try:
+        return len(entry["conversations"]) >= 2  # type: ignore[index]
+    except (TypeError, KeyError):
+        return False
 
 
 def load_vllm_bench(path: Path) -> pd.DataFrame:
@@ -317,7 +351,7 @@ def load_source(
         case "sharegpt":
             return load_sharegpt(path)
         case "sharegpt_json":
-            return load_sharegpt_json(path, src.tokenizer)
+            return load_sharegpt_json(path, src.tokenizer, src.shuffle_seed, src.length_filter)
         case "vllm_bench":
             return load_vllm_bench(path)
         case "guidellm":

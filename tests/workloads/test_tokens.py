@@ -58,10 +58,10 @@ def sharegpt(tmp_path) -> Path:
 def test_a_tokenizer_file_or_its_folder_counts_each_turn_with_its_bos(tmp_path, sharegpt):
     path = tokenizer_json(tmp_path / "tok" / "tokenizer.json")
     for spec in (str(path), str(path.parent)):
-        table = load_sharegpt_json(sharegpt, spec)
+        table = load_sharegpt_json(sharegpt, spec, shuffle_seed=None, length_filter=False)
         assert table["num_prompt_tokens"].tolist() == [4, 5] and table["num_output_tokens"].tolist() == [2, 3]
         assert table.attrs["notes"] == (f"{sharegpt}: tokens counted with {spec}'s tokenizer",)
-    estimated = load_sharegpt_json(sharegpt)  # 11 and 23 characters at 4 a token
+    estimated = load_sharegpt_json(sharegpt, shuffle_seed=None, length_filter=False)  # 11 and 23 characters
     assert estimated["num_prompt_tokens"].tolist() == [3, 6] and "estimated" in estimated.attrs["notes"][0]
 
 
@@ -71,7 +71,8 @@ def test_the_models_cached_tokenizer_counts_a_scenarios_sharegpt_trace(tmp_path,
     s, base = load_scenario(
         ROOT / "scenarios" / "quickstart.yaml",
         [
-            f"workload.trace={{format: sharegpt_json, path: {sharegpt}}}",
+            # the counts, not vllm bench serve's sampling: the file's order, every pair
+            f"workload.trace={{format: sharegpt_json, path: {sharegpt}, shuffle_seed: null, length_filter: false}}",
             "workload.arrivals={kind: poisson, rate_per_s: 1}",
             "workload.num_requests=2",
         ],
@@ -99,3 +100,6 @@ def test_a_tokenizer_that_is_not_one_says_so(tmp_path, sharegpt, monkeypatch):
         load_sharegpt_json(sharegpt, "org/model")
     with pytest.raises(ValueError, match="trace.tokenizer is a sharegpt_json option, but format is 'azure'"):
         TraceSource(format="azure", path="t.csv", tokenizer="org/model")
+    for option in ({"shuffle_seed": None}, {"length_filter": False}):
+        with pytest.raises(ValueError, match=f"trace.{next(iter(option))} is a sharegpt_json option"):
+            TraceSource(format="mooncake", path="t.jsonl", **option)

@@ -3,6 +3,7 @@ small files written here (BurstGPT, servesim, error cases)."""
 
 import json
 import math
+import random
 import re
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import pytest
 
 from servesim.workloads.traces import (
     CHARS_PER_TOKEN,
+    SHAREGPT_LENGTHS,
     load_sharegpt_json,
     load_vllm_bench,
     load_arxiv,
@@ -296,11 +298,56 @@ def test_sharegpt_json_reads_each_conversations_first_two_turns_as_text_estimate
     ]
     path = tmp_path / "ShareGPT_V3_unfiltered_cleaned_split.json"
     path.write_text(json.dumps(conversations))
-    table = load_sharegpt_json(path)
+    table = load_sharegpt_json(path, shuffle_seed=None, length_filter=False)
     assert table["num_prompt_tokens"].tolist() == [10, 3] and table["num_output_tokens"].tolist() == [101, 2]
     assert CHARS_PER_TOKEN == 4.0 and table["arrival_s"].isna().all()
     assert table.attrs["dropped_by"] == {"entries without two turns": 2}
     assert "estimated at 4 characters a token" in table.attrs["notes"][0]
+
+
+def test_sharegpt_json_keeps_the_pairs_vllm_bench_serve_samples_in_its_shuffled_order(tmp_path):
+    """vllm bench serve shuffles the conversations of two turns or more (random.seed(--seed); random.shuffle),
+    then skips pairs whose prompt is under 4 or over 1024 tokens, completion under 4, or both over 2048."""
+    prompt_and_answer = [  # tokens, at 4 characters a token
+        (4, 4),  # kept: every bound met
+        (3, 100),  # prompt too short
+        (1024, 1024),  # kept: 2048 in all
+        (1025, 4),  # prompt too long
+        (100, 3),  # completion too short
+        (1000, 1049),  # 2049 in all
+        (50, 60),  # kept
+    ]
+    conversations = [
+        {"id": str(i), "conversations": [{"from": "human", "value": "x" * 4 * p}, {"value": "y" * 4 * a}]}
+        for i, (p, a) in enumerate(prompt_and_answer)
+    ]
+    conversations.insert(3, {"id": "one turn", "conversations": [{"value": "q" * 40}]})
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(conversations))
+    in_order = load_sharegpt_json(path, shuffle_seed=None)
+    assert list(zip(in_order["num_prompt_tokens"], in_order["num_output_tokens"])) == [
+        (4, 4),
+        (1024, 1024),
+        (50, 60),
+    ]
+    assert in_order.attrs["dropped_by"][SHAREGPT_LENGTHS] == 4
+    assert in_order.attrs["dropped_by"]["entries without two turns"] == 1
+
+    vllm_order = [c for c in conversations if len(c["conversations"]) >= 2]  # as vLLM does it, seed 0
+    random.seed(0)
+    random.shuffle(vllm_order)
+    expected = [
+        (len(c["conversations"][0]["value"]) // 4, len(c["conversations"][1]["value"]) // 4)
+        for c in vllm_order
+    ]
+    expected = [pair for pair in expected if pair in {(4, 4), (1024, 1024), (50, 60)}]
+    shuffled = load_sharegpt_json(path)
+    assert list(zip(shuffled["num_prompt_tokens"], shuffled["num_output_tokens"])) == expected
+    assert expected != [(4, 4), (1024, 1024), (50, 60)]  # the seed reorders these three
+    other = load_sharegpt_json(path, shuffle_seed=1)
+    assert sorted(zip(other["num_prompt_tokens"], other["num_output_tokens"])) == sorted(expected)
+    every = load_sharegpt_json(path, shuffle_seed=None, length_filter=False)
+    assert len(every) == len(prompt_and_answer) and SHAREGPT_LENGTHS not in every.attrs["dropped_by"]
 
 
 def test_a_vllm_bench_result_is_a_length_table_in_sending_order(tmp_path):
