@@ -37,10 +37,11 @@ class TransferConfig(SpecModel):
     """KV hand-off from a prefill replica to a decode replica.
 
     `direct`: over `link` (an interconnect catalog name, per GPU: every GPU of both replicas has its own),
-    one transfer at a time per prefill replica (later ones queue), once the prefill is done: vLLM's
-    NixlConnector reads the blocks then ("does not do layerwise saving"). Each decode GPU pulls what it
-    holds: its share of the KV heads, or MLA's whole latent, which every TP rank keeps; the transfer lasts
-    as long as the busier end, one decode GPU's share or one prefill GPU's part of all the pulls. With
+    one transfer at a time per prefill replica (per attention rank under DP attention; later ones queue), once
+    the prefill is done: vLLM's NixlConnector reads the blocks then ("does not do layerwise saving"). Each
+    decode GPU pulls what it holds: its share of the KV heads, or MLA's whole latent, which every TP rank
+    keeps; the transfer lasts as long as the busier end, one decode GPU's share or one prefill GPU's part of
+    all the pulls. With
     `streaming` (layer-wise connectors, as Splitwise and the seed describe), each layer's KV is sent as soon
     as the layer is computed, so only what is left after the last layer delays the decode. `store`: through
     a shared KV store tier (Mooncake Store / LMCache style): the KV is written once, split over the prefill

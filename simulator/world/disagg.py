@@ -10,7 +10,8 @@ request once both the KV and its API server's hand-over are in. Per request the 
 prefill's end to the decode side's reservation (its API server, its next step, backpressure), the
 decode side's own prefix hit (not sent), and the transfer time and the bytes the decode GPUs receive.
 A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
-one decode replica share its bandwidth.
+one decode replica share its bandwidth; under DP attention each attention rank's GPUs hold their own requests'
+KV and send or receive them on their own NICs, a transfer at a time per rank.
 Sliding-window layers send only the blocks still in their window (vLLM's NixlConnector with the hybrid KV
 cache manager, on by default since it supports it), unless `disable_hybrid_kv_cache_manager` keeps every
 layer whole.
@@ -97,9 +98,11 @@ class Handoff:
         self.sender, self.receiver = KVPlacement.of(model, prefill_par), KVPlacement.of(model, decode_par)
         self.link_bytes_per_s = cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s
         self.latency_s = cfg.store_latency_s if cfg.kind == "store" else link_latency_s
-        # one sending and one receiving NIC set per replica (its micro-batch engines share them, keyed by the first)
-        self.links = {r.index: simpy.Resource(env, capacity=1) for r in prefill}
-        self.inbound = {r.index: simpy.Resource(env, capacity=1) for r in decode}
+        # one sending and one receiving NIC set per replica (its micro-batch engines share them, keyed by the first),
+        # or per attention rank of a replica under DP attention: created as first used
+        self.links: dict[tuple[int, int], simpy.Resource] = {}
+        self.inbound: dict[tuple[int, int], simpy.Resource] = {}
+        self.ranked = prefill_par.dp_attention, decode_par.dp_attention
         self.store = simpy.Resource(env, capacity=cfg.store_channels)
         self.route_decode = route_decode
 
@@ -107,6 +110,7 @@ class Handoff:
         """Called when `source` has computed the request's prompt (its sampled token is dropped)."""
         target = self.route_decode(req)
         req.extra["prefill_replica"], req.replica = source.index, target.index
+        req.extra["prefill_rank"] = req.extra.get("dp_rank", 0)  # the decode group labels it with its own
         if not self.cfg.streaming:
             self.frontend.submit(req, target, lambda r: self._offer(r, source, target, None))
             return
@@ -142,9 +146,11 @@ class Handoff:
                     (distinct / self.sender.gpus + received) / self.link_bytes_per_s + self.latency_s
                 )
         else:  # the sender's NICs, then the receiver's: taken in that order, so no two transfers wait on each other
-            with self.links[_first(source)].request() as send:
+            sending = self._nics(self.links, source, req.extra["prefill_rank"] if self.ranked[0] else 0)
+            receiving = self._nics(self.inbound, target, req.extra.get("dp_rank", 0) if self.ranked[1] else 0)
+            with sending.request() as send:
                 yield send
-                with self.inbound[_first(target)].request() as receive:
+                with receiving.request() as receive:
                     yield receive
                     if self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
                         # blocks ready and both ends free as the prefill ended: the layers streamed alongside it
@@ -164,6 +170,15 @@ class Handoff:
             yield entered
         target.scheduler.accept(req, self.env.now)
         target.wake.notify()
+
+    def _nics(
+        self, table: dict[tuple[int, int], simpy.Resource], replica: Replica, rank: int
+    ) -> simpy.Resource:
+        """The NICs of `replica`'s attention rank `rank` (0: the replica's whole set)."""
+        key = (_first(replica), rank)
+        if key not in table:
+            table[key] = simpy.Resource(self.env, capacity=1)
+        return table[key]
 
 
 def _first(replica: Replica) -> int:

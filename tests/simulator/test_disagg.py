@@ -321,6 +321,43 @@ def test_a_transfer_lasts_as_long_as_its_busiest_gpu(
     assert req["kv_transfer_bytes"] == pytest.approx(4096 * per_token * copies)
 
 
+def test_under_dp_attention_each_rank_sends_and_receives_its_own_requests_kv(tmp_path):
+    """DeepSeek-V3 1P1D at TP 8 with DP attention: eight 4096-token prompts at once, one per attention rank, each
+    whole on its rank's GPU. Each rank's NICs move its own request, so all eight transfers take one prompt's
+    latent over one GPU's link, side by side, not one after another on the replica's."""
+    from servesim.simulator.world.run import simulate
+
+    (tmp_path / "trace.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + "0.0,4096,4,,\n" * 8
+    )
+    result = simulate(
+        scenario(
+            model="deepseek-v3",
+            hardware={"gpu": "h200"},
+            parallelism={"dp_attention": True},
+            engine={"max_model_len": 8192},
+            disaggregation={
+                "prefill": {"replicas": 1, "tp": 8},
+                "decode": {"replicas": 1, "tp": 8},
+                "transfer": {"link": "ib-ndr-400"},
+            },
+            workload={
+                "trace": {"format": "servesim", "path": "trace.csv"},
+                "arrivals": {"kind": "trace"},
+                "num_requests": 8,
+            },
+        ),
+        tmp_path,
+    )
+    requests = result.requests
+    assert sorted(requests["dp_rank"]) == list(range(8))  # the decode ranks, one request each
+    link = get_interconnect("ib-ndr-400")
+    one = (
+        4096 * 61 * (512 + 64) * 2 / link.bytes_per_s + link.latency_s
+    )  # the whole bf16 latent, one GPU's link
+    assert requests["kv_transfer_s"].tolist() == pytest.approx([one] * 8)
+
+
 def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
     tight = run(disaggregated(rate=8.0, decode_engine={"num_gpu_blocks_override": 1200}))
     df = tight.requests
