@@ -7,7 +7,7 @@ rank's token budget, batch slots, KV pool and prefix cache are the only ones it 
 beside the others, a request sent to it is first scheduled when the step in flight ends, and the step lasts as
 long as its busiest rank's (the cost model prices each rank's requests: `StepBatch.rank`). A dense model's ranks
 under vLLM have no such collective: outside P/D pools they run as engines of their own
-(`simulator.world.engine.DataParallelGroup`).
+(`simulator.world.engine.EngineGroup`).
 
 Where a request goes (`pick`):
 - vLLM (its DP load balancer, `DPLBAsyncMPClient`): the rank with the lowest 4 x waiting + running, the first
@@ -95,6 +95,13 @@ class VllmBalancer:
         choice = scores.index(min(scores))
         self._counts[choice][0] += 1
         return choice
+
+
+def shortest_queue(engines: list[Scheduler], turn: int, now: float) -> int:
+    """A replica's pipeline micro-batch engines, which take requests from one waiting queue (SGLang's pipeline
+    loop forms each micro-batch's next batch from it in turn): the engine with the fewest waiting, then running,
+    requests, the first of equals, stands in for the one queue."""
+    return min(range(len(engines)), key=lambda i: (engines[i].num_waiting, engines[i].num_running, i))
 
 
 def round_robin(ranks: list[Scheduler], turn: int, now: float) -> int:

@@ -63,14 +63,22 @@ class Wakeup:
             self._event = self.env.event()
 
 
-class DataParallelGroup:
-    """vLLM's data-parallel ranks of a dense model, seen by the cluster's router as one replica: each rank is an
-    engine of its own (no MoE collective keeps them in step), and vLLM's DP load balancer sends a request to the
-    rank with the lowest 4 x waiting + running (`policies.data_parallel.VllmBalancer`), noted as its `dp_rank`."""
+class EngineGroup:
+    """Engines the cluster's router sees as one replica, each with a scheduler of its own, and how the replica
+    hands each request to one of them (`pick(schedulers, turn, now)` -> position):
+    - vLLM's data-parallel ranks of a dense model (no MoE collective keeps them in step): its DP load balancer,
+      the lowest 4 x waiting + running (`policies.data_parallel.VllmBalancer`), the rank noted as `dp_rank`;
+    - a replica's pipeline micro-batch engines (SGLang, TensorRT-LLM), which share its KV pool and take requests
+      from one waiting queue: the engine whose queue is shortest (`policies.data_parallel.shortest_queue`)."""
 
-    def __init__(self, index: int, ranks: list[Replica]):
-        self.index, self.ranks, self.balance = index, ranks, VllmBalancer()
+    def __init__(
+        self, index: int, ranks: list[Replica], pick: Callable | None = None, labels_rank: bool = True
+    ):
+        self.index, self.ranks = index, ranks
+        self.balance = pick or VllmBalancer()
+        self.labels_rank = labels_rank
         self.entering = 0  # requests in its API server
+        self._turns = 0
 
     @property
     def num_outstanding(self) -> int:
@@ -78,13 +86,15 @@ class DataParallelGroup:
 
     @property
     def kv_usage(self) -> float:
-        """The fullest rank's, as a MoE model's ranks report it (`policies.data_parallel.RanksKV`)."""
+        """The fullest rank's, as a MoE model's ranks report it (`policies.data_parallel.RanksKV`); micro-batch
+        engines share one pool."""
         return max(rank.kv_usage for rank in self.ranks)
 
     def submit(self, req: Request) -> None:
-        k = req.extra["dp_rank"] = self.balance(
-            [rank.scheduler for rank in self.ranks], 0, self.ranks[0].env.now
-        )
+        k = self.balance([rank.scheduler for rank in self.ranks], self._turns, self.ranks[0].env.now)
+        self._turns += 1
+        if self.labels_rank:
+            req.extra["dp_rank"] = k
         self.ranks[k].submit(req)
 
 

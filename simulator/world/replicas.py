@@ -20,14 +20,14 @@ from servesim.hardware.profile import load_profile
 from servesim.hardware.step_timer import StepTimer
 from servesim.policies.catalog import build_scheduler, schedulers
 from servesim.policies.config import MAX_KV_BLOCKS, EngineConfig
-from servesim.policies.data_parallel import DataParallelRanks, data_parallel_share
+from servesim.policies.data_parallel import DataParallelRanks, data_parallel_share, shortest_queue
 from servesim.policies.families import family_of
 from servesim.policies.hybrid_blocks import make_kv_manager, usable_pages
 from servesim.policies.prefill_first import max_running_requests
 from servesim.policies.spec_cost import draft_time, with_draft_memory
 from servesim.policies.step import Scheduler, StepPlan, TokenLog
 from servesim.simulator.scenario import Scenario
-from servesim.simulator.world.engine import DataParallelGroup, FastForward, Replica, StepTime
+from servesim.simulator.world.engine import EngineGroup, FastForward, Replica, StepTime
 from servesim.simulator.world.step_table import StepLog
 from servesim.simulator.world.pipeline_stages import StagePipeline, StageTimes
 from servesim.workloads.request import Request
@@ -145,11 +145,12 @@ class Pool:
     engine: EngineConfig  # one scheduler's settings (under DP attention, one rank's share of the group's)
     timer: StepTimer
     replicas: list[Replica]
-    groups: list[DataParallelGroup] = field(default_factory=list)  # a dense model's vLLM DP ranks, by replica
+    # by replica: a dense model's vLLM DP ranks, or its pipeline micro-batch engines (EngineGroup)
+    groups: list[EngineGroup] = field(default_factory=list)
 
     @property
-    def targets(self) -> list[Replica] | list[DataParallelGroup]:
-        """What the pool's router chooses among: its replicas, or the DP groups their ranks form."""
+    def targets(self) -> list[Replica] | list[EngineGroup]:
+        """What the pool's router chooses among: its replicas, or the groups their engines form."""
         return self.groups or self.replicas
 
 
@@ -302,7 +303,7 @@ def build_pool(site: ReplicaSite, s: Scenario, count: int, first_index: int, on_
                 group.append(scheduler)
             if independent:
                 engines += [engine(scheduler, pipeline()) for scheduler in group]
-                pool.groups.append(DataParallelGroup(number, engines))
+                pool.groups.append(EngineGroup(number, engines))
             else:
                 pick = family.dp_balancer()  # one API server's
                 engines.append(
@@ -314,5 +315,7 @@ def build_pool(site: ReplicaSite, s: Scenario, count: int, first_index: int, on_
             replica.on_finish = (
                 _waking(on_finish(replica), replica) if per_replica > 1 else on_finish(replica)
             )
+        if per_replica > 1:  # one replica to the router and its API server, one queue to its micro-batches
+            pool.groups.append(EngineGroup(number, engines, shortest_queue, labels_rank=False))
         pool.replicas.extend(engines)
     return pool

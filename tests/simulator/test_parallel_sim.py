@@ -207,6 +207,26 @@ def test_sglang_runs_a_pipelined_replica_as_engines_splitting_max_num_seqs_where
     assert vllm.scheduler.max_num_seqs == 5 and vllm.scheduler.host_blocks_free == 2 * whole
 
 
+@pytest.mark.parametrize("router", ["least_kv", "round_robin"])
+def test_a_pipelined_sglang_replica_is_one_target_whose_micro_batches_share_its_requests(router):
+    """The router and the API server see a PP2 SGLang replica once, whatever the router reads: its micro-batch
+    engines share one KV pool (least_kv saw them tie and sent everything to the first) and take requests from
+    one queue, here each engine's by the shortest queue. Every engine of both replicas runs requests."""
+    s = scenario(
+        parallelism={"pp": 2},
+        engine={"scheduler": "sglang"},
+        cluster={"replicas": 2, "router": router},
+        workload={"arrivals": {"kind": "trace", "rate_per_s": 30}, "num_requests": 300},
+    )
+    world = World(s, SCENARIOS)
+    assert [len(group.ranks) for group in world.pools[0].targets] == [2, 2]
+    result = world.run()
+    assert result.summary["completed"] == 300
+    per_engine = result.requests["replica"].value_counts()
+    assert sorted(per_engine.index) == [0, 1, 2, 3] and per_engine.min() >= 50
+    assert result.requests["dp_rank"].isna().all()  # micro-batches are not DP ranks
+
+
 def test_a_pipelined_prefill_replica_sends_its_kv_over_one_link():
     """Two prompts prefill in two micro-batches of one PP2 prefill replica (the budget holds one), the second
     one stage behind the first (the stages run one micro-batch at a time). Llama 2's 512 KiB per token take longer on the wire
