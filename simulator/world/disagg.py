@@ -6,7 +6,8 @@ TTFT counts all of it: the first token is the one the decode replica samples onc
 answers, so it passes the decode side's own API server first (priced as the prefill side's, by the decode
 pool's profile), and the decode engine reserves its blocks and starts the pull at its next schedule. Streaming
 (push) connectors send each layer as the prefill computes it: the decode engine reserves at once and admits the
-request once both the KV and its API server's hand-over are in. Per request the run records the wait from the
+request once both the KV and its API server's hand-over are in; the prompts of one prefill step share the sender's
+link as their layers are computed, so each lands once the step's bytes up to its own are through. Per request the run records the wait from the
 prefill's end to the decode side's reservation (its API server, its next step, backpressure), the
 decode side's own prefix hit (not sent), and the transfer time and the bytes the decode GPUs receive.
 A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
@@ -19,6 +20,7 @@ layer whole.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -103,6 +105,10 @@ class Handoff:
         self.links: dict[tuple[int, int], simpy.Resource] = {}
         self.inbound: dict[tuple[int, int], simpy.Resource] = {}
         self.ranked = prefill_par.dp_attention, decode_par.dp_attention
+        # streaming: per sending NIC set, the prefill step it streams [its end, since when, wire seconds so far],
+        # and when its last transfer ended
+        self._streams: dict[tuple[int, int], list[float]] = {}
+        self._idle_since: dict[tuple[int, int], float] = {}
         self.store = simpy.Resource(env, capacity=cfg.store_channels)
         self.route_decode = route_decode
 
@@ -146,21 +152,23 @@ class Handoff:
                     (distinct / self.sender.gpus + received) / self.link_bytes_per_s + self.latency_s
                 )
         else:  # the sender's NICs, then the receiver's: taken in that order, so no two transfers wait on each other
-            sending = self._nics(self.links, source, req.extra["prefill_rank"] if self.ranked[0] else 0)
+            key = self._key(source, req.extra["prefill_rank"] if self.ranked[0] else 0)
             receiving = self._nics(self.inbound, target, req.extra.get("dp_rank", 0) if self.ranked[1] else 0)
-            with sending.request() as send:
+            with self._nics(self.links, source, key[1]).request() as send:
                 yield send
+                sent_from = self.env.now
                 with receiving.request() as receive:
                     yield receive
-                    if self.cfg.streaming and self.env.now == reserved == req.extra["prefill_end_s"]:
-                        # blocks ready and both ends free as the prefill ended: the layers streamed alongside it
-                        compute = req.extra["prefill_end_s"] - req.extra["prefill_start_s"]
-                        duration = (
-                            streamed_transfer_s(wire_s, compute, self.model.num_layers) + self.latency_s
-                        )
-                    else:
-                        duration = wire_s + self.latency_s
-                    yield self.env.timeout(duration)
+                    streamed = None
+                    if self.cfg.streaming and reserved == req.extra["prefill_end_s"]:
+                        # both ends free as the step ended, or the link just through the step's prompt before
+                        if sent_from == self.env.now == reserved or self._chained(key, req):
+                            streamed = self._streamed_until(key, req, wire_s)
+                    if streamed is None:
+                        self._streams.pop(key, None)
+                    landed = max(streamed, self.env.now) if streamed is not None else self.env.now + wire_s
+                    yield self.env.timeout(landed - self.env.now + self.latency_s)
+                    self._idle_since[key] = self.env.now
         req.extra["kv_transfer_s"] = self.env.now - reserved
         req.extra["kv_transfer_bytes"] = nbytes
         prefill_sched: PrefillScheduler = source.scheduler
@@ -175,10 +183,37 @@ class Handoff:
         self, table: dict[tuple[int, int], simpy.Resource], replica: Replica, rank: int
     ) -> simpy.Resource:
         """The NICs of `replica`'s attention rank `rank` (0: the replica's whole set)."""
-        key = (_first(replica), rank)
+        key = self._key(replica, rank)
         if key not in table:
             table[key] = simpy.Resource(self.env, capacity=1)
         return table[key]
+
+    @staticmethod
+    def _key(replica: Replica, rank: int) -> tuple[int, int]:
+        return _first(replica), rank
+
+    def _chained(self, key: tuple[int, int], req: Request) -> bool:
+        """Whether the sender's link has just finished another prompt of `req`'s prefill step, streamed."""
+        stream = self._streams.get(key)
+        return (
+            stream is not None
+            and stream[0] == req.extra["prefill_end_s"]
+            and self._idle_since.get(key) == self.env.now
+        )
+
+    def _streamed_until(self, key: tuple[int, int], req: Request, wire_s: float) -> float:
+        """When a pushed prompt's last byte lands: the layers of its prefill step's prompts leave as they are
+        computed, one stream on the sender's link (from the step's start, or its last transfer's end if later), so
+        it lands once the step's bytes up to its own are through (`streamed_transfer_s` of them all)."""
+        end = req.extra["prefill_end_s"]
+        stream = self._streams.get(key)
+        if (
+            stream is None or stream[0] != end
+        ):  # the step's first prompt: the link free since its last transfer
+            since = max(req.extra["prefill_start_s"], self._idle_since.get(key, -math.inf))
+            stream = self._streams[key] = [end, since, 0.0]
+        stream[2] += wire_s
+        return end + streamed_transfer_s(stream[2], end - stream[1], self.model.num_layers)
 
 
 def _first(replica: Replica) -> int:

@@ -358,6 +358,23 @@ def test_under_dp_attention_each_rank_sends_and_receives_its_own_requests_kv(tmp
     assert requests["kv_transfer_s"].tolist() == pytest.approx([one] * 8)
 
 
+def test_streamed_prompts_of_one_prefill_step_share_the_link_as_their_layers_are_computed(tmp_path):
+    """Eight 2000-token prompts prefilled in one step, pushed layer by layer: the link sends every prompt's layers
+    as the step computes them (~0.4 s, against 5.2 ms of wire a prompt), so the k-th lands one layer's share of
+    the first k prompts' bytes after the step, not after the earlier prompts' whole transfers."""
+    rows = "0.0,2000,4,,\n" * 8
+    result = _one_by_one(tmp_path, rows, prefill={"max_num_batched_tokens": 16384}, streaming=True)
+    link = get_interconnect("ib-ndr-400")
+    wire_s = 2000 * 32 * 2 * 8 * 128 * 2 / link.bytes_per_s  # Llama 3.1 8B's bf16 KV of one prompt
+    landed = sorted(result.requests["kv_transfer_s"])
+    assert landed == pytest.approx([k * wire_s / 32 + link.latency_s for k in range(1, 9)])
+    # pulled after the prefill: one after another
+    pulled = _one_by_one(tmp_path, rows, prefill={"max_num_batched_tokens": 16384})
+    assert sorted(pulled.requests["kv_transfer_s"]) == pytest.approx(
+        [k * (wire_s + link.latency_s) for k in range(1, 9)]
+    )
+
+
 def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
     tight = run(disaggregated(rate=8.0, decode_engine={"num_gpu_blocks_override": 1200}))
     df = tight.requests
