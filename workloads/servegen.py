@@ -105,7 +105,8 @@ def _client_requests(
     folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float
 ) -> pd.DataFrame:
     """One client's arrivals (s, absolute) in [t0_s, t1_s) with sampled prompt/output lengths."""
-    trace = _read_trace(folder / f"chunk-{client}-trace.csv")
+    trace_path = folder / f"chunk-{client}-trace.csv"
+    trace = _read_trace(trace_path)
     dataset = _read_dataset(folder / f"chunk-{client}-dataset.json")
     starts = sorted(dataset)
     active = trace[
@@ -117,7 +118,7 @@ def _client_requests(
     cols: dict[str, list[np.ndarray]] = {"t": [], "p": [], "o": []}
     parsed: dict[float, tuple[Pmf, Pmf] | None] = {}  # PMF strings are large: parse each window once
     for row in active.itertuples(index=False):
-        times = _window_arrivals(row.timestamp_s, _Gaps(row, rng), row.rate_req_per_s)
+        times = _window_arrivals(row.timestamp_s, _Gaps(row, rng, trace_path), row.rate_req_per_s)
         times = times[(times >= t0_s) & (times < t1_s)]
         pos = bisect.bisect_right(starts, row.timestamp_s) - 1
         if pos >= 0 and starts[pos] not in parsed:
@@ -137,7 +138,7 @@ def _client_requests(
 class _Gaps:
     """A window's fitted inter-arrival gaps (s): Gamma or Weibull of shape p1 and mean 1 / rate."""
 
-    def __init__(self, row, rng: np.random.Generator):
+    def __init__(self, row, rng: np.random.Generator, path: Path):
         self.shape, self.mean_s, self.rng, self.kind = (
             float(row.p1),
             1.0 / float(row.rate_req_per_s),
@@ -145,10 +146,10 @@ class _Gaps:
             row.dist_name,
         )
         if not self.shape > 0:
-            raise ValueError(f"servegen window at {row.timestamp_s} s: shape p1={row.p1} must be > 0")
+            raise ValueError(f"{path}: servegen window at {row.timestamp_s} s: shape p1={row.p1} must be > 0")
         if self.kind not in ("Gamma", "Weibull"):
             raise ValueError(
-                f"servegen window at {row.timestamp_s} s: unknown distribution {row.dist_name!r} "
+                f"{path}: servegen window at {row.timestamp_s} s: unknown distribution {row.dist_name!r} "
                 "(expected Gamma, Weibull or empty)"
             )
 
@@ -187,7 +188,12 @@ def _window_arrivals(start_s: float, gaps: _Gaps, rate_per_s: float) -> np.ndarr
 def _read_trace(path: Path) -> pd.DataFrame:
     if not path.is_file():
         raise ValueError(f"{path}: servegen trace file not found (expected columns {list(TRACE_COLUMNS)})")
-    df = pd.read_csv(path, header=None)
+    try:
+        df = pd.read_csv(path, header=None)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError) as err:
+        raise ValueError(
+            f"{path}: not a servegen trace CSV ({str(err)[:80]}; expected columns {list(TRACE_COLUMNS)})"
+        ) from None
     if df.shape[1] != len(TRACE_COLUMNS):
         raise ValueError(
             f"{path}: servegen trace has {df.shape[1]} columns; expected {len(TRACE_COLUMNS)}: "

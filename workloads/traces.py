@@ -398,14 +398,15 @@ def _nullable_int(values: pd.Series, path: Path, name: str) -> pd.Series:
 
 
 def _check_prefixes(table: pd.DataFrame, path: Path) -> None:
-    """prefix_id >= 0 with a prefix_tokens in 1..prompt_tokens, the same for every row of one id."""
+    """prefix_id in 0..2^48 - 1 with a prefix_tokens in 1..prompt_tokens, the same for every row of one id."""
     has_id, has_len = table["prefix_id"].notna(), table["prefix_tokens"].notna()
     rows = table[has_id]
     problems = []
     if (has_id != has_len).any():
         problems.append("prefix_id and prefix_tokens must both be set or both empty")
-    if (rows["prefix_id"] < 0).any():
-        problems.append("prefix_id must be >= 0")
+    if ((rows["prefix_id"] < 0) | (rows["prefix_id"] >= OUTPUT_SEGMENT_BASE)).any():
+        # the ids name the shared text's segments; from 2^48 up they are generated outputs' (workloads/request.py)
+        problems.append(f"prefix_id must be in 0..{OUTPUT_SEGMENT_BASE - 1}")
     if ((rows["prefix_tokens"] < 1) | (rows["prefix_tokens"] > rows["num_prompt_tokens"])).any():
         problems.append("prefix_tokens must be in 1..prompt_tokens")
     if (rows.groupby("prefix_id")["prefix_tokens"].nunique() > 1).any():

@@ -110,6 +110,21 @@ def test_pmf_strings_are_literals_never_code(tmp_path):
         servegen_requests(folder, np.random.default_rng(0), duration_s=60)
 
 
+@pytest.mark.parametrize(
+    "trace,problem",
+    [
+        ("0,2.0,1.0,Gamma,0,0.5\n", "servegen window at 0 s: shape p1=0 must be > 0"),
+        ("0,2.0,1.0,Lognorm,1.0,0.5\n", "servegen window at 0 s: unknown distribution 'Lognorm'"),
+        ("", "not a servegen trace CSV"),
+    ],
+)
+def test_a_bad_window_or_trace_file_is_named_in_the_error(tmp_path, trace, problem):
+    folder = write_model(tmp_path / "model")
+    (folder / "chunk-3-trace.csv").write_text(trace)
+    with pytest.raises(ValueError, match=rf"chunk-3-trace\.csv: {problem}"):
+        servegen_requests(folder, np.random.default_rng(0), duration_s=60, clients=[3])
+
+
 def test_missing_folder_and_unknown_client(tmp_path):
     with pytest.raises(ValueError, match="servegen folder not found"):
         servegen_requests(tmp_path / "none", np.random.default_rng(0), duration_s=60)
@@ -129,7 +144,7 @@ def test_a_window_holds_its_fitted_rate_however_bursty(kind, shape):
 
     row = SimpleNamespace(p1=shape, rate_req_per_s=0.1, dist_name=kind, timestamp_s=0.0)
     rng = np.random.default_rng(7)
-    counts = [len(_window_arrivals(0.0, _Gaps(row, rng), 0.1)) for _ in range(3000)]
+    counts = [len(_window_arrivals(0.0, _Gaps(row, rng, Path("t.csv")), 0.1)) for _ in range(3000)]
     assert np.mean(counts) == pytest.approx(0.1 * WINDOW_S, rel=0.05)
 
 

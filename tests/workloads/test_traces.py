@@ -281,6 +281,26 @@ def test_a_bad_mooncake_line_is_named_with_its_field(tmp_path, second, message):
         load_mooncake(path)
 
 
+@pytest.mark.parametrize(
+    "rows,problem",
+    [
+        ("0,100,5,,-1,10", "prefix_id must be in 0..281474976710655"),
+        # an id from 2^48 up would name a request's generated output, which a later turn's prompt holds
+        ("0,100,5,,281474976710656,10", "prefix_id must be in 0..281474976710655"),
+        ("0,100,5,,3,", "prefix_id and prefix_tokens must both be set or both empty"),
+        ("0,100,5,,3,101", "prefix_tokens must be in 1..prompt_tokens"),
+        ("0,100,5,,3,10\n1,100,5,,3,20", "one prefix_id must always have the same prefix_tokens"),
+    ],
+)
+def test_servesim_prefixes_out_of_range_are_refused_naming_the_file(tmp_path, rows, problem):
+    path = tmp_path / "t.csv"
+    path.write_text(",".join(SERVESIM_COLUMNS) + "\n" + rows + "\n")
+    with pytest.raises(ValueError, match=rf"t\.csv: servesim prefixes: {re.escape(problem)}"):
+        load_servesim(path)
+    path.write_text(",".join(SERVESIM_COLUMNS) + "\n0,100,5,,281474976710655,10\n")
+    assert load_servesim(path)["prefix_id"].tolist() == [281474976710655]
+
+
 def test_sharegpt_json_reads_each_conversations_first_two_turns_as_text_estimates(tmp_path):
     """As vllm bench serve reads the ShareGPT file: first turn the prompt, second the completion; conversations of
     fewer than two turns, or no turns, are left out; tokens are characters / CHARS_PER_TOKEN, rounded up."""
