@@ -55,7 +55,13 @@ def servegen_requests(
     included, left_out = _client_ids(folder, clients)
     parts = [_client_requests(folder, c, rng, start_s, end_s) for c in included]
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t", "p", "o", "c"])
-    table = finish_table(folder, df["t"], df["p"], df["o"], extra={"client_id": df["c"].astype(np.int64)})
+    table = finish_table(  # drawn, not read: no file column or row to name
+        folder,
+        df["t"].to_numpy(),
+        df["p"].to_numpy(),
+        df["o"].to_numpy(),
+        extra={"client_id": df["c"].to_numpy(np.int64)},
+    )
     if left_out:
         share = _expected_requests(folder, left_out, start_s, end_s)
         total = share + _expected_requests(folder, included, start_s, end_s)

@@ -59,7 +59,8 @@ def finish_table(
     """Assemble the common table: drop rows without positive lengths, shift times to start at 0, sort.
 
     `dropped`: rows the caller already removed, by reason; with this function's own they go to
-    `df.attrs["dropped_by"]`, their total to `df.attrs["dropped"]`.
+    `df.attrs["dropped_by"]`, their total to `df.attrs["dropped"]`. A bad value is named by the file's column
+    (the name of the Series passed) and data row (1-based, the Series' index: the row the file holds it on).
     """
     extras = {
         k: v.reset_index(drop=True) if isinstance(v, pd.Series) else v for k, v in (extra or {}).items()
@@ -72,12 +73,14 @@ def finish_table(
             **extras,
         }
     )
+    df.index = prompt.index if isinstance(prompt, pd.Series) else pd.RangeIndex(len(df))
     keep = (df["num_prompt_tokens"] >= 1) & (df["num_output_tokens"] >= 1)  # NaN compares False
-    df = df[keep].reset_index(drop=True)
-    for col in LENGTH_COLUMNS:
-        _require_integral(df[col], path, col)
+    df = df[keep]
+    for col, given in zip(LENGTH_COLUMNS, (prompt, output)):
+        name = given.name if isinstance(given, pd.Series) and isinstance(given.name, str) else col
+        _require_integral(df[col], path, name)
         df[col] = df[col].astype(np.int64)
-    df = _shift_and_sort(df, path)
+    df = _shift_and_sort(df, path).reset_index(drop=True)
     by_reason = {**(dropped or {}), BAD_LENGTH: int((~keep).sum())}
     df.attrs["dropped_by"] = {reason: int(rows) for reason, rows in by_reason.items() if rows}
     df.attrs["dropped"] = sum(df.attrs["dropped_by"].values())
@@ -106,15 +109,20 @@ def _require_integral(values: pd.Series, path: Path, name: str) -> None:
     frac[~frac] = numbers[~frac] % 1 != 0
     if frac.any():
         raise ValueError(
-            f"{path}: {name} must be whole token counts; rows {np.flatnonzero(frac)[:5].tolist()} "
+            f"{path}: {name} must be whole token counts; data rows {_rows(values, frac)} "
             f"are not (e.g. {values[frac].iloc[0]})"
         )
     huge = numbers > MAX_TOKENS
     if huge.any():
         raise ValueError(
-            f"{path}: {name} must be at most 2^40 tokens; rows {np.flatnonzero(huge)[:5].tolist()} "
+            f"{path}: {name} must be at most 2^40 tokens; data rows {_rows(values, huge)} "
             f"are not (e.g. {values[huge].iloc[0]:g})"
         )
+
+
+def _rows(values: pd.Series, bad: np.ndarray) -> list[int]:
+    """The first few data rows (1-based, as the file holds them) of `values` where `bad`."""
+    return [int(label) + 1 for label in values.index[bad][:5]]
 
 
 def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -129,7 +137,7 @@ def _shift_and_sort(df: pd.DataFrame, path: Path) -> pd.DataFrame:
     infinite = np.isinf(times.to_numpy())
     if infinite.any():
         raise ValueError(
-            f"{path}: arrival times must be finite; rows {np.flatnonzero(infinite)[:5].tolist()} are "
+            f"{path}: arrival times must be finite; data rows {_rows(times, infinite)} are "
             f"not (e.g. {times[infinite].iloc[0]})"
         )
     df["arrival_s"] = times - times.min()

@@ -174,15 +174,17 @@ def test_servesim_inconsistent_prefix_is_an_error(tmp_path):
 @pytest.mark.parametrize(
     "row, message",
     [
-        ("inf,100,10", "arrival times must be finite; rows [1] are not (e.g. inf)"),
-        ("1.0,1e30,10", "num_prompt_tokens must be at most 2^40 tokens; rows [1] are not (e.g. 1e+30)"),
-        ("1.0,100,inf", "num_output_tokens must be whole token counts; rows [1] are not (e.g. inf)"),
+        ("inf,100,10", "arrival times must be finite; data rows [3] are not (e.g. inf)"),
+        ("1.0,1e30,10", "prompt_tokens must be at most 2^40 tokens; data rows [3] are not (e.g. 1e+30)"),
+        ("1.0,100,inf", "output_tokens must be whole token counts; data rows [3] are not (e.g. inf)"),
+        ("1.0,10.5,5", "prompt_tokens must be whole token counts; data rows [3] are not (e.g. 10.5)"),
     ],
 )
 def test_a_value_no_request_could_have_is_named_with_its_file_and_row(tmp_path, row, message):
-    """Such a value used to pass (a request finishing at infinity) or overflow int64 into a confusing message."""
+    """Such a value used to pass (a request finishing at infinity) or overflow int64 into a confusing message. It is
+    named by the file's column and data row, counted before the row without an output (dropped) is left out."""
     path = tmp_path / "mine.csv"
-    path.write_text(f"arrival_s,prompt_tokens,output_tokens\n0.0,100,10\n{row}\n")
+    path.write_text(f"arrival_s,prompt_tokens,output_tokens\n0.0,100,0\n0.5,100,10\n{row}\n")
     with pytest.raises(ValueError, match=re.escape(f"{path}: {message}")):
         load_servesim(path)
 
