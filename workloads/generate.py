@@ -17,6 +17,10 @@ Prefix identity (`Request.prompt_segments`, rules in workloads/request.py), alwa
 - Mooncake rows: one run per hash id, (hash id, 512), the last one (hash id, input_length - 512 * (k - 1)).
 - servesim rows with a `prefix_id`: `((prefix_id, prefix_tokens), (-(id + 1), rest))`.
 - With `shared_prefix`: `((prefix index, prefix_tokens), (-(id + 1), own part))` for requests that use one.
+- A trace turn of a `session_id` whose prompt holds the session's previous turn and its answer (prompt_tokens at
+  least their sum, as a chat client resends its history): the previous turn's runs, its answer
+  `(output_segment_id(prev.id), prev.num_output_tokens)`, then `(-(id + 1), rest)`. A session's turns count
+  `turn` on either way.
 - Everything else, and any trace whose lengths `lengths` replaces: `((-(id + 1), num_prompt_tokens),)`.
 A unique run (-(id + 1), ...) is named after the first request with that prompt: parallel samples
 share their first copy's runs, so their prompts are identical.
@@ -41,7 +45,7 @@ from servesim.workloads.prefixes import (
     assign_semantic_clusters,
     with_unique_rest,
 )
-from servesim.workloads.request import Request
+from servesim.workloads.request import Request, output_segment_id
 from servesim.workloads.sessions import session_requests
 from servesim.workloads.tables import dropped_text
 from servesim.workloads.traces import MOONCAKE_BLOCK_TOKENS, load_source, resolve_path
@@ -90,21 +94,28 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     else:
         n = 1 if cfg.parallel_sampling is None else cfg.parallel_sampling.n
         extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), request_rng, base_dir)
-        requests, followups = _parallel_requests(table, n, extra_outputs), {}
+        history = cfg.lengths is None  # drawn lengths say nothing of what a turn resends
+        requests, followups = _parallel_requests(table, n, extra_outputs, history), {}
     if cfg.semantic_clusters is not None:
         assign_semantic_clusters([*requests, *followups.values()], cfg.semantic_clusters, cluster_rng)
     return Workload(requests=requests, closed_loop=cfg.closed_loop, followups=followups, notes=notes)
 
 
-def _parallel_requests(table: pd.DataFrame, n: int, extra_outputs: np.ndarray) -> list[Request]:
+def _parallel_requests(
+    table: pd.DataFrame, n: int, extra_outputs: np.ndarray, history: bool = True
+) -> list[Request]:
     """n requests per table row with one prompt (named after the first copy) and arrival; copy 0 keeps the
-    row's output length, copies 1..n-1 take `extra_outputs` in order."""
-    requests = []
+    row's output length, copies 1..n-1 take `extra_outputs` in order. `history`: a session's turn that holds the
+    previous turn and its answer starts with them (the module docstring)."""
+    requests, last_turn = [], {}  # session id -> its latest turn's first copy
     for i, row in enumerate(table.itertuples(index=False)):
         prompt = int(row.num_prompt_tokens)
-        segments = with_unique_rest(row.shared_segments, prompt, i * n)
-        outputs = [int(row.num_output_tokens), *extra_outputs[i * (n - 1) : (i + 1) * (n - 1)].tolist()]
         session_id = None if pd.isna(row.session_id) else int(row.session_id)
+        prev = last_turn.get(session_id) if history and session_id is not None else None
+        resends = prev is not None and prompt >= prev.num_prompt_tokens + prev.num_output_tokens
+        shared = (*prev.segments(), (output_segment_id(prev.id), prev.num_output_tokens)) if resends else None
+        segments = with_unique_rest(row.shared_segments if shared is None else shared, prompt, i * n)
+        outputs = [int(row.num_output_tokens), *extra_outputs[i * (n - 1) : (i + 1) * (n - 1)].tolist()]
         requests += [
             Request(
                 id=i * n + c,
@@ -114,9 +125,12 @@ def _parallel_requests(table: pd.DataFrame, n: int, extra_outputs: np.ndarray) -
                 prompt_segments=segments,
                 session_id=session_id,
                 priority=int(row.priority),
+                turn=0 if prev is None else prev.turn + 1,
             )
             for c in range(n)
         ]
+        if session_id is not None:
+            last_turn[session_id] = requests[-n]
     return requests
 
 

@@ -36,7 +36,8 @@ Formats (see shared/data/traces/README.md for the public ones):
   | `arrival_s`     | yes      | arrival time (s); empty in every row = no timestamps                 |
   | `prompt_tokens` | yes      | prompt length (tokens)                                               |
   | `output_tokens` | yes      | tokens to generate                                                   |
-  | `session_id`    | no       | integer session (multi-turn conversation) id                         |
+  | `session_id`    | no       | integer session (multi-turn conversation) id: a turn resending the   |
+  |                 |          | session's previous prompt and answer starts with them                |
   | `priority`      | no       | integer priority, lower runs first (default 0)                       |
   | `prefix_id`     | no       | integer >= 0: rows with the same id share their first `prefix_tokens` |
   | `prefix_tokens` | with `prefix_id` | length of that shared prefix (tokens, 1..prompt_tokens)      |

@@ -209,3 +209,23 @@ def test_application_caches_answer_repeats_without_the_engine(kind, tmp_path):
     else:
         assert 0 < summary["response_cache_false_hits"] < len(hits)
         assert (hits["false_hit"].mean()) == pytest.approx(0.1, abs=0.08)
+
+
+def test_a_chat_traces_later_turns_hit_the_conversation_they_resend(tmp_path):
+    """A servesim trace of one conversation whose turns resend it: vLLM's prefix cache holds the earlier turns'
+    prompts and answers, so each later turn computes little more than its new question."""
+    from servesim.simulator.world.run import simulate
+
+    (tmp_path / "chat.csv").write_text(
+        "arrival_s,prompt_tokens,output_tokens,session_id\n0.0,1000,200,1\n5.0,1400,100,1\n10.0,1700,10,1\n"
+    )
+    s = scenario(
+        workload={
+            "trace": {"format": "servesim", "path": "chat.csv"},
+            "arrivals": {"kind": "trace"},
+            "num_requests": 3,
+        }
+    )
+    cached = simulate(s, tmp_path).requests.sort_values("arrival_s")["cached_tokens"].tolist()
+    # whole 16-token blocks of what each turn computed (its last answer token is never fed back): 1199, then 1499
+    assert cached == [0, 1184, 1488]

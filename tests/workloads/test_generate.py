@@ -10,7 +10,7 @@ import pytest
 from servesim.workloads.arrivals import mean_rate_per_s
 from servesim.workloads.config import WorkloadConfig
 from servesim.workloads.generate import Workload, build_table, build_workload
-from servesim.workloads.request import Request
+from servesim.workloads.request import Request, output_segment_id
 from tests.workloads.paths import QUICKSTART_TRACE
 
 QUICKSTART = {"format": "azure", "path": "traces/azure_conv_1h_first2000.csv"}
@@ -284,6 +284,39 @@ def test_servesim_prefixes_sessions_and_priorities(tmp_path):
     prefix_ids = {s for r in w.requests for s, _ in r.prompt_segments[:1]}
     unique_ids = {s for r in w.requests for s, _ in r.prompt_segments[1:]}
     assert prefix_ids.isdisjoint(unique_ids)
+
+
+def test_a_trace_sessions_later_turn_that_resends_the_conversation_starts_with_it(tmp_path):
+    """A chat client resends the conversation: a turn whose prompt is at least the session's previous prompt and
+    answer starts with them (the previous turn's runs, then its generated tokens), the rest its own; a turn
+    shorter than that shares nothing. Turns count on within each session; synthetic lengths share nothing."""
+    rows = [  # arrival_s, prompt_tokens, output_tokens, session_id
+        (0.0, 100, 50, 7),
+        (0.5, 80, 10, 8),
+        (5.0, 200, 40, 7),  # 150 resent + 50 new
+        (6.0, 60, 10, 8),  # shorter than 80 + 10: a new question alone
+        (10.0, 290, 5, 7),  # exactly 200 + 40 resent + 50 new
+    ]
+    lines = "".join(f"{t},{p},{o},{sid}\n" for t, p, o, sid in rows)
+    (tmp_path / "chat.csv").write_text("arrival_s,prompt_tokens,output_tokens,session_id\n" + lines)
+    w = build(trace={"format": "servesim", "path": "chat.csv"}, arrivals={"kind": "trace"}, base_dir=tmp_path)
+    answer = [(output_segment_id(i), o) for i, (_, _, o, _) in enumerate(rows)]
+    assert [r.prompt_segments for r in w.requests] == [
+        ((-1, 100),),
+        ((-2, 80),),
+        ((-1, 100), answer[0], (-3, 50)),
+        ((-4, 60),),
+        ((-1, 100), answer[0], (-3, 50), answer[2], (-5, 50)),
+    ]
+    assert [r.turn for r in w.requests] == [0, 0, 1, 1, 2]
+    assert all(sum(n for _, n in r.prompt_segments) == r.num_prompt_tokens for r in w.requests)
+    drawn = build(
+        trace={"format": "servesim", "path": "chat.csv"},
+        arrivals={"kind": "trace"},
+        lengths={"prompt": {"kind": "fixed", "value": 500}, "output": {"kind": "fixed", "value": 5}},
+        base_dir=tmp_path,
+    )
+    assert [r.prompt_segments for r in drawn.requests] == [((-(i + 1), 500),) for i in range(5)]
 
 
 def test_trace_without_timestamps_cannot_drive_trace_arrivals(tmp_path):
