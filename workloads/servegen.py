@@ -62,15 +62,35 @@ def servegen_requests(
         df["o"].to_numpy(),
         extra={"client_id": df["c"].to_numpy(np.int64)},
     )
+    notes = []
     if left_out:
         share = _expected_requests(folder, left_out, start_s, end_s)
         total = share + _expected_requests(folder, included, start_s, end_s)
-        table.attrs["notes"] = (
+        notes.append(
             f"{folder}: clients {left_out} have no chunk-<client>-dataset.json (their lengths) "
             f"and are left out: {share / total if total else 0:.0%} of the requests their "
-            "trace files give this window",
+            "trace files give this window"
         )
+    data_end_s = max(
+        (_read_trace(_trace_path(folder, c))["timestamp_s"].max() + WINDOW_S for c in included), default=0
+    )
+    if end_s > data_end_s:
+        notes.append(
+            f"{folder}: the model's windows end at {data_end_s:g} s, before start_s + duration_s = {end_s:g} s: "
+            "no arrivals after that"
+        )
+    if len(df) and df["t"].min() - start_s > WINDOW_S:
+        notes.append(
+            f"{folder}: no client sends before {df['t'].min():.0f} s of the model's timeline (start_s {start_s:g} s); "
+            "the run starts at that first arrival"
+        )
+    if notes:
+        table.attrs["notes"] = tuple(notes)
     return table
+
+
+def _trace_path(folder: Path, client: int) -> Path:
+    return folder / f"chunk-{client}-trace.csv"
 
 
 def _clients(folder: Path, kind: str) -> list[int]:
@@ -100,7 +120,7 @@ def _expected_requests(folder: Path, clients: Sequence[int], t0_s: float, t1_s: 
     """Requests the clients' trace windows promise in [t0_s, t1_s): rate times the overlap."""
     total = 0.0
     for client in clients:
-        trace = _read_trace(folder / f"chunk-{client}-trace.csv")
+        trace = _read_trace(_trace_path(folder, client))
         start = trace["timestamp_s"].to_numpy(float)
         overlap = np.clip(np.minimum(start + WINDOW_S, t1_s) - np.maximum(start, t0_s), 0, None)
         total += float((trace["rate_req_per_s"].fillna(0).to_numpy(float) * overlap).sum())
@@ -111,7 +131,7 @@ def _client_requests(
     folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float
 ) -> pd.DataFrame:
     """One client's arrivals (s, absolute) in [t0_s, t1_s) with sampled prompt/output lengths."""
-    trace_path = folder / f"chunk-{client}-trace.csv"
+    trace_path = _trace_path(folder, client)
     trace = _read_trace(trace_path)
     dataset = _read_dataset(folder / f"chunk-{client}-dataset.json")
     starts = sorted(dataset)

@@ -125,6 +125,21 @@ def test_a_bad_window_or_trace_file_is_named_in_the_error(tmp_path, trace, probl
         servegen_requests(folder, np.random.default_rng(0), duration_s=60, clients=[3])
 
 
+def test_a_run_past_the_models_windows_or_before_its_first_traffic_says_so(tmp_path):
+    folder = write_model(tmp_path / "model")  # client 3's windows end at 1800 s
+    long = servegen_requests(folder, np.random.default_rng(0), duration_s=3600, clients=[3])
+    assert any(
+        "windows end at 1800 s, before start_s + duration_s = 3600 s" in n for n in long.attrs["notes"]
+    )
+    (folder / "chunk-3-trace.csv").write_text("0,0,0,,0,0\n600,0,0,,0,0\n1200,2.0,1.0,Gamma,1.0,0.5\n")
+    late = servegen_requests(folder, np.random.default_rng(0), duration_s=1800, clients=[3])
+    (note,) = late.attrs["notes"]
+    assert "no client sends before 120" in note and "the run starts at that first arrival" in note
+    assert late["arrival_s"].min() == 0.0
+    quiet = servegen_requests(folder, np.random.default_rng(0), duration_s=600, start_s=1200, clients=[3])
+    assert "notes" not in quiet.attrs
+
+
 def test_missing_folder_and_unknown_client(tmp_path):
     with pytest.raises(ValueError, match="servegen folder not found"):
         servegen_requests(tmp_path / "none", np.random.default_rng(0), duration_s=60)
