@@ -69,7 +69,8 @@ class LeastOutstandingRouter:
 
 @routers.register("least_kv")
 class LeastKvRouter:
-    """Lowest KV-cache usage; ties go to the lowest index."""
+    """Lowest KV-cache usage; ties go to the lowest index. Requests routed but not yet admitted hold no blocks, so
+    a burst all goes to one replica, as it does behind a router that polls the engines' usage between bursts."""
 
     reads_kv_usage = True
 
