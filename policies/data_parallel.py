@@ -155,6 +155,11 @@ class DataParallelRanks(SchedulerDefaults):
     def accept(self, req: Request, now: float) -> None:
         self._rank_of(req).accept(req, now)
 
+    def grant_offers(self) -> None:
+        """P/D decode pool, pushed KV: each rank reserves for its queued offers at once."""
+        for rank in self.ranks:
+            rank.grant_offers()
+
     def release(self, req: Request) -> None:
         """P/D prefill pool: the decode side holds the request's KV, its rank frees it."""
         self.ranks[self._home.pop(req.id)].release(req)

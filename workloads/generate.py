@@ -19,8 +19,9 @@ Prefix identity (`Request.prompt_segments`, rules in workloads/request.py), alwa
 - With `shared_prefix`: `((prefix index, prefix_tokens), (-(id + 1), own part))` for requests that use one.
 - A trace turn of a `session_id` whose prompt holds the session's previous turn and its answer (prompt_tokens at
   least their sum, as a chat client resends its history): the previous turn's runs, its answer
-  `(output_segment_id(prev.id), prev.num_output_tokens)`, then `(-(id + 1), rest)`. A session's turns count
-  `turn` on either way.
+  `(output_segment_id(prev.id), prev.num_output_tokens)`, then `(-(id + 1), rest)`; not with `lengths` or
+  `shared_prefix`, whose drawn tokens say nothing of what a turn resends. A session's turns count `turn` on
+  either way.
 - Everything else, and any trace whose lengths `lengths` replaces: `((-(id + 1), num_prompt_tokens),)`.
 A unique run (-(id + 1), ...) is named after the first request with that prompt: parallel samples
 share their first copy's runs, so their prompts are identical.
@@ -94,7 +95,8 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     else:
         n = 1 if cfg.parallel_sampling is None else cfg.parallel_sampling.n
         extra_outputs = draw_outputs(cfg, table, len(table) * (n - 1), request_rng, base_dir)
-        history = cfg.lengths is None  # drawn lengths say nothing of what a turn resends
+        # drawn lengths or prefixes say nothing of what a turn resends
+        history = cfg.lengths is None and cfg.shared_prefix is None
         requests, followups = _parallel_requests(table, n, extra_outputs, history), {}
     if cfg.semantic_clusters is not None:
         assign_semantic_clusters([*requests, *followups.values()], cfg.semantic_clusters, cluster_rng)
@@ -106,13 +108,14 @@ def _parallel_requests(
 ) -> list[Request]:
     """n requests per table row with one prompt (named after the first copy) and arrival; copy 0 keeps the
     row's output length, copies 1..n-1 take `extra_outputs` in order. `history`: a session's turn that holds the
-    previous turn and its answer starts with them (the module docstring)."""
+    previous turn and its answer starts with them (the module docstring); turns count on within a session either
+    way."""
     requests, last_turn = [], {}  # session id -> its latest turn's first copy
     for i, row in enumerate(table.itertuples(index=False)):
         prompt = int(row.num_prompt_tokens)
         session_id = None if pd.isna(row.session_id) else int(row.session_id)
-        prev = last_turn.get(session_id) if history and session_id is not None else None
-        resends = prev is not None and prompt >= prev.num_prompt_tokens + prev.num_output_tokens
+        prev = last_turn.get(session_id) if session_id is not None else None
+        resends = history and prev is not None and prompt >= prev.num_prompt_tokens + prev.num_output_tokens
         shared = (*prev.segments(), (output_segment_id(prev.id), prev.num_output_tokens)) if resends else None
         segments = with_unique_rest(row.shared_segments if shared is None else shared, prompt, i * n)
         outputs = [int(row.num_output_tokens), *extra_outputs[i * (n - 1) : (i + 1) * (n - 1)].tolist()]

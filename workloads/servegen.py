@@ -74,7 +74,7 @@ def servegen_requests(
     data_end_s = max(
         (_read_trace(_trace_path(folder, c))["timestamp_s"].max() + WINDOW_S for c in included), default=0
     )
-    if end_s > data_end_s:
+    if included and end_s > data_end_s:
         notes.append(
             f"{folder}: the model's windows end at {data_end_s:g} s, before start_s + duration_s = {end_s:g} s: "
             "no arrivals after that"

@@ -104,7 +104,9 @@ class Handoff:
         # or per attention rank of a replica under DP attention: created as first used
         self.links: dict[tuple[int, int], simpy.Resource] = {}
         self.inbound: dict[tuple[int, int], simpy.Resource] = {}
-        self.ranked = prefill_par.dp_attention, decode_par.dp_attention
+        self.ranked = tuple(  # pools whose requests live on one of several attention ranks
+            par.spec(VLLM.scheduler).attention_ranks > 1 for par in (prefill_par, decode_par)
+        )
         # streaming: per sending NIC set, the prefill step it streams [its end, since when, wire seconds so far],
         # and when its last transfer ended
         self._streams: dict[tuple[int, int], list[float]] = {}

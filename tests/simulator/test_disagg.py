@@ -321,41 +321,55 @@ def test_a_transfer_lasts_as_long_as_its_busiest_gpu(
     assert req["kv_transfer_bytes"] == pytest.approx(4096 * per_token * copies)
 
 
-def test_under_dp_attention_each_rank_sends_and_receives_its_own_requests_kv(tmp_path):
-    """DeepSeek-V3 1P1D at TP 8 with DP attention: eight 4096-token prompts at once, one per attention rank, each
-    whole on its rank's GPU. Each rank's NICs move its own request, so all eight transfers take one prompt's
-    latent over one GPU's link, side by side, not one after another on the replica's."""
+def _dp_handoff(tmp_path, model, prefill_tp, decode_tp, prompts, streaming=False):
+    """`prompts` 4096-token prompts at once on 1P1D `model` (H200) under DP attention."""
     from servesim.simulator.world.run import simulate
 
     (tmp_path / "trace.csv").write_text(
-        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + "0.0,4096,4,,\n" * 8
+        "arrival_s,prompt_tokens,output_tokens,prefix_id,prefix_tokens\n" + "0.0,4096,4,,\n" * prompts
     )
-    result = simulate(
+    return simulate(
         scenario(
-            model="deepseek-v3",
+            model=model,
             hardware={"gpu": "h200"},
             parallelism={"dp_attention": True},
             engine={"max_model_len": 8192},
             disaggregation={
-                "prefill": {"replicas": 1, "tp": 8},
-                "decode": {"replicas": 1, "tp": 8},
-                "transfer": {"link": "ib-ndr-400"},
+                "prefill": {"replicas": 1, "tp": prefill_tp},
+                "decode": {"replicas": 1, "tp": decode_tp},
+                "transfer": {"link": "ib-ndr-400", "streaming": streaming},
             },
             workload={
                 "trace": {"format": "servesim", "path": "trace.csv"},
                 "arrivals": {"kind": "trace"},
-                "num_requests": 8,
+                "num_requests": prompts,
             },
         ),
         tmp_path,
-    )
-    requests = result.requests
+    ).requests
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_under_dp_attention_each_rank_sends_and_receives_its_own_requests_kv(tmp_path, streaming):
+    """DeepSeek-V3 1P1D at TP 8 with DP attention: eight 4096-token prompts at once, one per attention rank, each
+    whole on its rank's GPU. Each rank's NICs move its own request, so all eight transfers take one prompt's
+    latent over one GPU's link, side by side, not one after another on the replica's; pushed, each streams
+    during its rank's prefill (the decode ranks reserve at once) and lands one layer's share after it."""
+    requests = _dp_handoff(tmp_path, "deepseek-v3", 8, 8, 8, streaming)
     assert sorted(requests["dp_rank"]) == list(range(8))  # the decode ranks, one request each
     link = get_interconnect("ib-ndr-400")
-    one = (
-        4096 * 61 * (512 + 64) * 2 / link.bytes_per_s + link.latency_s
-    )  # the whole bf16 latent, one GPU's link
+    wire_s = 4096 * 61 * (512 + 64) * 2 / link.bytes_per_s  # the whole bf16 latent, one GPU's link
+    one = (wire_s / 61 if streaming else wire_s) + link.latency_s
     assert requests["kv_transfer_s"].tolist() == pytest.approx([one] * 8)
+
+
+def test_a_decode_replica_of_one_attention_rank_receives_one_transfer_at_a_time(tmp_path):
+    """Qwen3-30B-A3B under DP attention, prefill at TP 2 (two ranks, two NIC sets) and decode at TP 1 (one rank):
+    the decode replica's one NIC set takes the four prompts one after another, whichever rank sent them."""
+    requests = _dp_handoff(tmp_path, "qwen3-30b-a3b", 2, 1, 4)
+    link = get_interconnect("ib-ndr-400")
+    one = 4096 * 48 * 2 * 4 * 128 * 2 / link.bytes_per_s + link.latency_s
+    assert sorted(requests["kv_transfer_s"]) == pytest.approx([k * one for k in range(1, 5)])
 
 
 def test_streamed_prompts_of_one_prefill_step_share_the_link_as_their_layers_are_computed(tmp_path):

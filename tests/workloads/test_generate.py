@@ -317,6 +317,17 @@ def test_a_trace_sessions_later_turn_that_resends_the_conversation_starts_with_i
         base_dir=tmp_path,
     )
     assert [r.prompt_segments for r in drawn.requests] == [((-(i + 1), 500),) for i in range(5)]
+    assert [r.turn for r in drawn.requests] == [0, 0, 1, 1, 2]
+    prefixed = build(
+        trace={"format": "servesim", "path": "chat.csv"},
+        arrivals={"kind": "trace"},
+        shared_prefix={"num_prefixes": 5, "prefix_tokens": 100},
+        base_dir=tmp_path,
+    )  # each turn its own drawn prefix, none the conversation's
+    assert all(
+        len(r.prompt_segments) <= 2 and r.prompt_segments[-1][0] == -(i + 1)
+        for i, r in enumerate(prefixed.requests)
+    )
 
 
 def test_trace_without_timestamps_cannot_drive_trace_arrivals(tmp_path):
