@@ -45,8 +45,8 @@ class TransferConfig(SpecModel):
     `streaming` (layer-wise connectors, as Splitwise and the seed describe), each layer's KV is sent as soon
     as the layer is computed, so only what is left after the last layer delays the decode. `store`: through
     a shared KV store tier (Mooncake Store / LMCache style): the KV is written once, split over the prefill
-    GPUs, then each decode GPU reads its share, at `store_bytes_per_s` per GPU, `store_channels` transfers at
-    a time.
+    GPUs, as soon as it is prefilled (which frees the prefill's blocks), then each decode GPU reads its share
+    once the decode side has reserved, at `store_bytes_per_s` per GPU, `store_channels` transfers at a time.
     """
 
     kind: Literal["direct", "store"] = "direct"

@@ -6,10 +6,12 @@ TTFT counts all of it: the first token is the one the decode replica samples onc
 answers, so it passes the decode side's own API server first (priced as the prefill side's, by the decode
 pool's profile), and the decode engine reserves its blocks and starts the pull at its next schedule. Streaming
 (push) connectors send each layer as the prefill computes it: the decode engine reserves at once and admits the
-request once both the KV and its API server's hand-over are in; the prompts of one prefill step share the sender's
-link as their layers are computed, so each lands once the step's bytes up to its own are through. Per request the run records the wait from the
-prefill's end to the decode side's reservation (its API server, its next step, backpressure), the
-decode side's own prefix hit (not sent), and the transfer time and the bytes the decode GPUs receive.
+request once both the KV and its API server's hand-over are in; the prompts of one prefill step share the
+sender's link as their layers are computed, so each lands once the step's bytes up to its own are through. A KV
+store decouples the two sides: the prefill writes each prompt as it is done and frees its blocks, the decode side
+reads it once it has reserved. Per request the run records the wait from the prefill's end to the decode side's
+reservation (its API server, its next step, backpressure), the decode side's own prefix hit (not sent), and the
+transfer time and the bytes the decode GPUs receive.
 A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
 one decode replica share its bandwidth; under DP attention each attention rank's GPUs hold their own requests'
 KV and send or receive them on their own NICs, a transfer at a time per rank.
@@ -119,6 +121,8 @@ class Handoff:
         target = self.route_decode(req)
         req.extra["prefill_replica"], req.replica = source.index, target.index
         req.extra["prefill_rank"] = req.extra.get("dp_rank", 0)  # the decode group labels it with its own
+        if self.cfg.kind == "store":  # saved now, whatever the decode side does (it is never streamed)
+            req.extra["kv_written"] = self.env.process(self._write(req, source))
         if not self.cfg.streaming:
             self.frontend.submit(req, target, lambda r: self._offer(r, source, target, None))
             return
@@ -147,12 +151,11 @@ class Handoff:
         received = distinct * self.receiver.share  # by each decode GPU
         nbytes = received * self.receiver.gpus
         wire_s = max(received, nbytes / self.sender.gpus) / self.link_bytes_per_s
-        if self.cfg.kind == "store":  # written once, split over the prefill GPUs; then each decode GPU reads
+        if self.cfg.kind == "store":  # once written (see _write), each decode GPU reads its share
+            yield req.extra.pop("kv_written")
             with self.store.request() as turn:
                 yield turn
-                yield self.env.timeout(
-                    (distinct / self.sender.gpus + received) / self.link_bytes_per_s + self.latency_s
-                )
+                yield self.env.timeout(received / self.link_bytes_per_s + self.latency_s)
         else:  # the sender's NICs, then the receiver's: taken in that order, so no two transfers wait on each other
             key = self._key(source, req.extra["prefill_rank"] if self.ranked[0] else 0)
             receiving = self._nics(self.inbound, target, req.extra.get("dp_rank", 0) if self.ranked[1] else 0)
@@ -173,13 +176,30 @@ class Handoff:
                     self._idle_since[key] = self.env.now
         req.extra["kv_transfer_s"] = self.env.now - reserved
         req.extra["kv_transfer_bytes"] = nbytes
-        prefill_sched: PrefillScheduler = source.scheduler
-        prefill_sched.release(req)
-        source.wake_pool()
+        if self.cfg.kind != "store":  # a store's copy freed the prefill's blocks already
+            self._release(req, source)
         if entered is not None:  # pushed: the decode engine takes it once its API server hands it over
             yield entered
         target.scheduler.accept(req, self.env.now)
         target.wake.notify()
+
+    def _write(self, req: Request, source: Replica):
+        """A store connector saves the prompt's KV once it is computed (every block: the prefill side cannot know
+        the decode side's hit), split over the prefill GPUs, then frees the prefill's blocks: the store holds it
+        until a decode replica reads it, so a decode pool that is full holds up no prefill."""
+        whole = live_kv_bytes(
+            self.model, self.groups, req.num_computed_tokens, self.engine.block_size, self.engine.kv_dtype, 0
+        )
+        with self.store.request() as turn:
+            yield turn
+            yield self.env.timeout(whole / self.sender.gpus / self.link_bytes_per_s + self.latency_s)
+        self._release(req, source)
+
+    @staticmethod
+    def _release(req: Request, source: Replica) -> None:
+        prefill_sched: PrefillScheduler = source.scheduler
+        prefill_sched.release(req)
+        source.wake_pool()
 
     def _nics(
         self, table: dict[tuple[int, int], simpy.Resource], replica: Replica, rank: int

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 from servesim.hardware.gpu import get_interconnect
 from servesim.hardware.model import get_model
 from servesim.simulator.world.disagg import KVPlacement, streamed_transfer_s
+from servesim.simulator.disagg_config import TransferConfig
 from servesim.simulator.scenario import ParallelismConfig
 from servesim.policies.registry import routers as router_registry
 from tests.simulator.conftest import SCENARIOS as SCENARIOS_DIR, run, scenario
@@ -537,6 +538,23 @@ def test_each_pool_records_the_batch_limits_its_gpu_gave_it_and_the_record_rerun
     assert (d.decode.engine["max_num_seqs"], d.decode.engine["max_num_batched_tokens"]) == (256, 2048)  # L40S
     again = run(type(s).model_validate(first.scenario.model_dump(mode="json")))
     assert again.requests.equals(first.requests)
+
+
+def test_a_store_frees_the_prefills_blocks_once_written_whatever_the_decode_side_does(tmp_path):
+    """Three 2000-token prompts through a KV store, the prefill pool holding one prompt's blocks and the decode
+    replica one request: each prompt is written as soon as it is prefilled, freeing the prefill's blocks, so all
+    three prefill before the first answer ends; the decode side reads each once it has a slot (the first also
+    waits for its write)."""
+    rows = "0.0,2000,200,,\n" * 3
+    result = _one_by_one(
+        tmp_path, rows, prefill={"num_gpu_blocks_override": 130}, decode={"max_num_seqs": 1}, kind="store"
+    )
+    prefills = result.steps[result.steps["replica"] == 0]
+    assert len(prefills) == 3 and prefills["time_s"].max() < result.requests["finish_s"].min()
+    cfg = TransferConfig(kind="store")
+    one = 2000 * 32 * 2 * 8 * 128 * 2 / cfg.store_bytes_per_s + cfg.store_latency_s  # a write, or a read
+    moved = result.requests.sort_values("arrival_s", kind="stable")["kv_transfer_s"].tolist()
+    assert moved == pytest.approx([2 * one, one, one])
 
 
 def test_streaming_through_the_store_tier_is_refused_by_name():
