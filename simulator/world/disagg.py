@@ -13,7 +13,8 @@ reads it once it has reserved. Per request the run records the wait from the pre
 reservation (its API server, its next step, backpressure), the decode side's own prefix hit (not sent), and the
 transfer time and the bytes the decode GPUs receive.
 A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
-one decode replica share its bandwidth; under DP attention each attention rank's GPUs hold their own requests'
+one decode replica share its bandwidth; a transfer starts once both its ends are free, so one waiting for a busy
+decode replica holds up no other from its prefill replica; under DP attention each attention rank's GPUs hold their own requests'
 KV and send or receive them on their own NICs, a transfer at a time per rank.
 Sliding-window layers send only the blocks still in their window (vLLM's NixlConnector with the hybrid KV
 cache manager, on by default since it supports it), unless `disable_hybrid_kv_cache_manager` keeps every
@@ -103,9 +104,10 @@ class Handoff:
         self.link_bytes_per_s = cfg.store_bytes_per_s if cfg.kind == "store" else link_bytes_per_s
         self.latency_s = cfg.store_latency_s if cfg.kind == "store" else link_latency_s
         # one sending and one receiving NIC set per replica (its micro-batch engines share them, keyed by the first),
-        # or per attention rank of a replica under DP attention: created as first used
-        self.links: dict[tuple[int, int], simpy.Resource] = {}
-        self.inbound: dict[tuple[int, int], simpy.Resource] = {}
+        # or per attention rank of a replica under DP attention. A transfer starts once both of its ends are free,
+        # the first come of those that can: one waiting for a busy decode replica holds up no other from its sender
+        self._busy: set[tuple[str, int, int]] = set()
+        self._pending: list[tuple[tuple[str, int, int], tuple[str, int, int], simpy.Event]] = []
         self.ranked = tuple(  # pools whose requests live on one of several attention ranks
             par.spec(VLLM.scheduler).attention_ranks > 1 for par in (prefill_par, decode_par)
         )
@@ -156,24 +158,25 @@ class Handoff:
             with self.store.request() as turn:
                 yield turn
                 yield self.env.timeout(received / self.link_bytes_per_s + self.latency_s)
-        else:  # the sender's NICs, then the receiver's: taken in that order, so no two transfers wait on each other
+        else:
             key = self._key(source, req.extra["prefill_rank"] if self.ranked[0] else 0)
-            receiving = self._nics(self.inbound, target, req.extra.get("dp_rank", 0) if self.ranked[1] else 0)
-            with self._nics(self.links, source, key[1]).request() as send:
-                yield send
-                sent_from = self.env.now
-                with receiving.request() as receive:
-                    yield receive
-                    streamed = None
-                    if self.cfg.streaming and reserved == req.extra["prefill_end_s"]:
-                        # both ends free as the step ended, or the link just through the step's prompt before
-                        if sent_from == self.env.now == reserved or self._chained(key, req):
-                            streamed = self._streamed_until(key, req, wire_s)
-                    if streamed is None:
-                        self._streams.pop(key, None)
-                    landed = max(streamed, self.env.now) if streamed is not None else self.env.now + wire_s
-                    yield self.env.timeout(landed - self.env.now + self.latency_s)
-                    self._idle_since[key] = self.env.now
+            ends = (
+                ("send", *key),
+                ("receive", *self._key(target, req.extra.get("dp_rank", 0) if self.ranked[1] else 0)),
+            )
+            yield self._when_free(ends)
+            streamed = None
+            if self.cfg.streaming and reserved == req.extra["prefill_end_s"]:
+                # both ends free as the step ended, or the link just through the step's prompt before
+                if self.env.now == reserved or self._chained(key, req):
+                    streamed = self._streamed_until(key, req, wire_s)
+            if streamed is None:
+                self._streams.pop(key, None)
+            landed = max(streamed, self.env.now) if streamed is not None else self.env.now + wire_s
+            yield self.env.timeout(landed - self.env.now + self.latency_s)
+            self._idle_since[key] = self.env.now
+            self._busy.difference_update(ends)
+            self._start_ready()
         req.extra["kv_transfer_s"] = self.env.now - reserved
         req.extra["kv_transfer_bytes"] = nbytes
         if self.cfg.kind != "store":  # a store's copy freed the prefill's blocks already
@@ -201,17 +204,25 @@ class Handoff:
         prefill_sched.release(req)
         source.wake_pool()
 
-    def _nics(
-        self, table: dict[tuple[int, int], simpy.Resource], replica: Replica, rank: int
-    ) -> simpy.Resource:
-        """The NICs of `replica`'s attention rank `rank` (0: the replica's whole set)."""
-        key = self._key(replica, rank)
-        if key not in table:
-            table[key] = simpy.Resource(self.env, capacity=1)
-        return table[key]
+    def _when_free(self, ends: tuple[tuple[str, int, int], tuple[str, int, int]]) -> simpy.Event:
+        """An event that fires once a transfer may hold both `ends` (a sender's and a receiver's NICs)."""
+        event = self.env.event()
+        self._pending.append((*ends, event))
+        self._start_ready()
+        return event
+
+    def _start_ready(self) -> None:
+        """Start the waiting transfers whose two ends are free, first come first."""
+        for item in list(self._pending):
+            send, receive, event = item
+            if send not in self._busy and receive not in self._busy:
+                self._busy.update((send, receive))
+                self._pending.remove(item)
+                event.succeed()
 
     @staticmethod
     def _key(replica: Replica, rank: int) -> tuple[int, int]:
+        """A replica's NICs (0), or those of its attention rank `rank`."""
         return _first(replica), rank
 
     def _chained(self, key: tuple[int, int], req: Request) -> bool:

@@ -390,6 +390,39 @@ def test_streamed_prompts_of_one_prefill_step_share_the_link_as_their_layers_are
     )
 
 
+def test_a_transfer_waiting_for_a_busy_decode_replica_holds_up_no_other_from_its_sender(tmp_path):
+    """2P2D Llama 3.1 8B: a 16,000-token prompt moves from P0 to D0 (42 ms); meanwhile P1 prefills two 1000-token
+    prompts in one step, one for D0 (busy: it waits) and one for D1 (idle). The second starts at once, a whole
+    transfer and no more; a sender held while its receiver is busy made it wait behind the first."""
+    from servesim.simulator.world.run import simulate
+
+    # decode routing by session (consistent hashing): sessions 1 and 4 land on D0, session 0 on D1
+    rows = "0.0,16000,4,1\n0.42,1000,4,4\n0.42,1000,4,5\n0.42,1000,4,0\n"
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens,session_id\n" + rows)
+    s = scenario(
+        model="llama-3.1-8b",
+        hardware={"gpu": "h100-sxm"},
+        engine={"max_model_len": 32768, "max_num_batched_tokens": 16384},
+        disaggregation={
+            "prefill": {"replicas": 2, "router": "round_robin"},
+            "decode": {"replicas": 2, "router": "session_affinity"},
+            "transfer": {"link": "ib-ndr-400"},
+        },
+        workload={
+            "trace": {"format": "servesim", "path": "trace.csv"},
+            "arrivals": {"kind": "trace"},
+            "num_requests": 4,
+        },
+    )
+    requests = simulate(s, tmp_path).requests.set_index("request_id")
+    assert requests.loc[[1, 3], "prefill_replica"].tolist() == [1, 1]
+    assert requests.loc[[0, 1, 3], "replica"].tolist() == [2, 2, 3]  # D0, D0, D1
+    link = get_interconnect("ib-ndr-400")
+    one = 1000 * 32 * 2 * 8 * 128 * 2 / link.bytes_per_s + link.latency_s
+    assert requests.loc[1, "kv_transfer_s"] > 2 * one  # the situation: D0 was busy
+    assert requests.loc[3, "kv_transfer_s"] == pytest.approx(one)
+
+
 def test_a_full_decode_pool_backs_up_the_prefill_pool_without_losing_requests():
     tight = run(disaggregated(rate=8.0, decode_engine={"num_gpu_blocks_override": 1200}))
     df = tight.requests
