@@ -674,6 +674,8 @@ def attention_terms(ctx: _Ctx, owns_kv: bool, decode: bool, keys, kv_read, token
     flops = 2 * heads * (qk_dim + v_dim) * keys
     written = tokens * kv_values * ctx.kvbytes if owns_kv else 0.0
     nbytes = kv_read * kv_values * ctx.kvbytes + written + tokens * heads * (qk_dim + v_dim) * ACT_BYTES
+    if m.mla and not decode:  # each key's K and V, expanded from its latent by mla_kv_up, read back
+        nbytes = nbytes + kv_read * heads * (qk_dim + v_dim) * ACT_BYTES
     if efficiency is None:
         efficiency = ctx.profile.attn_compute.at(ctx.tokens), ctx.profile.attn_memory.at(ctx.tokens)
     compute_s = flops / (ctx.gpu.peak_for("bf16") * efficiency[0])

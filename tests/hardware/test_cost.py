@@ -98,6 +98,18 @@ def test_mla_decode_reads_the_latent_and_absorbs():
     assert attn.flops == pytest.approx(2 * 128 * (576 + 512) * 4096 * v2.num_layers)
 
 
+def test_mla_prefill_reads_the_latents_and_then_the_k_and_v_expanded_from_them():
+    """A 64-token chunk over 32,704 cached tokens (DeepSeek-V3, TP 8, 16 heads a GPU): vLLM gathers each key's
+    576-value latent, up-projects it to a 192-wide K and a 128-wide V per head (mla_kv_up writes them), and the
+    attention kernel reads those back. Short chunks over long contexts are memory-bound on that read."""
+    v3 = get_model("deepseek-v3")
+    cost = step_cost(StepBatch.of([64], [32704], [True]), v3, H200, Parallelism(tp=8))
+    attn = cost.by_name("attention_prefill")
+    keys, heads = 32768, 16
+    per_layer = keys * 576 * 2 + 64 * 576 * 2 + 64 * heads * (192 + 128) * 2 + keys * heads * (192 + 128) * 2
+    assert attn.bytes == pytest.approx(per_layer * v3.num_layers)
+
+
 def test_moe_touches_more_experts_as_tokens_grow():
     mixtral = get_model("mixtral-8x7b")
     one = step_cost(StepBatch.uniform(1, 100), mixtral, H200).by_name("moe")

@@ -527,13 +527,14 @@ def test_a_decode_steps_cache_key_is_the_one_its_batch_has(par, decode_query_len
 
 
 def test_each_pipeline_stage_lasts_as_long_as_its_slowest_dp_rank_there():
-    """DeepSeek-V3 over 2 stages of 4 vLLM DP ranks: a 256-token chunk on rank 0 and 8 decodes over 8K contexts on
-    rank 1. The chunk's rank is the slower in the first stage (its 3 dense layers run the rank's tokens through
-    whole weights), the decodes' in the second (their attention): each stage waits for its own slowest rank, so
-    the split is the stage-wise maximum, not the stages of the rank slowest over the whole step."""
+    """DeepSeek-V3 over 2 stages of 4 vLLM DP ranks: a 384-token chunk on rank 0 and 16 decodes over 11K contexts
+    on rank 1. The chunk's rank is the slower in the first stage (its 3 dense layers run the rank's tokens through
+    whole weights), the decodes' in the second (their attention), by 0.1-0.3% (the experts' all-to-all and the
+    rest are the group's): each stage waits for its own slowest rank, so the split is the stage-wise maximum, not
+    the stages of the rank slowest over the whole step."""
     v3 = get_model("deepseek-v3")
     par = Parallelism(tp=4, pp=2, ep=True, dp_attention=True, dense_replicated=True)
-    batch = _labelled([256] + [1] * 8, [0] + [8000] * 8, [0] + [1] * 8)
+    batch = _labelled([384] + [1] * 16, [0] + [11000] * 16, [0] + [1] * 16)
     chunk, decodes = (stage_seconds(batch, v3, H200, par, rank=rank) for rank in batch.by_rank())
     assert chunk[0] > decodes[0] and decodes[1] > chunk[1]
     assert stage_seconds(batch, v3, H200, par) == [chunk[0], decodes[1]]
