@@ -13,9 +13,13 @@
 #
 # On a lent GPU machine (Python 3.12, torch, no package registry) first run, here,
 # `bash calibration/lease_wheels.sh`, and carry `.whl`: the packages the image lacks are installed from
-# those wheels when $PYTHON (default python3) cannot import them. The lease call, with its 15 minutes of
-# device time in mind (both phases take a few minutes on an H200; a command runs at most 10):
-#   run(command="bash calibration/gpu_lease.sh --pack", carry=[".whl"], timeout_s=540)
+# those wheels when $PYTHON (default python3) cannot import them; servesim itself runs from the checkout, not
+# installed (servesim/__init__.py maps its folders). The GPU is read from the device's name (H100 SXM or PCIe,
+# H200; GPU=... overrides). The lease calls, with 15 minutes of device time in mind (each phase takes a few
+# minutes on an H200, ~1 more the first time for numba's compile; a command runs at most 10), one per model:
+#   run(command="bash calibration/gpu_lease.sh --pack llama", carry=[".whl"], timeout_s=480)
+#   run(command="bash calibration/gpu_lease.sh --pack gemma", carry=[".whl"], timeout_s=480)
+# Each step's start time goes to environment.txt (`step ...` lines).
 #
 # Files: environment.txt; gpu_tests.txt (the executor's CUDA tests); <model>.calibrate.txt and
 # <model>.validate.txt (the printed tables); and <model>/{profile.yaml, grid.csv, calibration.json,
@@ -49,7 +53,7 @@ if [[ -n "$PACK" ]]; then
 fi
 
 # A lent machine's image lacks some dependencies: install the carried wheels (calibration/lease_wheels.sh).
-NEEDED="import simpy, pydantic, plotly, typer, pandas, yaml, scipy, torch"
+NEEDED="import simpy, pydantic, plotly, typer, pandas, yaml, scipy, numba, torch"
 if ! "$PY" -c "$NEEDED" 2>/dev/null && compgen -G ".whl/*.whl" > /dev/null; then
     SITE="$(mktemp -d)"
     "$PY" -m pip install --quiet --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" .whl/*.whl
@@ -67,23 +71,37 @@ if [[ -n "$DRY" ]]; then
     GEMMA_SCALE="layers=6,kv_shared=2,hidden=64,heads=4,kv_heads=2,intermediate=128,vocab=256,window=64"
     TRACE=(--requests 40 --prompt-median 48 --output-max 16 --max-num-batched-tokens 64 --num-blocks 256)
 else
-    DEVICE=(--device cuda --gpu "${GPU:-h200}")
+    if [[ -z "${GPU:-}" ]]; then  # the catalog's name for the device torch sees
+        NAME="$("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))' 2>/dev/null || true)"
+        case "$NAME" in
+            *H200*) GPU=h200;;
+            *H100*PCIe*) GPU=h100-pcie;;
+            *H100*) GPU=h100-sxm;;
+            *) echo "unknown GPU '$NAME': set GPU to its catalog name (hardware/catalog/gpus.yaml)" >&2; exit 4;;
+        esac
+    fi
+    DEVICE=(--device cuda --gpu "$GPU")
     LLAMA_SCALE=""  # full size: 32 layers, hidden 4096, 16 GB of bf16 weights
     GEMMA_SCALE=""  # full text stack: 30 layers (20 KV-owning, 10 sharing), vocab 262400
     TRACE=(--requests 300 --prompt-median 512 --output-max 128 --max-num-batched-tokens 2048 --max-num-seqs 128
            --num-blocks 16384)
 fi
 
-servesim() { "$PY" -c 'from servesim.simulator.cli.main import main; main()' "$@"; }
+servesim() {
+    echo "step $(date -u +%T) $*" >> "$RESULTS/environment.txt"
+    "$PY" -c 'from servesim.simulator.cli.main import main; main()' "$@"
+}
 
 { date -u; git rev-parse HEAD 2>/dev/null || true; nvidia-smi 2>/dev/null || echo "no nvidia-smi";
-  "$PY" -c 'import sys, torch, numpy, pandas, pydantic, scipy
-print("python", sys.version.split()[0], "numpy", numpy.__version__, "pandas", pandas.__version__, "pydantic",
-      pydantic.VERSION, "scipy", scipy.__version__, "torch", torch.__version__, "cuda", torch.cuda.is_available())'; } \
+  "$PY" -c 'import sys, torch, numpy, numba, pandas, pydantic, scipy, servesim
+print("python", sys.version.split()[0], "numpy", numpy.__version__, "numba", numba.__version__, "pandas",
+      pandas.__version__, "pydantic", pydantic.VERSION, "scipy", scipy.__version__, "torch", torch.__version__,
+      "cuda", torch.cuda.is_available(), "servesim", servesim.__version__)'; } \
     >> "$RESULTS/environment.txt" 2>&1  # appended: the two phases of a split lease land in one folder
 
 # The executor's CUDA forwards against the reference (skipped without a GPU); a failure is recorded, and the
 # timings still follow: they measure the same kernels either way. No addopts: a lent machine lacks pytest-xdist.
+echo "step $(date -u +%T) gpu tests" >> "$RESULTS/environment.txt"
 "$PY" -m pytest -q -rfEs -p no:cacheprovider -o addopts= tests/calibration/test_gpu.py 2>&1 | tee "$RESULTS/gpu_tests.txt" || true
 checkpoint
 

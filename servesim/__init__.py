@@ -15,8 +15,15 @@ internal module does not load the whole simulator.
 """
 
 from importlib import import_module, metadata
+from pathlib import Path
 
-__version__ = metadata.version("servesim")
+try:
+    __version__ = metadata.version("servesim")
+except metadata.PackageNotFoundError:
+    # a source checkout run as it is (a lent GPU machine): no install maps the source folders to
+    # servesim.hardware, ... (pyproject's package-dir), so the package looks for them beside itself
+    __version__ = "0+checkout"
+    __path__.append(str(Path(__file__).resolve().parent.parent))
 
 #: each public name and the module that defines it
 _EXPORTS = {

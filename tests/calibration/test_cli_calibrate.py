@@ -120,6 +120,35 @@ LEASE_SCRIPT = str(ROOT / "calibration" / "gpu_lease.sh")
 LEASE_RESULTS = ("profile.yaml", "grid.csv", "validation.csv", "validation.html", "requests_measured.csv")
 
 
+# A lent GPU machine runs the script from a copy of the checkout with nothing installed: this sitecustomize hides
+# the development install's finder and metadata, so servesim imports from its folders as it does there.
+UNINSTALLED = """import importlib.metadata as metadata, sys
+sys.meta_path[:] = [f for f in sys.meta_path if "servesim" not in getattr(f, "__module__", "")]
+_version = metadata.version
+def version(name):
+    if name == "servesim":
+        raise metadata.PackageNotFoundError(name)
+    return _version(name)
+metadata.version = version
+"""
+
+
+def _uninstalled(folder: Path) -> dict[str, str]:
+    """Environment variables under which Python sees servesim as a lent machine's bare checkout does."""
+    folder.mkdir()
+    (folder / "sitecustomize.py").write_text(UNINSTALLED)
+    return {"PYTHONPATH": str(folder)}
+
+
+def test_a_bare_checkout_imports_servesim_from_its_folders(tmp_path):
+    env = os.environ | _uninstalled(tmp_path / "site")
+    code = "import servesim, servesim.simulator.cli.main as m; print(servesim.__version__, m.__file__)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    version, main = out.stdout.split()
+    assert version == "0+checkout" and Path(main) == ROOT / "simulator" / "cli" / "main.py"
+
+
 def _lease(out: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         ["bash", LEASE_SCRIPT, *args],
@@ -140,10 +169,11 @@ def _assert_lease_results(folder: Path, model: str) -> None:
 
 
 def test_gpu_lease_script_dry_run_writes_one_models_results_into_out(tmp_path):
-    """A lease command runs at most 10 minutes: the script's phases run as separate calls, each naming its model."""
+    """A lease command runs at most 10 minutes: the script's phases run as separate calls, each naming its model.
+    Run as on a lent machine, from the checkout with servesim not installed."""
     bad = _lease(tmp_path, "--dry-run", "mistral")
     assert bad.returncode == 2 and "llama|gemma" in bad.stderr
-    done = _lease(tmp_path, "--dry-run", "llama")
+    done = _lease(tmp_path, "--dry-run", "llama", **_uninstalled(tmp_path.parent / f"{tmp_path.name}-site"))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "lease done (llama)" in done.stdout
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == [
@@ -153,6 +183,10 @@ def test_gpu_lease_script_dry_run_writes_one_models_results_into_out(tmp_path):
         "llama-3.1-8b.validate.txt",
     ]
     _assert_lease_results(tmp_path, "llama-3.1-8b")
+    environment = (tmp_path / "environment.txt").read_text()
+    assert (
+        "servesim 0+checkout" in environment and environment.count("step ") == 3
+    )  # gpu tests, calibrate, validate
 
 
 def test_gpu_lease_script_dry_run_packs_every_result_into_one_archive(tmp_path):
