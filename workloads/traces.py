@@ -263,7 +263,11 @@ def _result_lengths(path: Path, data: object, how: str) -> pd.DataFrame:
         raise ValueError(
             f"{path}: no per-request input_lens and output_lens of one length; save the run with {how}"
         )
-    return finish_table(path, np.full(len(lengths[0]), np.nan), lengths[0], lengths[1])
+    # named by their JSON keys, their positions counted from 1 in the errors
+    inputs, outputs = (
+        pd.Series(column, name=key) for column, key in zip(lengths, ("input_lens", "output_lens"))
+    )
+    return finish_table(path, np.full(len(inputs), np.nan), inputs, outputs)
 
 
 def load_guidellm(path: Path, benchmark: int = 0) -> pd.DataFrame:

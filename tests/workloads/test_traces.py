@@ -387,6 +387,11 @@ def test_a_vllm_bench_result_is_a_length_table_in_sending_order(tmp_path):
     path.write_text("[" * 100_000)
     with pytest.raises(ValueError, match="result.json: not a vllm_bench JSON file"):
         load_vllm_bench(path)
+    path.write_text(
+        json.dumps({"input_lens": [300, 0, 20.5], "output_lens": [7, 9, 1]})
+    )  # the second dropped
+    with pytest.raises(ValueError, match=re.escape("input_lens must be whole token counts; data rows [3]")):
+        load_vllm_bench(path)
 
 
 def test_a_scenario_replays_a_vllm_bench_results_lengths_at_its_own_rate(tmp_path):
