@@ -218,10 +218,12 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     if not s["completed"] and not s["rejected"] and "unstable queue" not in reasons:
         reasons.append("unstable queue")
         details.append("no request completed before the stop")
-    if s["rejected"]:  # no rate fixes these: the engine refuses them at any load
+    # no rate fixes these: the engine refuses them at any load (those a stop at a lost SLO kept from arriving too)
+    rejected = s["rejected"] + s.get("rejected_unsent", 0)
+    if rejected:
         reasons.append("rejected")
-        why = requests["reject_reason"].dropna().iloc[0]
-        details.append(f"{s['rejected']} of {len(requests)} requests rejected at any rate, e.g. {why}")
+        why = requests["reject_reason"].dropna().iloc[0] if s["rejected"] else s["rejected_unsent_example"]
+        details.append(f"{rejected} of {len(requests)} requests rejected at any rate, e.g. {why}")
     return Verdict(rate_per_s, tuple(reasons), tuple(details), metrics)
 
 

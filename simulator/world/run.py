@@ -296,6 +296,15 @@ class World:
         target = self.router.route(req)
         self.frontend.submit(req, target, target.submit)
 
+    def _unsent(self) -> list[Request]:
+        """The requests not sent by now: due later, or session turns not released."""
+        now = self.env.now
+        return [
+            r
+            for r in (*self.workload.requests, *self.workload.followups.values())
+            if not r.arrival_s <= now  # NaN: a turn not released
+        ]
+
     def _rejection(self, req: Request) -> str | None:
         """The first pool's reason to refuse `req`, or None."""
         return next(
@@ -391,6 +400,11 @@ class World:
             )
         if self.lost_at_s is not None:
             summary["slo_lost_at_s"] = self.lost_at_s
+            # requests the stop kept from arriving that the engine would refuse at any load: no rate fixes them
+            refused = [why for r in self._unsent() if (why := self._refusal(r))]
+            summary["rejected_unsent"] = len(refused)
+            if refused:
+                summary["rejected_unsent_example"] = refused[0]
         main = self.pools[-1]
         return RunResult(scenario, main.memory, main.num_blocks, requests, steps, summary)
 

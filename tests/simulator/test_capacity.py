@@ -18,7 +18,7 @@ from servesim.simulator.planning.capacity import (
     queue_growth,
 )
 from servesim.simulator.world.run import simulate
-from servesim.simulator.scenario import SloConfig
+from servesim.simulator.scenario import SloConfig, load_scenario
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 DENSE_STEP = 1.0
@@ -151,6 +151,23 @@ def test_rejected_requests_fail_the_slos_and_end_the_search_at_once():
     assert f"{rejected} of 200 requests rejected at any rate" in verdict.details[-1]
     assert "exceed max_model_len (2048)" in verdict.details[-1]
     capacity = max_sustainable_rate(s, SCENARIOS)
+    assert capacity.rate_per_s == 0.0 and capacity.num_simulations == 1
+    assert "rejected" in capacity.limit.reasons
+
+
+def test_a_rejection_a_stop_at_a_lost_slo_kept_from_arriving_still_ends_the_search():
+    """Overloaded from its first arrivals, the run stops once its TTFT SLO is lost, before the one conversation
+    too long for max_model_len 7000 arrives (the quickstart trace's row 1501, 7979 tokens): it is still a
+    request no rate serves, so the first rate's verdict says so and the search ends there."""
+    s, base = load_scenario(
+        SCENARIOS / "quickstart.yaml", ["workload.num_requests=2000", "engine.max_model_len=7000"]
+    )
+    result = simulate(at_rate(s, 100.0), base, stop_when_slo_lost=True)
+    assert result.summary["slo_lost_at_s"] is not None and result.summary["rejected"] == 0
+    assert result.summary["rejected_unsent"] == 1
+    verdict = judge(result, s.slo, 100.0)
+    assert "rejected" in verdict.reasons and "exceed max_model_len (7000)" in verdict.details[-1]
+    capacity = max_sustainable_rate(s, base, start_rate_per_s=100.0, max_factor=64)
     assert capacity.rate_per_s == 0.0 and capacity.num_simulations == 1
     assert "rejected" in capacity.limit.reasons
 
