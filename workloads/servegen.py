@@ -53,7 +53,11 @@ def servegen_requests(
         )
     end_s = start_s + duration_s
     included, left_out = _client_ids(folder, clients)
-    parts = [_client_requests(folder, c, rng, start_s, end_s) for c in included]
+    parts, window_ends = [], []
+    for client in included:
+        part, window_end_s = _client_requests(folder, client, rng, start_s, end_s)
+        parts.append(part)
+        window_ends.append(window_end_s)
     df = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["t", "p", "o", "c"])
     table = finish_table(  # drawn, not read: no file column or row to name
         folder,
@@ -71,9 +75,7 @@ def servegen_requests(
             f"and are left out: {share / total if total else 0:.0%} of the requests their "
             "trace files give this window"
         )
-    data_end_s = max(
-        (_read_trace(_trace_path(folder, c))["timestamp_s"].max() + WINDOW_S for c in included), default=0
-    )
+    data_end_s = max(window_ends, default=0.0)
     if included and end_s > data_end_s:
         notes.append(
             f"{folder}: the model's windows end at {data_end_s:g} s, before start_s + duration_s = {end_s:g} s: "
@@ -129,8 +131,9 @@ def _expected_requests(folder: Path, clients: Sequence[int], t0_s: float, t1_s: 
 
 def _client_requests(
     folder: Path, client: int, rng: np.random.Generator, t0_s: float, t1_s: float
-) -> pd.DataFrame:
-    """One client's arrivals (s, absolute) in [t0_s, t1_s) with sampled prompt/output lengths."""
+) -> tuple[pd.DataFrame, float]:
+    """One client's arrivals (s, absolute) in [t0_s, t1_s) with sampled prompt/output lengths, and where its
+    trace's windows end (s)."""
     trace_path = _trace_path(folder, client)
     trace = _read_trace(trace_path)
     dataset = _read_dataset(folder / f"chunk-{client}-dataset.json")
@@ -158,7 +161,7 @@ def _client_requests(
             cols[key].append(arr)
     out = pd.DataFrame({k: np.concatenate(v) if v else np.empty(0) for k, v in cols.items()})
     out["c"] = client
-    return out
+    return out, float(trace["timestamp_s"].max()) + WINDOW_S
 
 
 class _Gaps:

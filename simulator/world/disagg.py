@@ -14,8 +14,8 @@ reservation (its API server, its next step, backpressure), the decode side's own
 transfer time and the bytes the decode GPUs receive.
 A replica's NICs send (prefill) or receive (decode) one transfer at a time, so many prefill replicas feeding
 one decode replica share its bandwidth; a transfer starts once both its ends are free, so one waiting for a busy
-decode replica holds up no other from its prefill replica; under DP attention each attention rank's GPUs hold their own requests'
-KV and send or receive them on their own NICs, a transfer at a time per rank.
+decode replica holds up no other from its prefill replica; under DP attention each attention rank's GPUs hold
+their own requests' KV and send or receive them on their own NICs, a transfer at a time per rank.
 Sliding-window layers send only the blocks still in their window (vLLM's NixlConnector with the hybrid KV
 cache manager, on by default since it supports it), unless `disable_hybrid_kv_cache_manager` keeps every
 layer whole.
@@ -240,9 +240,7 @@ class Handoff:
         it lands once the step's bytes up to its own are through (`streamed_transfer_s` of them all)."""
         end = req.extra["prefill_end_s"]
         stream = self._streams.get(key)
-        if (
-            stream is None or stream[0] != end
-        ):  # the step's first prompt: the link free since its last transfer
+        if stream is None or stream[0] != end:  # the step's first prompt, the link free since its last end
             since = max(req.extra["prefill_start_s"], self._idle_since.get(key, -math.inf))
             stream = self._streams[key] = [end, since, 0.0]
         stream[2] += wire_s

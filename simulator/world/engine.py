@@ -78,7 +78,6 @@ class EngineGroup:
         self.balance = pick or VllmBalancer()
         self.labels_rank = labels_rank
         self.entering = 0  # requests in its API server
-        self._turns = 0
 
     @property
     def num_outstanding(self) -> int:
@@ -91,8 +90,8 @@ class EngineGroup:
         return max(rank.kv_usage for rank in self.ranks)
 
     def submit(self, req: Request) -> None:
-        k = self.balance([rank.scheduler for rank in self.ranks], self._turns, self.ranks[0].env.now)
-        self._turns += 1
+        # neither pick reads the turn (round_robin, which would, is a DP-attention group's)
+        k = self.balance([rank.scheduler for rank in self.ranks], 0, self.ranks[0].env.now)
         if self.labels_rank:
             req.extra["dp_rank"] = k
         self.ranks[k].submit(req)
