@@ -36,14 +36,16 @@ from servesim.workloads.config import WorkloadConfig
 from servesim.workloads.arrivals import mean_rate_per_s
 
 # "Unstable queue": arrivals outpace service during the arrival window, so the backlog, and with it the
-# time a request waits for its first token, keeps growing. Measured by the mean TTFT of the last third
-# of requests (by arrival) against the first third: unstable when it is more than UNSTABLE_TTFT_GROWTH
-# times larger AND larger by at least UNSTABLE_MIN_GROWTH_S (so that a few long prompts among
-# millisecond TTFTs are not mistaken for a growing queue). Requests still unfinished when the run
-# stops (stop.max_sim_time_s) after every scheduled arrival also make it unstable: the backlog did not drain. A
-# stop before the last scheduled arrival cuts requests off in flight by design; then the TTFT growth (with the
+# time a request waits in a queue before an engine takes it, keeps growing. Measured by the mean wait (see
+# `queue_waits_s`) of the last third of requests (by arrival) against the first third: unstable when it is more than
+# UNSTABLE_WAIT_GROWTH times larger AND larger by at least UNSTABLE_MIN_GROWTH_S (so that a moment's queue behind a
+# burst is not mistaken for a growing one). The wait, not the TTFT: a workload whose later prompts are longer has
+# later TTFTs longer by their own prefill on an idle server. (A preempted request's wait to be scheduled again is
+# not counted: under FCFS the backlog shows in the later arrivals.) Requests still waiting for a first token when
+# the run stops (stop.max_sim_time_s) after every scheduled arrival (see `backlog`) also make it unstable. A
+# stop before the last scheduled arrival cuts requests off in flight by design; then the wait growth (with the
 # waits of the requests cut off) and the TTFT and E2E percentiles over every request sent judge the backlog.
-UNSTABLE_TTFT_GROWTH = 2.0
+UNSTABLE_WAIT_GROWTH = 2.0
 UNSTABLE_MIN_GROWTH_S = 0.25
 # A run whose arrivals span less than this cannot show a backlog that grows slowly: its verdict gets a note.
 SHORT_RUN_S = 60.0
@@ -125,27 +127,45 @@ class CapacityResult:
 
 
 def queue_growth(requests: pd.DataFrame, stop_s: float | None = None) -> tuple[float, float]:
-    """Mean TTFT (s) of the first and the last third of admitted requests, by arrival; requests never sent (due
-    after the stop) are left out, and one still waiting for its first token at the stop counts its wait so far."""
+    """Mean queue wait (s, `queue_waits_s`) of the first and the last third of admitted requests, by arrival;
+    requests never sent (due after the stop) are left out."""
     admitted = requests[requests["reject_reason"].isna() & sent_mask(requests, stop_s)]
     admitted = admitted.sort_values(["arrival_s", "request_id"])
     k = len(admitted) // 3
     if k == 0:
         return 0.0, 0.0
-    ttft = _censored_s(admitted, "ttft", stop_s)
-    return float(ttft[:k].mean()), float(ttft[-k:].mean())
+    waits = queue_waits_s(admitted, stop_s)
+    return float(waits[:k].mean()), float(waits[-k:].mean())
+
+
+def queue_waits_s(sent: pd.DataFrame, stop_s: float | None) -> np.ndarray:
+    """Each request's time in queues, in seconds: arrival to its first schedule, plus under P/D its prefill's end to
+    its first token from the decode pool (the wait for a decode reservation, the KV transfer, a batch slot), plus in
+    a pipeline its waits in later stages' queues. One still waiting at the stop counts its wait to then, a lower
+    bound of its own; one answered without an engine (an application cache) waited none."""
+    arrival = sent["arrival_s"].to_numpy(dtype=float)
+    scheduled = sent["scheduled_s"].to_numpy(dtype=float)
+    first = sent["first_token_s"].to_numpy(dtype=float)
+    prefill_end = sent["prefill_end_s"].to_numpy(dtype=float)
+    answered = sent["finish_s"].notna().to_numpy()
+    now = np.nan if stop_s is None else stop_s
+    queued = np.where(np.isnan(scheduled), np.where(answered, 0.0, now - arrival), scheduled - arrival)
+    handed = ~np.isnan(prefill_end)  # a P/D prefill passed it on (one-token requests end there)
+    handoff = np.where(handed, np.where(np.isnan(first), now - prefill_end, first - prefill_end), 0.0)
+    return queued + handoff + np.nan_to_num(sent["stage_wait_s"].to_numpy(dtype=float))
 
 
 def backlog(requests: pd.DataFrame, stop_s: float) -> pd.DataFrame:
-    """Requests a stop after the last arrival leaves in a queue that did not drain: sent, never scheduled, and
-    waiting longer than any completed request waited for its first token (all unfinished ones if none completed).
-    Requests merely in flight at the stop, or queued for a moment behind a step, are not."""
+    """Requests a stop after the last arrival leaves in a queue that did not drain: sent, still without a first
+    token, and having waited in queues (`queue_waits_s`) longer than any completed request waited for its first
+    token (all unfinished ones if none completed). Requests merely in flight at the stop, or queued for a moment
+    behind a step, are not."""
     open_ = unfinished_requests(requests, stop_s)
     done = requests["ttft_s"][requests["finish_s"].notna()]
     if done.empty:
         return open_
-    queued = open_[open_["scheduled_s"].isna()]
-    return queued[stop_s - queued["arrival_s"] > done.max()]
+    open_ = open_[open_["first_token_s"].isna()]
+    return open_[queue_waits_s(open_, stop_s) > done.max()]
 
 
 def _censored_s(sent: pd.DataFrame, metric: str, stop_s: float | None) -> np.ndarray:
@@ -201,18 +221,18 @@ def judge(result: RunResult, slo: SloConfig, rate_per_s: float | None = None) ->
     if lost_at_s is not None:  # its latencies are those of the requests so far, not the whole run's
         metrics["stopped_at_s"] = lost_at_s
     metrics |= {
-        "ttft_first_third_ms": first_s * 1e3,
-        "ttft_last_third_ms": last_s * 1e3,
+        "wait_first_third_ms": first_s * 1e3,
+        "wait_last_third_ms": last_s * 1e3,
         "output_throughput": s["output_throughput"],
         "output_tokens_per_arrival": output_tokens_per_arrival(requests, result.scenario.workload),
     }
-    if unfinished or (last_s > UNSTABLE_TTFT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
+    if unfinished or (last_s > UNSTABLE_WAIT_GROWTH * first_s and last_s - first_s >= UNSTABLE_MIN_GROWTH_S):
         reasons.append("unstable queue")
         details.append(
-            f"{unfinished} requests still queued at the stop time, each for longer than any answered "
-            "request waited for its first token"
+            f"{unfinished} requests without a first token at the stop time, each having waited in queues longer "
+            "than any answered request waited for its first token"
             if unfinished
-            else f"mean TTFT grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
+            else f"mean queue wait grows from {first_s * 1e3:,.0f} ms (first third) to {last_s * 1e3:,.0f} ms "
             "(last third)"
         )
     if not s["completed"] and not s["rejected"] and "unstable queue" not in reasons:

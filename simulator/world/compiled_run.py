@@ -371,10 +371,12 @@ class _CompiledReplica:
             "served_by": ["engine" if e and not r else None for e, r in zip(entered, refused)],
             "false_hit": [False] * n,
             "prefill_replica": nothing,
+            "prefill_end_s": nothing,
             "decode_wait_s": nothing,
             "kv_transfer_s": nothing,
             "kv_transfer_bytes": nothing,
             "decode_hit_tokens": nothing,
+            "stage_wait_s": nothing,
         }
 
     def _write_back(self) -> None:

@@ -65,10 +65,12 @@ def request_columns(requests: list[Request]) -> dict[str, list]:
         "served_by": [r.served_by for r in requests],
         "false_hit": [r.false_hit for r in requests],
         "prefill_replica": [r.extra.get("prefill_replica") for r in requests],
+        "prefill_end_s": [r.extra.get("prefill_end_s") for r in requests],
         "decode_wait_s": [r.extra.get("decode_wait_s") for r in requests],
         "kv_transfer_s": [r.extra.get("kv_transfer_s") for r in requests],
         "kv_transfer_bytes": [r.extra.get("kv_transfer_bytes") for r in requests],
         "decode_hit_tokens": [r.extra.get("decode_hit_tokens") for r in requests],
+        "stage_wait_s": [r.extra.get("stage_wait_s") for r in requests],
     }
 
 
@@ -79,10 +81,12 @@ def request_table(rows: dict[str, list | np.ndarray]) -> pd.DataFrame:
             "scheduled_s": float,
             "first_token_s": float,
             "finish_s": float,
+            "prefill_end_s": float,
             "decode_wait_s": float,
             "kv_transfer_s": float,
             "kv_transfer_bytes": float,
             "decode_hit_tokens": float,
+            "stage_wait_s": float,
         }
     )
     df["queue_s"] = df["scheduled_s"] - df["arrival_s"]

@@ -250,7 +250,8 @@ class Pipeline:
 
     def _client_view(self) -> list[Request]:
         """Each workload request as its client sees the pipeline: its arrival, the last stage's tokens."""
-        last = {req.id: req for req in self.stages[-1].requests}
+        later = [{req.id: req for req in stage.requests} for stage in self.stages[1:]]
+        last = later[-1] if later else {req.id: req for req in self.stages[0].requests}
         view = []
         for origin in sorted(
             [*self.workload.requests, *self.workload.followups.values()], key=lambda r: r.id
@@ -272,9 +273,17 @@ class Pipeline:
                     out.num_generated,
                 )
                 req.replica, req.served_by = out.replica, "engine"
+            if req.reject_reason is None:
                 req.scheduled_s = origin.scheduled_s  # the first stage's queue
+                req.extra["stage_wait_s"] = sum(self._waited(stage.get(origin.id)) for stage in later)
             view.append(req)
         return view
+
+    def _waited(self, req: Request | None) -> float:
+        """How long a stage's request waited in its queue (to now if it still does; 0 if it never got there)."""
+        if req is None or req.reject_reason is not None:
+            return 0.0
+        return (self.env.now if req.scheduled_s is None else req.scheduled_s) - req.arrival_s
 
     def _stage_summary(self, stage: Stage, steps: StepTable) -> dict:
         own = steps.figures(replicas={r.index for r in stage.replicas})

@@ -16,6 +16,7 @@ from servesim.simulator.planning.capacity import (
     max_sustainable_rate,
     offered_rate,
     queue_growth,
+    queue_waits_s,
 )
 from servesim.simulator.world.run import simulate
 from servesim.simulator.scenario import SloConfig, load_scenario
@@ -78,20 +79,27 @@ def test_overload_without_slos_is_an_unstable_queue():
     s = chat(slo={"ttft_ms": None, "tpot_ms": None})
     assert check_rate(s, SCENARIOS, 5.0).ok
     verdict = check_rate(s, SCENARIOS, 60.0)
-    assert verdict.reasons == ("unstable queue",) and "mean TTFT grows" in verdict.details[0]
+    assert verdict.reasons == ("unstable queue",) and "mean queue wait grows" in verdict.details[0]
 
 
-def _requests(ttft_s: list[float]) -> pd.DataFrame:
-    n = len(ttft_s)
+def _requests(waits_s: list[float], prefill_s: list[float] | None = None) -> pd.DataFrame:
+    """One request a second, each waiting `waits_s` in the queue, then prefilled in `prefill_s` (default 50 ms)."""
+    n = len(waits_s)
     arrival = np.arange(n, dtype=float)
+    scheduled = arrival + np.array(waits_s)
+    ttft = scheduled + np.array(prefill_s or [0.05] * n) - arrival
     return pd.DataFrame(
         {
             "request_id": range(n),
             "arrival_s": arrival,
-            "ttft_s": ttft_s,
-            "finish_s": arrival + np.array(ttft_s) + 1,
+            "scheduled_s": scheduled,
+            "first_token_s": arrival + ttft,
+            "ttft_s": ttft,
+            "finish_s": arrival + ttft + 1,
             "reject_reason": [None] * n,
             "requested_output_tokens": [10] * n,
+            "prefill_end_s": [np.nan] * n,
+            "stage_wait_s": [np.nan] * n,
         }
     )
 
@@ -103,6 +111,40 @@ def test_queue_growth_compares_the_first_and_last_thirds_by_arrival():
     summary = {"completed": 9, "rejected": 0, "unfinished": 0, "not_arrived": 0, "output_throughput": 1.0}
     assert judge(_result(stable, summary), SloConfig()).ok
     assert judge(_result(growing, summary), SloConfig()).reasons == ("unstable queue",)
+
+
+def test_queue_waits_add_the_hand_off_and_count_open_waits_to_the_stop():
+    """P/D: request 0's prefill ended at 0.25 s, its first decode token came at 0.75 s; request 1's prefill ended at
+    1.3 s and it still waits for the decode pool at the 4 s stop (2.7 s so far); request 2 is still queued for its
+    prefill (arrived at 2 s: 2 s so far); request 3 was answered by an application cache, by no engine."""
+    df = _requests([0.2, 0.25, 5.0, 0.0])
+    df["prefill_end_s"] = [0.25, 1.3, np.nan, np.nan]
+    df["first_token_s"] = [0.75, np.nan, np.nan, 3.0]
+    df.loc[1:2, "finish_s"] = np.nan
+    df.loc[2:3, "scheduled_s"] = np.nan
+    assert queue_waits_s(df, 4.0) == pytest.approx([0.2 + 0.5, 0.25 + 2.7, 2.0, 0.0])
+    no_stop = queue_waits_s(df.iloc[[0, 3]], None)
+    assert no_stop == pytest.approx([0.7, 0.0])
+
+
+def test_longer_later_prompts_on_an_idle_server_are_a_stable_queue(tmp_path):
+    """One request every 2 s on Llama-3.1-8B: 200-token prompts, then 12,000-token ones. Each is scheduled at
+    once; the last third's TTFT is its own ~0.5 s prefill, 10x the first third's, and the queue is still empty."""
+    prompts = [200] * 10 + [6000] * 10 + [12000] * 10
+    rows = [f"{2.0 * i},{p},20" for i, p in enumerate(prompts)]
+    (tmp_path / "drift.csv").write_text("arrival_s,prompt_tokens,output_tokens\n" + "\n".join(rows) + "\n")
+    workload = {
+        "trace": {"format": "servesim", "path": str(tmp_path / "drift.csv")},
+        "arrivals": {"kind": "trace"},
+    }
+    s = chat(workload=workload, slo={"ttft_ms": None, "tpot_ms": None})
+    result = simulate(s, SCENARIOS)
+    ttft, waits = result.requests["ttft_s"], result.requests["queue_s"]
+    assert ttft[-10:].mean() > 2 * ttft[:10].mean() and ttft[-10:].mean() - ttft[:10].mean() > 0.25
+    assert waits.max() < 0.05
+    verdict = judge(result, s.slo, 0.5)
+    assert verdict.ok, verdict.details
+    assert verdict.metrics["wait_last_third_ms"] < 50
 
 
 def _result(requests: pd.DataFrame, summary: dict):

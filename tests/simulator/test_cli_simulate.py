@@ -693,7 +693,7 @@ def test_a_run_prints_units_its_slo_verdict_and_a_warning_with_the_cause_when_ov
     assert rushed.exit_code == 0, rushed.output
     assert "SLO, p90: TTFT <= 500 ms, TPOT <= 50 ms: missed: p90 TTFT" in rushed.stdout
     (warning,) = [line for line in rushed.stderr.splitlines() if line.startswith("warning: overloaded")]
-    assert "mean TTFT grows from" in warning and f"servesim capacity {QUICKSTART}" in warning
+    assert "mean queue wait grows from" in warning and f"servesim capacity {QUICKSTART}" in warning
     batch = simulate(
         str(QUICKSTART),
         "--out",

@@ -8,7 +8,8 @@ from servesim.hardware.gpu import get_interconnect
 from servesim.hardware.model import get_model
 from servesim.simulator.world.disagg import KVPlacement, streamed_transfer_s
 from servesim.simulator.disagg_config import TransferConfig
-from servesim.simulator.scenario import ParallelismConfig
+from servesim.simulator.planning.capacity import judge
+from servesim.simulator.scenario import ParallelismConfig, with_overrides
 from servesim.policies.registry import routers as router_registry
 from tests.simulator.conftest import SCENARIOS as SCENARIOS_DIR, run, scenario
 
@@ -605,3 +606,19 @@ def test_streaming_through_the_store_tier_is_refused_by_name():
         )[0].disaggregation.transfer.kind
         == "store"
     )
+
+
+def test_a_decode_pool_that_falls_behind_is_an_unstable_queue():
+    """One decode slot (~1 s of decoding a request) behind 2 req/s: the prefill replica takes each prompt at once
+    (its queue stays under 0.1 s), so only the waits between a prefill's end and the first decode token, counted to
+    the stop for those still waiting, show the backlog."""
+    s = disaggregated(rate=2.0, decode_engine={"max_num_seqs": 1})
+    s = with_overrides(s, {"stop.max_sim_time_s": 80.0, "workload.num_requests": 100})
+    result = run(s)
+    df = result.requests
+    waiting = df["prefill_end_s"].notna() & df["first_token_s"].isna()
+    assert df["queue_s"].max() < 0.1 and waiting.sum() > 0
+    verdict = judge(result, s.slo, 2.0)
+    assert "unstable queue" in verdict.reasons and verdict.metrics["wait_last_third_ms"] > 10_000
+    calm = with_overrides(s, {"workload.arrivals.rate_per_s": 0.3})
+    assert "unstable queue" not in judge(run(calm), s.slo, 0.3).reasons

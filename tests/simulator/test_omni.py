@@ -8,6 +8,7 @@ import yaml
 
 from servesim.hardware.gpu import get_interconnect
 from servesim.hardware.omni_memory import stage_output_cache_bytes
+from servesim.simulator.planning.capacity import judge
 from servesim.simulator.world.output import write_run
 from tests.simulator.conftest import SCENARIOS, run, scenario
 
@@ -321,3 +322,17 @@ def test_a_stage_engine_is_checked_when_the_scenario_loads(tmp_path, engine, exp
     )
     assert result.exit_code == 2 and not (tmp_path / "out").exists()
     assert expected in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_later_stages_growing_queue_is_an_unstable_queue():
+    """A talker that serves one request at a time (~700 codes each, ~0.6 s) falls behind 3 req/s: the thinker takes
+    each request at once, so only the waits in the talker's queue, counted into the client's, show the backlog."""
+    talker = {**STAGES[1], "engine": {"max_num_seqs": 1}}
+    s = pipeline(num_requests=60, stages=[STAGES[0], talker], rate=3.0)
+    result = run(s)
+    df = result.requests
+    assert (df["queue_s"] < 0.1).all() and df["stage_wait_s"].iloc[-10:].mean() > 5.0
+    verdict = judge(result, s.slo, 3.0)
+    assert "unstable queue" in verdict.reasons and "mean queue wait grows" in " ".join(verdict.details)
+    calm = run(pipeline(num_requests=60, stages=[STAGES[0], talker], rate=0.05))
+    assert "unstable queue" not in judge(calm, s.slo, 0.05).reasons
