@@ -30,7 +30,7 @@ import pandas as pd
 
 from servesim.hardware.errors import SpecError
 from servesim.simulator.world.metrics import sent_mask, unfinished_requests
-from servesim.simulator.world.run import RunResult, _workload, simulate
+from servesim.simulator.world.run import RunResult, simulate, workload_of
 from servesim.simulator.scenario import Scenario, SloConfig, with_overrides
 from servesim.workloads.config import WorkloadConfig
 from servesim.workloads.arrivals import mean_rate_per_s
@@ -282,7 +282,7 @@ def offered_rate(s: Scenario, base_dir: Path) -> float:
     if rate is not None:
         return rate
     at_rate(s, 1.0)  # the same clear error for arrivals without a rate
-    times = np.array([r.arrival_s for r in _workload(s, np.random.default_rng(0), base_dir).requests])
+    times = np.array([r.arrival_s for r in workload_of(s, base_dir).requests])
     try:
         return mean_rate_per_s(times)
     except ValueError as err:

@@ -24,7 +24,7 @@ from servesim.hardware.gpu import get_gpu
 from servesim.policies.families import GENERIC, SGLANG, VLLM, EngineFamily, family_of
 from servesim.simulator.planning.launch import hf_model_id, sglang_command, vllm_command
 from servesim.simulator.scenario import Scenario
-from servesim.simulator.world.run import _workload, pool_settings
+from servesim.simulator.world.run import pool_settings, workload_of
 
 EMIT_KINDS = ("k8s", "llm-d", "dynamo")
 PORT = 8000  # every engine container listens here (SGLang is told to; vLLM's default)
@@ -305,7 +305,7 @@ def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles:
     """`vllm bench serve` and GuideLLM at the planned load (Poisson at the target rate, the workload's mean
     lengths) against the deployment's address, and the `servesim compare` line that replays their results on the
     same replicas (a colocated plan: compare replays one kind of engine, not P/D pools)."""
-    requests = _workload(s, np.random.default_rng(s.seed), base_dir).requests
+    requests = workload_of(s, base_dir).requests
     prompt = round(float(np.mean([r.num_prompt_tokens for r in requests])))
     output = round(float(np.mean([r.num_output_tokens for r in requests])))
     model, count = hf_model_id(s.model), len(requests)

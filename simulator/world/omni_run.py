@@ -36,7 +36,7 @@ from servesim.simulator.world.spill import SPILL_VALUES, SpilledFloats
 from servesim.simulator.world.step_table import StepLog, StepTable
 from servesim.simulator.omni import StageConfig, stage_lengths
 from servesim.simulator.world.replicas import ReplicaSite, build_pool
-from servesim.simulator.world.run import RunResult, _workload, rejection
+from servesim.simulator.world.run import RunResult, rejection, workload_of
 from servesim.simulator.scenario import ParallelismConfig, Scenario
 from servesim.simulator.world.traffic import Traffic
 from servesim.workloads.request import Phase, Request
@@ -122,7 +122,7 @@ class Pipeline:
             )
         seeds = np.random.SeedSequence(s.seed).spawn(2 + len(s.stages))
         self.scenario, self.on_progress, self.completed = s, on_progress, 0
-        self.workload = _workload(s, np.random.default_rng(seeds[0]), base_dir)
+        self.workload = workload_of(s, base_dir)  # seeds[0]
         self.env = simpy.Environment()
         self.steps = StepLog()
         # per stage: its request id -> the client's

@@ -99,8 +99,11 @@ def rejection(
     return None
 
 
-def _workload(s: Scenario, rng: np.random.Generator, base_dir: Path) -> Workload:
-    """Build the requests; the workloads package reports bad traces as ValueError naming the file."""
+def workload_of(s: Scenario, base_dir: Path) -> Workload:
+    """The scenario's requests as its runs draw them: from the first child of its seed (a capacity search's rate,
+    a plan's target and benchmark script see the run's requests). The workloads package reports bad traces as
+    ValueError naming the file."""
+    rng = np.random.default_rng(np.random.SeedSequence(s.seed).spawn(1)[0])
     try:
         return build_workload(with_model_tokenizer(s.workload, repo_of(s.model)), rng, base_dir)
     except ValueError as err:
@@ -169,7 +172,7 @@ class World:
         if s.disaggregation is None:  # the pools of a disaggregated run fill in their own engine defaults
             s = s.with_engine_defaults()
         self.scenario = s
-        self.workload = workload or _workload(s, np.random.default_rng(seeds[0]), base_dir)
+        self.workload = workload or workload_of(s, base_dir)  # seeds[0]
         mark_private_prefixes([*self.workload.requests, *self.workload.followups.values()])
         self.env = simpy.Environment()
         self.itl_spill = SpilledFloats("servesim-itl-")

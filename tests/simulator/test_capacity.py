@@ -21,6 +21,7 @@ from servesim.simulator.planning.capacity import (
 from servesim.simulator.world.run import simulate
 from servesim.simulator.scenario import SloConfig, load_scenario
 from tests.simulator.study_helpers import SCENARIOS, chat
+from tests.workloads.test_servegen import write_model
 
 DENSE_STEP = 1.0
 
@@ -413,3 +414,20 @@ def test_output_tokens_are_counted_per_arrival_of_the_rate_unit():
         )
         assert cut.summary["unfinished"] + cut.summary["not_arrived"] > 0
         assert judge(cut, s.slo, 5.0).metrics["output_tokens_per_arrival"] == per_arrival
+
+
+def test_the_offered_rate_is_that_of_the_requests_the_run_draws(tmp_path):
+    """A ServeGen workload's arrivals are drawn: the search starts from (and a plan targets) the rate of the
+    requests the scenario's runs draw with its seed, not of another draw."""
+    write_model(tmp_path / "model")
+    workload = {
+        "trace": {"format": "servegen", "path": "model"},
+        "arrivals": {"kind": "trace"},
+        "duration_s": 120,
+        "num_requests": None,
+        "lengths": None,
+    }
+    for seed in (3, 4):
+        s = chat(seed=seed, workload=workload)
+        arrivals = np.sort(simulate(s, tmp_path).requests["arrival_s"].to_numpy())
+        assert offered_rate(s, tmp_path) == pytest.approx((len(arrivals) - 1) / (arrivals[-1] - arrivals[0]))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 pytest.importorskip("tokenizers")  # the [hf] extra; README's test command installs it
@@ -13,7 +12,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors, trainers  
 
 from servesim.hardware.errors import SpecError  # noqa: E402
 from servesim.simulator.scenario import load_scenario  # noqa: E402
-from servesim.simulator.world.run import _workload  # noqa: E402
+from servesim.simulator.world.run import workload_of  # noqa: E402
 from servesim.workloads.config import TraceSource  # noqa: E402
 from servesim.workloads.traces import load_sharegpt_json  # noqa: E402
 
@@ -77,13 +76,13 @@ def test_the_models_cached_tokenizer_counts_a_scenarios_sharegpt_trace(tmp_path,
             "workload.num_requests=2",
         ],
     )
-    estimated = _workload(s, np.random.default_rng(0), base)
+    estimated = workload_of(s, base)
     assert [r.num_prompt_tokens for r in estimated.requests] == [3, 6]  # nothing cached: the estimate
     snapshot = hub / "models--meta-llama--Llama-3.1-8B" / "snapshots" / "abc"
     tokenizer_json(snapshot / "tokenizer.json")
     (snapshot.parents[1] / "refs").mkdir()
     (snapshot.parents[1] / "refs" / "main").write_text("abc")
-    counted = _workload(s, np.random.default_rng(0), base)
+    counted = workload_of(s, base)
     assert [r.num_prompt_tokens for r in counted.requests] == [4, 5]
     assert any("counted with meta-llama/Llama-3.1-8B's tokenizer" in note for note in counted.notes)
 
