@@ -33,9 +33,9 @@ class GuidellmBenchmark:
     def sampled(self) -> bool:
         return len(self.requests) < self.total
 
-    def column(self, key: str) -> list[float]:
-        """One number per request; SpecError naming the field where a request lacks it."""
-        values = [r.get(key) for r in self.requests]
+    def column(self, key: str, keep: list[bool] | None = None) -> list[float]:
+        """One number per request (of those `keep` marks); SpecError naming the field where a request lacks it."""
+        values = [r.get(key) for r, k in zip(self.requests, keep or [True] * len(self.requests)) if k]
         if not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values
         ):

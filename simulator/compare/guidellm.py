@@ -47,7 +47,8 @@ def _figures(b: GuidellmBenchmark) -> dict[str, float]:
     """vLLM's figures: TTFT, TPOT (requests of 2+ tokens), end to end, and throughputs over the duration (a
     sample's tokens scaled to the total it stands for)."""
     outputs, prompts = b.column("output_tokens"), b.column("prompt_tokens")
-    tpot = [t for t, n in zip(b.column("inter_token_latency_ms"), outputs) if n > 1]
+    # GuideLLM 0.4+ gives a one-token answer no inter-token latency (None), earlier ones 0
+    tpot = b.column("inter_token_latency_ms", [n > 1 for n in outputs])
     e2el = [s * 1e3 for s in b.column("request_latency")]
     scale = b.total / len(b.requests)
     figures = {

@@ -23,13 +23,13 @@ T0 = 1_760_000_000.0  # epoch seconds, as GuideLLM stamps them
 
 def request(start: float, prompt: int, output: int, ttft_ms: float, itl_ms: float, *, legacy: bool = False):
     """One successful request record; GuideLLM dumps its computed fields beside the raw ones."""
-    latency = ttft_ms / 1e3 + (output - 1) * itl_ms / 1e3
+    latency = ttft_ms / 1e3 + (output - 1) * (itl_ms or 0.0) / 1e3
     computed = {
         "prompt_tokens": prompt,
         "output_tokens": output,
         "request_latency": latency,
         "time_to_first_token_ms": ttft_ms,
-        "inter_token_latency_ms": itl_ms if output > 1 else 0.0,
+        "inter_token_latency_ms": itl_ms if output > 1 else (0.0 if legacy else None),  # None since 0.4
         "time_per_output_token_ms": latency * 1e3 / output,  # GuideLLM's, first token included: not vLLM's
     }
     if legacy:  # 0.2: flat times
