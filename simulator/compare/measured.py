@@ -551,10 +551,24 @@ def run_from_vllm_result(path: Path, setup: dict[str, Any]) -> MeasuredRun:
         raise SpecError(f"{path}: not a vllm bench serve result (no num_prompts)")
     if data.get("ramp_up_strategy"):
         raise SpecError(f"{path}: a --ramp-up-strategy run's rate changes over time; only fixed rates replay")
-    if data.get("failed"):
-        raise SpecError(f"{path}: {data['failed']} request(s) failed, and the figures cover only the others")
+    _refuse_failures(data, str(path), data["num_prompts"])
     load = {"num_prompts": data["num_prompts"], "burstiness": data.get("burstiness") or 1.0}
     return _served_run(data, str(path), VLLM_RESULT_FIGURES, load, setup)
+
+
+def _refuse_failures(data: dict[str, Any], source: str, sent: Any) -> None:
+    """A run some of whose requests failed is not replayed: its figures cover the others, its duration all. Older
+    `vllm bench serve` files and SGLang's have no `failed` count: fewer completed than sent, or an error message
+    in the detailed `errors` list, tell."""
+    errors = data.get("errors")
+    failed = data.get("failed") or data.get("failures") or 0
+    if not failed and isinstance(errors, list):
+        failed = sum(1 for e in errors if isinstance(e, str) and e.strip())
+    completed = data.get("completed")
+    if not failed and isinstance(sent, int) and isinstance(completed, int) and completed < sent:
+        failed = sent - completed
+    if failed:
+        raise SpecError(f"{source}: {failed} request(s) failed, and the figures cover only the others")
 
 
 def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[MeasuredRun]:
@@ -581,6 +595,7 @@ def runs_from_sglang_results(path: Path, setup: dict[str, Any]) -> list[Measured
                 f"{source}: the server ran speculative decoding (accept_length {accept:g}), which servesim does "
                 "not model under SGLang; a replay without it would not be this run"
             )
+        _refuse_failures(data, source, None)
         load, ratio = (
             {"num_prompts": data["completed"], "engine": SGLANG.name},
             data.get("random_range_ratio"),

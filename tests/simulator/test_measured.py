@@ -1004,6 +1004,8 @@ def test_a_vllm_bench_result_it_cannot_replay_is_refused(tmp_path):
     for fields, message in (
         ({"ramp_up_strategy": "linear"}, "ramp-up-strategy"),
         ({"failed": 2, "completed": 6}, "2 request\\(s\\) failed"),
+        ({"completed": 7}, "1 request\\(s\\) failed"),  # older files count no failures: 8 sent
+        ({"errors": [""] * 5 + ["timeout"] * 3}, "3 request\\(s\\) failed"),
     ):
         with pytest.raises(SpecError, match=message):
             run_from_vllm_result(vllm_result(tmp_path, **fields), setup)
@@ -1191,6 +1193,9 @@ def test_an_sglang_result_against_another_server_or_garbled_is_one_line(tmp_path
     with pytest.raises(
         SpecError, match=r"other.jsonl:2: the server ran speculative decoding \(accept_length 2.6\)"
     ):
+        runs_from_sglang_results(path, setup)
+    path.write_text(_sglang_line(errors=[""] * 7 + ["Server disconnected"]) + "\n")
+    with pytest.raises(SpecError, match=r"other.jsonl:1: 1 request\(s\) failed"):
         runs_from_sglang_results(path, setup)
     path.write_text(_sglang_line() + "\n{not json\n")
     with pytest.raises(SpecError, match=r"other.jsonl:2: not a JSON line"):
