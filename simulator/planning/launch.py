@@ -260,6 +260,8 @@ def trtllm_command(s: Scenario, max_model_len: int) -> str:
         kv_cache["tokens_per_block"] = e.block_size
     if e.kv_dtype == "fp8":
         kv_cache["dtype"] = "fp8"
+    if kv_cache and simulated_trtllm:  # the file's kv_cache_config replaces the one the flag built, whole
+        kv_cache["free_gpu_memory_fraction"] = e.gpu_memory_utilization
     options: dict[str, object] = {"kv_cache_config": kv_cache} if kv_cache else {}
     if not e.async_scheduling:  # simulated one step at a time; the overlap scheduler is on by default
         options["disable_overlap_scheduler"] = True

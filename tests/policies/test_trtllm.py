@@ -218,15 +218,21 @@ def test_simulate_under_trtllm_refuses_prompts_over_its_budget(tmp_path):
 
 def test_trtllm_serve_command_carries_the_simulated_knobs():
     unset = ["engine.max_num_seqs=null", "engine.max_num_batched_tokens=null"]
-    knobs = ["engine.prefix_caching=none", "engine.kv_dtype=fp8", "engine.async_scheduling=false"]
+    knobs = [
+        "engine.prefix_caching=none",
+        "engine.kv_dtype=fp8",
+        "engine.async_scheduling=false",
+        "engine.gpu_memory_utilization=0.8",
+    ]
     s, _ = load_scenario(QUICKSTART, ["engine.scheduler=trtllm", *unset, *knobs])
     words, options = trtllm_inline_options(shlex.split(trtllm_command(s, 16384)))
     assert words[:2] == ["trtllm-serve", "meta-llama/Llama-3.1-8B"]
     args = trtllm_parser().parse_args(words[1:])
     assert (args.max_batch_size, args.max_num_tokens, args.max_seq_len) == (2048, 8192, 16384)
-    assert (args.kv_cache_free_gpu_memory_fraction, args.enable_chunked_prefill) == (0.9, False)
+    assert (args.kv_cache_free_gpu_memory_fraction, args.enable_chunked_prefill) == (0.8, False)
+    # trtllm-serve merges the options file over its flags key by key: its kv_cache_config replaces the flag's
     assert options == {
-        "kv_cache_config": {"enable_block_reuse": False, "dtype": "fp8"},
+        "kv_cache_config": {"enable_block_reuse": False, "dtype": "fp8", "free_gpu_memory_fraction": 0.8},
         "disable_overlap_scheduler": True,
     }
     # TensorRT-LLM's own defaults need no options file

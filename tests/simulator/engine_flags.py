@@ -102,7 +102,12 @@ TRTLLM_OPTIONS = {
     "batch_wait_timeout_iters",  # TorchLlmArgs (TensorRT-LLM 1.1)
     "batch_wait_max_tokens_ratio",
 }
-TRTLLM_KV_CACHE = {"enable_block_reuse": bool, "tokens_per_block": int, "dtype": ("auto", "fp8")}
+TRTLLM_KV_CACHE = {
+    "enable_block_reuse": bool,
+    "tokens_per_block": int,
+    "dtype": ("auto", "fp8"),
+    "free_gpu_memory_fraction": float,
+}
 
 
 class _Refused(Exception):
