@@ -304,11 +304,18 @@ def dynamo_graph(s: Scenario, all_roles: list[Role], family: EngineFamily, image
 def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles: list[Role]) -> str:
     """`vllm bench serve` and GuideLLM at the planned load (Poisson at the target rate, the workload's mean
     lengths) against the deployment's address, and the `servesim compare` line that replays their results on the
-    same replicas (a colocated plan: compare replays one kind of engine, not P/D pools)."""
-    requests = workload_of(s, base_dir).requests
+    same replicas (a colocated plan: compare replays one kind of engine, not P/D pools). The clients send
+    independent requests: a session's turns or a prompt's samples go out as requests of their own, at the rate
+    the target's unit makes (sessions/s times turns a session, prompts/s times samples)."""
+    workload = workload_of(s, base_dir)
+    requests = [*workload.requests, *workload.followups.values()]
     prompt = round(float(np.mean([r.num_prompt_tokens for r in requests])))
     output = round(float(np.mean([r.num_output_tokens for r in requests])))
     model, count = hf_model_id(s.model), len(requests)
+    sampling, sessions = s.workload.parallel_sampling, s.workload.sessions
+    # requests per unit of the target: a prompt's samples, or a session's turns (its first turns count sessions)
+    each = sampling.n if sampling is not None else count / len(workload.requests)
+    rate = target_rate * each
     if len(all_roles) == 1:
         setup = (
             f"--model {shlex.quote(s.model)} --gpu {s.hardware.gpu} --tp {s.parallelism.tp} "
@@ -317,19 +324,31 @@ def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles:
         then = f"# Then: servesim compare vllm-bench.json {setup}  (and guidellm.json the same way)"
     else:
         then = "# servesim compare replays one kind of engine, not P/D pools: set these beside servesim simulate's"
+    unsent = []
+    if sessions is not None:
+        unsent.append(
+            f"# ({target_rate:g} sessions/s of {each:.3g} turns, each turn sent as a request of its own)"
+        )
+    if sampling is not None:
+        unsent.append(f"# ({target_rate:g} prompts/s of {each:g} samples, each sent as a request of its own)")
+    if unsent or s.workload.shared_prefix is not None:
+        unsent.append("# Every prompt is random, none shared: the prefix cache hits less than simulated.")
     lines = [
         "#!/usr/bin/env bash",
-        f"# Measure the planned deployment: {target_rate:g} requests/s, Poisson, {count} requests of {prompt} prompt",
+        f"# Measure the planned deployment: {rate:g} requests/s, Poisson, {count} requests of {prompt} prompt",
         f"# and {output} output tokens (the scenario's means; its spread of lengths is not sent).",
+        *unsent,
         then,
         "set -euo pipefail",
         'URL=${1:?"usage: benchmark.sh URL (the deployment\'s address as the client reaches it)"}',
         f'vllm bench serve --backend openai --base-url "$URL" --model {model} --dataset-name random '
         f"--random-input-len {prompt} --random-output-len {output} --random-range-ratio 0 --ignore-eos "
-        f"--num-prompts {count} --request-rate {target_rate:g} --save-result --save-detailed "
+        f"--num-prompts {count} --request-rate {rate:g} --save-result --save-detailed "
         "--result-filename vllm-bench.json",
-        f'guidellm benchmark --target "$URL" --model {model} --rate-type poisson --rate {target_rate:g} '
-        f"--data prompt_tokens={prompt},output_tokens={output} --max-requests {count} --output-path guidellm.json",
+        # completions, as vllm bench's openai backend sends (GuideLLM's default, chat, adds a template's tokens)
+        f'guidellm benchmark --target "$URL" --model {model} --request-type text_completions --rate-type poisson '
+        f"--rate {rate:g} --data prompt_tokens={prompt},output_tokens={output} --max-requests {count} "
+        "--output-path guidellm.json",
     ]
     return "\n".join(lines) + "\n"
 

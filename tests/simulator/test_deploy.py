@@ -16,6 +16,7 @@ from servesim.simulator.cli.main import app
 from servesim.simulator.planning.deploy import deployment_files
 from servesim.simulator.planning.launch import COMMANDS
 from servesim.simulator.scenario import load_scenario
+from servesim.simulator.world.run import workload_of
 from tests.simulator.engine_flags import (
     dynamo_frontend_parser,
     refusal,
@@ -269,3 +270,20 @@ def test_plan_emit_writes_the_recommended_deployment(tmp_path):
     assert (out / "benchmark.sh").stat().st_mode & 0o111
     bad = runner.invoke(app, [*args, "--emit", "helm", str(out)])
     assert bad.exit_code == 2 and "--emit 'helm' is not one of k8s, llm-d, dynamo" in bad.output
+
+
+def test_the_benchmark_sends_every_request_at_the_rate_the_targets_unit_makes():
+    """6 sessions/s of agent turns (40 requests in 14 sessions) are 6 x 40 / 14 requests/s, every turn counted;
+    6 prompts/s of 8 rollouts each are 48 requests/s. GuideLLM sends completions, as vllm bench's client does."""
+    s, base = load_scenario(ROOT / "scenarios" / "agent_prefix_sharing.yaml", ["workload.num_requests=40"])
+    workload = workload_of(s, base)
+    sessions, count = len(workload.requests), len(workload.requests) + len(workload.followups)
+    assert (sessions, count) == (14, 40)
+    _, script = emitted("k8s", "agent_prefix_sharing.yaml")
+    assert f"--num-prompts 40 --request-rate {6 * 40 / 14:g} " in script
+    assert f"--rate {6 * 40 / 14:g} " in script and "--max-requests 40 " in script
+    assert "each turn sent as a request of its own" in script and "prefix cache hits less" in script
+    _, script = emitted("k8s", "grpo_rollouts.yaml")
+    assert "--num-prompts 40 --request-rate 48 " in script and "8 samples, each sent" in script
+    guidellm = next(line for line in script.splitlines() if line.startswith("guidellm"))
+    assert "--request-type text_completions" in guidellm
