@@ -10,6 +10,7 @@ launch commands (simulator/planning/launch.py), one set per role.
 
 from __future__ import annotations
 
+import math
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +21,10 @@ import numpy as np
 import yaml
 
 from servesim.hardware.errors import SpecError
+from servesim.hardware.cost import Parallelism
 from servesim.hardware.gpu import get_gpu
+from servesim.hardware.memory import weight_bytes_per_gpu
+from servesim.hardware.model import get_model, resolve_weight_dtype
 from servesim.policies.families import GENERIC, SGLANG, VLLM, EngineFamily, family_of
 from servesim.simulator.planning.launch import hf_model_id, sglang_command, vllm_command
 from servesim.simulator.scenario import Scenario
@@ -213,7 +217,11 @@ def llm_d_values(s: Scenario, all_roles: list[Role], family: EngineFamily, image
             f"--emit llm-d: llm-d serves with vLLM; this plan was simulated with {family.label}'s"
         )
     values: dict[str, Any] = {
-        "modelArtifacts": {"uri": f"hf://{hf_model_id(s.model)}", "name": hf_model_id(s.model)},
+        "modelArtifacts": {
+            "uri": f"hf://{hf_model_id(s.model)}",
+            "name": hf_model_id(s.model),
+            "size": f"{checkpoint_gib(s)}Gi",  # the volume the download fills (the chart's default: 5Mi)
+        },
         "routing": {"servicePort": PORT, "proxy": {"enabled": len(all_roles) > 1, "connector": "nixlv2"}},
     }
     by_name = {role.name: role for role in all_roles}
@@ -250,6 +258,14 @@ def llm_d_values(s: Scenario, all_roles: list[Role], family: EngineFamily, image
             ],
         }
     return _yaml(values)
+
+
+def checkpoint_gib(s: Scenario) -> int:
+    """GiB a volume needs for the model's weights as served, with a fifth to spare for the checkpoint's other
+    files and its layout (a volume sized to the weights alone is evicted mid-download)."""
+    model = get_model(s.model)
+    weights = weight_bytes_per_gpu(model, Parallelism(), resolve_weight_dtype(model, s.engine.weight_dtype))
+    return math.ceil(1.2 * weights / 2**30)
 
 
 def dynamo_graph(s: Scenario, all_roles: list[Role], family: EngineFamily, image: str) -> str:

@@ -99,7 +99,7 @@ MODELSERVICE_ROLE = {
     ],
 }
 MODELSERVICE = {
-    "modelArtifacts": {"uri": ANY, "name": ANY},
+    "modelArtifacts": {"uri": ANY, "name": ANY, "size": ANY},
     "routing": {"servicePort": ANY, "proxy": {"enabled": ANY, "connector": ANY}},
     "decode": MODELSERVICE_ROLE,
     "prefill": MODELSERVICE_ROLE,
@@ -190,6 +190,9 @@ def test_pd_plans_need_a_pd_router_and_get_each_pools_replicas_and_role_flags():
         "disaggregation.decode.tp=8",
     )
     assert unknown_fields(values, MODELSERVICE) == [] and values["routing"]["proxy"]["enabled"] is True
+    # the download's volume: 70.55e9 BF16 weights are 131.4 GiB, a fifth more to spare (the chart's default 5Mi
+    # volume is evicted mid-download)
+    assert values["modelArtifacts"]["size"] == "158Gi"
     prefill, decode = values["prefill"], values["decode"]
     assert (prefill["replicas"], prefill["parallelism"]["tensor"]) == (2, 4)
     assert (decode["replicas"], decode["parallelism"]["tensor"]) == (1, 8)
