@@ -165,9 +165,42 @@ def atomic_dir(path: Path) -> Iterator[Path]:
             "written by servesim: the whole folder is replaced when its run is written again\n"
         )
         os.chmod(tmp, 0o777 & ~_umask())
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        _sync_tree(tmp)  # on disk before the rename makes it the output: a crash leaves no empty files
+        _swap_in(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file under `folder`, then the folders themselves."""
+    for entry in sorted(folder.rglob("*"), reverse=True):  # files before the folders holding them
+        _fsync(entry)
+    _fsync(folder)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _swap_in(tmp: Path, path: Path) -> None:
+    """Rename `tmp` to `path`; an earlier `path` is moved aside first and deleted only once `tmp` is in its place
+    (a folder cannot be renamed over a full one), so an interrupt never leaves neither."""
+    old = None
+    if path.exists():
+        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old.tmp"))
+        os.replace(path, old)  # onto the empty folder just made
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        if old is not None:
+            os.replace(old, path)
+        raise
+    with contextlib.suppress(OSError):
+        _fsync(path.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

@@ -1,0 +1,36 @@
+"""atomic_dir: a folder is replaced whole, and an interrupt at any point leaves the old one or the new one."""
+
+from __future__ import annotations
+
+import pytest
+
+import servesim.simulator.atomic as atomic
+from servesim.simulator.atomic import MARKER, atomic_dir
+
+
+def _write(path, text):
+    with atomic_dir(path) as tmp:
+        (tmp / "summary.json").write_text(text)
+
+
+def test_a_rewrite_replaces_the_folder_and_leaves_nothing_beside_it(tmp_path):
+    _write(tmp_path / "run", "old")
+    _write(tmp_path / "run", "new")
+    assert (tmp_path / "run" / "summary.json").read_text() == "new" and (tmp_path / "run" / MARKER).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_an_interrupt_while_the_new_folder_moves_in_keeps_the_old(tmp_path, monkeypatch):
+    _write(tmp_path / "run", "old")
+    real_replace = atomic.os.replace
+
+    def interrupted(src, dst):
+        if str(src).endswith(".tmp") and not str(src).endswith(".old.tmp"):  # the new folder moving in
+            raise KeyboardInterrupt
+        real_replace(src, dst)
+
+    monkeypatch.setattr(atomic.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _write(tmp_path / "run", "new")
+    assert (tmp_path / "run" / "summary.json").read_text() == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
