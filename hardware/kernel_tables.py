@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import importlib.metadata
 import importlib.util
 import itertools
 import math
@@ -105,6 +106,15 @@ def framework_for(kernels: str, engine_tables: str = FRAMEWORKS[0]) -> str:
             "each optionally @version"
         )
     return name
+
+
+def tables_release() -> str | None:
+    """The installed aiconfigurator-core's version, None without it: which measurements a step priced from its
+    tables rests on (a saved result is keyed by it)."""
+    try:
+        return importlib.metadata.version("aiconfigurator-core")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def data_root() -> Path:

@@ -65,3 +65,16 @@ def with_model_tokenizer(cfg: WorkloadConfig, repo: str | None) -> WorkloadConfi
     if not _tokenizers_installed() or cached_file(repo, TOKENIZER_FILE) is None:
         return cfg
     return cfg.model_copy(update={"trace": trace.model_copy(update={"tokenizer": repo})})
+
+
+def counting_tokenizer(cfg: WorkloadConfig, repo: str | None) -> Path | None:
+    """The tokenizer.json a run of `cfg` counts a ShareGPT trace's tokens with, where it is on disk (nothing is
+    fetched): a saved result depends on it as on the trace."""
+    trace = with_model_tokenizer(cfg, repo).trace
+    if trace is None or trace.tokenizer is None:
+        return None
+    path = Path(trace.tokenizer)
+    path = path / TOKENIZER_FILE if path.is_dir() else path
+    if path.is_file():
+        return path
+    return cached_file(trace.tokenizer, TOKENIZER_FILE) if is_repo_id(trace.tokenizer) else None

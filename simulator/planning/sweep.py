@@ -34,13 +34,16 @@ import yaml
 from pydantic import ValidationError
 
 from servesim.hardware.errors import SpecError
+from servesim.hardware.hf_models import repo_of
+from servesim.hardware.kernel_tables import tables_release
 from servesim.hardware.model import is_config_path
-from servesim.simulator.atomic import remove_abandoned_writes, write_text_atomic
+from servesim.simulator.atomic import MARKER, remove_abandoned_writes, write_text_atomic
 from servesim.simulator.crash import ROOT, report_bug
 from servesim.simulator.planning.executors import Engine, WorkerDied, check_engine, run_jobs
 from servesim.simulator.world.output import write_run
 from servesim.simulator.world.run import simulate
 from servesim.simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
+from servesim.workloads.tokens import counting_tokenizer
 from servesim.workloads.traces import resolve_path
 
 PACKAGES = ("hardware", "workloads", "policies", "simulator", "calibration")  # what a run's code comes from
@@ -93,6 +96,7 @@ def scenario_hash(s: Scenario, base_dir: Path | None = None) -> str:
     differently, is run again, not reused."""
     digest = hashlib.sha256(code_fingerprint())
     digest.update(json.dumps(s.model_dump(mode="json"), sort_keys=True).encode())
+    digest.update(f"kernel tables {tables_release()}".encode())
     if base_dir is not None:
         for path in input_files(s, base_dir):
             stat = path.stat()
@@ -102,7 +106,7 @@ def scenario_hash(s: Scenario, base_dir: Path | None = None) -> str:
 
 def input_files(s: Scenario, base_dir: Path) -> list[Path]:
     """The files a run of `s` reads, besides the bundled catalogs and presets: a ServeGen trace folder's every
-    file."""
+    file, the tokenizer that counts a ShareGPT trace's tokens."""
     files = []
     for source in trace_sources(s):
         path = resolve_path(source.path, base_dir)
@@ -117,6 +121,8 @@ def input_files(s: Scenario, base_dir: Path) -> list[Path]:
         *(stage.model for stage in s.stages or ()),
     ]
     files += [Path(m) for m in models if isinstance(m, str) and is_config_path(m)]
+    tokenizer = counting_tokenizer(s.workload, repo_of(s.model))
+    files += [tokenizer] if tokenizer is not None else []
     return [path for path in files if path.is_file()]
 
 
@@ -198,7 +204,14 @@ def expand(base: Scenario, grid: dict[str, list[Any]], base_dir: Path | None = N
 
 
 def is_done(folder: Path) -> bool:
-    return (folder / "summary.json").is_file()
+    """A point's whole run folder: one `atomic_dir` wrote (its marker) with a summary that parses. A folder
+    damaged since (a truncated file, a lost table) runs again rather than breaking every resume."""
+    try:
+        json.loads((folder / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    tables = (folder / "requests.csv", folder / "requests.parquet")
+    return (folder / MARKER).is_file() and any(table.is_file() for table in tables)
 
 
 WORKER_DIED = "worker process died"

@@ -177,6 +177,32 @@ def test_a_full_disk_ends_the_sweep_rather_than_passing_for_a_bug(tmp_path, monk
     assert pd.read_csv(tmp_path / "results.csv")["status"].tolist() == ["pending"] * 4
 
 
+def test_a_point_whose_folder_was_damaged_since_is_run_again(tmp_path):
+    """A truncated summary (a crash before the disk had it) or a lost table is no finished point: the next resume
+    runs it again instead of failing on it, or reusing half a folder."""
+    grid = {"workload.arrivals.rate_per_s": [5, 6]}
+    first = run_sweep(chat(), SCENARIOS, grid, tmp_path, workers=1)
+    damaged, lost = (tmp_path / "points" / name for name in first.table["point"])
+    (damaged / "summary.json").write_text("")
+    (lost / "requests.csv").unlink()
+    again = run_sweep(chat(), SCENARIOS, grid, tmp_path, workers=1)
+    assert (again.num_run, again.num_reused) == (2, 0)
+    assert json.loads((damaged / "summary.json").read_text())["completed"] == 200
+    assert (lost / "requests.csv").is_file()
+
+
+def test_the_kernel_tables_release_and_the_tokenizer_key_a_point(tmp_path, monkeypatch):
+    """A point priced from another aiconfigurator-core release, or whose ShareGPT tokens another tokenizer.json
+    counted, is another point."""
+    key = scenario_hash(chat(), SCENARIOS)
+    monkeypatch.setattr(sweep_module, "tables_release", lambda: "0.99.0")
+    assert scenario_hash(chat(), SCENARIOS) != key
+    (tmp_path / "tokenizer.json").write_text("{}")
+    trace = {"format": "sharegpt_json", "path": "conv.json", "tokenizer": str(tmp_path)}
+    s = chat(workload={"trace": trace, "arrivals": {"kind": "poisson", "rate_per_s": 5}})
+    assert tmp_path / "tokenizer.json" in input_files(s, tmp_path)
+
+
 def test_a_point_run_by_other_code_is_run_again(tmp_path, monkeypatch):
     grid = {"workload.arrivals.rate_per_s": [5]}
     assert run_sweep(chat(), SCENARIOS, grid, tmp_path, workers=1).num_run == 1
