@@ -499,7 +499,8 @@ def simulate(
     if spec.slo.as_ms():
         limits = ", ".join(f"{k.upper()} <= {v:,g} ms" for k, v in spec.slo.as_ms().items())
         missed = [d for r, d in zip(verdict.reasons, verdict.details) if r.endswith("SLO")]
-        print(f"SLO, p{spec.slo.percentile}: {limits}: {'missed: ' + '; '.join(missed) if missed else 'met'}")
+        met = "met" if summary["completed"] else "not measured: no request completed"
+        print(f"SLO, p{spec.slo.percentile}: {limits}: {'missed: ' + '; '.join(missed) if missed else met}")
     for warning in overload_warnings(spec, scenario, verdict, result):
         print(f"warning: {warning}", file=sys.stderr)
     for note in ((spec.note,) if spec.note else ()) + (*setting_notes(spec), *world.workload.notes):

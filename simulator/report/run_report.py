@@ -80,7 +80,7 @@ def write_report(folder: Path, out: Path | None = None, plotly: str = "inline") 
         title, figures, tables = report(folder)
     except (
         FileNotFoundError,
-        json.JSONDecodeError,
+        ValueError,  # unparseable JSON, a truncated Parquet table (ArrowInvalid), bytes that are no text
         yaml.YAMLError,
         pd.errors.EmptyDataError,
         pd.errors.ParserError,

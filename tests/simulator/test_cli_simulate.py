@@ -707,3 +707,15 @@ def test_a_run_prints_units_its_slo_verdict_and_a_warning_with_the_cause_when_ov
     )
     assert batch.exit_code == 0, batch.output
     assert "warning: overloaded" not in batch.stderr and "note: a batch, queued by design" in batch.stderr
+    refused = simulate(
+        str(QUICKSTART),
+        "--out",
+        str(tmp_path / "refused"),
+        "--set",
+        "workload.num_requests=20",
+        "--set",
+        "engine.max_model_len=64",  # every prompt longer
+    )
+    assert refused.exit_code == 0, refused.output
+    assert "TPOT <= 50 ms: not measured: no request completed" in refused.stdout
+    assert "warning: every request was rejected" in refused.stderr

@@ -180,6 +180,11 @@ def test_a_damaged_folder_or_a_folder_as_the_output_gives_one_line(tmp_path):
     (tmp_path / "half" / "summary.json").write_text("{")
     result = CliRunner().invoke(app, ["report", str(tmp_path / "half")])
     assert result.exit_code == 2 and "an incomplete or damaged output folder" in result.output
+    s, base = load_scenario(ROOT / "scenarios" / "quickstart.yaml", ["workload.num_requests=20"])
+    run = write_run(simulate(s, base), tmp_path / "cut", base, table_format="parquet")
+    (run / "requests.parquet").write_bytes((run / "requests.parquet").read_bytes()[:100])  # a copy cut short
+    result = CliRunner().invoke(app, ["report", str(run)])
+    assert result.exit_code == 2 and "an incomplete or damaged output folder (ArrowInvalid" in result.output
     result = CliRunner().invoke(app, ["report", str(tmp_path / "half"), "--out", str(tmp_path)])
     assert result.exit_code == 2 and "is a folder; give a file name" in result.output
 
