@@ -75,7 +75,7 @@ def sweep(
 ) -> None:
     """Run a scenario over a grid of field values (resumable) into one results.csv table."""
     from servesim.simulator.progress import progress_bar
-    from servesim.simulator.scenario import load_scenario, with_absolute_paths
+    from servesim.simulator.scenario import load_scenario
     from servesim.simulator.atomic import check_output_folder
     from servesim.simulator.crash import INTERNAL_ERROR
     from servesim.simulator.planning.sweep import SWEEP_FILES, WORKER_DIED, parse_grid, run_sweep
@@ -90,8 +90,10 @@ def sweep(
         )
     folder = out or Path("runs") / f"{spec.name}-sweep"
     check_output_folder(folder, SWEEP_FILES)
-    if engine == "dask":  # a cluster's workers run in folders of their own: nothing relative may reach them
-        spec, base_dir, folder = with_absolute_paths(spec, base_dir), base_dir.absolute(), folder.absolute()
+    if (
+        engine == "dask"
+    ):  # its workers' folders are their own: the points' folders, absolute (run_sweep: the rest)
+        folder = folder.absolute()
     with progress_bar("sweep points", console, every=1) as advance:
         advance.total(math.prod(len(values) for values in full_grid.values()))
         result = run_sweep(spec, base_dir, full_grid, folder, engine, workers, dask_address, on_point=advance)

@@ -42,7 +42,14 @@ from servesim.simulator.crash import ROOT, report_bug
 from servesim.simulator.planning.executors import Engine, WorkerDied, check_engine, run_jobs
 from servesim.simulator.world.output import write_run
 from servesim.simulator.world.run import simulate
-from servesim.simulator.scenario import Scenario, check_grid_keys, first_error, trace_sources, with_overrides
+from servesim.simulator.scenario import (
+    Scenario,
+    check_grid_keys,
+    first_error,
+    trace_sources,
+    with_absolute_paths,
+    with_overrides,
+)
 from servesim.workloads.tokens import counting_tokenizer
 from servesim.workloads.traces import resolve_path
 
@@ -262,7 +269,12 @@ def run_sweep(
         ),
     )
     outcomes: dict[Path, str | None] = {}  # finished folder -> its error (None: it ran)
-    jobs = [(points[i].scenario, base_dir, folders[i]) for i in todo]
+    if engine == "dask":  # a cluster's workers run in folders of their own: nothing relative may reach them
+        jobs = [
+            (with_absolute_paths(points[i].scenario, base_dir), base_dir.absolute(), folders[i]) for i in todo
+        ]
+    else:
+        jobs = [(points[i].scenario, base_dir, folders[i]) for i in todo]
     done = len(points) - len(todo)
     write_results(out, results_table(points, folders, outcomes))
     last_written = time.monotonic()

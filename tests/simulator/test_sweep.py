@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -454,6 +455,27 @@ def test_a_dask_address_with_no_scheduler_gives_one_line(tmp_path, monkeypatch):
     assert result.exit_code == 2, result.output
     assert "--dask-address tcp://127.0.0.1:9: no Dask scheduler answered" in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_a_sweep_on_dask_names_its_points_as_a_local_one_does(tmp_path):
+    """A scenario reading a trace beside it: the Dask engine hands its workers absolute paths, but the points'
+    keys are the scenario's own, so a sweep moved between engines reuses its points."""
+    distributed = pytest.importorskip("dask.distributed")
+    shutil.copy(SCENARIOS / "traces" / "azure_conv_1h_first2000.csv", tmp_path / "trace.csv")
+    raw = yaml.safe_load((SCENARIOS / "quickstart.yaml").read_text())
+    raw["workload"] |= {"trace": {"format": "azure", "path": "trace.csv"}, "num_requests": 30}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    sweep = ["sweep", str(tmp_path / "s.yaml"), "--grid", "engine.max_num_seqs=64"]
+    assert runner.invoke(app, [*sweep, "--out", str(tmp_path / "local")]).exit_code == 0
+    cluster = distributed.LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0"
+    )
+    with cluster:
+        dask = [*sweep, "--out", str(tmp_path / "dask"), "--engine", "dask", "--dask-address"]
+        result = runner.invoke(app, [*dask, cluster.scheduler_address])
+    assert result.exit_code == 0, result.output
+    names = [sorted(p.name for p in (tmp_path / out / "points").iterdir()) for out in ("local", "dask")]
+    assert names[0] == names[1] and len(names[0]) == 1
 
 
 def test_a_data_file_whose_keys_do_not_sort_counts_by_its_bytes(tmp_path):
