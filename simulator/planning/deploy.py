@@ -317,6 +317,34 @@ def dynamo_graph(s: Scenario, all_roles: list[Role], family: EngineFamily, image
     return _yaml(graph)
 
 
+def compare_setup(s: Scenario, replicas: int) -> str:
+    """`servesim compare`'s flags for a result file measured on the deployment: what served it, where a result
+    file does not say and compare's defaults (vLLM, plain TP, the checkpoint's weights, BF16 KV) are not it."""
+    par, e = s.parallelism, s.engine
+    settings = {
+        "replicas": replicas,
+        "engine": family_of(e.scheduler).name if family_of(e.scheduler) is not GENERIC else VLLM.name,
+        "ep": par.ep,
+        "dp_attention": par.dp_attention,
+        "weight_dtype": e.weight_dtype,
+        "kv_dtype": e.kv_dtype,
+    }
+    defaults = {
+        "engine": VLLM.name,
+        "ep": False,
+        "dp_attention": False,
+        "weight_dtype": "auto",
+        "kv_dtype": "bf16",
+    }
+    words = [f"--model {shlex.quote(s.model)}", f"--gpu {s.hardware.gpu}", f"--tp {par.tp}"]
+    words += [
+        f"--set {key}={str(value).lower() if isinstance(value, bool) else value}"
+        for key, value in settings.items()
+        if value != defaults.get(key)
+    ]
+    return " ".join(words)
+
+
 def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles: list[Role]) -> str:
     """`vllm bench serve` and GuideLLM at the planned load (Poisson at the target rate, the workload's mean
     lengths) against the deployment's address, and the `servesim compare` line that replays their results on the
@@ -333,10 +361,7 @@ def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles:
     each = sampling.n if sampling is not None else count / len(workload.requests)
     rate = target_rate * each
     if len(all_roles) == 1:
-        setup = (
-            f"--model {shlex.quote(s.model)} --gpu {s.hardware.gpu} --tp {s.parallelism.tp} "
-            f"--set replicas={all_roles[0].replicas}"
-        )
+        setup = compare_setup(s, all_roles[0].replicas)
         then = f"# Then: servesim compare vllm-bench.json {setup}  (and guidellm.json the same way)"
     else:
         then = "# servesim compare replays one kind of engine, not P/D pools: set these beside servesim simulate's"

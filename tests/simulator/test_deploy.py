@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from servesim.hardware.errors import SpecError
 from servesim.simulator.cli.main import app
+from servesim.simulator.compare.measured import runs_from_file
 from servesim.simulator.planning.deploy import deployment_files
 from servesim.simulator.planning.launch import COMMANDS
 from servesim.simulator.scenario import load_scenario
@@ -290,3 +291,19 @@ def test_the_benchmark_sends_every_request_at_the_rate_the_targets_unit_makes():
     assert "--num-prompts 40 --request-rate 48 " in script and "8 samples, each sent" in script
     guidellm = next(line for line in script.splitlines() if line.startswith("guidellm"))
     assert "--request-type text_completions" in guidellm
+
+
+def test_the_scripts_compare_line_replays_the_result_on_the_planned_engine_and_layout(tmp_path):
+    """The result file does not say which engine served it, nor its layout or dtypes: the hint does, so the replay
+    runs SGLang's scheduler for an SGLang plan, not compare's default vLLM."""
+    from tests.simulator.test_measured import vllm_result
+
+    _, script = emitted(
+        "k8s", "chat_llama8b_h100.yaml", "engine.scheduler=sglang", "engine.prefix_caching=radix"
+    )
+    hint = next(line for line in script.splitlines() if "servesim compare" in line)
+    words = shlex.split(hint.split("servesim compare vllm-bench.json", 1)[1].split("(and")[0])
+    flags = dict(zip(words[::2], words[1::2])) | {"--set": None}
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    (run,) = runs_from_file(vllm_result(tmp_path), flags["--model"], flags["--gpu"], int(flags["--tp"]), sets)
+    assert (run.engine, run.replicas, run.model) == ("sglang", 1, "llama-3.1-8b")
