@@ -208,6 +208,10 @@ def sglang_command(s: Scenario, max_model_len: int) -> str:
         parts.append(f"--page-size {e.radix_page_size}")
     if e.queue_order == "lpm":
         parts.append("--schedule-policy lpm")
+    elif e.queue_order == "priority":  # vLLM's order, lower values first; no preempting for a waiting request
+        parts.append(
+            "--enable-priority-scheduling --schedule-low-priority-values-first --disable-priority-preemption"
+        )
     parts += _sglang_swa_memory(s, e)
     if simulated_sglang:  # knobs only SGLang's scheduler reads
         if e.max_prefill_tokens != 16384:

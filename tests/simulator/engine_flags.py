@@ -78,6 +78,9 @@ SGLANG_SWITCHES = (
     "--disable-hybrid-swa-memory",
     "--enable-mixed-chunk",
     "--disable-overlap-schedule",
+    "--enable-priority-scheduling",  # sglang server_args
+    "--schedule-low-priority-values-first",
+    "--disable-priority-preemption",
 )
 
 

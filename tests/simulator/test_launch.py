@@ -7,6 +7,7 @@ import shlex
 
 from servesim.simulator.planning.launch import launch_notes, sglang_command, trtllm_command, vllm_command
 from servesim.simulator.scenario import load_scenario
+from tests.simulator.engine_flags import refusal, sglang_parser
 from tests.simulator.study_helpers import SCENARIOS, chat
 
 LEN = 16384
@@ -227,3 +228,17 @@ def test_the_cuda_graphs_simulated_are_the_ones_launched():
     options = json.loads(shlex.split(trtllm.split("--extra_llm_api_options <(echo ")[1].removesuffix(")"))[0])
     assert options["cuda_graph_config"] == {"enable_padding": True, "max_batch_size": 256}
     assert "cuda_graph_config" not in trtllm_command(chat(engine={"scheduler": "trtllm"}), LEN)
+
+
+def test_priority_order_is_sglangs_priority_scheduling_in_vllms_sense():
+    """The simulated order is vLLM's: lower values first, a waiting request never preempting a running one.
+    SGLang's priority scheduling schedules higher values first and preempts unless told otherwise."""
+    vllm, sglang = commands(chat(engine={"queue_order": "priority"}))
+    assert "--scheduling-policy priority" in vllm
+    flags = (
+        "--enable-priority-scheduling",
+        "--schedule-low-priority-values-first",
+        "--disable-priority-preemption",
+    )
+    assert all(flag in shlex.split(sglang) for flag in flags)
+    assert refusal(sglang_parser(), shlex.split(sglang)[3:]) is None
