@@ -283,8 +283,9 @@ def offered_rate(s: Scenario, base_dir: Path) -> float:
         return rate
     at_rate(s, 1.0)  # the same clear error for arrivals without a rate
     times = np.array([r.arrival_s for r in workload_of(s, base_dir).requests])
-    try:
-        return mean_rate_per_s(times)
+    n = s.workload.parallel_sampling.n if s.workload.parallel_sampling is not None else 1
+    try:  # a prompt's n samples arrive together: the rate counts prompts, as at_rate sets it
+        return mean_rate_per_s(times[::n])
     except ValueError as err:
         raise SpecError(f"workload: {err}") from None
 

@@ -36,7 +36,7 @@ from servesim.simulator.world.spill import SPILL_VALUES, SpilledFloats
 from servesim.simulator.world.step_table import StepLog, StepTable
 from servesim.simulator.omni import StageConfig, stage_lengths
 from servesim.simulator.world.replicas import ReplicaSite, build_pool
-from servesim.simulator.world.run import RunResult, rejection, workload_of
+from servesim.simulator.world.run import RunResult, rejection, run_seeds, workload_of
 from servesim.simulator.scenario import ParallelismConfig, Scenario
 from servesim.simulator.world.traffic import Traffic
 from servesim.workloads.request import Phase, Request
@@ -120,9 +120,9 @@ class Pipeline:
                 f"stages: app_cache kind {s.app_cache.kind!r} in front of a pipeline is not modelled; "
                 "set app_cache.kind: none"
             )
-        seeds = np.random.SeedSequence(s.seed).spawn(2 + len(s.stages))
+        seeds = run_seeds(s, 2 + len(s.stages))
         self.scenario, self.on_progress, self.completed = s, on_progress, 0
-        self.workload = workload_of(s, base_dir)  # seeds[0]
+        self.workload = workload_of(s, base_dir)
         self.env = simpy.Environment()
         self.steps = StepLog()
         # per stage: its request id -> the client's

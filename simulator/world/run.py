@@ -99,11 +99,17 @@ def rejection(
     return None
 
 
+def run_seeds(s: Scenario, count: int) -> list[np.random.SeedSequence]:
+    """A run's independent random streams, from its seed: the first draws the workload (`workload_of`), the others
+    route, release session turns and answer from caches."""
+    return np.random.SeedSequence(s.seed).spawn(count)
+
+
 def workload_of(s: Scenario, base_dir: Path) -> Workload:
     """The scenario's requests as its runs draw them: from the first child of its seed (a capacity search's rate,
     a plan's target and benchmark script see the run's requests). The workloads package reports bad traces as
     ValueError naming the file."""
-    rng = np.random.default_rng(np.random.SeedSequence(s.seed).spawn(1)[0])
+    rng = np.random.default_rng(run_seeds(s, 1)[0])
     try:
         return build_workload(with_model_tokenizer(s.workload, repo_of(s.model)), rng, base_dir)
     except ValueError as err:
@@ -168,11 +174,11 @@ class World:
             raise SpecError(
                 "a scenario with stages runs as a pipeline: use simulate() or simulator.world.omni_run.Pipeline"
             )
-        seeds = np.random.SeedSequence(s.seed).spawn(5)
+        seeds = run_seeds(s, 5)
         if s.disaggregation is None:  # the pools of a disaggregated run fill in their own engine defaults
             s = s.with_engine_defaults()
         self.scenario = s
-        self.workload = workload or workload_of(s, base_dir)  # seeds[0]
+        self.workload = workload or workload_of(s, base_dir)
         mark_private_prefixes([*self.workload.requests, *self.workload.followups.values()])
         self.env = simpy.Environment()
         self.itl_spill = SpilledFloats("servesim-itl-")

@@ -431,3 +431,12 @@ def test_the_offered_rate_is_that_of_the_requests_the_run_draws(tmp_path):
         s = chat(seed=seed, workload=workload)
         arrivals = np.sort(simulate(s, tmp_path).requests["arrival_s"].to_numpy())
         assert offered_rate(s, tmp_path) == pytest.approx((len(arrivals) - 1) / (arrivals[-1] - arrivals[0]))
+
+
+def test_the_offered_rate_of_parallel_samples_counts_prompts():
+    """A prompt's 8 samples arrive together: the trace's own pace is its prompts', the unit at_rate sets."""
+    sampled = chat(
+        workload={"arrivals": {"kind": "trace"}, "parallel_sampling": {"n": 8}, "num_requests": 200}
+    )
+    prompts = chat(workload={"arrivals": {"kind": "trace"}, "num_requests": 25})
+    assert offered_rate(sampled, SCENARIOS) == pytest.approx(offered_rate(prompts, SCENARIOS))
