@@ -261,10 +261,10 @@ def llm_d_values(s: Scenario, all_roles: list[Role], family: EngineFamily, image
 
 
 def checkpoint_gib(s: Scenario) -> int:
-    """GiB a volume needs for the model's weights as served, with a fifth to spare for the checkpoint's other
-    files and its layout (a volume sized to the weights alone is evicted mid-download)."""
+    """GiB a volume needs for the checkpoint as published (an engine that quantizes at load downloads it whole),
+    with a fifth to spare for its other files (a volume sized to the weights alone is evicted mid-download)."""
     model = get_model(s.model)
-    weights = weight_bytes_per_gpu(model, Parallelism(), resolve_weight_dtype(model, s.engine.weight_dtype))
+    weights = weight_bytes_per_gpu(model, Parallelism(), resolve_weight_dtype(model, "auto"))
     return math.ceil(1.2 * weights / 2**30)
 
 
@@ -336,6 +336,8 @@ def compare_setup(s: Scenario, replicas: int) -> str:
         "weight_dtype": "auto",
         "kv_dtype": "bf16",
     }
+    knobs = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
+    settings |= {f"engine_args.{knob}": getattr(e, knob) for knob in knobs if getattr(e, knob) is not None}
     words = [f"--model {shlex.quote(s.model)}", f"--gpu {s.hardware.gpu}", f"--tp {par.tp}"]
     words += [
         f"--set {key}={str(value).lower() if isinstance(value, bool) else value}"
@@ -365,20 +367,22 @@ def benchmark_script(s: Scenario, base_dir: Path, target_rate: float, all_roles:
         then = f"# Then: servesim compare vllm-bench.json {setup}  (and guidellm.json the same way)"
     else:
         then = "# servesim compare replays one kind of engine, not P/D pools: set these beside servesim simulate's"
-    unsent = []
+    send_notes = []
     if sessions is not None:
-        unsent.append(
+        send_notes.append(
             f"# ({target_rate:g} sessions/s of {each:.3g} turns, each turn sent as a request of its own)"
         )
     if sampling is not None:
-        unsent.append(f"# ({target_rate:g} prompts/s of {each:g} samples, each sent as a request of its own)")
-    if unsent or s.workload.shared_prefix is not None:
-        unsent.append("# Every prompt is random, none shared: the prefix cache hits less than simulated.")
+        send_notes.append(
+            f"# ({target_rate:g} prompts/s of {each:g} samples, each sent as a request of its own)"
+        )
+    if send_notes or s.workload.shared_prefix is not None:
+        send_notes.append("# Every prompt is random, none shared: the prefix cache hits less than simulated.")
     lines = [
         "#!/usr/bin/env bash",
         f"# Measure the planned deployment: {rate:g} requests/s, Poisson, {count} requests of {prompt} prompt",
         f"# and {output} output tokens (the scenario's means; its spread of lengths is not sent).",
-        *unsent,
+        *send_notes,
         then,
         "set -euo pipefail",
         'URL=${1:?"usage: benchmark.sh URL (the deployment\'s address as the client reaches it)"}',

@@ -194,6 +194,8 @@ def test_pd_plans_need_a_pd_router_and_get_each_pools_replicas_and_role_flags():
     # the download's volume: 70.55e9 BF16 weights are 131.4 GiB, a fifth more to spare (the chart's default 5Mi
     # volume is evicted mid-download)
     assert values["modelArtifacts"]["size"] == "158Gi"
+    (quantized,), _ = emitted("llm-d", "pd_disaggregated_70b.yaml", "engine.weight_dtype=fp8")
+    assert quantized["modelArtifacts"]["size"] == "158Gi"  # quantized at load: the BF16 checkpoint is fetched
     prefill, decode = values["prefill"], values["decode"]
     assert (prefill["replicas"], prefill["parallelism"]["tensor"]) == (2, 4)
     assert (decode["replicas"], decode["parallelism"]["tensor"]) == (1, 8)
@@ -299,7 +301,11 @@ def test_the_scripts_compare_line_replays_the_result_on_the_planned_engine_and_l
     from tests.simulator.test_measured import vllm_result
 
     _, script = emitted(
-        "k8s", "chat_llama8b_h100.yaml", "engine.scheduler=sglang", "engine.prefix_caching=radix"
+        "k8s",
+        "chat_llama8b_h100.yaml",
+        "engine.scheduler=sglang",
+        "engine.prefix_caching=radix",
+        "engine.max_num_seqs=96",
     )
     hint = next(line for line in script.splitlines() if "servesim compare" in line)
     words = shlex.split(hint.split("servesim compare vllm-bench.json", 1)[1].split("(and")[0])
@@ -307,3 +313,4 @@ def test_the_scripts_compare_line_replays_the_result_on_the_planned_engine_and_l
     sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
     (run,) = runs_from_file(vllm_result(tmp_path), flags["--model"], flags["--gpu"], int(flags["--tp"]), sets)
     assert (run.engine, run.replicas, run.model) == ("sglang", 1, "llama-3.1-8b")
+    assert (run.engine_args.max_num_seqs, run.engine_args.max_model_len) == (96, 16384)
