@@ -560,12 +560,18 @@ def _refuse_failures(data: dict[str, Any], source: str, sent: Any) -> None:
     """A run some of whose requests failed is not replayed: its figures cover the others, its duration all. Older
     `vllm bench serve` files and SGLang's have no `failed` count: fewer completed than sent, or an error message
     in the detailed `errors` list, tell."""
-    errors = data.get("errors")
-    failed = data.get("failed") or data.get("failures") or 0
+    errors, completed = data.get("errors"), data.get("completed")
+    failed = data.get("failed") or 0
     if not failed and isinstance(errors, list):
         failed = sum(1 for e in errors if isinstance(e, str) and e.strip())
-    completed = data.get("completed")
-    if not failed and isinstance(sent, int) and isinstance(completed, int) and completed < sent:
+    counted = "failed" in data  # a file that counts its failures may send fewer than num_prompts (ShareGPT)
+    if (
+        not counted
+        and not failed
+        and isinstance(sent, int)
+        and isinstance(completed, int)
+        and completed < sent
+    ):
         failed = sent - completed
     if failed:
         raise SpecError(f"{source}: {failed} request(s) failed, and the figures cover only the others")

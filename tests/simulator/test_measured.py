@@ -1009,6 +1009,9 @@ def test_a_vllm_bench_result_it_cannot_replay_is_refused(tmp_path):
     ):
         with pytest.raises(SpecError, match=message):
             run_from_vllm_result(vllm_result(tmp_path, **fields), setup)
+    # a file that counts its failures and has none sent fewer than asked (ShareGPT without oversampling)
+    fewer = {"failed": 0, "completed": 7, "input_lens": [512] * 7, "output_lens": [64] * 7}
+    assert run_from_vllm_result(vllm_result(tmp_path, **fewer), setup).num_prompts == 8
     one_token = run_from_vllm_result(vllm_result(tmp_path, output_lens=[1] * 8, mean_tpot_ms=0.0), setup)
     assert "mean_tpot_ms" not in one_token.measured and "mean_ttft_ms" in one_token.measured
 
