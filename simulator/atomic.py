@@ -151,8 +151,10 @@ def remove_abandoned_writes(folder: Path, older_than_s: float = 600.0) -> None:
 @contextmanager
 def atomic_dir(path: Path) -> Iterator[Path]:
     """Yield a temp folder beside `path`; on success it replaces `path`, on error it is removed. `path` must be
-    absent, empty or an earlier output (`check_replaceable`)."""
+    absent, empty or an earlier output (`check_replaceable`); a link to one is written where it points."""
     path = _collapsed(path)
+    if path.is_symlink():
+        path = path.resolve()
     check_replaceable(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -173,10 +175,19 @@ def atomic_dir(path: Path) -> Iterator[Path]:
 
 
 def _sync_tree(folder: Path) -> None:
-    """fsync every file under `folder`, then the folders themselves."""
+    """fsync every file under `folder`, then the folders themselves (where the file system can: some refuse a
+    folder's fsync, as PostgreSQL's durable_rename allows)."""
     for entry in sorted(folder.rglob("*"), reverse=True):  # files before the folders holding them
-        _fsync(entry)
-    _fsync(folder)
+        if entry.is_dir():
+            _fsync_folder(entry)
+        else:
+            _fsync(entry)
+    _fsync_folder(folder)
+
+
+def _fsync_folder(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        _fsync(path)
 
 
 def _fsync(path: Path) -> None:
@@ -193,14 +204,17 @@ def _swap_in(tmp: Path, path: Path) -> None:
     old = None
     if path.exists():
         old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old.tmp"))
-        os.replace(path, old)  # onto the empty folder just made
+        try:
+            os.replace(path, old)  # onto the empty folder just made
+        except BaseException:
+            old.rmdir()
+            raise
     try:
         os.replace(tmp, path)
     except BaseException:
         if old is not None:
             os.replace(old, path)
         raise
-    with contextlib.suppress(OSError):
-        _fsync(path.parent)
+    _fsync_folder(path.parent)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

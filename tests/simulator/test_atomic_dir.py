@@ -34,3 +34,11 @@ def test_an_interrupt_while_the_new_folder_moves_in_keeps_the_old(tmp_path, monk
         _write(tmp_path / "run", "new")
     assert (tmp_path / "run" / "summary.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+def test_a_link_to_an_earlier_output_is_rewritten_where_it_points(tmp_path):
+    _write(tmp_path / "run", "old")
+    (tmp_path / "latest").symlink_to(tmp_path / "run")
+    _write(tmp_path / "latest", "new")
+    assert (tmp_path / "latest").is_symlink() and (tmp_path / "run" / "summary.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "run"]
