@@ -108,6 +108,7 @@ def framework_for(kernels: str, engine_tables: str = FRAMEWORKS[0]) -> str:
     return name
 
 
+@functools.cache
 def tables_release() -> str | None:
     """The installed aiconfigurator-core's version, None without it: which measurements a step priced from its
     tables rests on (a saved result is keyed by it)."""

@@ -22,9 +22,9 @@ def _tokenizers_installed() -> bool:
     return True
 
 
-def tokenizer_file(spec: str) -> Path:
+def tokenizer_file(spec: str, fetch: bool = True) -> Path | None:
     """The tokenizer.json `spec` names: the file, a folder holding it, or a Hugging Face repo's (cached, else
-    fetched)."""
+    fetched; None where `fetch` is off and it is not cached)."""
     path = Path(spec)
     if path.is_dir():
         path = path / TOKENIZER_FILE
@@ -34,7 +34,7 @@ def tokenizer_file(spec: str) -> Path:
         raise SpecError(
             f"trace.tokenizer {spec!r}: no such tokenizer.json, folder holding one, nor Hugging Face repo id"
         )
-    return cached_file(spec, TOKENIZER_FILE) or download_file(spec, TOKENIZER_FILE)
+    return cached_file(spec, TOKENIZER_FILE) or (download_file(spec, TOKENIZER_FILE) if fetch else None)
 
 
 def token_counter(spec: str) -> Callable[[list[str]], list[int]]:
@@ -73,8 +73,7 @@ def counting_tokenizer(cfg: WorkloadConfig, repo: str | None) -> Path | None:
     trace = with_model_tokenizer(cfg, repo).trace
     if trace is None or trace.tokenizer is None:
         return None
-    path = Path(trace.tokenizer)
-    path = path / TOKENIZER_FILE if path.is_dir() else path
-    if path.is_file():
-        return path
-    return cached_file(trace.tokenizer, TOKENIZER_FILE) if is_repo_id(trace.tokenizer) else None
+    try:
+        return tokenizer_file(trace.tokenizer, fetch=False)
+    except SpecError:  # no such tokenizer: the run says so
+        return None

@@ -90,10 +90,6 @@ def sweep(
         )
     folder = out or Path("runs") / f"{spec.name}-sweep"
     check_output_folder(folder, SWEEP_FILES)
-    if (
-        engine == "dask"
-    ):  # its workers' folders are their own: the points' folders, absolute (run_sweep: the rest)
-        folder = folder.absolute()
     with progress_bar("sweep points", console, every=1) as advance:
         advance.total(math.prod(len(values) for values in full_grid.values()))
         result = run_sweep(spec, base_dir, full_grid, folder, engine, workers, dask_address, on_point=advance)

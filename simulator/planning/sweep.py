@@ -97,10 +97,11 @@ def parse_grid(items: list[str], option: str = "--grid") -> dict[str, list[Any]]
 
 
 def scenario_hash(s: Scenario, base_dir: Path | None = None) -> str:
-    """First 16 hex digits of the sha256 of servesim's code fingerprint, the scenario's JSON form (sorted keys)
-    and, given the folder its relative traces sit in, of the contents of the files it reads (traces, GPU files, a
-    profile YAML, config.json files): a point whose trace was edited, or that an upgraded servesim would simulate
-    differently, is run again, not reused."""
+    """First 16 hex digits of the sha256 of servesim's code fingerprint, the scenario's JSON form (sorted keys),
+    the installed aiconfigurator-core's release (its measured tables) and, given the folder its relative traces
+    sit in, of the contents of the files it reads (traces, GPU files, a profile YAML, config.json files, a
+    tokenizer): a point whose trace was edited, or that an upgraded servesim would simulate differently, is run
+    again, not reused."""
     digest = hashlib.sha256(code_fingerprint())
     digest.update(json.dumps(s.model_dump(mode="json"), sort_keys=True).encode())
     digest.update(f"kernel tables {tables_release()}".encode())
@@ -213,8 +214,10 @@ def expand(base: Scenario, grid: dict[str, list[Any]], base_dir: Path | None = N
 def is_done(folder: Path) -> bool:
     """A point's whole run folder: one `atomic_dir` wrote (its marker) with a summary that parses. A folder
     damaged since (a truncated file, a lost table) runs again rather than breaking every resume."""
+    summary = folder / "summary.json"
     try:
-        json.loads((folder / "summary.json").read_text())
+        stat = summary.stat()
+        _summary(summary, stat.st_mtime_ns, stat.st_size)  # parsed once per version of the file
     except (OSError, ValueError):
         return False
     tables = (folder / "requests.csv", folder / "requests.parquet")
@@ -271,7 +274,8 @@ def run_sweep(
     outcomes: dict[Path, str | None] = {}  # finished folder -> its error (None: it ran)
     if engine == "dask":  # a cluster's workers run in folders of their own: nothing relative may reach them
         jobs = [
-            (with_absolute_paths(points[i].scenario, base_dir), base_dir.absolute(), folders[i]) for i in todo
+            (with_absolute_paths(points[i].scenario, base_dir), base_dir.absolute(), folders[i].absolute())
+            for i in todo
         ]
     else:
         jobs = [(points[i].scenario, base_dir, folders[i]) for i in todo]

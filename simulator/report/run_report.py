@@ -80,10 +80,8 @@ def write_report(folder: Path, out: Path | None = None, plotly: str = "inline") 
         title, figures, tables = report(folder)
     except (
         FileNotFoundError,
-        ValueError,  # unparseable JSON, a truncated Parquet table (ArrowInvalid), bytes that are no text
+        ValueError,  # unparseable JSON or CSV, a truncated Parquet table (ArrowInvalid), bytes that are no text
         yaml.YAMLError,
-        pd.errors.EmptyDataError,
-        pd.errors.ParserError,
         KeyError,
         TypeError,
     ) as err:
