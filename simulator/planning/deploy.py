@@ -158,6 +158,13 @@ def _name(s: Scenario) -> str:
     return ("-".join(filter(None, name.split("-")))[:40].strip("-")) or "servesim"
 
 
+# a gated checkpoint (Llama, Gemma) downloads only with a Hugging Face token: read from this secret where it exists
+HF_TOKEN_ENV = {
+    "name": "HF_TOKEN",
+    "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}},
+}
+
+
 def _container(role: Role, family: EngineFamily, image: str) -> dict[str, Any]:
     engine = LAUNCH[family]
     argv = [*role.argv, *engine.pod_flags]
@@ -167,7 +174,7 @@ def _container(role: Role, family: EngineFamily, image: str) -> dict[str, Any]:
         "image": image,
         "command": argv[: engine.program_words],
         "args": argv[engine.program_words :],
-        **_env(role),
+        "env": [*_env(role).get("env", []), HF_TOKEN_ENV],
         "ports": [{"containerPort": PORT, "name": "http"}],
         "resources": {"limits": {"nvidia.com/gpu": role.gpus}, "requests": {"nvidia.com/gpu": role.gpus}},
         "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}],

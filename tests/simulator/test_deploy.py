@@ -35,6 +35,9 @@ runner = CliRunner()
 # of that schema; ANY is a free-form map or a scalar.
 ANY = None
 ENV = [{"name": ANY, "value": ANY}]
+K8S_ENV = [
+    {"name": ANY, "value": ANY, "valueFrom": {"secretKeyRef": {"name": ANY, "key": ANY, "optional": ANY}}}
+]
 PORTS = [{"containerPort": ANY, "name": ANY}]
 # Kubernetes API reference (v1.31): apps/v1 Deployment, core/v1 Container, Volume, Service
 CONTAINER = {
@@ -42,7 +45,7 @@ CONTAINER = {
     "image": ANY,
     "command": [ANY],
     "args": [ANY],
-    "env": ENV,
+    "env": K8S_ENV,
     "ports": PORTS,
     "resources": {"limits": ANY, "requests": ANY},
     "volumeMounts": [{"name": ANY, "mountPath": ANY}],
@@ -153,6 +156,11 @@ def test_k8s_carries_the_planned_replicas_gpus_and_flags_in_fields_kubernetes_de
     assert deployment["spec"]["replicas"] == 3
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["resources"]["limits"] == {"nvidia.com/gpu": 4}
+    # Llama is gated: the token comes from secret hf-token where it exists (optional: the pod starts without it)
+    assert container["env"][-1] == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token", "optional": True}},
+    }
     assert container["command"] == ["vllm", "serve"]
     args = container["args"]
     assert args[:3] == ["meta-llama/Llama-3.1-70B", "--tensor-parallel-size", "4"]
