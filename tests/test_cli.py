@@ -1,6 +1,7 @@
 """The CLI end to end: JSON keys, HTML output, and one clear error line for bad names."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -423,3 +424,27 @@ def test_sizes_past_what_a_step_can_hold_are_usage_errors(args):
     """Found by the fuzzer: a batch of 10^20 reached numpy (OverflowError traceback)."""
     result = run(*args)
     assert result.exit_code == 2 and "Input should be less than or equal to" in result.output
+
+
+def test_sigterm_unwinds_as_ctrl_c_does(tmp_path):
+    """A job scheduler's SIGTERM mid-sweep: the sweep's table is rewritten and the command says so in one line
+    (exit 143), rather than dying with the table stale."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal, servesim.simulator.cli.main as cli, servesim.simulator.planning.sweep as sweep\n"
+        "real = sweep.simulate\n"
+        "def stop(s, b):\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    return real(s, b)\n"
+        "sweep.simulate = stop\n"
+        "cli.main()\n"
+    )
+    scenario = Path(__file__).resolve().parents[1] / "scenarios" / "quickstart.yaml"
+    args = ["sweep", str(scenario), "--grid", "engine.max_num_seqs=64,128", "--out", str(tmp_path / "s")]
+    args += ["--workers", "1", "--set", "workload.num_requests=20"]
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == "terminated: nothing is left half-written"
+    assert (tmp_path / "s" / "results.csv").read_text().count("pending") == 2

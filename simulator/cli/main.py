@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,9 +43,35 @@ WeightDtype = typer.Option(
 )
 
 
+class Terminated(BaseException):
+    """SIGTERM (a job scheduler stopping servesim, `timeout`), unwound as Ctrl-C is: a write in progress is
+    removed, a sweep's table rewritten."""
+
+
+def _on_sigterm(main_pid: int):
+    def handler(signum: int, frame: Any) -> None:
+        if os.getpid() != main_pid:  # a worker process forked from servesim's: it stops as SIGTERM stops it
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise Terminated
+
+    return handler
+
+
 def main() -> None:
     """The console script. Typer draws a usage error (an unknown option, a value out of range) as a box of many
     lines; here it is one line and a hint, as every other error is."""
+    if threading.current_thread() is not threading.main_thread():
+        return _main()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
+    try:
+        _main()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _main() -> None:
     # click's base error, wherever this typer takes click from (its own copy since 0.2x, click before)
     click_error = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
     try:
@@ -55,6 +83,9 @@ def main() -> None:
     except (typer.Abort, KeyboardInterrupt):  # click turns Ctrl-C into Abort; results are written atomically
         print("aborted: nothing is left half-written", file=sys.stderr)
         sys.exit(130)
+    except Terminated:
+        print("terminated: nothing is left half-written", file=sys.stderr)
+        sys.exit(143)
     except BrokenPipeError:  # `servesim ... | head`: the reader left; say nothing more
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (replaces the closed pipe until exit)
         sys.exit(1)
