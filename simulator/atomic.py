@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -200,21 +202,42 @@ def _fsync(path: Path) -> None:
 
 def _swap_in(tmp: Path, path: Path) -> None:
     """Rename `tmp` to `path`; an earlier `path` is moved aside first and deleted only once `tmp` is in its place
-    (a folder cannot be renamed over a full one), so an interrupt never leaves neither."""
-    old = None
-    if path.exists():
-        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old.tmp"))
+    (a folder cannot be renamed over a full one). Ctrl-C and SIGTERM wait until it is done: between the renames
+    neither folder is where it belongs."""
+    with _interrupts_held():
+        old = None
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old.tmp"))
+            try:
+                os.replace(path, old)  # onto the empty folder just made
+            except BaseException:
+                old.rmdir()
+                raise
         try:
-            os.replace(path, old)  # onto the empty folder just made
+            os.replace(tmp, path)
         except BaseException:
-            old.rmdir()
+            if old is not None:
+                os.replace(old, path)
             raise
-    try:
-        os.replace(tmp, path)
-    except BaseException:
+        _fsync_folder(path.parent)
         if old is not None:
-            os.replace(old, path)
-        raise
-    _fsync_folder(path.parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block is done, then raised as they would have been. Their handlers
+    run in the main thread only (whichever thread the OS hands a signal to), so elsewhere nothing needs holding."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, frame: caught.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
+        if caught:
+            signal.raise_signal(caught[0])

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 import servesim.simulator.atomic as atomic
@@ -42,3 +45,32 @@ def test_a_link_to_an_earlier_output_is_rewritten_where_it_points(tmp_path):
     _write(tmp_path / "latest", "new")
     assert (tmp_path / "latest").is_symlink() and (tmp_path / "run" / "summary.json").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["latest", "run"]
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_a_signal_while_the_folders_change_places_waits_until_they_have(tmp_path, monkeypatch):
+    """SIGTERM arriving as the earlier folder is moved aside: handled once the new folder is in place, not between
+    the renames (where its unwinding left neither folder as the output)."""
+    _write(tmp_path / "run", "old")
+    real_replace = atomic.os.replace
+
+    def signalled(src, dst):
+        real_replace(src, dst)
+        if str(dst).endswith(".old.tmp"):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    def stop(signum, frame):
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    monkeypatch.setattr(atomic.os, "replace", signalled)
+    try:
+        with pytest.raises(_Stopped):
+            _write(tmp_path / "run", "new")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (tmp_path / "run" / "summary.json").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
