@@ -135,9 +135,23 @@ def _pool_round(
                         continue  # as is every job unfinished when it broke
                     del left[index]
                     yield index, future.result()
-        finally:  # interrupted (Ctrl-C, an error): drop the jobs that have not started
+        except (
+            BaseException
+        ):  # interrupted (SIGTERM to this process alone, an error): stop the running jobs too,
+            _stop_workers(pool)  # which the pool's shutdown would otherwise wait out
+            raise
+        finally:  # drop the jobs that have not started
             for future in pending:
                 future.cancel()
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    terminate = getattr(pool, "terminate_workers", None)  # Python 3.14
+    if terminate is not None:
+        terminate()
+        return
+    for process in list((getattr(pool, "_processes", None) or {}).values()):
+        process.terminate()
 
 
 class _RemoteTraceback(Exception):

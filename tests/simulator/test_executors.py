@@ -124,3 +124,37 @@ def test_dask_gives_up_on_a_job_that_kills_its_workers():
     assert sorted(results) == list(range(6))
     assert isinstance(results[3], WorkerDied) and "died on every Dask worker" in results[3].how
     assert all(r == x * x for x, r in results.items() if not isinstance(r, WorkerDied))
+
+
+def wait_for_release(folder: str) -> str:
+    """Runs until `folder`/release appears (60 s at most), then says it finished."""
+    for _ in range(600):
+        if os.path.exists(os.path.join(folder, "release")):
+            break
+        time.sleep(0.1)
+    open(os.path.join(folder, f"finished-{os.getpid()}"), "w").close()
+    return folder
+
+
+class _Stopped(Exception):
+    pass
+
+
+def test_an_interrupt_stops_the_running_jobs_not_only_the_queued(tmp_path):
+    """SIGTERM sent to servesim alone (its workers not signalled, as Kubernetes stops a container's main process):
+    the running jobs are stopped with the pool, not waited out, so the sweep's table is written in time."""
+
+    def stop(signum, frame):
+        raise _Stopped
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(3)  # the jobs have started by then
+    try:
+        with pytest.raises(_Stopped):
+            list(run_jobs(wait_for_release, [(str(tmp_path),)] * 4, workers=2))
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    (tmp_path / "release").touch()
+    time.sleep(1.0)  # a job still running would finish now
+    assert list(tmp_path.glob("finished-*")) == []
