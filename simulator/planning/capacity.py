@@ -277,7 +277,7 @@ def at_rate(s: Scenario, rate_per_s: float) -> Scenario:
 
 
 def offered_rate(s: Scenario, base_dir: Path) -> float:
-    """The scenario's own arrival rate, requests/s (for an unscaled trace: its mean rate over the run's rows)."""
+    """The scenario's own arrival rate in its unit (`rate_unit`; for an unscaled trace: its mean over the run's rows)."""
     rate = getattr(s.workload.arrivals, "rate_per_s", None)
     if rate is not None:
         return rate

@@ -327,10 +327,10 @@ def dynamo_graph(s: Scenario, all_roles: list[Role], family: EngineFamily, image
 def compare_setup(s: Scenario, replicas: int) -> str:
     """`servesim compare`'s flags for a result file measured on the deployment: what served it, where a result
     file does not say and compare's defaults (vLLM, plain TP, the checkpoint's weights, BF16 KV) are not it."""
-    par, e = s.parallelism, s.engine
+    par, e, family = s.parallelism, s.engine, family_of(s.engine.scheduler)
     settings = {
         "replicas": replicas,
-        "engine": family_of(e.scheduler).name if family_of(e.scheduler) is not GENERIC else VLLM.name,
+        "engine": family.name if family is not GENERIC else VLLM.name,
         "ep": par.ep,
         "dp_attention": par.dp_attention,
         "weight_dtype": e.weight_dtype,
@@ -344,7 +344,13 @@ def compare_setup(s: Scenario, replicas: int) -> str:
         "kv_dtype": "bf16",
     }
     knobs = ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "gpu_memory_utilization")
-    settings |= {f"engine_args.{knob}": getattr(e, knob) for knob in knobs if getattr(e, knob) is not None}
+    # compare reads them as the serve command's flags: under DP attention, vLLM's and TensorRT-LLM's are a rank's
+    ranks = par.tp if par.dp_attention and family.defaults_per_rank else 1
+    for knob in knobs:
+        value = getattr(e, knob)
+        if value is not None:
+            per_rank = knob in ("max_num_seqs", "max_num_batched_tokens")
+            settings[f"engine_args.{knob}"] = math.ceil(value / ranks) if per_rank else value
     words = [f"--model {shlex.quote(s.model)}", f"--gpu {s.hardware.gpu}", f"--tp {par.tp}"]
     words += [
         f"--set {key}={str(value).lower() if isinstance(value, bool) else value}"

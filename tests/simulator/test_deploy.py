@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from servesim.hardware.errors import SpecError
 from servesim.simulator.cli.main import app
-from servesim.simulator.compare.measured import runs_from_file
-from servesim.simulator.planning.deploy import deployment_files
+from servesim.simulator.compare.measured import runs_from_file, scenario_for
+from servesim.simulator.planning.deploy import compare_setup, deployment_files
 from servesim.simulator.planning.launch import COMMANDS
 from servesim.simulator.scenario import load_scenario
 from servesim.simulator.world.run import workload_of
@@ -322,3 +322,16 @@ def test_the_scripts_compare_line_replays_the_result_on_the_planned_engine_and_l
     (run,) = runs_from_file(vllm_result(tmp_path), flags["--model"], flags["--gpu"], int(flags["--tp"]), sets)
     assert (run.engine, run.replicas, run.model) == ("sglang", 1, "llama-3.1-8b")
     assert (run.engine_args.max_num_seqs, run.engine_args.max_model_len) == (96, 16384)
+
+
+def test_the_compare_line_states_a_dp_attention_ranks_limits_as_its_serve_flags(tmp_path):
+    """Under DP attention vllm serve takes each rank's limits, and compare reads the line's as such: 256 slots over
+    8 ranks are 32 a rank on the line, 256 again in the replay."""
+    from tests.simulator.test_measured import vllm_result
+
+    s, _ = load_scenario(ROOT / "scenarios" / "deepseek_v3_8xh200.yaml", ["engine.max_num_seqs=256"])
+    words = shlex.split(compare_setup(s, 1))
+    assert "engine_args.max_num_seqs=32" in words
+    sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+    (run,) = runs_from_file(vllm_result(tmp_path), "deepseek-v3", "h200", 8, sets)
+    assert scenario_for(run).engine.max_num_seqs == 256
