@@ -48,15 +48,9 @@ class Terminated(BaseException):
     removed, a sweep's table rewritten."""
 
 
-def _on_sigterm(main_pid: int):
-    def handler(signum: int, frame: Any) -> None:
-        if os.getpid() != main_pid:  # a worker process forked from servesim's: it stops as SIGTERM stops it
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        raise Terminated
-
-    return handler
+def _terminate(signum: int, frame: Any) -> None:
+    """servesim's worker processes start afresh (forkserver, Dask), so only the command itself runs this."""
+    raise Terminated
 
 
 def main() -> None:
@@ -64,7 +58,7 @@ def main() -> None:
     lines; here it is one line and a hint, as every other error is."""
     if threading.current_thread() is not threading.main_thread():
         return _main()
-    previous = signal.signal(signal.SIGTERM, _on_sigterm(os.getpid()))
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         _main()
     finally:

@@ -135,10 +135,10 @@ def _pool_round(
                         continue  # as is every job unfinished when it broke
                     del left[index]
                     yield index, future.result()
-        except (
-            BaseException
-        ):  # interrupted (SIGTERM to this process alone, an error): stop the running jobs too,
-            _stop_workers(pool)  # which the pool's shutdown would otherwise wait out
+        except BaseException:
+            # interrupted (SIGTERM to this process alone, an error): stop the running jobs too, which the pool's
+            # shutdown would otherwise wait out
+            _stop_workers(pool)
             raise
         finally:  # drop the jobs that have not started
             for future in pending:
